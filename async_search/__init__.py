@@ -1,0 +1,20 @@
+"""async_search: neural-guided searches as asyncio coroutines, with batched model serving.
+
+Example:
+    >>> import numpy as np, async_search as asr
+    >>> from async_search.models import MLP
+    >>> async def main():
+    ...     async with asr.serve(MLP((4,)), max_batch_size=256) as evaluate:
+    ...         return await evaluate(np.zeros((3, 4), np.float32))
+"""
+
+from async_search.base import Evaluate, Model, Outputs, TensorSpec
+from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
+                                 ServerDiedError)
+from async_search.servers import immediate, serve
+
+__all__ = [
+    "Evaluate", "Model", "Outputs", "TensorSpec",
+    "InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
+    "immediate", "serve",
+]

@@ -1,0 +1,465 @@
+"""Batching arithmetic: a stream of requests in, batches out, and outputs back per request.
+
+A request is an array of ``n`` elements ``[n, ...]``. A ``Batcher`` turns the stream of
+requests into batches bounded by a budget (element count or total cost), splitting a
+request across batches where it does not fit; an ``Unbatcher`` turns the stream of batch
+outputs back into one output per request, in request order. ``BatchManager`` pairs them.
+
+With a batch size of 8, requests of sizes (5, 4, 6, 3) give batches of 8, 8 and 2
+elements and four outputs of 5, 4, 6 and 3 elements:
+
+    >>> m = BatchManager(BatchSizeBatcher(8))
+    >>> for n in (5, 4, 6, 3):
+    ...     m.add_inputs(np.arange(n))
+    >>> outputs = []
+    >>> while not m.empty():
+    ...     outputs.extend(m.process_output(m.pop_batch() * 10))
+    >>> [len(y) for y in outputs]
+    [5, 4, 6, 3]
+
+Every operation costs O(1) Python operations per request, never per element: requests
+are stored as arrays, batches are built with one ``np.concatenate`` and outputs are split
+with slices (views).
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import collections
+import dataclasses
+import itertools
+from typing import Any, Callable, Deque, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+from async_search.base import Outputs
+from async_search.errors import ModelOutputError
+
+__all__ = [
+    "Batcher", "BatchSizeBatcher", "CostBatcher", "Popped",
+    "Unbatcher", "NumpyUnbatcher", "TreeUnbatcher", "unbatcher_for", "BatchManager",
+]
+
+
+@dataclasses.dataclass
+class Popped:
+    """One batch and the requests it holds, as ``Batcher.pop_parts`` returns it.
+
+    ``pieces[i]`` is the part of request ``tags[i]`` in this batch (a view). The first
+    request may have started in an earlier batch (``head_continues``) and the last may
+    go on in a later one (``tail_size`` is then its whole size); every other request is
+    whole in this batch.
+    """
+
+    batch: np.ndarray
+    tags: List[Any]
+    pieces: List[np.ndarray]
+    head_continues: bool
+    tail_size: Optional[int]
+
+
+class Batcher(abc.ABC):
+    """Splits a stream of requests into batches bounded by a budget.
+
+    Requests wait in arrays (``_xs``) beside their tags and the running total of their
+    costs (``_ends``), so finding how many requests fit in a batch is one bisection and
+    popping them is one slice: O(1) Python operations per request. Only the request at
+    the front can be part-batched (``_head`` elements of it already left).
+
+    Subclasses say what a request costs (``_cost``) and, for the one request that
+    straddles the budget, how many of its elements fit (``_split``).
+    """
+
+    budget: float
+
+    def __init__(self):
+        self._xs: List[np.ndarray] = []
+        self._tags: List[Any] = []
+        self._ends: List[float] = []  # running total of cost at the end of each request
+        self._total = 0               # cost of everything ever appended
+        self._start = 0               # cost of everything ever batched
+        self._head = 0                # elements of the front request already batched
+        #: Elements (or cost) queued and not yet batched. Read it, never set it.
+        self.queued: float = 0
+
+    def append(self, x: np.ndarray, tag: Any = None) -> None:
+        """Queue one request ``x[n, ...]``; ``tag`` comes back with its parts."""
+        self._enqueue(x, tag, self._cost(x))
+
+    def _enqueue(self, x: np.ndarray, tag: Any, cost: float) -> None:
+        self._total += cost
+        self.queued += cost
+        self._xs.append(x)
+        self._tags.append(tag)
+        self._ends.append(self._total)
+
+    def extend(self, xs: Iterable[np.ndarray]) -> None:
+        """Queue several requests."""
+        for x in xs:
+            self.append(x)
+
+    def empty(self) -> bool:
+        """True when no request (not even one of zero elements) is queued."""
+        return not self._xs
+
+    def has_full_batch(self) -> bool:
+        """True when the queued requests fill at least one batch."""
+        return self.queued >= self.budget
+
+    def __len__(self) -> int:
+        return len(self._xs)
+
+    def clear(self) -> List[Any]:
+        """Removes every queued request; returns their tags, in order."""
+        tags = self._tags
+        self._xs, self._tags, self._ends = [], [], []
+        self._start = self._total
+        self._head = 0
+        self.queued = 0
+        return tags
+
+    def pop(self) -> np.ndarray:
+        """The next batch: the queued requests in order, up to the budget."""
+        return self.pop_parts().batch
+
+    def pop_parts(self, drop: Callable[[Any], bool] | None = None) -> Popped:
+        """The next batch with the requests (tags and pieces) it holds.
+
+        ``drop(tag)`` is asked of each request about to start; those it returns True for
+        are removed without being batched (cancelled callers).
+
+        Raises:
+            IndexError: when nothing is queued (or everything queued was dropped).
+        """
+        while True:
+            if not self._xs:
+                raise IndexError("pop from an empty batcher")
+            count, take, cost = self._plan()
+            if drop is None or not any(map(drop, self._tags[1 if self._head else 0:
+                                                            count + (take > 0)])):
+                break
+            self._remove(drop)
+        xs, tags, head = self._xs, self._tags, self._head
+        pieces = xs[:count]
+        batch_tags = tags[:count]
+        if head and count:
+            pieces[0] = pieces[0][head:]
+        tail_size = None
+        if take:
+            offset = 0 if count else head
+            pieces.append(xs[count][offset:offset + take])
+            batch_tags.append(tags[count])
+            tail_size = len(xs[count])
+            self._head = offset + take
+        else:
+            self._head = 0
+        del xs[:count], tags[:count], self._ends[:count]
+        self._on_pop(count)
+        self._start += cost
+        self.queued -= cost
+        batch = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return Popped(batch, batch_tags, pieces, head > 0, tail_size)
+
+    def _plan(self) -> Tuple[int, int, float]:
+        """(whole requests that fit, elements of the next that fit, total cost)."""
+        start, ends = self._start, self._ends
+        limit = start + self.budget
+        count = bisect.bisect_right(ends, limit)
+        done = ends[count - 1] if count else start
+        if count == len(ends):
+            return count, 0, done - start
+        offset = 0 if count else self._head
+        take, cost = self._split(count, offset, limit - done)
+        if take == 0 and count == 0:  # one element alone over budget: it goes alone
+            take, cost = self._split(count, offset, float("inf"), 1)
+        return count, take, done - start + cost
+
+    def _remove(self, drop: Callable[[Any], bool]) -> None:
+        """Removes the requests ``drop`` selects (never a part-batched front one)."""
+        keep = [i for i, tag in enumerate(self._tags)
+                if (i == 0 and self._head) or not drop(tag)]
+        costs = [e - s for s, e in zip([self._start] + self._ends[:-1], self._ends)]
+        self._xs = [self._xs[i] for i in keep]
+        self._tags = [self._tags[i] for i in keep]
+        kept_costs = [costs[i] for i in keep]
+        self._ends = list(itertools.accumulate(kept_costs, initial=self._start))[1:]
+        self._total = self._ends[-1] if self._ends else self._start
+        self.queued = self._total - self._start
+        self._on_remove(keep)
+
+    # -- what subclasses say -------------------------------------------------------------
+    def _cost(self, x: np.ndarray) -> float:
+        """The whole cost of request ``x``: by default its number of elements."""
+        return len(x)
+
+    @abc.abstractmethod
+    def _split(self, i: int, offset: int, room: float, limit: int | None = None,
+               ) -> Tuple[int, float]:
+        """How many elements of request ``i`` from ``offset`` fit in ``room`` (at most
+        ``limit``), and their cost."""
+
+    def _on_pop(self, count: int) -> None:
+        """The first ``count`` requests left the queue whole."""
+
+    def _on_remove(self, keep: List[int]) -> None:
+        """Requests were removed; ``keep`` are the indices of those left."""
+
+
+class BatchSizeBatcher(Batcher):
+    """Batches of at most ``batch_size`` elements.
+
+    Example:
+        >>> b = BatchSizeBatcher(4)
+        >>> b.extend([np.zeros(3), np.ones(3)])
+        >>> b.pop().tolist()
+        [0.0, 0.0, 0.0, 1.0]
+    """
+
+    def __init__(self, batch_size: int):
+        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        super().__init__()
+        self.budget = int(batch_size)
+
+    def append(self, x: np.ndarray, tag: Any = None) -> None:
+        # The hot path of serving, written out: a request costs its length.
+        n = len(x)
+        self._total += n
+        self.queued += n
+        self._xs.append(x)
+        self._tags.append(tag)
+        self._ends.append(self._total)
+
+    def _split(self, i, offset, room, limit=None):
+        take = min(len(self._xs[i]) - offset, int(room))
+        if limit is not None:
+            take = min(take, limit)
+        return take, take
+
+
+class CostBatcher(Batcher):
+    """Batches whose elements' total cost is at most ``max_cost``.
+
+    ``cost_fn(x)`` maps a request ``x[n, ...]`` to the cost of each element, an array of
+    ``n`` numbers (the node count of each graph, say); it is called once per request. An
+    element that alone costs more than ``max_cost`` goes in a batch of its own.
+
+    Example:
+        >>> b = CostBatcher(10, cost_fn=lambda x: x)   # each element costs its value
+        >>> b.extend([np.array([4, 4]), np.array([3, 9])])
+        >>> b.pop().tolist(), b.pop().tolist()
+        ([4, 4], [3])
+    """
+
+    def __init__(self, max_cost: float, cost_fn: Callable[[np.ndarray], np.ndarray]):
+        if not max_cost > 0:
+            raise ValueError(f"max_cost must be > 0, got {max_cost!r}")
+        super().__init__()
+        self.budget = max_cost
+        self.cost_fn = cost_fn
+        self._cumulative: List[np.ndarray] = []  # per request: running cost by element
+
+    def append(self, x: np.ndarray, tag: Any = None) -> None:
+        costs = np.asarray(self.cost_fn(x), dtype=np.float64).reshape(-1)
+        if len(costs) != len(x):
+            raise ValueError(
+                f"cost_fn must return one cost per element: {len(x)} elements, "
+                f"{len(costs)} costs")
+        if len(costs) and costs.min() < 0:
+            raise ValueError("cost_fn returned a negative cost")
+        cumulative = np.cumsum(costs)
+        self._cumulative.append(cumulative)
+        self._enqueue(x, tag, float(cumulative[-1]) if len(cumulative) else 0.0)
+
+    def _split(self, i, offset, room, limit=None):
+        cumulative = self._cumulative[i]
+        before = float(cumulative[offset - 1]) if offset else 0.0
+        take = int(np.searchsorted(cumulative[offset:], before + room, side="right"))
+        if limit is not None:
+            take = min(take, limit)
+        return take, (float(cumulative[offset + take - 1]) - before) if take else 0.0
+
+    def _on_pop(self, count: int) -> None:
+        del self._cumulative[:count]
+
+    def clear(self) -> List[Any]:
+        self._cumulative = []
+        return super().clear()
+
+    def _on_remove(self, keep: List[int]) -> None:
+        self._cumulative = [self._cumulative[i] for i in keep]
+
+
+class Unbatcher(abc.ABC):
+    """Turns batch outputs back into one output per request, in request order.
+
+    ``register(n)`` announces the next request's size; ``unbatch(outputs)`` takes the
+    outputs of the next batch and returns the outputs of every request it completes.
+    Subclasses say how to measure, slice and join outputs.
+    """
+
+    def __init__(self):
+        self._sizes: Deque[int] = collections.deque()
+        self._pieces: List[Outputs] = []  # outputs so far of the request at the front
+        self._done = 0  # elements of the front request received so far
+
+    def register(self, n: int) -> None:
+        """The next request has ``n`` elements."""
+        self._sizes.append(n)
+
+    def empty(self) -> bool:
+        """True when every registered request has been returned."""
+        return not self._sizes
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def unbatch(self, outputs: Outputs) -> List[Outputs]:
+        """The outputs of the requests completed by this batch's outputs, in order.
+
+        Raises:
+            ModelOutputError: when there are more output rows than registered elements.
+        """
+        total = self.num_rows(outputs)
+        sizes = self._sizes
+        completed = []
+        start = 0
+        while sizes:
+            need = sizes[0] - self._done
+            if need > total - start:
+                break
+            piece = self.slice(outputs, start, start + need)
+            start += need
+            if self._pieces:
+                self._pieces.append(piece)
+                piece = self.concat(self._pieces)
+                self._pieces = []
+            completed.append(piece)
+            self._done = 0
+            sizes.popleft()
+        if start < total:
+            if not sizes:
+                raise ModelOutputError(
+                    f"{total - start} more output rows than registered request elements")
+            self._pieces.append(self.slice(outputs, start, total))
+            self._done += total - start
+        return completed
+
+    @abc.abstractmethod
+    def num_rows(self, outputs: Outputs) -> int:
+        """The number of elements (rows) in ``outputs``."""
+
+    @abc.abstractmethod
+    def slice(self, outputs: Outputs, start: int, stop: int) -> Outputs:
+        """Rows ``start:stop`` of ``outputs``, as views."""
+
+    @abc.abstractmethod
+    def concat(self, pieces: List[Outputs]) -> Outputs:
+        """Pieces of one request's outputs, joined in order."""
+
+
+class NumpyUnbatcher(Unbatcher):
+    """For models whose output is one array with a row per element."""
+
+    def num_rows(self, outputs: np.ndarray) -> int:
+        return len(outputs)
+
+    def slice(self, outputs: np.ndarray, start: int, stop: int) -> np.ndarray:
+        return outputs[start:stop]
+
+    def concat(self, pieces: List[np.ndarray]) -> np.ndarray:
+        return np.concatenate(pieces)
+
+
+class TreeUnbatcher(Unbatcher):
+    """For models that return a tuple or dict of arrays (a policy and a value, say)."""
+
+    def num_rows(self, outputs) -> int:
+        leaves = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
+        if not leaves:
+            raise ModelOutputError("the model returned an empty tuple or dict")
+        rows = {len(leaf) for leaf in leaves}
+        if len(rows) != 1:
+            raise ModelOutputError(
+                f"the model's outputs disagree on the number of rows: {sorted(rows)}")
+        return rows.pop()
+
+    def slice(self, outputs, start: int, stop: int):
+        if isinstance(outputs, dict):
+            return {k: v[start:stop] for k, v in outputs.items()}
+        return tuple(v[start:stop] for v in outputs)
+
+    def concat(self, pieces):
+        first = pieces[0]
+        if isinstance(first, dict):
+            return {k: np.concatenate([p[k] for p in pieces]) for k in first}
+        return tuple(np.concatenate([p[i] for p in pieces]) for i in range(len(first)))
+
+
+def unbatcher_for(outputs: Outputs) -> Unbatcher:
+    """A fresh unbatcher for outputs shaped like ``outputs`` (array, tuple or dict).
+
+    Raises:
+        ModelOutputError: when ``outputs`` is none of those.
+    """
+    if isinstance(outputs, np.ndarray):
+        return NumpyUnbatcher()
+    if isinstance(outputs, (tuple, dict)):
+        return TreeUnbatcher()
+    raise ModelOutputError(
+        f"a model must return an ndarray, or a tuple or dict of them, got "
+        f"{type(outputs).__name__}")
+
+
+class BatchManager:
+    """Coordinates a Batcher and an Unbatcher: requests in, batches out, outputs back.
+
+    Args:
+        batcher: how to cut the stream of requests into batches.
+        unbatcher: how to split outputs; default: chosen from the first outputs (an
+            array, or a tuple or dict of arrays).
+
+    Example:
+        >>> m = BatchManager(BatchSizeBatcher(8))
+        >>> m.add_inputs(np.arange(5)); m.add_inputs(np.arange(4))
+        >>> [y.tolist() for y in m.process_output(m.pop_batch())]
+        [[0, 1, 2, 3, 4]]
+    """
+
+    def __init__(self, batcher: Batcher, unbatcher: Unbatcher | None = None):
+        self.batcher = batcher
+        self.unbatcher = unbatcher
+        self._sizes: Deque[int] = collections.deque()  # registered before an unbatcher
+
+    def add_inputs(self, x: np.ndarray) -> None:
+        """Queue one request ``x[n, ...]``; its output comes back in order."""
+        x = np.asarray(x)
+        if x.ndim == 0:
+            raise ValueError("a request must have a batch dimension [n, ...], got 0-d")
+        self.batcher.append(x)
+        if self.unbatcher is None:
+            self._sizes.append(len(x))
+        else:
+            self.unbatcher.register(len(x))
+
+    def pop_batch(self) -> np.ndarray:
+        """The next batch to run the model on."""
+        return self.batcher.pop()
+
+    def has_full_batch(self) -> bool:
+        """True when the queued requests fill a batch."""
+        return self.batcher.has_full_batch()
+
+    def empty(self) -> bool:
+        """True when no request waits to be batched."""
+        return self.batcher.empty()
+
+    def process_output(self, outputs: Outputs) -> List[Outputs]:
+        """The outputs of every request completed by this batch's outputs, in order."""
+        if self.unbatcher is None:
+            self.unbatcher = unbatcher_for(outputs)
+            for n in self._sizes:
+                self.unbatcher.register(n)
+            self._sizes.clear()
+        return self.unbatcher.unbatch(outputs)

@@ -1,0 +1,17 @@
+"""The exceptions async_search raises, in one flat set."""
+
+
+class InputSpecError(ValueError):
+    """A request does not match the model's input spec (shape, dtype or type)."""
+
+
+class ModelOutputError(RuntimeError):
+    """A model returned outputs that do not match its batch (wrong type or row count)."""
+
+
+class ServerClosedError(RuntimeError):
+    """The server was closed (or its context left) before the request could be served."""
+
+
+class ServerDiedError(RuntimeError):
+    """A server, process or actor died while requests were waiting on it."""

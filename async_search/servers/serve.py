@@ -1,0 +1,52 @@
+"""``serve``: batched serving of a model inside the running event loop."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, AsyncIterator
+
+from async_search.batchers import Batcher
+from async_search.servers.batching import BatchingServer
+from async_search.servers.policy import DispatchPolicy
+
+__all__ = ["serve"]
+
+
+@contextlib.asynccontextmanager
+async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None = None,
+                pipeline_depth: int = 2, *, batcher: Batcher | None = None,
+                ) -> AsyncIterator[BatchingServer]:
+    """Serve ``model`` in batches to every coroutine of the running loop.
+
+    Yields ``evaluate``: ``await evaluate(x)`` with ``x[n, ...]`` returns the model's
+    outputs for those ``n`` elements, batched with the requests of every other coroutine.
+    ``evaluate.stats`` is a dict: batches, elements, mean_batch_size, model_time_s,
+    wall_time_s, fraction_in_model, batch_size_histogram, reasons, queue wait.
+
+    On leaving the context, queued requests are served (or, when the body raised, fail
+    with ServerClosedError), and the dispatch task and device thread end.
+
+    Args:
+        model: ``ndarray [n, ...] -> outputs [n, ...]`` (an array, or a tuple or dict of
+            arrays); its ``input_spec``, if declared, checks requests when made.
+        max_batch_size: the most elements in one batch.
+        max_delay: seconds a partial batch may wait for company; None sends it as soon
+            as the model is free and no search has a request left to make.
+        pipeline_depth: the most batches in flight at once.
+        batcher: cuts the request stream into batches (overrides ``max_batch_size``),
+            e.g. ``CostBatcher`` to bound the total cost of a batch.
+
+    Example:
+        >>> import asyncio, numpy as np
+        >>> from async_search.models import MLP
+        >>> async def main():
+        ...     async with serve(MLP((4,)), max_batch_size=64) as evaluate:
+        ...         ys = await asyncio.gather(*(evaluate(np.zeros((2, 4), np.float32))
+        ...                                     for _ in range(10)))
+        ...         return evaluate.stats["batches"], [y.shape for y in ys][0]
+        >>> asyncio.run(main())
+        (1, (2, 1))
+    """
+    policy = DispatchPolicy(max_batch_size, max_delay, pipeline_depth)
+    async with BatchingServer(model, policy, batcher) as evaluate:
+        yield evaluate

@@ -1,0 +1,161 @@
+"""Per-request overhead of serve, against a hand-written batcher and the ceiling.
+
+Workload: 64 coroutines, each making 200 sequential requests of one element, through
+a trivial NumPy model. Measured in one run, on the default asyncio loop and on uvloop:
+
+- ceiling: the same coroutines awaiting bare futures that one task resolves in bulk,
+  with no arrays at all (the limit for any design with one future per request);
+- handwritten: a minimal asyncio batcher (a list of futures, one serving coroutine that
+  concatenates the requests, calls the model inline and slices the outputs);
+- serve: async_search.serve, the model in its device thread.
+
+Prints one JSON object. Usage: python benchmarks/overhead.py [--coroutines 64]
+[--requests 200] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+
+import numpy as np
+
+import async_search as asr
+from async_search.models import with_spec
+
+
+def trivial_model(x: np.ndarray) -> np.ndarray:
+    return x * 2.0
+
+
+async def ceiling(num_coroutines: int, num_requests: int) -> None:
+    loop = asyncio.get_running_loop()
+    waiting = []
+    wake = None
+
+    def request():
+        nonlocal wake
+        fut = loop.create_future()
+        waiting.append(fut)
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        return fut
+
+    async def client():
+        for _ in range(num_requests):
+            await request()
+
+    async def server():
+        nonlocal wake, waiting
+        while True:
+            if not waiting:
+                wake = loop.create_future()
+                await wake
+            await asyncio.sleep(0)
+            batch, waiting = waiting, []
+            for fut in batch:
+                fut.set_result(None)
+
+    serving = asyncio.ensure_future(server())
+    await asyncio.gather(*(client() for _ in range(num_coroutines)))
+    serving.cancel()
+
+
+async def handwritten(num_coroutines: int, num_requests: int) -> None:
+    loop = asyncio.get_running_loop()
+    inputs, futures = [], []
+    wake = None
+
+    def evaluate(x):
+        nonlocal wake
+        fut = loop.create_future()
+        inputs.append(x)
+        futures.append(fut)
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        return fut
+
+    async def client():
+        x = np.ones((1, 4), np.float32)
+        for _ in range(num_requests):
+            await evaluate(x)
+
+    async def server():
+        nonlocal wake, inputs, futures
+        while True:
+            if not futures:
+                wake = loop.create_future()
+                await wake
+            await asyncio.sleep(0)
+            xs, futs, inputs, futures = inputs, futures, [], []
+            y = trivial_model(np.concatenate(xs))
+            start = 0
+            for fut, x in zip(futs, xs):
+                stop = start + len(x)
+                fut.set_result(y[start:stop])
+                start = stop
+
+    serving = asyncio.ensure_future(server())
+    await asyncio.gather(*(client() for _ in range(num_coroutines)))
+    serving.cancel()
+
+
+async def served(num_coroutines: int, num_requests: int) -> dict:
+    model = with_spec(trivial_model, (4,), np.float32)
+    async with asr.serve(model, max_batch_size=1024) as evaluate:
+        async def client():
+            x = np.ones((1, 4), np.float32)
+            for _ in range(num_requests):
+                await evaluate(x)
+
+        await asyncio.gather(*(client() for _ in range(num_coroutines)))
+        return evaluate.stats
+
+
+def measure(make_loop, workload, num_coroutines, num_requests, repeats):
+    best = float("inf")
+    for _ in range(repeats):
+        loop = make_loop()
+        try:
+            start = time.perf_counter()
+            loop.run_until_complete(workload(num_coroutines, num_requests))
+            best = min(best, time.perf_counter() - start)
+        finally:
+            loop.close()
+    total = num_coroutines * num_requests
+    return {"requests_per_s": round(total / best), "us_per_request": round(1e6 * best / total, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--coroutines", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    args = parser.parse_args()
+
+    loops = {"asyncio": asyncio.new_event_loop}
+    try:
+        import uvloop
+        loops["uvloop"] = uvloop.new_event_loop
+    except ImportError:
+        pass
+    report = {"workload": {"coroutines": args.coroutines, "requests_each": args.requests,
+                           "elements_per_request": 1},
+              "python": platform.python_version(), "loops": {}}
+    for name, make_loop in loops.items():
+        figures = {w.__name__: measure(make_loop, w, args.coroutines, args.requests,
+                                       args.repeats)
+                   for w in (ceiling, handwritten, served)}
+        serve_rate = figures["served"]["requests_per_s"]
+        figures["serve_vs_handwritten"] = round(
+            serve_rate / figures["handwritten"]["requests_per_s"], 3)
+        figures["serve_vs_ceiling"] = round(serve_rate / figures["ceiling"]["requests_per_s"], 3)
+        report["loops"][name] = figures
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

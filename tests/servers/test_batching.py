@@ -1,0 +1,322 @@
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.batchers import CostBatcher
+from async_search.errors import InputSpecError, ModelOutputError, ServerClosedError
+from async_search.models import MLP, with_spec
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def doubling(shape=(3,)):
+    return with_spec(lambda x: x * 2.0, shape, np.float32)
+
+
+class GatedModel:
+    """A model that blocks in its device thread until the test opens the gate."""
+
+    def __init__(self, shape=(1,)):
+        self.input_spec = asr.TensorSpec(shape, np.float32)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.seen = []
+
+    def __call__(self, x):
+        self.started.set()
+        assert self.gate.wait(10), "the test never opened the gate"
+        self.seen.append(x.copy())
+        return x + 1.0
+
+
+async def wait_thread_event(event, timeout=5.0):
+    assert await asyncio.to_thread(event.wait, timeout)
+
+
+async def test_thousand_concurrent_coroutines_get_exactly_model_outputs():
+    model = MLP((5,), hidden_sizes=(16,), output_size=3, seed=1)
+    rng = np.random.default_rng(0)
+    requests = [rng.standard_normal((rng.integers(0, 9), 5)).astype(np.float32)
+                for _ in range(1000)]
+
+    async def search(x):
+        await asyncio.sleep(0)
+        return await evaluate(x)
+
+    async with asr.serve(model, max_batch_size=128) as evaluate:
+        results = await asyncio.gather(*(search(x) for x in requests))
+        stats = evaluate.stats
+    for x, y in zip(requests, results):
+        np.testing.assert_array_equal(y, model(x))
+        assert y.shape == (len(x), 3)
+    assert stats["mean_batch_size"] > 1
+    assert stats["elements"] == sum(len(x) for x in requests)
+
+
+async def test_requests_made_on_consecutive_iterations_share_one_batch():
+    async def staggered(i):
+        for _ in range(i):
+            await asyncio.sleep(0)
+        return await evaluate(np.full((1, 3), i, np.float32))
+
+    async with asr.serve(doubling(), max_batch_size=64) as evaluate:
+        await asyncio.gather(*(staggered(i) for i in range(10)))
+        assert evaluate.stats["batch_size_histogram"] == {10: 1}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.zeros((2, 4), np.float32), r"expected \[n, 3\] float32, given \[2, 4\] float32"),
+    (np.zeros((2, 3), np.float64), r"expected \[n, 3\] float32, given \[2, 3\] float64"),
+    ([[1.0, 2.0, 3.0]], r"must be a NumPy array \[n, 3\] float32, got list"),
+    (np.float32(1.0), r"must be a NumPy array"),
+    (np.zeros((), np.float32), r"batch dimension"),
+])
+async def test_bad_request_raises_value_error_and_batch_mates_get_results(bad, message):
+    good = np.ones((2, 3), np.float32)
+    async with asr.serve(doubling()) as evaluate:
+        pending = evaluate(good)
+        with pytest.raises(ValueError, match=message) as info:
+            evaluate(bad)
+        assert isinstance(info.value, InputSpecError)
+        np.testing.assert_array_equal(await pending, good * 2)
+        assert evaluate.stats["elements"] == 2
+
+
+async def test_model_without_spec_learns_it_from_the_first_request():
+    async with asr.serve(lambda x: x + 1) as evaluate:
+        y = await evaluate(np.zeros((2, 4), np.int32))
+        assert y.tolist() == [[1] * 4] * 2
+        with pytest.raises(InputSpecError, match=r"expected \[n, 4\] int32"):
+            evaluate(np.zeros((2, 5), np.int32))
+
+
+async def test_raising_model_fails_its_batch_and_server_serves_the_next():
+    def model(x):
+        if (x < 0).any():
+            raise ArithmeticError("negative input")
+        return x * 2.0
+
+    async with asr.serve(with_spec(model, (1,), np.float32)) as evaluate:
+        bad = asyncio.gather(evaluate(np.ones((1, 1), np.float32)),
+                             evaluate(-np.ones((1, 1), np.float32)), return_exceptions=True)
+        results = await bad
+        assert all(isinstance(r, ArithmeticError) for r in results)
+        y = await evaluate(np.full((1, 1), 3.0, np.float32))
+        assert y.tolist() == [[6.0]]
+        assert evaluate.stats["failed_batches"] == 1
+
+
+@pytest.mark.parametrize("model, message", [
+    (lambda x: x[:-1], "returned 1 rows for a batch of 2 elements"),
+    (lambda x: [1, 2], "must return an ndarray, or a tuple or dict"),
+    (lambda x: np.array(1.0), "no batch dimension"),
+])
+async def test_model_with_wrong_outputs_fails_the_batch_with_clear_error(model, message):
+    async with asr.serve(with_spec(model, (1,), np.float32)) as evaluate:
+        with pytest.raises(ModelOutputError, match=message):
+            await evaluate(np.ones((2, 1), np.float32))
+
+
+async def test_cancelled_request_is_dropped_before_batching():
+    model = GatedModel()
+    async with asr.serve(model, pipeline_depth=1) as evaluate:
+        first = evaluate(np.zeros((1, 1), np.float32))
+        await wait_thread_event(model.started)  # the model is busy with the first batch
+        kept = evaluate(np.full((1, 1), 1.0, np.float32))
+        dropped = asyncio.ensure_future(evaluate(np.full((1, 1), 99.0, np.float32)))
+        await asyncio.sleep(0)
+        dropped.cancel()
+        model.gate.set()
+        assert (await first).tolist() == [[1.0]]
+        assert (await kept).tolist() == [[2.0]]
+    assert dropped.cancelled()
+    assert all(99.0 not in batch for batch in model.seen)
+
+
+async def test_cancelled_request_after_batching_is_discarded_and_mates_served():
+    model = GatedModel()
+    async with asr.serve(model) as evaluate:
+        cancelled = asyncio.ensure_future(evaluate(np.zeros((1, 1), np.float32)))
+        mate = evaluate(np.ones((1, 1), np.float32))
+        await wait_thread_event(model.started)
+        cancelled.cancel()
+        model.gate.set()
+        assert (await mate).tolist() == [[2.0]]
+    assert cancelled.cancelled()
+
+
+async def test_leaving_the_context_serves_queued_requests():
+    model = GatedModel()
+    async with asr.serve(model, max_batch_size=2, pipeline_depth=1) as evaluate:
+        futures = [evaluate(np.full((1, 1), i, np.float32)) for i in range(5)]
+        model.gate.set()
+    assert [f.result().item() for f in futures] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+async def test_leaving_the_context_on_error_fails_queued_requests_clearly():
+    model = GatedModel()
+    futures = []
+    with pytest.raises(KeyError):
+        async with asr.serve(model, max_batch_size=1, pipeline_depth=1) as evaluate:
+            futures = [evaluate(np.full((1, 1), i, np.float32)) for i in range(3)]
+            await wait_thread_event(model.started)
+            model.gate.set()
+            raise KeyError("body failed")
+    assert futures[0].result().item() == 1.0  # it was in the model already
+    for fut in futures[1:]:
+        assert isinstance(fut.exception(), ServerClosedError)
+
+
+async def test_evaluate_after_close_raises_server_closed_error():
+    async with asr.serve(doubling()) as evaluate:
+        pass
+    with pytest.raises(ServerClosedError):
+        evaluate(np.ones((1, 3), np.float32))
+
+
+async def test_no_thread_or_task_outlives_the_context():
+    before = set(threading.enumerate())
+    async with asr.serve(doubling()) as evaluate:
+        await evaluate(np.ones((1, 3), np.float32))
+        assert len(set(threading.enumerate()) - before) == 1
+    assert set(threading.enumerate()) - before == set()
+    assert evaluate._task.done()
+
+
+async def test_model_runs_in_a_thread_while_searches_keep_running():
+    main_thread = threading.get_ident()
+    model_threads = []
+
+    def slow(x):
+        model_threads.append(threading.get_ident())
+        threading.Event().wait(0.2)
+        return x
+
+    ticks = 0
+
+    async def ticker(done):
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    async with asr.serve(with_spec(slow, (1,), np.float32)) as evaluate:
+        done = asyncio.Event()
+        ticking = asyncio.ensure_future(ticker(done))
+        await evaluate(np.ones((1, 1), np.float32))
+        done.set()
+        await ticking
+    assert model_threads and main_thread not in model_threads
+    assert ticks >= 10
+
+
+async def test_request_larger_than_a_batch_is_split_and_reassembled():
+    model = MLP((2,), hidden_sizes=(4,), output_size=2)
+    x = np.random.default_rng(3).standard_normal((37, 2)).astype(np.float32)
+    async with asr.serve(model, max_batch_size=8) as evaluate:
+        small = evaluate(x[:3])
+        y = await evaluate(x)
+        np.testing.assert_array_equal(y, model(x))
+        np.testing.assert_array_equal(await small, model(x[:3]))
+        assert max(evaluate.stats["batch_size_histogram"]) == 8
+
+
+async def test_zero_element_request_resolves_at_once_with_empty_output():
+    model = MLP((2,), output_size=4)
+    async with asr.serve(model) as evaluate:
+        fut = evaluate(np.zeros((0, 2), np.float32))
+        assert fut.done() and fut.result().shape == (0, 4)
+        assert evaluate.stats["batches"] == 0
+
+
+async def test_zero_element_request_without_output_spec_still_resolves():
+    async with asr.serve(lambda x: x[:, :1]) as evaluate:
+        y = await evaluate(np.zeros((0, 3), np.float32))
+        assert y.shape == (0, 1)
+
+
+async def test_tuple_and_dict_outputs_are_split_per_request():
+    def policy_value(x):
+        return {"policy": x * 2, "value": x.sum(axis=1)}
+
+    async with asr.serve(with_spec(policy_value, (2,), np.float32), max_batch_size=3) as ev:
+        xs = [np.full((n, 2), n, np.float32) for n in (1, 2, 4)]
+        ys = await asyncio.gather(*(ev(x) for x in xs))
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y["policy"], x * 2)
+        np.testing.assert_array_equal(y["value"], x.sum(axis=1))
+
+
+async def test_max_delay_waits_for_fuller_batches_and_counts_why():
+    async def trickle(evaluate):
+        futures = []
+        for i in range(6):
+            futures.append(evaluate(np.full((1, 3), i, np.float32)))
+            await asyncio.sleep(0.01)
+        return await asyncio.gather(*futures)
+
+    async with asr.serve(doubling(), max_delay=0.2) as evaluate:
+        await trickle(evaluate)
+        delayed = evaluate.stats
+    async with asr.serve(doubling()) as evaluate:
+        await trickle(evaluate)
+        eager = evaluate.stats
+    assert delayed["batches"] < eager["batches"]
+    assert delayed["reasons"].get("delay", 0) >= 1
+    assert set(eager["reasons"]) == {"idle"}
+
+
+async def test_full_batch_never_waits_for_max_delay():
+    async with asr.serve(doubling(), max_batch_size=4, max_delay=30.0) as evaluate:
+        y = await asyncio.wait_for(evaluate(np.ones((4, 3), np.float32)), timeout=5)
+        assert y.shape == (4, 3)
+        assert evaluate.stats["reasons"] == {"full": 1}
+
+
+async def test_pipeline_depth_bounds_batches_in_flight():
+    model = GatedModel()
+    async with asr.serve(model, max_batch_size=1, pipeline_depth=2) as evaluate:
+        futures = [evaluate(np.full((1, 1), i, np.float32)) for i in range(5)]
+        await wait_thread_event(model.started)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert evaluate.stats["batches"] == 2
+        model.gate.set()
+        await asyncio.gather(*futures)
+        assert evaluate.stats["batches"] == 5
+
+
+async def test_cost_batcher_bounds_total_cost_per_batch():
+    # Each element's first column is its cost; batches may cost at most 10.
+    batcher = CostBatcher(10, cost_fn=lambda x: x[:, 0])
+    async with asr.serve(with_spec(lambda x: x, (1,), np.float32), batcher=batcher) as ev:
+        xs = [np.full((1, 1), c, np.float32) for c in (4, 4, 4, 9, 1)]
+        ys = await asyncio.gather(*(ev(x) for x in xs))
+        histogram = ev.stats["batch_size_histogram"]
+    assert [y.item() for y in ys] == [4, 4, 4, 9, 1]
+    assert histogram == {1: 1, 2: 2}
+
+
+async def test_stats_report_model_time_and_fractions():
+    async with asr.serve(doubling()) as evaluate:
+        await evaluate(np.ones((2, 3), np.float32))
+        stats = evaluate.stats
+    for key in ("batches", "elements", "mean_batch_size", "model_time_s", "wall_time_s",
+                "fraction_in_model", "batch_size_histogram", "reasons",
+                "queue_wait_mean_s", "queue_wait_max_s"):
+        assert key in stats
+    assert stats["batches"] == 1 and stats["elements"] == 2
+    assert 0 < stats["model_time_s"] <= stats["wall_time_s"]
+    assert 0 < stats["fraction_in_model"] <= 1
+
+
+def test_invalid_policy_arguments_name_the_value():
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
+        asr.servers.DispatchPolicy(max_batch_size=0)
+    with pytest.raises(ValueError, match="pipeline_depth"):
+        asr.servers.DispatchPolicy(pipeline_depth=0)
+    with pytest.raises(ValueError, match="max_delay"):
+        asr.servers.DispatchPolicy(max_delay=-1)

@@ -1,0 +1,188 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from async_search.batchers import (BatchManager, BatchSizeBatcher, CostBatcher,
+                                   NumpyUnbatcher, TreeUnbatcher, unbatcher_for)
+from async_search.errors import ModelOutputError
+
+
+def model(x):
+    return x * 3 + 1
+
+
+def requests_of(sizes, width=2):
+    """Requests with distinct values, so that any mix-up shows."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(np.arange(start, start + n * width, dtype=np.int64).reshape(n, width))
+        start += n * width
+    return out
+
+
+def run_manager(manager, requests, fn=model):
+    for x in requests:
+        manager.add_inputs(x)
+    outputs, batches = [], []
+    while not manager.empty():
+        batch = manager.pop_batch()
+        batches.append(batch)
+        outputs.extend(manager.process_output(fn(batch)))
+    return outputs, batches
+
+
+def test_seed_example_gives_batches_8_8_2_and_responses_5_4_6_3():
+    manager = BatchManager(BatchSizeBatcher(8))
+    requests = requests_of((5, 4, 6, 3))
+    outputs, batches = run_manager(manager, requests)
+    assert [len(b) for b in batches] == [8, 8, 2]
+    assert [len(y) for y in outputs] == [5, 4, 6, 3]
+    for x, y in zip(requests, outputs):
+        np.testing.assert_array_equal(y, model(x))
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 50), max_size=30), batch_size=st.integers(1, 64))
+def test_batch_manager_returns_model_outputs_request_by_request(sizes, batch_size):
+    requests = requests_of(sizes)
+    outputs, batches = run_manager(BatchManager(BatchSizeBatcher(batch_size)), requests)
+    assert len(outputs) == len(requests)
+    for x, y in zip(requests, outputs):
+        np.testing.assert_array_equal(y, model(x))
+    assert all(len(b) <= batch_size for b in batches)
+    # Every batch but the last is full: nothing is sent short while more is queued.
+    assert all(len(b) == batch_size for b in batches[:-1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(costs=st.lists(st.lists(st.integers(0, 12), max_size=8), max_size=20),
+       max_cost=st.integers(1, 30))
+def test_cost_batcher_bounds_batch_cost_and_returns_model_outputs(costs, max_cost):
+    # Each element is [cost, id]; the cost function reads column 0.
+    requests, next_id = [], 0
+    for request_costs in costs:
+        ids = np.arange(next_id, next_id + len(request_costs))
+        next_id += len(request_costs)
+        requests.append(np.stack([np.array(request_costs, np.int64).reshape(-1), ids], 1)
+                        if request_costs else np.zeros((0, 2), np.int64))
+    manager = BatchManager(CostBatcher(max_cost, cost_fn=lambda x: x[:, 0]))
+    outputs, batches = run_manager(manager, requests)
+    for x, y in zip(requests, outputs):
+        np.testing.assert_array_equal(y, model(x))
+    for b in batches:
+        assert b[:, 0].sum() <= max_cost or len(b) == 1
+    ids = np.concatenate([b[:, 1] for b in batches]) if batches else []
+    np.testing.assert_array_equal(ids, np.arange(next_id))
+
+
+def test_cost_batcher_sends_an_element_over_budget_alone():
+    batcher = CostBatcher(5, cost_fn=lambda x: x)
+    batcher.extend([np.array([2]), np.array([9]), np.array([1])])
+    assert [batcher.pop().tolist() for _ in range(3)] == [[2], [9], [1]]
+
+
+def test_cost_batcher_rejects_cost_fn_with_wrong_length():
+    batcher = CostBatcher(5, cost_fn=lambda x: np.ones(len(x) + 1))
+    with pytest.raises(ValueError, match="one cost per element"):
+        batcher.append(np.zeros(3))
+
+
+def test_zero_element_request_resolves_with_empty_output_of_right_shape():
+    manager = BatchManager(BatchSizeBatcher(4))
+    requests = [np.zeros((0, 3), np.float32)]
+    outputs, batches = run_manager(manager, requests, fn=lambda x: x.sum(axis=1, keepdims=True))
+    assert len(outputs) == 1 and outputs[0].shape == (0, 1)
+
+
+def test_zero_element_requests_after_a_full_batch_ride_along():
+    batcher = BatchSizeBatcher(2)
+    for n in (2, 0, 0, 1):
+        batcher.append(np.zeros((n, 1)), tag=n)
+    first = batcher.pop_parts()
+    assert len(first.batch) == 2 and first.tags == [2, 0, 0]
+    assert batcher.pop_parts().tags == [1]
+
+
+def test_request_split_across_batches_reports_head_and_tail():
+    batcher = BatchSizeBatcher(4)
+    batcher.append(np.arange(10), tag="a")
+    first = batcher.pop_parts()
+    assert first.tags == ["a"] and not first.head_continues and first.tail_size == 10
+    second = batcher.pop_parts()
+    assert second.head_continues and second.tail_size == 10
+    third = batcher.pop_parts()
+    assert third.head_continues and third.tail_size is None
+    assert third.batch.tolist() == [8, 9] and batcher.empty()
+
+
+def test_pop_parts_drops_requests_the_predicate_selects():
+    batcher = BatchSizeBatcher(3)
+    for tag in "abcde":
+        batcher.append(np.array([ord(tag)]), tag=tag)
+    popped = batcher.pop_parts(drop=lambda tag: tag in "bd")
+    assert popped.tags == ["a", "c", "e"]
+    assert batcher.empty() and batcher.queued == 0
+
+
+def test_pop_parts_never_drops_a_request_already_part_batched():
+    batcher = BatchSizeBatcher(2)
+    batcher.append(np.arange(3), tag="a")
+    batcher.pop_parts()
+    popped = batcher.pop_parts(drop=lambda tag: True)
+    assert popped.tags == ["a"] and popped.batch.tolist() == [2]
+
+
+def test_pop_from_empty_batcher_raises_index_error():
+    with pytest.raises(IndexError):
+        BatchSizeBatcher(2).pop()
+
+
+def test_batch_size_must_be_positive_integer():
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        BatchSizeBatcher(0)
+
+
+def test_has_full_batch_counts_elements_not_requests():
+    batcher = BatchSizeBatcher(4)
+    batcher.append(np.zeros(3))
+    assert not batcher.has_full_batch()
+    batcher.append(np.zeros(1))
+    assert batcher.has_full_batch()
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(0, 20), max_size=15), batch_size=st.integers(1, 16),
+       as_dict=st.booleans())
+def test_tree_unbatcher_splits_tuple_and_dict_outputs(sizes, batch_size, as_dict):
+    def policy_value(x):
+        p, v = x * 2, x.sum(axis=1, keepdims=True)
+        return {"policy": p, "value": v} if as_dict else (p, v)
+
+    requests = requests_of(sizes)
+    outputs, _ = run_manager(BatchManager(BatchSizeBatcher(batch_size)), requests,
+                             fn=policy_value)
+    for x, y in zip(requests, outputs):
+        expected = policy_value(x)
+        keys = expected.keys() if as_dict else range(2)
+        for k in keys:
+            np.testing.assert_array_equal(y[k], expected[k])
+
+
+def test_unbatcher_for_picks_by_output_type():
+    assert isinstance(unbatcher_for(np.zeros(2)), NumpyUnbatcher)
+    assert isinstance(unbatcher_for((np.zeros(2),)), TreeUnbatcher)
+    with pytest.raises(ModelOutputError, match="got list"):
+        unbatcher_for([1, 2])
+
+
+def test_more_output_rows_than_registered_raises_model_output_error():
+    unbatcher = NumpyUnbatcher()
+    unbatcher.register(2)
+    with pytest.raises(ModelOutputError, match="1 more output rows"):
+        unbatcher.unbatch(np.zeros(3))
+
+
+def test_tree_outputs_that_disagree_on_rows_raise():
+    with pytest.raises(ModelOutputError, match="disagree"):
+        TreeUnbatcher().num_rows((np.zeros(2), np.zeros(3)))
