@@ -11,10 +11,10 @@ Example:
 from async_search.base import Evaluate, Model, Outputs, TensorSpec
 from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
                                  ServerDiedError)
-from async_search.servers import immediate, serve
+from async_search.servers import immediate, serve, serve_connection
 
 __all__ = [
     "Evaluate", "Model", "Outputs", "TensorSpec",
     "InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
-    "immediate", "serve",
+    "immediate", "serve", "serve_connection",
 ]

@@ -169,6 +169,7 @@ class TensorFlowModel:
 
         self._fn = tf.function(traced, jit_compile=jit_compile, reduce_retracing=False)
         self._padded = {}  # allowed size -> reused input buffer with zero padding rows
+        self._call_lock = threading.Lock()  # the buffers are shared: one call at a time
 
     def _bucket(self, n: int) -> int:
         for size in self.batch_sizes:
@@ -183,14 +184,15 @@ class TensorFlowModel:
             parts = [self(batch[i:i + largest]) for i in range(0, n, largest)]
             return _concat_outputs(parts)
         size = self._bucket(max(n, 1))
-        buffer = self._padded.get(size)
-        if buffer is None:
-            buffer = self._padded[size] = np.zeros(
-                self.input_spec.batch_shape(size), self.input_spec.dtype)
-        buffer[:n] = batch
-        buffer[n:] = 0
-        with self._tf.device(self.device):
-            out = self._fn(self._tf.constant(buffer))
+        with self._call_lock:
+            buffer = self._padded.get(size)
+            if buffer is None:
+                buffer = self._padded[size] = np.zeros(
+                    self.input_spec.batch_shape(size), self.input_spec.dtype)
+            buffer[:n] = batch
+            buffer[n:] = 0
+            with self._tf.device(self.device):
+                out = self._fn(self._tf.constant(buffer))
         return _map_outputs(lambda t: t.numpy()[:n], out)
 
 
