@@ -29,7 +29,7 @@ import bisect
 import collections
 import dataclasses
 import itertools
-from typing import Any, Callable, Deque, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -94,10 +94,23 @@ class Batcher(abc.ABC):
         self._tags.append(tag)
         self._ends.append(self._total)
 
-    def extend(self, xs: Iterable[np.ndarray]) -> None:
-        """Queue several requests."""
-        for x in xs:
-            self.append(x)
+    def extend(self, xs: Sequence[np.ndarray], tags: Sequence[Any] | None = None) -> None:
+        """Queue several requests (with their tags), in bulk: no Python loop per request
+        where the cost of a request is its length."""
+        if tags is None:
+            tags = [None] * len(xs)
+        elif len(tags) != len(xs):
+            raise ValueError(f"{len(xs)} requests but {len(tags)} tags")
+        ends = list(itertools.accumulate(self._costs(xs), initial=self._total))
+        self._xs += xs
+        self._tags += tags
+        self._ends += ends[1:]
+        self.queued += ends[-1] - self._total
+        self._total = ends[-1]
+
+    def _costs(self, xs: Sequence[np.ndarray]) -> Iterable[float]:
+        """The cost of each request of ``xs``."""
+        return map(self._cost, xs)
 
     def empty(self) -> bool:
         """True when no request (not even one of zero elements) is queued."""
@@ -231,6 +244,9 @@ class BatchSizeBatcher(Batcher):
         self._tags.append(tag)
         self._ends.append(self._total)
 
+    def _costs(self, xs):
+        return map(len, xs)
+
     def _split(self, i, offset, room, limit=None):
         take = min(len(self._xs[i]) - offset, int(room))
         if limit is not None:
@@ -271,6 +287,10 @@ class CostBatcher(Batcher):
         cumulative = np.cumsum(costs)
         self._cumulative.append(cumulative)
         self._enqueue(x, tag, float(cumulative[-1]) if len(cumulative) else 0.0)
+
+    def extend(self, xs, tags=None) -> None:
+        for x, tag in zip(xs, tags if tags is not None else [None] * len(xs)):
+            self.append(x, tag)
 
     def _split(self, i, offset, room, limit=None):
         cumulative = self._cumulative[i]

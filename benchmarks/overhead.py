@@ -7,7 +7,9 @@ a trivial NumPy model. Measured in one run, on the default asyncio loop and on u
   with no arrays at all (the limit for any design with one future per request);
 - handwritten: a minimal asyncio batcher (a list of futures, one serving coroutine that
   concatenates the requests, calls the model inline and slices the outputs);
-- serve: async_search.serve, the model in its device thread.
+- served: async_search.serve, the model in its device thread (the default);
+- served_inline: async_search.serve with model_thread=False, the model on the loop as in
+  the hand-written batcher.
 
 Prints one JSON object. Usage: python benchmarks/overhead.py [--coroutines 64]
 [--requests 200] [--repeats 3]
@@ -103,9 +105,9 @@ async def handwritten(num_coroutines: int, num_requests: int) -> None:
     serving.cancel()
 
 
-async def served(num_coroutines: int, num_requests: int) -> dict:
+async def served(num_coroutines: int, num_requests: int, model_thread: bool = True) -> dict:
     model = with_spec(trivial_model, (4,), np.float32)
-    async with asr.serve(model, max_batch_size=1024) as evaluate:
+    async with asr.serve(model, max_batch_size=1024, model_thread=model_thread) as evaluate:
         async def client():
             x = np.ones((1, 4), np.float32)
             for _ in range(num_requests):
@@ -113,6 +115,10 @@ async def served(num_coroutines: int, num_requests: int) -> dict:
 
         await asyncio.gather(*(client() for _ in range(num_coroutines)))
         return evaluate.stats
+
+
+async def served_inline(num_coroutines: int, num_requests: int) -> dict:
+    return await served(num_coroutines, num_requests, model_thread=False)
 
 
 def measure(make_loop, workload, num_coroutines, num_requests, repeats):
@@ -148,11 +154,13 @@ def main() -> None:
     for name, make_loop in loops.items():
         figures = {w.__name__: measure(make_loop, w, args.coroutines, args.requests,
                                        args.repeats)
-                   for w in (ceiling, handwritten, served)}
-        serve_rate = figures["served"]["requests_per_s"]
-        figures["serve_vs_handwritten"] = round(
-            serve_rate / figures["handwritten"]["requests_per_s"], 3)
-        figures["serve_vs_ceiling"] = round(serve_rate / figures["ceiling"]["requests_per_s"], 3)
+                   for w in (ceiling, handwritten, served, served_inline)}
+        for variant in ("served", "served_inline"):
+            rate = figures[variant]["requests_per_s"]
+            figures[f"{variant}_vs_handwritten"] = round(
+                rate / figures["handwritten"]["requests_per_s"], 3)
+            figures[f"{variant}_vs_ceiling"] = round(
+                rate / figures["ceiling"]["requests_per_s"], 3)
         report["loops"][name] = figures
     print(json.dumps(report, indent=2))
 
