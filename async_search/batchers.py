@@ -47,9 +47,10 @@ class Popped:
     """One batch and the requests it holds, as ``Batcher.pop_parts`` returns it.
 
     ``pieces[i]`` is the part of request ``tags[i]`` in this batch (a view). The first
-    request may have started in an earlier batch (``head_continues``) and the last may
-    go on in a later one (``tail_size`` is then its whole size); every other request is
-    whole in this batch.
+    request may have started in an earlier batch (``head_continues``; its piece starts
+    at element ``head_offset`` of the request) and the last may go on in a later one
+    (``tail_size`` is then its whole size); every other request is whole in this batch.
+    ``buffer`` is the pooled array that ``batch`` was copied into, if any.
     """
 
     batch: np.ndarray
@@ -57,6 +58,8 @@ class Popped:
     pieces: List[np.ndarray]
     head_continues: bool
     tail_size: Optional[int]
+    head_offset: int = 0
+    buffer: Optional[np.ndarray] = None
 
 
 class Batcher(abc.ABC):
@@ -136,11 +139,14 @@ class Batcher(abc.ABC):
         """The next batch: the queued requests in order, up to the budget."""
         return self.pop_parts().batch
 
-    def pop_parts(self, drop: Callable[[Any], bool] | None = None) -> Popped:
+    def pop_parts(self, drop: Callable[[Any], bool] | None = None,
+                  out: Callable[[int, np.ndarray], np.ndarray | None] | None = None,
+                  ) -> Popped:
         """The next batch with the requests (tags and pieces) it holds.
 
         ``drop(tag)`` is asked of each request about to start; those it returns True for
-        are removed without being batched (cancelled callers).
+        are removed without being batched (cancelled callers). ``out(rows, like)`` may
+        give a buffer of at least ``rows`` rows to build the batch in (a pool), or None.
 
         Raises:
             IndexError: when nothing is queued (or everything queued was dropped).
@@ -171,8 +177,15 @@ class Batcher(abc.ABC):
         self._on_pop(count)
         self._start += cost
         self.queued -= cost
-        batch = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        return Popped(batch, batch_tags, pieces, head > 0, tail_size)
+        buffer = None
+        if len(pieces) == 1:
+            batch = pieces[0]
+        else:
+            rows = sum(map(len, pieces))
+            buffer = out(rows, pieces[0]) if out is not None else None
+            batch = (np.concatenate(pieces) if buffer is None
+                     else np.concatenate(pieces, out=buffer[:rows]))
+        return Popped(batch, batch_tags, pieces, head > 0, tail_size, head, buffer)
 
     def _plan(self) -> Tuple[int, int, float]:
         """(whole requests that fit, elements of the next that fit, total cost)."""

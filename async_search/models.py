@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
 
@@ -93,6 +93,22 @@ class MLP:
             quantum = 2.0 ** -_WEIGHT_BITS
             self.weights.append((np.round(w / quantum) * quantum,
                                  np.round(b / quantum) * quantum))
+
+    def with_weights(self, weights: Sequence[Tuple[np.ndarray, np.ndarray]]) -> "MLP":
+        """A copy of this MLP with other ``(w, b)`` layers of the same shapes (a model
+        update pushed by a trainer); weights are rounded onto the exact grid."""
+        if len(weights) != len(self.weights) or any(
+                np.shape(w) != w0.shape or np.shape(b) != b0.shape
+                for (w, b), (w0, b0) in zip(weights, self.weights)):
+            raise ValueError("with_weights needs (w, b) layers shaped like the model's: "
+                             f"{[(w.shape, b.shape) for w, b in self.weights]}")
+        quantum = 2.0 ** -_WEIGHT_BITS
+        copy = object.__new__(MLP)
+        copy.__dict__.update(self.__dict__)
+        copy.weights = [(np.round(np.asarray(w, np.float64) / quantum) * quantum,
+                         np.round(np.asarray(b, np.float64) / quantum) * quantum)
+                        for w, b in weights]
+        return copy
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         h = _on_grid(np.asarray(batch, np.float64).reshape(len(batch), self._in_features))

@@ -1,26 +1,29 @@
-"""The serving coroutine: requests from coroutines in one loop, batched into a device thread.
+"""The serving coroutine: requests from coroutines in one loop, batched into device threads.
 
-A request flows: ``evaluate(x)`` checks ``x`` and queues it in a Batcher with its future;
-the dispatch task, when a pipeline slot is free, lets ready searches take their turn and
-then pops a batch; the device thread runs the model; the outputs come back to the loop
-and are sliced into each request's future. One future per request, never per element.
+A request flows: ``evaluate(x)`` checks ``x`` and stages it with its future; the dispatch
+task, when a pipeline slot is free, lets ready searches take their turn, hands what is
+staged to the Batcher and pops a batch; a device thread runs the model; the outputs come
+back to the loop and a ResponseRouter slices them into the requests' futures. One future
+per request, never per element.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, List
+from typing import Any, Hashable, List, Tuple
 
 import numpy as np
 
 from async_search.base import Outputs, input_spec_of, output_spec_of
-from async_search.batchers import Batcher, BatchSizeBatcher, Popped, Unbatcher, unbatcher_for
-from async_search.errors import ModelOutputError, ServerClosedError
-from async_search.servers.device import DeviceThread, InlineDevice
+from async_search.batchers import Batcher, BatchSizeBatcher, Popped
+from async_search.errors import ServerClosedError
+from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.requests import RequestChecker
+from async_search.servers.responses import ResponseRouter
 from async_search.servers.stats import ServingStats
+from async_search.servers.workers import Workers
 
 __all__ = ["BatchingServer"]
 
@@ -37,47 +40,55 @@ class BatchingServer:
 
     The server is itself the evaluate function: ``await server(x)`` with ``x[n, ...]``
     returns the model's outputs for those ``n`` elements. Use it as an async context
-    manager (``serve`` does); it owns its dispatch task and its device thread, and both
+    manager (``serve`` does); it owns its dispatch task and its device threads, and they
     end when the context is left.
 
     Args:
         model: a callable from a batch to outputs (``base.Model``); with an
             ``input_spec``, requests are checked against it when made, else against
-            the first request.
-        policy: batch size, optional delay, pipeline depth.
+            the first request. Its ``version`` attribute, if any, is the first version.
+        policy: batch size, optional delay, pipeline depth (batches in flight per
+            worker).
         batcher: how to cut the stream into batches; default
             ``BatchSizeBatcher(policy.max_batch_size)`` (a ``CostBatcher`` bounds a batch
             by total cost instead).
-        model_thread: run the model in a dedicated thread (default), so that searches
-            go on while it computes; False runs it on the loop, which saves the thread
+        model_thread: run the model in device threads (default), so that searches go
+            on while it computes; False runs it on the loop, which saves the thread
             handoff (tens of microseconds a batch) for models that take microseconds.
+        num_workers: device threads taking batches from one queue (each batch goes to
+            the first free one).
     """
 
     def __init__(self, model: Any, policy: DispatchPolicy = DispatchPolicy(),
-                 batcher: Batcher | None = None, model_thread: bool = True):
-        self.model = model
-        self.model_thread = model_thread
+                 batcher: Batcher | None = None, model_thread: bool = True,
+                 num_workers: int = 1):
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+        if num_workers > 1 and not model_thread:
+            raise ValueError("num_workers > 1 needs model_thread=True")
         self.policy = policy
+        self.model_thread = model_thread
+        self._first_model = model
+        self._num_workers = num_workers
         self._check = RequestChecker(input_spec_of(model))
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._batcher = batcher if batcher is not None else BatchSizeBatcher(
             policy.max_batch_size)
         self._budget = self._batcher.budget
         out_spec = output_spec_of(model)
-        self._empty_output = out_spec.empty(0) if out_spec is not None else None
-        self._ops: Unbatcher | None = None
+        self._responses = ResponseRouter(out_spec.empty(0) if out_spec is not None else None)
+        self._pool = BufferPool(policy.max_batch_size)
         self._staged_xs: List[np.ndarray] = []
         self._staged_futures: List[asyncio.Future] = []
         self._stats = ServingStats()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._device: DeviceThread | InlineDevice | None = None
+        self._workers: Workers | None = None
         self._task: asyncio.Task | None = None
         self._wakeup: asyncio.Future | None = None  # the dispatch task sleeps on it
         self._full: asyncio.Future | None = None    # set when a batch fills (max_delay)
         self._slot: asyncio.Future | None = None    # set when a batch comes back
         self._in_flight = 0
         self._since = 0.0  # when the queue last became non-empty, or the last dispatch
-        self._partial: dict = {}  # future of a split request -> [size, received, pieces]
         self._closing = False
         self._closed = False
 
@@ -97,8 +108,8 @@ class BatchingServer:
             raise ServerClosedError("the server is closed: evaluate called after its "
                                     "context was left")
         fut = self._loop.create_future()
-        if not len(x) and self._empty_output is not None:
-            fut.set_result(self._empty_output)
+        if not len(x) and self._responses.empty_output is not None:
+            fut.set_result(self._responses.empty_output)
             return fut
         # Staged here and handed to the batcher in bulk when the dispatch task runs.
         self._staged_xs.append(x)
@@ -114,11 +125,19 @@ class BatchingServer:
                 _resolve(self._full)
         return fut
 
-    def _unstage(self) -> None:
-        """Hands the requests staged since the last call to the batcher."""
-        if self._staged_xs:
-            self._batcher.extend(self._staged_xs, self._staged_futures)
-            self._staged_xs, self._staged_futures = [], []
+    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+        """``(outputs, version)``: the outputs for ``x`` and the model version that
+        computed them (for a request split across batches during a swap, the version
+        of its last piece)."""
+        fut = self(x)
+        if fut.done():
+            return fut.result(), self.version
+        self._responses.want_version(fut)
+        try:
+            outputs = await fut
+            return outputs, self._responses.pop_version(fut)
+        finally:
+            self._responses.pop_version(fut)
 
     def _checked(self, x) -> np.ndarray:
         x = self._check(x)  # raises, or learns the spec from the first request
@@ -128,16 +147,69 @@ class BatchingServer:
     @property
     def stats(self) -> dict:
         """batches, elements, mean_batch_size, model_time_s, wall_time_s,
-        fraction_in_model, batch_size_histogram, reasons, queue wait, failed_batches."""
-        return self._stats.as_dict()
+        fraction_in_model, batch_size_histogram, reasons, queue wait, failed_batches,
+        workers, version, buffers_allocated and buffers_reused."""
+        stats = self._stats.as_dict()
+        stats["workers"] = self.num_workers
+        stats["version"] = self.version
+        stats["buffers_allocated"] = self._pool.allocated
+        stats["buffers_reused"] = self._pool.reused
+        return stats
+
+    # -- the model --------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        """The model that new batches run on."""
+        return self._workers.model if self._workers is not None else self._first_model
+
+    @property
+    def version(self) -> Hashable:
+        """The version of the model that new batches run on."""
+        if self._workers is not None:
+            return self._workers.version
+        return getattr(self._first_model, "version", 0)
+
+    def update_model(self, model_or_weights: Any, version: Hashable) -> None:
+        """Swaps the model between batches, without stopping the searches.
+
+        A callable becomes the model; anything else is passed to the current model's
+        ``with_weights(weights)``, which returns the new model. Batches that a worker has
+        started finish on the old model; every later batch runs on the new one and its
+        results carry ``version`` (see ``with_version``).
+        """
+        self._require_running()
+        self._workers.set_model(model_or_weights, version)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers) if self._workers is not None else self._num_workers
+
+    async def add_worker(self, model: Any = None) -> None:
+        """Starts another device thread (with its own ``model``, e.g. on another device,
+        or the current one) that takes batches from the same queue."""
+        self._require_running()
+        self._workers.add(model)
+        self._wake_dispatch()
+
+    async def remove_worker(self) -> None:
+        """Ends one device thread once the batches queued before this call are done."""
+        self._require_running()
+        await self._workers.remove()
+
+    def _require_running(self) -> None:
+        if self._workers is None or self._closed:
+            raise RuntimeError("the server is not serving: use it inside its context")
 
     # -- lifetime ---------------------------------------------------------------------
     async def __aenter__(self) -> "BatchingServer":
         if self._loop is not None:
             raise RuntimeError("a BatchingServer can be entered once")
         self._loop = asyncio.get_running_loop()
-        device = DeviceThread if self.model_thread else InlineDevice
-        self._device = device(self.model, self._loop).start()
+        self._workers = Workers(self._first_model, self.version, self._loop,
+                                threaded=self.model_thread)
+        if self.model_thread:
+            for _ in range(self._num_workers):
+                self._workers.add()
         self._task = self._loop.create_task(self._dispatch_loop())
         return self
 
@@ -148,30 +220,35 @@ class BatchingServer:
         """Stop taking requests; serve the queued ones (``drain``) or fail them.
 
         Returns when every request has its result or error, the dispatch task has ended
-        and the device thread has stopped.
+        and the device threads have stopped.
         """
-        if self._closed:
+        if self._closed or self._loop is None:
             return
         self._closing = True
         if not drain:
             self._fail_queued(ServerClosedError(
                 "the server closed before this request was batched"))
-        if self._wakeup is not None:
-            _resolve(self._wakeup)
+        self._wake_dispatch()
         try:
             await asyncio.shield(self._task)
         finally:
             while self._in_flight:
                 self._slot = self._loop.create_future()
                 await self._slot
-            self._device.stop()
+            self._workers.stop()
             self._fail_queued(ServerClosedError("the server closed"))  # if the task died
             self._stats.close()
             self._closed = True
 
+    def _wake_dispatch(self) -> None:
+        for waiter in (self._wakeup, self._slot):
+            if waiter is not None:
+                _resolve(waiter)
+        self._wakeup = self._slot = None
+
     # -- dispatch ---------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
-        batcher, loop, depth = self._batcher, self._loop, self.policy.pipeline_depth
+        batcher, loop = self._batcher, self._loop
         try:
             while True:
                 self._unstage()
@@ -181,7 +258,7 @@ class BatchingServer:
                     self._wakeup = loop.create_future()
                     await self._wakeup
                     continue
-                if self._in_flight >= depth:
+                if self._in_flight >= self.policy.pipeline_depth * len(self._workers):
                     self._slot = loop.create_future()
                     await self._slot
                     continue
@@ -190,14 +267,14 @@ class BatchingServer:
                 if batcher.empty():
                     continue
                 try:
-                    popped = batcher.pop_parts(_cancelled)
+                    popped = batcher.pop_parts(_cancelled, self._pool.take)
                 except IndexError:  # every queued request was cancelled
                     continue
                 now = time.perf_counter()
                 self._stats.record_dispatch(len(popped.batch), reason, now - self._since)
                 self._since = now
                 self._in_flight += 1
-                self._device.submit(popped, popped.batch, self._on_done)
+                self._workers.submit(popped, popped.batch, self._on_done)
         except BaseException as e:
             self._fail_queued(e if isinstance(e, Exception) else ServerClosedError(
                 "the dispatch task was cancelled"))
@@ -230,85 +307,38 @@ class BatchingServer:
                 finally:
                     timer.cancel()
                     self._full = None
+                self._unstage()
                 return Reason.FULL if batcher.queued >= budget else Reason.DELAY
         return Reason.IDLE
 
+    def _unstage(self) -> None:
+        """Hands the requests staged since the last call to the batcher."""
+        if self._staged_xs:
+            self._batcher.extend(self._staged_xs, self._staged_futures)
+            self._staged_xs, self._staged_futures = [], []
+
     # -- results ----------------------------------------------------------------------
     def _on_done(self, popped: Popped, outputs: Outputs, error: BaseException | None,
-                 seconds: float) -> None:
+                 seconds: float, version: Hashable) -> None:
         self._in_flight -= 1
-        self._stats.record_model(seconds, error is not None)
-        slot = self._slot
+        slot, self._slot = self._slot, None
         if slot is not None:
-            self._slot = None
-            slot.set_result(None)
-        if error is None:
-            error = self._route(popped, outputs)
-        if error is not None:
-            for fut in popped.tags:
-                self._partial.pop(fut, None)
-                if not fut.done():
-                    fut.set_exception(error)
-
-    def _route(self, popped: Popped, outputs: Outputs) -> Exception | None:
-        """Slices the batch outputs into the requests' futures; an error if it cannot."""
-        ops = self._ops
+            _resolve(slot)
         try:
-            if ops is None:
-                ops = self._ops = unbatcher_for(outputs)
-            rows = ops.num_rows(outputs)
-        except (ModelOutputError, TypeError) as e:
-            return e if isinstance(e, ModelOutputError) else ModelOutputError(
-                f"the model's outputs have no batch dimension: {e}")
-        size = len(popped.batch)
-        if rows != size:
-            return ModelOutputError(
-                f"the model returned {rows} rows for a batch of {size} elements: it must "
-                f"return one output row per input element")
-        if self._empty_output is None:
-            self._empty_output = ops.slice(outputs, 0, 0)
-        tags, pieces = popped.tags, popped.pieces
-        whole = not popped.head_continues and popped.tail_size is None
-        if whole and size == len(tags) and type(outputs) is np.ndarray and (
-                min(map(len, pieces)) == 1):
-            # Every request is one element: hand out row views made in C.
-            rows = zip(tags, outputs[:, None])
-            while True:
-                try:
-                    for fut, row in rows:
-                        fut.set_result(row)
-                    return None
-                except asyncio.InvalidStateError:  # a caller cancelled after batching
-                    continue
-        last = len(tags) - 1
-        start = 0
-        for i, (fut, piece) in enumerate(zip(tags, pieces)):
-            stop = start + len(piece)
-            out = ops.slice(outputs, start, stop)
-            start = stop
-            if i == 0 and popped.head_continues:
-                self._add_piece(fut, None, out)
-            elif i == last and popped.tail_size is not None:
-                self._add_piece(fut, popped.tail_size, out)
-            elif not fut.done():
-                fut.set_result(out)
-        return None
-
-    def _add_piece(self, fut: asyncio.Future, total: int | None, piece: Outputs) -> None:
-        """One piece of a request split across batches; resolves it with the last."""
-        state = self._partial.get(fut)
-        if state is None:
-            state = self._partial[fut] = [total, 0, []]
-        state[1] += self._ops.num_rows(piece)
-        state[2].append(piece)
-        if state[1] == state[0]:
-            del self._partial[fut]
-            if not fut.done():
-                fut.set_result(self._ops.concat(state[2]))
+            self._stats.record_model(seconds, error is not None)
+            if popped.buffer is not None:
+                self._pool.give_back(popped.buffer, outputs)
+            if error is None:
+                error = self._responses.deliver(popped, outputs, version)
+        except Exception as e:  # never leave a request of this batch unresolved
+            error = e
+        if error is not None:
+            self._responses.fail(popped, error)
 
     def _fail_queued(self, error: BaseException) -> None:
         self._unstage()
-        for fut in self._batcher.clear():
-            self._partial.pop(fut, None)
+        futures = self._batcher.clear()
+        self._responses.forget(futures)
+        for fut in futures:
             if not fut.done():
                 fut.set_exception(error)

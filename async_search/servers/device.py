@@ -1,4 +1,10 @@
-"""The device thread: runs the model off the event loop, one batch after another."""
+"""Device threads: run the model off the event loop, one batch after another.
+
+Each DeviceThread owns one device and one model instance. The threads of a server take
+batches from one shared job queue, so a free thread takes the next batch (work
+stealing). A model may define ``load()`` and ``unload()``: each thread calls them around
+its use of that model (acquire and release the device), on start, on stop and on a swap.
+"""
 
 from __future__ import annotations
 
@@ -6,97 +12,114 @@ import asyncio
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
-__all__ = ["DeviceThread", "InlineDevice"]
+__all__ = ["DeviceThread", "InlineDevice", "STOP"]
 
-#: Called on the event loop with (token, outputs or None, exception or None, seconds).
-Done = Callable[[Any, Any, BaseException | None, float], None]
+#: Called on the event loop with (token, outputs or None, error or None, seconds, version).
+Done = Callable[[Any, Any, BaseException | None, float, Hashable], None]
 
-_STOP = object()
+#: Put on the job queue to end the one thread that takes it.
+STOP = object()
 
 
 class DeviceThread:
-    """One thread that owns a device: it runs ``model(batch)`` for each submitted batch.
+    """A thread that runs ``model(batch)`` for the jobs it takes from a shared queue.
 
-    Results go back to the event loop with ``call_soon_threadsafe``, so the loop is woken
-    by the result itself, never by polling. Batches run in the order submitted. Use it
-    as a context manager (``start``/``stop``): the thread ends with it.
-
-    Example:
-        >>> # inside a coroutine
-        >>> # with DeviceThread(model, loop) as device:
-        >>> #     device.submit(token, batch, on_done)
+    A job is ``(token, batch, done)``; the result goes back to the event loop with
+    ``call_soon_threadsafe(done, token, outputs, error, seconds, version)``, so the loop
+    is woken by the result itself, never by polling. ``set_model`` swaps the model
+    between two batches; the version reported with each batch is the one that ran it.
     """
 
-    def __init__(self, model: Callable[[Any], Any], loop: asyncio.AbstractEventLoop,
+    def __init__(self, model: Any, version: Hashable, jobs: "queue.SimpleQueue",
+                 loop: asyncio.AbstractEventLoop, on_exit: Callable[["DeviceThread"], None],
                  name: str = "async_search-device"):
-        self.model = model
+        self._current = (model, version)  # replaced whole, read whole: no lock needed
+        self._jobs = jobs
         self._loop = loop
-        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._on_exit = on_exit
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def model(self) -> Any:
+        return self._current[0]
+
+    def set_model(self, model: Any, version: Hashable) -> None:
+        """Use ``model`` (as ``version``) from the next batch this thread starts."""
+        self._current = (model, version)
 
     def start(self) -> "DeviceThread":
         self._thread.start()
         return self
 
-    def submit(self, token: Any, batch: Any, done: Done) -> None:
-        """Run ``model(batch)``; then ``done(token, outputs, error, seconds)`` on the loop."""
-        self._jobs.put((token, batch, done))
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Finish the batches already submitted, then end the thread."""
-        if self._thread.is_alive():
-            self._jobs.put(_STOP)
-            self._thread.join(timeout)
-
-    def __enter__(self) -> "DeviceThread":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _run(self) -> None:
-        jobs, model, loop = self._jobs, self.model, self._loop
-        while True:
-            job = jobs.get()
-            if job is _STOP:
-                return
-            token, batch, done = job
-            start = time.perf_counter()
+        jobs, loop = self._jobs, self._loop
+        loaded = None
+        try:
+            while True:
+                job = jobs.get()
+                if job is STOP:
+                    return
+                token, batch, done = job
+                model, version = self._current
+                start = time.perf_counter()
+                try:
+                    if model is not loaded:
+                        _call_hook(loaded, "unload")
+                        loaded = model
+                        _call_hook(model, "load")
+                    outputs, error = model(batch), None
+                except BaseException as e:  # noqa: BLE001 - handed to the requests it fails
+                    outputs, error = None, e
+                seconds = time.perf_counter() - start
+                try:
+                    loop.call_soon_threadsafe(done, token, outputs, error, seconds, version)
+                except RuntimeError:  # the loop is closed: nobody is waiting any more
+                    return
+        finally:
+            _call_hook(loaded, "unload")
             try:
-                outputs, error = model(batch), None
-            except BaseException as e:  # noqa: BLE001 - handed to the requests it fails
-                outputs, error = None, e
-            seconds = time.perf_counter() - start
-            try:
-                loop.call_soon_threadsafe(done, token, outputs, error, seconds)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                return
+                loop.call_soon_threadsafe(self._on_exit, self)
+            except RuntimeError:
+                pass
+
+
+def _call_hook(model: Any, name: str) -> None:
+    hook = getattr(model, name, None)
+    if hook is not None:
+        hook()
 
 
 class InlineDevice:
-    """Runs the model on the event loop itself, with DeviceThread's interface.
+    """Runs the model on the event loop itself, for models that take microseconds.
 
-    For models that take microseconds, where the thread handoff (tens of microseconds
-    per batch) costs more than the model; searches stand still while it runs.
+    It saves the thread handoff (tens of microseconds per batch), but searches stand
+    still while the model runs; it is the only device of its server.
     """
 
-    def __init__(self, model: Callable[[Any], Any], loop: asyncio.AbstractEventLoop):
-        self.model = model
-        self._loop = loop
+    def __init__(self, model: Any, version: Hashable):
+        self._current = (model, version)
 
-    def start(self) -> "InlineDevice":
-        return self
+    @property
+    def model(self) -> Any:
+        return self._current[0]
 
-    def stop(self, timeout: float | None = None) -> None:
-        pass
+    def set_model(self, model: Any, version: Hashable) -> None:
+        self._current = (model, version)
 
-    def submit(self, token: Any, batch: Any, done: Done) -> None:
+    def run(self, token: Any, batch: Any, done: Done) -> None:
         """Runs ``model(batch)`` now and calls ``done`` with the result."""
+        model, version = self._current
         start = time.perf_counter()
         try:
-            outputs, error = self.model(batch), None
+            outputs, error = model(batch), None
         except Exception as e:  # noqa: BLE001 - handed to the requests it fails
             outputs, error = None, e
-        done(token, outputs, error, time.perf_counter() - start)
+        done(token, outputs, error, time.perf_counter() - start, version)

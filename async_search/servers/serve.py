@@ -15,7 +15,8 @@ __all__ = ["serve"]
 @contextlib.asynccontextmanager
 async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None = None,
                 pipeline_depth: int = 2, *, batcher: Batcher | None = None,
-                model_thread: bool = True) -> AsyncIterator[BatchingServer]:
+                model_thread: bool = True, num_workers: int = 1,
+                ) -> AsyncIterator[BatchingServer]:
     """Serve ``model`` in batches to every coroutine of the running loop.
 
     Yields ``evaluate``: ``await evaluate(x)`` with ``x[n, ...]`` returns the model's
@@ -38,6 +39,11 @@ async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None =
         model_thread: run the model in a dedicated thread (default), so searches go on
             while it computes; False runs it on the loop, saving the thread handoff
             (tens of microseconds a batch) for models that take microseconds.
+        num_workers: device threads taking batches from one queue; more can be added
+            and removed while serving (``evaluate.add_worker``, ``remove_worker``).
+
+    ``evaluate`` also swaps models while serving: ``evaluate.update_model(model,
+    version)``, ``await evaluate.with_version(x)`` and ``evaluate.version``.
 
     Example:
         >>> import asyncio, numpy as np
@@ -51,5 +57,5 @@ async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None =
         (1, (2, 1))
     """
     policy = DispatchPolicy(max_batch_size, max_delay, pipeline_depth)
-    async with BatchingServer(model, policy, batcher, model_thread) as evaluate:
+    async with BatchingServer(model, policy, batcher, model_thread, num_workers) as evaluate:
         yield evaluate

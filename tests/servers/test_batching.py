@@ -320,3 +320,15 @@ def test_invalid_policy_arguments_name_the_value():
         asr.servers.DispatchPolicy(pipeline_depth=0)
     with pytest.raises(ValueError, match="max_delay"):
         asr.servers.DispatchPolicy(max_delay=-1)
+
+
+async def test_a_crash_while_delivering_fails_the_batch_instead_of_hanging(monkeypatch):
+    from async_search.servers.responses import ResponseRouter
+
+    def broken(self, popped, outputs, version):
+        raise RuntimeError("injected delivery fault")
+
+    monkeypatch.setattr(ResponseRouter, "deliver", broken)
+    async with asr.serve(doubling()) as evaluate:
+        with pytest.raises(RuntimeError, match="injected delivery fault"):
+            await asyncio.wait_for(evaluate(np.ones((1, 3), np.float32)), 5)

@@ -1,0 +1,191 @@
+"""Circuit breakers: stop sending requests to a server that keeps failing, then probe it.
+
+A breaker is a small state machine with an injected clock, so that tests drive time:
+
+    CLOSED --K consecutive failures--> OPEN --reset_timeout--> HALF_OPEN
+    HALF_OPEN --M successes--> CLOSED        HALF_OPEN --one failure--> OPEN
+
+While open, the breaker admits nothing; while half-open it admits a few probe requests
+at a time. Every admitted request carries the breaker's generation (bumped on each state
+change), so that a result that arrives after the state moved on is ignored instead of
+being counted against the new state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from typing import Callable
+
+__all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "CircuitOpenError"]
+
+
+class CircuitOpenError(RuntimeError):
+    """Every server that could take a request has an open circuit breaker."""
+
+
+class BreakerState(str, enum.Enum):
+    """Where a circuit breaker stands."""
+
+    CLOSED = "closed"        # requests flow; consecutive failures are counted
+    OPEN = "open"            # no request is admitted until the reset timeout passes
+    HALF_OPEN = "half_open"  # a few probes are admitted; their outcome decides
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakerPolicy:
+    """When a breaker opens and closes.
+
+    Attributes:
+        failure_threshold: consecutive failures (K) that open a closed breaker.
+        success_threshold: successful probes (M) that close a half-open breaker.
+        reset_timeout: seconds an open breaker waits before it turns half-open.
+        half_open_probes: requests admitted at once while half-open.
+
+    Example:
+        >>> BreakerPolicy(failure_threshold=3, reset_timeout=0.5).success_threshold
+        2
+    """
+
+    failure_threshold: int = 5
+    success_threshold: int = 2
+    reset_timeout: float = 30.0
+    half_open_probes: int = 1
+
+    def __post_init__(self):
+        for name in ("failure_threshold", "success_threshold", "half_open_probes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.reset_timeout, (int, float)) and self.reset_timeout >= 0):
+            raise ValueError(
+                f"reset_timeout must be a number of seconds >= 0, got {self.reset_timeout!r}")
+
+
+class CircuitBreaker:
+    """The breaker of one server.
+
+    Use: ``permit = breaker.try_acquire()``; None means "do not send". When the request
+    ends, report it with ``breaker.record(permit, ok)``, or ``breaker.release(permit)``
+    when its outcome says nothing about the server (the caller cancelled, the request
+    itself was bad).
+
+    Args:
+        policy: thresholds and timeout.
+        clock: seconds, monotonic; inject a fake one in tests.
+
+    Example:
+        >>> now = [0.0]
+        >>> b = CircuitBreaker(BreakerPolicy(failure_threshold=2, success_threshold=1,
+        ...                                  reset_timeout=10), clock=lambda: now[0])
+        >>> for _ in range(2):
+        ...     b.record(b.try_acquire(), ok=False)
+        >>> b.state.value, b.try_acquire()
+        ('open', None)
+        >>> now[0] = 10.0
+        >>> p = b.try_acquire(); b.state.value
+        'half_open'
+        >>> b.record(p, ok=True); b.state.value
+        'closed'
+    """
+
+    def __init__(self, policy: BreakerPolicy = BreakerPolicy(), *,
+                 clock: Callable[[], float] = time.monotonic):
+        self.policy = policy
+        self._clock = clock
+        self._state = BreakerState.CLOSED
+        self._generation = 0
+        self._consecutive_failures = 0
+        self._probe_successes = 0
+        self._probes = 0  # probes in flight while half-open
+        self._opened_at = 0.0
+        self.opened = 0       # times it opened
+        self.successes = 0    # requests reported ok
+        self.failures = 0     # requests reported failed
+        self.rejected = 0     # try_acquire calls answered None
+
+    @property
+    def state(self) -> BreakerState:
+        """The state now (an open breaker past its timeout reads half-open)."""
+        if self._state is BreakerState.OPEN and (
+                self._clock() - self._opened_at >= self.policy.reset_timeout):
+            self._move(BreakerState.HALF_OPEN)
+        return self._state
+
+    def available(self) -> bool:
+        """Whether ``try_acquire`` would admit a request now (takes nothing)."""
+        state = self.state
+        return state is BreakerState.CLOSED or (
+            state is BreakerState.HALF_OPEN and self._probes < self.policy.half_open_probes)
+
+    def try_acquire(self) -> int | None:
+        """Admit one request: its permit, or None when the breaker refuses it."""
+        state = self.state
+        if state is BreakerState.CLOSED:
+            return self._generation
+        if state is BreakerState.HALF_OPEN and self._probes < self.policy.half_open_probes:
+            self._probes += 1
+            return self._generation
+        self.rejected += 1
+        return None
+
+    def record(self, permit: int | None, ok: bool) -> None:
+        """The admitted request ``permit`` ended: ``ok``, or failed through the server."""
+        if ok:
+            self.successes += 1
+        else:
+            self.failures += 1
+        if permit != self._generation:
+            return  # admitted under an earlier state: says nothing about this one
+        if self._state is BreakerState.CLOSED:
+            if ok:
+                self._consecutive_failures = 0
+            else:
+                self._consecutive_failures += 1
+                if self._consecutive_failures >= self.policy.failure_threshold:
+                    self._open()
+        elif self._state is BreakerState.HALF_OPEN:
+            self._probes -= 1
+            if not ok:
+                self._open()
+            else:
+                self._probe_successes += 1
+                if self._probe_successes >= self.policy.success_threshold:
+                    self._move(BreakerState.CLOSED)
+
+    def release(self, permit: int | None) -> None:
+        """The admitted request ended without a verdict on the server."""
+        if permit == self._generation and self._state is BreakerState.HALF_OPEN:
+            self._probes -= 1
+
+    def trip(self) -> None:
+        """Open the breaker now (an operator or a health check saw the server fail)."""
+        self._open()
+
+    @property
+    def stats(self) -> dict:
+        """state, consecutive_failures, opened, successes, failures, rejected."""
+        return {
+            "state": self.state.value,
+            "consecutive_failures": self._consecutive_failures,
+            "opened": self.opened,
+            "successes": self.successes,
+            "failures": self.failures,
+            "rejected": self.rejected,
+        }
+
+    def _open(self) -> None:
+        self._move(BreakerState.OPEN)
+        self._opened_at = self._clock()
+        self.opened += 1
+
+    def _move(self, state: BreakerState) -> None:
+        self._state = state
+        self._generation += 1
+        self._consecutive_failures = 0
+        self._probe_successes = 0
+        self._probes = 0
+
+    def __repr__(self) -> str:
+        return f"CircuitBreaker(state={self.state.value}, policy={self.policy})"

@@ -1,0 +1,63 @@
+"""A pool of batch input buffers, reused instead of allocated for every batch."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+__all__ = ["BufferPool"]
+
+
+class BufferPool:
+    """Buffers of ``capacity`` rows, one free list per element shape and dtype.
+
+    ``take`` hands out a free buffer (or a new one); ``give_back`` returns it once the
+    model is done with the batch, unless the model's outputs may share its memory (a
+    model that returns a view of its input), since those outputs are still in use.
+
+    Example:
+        >>> pool = BufferPool(capacity=8)
+        >>> buffer = pool.take(5, like=np.zeros((2, 3), np.float32))
+        >>> buffer.shape
+        (8, 3)
+        >>> pool.give_back(buffer, outputs=np.zeros(5)); pool.allocated, pool.reused
+        (1, 0)
+    """
+
+    def __init__(self, capacity: int, max_free: int = 4):
+        self.capacity = capacity
+        self.max_free = max_free
+        self.allocated = 0
+        self.reused = 0
+        self._free: Dict[Tuple[Tuple[int, ...], np.dtype], List[np.ndarray]] = {}
+
+    def take(self, rows: int, like: np.ndarray) -> np.ndarray | None:
+        """A buffer of at least ``rows`` rows shaped like ``like``'s elements, or None
+        when ``rows`` is over capacity."""
+        if rows > self.capacity:
+            return None
+        free = self._free.get((like.shape[1:], like.dtype))
+        if free:
+            self.reused += 1
+            return free.pop()
+        self.allocated += 1
+        return np.empty((self.capacity, *like.shape[1:]), like.dtype)
+
+    def give_back(self, buffer: np.ndarray, outputs: Any) -> None:
+        """Returns ``buffer`` to the pool unless ``outputs`` may share its memory."""
+        if _may_share(outputs, buffer):
+            return
+        free = self._free.setdefault((buffer.shape[1:], buffer.dtype), [])
+        if len(free) < self.max_free:
+            free.append(buffer)
+
+
+def _may_share(outputs: Any, buffer: np.ndarray) -> bool:
+    if isinstance(outputs, np.ndarray):
+        return np.may_share_memory(outputs, buffer)
+    if isinstance(outputs, dict):
+        outputs = outputs.values()
+    if isinstance(outputs, (tuple, list, type({}.values()))):
+        return any(_may_share(leaf, buffer) for leaf in outputs)
+    return False

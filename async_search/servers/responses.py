@@ -1,0 +1,114 @@
+"""Outputs back to requests: slicing each batch's outputs into its requests' futures."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, Hashable, List
+
+import numpy as np
+
+from async_search.base import Outputs
+from async_search.batchers import Popped, Unbatcher, unbatcher_for
+from async_search.errors import ModelOutputError
+
+__all__ = ["ResponseRouter"]
+
+
+class ResponseRouter:
+    """Resolves the futures of a batch's requests from the batch's outputs.
+
+    Batches may complete in any order (several workers): a request split across batches
+    is reassembled by the offsets of its pieces. Futures registered with
+    ``want_version`` also learn the model version that computed them.
+    """
+
+    def __init__(self, empty_output: Outputs | None = None):
+        #: The output of a zero-element request; known once a spec or a batch shows it.
+        self.empty_output = empty_output
+        self._ops: Unbatcher | None = None
+        self._partial: Dict[asyncio.Future, list] = {}  # -> [size, received, pieces]
+        self._versions: Dict[asyncio.Future, Hashable] = {}
+
+    def want_version(self, fut: asyncio.Future) -> None:
+        """Record the version that computes ``fut`` (read it with ``pop_version``)."""
+        self._versions[fut] = None
+
+    def pop_version(self, fut: asyncio.Future) -> Hashable:
+        return self._versions.pop(fut, None)
+
+    def deliver(self, popped: Popped, outputs: Outputs, version: Hashable,
+                ) -> Exception | None:
+        """Slices ``outputs`` into the futures of ``popped``; an error if it cannot."""
+        ops = self._ops
+        try:
+            if ops is None:
+                ops = self._ops = unbatcher_for(outputs)
+            rows = ops.num_rows(outputs)
+        except (ModelOutputError, TypeError) as e:
+            return e if isinstance(e, ModelOutputError) else ModelOutputError(
+                f"the model's outputs have no batch dimension: {e}")
+        size = len(popped.batch)
+        if rows != size:
+            return ModelOutputError(
+                f"the model returned {rows} rows for a batch of {size} elements: it must "
+                f"return one output row per input element")
+        if self.empty_output is None:
+            self.empty_output = ops.slice(outputs, 0, 0)
+        tags, pieces = popped.tags, popped.pieces
+        if self._versions:
+            for fut in tags:
+                if fut in self._versions:
+                    self._versions[fut] = version
+        whole = not popped.head_continues and popped.tail_size is None
+        if whole and size == len(tags) and type(outputs) is np.ndarray and (
+                min(map(len, pieces)) == 1):
+            # Every request is one element: hand out row views made in C.
+            rows_of = zip(tags, outputs[:, None])
+            while True:
+                try:
+                    for fut, row in rows_of:
+                        fut.set_result(row)
+                    return None
+                except asyncio.InvalidStateError:  # a caller cancelled after batching
+                    continue
+        last = len(tags) - 1
+        start = 0
+        for i, (fut, piece) in enumerate(zip(tags, pieces)):
+            stop = start + len(piece)
+            out = ops.slice(outputs, start, stop)
+            start = stop
+            head = i == 0 and popped.head_continues
+            tail = i == last and popped.tail_size is not None
+            if head or tail:
+                self._add_piece(fut, popped.tail_size if tail else None,
+                                popped.head_offset if i == 0 else 0, out)
+            elif not fut.done():
+                fut.set_result(out)
+        return None
+
+    def fail(self, popped: Popped, error: BaseException) -> None:
+        """Fails every request of ``popped`` with ``error``."""
+        for fut in popped.tags:
+            self._partial.pop(fut, None)
+            if not fut.done():
+                fut.set_exception(error)
+
+    def forget(self, futures: List[asyncio.Future]) -> None:
+        """Drops what is kept of requests that failed before reaching a batch."""
+        for fut in futures:
+            self._partial.pop(fut, None)
+
+    def _add_piece(self, fut: asyncio.Future, total: int | None, offset: int,
+                   piece: Outputs) -> None:
+        state = self._partial.get(fut)
+        if state is None:
+            state = self._partial[fut] = [None, 0, []]
+        if total is not None:
+            state[0] = total
+        state[1] += self._ops.num_rows(piece)
+        state[2].append((offset, piece))
+        if state[1] == state[0]:
+            del self._partial[fut]
+            if not fut.done():
+                ordered = [p for _, p in sorted(state[2], key=lambda item: item[0])]
+                fut.set_result(self._ops.concat(ordered))

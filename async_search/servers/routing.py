@@ -1,0 +1,391 @@
+"""Routing across several servers: round robin, least outstanding, consistent hashing.
+
+A ``Router`` is an evaluate function over several evaluate functions (BatchingServers,
+connected clients of servers in other processes, anything with the call shape). Each
+server has a circuit breaker; requests go around servers whose breaker is open and fail
+over to another server when one fails; when every breaker is open, callers get
+``CircuitOpenError`` at once instead of waiting.
+
+Consistent hashing routes each *element* by its bytes, so that an element always goes
+to the same server (and that server's cache); adding or removing one of N servers moves
+only about 1/N of the elements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import hashlib
+import itertools
+import time
+from typing import (Any, Callable, Collection, Dict, Hashable, List, Mapping, Protocol,
+                    Sequence, Tuple)
+
+import numpy as np
+
+from async_search.base import Outputs
+from async_search.errors import InputSpecError
+from async_search.servers import rows
+from async_search.servers.breaker import BreakerPolicy, CircuitBreaker, CircuitOpenError
+
+__all__ = ["HashRing", "RoutingPolicy", "RoundRobin", "LeastOutstanding", "ConsistentHash",
+           "Router"]
+
+
+def _hash(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class HashRing:
+    """Consistent hashing with virtual nodes: each node owns many points on a ring.
+
+    A key belongs to the node of the first point at or after the key's hash (wrapping
+    around). With ``virtual_nodes`` points per node the keys spread evenly, and a node
+    that joins or leaves takes or gives only its own share.
+
+    Example:
+        >>> ring = HashRing(["a", "b", "c"], virtual_nodes=64)
+        >>> ring.node_for(b"some element") in {"a", "b", "c"}
+        True
+        >>> ring.node_for(b"x", among={"b"})
+        'b'
+    """
+
+    def __init__(self, nodes: Sequence[str] = (), *, virtual_nodes: int = 128):
+        if not isinstance(virtual_nodes, int) or virtual_nodes < 1:
+            raise ValueError(f"virtual_nodes must be an integer >= 1, got {virtual_nodes!r}")
+        self.virtual_nodes = virtual_nodes
+        self._nodes: List[str] = []
+        self._points = np.empty(0, np.uint64)
+        self._owners: List[str] = []
+        self._subrings: Dict[frozenset, Tuple[np.ndarray, List[str]]] = {}
+        for node in nodes:
+            self.add(node)
+
+    @property
+    def nodes(self) -> Tuple[str, ...]:
+        return tuple(self._nodes)
+
+    def add(self, node: str) -> None:
+        """Give ``node`` its points on the ring."""
+        if node in self._nodes:
+            raise ValueError(f"node {node!r} is already on the ring")
+        self._nodes.append(node)
+        self._rebuild()
+
+    def remove(self, node: str) -> None:
+        """Take ``node``'s points off the ring: its keys go to their next node."""
+        if node not in self._nodes:
+            raise KeyError(f"node {node!r} is not on the ring; nodes: {self._nodes}")
+        self._nodes.remove(node)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        points = [(_hash(f"{node}#{i}".encode()), node)
+                  for node in self._nodes for i in range(self.virtual_nodes)]
+        points.sort()
+        self._points = np.array([p for p, _ in points], np.uint64)
+        self._owners = [n for _, n in points]
+        self._subrings = {}
+
+    def _ring(self, among: Collection[str] | None) -> Tuple[np.ndarray, List[str]]:
+        if among is None or len(among) == len(self._nodes):
+            return self._points, self._owners
+        key = frozenset(among)
+        ring = self._subrings.get(key)
+        if ring is None:
+            keep = [i for i, n in enumerate(self._owners) if n in key]
+            ring = self._subrings[key] = (self._points[keep],
+                                          [self._owners[i] for i in keep])
+        return ring
+
+    def node_for(self, key: bytes, among: Collection[str] | None = None) -> str:
+        """The node that owns ``key``; with ``among``, the first such node clockwise."""
+        points, owners = self._ring(among)
+        if not owners:
+            raise LookupError(f"no node on the ring among {sorted(among or [])}")
+        i = bisect.bisect_left(points, _hash(key))
+        return owners[i % len(owners)]
+
+    def nodes_for(self, keys: Sequence[bytes], among: Collection[str] | None = None,
+                  ) -> List[str]:
+        """``node_for`` of many keys, with one vectorised search of the ring."""
+        points, owners = self._ring(among)
+        if not owners:
+            raise LookupError(f"no node on the ring among {sorted(among or [])}")
+        hashes = np.fromiter((_hash(k) for k in keys), np.uint64, len(keys))
+        index = np.searchsorted(points, hashes) % len(owners)
+        return [owners[i] for i in index.tolist()]
+
+
+class RoutingPolicy(Protocol):
+    """Chooses servers for a request.
+
+    ``assign`` gets the request ``x[n, ...]``, the servers that may take it now (in the
+    router's order, breakers allowing), every server of the router, and the requests
+    outstanding per server. It returns one server name for the whole request, or a list
+    of ``n`` names, one per element.
+    """
+
+    def assign(self, x: np.ndarray, candidates: Sequence[str], servers: Sequence[str],
+               outstanding: Mapping[str, int]) -> str | Sequence[str]: ...
+
+
+class RoundRobin:
+    """Each request goes to the next server in turn."""
+
+    def __init__(self):
+        self._turn = itertools.count()
+
+    def assign(self, x, candidates, servers, outstanding) -> str:
+        return candidates[next(self._turn) % len(candidates)]
+
+
+class LeastOutstanding:
+    """Each request goes to the server with the fewest requests in flight (ties in turn)."""
+
+    def __init__(self):
+        self._turn = itertools.count()
+
+    def assign(self, x, candidates, servers, outstanding) -> str:
+        start = next(self._turn) % len(candidates)
+        best, fewest = None, None
+        for name in itertools.chain(candidates[start:], candidates[:start]):
+            load = outstanding[name]
+            if fewest is None or load < fewest:
+                best, fewest = name, load
+        return best
+
+
+class ConsistentHash:
+    """Each element goes to the server that owns its bytes on a hash ring.
+
+    Args:
+        virtual_nodes: points per server on the ring.
+    """
+
+    def __init__(self, *, virtual_nodes: int = 128):
+        self.ring = HashRing(virtual_nodes=virtual_nodes)
+        self._servers: Tuple[str, ...] = ()
+
+    def assign(self, x, candidates, servers, outstanding) -> str | List[str]:
+        if tuple(servers) != self._servers:
+            self._sync(servers)
+        among = candidates if len(candidates) < len(servers) else None
+        if len(x) == 1:
+            return self.ring.node_for(x.tobytes(), among)
+        return self.ring.nodes_for(rows.row_keys(x), among)
+
+    def _sync(self, servers: Sequence[str]) -> None:
+        for gone in set(self.ring.nodes) - set(servers):
+            self.ring.remove(gone)
+        for name in servers:
+            if name not in self.ring.nodes:
+                self.ring.add(name)
+        self._servers = tuple(servers)
+
+
+_POLICIES = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding,
+             "consistent_hash": ConsistentHash}
+
+
+def _is_server_failure(error: BaseException) -> bool:
+    """By default every error counts against the server except a bad request."""
+    return not isinstance(error, (InputSpecError, asyncio.CancelledError))
+
+
+class _ServerFailed(Exception):
+    def __init__(self, name: str, error: BaseException):
+        self.name, self.error = name, error
+
+
+class Router:
+    """An evaluate function that spreads requests over several servers.
+
+    ``await router(x)`` sends ``x`` (or, with consistent hashing, each element of it) to
+    a server chosen by ``policy`` among those whose breaker admits requests, and returns
+    the outputs in order. A server failure (any error but a bad request, by default)
+    counts against its breaker and, with ``failover``, the request goes to another
+    server; after every server failed it, the caller gets the last error. When every
+    breaker is open the caller gets ``CircuitOpenError`` at once.
+
+    Args:
+        servers: name -> evaluate function (a BatchingServer, a connected client, ...).
+        policy: "round_robin", "least_outstanding", "consistent_hash", or a
+            ``RoutingPolicy``.
+        breaker: the policy of every server's circuit breaker.
+        clock: the breakers' clock (seconds); inject a fake one in tests.
+        failover: send a failed request (or the failed part of it) to another server.
+        is_failure: which errors count against a server (default: all but InputSpecError).
+
+    Example:
+        >>> # async with asr.serve(model) as a, asr.serve(model) as b:
+        >>> #     evaluate = Router({"a": a, "b": b}, policy="consistent_hash")
+        >>> #     y = await evaluate(x)
+    """
+
+    def __init__(self, servers: Mapping[str, Any], *,
+                 policy: str | RoutingPolicy = "round_robin",
+                 breaker: BreakerPolicy = BreakerPolicy(),
+                 clock: Callable[[], float] = time.monotonic, failover: bool = True,
+                 is_failure: Callable[[BaseException], bool] = _is_server_failure):
+        if isinstance(policy, str):
+            if policy not in _POLICIES:
+                raise ValueError(f"unknown routing policy {policy!r}: use one of "
+                                 f"{sorted(_POLICIES)} or a RoutingPolicy object")
+            policy = _POLICIES[policy]()
+        self.policy = policy
+        self.breaker_policy = breaker
+        self.failover = failover
+        self._clock = clock
+        self._is_failure = is_failure
+        self._servers: Dict[str, Any] = {}
+        self._names: Tuple[str, ...] = ()
+        self.breakers: Dict[str, CircuitBreaker] = {}
+        self.outstanding: Dict[str, int] = {}
+        self._requests: Dict[str, int] = {}
+        self._failures: Dict[str, int] = {}
+        self._rejected = 0
+        for name, evaluate in servers.items():
+            self.add_server(name, evaluate)
+
+    # -- membership -------------------------------------------------------------------
+    @property
+    def servers(self) -> Mapping[str, Any]:
+        """name -> evaluate function, in the router's order."""
+        return dict(self._servers)
+
+    def add_server(self, name: str, evaluate: Any) -> None:
+        """Route to ``evaluate`` as well, with a fresh (closed) breaker."""
+        if name in self._servers:
+            raise ValueError(f"a server named {name!r} is already routed to: remove it "
+                             f"first or pick another name")
+        if not callable(evaluate):
+            raise TypeError(f"server {name!r} must be an evaluate function, got "
+                            f"{type(evaluate).__name__}")
+        self._servers[name] = evaluate
+        self._names = tuple(self._servers)
+        self.breakers[name] = CircuitBreaker(self.breaker_policy, clock=self._clock)
+        self.outstanding[name] = 0
+        self._requests[name] = 0
+        self._failures[name] = 0
+
+    def remove_server(self, name: str) -> Any:
+        """Stop routing new requests to ``name`` (its requests in flight finish)."""
+        if name not in self._servers:
+            raise KeyError(f"no server named {name!r}; servers: {list(self._names)}")
+        evaluate = self._servers.pop(name)
+        self._names = tuple(self._servers)
+        del self.breakers[name], self._requests[name], self._failures[name]
+        return evaluate
+
+    # -- the evaluate function --------------------------------------------------------
+    async def __call__(self, x: np.ndarray) -> Outputs:
+        outputs, _ = await self._route(x, frozenset(), False, None)
+        return outputs
+
+    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+        """``(outputs, version)``; the version is None when parts of the request were
+        computed by different versions (a swap happened while it was served)."""
+        return await self._route(x, frozenset(), True, None)
+
+    async def _route(self, x, tried: frozenset, want_version: bool,
+                     last: _ServerFailed | None) -> Tuple[Outputs, Hashable]:
+        if not isinstance(x, np.ndarray) or x.ndim == 0:
+            raise InputSpecError(f"a request must be a NumPy array [n, ...], got "
+                                 f"{type(x).__name__}{' (0-d)' if isinstance(x, np.ndarray) else ''}")
+        candidates = [n for n in self._names
+                      if n not in tried and self.breakers[n].available()]
+        if not candidates:
+            if last is not None:
+                raise last.error
+            self._rejected += 1
+            raise CircuitOpenError(self._no_server_message())
+        choice = self.policy.assign(x, candidates, self._names, self.outstanding)
+        if isinstance(choice, str):
+            return await self._send_or_fail_over(choice, x, tried, want_version)
+        choice = np.asarray(choice)
+        names = np.unique(choice)
+        if len(names) == 1:
+            return await self._send_or_fail_over(str(names[0]), x, tried, want_version)
+        indices = [np.flatnonzero(choice == name) for name in names]
+        parts = await asyncio.gather(*(
+            self._send_or_fail_over(str(name), x[index], tried, want_version)
+            for name, index in zip(names, indices)))
+        return (rows.assemble([p[0] for p in parts], indices, len(x)),
+                rows.same_version([p[1] for p in parts]))
+
+    async def _send_or_fail_over(self, name: str, x, tried: frozenset, want_version: bool):
+        try:
+            return await self._send(name, x, want_version)
+        except _ServerFailed as failed:
+            if not self.failover:
+                raise failed.error from None
+            return await self._route(x, tried | {name}, want_version, failed)
+
+    async def _send(self, name: str, x, want_version: bool):
+        breaker = self.breakers[name]
+        permit = breaker.try_acquire()
+        if permit is None:  # unreachable while assign picks among available servers
+            raise _ServerFailed(name, CircuitOpenError(f"server {name!r} is open"))
+        evaluate = self._servers[name]
+        self.outstanding[name] += 1
+        self._requests[name] += 1
+        try:
+            if want_version:
+                with_version = getattr(evaluate, "with_version", None)
+                if with_version is not None:
+                    result = await with_version(x)
+                else:
+                    result = (await evaluate(x), getattr(evaluate, "version", None))
+            else:
+                result = (await evaluate(x), None)
+        except BaseException as e:
+            if isinstance(e, Exception) and self._is_failure(e):
+                breaker.record(permit, ok=False)
+                if name in self._failures:
+                    self._failures[name] += 1
+                raise _ServerFailed(name, e) from e
+            breaker.release(permit)
+            raise
+        else:
+            breaker.record(permit, ok=True)
+            return result
+        finally:
+            self.outstanding[name] -= 1
+            if self.outstanding[name] == 0 and name not in self._servers:
+                del self.outstanding[name]
+
+    def _no_server_message(self) -> str:
+        if not self._names:
+            return "the router has no servers: add one with add_server(name, evaluate)"
+        states = ", ".join(f"{n}: {self.breakers[n].state.value}" for n in self._names)
+        return (f"every server's circuit breaker is open ({states}); a breaker admits a "
+                f"probe {self.breaker_policy.reset_timeout} s after it opened")
+
+    # -- versions ---------------------------------------------------------------------
+    @property
+    def version(self) -> Hashable:
+        """The servers' model version when they agree, else None."""
+        versions = [getattr(e, "version", None) for e in self._servers.values()]
+        return rows.same_version(versions) if versions else None
+
+    def update_model(self, model_or_weights: Any, version: Hashable) -> None:
+        """``update_model`` on every server (each swaps between its own batches)."""
+        for name, evaluate in self._servers.items():
+            update = getattr(evaluate, "update_model", None)
+            if update is None:
+                raise TypeError(f"server {name!r} ({type(evaluate).__name__}) has no "
+                                f"update_model: serve it with asr.serve")
+            update(model_or_weights, version)
+
+    @property
+    def stats(self) -> dict:
+        """Per server: requests, failures, outstanding and its breaker's stats; and
+        rejected (requests refused because every breaker was open)."""
+        return {
+            "servers": {n: {"requests": self._requests[n], "failures": self._failures[n],
+                            "outstanding": self.outstanding[n],
+                            "breaker": self.breakers[n].stats} for n in self._names},
+            "rejected": self._rejected,
+        }

@@ -1,0 +1,44 @@
+import asyncio
+
+import numpy as np
+
+import async_search as asr
+from async_search.models import with_spec
+from async_search.servers.buffers import BufferPool
+
+
+def test_pool_reuses_a_returned_buffer():
+    pool = BufferPool(capacity=16)
+    like = np.zeros((1, 3), np.float32)
+    first = pool.take(10, like)
+    pool.give_back(first, outputs=np.zeros((10, 1)))
+    assert pool.take(4, like) is first
+    assert (pool.allocated, pool.reused) == (1, 1)
+
+
+def test_pool_keeps_a_buffer_that_outputs_still_view():
+    pool = BufferPool(capacity=4)
+    like = np.zeros((1, 2), np.int64)
+    buffer = pool.take(3, like)
+    pool.give_back(buffer, outputs=(buffer[:3] * 1, {"view": buffer[1:2]}))
+    assert pool.take(3, like) is not buffer
+
+
+def test_pool_declines_batches_over_capacity():
+    assert BufferPool(capacity=4).take(5, np.zeros((1, 1))) is None
+
+
+async def test_server_reuses_batch_buffers_and_identity_models_stay_correct():
+    # The identity model returns a view of its input: those buffers must not be reused.
+    for fn, reused in ((lambda x: x * 1.0, True), (lambda x: x, False)):
+        async with asr.serve(with_spec(fn, (2,), np.float32), max_batch_size=8) as ev:
+            results = []
+            for round_ in range(5):
+                xs = [np.full((1, 2), 10 * round_ + i, np.float32) for i in range(6)]
+                ys = await asyncio.gather(*(ev(x) for x in xs))
+                results.append((xs, ys))
+            stats = ev.stats
+        for xs, ys in results:
+            for x, y in zip(xs, ys):
+                np.testing.assert_array_equal(x, y)
+        assert (stats["buffers_reused"] > 0) == reused

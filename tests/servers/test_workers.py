@@ -1,0 +1,139 @@
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.models import MLP, with_spec
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Recording:
+    """A model that records which thread ran each batch and its load/unload calls."""
+
+    def __init__(self, offset=0.0, delay=0.0):
+        self.input_spec = asr.TensorSpec((1,), np.float32)
+        self.offset = offset
+        self.delay = delay
+        self.events = []
+        self.threads = set()
+        self._lock = threading.Lock()
+
+    def load(self):
+        with self._lock:
+            self.events.append(("load", threading.get_ident()))
+
+    def unload(self):
+        with self._lock:
+            self.events.append(("unload", threading.get_ident()))
+
+    def __call__(self, x):
+        with self._lock:
+            self.threads.add(threading.get_ident())
+        if self.delay:
+            threading.Event().wait(self.delay)
+        return x + self.offset
+
+
+async def many_requests(evaluate, count, spacing=0):
+    async def one(i):
+        for _ in range(spacing * (i % 4)):
+            await asyncio.sleep(0)
+        return await evaluate(np.full((1, 1), i, np.float32))
+    return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+async def test_each_worker_loads_its_model_before_use_and_unloads_on_stop():
+    model = Recording()
+    async with asr.serve(model, num_workers=2) as evaluate:
+        await many_requests(evaluate, 4)
+    loads = [t for e, t in model.events if e == "load"]
+    unloads = [t for e, t in model.events if e == "unload"]
+    assert sorted(loads) == sorted(unloads) and len(set(loads)) == len(loads)
+    assert set(loads) >= model.threads
+
+
+async def test_several_workers_share_batches_from_one_queue():
+    model = Recording(delay=0.02)
+    async with asr.serve(model, max_batch_size=4, num_workers=3) as evaluate:
+        ys = await many_requests(evaluate, 48)
+        assert evaluate.stats["workers"] == 3
+    assert [y.item() for y in ys] == list(range(48))
+    assert len(model.threads) == 3
+
+
+async def test_workers_can_be_added_and_removed_while_serving():
+    model = Recording(delay=0.005)
+    async with asr.serve(model, max_batch_size=2) as evaluate:
+        running = asyncio.ensure_future(many_requests(evaluate, 64, spacing=1))
+        await evaluate.add_worker()
+        assert evaluate.num_workers == 2
+        await asyncio.wait_for(evaluate.remove_worker(), 10)
+        assert evaluate.num_workers == 1
+        ys = await asyncio.wait_for(running, 20)
+        with pytest.raises(RuntimeError, match="last worker"):
+            await evaluate.remove_worker()
+    assert [y.item() for y in ys] == list(range(64))
+
+
+async def test_update_model_mid_run_fails_nothing_and_later_results_carry_new_version():
+    old, new = Recording(offset=0.0, delay=0.002), Recording(offset=1000.0, delay=0.002)
+    async with asr.serve(old) as evaluate:
+        assert evaluate.version == 0
+        results = []
+        swapped = asyncio.Event()
+
+        async def search(i):
+            for step in range(20):
+                x = np.full((1, 1), i, np.float32)
+                asked_after_swap = swapped.is_set()
+                y, version = await evaluate.with_version(x)
+                results.append((asked_after_swap, y.item() - i, version))
+                await asyncio.sleep(0)
+
+        searches = asyncio.ensure_future(asyncio.gather(*(search(i) for i in range(64))))
+        while len(results) < 200:
+            await asyncio.sleep(0.001)
+        evaluate.update_model(new, version=1)
+        swapped.set()
+        await asyncio.wait_for(searches, 30)
+    assert len(results) == 64 * 20
+    assert all(offset == (1000.0 if version == 1 else 0.0) for _, offset, version in results)
+    assert all(version == 1 for after, _, version in results if after)
+    assert {version for _, _, version in results} == {0, 1}
+
+
+async def test_update_model_with_weights_uses_with_weights():
+    model = MLP((2,), hidden_sizes=(3,), output_size=1, seed=0)
+    zeros = [(np.zeros_like(w), np.zeros_like(b)) for w, b in model.weights]
+    x = np.ones((1, 2), np.float32)
+    async with asr.serve(model) as evaluate:
+        before = await evaluate(x)
+        evaluate.update_model(zeros, version="zeros")
+        after, version = await evaluate.with_version(x)
+    assert version == "zeros" and after.item() == 0.0 and before.item() != 0.0
+
+
+async def test_update_model_with_weights_but_no_with_weights_names_the_fix():
+    async with asr.serve(with_spec(lambda x: x, (1,), np.float32)) as evaluate:
+        with pytest.raises(TypeError, match="pass a new model instead"):
+            evaluate.update_model([np.zeros(2)], version=1)
+
+
+async def test_swapped_model_is_loaded_and_the_old_one_unloaded():
+    old, new = Recording(), Recording(offset=5.0)
+    async with asr.serve(old) as evaluate:
+        await evaluate(np.zeros((1, 1), np.float32))
+        evaluate.update_model(new, version=2)
+        assert (await evaluate(np.zeros((1, 1), np.float32))).item() == 5.0
+        assert [e for e, _ in old.events] == ["load", "unload"]
+    assert [e for e, _ in new.events] == ["load", "unload"]
+
+
+def test_num_workers_must_be_positive_and_threaded():
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 1, got 0"):
+        asr.servers.BatchingServer(Recording(), num_workers=0)
+    with pytest.raises(ValueError, match="model_thread=True"):
+        asr.servers.BatchingServer(Recording(), num_workers=2, model_thread=False)
