@@ -8,13 +8,16 @@ Example:
     ...         return await evaluate(np.zeros((3, 4), np.float32))
 """
 
+from async_search.backends import SearchResults, run_searches, run_searches_async
 from async_search.base import Evaluate, Model, Outputs, TensorSpec
-from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
-                                 ServerDiedError)
+from async_search.errors import (InputSpecError, ModelOutputError, SearchError,
+                                 ServerClosedError, ServerDiedError)
 from async_search.servers import immediate, serve, serve_connection
 
 __all__ = [
     "Evaluate", "Model", "Outputs", "TensorSpec",
-    "InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
+    "InputSpecError", "ModelOutputError", "SearchError", "ServerClosedError",
+    "ServerDiedError",
     "immediate", "serve", "serve_connection",
+    "run_searches", "run_searches_async", "SearchResults",
 ]

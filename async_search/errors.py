@@ -15,3 +15,11 @@ class ServerClosedError(RuntimeError):
 
 class ServerDiedError(RuntimeError):
     """A server, process or actor died while requests were waiting on it."""
+
+
+class SearchError(RuntimeError):
+    """Searches failed: ``failures`` maps each failed start's index to what went wrong."""
+
+    def __init__(self, message: str, failures: dict | None = None):
+        super().__init__(message)
+        self.failures = failures or {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Hashable, List, Tuple
+from typing import Any, Callable, Hashable, List, Tuple
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.requests import RequestChecker
 from async_search.servers.responses import ResponseRouter
-from async_search.servers.stats import ServingStats
+from async_search.servers.stats import BatchRecord, ServingStats
 from async_search.servers.workers import Workers
 
 __all__ = ["BatchingServer"]
@@ -57,17 +57,21 @@ class BatchingServer:
             handoff (tens of microseconds a batch) for models that take microseconds.
         num_workers: device threads taking batches from one queue (each batch goes to
             the first free one).
+        on_batch: called on the loop with a ``BatchRecord`` as each batch comes back
+            (progress bars, live metrics).
     """
 
     def __init__(self, model: Any, policy: DispatchPolicy = DispatchPolicy(),
                  batcher: Batcher | None = None, model_thread: bool = True,
-                 num_workers: int = 1):
+                 num_workers: int = 1,
+                 on_batch: Callable[[BatchRecord], None] | None = None):
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
         if num_workers > 1 and not model_thread:
             raise ValueError("num_workers > 1 needs model_thread=True")
         self.policy = policy
         self.model_thread = model_thread
+        self._on_batch = on_batch
         self._first_model = model
         self._num_workers = num_workers
         self._check = RequestChecker(input_spec_of(model))
@@ -156,6 +160,11 @@ class BatchingServer:
         stats["buffers_reused"] = self._pool.reused
         return stats
 
+    @property
+    def trace(self) -> List[BatchRecord]:
+        """A BatchRecord (finished_s, size, model_s) per batch so far, in order."""
+        return list(self._stats.trace)
+
     # -- the model --------------------------------------------------------------------
     @property
     def model(self) -> Any:
@@ -182,7 +191,10 @@ class BatchingServer:
 
     @property
     def num_workers(self) -> int:
-        return len(self._workers) if self._workers is not None else self._num_workers
+        """Device workers serving now (after close: those it had when it closed)."""
+        if self._workers is None or self._closed:
+            return self._num_workers
+        return len(self._workers)
 
     async def add_worker(self, model: Any = None) -> None:
         """Starts another device thread (with its own ``model``, e.g. on another device,
@@ -235,6 +247,7 @@ class BatchingServer:
             while self._in_flight:
                 self._slot = self._loop.create_future()
                 await self._slot
+            self._num_workers = len(self._workers)
             self._workers.stop()
             self._fail_queued(ServerClosedError("the server closed"))  # if the task died
             self._stats.close()
@@ -325,7 +338,9 @@ class BatchingServer:
         if slot is not None:
             _resolve(slot)
         try:
-            self._stats.record_model(seconds, error is not None)
+            record = self._stats.record_model(len(popped.batch), seconds, error is not None)
+            if self._on_batch is not None:
+                self._on_batch(record)
             if popped.buffer is not None:
                 self._pool.give_back(popped.buffer, outputs)
             if error is None:

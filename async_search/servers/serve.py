@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from async_search.batchers import Batcher
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
+from async_search.servers.stats import BatchRecord
 
 __all__ = ["serve"]
 
@@ -16,6 +17,7 @@ __all__ = ["serve"]
 async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None = None,
                 pipeline_depth: int = 2, *, batcher: Batcher | None = None,
                 model_thread: bool = True, num_workers: int = 1,
+                on_batch: Callable[[BatchRecord], None] | None = None,
                 ) -> AsyncIterator[BatchingServer]:
     """Serve ``model`` in batches to every coroutine of the running loop.
 
@@ -41,6 +43,8 @@ async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None =
             (tens of microseconds a batch) for models that take microseconds.
         num_workers: device threads taking batches from one queue; more can be added
             and removed while serving (``evaluate.add_worker``, ``remove_worker``).
+        on_batch: called with a ``BatchRecord(finished_s, size, model_s)`` as each
+            batch comes back (a progress bar, say); ``evaluate.trace`` keeps them all.
 
     ``evaluate`` also swaps models while serving: ``evaluate.update_model(model,
     version)``, ``await evaluate.with_version(x)`` and ``evaluate.version``.
@@ -57,5 +61,6 @@ async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None =
         (1, (2, 1))
     """
     policy = DispatchPolicy(max_batch_size, max_delay, pipeline_depth)
-    async with BatchingServer(model, policy, batcher, model_thread, num_workers) as evaluate:
+    async with BatchingServer(model, policy, batcher, model_thread, num_workers,
+                              on_batch) as evaluate:
         yield evaluate

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import collections
+import math
 import time
-from typing import Dict
+from typing import Dict, List, NamedTuple
 
 from async_search.servers.policy import Reason
 
-__all__ = ["ServingStats"]
+__all__ = ["ServingStats", "BatchRecord"]
+
+
+class BatchRecord(NamedTuple):
+    """One batch, as the trace keeps it."""
+
+    finished_s: float
+    """When the model finished it, in seconds since the server started."""
+    size: int
+    """Elements in the batch."""
+    model_s: float
+    """Seconds the model took on it."""
 
 
 class ServingStats:
@@ -17,7 +29,8 @@ class ServingStats:
     ``as_dict()`` gives: batches, elements, mean_batch_size, model_time_s, wall_time_s,
     fraction_in_model, batch_size_histogram (size -> batches), reasons (why batches
     left -> batches), queue_wait_mean_s and queue_wait_max_s (how long the oldest
-    request of each batch waited before the batch left), failed_batches.
+    request of each batch waited before the batch left), failed_batches, and
+    std_batch_size. ``trace`` keeps a BatchRecord per batch, for plots.
     """
 
     def __init__(self):
@@ -31,6 +44,7 @@ class ServingStats:
         self.queue_wait_max = 0.0
         self.histogram: Dict[int, int] = collections.Counter()
         self.reasons: Dict[str, int] = collections.Counter()
+        self.trace: List[BatchRecord] = []
 
     def record_dispatch(self, size: int, reason: Reason, queue_wait: float) -> None:
         """A batch of ``size`` elements left, its oldest request queued ``queue_wait`` s."""
@@ -42,10 +56,13 @@ class ServingStats:
         if queue_wait > self.queue_wait_max:
             self.queue_wait_max = queue_wait
 
-    def record_model(self, seconds: float, failed: bool) -> None:
-        """The model ran a batch for ``seconds``; ``failed`` if it raised."""
+    def record_model(self, size: int, seconds: float, failed: bool) -> BatchRecord:
+        """The model ran a batch of ``size`` for ``seconds``; ``failed`` if it raised."""
         self.model_time += seconds
         self.failed_batches += failed
+        record = BatchRecord(time.perf_counter() - self.start, size, seconds)
+        self.trace.append(record)
+        return record
 
     def close(self) -> None:
         """Stop the wall clock."""
@@ -55,10 +72,14 @@ class ServingStats:
     def as_dict(self) -> dict:
         wall = (self.stop or time.perf_counter()) - self.start
         batches = self.batches
+        mean = self.elements / batches if batches else 0.0
+        variance = (sum(n * (size - mean) ** 2 for size, n in self.histogram.items())
+                    / batches if batches else 0.0)
         return {
             "batches": batches,
             "elements": self.elements,
-            "mean_batch_size": self.elements / batches if batches else 0.0,
+            "mean_batch_size": mean,
+            "std_batch_size": math.sqrt(variance),
             "model_time_s": self.model_time,
             "wall_time_s": wall,
             "fraction_in_model": self.model_time / wall if wall > 0 else 0.0,

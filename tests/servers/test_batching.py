@@ -332,3 +332,15 @@ async def test_a_crash_while_delivering_fails_the_batch_instead_of_hanging(monke
     async with asr.serve(doubling()) as evaluate:
         with pytest.raises(RuntimeError, match="injected delivery fault"):
             await asyncio.wait_for(evaluate(np.ones((1, 3), np.float32)), 5)
+
+
+async def test_on_batch_and_trace_record_every_batch_in_order():
+    seen = []
+    async with asr.serve(doubling(), max_batch_size=2, on_batch=seen.append) as evaluate:
+        await asyncio.gather(*(evaluate(np.ones((1, 3), np.float32)) for _ in range(5)))
+        trace = evaluate.trace
+        stats = evaluate.stats
+    assert seen == trace and [r.size for r in trace] == [2, 2, 1]
+    assert all(r.model_s > 0 for r in trace)
+    assert [r.finished_s for r in trace] == sorted(r.finished_s for r in trace)
+    assert stats["std_batch_size"] == pytest.approx(np.std([2, 2, 1]))

@@ -1,0 +1,120 @@
+"""Runners that place searches and model servers: local, worker processes, or Ray.
+
+The same search function runs unchanged on every backend: an ``async def
+search_fn(start, evaluate)`` that awaits ``evaluate(x)``. Backends other than local are
+imported only when asked for, so that Ray stays optional.
+
+Example:
+    >>> from async_search import problems, search
+    >>> puzzle = problems.SlidingPuzzle(3)
+    >>> async def astar(start, evaluate):
+    ...     return await search.batched_astar(puzzle, start, evaluate, budget=500,
+    ...                                       buffer_size=4)
+    >>> starts = [puzzle.scramble(10, seed=s) for s in range(4)]
+    >>> out = run_searches(astar, starts, lambda: problems.ManhattanHeuristic(puzzle))
+    >>> [r.status.value for r in out], out.stats["backend"]
+    (['goal_found', 'goal_found', 'goal_found', 'goal_found'], 'local')
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from typing import Any, Awaitable, Callable, Sequence
+
+from async_search.backends.config import BACKENDS, Progress, RunConfig, SearchResults
+from async_search.servers.policy import DispatchPolicy
+
+__all__ = ["run_searches", "run_searches_async", "RunConfig", "SearchResults", "BACKENDS"]
+
+SearchFn = Callable[[Any, Any], Awaitable[Any]]
+
+_RUNNERS = {"local": ("async_search.backends.local", "run_local"),
+            "process": ("async_search.backends.process", "run_process"),
+            "ray": ("async_search.backends.ray", "run_ray")}
+
+
+def _config(backend, num_procs, num_servers, max_batch_size, max_delay, pipeline_depth,
+            use_uvloop, address, total_gpu_frac) -> RunConfig:
+    return RunConfig(backend, num_procs, num_servers,
+                     DispatchPolicy(max_batch_size, max_delay, pipeline_depth),
+                     use_uvloop, address, total_gpu_frac)
+
+
+async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
+                             model_factory: Callable[[], Any], *, backend: str = "local",
+                             num_procs: int = 1, num_servers: int = 1,
+                             max_batch_size: int = 256, max_delay: float | None = None,
+                             pipeline_depth: int = 2, use_uvloop: bool = False,
+                             address: str | None = None,
+                             total_gpu_frac: float | None = None,
+                             progress: Progress | None = None) -> SearchResults:
+    """``run_searches`` inside a running loop (Jupyter): ``await`` it."""
+    config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
+                     pipeline_depth, use_uvloop, address, total_gpu_frac)
+    module, name = _RUNNERS[config.backend]
+    runner = getattr(importlib.import_module(module), name)
+    return await runner(search_fn, list(starts), model_factory, config, progress)
+
+
+def run_searches(search_fn: SearchFn, starts: Sequence[Any],
+                 model_factory: Callable[[], Any], *, backend: str = "local",
+                 num_procs: int = 1, num_servers: int = 1, max_batch_size: int = 256,
+                 max_delay: float | None = None, pipeline_depth: int = 2,
+                 use_uvloop: bool = False, address: str | None = None,
+                 total_gpu_frac: float | None = None,
+                 progress: Progress | None = None) -> SearchResults:
+    """Runs ``search_fn(start, evaluate)`` for every start, batching all model calls.
+
+    The starts are split round-robin over ``num_procs`` client processes (or Ray
+    tasks), each running its share concurrently in its own event loop; ``num_servers``
+    model servers, each with a model from ``model_factory`` (called where the server
+    runs), take batches from one request stream.
+
+    Args:
+        search_fn: ``async def search_fn(start, evaluate) -> result``; for the process
+            and Ray backends it must be picklable (a module-level function, or a
+            ``functools.partial`` of one).
+        starts: the start of each search.
+        model_factory: builds a model (picklable for the Ray backend).
+        backend: ``local``, ``process`` or ``ray``.
+        num_procs: client processes; 1 for the local backend.
+        num_servers: model servers (local and process: device threads here; Ray:
+            actors, each asking for ``total_gpu_frac / num_servers`` of a GPU when one
+            is present).
+        max_batch_size, max_delay, pipeline_depth: each server's dispatch policy.
+        use_uvloop: run the event loops on uvloop, when installed.
+        address: Ray: an existing cluster's address; None starts Ray locally.
+        total_gpu_frac: Ray: GPU fraction shared by the servers.
+        progress: called here with the number of elements evaluated, as batches
+            complete (a progress bar's ``update``).
+
+    Returns:
+        SearchResults: the results in the order of ``starts``, with ``.stats``.
+
+    Raises:
+        ValueError: for bad arguments, before anything starts.
+        SearchError: naming the starts whose search (or client process) failed.
+        RuntimeError: when called inside a running loop: use ``run_searches_async``.
+    """
+    config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
+                     pipeline_depth, use_uvloop, address, total_gpu_frac)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("run_searches starts its own event loop; inside a running loop "
+                           "(Jupyter) use: await asr.run_searches_async(...)")
+    loop_factory = None
+    if config.use_uvloop:
+        try:
+            import uvloop
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            pass
+    module, name = _RUNNERS[config.backend]
+    runner = getattr(importlib.import_module(module), name)
+    with asyncio.Runner(loop_factory=loop_factory) as loop_runner:
+        return loop_runner.run(runner(search_fn, list(starts), model_factory, config,
+                                      progress))

@@ -1,0 +1,55 @@
+"""Module-level search functions and model factories, picklable for every backend."""
+
+import asyncio
+
+import numpy as np
+
+from async_search import problems, search
+from async_search.models import MLP
+
+PUZZLE = problems.SlidingPuzzle(3)
+
+
+def manhattan():
+    return problems.ManhattanHeuristic(PUZZLE)
+
+
+def mlp_heuristic():
+    return problems.heuristic_mlp(PUZZLE, seed=0)
+
+
+async def astar(start, evaluate):
+    return await search.batched_astar(PUZZLE, start, evaluate, budget=300, buffer_size=4)
+
+
+def starts(count, moves=12):
+    return [PUZZLE.scramble(moves, seed=s) for s in range(count)]
+
+
+def small_mlp():
+    return MLP((3,), hidden_sizes=(8,), output_size=1, seed=0)
+
+
+async def echo_sum(start, evaluate):
+    """Sequential single-element requests: returns the sum of outputs."""
+    total = 0.0
+    for i in range(start):
+        y = await evaluate(np.full((1, 3), i, np.float32))
+        total += float(y[0, 0])
+    return total
+
+
+async def fails_on_three(start, evaluate):
+    await evaluate(np.zeros((1, 3), np.float32))
+    if start == 3:
+        raise ArithmeticError("start 3 is cursed")
+    return start
+
+
+async def sequential(search_fn, items, model):
+    ev = __import__("async_search").immediate(model)
+    return [await search_fn(s, ev) for s in items]
+
+
+def baseline(search_fn, items, model):
+    return asyncio.run(sequential(search_fn, items, model))
