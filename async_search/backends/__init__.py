@@ -31,7 +31,7 @@ SearchFn = Callable[[Any, Any], Awaitable[Any]]
 
 _RUNNERS = {"local": ("async_search.backends.local", "run_local"),
             "process": ("async_search.backends.process", "run_process"),
-            "ray": ("async_search.backends.ray", "run_ray")}
+            "ray": ("async_search.backends.ray_backend", "run_ray")}
 
 
 def _config(backend, num_procs, num_servers, max_batch_size, max_delay, pipeline_depth,

@@ -53,3 +53,23 @@ async def sequential(search_fn, items, model):
 
 def baseline(search_fn, items, model):
     return asyncio.run(sequential(search_fn, items, model))
+
+
+async def kill_self_on_two(start, evaluate):
+    """Kills its own process (SIGKILL) when given start 2, after one request."""
+    import os
+    import signal
+    await evaluate(np.zeros((1, 3), np.float32))
+    if start == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return start
+
+
+async def slow_echo_sum(start, evaluate):
+    """echo_sum, slowed down so that a test can act while it runs."""
+    total = 0.0
+    for i in range(start):
+        y = await evaluate(np.full((1, 3), i, np.float32))
+        total += float(y[0, 0])
+        await asyncio.sleep(0.05)
+    return total

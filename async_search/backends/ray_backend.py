@@ -1,0 +1,223 @@
+"""The Ray backend: searches in Ray tasks, model servers as Ray actors.
+
+Each server is an async actor holding a BatchingServer, so concurrent calls from every
+client join the same batches; it asks for ``total_gpu_frac / num_servers`` of a GPU when
+the cluster has one. Each client task runs its share of the starts in its own event loop;
+its requests of one loop iteration travel as one actor call (``CoalescingClient``), sent
+to the server with the fewest messages outstanding, and awaited as Ray object refs (no
+polling). A server that dies (killed, crashed) has its outstanding messages sent again to
+a surviving server; when none survives, they fail with ServerDiedError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Sequence
+
+from async_search.backends.client import CoalescingClient
+from async_search.backends.config import Progress, RunConfig, SearchResults, merge_stats
+from async_search.errors import SearchError, ServerDiedError
+from async_search.servers.batching import BatchingServer
+from async_search.servers.policy import DispatchPolicy
+
+__all__ = ["run_ray", "ensure_ray", "ServerActor", "SERVER_NAME_PREFIX"]
+
+#: Server actors are named ``async_search-server-<run id>-<i>`` (``ray.get_actor``).
+SERVER_NAME_PREFIX = "async_search-server-"
+
+
+def ensure_ray(address: str | None = None):
+    """Ray, initialised: joins ``address`` if given, else starts Ray on this machine with
+    its CPUs and no dashboard (unless Ray is already running in this process)."""
+    import ray
+
+    if not ray.is_initialized():
+        if address is not None:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+class ServerActor:
+    """A model server in its own Ray actor process (made remote by ``run_ray``)."""
+
+    def __init__(self, model_factory: Callable[[], Any], policy: DispatchPolicy):
+        self._model_factory = model_factory
+        self._policy = policy
+        self._server: BatchingServer | None = None
+
+    async def start(self):
+        """Builds the model and starts serving; returns the model's input spec."""
+        self._server = BatchingServer(self._model_factory(), self._policy)
+        await self._server.__aenter__()
+        return self._server._check.spec
+
+    async def evaluate(self, batch):
+        return await self._server(batch)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def elements(self) -> int:
+        return self._server._stats.elements if self._server is not None else 0
+
+    async def stop(self):
+        """Serves what is queued, stops, and returns (stats, trace)."""
+        await self._server.aclose()
+        return self._server.stats, self._server.trace
+
+
+async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], Any],
+                  config: RunConfig, progress: Progress | None = None) -> SearchResults:
+    """Runs the starts round-robin over ``num_procs`` Ray tasks and ``num_servers`` actors."""
+    ray = ensure_ray(config.address)
+    gpus = ray.cluster_resources().get("GPU", 0)
+    gpu_each = (config.total_gpu_frac or 1.0) * min(gpus, 1) / config.num_servers if gpus else 0
+    actor_cls = ray.remote(ServerActor)
+    run_id = uuid.uuid4().hex[:8]
+    servers = [actor_cls.options(name=f"{SERVER_NAME_PREFIX}{run_id}-{i}", num_cpus=0,
+                                 num_gpus=gpu_each, max_concurrency=10_000).remote(
+        model_factory, config.policy) for i in range(config.num_servers)]
+    start_time = time.perf_counter()
+    try:
+        started = await asyncio.gather(*(s.start.remote() for s in servers),
+                                       return_exceptions=True)
+        alive = [(s, spec) for s, spec in zip(servers, started)
+                 if not isinstance(spec, BaseException)]
+        if not alive:
+            raise ServerDiedError(f"no server actor started: {started[0]!r}")
+        servers = [s for s, _ in alive]
+        spec = alive[0][1]
+        num_clients = min(config.num_procs, max(len(starts), 1))
+        cpus = ray.cluster_resources().get("CPU", 1)
+        task = ray.remote(_client_task).options(
+            num_cpus=min(1.0, cpus / num_clients), max_retries=0)
+        shares = [list(range(i, len(starts), config.num_procs)) for i in range(num_clients)]
+        refs = [task.remote(search_fn, [starts[j] for j in share], servers, spec,
+                            config.use_uvloop) for share in shares]
+        watcher_state = {"reported": 0}
+        watcher = (asyncio.ensure_future(_report_progress(servers, progress, watcher_state))
+                   if progress is not None else None)
+        outcomes = await asyncio.gather(*refs, return_exceptions=True)
+        wall = time.perf_counter() - start_time
+        if watcher is not None:
+            watcher.cancel()
+        finals = await asyncio.gather(*(s.stop.remote() for s in servers),
+                                      return_exceptions=True)
+    finally:
+        for server in servers:
+            ray.kill(server)
+    if progress is not None:  # what the last reading missed
+        progress(max(0, sum(stats["elements"] for stats, _ in _alive(finals))
+                     - watcher_state["reported"]))
+    results: List[Any] = [None] * len(starts)
+    failures: Dict[int, BaseException] = {}
+    for number, (share, outcome) in enumerate(zip(shares, outcomes)):
+        if isinstance(outcome, BaseException):
+            error = SearchError(f"client task {number} failed ({outcome!r}); its starts "
+                                f"{share} did not finish")
+            failures.update({index: error for index in share})
+            continue
+        for k, ok, value in outcome:
+            if ok:
+                results[share[k]] = value
+            else:
+                failures[share[k]] = value
+    if failures:
+        first = min(failures)
+        raise SearchError(f"{len(failures)} of {len(starts)} searches failed; the first, "
+                          f"start {first}: {failures[first]!r}", failures) from failures[first]
+    alive = _alive(finals)
+    stats = merge_stats(config, wall, [s for s, _ in alive], [t for _, t in alive])
+    stats["servers_died"] = config.num_servers - len(alive)
+    return SearchResults(results, stats)
+
+
+def _alive(finals: list) -> list:
+    return [f for f in finals if not isinstance(f, BaseException)]
+
+
+async def _report_progress(servers: list, progress: Progress, state: dict,
+                           period: float = 0.25) -> None:
+    """Reads the servers' element counts a few times a second, for a progress bar only
+    (never on the path of a request)."""
+    while True:
+        await asyncio.sleep(period)
+        counts = await asyncio.gather(*(s.elements.remote() for s in servers),
+                                      return_exceptions=True)
+        total = sum(c for c in counts if isinstance(c, int))
+        if total > state["reported"]:
+            progress(total - state["reported"])
+            state["reported"] = total
+
+
+def _client_task(search_fn, starts: List[Any], servers: list, spec, use_uvloop: bool):
+    """A Ray task: runs its starts concurrently, requests going to the server actors."""
+    loop_factory = None
+    if use_uvloop:
+        try:
+            import uvloop
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            pass
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_client(search_fn, starts, servers, spec))
+
+
+async def _client(search_fn, starts: List[Any], servers: list, spec) -> list:
+    router = _ServerRouter(servers)
+    client = CoalescingClient(router.send, spec)
+    router.client = client
+    outcomes = await asyncio.gather(*(search_fn(s, client) for s in starts),
+                                    return_exceptions=True)
+    return [(k, not isinstance(r, BaseException), r) for k, r in enumerate(outcomes)]
+
+
+class _ServerRouter:
+    """Sends each message to the live server with the fewest outstanding; resends the
+    messages of a server that died to the others."""
+
+    def __init__(self, servers: list):
+        self.client: CoalescingClient | None = None
+        self._outstanding = {i: 0 for i in range(len(servers))}
+        self._servers = servers
+        self._dead: Dict[int, str] = {}
+        self._turn = os.getpid()  # ties go round-robin, from a different server per client
+
+    def send(self, message_id: int, batch) -> None:
+        if not self._outstanding:
+            raise ServerDiedError(f"every server died: {self._describe_dead()}")
+        self._turn += 1
+        count = len(self._servers)
+        index = min(self._outstanding,
+                    key=lambda i: (self._outstanding[i], (i - self._turn) % count))
+        self._outstanding[index] += 1
+        ref = self._servers[index].evaluate.remote(batch)
+        asyncio.ensure_future(self._await(index, message_id, batch, ref))
+
+    async def _await(self, index: int, message_id: int, batch, ref) -> None:
+        import ray
+
+        try:
+            outputs = await ref
+        except ray.exceptions.RayActorError as e:
+            if index in self._outstanding:
+                del self._outstanding[index]
+                self._dead[index] = type(e).__name__
+            try:
+                self.send(message_id, batch)  # to a survivor
+            except ServerDiedError as died:
+                self.client.deliver(message_id, died)
+            return
+        except Exception as e:  # the model raised, or the request was bad
+            outputs = e
+        if index in self._outstanding:
+            self._outstanding[index] -= 1
+        self.client.deliver(message_id, outputs)
+
+    def _describe_dead(self) -> str:
+        return ", ".join(f"server {i} ({why})" for i, why in sorted(self._dead.items()))

@@ -1,0 +1,81 @@
+import asyncio
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from tests.backends import searches
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """One Ray session for the whole module: starting Ray costs seconds."""
+    from async_search.backends.ray_backend import ensure_ray
+    ensure_ray()
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("num_procs", [1, 2])
+def test_ray_results_equal_the_local_backend(num_procs):
+    starts = searches.starts(8)
+    local = asr.run_searches(searches.astar, starts, searches.mlp_heuristic)
+    seen = []
+    out = asr.run_searches(searches.astar, starts, searches.mlp_heuristic, backend="ray",
+                           num_procs=num_procs, progress=seen.append)
+    assert out == local
+    assert out.stats["backend"] == "ray" and out.stats["elements"] == local.stats["elements"]
+    assert sum(seen) == out.stats["elements"]
+
+
+def test_several_ray_servers_each_serve_batches():
+    out = asr.run_searches(searches.echo_sum, [6] * 24, searches.small_mlp, backend="ray",
+                           num_procs=2, num_servers=2, max_batch_size=4)
+    assert out == searches.baseline(searches.echo_sum, [6] * 24, searches.small_mlp())
+    assert len(out.stats["servers"]) == 2
+    assert all(server["batches"] >= 1 for server in out.stats["servers"])
+
+
+def test_a_search_that_raises_in_a_ray_task_is_reported():
+    with pytest.raises(asr.SearchError, match="start 3"):
+        asr.run_searches(searches.fails_on_three, list(range(5)), searches.small_mlp,
+                         backend="ray", num_procs=2)
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
+def test_killing_a_server_actor_mid_run_loses_no_request(how):
+    from async_search.backends.ray_backend import SERVER_NAME_PREFIX
+
+    killed = []
+
+    def live_servers():
+        return sorted(name for name in ray.util.list_named_actors()
+                      if name.startswith(SERVER_NAME_PREFIX))
+
+    async def run():
+        task = asyncio.ensure_future(asr.run_searches_async(
+            searches.slow_echo_sum, [30] * 16, searches.small_mlp, backend="ray",
+            num_procs=2, num_servers=3, max_batch_size=8))
+        # Wait until a server is busy serving, then kill it.
+        for _ in range(600):
+            if live_servers():
+                victim = ray.get_actor(live_servers()[0])
+                if await victim.elements.remote() > 0:
+                    break
+            await asyncio.sleep(0.05)
+        if how == "ray.kill":
+            ray.kill(victim)
+        else:
+            os.kill(await victim.pid.remote(), signal.SIGKILL)
+        killed.append(victim)
+        return await task
+
+    out = asyncio.run(run())
+    assert killed
+    assert out == searches.baseline(searches.echo_sum, [30] * 16, searches.small_mlp())
+    assert out.stats["servers_died"] == 1
