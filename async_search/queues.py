@@ -21,7 +21,8 @@ from typing import Any, Callable, Deque, List, Protocol, Tuple, runtime_checkabl
 
 __all__ = [
     "QueueLike", "AsyncQueueLike", "QueueFactory", "LocalQueue", "ThreadQueue",
-    "local_queue", "thread_queue", "queue_factory",
+    "ProcessQueue", "local_queue", "thread_queue", "process_queue", "ray_queue",
+    "queue_factory",
 ]
 
 
@@ -157,6 +158,58 @@ def _wake(waiter: asyncio.Future) -> None:
         waiter.set_result(None)
 
 
+class ProcessQueue:
+    """A ``multiprocessing`` queue between processes, awaitable without a thread.
+
+    ``get_async`` waits for the queue's pipe to become readable (``loop.add_reader``),
+    so a coroutine sleeps until an item arrives; when another process takes the item
+    first, it goes back to waiting. Pass it to a child process as a Process argument.
+    Plain multiprocessing queues were picked over ``Manager().Queue`` (the prototype's
+    choice) by the figures of ``benchmarks/backends.py``: a manager proxies every call
+    through a server process.
+    """
+
+    def __init__(self, maxsize: int = 0, context: Any = None):
+        import multiprocessing
+
+        self._queue = (context or multiprocessing.get_context("spawn")).Queue(maxsize)
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        self._queue.put(item, block, timeout)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        return self._queue.get(block, timeout)
+
+    def put_nowait(self, item: Any) -> None:
+        self._queue.put_nowait(item)
+
+    def get_nowait(self) -> Any:
+        return self._queue.get_nowait()
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    async def get_async(self) -> Any:
+        loop = asyncio.get_running_loop()
+        fd = self._queue._reader.fileno()  # the pipe that put() feeds
+        while True:
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            readable = loop.create_future()
+            loop.add_reader(fd, _wake, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
+
+    def close(self) -> None:
+        """Releases the queue's pipe and feeder thread (this process's side)."""
+        self._queue.close()
+        self._queue.join_thread()
+
+
 def local_queue(maxsize: int = 0) -> LocalQueue:
     """A queue for coroutines in one event loop."""
     return LocalQueue(maxsize)
@@ -167,11 +220,28 @@ def thread_queue(maxsize: int = 0) -> ThreadQueue:
     return ThreadQueue(maxsize)
 
 
-_FACTORIES = {"local": local_queue, "thread": thread_queue}
+def process_queue(maxsize: int = 0) -> ProcessQueue:
+    """A queue between processes (``multiprocessing``, spawn context)."""
+    return ProcessQueue(maxsize)
+
+
+def ray_queue(maxsize: int = 0) -> QueueLike:
+    """A queue between Ray tasks and actors (``ray.util.queue.Queue``, an actor; it has
+    ``get_async``). Starts Ray on this machine if it is not running."""
+    from async_search.backends.ray_backend import ensure_ray
+
+    ensure_ray()
+    from ray.util.queue import Queue
+
+    return Queue(maxsize)
+
+
+_FACTORIES = {"local": local_queue, "thread": thread_queue, "process": process_queue,
+              "ray": ray_queue}
 
 
 def queue_factory(backend: str) -> QueueFactory:
-    """The queue factory for a backend name: ``local`` or ``thread``.
+    """The queue factory for a backend name: ``local``, ``thread``, ``process``, ``ray``.
 
     Raises:
         ValueError: for an unknown backend, naming the known ones.

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from async_search.queues import (AsyncQueueLike, LocalQueue, QueueLike, ThreadQueue,
-                                 local_queue, queue_factory, thread_queue)
+                                 local_queue, process_queue, queue_factory, thread_queue)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,5 +65,28 @@ async def test_cancelled_getter_does_not_swallow_an_item(factory):
 
 def test_queue_factory_names_known_backends_on_error():
     assert queue_factory("thread") is thread_queue
-    with pytest.raises(ValueError, match="unknown queue backend 'gpu'; known: local, thread"):
+    with pytest.raises(ValueError,
+                       match="unknown queue backend 'gpu'; known: local, process, ray, thread"):
         queue_factory("gpu")
+
+
+def _put_later(q, item, delay):
+    import time
+    time.sleep(delay)
+    q.put(item)
+
+
+async def test_process_queue_get_async_wakes_on_a_put_from_another_process():
+    import multiprocessing
+    q = process_queue()
+    assert isinstance(q, AsyncQueueLike)
+    child = multiprocessing.get_context("spawn").Process(target=_put_later,
+                                                         args=(q, "from child", 0.2))
+    child.start()
+    try:
+        assert await asyncio.wait_for(q.get_async(), 30) == "from child"
+    finally:
+        child.join(10)
+    q.put_nowait(1)
+    assert await asyncio.wait_for(q.get_async(), 5) == 1
+    q.close()

@@ -80,8 +80,12 @@ class SearchResults(list):
 
 def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
                 traces: List[List[BatchRecord]]) -> dict:
-    """The run's stats from each server's stats and trace."""
-    trace = sorted((r for t in traces for r in t), key=lambda r: r.finished_s)
+    """The run's stats from each server's stats and trace (put on one clock: the
+    earliest server's start; perf_counter is one clock for the processes of a machine)."""
+    origin = min((s.get("started_at", 0.0) for s in servers), default=0.0)
+    trace = sorted((r._replace(finished_s=r.finished_s + s.get("started_at", 0.0) - origin)
+                    for s, t in zip(servers, traces) for r in t),
+                   key=lambda r: r.finished_s)
     sizes = [r.size for r in trace]
     batches = len(sizes)
     mean = sum(sizes) / batches if batches else 0.0

@@ -30,7 +30,8 @@ class ServingStats:
     fraction_in_model, batch_size_histogram (size -> batches), reasons (why batches
     left -> batches), queue_wait_mean_s and queue_wait_max_s (how long the oldest
     request of each batch waited before the batch left), failed_batches, and
-    std_batch_size. ``trace`` keeps a BatchRecord per batch, for plots.
+    std_batch_size; started_at is the server's start on the ``time.perf_counter``
+    clock. ``trace`` keeps a BatchRecord per batch, for plots.
     """
 
     def __init__(self):
@@ -76,6 +77,7 @@ class ServingStats:
         variance = (sum(n * (size - mean) ** 2 for size, n in self.histogram.items())
                     / batches if batches else 0.0)
         return {
+            "started_at": self.start,
             "batches": batches,
             "elements": self.elements,
             "mean_batch_size": mean,

@@ -79,3 +79,21 @@ def test_killing_a_server_actor_mid_run_loses_no_request(how):
     assert killed
     assert out == searches.baseline(searches.echo_sum, [30] * 16, searches.small_mlp())
     assert out.stats["servers_died"] == 1
+
+
+async def test_ray_queues_carry_connected_functions_to_a_connection_server():
+    from async_search.connections import get_connected_functions
+    from async_search.queues import ray_queue
+    from async_search.servers import CLOSE
+
+    model = searches.small_mlp()
+    fns, server_end = get_connected_functions(ray_queue, num_fns=2, ordered=False)
+    serving = asyncio.ensure_future(asr.serve_connection(model, server_end))
+    xs = [np.full((2, 3), i, np.float32) for i in range(6)]
+    ys = await asyncio.wait_for(asyncio.gather(*(fns[i % 2](x) for i, x in enumerate(xs))),
+                                60)
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, model(x))
+    server_end.inbox.put(CLOSE)
+    stats = await asyncio.wait_for(serving, 30)
+    assert stats["elements"] == 12
