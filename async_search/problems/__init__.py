@@ -1,0 +1,33 @@
+"""Problems for the searches, and models for them.
+
+Search problems (A*, rollouts): ``SlidingPuzzle`` (8- and 15-puzzle) and
+``SyntheticGraph`` (a hashed tree with a tunable CPU cost per expansion). Games (MCTS):
+``ConnectFour``. Models: ``ManhattanHeuristic`` and ``DepthHeuristic`` (exact, admissible),
+``heuristic_mlp`` and ``PolicyValueMLP`` (seeded NumPy nets), and their TensorFlow twins
+``heuristic_tf_net`` and ``policy_value_tf_net`` (TensorFlow is imported only when one is
+built). Every model's output for an element is bitwise independent of its batch-mates.
+
+Example:
+    >>> from async_search import problems
+    >>> puzzle = problems.SlidingPuzzle(3)
+    >>> h = problems.ManhattanHeuristic(puzzle)
+    >>> start = puzzle.scramble(10, seed=0)
+    >>> float(h(puzzle.encode([start]))[0, 0]) == puzzle.manhattan_distance(start)
+    True
+"""
+
+from async_search.problems.base import Game, SearchProblem, State
+from async_search.problems.connect_four import ConnectFour, ConnectFourState
+from async_search.problems.heuristics import (DepthHeuristic, ManhattanHeuristic,
+                                              heuristic_mlp)
+from async_search.problems.policy_value import PolicyValueMLP
+from async_search.problems.sliding_puzzle import SlidingPuzzle
+from async_search.problems.synthetic_graph import SyntheticGraph
+from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net
+
+__all__ = [
+    "Game", "SearchProblem", "State",
+    "SlidingPuzzle", "ConnectFour", "ConnectFourState", "SyntheticGraph",
+    "ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp", "PolicyValueMLP",
+    "heuristic_tf_net", "policy_value_tf_net",
+]

@@ -1,0 +1,91 @@
+"""NumPy heuristic models for the search problems: exact heuristics and a seeded MLP.
+
+Every model here computes each row independently and exactly, so its output for an
+element is bitwise the same whatever its batch-mates: a search run through a batching
+server gives the same result as a search that calls the model directly.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from async_search.base import TensorSpec
+from async_search.models import MLP
+from async_search.problems.base import SearchProblem
+from async_search.problems.sliding_puzzle import SlidingPuzzle
+from async_search.problems.synthetic_graph import SyntheticGraph
+
+__all__ = ["ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp"]
+
+
+class ManhattanHeuristic:
+    """The Manhattan distance of sliding-puzzle states, as a model over ``encode``'s output.
+
+    It is the dot product of the one-hot ``[tile, position]`` encoding with a table of
+    each tile's distance from its goal position, computed in float64 on small integers,
+    so it is exact and row-independent. It is admissible and consistent: A* with weight
+    1 and this model finds shortest solutions.
+
+    Output: float32 ``[n, 1]``, the number of moves it at least takes to solve.
+
+    Example:
+        >>> puzzle = SlidingPuzzle(3)
+        >>> h = ManhattanHeuristic(puzzle)
+        >>> float(h(puzzle.encode([puzzle.goal]))[0, 0])
+        0.0
+    """
+
+    def __init__(self, puzzle: SlidingPuzzle):
+        size, n = puzzle.size, puzzle.num_cells
+        self.input_spec = puzzle.input_spec
+        self.output_spec = TensorSpec((1,), np.float32)
+        table = np.zeros((n, n), np.float64)  # [tile, position] -> moves to the goal
+        for tile in range(1, n):
+            goal_row, goal_col = divmod(tile - 1, size)
+            for p in range(n):
+                row, col = divmod(p, size)
+                table[tile, p] = abs(row - goal_row) + abs(col - goal_col)
+        self._table = table.reshape(n * n, 1)
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        x = np.asarray(batch, np.float64).reshape(len(batch), -1)
+        return (x @ self._table).astype(np.float32)
+
+
+class DepthHeuristic:
+    """A SyntheticGraph's remaining depth (``encode``'s first feature) as a model.
+
+    Every goal of a SyntheticGraph is a leaf, so the remaining depth is the exact cost to
+    the nearest goal below, when there is one: an admissible heuristic.
+    Output: float32 ``[n, 1]``.
+
+    Example:
+        >>> graph = SyntheticGraph(branching=2, depth=5)
+        >>> float(DepthHeuristic(graph)(graph.encode([graph.start()]))[0, 0])
+        5.0
+    """
+
+    def __init__(self, graph: SyntheticGraph):
+        self.input_spec = graph.input_spec
+        self.output_spec = TensorSpec((1,), np.float32)
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        return np.array(batch[:, :1], np.float32)
+
+
+def heuristic_mlp(problem: SearchProblem, *, hidden_sizes: Sequence[int] = (64,),
+                  seed: int = 0) -> MLP:
+    """A seeded, untrained MLP from ``problem.encode``'s output to one value ``[n, 1]``.
+
+    Its outputs are deterministic and row-independent (see ``models.MLP``), not a useful
+    heuristic; ``tf_nets.heuristic_tf_net`` with the same arguments computes bitwise the
+    same outputs on TensorFlow.
+
+    Example:
+        >>> model = heuristic_mlp(SlidingPuzzle(3), hidden_sizes=(32,), seed=0)
+        >>> model(np.zeros((2, 9, 9), np.float32)).shape
+        (2, 1)
+    """
+    return MLP(problem.input_spec.shape, tuple(hidden_sizes), 1, seed)

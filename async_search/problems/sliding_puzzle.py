@@ -1,0 +1,171 @@
+"""The sliding-tile puzzle: the 8-puzzle (size 3) and the 15-puzzle (size 4)."""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Sequence, Tuple
+
+import numpy as np
+
+from async_search.base import TensorSpec
+
+__all__ = ["SlidingPuzzle"]
+
+
+class SlidingPuzzle:
+    """The ``size`` x ``size`` sliding-tile puzzle as a search problem with unit step costs.
+
+    A state is ``bytes`` of length ``size * size``: ``state[p]`` is the tile at position
+    ``p`` (row-major), tile 0 is the blank. The goal is ``1, 2, ..., size*size - 1, 0``.
+    A move slides a tile next to the blank into it. ``encode`` gives, for each state, the
+    one-hot matrix ``x[tile, position]`` as float32 of shape ``(size*size, size*size)``.
+
+    Args:
+        size: the side of the board; 3 is the 8-puzzle, 4 the 15-puzzle.
+
+    Raises:
+        ValueError: if ``size`` is not an integer from 2 to 8.
+
+    Example:
+        >>> puzzle = SlidingPuzzle(3)
+        >>> start = puzzle.scramble(20, seed=0)
+        >>> len(puzzle.neighbors(start)) in (2, 3, 4)
+        True
+        >>> puzzle.encode([start]).shape
+        (1, 9, 9)
+    """
+
+    def __init__(self, size: int = 3):
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not (
+                2 <= size <= 8):
+            raise ValueError(f"SlidingPuzzle size must be an integer from 2 to 8 (3 is "
+                             f"the 8-puzzle, 4 the 15-puzzle), got {size!r}")
+        self.size = int(size)
+        self.num_cells = n = self.size * self.size
+        self.goal: bytes = bytes([*range(1, n), 0])
+        self.input_spec = TensorSpec((n, n), np.float32)
+        # For each blank position, the positions it can swap with, in a fixed order
+        # (up, left, right, down) so that neighbours come out in a deterministic order.
+        moves = []
+        for p in range(n):
+            r, c = divmod(p, self.size)
+            adjacent = []
+            if r > 0:
+                adjacent.append(p - self.size)
+            if c > 0:
+                adjacent.append(p - 1)
+            if c < self.size - 1:
+                adjacent.append(p + 1)
+            if r < self.size - 1:
+                adjacent.append(p + self.size)
+            moves.append(tuple(adjacent))
+        self._moves: Tuple[Tuple[int, ...], ...] = tuple(moves)
+        self._tiles = np.arange(n, dtype=np.uint8)
+
+    def __repr__(self) -> str:
+        return f"SlidingPuzzle({self.size})"
+
+    # -- states ---------------------------------------------------------------------------
+
+    def state(self, tiles: Iterable[int]) -> bytes:
+        """The state with ``tiles`` (row-major, 0 the blank), checked.
+
+        Raises:
+            ValueError: if the tiles are not a solvable arrangement of ``0..size*size-1``.
+        """
+        try:
+            state = bytes(int(t) for t in tiles)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{self!r}: tiles must be integers 0..{self.num_cells - 1}, "
+                             f"got {tiles!r}") from e
+        self.check_state(state)
+        return state
+
+    def check_state(self, state: bytes) -> None:
+        """Raise ValueError unless ``state`` is a well-formed, solvable state.
+
+        Raises:
+            ValueError: naming the puzzle and the fix, if ``state`` is not ``bytes``, has
+                the wrong length, is not a permutation of the tiles, or is unsolvable.
+        """
+        n = self.num_cells
+        if not isinstance(state, bytes):
+            raise ValueError(f"{self!r}: a state must be bytes of length {n}; build one "
+                             f"with puzzle.state(tiles) or puzzle.scramble(moves, seed), "
+                             f"got {type(state).__name__} {state!r}")
+        if len(state) != n or sorted(state) != list(range(n)):
+            raise ValueError(f"{self!r}: a state must hold each tile 0..{n - 1} exactly "
+                             f"once, got {tuple(state)}")
+        if not self.is_solvable(state):
+            raise ValueError(f"{self!r}: state {tuple(state)} is unsolvable (its "
+                             f"permutation parity cannot reach the goal); swap two "
+                             f"non-blank tiles, or start from puzzle.scramble(moves, seed)")
+
+    def is_solvable(self, state: bytes) -> bool:
+        """Whether the goal is reachable from ``state`` (a permutation of the tiles)."""
+        tiles = [t for t in state if t]
+        inversions = sum(1 for i, a in enumerate(tiles) for b in tiles[i + 1:] if a > b)
+        if self.size % 2:
+            return inversions % 2 == 0
+        # Even width: a vertical move changes the inversion count by size - 1 (odd) and
+        # the blank's row by one, so inversions + blank row keeps its parity (the goal's).
+        blank_row = state.index(0) // self.size
+        return (inversions + blank_row) % 2 == (self.size - 1) % 2
+
+    def scramble(self, moves: int, seed: int) -> bytes:
+        """The state ``moves`` random moves away from the goal, never undoing the last.
+
+        Deterministic given ``seed``; always solvable.
+
+        Raises:
+            ValueError: if ``moves`` is negative.
+        """
+        if not isinstance(moves, (int, np.integer)) or moves < 0:
+            raise ValueError(f"{self!r}.scramble: moves must be an integer >= 0, got "
+                             f"{moves!r}")
+        rng = np.random.default_rng(seed)
+        cells = bytearray(self.goal)
+        blank = self.num_cells - 1
+        previous = -1
+        for _ in range(int(moves)):
+            choices = [p for p in self._moves[blank] if p != previous]
+            p = choices[int(rng.integers(len(choices)))]
+            cells[blank], cells[p] = cells[p], 0
+            previous, blank = blank, p
+        return bytes(cells)
+
+    # -- the search problem ---------------------------------------------------------------
+
+    def neighbors(self, state: bytes) -> List[Tuple[bytes, int]]:
+        """The states one move away, each with step cost 1, in a fixed order."""
+        blank = state.index(0)
+        out = []
+        for p in self._moves[blank]:
+            cells = bytearray(state)
+            cells[blank] = cells[p]
+            cells[p] = 0
+            out.append((bytes(cells), 1))
+        return out
+
+    def is_goal(self, state: bytes) -> bool:
+        """Whether ``state`` is the goal."""
+        return state == self.goal
+
+    def encode(self, states: Sequence[bytes]) -> np.ndarray:
+        """One-hot tile positions: float32 ``[len(states), tile, position]``."""
+        n = self.num_cells
+        cells = np.frombuffer(b"".join(states), np.uint8).reshape(len(states), n)
+        return (cells[:, None, :] == self._tiles[None, :, None]).astype(np.float32)
+
+    def decode(self, x: np.ndarray) -> List[bytes]:
+        """The states of an encoded batch ``[k, tile, position]`` (inverse of encode)."""
+        return [bytes(row) for row in np.argmax(x, axis=1).astype(np.uint8)]
+
+    def manhattan_distance(self, state: bytes) -> int:
+        """Sum over tiles of the grid distance to their goal positions (a lower bound)."""
+        total = 0
+        for p, t in enumerate(state):
+            if t:
+                r, c = divmod(p, self.size)
+                gr, gc = divmod(t - 1, self.size)
+                total += abs(r - gr) + abs(c - gc)
+        return total

@@ -1,0 +1,112 @@
+"""TensorFlow versions of the problems' networks, bitwise equal to the NumPy ones.
+
+BLAS and TensorFlow kernels sum in an order that depends on the batch size, so a plain
+float32 network gives a row slightly different answers in different batches. These nets
+use the dyadic-grid arithmetic of ``models.MLP`` instead: weights on multiples of 2**-10,
+activations rounded to multiples of 2**-8 and clipped to [-256, 256] after every layer,
+matrix products in float64. Every product and partial sum is then exactly representable,
+so any summation order gives the same bits: outputs are row-independent, and equal to the
+NumPy reference built from the same seed.
+
+TensorFlow is imported when a net is built, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from async_search.models import TensorFlowModel
+from async_search.problems.base import Game, SearchProblem
+from async_search.models import GRID_BOUND, GRID_SCALE
+from async_search.problems.heuristics import heuristic_mlp
+from async_search.problems.policy_value import PolicyValueMLP
+
+__all__ = ["heuristic_tf_net", "policy_value_tf_net"]
+
+# The grid of models.MLP: activations are multiples of 1/_SCALE within [-_BOUND, _BOUND].
+# tests/problems/test_tf_nets.py checks bitwise equality with the NumPy MLP.
+_SCALE = GRID_SCALE
+_BOUND = GRID_BOUND
+
+
+def _grid_forward(tf: Any, weights: Sequence[tuple]) -> Callable[[Any], Any]:
+    """A TensorFlow function computing ``models.MLP``'s forward pass for ``weights``."""
+    layers = [(tf.constant(w, tf.float64), tf.constant(b, tf.float64)) for w, b in weights]
+    last = len(layers) - 1
+
+    def on_grid(h):
+        # tf.round, like np.round, rounds half to even.
+        return tf.clip_by_value(tf.round(h * _SCALE), -_BOUND * _SCALE,
+                                _BOUND * _SCALE) / _SCALE
+
+    def forward(x):
+        h = tf.reshape(tf.cast(x, tf.float64), [tf.shape(x)[0], -1])
+        h = on_grid(h)
+        for i, (w, b) in enumerate(layers):
+            h = tf.matmul(h, w) + b
+            if i < last:
+                h = on_grid(tf.nn.relu(h))
+        return tf.cast(h, tf.float32)
+
+    return forward
+
+
+def heuristic_tf_net(problem: SearchProblem, *, hidden_sizes: Sequence[int] = (64,),
+                     seed: int = 0, max_batch_size: int = 1024,
+                     batch_sizes: Sequence[int] | None = None,
+                     jit_compile: bool = False) -> TensorFlowModel:
+    """A TensorFlow heuristic net: ``heuristic_mlp(problem, ...)`` on TensorFlow.
+
+    Output: float32 ``[n, 1]``, bitwise equal to the NumPy MLP with the same
+    ``hidden_sizes`` and ``seed``, whatever the batch.
+
+    Args:
+        problem: gives the input spec (``problem.input_spec``).
+        hidden_sizes: widths of the ReLU hidden layers.
+        seed: seeds the weights (those of the NumPy MLP).
+        max_batch_size, batch_sizes, jit_compile: passed to ``models.TensorFlowModel``,
+            which pads each batch to an allowed size.
+
+    Example:
+        >>> from async_search.problems import SlidingPuzzle
+        >>> puzzle = SlidingPuzzle(4)
+        >>> net = heuristic_tf_net(puzzle, hidden_sizes=(64,), seed=0)
+        >>> net(puzzle.encode([puzzle.goal])).shape
+        (1, 1)
+    """
+    import tensorflow as tf  # only here: the package imports with NumPy alone
+
+    reference = heuristic_mlp(problem, hidden_sizes=hidden_sizes, seed=seed)
+    forward = _grid_forward(tf, reference.weights)
+    return TensorFlowModel(forward, problem.input_spec, max_batch_size=max_batch_size,
+                           batch_sizes=batch_sizes, jit_compile=jit_compile)
+
+
+def policy_value_tf_net(game: Game, *, hidden_sizes: Sequence[int] = (64,), seed: int = 0,
+                        max_batch_size: int = 1024,
+                        batch_sizes: Sequence[int] | None = None,
+                        jit_compile: bool = False) -> TensorFlowModel:
+    """A TensorFlow policy-value net: ``PolicyValueMLP(game, ...)`` on TensorFlow.
+
+    Output: the tuple ``(policy_logits [n, num_actions], value [n, 1])``, float32,
+    bitwise equal to the NumPy net with the same ``hidden_sizes`` and ``seed``.
+
+    Example:
+        >>> from async_search.problems import ConnectFour
+        >>> game = ConnectFour()
+        >>> logits, value = policy_value_tf_net(game)(game.encode([game.initial_state()]))
+        >>> logits.shape, value.shape
+        ((1, 7), (1, 1))
+    """
+    import tensorflow as tf  # only here: the package imports with NumPy alone
+
+    reference = PolicyValueMLP(game, hidden_sizes=hidden_sizes, seed=seed)
+    body = _grid_forward(tf, reference.body.weights)
+    num_actions = reference.num_actions
+
+    def forward(x):
+        out = body(x)
+        return out[:, :num_actions], tf.clip_by_value(out[:, num_actions:], -1.0, 1.0)
+
+    return TensorFlowModel(forward, game.input_spec, max_batch_size=max_batch_size,
+                           batch_sizes=batch_sizes, jit_compile=jit_compile)

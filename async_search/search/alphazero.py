@@ -1,0 +1,172 @@
+"""AlphaZero MCTS with several leaves in flight per tree, as a coroutine over evaluate.
+
+The policy-value model takes ``game.encode(states)`` and returns the tuple
+``(policy_logits [n, num_actions], value [n, 1] or [n])``: logits over all actions
+(illegal ones are masked here) and values in [-1, 1] for the player to move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Tuple
+
+import numpy as np
+
+from async_search.base import Evaluate
+from async_search.errors import ModelOutputError
+from async_search.problems.base import Game, State
+from async_search.search.base import check_float, check_int, values_of
+from async_search.search.tree import (Node, add_exploration_noise, complete_leaves,
+                                           expand, new_node, priors_from_logits,
+                                           select_leaves)
+
+__all__ = ["MCTSResult", "mcts"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MCTSResult:
+    """What ``mcts`` returns; per-action tuples have one entry per action of the game
+    (``game.num_actions``), zero for illegal actions."""
+
+    action: int
+    """The most visited action (ties go to the lowest action)."""
+    visit_counts: Tuple[int, ...]
+    """Visits of each root action; they sum to ``num_simulations``."""
+    action_values: Tuple[float, ...]
+    """Mean backed-up value of each root action for the player to move, in [-1, 1];
+    0.0 for unvisited actions."""
+    root_prior: Tuple[float, ...]
+    """The root's prior over actions after Dirichlet noise was mixed in."""
+    root_value: float
+    """The search's value of the root for the player to move: the network's value of
+    the root and every simulation's backed-up value, averaged (``1 + num_simulations``
+    values)."""
+    network_value: float
+    """The network's own value of the root."""
+    num_simulations: int
+    """Simulations run (descents backed up)."""
+    tree_size: int
+    """Nodes in the tree, the root and terminal nodes included."""
+    evaluations: int
+    """States sent to the network (the root included)."""
+    requests: int
+    """Calls to ``evaluate``: one for the root, then at most one per round."""
+
+
+def _split_outputs(y: Any, n: int, num_actions: int) -> Tuple[np.ndarray, list]:
+    if not (isinstance(y, (tuple, list)) and len(y) == 2):
+        raise ModelOutputError(f"a policy-value model must return the tuple "
+                               f"(policy_logits [n, {num_actions}], value [n, 1]), got "
+                               f"{type(y).__name__}")
+    logits = np.asarray(y[0])
+    if logits.shape != (n, num_actions):
+        raise ModelOutputError(f"policy logits must have shape [{n}, {num_actions}], got "
+                               f"{logits.shape}")
+    return logits, values_of(y[1], n, "the policy-value model's value")
+
+
+def _count_nodes(root: Node) -> int:
+    count, stack = 0, [root]
+    while stack:
+        node = stack.pop()
+        count += 1
+        stack.extend(c for c in node.children if c is not None)
+    return count
+
+
+async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations: int,
+               num_parallel: int = 8, c_puct: float = 1.25, dirichlet_alpha: float = 0.3,
+               dirichlet_fraction: float = 0.25, seed: int = 0) -> MCTSResult:
+    """AlphaZero-style PUCT search from ``state`` with up to ``num_parallel`` leaves in
+    flight.
+
+    The root is evaluated first and Dirichlet noise mixed into its prior. Then each
+    round descends ``num_parallel`` times (fewer for the last round), a virtual loss on
+    each path steering later descents elsewhere, evaluates all new leaves in ONE
+    request, and backs up the values in selection order. Which leaves are evaluated
+    together and the order of backups depend only on the tree, never on timing, so the
+    result is a deterministic function of ``seed``, ``num_parallel`` and the model's
+    outputs: a run through a batching server equals a run with ``asr.immediate``.
+
+    Args:
+        game: the game (``Game``).
+        state: the position to search; checked with ``game.check_state``; not terminal.
+        evaluate: ``await evaluate(game.encode(states))`` gives
+            ``(policy_logits [n, num_actions], value [n, 1])``.
+        num_simulations: descents to back up (>= 1).
+        num_parallel: descents per round, evaluated in one request (>= 1). A round ends
+            early if a descent reaches a leaf already waiting in it.
+        c_puct: exploration constant of PUCT (> 0).
+        dirichlet_alpha: concentration of the root noise (> 0).
+        dirichlet_fraction: weight of the noise in the root prior, in [0, 1]; 0 turns
+            the noise (and the seed's effect) off.
+        seed: seeds the root noise.
+
+    Returns:
+        An ``MCTSResult``: the chosen action, visit counts, values, counts.
+
+    Raises:
+        ValueError: for a bad argument, an invalid state, or a terminal state, before
+            any request is made.
+
+    Example:
+        >>> import asyncio, async_search as asr
+        >>> from async_search import problems
+        >>> game = problems.ConnectFour()
+        >>> ev = asr.immediate(problems.PolicyValueMLP(game, seed=0))
+        >>> r = asyncio.run(mcts(game, game.initial_state(), ev, num_simulations=32,
+        ...                      num_parallel=8, seed=0))
+        >>> sum(r.visit_counts)
+        32
+    """
+    num_simulations = check_int("num_simulations", num_simulations, minimum=1)
+    num_parallel = check_int("num_parallel", num_parallel, minimum=1)
+    c_puct = check_float("c_puct", c_puct, minimum=0.0, strict=True)
+    dirichlet_alpha = check_float("dirichlet_alpha", dirichlet_alpha, minimum=0.0,
+                                  strict=True)
+    dirichlet_fraction = check_float("dirichlet_fraction", dirichlet_fraction, minimum=0.0)
+    if dirichlet_fraction > 1.0:
+        raise ValueError(f"dirichlet_fraction must be in [0, 1], got "
+                         f"{dirichlet_fraction!r}")
+    game.check_state(state)
+    root = new_node(game, state)
+    if root.terminal_value is not None:
+        raise ValueError(f"{game!r}: cannot search from a terminal state (the game is "
+                         f"over, value {root.terminal_value}); pass a position with a "
+                         f"legal move")
+    num_actions = int(game.num_actions)
+
+    logits, values = _split_outputs(await evaluate(game.encode([state])), 1, num_actions)
+    expand(root, priors_from_logits(root, logits[0]))
+    add_exploration_noise(root, np.random.default_rng(seed), dirichlet_alpha,
+                          dirichlet_fraction)
+    network_value = values[0]
+    evaluations, requests, simulations = 1, 1, 0
+    while simulations < num_simulations:
+        selected = select_leaves(game, root, c_puct,
+                                 min(num_parallel, num_simulations - simulations))
+        leaves = [leaf.state for _, leaf in selected if leaf.terminal_value is None]
+        if leaves:
+            evaluations += len(leaves)
+            requests += 1
+            logits, values = _split_outputs(await evaluate(game.encode(leaves)),
+                                            len(leaves), num_actions)
+        else:
+            logits, values = None, []
+        complete_leaves(selected, logits, values)
+        simulations += len(selected)
+
+    visit_counts = [0] * num_actions
+    action_values = [0.0] * num_actions
+    root_prior = [0.0] * num_actions
+    for i, a in enumerate(root.actions):
+        visit_counts[a] = root.visits[i]
+        action_values[a] = root.value_sum[i] / root.visits[i] if root.visits[i] else 0.0
+        root_prior[a] = root.prior[i]
+    action = max(range(num_actions), key=lambda a: (visit_counts[a], -a))
+    root_value = (network_value + sum(root.value_sum)) / (1 + simulations)
+    return MCTSResult(action=action, visit_counts=tuple(visit_counts),
+                      action_values=tuple(action_values), root_prior=tuple(root_prior),
+                      root_value=root_value, network_value=network_value,
+                      num_simulations=simulations, tree_size=_count_nodes(root),
+                      evaluations=evaluations, requests=requests)

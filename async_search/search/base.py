@@ -1,0 +1,66 @@
+"""What every search shares: the Status of a result, argument checks, reading outputs."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import numpy as np
+
+from async_search.errors import ModelOutputError
+
+__all__ = ["Status", "check_int", "check_float", "values_of"]
+
+
+class Status(str, enum.Enum):
+    """How a search ended."""
+
+    GOAL_FOUND = "goal_found"
+    """A goal was reached; the result holds the path to it."""
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    """The search spent its budget (evaluations, depth) without reaching a goal."""
+    SPACE_EXHAUSTED = "space_exhausted"
+    """Nothing was left to expand (the reachable space, or a rollout's dead end)."""
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> int:
+    """``value`` as an int; ValueError naming it and the fix if it is not >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
+            value < minimum):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_float(name: str, value: Any, *, minimum: float, strict: bool = False) -> float:
+    """``value`` as a finite float; ValueError unless it is >= minimum (> if strict)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < minimum or (strict and number == minimum):
+        relation = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {relation} {minimum}, got "
+                         f"{value!r}")
+    return number
+
+
+def values_of(y: Any, n: int, what: str) -> list:
+    """The ``n`` scalar outputs of a model (shape ``[n]`` or ``[n, 1]``) as Python floats.
+
+    Raises:
+        ModelOutputError: if ``y`` does not hold exactly one finite value per element.
+    """
+    if isinstance(y, (tuple, list, dict)):
+        raise ModelOutputError(f"{what} must be one array of shape [{n}] or [{n}, 1], got "
+                               f"a {type(y).__name__} of outputs; is it a policy-value "
+                               f"model?")
+    values = np.asarray(y, np.float64)
+    if values.size != n or (values.ndim and values.shape[0] != n):
+        raise ModelOutputError(f"{what} must have one value per element, shape [{n}] or "
+                               f"[{n}, 1]; got shape {values.shape}")
+    values = values.reshape(n)
+    if not np.isfinite(values).all():
+        bad = values[~np.isfinite(values)][:3]
+        raise ModelOutputError(f"{what} must be finite, got {bad}")
+    return values.tolist()

@@ -1,0 +1,103 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from async_search.problems import ConnectFour, ConnectFourState
+
+# A full board with no four in a row (found once by a seeded random playout).
+DRAW = [int(c) for c in "310016216252113255306515632662543304404404"]
+
+
+@pytest.fixture
+def game():
+    return ConnectFour()
+
+
+def test_initial_state_is_empty_with_all_columns_legal(game):
+    state = game.initial_state()
+    assert state == ConnectFourState(0, 0)
+    assert game.legal_actions(state) == tuple(range(7))
+    assert game.terminal_value(state) is None and game.winner(state) is None
+
+
+def test_stones_stack_in_a_column_and_players_alternate(game):
+    state = game.from_moves([3, 3, 4])
+    assert game.render(state).splitlines()[-2:] == ["...O...", "...XX.."]
+
+
+@pytest.mark.parametrize("moves, winner", [
+    ([0, 6, 1, 6, 2, 6, 3], 1),                     # horizontal, first player
+    ([0, 6, 0, 6, 0, 6, 1, 6], -1),                 # vertical, second player
+    ([0, 1, 1, 2, 2, 3, 2, 3, 3, 6, 3], 1),         # rising diagonal
+    ([6, 5, 5, 4, 4, 3, 4, 3, 3, 0, 3], 1),         # falling diagonal
+])
+def test_four_in_a_row_ends_the_game_with_a_loss_for_the_player_to_move(game, moves,
+                                                                          winner):
+    before = game.from_moves(moves[:-1])
+    assert game.terminal_value(before) is None
+    state = game.play(before, moves[-1])
+    assert game.terminal_value(state) == -1.0
+    assert game.winner(state) == winner
+    assert game.legal_actions(state) == ()
+
+
+def test_full_board_without_four_is_a_draw(game):
+    state = game.from_moves(DRAW)
+    assert game.terminal_value(state) == 0.0 and game.winner(state) == 0
+    assert game.legal_actions(state) == ()
+    assert "." not in game.render(state)
+
+
+def test_playing_a_full_column_raises(game):
+    state = game.from_moves([0] * 6)
+    assert 0 not in game.legal_actions(state)
+    with pytest.raises(ValueError, match="column 0 is full"):
+        game.play(state, 0)
+
+
+def test_playing_after_a_win_raises(game):
+    state = game.from_moves([0, 6, 1, 6, 2, 6, 3])
+    with pytest.raises(ValueError, match="game is over"):
+        game.play(state, 4)
+
+
+@pytest.mark.parametrize("action", [-1, 7, 2.0, None])
+def test_playing_outside_the_columns_raises(game, action):
+    with pytest.raises(ValueError, match="an action is a column 0..6"):
+        game.play(game.initial_state(), action)
+
+
+def test_encode_gives_planes_of_player_to_move_then_opponent(game):
+    state = game.from_moves([3, 3, 4])  # second player to move
+    x = game.encode([game.initial_state(), state])
+    assert x.shape == (2, 2, 6, 7) and x.dtype == np.float32
+    assert x[0].sum() == 0
+    assert x[1, 0].sum() == 1 and x[1, 0, 1, 3] == 1         # own stone on row 1
+    assert x[1, 1].sum() == 2 and x[1, 1, 0, 3] == x[1, 1, 0, 4] == 1
+
+
+@pytest.mark.parametrize("bad, message", [
+    ((1, 2, 3), "must be a ConnectFourState"),
+    (ConnectFourState(1, 1), "two stones on a cell"),
+    (ConnectFourState(0, 1 << 6), "off the board"),
+    (ConnectFourState(0, 1 << 1), "floating stone in column 0"),
+    (ConnectFourState(1 << 7, 0), "moves alternate"),
+    (ConnectFourState(0b1111, 0b1111 << 7), "already has four"),
+])
+def test_check_state_rejects_impossible_positions(game, bad, message):
+    with pytest.raises(ValueError, match=message):
+        game.check_state(bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 6), max_size=42))
+def test_every_position_of_a_legal_game_is_valid(moves):
+    game = ConnectFour()
+    state = game.initial_state()
+    for ply, move in enumerate(moves):
+        legal = game.legal_actions(state)
+        if not legal:
+            break
+        state = game.play(state, legal[move % len(legal)])
+        game.check_state(state)
+        assert (state.to_move | state.waiting).bit_count() == ply + 1

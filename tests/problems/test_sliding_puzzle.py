@@ -1,0 +1,145 @@
+import collections
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from async_search.problems import SlidingPuzzle
+
+
+def reachable_from_goal(puzzle):
+    seen = {puzzle.goal}
+    queue = collections.deque([puzzle.goal])
+    while queue:
+        for n, _ in puzzle.neighbors(queue.popleft()):
+            if n not in seen:
+                seen.add(n)
+                queue.append(n)
+    return seen
+
+
+scrambles = st.tuples(st.sampled_from([3, 4]), st.integers(0, 80), st.integers(0, 2**32))
+
+
+def test_goal_is_tiles_in_order_with_blank_last():
+    assert SlidingPuzzle(3).goal == bytes([1, 2, 3, 4, 5, 6, 7, 8, 0])
+    assert SlidingPuzzle(4).goal == bytes([*range(1, 16), 0])
+
+
+def test_neighbors_of_goal_slide_the_tiles_above_and_left_into_the_blank():
+    puzzle = SlidingPuzzle(3)
+    assert puzzle.neighbors(puzzle.goal) == [
+        (bytes([1, 2, 3, 4, 5, 0, 7, 8, 6]), 1),
+        (bytes([1, 2, 3, 4, 5, 6, 7, 0, 8]), 1),
+    ]
+
+
+def test_center_blank_has_four_neighbors_each_costing_one():
+    puzzle = SlidingPuzzle(3)
+    state = puzzle.state([1, 2, 3, 4, 0, 5, 7, 8, 6])
+    neighbors = puzzle.neighbors(state)
+    assert len(neighbors) == 4
+    assert {cost for _, cost in neighbors} == {1}
+
+
+@settings(max_examples=30, deadline=None)
+@given(scrambles)
+def test_moves_are_reversible(args):
+    size, moves, seed = args
+    puzzle = SlidingPuzzle(size)
+    state = puzzle.scramble(moves, seed=seed)
+    for neighbor, _ in puzzle.neighbors(state):
+        assert state in [s for s, _ in puzzle.neighbors(neighbor)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(scrambles)
+def test_scrambled_states_are_valid_and_solvable(args):
+    size, moves, seed = args
+    puzzle = SlidingPuzzle(size)
+    state = puzzle.scramble(moves, seed=seed)
+    puzzle.check_state(state)
+    assert puzzle.is_solvable(state)
+
+
+@settings(max_examples=30, deadline=None)
+@given(scrambles, st.data())
+def test_swapping_two_tiles_makes_a_state_unsolvable(args, data):
+    size, moves, seed = args
+    puzzle = SlidingPuzzle(size)
+    cells = bytearray(puzzle.scramble(moves, seed=seed))
+    tiles = [p for p in range(len(cells)) if cells[p]]
+    i, j = data.draw(st.sampled_from(list(itertools.combinations(tiles, 2))))
+    cells[i], cells[j] = cells[j], cells[i]
+    assert not puzzle.is_solvable(bytes(cells))
+    with pytest.raises(ValueError, match=r"SlidingPuzzle\(%d\).*unsolvable" % size):
+        puzzle.check_state(bytes(cells))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_is_solvable_holds_exactly_for_states_reachable_from_the_goal(size):
+    puzzle = SlidingPuzzle(size)
+    reachable = reachable_from_goal(puzzle)
+    permutations = [bytes(p) for p in itertools.permutations(range(size * size))]
+    if size == 3:  # a sample of the 362880
+        rng = np.random.default_rng(0)
+        permutations = [permutations[i] for i in rng.choice(len(permutations), 3000)]
+    for state in permutations:
+        assert puzzle.is_solvable(state) == (state in reachable)
+
+
+def test_scramble_is_deterministic_given_seed():
+    puzzle = SlidingPuzzle(4)
+    assert puzzle.scramble(50, seed=7) == puzzle.scramble(50, seed=7)
+    assert len({puzzle.scramble(50, seed=s) for s in range(10)}) == 10
+
+
+def test_scramble_of_zero_moves_is_the_goal():
+    puzzle = SlidingPuzzle(3)
+    assert puzzle.scramble(0, seed=3) == puzzle.goal
+
+
+def test_scramble_rejects_negative_moves():
+    with pytest.raises(ValueError, match="moves must be an integer >= 0, got -1"):
+        SlidingPuzzle(3).scramble(-1, seed=0)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ((1, 2, 3, 4, 5, 6, 7, 8, 0), "must be bytes of length 9"),
+    (bytes([1, 2, 3, 4, 5, 6, 7, 0]), "each tile 0..8 exactly once"),
+    (bytes([1, 1, 3, 4, 5, 6, 7, 8, 0]), "each tile 0..8 exactly once"),
+    (bytes([2, 1, 3, 4, 5, 6, 7, 8, 0]), "unsolvable"),
+])
+def test_check_state_rejects_malformed_states_naming_the_puzzle(bad, message):
+    with pytest.raises(ValueError, match=r"SlidingPuzzle\(3\).*" + message):
+        SlidingPuzzle(3).check_state(bad)
+
+
+def test_state_builds_a_checked_state_from_tiles():
+    puzzle = SlidingPuzzle(3)
+    assert puzzle.state([1, 2, 3, 4, 5, 6, 7, 0, 8]) == bytes([1, 2, 3, 4, 5, 6, 7, 0, 8])
+    with pytest.raises(ValueError, match="unsolvable"):
+        puzzle.state([2, 1, 3, 4, 5, 6, 7, 8, 0])
+
+
+@pytest.mark.parametrize("size", [1, 9, 3.0, "3"])
+def test_size_outside_2_to_8_raises(size):
+    with pytest.raises(ValueError, match="size must be an integer from 2 to 8"):
+        SlidingPuzzle(size)
+
+
+def test_encode_is_one_hot_of_tile_positions():
+    puzzle = SlidingPuzzle(3)
+    state = puzzle.state([1, 2, 3, 4, 5, 6, 7, 0, 8])
+    x = puzzle.encode([puzzle.goal, state])
+    assert x.shape == (2, 9, 9) and x.dtype == np.float32
+    assert (x.sum(axis=1) == 1).all() and (x.sum(axis=2) == 1).all()
+    assert x[1, 8, 8] == 1 and x[1, 0, 7] == 1 and x[0, 0, 8] == 1
+    assert puzzle.decode(x) == [puzzle.goal, state]
+
+
+def test_manhattan_distance_counts_moves_of_each_tile():
+    puzzle = SlidingPuzzle(3)
+    assert puzzle.manhattan_distance(puzzle.goal) == 0
+    assert puzzle.manhattan_distance(puzzle.state([0, 1, 2, 3, 4, 5, 6, 7, 8])) == 12

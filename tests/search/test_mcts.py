@@ -1,0 +1,117 @@
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search import problems, search
+from async_search.errors import ModelOutputError
+
+GAME = problems.ConnectFour()
+NET = problems.PolicyValueMLP(GAME, hidden_sizes=(64,), seed=0)
+WIN_AT_3 = GAME.from_moves([0, 6, 1, 6, 2, 5])   # first player to move wins at column 3
+BLOCK_AT_3 = GAME.from_moves([0, 6, 1, 6, 2])    # second player must block column 3
+
+
+async def run(state=None, evaluate=None, **kwargs):
+    args = dict(num_simulations=64, num_parallel=8, seed=0)
+    args.update(kwargs)
+    return await search.mcts(GAME, GAME.initial_state() if state is None else state,
+                             evaluate or asr.immediate(NET), **args)
+
+
+async def test_golden_result_of_a_seeded_search_from_the_empty_board():
+    # Pins selection, virtual loss, noise, backup order and counting: a change in any of
+    # them changes these numbers.
+    result = await run(num_simulations=256, num_parallel=8, seed=0)
+    assert result.visit_counts == (11, 34, 32, 11, 25, 52, 91)
+    assert (result.action, result.num_simulations, result.tree_size, result.evaluations,
+            result.requests) == (6, 256, 257, 257, 34)
+    assert result.root_value == pytest.approx(0.03795749946327061, abs=1e-12)
+    assert result.network_value == pytest.approx(0.05374908447265625, abs=1e-12)
+
+
+async def test_golden_visit_counts_with_more_noise_and_four_in_flight():
+    result = await run(GAME.from_moves([3, 3, 2]), num_simulations=100, num_parallel=4,
+                       seed=42, dirichlet_fraction=0.5)
+    assert result.visit_counts == (9, 34, 2, 30, 7, 6, 12)
+    assert (result.action, result.tree_size, result.evaluations, result.requests) == (
+        1, 101, 96, 26)
+
+
+@pytest.mark.parametrize("num_parallel", [1, 3, 8, 32])
+async def test_visit_counts_sum_to_num_simulations(num_parallel):
+    result = await run(num_simulations=50, num_parallel=num_parallel)
+    assert sum(result.visit_counts) == result.num_simulations == 50
+    assert result.action == int(np.argmax(result.visit_counts))
+
+
+async def test_one_leaf_in_flight_means_one_request_per_simulation(recorder):
+    evaluate = recorder(NET)
+    result = await run(evaluate=evaluate, num_simulations=30, num_parallel=1)
+    assert result.requests == len(evaluate.requests) == 31
+    assert [len(x) for x in evaluate.requests] == [1] * 31
+
+
+async def test_each_round_evaluates_up_to_num_parallel_leaves_in_one_request(recorder):
+    evaluate = recorder(NET)
+    result = await run(evaluate=evaluate, num_simulations=128, num_parallel=8)
+    sizes = [len(x) for x in evaluate.requests]
+    assert sizes[0] == 1 and max(sizes) == 8
+    assert sum(s == 8 for s in sizes) >= 0.75 * (len(sizes) - 1)
+    assert result.evaluations == sum(sizes) and result.requests == len(sizes)
+    assert result.requests >= 1 + 128 // 8
+
+
+async def test_finds_the_winning_move():
+    result = await run(WIN_AT_3, num_simulations=64, dirichlet_fraction=0.0)
+    assert result.action == 3 and result.action_values[3] == 1.0
+
+
+async def test_blocks_the_opponents_winning_move():
+    result = await run(BLOCK_AT_3, num_simulations=200, dirichlet_fraction=0.0)
+    assert result.action == 3
+    assert result.visit_counts[3] > 0.5 * result.num_simulations
+
+
+async def test_result_is_seeded_through_the_root_noise():
+    a, b, c = [await run(seed=s) for s in (5, 5, 6)]
+    assert a == b
+    assert a.root_prior != c.root_prior and a.visit_counts != c.visit_counts
+    quiet = [await run(seed=s, dirichlet_fraction=0.0) for s in (5, 6)]
+    assert quiet[0] == quiet[1]
+
+
+async def test_root_value_averages_the_network_value_and_the_backups():
+    result = await run(num_simulations=40)
+    backed_up = sum(n * q for n, q in zip(result.visit_counts, result.action_values))
+    assert result.root_value == pytest.approx((result.network_value + backed_up) / 41)
+    assert sum(result.root_prior) == pytest.approx(1.0)
+
+
+async def test_illegal_actions_get_no_visits_and_no_prior():
+    state = GAME.from_moves([0] * 6)
+    result = await run(state, num_simulations=30)
+    assert result.visit_counts[0] == 0 and result.root_prior[0] == 0.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_simulations=0), "num_simulations must be an integer >= 1, got 0"),
+    (dict(num_parallel=0), "num_parallel must be an integer >= 1, got 0"),
+    (dict(c_puct=0.0), "c_puct must be a finite number > 0.0, got 0.0"),
+    (dict(dirichlet_alpha=-1), "dirichlet_alpha must be a finite number > 0.0"),
+    (dict(dirichlet_fraction=1.5), r"dirichlet_fraction must be in \[0, 1\], got 1.5"),
+    (dict(state=GAME.play(WIN_AT_3, 3)), "cannot search from a terminal state"),
+    (dict(state=(1, 1)), "two stones on a cell"),
+])
+async def test_bad_arguments_raise_before_any_request(kwargs, message, recorder):
+    evaluate = recorder(NET)
+    with pytest.raises(ValueError, match=message):
+        await run(evaluate=evaluate, **kwargs)
+    assert evaluate.requests == []
+
+
+async def test_model_returning_one_array_raises_model_output_error():
+    async def evaluate(x):
+        return np.zeros((len(x), 8), np.float32)
+
+    with pytest.raises(ModelOutputError, match=r"tuple \(policy_logits \[n, 7\]"):
+        await run(evaluate=evaluate)
