@@ -10,14 +10,14 @@ Example:
 
 from async_search.backends import SearchResults, run_searches, run_searches_async
 from async_search.base import Evaluate, Model, Outputs, TensorSpec
-from async_search.errors import (InputSpecError, ModelOutputError, SearchError,
-                                 ServerClosedError, ServerDiedError)
-from async_search.servers import immediate, serve, serve_connection
+from async_search.errors import (CircuitOpenError, InputSpecError, ModelOutputError,
+                                 SearchError, ServerClosedError, ServerDiedError)
+from async_search.servers import CachedEvaluate, Router, immediate, serve, serve_connection
 
 __all__ = [
     "Evaluate", "Model", "Outputs", "TensorSpec",
-    "InputSpecError", "ModelOutputError", "SearchError", "ServerClosedError",
-    "ServerDiedError",
-    "immediate", "serve", "serve_connection",
+    "CircuitOpenError", "InputSpecError", "ModelOutputError", "SearchError",
+    "ServerClosedError", "ServerDiedError",
+    "immediate", "serve", "serve_connection", "CachedEvaluate", "Router",
     "run_searches", "run_searches_async", "SearchResults",
 ]

@@ -23,3 +23,7 @@ class SearchError(RuntimeError):
     def __init__(self, message: str, failures: dict | None = None):
         super().__init__(message)
         self.failures = failures or {}
+
+
+class CircuitOpenError(RuntimeError):
+    """Every server that could take a request has an open circuit breaker."""

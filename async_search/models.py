@@ -16,7 +16,10 @@ import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 
-__all__ = ["SpecModel", "with_spec", "MLP", "TensorFlowModel", "power_of_two_sizes"]
+__all__ = [
+    "SpecModel", "with_spec", "MLP", "TensorFlowModel", "power_of_two_sizes", "GRID_SCALE",
+    "GRID_BOUND", "WEIGHT_QUANTUM",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,18 +46,19 @@ def with_spec(fn: Callable[[np.ndarray], Outputs], shape: Sequence[int], dtype: 
     return SpecModel(fn, TensorSpec(tuple(shape), dtype), output_spec)
 
 
-# The MLP keeps weights and activations on a grid of multiples of 2**-_FRACTION_BITS,
-# bounded by 2**_RANGE_BITS, so every product and partial sum is exact in float64:
-# any summation order (BLAS kernel, batch size) gives the same bits for a row.
-_FRACTION_BITS = 8
-_RANGE_BITS = 8
-_WEIGHT_BITS = 10
+# The MLP keeps activations on a grid of multiples of 1/GRID_SCALE within
+# [-GRID_BOUND, GRID_BOUND], and weights on multiples of WEIGHT_QUANTUM, so every product
+# and partial sum is exact in float64: any summation order (BLAS kernel, batch size)
+# gives the same bits for a row. Other implementations of this forward pass (the
+# TensorFlow nets of problems.tf_nets) use these constants.
+GRID_SCALE = 256.0
+GRID_BOUND = 256.0
+WEIGHT_QUANTUM = 2.0 ** -10
 
 
 def _on_grid(x: np.ndarray) -> np.ndarray:
-    scale = float(2 ** _FRACTION_BITS)
-    bound = float(2 ** _RANGE_BITS)
-    return np.clip(np.round(x * scale), -bound * scale, bound * scale) / scale
+    return np.clip(np.round(x * GRID_SCALE), -GRID_BOUND * GRID_SCALE,
+                   GRID_BOUND * GRID_SCALE) / GRID_SCALE
 
 
 class MLP:
@@ -64,6 +68,7 @@ class MLP:
     weights and activations live on a dyadic grid where float64 arithmetic is exact (the
     input is rounded to multiples of 1/256 and clipped to [-256, 256]). That makes it
     the reference model for checking that batched and unbatched searches agree.
+    (The grid: ``GRID_SCALE``, ``GRID_BOUND`` and ``WEIGHT_QUANTUM`` of this module.)
 
     Args:
         input_shape: per-element input shape; inputs are flattened.
@@ -90,9 +95,8 @@ class MLP:
             limit = np.sqrt(6.0 / (fan_in + fan_out))
             w = rng.uniform(-limit, limit, (fan_in, fan_out))
             b = rng.uniform(-0.1, 0.1, fan_out)
-            quantum = 2.0 ** -_WEIGHT_BITS
-            self.weights.append((np.round(w / quantum) * quantum,
-                                 np.round(b / quantum) * quantum))
+            self.weights.append((np.round(w / WEIGHT_QUANTUM) * WEIGHT_QUANTUM,
+                                 np.round(b / WEIGHT_QUANTUM) * WEIGHT_QUANTUM))
 
     def with_weights(self, weights: Sequence[Tuple[np.ndarray, np.ndarray]]) -> "MLP":
         """A copy of this MLP with other ``(w, b)`` layers of the same shapes (a model
@@ -102,7 +106,7 @@ class MLP:
                 for (w, b), (w0, b0) in zip(weights, self.weights)):
             raise ValueError("with_weights needs (w, b) layers shaped like the model's: "
                              f"{[(w.shape, b.shape) for w, b in self.weights]}")
-        quantum = 2.0 ** -_WEIGHT_BITS
+        quantum = WEIGHT_QUANTUM
         copy = object.__new__(MLP)
         copy.__dict__.update(self.__dict__)
         copy.weights = [(np.round(np.asarray(w, np.float64) / quantum) * quantum,

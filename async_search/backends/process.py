@@ -37,7 +37,7 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
     async with BatchingServer(model_factory(), config.policy, on_batch=on_batch) as evaluate:
         for _ in range(config.num_servers - 1):
             await evaluate.add_worker(model_factory())
-        spec = evaluate._check.spec
+        spec = evaluate.input_spec
         clients = []
         for i in range(min(config.num_procs, max(len(starts), 1))):
             share = list(range(i, len(starts), config.num_procs))

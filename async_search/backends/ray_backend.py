@@ -54,7 +54,7 @@ class ServerActor:
         """Builds the model and starts serving; returns the model's input spec."""
         self._server = BatchingServer(self._model_factory(), self._policy)
         await self._server.__aenter__()
-        return self._server._check.spec
+        return self._server.input_spec
 
     async def evaluate(self, batch):
         return await self._server(batch)

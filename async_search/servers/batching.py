@@ -15,7 +15,7 @@ from typing import Any, Callable, Hashable, List, Tuple
 
 import numpy as np
 
-from async_search.base import Outputs, input_spec_of, output_spec_of
+from async_search.base import Outputs, TensorSpec, input_spec_of, output_spec_of
 from async_search.batchers import Batcher, BatchSizeBatcher, Popped
 from async_search.errors import ServerClosedError
 from async_search.servers.buffers import BufferPool
@@ -113,6 +113,7 @@ class BatchingServer:
                                     "context was left")
         fut = self._loop.create_future()
         if not len(x) and self._responses.empty_output is not None:
+            self._stats.requests += 1
             fut.set_result(self._responses.empty_output)
             return fut
         # Staged here and handed to the batcher in bulk when the dispatch task runs.
@@ -131,8 +132,8 @@ class BatchingServer:
 
     async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``: the outputs for ``x`` and the model version that
-        computed them (for a request split across batches during a swap, the version
-        of its last piece)."""
+        computed them (None for a request split across batches while the model was
+        swapped, whose rows came from two versions)."""
         fut = self(x)
         if fut.done():
             return fut.result(), self.version
@@ -159,6 +160,12 @@ class BatchingServer:
         stats["buffers_allocated"] = self._pool.allocated
         stats["buffers_reused"] = self._pool.reused
         return stats
+
+    @property
+    def input_spec(self) -> TensorSpec | None:
+        """The spec requests are checked against: declared by the model, or learned from
+        the first request (None before it)."""
+        return self._check.spec
 
     @property
     def trace(self) -> List[BatchRecord]:
@@ -217,6 +224,7 @@ class BatchingServer:
         if self._loop is not None:
             raise RuntimeError("a BatchingServer can be entered once")
         self._loop = asyncio.get_running_loop()
+        self._since = time.perf_counter()
         self._workers = Workers(self._first_model, self.version, self._loop,
                                 threaded=self.model_thread)
         if self.model_thread:
@@ -284,7 +292,8 @@ class BatchingServer:
                 except IndexError:  # every queued request was cancelled
                     continue
                 now = time.perf_counter()
-                self._stats.record_dispatch(len(popped.batch), reason, now - self._since)
+                self._stats.record_dispatch(len(popped.batch), reason, now - self._since,
+                                            len(popped.tags) - popped.head_continues)
                 self._since = now
                 self._in_flight += 1
                 self._workers.submit(popped, popped.batch, self._on_done)

@@ -18,11 +18,9 @@ import enum
 import time
 from typing import Callable
 
+from async_search.errors import CircuitOpenError
+
 __all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "CircuitOpenError"]
-
-
-class CircuitOpenError(RuntimeError):
-    """Every server that could take a request has an open circuit breaker."""
 
 
 class BreakerState(str, enum.Enum):
@@ -59,8 +57,8 @@ class BreakerPolicy:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not (isinstance(self.reset_timeout, (int, float)) and self.reset_timeout >= 0):
-            raise ValueError(
-                f"reset_timeout must be a number of seconds >= 0, got {self.reset_timeout!r}")
+            raise ValueError(f"reset_timeout must be a number of seconds >= 0, got "
+                             f"{self.reset_timeout!r}")
 
 
 class CircuitBreaker:

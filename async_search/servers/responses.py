@@ -13,6 +13,8 @@ from async_search.errors import ModelOutputError
 
 __all__ = ["ResponseRouter"]
 
+_UNSET, _MIXED, _MISSING = object(), object(), object()
+
 
 class ResponseRouter:
     """Resolves the futures of a batch's requests from the batch's outputs.
@@ -31,10 +33,13 @@ class ResponseRouter:
 
     def want_version(self, fut: asyncio.Future) -> None:
         """Record the version that computes ``fut`` (read it with ``pop_version``)."""
-        self._versions[fut] = None
+        self._versions[fut] = _UNSET
 
     def pop_version(self, fut: asyncio.Future) -> Hashable:
-        return self._versions.pop(fut, None)
+        """The version that computed ``fut``; None if its pieces (a request split across
+        batches while the model was swapped) came from different versions."""
+        version = self._versions.pop(fut, None)
+        return None if version is _UNSET or version is _MIXED else version
 
     def deliver(self, popped: Popped, outputs: Outputs, version: Hashable,
                 ) -> Exception | None:
@@ -56,9 +61,11 @@ class ResponseRouter:
             self.empty_output = ops.slice(outputs, 0, 0)
         tags, pieces = popped.tags, popped.pieces
         if self._versions:
+            versions = self._versions
             for fut in tags:
-                if fut in self._versions:
-                    self._versions[fut] = version
+                known = versions.get(fut, _MISSING)
+                if known is not _MISSING:
+                    versions[fut] = version if known is _UNSET or known == version else _MIXED
         whole = not popped.head_continues and popped.tail_size is None
         if whole and size == len(tags) and type(outputs) is np.ndarray and (
                 min(map(len, pieces)) == 1):

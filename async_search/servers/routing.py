@@ -53,7 +53,8 @@ class HashRing:
 
     def __init__(self, nodes: Sequence[str] = (), *, virtual_nodes: int = 128):
         if not isinstance(virtual_nodes, int) or virtual_nodes < 1:
-            raise ValueError(f"virtual_nodes must be an integer >= 1, got {virtual_nodes!r}")
+            raise ValueError(
+                f"virtual_nodes must be an integer >= 1, got {virtual_nodes!r}")
         self.virtual_nodes = virtual_nodes
         self._nodes: List[str] = []
         self._points = np.empty(0, np.uint64)
@@ -266,7 +267,7 @@ class Router:
         self._servers[name] = evaluate
         self._names = tuple(self._servers)
         self.breakers[name] = CircuitBreaker(self.breaker_policy, clock=self._clock)
-        self.outstanding[name] = 0
+        self.outstanding.setdefault(name, 0)  # requests from before a removal count
         self._requests[name] = 0
         self._failures[name] = 0
 
@@ -277,6 +278,8 @@ class Router:
         evaluate = self._servers.pop(name)
         self._names = tuple(self._servers)
         del self.breakers[name], self._requests[name], self._failures[name]
+        if not self.outstanding[name]:
+            del self.outstanding[name]
         return evaluate
 
     # -- the evaluate function --------------------------------------------------------
@@ -292,8 +295,8 @@ class Router:
     async def _route(self, x, tried: frozenset, want_version: bool,
                      last: _ServerFailed | None) -> Tuple[Outputs, Hashable]:
         if not isinstance(x, np.ndarray) or x.ndim == 0:
-            raise InputSpecError(f"a request must be a NumPy array [n, ...], got "
-                                 f"{type(x).__name__}{' (0-d)' if isinstance(x, np.ndarray) else ''}")
+            raise InputSpecError(f"a request must be a NumPy array [n, ...] with a batch "
+                                 f"dimension, got {type(x).__name__} {np.shape(x)}")
         candidates = [n for n in self._names
                       if n not in tried and self.breakers[n].available()]
         if not candidates:
@@ -326,8 +329,10 @@ class Router:
     async def _send(self, name: str, x, want_version: bool):
         breaker = self.breakers[name]
         permit = breaker.try_acquire()
-        if permit is None:  # unreachable while assign picks among available servers
-            raise _ServerFailed(name, CircuitOpenError(f"server {name!r} is open"))
+        if permit is None:  # a part of a split request started after another request
+            # took the half-open breaker's last probe: route that part elsewhere
+            raise _ServerFailed(name, CircuitOpenError(
+                f"server {name!r}: its circuit breaker admits no more requests now"))
         evaluate = self._servers[name]
         self.outstanding[name] += 1
         self._requests[name] += 1
@@ -366,8 +371,9 @@ class Router:
     # -- versions ---------------------------------------------------------------------
     @property
     def version(self) -> Hashable:
-        """The servers' model version when they agree, else None."""
-        versions = [getattr(e, "version", None) for e in self._servers.values()]
+        """The model version of the servers that declare one, when they agree; else
+        None."""
+        versions = [e.version for e in self._servers.values() if hasattr(e, "version")]
         return rows.same_version(versions) if versions else None
 
     def update_model(self, model_or_weights: Any, version: Hashable) -> None:

@@ -26,7 +26,7 @@ class BatchRecord(NamedTuple):
 class ServingStats:
     """Counts kept per batch (never per request) by a serving loop.
 
-    ``as_dict()`` gives: batches, elements, mean_batch_size, model_time_s, wall_time_s,
+    ``as_dict()`` gives: requests (counted as they start in a batch), batches, elements, mean_batch_size, model_time_s, wall_time_s,
     fraction_in_model, batch_size_histogram (size -> batches), reasons (why batches
     left -> batches), queue_wait_mean_s and queue_wait_max_s (how long the oldest
     request of each batch waited before the batch left), failed_batches, and
@@ -37,6 +37,7 @@ class ServingStats:
     def __init__(self):
         self.start = time.perf_counter()
         self.stop: float | None = None
+        self.requests = 0
         self.batches = 0
         self.elements = 0
         self.failed_batches = 0
@@ -47,8 +48,11 @@ class ServingStats:
         self.reasons: Dict[str, int] = collections.Counter()
         self.trace: List[BatchRecord] = []
 
-    def record_dispatch(self, size: int, reason: Reason, queue_wait: float) -> None:
-        """A batch of ``size`` elements left, its oldest request queued ``queue_wait`` s."""
+    def record_dispatch(self, size: int, reason: Reason, queue_wait: float,
+                        requests: int = 0) -> None:
+        """A batch of ``size`` elements left, its oldest request queued ``queue_wait`` s;
+        ``requests`` of its requests start in it."""
+        self.requests += requests
         self.batches += 1
         self.elements += size
         self.histogram[size] += 1
@@ -78,6 +82,7 @@ class ServingStats:
                     / batches if batches else 0.0)
         return {
             "started_at": self.start,
+            "requests": self.requests,
             "batches": batches,
             "elements": self.elements,
             "mean_batch_size": mean,

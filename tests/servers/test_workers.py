@@ -137,3 +137,35 @@ def test_num_workers_must_be_positive_and_threaded():
         asr.servers.BatchingServer(Recording(), num_workers=0)
     with pytest.raises(ValueError, match="model_thread=True"):
         asr.servers.BatchingServer(Recording(), num_workers=2, model_thread=False)
+
+
+async def test_request_split_across_a_model_swap_reports_no_single_version():
+    v0 = MLP((6,), hidden_sizes=(16,), output_size=2, seed=10)
+    v1 = MLP((6,), hidden_sizes=(16,), output_size=2, seed=11)
+    gate, started = threading.Event(), threading.Event()
+
+    def gated_v0(x):
+        started.set()
+        assert gate.wait(10)
+        return v0(x)
+
+    x = np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32)
+    async with asr.serve(with_spec(gated_v0, (6,), np.float32), max_batch_size=4,
+                         pipeline_depth=1) as evaluate:
+        split = asyncio.ensure_future(evaluate.with_version(x))  # batches of 4 and 2
+        assert await asyncio.to_thread(started.wait, 10)  # v0 is running the first
+        evaluate.update_model(v1, version=1)
+        gate.set()
+        y, version = await asyncio.wait_for(split, 10)
+        whole, whole_version = await evaluate.with_version(x[:2])
+    assert version is None
+    np.testing.assert_array_equal(y[:4], v0(x[:4]))
+    np.testing.assert_array_equal(y[4:], v1(x[4:]))
+    assert whole_version == 1 and np.array_equal(whole, v1(x[:2]))
+
+
+async def test_queue_wait_of_the_first_batch_is_measured_from_the_start():
+    async with asr.serve(with_spec(lambda x: x, (1,), np.float32)) as evaluate:
+        await evaluate(np.zeros((2, 1), np.float32))
+        assert evaluate.stats["queue_wait_max_s"] < 5
+        assert evaluate.stats["requests"] == 1

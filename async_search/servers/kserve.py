@@ -1,0 +1,388 @@
+"""The KServe v2 / Open Inference Protocol tensor codec: JSON tensors and binary tensors.
+
+Pure functions from request bodies to arrays and from arrays to response bodies, with
+no HTTP in them, so that every malformed body can be tested without a server. A request
+body is a JSON object, optionally followed by raw tensor bytes (the binary tensor data
+extension): the ``Inference-Header-Content-Length`` header gives the JSON's length and
+each binary input gives its ``binary_data_size`` in its ``parameters``; the bytes follow
+in the order of the inputs. Responses use the same layout when binary outputs are asked
+for (``"binary_data": true`` on an output, or ``"binary_data_output": true`` on the
+request). Tensors are row-major and little-endian on the wire.
+
+Every way a body can be wrong raises ``ProtocolError`` with the HTTP status to answer
+and a message naming the bad field and what it should be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from async_search.base import Outputs, TensorSpec
+
+__all__ = ["DATATYPES", "ProtocolError", "InputTensor", "RequestedOutput", "InferRequest",
+           "TensorMetadata", "datatype_of", "decode_request", "encode_response",
+           "error_body", "input_array", "model_metadata", "named_outputs",
+           "output_metadata"]
+
+#: v2 datatype -> NumPy dtype (BYTES and BF16 are not served: models here take numbers).
+DATATYPES: Dict[str, np.dtype] = {name: np.dtype(t) for name, t in [
+    ("BOOL", np.bool_), ("UINT8", np.uint8), ("UINT16", np.uint16),
+    ("UINT32", np.uint32), ("UINT64", np.uint64), ("INT8", np.int8),
+    ("INT16", np.int16), ("INT32", np.int32), ("INT64", np.int64),
+    ("FP16", np.float16), ("FP32", np.float32), ("FP64", np.float64)]}
+_NAMES = {dtype: name for name, dtype in DATATYPES.items()}
+_MAX_RANK = 32
+
+
+class ProtocolError(ValueError):
+    """A request that breaks the inference protocol; ``status`` is the HTTP answer."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def datatype_of(dtype: Any) -> str:
+    """The v2 datatype name of a NumPy dtype.
+
+    Example:
+        >>> datatype_of(np.float32)
+        'FP32'
+    """
+    name = _NAMES.get(np.dtype(dtype).newbyteorder("="))
+    if name is None:
+        raise ProtocolError(f"dtype {np.dtype(dtype)} has no v2 datatype; use one of "
+                            f"{sorted(_NAMES.values())}", status=500)
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMetadata:
+    """A tensor as model metadata lists it: name, datatype, shape (-1: any size)."""
+
+    name: str
+    datatype: str
+    shape: Tuple[int, ...]
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    @classmethod
+    def of_spec(cls, name: str, spec: TensorSpec) -> "TensorMetadata":
+        """A batched tensor of ``spec`` elements: the batch dimension reads -1."""
+        return cls(name, datatype_of(spec.dtype), (-1, *spec.shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class InputTensor:
+    """One decoded input: its name, datatype, shape and data (shaped, native dtype)."""
+
+    name: str
+    datatype: str
+    shape: Tuple[int, ...]
+    array: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestedOutput:
+    """An output the client asked for, and whether it wants it as binary data."""
+
+    name: str
+    binary: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class InferRequest:
+    """A decoded inference request.
+
+    Attributes:
+        id: the request's ``id``, echoed in the response (None when absent).
+        inputs: the input tensors, in request order.
+        outputs: the outputs asked for, or None for every output.
+        binary_output: the default for outputs not listed (``binary_data_output``).
+    """
+
+    id: str | None
+    inputs: Tuple[InputTensor, ...]
+    outputs: Tuple[RequestedOutput, ...] | None
+    binary_output: bool
+
+
+def _object(value: Any, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _parameters(holder: dict, what: str) -> dict:
+    params = holder.get("parameters", {})
+    if params is None:
+        return {}
+    return _object(params, f"{what} 'parameters'")
+
+
+def _flag(params: dict, key: str, what: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise ProtocolError(
+            f"{what} parameter {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _header(body: bytes, header_length: str | None) -> Tuple[dict, memoryview]:
+    if header_length is None:
+        json_bytes, binary = body, memoryview(b"")
+    else:
+        try:
+            length = int(header_length)
+        except ValueError:
+            raise ProtocolError(f"Inference-Header-Content-Length must be an integer, got "
+                                f"{header_length[:40]!r}") from None
+        if not 0 <= length <= len(body):
+            raise ProtocolError(f"Inference-Header-Content-Length is {length} but the body "
+                                f"has {len(body)} bytes: it must be the JSON header's "
+                                f"length, at most the body's")
+        json_bytes, binary = body[:length], memoryview(body)[length:]
+    try:
+        header = json.loads(json_bytes)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError(f"the request body is not valid JSON: {str(e)[:200]}") from None
+    return _object(header, "the request"), binary
+
+
+def _shape(tensor: dict, what: str) -> Tuple[int, ...]:
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or len(shape) > _MAX_RANK or not all(
+            type(d) is int and d >= 0 for d in shape):
+        raise ProtocolError(f"{what} 'shape' must be a list of at most {_MAX_RANK} "
+                            f"integers >= 0, got {str(shape)[:80]}")
+    return tuple(shape)
+
+
+def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) -> np.ndarray:
+    try:
+        values = np.asarray(data)
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:
+        raise ProtocolError(f"{what} 'data' is not a (nested) list of numbers: "
+                            f"{str(e)[:120]}") from None
+    kind = values.dtype.kind
+    if values.size and not (kind == "b" if dtype.kind == "b" else
+                            kind in "iu" if dtype.kind in "iu" else kind in "iuf"):
+        raise ProtocolError(f"{what} 'data' holds {values.dtype} values where the "
+                            f"datatype {_NAMES[dtype]} needs "
+                            f"{'true/false' if dtype.kind == 'b' else 'numbers'}"
+                            f"{' without fractions' if dtype.kind in 'iu' else ''}")
+    if values.size != math.prod(shape):
+        raise ProtocolError(f"{what} 'data' has {values.size} values but shape "
+                            f"{list(shape)} needs {math.prod(shape)}")
+    if dtype.kind in "iu" and values.size:
+        info = np.iinfo(dtype)
+        if values.min() < info.min or values.max() > info.max:
+            raise ProtocolError(f"{what} 'data' has values outside the range of "
+                                f"{_NAMES[dtype]} [{info.min}, {info.max}]")
+    return values.astype(dtype, copy=False).reshape(shape)
+
+
+def _from_binary(binary: memoryview, offset: int, size: Any, dtype: np.dtype,
+                 shape: Tuple[int, ...], what: str) -> Tuple[np.ndarray, int]:
+    if type(size) is not int or size < 0:
+        raise ProtocolError(f"{what} 'binary_data_size' must be an integer >= 0, got "
+                            f"{size!r}")
+    need = math.prod(shape) * dtype.itemsize
+    if size != need:
+        raise ProtocolError(f"{what} 'binary_data_size' is {size} bytes but shape "
+                            f"{list(shape)} of {_NAMES[dtype]} needs {need}")
+    if offset + size > len(binary):
+        raise ProtocolError(f"the body is truncated: {what} needs bytes {offset} to "
+                            f"{offset + size} of the binary data, which has {len(binary)}")
+    chunk = binary[offset:offset + size]
+    if dtype.kind == "b":
+        array = np.frombuffer(chunk, np.uint8).astype(bool)
+    else:
+        array = np.frombuffer(chunk, dtype.newbyteorder("<")).astype(dtype, copy=False)
+    return array.reshape(shape), offset + size
+
+
+def decode_request(body: bytes, header_length: str | None = None) -> InferRequest:
+    """Decode an inference request body.
+
+    Args:
+        body: the whole HTTP body.
+        header_length: the ``Inference-Header-Content-Length`` header, if sent.
+
+    Raises:
+        ProtocolError: (status 400) for any body that breaks the protocol.
+
+    Example:
+        >>> r = decode_request(b'{"inputs": [{"name": "input", "shape": [1, 2], '
+        ...                    b'"datatype": "FP32", "data": [1, 2]}]}')
+        >>> r.inputs[0].array
+        array([[1., 2.]], dtype=float32)
+    """
+    header, binary = _header(body, header_length)
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise ProtocolError(f"the request 'id' must be a string, got {request_id!r}")
+    binary_output = _flag(_parameters(header, "the request"), "binary_data_output",
+                          "the request")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("the request must have 'inputs': a non-empty list of tensors")
+    inputs: List[InputTensor] = []
+    offset = 0
+    for k, raw in enumerate(raw_inputs):
+        tensor = _object(raw, f"input {k}")
+        name = tensor.get("name")
+        if not isinstance(name, str):
+            raise ProtocolError(f"input {k} must have a string 'name', got {name!r}")
+        what = f"input {name!r}"
+        datatype = tensor.get("datatype")
+        dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
+        if dtype is None:
+            raise ProtocolError(f"{what} has datatype {str(datatype)[:40]!r}; served "
+                                f"datatypes are {sorted(DATATYPES)}")
+        shape = _shape(tensor, what)
+        params = _parameters(tensor, what)
+        if "binary_data_size" in params:
+            if "data" in tensor:
+                raise ProtocolError(f"{what} has both 'data' and 'binary_data_size': "
+                                    f"send one")
+            array, offset = _from_binary(binary, offset, params["binary_data_size"],
+                                         dtype, shape, what)
+        elif "data" in tensor:
+            array = _from_json(tensor["data"], dtype, shape, what)
+        else:
+            raise ProtocolError(f"{what} has neither 'data' nor a 'binary_data_size' "
+                                f"parameter")
+        inputs.append(InputTensor(name, datatype, shape, array))
+    if offset != len(binary):
+        raise ProtocolError(f"the body has {len(binary) - offset} bytes of binary data "
+                            f"that no input claims (binary_data_size total {offset})")
+    outputs = None
+    if "outputs" in header:
+        raw_outputs = header["outputs"]
+        if not isinstance(raw_outputs, list):
+            raise ProtocolError("the request 'outputs' must be a list of {\"name\": ...}")
+        outputs = []
+        for k, raw in enumerate(raw_outputs):
+            tensor = _object(raw, f"output {k}")
+            name = tensor.get("name")
+            if not isinstance(name, str):
+                raise ProtocolError(f"output {k} must have a string 'name', got {name!r}")
+            params = _parameters(tensor, f"output {name!r}")
+            if params.get("classification"):
+                raise ProtocolError(f"output {name!r}: the classification extension is "
+                                    f"not supported; ask for the raw tensor")
+            binary_flag = _flag(params, "binary_data", f"output {name!r}") if (
+                "binary_data" in params) else binary_output
+            outputs.append(RequestedOutput(name, binary_flag))
+        outputs = tuple(outputs)
+    return InferRequest(request_id, tuple(inputs), outputs, binary_output)
+
+
+def input_array(request: InferRequest, name: str, spec: TensorSpec | None) -> np.ndarray:
+    """The request's one input, checked against the model's input ``spec``.
+
+    Raises:
+        ProtocolError: (400) for a wrong number or name of inputs, or a shape or
+            datatype that does not match ``[n, *spec.shape]`` of ``spec.dtype``.
+    """
+    if len(request.inputs) != 1:
+        raise ProtocolError(f"the model takes one input {name!r}, the request has "
+                            f"{len(request.inputs)}: "
+                            f"{[t.name for t in request.inputs]}")
+    tensor = request.inputs[0]
+    if tensor.name != name:
+        raise ProtocolError(f"unknown input {tensor.name!r}: the model's input is {name!r}")
+    array = tensor.array
+    if spec is None:
+        if array.ndim == 0:
+            raise ProtocolError(f"input {name!r} needs a batch dimension: shape [n, ...], "
+                                f"got []")
+        return array
+    expected = f"shape {[-1, *spec.shape]} and datatype {datatype_of(spec.dtype)}"
+    if array.ndim == 0 or array.shape[1:] != spec.shape:
+        raise ProtocolError(f"input {name!r} has shape {list(tensor.shape)}; the model "
+                            f"takes {expected} (-1: any batch size)")
+    if array.dtype != spec.dtype:
+        raise ProtocolError(f"input {name!r} has datatype {tensor.datatype}; the model "
+                            f"takes {expected}")
+    return array
+
+
+def named_outputs(outputs: Outputs, names: Sequence[str] | None = None,
+                  ) -> List[Tuple[str, np.ndarray]]:
+    """A model's outputs as named tensors: ``output`` for one array, ``output_0``, ...
+    for a tuple, the keys for a dict (``names`` overrides the first two)."""
+    if isinstance(outputs, dict):
+        return [(str(k), np.asarray(v)) for k, v in outputs.items()]
+    leaves = [outputs] if isinstance(outputs, np.ndarray) else list(outputs)
+    if names is None:
+        names = ["output"] if isinstance(outputs, np.ndarray) else [
+            f"output_{i}" for i in range(len(leaves))]
+    return [(name, np.asarray(leaf)) for name, leaf in zip(names, leaves)]
+
+
+def output_metadata(named: Sequence[Tuple[str, np.ndarray]]) -> Tuple[TensorMetadata, ...]:
+    """Metadata of named output tensors (the batch dimension reads -1)."""
+    return tuple(TensorMetadata(name, datatype_of(a.dtype), (-1, *a.shape[1:]))
+                 for name, a in named)
+
+
+def encode_response(*, model_name: str, model_version: str, request_id: str | None,
+                    outputs: Sequence[Tuple[str, np.ndarray]],
+                    requested: Sequence[RequestedOutput] | None, binary_output: bool,
+                    ) -> Tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when binary data follows it.
+
+    Raises:
+        ProtocolError: (400) when ``requested`` names an output the model lacks.
+    """
+    available = dict(outputs)
+    if requested is None:
+        chosen = [(name, array, binary_output) for name, array in outputs]
+    else:
+        chosen = []
+        for out in requested:
+            if out.name not in available:
+                raise ProtocolError(f"unknown output {out.name!r}: the model's outputs "
+                                    f"are {list(available)}")
+            chosen.append((out.name, available[out.name], out.binary))
+    tensors, blobs = [], []
+    for name, array, binary in chosen:
+        tensor: Dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype),
+                                  "shape": list(array.shape)}
+        if binary:
+            blob = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+            tensor["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            tensor["data"] = array.ravel().tolist()
+        tensors.append(tensor)
+    response: Dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        response["id"] = request_id
+    response["outputs"] = tensors
+    header = json.dumps(response, separators=(",", ":")).encode()
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+def error_body(message: str) -> bytes:
+    """The protocol's error JSON: ``{"error": message}``."""
+    return json.dumps({"error": message}).encode()
+
+
+def model_metadata(name: str, versions: Sequence[str], inputs: Sequence[TensorMetadata],
+                   outputs: Sequence[TensorMetadata], platform: str = "async_search",
+                   ) -> Mapping[str, Any]:
+    """The body of ``GET /v2/models/{name}``."""
+    return {"name": name, "versions": list(versions), "platform": platform,
+            "inputs": [t.as_json() for t in inputs],
+            "outputs": [t.as_json() for t in outputs]}

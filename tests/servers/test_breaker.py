@@ -1,0 +1,135 @@
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from async_search.servers.breaker import BreakerPolicy, BreakerState, CircuitBreaker
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def breaker(k=3, m=2, timeout=10.0, probes=1):
+    clock = Clock()
+    return CircuitBreaker(BreakerPolicy(failure_threshold=k, success_threshold=m,
+                                        reset_timeout=timeout, half_open_probes=probes),
+                          clock=clock), clock
+
+
+def fail(b, times=1):
+    for _ in range(times):
+        b.record(b.try_acquire(), ok=False)
+
+
+def test_opens_after_k_consecutive_failures_only():
+    b, _ = breaker(k=3)
+    fail(b, 2)
+    b.record(b.try_acquire(), ok=True)  # a success resets the count
+    fail(b, 2)
+    assert b.state is BreakerState.CLOSED
+    fail(b)
+    assert b.state is BreakerState.OPEN
+    assert b.try_acquire() is None and not b.available()
+    assert b.stats["opened"] == 1 and b.stats["rejected"] == 1
+
+
+def test_turns_half_open_after_the_timeout_and_closes_after_m_successes():
+    b, clock = breaker(k=1, m=2, timeout=10.0)
+    fail(b)
+    clock.now = 9.99
+    assert b.state is BreakerState.OPEN
+    clock.now = 10.0
+    assert b.state is BreakerState.HALF_OPEN
+    first = b.try_acquire()
+    assert first is not None
+    assert b.try_acquire() is None  # one probe at a time
+    b.record(first, ok=True)
+    assert b.state is BreakerState.HALF_OPEN
+    b.record(b.try_acquire(), ok=True)
+    assert b.state is BreakerState.CLOSED
+
+
+def test_a_failed_probe_opens_it_again_for_a_full_timeout():
+    b, clock = breaker(k=1, timeout=5.0)
+    fail(b)
+    clock.now = 5.0
+    b.record(b.try_acquire(), ok=False)
+    assert b.state is BreakerState.OPEN
+    clock.now = 9.0
+    assert b.state is BreakerState.OPEN
+    clock.now = 10.0
+    assert b.state is BreakerState.HALF_OPEN
+    assert b.stats["opened"] == 2
+
+
+def test_results_admitted_under_an_earlier_state_are_ignored():
+    b, clock = breaker(k=2, m=1, timeout=1.0)
+    stale = [b.try_acquire() for _ in range(3)]  # sent while closed
+    fail(b, 2)
+    clock.now = 1.0
+    probe = b.try_acquire()
+    assert b.state is BreakerState.HALF_OPEN
+    b.record(stale[0], ok=False)  # an old failure must not reopen it
+    assert b.state is BreakerState.HALF_OPEN
+    b.record(probe, ok=True)
+    assert b.state is BreakerState.CLOSED
+    b.record(stale[1], ok=False)  # nor count against the new closed state
+    assert b.stats["consecutive_failures"] == 0
+
+
+def test_release_frees_a_probe_without_a_verdict():
+    b, clock = breaker(k=1, timeout=1.0)
+    fail(b)
+    clock.now = 1.0
+    probe = b.try_acquire()
+    assert not b.available()
+    b.release(probe)
+    assert b.available() and b.state is BreakerState.HALF_OPEN
+
+
+def test_trip_opens_at_once():
+    b, _ = breaker()
+    b.trip()
+    assert b.state is BreakerState.OPEN
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"failure_threshold": 0}, "failure_threshold must be an integer >= 1, got 0"),
+    ({"success_threshold": 1.5}, "success_threshold must be an integer >= 1, got 1.5"),
+    ({"reset_timeout": -1}, "reset_timeout must be a number of seconds >= 0, got -1"),
+    ({"half_open_probes": True}, "half_open_probes must be an integer >= 1"),
+])
+def test_bad_policy_names_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        BreakerPolicy(**kwargs)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from(["ok", "fail", "release", "tick"]),
+                          st.floats(0, 3)), max_size=60))
+def test_never_admits_while_open_before_the_timeout(events):
+    b, clock = breaker(k=2, m=2, timeout=2.0, probes=2)
+    opened_at = None
+    for kind, dt in events:
+        if kind == "tick":
+            clock.now += dt
+            continue
+        state_before = b._state
+        permit = b.try_acquire()
+        if state_before is BreakerState.OPEN and clock.now - opened_at < 2.0:
+            assert permit is None
+        if permit is None:
+            continue
+        if kind == "release":
+            b.release(permit)
+        else:
+            was = b.opened
+            b.record(permit, ok=kind == "ok")
+            if b.opened > was:
+                opened_at = clock.now
+        assert 0 <= b._probes <= 2

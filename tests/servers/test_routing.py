@@ -1,0 +1,320 @@
+import asyncio
+import collections
+import time
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.errors import InputSpecError
+from async_search.models import MLP
+from async_search.servers.breaker import BreakerPolicy, BreakerState, CircuitOpenError
+from async_search.servers.cache import CachedEvaluate
+from async_search.servers.routing import HashRing, Router
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeServer:
+    """Doubles its input; records each request; may fail or wait on a gate."""
+
+    def __init__(self, outputs="array"):
+        self.requests = []
+        self.failing = False
+        self.gate: asyncio.Event | None = None
+        self.version = 0
+        self.outputs = outputs
+
+    async def __call__(self, x):
+        self.requests.append(x.copy())
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failing:
+            raise RuntimeError("the device is gone")
+        if self.outputs == "tuple":
+            return x * 2, x.sum(axis=1)
+        if self.outputs == "dict":
+            return {"double": x * 2, "sum": x.sum(axis=1)}
+        return x * 2
+
+    @property
+    def elements(self):
+        return sum(len(r) for r in self.requests)
+
+
+def elements(n, seed=0, width=3):
+    return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
+
+
+# -- the hash ring --------------------------------------------------------------------
+KEYS = [k.tobytes() for k in elements(5000, seed=1)]
+
+
+def owners(ring):
+    return dict(zip(KEYS, ring.nodes_for(KEYS)))
+
+
+def test_ring_spreads_keys_evenly_and_agrees_with_single_lookups():
+    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
+    placed = owners(ring)
+    shares = collections.Counter(placed.values())
+    assert set(shares) == {"a", "b", "c", "d"}
+    assert all(0.17 < n / len(KEYS) < 0.33 for n in shares.values()), shares
+    assert all(ring.node_for(k) == placed[k] for k in KEYS[:200])
+
+
+def test_adding_a_server_moves_about_one_nth_of_the_keys_all_to_it():
+    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
+    before = owners(ring)
+    ring.add("e")
+    after = owners(ring)
+    moved = [k for k in KEYS if before[k] != after[k]]
+    assert 0.12 < len(moved) / len(KEYS) < 0.28  # about 1/5
+    assert all(after[k] == "e" for k in moved)
+
+
+def test_removing_a_server_moves_only_its_keys():
+    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
+    before = owners(ring)
+    ring.remove("c")
+    after = owners(ring)
+    moved = [k for k in KEYS if before[k] != after[k]]
+    assert set(moved) == {k for k in KEYS if before[k] == "c"}
+    assert 0.15 < len(moved) / len(KEYS) < 0.35  # about 1/4
+
+
+def test_excluding_a_node_reassigns_only_its_keys():
+    ring = HashRing(["a", "b", "c"], virtual_nodes=64)
+    full = owners(ring)
+    partial = dict(zip(KEYS, ring.nodes_for(KEYS, among={"a", "c"})))
+    assert all(partial[k] == full[k] for k in KEYS if full[k] != "b")
+    assert "b" not in partial.values()
+
+
+# -- policies -------------------------------------------------------------------------
+async def test_round_robin_takes_turns():
+    servers = {n: FakeServer() for n in "abc"}
+    router = Router(servers, policy="round_robin")
+    for i in range(9):
+        x = elements(2, seed=i)
+        np.testing.assert_array_equal(await router(x), x * 2)
+    assert [len(s.requests) for s in servers.values()] == [3, 3, 3]
+
+
+async def test_least_outstanding_sends_to_the_server_that_is_free():
+    servers = {n: FakeServer() for n in "ab"}
+    for s in servers.values():
+        s.gate = asyncio.Event()
+    router = Router(servers, policy="least_outstanding")
+    stuck = [asyncio.ensure_future(router(elements(1, seed=i))) for i in range(10)]
+    await asyncio.sleep(0)
+    assert router.outstanding == {"a": 5, "b": 5}
+    servers["b"].gate.set()
+    for _ in range(100):
+        if router.outstanding["b"] == 0:
+            break
+        await asyncio.sleep(0.001)
+    assert router.outstanding == {"a": 5, "b": 0}
+    for i in range(6):  # every new request goes to b, whose queue is empty
+        await asyncio.wait_for(router(elements(1, seed=100 + i)), 5)
+    assert len(servers["b"].requests) == 11 and len(servers["a"].requests) == 5
+    servers["a"].gate.set()
+    await asyncio.wait_for(asyncio.gather(*stuck), 5)
+
+
+@pytest.mark.parametrize("outputs", ["array", "tuple", "dict"])
+async def test_consistent_hash_sends_each_element_to_its_server_and_keeps_order(outputs):
+    servers = {n: FakeServer(outputs) for n in "abc"}
+    router = Router(servers, policy="consistent_hash")
+    x = elements(64, seed=3)
+    y = await router(x)
+    expected = FakeServer(outputs)
+    want = await expected(x)
+    if outputs == "array":
+        np.testing.assert_array_equal(y, want)
+    elif outputs == "tuple":
+        for a, b in zip(y, want):
+            np.testing.assert_array_equal(a, b)
+    else:
+        assert set(y) == set(want)
+        for k in want:
+            np.testing.assert_array_equal(y[k], want[k])
+    home = {}
+    for name, s in servers.items():
+        for r in s.requests:
+            for row in r:
+                home[row.tobytes()] = name
+    assert len(set(home.values())) == 3  # 64 elements spread over all three
+    for i in range(0, 64, 7):  # asked alone, later, an element goes to the same server
+        before = {n: len(s.requests) for n, s in servers.items()}
+        await router(x[i:i + 1])
+        went = [n for n, s in servers.items() if len(s.requests) > before[n]]
+        assert went == [home[x[i].tobytes()]]
+
+
+async def test_consistent_hash_keeps_elements_home_when_a_server_joins():
+    servers = {n: FakeServer() for n in "abcd"}
+    router = Router(servers, policy="consistent_hash")
+    x = elements(400, seed=4)
+    await router(x)
+    placed = {row.tobytes(): name for name, s in servers.items()
+              for row in s.requests[0]}
+    servers["e"] = FakeServer()
+    router.add_server("e", servers["e"])
+    for s in servers.values():
+        s.requests.clear()
+    await router(x)
+    moved = [name for name, s in servers.items() for r in s.requests for row in r
+             if placed[row.tobytes()] != name]
+    assert 0.08 < len(moved) / 400 < 0.32  # about 1/5
+    assert set(moved) == {"e"}
+
+
+# -- breakers and failover ------------------------------------------------------------
+async def test_a_server_that_raises_opens_its_breaker_and_traffic_moves_to_the_others():
+    clock = Clock()
+    servers = {n: FakeServer() for n in "abc"}
+    servers["b"].failing = True
+    router = Router(servers, policy="round_robin", clock=clock,
+                    breaker=BreakerPolicy(failure_threshold=3, success_threshold=2,
+                                          reset_timeout=30))
+    for i in range(60):
+        x = elements(1, seed=i)
+        np.testing.assert_array_equal(await router(x), x * 2)  # failover: none fails
+    assert len(servers["b"].requests) == 3
+    assert router.breakers["b"].state is BreakerState.OPEN
+    assert len(servers["a"].requests) + len(servers["c"].requests) == 60
+    assert router.stats["servers"]["b"]["failures"] == 3
+    # After the timeout one probe goes to b; healthy again, it closes after 2 successes.
+    servers["b"].failing = False
+    clock.now = 30.0
+    for i in range(12):
+        await router(elements(1, seed=i))
+    assert router.breakers["b"].state is BreakerState.CLOSED
+    assert len(servers["b"].requests) > 3 + 2
+
+
+async def test_when_every_breaker_is_open_callers_get_an_error_at_once():
+    servers = {n: FakeServer() for n in "ab"}
+    for s in servers.values():
+        s.failing = True
+    router = Router(servers, clock=Clock(), breaker=BreakerPolicy(failure_threshold=2))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="the device is gone"):
+            await router(elements(1))
+    assert all(b.state is BreakerState.OPEN for b in router.breakers.values())
+    calls = sum(len(s.requests) for s in servers.values())
+    start = time.perf_counter()
+    with pytest.raises(CircuitOpenError, match=r"every server's circuit breaker is open "
+                                               r"\(a: open, b: open\)"):
+        await router(elements(1))
+    assert time.perf_counter() - start < 0.05
+    assert sum(len(s.requests) for s in servers.values()) == calls
+    assert router.stats["rejected"] == 1
+
+
+async def test_without_failover_the_server_error_reaches_the_caller():
+    servers = {n: FakeServer() for n in "ab"}
+    servers["a"].failing = True
+    router = Router(servers, failover=False)
+    with pytest.raises(RuntimeError, match="the device is gone"):
+        await router(elements(1))
+    assert len(servers["b"].requests) == 0
+
+
+async def test_a_bad_request_is_not_held_against_the_server():
+    model = MLP((3,), output_size=1)
+    async with asr.serve(model) as a, asr.serve(model) as b:
+        router = Router({"a": a, "b": b}, breaker=BreakerPolicy(failure_threshold=1))
+        with pytest.raises(InputSpecError, match=r"expected \[n, 3\] float32"):
+            await router(np.zeros((2, 4), np.float32))
+        assert all(br.state is BreakerState.CLOSED for br in router.breakers.values())
+        x = elements(5)
+        np.testing.assert_array_equal(await router(x), model(x))
+
+
+async def test_removed_server_gets_no_new_requests():
+    servers = {n: FakeServer() for n in "ab"}
+    router = Router(servers, policy="consistent_hash")
+    router.remove_server("a")
+    await router(elements(50))
+    assert servers["a"].requests == [] and servers["b"].elements == 50
+    assert router.outstanding == {"b": 0} and list(router.stats["servers"]) == ["b"]
+    with pytest.raises(ValueError, match="already routed to"):
+        router.add_server("b", FakeServer())
+    with pytest.raises(ValueError, match="unknown routing policy 'random'"):
+        Router(servers, policy="random")
+
+
+# -- versions -------------------------------------------------------------------------
+V0 = MLP((6,), hidden_sizes=(16,), output_size=2, seed=10)
+V1 = MLP((6,), hidden_sizes=(16,), output_size=2, seed=11)
+
+
+@pytest.mark.parametrize("stack", ["server", "cache", "router", "cache_over_router"])
+async def test_model_update_in_the_middle_of_64_searches_fails_nothing(stack):
+    """64 searches run; the model is swapped while they run. No request fails, and
+    every request made after the swap gets the new version and the new model's rows
+    (from the server, or from the cache, which must not keep the old model's)."""
+    pool = np.random.default_rng(7).standard_normal((40, 6)).astype(np.float32)
+    swapped = asyncio.Event()
+    results = []  # (made after the swap, x, y, version)
+
+    async with asr.serve(V0, max_batch_size=32) as a, asr.serve(V0, max_batch_size=32) as b:
+        if stack == "server":
+            evaluate, update = a, a.update_model
+        elif stack == "cache":
+            evaluate, update = CachedEvaluate(a, capacity=1000), a.update_model
+        else:
+            router = Router({"a": a, "b": b}, policy="consistent_hash")
+            evaluate = router if stack == "router" else CachedEvaluate(router,
+                                                                       capacity=1000)
+            update = router.update_model
+
+        async def search(seed):
+            rng = np.random.default_rng(seed)
+            for _ in range(30):  # elements repeat across searches: cache hits and joins
+                x = pool[rng.integers(0, len(pool), rng.integers(1, 4))]
+                after = swapped.is_set()
+                y, version = await evaluate.with_version(x)
+                results.append((after, x, y, version))
+                if len(results) == 64 * 10:  # the trainer's update lands mid-run
+                    update(V1, 1)
+                    swapped.set()
+
+        await asyncio.wait_for(asyncio.gather(*(search(s) for s in range(64))), 30)
+    assert len(results) == 64 * 30
+    after = [(x, y, v) for late, x, y, v in results if late]
+    assert len(after) > 64 * 10
+    for x, y, version in after:  # made after the swap: new version, new model's rows
+        assert version == 1
+        np.testing.assert_array_equal(y, V1(x))
+    for late, x, y, version in results:
+        # Made before the swap: computed by either model, row by row (a request split
+        # across batches during the swap may hold rows of both).
+        assert version in (0, 1, None)
+        by_row = (y == V0(x)).all(axis=1) | (y == V1(x)).all(axis=1)
+        assert by_row.all()
+    assert any(v == 0 for _, _, _, v in results)
+
+
+async def test_router_reports_the_version_and_swaps_every_server():
+    async with asr.serve(V0) as a, asr.serve(V0) as b:
+        router = Router({"a": a, "b": b}, policy="consistent_hash")
+        assert router.version == 0
+        router.update_model(V1, "v1")
+        assert router.version == "v1" and a.version == b.version == "v1"
+        x = elements(20, width=6)
+        y, version = await router.with_version(x)
+        assert version == "v1"
+        np.testing.assert_array_equal(y, V1(x))
+        a.update_model(V0, "v0")
+        assert router.version is None  # the servers disagree
