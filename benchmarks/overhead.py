@@ -39,7 +39,6 @@ async def ceiling(num_coroutines: int, num_requests: int) -> None:
     wake = None
 
     def request():
-        nonlocal wake
         fut = loop.create_future()
         waiting.append(fut)
         if wake is not None and not wake.done():
@@ -72,7 +71,6 @@ async def handwritten(num_coroutines: int, num_requests: int) -> None:
     wake = None
 
     def evaluate(x):
-        nonlocal wake
         fut = loop.create_future()
         inputs.append(x)
         futures.append(fut)

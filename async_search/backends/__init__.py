@@ -22,7 +22,8 @@ import asyncio
 import importlib
 from typing import Any, Awaitable, Callable, Sequence
 
-from async_search.backends.config import BACKENDS, Progress, RunConfig, SearchResults
+from async_search.backends.config import (BACKENDS, Progress, RunConfig, SearchResults,
+                                          loop_factory)
 from async_search.servers.policy import DispatchPolicy
 
 __all__ = ["run_searches", "run_searches_async", "RunConfig", "SearchResults", "BACKENDS"]
@@ -106,15 +107,8 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
     else:
         raise RuntimeError("run_searches starts its own event loop; inside a running loop "
                            "(Jupyter) use: await asr.run_searches_async(...)")
-    loop_factory = None
-    if config.use_uvloop:
-        try:
-            import uvloop
-            loop_factory = uvloop.new_event_loop
-        except ImportError:
-            pass
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
-    with asyncio.Runner(loop_factory=loop_factory) as loop_runner:
+    with asyncio.Runner(loop_factory=loop_factory(config.use_uvloop)) as loop_runner:
         return loop_runner.run(runner(search_fn, list(starts), model_factory, config,
                                       progress))

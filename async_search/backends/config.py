@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
+
+from async_search.errors import SearchError
 
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.stats import BatchRecord
 
-__all__ = ["RunConfig", "SearchResults", "BACKENDS", "merge_stats"]
+__all__ = ["RunConfig", "SearchResults", "BACKENDS", "merge_stats", "loop_factory",
+           "raise_failures"]
 
 BACKENDS = ("local", "process", "ray")
 
@@ -111,3 +114,22 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
 #: ``progress(elements)``: called in the calling process as batches complete, with the
 #: number of elements evaluated since the last call.
 Progress = Callable[[int], None]
+
+
+def loop_factory(use_uvloop: bool) -> Callable[[], Any] | None:
+    """uvloop's loop factory when asked for and installed, else None (asyncio's)."""
+    if use_uvloop:
+        try:
+            import uvloop
+            return uvloop.new_event_loop
+        except ImportError:
+            pass
+    return None
+
+
+def raise_failures(failures: Dict[int, BaseException], total: int) -> None:
+    """Raises SearchError naming every failed start, chained to the first failure."""
+    if failures:
+        first = min(failures)
+        raise SearchError(f"{len(failures)} of {total} searches failed; the first, start "
+                          f"{first}: {failures[first]!r}", failures) from failures[first]

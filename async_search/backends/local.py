@@ -6,8 +6,8 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable, List, Sequence
 
-from async_search.backends.config import Progress, RunConfig, SearchResults, merge_stats
-from async_search.errors import SearchError
+from async_search.backends.config import (Progress, RunConfig, SearchResults, merge_stats,
+                                          raise_failures)
 from async_search.servers.batching import BatchingServer
 
 __all__ = ["run_local", "gather_searches"]
@@ -22,12 +22,8 @@ async def gather_searches(search_fn: Callable[[Any, Any], Awaitable[Any]],
     """
     results = await asyncio.gather(*(search_fn(s, evaluate) for s in starts),
                                    return_exceptions=True)
-    failures = {i: r for i, r in enumerate(results) if isinstance(r, BaseException)}
-    if failures:
-        first = min(failures)
-        raise SearchError(
-            f"{len(failures)} of {len(starts)} searches failed; the first, start "
-            f"{first}: {failures[first]!r}", failures) from failures[first]
+    raise_failures({i: r for i, r in enumerate(results) if isinstance(r, BaseException)},
+                   len(starts))
     return results
 
 

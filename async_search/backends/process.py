@@ -16,7 +16,8 @@ import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from async_search.backends.client import CoalescingClient
-from async_search.backends.config import Progress, RunConfig, SearchResults, merge_stats
+from async_search.backends.config import (Progress, RunConfig, SearchResults, loop_factory,
+                                          merge_stats, raise_failures)
 from async_search.base import TensorSpec
 from async_search.errors import SearchError, ServerDiedError
 from async_search.servers.batching import BatchingServer
@@ -59,10 +60,7 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
                 results[index] = value
             else:
                 failures[index] = value
-    if failures:
-        first = min(failures)
-        raise SearchError(f"{len(failures)} of {len(starts)} searches failed; the first, "
-                          f"start {first}: {failures[first]!r}", failures) from failures[first]
+    raise_failures(failures, len(starts))
     return SearchResults(results, merge_stats(config, wall, [evaluate.stats],
                                               [evaluate.trace]))
 
@@ -110,14 +108,7 @@ async def _serve_client(number: int, share: List[int], sock: socket.socket,
 def client_main(sock: socket.socket, search_fn, starts: List[Any], spec: TensorSpec | None,
                 use_uvloop: bool) -> None:
     """A client process: runs its starts concurrently, requests going over ``sock``."""
-    loop_factory = None
-    if use_uvloop:
-        try:
-            import uvloop
-            loop_factory = uvloop.new_event_loop
-        except ImportError:
-            pass
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
         runner.run(_client(sock, search_fn, starts, spec))
 
 

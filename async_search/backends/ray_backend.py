@@ -18,7 +18,8 @@ import uuid
 from typing import Any, Callable, Dict, List, Sequence
 
 from async_search.backends.client import CoalescingClient
-from async_search.backends.config import Progress, RunConfig, SearchResults, merge_stats
+from async_search.backends.config import (Progress, RunConfig, SearchResults, loop_factory,
+                                          merge_stats, raise_failures)
 from async_search.errors import SearchError, ServerDiedError
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
@@ -127,10 +128,7 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                 results[share[k]] = value
             else:
                 failures[share[k]] = value
-    if failures:
-        first = min(failures)
-        raise SearchError(f"{len(failures)} of {len(starts)} searches failed; the first, "
-                          f"start {first}: {failures[first]!r}", failures) from failures[first]
+    raise_failures(failures, len(starts))
     alive = _alive(finals)
     stats = merge_stats(config, wall, [s for s, _ in alive], [t for _, t in alive])
     stats["servers_died"] = config.num_servers - len(alive)
@@ -157,14 +155,7 @@ async def _report_progress(servers: list, progress: Progress, state: dict,
 
 def _client_task(search_fn, starts: List[Any], servers: list, spec, use_uvloop: bool):
     """A Ray task: runs its starts concurrently, requests going to the server actors."""
-    loop_factory = None
-    if use_uvloop:
-        try:
-            import uvloop
-            loop_factory = uvloop.new_event_loop
-        except ImportError:
-            pass
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
         return runner.run(_client(search_fn, starts, servers, spec))
 
 

@@ -37,7 +37,7 @@ class RequestChecker:
                 f"a request must be a NumPy array {expected}, got {type(x).__name__}")
         if x.ndim == 0:
             raise InputSpecError(
-                f"a request must have a batch dimension [n, ...], got a 0-d array")
+                "a request must have a batch dimension [n, ...], got a 0-d array")
         if self.spec is None:
             self.spec = TensorSpec.of_batch(x)
             self.shape, self.dtype = self.spec.shape, self.spec.dtype

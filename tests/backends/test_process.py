@@ -1,6 +1,3 @@
-import os
-import signal
-
 import pytest
 
 import async_search as asr
