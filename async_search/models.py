@@ -188,6 +188,7 @@ class TensorFlowModel:
             return fn(x, training=False) if _is_keras(fn) else fn(x)
 
         self._fn = tf.function(traced, jit_compile=jit_compile, reduce_retracing=False)
+        self._concrete = {}  # allowed size -> the function traced for that batch shape
         self._padded = {}  # allowed size -> reused input buffer with zero padding rows
         self._call_lock = threading.Lock()  # the buffers are shared: one call at a time
 
@@ -212,7 +213,11 @@ class TensorFlowModel:
             buffer[:n] = batch
             buffer[n:] = 0
             with self._tf.device(self.device):
-                out = self._fn(self._tf.constant(buffer))
+                fn = self._concrete.get(size)
+                if fn is None:  # traced once per allowed size, then called directly
+                    fn = self._concrete[size] = self._fn.get_concrete_function(
+                        self._tf.TensorSpec(buffer.shape, buffer.dtype))
+                out = fn(self._tf.constant(buffer))
         return _map_outputs(lambda t: t.numpy()[:n], out)
 
 

@@ -73,7 +73,9 @@ class SearchResults(list):
     backend, num_procs, num_servers, wall_time_s, the serving figures summed over the
     servers (batches, elements, mean_batch_size, std_batch_size, model_time_s,
     fraction_in_model: model time over wall time per server), ``servers`` (each
-    server's own stats) and ``trace`` (a BatchRecord per batch, ordered by time).
+    server's own stats) and ``trace`` (a BatchRecord per batch, ordered by time). The
+    Ray backend adds ``startup_s`` (starting the server actors and building their
+    models, left out of wall_time_s) and ``servers_died``.
     """
 
     def __init__(self, results: Sequence[Any], stats: dict):

@@ -83,7 +83,7 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     servers = [actor_cls.options(name=f"{SERVER_NAME_PREFIX}{run_id}-{i}", num_cpus=0,
                                  num_gpus=gpu_each, max_concurrency=10_000).remote(
         model_factory, config.policy) for i in range(config.num_servers)]
-    start_time = time.perf_counter()
+    startup_time = time.perf_counter()
     try:
         started = await asyncio.gather(*(s.start.remote() for s in servers),
                                        return_exceptions=True)
@@ -93,6 +93,8 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
             raise ServerDiedError(f"no server actor started: {started[0]!r}")
         servers = [s for s, _ in alive]
         spec = alive[0][1]
+        start_time = time.perf_counter()  # the searches' clock starts once servers serve
+        startup = start_time - startup_time
         num_clients = min(config.num_procs, max(len(starts), 1))
         cpus = ray.cluster_resources().get("CPU", 1)
         task = ray.remote(_client_task).options(
@@ -132,6 +134,7 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     alive = _alive(finals)
     stats = merge_stats(config, wall, [s for s, _ in alive], [t for _, t in alive])
     stats["servers_died"] = config.num_servers - len(alive)
+    stats["startup_s"] = startup
     return SearchResults(results, stats)
 
 

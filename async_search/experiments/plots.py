@@ -1,0 +1,130 @@
+"""Seaborn figures of runs: batch-size distributions and cumulative time per group.
+
+One column per group of runs (the baseline, one process, worker processes, Ray). The top
+row shows how batch sizes are distributed (percent of each run's batches); the bottom
+row shows cumulative time against elements evaluated: total time solid, time in the
+model dashed, one colour per run, the same colour in both rows. Bottom panels share
+their axes, so the groups compare at a glance.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from async_search.experiments.runs import RunReport
+
+__all__ = ["plot_runs", "batch_frame"]
+
+
+def batch_frame(reports: Sequence[RunReport]):
+    """A pandas DataFrame with a row per batch: run, group, batch size, elements
+    evaluated so far, total and model time so far (seconds)."""
+    import pandas as pd
+
+    frames = []
+    for r in reports:
+        if not r.trace:
+            continue
+        sizes = np.array([b.size for b in r.trace])
+        frames.append(pd.DataFrame({
+            "run": r.name, "group": r.group, "batch size": sizes,
+            "elements evaluated": np.cumsum(sizes),
+            "total time (s)": np.array([b.finished_s for b in r.trace]),
+            "model time (s)": np.cumsum([b.model_s for b in r.trace]),
+        }))
+    columns = ["run", "group", "batch size", "elements evaluated", "total time (s)",
+               "model time (s)"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def _thousands(x: float, _pos: Any = None) -> str:
+    return f"{x / 1000:g}k" if abs(x) >= 1000 else f"{x:g}"
+
+
+def _groups(reports: Sequence[RunReport]) -> Dict[str, List[RunReport]]:
+    groups: Dict[str, List[RunReport]] = {}
+    for r in reports:
+        groups.setdefault(r.group, []).append(r)
+    return groups
+
+
+def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
+              title: str = "", subtitle: str = "") -> Any:
+    """Draws the runs; saves the figure to ``path`` when given. Returns the figure.
+
+    Example:
+        >>> # fig = plot_runs(reports, "results/results.png", title="15-puzzle A*")
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    groups = _groups(reports)
+    names = [r.name for r in reports]
+    palette = dict(zip(names, sns.color_palette("colorblind", max(len(names), 1))))
+    frame = batch_frame(reports)
+    columns = max(len(groups), 1)
+    fig, axes = plt.subplots(2, columns, figsize=(4.3 * columns, 8.2), squeeze=False,
+                             gridspec_kw={"height_ratios": [1, 1.15]})
+    bottom = axes[1, 0]
+    for j, (group, runs) in enumerate(groups.items()):
+        top, low = axes[0, j], axes[1, j]
+        if j:
+            low.sharex(bottom)
+            low.sharey(bottom)
+        data = frame[frame["group"] == group]
+        if len(data):
+            # The legend names each run with its mean batch size.
+            labels = {r.name: f"{r.name} (mean {r.mean_batch_size:.1f})" for r in runs}
+            sizes = data["batch size"]
+            span = int(sizes.max() - sizes.min()) + 1
+            sns.histplot(data=data.assign(run=data["run"].map(labels)), x="batch size",
+                         hue="run", stat="percent", common_norm=False,
+                         discrete=span <= 40, bins="auto" if span <= 40 else 40,
+                         element="step", alpha=0.35,
+                         palette={labels[r.name]: palette[r.name] for r in runs}, ax=top)
+            if top.get_legend() is not None:
+                sns.move_legend(top, "upper center", ncol=1, frameon=True)
+            top.set_ylim(0, top.get_ylim()[1] * 1.3)  # headroom: the legend sits above
+            legend = top.get_legend()
+            if legend is not None:
+                legend.set_title(None)
+                for text in legend.get_texts():
+                    text.set_fontsize("small")
+        top.set_title(group, fontweight="bold")
+        top.set_xlabel("batch size (elements)")
+        top.set_ylabel("batches (%)" if j == 0 else "")
+        for r in runs:
+            d = data[data["run"] == r.name]
+            if not len(d):
+                continue
+            x = np.concatenate([[0], d["elements evaluated"].to_numpy()])
+            colour = palette[r.name]
+            low.plot(x, np.concatenate([[0], d["total time (s)"].to_numpy()]),
+                     color=colour, lw=2, label=r.name)
+            low.plot(x, np.concatenate([[0], d["model time (s)"].to_numpy()]),
+                     color=colour, lw=2, ls="--")
+        low.set_xlabel("elements evaluated")
+        low.set_ylabel("cumulative time (s)" if j == 0 else "")
+        handles = [Line2D([], [], color=palette[r.name], lw=2, label=r.name) for r in runs]
+        handles += [Line2D([], [], color="0.3", lw=2, label="total time"),
+                    Line2D([], [], color="0.3", lw=2, ls="--", label="model time")]
+        low.legend(handles=handles, loc="upper left", fontsize="small", framealpha=0.9)
+        low.xaxis.set_major_formatter(FuncFormatter(_thousands))
+    if title or subtitle:
+        width = max(60, 34 * columns)
+        lines = [title] if title else []
+        lines += textwrap.wrap(subtitle, width) if subtitle else []
+        fig.suptitle("\n".join(lines), fontsize=12)
+    fig.tight_layout()
+    if path:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig

@@ -1,0 +1,39 @@
+"""Progress bars over model evaluations, fed by the runners' ``progress`` callbacks."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, Iterator, Optional
+
+__all__ = ["progress_bar"]
+
+
+@contextlib.contextmanager
+def progress_bar(desc: str, total: Optional[int] = None, *, enabled: bool = True,
+                 unit: str = "eval") -> Iterator[Optional[Callable[[int], None]]]:
+    """A tqdm bar counting evaluated elements; yields its ``update`` (None if disabled).
+
+    ``total`` is an estimate: the bar's total is set to the final count on close, so a
+    run that evaluates more or fewer elements than expected still ends at 100 %. The
+    bar shows on a terminal only (tqdm's ``disable=None``), so logs and CI output stay
+    clean, and it is erased when done: the printed report takes its place.
+
+    Example:
+        >>> with progress_bar("demo", 10, enabled=False) as update:
+        ...     update is None
+        True
+    """
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm  # the plain bar: it works in terminals and notebooks alike
+
+    bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
+               dynamic_ncols=True, file=sys.stderr, mininterval=0.2, disable=None)
+    try:
+        yield bar.update
+    finally:
+        bar.total = bar.n
+        bar.refresh()
+        bar.close()

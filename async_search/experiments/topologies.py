@@ -1,0 +1,259 @@
+"""Three inference topologies for self-play, wired from real processes.
+
+Every box below is a ``multiprocessing`` process (spawned); every arrow is a
+``Connection`` over ``queues.process_queue``s (awaited without polling); servers run ``asr.serve_connection``; caches are
+``CachedEvaluate`` (keyed by element bytes, merging duplicates in flight).
+
+- ``pipe``: each client has its own pipe to a load balancer, which looks its requests up
+  in a central cache and relays the misses, over one pipe per server, to the server with
+  the fewest requests outstanding (a ``Router``).
+- ``queue``: clients send into one request queue read by a central cache manager, which
+  puts the misses on one inference queue that every server takes from; the servers put
+  their answers on one response queue back to the manager.
+- ``client``: each client has its own cache and talks to one server directly (client i
+  to server i mod num_servers); no process in between.
+
+``build`` returns the processes to start and, once the clients are done, the queues to
+send ``CLOSE`` on so that every relay and server ends. The process mains report to the
+parent over an ``events`` queue: ``("ready", name)``, ``("progress", samples)``,
+``("client", name, {slot: samples}, cache stats)``, ``("relay", name, cache stats)``,
+``("server", name, stats)``, or ``("error", name, traceback)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from async_search.connections import (Connection, FifoConnectedFunction,
+                                      UnorderedConnectedFunction, forked_pipe, pipe)
+from async_search.problems import ConnectFour
+from async_search.queues import process_queue
+from async_search.servers import CLOSE, DispatchPolicy, serve_connection
+from async_search.servers.cache import CachedEvaluate
+from async_search.servers.routing import Router
+from async_search.experiments.runs import loop_factory
+from async_search.experiments.selfplay import SelfPlayParams, play_slot
+
+__all__ = ["ARCHITECTURES", "CACHING", "TopologyParams", "ProcessSpec", "Topology", "build"]
+
+ARCHITECTURES = ("pipe", "queue", "client")
+
+#: Where each topology caches results.
+CACHING = {"pipe": "central (load balancer)", "queue": "central (cache manager)",
+           "client": "per client"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TopologyParams:
+    """How many processes of each kind, and how they batch and cache.
+
+    Attributes:
+        num_clients: self-play client processes.
+        num_servers: inference server processes.
+        cache_capacity: entries of each cache (0 keeps none; duplicates in flight are
+            still merged).
+        max_batch_size, max_delay: each server's dispatch policy.
+        use_uvloop: run every process's event loop on uvloop (when installed).
+        timeout_s: the longest the parent waits for any step (start-up, self-play,
+            shutdown) before it kills the processes and fails.
+    """
+
+    num_clients: int = 2
+    num_servers: int = 2
+    cache_capacity: int = 100_000
+    max_batch_size: int = 256
+    max_delay: Optional[float] = None
+    use_uvloop: bool = False
+    timeout_s: float = 600.0
+
+    def check(self) -> "TopologyParams":
+        """Raises ValueError for a bad field; returns self."""
+        from async_search.backends.config import max_servers
+
+        for name in ("num_clients", "num_servers", "max_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TopologyParams.{name} must be an integer >= 1, got "
+                                 f"{value!r}")
+        if self.num_servers > max_servers("process"):
+            raise ValueError(f"TopologyParams.num_servers={self.num_servers} is more than "
+                             f"this machine can start (at most {max_servers('process')})")
+        if not isinstance(self.cache_capacity, int) or self.cache_capacity < 0:
+            raise ValueError(f"TopologyParams.cache_capacity must be an integer >= 0, got "
+                             f"{self.cache_capacity!r}")
+        DispatchPolicy(self.max_batch_size, self.max_delay)
+        if not self.timeout_s > 0:
+            raise ValueError(f"TopologyParams.timeout_s must be > 0, got {self.timeout_s!r}")
+        return self
+
+    def describe(self) -> str:
+        return (f"{self.num_clients} client process{'es' if self.num_clients > 1 else ''}, "
+                f"{self.num_servers} server{'s' if self.num_servers > 1 else ''}, "
+                f"cache capacity {self.cache_capacity}, batches up to {self.max_batch_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSpec:
+    """A process to start: its name, role (client, relay, server) and main."""
+
+    name: str
+    role: str
+    target: Callable[..., None]
+    args: Tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The processes of a topology, and where ``CLOSE`` goes once the clients are done."""
+
+    processes: Tuple[ProcessSpec, ...]
+    close: Tuple[Tuple[Any, int], ...]
+    """``(queue, times)``: put CLOSE on ``queue`` that many times."""
+
+
+# -- process mains ------------------------------------------------------------------------
+
+def _run(name: str, events: Any, use_uvloop: bool, coro_fn: Callable[[], Any]) -> None:
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
+            runner.run(coro_fn())
+    except BaseException:  # report, so that the parent fails at once instead of waiting
+        events.put(("error", name, traceback.format_exc()))
+        raise
+
+
+def server_main(name: str, connection: Connection, model_factory: Callable[[], Any],
+                policy: DispatchPolicy, use_uvloop: bool, events: Any) -> None:
+    """An inference server: serves ``connection`` until CLOSE, then reports its stats."""
+    async def body():
+        model = model_factory()
+        events.put(("ready", name))
+        stats = await serve_connection(model, connection, policy=policy)
+        events.put(("server", name, {k: stats[k] for k in (
+            "batches", "elements", "model_time_s", "wall_time_s")}))
+    _run(name, events, use_uvloop, body)
+
+
+def client_main(name: str, connection: Connection, ordered: bool, slots: List[int],
+                num_slots: int, params: SelfPlayParams, cache_capacity: Optional[int],
+                use_uvloop: bool, start: Any, timeout_s: float, events: Any) -> None:
+    """A self-play client: plays its slots concurrently once ``start`` is set."""
+    async def body():
+        cls = FifoConnectedFunction if ordered else UnorderedConnectedFunction
+        fn = cls(connection)
+        evaluate = fn if cache_capacity is None else CachedEvaluate(fn, capacity=cache_capacity)
+        game = ConnectFour()
+        events.put(("ready", name))
+        if not await asyncio.to_thread(start.wait, timeout_s):
+            raise TimeoutError(f"{name}: no start signal in {timeout_s} s")
+        results = await asyncio.gather(*(
+            play_slot(game, evaluate, slot=s, num_slots=num_slots, params=params,
+                      on_game=lambda n: events.put(("progress", n))) for s in slots))
+        await fn.aclose()
+        cache = evaluate.stats if cache_capacity is not None else None
+        events.put(("client", name, dict(zip(slots, results)), cache))
+    _run(name, events, use_uvloop, body)
+
+
+async def _relay(connection: Connection, evaluate: Any, reply: Callable) -> None:
+    """Answers ``(key, x)`` messages from ``connection`` with ``evaluate`` until CLOSE;
+    answers go back as soon as they are ready, in any order."""
+    def send(key, task):
+        error = None if task.cancelled() else task.exception()
+        reply(key, error if error is not None else task.result())
+    while True:
+        message = await connection.recv_async()
+        if isinstance(message, str) and message == CLOSE:
+            return
+        key, x = message
+        task = asyncio.ensure_future(evaluate(x))
+        task.add_done_callback(lambda t, k=key: send(k, t))
+
+
+def balancer_main(name: str, client_ends: List[Connection], server_ends: List[Connection],
+                  cache_capacity: int, use_uvloop: bool, events: Any) -> None:
+    """The pipe topology's load balancer: a central cache, then the least-loaded server."""
+    async def body():
+        router = Router({f"server-{i}": UnorderedConnectedFunction(c)
+                         for i, c in enumerate(server_ends)}, policy="least_outstanding")
+        cached = CachedEvaluate(router, capacity=cache_capacity)
+        events.put(("ready", name))
+        await asyncio.gather(*(_relay(c, cached, lambda k, y, c=c: c.send((k, y)))
+                               for c in client_ends))
+        events.put(("relay", name, cached.stats))
+    _run(name, events, use_uvloop, body)
+
+
+def cache_manager_main(name: str, requests: Connection, inference: Connection,
+                       cache_capacity: int, use_uvloop: bool, events: Any) -> None:
+    """The queue topology's cache manager: one request queue in, the inference queue out."""
+    async def body():
+        cached = CachedEvaluate(UnorderedConnectedFunction(inference),
+                                capacity=cache_capacity)
+        events.put(("ready", name))
+        await _relay(requests, cached, lambda route, y: requests.send((route, y)))
+        events.put(("relay", name, cached.stats))
+    _run(name, events, use_uvloop, body)
+
+
+# -- wiring -------------------------------------------------------------------------------
+
+def build(architecture: str, params: SelfPlayParams, topology: TopologyParams,
+          model_factory: Callable[[], Any], *, events: Any, start: Any) -> Topology:
+    """The processes of ``architecture`` and where CLOSE goes when the clients are done.
+
+    Queues, ``events`` and ``start`` belong to the spawn context (``process_queue``'s)."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}, got "
+                         f"{architecture!r}")
+    qf = process_queue
+    n, m = topology.num_clients, topology.num_servers
+    policy = DispatchPolicy(topology.max_batch_size, topology.max_delay)
+    uv = topology.use_uvloop
+    num_slots = n * params.games_per_client
+    slots = [list(range(i * params.games_per_client, (i + 1) * params.games_per_client))
+             for i in range(n)]
+
+    def client(i, connection, ordered, cache):
+        return ProcessSpec(f"client-{i}", "client", client_main,
+                           (f"client-{i}", connection, ordered, slots[i], num_slots,
+                            params, cache, uv, start, topology.timeout_s, events))
+
+    def server(j, connection):
+        return ProcessSpec(f"server-{j}", "server", server_main,
+                           (f"server-{j}", connection, model_factory, policy, uv, events))
+
+    procs: List[ProcessSpec] = []
+    close: List[Tuple[Any, int]] = []
+    if architecture == "pipe":
+        client_pipes = [pipe(qf) for _ in range(n)]    # (client end, balancer end)
+        server_pipes = [pipe(qf) for _ in range(m)]    # (balancer end, server end)
+        procs += [server(j, p[1]) for j, p in enumerate(server_pipes)]
+        procs.append(ProcessSpec("load-balancer", "relay", balancer_main, (
+            "load-balancer", [p[1] for p in client_pipes], [p[0] for p in server_pipes],
+            topology.cache_capacity, uv, events)))
+        procs += [client(i, p[0], False, None) for i, p in enumerate(client_pipes)]
+        close += [(p[1].inbox, 1) for p in client_pipes]
+        close += [(p[1].inbox, 1) for p in server_pipes]
+    elif architecture == "queue":
+        client_ends, manager_end = forked_pipe(qf, n)
+        manager_fn_end, inference_end = forked_pipe(qf, 1)
+        procs += [server(j, inference_end) for j in range(m)]
+        procs.append(ProcessSpec("cache-manager", "relay", cache_manager_main, (
+            "cache-manager", manager_end, manager_fn_end[0], topology.cache_capacity, uv,
+            events)))
+        procs += [client(i, c, False, None) for i, c in enumerate(client_ends)]
+        close += [(manager_end.inbox, 1), (inference_end.inbox, m)]
+    else:
+        assigned: Dict[int, List[int]] = {j: [i for i in range(n) if i % m == j]
+                                          for j in range(m)}
+        for j in range(m):
+            ends, server_end = forked_pipe(qf, max(len(assigned[j]), 1))
+            procs.append(server(j, server_end))
+            procs += [client(i, ends[k], True, topology.cache_capacity)
+                      for k, i in enumerate(assigned[j])]
+            close.append((server_end.inbox, 1))
+    return Topology(tuple(procs), tuple(close))

@@ -1,0 +1,200 @@
+"""Workloads: the starts, the search function and the model factory of an experiment.
+
+Everything a backend ships to another process is picklable: search functions are
+``functools.partial`` objects over module-level coroutines, and the model factory is a
+``functools.partial`` of ``build_model``. Within one process ``build_model`` keeps the
+models it built (traced and warmed up), so the baseline and every run served from this
+process use the same, already traced, network and no run pays for tracing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from async_search import problems, search
+from async_search.experiments.params import ModelParams, SearchParams
+from async_search.search.base import Status
+
+__all__ = ["Workload", "make_workload", "build_model", "problem_for", "make_starts",
+           "RolloutSearchResult", "budgeted_rollouts", "summarize"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What every run of an experiment runs: the same searches from the same starts."""
+
+    params: SearchParams
+    """The search parameters it was made from."""
+    model: ModelParams
+    """The network parameters."""
+    starts: Tuple[Any, ...]
+    """One start per search."""
+    search_fn: Callable[[Any, Any], Any]
+    """``async def search_fn(start, evaluate)``, picklable."""
+    model_factory: Callable[[], Any]
+    """Builds (in this process: returns the cached) model, picklable."""
+    expected_elements: int
+    """About how many elements all searches send to the model (a progress bar's total;
+    searches that end early send fewer, the last A* step may send a few more)."""
+
+    def describe(self) -> str:
+        """One line: the search, problem, budget and model."""
+        p, m = self.params, self.model
+        problem = ("Connect Four" if p.search == "mcts"
+                   else f"{p.puzzle_size ** 2 - 1}-puzzle (scramble {p.scramble})")
+        extra = {"astar": f"buffer {p.batch_size}",
+                 "continuous": f"{p.max_in_flight} requests in flight",
+                 "rollout": f"{p.num_rollouts} rollouts of depth <= {p.rollout_depth}",
+                 "mcts": f"{p.batch_size} leaves per round"}[p.search]
+        hidden = "x".join(str(h) for h in m.hidden_sizes)
+        searches = "search" if p.num_searches == 1 else "searches"
+        return (f"{p.num_searches} {p.search} {searches} on {problem}, budget "
+                f"{p.gnn_budget} evaluations each, {extra}; {m.kind} net {hidden}, "
+                f"seed {p.seed}")
+
+
+def problem_for(search_name: str, puzzle_size: int = 4) -> Any:
+    """The problem a search runs on: Connect Four for MCTS, else the sliding puzzle."""
+    if search_name == "mcts":
+        return problems.ConnectFour()
+    return problems.SlidingPuzzle(puzzle_size)
+
+
+def make_starts(params: SearchParams) -> List[Any]:
+    """``num_searches`` seeded starts: scrambled puzzles, or Connect Four openings."""
+    problem = problem_for(params.search, params.puzzle_size)
+    if params.search != "mcts":
+        return [problem.scramble(params.scramble, seed=params.seed + i)
+                for i in range(params.num_searches)]
+    starts = []
+    for i in range(params.num_searches):
+        rng = np.random.default_rng(params.seed + i)
+        state = problem.initial_state()
+        for _ in range(params.opening_moves):
+            child = problem.play(state, int(rng.choice(problem.legal_actions(state))))
+            if problem.terminal_value(child) is not None:
+                break  # keep a position with a move left to search
+            state = child
+        starts.append(state)
+    return starts
+
+
+_MODELS: Dict[tuple, Any] = {}
+
+
+def build_model(search_name: str, puzzle_size: int, params: ModelParams) -> Any:
+    """The network for a search's problem, built once per process and warmed up.
+
+    ``tf``: ``heuristic_tf_net`` (puzzles) or ``policy_value_tf_net`` (Connect Four);
+    ``numpy``: their NumPy twins, which compute bitwise the same outputs.
+    """
+    key = (search_name == "mcts", puzzle_size, params)
+    model = _MODELS.get(key)
+    if model is not None:
+        return model
+    problem = problem_for(search_name, puzzle_size)
+    hidden = tuple(params.hidden_sizes)
+    if search_name == "mcts":
+        if params.kind == "tf":
+            model = problems.policy_value_tf_net(problem, hidden_sizes=hidden,
+                                                 seed=params.seed,
+                                                 max_batch_size=params.max_batch_size)
+        else:
+            model = problems.PolicyValueMLP(problem, hidden_sizes=hidden, seed=params.seed)
+    elif params.kind == "tf":
+        model = problems.heuristic_tf_net(problem, hidden_sizes=hidden, seed=params.seed,
+                                          max_batch_size=params.max_batch_size)
+    else:
+        model = problems.heuristic_mlp(problem, hidden_sizes=hidden, seed=params.seed)
+    if params.warm_up:
+        spec = problem.input_spec
+        for size in getattr(model, "batch_sizes", (1,)):
+            model(np.zeros(spec.batch_shape(size), spec.dtype))
+    _MODELS[key] = model
+    return model
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSearchResult:
+    """What ``budgeted_rollouts`` returns."""
+
+    status: Status
+    """GOAL_FOUND if a round reached a goal, else BUDGET_EXHAUSTED (or SPACE_EXHAUSTED
+    when the last round's rollouts all ended at dead ends)."""
+    path: Tuple[Any, ...]
+    """The best rollout's path in the last round (to the goal, when one was found)."""
+    cost: float
+    """That path's cost."""
+    rounds: int
+    """Rounds of lockstep rollouts run."""
+    evaluations: int
+    """States sent to the model, over all rounds."""
+    requests: int
+    """Calls to ``evaluate``, over all rounds."""
+
+
+async def budgeted_rollouts(problem: Any, start: Any, evaluate: Any, *, budget: int,
+                            depth: int, num_rollouts: int, seed: int) -> RolloutSearchResult:
+    """Rounds of ``multi_rollout`` from ``start`` until a goal is reached or ``budget``
+    evaluations are spent; round ``i`` is seeded with ``(seed, i)``."""
+    evaluations = requests = rounds = 0
+    while True:
+        r = await search.multi_rollout(problem, start, evaluate, depth=depth,
+                                       num_rollouts=num_rollouts,
+                                       seed=np.random.SeedSequence([seed, rounds]))
+        rounds += 1
+        evaluations += r.evaluations
+        requests += r.requests
+        if r.status is Status.GOAL_FOUND or evaluations >= budget or not r.evaluations:
+            return RolloutSearchResult(status=r.status, path=r.path, cost=r.cost,
+                                       rounds=rounds, evaluations=evaluations,
+                                       requests=requests)
+
+
+def _search_fn(params: SearchParams, problem: Any) -> Callable[[Any, Any], Any]:
+    p = params
+    if p.search == "astar":
+        return functools.partial(search.batched_astar, problem, budget=p.gnn_budget,
+                                 buffer_size=p.batch_size)
+    if p.search == "continuous":
+        return functools.partial(search.continuous_astar, problem, budget=p.gnn_budget,
+                                 max_in_flight=p.max_in_flight)
+    if p.search == "rollout":
+        return functools.partial(budgeted_rollouts, problem, budget=p.gnn_budget,
+                                 depth=p.rollout_depth, num_rollouts=p.num_rollouts,
+                                 seed=p.seed)
+    return functools.partial(search.mcts, problem, num_simulations=p.gnn_budget,
+                             num_parallel=p.batch_size, seed=p.seed)
+
+
+def make_workload(params: SearchParams, model: ModelParams) -> Workload:
+    """The workload of ``params``, its model described by ``model`` (both checked)."""
+    params, model = params.check(), model.check()
+    problem = problem_for(params.search, params.puzzle_size)
+    per_search = params.gnn_budget + (1 if params.search == "mcts" else 0)
+    return Workload(params=params, model=model, starts=tuple(make_starts(params)),
+                    search_fn=_search_fn(params, problem),
+                    model_factory=functools.partial(build_model, params.search,
+                                                    params.puzzle_size, model),
+                    expected_elements=per_search * params.num_searches)
+
+
+def summarize(results: Sequence[Any]) -> Dict[str, Any]:
+    """What the searches found: how many ended in each status (A*, rollouts) or the
+    actions chosen (MCTS), and the evaluations they made."""
+    out: Dict[str, Any] = {"searches": len(results)}
+    statuses = [getattr(r, "status", None) for r in results]
+    if all(s is not None for s in statuses):
+        for s in Status:
+            count = sum(1 for x in statuses if x is s)
+            if count:
+                out[s.value] = count
+    elif all(hasattr(r, "action") for r in results):
+        out["actions"] = [r.action for r in results]
+    if all(hasattr(r, "evaluations") for r in results):
+        out["evaluations"] = sum(r.evaluations for r in results)
+    return out

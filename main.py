@@ -1,0 +1,359 @@
+"""Experiments of async_search: batched neural-guided search across processes and Ray.
+
+    python main.py                    # baseline vs async, processes and Ray (A*, 15-puzzle)
+    python main.py --search mcts      # the same with MCTS on Connect Four
+    python main.py --continuous       # continuous A*, batches up to 1024, worker process
+    python main.py --multi_server     # Ray with several servers and client processes
+    python main.py --architecture all # self-play through pipe, queue, client topologies
+
+Each run prints its search time, model time, fraction in the model and batch sizes, with
+a progress bar over model evaluations while it runs; every run's results are checked
+against the baseline's. The plot goes to --save_path, the figures to a JSON beside it.
+Bad flags stop the script before anything runs, with one line naming the flag and what
+it accepts, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+# Quiet TensorFlow's C++ and Python logs before anything imports it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+from absl import app, flags  # noqa: E402
+
+from async_search.backends.config import RunConfig  # noqa: E402
+from async_search.experiments import params as params_lib  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+
+def _uvloop_installed() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# -- what to run ------------------------------------------------------------------------
+flags.DEFINE_enum("search", "astar", ["astar", "rollout", "mcts"],
+                  "The search: batched A* or budgeted rollouts on the 15-puzzle, or "
+                  "AlphaZero MCTS on Connect Four.")
+flags.DEFINE_bool("continuous", False, "Run continuous A* from one start, batches up to "
+                  "1024, searches in a worker process and the server here.")
+flags.DEFINE_bool("multi_server", False, "Run on Ray with --num_servers servers and "
+                  "--num_procs client processes.")
+flags.DEFINE_enum("architecture", None, ["pipe", "queue", "client", "all"],
+                  "Self-play with MCTS on Connect Four through an inference topology: "
+                  "pipe (load balancer), queue (central cache manager), client (a cache "
+                  "per client), or all three.")
+flags.DEFINE_list("backends", ["local", "process", "ray"],
+                  "Default experiment: the backends to compare with the baseline.")
+flags.DEFINE_bool("skip_sync", False, "Skip the synchronous baseline; results are then "
+                  "checked against the first run's.")
+
+# -- the workload -----------------------------------------------------------------------
+flags.DEFINE_integer("num_searches", 8, "Searches (starts) per run.")
+flags.DEFINE_integer("gnn_budget", None, "Model evaluations each search may spend "
+                     "(MCTS: simulations per search); default 20000, 100000 with "
+                     "--continuous (one search).")
+flags.DEFINE_integer("batch_size", 4, "Nodes a search expands per request (A* buffer, "
+                     "MCTS leaves per round).")
+flags.DEFINE_integer("num_rollouts", 4, "Rollouts per round, in lockstep (--search "
+                     "rollout).")
+flags.DEFINE_integer("rollout_depth", 24, "Steps of one rollout at most.")
+flags.DEFINE_integer("max_in_flight", 512, "Requests continuous A* keeps in flight.")
+flags.DEFINE_integer("scramble", 100, "Random moves from the goal to each puzzle start.")
+flags.DEFINE_integer("seed", 0, "Seeds the starts, the searches and the network.")
+flags.DEFINE_enum("model", "tf", ["tf", "numpy"], "The network: TensorFlow, or its "
+                  "bitwise-equal NumPy twin.")
+flags.DEFINE_list("hidden_sizes", ["256", "256"], "Widths of the network's hidden layers.")
+
+# -- serving and placement --------------------------------------------------------------
+flags.DEFINE_integer("max_batch_size", None, "Most elements per batch (default 256; "
+                     "1024 with --continuous).")
+flags.DEFINE_float("max_delay", None, "Seconds a partial batch may wait for company "
+                   "(default: none, batches leave as soon as the model is free).")
+flags.DEFINE_integer("num_procs", 2, "Client processes (--multi_server, --architecture).")
+flags.DEFINE_integer("num_servers", 2, "Model servers (--multi_server, --architecture).")
+flags.DEFINE_float("total_gpu_frac", 0.6, "GPU fraction shared among the Ray servers when "
+                   "a GPU exists (--multi_server).")
+flags.DEFINE_string("address", None, "Ray: address of a running cluster (default: start "
+                    "one here).")
+flags.DEFINE_bool("uvloop", _uvloop_installed(), "Run event loops on uvloop (default on "
+                  "when installed).")
+
+# -- self-play (--architecture) ---------------------------------------------------------
+flags.DEFINE_integer("num_samples", 1000, "Self-play positions to produce.")
+flags.DEFINE_integer("simulations", 64, "MCTS simulations per self-play move.")
+flags.DEFINE_integer("games_per_client", 8, "Games each self-play client plays at once.")
+flags.DEFINE_integer("cache_capacity", 100_000, "Entries of each result cache (0: none "
+                     "kept, in-flight duplicates still merged).")
+
+# -- output -----------------------------------------------------------------------------
+flags.DEFINE_string("save_path", "results/results.png", "Where the plot goes; the JSON "
+                    "of every printed figure goes beside it (.json). Left at its default, "
+                    "--continuous, --multi_server and --architecture write "
+                    "results/continuous.png, results/multi_server.png and "
+                    "results/architectures.json instead, so that no experiment overwrites "
+                    "another's.")
+flags.DEFINE_bool("progress", True, "Show progress bars.")
+
+_POSITIVE = {
+    "num_searches": "searches per run", "gnn_budget": "model evaluations per search",
+    "batch_size": "nodes expanded per request", "num_rollouts": "rollouts per round",
+    "rollout_depth": "steps per rollout", "max_in_flight": "requests in flight",
+    "num_procs": "client processes", "num_servers": "model servers",
+    "num_samples": "self-play positions", "simulations": "MCTS simulations per move",
+    "games_per_client": "games per client",
+}
+
+
+def _check(name: str, ok, accepts: str) -> None:
+    """Registers a validator whose error reads ``--name must be <accepts>, got <value>``."""
+    def checker(value) -> bool:
+        try:
+            good = ok(value)
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            shown = ",".join(value) if isinstance(value, list) else value
+            raise flags.ValidationError(f"--{name} must be {accepts}, got {shown}")
+        return True
+    flags.register_validator(name, checker)
+
+
+for _name, _what in _POSITIVE.items():
+    _check(_name, lambda v: v is None or v >= 1, f"an integer >= 1 ({_what})")
+for _name in ("scramble", "seed", "cache_capacity"):
+    _check(_name, lambda v: v >= 0, "an integer >= 0")
+_check("max_batch_size", lambda v: v is None or v >= 1, "an integer >= 1 (elements)")
+_check("max_delay", lambda v: v is None or v >= 0, "a number of seconds >= 0")
+_check("total_gpu_frac", lambda v: v is None or 0 < v <= 1, "a fraction in (0, 1]")
+_check("backends", lambda v: bool(v) and set(v) <= {"local", "process", "ray"},
+       "a comma-separated subset of local,process,ray")
+_check("hidden_sizes", lambda v: bool(v) and all(int(w) >= 1 for w in v),
+       "comma-separated integers >= 1 (layer widths)")
+
+
+@flags.multi_flags_validator(["continuous", "multi_server", "architecture"],
+                             message="choose one experiment")
+def _one_experiment(v) -> bool:
+    chosen = [f"--{k}" for k in ("continuous", "multi_server") if v[k]]
+    if v["architecture"]:
+        chosen.append(f"--architecture={v['architecture']}")
+    if len(chosen) > 1:
+        raise flags.ValidationError(f"{' and '.join(chosen)} are separate experiments: "
+                                    f"pass one of them")
+    return True
+
+
+@flags.multi_flags_validator(["continuous", "search"], message="")
+def _continuous_is_astar(v) -> bool:
+    if v["continuous"] and v["search"] != "astar":
+        raise flags.ValidationError(f"--continuous runs continuous A*; it takes no "
+                                    f"--search={v['search']}")
+    return True
+
+
+@flags.multi_flags_validator(["num_servers", "num_procs", "total_gpu_frac", "address"],
+                             message="")
+def _servers_fit(v) -> bool:
+    try:  # the backends' own check: how many servers they can start here
+        for backend in ("ray", "process"):
+            RunConfig(backend=backend, num_procs=v["num_procs"] or 1,
+                      num_servers=v["num_servers"] or 1,
+                      total_gpu_frac=v["total_gpu_frac"], address=v["address"])
+    except ValueError as e:
+        raise flags.ValidationError(f"--{e}")
+    return True
+
+
+def parse_flags(argv):
+    """absl's parsing, but a bad flag is one line on stderr and exit status 2."""
+    try:
+        rest = FLAGS(argv)
+    except flags.Error as e:
+        message = " ".join(str(e).split())
+        # absl prefixes "flag --x=value: " (or "flags a=.., b=..: "); our own messages
+        # already name the flag and the value, so keep just them.
+        prefix, _, own = message.partition(": --")
+        if own and prefix.startswith("flag"):
+            message = "--" + own
+        if "Unknown command line flag" in message:
+            message += " (see python main.py --helpshort)"
+        sys.stderr.write(f"main.py: error: {message}\n")
+        sys.exit(2)
+    if len(rest) > 1:
+        sys.stderr.write(f"main.py: error: unexpected arguments {rest[1:]}: every option "
+                         f"is a --flag (see python main.py --helpshort)\n")
+        sys.exit(2)
+    return rest
+
+
+def save_path(experiment: str) -> str:
+    """--save_path, or the experiment's own file when the flag was left at its default."""
+    if FLAGS["save_path"].present or experiment == "default":
+        return FLAGS.save_path
+    folder = os.path.dirname(FLAGS.save_path)
+    return os.path.join(folder, f"{experiment}.png")
+
+
+def _command() -> str:
+    return "python " + " ".join(os.path.basename(a) if i == 0 else a
+                                for i, a in enumerate(sys.argv))
+
+
+def _search_params(search: str) -> params_lib.SearchParams:
+    continuous = search == "continuous"
+    budget = FLAGS.gnn_budget or (100_000 if continuous else 20_000)
+    return params_lib.SearchParams(
+        search=search, num_searches=1 if continuous else FLAGS.num_searches,
+        gnn_budget=budget, batch_size=FLAGS.batch_size,
+        num_rollouts=FLAGS.num_rollouts, rollout_depth=FLAGS.rollout_depth,
+        max_in_flight=FLAGS.max_in_flight, scramble=FLAGS.scramble, seed=FLAGS.seed)
+
+
+def _model_params(max_batch_size: int) -> params_lib.ModelParams:
+    return params_lib.ModelParams(kind=FLAGS.model,
+                                  hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
+                                  seed=FLAGS.seed, max_batch_size=max(1024, max_batch_size))
+
+
+_TITLES = {"astar": "batched A* on the 15-puzzle", "rollout": "rollouts on the 15-puzzle",
+           "mcts": "MCTS on Connect Four", "continuous": "continuous A* on the 15-puzzle"}
+
+
+def build_experiment():
+    """The experiment the flags ask for (checked: ValueError before anything runs)."""
+    from async_search.experiments import suites
+
+    if FLAGS.continuous:
+        batch = FLAGS.max_batch_size or 1024
+        runs = suites.continuous_runs(max_batch_size=batch, use_uvloop=FLAGS.uvloop,
+                                      skip_sync=FLAGS.skip_sync)
+        search = "continuous"
+        title = f"--continuous: {_TITLES[search]}, batches up to {batch}"
+    elif FLAGS.multi_server:
+        batch = FLAGS.max_batch_size or 256
+        runs = suites.multi_server_runs(
+            num_procs=FLAGS.num_procs, num_servers=FLAGS.num_servers,
+            total_gpu_frac=FLAGS.total_gpu_frac, max_batch_size=batch,
+            use_uvloop=FLAGS.uvloop, skip_sync=FLAGS.skip_sync, address=FLAGS.address)
+        search = FLAGS.search
+        title = f"--multi_server: {_TITLES[search]} on Ray"
+    else:
+        batch = FLAGS.max_batch_size or 256
+        runs = suites.default_runs(max_batch_size=batch, use_uvloop=FLAGS.uvloop,
+                                   skip_sync=FLAGS.skip_sync, backends=FLAGS.backends)
+        search = FLAGS.search
+        title = f"{_TITLES[search]}: baseline vs batched serving"
+    if FLAGS.max_delay is not None:
+        import dataclasses
+        runs = tuple(dataclasses.replace(r, max_delay=FLAGS.max_delay) for r in runs)
+    if FLAGS.address is not None:
+        import dataclasses
+        runs = tuple(dataclasses.replace(r, address=FLAGS.address)
+                     if r.backend == "ray" else r for r in runs)
+    return suites.Experiment(title, _search_params(search), _model_params(batch),
+                             runs).check()
+
+
+def run_searches_experiment(experiment) -> int:
+    """Runs a checked Experiment, printing each run; returns the exit status."""
+    from async_search.experiments import format_report, format_table, run_experiment
+    from async_search.experiments.workloads import make_workload
+
+    print(experiment.title)
+    print(make_workload(experiment.search, experiment.model).describe())
+    print(flush=True)
+
+    def on_report(report):
+        print(format_report(report), flush=True)
+
+    def on_failure(name, error):
+        print(f"FAILED {name}: {error}", flush=True)
+
+    kind = ("continuous" if FLAGS.continuous else "multi_server" if FLAGS.multi_server
+            else "default")
+    result = run_experiment(experiment, save_path=save_path(kind),
+                            show_progress=FLAGS.progress, on_report=on_report,
+                            on_failure=on_failure, command=_command())
+    print()
+    print(format_table(result.reports))
+    if result.png_path:
+        print(f"\nSaved the plot to {result.png_path} and the figures to "
+              f"{result.json_path}")
+    mismatched = [r for r in result.reports if r.matches_baseline is False]
+    for r in mismatched:
+        print(f"ERROR: {r.name}'s results differ from the reference run's: {r.mismatch}",
+              file=sys.stderr)
+    for name, error in result.failures:
+        print(f"ERROR: {name} failed: {error}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def build_architectures():
+    """What --architecture asks for: (names, self-play, topology, model), checked."""
+    from async_search.experiments import architectures
+
+    names = (architectures.ARCHITECTURES if FLAGS.architecture == "all"
+             else (FLAGS.architecture,))
+    params = architectures.SelfPlayParams(
+        num_samples=FLAGS.num_samples, simulations=FLAGS.simulations,
+        num_parallel=FLAGS.batch_size, games_per_client=FLAGS.games_per_client,
+        seed=FLAGS.seed).check()
+    topology = architectures.TopologyParams(
+        num_clients=FLAGS.num_procs, num_servers=FLAGS.num_servers,
+        cache_capacity=FLAGS.cache_capacity, max_batch_size=FLAGS.max_batch_size or 256,
+        max_delay=FLAGS.max_delay, use_uvloop=FLAGS.uvloop).check()
+    return names, params, topology, _model_params(topology.max_batch_size).check()
+
+
+def run_architecture_experiment(plan) -> int:
+    """Runs the self-play topologies, printing each; returns the exit status."""
+    from async_search.experiments import architectures
+
+    names, params, topology, model = plan
+    print(f"--architecture={FLAGS.architecture}: {params.describe()}; "
+          f"{topology.describe()}; {FLAGS.model} net "
+          f"{'x'.join(FLAGS.hidden_sizes)}\n", flush=True)
+    result = architectures.run_architectures(
+        names, params, topology, model, save_path=save_path("architectures"),
+        show_progress=FLAGS.progress, command=_command(),
+        on_report=lambda r: print(architectures.format_architecture(r), flush=True))
+    print()
+    print(architectures.format_architecture_table(result.reports))
+    if result.json_path:
+        print(f"\nSaved the figures to {result.json_path}")
+    if not result.samples_equal:
+        print("ERROR: the architectures produced different samples (the model is "
+              "row-independent, so they must not)", file=sys.stderr)
+    for name, error in result.failures:
+        print(f"ERROR: {name} failed: {error}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def main(argv) -> None:
+    del argv
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display needed
+    start = time.perf_counter()
+    try:  # every parameter is checked here, before anything runs
+        plan = build_architectures() if FLAGS.architecture else build_experiment()
+    except ValueError as e:  # one the flag validators let through
+        sys.stderr.write(f"main.py: error: {' '.join(str(e).split())}\n")
+        sys.exit(2)
+    status = (run_architecture_experiment(plan) if FLAGS.architecture
+              else run_searches_experiment(plan))
+    print(f"Finished in {time.perf_counter() - start:.1f} s")
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,40 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+from async_search.experiments import RunReport, plot_runs  # noqa: E402
+from async_search.experiments.plots import batch_frame  # noqa: E402
+from async_search.servers.stats import BatchRecord  # noqa: E402
+
+
+def run(name, group, sizes):
+    trace = tuple(BatchRecord(0.01 * (i + 1), s, 0.004) for i, s in enumerate(sizes))
+    return RunReport(name=name, group=group, backend="local", num_procs=1, num_servers=1,
+                     search_time_s=0.1, elapsed_s=0.1, model_time_s=0.05,
+                     fraction_in_model=0.5, batches=len(sizes), elements=sum(sizes),
+                     mean_batch_size=sum(sizes) / len(sizes), std_batch_size=1.0,
+                     matches_baseline=None, trace=trace)
+
+
+def test_batch_frame_accumulates_elements_and_model_time():
+    frame = batch_frame([run("a", "g", [3, 4, 5])])
+    assert frame["elements evaluated"].tolist() == [3, 7, 12]
+    assert frame["model time (s)"].round(6).tolist() == [0.004, 0.008, 0.012]
+
+
+def test_plot_has_a_column_per_group_and_is_saved(tmp_path):
+    reports = [run("sync", "baseline", [8, 9, 7] * 20), run("p1", "procs", [60, 64] * 5),
+               run("p2", "procs", [30, 34] * 10)]
+    path = tmp_path / "sub" / "plot.png"
+    fig = plot_runs(reports, str(path), title="t", subtitle="workload")
+    assert path.stat().st_size > 10_000
+    axes = fig.get_axes()
+    assert len(axes) == 4  # 2 groups x (distribution, cumulative time)
+    assert [a.get_title() for a in axes[:2]] == ["baseline", "procs"]
+    procs_time = axes[3]
+    assert len(procs_time.get_lines()) == 4  # total and model time of both runs
+    labels = [t.get_text() for t in procs_time.get_legend().get_texts()]
+    assert labels == ["p1", "p2", "total time", "model time"]
+    top_labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
+    assert top_labels == ["p1 (mean 62.0)", "p2 (mean 32.0)"]
+    matplotlib.pyplot.close(fig)
