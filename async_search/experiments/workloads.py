@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -114,6 +115,11 @@ def build_model(search_name: str, puzzle_size: int, params: ModelParams) -> Any:
         spec = problem.input_spec
         for size in getattr(model, "batch_sizes", (1,)):
             model(np.zeros(spec.batch_shape(size), spec.dtype))
+        # The model (and TensorFlow's many objects) live as long as the process: freeze
+        # them out of the garbage collector's full scans, which many searches' nodes
+        # alive at once would otherwise trigger over and over on all of them.
+        gc.collect()
+        gc.freeze()
     _MODELS[key] = model
     return model
 
