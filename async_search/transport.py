@@ -29,7 +29,10 @@ import numpy as np
 
 __all__ = ["write_frame", "read_frame", "concat_requests", "split_outputs"]
 
-_COUNTS = struct.Struct("!II")  # header length, number of out-of-band buffers
+# A frame: its length after this prefix, then the pickled header's length and the
+# number of out-of-band buffers, each buffer's length, the header, the buffers.
+_PREFIX = struct.Struct("!Q")
+_COUNTS = struct.Struct("!II")
 
 
 def write_frame(writer: asyncio.StreamWriter, obj: Any) -> None:
@@ -38,19 +41,29 @@ def write_frame(writer: asyncio.StreamWriter, obj: Any) -> None:
     header = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     views = [b.raw() for b in buffers]
     sizes = struct.pack(f"!{len(views)}Q", *(v.nbytes for v in views))
-    writer.writelines([_COUNTS.pack(len(header), len(views)), sizes, header, *views])
+    counts = _COUNTS.pack(len(header), len(views))
+    length = len(counts) + len(sizes) + len(header) + sum(v.nbytes for v in views)
+    writer.writelines([_PREFIX.pack(length), counts, sizes, header, *views])
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Any:
-    """The next frame's object.
+    """The next frame's object (two reads a frame; arrays are views of what was read).
 
     Raises:
         asyncio.IncompleteReadError: when the other end closed (it exited or died).
     """
-    header_length, count = _COUNTS.unpack(await reader.readexactly(_COUNTS.size))
-    sizes = struct.unpack(f"!{count}Q", await reader.readexactly(8 * count)) if count else ()
-    header = await reader.readexactly(header_length)
-    buffers = [await reader.readexactly(size) for size in sizes]
+    (length,) = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
+    frame = memoryview(await reader.readexactly(length))
+    header_length, count = _COUNTS.unpack_from(frame)
+    at = _COUNTS.size
+    sizes = struct.unpack_from(f"!{count}Q", frame, at)
+    at += 8 * count
+    header = frame[at:at + header_length]
+    at += header_length
+    buffers = []
+    for size in sizes:
+        buffers.append(frame[at:at + size])
+        at += size
     return pickle.loads(header, buffers=buffers)
 
 

@@ -1,7 +1,9 @@
 """Requests per second across backends, against the prototype's per-request messages.
 
 Workload A (transport): every client runs --coroutines coroutines, each making
---requests sequential requests of one element to a trivial NumPy model. Runs: local;
+--requests sequential requests of one element to a trivial NumPy model, which the
+servers run on their loops (model_thread=False: the model takes microseconds, as in the
+baseline, whose server calls it inline). Runs: local;
 process with 1 and 2 clients; ray with 1 and 2 clients; and the prototype's design, one
 message per request over multiprocessing.Manager() queues and over plain multiprocessing
 queues, with the client flushing by polling (2 clients x 32 coroutines, as measured
@@ -57,7 +59,7 @@ def run_backend(backend, num_procs, coroutines, requests, **kwargs):
     start = time.perf_counter()
     out = asr.run_searches(sequential_requests, starts, trivial_model, backend=backend,
                            num_procs=num_procs, max_batch_size=1024, use_uvloop=True,
-                           **kwargs)
+                           model_thread=False, **kwargs)
     seconds = time.perf_counter() - start  # start-up of processes and actors included
     rate = steady_rate(out.stats)
     return {"clients": num_procs, "coroutines_per_client": coroutines,

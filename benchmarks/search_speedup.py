@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bucket", type=int, default=32,
                    help="TF batch sizes: multiples of this up to --max-batch-size, plus "
                         "the powers of two below it (less padding than powers of two)")
+    p.add_argument("--tf-threads", type=int, default=0,
+                   help="TensorFlow's intra-op threads (0: its default, one per core); "
+                        "1 leaves a core to the searches while the model runs")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
                    help="compile the nets with XLA")
     p.add_argument("--repeat", type=int, default=1,
@@ -169,10 +172,13 @@ async def bench_mcts(args, hidden, sizes) -> dict:
 
 
 async def main(args) -> dict:
+    if args.tf_threads:
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(args.tf_threads)
     hidden = tuple(int(h) for h in args.hidden.split(",") if h)
     sizes = batch_sizes(args.max_batch_size, args.bucket)
     report = {"hidden_sizes": hidden, "max_batch_size": args.max_batch_size,
-              "jit_compile": args.jit, "repeat": args.repeat, "cpu_count": os.cpu_count(),
+              "jit_compile": args.jit, "tf_threads": args.tf_threads, "repeat": args.repeat, "cpu_count": os.cpu_count(),
               "load_average_1min": round(os.getloadavg()[0], 2)}
     if not args.skip_astar:
         report["astar_15_puzzle"] = await bench_astar(args, hidden, sizes)

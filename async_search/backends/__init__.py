@@ -36,10 +36,10 @@ _RUNNERS = {"local": ("async_search.backends.local", "run_local"),
 
 
 def _config(backend, num_procs, num_servers, max_batch_size, max_delay, pipeline_depth,
-            use_uvloop, address, total_gpu_frac) -> RunConfig:
+            use_uvloop, address, total_gpu_frac, model_thread) -> RunConfig:
     return RunConfig(backend, num_procs, num_servers,
                      DispatchPolicy(max_batch_size, max_delay, pipeline_depth),
-                     use_uvloop, address, total_gpu_frac)
+                     use_uvloop, address, total_gpu_frac, model_thread)
 
 
 async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
@@ -49,10 +49,11 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
                              pipeline_depth: int = 2, use_uvloop: bool = False,
                              address: str | None = None,
                              total_gpu_frac: float | None = None,
+                             model_thread: bool = True,
                              progress: Progress | None = None) -> SearchResults:
     """``run_searches`` inside a running loop (Jupyter): ``await`` it."""
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
-                     pipeline_depth, use_uvloop, address, total_gpu_frac)
+                     pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread)
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
     return await runner(search_fn, list(starts), model_factory, config, progress)
@@ -63,7 +64,7 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
                  num_procs: int = 1, num_servers: int = 1, max_batch_size: int = 256,
                  max_delay: float | None = None, pipeline_depth: int = 2,
                  use_uvloop: bool = False, address: str | None = None,
-                 total_gpu_frac: float | None = None,
+                 total_gpu_frac: float | None = None, model_thread: bool = True,
                  progress: Progress | None = None) -> SearchResults:
     """Runs ``search_fn(start, evaluate)`` for every start, batching all model calls.
 
@@ -87,6 +88,8 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
         use_uvloop: run the event loops on uvloop, when installed.
         address: Ray: an existing cluster's address; None starts Ray locally.
         total_gpu_frac: Ray: GPU fraction shared by the servers.
+        model_thread: servers run their models in device threads (default); False runs
+            them on the servers' loops, for models that take microseconds.
         progress: called here with the number of elements evaluated, as batches
             complete (a progress bar's ``update``).
 
@@ -99,7 +102,7 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
         RuntimeError: when called inside a running loop: use ``run_searches_async``.
     """
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
-                     pipeline_depth, use_uvloop, address, total_gpu_frac)
+                     pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -34,6 +34,8 @@ class RunConfig:
         address: Ray: the address of an existing cluster; None starts a local one.
         total_gpu_frac: Ray: the GPU fraction shared among the servers when a GPU
             exists.
+        model_thread: run each server's model in device threads (default); False runs
+            it on the server's loop, for models that take microseconds.
     """
 
     backend: str = "local"
@@ -43,6 +45,7 @@ class RunConfig:
     use_uvloop: bool = False
     address: str | None = None
     total_gpu_frac: float | None = None
+    model_thread: bool = True
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -58,6 +61,9 @@ class RunConfig:
                              f"backend can start here (at most {limit})")
         if self.total_gpu_frac is not None and not 0 < self.total_gpu_frac <= 1:
             raise ValueError(f"total_gpu_frac must be in (0, 1], got {self.total_gpu_frac!r}")
+        if not self.model_thread and self.backend != "ray" and self.num_servers > 1:
+            raise ValueError("num_servers > 1 needs model_thread=True (the servers are "
+                             "device threads of one server)")
 
 
 def max_servers(backend: str) -> int:

@@ -32,7 +32,8 @@ async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[]
     """Every search in this loop, served by ``num_servers`` workers of one server."""
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
     start = time.perf_counter()
-    async with BatchingServer(model_factory(), config.policy, on_batch=on_batch) as evaluate:
+    async with BatchingServer(model_factory(), config.policy, on_batch=on_batch,
+                              model_thread=config.model_thread) as evaluate:
         for _ in range(config.num_servers - 1):
             await evaluate.add_worker(model_factory())
         try:

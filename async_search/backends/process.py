@@ -35,7 +35,8 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
     context = multiprocessing.get_context(_CONTEXT)
     start_time = time.perf_counter()
-    async with BatchingServer(model_factory(), config.policy, on_batch=on_batch) as evaluate:
+    async with BatchingServer(model_factory(), config.policy, on_batch=on_batch,
+                              model_thread=config.model_thread) as evaluate:
         for _ in range(config.num_servers - 1):
             await evaluate.add_worker(model_factory())
         spec = evaluate.input_spec

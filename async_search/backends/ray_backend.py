@@ -46,14 +46,17 @@ def ensure_ray(address: str | None = None):
 class ServerActor:
     """A model server in its own Ray actor process (made remote by ``run_ray``)."""
 
-    def __init__(self, model_factory: Callable[[], Any], policy: DispatchPolicy):
+    def __init__(self, model_factory: Callable[[], Any], policy: DispatchPolicy,
+                 model_thread: bool = True):
         self._model_factory = model_factory
         self._policy = policy
+        self._model_thread = model_thread
         self._server: BatchingServer | None = None
 
     async def start(self):
         """Builds the model and starts serving; returns the model's input spec."""
-        self._server = BatchingServer(self._model_factory(), self._policy)
+        self._server = BatchingServer(self._model_factory(), self._policy,
+                                      model_thread=self._model_thread)
         await self._server.__aenter__()
         return self._server.input_spec
 
@@ -82,7 +85,8 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     run_id = uuid.uuid4().hex[:8]
     servers = [actor_cls.options(name=f"{SERVER_NAME_PREFIX}{run_id}-{i}", num_cpus=0,
                                  num_gpus=gpu_each, max_concurrency=10_000).remote(
-        model_factory, config.policy) for i in range(config.num_servers)]
+        model_factory, config.policy, config.model_thread)
+        for i in range(config.num_servers)]
     startup_time = time.perf_counter()
     try:
         started = await asyncio.gather(*(s.start.remote() for s in servers),

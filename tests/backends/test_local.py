@@ -54,3 +54,12 @@ async def test_run_searches_inside_a_running_loop_points_to_the_async_form():
         asr.run_searches(searches.echo_sum, [1], searches.small_mlp)
     out = await asr.run_searches_async(searches.echo_sum, [2, 3], searches.small_mlp)
     assert out == await searches.sequential(searches.echo_sum, [2, 3], searches.small_mlp())
+
+
+def test_model_on_the_servers_loop_gives_the_same_results():
+    starts = list(range(1, 20))
+    out = asr.run_searches(searches.echo_sum, starts, searches.small_mlp, model_thread=False)
+    assert out == searches.baseline(searches.echo_sum, starts, searches.small_mlp())
+    with pytest.raises(ValueError, match="num_servers > 1 needs model_thread=True"):
+        asr.run_searches(searches.echo_sum, starts, searches.small_mlp, model_thread=False,
+                         num_servers=2)

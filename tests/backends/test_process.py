@@ -46,3 +46,9 @@ def test_a_client_process_that_dies_is_reported_and_the_rest_finish():
     # Client 0 ran starts 0, 2, 4 and died; client 1's starts finished.
     assert sorted(info.value.failures) == [0, 2, 4]
     assert "died with exit code -9" in str(info.value.failures[0])
+
+
+def test_process_backend_with_the_model_on_the_servers_loop():
+    out = asr.run_searches(searches.echo_sum, [4] * 10, searches.small_mlp,
+                           backend="process", num_procs=2, model_thread=False)
+    assert out == searches.baseline(searches.echo_sum, [4] * 10, searches.small_mlp())
