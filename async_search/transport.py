@@ -27,7 +27,7 @@ from typing import Any, List
 
 import numpy as np
 
-__all__ = ["write_frame", "read_frame", "concat_requests", "split_outputs"]
+__all__ = ["write_frame", "read_frame", "concat_requests"]
 
 # A frame: its length after this prefix, then the pickled header's length and the
 # number of out-of-band buffers, each buffer's length, the header, the buffers.
@@ -70,13 +70,3 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
 def concat_requests(xs: List[np.ndarray]) -> np.ndarray:
     """The requests of one loop iteration, as one array for one message."""
     return xs[0] if len(xs) == 1 else np.concatenate(xs)
-
-
-def split_outputs(outputs: Any, sizes: List[int]) -> List[Any]:
-    """One message's outputs back into each request's outputs (views)."""
-    bounds = np.cumsum([0, *sizes]).tolist()
-    if isinstance(outputs, dict):
-        return [{k: v[a:b] for k, v in outputs.items()} for a, b in zip(bounds, bounds[1:])]
-    if isinstance(outputs, tuple):
-        return [tuple(v[a:b] for v in outputs) for a, b in zip(bounds, bounds[1:])]
-    return [outputs[a:b] for a, b in zip(bounds, bounds[1:])]

@@ -4,7 +4,7 @@ import socket
 import numpy as np
 import pytest
 
-from async_search.transport import concat_requests, read_frame, split_outputs, write_frame
+from async_search.transport import read_frame, write_frame
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,14 +37,3 @@ async def test_reading_from_a_closed_stream_raises_incomplete_read():
     with pytest.raises(asyncio.IncompleteReadError):
         await asyncio.wait_for(read_frame(reader), 10)
     other.close()
-
-
-def test_split_outputs_undoes_concat_requests_for_every_output_shape():
-    xs = [np.full((n, 2), n) for n in (2, 0, 3)]
-    batch = concat_requests(xs)
-    for outputs in (batch, (batch, batch[:, 0]), {"p": batch}):
-        parts = split_outputs(outputs, [len(x) for x in xs])
-        leaf = (lambda p: p) if isinstance(outputs, np.ndarray) else (
-            (lambda p: p[0]) if isinstance(outputs, tuple) else (lambda p: p["p"]))
-        for x, part in zip(xs, parts):
-            np.testing.assert_array_equal(leaf(part), x)

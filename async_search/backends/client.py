@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
+from async_search.batchers import Popped
 from async_search.errors import ServerDiedError
 from async_search.servers.requests import RequestChecker
-from async_search.transport import concat_requests, split_outputs
+from async_search.servers.responses import ResponseRouter
+from async_search.transport import concat_requests
 
 __all__ = ["CoalescingClient"]
+
+_cancelled = asyncio.Future.cancelled
 
 #: send(message_id, batch): puts one message on its way to a server.
 Send = Callable[[int, np.ndarray], None]
@@ -43,21 +47,29 @@ class CoalescingClient:
     def __init__(self, send: Send, input_spec: TensorSpec | None = None):
         self._send = send
         self._check = RequestChecker(input_spec)
+        self._shape, self._dtype = self._check.shape, self._check.dtype
+        self._responses = ResponseRouter()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._xs: List[np.ndarray] = []
         self._futures: List[asyncio.Future] = []
         self._scheduled = False
         self._ids = itertools.count()
-        #: message id -> (futures, sizes, batch): what is waiting for a response.
-        self.in_flight: Dict[int, Tuple[List[asyncio.Future], List[int], np.ndarray]] = {}
+        #: message id -> the message (its requests' futures and arrays), until answered.
+        self.in_flight: Dict[int, Popped] = {}
         self.messages = 0
         self.requests = 0
         self._error: BaseException | None = None
 
     def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
-        x = self._check(x)
+        if type(x) is not np.ndarray or x.shape[1:] != self._shape or (
+                x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
+            x = self._check(x)  # raises, or learns the spec from the first request
+            self._shape, self._dtype = self._check.shape, self._check.dtype
         if self._error is not None:
             raise self._error
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._xs.append(x)
         self._futures.append(fut)
@@ -70,8 +82,8 @@ class CoalescingClient:
         self._scheduled = False
         xs, futures = self._xs, self._futures
         self._xs, self._futures = [], []
-        keep = [i for i, fut in enumerate(futures) if not fut.cancelled()]
-        if len(keep) < len(futures):  # cancelled callers' requests are dropped here
+        if any(map(_cancelled, futures)):  # cancelled callers' requests are dropped here
+            keep = [i for i, fut in enumerate(futures) if not fut.cancelled()]
             xs, futures = [xs[i] for i in keep], [futures[i] for i in keep]
         if not futures:
             return
@@ -81,7 +93,7 @@ class CoalescingClient:
             return
         message_id = next(self._ids)
         batch = concat_requests(xs)
-        self.in_flight[message_id] = (futures, [len(x) for x in xs], batch)
+        self.in_flight[message_id] = Popped(batch, futures, xs, False, None)
         self.messages += 1
         self.requests += len(futures)
         try:
@@ -91,18 +103,13 @@ class CoalescingClient:
 
     def deliver(self, message_id: int, outputs: Any) -> None:
         """Resolves the futures of message ``message_id`` with its outputs (or error)."""
-        entry = self.in_flight.pop(message_id, None)
-        if entry is None:  # answered already (by a server that was thought dead)
+        message = self.in_flight.pop(message_id, None)
+        if message is None:  # answered already (by a server that was thought dead)
             return
-        futures, sizes, _ = entry
-        if isinstance(outputs, BaseException):
-            for fut in futures:
-                if not fut.done():
-                    fut.set_exception(outputs)
-            return
-        for fut, y in zip(futures, split_outputs(outputs, sizes)):
-            if not fut.done():
-                fut.set_result(y)
+        error = outputs if isinstance(outputs, BaseException) else (
+            self._responses.deliver(message, outputs, version=None))
+        if error is not None:
+            self._responses.fail(message, error)
 
     def fail_all(self, error: BaseException) -> None:
         """Fails every waiting request, and every later one, with ``error``."""
