@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import pickle
 import socket
 import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -32,6 +33,7 @@ _CONTEXT = "spawn"
 async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[[], Any],
                       config: RunConfig, progress: Progress | None = None) -> SearchResults:
     """Runs the starts round-robin over ``num_procs`` client processes."""
+    _check_picklable(search_fn, starts)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
     context = multiprocessing.get_context(_CONTEXT)
     start_time = time.perf_counter()
@@ -64,6 +66,18 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
     raise_failures(failures, len(starts))
     return SearchResults(results, merge_stats(config, wall, [evaluate.stats],
                                               [evaluate.trace]))
+
+
+def _check_picklable(search_fn, starts: Sequence[Any]) -> None:
+    """Fails before any process starts if the searches cannot travel to one."""
+    for what, obj in (("search_fn", search_fn), ("starts", starts)):
+        try:
+            pickle.dumps(obj)
+        except Exception as e:
+            raise TypeError(
+                f"the process backend sends {what} to worker processes, so it must be "
+                f"picklable (a module-level function, or a functools.partial of one): "
+                f"{e}") from e
 
 
 async def _serve_client(number: int, share: List[int], sock: socket.socket,

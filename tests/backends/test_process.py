@@ -52,3 +52,11 @@ def test_process_backend_with_the_model_on_the_servers_loop():
     out = asr.run_searches(searches.echo_sum, [4] * 10, searches.small_mlp,
                            backend="process", num_procs=2, model_thread=False)
     assert out == searches.baseline(searches.echo_sum, [4] * 10, searches.small_mlp())
+
+
+def test_an_unpicklable_search_function_is_refused_before_any_process_starts():
+    async def nested(start, evaluate):
+        return start
+
+    with pytest.raises(TypeError, match="must be picklable"):
+        asr.run_searches(nested, [1], searches.small_mlp, backend="process")
