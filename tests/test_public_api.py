@@ -1,0 +1,27 @@
+import importlib
+
+import pytest
+
+import async_search
+
+MODULES = ["async_search", "async_search.servers", "async_search.backends",
+           "async_search.batchers", "async_search.queues", "async_search.connections",
+           "async_search.models", "async_search.transport", "async_search.search",
+           "async_search.problems"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_name_in_all_is_importable(name):
+    module = importlib.import_module(name)
+    missing = [n for n in module.__all__ if not hasattr(module, n)]
+    assert not missing, f"{name}.__all__ names what it lacks: {missing}"
+
+
+def test_the_design_contract_names_exist():
+    for name in ("serve", "immediate", "run_searches"):
+        assert callable(getattr(async_search, name))
+    from async_search.batchers import BatchManager, BatchSizeBatcher, NumpyUnbatcher  # noqa
+    from async_search.connections import forked_pipe, get_connected_functions, pipe  # noqa
+    from async_search.search import (batched_astar, continuous_astar, mcts,  # noqa
+                                     multi_rollout)
+    from async_search.problems import ConnectFour, SlidingPuzzle  # noqa
