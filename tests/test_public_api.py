@@ -20,8 +20,11 @@ def test_every_name_in_all_is_importable(name):
 def test_the_design_contract_names_exist():
     for name in ("serve", "immediate", "run_searches"):
         assert callable(getattr(async_search, name))
-    from async_search.batchers import BatchManager, BatchSizeBatcher, NumpyUnbatcher  # noqa
-    from async_search.connections import forked_pipe, get_connected_functions, pipe  # noqa
-    from async_search.search import (batched_astar, continuous_astar, mcts,  # noqa
-                                     multi_rollout)
-    from async_search.problems import ConnectFour, SlidingPuzzle  # noqa
+    from async_search.batchers import BatchManager, BatchSizeBatcher, NumpyUnbatcher
+    from async_search.connections import forked_pipe, get_connected_functions, pipe
+    from async_search.problems import ConnectFour, SlidingPuzzle
+    from async_search.search import batched_astar, continuous_astar, mcts, multi_rollout
+    names = (BatchManager, BatchSizeBatcher, NumpyUnbatcher, forked_pipe,
+             get_connected_functions, pipe, ConnectFour, SlidingPuzzle, batched_astar,
+             continuous_astar, mcts, multi_rollout)
+    assert all(callable(n) for n in names)

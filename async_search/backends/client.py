@@ -56,8 +56,6 @@ class CoalescingClient:
         self._ids = itertools.count()
         #: message id -> the message (its requests' futures and arrays), until answered.
         self.in_flight: Dict[int, Popped] = {}
-        self.messages = 0
-        self.requests = 0
         self._error: BaseException | None = None
 
     def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
@@ -94,8 +92,6 @@ class CoalescingClient:
         message_id = next(self._ids)
         batch = concat_requests(xs)
         self.in_flight[message_id] = Popped(batch, futures, xs, False, None)
-        self.messages += 1
-        self.requests += len(futures)
         try:
             self._send(message_id, batch)
         except Exception as e:  # the way to the server is gone

@@ -140,9 +140,9 @@ class BatchingServer:
         self._responses.want_version(fut)
         try:
             outputs = await fut
-            return outputs, self._responses.pop_version(fut)
         finally:
-            self._responses.pop_version(fut)
+            version = self._responses.pop_version(fut)
+        return outputs, version
 
     def _checked(self, x) -> np.ndarray:
         x = self._check(x)  # raises, or learns the spec from the first request
@@ -283,8 +283,7 @@ class BatchingServer:
                     self._slot = loop.create_future()
                     await self._slot
                     continue
-                reason = await self._wait_for_company()
-                self._unstage()
+                reason = await self._wait_for_company()  # it leaves nothing staged
                 if batcher.empty():
                     continue
                 try:

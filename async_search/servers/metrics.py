@@ -5,10 +5,10 @@ evaluate function (a cache, a router, the servers behind them) at scrape time an
 their ``stats`` into metric families: batches, elements, the batch-size histogram (the
 server already counts batches per size), time in the model, queue wait, failed
 batches, workers, the model version, cache hits and misses, breaker states and routed
-requests. Only what no stats hold is observed as it happens: the latency and status of
-each network request (``observe_request``, called by the HTTP front once per request)
-and, when a server reports them, per-batch model time and queue wait
-(``observe_batch``).
+requests, and per-batch histograms of model time and queue wait (the server counts
+them per bucket). Only what no stats hold is observed as it happens: the latency and
+status of each network request (``observe_request``, called by the HTTP front once per
+request).
 
 Every ``ServingMetrics`` has a registry of its own, never prometheus-client's global
 one, so that two servers in one process (or two tests) never share counters.
@@ -27,13 +27,12 @@ from prometheus_client.registry import Collector
 from async_search.servers.breaker import BreakerState
 from async_search.servers.cache import CachedEvaluate
 from async_search.servers.routing import Router
+from async_search.servers.stats import TIME_BUCKETS_S
 
 __all__ = ["ServingMetrics", "LATENCY_BUCKETS", "BATCH_SIZE_BUCKETS"]
 
 #: Request latency buckets, seconds: 100 us to 10 s.
-LATENCY_BUCKETS: Tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS: Tuple[float, ...] = TIME_BUCKETS_S
 #: Batch size buckets: powers of two up to 4096.
 BATCH_SIZE_BUCKETS: Tuple[int, ...] = tuple(2 ** i for i in range(13))
 
@@ -68,13 +67,6 @@ class ServingMetrics:
             "http_request_seconds", "Inference request latency, from the body read to "
             "the response, seconds", ["model"], namespace=namespace,
             buckets=latency_buckets, registry=self.registry)
-        self._batch_seconds = Histogram(
-            "batch_model_seconds", "Time the model took per batch, seconds", ["model"],
-            namespace=namespace, buckets=latency_buckets, registry=self.registry)
-        self._queue_wait = Histogram(
-            "batch_queue_wait_seconds", "How long the oldest request of a batch waited "
-            "before the batch left, seconds", ["model"], namespace=namespace,
-            buckets=latency_buckets, registry=self.registry)
         self.registry.register(_StatsCollector(self))
 
     # -- what is watched --------------------------------------------------------------
@@ -95,11 +87,6 @@ class ServingMetrics:
         """One network request of ``model`` answered with status ``code``."""
         self._requests.labels(model, version, str(code)).inc()
         self._latency.labels(model).observe(seconds)
-
-    def observe_batch(self, model: str, model_seconds: float, queue_wait: float) -> None:
-        """One batch of ``model`` ran (for servers that report each batch)."""
-        self._batch_seconds.labels(model).observe(model_seconds)
-        self._queue_wait.labels(model).observe(queue_wait)
 
     def render(self) -> bytes:
         """Every metric, in the Prometheus text exposition format."""
@@ -149,6 +136,12 @@ class _StatsCollector(Collector):
                         ["version"])
         sizes = HistogramMetricFamily(f"{ns}_batch_size", "Elements per batch",
                                       labels=labels)
+        batch_model = HistogramMetricFamily(
+            f"{ns}_batch_model_seconds", "Time the model took per batch, seconds",
+            labels=labels)
+        batch_wait = HistogramMetricFamily(
+            f"{ns}_batch_queue_wait_seconds", "How long the oldest request of a batch "
+            "waited before the batch left, seconds", labels=labels)
         hits = counter("cache_hits", "Elements answered from the cache")
         misses = counter("cache_misses", "Elements the cache sent to the server")
         dedup = counter("cache_deduplicated", "Elements that joined an identical one "
@@ -181,6 +174,12 @@ class _StatsCollector(Collector):
                     version.add_metric([*key, str(getattr(obj, "version", 0))], 1)
                     buckets, total = _size_buckets(stats.get("batch_size_histogram", {}))
                     sizes.add_metric(key, buckets, total)
+                    if "model_time_histogram" in stats:
+                        batch_model.add_metric(key, _cumulative(
+                            stats["model_time_histogram"]), stats["model_time_s"])
+                        batch_wait.add_metric(key, _cumulative(
+                            stats["queue_wait_histogram"]),
+                            stats["queue_wait_mean_s"] * stats["batches"])
                 elif kind == "cache":
                     hits.add_metric(key, stats["hits"])
                     misses.add_metric(key, stats["misses"])
@@ -198,8 +197,18 @@ class _StatsCollector(Collector):
                         route_failed.add_metric([model, name], s["failures"])
                         outstanding.add_metric([model, name], s["outstanding"])
         yield from (batches, elements, requests, model_seconds, queue_wait, queue_wait_max,
-                    failed, workers, version, sizes, hits, misses, dedup, evictions,
-                    entries, hit_ratio, breaker, opened, routed, route_failed, outstanding)
+                    failed, workers, version, sizes, batch_model, batch_wait, hits, misses,
+                    dedup, evictions, entries, hit_ratio, breaker, opened, routed,
+                    route_failed, outstanding)
+
+
+def _cumulative(histogram: Dict[float, int]) -> list:
+    """Cumulative Prometheus buckets from {upper bound: batches} (``inf`` last)."""
+    buckets, count = [], 0
+    for bound, batches in histogram.items():
+        count += batches
+        buckets.append(("+Inf" if bound == float("inf") else str(float(bound)), count))
+    return buckets
 
 
 def _size_buckets(histogram: Dict[int, int]) -> Tuple[list, float]:

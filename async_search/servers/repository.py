@@ -150,7 +150,6 @@ class ModelRepository:
             else:
                 raise TypeError(f"model {name!r} must be a ModelSource or an evaluate "
                                 f"function, got {type(model).__name__}")
-        self._entered = False
 
     @property
     def names(self) -> List[str]:
@@ -169,7 +168,6 @@ class ModelRepository:
         return entry
 
     async def __aenter__(self) -> "ModelRepository":
-        self._entered = True
         try:
             for entry in self._entries.values():
                 if entry.source is not None and entry.source.load_on_start:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import time
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Tuple
 
 from async_search.servers.policy import Reason
 
-__all__ = ["ServingStats", "BatchRecord"]
+__all__ = ["ServingStats", "BatchRecord", "TIME_BUCKETS_S"]
+
+#: Upper bounds (seconds) of the per-batch model-time and queue-wait histograms.
+TIME_BUCKETS_S: Tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0)
 
 
 class BatchRecord(NamedTuple):
@@ -29,8 +35,9 @@ class ServingStats:
     ``as_dict()`` gives: requests (counted as they start in a batch), batches, elements, mean_batch_size, model_time_s, wall_time_s,
     fraction_in_model, batch_size_histogram (size -> batches), reasons (why batches
     left -> batches), queue_wait_mean_s and queue_wait_max_s (how long the oldest
-    request of each batch waited before the batch left), failed_batches, and
-    std_batch_size; started_at is the server's start on the ``time.perf_counter``
+    request of each batch waited before the batch left), model_time_histogram and
+    queue_wait_histogram (upper bound in seconds, ``inf`` last -> batches, not
+    cumulative), failed_batches, and std_batch_size; started_at is the server's start on the ``time.perf_counter``
     clock. ``trace`` keeps a BatchRecord per batch, for plots.
     """
 
@@ -47,6 +54,8 @@ class ServingStats:
         self.histogram: Dict[int, int] = collections.Counter()
         self.reasons: Dict[str, int] = collections.Counter()
         self.trace: List[BatchRecord] = []
+        self.model_time_counts = [0] * (len(TIME_BUCKETS_S) + 1)
+        self.queue_wait_counts = [0] * (len(TIME_BUCKETS_S) + 1)
 
     def record_dispatch(self, size: int, reason: Reason, queue_wait: float,
                         requests: int = 0) -> None:
@@ -58,12 +67,14 @@ class ServingStats:
         self.histogram[size] += 1
         self.reasons[reason.value] += 1
         self.queue_wait_total += queue_wait
+        self.queue_wait_counts[bisect.bisect_left(TIME_BUCKETS_S, queue_wait)] += 1
         if queue_wait > self.queue_wait_max:
             self.queue_wait_max = queue_wait
 
     def record_model(self, size: int, seconds: float, failed: bool) -> BatchRecord:
         """The model ran a batch of ``size`` for ``seconds``; ``failed`` if it raised."""
         self.model_time += seconds
+        self.model_time_counts[bisect.bisect_left(TIME_BUCKETS_S, seconds)] += 1
         self.failed_batches += failed
         record = BatchRecord(time.perf_counter() - self.start, size, seconds)
         self.trace.append(record)
@@ -94,5 +105,11 @@ class ServingStats:
             "reasons": dict(self.reasons),
             "queue_wait_mean_s": self.queue_wait_total / batches if batches else 0.0,
             "queue_wait_max_s": self.queue_wait_max,
+            "model_time_histogram": _by_bound(self.model_time_counts),
+            "queue_wait_histogram": _by_bound(self.queue_wait_counts),
             "failed_batches": self.failed_batches,
         }
+
+
+def _by_bound(counts: List[int]) -> Dict[float, int]:
+    return dict(zip((*TIME_BUCKETS_S, math.inf), counts))
