@@ -2,7 +2,9 @@
 
 The same search function runs unchanged on every backend: an ``async def
 search_fn(start, evaluate)`` that awaits ``evaluate(x)``. Backends other than local are
-imported only when asked for, so that Ray stays optional.
+imported only when asked for, so that Ray stays optional. ``on_servers`` hands a
+training loop the run's ``ModelServers``, to push new weights to every server while the
+searches run.
 
 Example:
     >>> from async_search import problems, search
@@ -24,9 +26,11 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from async_search.backends.config import (BACKENDS, Progress, RunConfig, SearchResults,
                                           loop_factory)
+from async_search.backends.servers import ModelServers, OnServers, ServersHook
 from async_search.servers.policy import DispatchPolicy
 
-__all__ = ["run_searches", "run_searches_async", "RunConfig", "SearchResults", "BACKENDS"]
+__all__ = ["run_searches", "run_searches_async", "RunConfig", "SearchResults", "BACKENDS",
+           "ModelServers"]
 
 SearchFn = Callable[[Any, Any], Awaitable[Any]]
 
@@ -50,13 +54,38 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
                              address: str | None = None,
                              total_gpu_frac: float | None = None,
                              model_thread: bool = True,
-                             progress: Progress | None = None) -> SearchResults:
+                             progress: Progress | None = None,
+                             on_servers: OnServers | None = None) -> SearchResults:
     """``run_searches`` inside a running loop (Jupyter): ``await`` it."""
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
                      pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread)
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
-    return await runner(search_fn, list(starts), model_factory, config, progress)
+    return await _run(runner, search_fn, list(starts), model_factory, config, progress,
+                      on_servers)
+
+
+async def _run(runner, search_fn, starts: list, model_factory, config: RunConfig,
+               progress: Progress | None, on_servers: OnServers | None) -> SearchResults:
+    if on_servers is None:
+        return await runner(search_fn, starts, model_factory, config, progress)
+    hook = ServersHook(on_servers)
+    run = asyncio.ensure_future(runner(search_fn, starts, model_factory, config, progress,
+                                       servers_hook=hook))
+    hook.on_error = run.cancel  # the callback's task failed: end the run now
+    try:
+        results = await run
+    except BaseException as e:
+        outer_cancel = isinstance(e, asyncio.CancelledError) and (
+            asyncio.current_task().cancelling())
+        if hook.error is None or outer_cancel:
+            raise
+        if isinstance(e, asyncio.CancelledError):  # cancelled for the callback's error
+            raise hook.error from None
+        raise hook.error
+    if hook.error is not None:  # it failed as the searches ended
+        raise hook.error
+    return results
 
 
 def run_searches(search_fn: SearchFn, starts: Sequence[Any],
@@ -65,7 +94,8 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
                  max_delay: float | None = None, pipeline_depth: int = 2,
                  use_uvloop: bool = False, address: str | None = None,
                  total_gpu_frac: float | None = None, model_thread: bool = True,
-                 progress: Progress | None = None) -> SearchResults:
+                 progress: Progress | None = None,
+                 on_servers: OnServers | None = None) -> SearchResults:
     """Runs ``search_fn(start, evaluate)`` for every start, batching all model calls.
 
     The starts are split round-robin over ``num_procs`` client processes (or Ray
@@ -92,6 +122,14 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             them on the servers' loops, for models that take microseconds.
         progress: called here with the number of elements evaluated, as batches
             complete (a progress bar's ``update``).
+        on_servers: called here once with the run's ``ModelServers`` as soon as its
+            servers serve (before the searches start, on this loop); ``await
+            servers.update_model(weights, version)`` swaps the model of every server
+            while the searches run. If it returns a coroutine, that runs as a task beside
+            the searches and is cancelled when they end. What it raises (or its task
+            raises) ends the run: the searches are cancelled, the servers stop, and
+            ``run_searches`` raises that exception. The handle raises RuntimeError once
+            the run has ended.
 
     Returns:
         SearchResults: the results in the order of ``starts``, with ``.stats``.
@@ -113,5 +151,5 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
     with asyncio.Runner(loop_factory=loop_factory(config.use_uvloop)) as loop_runner:
-        return loop_runner.run(runner(search_fn, list(starts), model_factory, config,
-                                      progress))
+        return loop_runner.run(_run(runner, search_fn, list(starts), model_factory,
+                                    config, progress, on_servers))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Hashable, List, Tuple
 
 import numpy as np
 
@@ -34,13 +34,14 @@ class CoalescingClient:
 
     Args:
         send: ``send(message_id, batch)``; the response must come back through
-            ``deliver(message_id, outputs_or_exception)``.
+            ``deliver(message_id, outputs_or_exception, version)``.
         input_spec: the model's input spec, to check requests when made (None: learn
             it from the first request).
 
     Example:
         >>> # client = CoalescingClient(lambda mid, x: write_frame(w, ("eval", mid, x)))
         >>> # y = await client(x)            # inside a search
+        >>> # y, version = await client.with_version(x)
         >>> # client.deliver(mid, outputs)   # when the response frame arrives
     """
 
@@ -76,6 +77,19 @@ class CoalescingClient:
             loop.call_soon(self._flush)  # after every search ready in this iteration
         return fut
 
+    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+        """``(outputs, version)``: the outputs for ``x`` and the model version the server
+        reported for the message that carried it (None when that message's rows came
+        from two versions, a swap having split it across batches, or when the server
+        reports no version)."""
+        fut = self(x)
+        self._responses.want_version(fut)
+        try:
+            outputs = await fut
+        finally:
+            version = self._responses.pop_version(fut)
+        return outputs, version
+
     def _flush(self) -> None:
         self._scheduled = False
         xs, futures = self._xs, self._futures
@@ -97,13 +111,14 @@ class CoalescingClient:
         except Exception as e:  # the way to the server is gone
             self.deliver(message_id, ServerDiedError(f"could not send a request: {e!r}"))
 
-    def deliver(self, message_id: int, outputs: Any) -> None:
-        """Resolves the futures of message ``message_id`` with its outputs (or error)."""
+    def deliver(self, message_id: int, outputs: Any, version: Hashable = None) -> None:
+        """Resolves the futures of message ``message_id`` with its outputs (or error);
+        ``version``: the model version that computed them, for ``with_version``."""
         message = self.in_flight.pop(message_id, None)
         if message is None:  # answered already (by a server that was thought dead)
             return
         error = outputs if isinstance(outputs, BaseException) else (
-            self._responses.deliver(message, outputs, version=None))
+            self._responses.deliver(message, outputs, version))
         if error is not None:
             self._responses.fail(message, error)
 

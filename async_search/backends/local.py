@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, List, Sequence
+from typing import Any, Awaitable, Callable, Hashable, List, Sequence
 
 from async_search.backends.config import (Progress, RunConfig, SearchResults, merge_stats,
                                           raise_failures)
+from async_search.backends.servers import ServersHook
 from async_search.servers.batching import BatchingServer
 
-__all__ = ["run_local", "gather_searches"]
+__all__ = ["run_local", "gather_searches", "hand_over"]
 
 
 async def gather_searches(search_fn: Callable[[Any, Any], Awaitable[Any]],
@@ -28,7 +29,8 @@ async def gather_searches(search_fn: Callable[[Any, Any], Awaitable[Any]],
 
 
 async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[], Any],
-                    config: RunConfig, progress: Progress | None = None) -> SearchResults:
+                    config: RunConfig, progress: Progress | None = None, *,
+                    servers_hook: ServersHook | None = None) -> SearchResults:
     """Every search in this loop, served by ``num_servers`` workers of one server."""
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
     start = time.perf_counter()
@@ -37,8 +39,24 @@ async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[]
         for _ in range(config.num_servers - 1):
             await evaluate.add_worker(model_factory())
         try:
+            hand_over(servers_hook, evaluate, config)
             results = await gather_searches(search_fn, starts, evaluate)
         finally:
             wall = time.perf_counter() - start
+            if servers_hook is not None:
+                await servers_hook.finish()
     stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace])
     return SearchResults(results, stats)
+
+
+def hand_over(hook: ServersHook | None, evaluate: BatchingServer, config: RunConfig) -> None:
+    """Gives ``on_servers`` the one server of this process: a push swaps the model of
+    every device worker at once, between batches (``BatchingServer.update_model``), so
+    that every request queued after it runs on the new model."""
+    if hook is None:
+        return
+
+    async def push(model_or_weights: Any, version: Hashable) -> None:
+        evaluate.update_model(model_or_weights, version)
+
+    hook.serving(push, evaluate.version, config.num_servers, config.backend)

@@ -2,7 +2,8 @@
 
 Each client process runs its share of the starts concurrently in its own event loop and
 talks to this process over a socket pair: one frame per loop iteration of requests
-(``CoalescingClient``), one frame per response, arrays out of band. This process serves
+(``CoalescingClient``), one frame per response (with the model version that computed
+it, for ``evaluate.with_version``), arrays out of band. This process serves
 every client's messages through one BatchingServer whose ``num_servers`` device workers
 take batches from one stream. All I/O is asyncio streams: no threads to read, no polling.
 """
@@ -19,6 +20,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, loop_factory,
                                           merge_stats, raise_failures)
+from async_search.backends.local import hand_over
+from async_search.backends.servers import ServersHook
 from async_search.base import TensorSpec
 from async_search.errors import SearchError, ServerDiedError
 from async_search.servers.batching import BatchingServer
@@ -31,7 +34,8 @@ _CONTEXT = "spawn"
 
 
 async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[[], Any],
-                      config: RunConfig, progress: Progress | None = None) -> SearchResults:
+                      config: RunConfig, progress: Progress | None = None, *,
+                      servers_hook: ServersHook | None = None) -> SearchResults:
     """Runs the starts round-robin over ``num_procs`` client processes."""
     _check_picklable(search_fn, starts)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
@@ -41,20 +45,27 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
                               model_thread=config.model_thread) as evaluate:
         for _ in range(config.num_servers - 1):
             await evaluate.add_worker(model_factory())
-        spec = evaluate.input_spec
-        clients = []
-        for i in range(min(config.num_procs, max(len(starts), 1))):
-            share = list(range(i, len(starts), config.num_procs))
-            ours, theirs = socket.socketpair()
-            process = context.Process(
-                target=client_main, name=f"async_search-client-{i}", daemon=True,
-                args=(theirs, search_fn, [starts[j] for j in share], spec,
-                      config.use_uvloop))
-            process.start()
-            theirs.close()
-            clients.append(_serve_client(i, share, ours, process, evaluate))
-        outcomes = await asyncio.gather(*clients)
-        wall = time.perf_counter() - start_time
+        try:
+            # A push swaps the model here, where every client's messages are served: a
+            # message read after it (so sent after it) runs on the new model.
+            hand_over(servers_hook, evaluate, config)
+            spec = evaluate.input_spec
+            clients = []
+            for i in range(min(config.num_procs, max(len(starts), 1))):
+                share = list(range(i, len(starts), config.num_procs))
+                ours, theirs = socket.socketpair()
+                process = context.Process(
+                    target=client_main, name=f"async_search-client-{i}", daemon=True,
+                    args=(theirs, search_fn, [starts[j] for j in share], spec,
+                          config.use_uvloop))
+                process.start()
+                theirs.close()
+                clients.append(_serve_client(i, share, ours, process, evaluate))
+            outcomes = await asyncio.gather(*clients)
+            wall = time.perf_counter() - start_time
+        finally:
+            if servers_hook is not None:
+                await servers_hook.finish()
     results: List[Any] = [None] * len(starts)
     failures: Dict[int, BaseException] = {}
     for outcome in outcomes:
@@ -87,10 +98,11 @@ async def _serve_client(number: int, share: List[int], sock: socket.socket,
     reader, writer = await asyncio.open_connection(sock=sock)
 
     def reply(message_id: int, fut: asyncio.Future) -> None:
-        if writer.is_closing():
+        if writer.is_closing() or fut.cancelled():
             return
         error = fut.exception()
-        write_frame(writer, ("result", message_id, error if error else fut.result()))
+        outputs, version = (error, None) if error else fut.result()
+        write_frame(writer, ("result", message_id, outputs, version))
 
     try:
         while True:
@@ -105,9 +117,9 @@ async def _serve_client(number: int, share: List[int], sock: socket.socket,
             if kind == "eval":
                 message_id, batch = body
                 try:
-                    fut = evaluate(batch)
+                    fut = evaluate.call_with_version(batch)
                 except Exception as e:  # a bad request: fails that message alone
-                    write_frame(writer, ("result", message_id, e))
+                    write_frame(writer, ("result", message_id, e, None))
                     continue
                 fut.add_done_callback(lambda f, m=message_id: reply(m, f))
             elif kind == "done":
@@ -136,8 +148,8 @@ async def _client(sock: socket.socket, search_fn, starts: List[Any],
     async def receive():
         try:
             while True:
-                _, message_id, outputs = await read_frame(reader)
-                client.deliver(message_id, outputs)
+                _, message_id, outputs, version = await read_frame(reader)
+                client.deliver(message_id, outputs, version)
         except (asyncio.IncompleteReadError, ConnectionError):
             client.fail_all(ServerDiedError("the serving process closed the connection"))
 
@@ -150,6 +162,9 @@ async def _client(sock: socket.socket, search_fn, starts: List[Any],
     except Exception as e:  # an unpicklable result or error: say so instead
         write_frame(writer, ("done", [(k, False, SearchError(f"could not send back: {e!r}"))
                                       for k in range(len(starts))]))
-    await writer.drain()
+    try:
+        await writer.drain()
+    except ConnectionError:  # the server ended the run (on_servers failed): nobody reads
+        pass
     receiving.cancel()
     writer.close()

@@ -6,7 +6,9 @@ the cluster has one. Each client task runs its share of the starts in its own ev
 its requests of one loop iteration travel as one actor call (``CoalescingClient``), sent
 to the server with the fewest messages outstanding, and awaited as Ray object refs (no
 polling). A server that dies (killed, crashed) has its outstanding messages sent again to
-a surviving server; when none survives, they fail with ServerDiedError.
+a surviving server; when none survives, they fail with ServerDiedError. Each answer
+carries the model version that computed it (``evaluate.with_version``); ``on_servers``
+pushes a new model to every live actor and waits for each to answer.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import asyncio
 import os
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, Hashable, List, Sequence
 
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, loop_factory,
                                           merge_stats, raise_failures)
+from async_search.backends.servers import ServersHook
 from async_search.errors import SearchError, ServerDiedError
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
@@ -63,6 +66,19 @@ class ServerActor:
     async def evaluate(self, batch):
         return await self._server(batch)
 
+    async def evaluate_with_version(self, batch):
+        """``(outputs, version)`` for ``batch``: version None when a swap split it."""
+        return await self._server.with_version(batch)
+
+    async def update_model(self, model_or_weights, version):
+        """Swaps the model between batches; returns ``version`` once swapped, so that
+        every call received after the answer runs on the new model."""
+        self._server.update_model(model_or_weights, version)
+        return version
+
+    def model_version(self):
+        return self._server.version
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -76,7 +92,8 @@ class ServerActor:
 
 
 async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], Any],
-                  config: RunConfig, progress: Progress | None = None) -> SearchResults:
+                  config: RunConfig, progress: Progress | None = None, *,
+                  servers_hook: ServersHook | None = None) -> SearchResults:
     """Runs the starts round-robin over ``num_procs`` Ray tasks and ``num_servers`` actors."""
     ray = ensure_ray(config.address)
     gpus = ray.cluster_resources().get("GPU", 0)
@@ -97,6 +114,10 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
             raise ServerDiedError(f"no server actor started: {started[0]!r}")
         servers = [s for s, _ in alive]
         spec = alive[0][1]
+        if servers_hook is not None:
+            version = await servers[0].model_version.remote()
+            servers_hook.serving(_pusher(ray, servers), version, len(servers),
+                                 config.backend)
         start_time = time.perf_counter()  # the searches' clock starts once servers serve
         startup = start_time - startup_time
         num_clients = min(config.num_procs, max(len(starts), 1))
@@ -109,13 +130,19 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
         watcher_state = {"reported": 0}
         watcher = (asyncio.ensure_future(_report_progress(servers, progress, watcher_state))
                    if progress is not None else None)
-        outcomes = await asyncio.gather(*refs, return_exceptions=True)
-        wall = time.perf_counter() - start_time
-        if watcher is not None:
-            watcher.cancel()
+        try:
+            outcomes = await asyncio.gather(*refs, return_exceptions=True)
+        finally:
+            wall = time.perf_counter() - start_time
+            if watcher is not None:
+                watcher.cancel()
+            if servers_hook is not None:
+                await servers_hook.finish()
         finals = await asyncio.gather(*(s.stop.remote() for s in servers),
                                       return_exceptions=True)
     finally:
+        if servers_hook is not None:  # idempotent: for the paths that skipped the above
+            await servers_hook.finish()
         for server in servers:
             ray.kill(server)
     if progress is not None:  # what the last reading missed
@@ -140,6 +167,28 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     stats["servers_died"] = config.num_servers - len(alive)
     stats["startup_s"] = startup
     return SearchResults(results, stats)
+
+
+def _pusher(ray, servers: list):
+    """``push(model_or_weights, version)`` for ``ModelServers``: swaps the model of every
+    live server actor and returns once each has answered. A client's call made after
+    that reaches an actor after its swap, so it runs on the new model; a message resent
+    from a dead server goes to a survivor, which has swapped too."""
+
+    async def push(model_or_weights: Any, version: Hashable) -> None:
+        ref = ray.put(model_or_weights)  # sent once, read by every actor
+        acks = await asyncio.gather(*(s.update_model.remote(ref, version) for s in servers),
+                                    return_exceptions=True)
+        died = [a for a in acks if isinstance(a, ray.exceptions.RayActorError)]
+        if len(died) == len(acks):
+            raise ServerDiedError(f"every server actor died; none took version {version!r}: "
+                                  f"{died[0]!r}")
+        for ack in acks:
+            if isinstance(ack, BaseException) and not isinstance(
+                    ack, ray.exceptions.RayActorError):
+                raise ack
+
+    return push
 
 
 def _alive(finals: list) -> list:
@@ -194,14 +243,15 @@ class _ServerRouter:
         index = min(self._outstanding,
                     key=lambda i: (self._outstanding[i], (i - self._turn) % count))
         self._outstanding[index] += 1
-        ref = self._servers[index].evaluate.remote(batch)
+        ref = self._servers[index].evaluate_with_version.remote(batch)
         asyncio.ensure_future(self._await(index, message_id, batch, ref))
 
     async def _await(self, index: int, message_id: int, batch, ref) -> None:
         import ray
 
+        version = None
         try:
-            outputs = await ref
+            outputs, version = await ref
         except ray.exceptions.RayActorError as e:
             if index in self._outstanding:
                 del self._outstanding[index]
@@ -215,7 +265,7 @@ class _ServerRouter:
             outputs = e
         if index in self._outstanding:
             self._outstanding[index] -= 1
-        self.client.deliver(message_id, outputs)
+        self.client.deliver(message_id, outputs, version)
 
     def _describe_dead(self) -> str:
         return ", ".join(f"server {i} ({why})" for i, why in sorted(self._dead.items()))

@@ -10,6 +10,7 @@ per request, never per element.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any, Callable, Hashable, List, Tuple
 
@@ -33,6 +34,11 @@ _cancelled = asyncio.Future.cancelled
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _cancel_with(fut: asyncio.Future, paired: asyncio.Future) -> None:
+    if paired.cancelled():
+        fut.cancel()
 
 
 class BatchingServer:
@@ -143,6 +149,36 @@ class BatchingServer:
         finally:
             version = self._responses.pop_version(fut)
         return outputs, version
+
+    def call_with_version(self, x: np.ndarray) -> "asyncio.Future[Tuple[Outputs, Hashable]]":
+        """``with_version`` as a call that queues ``x`` at once: the returned future
+        resolves with ``(outputs, version)``. A request queued after ``update_model``
+        runs on the new model; one queued before may run on either. Cancelling the
+        returned future drops the request.
+
+        Raises:
+            InputSpecError, ServerClosedError: as calling the server does.
+        """
+        fut = self(x)
+        paired = self._loop.create_future()
+        if fut.done():
+            paired.set_result((fut.result(), self.version))
+            return paired
+        self._responses.want_version(fut)
+        fut.add_done_callback(functools.partial(self._pair_version, paired))
+        paired.add_done_callback(functools.partial(_cancel_with, fut))
+        return paired
+
+    def _pair_version(self, paired: asyncio.Future, fut: asyncio.Future) -> None:
+        version = self._responses.pop_version(fut)
+        if paired.done():
+            return
+        if fut.cancelled():
+            paired.cancel()
+        elif fut.exception() is not None:
+            paired.set_exception(fut.exception())
+        else:
+            paired.set_result((fut.result(), version))
 
     def _checked(self, x) -> np.ndarray:
         x = self._check(x)  # raises, or learns the spec from the first request

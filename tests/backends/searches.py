@@ -73,3 +73,43 @@ async def slow_echo_sum(start, evaluate):
         total += float(y[0, 0])
         await asyncio.sleep(0.05)
     return total
+
+
+class VersionModel:
+    """A model whose every output row is its version: ``model(x) == [[version]] * n``;
+    ``with_weights(w)`` is ``VersionModel(w)`` (the weights are the version)."""
+
+    def __init__(self, version=0):
+        self.version = version
+
+    def __call__(self, x):
+        return np.full((len(x), 1), self.version, np.float32)
+
+    def with_weights(self, weights):
+        return VersionModel(weights)
+
+
+def version_model():
+    return VersionModel(0)
+
+
+async def until_version(start, evaluate, stop_version=3, deadline_s=120.0):
+    """Requests of 1 to 3 rows through ``evaluate.with_version``, one after another,
+    until a result has a row of ``stop_version`` (or ``deadline_s`` passed). Returns a
+    record per request: (began, ended, version, lowest row, highest row), the times
+    from ``time.monotonic`` (one clock for every process of a machine)."""
+    import time
+
+    records = []
+    deadline = time.monotonic() + deadline_s
+    i = start
+    while time.monotonic() < deadline:
+        x = np.zeros((1 + i % 3, 3), np.float32)
+        i += 1
+        began = time.monotonic()
+        y, version = await evaluate.with_version(x)
+        ended = time.monotonic()
+        records.append((began, ended, version, float(y.min()), float(y.max())))
+        if y.max() >= stop_version:
+            break
+    return records

@@ -76,3 +76,23 @@ async def test_an_error_response_fails_every_request_of_its_message():
     await asyncio.sleep(0)
     client.deliver(sent.sent[0][0], KeyError("model raised"))
     assert all(isinstance(f.exception(), KeyError) for f in futures)
+
+
+async def test_with_version_reports_the_version_sent_back_with_the_message():
+    sent = Recorder()
+    client = CoalescingClient(sent)
+    pairs = [asyncio.ensure_future(client.with_version(np.full((n, 1), n, np.float32)))
+             for n in (2, 1)]
+    plain = asyncio.ensure_future(client(np.zeros((1, 1), np.float32)))
+    for _ in range(10):  # the tasks make their requests, then the message leaves
+        await asyncio.sleep(0)
+    ((message_id, batch),) = sent.sent
+    client.deliver(message_id, batch * 10, 7)
+    (y2, v2), (y1, v1) = await asyncio.wait_for(asyncio.gather(*pairs), 5)
+    assert (y2.tolist(), v2, y1.tolist(), v1) == ([[20.0], [20.0]], 7, [[10.0]], 7)
+    assert (await plain).tolist() == [[0.0]]
+    mixed = asyncio.ensure_future(client.with_version(np.ones((1, 1), np.float32)))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    client.deliver(sent.sent[1][0], sent.sent[1][1], None)  # rows from two versions
+    assert (await asyncio.wait_for(mixed, 5))[1] is None

@@ -9,16 +9,8 @@ import async_search as asr
 from tests.backends import searches
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    """One Ray session for the whole module: starting Ray costs seconds."""
-    from async_search.backends.ray_backend import ensure_ray
-    ensure_ray()
-    yield
-    ray.shutdown()
+# One Ray session for this package's tests (tests/backends/conftest.py).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("ray_session")]
 
 
 @pytest.mark.parametrize("num_procs", [1, 2])

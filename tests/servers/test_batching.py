@@ -344,3 +344,22 @@ async def test_on_batch_and_trace_record_every_batch_in_order():
     assert all(r.model_s > 0 for r in trace)
     assert [r.finished_s for r in trace] == sorted(r.finished_s for r in trace)
     assert stats["std_batch_size"] == pytest.approx(np.std([2, 2, 1]))
+
+
+async def test_call_with_version_queues_at_once_and_pairs_outputs_with_their_version():
+    gated = GatedModel()
+    async with asr.serve(gated, max_batch_size=2, pipeline_depth=1) as server:
+        first = server.call_with_version(np.zeros((2, 1), np.float32))  # 1st batch
+        await wait_thread_event(gated.started)
+        queued = server.call_with_version(np.zeros((1, 1), np.float32))
+        dropped = server.call_with_version(np.full((1, 1), 9, np.float32))
+        dropped.cancel()
+        server.update_model(doubling((1,)), version="v1")
+        after = server.call_with_version(np.ones((1, 1), np.float32))
+        gated.gate.set()
+        (y0, v0), (y1, v1), (y2, v2) = await asyncio.wait_for(
+            asyncio.gather(first, queued, after), 10)
+    assert (y0.tolist(), v0) == ([[1.0], [1.0]], 0)  # it ran before the swap
+    assert v1 == "v1" and y1.tolist() == [[0.0]]  # queued before, batched after: new
+    assert (y2.tolist(), v2) == ([[2.0]], "v1")
+    assert server.stats["elements"] == 4  # the cancelled request never ran

@@ -1,0 +1,196 @@
+"""Pushing new weights to every server of a run while its searches make requests."""
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.backends import ModelServers
+from tests.backends import searches
+from tests.backends.searches import VersionModel
+
+pytestmark = pytest.mark.timeout(300)
+
+SEARCHES = 6
+MAX_ROWS = 3  # searches.until_version asks for 1 to 3 rows at a time
+# Elements computed after a moment of which at least one search made two requests after
+# it: each search has at most one request (MAX_ROWS elements) in flight at any moment.
+ENOUGH = 2 * SEARCHES * MAX_ROWS + 1
+BACKENDS = ["local", "process", "ray"]
+
+
+class Computed:
+    """The ``progress`` callback: counts elements computed, and waits for more."""
+
+    def __init__(self):
+        self.reports = []  # the running total after each call
+        self._changed = asyncio.Event()
+
+    def __call__(self, elements: int) -> None:
+        self.reports.append((self.reports[-1] if self.reports else 0) + elements)
+        self._changed.set()
+
+    async def more_than(self, elements: int, timeout: float = 60) -> None:
+        """Returns once ``elements`` elements were computed after this call. Ray reads
+        the servers' counts a few times a second, so a report may count elements
+        computed before the call: count from the second report after it, whose reading
+        began after the first one arrived."""
+        first = len(self.reports)
+
+        def enough():
+            return (len(self.reports) > first + 2
+                    and self.reports[-1] - self.reports[first + 1] >= elements)
+
+        async def wait():
+            while not enough():
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(wait(), timeout)
+
+
+class Trainer:
+    """Pushes version 1 (a model), 2 (weights, through ``with_weights``) and 3 (which
+    ends the searches), each once ENOUGH elements were computed since the last push;
+    keeps when each push began and returned."""
+
+    def __init__(self, computed: Computed):
+        self.computed = computed
+        self.handle: ModelServers | None = None
+        self.began, self.returned = {}, {}
+
+    async def __call__(self, servers: ModelServers) -> None:
+        self.handle = servers
+        assert servers.version == 0 and servers.num_servers == 2
+        for version, model_or_weights in ((1, VersionModel(1)), (2, 2), (3, VersionModel(3))):
+            await self.computed.more_than(ENOUGH)
+            self.began[version] = time.monotonic()
+            await asyncio.wait_for(servers.update_model(model_or_weights, version), 60)
+            self.returned[version] = time.monotonic()
+            assert servers.version == version
+
+
+def check_versions(records, trainer: Trainer) -> None:
+    """Every request is answered by a version pushed no later than it ended, and by no
+    version older than the last push that had returned when it began; its rows are that
+    version's outputs."""
+    phases = set()
+    for began, ended, version, low_row, high_row in records:
+        low = max([0] + [v for v, t in trainer.returned.items() if t < began])
+        high = max([0] + [v for v, t in trainer.began.items() if t < ended])
+        assert low <= low_row <= high_row <= high, (began, ended, version, low, high)
+        if version is not None:
+            assert low_row == high_row == version
+        if low == high:  # no push while it was served: one version computed it all
+            assert version == low
+        phases.add((low, high) if low == high else "during")
+    # The run covered requests before the first push and after each push.
+    assert {(0, 0), (1, 1), (2, 2)} <= phases
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_no_request_made_after_a_push_is_answered_by_older_weights(backend, request):
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    computed = Computed()
+    trainer = Trainer(computed)
+    out = await asyncio.wait_for(asr.run_searches_async(
+        searches.until_version, list(range(SEARCHES)), searches.version_model,
+        backend=backend, num_procs=2 if backend != "local" else 1, num_servers=2,
+        max_batch_size=4, progress=computed, on_servers=trainer), 240)
+    assert trainer.returned.keys() == {1, 2, 3}
+    for records in out:  # every search saw the last version, then stopped
+        assert records[-1][4] == 3
+    check_versions([r for records in out for r in records], trainer)
+    assert [server["version"] for server in out.stats["servers"]] == (
+        [3, 3] if backend == "ray" else [3])
+    with pytest.raises(RuntimeError, match="has ended"):
+        await trainer.handle.update_model(VersionModel(4), 4)
+    assert trainer.handle.closed and trainer.handle.version == 3
+
+
+def test_on_servers_gets_a_handle_before_the_searches_and_it_closes_after():
+    seen = []
+
+    def on_servers(servers):
+        seen.append((servers.version, servers.num_servers, servers.backend,
+                     servers.closed))
+        handles.append(servers)
+
+    handles = []
+    out = asr.run_searches(searches.echo_sum, [3] * 4, searches.small_mlp, num_servers=2,
+                           on_servers=on_servers)
+    assert out == searches.baseline(searches.echo_sum, [3] * 4, searches.small_mlp())
+    assert seen == [(0, 2, "local", False)]
+    assert handles[0].closed
+
+
+async def test_every_worker_of_a_local_server_takes_the_weights():
+    async def search(start, evaluate):
+        await servers_pushed.wait()
+        ys = await asyncio.gather(*(evaluate.with_version(np.zeros((1, 3), np.float32))
+                                    for _ in range(16)))
+        return {(float(y.item()), version) for y, version in ys}
+
+    async def push(servers):
+        await servers.update_model(7, version=7)  # weights: with_weights on each worker
+        servers_pushed.set()
+
+    servers_pushed = asyncio.Event()
+    out = await asyncio.wait_for(asr.run_searches_async(
+        search, list(range(8)), searches.version_model, num_servers=3, max_batch_size=2,
+        on_servers=push), 60)
+    assert set().union(*out) == {(7.0, 7)}
+    assert out.stats["batches"] >= 3
+
+
+@pytest.mark.parametrize("backend", ["local", "process"])
+async def test_an_on_servers_task_that_raises_ends_the_run_with_its_error(backend):
+    async def trainer(servers):
+        await servers.update_model(VersionModel(1), 1)
+        raise KeyError("the trainer broke")
+
+    # The searches would run for two minutes (stop_version is never pushed): the run
+    # must end at once with the trainer's error, well before the wait_for.
+    with pytest.raises(KeyError, match="the trainer broke"):
+        await asyncio.wait_for(asr.run_searches_async(
+            searches.until_version, [0, 1], searches.version_model, backend=backend,
+            num_procs=1, on_servers=trainer), 60)
+
+
+def test_on_servers_that_raises_fails_the_run_before_any_search():
+    started = []
+
+    async def search(start, evaluate):
+        started.append(start)
+
+    def broken(servers):
+        raise ZeroDivisionError("no servers for you")
+
+    with pytest.raises(ZeroDivisionError, match="no servers for you"):
+        asr.run_searches(search, [1, 2], searches.small_mlp, on_servers=broken)
+    assert started == []
+    with pytest.raises(TypeError, match="on_servers must be a callable"):
+        asr.run_searches(search, [1], searches.small_mlp, on_servers="trainer")
+
+
+async def test_weights_the_model_cannot_take_fail_the_push_and_the_run_goes_on():
+    errors = []
+
+    async def trainer(servers):
+        try:
+            await servers.update_model([np.zeros(3)], version=1)
+        except TypeError as e:
+            errors.append((str(e), servers.version))
+        await servers.update_model(VersionModel(3), version=3)
+
+    def without_with_weights():
+        return VersionModel(0).__call__  # a callable model with no with_weights
+
+    out = await asyncio.wait_for(asr.run_searches_async(
+        searches.until_version, [0, 1], without_with_weights, on_servers=trainer), 60)
+    assert len(errors) == 1 and "pass a new model instead" in errors[0][0]
+    assert errors[0][1] == 0  # the failed push left the version as it was
+    assert all(records[-1][4] == 3 for records in out)
