@@ -5,6 +5,9 @@
     python main.py --continuous       # continuous A*, batches up to 1024, worker process
     python main.py --multi_server     # Ray with several servers and client processes
     python main.py --architecture all # self-play through pipe, queue, client topologies
+    python main.py --train connect_four     # AlphaZero from scratch: self-play, train, arena
+    python main.py --train sliding_puzzle   # a learned 15-puzzle heuristic (DAVI) vs Manhattan
+    python main.py --search mcts --model pretrained   # the shipped trained nets
 
 Each run prints its search time, model time, fraction in the model and batch sizes, with
 a progress bar over model evaluations while it runs; every run's results are checked
@@ -52,6 +55,9 @@ flags.DEFINE_enum("architecture", None, ["pipe", "queue", "client", "all"],
                   "Self-play with MCTS on Connect Four through an inference topology: "
                   "pipe (load balancer), queue (central cache manager), client (a cache "
                   "per client), or all three.")
+flags.DEFINE_enum("train", None, ["connect_four", "sliding_puzzle"],
+                  "Train a net from scratch: AlphaZero self-play on Connect Four, or a "
+                  "15-puzzle cost-to-go heuristic by approximate value iteration (DAVI).")
 flags.DEFINE_list("backends", ["local", "process", "ray"],
                   "Default experiment: the backends to compare with the baseline.")
 flags.DEFINE_bool("skip_sync", False, "Skip the synchronous baseline; results are then "
@@ -70,8 +76,9 @@ flags.DEFINE_integer("rollout_depth", 24, "Steps of one rollout at most.")
 flags.DEFINE_integer("max_in_flight", 512, "Requests continuous A* keeps in flight.")
 flags.DEFINE_integer("scramble", 100, "Random moves from the goal to each puzzle start.")
 flags.DEFINE_integer("seed", 0, "Seeds the starts, the searches and the network.")
-flags.DEFINE_enum("model", "tf", ["tf", "numpy"], "The network: TensorFlow, or its "
-                  "bitwise-equal NumPy twin.")
+flags.DEFINE_enum("model", "tf", ["tf", "numpy", "pretrained"], "The network: an "
+                  "untrained TensorFlow net, its bitwise-equal NumPy twin, or the trained "
+                  "NumPy net shipped in the package (problems.pretrained).")
 flags.DEFINE_list("hidden_sizes", ["256", "256"], "Widths of the network's hidden layers.")
 
 # -- serving and placement --------------------------------------------------------------
@@ -95,6 +102,27 @@ flags.DEFINE_integer("games_per_client", 8, "Games each self-play client plays a
 flags.DEFINE_integer("cache_capacity", 100_000, "Entries of each result cache (0: none "
                      "kept, in-flight duplicates still merged).")
 
+# -- training (--train) ----------------------------------------------------------------
+flags.DEFINE_integer("iterations", None, "--train connect_four: AlphaZero iterations "
+                     "(default 8); sliding_puzzle: DAVI rounds (default 60).")
+flags.DEFINE_integer("games_per_iteration", 300, "--train connect_four: self-play games "
+                     "per iteration, played concurrently.")
+flags.DEFINE_integer("train_steps", None, "Optimizer steps per iteration (default 800) "
+                     "or per DAVI round (default 300).")
+flags.DEFINE_enum("backend", "local", ["local", "process", "ray"], "--train "
+                  "connect_four: where self-play runs (with --num_procs clients).")
+flags.DEFINE_string("save_dir", None, "Checkpoints, replay buffer and run state (default "
+                    "results/train_<problem>).")
+flags.DEFINE_bool("resume", False, "--train: continue the run saved in --save_dir.")
+flags.DEFINE_integer("eval_games", 20, "--train connect_four: games against each "
+                     "baseline per iteration (0: none).")
+flags.DEFINE_integer("final_games", 40, "--train connect_four: games per match in the "
+                     "final evaluation.")
+flags.DEFINE_integer("uct_rollouts", 300, "--train connect_four: rollouts per move of "
+                     "the UCT baseline.")
+flags.DEFINE_float("weight", 0.3, "--train sliding_puzzle: weight of g in the "
+                   "batch-weighted A* that compares the heuristics.")
+
 # -- output -----------------------------------------------------------------------------
 flags.DEFINE_string("save_path", "results/results.png", "Where the plot goes; the JSON "
                     "of every printed figure goes beside it (.json). Left at its default, "
@@ -110,7 +138,9 @@ _POSITIVE = {
     "rollout_depth": "steps per rollout", "max_in_flight": "requests in flight",
     "num_procs": "client processes", "num_servers": "model servers",
     "num_samples": "self-play positions", "simulations": "MCTS simulations per move",
-    "games_per_client": "games per client",
+    "games_per_client": "games per client", "iterations": "iterations",
+    "games_per_iteration": "games per iteration", "train_steps": "steps per iteration",
+    "final_games": "games per match", "uct_rollouts": "rollouts per move",
 }
 
 
@@ -130,9 +160,10 @@ def _check(name: str, ok, accepts: str) -> None:
 
 for _name, _what in _POSITIVE.items():
     _check(_name, lambda v: v is None or v >= 1, f"an integer >= 1 ({_what})")
-for _name in ("scramble", "seed", "cache_capacity"):
+for _name in ("scramble", "seed", "cache_capacity", "eval_games"):
     _check(_name, lambda v: v >= 0, "an integer >= 0")
 _check("max_batch_size", lambda v: v is None or v >= 1, "an integer >= 1 (elements)")
+_check("weight", lambda v: v >= 0, "a number >= 0 (the weight of the path cost)")
 _check("max_delay", lambda v: v is None or v >= 0, "a number of seconds >= 0")
 _check("total_gpu_frac", lambda v: v is None or 0 < v <= 1, "a fraction in (0, 1]")
 _check("backends", lambda v: bool(v) and set(v) <= {"local", "process", "ray"},
@@ -141,12 +172,13 @@ _check("hidden_sizes", lambda v: bool(v) and all(int(w) >= 1 for w in v),
        "comma-separated integers >= 1 (layer widths)")
 
 
-@flags.multi_flags_validator(["continuous", "multi_server", "architecture"],
+@flags.multi_flags_validator(["continuous", "multi_server", "architecture", "train"],
                              message="choose one experiment")
 def _one_experiment(v) -> bool:
     chosen = [f"--{k}" for k in ("continuous", "multi_server") if v[k]]
-    if v["architecture"]:
-        chosen.append(f"--architecture={v['architecture']}")
+    for name in ("architecture", "train"):
+        if v[name]:
+            chosen.append(f"--{name}={v[name]}")
     if len(chosen) > 1:
         raise flags.ValidationError(f"{' and '.join(chosen)} are separate experiments: "
                                     f"pass one of them")
@@ -339,18 +371,108 @@ def run_architecture_experiment(plan) -> int:
     return 0 if result.ok else 1
 
 
+def build_training():
+    """What --train asks for: (config, held-out params or None, save_dir), checked."""
+    import dataclasses
+
+    save_dir = FLAGS.save_dir or os.path.join(os.path.dirname(FLAGS.save_path) or ".",
+                                              f"train_{FLAGS.train}")
+    if FLAGS.train == "connect_four":
+        from async_search.training import CommanderConfig
+
+        defaults = CommanderConfig()
+        config = CommanderConfig(
+            iterations=FLAGS.iterations or defaults.iterations,
+            games_per_iteration=FLAGS.games_per_iteration,
+            selfplay=dataclasses.replace(defaults.selfplay, simulations=FLAGS.simulations),
+            train_steps=FLAGS.train_steps or defaults.train_steps,
+            hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
+            eval_games=FLAGS.eval_games, uct_rollouts=FLAGS.uct_rollouts,
+            backend=FLAGS.backend,
+            num_procs=FLAGS.num_procs if FLAGS.backend != "local" else 1,
+            max_batch_size=FLAGS.max_batch_size or defaults.max_batch_size,
+            seed=FLAGS.seed)
+        if FLAGS.resume and not os.path.exists(os.path.join(save_dir, "state.json")):
+            raise ValueError(f"--resume: no saved run in {save_dir} (state.json is "
+                             f"missing); run without --resume first")
+        return config, None, save_dir
+    from async_search.experiments.heuristic_training import HeldOutParams
+    from async_search.training import DaviConfig
+
+    defaults = DaviConfig()
+    config = DaviConfig(rounds=FLAGS.iterations or defaults.rounds,
+                        train_steps=FLAGS.train_steps or defaults.train_steps,
+                        hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
+                        seed=FLAGS.seed)
+    held_out = HeldOutParams(weight=FLAGS.weight, budget=FLAGS.gnn_budget or 20_000,
+                             buffer_size=FLAGS.batch_size if FLAGS["batch_size"].present
+                             else 16, max_batch_size=FLAGS.max_batch_size or 1024)
+    return config, held_out, save_dir
+
+
+def run_training_experiment(plan) -> int:
+    """Runs --train; prints the tables; returns the exit status."""
+    config, held_out, save_dir = plan
+    png = save_path(f"train_{FLAGS.train}")
+    if FLAGS.train == "connect_four":
+        from async_search.experiments.training import (format_final,
+                                                       run_connect_four_training)
+
+        print(f"--train connect_four: {config.iterations} iterations of "
+              f"{config.games_per_iteration} self-play games (MCTS, "
+              f"{config.selfplay.simulations} simulations), {config.train_steps} training "
+              f"steps, arena of {config.arena_games} games (promote at "
+              f"{config.gate_threshold}), {config.eval_games} games against each baseline; "
+              f"self-play on {config.backend}; saved in {save_dir}\n", flush=True)
+        result = run_connect_four_training(
+            config, save_dir=save_dir, resume=FLAGS.resume, png_path=png,
+            final_games=FLAGS.final_games, final_simulations=config.eval_simulations,
+            show_progress=FLAGS.progress, command=_command(),
+            print_fn=lambda line: print(line, flush=True))
+        print()
+        print(format_final(result["final_evaluation"], FLAGS.final_games,
+                           config.eval_simulations))
+        print(f"\nBest net: version {result['best_version']}, checkpoint "
+              f"{os.path.join(save_dir, 'best')}")
+    else:
+        from async_search.experiments.heuristic_training import (format_comparison,
+                                                                 run_heuristic_training)
+
+        print(f"--train sliding_puzzle: DAVI, {config.rounds} rounds of "
+              f"{config.states_per_round} states (1..{config.max_scramble} moves from the "
+              f"goal), {config.train_steps} steps each; saved in {save_dir}\n", flush=True)
+        result = run_heuristic_training(config, held_out, save_dir=save_dir, png_path=png,
+                                        show_progress=FLAGS.progress, command=_command(),
+                                        print_fn=lambda line: print(line, flush=True))
+        print()
+        print(format_comparison(result["korf100"], held_out))
+        print(f"\nHeuristic checkpoint: {result['checkpoint']}")
+    print(f"\nSaved the plot to {result['png_path']} and the figures to "
+          f"{result['json_path']}")
+    return 0
+
+
 def main(argv) -> None:
     del argv
     import matplotlib
     matplotlib.use("Agg")  # files only: no display needed
     start = time.perf_counter()
     try:  # every parameter is checked here, before anything runs
-        plan = build_architectures() if FLAGS.architecture else build_experiment()
+        if FLAGS.train:
+            plan = build_training()
+        elif FLAGS.architecture:
+            plan = build_architectures()
+        else:
+            plan = build_experiment()
     except ValueError as e:  # one the flag validators let through
         sys.stderr.write(f"main.py: error: {' '.join(str(e).split())}\n")
         sys.exit(2)
-    status = (run_architecture_experiment(plan) if FLAGS.architecture
-              else run_searches_experiment(plan))
+    if FLAGS.train:
+        status = run_training_experiment(plan)
+    elif FLAGS.architecture:
+        status = run_architecture_experiment(plan)
+    else:
+        status = run_searches_experiment(plan)
     print(f"Finished in {time.perf_counter() - start:.1f} s")
     sys.exit(status)
 

@@ -21,7 +21,7 @@ __all__ = ["SEARCHES", "MODELS", "SearchParams", "ModelParams", "RunSpec"]
 #: The searches an experiment can run; ``continuous`` is continuous A* (``--continuous``).
 SEARCHES = ("astar", "rollout", "mcts", "continuous")
 #: The networks: TensorFlow, or its bitwise-equal NumPy twin.
-MODELS = ("tf", "numpy")
+MODELS = ("tf", "numpy", "pretrained")
 
 
 def _positive(owner: str, name: str, value) -> None:
@@ -84,10 +84,12 @@ class SearchParams:
 
 @dataclasses.dataclass(frozen=True)
 class ModelParams:
-    """The network that guides the searches (untrained, seeded, row-independent).
+    """The network that guides the searches (seeded or trained, row-independent).
 
     Attributes:
-        kind: ``tf`` (a TensorFlow net) or ``numpy`` (its bitwise-equal NumPy twin).
+        kind: ``tf`` (an untrained TensorFlow net), ``numpy`` (its bitwise-equal NumPy
+            twin), or ``pretrained`` (the trained NumPy net shipped in the package,
+            ``problems.pretrained``; hidden_sizes and seed do not apply).
         hidden_sizes: widths of the ReLU hidden layers.
         seed: seeds the weights.
         max_batch_size: the largest batch the TensorFlow net is traced for (batches are

@@ -99,7 +99,13 @@ def build_model(search_name: str, puzzle_size: int, params: ModelParams) -> Any:
         return model
     problem = problem_for(search_name, puzzle_size)
     hidden = tuple(params.hidden_sizes)
-    if search_name == "mcts":
+    if params.kind == "pretrained":  # the trained nets shipped in the package (NumPy)
+        if search_name != "mcts" and puzzle_size != 4:
+            raise ValueError(f"the pretrained heuristic is for the 15-puzzle; there is "
+                             f"none for a puzzle of size {puzzle_size}")
+        model = problems.pretrained("connect_four" if search_name == "mcts"
+                                    else "15-puzzle")
+    elif search_name == "mcts":
         if params.kind == "tf":
             model = problems.policy_value_tf_net(problem, hidden_sizes=hidden,
                                                  seed=params.seed,

@@ -5,7 +5,9 @@ Search problems (A*, rollouts): ``SlidingPuzzle`` (8- and 15-puzzle) and
 ``ConnectFour``. Models: ``ManhattanHeuristic`` and ``DepthHeuristic`` (exact, admissible),
 ``heuristic_mlp`` and ``PolicyValueMLP`` (seeded NumPy nets), and their TensorFlow twins
 ``heuristic_tf_net`` and ``policy_value_tf_net`` (TensorFlow is imported only when one is
-built). Every model's output for an element is bitwise independent of its batch-mates.
+built; ``tf_twin`` makes the twin of any of them, trained or not). Trained models:
+``pretrained("connect_four")`` and ``pretrained("15-puzzle")`` (a ``LearnedHeuristic``);
+``korf100()`` gives the published 15-puzzle instances with optimal lengths. Every model's output for an element is bitwise independent of its batch-mates.
 
 Example:
     >>> from async_search import problems
@@ -18,16 +20,19 @@ Example:
 
 from async_search.problems.base import Game, SearchProblem, State
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
-from async_search.problems.heuristics import (DepthHeuristic, ManhattanHeuristic,
-                                              heuristic_mlp)
+from async_search.problems.heuristics import (DepthHeuristic, LearnedHeuristic,
+                                              ManhattanHeuristic, heuristic_mlp)
 from async_search.problems.policy_value import PolicyValueMLP
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.problems.synthetic_graph import SyntheticGraph
-from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net
+from async_search.problems.pretrained import (PRETRAINED, KorfInstance, korf100,
+                                              pretrained)
+from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net, tf_twin
 
 __all__ = [
     "Game", "SearchProblem", "State",
     "SlidingPuzzle", "ConnectFour", "ConnectFourState", "SyntheticGraph",
     "ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp", "PolicyValueMLP",
-    "heuristic_tf_net", "policy_value_tf_net",
+    "heuristic_tf_net", "policy_value_tf_net", "tf_twin", "LearnedHeuristic",
+    "pretrained", "PRETRAINED", "korf100", "KorfInstance",
 ]

@@ -17,7 +17,7 @@ from async_search.problems.base import SearchProblem
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.problems.synthetic_graph import SyntheticGraph
 
-__all__ = ["ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp"]
+__all__ = ["ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp", "LearnedHeuristic"]
 
 
 class ManhattanHeuristic:
@@ -89,3 +89,37 @@ def heuristic_mlp(problem: SearchProblem, *, hidden_sizes: Sequence[int] = (64,)
         (2, 1)
     """
     return MLP(problem.input_spec.shape, tuple(hidden_sizes), 1, seed)
+
+
+class LearnedHeuristic:
+    """A trained cost-to-go net for the sliding puzzle: ``max(0, base(x) + mlp(x))``.
+
+    ``mlp`` is a ``models.MLP`` (trained weights on its exact grid) from ``encode``'s
+    output to one value; ``base`` is the Manhattan distance when ``residual`` is true
+    (the net then learns what Manhattan misses: linear conflicts, corners, the last
+    moves), else 0. Both terms are exact and row-independent, so the output for an
+    element does not depend on its batch-mates. ``training.Trainer`` makes these (see
+    ``training.davi``); ``problems.pretrained("15-puzzle")`` returns one.
+
+    Output: float32 ``[n, 1]``.
+
+    Example:
+        >>> puzzle = SlidingPuzzle(3)
+        >>> h = LearnedHeuristic(puzzle, heuristic_mlp(puzzle, seed=0), residual=True)
+        >>> h(puzzle.encode([puzzle.goal])).shape
+        (1, 1)
+    """
+
+    def __init__(self, puzzle: SlidingPuzzle, mlp: MLP, *, residual: bool = True):
+        self.puzzle = puzzle
+        self.mlp = mlp
+        self.residual = bool(residual)
+        self.input_spec = puzzle.input_spec
+        self.output_spec = TensorSpec((1,), np.float32)
+        self._base = ManhattanHeuristic(puzzle) if self.residual else None
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        h = self.mlp(batch).astype(np.float64)
+        if self._base is not None:
+            h = h + self._base(batch)
+        return np.maximum(h, 0.0).astype(np.float32)

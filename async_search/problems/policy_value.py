@@ -45,6 +45,20 @@ class PolicyValueMLP:
                         seed)
         self.input_spec = self.body.input_spec
 
+    def with_weights(self, weights: Sequence[Tuple[np.ndarray, np.ndarray]]
+                     ) -> "PolicyValueMLP":
+        """A copy with trained ``(w, b)`` layers of the same shapes (rounded onto the
+        exact grid of ``models.MLP``); the last layer has ``num_actions + 1`` outputs:
+        the logits, then the value."""
+        copy = object.__new__(PolicyValueMLP)
+        copy.__dict__.update(self.__dict__)
+        copy.body = self.body.with_weights(weights)
+        return copy
+
+    @property
+    def hidden_sizes(self) -> Tuple[int, ...]:
+        return tuple(w.shape[1] for w, _ in self.body.weights[:-1])
+
     def __call__(self, batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         out = self.body(batch)
         a = self.num_actions

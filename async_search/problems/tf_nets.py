@@ -21,7 +21,7 @@ from async_search.models import GRID_BOUND, GRID_SCALE
 from async_search.problems.heuristics import heuristic_mlp
 from async_search.problems.policy_value import PolicyValueMLP
 
-__all__ = ["heuristic_tf_net", "policy_value_tf_net"]
+__all__ = ["heuristic_tf_net", "policy_value_tf_net", "tf_twin"]
 
 # The grid of models.MLP: activations are multiples of 1/_SCALE within [-_BOUND, _BOUND].
 # tests/problems/test_tf_nets.py checks bitwise equality with the NumPy MLP.
@@ -110,3 +110,55 @@ def policy_value_tf_net(game: Game, *, hidden_sizes: Sequence[int] = (64,), seed
 
     return TensorFlowModel(forward, game.input_spec, max_batch_size=max_batch_size,
                            batch_sizes=batch_sizes, jit_compile=jit_compile)
+
+
+def tf_twin(model: Any, *, max_batch_size: int = 1024,
+            batch_sizes: Sequence[int] | None = None,
+            jit_compile: bool = False) -> TensorFlowModel:
+    """The TensorFlow twin of a NumPy net (seeded or trained): bitwise the same outputs.
+
+    Takes a ``models.MLP``, a ``PolicyValueMLP`` or a ``LearnedHeuristic`` (what
+    ``training.Trainer.model()`` and ``problems.pretrained`` return) and returns a
+    ``TensorFlowModel`` that computes the same forward pass on the same exact grid, so
+    serving the twin on an accelerator gives the searches the same results.
+
+    Example:
+        >>> from async_search.problems import ConnectFour
+        >>> game = ConnectFour()
+        >>> net = PolicyValueMLP(game, seed=1)
+        >>> x = game.encode([game.initial_state()])
+        >>> bool((tf_twin(net)(x)[0] == net(x)[0]).all())
+        True
+    """
+    import tensorflow as tf  # only here: the package imports with NumPy alone
+
+    from async_search.models import MLP
+    from async_search.problems.heuristics import LearnedHeuristic
+
+    options = dict(max_batch_size=max_batch_size, batch_sizes=batch_sizes,
+                   jit_compile=jit_compile)
+    if isinstance(model, PolicyValueMLP):
+        body = _grid_forward(tf, model.body.weights)
+        num_actions = model.num_actions
+
+        def forward(x):
+            out = body(x)
+            return out[:, :num_actions], tf.clip_by_value(out[:, num_actions:], -1.0, 1.0)
+
+        return TensorFlowModel(forward, model.input_spec, **options)
+    if isinstance(model, LearnedHeuristic):
+        body = _grid_forward(tf, model.mlp.weights)
+        table = (tf.constant(model._base._table, tf.float64) if model.residual else None)
+
+        def forward(x):
+            h = tf.cast(body(x), tf.float64)
+            if table is not None:
+                flat = tf.reshape(tf.cast(x, tf.float64), [tf.shape(x)[0], -1])
+                h = h + tf.cast(tf.cast(tf.matmul(flat, table), tf.float32), tf.float64)
+            return tf.cast(tf.maximum(h, 0.0), tf.float32)
+
+        return TensorFlowModel(forward, model.input_spec, **options)
+    if isinstance(model, MLP):
+        return TensorFlowModel(_grid_forward(tf, model.weights), model.input_spec, **options)
+    raise TypeError(f"tf_twin takes a models.MLP, PolicyValueMLP or LearnedHeuristic, got "
+                    f"{type(model).__name__}")

@@ -1,0 +1,209 @@
+"""The ``--train connect_four`` experiment: AlphaZero iterations, a table, a figure.
+
+It runs a ``training.Commander`` with tqdm bars per phase, prints one table row per
+iteration, then evaluates the final best net and the untrained net on the goal's terms
+(MCTS with ``final_simulations`` and no noise against the one-ply and UCT baselines,
+the net alone against random), and saves a seaborn figure and the JSON of every figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+__all__ = ["PhaseBars", "format_iteration", "iteration_header", "evaluate_agent",
+           "run_connect_four_training", "plot_training"]
+
+
+class PhaseBars:
+    """tqdm bars for ``Commander``'s ``progress(phase, done, total)`` hook: one bar per
+    phase, replaced when the phase changes (shown on a terminal only)."""
+
+    _UNITS = {"selfplay": "eval", "train": "step", "evaluate": "game"}
+
+    def __init__(self, enabled: bool = True, prefix: str = ""):
+        self.enabled = enabled
+        self.prefix = prefix
+        self._phase: Optional[str] = None
+        self._bar = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if phase != self._phase:
+            self.close()
+            from tqdm import tqdm
+            self._bar = tqdm(total=total or None, desc=f"{self.prefix}{phase}",
+                             unit=self._UNITS.get(phase, "it"), unit_scale=True,
+                             leave=False, dynamic_ncols=True, file=sys.stderr,
+                             mininterval=0.2, disable=None)
+            self._phase = phase
+        self._bar.update(done)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._bar, self._phase = None, None
+
+
+_COLUMNS = [("it", 3), ("samples", 8), ("smp/s", 7), ("s/1k", 6), ("policy", 7),
+            ("value", 6), ("l2", 6), ("arena", 6), ("promo", 5), ("one-ply", 7),
+            ("uct", 6), ("net/rnd", 7), ("elo", 6), ("play s", 7), ("train s", 7),
+            ("eval s", 7)]
+
+
+def iteration_header() -> str:
+    return "  ".join(f"{name:>{width}}" for name, width in _COLUMNS)
+
+
+def format_iteration(r: Any) -> str:
+    """One table row for an ``IterationRecord``."""
+    uct = next((v for k, v in r.scores.items() if k.startswith("uct")), float("nan"))
+    cells = [r.iteration, r.samples, f"{r.samples_per_s:.0f}", f"{r.s_per_1000_samples:.2f}",
+             f"{r.policy_loss:.3f}", f"{r.value_loss:.3f}", f"{r.l2_loss:.3f}",
+             f"{r.arena_score:.2f}", "yes" if r.promoted else "no",
+             f"{r.scores.get('one_ply', float('nan')):.2f}", f"{uct:.2f}",
+             f"{r.scores.get('policy_vs_random', float('nan')):.2f}", f"{r.elo:+.0f}",
+             f"{r.selfplay_s:.1f}", f"{r.train_s:.1f}", f"{r.eval_s:.1f}"]
+    return "  ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, _COLUMNS))
+
+
+async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollouts: int,
+                         seed: int = 12345, on_game: Callable[[], None] | None = None,
+                         max_batch_size: int = 512) -> Dict[str, Any]:
+    """The goal's evaluation of a policy-value net on Connect Four: MCTS with
+    ``simulations`` and no noise against one-ply and UCT(``uct_rollouts``), and the net
+    alone (greedy on its policy) against random; ``games`` each, first player
+    alternating. Returns each match's wins, draws, losses and score."""
+    import async_search as asr
+    from async_search.problems import ConnectFour
+    from async_search.training import (MCTSPlayer, OnePlyPlayer, PolicyPlayer,
+                                       RandomPlayer, UCTPlayer, play_match)
+
+    game = ConnectFour()
+    out: Dict[str, Any] = {}
+    async with asr.serve(model, max_batch_size=max_batch_size) as evaluate:
+        agent = MCTSPlayer(evaluate, simulations=simulations, name="agent")
+        matches = {"mcts_vs_one_ply": (agent, OnePlyPlayer()),
+                   f"mcts_vs_uct{uct_rollouts}": (agent, UCTPlayer(uct_rollouts)),
+                   "net_vs_random": (PolicyPlayer(evaluate), RandomPlayer())}
+        for name, (player, opponent) in matches.items():
+            result = await play_match(game, player, opponent, num_games=games, seed=seed,
+                                      on_game=on_game)
+            out[name] = {"wins": result.wins, "draws": result.draws,
+                         "losses": result.losses, "score": result.score}
+    return out
+
+
+def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
+    """Losses, scores against the baselines and seconds per phase over iterations."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    rows = [dataclasses.asdict(r) for r in records]
+    df = pd.DataFrame(rows)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    losses = df.melt(id_vars="iteration", value_vars=["policy_loss", "value_loss", "l2_loss"],
+                     var_name="term", value_name="loss")
+    sns.lineplot(data=losses, x="iteration", y="loss", hue="term", marker="o", ax=axes[0])
+    axes[0].set_title("training loss (mean over each iteration's steps)")
+    score_rows = []
+    for r in records:
+        score_rows.append({"iteration": r.iteration, "opponent": "best (arena)",
+                           "score": r.arena_score})
+        for name, score in r.scores.items():
+            label = "net alone vs random" if name == "policy_vs_random" else (
+                f"MCTS vs {name.replace('_', '-')}")
+            score_rows.append({"iteration": r.iteration, "opponent": label, "score": score})
+    sns.lineplot(data=pd.DataFrame(score_rows), x="iteration", y="score", hue="opponent",
+                 marker="o", ax=axes[1])
+    axes[1].axhline(0.55, color="grey", ls=":", lw=1)
+    axes[1].set_ylim(-0.02, 1.02)
+    axes[1].set_title("candidate's score (1 = all won)")
+    phases = df.melt(id_vars="iteration", value_vars=["selfplay_s", "train_s", "eval_s"],
+                     var_name="phase", value_name="seconds")
+    phases["phase"] = phases["phase"].map({"selfplay_s": "self-play", "train_s": "training",
+                                           "eval_s": "evaluation"})
+    sns.barplot(data=phases, x="iteration", y="seconds", hue="phase", ax=axes[2])
+    axes[2].set_title("seconds per phase")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
+
+
+def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
+                              png_path: str, final_games: int, final_simulations: int,
+                              show_progress: bool = True, command: str = "",
+                              print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Runs the training experiment; prints as it goes; returns the JSON it saved."""
+    from async_search.experiments.progress import progress_bar
+    from async_search.training import Commander
+
+    bars = PhaseBars(show_progress)
+    commander = Commander(config, save_dir, resume=resume, progress=bars)
+    untrained = _untrained(config)
+    print_fn(iteration_header())
+    for r in commander.history:  # a resumed run shows what was done before
+        print_fn(format_iteration(r))
+    start = time.perf_counter()
+
+    def on_iteration(record):
+        bars.close()
+        print_fn(format_iteration(record))
+
+    records = asyncio.run(commander.run(on_iteration=on_iteration))
+    bars.close()
+    train_s = time.perf_counter() - start
+    final: Dict[str, Any] = {}
+    t = time.perf_counter()
+    for name, model in (("untrained", untrained), ("trained", commander.best)):
+        with progress_bar(f"final evaluation ({name})", 3 * final_games,
+                          enabled=show_progress, unit="game") as update:
+            final[name] = asyncio.run(evaluate_agent(
+                model, games=final_games, simulations=final_simulations,
+                uct_rollouts=config.uct_rollouts,
+                on_game=(lambda: update(1)) if update else None))
+    eval_s = time.perf_counter() - t
+    result = {"command": command, "config": config.to_json(),
+              "iterations": [dataclasses.asdict(r) for r in records],
+              "final_evaluation": final, "final_games": final_games,
+              "final_simulations": final_simulations, "best_version": commander.best_version,
+              "training_s": train_s, "final_evaluation_s": eval_s}
+    plot_training(records, png_path, title=f"AlphaZero on Connect Four: {config.iterations} "
+                  f"iterations of {config.games_per_iteration} games")
+    json_path = os.path.splitext(png_path)[0] + ".json"
+    with open(json_path, "w") as f:
+        json.dump(result, f, indent=1)
+    result["png_path"], result["json_path"] = png_path, json_path
+    return result
+
+
+def format_final(final: Dict[str, Any], games: int, simulations: int) -> str:
+    """The final evaluation table: untrained against trained, per match."""
+    names = list(final["trained"])
+    lines = [f"Final evaluation, {games} games each, first player alternating; agent = "
+             f"MCTS with {simulations} simulations, no noise; net = greedy on its policy",
+             f"{'match':<22}{'untrained':>12}{'trained':>12}   trained W-D-L"]
+    for name in names:
+        u, t = final["untrained"][name], final["trained"][name]
+        lines.append(f"{name:<22}{u['score']:>12.3f}{t['score']:>12.3f}   "
+                     f"{t['wins']}-{t['draws']}-{t['losses']}")
+    return "\n".join(lines)
+
+
+def _untrained(config: Any) -> Any:
+    from async_search.training.nets import initial_weights, to_model
+    return to_model(config.net, initial_weights(config.net, config.seed))

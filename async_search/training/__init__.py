@@ -1,0 +1,47 @@
+"""Training: AlphaZero self-play for Connect Four and DAVI for the sliding puzzle.
+
+Needs the ``tf`` extra (TensorFlow): ``pip install -e ".[tf]"``. The rest of the package
+imports with NumPy alone; this package imports TensorFlow only when a ``Trainer`` is made.
+
+- ``ReplayBuffer``: training samples as arrays; uniform minibatches, symmetry, save/load.
+- ``Trainer``: a Keras MLP fitted with cross-entropy + squared error + L2; ``model()``
+  gives the NumPy net that ``serve`` and the searches take (``problems.tf_twin`` its
+  TensorFlow twin, bitwise equal).
+- ``save_checkpoint`` / ``load_checkpoint``: versioned npz weights + JSON config.
+- ``Commander``: self-play, training, evaluation (arena, baselines, Elo), promotion
+  with the new weights pushed to every server.
+- ``Davi``: a learned cost-to-go heuristic by approximate value iteration.
+
+Example:
+    >>> from async_search.training import ReplayBuffer, Trainer, NetConfig
+    >>> trainer = Trainer(NetConfig("policy_value", "connect_four", (32,)))
+    >>> trainer.model()   # doctest: +ELLIPSIS
+    <async_search.problems.policy_value.PolicyValueMLP object at ...>
+"""
+
+from async_search.training.arena import (RANDOM_RATING, MatchResult, MCTSPlayer,
+                                         OnePlyPlayer, Player, PolicyPlayer, RandomPlayer,
+                                         UCTPlayer, elo_difference, fit_rating, gate,
+                                         play_match)
+from async_search.training.checkpoints import (Checkpoint, CheckpointError, load_checkpoint,
+                                               read_checkpoint, save_checkpoint)
+from async_search.training.commander import (Commander, CommanderConfig, IterationRecord,
+                                             PhaseProgress)
+from async_search.training.davi import (Davi, DaviConfig, DaviRecord, bellman_targets,
+                                        scrambled_states)
+from async_search.training.nets import NetConfig, initial_weights, to_model, weights_of
+from async_search.training.replay import Minibatch, ReplayBuffer, mirror_columns
+from async_search.training.selfplay import GameRecord, SelfPlayConfig, selfplay_game
+from async_search.training.trainer import LossTerms, Trainer
+
+__all__ = [
+    "ReplayBuffer", "Minibatch", "mirror_columns",
+    "Trainer", "LossTerms", "NetConfig", "initial_weights", "to_model", "weights_of",
+    "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
+    "CheckpointError",
+    "Commander", "CommanderConfig", "IterationRecord", "PhaseProgress",
+    "SelfPlayConfig", "GameRecord", "selfplay_game",
+    "Player", "RandomPlayer", "OnePlyPlayer", "UCTPlayer", "MCTSPlayer", "PolicyPlayer",
+    "MatchResult", "play_match", "gate", "elo_difference", "fit_rating", "RANDOM_RATING",
+    "Davi", "DaviConfig", "DaviRecord", "scrambled_states", "bellman_targets",
+]

@@ -1,0 +1,412 @@
+"""The commander: AlphaZero iterations of self-play, training, evaluation, promotion.
+
+Each iteration (the seed's loop, with its names):
+
+1. **self-play**: ``games_per_iteration`` games of the best net against itself, run
+   concurrently through ``run_searches_async`` on the chosen backend; their samples go
+   to the replay buffer, which is saved at once (a crash later loses no sample).
+2. **training**: ``train_steps`` minibatches, in a thread, so that the event loop (and
+   any server in it) keeps running.
+3. **evaluation**: an arena of the candidate against the best (both MCTS, alternating
+   the first player from seeded random openings), and matches against fixed baselines.
+4. **promotion**: when the arena score passes the gate, the candidate becomes the best,
+   with a new version, and its weights are pushed to every server that is serving:
+   the commander's own evaluation server and every run registered through ``on_servers``.
+
+Everything is checkpointed in ``save_dir`` after each phase that changes state, and
+``Commander(..., resume=True)`` continues the same sequence from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from async_search.problems.connect_four import ConnectFour
+from async_search.search.base import check_float, check_int
+from async_search.training.arena import (MCTSPlayer, OnePlyPlayer, PolicyPlayer,
+                                         RandomPlayer, UCTPlayer, elo_difference, gate,
+                                         play_match)
+from async_search.training.checkpoints import read_checkpoint, save_checkpoint
+from async_search.training.nets import NetConfig
+from async_search.training.replay import ReplayBuffer, mirror_columns
+from async_search.training.selfplay import SelfPlayConfig, selfplay_game
+from async_search.training.trainer import Trainer
+
+__all__ = ["CommanderConfig", "IterationRecord", "Commander", "PhaseProgress"]
+
+#: ``progress(phase, done, total)``: ``done`` units of ``phase`` finished since the last
+#: call (games, steps); ``total`` the phase's units. Phases: selfplay (positions
+#: evaluated, total 0: unknown), train (steps), arena and baselines (games).
+PhaseProgress = Callable[[str, int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class CommanderConfig:
+    """The parameters of an AlphaZero training run on Connect Four.
+
+    Attributes:
+        iterations: iterations to run (a resumed run counts those already done).
+        games_per_iteration: self-play games per iteration, all played concurrently.
+        selfplay: how self-play games search (``SelfPlayConfig``; its seed is the run's).
+        train_steps: optimizer steps per iteration.
+        batch_size, learning_rate, l2: the trainer's.
+        buffer_capacity: replay buffer size (samples).
+        hidden_sizes: the policy-value MLP's hidden widths.
+        arena_games: candidate-against-best games per iteration (>= 40 for the gate).
+        gate_threshold: the arena score that promotes the candidate.
+        eval_games: games against each baseline per iteration (0: none).
+        eval_simulations: MCTS simulations of the agent in the arena and evaluations.
+        uct_rollouts: rollouts per move of the UCT baseline.
+        backend, num_procs: where self-play runs (``run_searches``).
+        max_batch_size: the servers' batch size.
+        seed: seeds everything (weights, buffer, games).
+    """
+
+    iterations: int = 8
+    games_per_iteration: int = 300
+    selfplay: SelfPlayConfig = SelfPlayConfig()
+    train_steps: int = 800
+    batch_size: int = 256
+    learning_rate: float = 1e-3
+    l2: float = 1e-4
+    buffer_capacity: int = 200_000
+    hidden_sizes: tuple = (256, 256)
+    arena_games: int = 40
+    gate_threshold: float = 0.55
+    eval_games: int = 20
+    eval_simulations: int = 100
+    uct_rollouts: int = 300
+    backend: str = "local"
+    num_procs: int = 1
+    max_batch_size: int = 512
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
+                     "buffer_capacity", "arena_games", "eval_simulations", "uct_rollouts",
+                     "num_procs", "max_batch_size"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("eval_games", self.eval_games, minimum=0)
+        check_int("seed", self.seed, minimum=0)
+        check_float("learning_rate", self.learning_rate, minimum=0.0, strict=True)
+        check_float("l2", self.l2, minimum=0.0)
+        if not 0.0 <= check_float("gate_threshold", self.gate_threshold, minimum=0.0) <= 1:
+            raise ValueError(f"gate_threshold must be in [0, 1], got {self.gate_threshold}")
+        if self.backend not in ("local", "process", "ray"):
+            raise ValueError(f"backend must be local, process or ray, got {self.backend!r}")
+        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+        if self.selfplay.seed != self.seed:
+            object.__setattr__(self, "selfplay",
+                               dataclasses.replace(self.selfplay, seed=self.seed))
+
+    @property
+    def net(self) -> NetConfig:
+        return NetConfig("policy_value", "connect_four", self.hidden_sizes)
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["hidden_sizes"] = list(self.hidden_sizes)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CommanderConfig":
+        data = dict(data)
+        data["selfplay"] = SelfPlayConfig(**data["selfplay"])
+        data["hidden_sizes"] = tuple(data["hidden_sizes"])
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationRecord:
+    """What one iteration did (times in seconds, scores in [0, 1] for the agent)."""
+
+    iteration: int
+    samples: int
+    """Positions self-play added to the buffer."""
+    buffer_size: int
+    selfplay_s: float
+    samples_per_s: float
+    """Self-play positions per second."""
+    s_per_1000_samples: float
+    """Self-play seconds per 1000 positions (the AlphaZero seed's figure of merit)."""
+    policy_loss: float
+    value_loss: float
+    l2_loss: float
+    total_loss: float
+    train_s: float
+    arena_score: float
+    """The candidate's score against the best, over ``arena_games``."""
+    promoted: bool
+    best_version: int
+    """The version of the best net after this iteration (0: the untrained net)."""
+    scores: Dict[str, float]
+    """The candidate's (MCTS) score against each baseline, and ``policy_vs_random``:
+    the net alone (greedy on its policy) against the random player."""
+    elo: float
+    """The candidate's Elo-style rating: the best's plus what the arena score implies;
+    the untrained net is 0."""
+    eval_s: float
+    iteration_s: float
+
+
+class Commander:
+    """Runs AlphaZero iterations on Connect Four and pushes promoted nets to servers.
+
+    Args:
+        config: the run's parameters.
+        save_dir: folder for checkpoints (``best``, ``latest``), the replay buffer and
+            ``state.json``; None keeps nothing on disk (and cannot resume).
+        resume: continue the run saved in ``save_dir`` (its config is used; a new one
+            may only change ``iterations``).
+        progress: ``progress(phase, done, total)`` hook (a progress bar), or None.
+
+    Example:
+        >>> # import asyncio
+        >>> # commander = Commander(CommanderConfig(iterations=2), save_dir="runs/c4")
+        >>> # records = asyncio.run(commander.run())
+    """
+
+    def __init__(self, config: CommanderConfig, save_dir: str | None = None, *,
+                 resume: bool = False, progress: Optional[PhaseProgress] = None):
+        self.save_dir = save_dir
+        self.progress = progress
+        self.game = ConnectFour()
+        self.history: List[IterationRecord] = []
+        self._phase_done = None  # "selfplay" when this iteration's samples are saved
+        self._targets: List[Any] = []  # servers that receive promoted weights
+        if resume:
+            if save_dir is None or not os.path.exists(self._path("state.json")):
+                raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
+                                 f"is missing); start without resume")
+            config = self._load(config)
+        else:
+            self.config = config
+            self.trainer = Trainer(config.net, learning_rate=config.learning_rate,
+                                   l2=config.l2, batch_size=config.batch_size,
+                                   seed=config.seed)
+            self.best = self.trainer.model()
+            self.best_version = 0
+            self.best_elo = 0.0
+            self.buffer = ReplayBuffer(config.buffer_capacity, config.seed,
+                                       augment=mirror_columns)
+            if save_dir is not None:
+                os.makedirs(save_dir, exist_ok=True)
+                self._save_state()
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.save_dir, name)
+
+    def _save_state(self) -> None:
+        if self.save_dir is None:
+            return
+        config = self.config
+        meta = {"iteration": self.iteration, "version": self.best_version}
+        save_checkpoint(self._path("best"), self.best, config.net,
+                        {**meta, "elo": self.best_elo})
+        save_checkpoint(self._path("latest"), self.trainer.weights, config.net, meta)
+        self.buffer.save(self._path("buffer.npz"))
+        state = {"config": config.to_json(), "iteration": self.iteration,
+                 "phase_done": self._phase_done, "best_version": self.best_version,
+                 "best_elo": self.best_elo,
+                 "history": [dataclasses.asdict(r) for r in self.history]}
+        tmp = self._path(f"state.json.tmp-{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(state, f, indent=1)
+        os.replace(tmp, self._path("state.json"))
+
+    def _load(self, config: CommanderConfig) -> CommanderConfig:
+        with open(self._path("state.json")) as f:
+            state = json.load(f)
+        saved = CommanderConfig.from_json(state["config"])
+        if dataclasses.replace(saved, iterations=config.iterations) != config:
+            differ = [k for k in saved.to_json()
+                      if k != "iterations" and saved.to_json()[k] != config.to_json()[k]]
+            raise ValueError(f"cannot resume {self.save_dir!r} with other parameters "
+                             f"({', '.join(differ)} differ from the saved run); only "
+                             f"iterations may change")
+        self.config = config
+        self.history = [IterationRecord(**r) for r in state["history"]]
+        self._phase_done = state["phase_done"]
+        self.best_version = state["best_version"]
+        self.best_elo = state["best_elo"]
+        best = read_checkpoint(self._path("best"))
+        latest = read_checkpoint(self._path("latest"))
+        self.best = best.model()
+        self.trainer = Trainer(config.net, weights=latest.weights,
+                               learning_rate=config.learning_rate, l2=config.l2,
+                               batch_size=config.batch_size, seed=config.seed)
+        self.buffer = ReplayBuffer.load(self._path("buffer.npz"), augment=mirror_columns)
+        return config
+
+    @property
+    def iteration(self) -> int:
+        """Iterations completed."""
+        return len(self.history)
+
+    # -- pushing weights ------------------------------------------------------------------
+
+    def add_target(self, servers: Any) -> None:
+        """Registers servers (anything with ``update_model(model, version)``, sync or
+        async) to receive every promoted net until the run ends."""
+        self._targets.append(servers)
+
+    def remove_target(self, servers: Any) -> None:
+        if servers in self._targets:
+            self._targets.remove(servers)
+
+    async def push(self, model: Any, version: int) -> None:
+        """Sends ``model`` and ``version`` to every registered server; returns once each
+        has it (requests made after this return are served by ``model``)."""
+        for target in list(self._targets):
+            result = target.update_model(model, version)
+            if inspect.isawaitable(result):
+                await result
+
+    # -- phases ---------------------------------------------------------------------------
+
+    def _report(self, phase: str, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(phase, done, total)
+
+    async def _selfplay(self, iteration: int) -> list:
+        from async_search.backends import run_searches_async
+
+        config = self.config
+        selfplay = dataclasses.replace(config.selfplay,
+                                       seed=config.seed * 100_003 + iteration)
+        play = functools.partial(selfplay_game, game=self.game, config=selfplay)
+        kwargs = {}
+        if "on_servers" in inspect.signature(run_searches_async).parameters:
+            kwargs["on_servers"] = self.add_target
+        runs_before = list(self._targets)
+        try:
+            return await run_searches_async(
+                play, list(range(config.games_per_iteration)), _ModelFactory(self.best),
+                backend=config.backend, num_procs=config.num_procs,
+                max_batch_size=config.max_batch_size,
+                progress=lambda n: self._report("selfplay", n, 0), **kwargs)
+        finally:  # the run's servers are gone: stop pushing to them
+            self._targets[:] = [t for t in self._targets if t in runs_before]
+
+    async def _evaluate(self, candidate: Any, iteration: int) -> tuple:
+        import async_search as asr
+
+        config = self.config
+        game = self.game
+        sims = config.eval_simulations
+        seed = config.seed * 100_003 + iteration
+        total = config.arena_games + 3 * config.eval_games
+        tick = lambda: self._report("evaluate", 1, total)  # noqa: E731
+        async with asr.serve(candidate, max_batch_size=config.max_batch_size) as ev_new, \
+                asr.serve(self.best, max_batch_size=config.max_batch_size) as ev_best:
+            self.add_target(ev_best)
+            try:
+                agent = MCTSPlayer(ev_new, simulations=sims, name="candidate")
+                arena = await play_match(game, agent,
+                                         MCTSPlayer(ev_best, simulations=sims, name="best"),
+                                         num_games=config.arena_games, seed=seed,
+                                         opening_moves=2, on_game=tick)
+                scores: Dict[str, float] = {}
+                if config.eval_games:
+                    for name, opponent in (("one_ply", OnePlyPlayer()),
+                                           (f"uct{config.uct_rollouts}",
+                                            UCTPlayer(config.uct_rollouts))):
+                        result = await play_match(game, agent, opponent,
+                                                  num_games=config.eval_games, seed=seed,
+                                                  on_game=tick)
+                        scores[name] = result.score
+                    result = await play_match(game, PolicyPlayer(ev_new), RandomPlayer(),
+                                              num_games=config.eval_games, seed=seed,
+                                              on_game=tick)
+                    scores["policy_vs_random"] = result.score
+                promoted = gate(arena, threshold=config.gate_threshold,
+                                min_games=min(40, config.arena_games))
+                elo = self.best_elo + elo_difference(arena.score, arena.games)
+                if promoted:
+                    self.best, self.best_version, self.best_elo = (
+                        candidate, self.best_version + 1, elo)
+                    await self.push(candidate, self.best_version)
+            finally:
+                self.remove_target(ev_best)
+        return arena, scores, promoted, elo
+
+    async def run_iteration(self) -> IterationRecord:
+        """Runs one iteration and checkpoints it; returns its record."""
+        config = self.config
+        iteration = self.iteration
+        start = time.perf_counter()
+        samples, selfplay_s = 0, 0.0
+        if self._phase_done != "selfplay":
+            records = await self._selfplay(iteration)
+            for r in records:
+                self.buffer.add(r.x, r.policy, r.value)
+            samples = sum(len(r.x) for r in records)
+            selfplay_s = time.perf_counter() - start
+            self._phase_done = "selfplay"
+            self._save_state()  # the samples are safe before anything else can fail
+        else:  # resumed after a crash: this iteration's samples are in the buffer
+            samples = self.buffer.added - sum(r.samples for r in self.history)
+        t = time.perf_counter()
+        self.trainer.reset_optimizer()
+        losses = await asyncio.to_thread(self._train)
+        candidate = self.trainer.model()
+        train_s = time.perf_counter() - t
+        t = time.perf_counter()
+        arena, scores, promoted, elo = await self._evaluate(candidate, iteration)
+        eval_s = time.perf_counter() - t
+        record = IterationRecord(
+            iteration=iteration + 1, samples=samples, buffer_size=len(self.buffer),
+            selfplay_s=selfplay_s, samples_per_s=samples / selfplay_s if selfplay_s else 0.0,
+            s_per_1000_samples=1000 * selfplay_s / samples if samples and selfplay_s else 0.0,
+            policy_loss=losses.policy, value_loss=losses.value, l2_loss=losses.l2,
+            total_loss=losses.total, train_s=train_s, arena_score=arena.score,
+            promoted=promoted, best_version=self.best_version, scores=scores, elo=elo,
+            eval_s=eval_s, iteration_s=time.perf_counter() - start)
+        self.history.append(record)
+        self._phase_done = None
+        self._save_state()
+        return record
+
+    def _train(self):
+        config = self.config
+        chunk = max(1, config.train_steps // 20)
+        done, sums = 0, np.zeros(4)
+        while done < config.train_steps:
+            n = min(chunk, config.train_steps - done)
+            terms = self.trainer.train_steps(self.buffer, n)
+            sums += n * np.array([terms.policy, terms.value, terms.l2, terms.total])
+            done += n
+            self._report("train", n, config.train_steps)
+        from async_search.training.trainer import LossTerms
+        p, v, l2, total = (sums / done).tolist()
+        return LossTerms(p, v, l2, total, done)
+
+    async def run(self, on_iteration: Optional[Callable[[IterationRecord], None]] = None
+                  ) -> List[IterationRecord]:
+        """Runs iterations until ``config.iterations`` are done; returns every record."""
+        while self.iteration < self.config.iterations:
+            record = await self.run_iteration()
+            if on_iteration is not None:
+                on_iteration(record)
+        return list(self.history)
+
+
+class _ModelFactory:
+    """A picklable factory for the self-play servers: the best net at the time."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def __call__(self) -> Any:
+        return self.model

@@ -1,0 +1,211 @@
+"""A learned sliding-puzzle heuristic by approximate value iteration (DeepCubeA's DAVI).
+
+Each round draws states scrambled 1..K random moves from the goal, computes the target
+``min over neighbours of 1 + h_target(neighbour)`` (0 for the goal itself, and for a
+neighbour that is the goal), adds them to the replay buffer and trains. When the loss of
+a round falls below ``loss_threshold`` the target net takes the trained weights. States,
+neighbours and encodings are whole arrays: one round is a few NumPy calls, not a loop
+over states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+
+from async_search.problems.sliding_puzzle import SlidingPuzzle
+from async_search.search.base import check_float, check_int
+from async_search.training.nets import NetConfig
+from async_search.training.replay import ReplayBuffer
+from async_search.training.trainer import Trainer
+
+__all__ = ["DaviConfig", "DaviRecord", "Davi", "scrambled_states", "bellman_targets"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DaviConfig:
+    """Parameters of a DAVI run.
+
+    Attributes:
+        size: the puzzle's side (4: the 15-puzzle).
+        rounds: rounds of generating, training and (maybe) refreshing the target.
+        states_per_round: states drawn per round.
+        max_scramble: K: states are 1..K random moves from the goal.
+        train_steps: optimizer steps per round.
+        loss_threshold: refresh the target net when a round's value loss is below it.
+        hidden_sizes, batch_size, learning_rate, l2: the trainer's.
+        buffer_capacity: replay buffer size.
+        residual: learn a correction added to the Manhattan distance.
+        seed: seeds everything.
+    """
+
+    size: int = 4
+    rounds: int = 40
+    states_per_round: int = 20_000
+    max_scramble: int = 300
+    train_steps: int = 300
+    loss_threshold: float = 0.5
+    hidden_sizes: tuple = (256, 256)
+    batch_size: int = 512
+    learning_rate: float = 1e-3
+    l2: float = 1e-6
+    buffer_capacity: int = 100_000
+    residual: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("rounds", "states_per_round", "max_scramble", "train_steps",
+                     "batch_size", "buffer_capacity"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("size", self.size, minimum=2)
+        check_int("seed", self.seed, minimum=0)
+        check_float("loss_threshold", self.loss_threshold, minimum=0.0, strict=True)
+        check_float("learning_rate", self.learning_rate, minimum=0.0, strict=True)
+        check_float("l2", self.l2, minimum=0.0)
+        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+
+    @property
+    def net(self) -> NetConfig:
+        return NetConfig("heuristic", "sliding_puzzle", self.hidden_sizes, self.size,
+                         self.residual)
+
+
+@dataclasses.dataclass(frozen=True)
+class DaviRecord:
+    """One round of DAVI."""
+
+    round: int
+    value_loss: float
+    """Mean squared error (moves squared) over the round's steps."""
+    target_updates: int
+    """Times the target net was refreshed so far."""
+    mean_target: float
+    """Mean target over the round's states."""
+    seconds: float
+
+
+def _move_table(puzzle: SlidingPuzzle) -> np.ndarray:
+    """``[cells, 4]``: the positions the blank can swap with, -1 padded."""
+    table = np.full((puzzle.num_cells, 4), -1, np.int64)
+    for p in range(puzzle.num_cells):
+        moves = [q for q in range(puzzle.num_cells)
+                 if abs(q // puzzle.size - p // puzzle.size)
+                 + abs(q % puzzle.size - p % puzzle.size) == 1]
+        table[p, :len(moves)] = moves
+    return table
+
+
+def scrambled_states(puzzle: SlidingPuzzle, n: int, max_moves: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """``[n, cells]`` uint8 boards, each ``k ~ U{1..max_moves}`` random moves from the
+    goal (no move undoing the one before)."""
+    table = _move_table(puzzle)
+    boards = np.tile(np.frombuffer(puzzle.goal, np.uint8), (n, 1))
+    blank = np.full(n, puzzle.num_cells - 1, np.int64)
+    previous = np.full(n, -1, np.int64)
+    lengths = rng.integers(1, max_moves + 1, n)
+    rows = np.arange(n)
+    for step in range(int(lengths.max())):
+        live = lengths > step
+        options = table[blank]  # [n, 4]
+        allowed = (options >= 0) & (options != previous[:, None])
+        # A random allowed option per row: argmax of random keys over allowed slots.
+        keys = np.where(allowed, rng.random(options.shape), -1.0)
+        target = options[rows, keys.argmax(axis=1)]
+        target = np.where(live, target, blank)
+        tiles = boards[rows, target]
+        boards[rows, blank] = tiles
+        boards[rows, target] = 0
+        previous = np.where(live, blank, previous)
+        blank = target
+    return boards
+
+
+def _encode(puzzle: SlidingPuzzle, boards: np.ndarray) -> np.ndarray:
+    tiles = np.arange(puzzle.num_cells, dtype=np.uint8)
+    return (boards[:, None, :] == tiles[None, :, None]).astype(np.float32)
+
+
+def bellman_targets(puzzle: SlidingPuzzle, boards: np.ndarray,
+                    h_target: Callable[[np.ndarray], np.ndarray],
+                    chunk: int = 8192) -> np.ndarray:
+    """``[n]`` float32: 0 for the goal, else ``min over neighbours nb of 1 + h(nb)``
+    with ``h`` = 0 at the goal and ``h_target(encode(nb))`` elsewhere."""
+    table = _move_table(puzzle)
+    goal = np.frombuffer(puzzle.goal, np.uint8)
+    n, cells = boards.shape
+    out = np.empty(n, np.float32)
+    for lo in range(0, n, chunk):
+        b = boards[lo:lo + chunk]
+        m = len(b)
+        blank = np.argmax(b == 0, axis=1)
+        options = table[blank]  # [m, 4]
+        valid = options >= 0
+        rows, slots = np.nonzero(valid)
+        nb = b[rows].copy()
+        swap = options[rows, slots]
+        nb[np.arange(len(rows)), blank[rows]] = nb[np.arange(len(rows)), swap]
+        nb[np.arange(len(rows)), swap] = 0
+        is_goal = (nb == goal).all(axis=1)
+        h = np.asarray(h_target(_encode(puzzle, nb)), np.float64).reshape(-1)
+        h = np.where(is_goal, 0.0, h)
+        cost = np.full((m, 4), np.inf)
+        cost[rows, slots] = 1.0 + h
+        targets = cost.min(axis=1)
+        targets[(b == goal).all(axis=1)] = 0.0
+        out[lo:lo + m] = targets
+    return out
+
+
+class Davi:
+    """Trains a ``LearnedHeuristic`` for the sliding puzzle by DAVI.
+
+    Example:
+        >>> # davi = Davi(DaviConfig(rounds=10))
+        >>> # records = davi.run()
+        >>> # h = davi.model()          # a LearnedHeuristic, NumPy
+    """
+
+    def __init__(self, config: DaviConfig, *, weights=None):
+        self.config = config
+        self.puzzle = SlidingPuzzle(config.size)
+        self.trainer = Trainer(config.net, weights=weights,
+                               learning_rate=config.learning_rate, l2=config.l2,
+                               batch_size=config.batch_size, seed=config.seed)
+        self.target = self.trainer.model()
+        self.buffer = ReplayBuffer(config.buffer_capacity, config.seed)
+        self.rng = np.random.default_rng([config.seed, 1])
+        self.history: List[DaviRecord] = []
+        self.target_updates = 0
+
+    def model(self):
+        """The trained heuristic (NumPy, exact grid)."""
+        return self.trainer.model()
+
+    def run_round(self) -> DaviRecord:
+        config = self.config
+        start = time.perf_counter()
+        boards = scrambled_states(self.puzzle, config.states_per_round,
+                                  config.max_scramble, self.rng)
+        targets = bellman_targets(self.puzzle, boards, self.target)
+        self.buffer.add(_encode(self.puzzle, boards), None, targets)
+        self.trainer.reset_optimizer()
+        losses = self.trainer.train_steps(self.buffer, config.train_steps)
+        if losses.value < config.loss_threshold:
+            self.target = self.trainer.model()
+            self.target_updates += 1
+        record = DaviRecord(len(self.history) + 1, losses.value, self.target_updates,
+                            float(targets.mean()), time.perf_counter() - start)
+        self.history.append(record)
+        return record
+
+    def run(self, on_round: Optional[Callable[[DaviRecord], None]] = None
+            ) -> List[DaviRecord]:
+        while len(self.history) < self.config.rounds:
+            record = self.run_round()
+            if on_round is not None:
+                on_round(record)
+        return list(self.history)

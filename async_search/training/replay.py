@@ -1,0 +1,267 @@
+"""The replay buffer: training samples held as arrays, sampled uniformly, saved to disk.
+
+A sample is an encoded state ``x``, a policy target ``pi`` (an MCTS visit distribution;
+absent for heuristic nets) and a value target ``z`` (a game outcome or a cost to go).
+The buffer is a ring of preallocated arrays: adding a game is one slice assignment,
+sampling a minibatch is one fancy index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zipfile
+from typing import Callable, NamedTuple, Sequence, Tuple
+
+import numpy as np
+
+from async_search.search.base import check_int
+
+__all__ = ["ReplayBuffer", "Minibatch", "Augment", "mirror_columns"]
+
+#: A symmetry: ``(x, pi) -> (x', pi')`` for a minibatch; the value target is unchanged.
+Augment = Callable[[np.ndarray, np.ndarray | None], Tuple[np.ndarray, np.ndarray | None]]
+
+_FORMAT = "async_search.replay/1"
+
+
+class Minibatch(NamedTuple):
+    """A sampled minibatch (``n`` samples)."""
+
+    x: np.ndarray
+    """float32 ``[n, *state_shape]``: encoded states."""
+    policy: np.ndarray | None
+    """float32 ``[n, num_actions]``: policy targets, rows summing to 1; None for a
+    buffer without policies."""
+    value: np.ndarray
+    """float32 ``[n]``: value targets."""
+
+
+def mirror_columns(x: np.ndarray, policy: np.ndarray | None) -> tuple:
+    """Connect Four's left-right mirror: flips the board's columns (the last axis of
+    ``[n, 2, 6, 7]``) and the policy over columns."""
+    return x[..., ::-1], None if policy is None else policy[:, ::-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    state_shape: Tuple[int, ...]
+    num_actions: int | None  # None: value targets only
+
+
+class ReplayBuffer:
+    """A fixed-capacity ring of training samples, oldest overwritten first.
+
+    Args:
+        capacity: the most samples held (>= 1).
+        seed: seeds minibatch sampling and augmentation.
+        state_shape: per-sample shape of ``x``; default: taken from the first add.
+        num_actions: width of the policy targets; None for a value-only buffer. Default:
+            taken from the first add.
+        augment: a symmetry applied to half of each minibatch, chosen at random (e.g.
+            ``mirror_columns`` for Connect Four); None for none.
+
+    Example:
+        >>> buf = ReplayBuffer(100, seed=0)
+        >>> buf.add(np.zeros((3, 4), np.float32), np.full((3, 2), 0.5, np.float32),
+        ...         np.array([1.0, -1.0, 0.0]))
+        >>> len(buf), buf.sample(2).x.shape
+        (3, (2, 4))
+    """
+
+    def __init__(self, capacity: int, seed: int = 0, *,
+                 state_shape: Sequence[int] | None = None,
+                 num_actions: int | None = None, augment: Augment | None = None):
+        self.capacity = check_int("capacity", capacity, minimum=1)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.augment = augment
+        self._rng = np.random.default_rng(self.seed)
+        self._spec: _Spec | None = None
+        self._has_policy: bool | None = None
+        if state_shape is not None:
+            self._allocate(_Spec(tuple(int(d) for d in state_shape),
+                                 None if num_actions is None else int(num_actions)))
+        self._size = 0
+        self._next = 0  # where the next sample goes
+        self.added = 0  # samples ever added
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        spec = self._spec
+        return (f"ReplayBuffer({self._size}/{self.capacity} samples, state "
+                f"{spec.state_shape if spec else '?'}, policy "
+                f"{spec.num_actions if spec else '?'})")
+
+    @property
+    def state_shape(self) -> Tuple[int, ...] | None:
+        return None if self._spec is None else self._spec.state_shape
+
+    @property
+    def num_actions(self) -> int | None:
+        return None if self._spec is None else self._spec.num_actions
+
+    def _allocate(self, spec: _Spec) -> None:
+        self._spec = spec
+        self._x = np.zeros((self.capacity, *spec.state_shape), np.float32)
+        self._pi = (np.zeros((self.capacity, spec.num_actions), np.float32)
+                    if spec.num_actions is not None else None)
+        self._z = np.zeros(self.capacity, np.float32)
+
+    # -- adding ---------------------------------------------------------------------------
+
+    def add(self, x: np.ndarray, policy: np.ndarray | None, value: np.ndarray) -> None:
+        """Adds ``n`` samples (a whole game, say).
+
+        Args:
+            x: ``[n, *state_shape]`` encoded states.
+            policy: ``[n, num_actions]`` non-negative rows (visit counts or
+                probabilities; each row is normalised to sum 1), or None for a
+                value-only buffer.
+            value: ``[n]`` or ``[n, 1]`` finite value targets.
+
+        Raises:
+            ValueError: naming the array and the expected shape when anything does not
+                fit; nothing is added then (the buffer is unchanged).
+        """
+        x, policy, value = self._checked(x, policy, value)
+        n = len(x)
+        if n == 0:
+            return
+        if n > self.capacity:  # only the newest fit
+            x, value = x[-self.capacity:], value[-self.capacity:]
+            policy = None if policy is None else policy[-self.capacity:]
+            n = self.capacity
+        index = (self._next + np.arange(n)) % self.capacity
+        self._x[index] = x
+        if policy is not None:
+            self._pi[index] = policy
+        self._z[index] = value
+        self._next = int((self._next + n) % self.capacity)
+        self._size = min(self.capacity, self._size + n)
+        self.added += n
+
+    def _checked(self, x, policy, value) -> tuple:
+        x = np.asarray(x, np.float32)
+        if x.ndim < 1:
+            raise ValueError(f"ReplayBuffer.add: x must be an array [n, *state_shape], got "
+                             f"shape {x.shape}")
+        n = len(x)
+        value = np.asarray(value, np.float32)
+        if value.shape not in ((n,), (n, 1)):
+            raise ValueError(f"ReplayBuffer.add: value must have shape [{n}] or [{n}, 1] "
+                             f"(one target per state), got {value.shape}")
+        value = value.reshape(n)
+        if not np.isfinite(value).all():
+            raise ValueError("ReplayBuffer.add: value targets must be finite")
+        if policy is not None:
+            policy = np.asarray(policy, np.float32)
+            if policy.ndim != 2 or len(policy) != n:
+                raise ValueError(f"ReplayBuffer.add: policy must have shape [{n}, "
+                                 f"num_actions], got {policy.shape}")
+            if not np.isfinite(policy).all() or (policy < 0).any():
+                raise ValueError("ReplayBuffer.add: policy targets must be finite and "
+                                 "non-negative")
+            totals = policy.sum(axis=1, keepdims=True)
+            if n and (totals <= 0).any():
+                raise ValueError("ReplayBuffer.add: every policy row needs a positive sum "
+                                 "(visit counts of at least one action)")
+            policy = policy / totals
+        spec = _Spec(tuple(x.shape[1:]), None if policy is None else policy.shape[1])
+        if self._spec is None:
+            self._allocate(spec)
+        elif spec != self._spec:
+            want = self._spec
+            raise ValueError(
+                f"ReplayBuffer.add: this buffer holds states {list(want.state_shape)} and "
+                f"{'no policy' if want.num_actions is None else f'{want.num_actions} policy columns'}"
+                f"; got states {list(spec.state_shape)} and "
+                f"{'no policy' if spec.num_actions is None else f'{spec.num_actions} policy columns'}")
+        return x, policy, value
+
+    # -- sampling -------------------------------------------------------------------------
+
+    def sample(self, batch_size: int) -> Minibatch:
+        """A minibatch drawn uniformly with replacement; ``augment`` is applied to a
+        random half of it."""
+        batch_size = check_int("batch_size", batch_size, minimum=1)
+        if self._size == 0:
+            raise ValueError("ReplayBuffer.sample: the buffer is empty; add samples first")
+        index = self._rng.integers(0, self._size, batch_size)
+        x = self._x[index]
+        policy = None if self._pi is None else self._pi[index]
+        if self.augment is not None:
+            flip = self._rng.random(batch_size) < 0.5
+            if flip.any():
+                fx, fp = self.augment(x[flip], None if policy is None else policy[flip])
+                x[flip] = fx
+                if policy is not None:
+                    policy[flip] = fp
+        return Minibatch(x, policy, self._z[index].copy())
+
+    def arrays(self) -> Minibatch:
+        """Every sample held, oldest first (copies)."""
+        if self._spec is None:
+            raise ValueError("ReplayBuffer.arrays: the buffer is empty")
+        order = (np.arange(self._size) + (self._next if self._size == self.capacity else 0)
+                 ) % self.capacity
+        return Minibatch(self._x[order], None if self._pi is None else self._pi[order],
+                         self._z[order])
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the buffer (samples, ring position, sampling state) to one ``.npz``
+        file, atomically: a crash leaves the previous file intact."""
+        path = os.fspath(path)
+        meta = {"format": _FORMAT, "capacity": self.capacity, "seed": self.seed,
+                "size": self._size, "next": self._next, "added": self.added,
+                "state_shape": None if self._spec is None else list(self._spec.state_shape),
+                "num_actions": None if self._spec is None else self._spec.num_actions,
+                "rng": self._rng.bit_generator.state}
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+        if self._spec is not None:
+            arrays.update(x=self._x[:self._size], z=self._z[:self._size])
+            if self._pi is not None:
+                arrays["pi"] = self._pi[:self._size]
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, augment: Augment | None = None
+             ) -> "ReplayBuffer":
+        """A buffer as ``save`` wrote it.
+
+        Raises:
+            ValueError: naming the file and the problem when it is missing, truncated,
+                corrupt, or not a replay buffer.
+        """
+        path = os.fspath(path)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(bytes(data["meta"]).decode())
+                if meta.get("format") != _FORMAT:
+                    raise ValueError(f"format {meta.get('format')!r}, expected {_FORMAT!r}")
+                buf = cls(meta["capacity"], meta["seed"], augment=augment)
+                if meta["state_shape"] is not None:
+                    buf._allocate(_Spec(tuple(meta["state_shape"]), meta["num_actions"]))
+                    size = meta["size"]
+                    buf._x[:size] = data["x"]
+                    buf._z[:size] = data["z"]
+                    if buf._pi is not None:
+                        buf._pi[:size] = data["pi"]
+                buf._size, buf._next, buf.added = meta["size"], meta["next"], meta["added"]
+                buf._rng.bit_generator.state = meta["rng"]
+        except FileNotFoundError:
+            raise ValueError(f"replay buffer file {path!r} does not exist") from None
+        except (OSError, zipfile.BadZipFile, KeyError, EOFError, json.JSONDecodeError,
+                UnicodeDecodeError, TypeError, ValueError) as e:
+            raise ValueError(f"replay buffer file {path!r} is corrupt, truncated or not a "
+                             f"replay buffer: {e}") from e
+        return buf

@@ -1,0 +1,195 @@
+"""The trainer: a Keras MLP fitted to replay-buffer minibatches with one loss.
+
+Loss = cross-entropy of the policy logits against the visit distribution (policy-value
+nets) + squared error of the value + ``l2`` times the sum of squared kernel weights.
+Heuristic nets with ``residual=True`` fit ``target - manhattan``: the NumPy model adds
+the Manhattan distance back. After training, ``model()`` is the NumPy net on the exact
+grid (``training.nets.to_model``), which ``serve`` and the searches take, and
+``problems.tf_twin`` its TensorFlow twin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence, Tuple
+
+import numpy as np
+
+from async_search.problems.heuristics import ManhattanHeuristic
+from async_search.search.base import check_float, check_int
+from async_search.training.nets import (NetConfig, Weights, check_weights, initial_weights,
+                                        to_model)
+from async_search.training.replay import Minibatch, ReplayBuffer
+
+__all__ = ["Trainer", "LossTerms"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTerms:
+    """Mean loss terms over the steps of one ``train_steps`` call."""
+
+    policy: float
+    """Cross-entropy of the policy against the targets (nats); 0 for heuristic nets."""
+    value: float
+    """Mean squared error of the value (heuristics: in moves squared)."""
+    l2: float
+    """``l2`` times the sum of squared kernel weights."""
+    total: float
+    """policy + value + l2: what the optimizer minimises."""
+    steps: int
+    """Optimizer steps taken."""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Trainer:
+    """Trains a policy-value or heuristic net in TensorFlow (Adam on minibatches).
+
+    Args:
+        config: the net (``NetConfig``).
+        weights: initial ``(w, b)`` layers; default Glorot-uniform from ``seed``.
+        learning_rate: Adam's step size (> 0).
+        l2: weight of the L2 penalty on kernels (>= 0).
+        batch_size: minibatch size (>= 1).
+        value_weight: weight of the value term (> 0).
+        seed: seeds the initial weights.
+
+    Example:
+        >>> from async_search.training import ReplayBuffer, NetConfig
+        >>> config = NetConfig("policy_value", "connect_four", (32,))
+        >>> trainer = Trainer(config, batch_size=8)
+        >>> game = config.make_problem()
+        >>> buf = ReplayBuffer(64)
+        >>> buf.add(game.encode([game.initial_state()] * 4), np.ones((4, 7)), np.zeros(4))
+        >>> trainer.train_steps(buf, 2).steps
+        2
+    """
+
+    def __init__(self, config: NetConfig, *, weights: Sequence[Tuple[Any, Any]] | None = None,
+                 learning_rate: float = 1e-3, l2: float = 1e-4, batch_size: int = 256,
+                 value_weight: float = 1.0, seed: int = 0):
+        import tensorflow as tf  # the training package needs the tf extra
+
+        self._tf = tf
+        self.config = config
+        self.learning_rate = check_float("learning_rate", learning_rate, minimum=0.0,
+                                         strict=True)
+        self.l2 = check_float("l2", l2, minimum=0.0)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.value_weight = check_float("value_weight", value_weight, minimum=0.0,
+                                        strict=True)
+        weights = check_weights(config, weights if weights is not None else
+                                initial_weights(config, check_int("seed", seed, minimum=0)))
+        self._base = (ManhattanHeuristic(config.make_problem())
+                      if config.kind == "heuristic" and config.residual else None)
+        layers = [tf.keras.Input((int(np.prod(config.input_shape)),))]
+        last = len(config.layer_shapes) - 1
+        for i, (_, width) in enumerate(config.layer_shapes):
+            layers.append(tf.keras.layers.Dense(width, activation=None if i == last else "relu"))
+        self.keras_model = tf.keras.Sequential(layers)
+        self.set_weights(weights)
+        self.optimizer = tf.keras.optimizers.Adam(self.learning_rate)
+        self.optimizer.build(self.keras_model.trainable_variables)
+        self.steps_taken = 0
+        self._step = tf.function(self._train_step, reduce_retracing=True)
+
+    # -- weights --------------------------------------------------------------------------
+
+    @property
+    def weights(self) -> Weights:
+        """The current ``(w, b)`` layers, float32 copies."""
+        return [(layer.kernel.numpy().copy(), layer.bias.numpy().copy())
+                for layer in self.keras_model.layers]
+
+    def set_weights(self, weights: Sequence[Tuple[Any, Any]]) -> None:
+        """Replaces the weights (shapes must fit the config)."""
+        for layer, (w, b) in zip(self.keras_model.layers,
+                                 check_weights(self.config, weights)):
+            layer.kernel.assign(w)
+            layer.bias.assign(b)
+
+    def reset_optimizer(self) -> None:
+        """Zeroes Adam's moments and step count: as if the optimizer were new (the
+        commander does this each iteration, so a resumed run continues the same way)."""
+        keep = self.optimizer.learning_rate  # a variable too: zeroing it stops training
+        for variable in self.optimizer.variables:
+            if variable is not keep and variable.path != keep.path:
+                variable.assign(self._tf.zeros_like(variable))
+
+    def model(self) -> Any:
+        """The NumPy model with the current weights on the exact grid."""
+        return to_model(self.config, self.weights)
+
+    # -- training -------------------------------------------------------------------------
+
+    def _targets(self, batch: Minibatch) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = len(batch.x)
+        x = batch.x.reshape(n, -1)
+        value = batch.value.astype(np.float32)
+        if self._base is not None:
+            value = value - self._base(batch.x)[:, 0]
+        if self.config.kind == "policy_value":
+            if batch.policy is None:
+                raise ValueError("a policy-value net needs a buffer with policy targets")
+            policy = batch.policy.astype(np.float32)
+        else:
+            policy = np.zeros((n, 0), np.float32)
+        return x, policy, value
+
+    def _losses(self, x, policy, value):
+        tf = self._tf
+        out = self.keras_model(x, training=True)
+        if self.config.kind == "policy_value":
+            num_actions = self.config.num_actions
+            logits, predicted = out[:, :num_actions], out[:, num_actions]
+            policy_loss = tf.reduce_mean(
+                tf.nn.softmax_cross_entropy_with_logits(labels=policy, logits=logits))
+        else:
+            predicted = out[:, 0]
+            policy_loss = tf.constant(0.0)
+        value_loss = tf.reduce_mean(tf.square(predicted - value))
+        l2 = self.l2 * tf.add_n([tf.reduce_sum(tf.square(layer.kernel))
+                                 for layer in self.keras_model.layers])
+        return policy_loss, value_loss, l2
+
+    def _train_step(self, x, policy, value):
+        tf = self._tf
+        with tf.GradientTape() as tape:
+            policy_loss, value_loss, l2 = self._losses(x, policy, value)
+            total = policy_loss + self.value_weight * value_loss + l2
+        variables = self.keras_model.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(total, variables), variables))
+        return tf.stack([policy_loss, value_loss, l2, total])
+
+    def train_steps(self, buffer: ReplayBuffer, n: int) -> LossTerms:
+        """Takes ``n`` optimizer steps on minibatches sampled from ``buffer``.
+
+        Returns:
+            The mean loss terms over the ``n`` steps.
+
+        Raises:
+            ValueError: for ``n`` < 1, an empty buffer, or a buffer whose samples do not
+                fit the net; nothing is trained then.
+        """
+        n = check_int("n", n, minimum=1)
+        if len(buffer) == 0:
+            raise ValueError("train_steps: the replay buffer is empty; add samples first")
+        if buffer.state_shape != self.config.input_shape:
+            raise ValueError(f"train_steps: the buffer holds states {buffer.state_shape}, "
+                             f"the net takes {self.config.input_shape}")
+        tf = self._tf
+        totals = np.zeros(4)
+        for _ in range(n):
+            x, policy, value = self._targets(buffer.sample(self.batch_size))
+            totals += self._step(tf.constant(x), tf.constant(policy),
+                                 tf.constant(value)).numpy()
+        self.steps_taken += n
+        p, v, l2, total = (totals / n).tolist()
+        return LossTerms(p, v, l2, total, n)
+
+    def loss(self, batch: Minibatch) -> LossTerms:
+        """The loss terms on ``batch`` without training (e.g. a held-out set)."""
+        x, policy, value = self._targets(batch)
+        p, v, l2 = (float(t) for t in self._losses(x, policy, value))
+        return LossTerms(p, v, l2, p + self.value_weight * v + l2, 0)
