@@ -113,6 +113,10 @@ flags.DEFINE_enum("backend", "local", ["local", "process", "ray"], "--train "
                   "connect_four: where self-play runs (with --num_procs clients).")
 flags.DEFINE_string("save_dir", None, "Checkpoints, replay buffer and run state (default "
                     "results/train_<problem>).")
+flags.DEFINE_bool("overlap", False, "--train connect_four: play the next iteration's "
+                  "self-play games while the trainer trains and the arena plays; "
+                  "promotions are pushed into the running self-play servers (faster, "
+                  "not bitwise reproducible).")
 flags.DEFINE_bool("resume", False, "--train: continue the run saved in --save_dir.")
 flags.DEFINE_integer("eval_games", 20, "--train connect_four: games against each "
                      "baseline per iteration (0: none).")
@@ -391,7 +395,7 @@ def build_training():
             backend=FLAGS.backend,
             num_procs=FLAGS.num_procs if FLAGS.backend != "local" else 1,
             max_batch_size=FLAGS.max_batch_size or defaults.max_batch_size,
-            seed=FLAGS.seed)
+            seed=FLAGS.seed, overlap=FLAGS.overlap)
         if FLAGS.resume and not os.path.exists(os.path.join(save_dir, "state.json")):
             raise ValueError(f"--resume: no saved run in {save_dir} (state.json is "
                              f"missing); run without --resume first")

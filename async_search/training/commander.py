@@ -69,6 +69,11 @@ class CommanderConfig:
         backend, num_procs: where self-play runs (``run_searches``).
         max_batch_size: the servers' batch size.
         seed: seeds everything (weights, buffer, games).
+        overlap: start the next iteration's self-play when training starts, so that
+            self-play keeps the servers busy while the trainer trains and the arena
+            plays; a promotion is pushed into that running self-play. Faster, but the
+            games then depend on when the push lands, so a run is no longer a
+            deterministic function of the seed (resume still loses no saved sample).
     """
 
     iterations: int = 8
@@ -89,6 +94,7 @@ class CommanderConfig:
     num_procs: int = 1
     max_batch_size: int = 512
     seed: int = 0
+    overlap: bool = False
 
     def __post_init__(self):
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
@@ -154,6 +160,9 @@ class IterationRecord:
     elo: float
     """The candidate's Elo-style rating: the best's plus what the arena score implies;
     the untrained net is 0."""
+    pushed_to: int
+    """Server groups that received the promoted weights (the evaluation server, and a
+    running self-play run in overlap mode); 0 without a promotion."""
     eval_s: float
     iteration_s: float
 
@@ -183,6 +192,7 @@ class Commander:
         self.history: List[IterationRecord] = []
         self._phase_done = None  # "selfplay" when this iteration's samples are saved
         self._targets: List[Any] = []  # servers that receive promoted weights
+        self._next_selfplay: Optional[asyncio.Task] = None  # overlap: next iteration's
         if resume:
             if save_dir is None or not os.path.exists(self._path("state.json")):
                 raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
@@ -265,13 +275,16 @@ class Commander:
         if servers in self._targets:
             self._targets.remove(servers)
 
-    async def push(self, model: Any, version: int) -> None:
+    async def push(self, model: Any, version: int) -> int:
         """Sends ``model`` and ``version`` to every registered server; returns once each
-        has it (requests made after this return are served by ``model``)."""
-        for target in list(self._targets):
+        has it (requests made after this return are served by ``model``). Returns how
+        many targets it reached."""
+        targets = list(self._targets)
+        for target in targets:
             result = target.update_model(model, version)
             if inspect.isawaitable(result):
                 await result
+        return len(targets)
 
     # -- phases ---------------------------------------------------------------------------
 
@@ -279,25 +292,32 @@ class Commander:
         if self.progress is not None:
             self.progress(phase, done, total)
 
-    async def _selfplay(self, iteration: int) -> list:
+    async def _selfplay(self, iteration: int) -> tuple:
+        """Plays the iteration's games; returns (records, seconds)."""
         from async_search.backends import run_searches_async
 
         config = self.config
         selfplay = dataclasses.replace(config.selfplay,
                                        seed=config.seed * 100_003 + iteration)
         play = functools.partial(selfplay_game, game=self.game, config=selfplay)
-        kwargs = {}
-        if "on_servers" in inspect.signature(run_searches_async).parameters:
-            kwargs["on_servers"] = self.add_target
-        runs_before = list(self._targets)
+        ours: List[Any] = []  # this run's servers, and no one else's
+
+        def on_servers(servers: Any) -> None:
+            ours.append(servers)
+            self.add_target(servers)
+        # In overlap mode the bars belong to the foreground phases.
+        progress = None if config.overlap else (lambda n: self._report("selfplay", n, 0))
+        start = time.perf_counter()
         try:
-            return await run_searches_async(
+            records = await run_searches_async(
                 play, list(range(config.games_per_iteration)), _ModelFactory(self.best),
                 backend=config.backend, num_procs=config.num_procs,
-                max_batch_size=config.max_batch_size,
-                progress=lambda n: self._report("selfplay", n, 0), **kwargs)
+                max_batch_size=config.max_batch_size, progress=progress,
+                on_servers=on_servers)
         finally:  # the run's servers are gone: stop pushing to them
-            self._targets[:] = [t for t in self._targets if t in runs_before]
+            for servers in ours:
+                self.remove_target(servers)
+        return records, time.perf_counter() - start
 
     async def _evaluate(self, candidate: Any, iteration: int) -> tuple:
         import async_search as asr
@@ -333,13 +353,14 @@ class Commander:
                 promoted = gate(arena, threshold=config.gate_threshold,
                                 min_games=min(40, config.arena_games))
                 elo = self.best_elo + elo_difference(arena.score, arena.games)
+                pushed = 0
                 if promoted:
                     self.best, self.best_version, self.best_elo = (
                         candidate, self.best_version + 1, elo)
-                    await self.push(candidate, self.best_version)
+                    pushed = await self.push(candidate, self.best_version)
             finally:
                 self.remove_target(ev_best)
-        return arena, scores, promoted, elo
+        return arena, scores, promoted, elo, pushed
 
     async def run_iteration(self) -> IterationRecord:
         """Runs one iteration and checkpoints it; returns its record."""
@@ -348,23 +369,33 @@ class Commander:
         start = time.perf_counter()
         samples, selfplay_s = 0, 0.0
         if self._phase_done != "selfplay":
-            records = await self._selfplay(iteration)
+            if self._next_selfplay is not None:  # overlap: started last iteration
+                task, self._next_selfplay = self._next_selfplay, None
+                records, selfplay_s = await task
+            else:
+                records, selfplay_s = await self._selfplay(iteration)
             for r in records:
                 self.buffer.add(r.x, r.policy, r.value)
             samples = sum(len(r.x) for r in records)
-            selfplay_s = time.perf_counter() - start
             self._phase_done = "selfplay"
             self._save_state()  # the samples are safe before anything else can fail
         else:  # resumed after a crash: this iteration's samples are in the buffer
             samples = self.buffer.added - sum(r.samples for r in self.history)
-        t = time.perf_counter()
-        self.trainer.reset_optimizer()
-        losses = await asyncio.to_thread(self._train)
-        candidate = self.trainer.model()
-        train_s = time.perf_counter() - t
-        t = time.perf_counter()
-        arena, scores, promoted, elo = await self._evaluate(candidate, iteration)
-        eval_s = time.perf_counter() - t
+        if config.overlap and iteration + 1 < config.iterations:
+            self._next_selfplay = asyncio.ensure_future(self._selfplay(iteration + 1))
+        try:
+            t = time.perf_counter()
+            self.trainer.reset_optimizer()
+            losses = await asyncio.to_thread(self._train)
+            candidate = self.trainer.model()
+            train_s = time.perf_counter() - t
+            t = time.perf_counter()
+            arena, scores, promoted, elo, pushed = await self._evaluate(candidate,
+                                                                        iteration)
+            eval_s = time.perf_counter() - t
+        except BaseException:
+            await self._cancel_next_selfplay()
+            raise
         record = IterationRecord(
             iteration=iteration + 1, samples=samples, buffer_size=len(self.buffer),
             selfplay_s=selfplay_s, samples_per_s=samples / selfplay_s if selfplay_s else 0.0,
@@ -372,11 +403,17 @@ class Commander:
             policy_loss=losses.policy, value_loss=losses.value, l2_loss=losses.l2,
             total_loss=losses.total, train_s=train_s, arena_score=arena.score,
             promoted=promoted, best_version=self.best_version, scores=scores, elo=elo,
-            eval_s=eval_s, iteration_s=time.perf_counter() - start)
+            pushed_to=pushed, eval_s=eval_s, iteration_s=time.perf_counter() - start)
         self.history.append(record)
         self._phase_done = None
         self._save_state()
         return record
+
+    async def _cancel_next_selfplay(self) -> None:
+        task, self._next_selfplay = self._next_selfplay, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     def _train(self):
         config = self.config
@@ -395,10 +432,13 @@ class Commander:
     async def run(self, on_iteration: Optional[Callable[[IterationRecord], None]] = None
                   ) -> List[IterationRecord]:
         """Runs iterations until ``config.iterations`` are done; returns every record."""
-        while self.iteration < self.config.iterations:
-            record = await self.run_iteration()
-            if on_iteration is not None:
-                on_iteration(record)
+        try:
+            while self.iteration < self.config.iterations:
+                record = await self.run_iteration()
+                if on_iteration is not None:
+                    on_iteration(record)
+        finally:  # nothing outlives the run
+            await self._cancel_next_selfplay()
         return list(self.history)
 
 

@@ -178,6 +178,12 @@ class Trainer:
         if buffer.state_shape != self.config.input_shape:
             raise ValueError(f"train_steps: the buffer holds states {buffer.state_shape}, "
                              f"the net takes {self.config.input_shape}")
+        if (self.config.kind == "policy_value"
+                and buffer.num_actions != self.config.num_actions):
+            held = ("no policy" if buffer.num_actions is None
+                    else f"{buffer.num_actions} policy columns")
+            raise ValueError(f"train_steps: the buffer holds {held}, the net takes "
+                             f"{self.config.num_actions} policy columns")
         tf = self._tf
         totals = np.zeros(4)
         for _ in range(n):
