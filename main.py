@@ -113,6 +113,9 @@ flags.DEFINE_enum("backend", "local", ["local", "process", "ray"], "--train "
                   "connect_four: where self-play runs (with --num_procs clients).")
 flags.DEFINE_string("save_dir", None, "Checkpoints, replay buffer and run state (default "
                     "results/train_<problem>).")
+flags.DEFINE_enum("value_target", "outcome", ["outcome", "mixed"], "--train "
+                  "connect_four: the value target: the game's result, or its mean with "
+                  "the search's root value.")
 flags.DEFINE_bool("overlap", False, "--train connect_four: play the next iteration's "
                   "self-play games while the trainer trains and the arena plays; "
                   "promotions are pushed into the running self-play servers (faster, "
@@ -388,7 +391,8 @@ def build_training():
         config = CommanderConfig(
             iterations=FLAGS.iterations or defaults.iterations,
             games_per_iteration=FLAGS.games_per_iteration,
-            selfplay=dataclasses.replace(defaults.selfplay, simulations=FLAGS.simulations),
+            selfplay=dataclasses.replace(defaults.selfplay, simulations=FLAGS.simulations,
+                                         value_target=FLAGS.value_target),
             train_steps=FLAGS.train_steps or defaults.train_steps,
             hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
             eval_games=FLAGS.eval_games, uct_rollouts=FLAGS.uct_rollouts,

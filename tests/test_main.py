@@ -64,6 +64,16 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--continuous", "--search=mcts"], "--continuous"),
     (["--no_such_flag"], "no_such_flag"),
     (["stray"], "unexpected arguments"),
+    (["--train=chess"], "--train"),
+    (["--train=connect_four", "--iterations=0"], "--iterations must be an integer >= 1"),
+    (["--train=connect_four", "--games_per_iteration=-3"],
+     "--games_per_iteration must be an integer >= 1"),
+    (["--train=connect_four", "--train_steps=0"], "--train_steps must be an integer >= 1"),
+    (["--train=connect_four", "--simulations=0"], "--simulations must be an integer >= 1"),
+    (["--train=connect_four", "--eval_games=-1"], "--eval_games must be an integer >= 0"),
+    (["--train=connect_four", "--backend=gpu"], "--backend"),
+    (["--train=sliding_puzzle", "--weight=-1"], "--weight must be a number >= 0"),
+    (["--train=connect_four", "--continuous"], "separate experiments"),
 ])
 def test_bad_flags_are_one_line_and_exit_status_2(tmp_path, args, names):
     save = tmp_path / "never.png"
@@ -106,3 +116,53 @@ def test_flags_build_the_experiments_they_name(monkeypatch):
         assert main.save_path("continuous") == "/tmp/x.png"
     finally:
         main.FLAGS.unparse_flags()
+
+
+TINY_TRAIN = ["--train=connect_four", "--iterations=1", "--games_per_iteration=4",
+              "--simulations=4", "--train_steps=3", "--hidden_sizes=16", "--eval_games=2",
+              "--final_games=2", "--uct_rollouts=4", "--noprogress"]
+
+
+@pytest.mark.timeout(400)
+def test_train_connect_four_on_tiny_flags_prints_the_table_saves_and_resumes(tmp_path):
+    save, run_dir = tmp_path / "t.png", tmp_path / "run"
+    run = main_py(*TINY_TRAIN, f"--save_dir={run_dir}", f"--save_path={save}",
+                  timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    header = [line for line in out.splitlines() if line.strip().startswith("it ")]
+    assert header and all(k in header[0] for k in ("samples", "smp/s", "policy", "value",
+                                                   "arena", "one-ply", "uct", "train s"))
+    assert "Final evaluation" in out and "mcts_vs_uct4" in out and "net_vs_random" in out
+    assert save.stat().st_size > 10_000
+    data = json.loads(save.with_suffix(".json").read_text())
+    assert len(data["iterations"]) == 1 and data["iterations"][0]["samples"] > 0
+    assert set(data["final_evaluation"]) == {"untrained", "trained"}
+    assert (run_dir / "best" / "weights.npz").exists()
+    # --resume with one more iteration continues from the saved state.
+    run = main_py(*[a for a in TINY_TRAIN if not a.startswith("--iterations")],
+                  "--iterations=2", "--resume", f"--save_dir={run_dir}",
+                  f"--save_path={save}", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(json.loads(save.with_suffix(".json").read_text())["iterations"]) == 2
+
+
+def test_train_resume_without_a_saved_run_is_refused(tmp_path):
+    run = main_py(*TINY_TRAIN, "--resume", f"--save_dir={tmp_path}/none",
+                  f"--save_path={tmp_path}/t.png", timeout=120)
+    assert run.returncode == 2
+    assert "no saved run" in run.stderr and run.stdout == ""
+
+
+@pytest.mark.timeout(400)
+def test_train_sliding_puzzle_on_tiny_flags_compares_with_manhattan(tmp_path, monkeypatch):
+    save = tmp_path / "h.png"
+    run = main_py("--train=sliding_puzzle", "--iterations=2", "--train_steps=5",
+                  "--hidden_sizes=16", "--gnn_budget=300", "--noprogress",
+                  f"--save_dir={tmp_path}/run", f"--save_path={save}", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Korf's 100" in run.stdout and "manhattan" in run.stdout
+    assert "learned / Manhattan expansions" in run.stdout
+    data = json.loads(save.with_suffix(".json").read_text())
+    assert data["korf100"]["manhattan"]["instances"] == 100
+    assert (tmp_path / "run" / "heuristic" / "config.json").exists()

@@ -27,6 +27,8 @@ def test_quickstart_notebook_executes_and_draws_the_plot():
     stdout = "".join(o.get("text", "") for c in code for o in c.outputs
                      if o.output_type == "stream" and o.name == "stdout")
     assert "batched:" in stdout and "baseline:" in stdout
+    assert "pretrained connect_four vs one-ply:" in stdout
+    assert "learned heuristic:" in stdout and "manhattan heuristic:" in stdout
     images = [o for c in code for o in c.outputs
               if o.output_type == "display_data" and "image/png" in o.get("data", {})]
     assert len(images) == 1

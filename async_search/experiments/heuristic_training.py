@@ -179,6 +179,13 @@ def run_heuristic_training(config: Any, params: HeldOutParams, *, save_dir: str,
                                   "target_updates": davi.target_updates,
                                   "training_s": train_s})
     results = compare_heuristics(model, params, show_progress=show_progress)
+    summary = {name: {k: v for k, v in r.items() if k != "per_instance"}
+               for name, r in results.items()}
+    save_checkpoint(checkpoint, model, config.net,  # how it was made and what it scores
+                    {"trainer": "davi", "command": command,
+                     "config": dataclasses.asdict(config),
+                     "target_updates": davi.target_updates, "training_s": train_s,
+                     "korf100": summary, "held_out": dataclasses.asdict(params)})
     result = {"command": command, "config": dataclasses.asdict(config),
               "held_out": dataclasses.asdict(params),
               "rounds": [dataclasses.asdict(r) for r in records], "training_s": train_s,

@@ -177,6 +177,15 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
                 uct_rollouts=config.uct_rollouts,
                 on_game=(lambda: update(1)) if update else None))
     eval_s = time.perf_counter() - t
+    if save_dir is not None:  # the best checkpoint says how it was made and what it scores
+        from async_search.training import read_checkpoint, save_checkpoint
+
+        best = os.path.join(save_dir, "best")
+        saved = read_checkpoint(best)
+        save_checkpoint(best, saved.weights, saved.config, {
+            **saved.metadata, "command": command, "config": config.to_json(),
+            "final_evaluation": final, "final_games": final_games,
+            "final_simulations": final_simulations})
     result = {"command": command, "config": config.to_json(),
               "iterations": [dataclasses.asdict(r) for r in records],
               "final_evaluation": final, "final_games": final_games,

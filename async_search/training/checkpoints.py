@@ -76,7 +76,11 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: NetConfig,
     header = {"format": FORMAT, "config": config.to_json(),
               "metadata": metadata if metadata is not None else {},
               "weights_sha256": hashlib.sha256(data).hexdigest(), "layers": len(weights)}
-    text = json.dumps(header, indent=1, sort_keys=True)  # refuses non-JSON metadata early
+    try:  # refuses non-JSON metadata (and NaN, which strict JSON readers reject) early
+        text = json.dumps(header, indent=1, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"save_checkpoint({path!r}): metadata must be JSON (strings, "
+                         f"finite numbers, lists, dicts): {e}") from e
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"

@@ -43,7 +43,7 @@ class DaviConfig:
     """
 
     size: int = 4
-    rounds: int = 40
+    rounds: int = 60
     states_per_round: int = 20_000
     max_scramble: int = 300
     train_steps: int = 300

@@ -149,6 +149,8 @@ class ReplayBuffer:
             raise ValueError(f"ReplayBuffer.add: x must be an array [n, *state_shape], got "
                              f"shape {x.shape}")
         n = len(x)
+        if not np.isfinite(x).all():
+            raise ValueError("ReplayBuffer.add: states x must be finite")
         value = np.asarray(value, np.float32)
         if value.shape not in ((n,), (n, 1)):
             raise ValueError(f"ReplayBuffer.add: value must have shape [{n}] or [{n}, 1] "

@@ -13,11 +13,6 @@ from async_search.problems.pretrained import (PRETRAINED, KorfInstance, korf100,
 PUZZLE = problems.SlidingPuzzle(4)
 
 
-def shipped(name):
-    return pytest.mark.skipif(not os.path.isdir(pretrained_path(name)),
-                              reason="checkpoint not shipped yet")
-
-
 # -- Korf's instances ---------------------------------------------------------------------
 
 
@@ -70,7 +65,6 @@ def test_every_known_name_has_a_folder_under_the_package():
 # -- the shipped checkpoints ----------------------------------------------------------------
 
 
-@shipped("connect_four")
 def test_pretrained_connect_four_loads_a_policy_value_net_with_game_shaped_outputs():
     net = problems.pretrained("connect_four")
     assert isinstance(net, problems.PolicyValueMLP)
@@ -85,7 +79,6 @@ def test_pretrained_connect_four_loads_a_policy_value_net_with_game_shaped_outpu
     assert np.isfinite(logits).all() and (np.abs(value) <= 1).all()
 
 
-@shipped("connect_four")
 def test_pretrained_connect_four_tf_twin_is_bitwise_equal():
     pytest.importorskip("tensorflow")
     net = problems.pretrained("connect_four")
@@ -100,7 +93,6 @@ def test_pretrained_connect_four_tf_twin_is_bitwise_equal():
         assert tf_value.tobytes() == value.tobytes()
 
 
-@shipped("15-puzzle")
 def test_pretrained_15_puzzle_loads_a_learned_heuristic_with_one_cost_per_board():
     h = problems.pretrained("15-puzzle")
     assert isinstance(h, problems.LearnedHeuristic)
@@ -112,7 +104,6 @@ def test_pretrained_15_puzzle_loads_a_learned_heuristic_with_one_cost_per_board(
     assert np.isfinite(y).all() and (y >= 0).all()
 
 
-@shipped("15-puzzle")
 def test_pretrained_15_puzzle_tf_twin_is_bitwise_equal():
     pytest.importorskip("tensorflow")
     h = problems.pretrained("15-puzzle")
@@ -120,3 +111,43 @@ def test_pretrained_15_puzzle_tf_twin_is_bitwise_equal():
     x = PUZZLE.encode([i.state for i in korf100()[:17]])
     for n in (1, 3, 17):
         assert twin(x[:n]).tobytes() == h(x[:n]).tobytes()
+
+
+def test_the_shipped_checkpoints_are_small_enough_to_ship():
+    for name in PRETRAINED:
+        folder = pretrained_path(name)
+        size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+        assert size <= 5 * 2 ** 20, f"{name}: {size} bytes"
+
+
+async def test_the_pretrained_connect_four_net_alone_beats_random():
+    import async_search as asr
+    from async_search.training import PolicyPlayer, RandomPlayer, play_match
+
+    game = problems.ConnectFour()
+    async with asr.serve(problems.pretrained("connect_four")) as evaluate:
+        result = await play_match(game, PolicyPlayer(evaluate), RandomPlayer(),
+                                  num_games=20, seed=1)
+    assert result.score >= 0.85, result.describe()
+
+
+async def test_the_learned_heuristic_needs_fewer_expansions_than_manhattan_on_korf():
+    import asyncio
+
+    import async_search as asr
+    from async_search import search
+
+    starts = [i.state for i in korf100()[:8]]
+
+    async def expansions(h):
+        async with asr.serve(h, max_batch_size=1024) as evaluate:
+            rs = await asyncio.gather(*(search.batched_astar(
+                PUZZLE, s, evaluate, budget=20_000, buffer_size=16, weight=0.3)
+                for s in starts))
+        return sum(r.status.value == "goal_found" for r in rs), sum(
+            r.nodes_expanded for r in rs)
+
+    learned_solved, learned = await expansions(problems.pretrained("15-puzzle"))
+    manhattan_solved, manhattan = await expansions(problems.ManhattanHeuristic(PUZZLE))
+    assert learned_solved >= manhattan_solved
+    assert learned < manhattan

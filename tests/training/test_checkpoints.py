@@ -122,9 +122,12 @@ def test_non_json_metadata_is_refused_at_save_and_the_previous_checkpoint_stays(
     path = tmp_path / "ckpt"
     weights = trained_looking_weights(HEURISTIC, 1)
     save_checkpoint(path, weights, HEURISTIC, {"iteration": 1})
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="metadata must be JSON"):
         save_checkpoint(path, trained_looking_weights(HEURISTIC, 2), HEURISTIC,
                         {"iteration": 2, "when": object()})
+    with pytest.raises(ValueError, match="metadata must be JSON"):
+        save_checkpoint(path, trained_looking_weights(HEURISTIC, 2), HEURISTIC,
+                        {"loss": float("nan")})
     checkpoint = read_checkpoint(path)
     assert checkpoint.metadata == {"iteration": 1}
     assert_weights_bitwise_equal(checkpoint.weights, weights)

@@ -216,7 +216,10 @@ def bad_adds():
     negative[2, 0] = -1.0
     zero_row = policy.copy()
     zero_row[1] = 0.0
+    nan_state = x.copy()
+    nan_state[0, 0, 0, 0] = np.nan
     return {
+        "nan state": ((nan_state, policy, value), "states x must be finite"),
         "state shape": ((np.zeros((3, 6, 7), np.float32), policy, value), "states"),
         "policy width": ((x, policy[:, :5], value), "policy columns"),
         "policy rows": ((x, policy[:2], value), "policy must have shape"),
