@@ -69,7 +69,11 @@ class Trainer:
     def __init__(self, config: NetConfig, *, weights: Sequence[Tuple[Any, Any]] | None = None,
                  learning_rate: float = 1e-3, l2: float = 1e-4, batch_size: int = 256,
                  value_weight: float = 1.0, seed: int = 0):
-        import tensorflow as tf  # the training package needs the tf extra
+        try:
+            import tensorflow as tf  # the training package needs the tf extra
+        except ImportError as e:
+            raise ImportError("training a net needs TensorFlow: pip install -e '.[tf]' "
+                              f"(or '.[all]'); {e}") from e
 
         self._tf = tf
         self.config = config

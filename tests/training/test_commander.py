@@ -184,3 +184,29 @@ def test_overlap_plays_the_next_self_play_during_training_and_pushes_into_it(tmp
 def test_bad_parameters_are_refused_before_anything_runs(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{field: value})
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    from async_search.backends.ray_backend import ensure_ray
+
+    started_here = not ray.is_initialized()
+    ensure_ray()
+    yield ray
+    if started_here:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["process", "ray"])
+def test_self_play_on_other_backends_gives_the_local_backends_games(tmp_path, backend,
+                                                                    request):
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    local = Commander(tiny(1, eval_games=0), str(tmp_path / "local"))
+    run(local)
+    remote = Commander(tiny(1, eval_games=0, backend=backend, num_procs=2),
+                       str(tmp_path / backend))
+    run(remote)
+    # Games are deterministic functions of their ids and the net: same samples anywhere.
+    same_run(local, remote)
