@@ -129,11 +129,13 @@ def plot_heuristic_training(records: List[Any], results: Dict[str, Dict[str, Any
     axes[0].set_yscale("log")
     axes[0].set_title("DAVI loss (moves squared)")
     sns.lineplot(data=df, x="round", y="mean_target", marker="o", ax=axes[1],
-                 label="mean target")
+                 label="mean target (moves)", legend=False)
     ax2 = axes[1].twinx()
     sns.lineplot(data=df, x="round", y="target_updates", color="grey", ax=ax2,
-                 label="target refreshes")
+                 label="target refreshes", legend=False)
     ax2.grid(False)
+    handles = axes[1].get_lines()[:1] + ax2.get_lines()[:1]
+    axes[1].legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
     axes[1].set_title("targets and target-net refreshes")
     rows = [{"heuristic": name, "optimal length": p["optimal"],
              "expansions": p["expansions"], "solved": p["status"] == "goal_found"}
@@ -141,6 +143,7 @@ def plot_heuristic_training(records: List[Any], results: Dict[str, Dict[str, Any
     sns.scatterplot(data=pd.DataFrame(rows), x="optimal length", y="expansions",
                     hue="heuristic", style="solved", ax=axes[2])
     axes[2].set_yscale("log")
+    axes[2].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     axes[2].set_title("Korf's 100: expansions per instance")
     if title:
         fig.suptitle(title)

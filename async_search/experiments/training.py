@@ -74,7 +74,8 @@ def format_iteration(r: Any) -> str:
 
 
 async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollouts: int,
-                         seed: int = 12345, on_game: Callable[[], None] | None = None,
+                         c_puct: float = 2.0, num_parallel: int = 2, seed: int = 12345,
+                         on_game: Callable[[], None] | None = None,
                          max_batch_size: int = 512) -> Dict[str, Any]:
     """The goal's evaluation of a policy-value net on Connect Four: MCTS with
     ``simulations`` and no noise against one-ply and UCT(``uct_rollouts``), and the net
@@ -88,7 +89,8 @@ async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollou
     game = ConnectFour()
     out: Dict[str, Any] = {}
     async with asr.serve(model, max_batch_size=max_batch_size) as evaluate:
-        agent = MCTSPlayer(evaluate, simulations=simulations, name="agent")
+        agent = MCTSPlayer(evaluate, simulations=simulations, c_puct=c_puct,
+                           num_parallel=num_parallel, name="agent")
         matches = {"mcts_vs_one_ply": (agent, OnePlyPlayer()),
                    f"mcts_vs_uct{uct_rollouts}": (agent, UCTPlayer(uct_rollouts)),
                    "net_vs_random": (PolicyPlayer(evaluate), RandomPlayer())}
@@ -109,7 +111,7 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
     sns.set_theme(style="whitegrid", context="notebook")
     rows = [dataclasses.asdict(r) for r in records]
     df = pd.DataFrame(rows)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
     losses = df.melt(id_vars="iteration", value_vars=["policy_loss", "value_loss", "l2_loss"],
                      var_name="term", value_name="loss")
     sns.lineplot(data=losses, x="iteration", y="loss", hue="term", marker="o", ax=axes[0])
@@ -124,7 +126,10 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
             score_rows.append({"iteration": r.iteration, "opponent": label, "score": score})
     sns.lineplot(data=pd.DataFrame(score_rows), x="iteration", y="score", hue="opponent",
                  marker="o", ax=axes[1])
-    axes[1].axhline(0.55, color="grey", ls=":", lw=1)
+    for level, label in ((0.55, "gate"), (0.75, "goal vs UCT"), (0.95, "goal vs one-ply")):
+        axes[1].axhline(level, color="grey", ls=":", lw=1)
+        axes[1].annotate(label, (df["iteration"].min(), level), fontsize=7, color="grey",
+                         va="bottom")
     axes[1].set_ylim(-0.02, 1.02)
     axes[1].set_title("candidate's score (1 = all won)")
     phases = df.melt(id_vars="iteration", value_vars=["selfplay_s", "train_s", "eval_s"],
@@ -133,6 +138,11 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
                                            "eval_s": "evaluation"})
     sns.barplot(data=phases, x="iteration", y="seconds", hue="phase", ax=axes[2])
     axes[2].set_title("seconds per phase")
+    sns.lineplot(data=df, x="iteration", y="elo", marker="o", ax=axes[3], label="candidate")
+    best = df.assign(best=df["elo"].where(df["promoted"]).ffill().fillna(0.0))
+    sns.lineplot(data=best, x="iteration", y="best", ax=axes[3], label="best (promoted)",
+                 drawstyle="steps-post")
+    axes[3].set(title="Elo-style rating (untrained net = 0)", ylabel="Elo")
     for ax in axes:
         ax.legend(fontsize=8)
     if title:
@@ -174,7 +184,8 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
                           enabled=show_progress, unit="game") as update:
             final[name] = asyncio.run(evaluate_agent(
                 model, games=final_games, simulations=final_simulations,
-                uct_rollouts=config.uct_rollouts,
+                uct_rollouts=config.uct_rollouts, c_puct=config.eval_c_puct,
+                num_parallel=config.eval_num_parallel,
                 on_game=(lambda: update(1)) if update else None))
     eval_s = time.perf_counter() - t
     if save_dir is not None:  # the best checkpoint says how it was made and what it scores
@@ -200,11 +211,13 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
     return result
 
 
-def format_final(final: Dict[str, Any], games: int, simulations: int) -> str:
+def format_final(final: Dict[str, Any], games: int, simulations: int,
+                 c_puct: float = 2.0, num_parallel: int = 2) -> str:
     """The final evaluation table: untrained against trained, per match."""
     names = list(final["trained"])
     lines = [f"Final evaluation, {games} games each, first player alternating; agent = "
-             f"MCTS with {simulations} simulations, no noise; net = greedy on its policy",
+             f"MCTS with {simulations} simulations, no noise (c_puct {c_puct}, "
+             f"{num_parallel} leaves per round); net = greedy on its policy",
              f"{'match':<22}{'untrained':>12}{'trained':>12}   trained W-D-L"]
     for name in names:
         u, t = final["untrained"][name], final["trained"][name]

@@ -65,6 +65,8 @@ class CommanderConfig:
         gate_threshold: the arena score that promotes the candidate.
         eval_games: games against each baseline per iteration (0: none).
         eval_simulations: MCTS simulations of the agent in the arena and evaluations.
+        eval_c_puct, eval_num_parallel: the evaluation agent's PUCT constant and leaves
+            in flight per round (fewer leaves in flight search better per simulation).
         uct_rollouts: rollouts per move of the UCT baseline.
         backend, num_procs: where self-play runs (``run_searches``).
         max_batch_size: the servers' batch size.
@@ -89,6 +91,8 @@ class CommanderConfig:
     gate_threshold: float = 0.55
     eval_games: int = 20
     eval_simulations: int = 100
+    eval_c_puct: float = 2.0
+    eval_num_parallel: int = 2
     uct_rollouts: int = 300
     backend: str = "local"
     num_procs: int = 1
@@ -99,12 +103,14 @@ class CommanderConfig:
     def __post_init__(self):
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
                      "buffer_capacity", "arena_games", "eval_simulations", "uct_rollouts",
+                     "eval_num_parallel",
                      "num_procs", "max_batch_size"):
             check_int(name, getattr(self, name), minimum=1)
         check_int("eval_games", self.eval_games, minimum=0)
         check_int("seed", self.seed, minimum=0)
         check_float("learning_rate", self.learning_rate, minimum=0.0, strict=True)
         check_float("l2", self.l2, minimum=0.0)
+        check_float("eval_c_puct", self.eval_c_puct, minimum=0.0, strict=True)
         if not 0.0 <= check_float("gate_threshold", self.gate_threshold, minimum=0.0) <= 1:
             raise ValueError(f"gate_threshold must be in [0, 1], got {self.gate_threshold}")
         if self.backend not in ("local", "process", "ray"):
@@ -332,9 +338,11 @@ class Commander:
                 asr.serve(self.best, max_batch_size=config.max_batch_size) as ev_best:
             self.add_target(ev_best)
             try:
-                agent = MCTSPlayer(ev_new, simulations=sims, name="candidate")
+                search = dict(simulations=sims, num_parallel=config.eval_num_parallel,
+                              c_puct=config.eval_c_puct)
+                agent = MCTSPlayer(ev_new, name="candidate", **search)
                 arena = await play_match(game, agent,
-                                         MCTSPlayer(ev_best, simulations=sims, name="best"),
+                                         MCTSPlayer(ev_best, name="best", **search),
                                          num_games=config.arena_games, seed=seed,
                                          opening_moves=2, on_game=tick)
                 scores: Dict[str, float] = {}
