@@ -122,6 +122,8 @@ def plot_heuristic_training(records: List[Any], results: Dict[str, Dict[str, Any
     import pandas as pd
     import seaborn as sns
 
+    from async_search.experiments.plots import finish_figure
+
     sns.set_theme(style="whitegrid", context="notebook")
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     df = pd.DataFrame([dataclasses.asdict(r) for r in records])
@@ -145,12 +147,7 @@ def plot_heuristic_training(records: List[Any], results: Dict[str, Dict[str, Any
     axes[2].set_yscale("log")
     axes[2].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     axes[2].set_title("Korf's 100: expansions per instance")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_figure(fig, path, title=title, close=True)
     return fig
 
 

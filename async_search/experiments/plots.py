@@ -17,7 +17,7 @@ import numpy as np
 
 from async_search.experiments.runs import RunReport
 
-__all__ = ["plot_runs", "batch_frame"]
+__all__ = ["plot_runs", "batch_frame", "finish_figure"]
 
 
 def batch_frame(reports: Sequence[RunReport]):
@@ -122,9 +122,20 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
         lines = [title] if title else []
         lines += textwrap.wrap(subtitle, width) if subtitle else []
         fig.suptitle("\n".join(lines), fontsize=12)
+    finish_figure(fig, path)
+    return fig
+
+
+def finish_figure(fig: Any, path: Optional[str], *, title: str = "",
+                  close: bool = False) -> None:
+    """Lays the figure out and saves it to ``path`` (folders made) when given; with
+    ``close``, frees it (pyplot keeps every open figure otherwise)."""
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     if path:
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         fig.savefig(path, dpi=110)
-    return fig
+    if close:
+        import matplotlib.pyplot as plt
+        plt.close(fig)

@@ -108,6 +108,8 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
     import pandas as pd
     import seaborn as sns
 
+    from async_search.experiments.plots import finish_figure
+
     sns.set_theme(style="whitegrid", context="notebook")
     rows = [dataclasses.asdict(r) for r in records]
     df = pd.DataFrame(rows)
@@ -145,12 +147,7 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
     axes[3].set(title="Elo-style rating (untrained net = 0)", ylabel="Elo")
     for ax in axes:
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_figure(fig, path, title=title, close=True)
     return fig
 
 
