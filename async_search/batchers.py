@@ -29,7 +29,8 @@ import bisect
 import collections
 import dataclasses
 import itertools
-from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Deque, Iterable, List, NamedTuple, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 
@@ -38,7 +39,8 @@ from async_search.errors import ModelOutputError
 
 __all__ = [
     "Batcher", "BatchSizeBatcher", "CostBatcher", "Popped",
-    "Unbatcher", "NumpyUnbatcher", "TreeUnbatcher", "unbatcher_for", "BatchManager",
+    "Unbatcher", "NumpyUnbatcher", "TreeUnbatcher", "unbatcher_for", "OutputStructure",
+    "BatchManager",
 ]
 
 
@@ -164,19 +166,15 @@ class Batcher(abc.ABC):
         batch_tags = tags[:count]
         if head and count:
             pieces[0] = pieces[0][head:]
-        tail_size = None
+        tail_size, new_head = None, 0
         if take:
             offset = 0 if count else head
             pieces.append(xs[count][offset:offset + take])
             batch_tags.append(tags[count])
             tail_size = len(xs[count])
-            self._head = offset + take
-        else:
-            self._head = 0
-        del xs[:count], tags[:count], self._ends[:count]
-        self._on_pop(count)
-        self._start += cost
-        self.queued -= cost
+            new_head = offset + take
+        # The batch is built before the queue changes: if building it fails, every
+        # request is still queued (and a crash handler can fail it), none is lost.
         buffer = None
         if len(pieces) == 1:
             batch = pieces[0]
@@ -185,6 +183,11 @@ class Batcher(abc.ABC):
             buffer = out(rows, pieces[0]) if out is not None else None
             batch = (np.concatenate(pieces) if buffer is None
                      else np.concatenate(pieces, out=buffer[:rows]))
+        self._head = new_head
+        del xs[:count], tags[:count], self._ends[:count]
+        self._on_pop(count)
+        self._start += cost
+        self.queued -= cost
         return Popped(batch, batch_tags, pieces, head > 0, tail_size, head, buffer)
 
     def _plan(self) -> Tuple[int, int, float]:
@@ -290,6 +293,23 @@ class CostBatcher(Batcher):
         self._cumulative: List[np.ndarray] = []  # per request: running cost by element
 
     def append(self, x: np.ndarray, tag: Any = None) -> None:
+        cumulative = self._cumulative_cost(x)
+        self._cumulative.append(cumulative)
+        self._enqueue(x, tag, float(cumulative[-1]) if len(cumulative) else 0.0)
+
+    def extend(self, xs, tags=None) -> None:
+        """Queue several requests; all or none: when ``cost_fn`` raises for one of
+        them, nothing is queued."""
+        if tags is None:
+            tags = [None] * len(xs)
+        elif len(tags) != len(xs):
+            raise ValueError(f"{len(xs)} requests but {len(tags)} tags")
+        cumulatives = [self._cumulative_cost(x) for x in xs]  # may raise: nothing queued
+        for x, tag, cumulative in zip(xs, tags, cumulatives):
+            self._cumulative.append(cumulative)
+            self._enqueue(x, tag, float(cumulative[-1]) if len(cumulative) else 0.0)
+
+    def _cumulative_cost(self, x: np.ndarray) -> np.ndarray:
         costs = np.asarray(self.cost_fn(x), dtype=np.float64).reshape(-1)
         if len(costs) != len(x):
             raise ValueError(
@@ -297,13 +317,7 @@ class CostBatcher(Batcher):
                 f"{len(costs)} costs")
         if len(costs) and costs.min() < 0:
             raise ValueError("cost_fn returned a negative cost")
-        cumulative = np.cumsum(costs)
-        self._cumulative.append(cumulative)
-        self._enqueue(x, tag, float(cumulative[-1]) if len(cumulative) else 0.0)
-
-    def extend(self, xs, tags=None) -> None:
-        for x, tag in zip(xs, tags if tags is not None else [None] * len(xs)):
-            self.append(x, tag)
+        return np.cumsum(costs)
 
     def _split(self, i, offset, room, limit=None):
         cumulative = self._cumulative[i]
@@ -445,6 +459,114 @@ def unbatcher_for(outputs: Outputs) -> Unbatcher:
         f"{type(outputs).__name__}")
 
 
+class OutputStructure(NamedTuple):
+    """What outputs are, batch size aside: their kind and each output's trailing shape
+    and dtype. Outputs of equal structure split and join alike, so a batch whose
+    structure differs from the first batch's (or the declared one) must not be sliced
+    into callers' results as if it were the same.
+
+    Example:
+        >>> s = OutputStructure.of((np.zeros((3, 4), np.float32), np.zeros(3)))
+        >>> s.describe()
+        'a tuple of 2 outputs ([n, 4] float32, [n] float64)'
+        >>> s == OutputStructure.of((np.ones((5, 4), np.float32), np.ones(5)))
+        True
+    """
+
+    kind: str
+    """``"array"``, ``"tuple"`` or ``"dict"``."""
+    leaves: Any
+    """``(key, trailing shape, dtype)`` per output: key None for an array, the position
+    in a tuple (a tuple of them), the key in a dict (a frozenset: order is free)."""
+
+    @classmethod
+    def of(cls, outputs: Outputs) -> "OutputStructure":
+        """The structure of ``outputs``.
+
+        Raises:
+            ModelOutputError: when ``outputs`` is not an array with a batch dimension,
+                or a tuple or dict of them.
+        """
+        if isinstance(outputs, np.ndarray):
+            return cls("array", ((None,) + _leaf(outputs, "the output"),))
+        if isinstance(outputs, tuple):
+            return cls("tuple", tuple((i,) + _leaf(v, f"output {i}")
+                                      for i, v in enumerate(outputs)))
+        if isinstance(outputs, dict):
+            return cls("dict", frozenset((k,) + _leaf(v, f"output {k!r}")
+                                         for k, v in outputs.items()))
+        raise ModelOutputError(
+            f"a model must return an ndarray, or a tuple or dict of them, got "
+            f"{type(outputs).__name__}")
+
+    def describe(self) -> str:
+        """How error messages name a structure: ``an array [n, 4] float32``."""
+        if self.kind == "array":
+            return f"an array {_describe_leaf(self.leaves[0])}"
+        if self.kind == "tuple":
+            return (f"a tuple of {len(self.leaves)} outputs "
+                    f"({', '.join(map(_describe_leaf, self.leaves))})")
+        leaves = sorted(self.leaves, key=lambda leaf: repr(leaf[0]))
+        return "a dict {" + ", ".join(f"{leaf[0]!r}: {_describe_leaf(leaf)}"
+                                      for leaf in leaves) + "}"
+
+    def conform(self, outputs: Outputs, got: "OutputStructure | None" = None,
+                expected_from: str = "the first batch's") -> Outputs:
+        """``outputs`` (of structure ``got``) made to fit this structure.
+
+        Outputs that differ only in dtypes of the same kind (float64 for float32, int32
+        for int64) are cast to this structure's dtypes; any other difference (another
+        kind, int for float; a shape; a kind of outputs) raises.
+
+        Raises:
+            ModelOutputError: naming the expected and the given structure.
+        """
+        got = got if got is not None else OutputStructure.of(outputs)
+        if got == self:
+            return outputs
+        if got.kind == self.kind and len(got.leaves) == len(self.leaves):
+            want = {leaf[0]: leaf for leaf in self.leaves}
+            if all(leaf[0] in want and leaf[1] == want[leaf[0]][1] and (
+                    leaf[2] == want[leaf[0]][2] or (
+                    isinstance(leaf[2], np.dtype) and isinstance(want[leaf[0]][2], np.dtype)
+                    and leaf[2].kind == want[leaf[0]][2].kind))
+                   for leaf in got.leaves):
+                return _cast(outputs, {k: leaf[2] for k, leaf in want.items()})
+        raise ModelOutputError(
+            f"the model's outputs do not match {expected_from}: expected "
+            f"{self.describe()}, got {got.describe()}")
+
+
+def _leaf(v: Any, where: str) -> Tuple[Any, Any]:
+    if isinstance(v, np.ndarray):
+        if not v.ndim:
+            raise ModelOutputError(
+                f"the model's outputs have no batch dimension: {where} is a 0-d array")
+        return v.shape[1:], v.dtype
+    if isinstance(v, (tuple, dict)) or not hasattr(v, "__len__"):
+        raise ModelOutputError(
+            f"the model's outputs have no batch dimension: {where} is a "
+            f"{type(v).__name__}, not an array [n, ...]")
+    return type(v), None  # an array-like leaf: only its type is compared
+
+
+def _describe_leaf(leaf: tuple) -> str:
+    _, shape, dtype = leaf
+    if dtype is None:
+        return shape.__name__
+    return f"[{', '.join(['n', *map(str, shape)])}] {dtype}"
+
+
+def _cast(outputs: Outputs, dtypes: dict) -> Outputs:
+    if isinstance(outputs, np.ndarray):
+        return outputs.astype(dtypes[None], copy=False)
+    if isinstance(outputs, tuple):
+        return tuple(v if dtypes[i] is None else v.astype(dtypes[i], copy=False)
+                     for i, v in enumerate(outputs))
+    return {k: v if dtypes[k] is None else v.astype(dtypes[k], copy=False)
+            for k, v in outputs.items()}
+
+
 class BatchManager:
     """Coordinates a Batcher and an Unbatcher: requests in, batches out, outputs back.
 
@@ -464,6 +586,9 @@ class BatchManager:
         self.batcher = batcher
         self.unbatcher = unbatcher
         self._sizes: Deque[int] = collections.deque()  # registered before an unbatcher
+        # With the unbatcher chosen here, every batch must keep the first's structure.
+        self._check = unbatcher is None
+        self._structure: OutputStructure | None = None
 
     def add_inputs(self, x: np.ndarray) -> None:
         """Queue one request ``x[n, ...]``; its output comes back in order."""
@@ -489,7 +614,20 @@ class BatchManager:
         return self.batcher.empty()
 
     def process_output(self, outputs: Outputs) -> List[Outputs]:
-        """The outputs of every request completed by this batch's outputs, in order."""
+        """The outputs of every request completed by this batch's outputs, in order.
+
+        Raises:
+            ModelOutputError: when ``outputs`` do not keep the structure of the first
+                batch's (kind, trailing shapes, dtypes of one kind; a float64 output
+                where the first was float32 is cast), or have too many rows; the
+                outputs are then not taken.
+        """
+        if self._check:
+            got = OutputStructure.of(outputs)
+            if self._structure is None:
+                self._structure = got
+            elif got != self._structure:
+                outputs = self._structure.conform(outputs, got)
         if self.unbatcher is None:
             self.unbatcher = unbatcher_for(outputs)
             for n in self._sizes:

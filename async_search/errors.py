@@ -17,6 +17,17 @@ class ServerDiedError(RuntimeError):
     """A server, process or actor died while requests were waiting on it."""
 
 
+class ServerCrashedError(ServerClosedError):
+    """The serving coroutine died: every pending request failed and the server closed;
+    what killed it is the ``__cause__``."""
+
+
+class ModelRaisedError(RuntimeError):
+    """The model raised what a caller cannot receive as it is (StopIteration,
+    CancelledError, SystemExit...): its batch fails with this; the original is the
+    ``__cause__``."""
+
+
 class SearchError(RuntimeError):
     """Searches failed: ``failures`` maps each failed start's index to what went wrong."""
 
@@ -27,3 +38,48 @@ class SearchError(RuntimeError):
 
 class CircuitOpenError(RuntimeError):
     """Every server that could take a request has an open circuit breaker."""
+
+
+class RemoteError(RuntimeError):
+    """An exception from another process, carried as text: type name, message, traceback.
+
+    Used in place of an exception that cannot travel between processes as itself (it
+    does not pickle, or its pickle does not load). ``type_name`` and ``remote_mro`` (the
+    qualified names of its classes) say what it was; ``remote_traceback`` is its
+    formatted traceback where it was raised. It always pickles.
+    """
+
+    def __init__(self, type_name: str, message: str, remote_traceback: str = "",
+                 remote_mro: tuple = ()):
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.remote_mro = tuple(remote_mro)
+
+    def __reduce__(self):
+        notes = [str(n) for n in getattr(self, "__notes__", ())]
+        return (type(self), (self.type_name, self.message, self.remote_traceback,
+                             self.remote_mro), {"__notes__": notes} if notes else None)
+
+
+def deliverable(error: BaseException) -> Exception:
+    """``error`` as an exception a future can carry to its caller.
+
+    ``Future.set_exception`` refuses StopIteration, a CancelledError would read as the
+    caller's own cancellation, and KeyboardInterrupt or SystemExit would stop the loop
+    of whoever awaits it; those come back wrapped in a ModelRaisedError (as PEP 479 wraps
+    a StopIteration raised in a generator). Any other Exception is returned as it is.
+    """
+    if isinstance(error, Exception) and not isinstance(
+            error, (StopIteration, StopAsyncIteration)):
+        return error
+    try:
+        detail = str(error)
+    except Exception:  # noqa: BLE001 - the name alone then
+        detail = ""
+    wrapped = ModelRaisedError(
+        f"the model raised {type(error).__name__}{': ' + detail if detail else ''}, which "
+        f"cannot reach its callers as it is; the batch failed")
+    wrapped.__cause__ = error
+    return wrapped

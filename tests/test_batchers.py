@@ -186,3 +186,54 @@ def test_more_output_rows_than_registered_raises_model_output_error():
 def test_tree_outputs_that_disagree_on_rows_raise():
     with pytest.raises(ModelOutputError, match="disagree"):
         TreeUnbatcher().num_rows((np.zeros(2), np.zeros(3)))
+
+
+def test_cost_batcher_extend_queues_nothing_when_cost_fn_raises():
+    def cost(x):
+        if (x < 0).any():
+            raise ZeroDivisionError("no cost")
+        return np.ones(len(x))
+
+    b = CostBatcher(10, cost)
+    b.extend([np.zeros(2)], ["a"])
+    with pytest.raises(ZeroDivisionError):
+        b.extend([np.ones(3), -np.ones(1), np.ones(2)], ["b", "c", "d"])
+    assert len(b) == 1 and b.queued == 2
+    assert b.pop_parts().tags == ["a"]
+
+
+def test_pop_parts_that_cannot_build_its_batch_leaves_every_request_queued():
+    b = BatchSizeBatcher(4)
+    b.extend([np.zeros((3, 2)), np.ones((3, 2))], ["a", "b"])
+
+    def broken(rows, like):
+        raise MemoryError("no buffer")
+
+    with pytest.raises(MemoryError):
+        b.pop_parts(out=broken)
+    assert len(b) == 2 and b.queued == 6
+    popped = b.pop_parts()
+    assert popped.tags == ["a", "b"] and len(popped.batch) == 4
+
+
+@pytest.mark.parametrize("later, message", [
+    (lambda y: (y, y), r"expected an array \[n, 2\] int64, got a tuple of 2 outputs"),
+    (lambda y: y[:, :1], r"expected an array \[n, 2\] int64, got an array \[n, 1\] int64"),
+    (lambda y: y.astype(np.float64), r"got an array \[n, 2\] float64"),
+])
+def test_batch_manager_refuses_outputs_that_change_structure(later, message):
+    manager = BatchManager(BatchSizeBatcher(4))
+    for x in requests_of((3, 3)):
+        manager.add_inputs(x)
+    assert len(manager.process_output(model(manager.pop_batch()))) == 1
+    with pytest.raises(ModelOutputError, match=message):
+        manager.process_output(later(model(manager.pop_batch())))
+
+
+def test_batch_manager_casts_outputs_to_the_first_batch_dtype_of_the_same_kind():
+    manager = BatchManager(BatchSizeBatcher(2))
+    for x in requests_of((2, 2)):
+        manager.add_inputs(x)
+    first = manager.process_output(model(manager.pop_batch()))
+    second = manager.process_output(model(manager.pop_batch()).astype(np.int32))
+    assert first[0].dtype == second[0].dtype == np.int64

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any, Callable, Hashable, List, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Tuple
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec, input_spec_of, output_spec_of
 from async_search.batchers import Batcher, BatchSizeBatcher, Popped
-from async_search.errors import ServerClosedError
+from async_search.errors import ModelOutputError, ServerClosedError, ServerCrashedError
 from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.requests import RequestChecker
@@ -65,6 +65,29 @@ class BatchingServer:
             the first free one).
         on_batch: called on the loop with a ``BatchRecord`` as each batch comes back
             (progress bars, live metrics).
+
+    Faults (what a caller gets):
+        - A request that does not fit the model's input raises InputSpecError when made.
+        - A model that raises fails the requests of that batch with its exception, and
+          the next batch is served. What a future cannot carry as it is
+          (StopIteration, a CancelledError raised by the model, SystemExit) fails the
+          batch as ModelRaisedError, the original as its ``__cause__``.
+        - Every batch's outputs must keep the structure of the declared
+          ``output_spec`` or, without one, of the first batch: the same kind (array,
+          tuple of as many outputs, dict of the same keys), trailing shapes and row
+          count. A dtype of the same kind is cast to the expected one (float64 outputs
+          of a float32 model arrive as float32); a different kind (float for int) or any
+          other change fails that batch alone with ModelOutputError, naming what was
+          expected and what came. Nothing is delivered to the wrong caller, and
+          ``update_model`` must keep that structure too.
+        - When one batch of a request split across batches fails, the whole request
+          fails and the pieces from its other batches are dropped.
+        - Whatever kills the serving coroutine (a ``cost_fn`` that raises, a bug, a
+          KeyboardInterrupt while the model runs on the loop, the dispatch task being
+          cancelled) fails every queued and in-flight request with ServerCrashedError
+          (a ServerClosedError; the cause is its ``__cause__``) and closes the server:
+          later calls raise it at once, and leaving the context raises it when the body
+          did not raise.
     """
 
     def __init__(self, model: Any, policy: DispatchPolicy = DispatchPolicy(),
@@ -98,9 +121,12 @@ class BatchingServer:
         self._full: asyncio.Future | None = None    # set when a batch fills (max_delay)
         self._slot: asyncio.Future | None = None    # set when a batch comes back
         self._in_flight = 0
+        self._flying: Dict[int, Any] = {}  # id -> Popped: batches the model has not
+        #                                    given back (failed at once by a crash)
         self._since = 0.0  # when the queue last became non-empty, or the last dispatch
         self._closing = False
         self._closed = False
+        self._crashed: BaseException | None = None  # what killed the serving coroutine
 
     # -- the evaluate function --------------------------------------------------------
     def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
@@ -115,8 +141,7 @@ class BatchingServer:
                 x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
             x = self._checked(x)
         if self._closing:
-            raise ServerClosedError("the server is closed: evaluate called after its "
-                                    "context was left")
+            raise self._closed_error()
         fut = self._loop.create_future()
         if not len(x) and self._responses.empty_output is not None:
             self._stats.requests += 1
@@ -131,7 +156,13 @@ class BatchingServer:
             self._since = time.perf_counter()
             wakeup.set_result(None)
         elif self._full is not None:
-            self._unstage()
+            try:
+                self._unstage()
+            except BaseException as e:  # the batcher failed (a cost_fn that raises)
+                self._crash(e)  # fails ``fut`` too, with every other pending request
+                if not isinstance(e, Exception):
+                    raise
+                return fut
             if self._batcher.queued >= self._budget:
                 _resolve(self._full)
         return fut
@@ -227,9 +258,22 @@ class BatchingServer:
         A callable becomes the model; anything else is passed to the current model's
         ``with_weights(weights)``, which returns the new model. Batches that a worker has
         started finish on the old model; every later batch runs on the new one and its
-        results carry ``version`` (see ``with_version``).
+        results carry ``version`` (see ``with_version``). The new model must return
+        outputs of the structure the server expects (see Faults above).
+
+        Raises:
+            ValueError: when the new model declares an ``output_spec`` that does not
+                fit the outputs the server expects; nothing is swapped.
         """
         self._require_running()
+        spec = output_spec_of(model_or_weights) if callable(model_or_weights) else None
+        expected = self._responses.structure
+        if spec is not None and expected is not None:
+            try:
+                expected.conform(spec.empty(0), expected_from="the served outputs")
+            except ModelOutputError as e:
+                raise ValueError(f"update_model: the new model's output_spec does not fit: "
+                                 f"{e}") from None
         self._workers.set_model(model_or_weights, version)
 
     @property
@@ -252,6 +296,8 @@ class BatchingServer:
         await self._workers.remove()
 
     def _require_running(self) -> None:
+        if self._crashed is not None:
+            raise self._closed_error()
         if self._workers is None or self._closed:
             raise RuntimeError("the server is not serving: use it inside its context")
 
@@ -277,6 +323,10 @@ class BatchingServer:
 
         Returns when every request has its result or error, the dispatch task has ended
         and the device threads have stopped.
+
+        Raises:
+            ServerCrashedError: when the serving coroutine had died and ``drain`` was
+                asked (the requests it failed already got this error).
         """
         if self._closed or self._loop is None:
             return
@@ -286,9 +336,15 @@ class BatchingServer:
                 "the server closed before this request was batched"))
         self._wake_dispatch()
         try:
-            await asyncio.shield(self._task)
+            try:
+                await asyncio.shield(self._task)
+            except asyncio.CancelledError:
+                if not self._task.cancelled():
+                    raise  # our caller was cancelled, not the dispatch task
         finally:
-            while self._in_flight:
+            # After a crash every request has failed already, and a batch may never come
+            # back (the crash came before its device got it): no waiting for those.
+            while self._in_flight and self._crashed is None:
                 self._slot = self._loop.create_future()
                 await self._slot
             self._num_workers = len(self._workers)
@@ -296,12 +352,47 @@ class BatchingServer:
             self._fail_queued(ServerClosedError("the server closed"))  # if the task died
             self._stats.close()
             self._closed = True
+        if self._crashed is not None and drain:
+            raise self._closed_error()
 
     def _wake_dispatch(self) -> None:
         for waiter in (self._wakeup, self._slot):
             if waiter is not None:
                 _resolve(waiter)
         self._wakeup = self._slot = None
+
+    def _closed_error(self) -> ServerClosedError:
+        """What a call to a closing or closed server raises."""
+        cause = self._crashed
+        if cause is None:
+            return ServerClosedError("the server is closed: evaluate called after its "
+                                     "context was left")
+        try:
+            detail = f": {cause}" if str(cause) else ""
+        except Exception:  # noqa: BLE001 - the name alone then
+            detail = ""
+        error = ServerCrashedError(
+            f"the server crashed: its serving coroutine died of {type(cause).__name__}"
+            f"{detail}; every pending request failed and it takes no more")
+        error.__cause__ = cause
+        return error
+
+    def _crash(self, cause: BaseException) -> None:
+        """The serving coroutine died of ``cause``: fail every pending request (queued,
+        staged and in flight) and close the server, so that no request waits forever
+        and later calls raise at once."""
+        if self._crashed is None:
+            self._crashed = cause
+        self._closing = True
+        error = self._closed_error()
+        flying = list(self._flying.values())
+        self._flying.clear()  # what comes back from a device later finds them failed
+        for popped in flying:
+            self._responses.fail(popped, error)
+        self._fail_queued(error)
+        if self._full is not None:
+            _resolve(self._full)
+        self._wake_dispatch()
 
     # -- dispatch ---------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
@@ -326,16 +417,20 @@ class BatchingServer:
                     popped = batcher.pop_parts(_cancelled, self._pool.take)
                 except IndexError:  # every queued request was cancelled
                     continue
+                self._in_flight += 1
+                self._flying[id(popped)] = popped  # out of the batcher: a crash fails it
                 now = time.perf_counter()
                 self._stats.record_dispatch(len(popped.batch), reason, now - self._since,
                                             len(popped.tags) - popped.head_continues)
                 self._since = now
-                self._in_flight += 1
                 self._workers.submit(popped, popped.batch, self._on_done)
         except BaseException as e:
-            self._fail_queued(e if isinstance(e, Exception) else ServerClosedError(
-                "the dispatch task was cancelled"))
-            raise
+            if isinstance(e, GeneratorExit):  # closed with its loop: nobody is waiting
+                raise
+            # Whatever ends this task fails every pending request and closes the server.
+            self._crash(e)
+            if not isinstance(e, Exception):
+                raise  # a cancellation or KeyboardInterrupt goes on; aclose reports
 
     async def _wait_for_company(self) -> Reason:
         """Lets ready searches queue their requests; returns why the batch may leave."""
@@ -377,26 +472,45 @@ class BatchingServer:
     # -- results ----------------------------------------------------------------------
     def _on_done(self, popped: Popped, outputs: Outputs, error: BaseException | None,
                  seconds: float, version: Hashable) -> None:
-        self._in_flight -= 1
-        slot, self._slot = self._slot, None
-        if slot is not None:
-            _resolve(slot)
+        # Called on the loop by a device thread (call_soon_threadsafe) or, inline, by the
+        # dispatch task: whatever escapes would leave this batch's futures unresolved,
+        # so what cannot be handled as this batch's error crashes the server.
         try:
-            record = self._stats.record_model(len(popped.batch), seconds, error is not None)
-            if self._on_batch is not None:
-                self._on_batch(record)
-            if popped.buffer is not None:
-                self._pool.give_back(popped.buffer, outputs)
-            if error is None:
-                error = self._responses.deliver(popped, outputs, version)
-        except Exception as e:  # never leave a request of this batch unresolved
-            error = e
-        if error is not None:
-            self._responses.fail(popped, error)
+            self._in_flight -= 1
+            self._flying.pop(id(popped), None)
+            slot, self._slot = self._slot, None
+            if slot is not None:
+                _resolve(slot)
+            if self._crashed is not None:  # its futures failed with the crash
+                self._responses.fail(popped, self._closed_error())
+                return
+            try:
+                record = self._stats.record_model(len(popped.batch), seconds,
+                                                  error is not None)
+                if self._on_batch is not None:
+                    self._on_batch(record)
+                if popped.buffer is not None:
+                    self._pool.give_back(popped.buffer, outputs)
+                if error is None:
+                    error = self._responses.deliver(popped, outputs, version)
+            except Exception as e:  # never leave a request of this batch unresolved
+                error = e
+            if error is not None:
+                self._responses.fail(popped, error)
+        except BaseException as e:
+            self._crash(e)
+            self._responses.fail(popped, self._closed_error())
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
 
     def _fail_queued(self, error: BaseException) -> None:
-        self._unstage()
-        futures = self._batcher.clear()
+        """Fails every request staged or queued (never calls the batcher's cost)."""
+        futures = self._staged_futures
+        self._staged_xs, self._staged_futures = [], []
+        try:
+            futures = futures + self._batcher.clear()
+        except Exception:  # noqa: BLE001 - a broken batcher: take its requests as they are
+            futures = futures + list(getattr(self._batcher, "_tags", []))
         self._responses.forget(futures)
         for fut in futures:
             if not fut.done():

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, Callable, Hashable
 
+from async_search.errors import deliverable
+
 __all__ = ["DeviceThread", "InlineDevice", "STOP"]
 
 #: Called on the event loop with (token, outputs or None, error or None, seconds, version).
@@ -77,18 +79,22 @@ class DeviceThread:
                         _call_hook(model, "load")
                     outputs, error = model(batch), None
                 except BaseException as e:  # noqa: BLE001 - handed to the requests it fails
-                    outputs, error = None, e
+                    # StopIteration, CancelledError, SystemExit...: wrapped so that the
+                    # batch's futures can carry them (set_exception refuses some).
+                    outputs, error = None, deliverable(e)
                 seconds = time.perf_counter() - start
                 try:
                     loop.call_soon_threadsafe(done, token, outputs, error, seconds, version)
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
                     return
         finally:
-            _call_hook(loaded, "unload")
             try:
-                loop.call_soon_threadsafe(self._on_exit, self)
-            except RuntimeError:
-                pass
+                _call_hook(loaded, "unload")
+            finally:  # even when unload raises, the server learns the thread is gone
+                try:
+                    loop.call_soon_threadsafe(self._on_exit, self)
+                except RuntimeError:
+                    pass
 
 
 def _call_hook(model: Any, name: str) -> None:
@@ -120,6 +126,9 @@ class InlineDevice:
         start = time.perf_counter()
         try:
             outputs, error = model(batch), None
-        except Exception as e:  # noqa: BLE001 - handed to the requests it fails
-            outputs, error = None, e
+        except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - to the batch
+            # A CancelledError raised by the model is an error of this batch, not a
+            # cancellation of the serving task (nothing can cancel a plain call);
+            # KeyboardInterrupt and SystemExit go on up and crash the server.
+            outputs, error = None, deliverable(e)
         done(token, outputs, error, time.perf_counter() - start, version)

@@ -8,8 +8,8 @@ from typing import Dict, Hashable, List
 import numpy as np
 
 from async_search.base import Outputs
-from async_search.batchers import Popped, Unbatcher, unbatcher_for
-from async_search.errors import ModelOutputError
+from async_search.batchers import OutputStructure, Popped, Unbatcher, unbatcher_for
+from async_search.errors import ModelOutputError, deliverable
 
 __all__ = ["ResponseRouter"]
 
@@ -22,14 +22,38 @@ class ResponseRouter:
     Batches may complete in any order (several workers): a request split across batches
     is reassembled by the offsets of its pieces. Futures registered with
     ``want_version`` also learn the model version that computed them.
+
+    Every batch's outputs must have the structure of ``empty_output`` (a declared output
+    spec) or, without it, of the first batch delivered: the same kind (array, tuple of
+    as many, dict of the same keys), trailing shapes and dtypes. A dtype of the same
+    kind (float64 for float32) is cast; any other difference fails that batch with
+    ModelOutputError, so that no output is sliced into the wrong callers. Nothing is
+    kept of a request once its future is done: when one batch of a split request
+    fails, the pieces from its other batches are dropped.
     """
 
     def __init__(self, empty_output: Outputs | None = None):
         #: The output of a zero-element request; known once a spec or a batch shows it.
         self.empty_output = empty_output
         self._ops: Unbatcher | None = None
+        self._structure: OutputStructure | None = None
+        self._expected_from = "the first batch's"
+        if empty_output is not None:
+            self._ops = unbatcher_for(empty_output)
+            self._structure = OutputStructure.of(empty_output)
+            self._expected_from = "the declared output spec"
         self._partial: Dict[asyncio.Future, list] = {}  # -> [size, received, pieces]
         self._versions: Dict[asyncio.Future, Hashable] = {}
+
+    @property
+    def held(self) -> int:
+        """Requests split across batches whose pieces are kept, waiting for the rest."""
+        return len(self._partial)
+
+    @property
+    def structure(self) -> OutputStructure | None:
+        """The structure every batch's outputs must have; None until it is known."""
+        return self._structure
 
     def want_version(self, fut: asyncio.Future) -> None:
         """Record the version that computes ``fut`` (read it with ``pop_version``)."""
@@ -44,10 +68,20 @@ class ResponseRouter:
     def deliver(self, popped: Popped, outputs: Outputs, version: Hashable,
                 ) -> Exception | None:
         """Slices ``outputs`` into the futures of ``popped``; an error if it cannot."""
-        ops = self._ops
+        expected = self._structure
         try:
-            if ops is None:
-                ops = self._ops = unbatcher_for(outputs)
+            # One structure check per batch (never per request): a batch whose outputs
+            # changed kind, shape or dtype is never sliced as if it had not.
+            got = OutputStructure.of(outputs)
+            if expected is None:
+                ops = unbatcher_for(outputs)
+            else:
+                ops = self._ops
+                if got != expected:
+                    # A batch of zero-element requests only gets the expected empty
+                    # output: what a model makes of no rows at all is moot.
+                    outputs = self.empty_output if not len(popped.batch) else (
+                        expected.conform(outputs, got, self._expected_from))
             rows = ops.num_rows(outputs)
         except (ModelOutputError, TypeError) as e:
             return e if isinstance(e, ModelOutputError) else ModelOutputError(
@@ -57,8 +91,10 @@ class ResponseRouter:
             return ModelOutputError(
                 f"the model returned {rows} rows for a batch of {size} elements: it must "
                 f"return one output row per input element")
-        if self.empty_output is None:
-            self.empty_output = ops.slice(outputs, 0, 0)
+        if expected is None and size:  # the first batch with rows sets the structure
+            self._structure, self._ops = got, ops
+            if self.empty_output is None:
+                self.empty_output = ops.slice(outputs, 0, 0)
         tags, pieces = popped.tags, popped.pieces
         if self._versions:
             versions = self._versions
@@ -94,9 +130,14 @@ class ResponseRouter:
         return None
 
     def fail(self, popped: Popped, error: BaseException) -> None:
-        """Fails every request of ``popped`` with ``error``."""
+        """Fails every request of ``popped`` with ``error`` and drops what is kept of
+        them (pieces from other batches). An error a future cannot carry as it is
+        (StopIteration, CancelledError...) is wrapped (``errors.deliverable``)."""
+        error = deliverable(error)
+        partial = self._partial
         for fut in popped.tags:
-            self._partial.pop(fut, None)
+            if partial:
+                partial.pop(fut, None)
             if not fut.done():
                 fut.set_exception(error)
 
@@ -107,6 +148,9 @@ class ResponseRouter:
 
     def _add_piece(self, fut: asyncio.Future, total: int | None, offset: int,
                    piece: Outputs) -> None:
+        if fut.done():  # failed (another batch of it did) or cancelled: keep nothing
+            self._partial.pop(fut, None)
+            return
         state = self._partial.get(fut)
         if state is None:
             state = self._partial[fut] = [None, 0, []]

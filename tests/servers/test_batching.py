@@ -6,7 +6,8 @@ import pytest
 
 import async_search as asr
 from async_search.batchers import CostBatcher
-from async_search.errors import InputSpecError, ModelOutputError, ServerClosedError
+from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
+                                 ServerCrashedError)
 from async_search.models import MLP, with_spec
 
 pytestmark = pytest.mark.timeout(60)
@@ -363,3 +364,31 @@ async def test_call_with_version_queues_at_once_and_pairs_outputs_with_their_ver
     assert v1 == "v1" and y1.tolist() == [[0.0]]  # queued before, batched after: new
     assert (y2.tolist(), v2) == ([[2.0]], "v1")
     assert server.stats["elements"] == 4  # the cancelled request never ran
+
+
+async def test_update_model_refuses_a_model_whose_output_spec_does_not_fit():
+    model = MLP((2,), output_size=3)
+    async with asr.serve(model) as evaluate:
+        with pytest.raises(ValueError, match=r"expected an array \[n, 3\] float32, got an "
+                                             r"array \[n, 4\] float32"):
+            evaluate.update_model(MLP((2,), output_size=4), version=1)
+        assert evaluate.version == 0
+        y = await evaluate(np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(y, model(np.ones((2, 2), np.float32)))
+
+
+async def test_a_cancelled_dispatch_task_fails_pending_requests_and_closes_the_server():
+    model = GatedModel()
+    with pytest.raises(ServerCrashedError, match="CancelledError"):
+        async with asr.serve(model, max_batch_size=1, pipeline_depth=1) as evaluate:
+            in_model = evaluate(np.zeros((1, 1), np.float32))
+            await wait_thread_event(model.started)
+            queued = evaluate(np.ones((1, 1), np.float32))
+            evaluate._task.cancel()
+            done, _ = await asyncio.wait([in_model, queued], timeout=5)
+            model.gate.set()
+            assert len(done) == 2
+            for fut in (in_model, queued):
+                assert isinstance(fut.exception(), ServerCrashedError)
+            with pytest.raises(ServerCrashedError):
+                evaluate(np.ones((1, 1), np.float32))

@@ -1,0 +1,1 @@
+"""Fault injection: every request ends once, with its own result or a clear error."""
