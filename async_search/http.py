@@ -7,7 +7,18 @@
 ``--model`` is a built-in name (``mlp``: 16 FP32 inputs, 4 outputs) or
 ``module:function``, a function of no arguments that returns the model. The front binds
 127.0.0.1 unless ``--host`` says otherwise, and runs until SIGINT or SIGTERM; then it
-stops taking connections, drains the model's queue and exits.
+stops taking connections, cuts short bodies still arriving, gives requests in progress
+``--shutdown-timeout`` seconds, drains the model's queue and exits.
+
+Limits (defaults in brackets; see ``HttpLimits``): ``--max-body-bytes`` [16 MiB],
+``--max-json-bytes`` [4 MiB: larger tensors go as binary], ``--max-connections`` [512,
+and at most half of ``ulimit -n``], ``--keepalive-timeout`` [5 s idle],
+``--read-timeout`` [30 s per body], ``--shutdown-timeout`` [5 s], ``--offload-bytes``
+[256 KiB: JSON this large is parsed in ``--offload-workers`` [2] processes],
+``--max-workers`` [4 per CPU: the most ``num_workers`` a load request may ask for]. Load and unload are off unless
+``--enable-repository`` or ``--repository-token TOKEN`` (or the environment variable
+ASYNC_SEARCH_REPOSITORY_TOKEN) is given; with a token, they need the header
+``Authorization: Bearer TOKEN``.
 """
 
 from __future__ import annotations
@@ -16,10 +27,11 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import signal
 from typing import Callable, Sequence
 
-from async_search.servers.http_front import HttpFront
+from async_search.servers.http_front import HttpFront, HttpLimits
 from async_search.servers.repository import ModelSource
 
 __all__ = ["builtin_models", "main"]
@@ -57,7 +69,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-depth", type=int, default=2)
     p.add_argument("--num-workers", type=int, default=1)
     p.add_argument("--cache-capacity", type=int, default=0)
+    limits = HttpLimits()
     p.add_argument("--max-body-bytes", type=int, default=16 * 2 ** 20)
+    p.add_argument("--max-json-bytes", type=int, default=limits.max_json_bytes,
+                   help="largest JSON part of an inference body; larger tensors go as "
+                        "binary tensors")
+    p.add_argument("--max-connections", type=int, default=limits.max_connections,
+                   help="open connections at once (never more than half of ulimit -n)")
+    p.add_argument("--keepalive-timeout", type=float, default=limits.keepalive_timeout,
+                   help="seconds a connection may stay open with no request in progress")
+    p.add_argument("--read-timeout", type=float, default=limits.read_timeout,
+                   help="seconds a request body may take to arrive")
+    p.add_argument("--shutdown-timeout", type=float, default=limits.shutdown_timeout,
+                   help="seconds requests in progress get on SIGTERM")
+    p.add_argument("--offload-bytes", type=int, default=limits.offload_bytes,
+                   help="JSON bodies this large are parsed in worker processes")
+    p.add_argument("--offload-workers", type=int, default=limits.offload_workers)
+    p.add_argument("--max-workers", type=int, default=None,
+                   help="the most num_workers a load request may ask for (default: 4 "
+                        "per CPU)")
+    p.add_argument("--enable-repository", "--enable_repository", action="store_true",
+                   help="serve load and unload to anyone who can connect")
+    p.add_argument("--repository-token", "--repository_token",
+                   default=os.environ.get("ASYNC_SEARCH_REPOSITORY_TOKEN"),
+                   help="serve load and unload to requests with 'Authorization: Bearer "
+                        "TOKEN' (default: $ASYNC_SEARCH_REPOSITORY_TOKEN)")
     p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto",
                    help="event loop (auto: uvloop when installed)")
     return p
@@ -68,12 +104,22 @@ async def serve_forever(args: argparse.Namespace) -> None:
     source = ModelSource(factory, max_batch_size=args.max_batch_size,
                          max_delay=args.max_delay, pipeline_depth=args.pipeline_depth,
                          num_workers=args.num_workers, cache_capacity=args.cache_capacity)
+    try:
+        limits = HttpLimits(
+            max_json_bytes=args.max_json_bytes, max_connections=args.max_connections,
+            keepalive_timeout=args.keepalive_timeout, read_timeout=args.read_timeout,
+            shutdown_timeout=args.shutdown_timeout, offload_bytes=args.offload_bytes,
+            offload_workers=args.offload_workers, max_workers=args.max_workers)
+    except ValueError as e:
+        raise SystemExit(f"python -m async_search.http: {e}") from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with HttpFront({args.name or name: source}, host=args.host, port=args.port,
-                         max_body_bytes=args.max_body_bytes) as front:
+                         max_body_bytes=args.max_body_bytes, limits=limits,
+                         enable_repository=args.enable_repository,
+                         repository_token=args.repository_token or None) as front:
         log.warning("serving %r on %s", args.name or name, front.url)
         await stop.wait()
 

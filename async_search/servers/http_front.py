@@ -10,19 +10,30 @@ HTTP client's elements join the same batches as everybody else's. Endpoints:
     POST /v2/models/{name}[/versions/{v}]/infer inference: JSON or binary tensors
     POST /v2/repository/index                   every model and its state
     POST /v2/repository/models/{name}/load      load (optionally {"parameters":
-                                                {"num_workers": k}})
-    POST /v2/repository/models/{name}/unload    unload (requests in flight finish)
+                                                {"num_workers": k}}); off by default
+    POST /v2/repository/models/{name}/unload    unload (requests in flight finish);
+                                                off by default
     GET  /metrics                               Prometheus text format
 
 Every error is the protocol's JSON ``{"error": "..."}`` with a fitting status: 400 for a
-body that breaks the protocol or does not fit the model, 404 for an unknown model or
-version, 413 for a body over ``max_body_bytes``, 503 for a model that is not loaded
-(or whose servers are all failing), 500 when the model raised. No body, however
-malformed, ends the server.
+body that breaks the protocol or does not fit the model, 403 for the repository's load
+and unload while they are off (or without the token), 404 for an unknown model or
+version, 408 for a body that took longer than ``read_timeout``, 413 for a body over
+``max_body_bytes`` or a JSON part over ``max_json_bytes``, 503 for a model that is not
+loaded (or whose servers are all failing) and for connections over the cap, 500 only
+when the model raised. No body, however malformed, ends the server or gets a 500.
+
+Load and unload change what the server runs, so they are off until the front is made
+with ``enable_repository=True`` or a ``repository_token`` (then each such request must
+carry ``Authorization: Bearer <token>``). The front binds 127.0.0.1 unless told
+otherwise. Connections, timeouts and body sizes are bounded by ``HttpLimits``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import hmac
 import json
 import time
 from typing import Any, Mapping
@@ -32,19 +43,24 @@ from aiohttp import web
 from async_search.errors import InputSpecError, ServerClosedError
 from async_search.servers import kserve
 from async_search.servers.breaker import CircuitOpenError
+from async_search.servers.http_limits import (CodecPool, ConnectionLimiter, HttpLimits,
+                                              LimitedSite, connection_cap)
 from async_search.servers.kserve import ProtocolError, TensorMetadata
 from async_search.servers.metrics import ServingMetrics
 from async_search.servers.repository import ModelEntry, ModelRepository, ModelSource
 
-__all__ = ["HttpFront"]
+__all__ = ["HttpFront", "HttpLimits"]
 
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 _JSON = "application/json"
+# How long aiohttp keeps reading (and dropping) a body left unread after an error
+# response, so that the client sees the response rather than a reset.
+_LINGERING_S = 2.0
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(payload).encode(), status=status,
-                        content_type=_JSON)
+    return web.Response(body=json.dumps(payload, allow_nan=False).encode(),
+                        status=status, content_type=_JSON)
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -60,7 +76,13 @@ class HttpFront:
             ``ModelSource`` or evaluate function (the front makes and owns a repository).
         host: the address to bind; 127.0.0.1 unless told otherwise.
         port: the port; 0 picks a free one (read it from ``port`` once entered).
-        max_body_bytes: larger request bodies are refused with 413.
+        max_body_bytes: larger request bodies are refused with 413 (16 MiB).
+        limits: connection cap, timeouts, JSON bound and offloading; see
+            ``HttpLimits`` for the defaults.
+        enable_repository: serve load and unload to anyone who can connect.
+        repository_token: serve load and unload to requests that carry
+            ``Authorization: Bearer <repository_token>``. With neither, load and unload
+            answer 403.
         metrics: where to count requests and read server stats; a fresh
             ``ServingMetrics`` (with its own registry) by default.
 
@@ -73,21 +95,37 @@ class HttpFront:
     def __init__(self, models: ModelRepository | Mapping[str, ModelSource | Any], *,
                  host: str = "127.0.0.1", port: int = 0,
                  max_body_bytes: int = 16 * 2 ** 20,
+                 limits: HttpLimits | None = None,
+                 enable_repository: bool = False,
+                 repository_token: str | None = None,
                  metrics: ServingMetrics | None = None):
         if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be an integer >= 1, got "
                              f"{max_body_bytes!r}")
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+        if limits is not None and not isinstance(limits, HttpLimits):
+            raise TypeError(f"limits must be an HttpLimits, got {type(limits).__name__}")
+        if repository_token is not None and (not isinstance(repository_token, str) or
+                                             not repository_token):
+            raise ValueError("repository_token must be a non-empty string or None")
         self._models = models
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
+        self.limits = limits if limits is not None else HttpLimits()
+        self.enable_repository = bool(enable_repository)
+        self.repository_token = repository_token
         self.metrics = metrics if metrics is not None else ServingMetrics()
         self.repository: ModelRepository | None = None
+        self.connections = ConnectionLimiter(
+            connection_cap(self.limits.max_connections),
+            first_request_timeout=self.limits.keepalive_timeout)
+        self._codec = CodecPool(self.limits.offload_workers)
         self._owns_repository = not isinstance(models, ModelRepository)
         self._runner: web.AppRunner | None = None
         self._closing = False
+        self._reading: set = set()  # body reads in progress: cut short on exit
 
     @property
     def url(self) -> str:
@@ -103,7 +141,7 @@ class HttpFront:
         if self._runner is not None:
             raise RuntimeError("an HttpFront can be entered once")
         repository = self._models if not self._owns_repository else ModelRepository(
-            self._models)
+            self._models, max_workers=self.limits.max_workers)
         if self._owns_repository:
             await repository.__aenter__()
         self.repository = repository
@@ -114,9 +152,14 @@ class HttpFront:
             app = web.Application(client_max_size=self.max_body_bytes,
                                   middlewares=[self._errors])
             self._routes(app)
-            self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            self._runner = web.AppRunner(
+                app, access_log=None, handle_signals=False,
+                shutdown_timeout=self.limits.shutdown_timeout,
+                keepalive_timeout=self.limits.keepalive_timeout,
+                lingering_time=min(_LINGERING_S, self.limits.read_timeout))
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+            site = LimitedSite(self._runner, self.host, self.port,
+                               limiter=self.connections, backlog=1024)
             await site.start()
             self.port = self._runner.addresses[0][1]
         except BaseException:
@@ -129,10 +172,15 @@ class HttpFront:
 
     async def _close(self) -> None:
         self._closing = True
+        for read in list(self._reading):  # a slow body must not hold the exit
+            read.cancel()
         try:
             if self._runner is not None:
+                # Stops listening, closes idle connections, gives requests in progress
+                # shutdown_timeout to finish, then cancels them.
                 await self._runner.cleanup()
         finally:
+            await self._codec.aclose(self.limits.shutdown_timeout)
             for name in (self.repository.names if self.repository else []):
                 self.metrics.unwatch(name)
             if self._owns_repository and self.repository is not None:
@@ -155,6 +203,7 @@ class HttpFront:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        connection = self.connections.busy(request.transport)
         try:
             return await handler(request)
         except ProtocolError as e:
@@ -170,11 +219,16 @@ class HttpFront:
             return _error(reason, e.status)
         except Exception as e:  # noqa: BLE001 - a bad request must never end the server
             return _error(f"internal error: {type(e).__name__}: {e}", 500)
+        finally:
+            self.connections.idle(connection)
 
     # -- health and metadata ----------------------------------------------------------
     async def _server_metadata(self, request: web.Request) -> web.Response:
+        extensions = ["binary_tensor_data"]
+        if self.enable_repository or self.repository_token:
+            extensions.append("model_repository")
         return _json({"name": "async_search", "version": "0.1.0",
-                      "extensions": ["binary_tensor_data", "model_repository"]})
+                      "extensions": extensions})
 
     async def _live(self, request: web.Request) -> web.Response:
         return _json({"live": True})
@@ -214,9 +268,51 @@ class HttpFront:
         body = self.metrics.render()
         return web.Response(body=body, headers={"Content-Type": self.metrics.content_type})
 
+    # -- bodies -----------------------------------------------------------------------
+    async def _read(self, request: web.Request) -> bytes:
+        """The body, within read_timeout (else 408), cut short on exit (503)."""
+        read = asyncio.ensure_future(request.read())
+        self._reading.add(read)
+        try:
+            done, _ = await asyncio.wait({read}, timeout=self.limits.read_timeout)
+        finally:
+            self._reading.discard(read)
+            if not read.done():
+                read.cancel()
+        if not done:
+            raise ProtocolError(f"the request body did not arrive within the front's "
+                                f"read_timeout of {self.limits.read_timeout:g} s",
+                                status=408)
+        if read.cancelled():
+            raise ProtocolError("the server is shutting down", status=503)
+        try:
+            return read.result()
+        except ConnectionError:
+            raise ProtocolError("the client closed the connection before the whole body "
+                                "arrived") from None
+
     # -- repository -------------------------------------------------------------------
+    def _repository_allowed(self, request: web.Request) -> None:
+        if self.enable_repository:
+            return
+        if self.repository_token is None:
+            raise ProtocolError("the repository endpoints (load, unload) are off: start "
+                                "the front with enable_repository=True "
+                                "(--enable-repository) or a repository_token "
+                                "(--repository-token)", status=403)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self.repository_token.encode()):
+            raise ProtocolError("load and unload need the header 'Authorization: Bearer "
+                                "<repository token>'; it is missing or wrong", status=403)
+
     async def _parameters(self, request: web.Request) -> Mapping[str, Any]:
-        body = await request.read()
+        length = request.content_length
+        if length is not None and length > self.limits.max_json_bytes:
+            raise ProtocolError(f"the body has {length} bytes, over the front's "
+                                f"max_json_bytes of {self.limits.max_json_bytes}",
+                                status=413)
+        body = await self._read(request)
         if not body.strip():
             return {}
         try:
@@ -233,6 +329,7 @@ class HttpFront:
         return _json(self.repository.index())
 
     async def _load(self, request: web.Request) -> web.Response:
+        self._repository_allowed(request)
         name = request.match_info["name"]
         parameters = await self._parameters(request)
         await self.repository.load(name, parameters)
@@ -240,6 +337,7 @@ class HttpFront:
         return _json({"name": name, "version": entry.version, "state": "READY"})
 
     async def _unload(self, request: web.Request) -> web.Response:
+        self._repository_allowed(request)
         name = request.match_info["name"]
         parameters = dict(await self._parameters(request))
         parameters.pop("unload_dependents", None)  # sent by tritonclient; none here
@@ -259,22 +357,33 @@ class HttpFront:
             if evaluate is None:
                 raise ProtocolError(f"model {name!r} is not loaded: load it with POST "
                                     f"/v2/repository/models/{name}/load", status=503)
+            header_length = request.headers.get(_HEADER_LENGTH)
             length = request.content_length
             if length is not None and length > self.max_body_bytes:
                 raise ProtocolError(f"the request body has {length} bytes, over the "
                                     f"front's limit of {self.max_body_bytes}", status=413)
-            body = await request.read()
-            decoded = kserve.decode_request(body, request.headers.get(_HEADER_LENGTH))
+            if length is not None:  # refuse an oversized JSON part before reading it
+                self._check_json(kserve.json_length(length, header_length))
+            body = await self._read(request)
+            json_length = kserve.json_length(len(body), header_length)
+            self._check_json(json_length)
+            decode = functools.partial(kserve.decode_request, body, header_length,
+                                       max_elements=self.max_body_bytes)
+            decoded = await self._codec.run(decode) if (
+                json_length >= self.limits.offload_bytes) else decode()
             x = kserve.input_array(decoded, entry.input_name, entry.input_spec)
             outputs, version = await self._evaluate(evaluate, name, x)
             version = str(version)
             named = kserve.named_outputs(outputs, entry.output_names)
             if not entry.outputs:
                 entry.outputs = kserve.output_metadata(named)
-            payload, header_length = kserve.encode_response(
-                model_name=name, model_version=version, request_id=decoded.id,
-                outputs=named, requested=decoded.outputs,
+            encode = functools.partial(
+                kserve.encode_response, model_name=name, model_version=version,
+                request_id=decoded.id, outputs=named, requested=decoded.outputs,
                 binary_output=decoded.binary_output)
+            payload, header_length = await self._codec.run(encode) if (
+                _json_values(named, decoded) * 16 >= self.limits.offload_bytes) \
+                else encode()
         except (ProtocolError, web.HTTPException) as e:
             if name in self.repository.names:  # never a label per unknown name sent
                 self.metrics.observe_request(name, version, e.status,
@@ -285,6 +394,15 @@ class HttpFront:
             return web.Response(body=payload, content_type=_JSON)
         return web.Response(body=payload, content_type="application/octet-stream",
                             headers={_HEADER_LENGTH: str(header_length)})
+
+    def _check_json(self, length: int) -> None:
+        if length > self.limits.max_json_bytes:
+            raise ProtocolError(
+                f"the request's JSON has {length} bytes, over the front's max_json_bytes "
+                f"of {self.limits.max_json_bytes}: send large tensors with the binary "
+                f"tensor extension (parameters.binary_data_size and the "
+                f"{_HEADER_LENGTH} header), up to {self.max_body_bytes} bytes",
+                status=413)
 
     @staticmethod
     async def _evaluate(evaluate: Any, name: str, x):
@@ -300,3 +418,11 @@ class HttpFront:
         except Exception as e:  # noqa: BLE001 - the model's failure, not the front's
             raise ProtocolError(f"model {name!r} failed: {type(e).__name__}: {e}",
                                 status=500) from e
+
+
+def _json_values(named, decoded: kserve.InferRequest) -> int:
+    """How many output values the response will write as JSON numbers."""
+    if decoded.outputs is None:
+        return 0 if decoded.binary_output else sum(a.size for _, a in named)
+    sizes = dict((n, a.size) for n, a in named)
+    return sum(sizes.get(out.name, 0) for out in decoded.outputs if not out.binary)

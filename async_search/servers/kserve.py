@@ -10,7 +10,19 @@ for (``"binary_data": true`` on an output, or ``"binary_data_output": true`` on 
 request). Tensors are row-major and little-endian on the wire.
 
 Every way a body can be wrong raises ``ProtocolError`` with the HTTP status to answer
-and a message naming the bad field and what it should be.
+and a message naming the bad field and what it should be. Shapes are checked before
+anything is allocated: entries are integers >= 0, at most ``MAX_RANK`` of them, and a
+tensor holds at most ``max_elements`` values, counting every nonzero dimension even when
+another is zero (the front passes its body limit: every value takes at least one byte on
+the wire; ``[2**63, 0]`` is refused, ``[0, 16]`` is not).
+
+Non-finite numbers: JSON has no NaN or Infinity. Triton writes them as the bare tokens
+``NaN``, ``Infinity``, ``-Infinity`` (rapidjson's kWriteNanAndInfFlag), which strict
+parsers (browsers, Go, Rust, ``json.loads(..., parse_constant=...)``) reject. Here they
+are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, as the
+protobuf JSON mapping (the protocol's gRPC form) spells them: every response parses with
+a strict parser, and ``numpy.array(data, dtype)`` (what tritonclient's ``as_numpy``
+does) reads them back exactly. Requests may send either spelling for float tensors.
 """
 
 from __future__ import annotations
@@ -18,15 +30,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 
-__all__ = ["DATATYPES", "ProtocolError", "InputTensor", "RequestedOutput", "InferRequest",
-           "TensorMetadata", "datatype_of", "decode_request", "encode_response",
-           "error_body", "input_array", "model_metadata", "named_outputs",
+__all__ = ["DATATYPES", "MAX_ELEMENTS", "MAX_RANK", "NONFINITE", "ProtocolError",
+           "InputTensor", "RequestedOutput", "InferRequest", "TensorMetadata",
+           "datatype_of", "decode_request", "encode_response", "error_body",
+           "input_array", "json_data", "json_length", "model_metadata", "named_outputs",
            "output_metadata"]
 
 #: v2 datatype -> NumPy dtype (BYTES and BF16 are not served: models here take numbers).
@@ -36,7 +50,13 @@ DATATYPES: Dict[str, np.dtype] = {name: np.dtype(t) for name, t in [
     ("INT16", np.int16), ("INT32", np.int32), ("INT64", np.int64),
     ("FP16", np.float16), ("FP32", np.float32), ("FP64", np.float64)]}
 _NAMES = {dtype: name for name, dtype in DATATYPES.items()}
-_MAX_RANK = 32
+#: The most dimensions a tensor may have.
+MAX_RANK = 32
+#: The default bound on the values of one tensor (the product of its nonzero dimensions).
+MAX_ELEMENTS = 2 ** 31 - 1
+#: The JSON strings that stand for non-finite floats (the protobuf JSON mapping's).
+NONFINITE = ("NaN", "Infinity", "-Infinity")
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
 class ProtocolError(ValueError):
@@ -45,6 +65,9 @@ class ProtocolError(ValueError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self):  # keeps the status across processes (decoding off the loop)
+        return type(self), (str(self), self.status)
 
 
 def datatype_of(dtype: Any) -> str:
@@ -134,19 +157,32 @@ def _flag(params: dict, key: str, what: str) -> bool:
     return value
 
 
+def json_length(body_length: int, header_length: str | None) -> int:
+    """How many bytes of a body are JSON: all of it, or the binary extension's header.
+
+    Raises:
+        ProtocolError: (400) for an ``Inference-Header-Content-Length`` that is not an
+            integer in [0, body_length].
+    """
+    if header_length is None:
+        return body_length
+    try:
+        length = int(header_length)
+    except ValueError:
+        raise ProtocolError(f"Inference-Header-Content-Length must be an integer, got "
+                            f"{header_length[:40]!r}") from None
+    if not 0 <= length <= body_length:
+        raise ProtocolError(f"Inference-Header-Content-Length is {length} but the body "
+                            f"has {body_length} bytes: it must be the JSON header's "
+                            f"length, at most the body's")
+    return length
+
+
 def _header(body: bytes, header_length: str | None) -> Tuple[dict, memoryview]:
     if header_length is None:
         json_bytes, binary = body, memoryview(b"")
     else:
-        try:
-            length = int(header_length)
-        except ValueError:
-            raise ProtocolError(f"Inference-Header-Content-Length must be an integer, got "
-                                f"{header_length[:40]!r}") from None
-        if not 0 <= length <= len(body):
-            raise ProtocolError(f"Inference-Header-Content-Length is {length} but the body "
-                                f"has {len(body)} bytes: it must be the JSON header's "
-                                f"length, at most the body's")
+        length = json_length(len(body), header_length)
         json_bytes, binary = body[:length], memoryview(body)[length:]
     try:
         header = json.loads(json_bytes)
@@ -155,13 +191,32 @@ def _header(body: bytes, header_length: str | None) -> Tuple[dict, memoryview]:
     return _object(header, "the request"), binary
 
 
-def _shape(tensor: dict, what: str) -> Tuple[int, ...]:
+def _shape(tensor: dict, what: str, max_elements: int) -> Tuple[int, ...]:
     shape = tensor.get("shape")
-    if not isinstance(shape, list) or len(shape) > _MAX_RANK or not all(
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(
             type(d) is int and d >= 0 for d in shape):
-        raise ProtocolError(f"{what} 'shape' must be a list of at most {_MAX_RANK} "
+        raise ProtocolError(f"{what} 'shape' must be a list of at most {MAX_RANK} "
                             f"integers >= 0, got {str(shape)[:80]}")
+    # Python integers: exact however large, so [2**63, 0] or [10**30, 0] cannot wrap.
+    # The zeros are left out so that an empty tensor cannot claim absurd dimensions.
+    if math.prod(d for d in shape if d) > max_elements:
+        raise ProtocolError(f"{what} 'shape' {str(shape)[:80]} is too large: a tensor "
+                            f"may hold at most {max_elements} values (the product of "
+                            f"its nonzero dimensions)", status=400)
     return tuple(shape)
+
+
+def _nonfinite_strings(values: np.ndarray, what: str) -> np.ndarray:
+    """Float data that holds strings: the numbers and "NaN", "Infinity", "-Infinity"
+    (NumPy turned the numbers into their strings), as float64; anything else fails."""
+    bad = [v for v in np.unique(values).tolist()
+           if v not in NONFINITE and not _JSON_NUMBER.fullmatch(v)]
+    if bad:
+        raise ProtocolError(f"{what} 'data' holds the string {str(bad[0])[:40]!r}; float "
+                            f"data may hold numbers and the strings {list(NONFINITE)}")
+    return np.where(values == "NaN", "nan", np.where(
+        values == "Infinity", "inf", np.where(values == "-Infinity", "-inf", values))
+    ).astype(np.float64)
 
 
 def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) -> np.ndarray:
@@ -171,6 +226,8 @@ def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) ->
         raise ProtocolError(f"{what} 'data' is not a (nested) list of numbers: "
                             f"{str(e)[:120]}") from None
     kind = values.dtype.kind
+    if kind == "U" and dtype.kind == "f" and values.size:
+        values, kind = _nonfinite_strings(values, what), "f"
     if values.size and not (kind == "b" if dtype.kind == "b" else
                             kind in "iu" if dtype.kind in "iu" else kind in "iuf"):
         raise ProtocolError(f"{what} 'data' holds {values.dtype} values where the "
@@ -208,12 +265,16 @@ def _from_binary(binary: memoryview, offset: int, size: Any, dtype: np.dtype,
     return array.reshape(shape), offset + size
 
 
-def decode_request(body: bytes, header_length: str | None = None) -> InferRequest:
+def decode_request(body: bytes, header_length: str | None = None, *,
+                   max_elements: int = MAX_ELEMENTS) -> InferRequest:
     """Decode an inference request body.
 
     Args:
         body: the whole HTTP body.
         header_length: the ``Inference-Header-Content-Length`` header, if sent.
+        max_elements: the most values one tensor may hold (the product of its nonzero
+            dimensions); a server passes its body limit, since every value takes at
+            least one byte, as JSON or as binary.
 
     Raises:
         ProtocolError: (status 400) for any body that breaks the protocol.
@@ -246,7 +307,7 @@ def decode_request(body: bytes, header_length: str | None = None) -> InferReques
         if dtype is None:
             raise ProtocolError(f"{what} has datatype {str(datatype)[:40]!r}; served "
                                 f"datatypes are {sorted(DATATYPES)}")
-        shape = _shape(tensor, what)
+        shape = _shape(tensor, what, max_elements)
         params = _parameters(tensor, what)
         if "binary_data_size" in params:
             if "data" in tensor:
@@ -362,16 +423,29 @@ def encode_response(*, model_name: str, model_version: str, request_id: str | No
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            tensor["data"] = array.ravel().tolist()
+            tensor["data"] = json_data(array)
         tensors.append(tensor)
     response: Dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request_id is not None:
         response["id"] = request_id
     response["outputs"] = tensors
-    header = json.dumps(response, separators=(",", ":")).encode()
+    header = json.dumps(response, separators=(",", ":"), allow_nan=False).encode()
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+def json_data(array: np.ndarray) -> list:
+    """A tensor's values as a flat JSON list: NaN and infinities as the strings
+    "NaN", "Infinity" and "-Infinity" (see the module's docstring)."""
+    flat = array.ravel()
+    data = flat.tolist()
+    if flat.dtype.kind == "f":
+        for i in np.flatnonzero(~np.isfinite(flat)).tolist():
+            value = data[i]
+            data[i] = "NaN" if value != value else "Infinity" if value > 0 else (
+                "-Infinity")
+    return data
 
 
 def error_body(message: str) -> bytes:

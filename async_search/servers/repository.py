@@ -6,12 +6,17 @@ an evaluate function that someone else serves (loading and unloading then only m
 available or not: the repository never closes what it did not open). The HTTP front
 serves the repository; in-process searches can share the very same evaluate functions,
 so that their requests and the network's join the same batches.
+
+Load parameters are bounded: ``num_workers`` (device threads) must lie in
+[1, ``max_workers``], by default ``4 * os.cpu_count()``; a request beyond that is the
+caller's error (400), not a reason to start hundreds of threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from async_search.base import TensorSpec, input_spec_of, output_spec_of
@@ -20,7 +25,13 @@ from async_search.servers.cache import CachedEvaluate
 from async_search.servers.kserve import ProtocolError, TensorMetadata
 from async_search.servers.policy import DispatchPolicy
 
-__all__ = ["ModelSource", "ModelEntry", "ModelRepository", "find_spec"]
+__all__ = ["ModelSource", "ModelEntry", "ModelRepository", "find_spec",
+           "default_max_workers"]
+
+
+def default_max_workers() -> int:
+    """The default cap on ``num_workers`` in a load request: 4 per CPU."""
+    return 4 * (os.cpu_count() or 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +141,8 @@ class ModelRepository:
     Args:
         models: name -> ``ModelSource`` (served and owned by the repository) or an
             evaluate function (served by its owner; made available or not).
+        max_workers: the most ``num_workers`` a load request may ask for;
+            ``default_max_workers()`` (4 per CPU) when None.
 
     Example:
         >>> # async with ModelRepository({"mlp": ModelSource(lambda: MLP((16,)))}) as repo:
@@ -137,7 +150,13 @@ class ModelRepository:
         >>> #     await repo.unload("mlp")
     """
 
-    def __init__(self, models: Mapping[str, ModelSource | Any]):
+    def __init__(self, models: Mapping[str, ModelSource | Any], *,
+                 max_workers: int | None = None):
+        if max_workers is None:
+            max_workers = default_max_workers()
+        if type(max_workers) is not int or max_workers < 1:
+            raise ValueError(f"max_workers must be an integer >= 1, got {max_workers!r}")
+        self.max_workers = max_workers
         self._entries: Dict[str, ModelEntry] = {}
         for name, model in models.items():
             if not isinstance(name, str) or not name or "/" in name:
@@ -187,14 +206,15 @@ class ModelRepository:
                 await self.unload(entry.name)
 
     async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
-        """Load ``name`` (a no-op when loaded); ``parameters`` may set ``num_workers``.
+        """Load ``name`` (a no-op when loaded); ``parameters`` may set ``num_workers``
+        (an integer in [1, ``max_workers``]).
 
         Raises:
             ProtocolError: 404 for an unknown model, 400 for bad parameters, 500 when
                 the factory or the server fails to start.
         """
         entry = self.entry(name)
-        workers = _load_parameters(parameters)
+        workers = _load_parameters(parameters, self.max_workers)
         async with entry.lock:
             if entry.evaluate is None:
                 if entry.source is None:
@@ -240,16 +260,23 @@ class ModelRepository:
                 for e in self._entries.values()]
 
 
-def _load_parameters(parameters: Mapping[str, Any] | None) -> int | None:
+def _load_parameters(parameters: Mapping[str, Any] | None,
+                     max_workers: int) -> int | None:
     if not parameters:
         return None
-    unknown = sorted(set(parameters) - {"num_workers"})
+    if not isinstance(parameters, Mapping):
+        raise ProtocolError(f"load parameters must be a JSON object, got "
+                            f"{type(parameters).__name__}")
+    unknown = sorted(str(k)[:40] for k in set(parameters) - {"num_workers"})
     if unknown:
-        raise ProtocolError(f"unknown load parameters {unknown}: the only load parameter "
-                            f"is num_workers")
-    workers = parameters.get("num_workers")
-    if workers is not None and (type(workers) is not int or workers < 1):
-        raise ProtocolError(f"num_workers must be an integer >= 1, got {workers!r}")
+        raise ProtocolError(f"unknown load parameters {unknown[:10]}: the only load "
+                            f"parameter is num_workers")
+    if "num_workers" not in parameters:
+        return None
+    workers = parameters["num_workers"]
+    if type(workers) is not int or not 1 <= workers <= max_workers:
+        raise ProtocolError(f"num_workers must be an integer in [1, {max_workers}] "
+                            f"(the repository's max_workers), got {str(workers)[:40]}")
     return workers
 
 

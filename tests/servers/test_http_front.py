@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -108,7 +109,8 @@ def load_cycle(port):
 
 
 async def test_models_are_unloaded_and_loaded_while_serving():
-    async with HttpFront({"mlp": ModelSource(lambda: MODEL)}) as front:
+    async with HttpFront({"mlp": ModelSource(lambda: MODEL)},
+                         enable_repository=True) as front:
         first = front.repository.entry("mlp").server
         report = await in_thread(load_cycle, front.port)
         second = front.repository.entry("mlp").server
@@ -233,7 +235,8 @@ async def test_bad_requests_get_4xx_errors_and_the_server_keeps_serving():
         ("/v2/models/mlp/infer", b"x" * 5000, {}, 413, "over the front's limit of 4096"),
         ("/v2/repository/models/mlp/load", b"[1]", {}, 400, "must be a JSON object"),
     ]
-    async with HttpFront({"mlp": ModelSource(lambda: MODEL)}, max_body_bytes=4096) as front:
+    async with HttpFront({"mlp": ModelSource(lambda: MODEL)}, max_body_bytes=4096,
+                         enable_repository=True) as front:
         async with aiohttp.ClientSession() as s:
             for path, data, headers, status, message in cases:
                 got, payload = await post(s, front.url + path, data, headers)
@@ -339,3 +342,78 @@ def test_python_m_async_search_http_serves_the_builtin_mlp():
         if server.poll() is None:
             server.kill()
             server.wait(5)
+
+
+async def test_codec_pool_runs_calls_in_other_processes_and_replaces_dead_ones():
+    import time
+
+    from async_search.servers import kserve
+    from async_search.servers.http_limits import CodecPool
+    from async_search.servers.kserve import ProtocolError
+
+    pool = CodecPool(1)
+    try:
+        pid = await pool.run(os.getpid)
+        assert pid != os.getpid()
+        with pytest.raises(ProtocolError, match="not valid JSON") as info:
+            await pool.run(kserve.decode_request, b"{")
+        assert info.value.status == 400
+        slow = asyncio.ensure_future(pool.run(time.sleep, 0.3))
+        await asyncio.sleep(0.05)
+        slow.cancel()  # the worker finishes that call before it takes the next
+        assert await pool.run(os.getpid) == pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ProtocolError, match="codec worker process failed") as info:
+            await pool.run(os.getpid)
+        assert info.value.status == 503
+        assert await pool.run(os.getpid) not in (pid, os.getpid())
+    finally:
+        await pool.aclose(5)
+    with pytest.raises(ProtocolError, match="shutting down"):
+        await pool.run(os.getpid)
+
+
+def test_limits_are_validated_and_every_one_has_a_flag():
+    from async_search.http import _parser
+    from async_search.servers.http_front import HttpLimits
+
+    with pytest.raises(ValueError, match="max_connections must be an integer >= 1, "
+                                         "got 0"):
+        HttpLimits(max_connections=0)
+    with pytest.raises(ValueError, match="read_timeout must be a number of seconds > 0"):
+        HttpLimits(read_timeout=float("inf"))
+    with pytest.raises(ValueError, match="max_workers must be an integer >= 1 or None"):
+        HttpLimits(max_workers=0)
+    args = _parser().parse_args(["--max-json-bytes", "1000", "--max-connections", "9",
+                                 "--keepalive-timeout", "2", "--read-timeout", "3",
+                                 "--shutdown-timeout", "4", "--offload-bytes", "5",
+                                 "--offload-workers", "1", "--max-workers", "6",
+                                 "--enable_repository", "--repository_token", "t"])
+    for field in dataclasses.fields(HttpLimits):
+        assert getattr(args, field.name) is not None, field.name
+    assert args.enable_repository and args.repository_token == "t"
+    defaults = _parser().parse_args([])
+    assert not defaults.enable_repository and defaults.host == "127.0.0.1"
+    assert defaults.max_connections == HttpLimits().max_connections
+
+
+async def test_server_metadata_lists_the_repository_only_when_it_is_on():
+    for kwargs, listed in [({}, False), ({"enable_repository": True}, True),
+                           ({"repository_token": "t"}, True)]:
+        async with HttpFront({"mlp": ModelSource(lambda: MODEL)}, **kwargs) as front, \
+                aiohttp.ClientSession() as s:
+            async with s.get(f"{front.url}/v2") as resp:
+                extensions = json.loads(await resp.read())["extensions"]
+        assert ("model_repository" in extensions) == listed
+        assert "binary_tensor_data" in extensions
+
+
+def test_the_connection_cap_stays_under_half_the_file_limit():
+    import resource
+
+    from async_search.servers.http_limits import connection_cap
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert connection_cap(10 ** 9) == (10 ** 9 if soft == resource.RLIM_INFINITY
+                                       else soft // 2)
+    assert connection_cap(3) == 3

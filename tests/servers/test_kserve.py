@@ -112,7 +112,11 @@ A = np.zeros((2, 3), np.float32)
     (body([{**GOOD, "shape": [2, -3]}]), None, "'shape' must be a list"),
     (body([{**GOOD, "shape": [2, True]}]), None, "'shape' must be a list"),
     (body([tensor([1, 2, 3])]), None, r"'data' has 3 values but shape \[2, 3\] needs 6"),
-    (body([tensor(["a"] * 6)]), None, "holds <U1 values where the datatype FP32 needs"),
+    (body([tensor(["a"] * 6)]), None, "holds the string 'a'; float data may hold "
+                                      "numbers and the strings"),
+    (body([tensor([1, 2, 3, 4, 5, "nan"])]), None, "holds the string 'nan'"),
+    (body([tensor(["a"] * 6, datatype="INT32")]), None,
+     "holds <U1 values where the datatype INT32 needs"),
     (body([tensor([None] * 6)]), None, "holds object values"),
     (body([tensor([[1, 2], [3]])]), None, "not a \\(nested\\) list of numbers"),
     (body([tensor([1.5] * 6, datatype="INT32")]), None, "without fractions"),
@@ -217,3 +221,68 @@ def test_random_bytes_never_raise_anything_but_protocol_errors(data, length):
         kserve.decode_request(data, length)
     except ProtocolError:
         pass
+
+
+@pytest.mark.parametrize("shape", [[2 ** 63, 0], [10 ** 30, 0], [0, 2 ** 63], [2 ** 63],
+                                   [2 ** 31, 2 ** 31, 0], [1, 2 ** 40]])
+def test_absurd_shapes_are_refused_before_anything_is_allocated(shape):
+    for data, length in [(body([tensor([], shape=shape)]), None),
+                         (body([tensor(shape=shape, binary_data_size=0)]), "-")]:
+        length = str(len(data)) if length else None
+        with pytest.raises(ProtocolError, match=r"'shape' .* is too large: a tensor may "
+                                                r"hold at most 4096 values") as info:
+            kserve.decode_request(data, length, max_elements=4096)
+        assert info.value.status == 400
+
+
+def test_empty_tensors_keep_their_shape_within_the_element_bound():
+    r = kserve.decode_request(body([tensor([], shape=(0, 3))]), max_elements=16)
+    assert r.inputs[0].array.shape == (0, 3)
+    with pytest.raises(ProtocolError, match="at most 16 values"):
+        kserve.decode_request(body([tensor([], shape=(0, 17))]), max_elements=16)
+
+
+def strict_loads(data):
+    def refuse(token):
+        raise ValueError(token)
+    return json.loads(data, parse_constant=refuse)
+
+
+def test_non_finite_outputs_are_strings_that_strict_parsers_and_tritonclient_read():
+    from tritonclient.http import InferResult
+
+    y = np.array([[1.5, np.nan, np.inf, -np.inf]], np.float32)
+    for dtype in (np.float16, np.float32, np.float64):
+        payload, length = kserve.encode_response(
+            model_name="m", model_version="0", request_id=None,
+            outputs=[("output", y.astype(dtype))], requested=None, binary_output=False)
+        data = strict_loads(payload)["outputs"][0]["data"]
+        assert data == [1.5, "NaN", "Infinity", "-Infinity"]
+        got = InferResult.from_response_body(payload).as_numpy("output")
+        np.testing.assert_array_equal(got, y.astype(dtype))
+    assert kserve.json_data(np.array([1, 2], np.int64)) == [1, 2]
+
+
+def test_non_finite_inputs_may_be_strings_or_bare_tokens():
+    for data in (b'[1.5, "NaN", "Infinity", "-Infinity", 0, 2e3]',
+                 b"[1.5, NaN, Infinity, -Infinity, 0, 2e3]"):
+        raw = (b'{"inputs": [{"name": "input", "shape": [2, 3], "datatype": "FP32", '
+               b'"data": ' + data + b"}]}")
+        np.testing.assert_array_equal(
+            kserve.decode_request(raw).inputs[0].array,
+            np.float32([[1.5, np.nan, np.inf], [-np.inf, 0, 2000]]))
+
+
+def test_protocol_errors_keep_their_status_across_processes():
+    import pickle
+
+    e = pickle.loads(pickle.dumps(ProtocolError("gone", status=503)))
+    assert (str(e), e.status) == ("gone", 503)
+
+
+def test_json_length_is_the_header_or_the_whole_body():
+    assert kserve.json_length(100, None) == 100
+    assert kserve.json_length(100, "40") == 40
+    for bad in ("101", "-1", "x"):
+        with pytest.raises(ProtocolError):
+            kserve.json_length(100, bad)

@@ -1,4 +1,5 @@
 import asyncio
+import os
 import threading
 
 import numpy as np
@@ -8,7 +9,8 @@ import async_search as asr
 from async_search.models import MLP
 from async_search.servers.cache import CachedEvaluate
 from async_search.servers.kserve import ProtocolError
-from async_search.servers.repository import ModelRepository, ModelSource, find_spec
+from async_search.servers.repository import (ModelRepository, ModelSource,
+                                             default_max_workers, find_spec)
 from async_search.servers.routing import Router
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,12 +84,31 @@ async def test_load_errors_say_what_went_wrong():
         with pytest.raises(ProtocolError, match="unknown model 'x'") as info:
             await repo.load("x")
         assert info.value.status == 404
-        with pytest.raises(ProtocolError, match="num_workers must be an integer >= 1"):
+        with pytest.raises(ProtocolError, match=r"num_workers must be an integer in "
+                                                r"\[1, \d+\]"):
             await repo.load("ok", {"num_workers": 0})
         await repo.load("ok", {"num_workers": 3})
         assert repo.entry("ok").server.num_workers == 3
         await repo.load("ok", {"num_workers": 1})
         assert repo.entry("ok").server.num_workers == 1
+
+
+async def test_load_parameters_are_bounded_by_max_workers():
+    async with ModelRepository({"m": ModelSource(lambda: MODEL)}, max_workers=3) as repo:
+        for workers in (4, 300, 0, None, 2.0, "2", True):
+            with pytest.raises(ProtocolError, match=r"num_workers must be an integer in "
+                                                    r"\[1, 3\]") as info:
+                await repo.load("m", {"num_workers": workers})
+            assert info.value.status == 400
+        with pytest.raises(ProtocolError, match="unknown load parameters"):
+            await repo.load("m", {"num_workers": 2, "threads": 9})
+        assert repo.entry("m").server.num_workers == 1
+        await repo.load("m", {"num_workers": 3})
+        assert repo.entry("m").server.num_workers == 3
+    assert ModelRepository({}).max_workers == default_max_workers() == 4 * (
+        os.cpu_count() or 1)
+    with pytest.raises(ValueError, match="max_workers must be an integer >= 1"):
+        ModelRepository({}, max_workers=0)
 
 
 async def test_cache_capacity_puts_a_cache_in_front():
