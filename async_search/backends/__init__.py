@@ -40,10 +40,11 @@ _RUNNERS = {"local": ("async_search.backends.local", "run_local"),
 
 
 def _config(backend, num_procs, num_servers, max_batch_size, max_delay, pipeline_depth,
-            use_uvloop, address, total_gpu_frac, model_thread) -> RunConfig:
+            use_uvloop, address, total_gpu_frac, model_thread,
+            return_exceptions) -> RunConfig:
     return RunConfig(backend, num_procs, num_servers,
                      DispatchPolicy(max_batch_size, max_delay, pipeline_depth),
-                     use_uvloop, address, total_gpu_frac, model_thread)
+                     use_uvloop, address, total_gpu_frac, model_thread, return_exceptions)
 
 
 async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
@@ -55,10 +56,12 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
                              total_gpu_frac: float | None = None,
                              model_thread: bool = True,
                              progress: Progress | None = None,
-                             on_servers: OnServers | None = None) -> SearchResults:
+                             on_servers: OnServers | None = None,
+                             return_exceptions: bool = False) -> SearchResults:
     """``run_searches`` inside a running loop (Jupyter): ``await`` it."""
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
-                     pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread)
+                     pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread,
+                     return_exceptions)
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
     return await _run(runner, search_fn, list(starts), model_factory, config, progress,
@@ -95,7 +98,8 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
                  use_uvloop: bool = False, address: str | None = None,
                  total_gpu_frac: float | None = None, model_thread: bool = True,
                  progress: Progress | None = None,
-                 on_servers: OnServers | None = None) -> SearchResults:
+                 on_servers: OnServers | None = None,
+                 return_exceptions: bool = False) -> SearchResults:
     """Runs ``search_fn(start, evaluate)`` for every start, batching all model calls.
 
     The starts are split round-robin over ``num_procs`` client processes (or Ray
@@ -130,17 +134,28 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             raises) ends the run: the searches are cancelled, the servers stop, and
             ``run_searches`` raises that exception. The handle raises RuntimeError once
             the run has ended.
+        return_exceptions: True: a start whose search failed (or whose client process
+            or task died) holds its exception in place among the results, and every
+            good result is kept (as with ``asyncio.gather``). False (default): raise
+            SearchError once every search has ended.
 
     Returns:
         SearchResults: the results in the order of ``starts``, with ``.stats``.
+        An exception from another process (process and Ray backends) arrives as itself
+        when it can travel, else as ``errors.RemoteError`` (its type name, message and
+        traceback as text); either way with ``remote_traceback`` (its traceback where
+        it was raised, also shown as its cause) and a note naming its start.
 
     Raises:
         ValueError: for bad arguments, before anything starts.
-        SearchError: naming the starts whose search (or client process) failed.
+        SearchError: (unless ``return_exceptions``) naming every start whose search (or
+            client process) failed, in its message and in ``.failures`` (start index ->
+            exception); the good results are not returned.
         RuntimeError: when called inside a running loop: use ``run_searches_async``.
     """
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
-                     pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread)
+                     pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread,
+                     return_exceptions)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

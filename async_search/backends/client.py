@@ -122,6 +122,13 @@ class CoalescingClient:
         if error is not None:
             self._responses.fail(message, error)
 
+    def fail_in_flight(self, error: BaseException) -> None:
+        """Fails every request waiting for an answer with ``error`` (when an answer
+        arrived that cannot be read, so that its message is unknown); later requests
+        are sent as usual."""
+        for message_id in list(self.in_flight):
+            self.deliver(message_id, error)
+
     def fail_all(self, error: BaseException) -> None:
         """Fails every waiting request, and every later one, with ``error``."""
         self._error = error

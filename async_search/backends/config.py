@@ -12,7 +12,7 @@ from async_search.servers.policy import DispatchPolicy
 from async_search.servers.stats import BatchRecord
 
 __all__ = ["RunConfig", "SearchResults", "BACKENDS", "merge_stats", "loop_factory",
-           "raise_failures"]
+           "raise_failures", "finish"]
 
 BACKENDS = ("local", "process", "ray")
 
@@ -36,6 +36,9 @@ class RunConfig:
             exists.
         model_thread: run each server's model in device threads (default); False runs
             it on the server's loop, for models that take microseconds.
+        return_exceptions: a failed start holds its exception in place among the
+            results (the others are kept, as with ``asyncio.gather``); False (default)
+            raises SearchError naming every failed start.
     """
 
     backend: str = "local"
@@ -46,6 +49,7 @@ class RunConfig:
     address: str | None = None
     total_gpu_frac: float | None = None
     model_thread: bool = True
+    return_exceptions: bool = False
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -61,6 +65,9 @@ class RunConfig:
                              f"backend can start here (at most {limit})")
         if self.total_gpu_frac is not None and not 0 < self.total_gpu_frac <= 1:
             raise ValueError(f"total_gpu_frac must be in (0, 1], got {self.total_gpu_frac!r}")
+        if not isinstance(self.return_exceptions, bool):
+            raise ValueError(f"return_exceptions must be True or False, got "
+                             f"{self.return_exceptions!r}")
         if not self.model_thread and self.backend != "ray" and self.num_servers > 1:
             raise ValueError("num_servers > 1 needs model_thread=True (the servers are "
                              "device threads of one server)")
@@ -140,4 +147,18 @@ def raise_failures(failures: Dict[int, BaseException], total: int) -> None:
     if failures:
         first = min(failures)
         raise SearchError(f"{len(failures)} of {total} searches failed; the first, start "
-                          f"{first}: {failures[first]!r}", failures) from failures[first]
+                          f"{first}: {failures[first]!r}; every failed start: "
+                          f"{sorted(failures)}", dict(sorted(failures.items()))
+                          ) from failures[first]
+
+
+def finish(results: List[Any], failures: Dict[int, BaseException],
+           config: RunConfig) -> List[Any]:
+    """The results in the order of the starts: with ``return_exceptions``, each failed
+    start holds its exception; else SearchError when any failed (``raise_failures``)."""
+    if config.return_exceptions:
+        for index, error in failures.items():
+            results[index] = error
+        return results
+    raise_failures(failures, len(results))
+    return results

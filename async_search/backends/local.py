@@ -6,8 +6,8 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable, Hashable, List, Sequence
 
-from async_search.backends.config import (Progress, RunConfig, SearchResults, merge_stats,
-                                          raise_failures)
+from async_search.backends.config import (Progress, RunConfig, SearchResults,
+                                          merge_stats, raise_failures)
 from async_search.backends.servers import ServersHook
 from async_search.servers.batching import BatchingServer
 
@@ -15,16 +15,22 @@ __all__ = ["run_local", "gather_searches", "hand_over"]
 
 
 async def gather_searches(search_fn: Callable[[Any, Any], Awaitable[Any]],
-                          starts: Sequence[Any], evaluate: Any) -> List[Any]:
+                          starts: Sequence[Any], evaluate: Any, *,
+                          return_exceptions: bool = False) -> List[Any]:
     """Runs ``search_fn(start, evaluate)`` for every start concurrently; results in order.
 
+    Args:
+        return_exceptions: a failed search's exception takes its place in the results.
+
     Raises:
-        SearchError: naming every start whose search raised (the others still finish).
+        SearchError: (unless ``return_exceptions``) naming every start whose search
+            raised; the others still finish.
     """
     results = await asyncio.gather(*(search_fn(s, evaluate) for s in starts),
                                    return_exceptions=True)
-    raise_failures({i: r for i, r in enumerate(results) if isinstance(r, BaseException)},
-                   len(starts))
+    if not return_exceptions:
+        raise_failures({i: r for i, r in enumerate(results)
+                        if isinstance(r, BaseException)}, len(starts))
     return results
 
 
@@ -40,7 +46,8 @@ async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[]
             await evaluate.add_worker(model_factory())
         try:
             hand_over(servers_hook, evaluate, config)
-            results = await gather_searches(search_fn, starts, evaluate)
+            results = await gather_searches(search_fn, starts, evaluate,
+                                            return_exceptions=config.return_exceptions)
         finally:
             wall = time.perf_counter() - start
             if servers_hook is not None:

@@ -6,11 +6,18 @@ talks to this process over a socket pair: one frame per loop iteration of reques
 it, for ``evaluate.with_version``), arrays out of band. This process serves
 every client's messages through one BatchingServer whose ``num_servers`` device workers
 take batches from one stream. All I/O is asyncio streams: no threads to read, no polling.
+
+Every message gets exactly one answer, and every start one outcome, whatever the model
+or the search raised or returned: failures travel as ``remote.Failure`` (the exception
+itself when it round-trips through pickle, else a RemoteError standing for it, with its
+traceback as text), each search's outcome is pickled on its own and checked to load, so
+what cannot travel fails its own request or start, named, and nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing
 import pickle
 import socket
@@ -18,12 +25,15 @@ import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from async_search.backends.client import CoalescingClient
-from async_search.backends.config import (Progress, RunConfig, SearchResults, loop_factory,
-                                          merge_stats, raise_failures)
+from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
+                                          loop_factory, merge_stats)
 from async_search.backends.local import hand_over
+from async_search.backends.remote import (Failure, arrived, pack, pack_error,
+                                          plain_outputs, round_trips, unpack_error)
 from async_search.backends.servers import ServersHook
 from async_search.base import TensorSpec
-from async_search.errors import SearchError, ServerDiedError
+from async_search.errors import (ModelOutputError, SearchError, ServerClosedError,
+                                 ServerDiedError)
 from async_search.servers.batching import BatchingServer
 from async_search.transport import read_frame, write_frame
 
@@ -74,9 +84,8 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
                 results[index] = value
             else:
                 failures[index] = value
-    raise_failures(failures, len(starts))
-    return SearchResults(results, merge_stats(config, wall, [evaluate.stats],
-                                              [evaluate.trace]))
+    return SearchResults(finish(results, failures, config),
+                         merge_stats(config, wall, [evaluate.stats], [evaluate.trace]))
 
 
 def _check_picklable(search_fn, starts: Sequence[Any]) -> None:
@@ -94,15 +103,46 @@ def _check_picklable(search_fn, starts: Sequence[Any]) -> None:
 async def _serve_client(number: int, share: List[int], sock: socket.socket,
                         process: multiprocessing.Process, evaluate: BatchingServer,
                         ) -> List[Tuple[int, bool, Any]]:
-    """Serves one client's messages until it reports its results, or dies."""
+    """Serves one client's messages until it reports its results, or dies.
+
+    Every message gets exactly one answer: its outputs, or a failure that can travel
+    (``remote.pack_error``); outputs that cannot travel fail that message with
+    ModelOutputError. Nothing raised while answering escapes into a callback.
+    """
     reader, writer = await asyncio.open_connection(sock=sock)
+    where = f"client process {number} (pid {process.pid})"
+
+    def answer_error(message_id: int, error: BaseException) -> None:
+        try:
+            write_frame(writer, ("result", message_id, pack_error(error), None))
+        except Exception:  # cannot happen (a Failure always pickles); if it does, the
+            writer.close()  # client sees the connection end and fails its requests
 
     def reply(message_id: int, fut: asyncio.Future) -> None:
-        if writer.is_closing() or fut.cancelled():
+        if writer.is_closing():
+            return
+        if fut.cancelled():
+            answer_error(message_id, ServerClosedError(
+                "the serving process dropped this request (its server is stopping)"))
             return
         error = fut.exception()
-        outputs, version = (error, None) if error else fut.result()
-        write_frame(writer, ("result", message_id, outputs, version))
+        if error is None:
+            outputs, version = fut.result()
+            frame = ("result", message_id, outputs, version)
+            if not plain_outputs(outputs, version):  # objects in them: check the trip
+                ok, why = round_trips(frame)
+                if not ok:
+                    error = ModelOutputError(
+                        f"the model's outputs ({type(outputs).__name__}) cannot be sent to "
+                        f"the client process: {type(why).__name__}: {why}")
+            if error is None:
+                try:
+                    write_frame(writer, frame)
+                    return
+                except Exception as e:
+                    error = ModelOutputError(f"the model's outputs cannot be sent to the "
+                                             f"client process: {e!r}")
+        answer_error(message_id, error)
 
     try:
         while True:
@@ -114,17 +154,22 @@ async def _serve_client(number: int, share: List[int], sock: socket.socket,
                     f"client process {number} (pid {process.pid}) died with exit code "
                     f"{process.exitcode}; its starts {share} did not finish")
                 return [(index, False, error) for index in share]
+            except Exception as e:  # a message that does not load: which one is unknown
+                error = SearchError(f"{where} sent a message that could not be read "
+                                    f"({e!r}); its starts {share} did not finish")
+                return [(index, False, error) for index in share]
             if kind == "eval":
                 message_id, batch = body
                 try:
                     fut = evaluate.call_with_version(batch)
                 except Exception as e:  # a bad request: fails that message alone
-                    write_frame(writer, ("result", message_id, e, None))
+                    answer_error(message_id, e)
                     continue
-                fut.add_done_callback(lambda f, m=message_id: reply(m, f))
+                fut.add_done_callback(functools.partial(reply, message_id))
             elif kind == "done":
-                (outcome,) = body
-                return [(share[k], ok, value) for k, ok, value in outcome]
+                (report,) = body
+                return [arrived(share[k], is_result, payload, where)
+                        for k, is_result, payload in report]
     finally:
         writer.close()
         await asyncio.to_thread(process.join, 10)
@@ -146,25 +191,43 @@ async def _client(sock: socket.socket, search_fn, starts: List[Any],
                               spec)
 
     async def receive():
-        try:
-            while True:
+        while True:
+            try:
                 _, message_id, outputs, version = await read_frame(reader)
-                client.deliver(message_id, outputs, version)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            client.fail_all(ServerDiedError("the serving process closed the connection"))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                client.fail_all(
+                    ServerDiedError("the serving process closed the connection"))
+                return
+            except Exception as e:  # an answer that does not load (the server checks
+                # what it sends, so not expected): its message is unknown, so every
+                # waiting request fails rather than waiting forever
+                client.fail_in_flight(ModelOutputError(
+                    f"an answer from the serving process could not be read: {e!r}"))
+                continue
+            if isinstance(outputs, Failure):
+                outputs = unpack_error(outputs, "raised in the serving process")
+            client.deliver(message_id, outputs, version)
 
     receiving = asyncio.ensure_future(receive())
     outcomes = await asyncio.gather(*(search_fn(s, client) for s in starts),
                                     return_exceptions=True)
-    report = [(k, not isinstance(r, BaseException), r) for k, r in enumerate(outcomes)]
+    # Each outcome travels on its own, checked to load: one that cannot fails its own
+    # start, with the reason, and never the others.
+    report = [(k, *_packed(r)) for k, r in enumerate(outcomes)]
+    write_frame(writer, ("done", report))
+    receiving.cancel()
+    # drain() returns once the buffer is below its low-water mark, not empty: the loop
+    # must run until close has flushed every byte, or the end of a large report is lost
+    # when this process exits (the server then saw a client die with exit code 0).
+    writer.close()
     try:
-        write_frame(writer, ("done", report))
-    except Exception as e:  # an unpicklable result or error: say so instead
-        write_frame(writer, ("done", [(k, False, SearchError(f"could not send back: {e!r}"))
-                                      for k in range(len(starts))]))
-    try:
-        await writer.drain()
+        await writer.wait_closed()
     except ConnectionError:  # the server ended the run (on_servers failed): nobody reads
         pass
-    receiving.cancel()
-    writer.close()
+
+
+def _packed(outcome: Any) -> Tuple[bool, bytes]:
+    """``(is_result, payload)``: a result that travels, or a ``Failure`` that does."""
+    if isinstance(outcome, BaseException):
+        return False, pickle.dumps(pack_error(outcome))
+    return pack(outcome)

@@ -9,6 +9,11 @@ polling). A server that dies (killed, crashed) has its outstanding messages sent
 a surviving server; when none survives, they fail with ServerDiedError. Each answer
 carries the model version that computed it (``evaluate.with_version``); ``on_servers``
 pushes a new model to every live actor and waits for each to answer.
+
+Failures travel as ``remote.Failure`` (checked to load where they are made): a model's
+exception is returned by the actor, not raised, and each search's outcome is pickled on
+its own, so an exception or result that cannot travel fails its own start, named, with
+its traceback as text, and never the client task.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import uuid
 from typing import Any, Callable, Dict, Hashable, List, Sequence
 
 from async_search.backends.client import CoalescingClient
-from async_search.backends.config import (Progress, RunConfig, SearchResults, loop_factory,
-                                          merge_stats, raise_failures)
+from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
+                                          loop_factory, merge_stats)
+from async_search.backends.remote import (Failure, arrived, pack, pack_error,
+                                          plain_outputs, round_trips, unpack_error)
 from async_search.backends.servers import ServersHook
-from async_search.errors import SearchError, ServerDiedError
+from async_search.errors import ModelOutputError, SearchError, ServerDiedError
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
 
@@ -67,8 +74,22 @@ class ServerActor:
         return await self._server(batch)
 
     async def evaluate_with_version(self, batch):
-        """``(outputs, version)`` for ``batch``: version None when a swap split it."""
-        return await self._server.with_version(batch)
+        """``(outputs, version)`` for ``batch``: version None when a swap split it; or,
+        when the model (or the request) failed, a ``remote.Failure`` that always
+        travels (the exception, or a RemoteError standing for it, with its traceback).
+        Outputs that cannot travel fail with ModelOutputError."""
+        dumps, loads = _pickler()
+        try:
+            outputs, version = await self._server.with_version(batch)
+        except Exception as e:
+            return pack_error(e, dumps, loads)
+        if not plain_outputs(outputs, version):
+            ok, why = round_trips((outputs, version), dumps, loads)
+            if not ok:
+                return pack_error(ModelOutputError(
+                    f"the model's outputs ({type(outputs).__name__}) cannot be sent to "
+                    f"the client task: {type(why).__name__}: {why}"), dumps, loads)
+        return outputs, version
 
     async def update_model(self, model_or_weights, version):
         """Swaps the model between batches; returns ``version`` once swapped, so that
@@ -156,17 +177,18 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                                 f"{share} did not finish")
             failures.update({index: error for index in share})
             continue
-        for k, ok, value in outcome:
+        for k, is_result, payload in outcome:
+            index, ok, value = arrived(share[k], is_result, payload,
+                                       f"client task {number}")
             if ok:
-                results[share[k]] = value
+                results[index] = value
             else:
-                failures[share[k]] = value
-    raise_failures(failures, len(starts))
+                failures[index] = value
     alive = _alive(finals)
     stats = merge_stats(config, wall, [s for s, _ in alive], [t for _, t in alive])
     stats["servers_died"] = config.num_servers - len(alive)
     stats["startup_s"] = startup
-    return SearchResults(results, stats)
+    return SearchResults(finish(results, failures, config), stats)
 
 
 def _pusher(ray, servers: list):
@@ -221,7 +243,25 @@ async def _client(search_fn, starts: List[Any], servers: list, spec) -> list:
     router.client = client
     outcomes = await asyncio.gather(*(search_fn(s, client) for s in starts),
                                     return_exceptions=True)
-    return [(k, not isinstance(r, BaseException), r) for k, r in enumerate(outcomes)]
+    # Each outcome is pickled on its own and checked to load: one that cannot travel
+    # fails its own start (with the reason), not the whole task.
+    dumps, loads = _pickler()
+    report = []
+    for k, outcome in enumerate(outcomes):
+        if isinstance(outcome, BaseException):
+            report.append((k, False, dumps(pack_error(outcome, dumps, loads))))
+        else:
+            report.append((k, *pack(outcome, dumps, loads)))
+    return report
+
+
+def _pickler():
+    """``(dumps, loads)`` as Ray moves objects: cloudpickle out, pickle in."""
+    import pickle
+
+    from ray import cloudpickle
+
+    return cloudpickle.dumps, pickle.loads
 
 
 class _ServerRouter:
@@ -251,7 +291,7 @@ class _ServerRouter:
 
         version = None
         try:
-            outputs, version = await ref
+            answer = await ref
         except ray.exceptions.RayActorError as e:
             if index in self._outstanding:
                 del self._outstanding[index]
@@ -261,8 +301,13 @@ class _ServerRouter:
             except ServerDiedError as died:
                 self.client.deliver(message_id, died)
             return
-        except Exception as e:  # the model raised, or the request was bad
+        except Exception as e:  # Ray could not run the call or bring its answer back
             outputs = e
+        else:
+            if isinstance(answer, Failure):  # the model raised, or the request was bad
+                outputs = unpack_error(answer, f"raised in server actor {index}")
+            else:
+                outputs, version = answer
         if index in self._outstanding:
             self._outstanding[index] -= 1
         self.client.deliver(message_id, outputs, version)

@@ -9,18 +9,60 @@ While open, the breaker admits nothing; while half-open it admits a few probe re
 at a time. Every admitted request carries the breaker's generation (bumped on each state
 change), so that a result that arrives after the state moved on is ignored instead of
 being counted against the new state.
+
+What counts as a failure (``counts_against_server``): only what says the *server* is
+unwell. A caller's bad input is the caller's failure and never counts, or a handful of
+poison requests would open every server's breaker and turn healthy traffic away:
+
+- not counted: ``InputSpecError`` (the request does not fit the model's input spec);
+  ``ValueError`` and ``TypeError`` of any kind (the model rejected its input; a request
+  batched with a poison one fails with it, and that is no more the server's fault);
+  the same raised in another process (a ``RemoteError`` whose ``remote_mro`` names
+  ``builtins.ValueError`` or ``builtins.TypeError``); cancellation.
+- counted: everything else: timeouts, crashes, a dead or closed server
+  (``ServerDiedError``, ``ServerClosedError``), ``ModelOutputError``, ``RuntimeError``,
+  ``OSError``, ``MemoryError``, an arithmetic error in the model...
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import time
 from typing import Callable
 
-from async_search.errors import CircuitOpenError
+from async_search.errors import CircuitOpenError, InputSpecError, RemoteError
 
-__all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "CircuitOpenError"]
+__all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "CircuitOpenError",
+           "counts_against_server", "is_caller_error"]
+
+#: Exceptions that say the request was bad, not the server (InputSpecError is a
+#: ValueError).
+CALLER_ERRORS = (InputSpecError, ValueError, TypeError)
+_CALLER_ERROR_NAMES = frozenset(f"builtins.{c.__name__}" for c in CALLER_ERRORS
+                                if c.__module__ == "builtins")
+
+
+def is_caller_error(error: BaseException) -> bool:
+    """Whether ``error`` is the caller's failure: its input was bad (InputSpecError, or a
+    ValueError or TypeError the model raised for it, here or in another process)."""
+    if isinstance(error, CALLER_ERRORS):
+        return True
+    return isinstance(error, RemoteError) and not _CALLER_ERROR_NAMES.isdisjoint(
+        error.remote_mro)
+
+
+def counts_against_server(error: BaseException) -> bool:
+    """Whether a request that failed with ``error`` counts toward its server's breaker:
+    every exception except a caller's error (``is_caller_error``) and cancellation.
+
+    Example:
+        >>> counts_against_server(ValueError("bad input")), counts_against_server(
+        ...     RuntimeError("the device is gone"))
+        (False, True)
+    """
+    return not (isinstance(error, asyncio.CancelledError) or is_caller_error(error))
 
 
 class BreakerState(str, enum.Enum):
@@ -67,7 +109,8 @@ class CircuitBreaker:
     Use: ``permit = breaker.try_acquire()``; None means "do not send". When the request
     ends, report it with ``breaker.record(permit, ok)``, or ``breaker.release(permit)``
     when its outcome says nothing about the server (the caller cancelled, the request
-    itself was bad).
+    itself was bad: ``counts_against_server(error)`` is False). ``record_error(permit,
+    error)`` applies that rule.
 
     Args:
         policy: thresholds and timeout.
@@ -151,6 +194,16 @@ class CircuitBreaker:
                 self._probe_successes += 1
                 if self._probe_successes >= self.policy.success_threshold:
                     self._move(BreakerState.CLOSED)
+
+    def record_error(self, permit: int | None, error: BaseException) -> bool:
+        """The admitted request failed with ``error``: a failure when it counts against
+        the server (``counts_against_server``), else released without a verdict.
+        Returns whether it counted."""
+        if counts_against_server(error):
+            self.record(permit, ok=False)
+            return True
+        self.release(permit)
+        return False
 
     def release(self, permit: int | None) -> None:
         """The admitted request ended without a verdict on the server."""

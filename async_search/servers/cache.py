@@ -1,21 +1,26 @@
 """A result cache in front of an evaluate function: a transposition table for search.
 
 ``CachedEvaluate`` has the call shape of the function it wraps. For ``x[n, ...]`` it
-looks up each element by its bytes, sends the elements it does not have, deduplicated,
-as one request, and assembles the outputs in order. An element already in flight for
-another caller is not sent again: the second caller waits for the first one's request.
+looks up each element by its shape, dtype and bytes (the same bytes as float32 and as
+int32 are two elements), sends the elements it does not have, deduplicated, as one
+request, and assembles the outputs in order. An element already in flight for another
+caller is not sent again: the second caller waits for the first one's request.
 
 Put one in front of a server and share it among all searches (a central table), or give
 each search its own (a per-client table); it works in front of a ``Router`` or a client
 of a server in another process alike.
 
-Versions: the cache holds results of one model version, the wrapped function's
-``version``. When that changes (``update_model``), the table is emptied and in-flight
-requests of the old version are no longer joined, so a result computed by an older
-model is never served after the swap. A result is stored only when the version it was
-sent under, the version that computed it (``with_version``) and the current version
-are one and the same; a request whose parts (hits, joined and sent elements) came from
-different versions is looked up again.
+Versions: the cache holds results of one model, a *generation*: the wrapped function's
+``version`` label together with the identity of its model (``swap_token``: the model
+object of a BatchingServer, the servers' models for a Router). Any swap starts a new
+generation, even when the labels compare equal (1, then 1.0; or the same label pushed
+twice): generations are compared by identity, and labels only when of the same type.
+When the generation changes, the table is emptied and in-flight requests of the old
+one are no longer joined, so a result computed by an older model is never served after
+the swap. A result is stored only when it was sent in the current generation and the
+version that computed it (``with_version``) is that generation's label; a request
+whose parts (hits, joined and sent elements) disagree on the version, or that waited
+across a swap, is looked up again.
 """
 
 from __future__ import annotations
@@ -30,22 +35,73 @@ import numpy as np
 from async_search.base import Outputs
 from async_search.servers import rows
 
-__all__ = ["CachedEvaluate"]
+__all__ = ["CachedEvaluate", "swap_token", "same_label"]
 
 _ATTEMPTS = 3  # lookups of one request before it goes around the table
+
+#: An element's key: ((shape, dtype), bytes). Equal bytes of another dtype or shape are
+#: another element.
+Key = Tuple[tuple, bytes]
+
+
+def same_label(a: Hashable, b: Hashable) -> bool:
+    """Whether two version labels name the same version: the same object, or equal
+    values of the same type (``1`` and ``1.0`` are two versions)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # a label whose comparison fails names no known version
+        return False
+
+
+def swap_token(evaluate: Any) -> Any:
+    """What identifies the model behind ``evaluate`` beyond its label: its own
+    ``swap_token`` when it has one (a Router: one per server), else its ``model`` (a
+    BatchingServer's property: a new object after every swap), else None."""
+    token = getattr(type(evaluate), "swap_token", None)
+    if isinstance(token, property):
+        return evaluate.swap_token
+    model = getattr(type(evaluate), "model", None)
+    if isinstance(model, property) or "model" in getattr(evaluate, "__dict__", ()):
+        return evaluate.model
+    return None
+
+
+def _same_token(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    return (type(a) is tuple and type(b) is tuple and len(a) == len(b)
+            and all(_same_token(x, y) for x, y in zip(a, b)))
+
+
+class _Generation:
+    """The model whose results the table holds: one per swap the cache saw. Compared by
+    identity (``is``), never by label."""
+
+    __slots__ = ("label", "token")
+
+    def __init__(self, label: Hashable, token: Any):
+        self.label = label  # the wrapped function's version label
+        self.token = token  # swap_token(evaluate): the model object(s), or None
+
+    def is_current(self, label: Hashable, token: Any) -> bool:
+        return same_label(label, self.label) and _same_token(token, self.token)
 
 
 class _Flight:
     """One request of missed elements sent to the wrapped function."""
 
-    __slots__ = ("future", "spec", "keys", "rows", "sent_version")
+    __slots__ = ("future", "spec", "keys", "rows", "generation")
 
-    def __init__(self, future: asyncio.Future, spec: tuple, keys: List[bytes],
-                 sent_version: Hashable):
+    def __init__(self, future: asyncio.Future, spec: tuple, keys: List[Key],
+                 generation: _Generation):
         self.future = future  # -> (outputs, version)
         self.spec = spec
         self.keys = keys
-        self.sent_version = sent_version  # the version current when it was sent
+        self.generation = generation  # the generation current when it was sent
         self.rows: list | None = None  # frozen per-element outputs, once landed
 
     def row(self, j: int):
@@ -55,7 +111,7 @@ class _Flight:
 
 
 class CachedEvaluate:
-    """An LRU cache of per-element outputs, keyed by the element's bytes.
+    """An LRU cache of per-element outputs, keyed by the element's shape, dtype and bytes.
 
     Args:
         evaluate: the function whose results are cached (``await evaluate(x)``); with
@@ -79,9 +135,9 @@ class CachedEvaluate:
             raise TypeError(f"evaluate must be callable, got {type(evaluate).__name__}")
         self.evaluate = evaluate
         self.capacity = capacity
-        self._entries: "collections.OrderedDict[bytes, Any]" = collections.OrderedDict()
-        self._pending: Dict[bytes, Tuple[_Flight, int]] = {}
-        self._version: Hashable = self._current_version()
+        self._entries: "collections.OrderedDict[Key, Any]" = collections.OrderedDict()
+        self._pending: Dict[Key, Tuple[_Flight, int]] = {}
+        self._generation = _Generation(self._current_version(), swap_token(evaluate))
         self._spec: tuple | None = None  # (shape, dtype) of elements, once one was served
         self._requests = 0
         self._lookups = 0
@@ -125,14 +181,14 @@ class CachedEvaluate:
         """The outputs from the table and from the server; None when a model swap
         while waiting made them disagree on the version (the table is then dropped)."""
         self._sync_version()
-        version = self._version
+        generation = self._generation
         spec = (x.shape[1:], x.dtype)
-        keys = rows.row_keys(x)
+        keys = [(spec, b) for b in rows.row_keys(x)]
         n = len(keys)
         entries, pending = self._entries, self._pending
         found: Dict[int, Any] = {}          # position -> cached row
         joined: List[Tuple[int, _Flight, int]] = []
-        sent: Dict[bytes, int] = {}          # key -> index in this request's misses
+        sent: Dict[Key, int] = {}            # key -> index in this request's misses
         mine: List[Tuple[int, int]] = []     # (position, index in misses)
         first_of: List[int] = []             # position of each distinct miss
         for i, key in enumerate(keys):
@@ -142,7 +198,7 @@ class CachedEvaluate:
                 found[i] = value
                 continue
             flying = pending.get(key)
-            if flying is not None and flying[0].spec == spec:
+            if flying is not None:
                 joined.append((i, flying[0], flying[1]))
                 continue
             j = sent.get(key)
@@ -163,14 +219,15 @@ class CachedEvaluate:
             await asyncio.shield(f.future)  # a cancelled caller leaves others their rows
         if flight is not None and len(first_of) == n:
             return flight.future.result()  # every element was sent, once: as it came
-        versions = {f.future.result()[1] for _, f, _ in joined}
+        labels = [f.future.result()[1] for f in {f for _, f, _ in joined}]
         if flight is not None:
-            versions.add(flight.future.result()[1])
+            labels.append(flight.future.result()[1])
         if found:
-            versions.add(version)
-        if len(versions) > 1:
-            self._sync_version()
-            return None
+            labels.append(generation.label)
+        self._sync_version()
+        if self._generation is not generation or not all(
+                same_label(label, labels[0]) for label in labels[1:]):
+            return None  # parts of two models, or a swap while waiting: look up again
         values: List[Any] = [None] * n
         for i, value in found.items():
             values[i] = value
@@ -178,7 +235,7 @@ class CachedEvaluate:
             values[i] = f.row(j)
         for i, j in mine:
             values[i] = flight.row(j)
-        return rows.stack(values), versions.pop()
+        return rows.stack(values), labels[0]
 
     async def _bypass(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
         with_version = getattr(self.evaluate, "with_version", None)
@@ -186,13 +243,14 @@ class CachedEvaluate:
             return await with_version(x)
         return await self.evaluate(x), self._current_version()
 
-    def _launch(self, xs: np.ndarray, keys: List[bytes], spec: tuple) -> _Flight:
+    def _launch(self, xs: np.ndarray, keys: List[Key], spec: tuple) -> _Flight:
         with_version = getattr(self.evaluate, "with_version", None)
+        generation = self._generation
         if with_version is not None:
             coro = with_version(xs)
         else:
-            coro = self._plain(xs, self._version)
-        flight = _Flight(asyncio.ensure_future(coro), spec, keys, self._version)
+            coro = self._plain(xs, generation.label)
+        flight = _Flight(asyncio.ensure_future(coro), spec, keys, generation)
         pending = self._pending
         for j, key in enumerate(keys):
             pending[key] = (flight, j)
@@ -215,7 +273,8 @@ class CachedEvaluate:
         if not self.capacity:
             return
         self._sync_version()
-        if not flight.sent_version == future.result()[1] == self._version:
+        if flight.generation is not self._generation or not same_label(
+                future.result()[1], flight.generation.label):
             # Computed by a model since replaced, or sent before a swap: a request split
             # across batches during a swap may hold rows of both models.
             return
@@ -229,9 +288,10 @@ class CachedEvaluate:
         self._evictions += max(excess, 0)
 
     def _sync_version(self) -> None:
-        current = self._current_version()
-        if current != self._version:
-            self._version = current
+        """Starts a new generation (an empty table) when the model was swapped."""
+        label, token = self._current_version(), swap_token(self.evaluate)
+        if not self._generation.is_current(label, token):
+            self._generation = _Generation(label, token)
             self._entries = collections.OrderedDict()
             self._pending = {}
             self._invalidations += 1

@@ -4,7 +4,10 @@ A ``Router`` is an evaluate function over several evaluate functions (BatchingSe
 connected clients of servers in other processes, anything with the call shape). Each
 server has a circuit breaker; requests go around servers whose breaker is open and fail
 over to another server when one fails; when every breaker is open, callers get
-``CircuitOpenError`` at once instead of waiting.
+``CircuitOpenError`` at once instead of waiting. Only server failures count toward a
+breaker and fail over: a caller's bad input (InputSpecError, or a ValueError or
+TypeError the model raised for it; ``breaker.counts_against_server``) goes back to that
+caller alone, is not sent to another server, and leaves every breaker as it was.
 
 Consistent hashing routes each *element* by its bytes, so that an element always goes
 to the same server (and that server's cache); adding or removing one of N servers moves
@@ -26,7 +29,9 @@ import numpy as np
 from async_search.base import Outputs
 from async_search.errors import InputSpecError
 from async_search.servers import rows
-from async_search.servers.breaker import BreakerPolicy, CircuitBreaker, CircuitOpenError
+from async_search.servers.breaker import (BreakerPolicy, CircuitBreaker, CircuitOpenError,
+                                          counts_against_server)
+from async_search.servers.cache import swap_token
 
 __all__ = ["HashRing", "RoutingPolicy", "RoundRobin", "LeastOutstanding", "ConsistentHash",
            "Router"]
@@ -190,11 +195,6 @@ _POLICIES = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding,
              "consistent_hash": ConsistentHash}
 
 
-def _is_server_failure(error: BaseException) -> bool:
-    """By default every error counts against the server except a bad request."""
-    return not isinstance(error, (InputSpecError, asyncio.CancelledError))
-
-
 class _ServerFailed(Exception):
     def __init__(self, name: str, error: BaseException):
         self.name, self.error = name, error
@@ -205,10 +205,18 @@ class Router:
 
     ``await router(x)`` sends ``x`` (or, with consistent hashing, each element of it) to
     a server chosen by ``policy`` among those whose breaker admits requests, and returns
-    the outputs in order. A server failure (any error but a bad request, by default)
-    counts against its breaker and, with ``failover``, the request goes to another
-    server; after every server failed it, the caller gets the last error. When every
-    breaker is open the caller gets ``CircuitOpenError`` at once.
+    the outputs in order. A server failure counts against its breaker and, with
+    ``failover``, the request goes to another server; after every server failed it, the
+    caller gets the last error. When every breaker is open the caller gets
+    ``CircuitOpenError`` at once.
+
+    The rule (``is_failure``, by default ``breaker.counts_against_server``): a caller's
+    bad input is the caller's failure, never the server's. InputSpecError, and any
+    ValueError or TypeError (the model rejected its input; also when raised in another
+    process and carried as a RemoteError), reach the caller at once: no breaker counts
+    them and they are not sent to another server (a poison request would fail there
+    too). Timeouts, crashes, dead or closed servers, ModelOutputError and every other
+    exception count.
 
     Args:
         servers: name -> evaluate function (a BatchingServer, a connected client, ...).
@@ -217,7 +225,8 @@ class Router:
         breaker: the policy of every server's circuit breaker.
         clock: the breakers' clock (seconds); inject a fake one in tests.
         failover: send a failed request (or the failed part of it) to another server.
-        is_failure: which errors count against a server (default: all but InputSpecError).
+        is_failure: which errors count against a server and fail over (default:
+            ``counts_against_server``: all but a caller's error and cancellation).
 
     Example:
         >>> # async with asr.serve(model) as a, asr.serve(model) as b:
@@ -229,7 +238,7 @@ class Router:
                  policy: str | RoutingPolicy = "round_robin",
                  breaker: BreakerPolicy = BreakerPolicy(),
                  clock: Callable[[], float] = time.monotonic, failover: bool = True,
-                 is_failure: Callable[[BaseException], bool] = _is_server_failure):
+                 is_failure: Callable[[BaseException], bool] = counts_against_server):
         if isinstance(policy, str):
             if policy not in _POLICIES:
                 raise ValueError(f"unknown routing policy {policy!r}: use one of "
@@ -369,6 +378,13 @@ class Router:
                 f"probe {self.breaker_policy.reset_timeout} s after it opened")
 
     # -- versions ---------------------------------------------------------------------
+    @property
+    def swap_token(self) -> tuple:
+        """What identifies the models behind the router beyond their labels: each
+        server's ``cache.swap_token`` (its model object), so that a cache in front sees
+        every swap, even one that keeps the label."""
+        return tuple(swap_token(e) for e in self._servers.values())
+
     @property
     def version(self) -> Hashable:
         """The model version of the servers that declare one, when they agree; else

@@ -1,4 +1,5 @@
 import pytest
+import numpy as np
 
 import async_search as asr
 from tests.backends import searches
@@ -60,3 +61,54 @@ def test_an_unpicklable_search_function_is_refused_before_any_process_starts():
 
     with pytest.raises(TypeError, match="must be picklable"):
         asr.run_searches(nested, [1], searches.small_mlp, backend="process")
+
+
+async def _big_result(start, evaluate):
+    return np.full(1 << 18, float(start))  # 2 MiB per search: a report far above any buffer
+
+
+def test_a_large_report_reaches_a_stalled_reader_whole_before_the_client_exits():
+    """The client must not let its loop end with the report's tail still buffered:
+    drain() returns once less than the low-water mark (16 KiB) is left, not at empty.
+    A server that stalls then (busy, loaded) read a truncated frame and reported a client
+    that had exited with code 0 as dead. Small socket buffers and a reader that stops
+    20 KiB short of the end for a second make the stall happen every time."""
+    import socket
+    import struct
+    import threading
+    import time
+
+    from async_search.backends.process import client_main
+
+    ours, theirs = socket.socketpair()
+    for sock in (ours, theirs):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    received = bytearray()
+
+    def stalling_reader():
+        ours.settimeout(30)
+        while len(received) < 8:
+            received.extend(ours.recv(8 - len(received)))
+        (length,) = struct.unpack_from("!Q", received)
+        stall_at, stalled = 8 + length - 20 * 1024, False
+        while True:
+            if not stalled and len(received) >= stall_at:
+                time.sleep(1.0)  # the server is busy elsewhere
+                stalled = True
+            chunk = ours.recv(min(4096, max(1, stall_at - len(received)))
+                              if not stalled else 4096)
+            if not chunk:
+                return
+            received.extend(chunk)
+
+    reader = threading.Thread(target=stalling_reader)
+    reader.start()
+    client_main(theirs, _big_result, [1.0, 2.0], None, False)  # returns when it exits
+    theirs.close()
+    reader.join(timeout=60)
+    ours.close()
+    assert not reader.is_alive()
+    (length,) = struct.unpack_from("!Q", received)
+    assert len(received) == 8 + length, (
+        f"the report's tail was lost: {8 + length - len(received)} of {8 + length} bytes")

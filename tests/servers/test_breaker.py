@@ -1,7 +1,12 @@
+import asyncio
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from async_search.servers.breaker import BreakerPolicy, BreakerState, CircuitBreaker
+from async_search.errors import (InputSpecError, ModelOutputError, RemoteError,
+                                 ServerDiedError)
+from async_search.servers.breaker import (BreakerPolicy, BreakerState, CircuitBreaker,
+                                          counts_against_server)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -133,3 +138,17 @@ def test_never_admits_while_open_before_the_timeout(events):
             if b.opened > was:
                 opened_at = clock.now
         assert 0 <= b._probes <= 2
+
+
+@pytest.mark.parametrize("error, counts", [
+    (InputSpecError("wrong shape"), False), (ValueError("poison"), False),
+    (TypeError("not an array"), False), (asyncio.CancelledError(), False),
+    (RemoteError("mod.Poison", "x", "", ("mod.Poison", "builtins.ValueError")), False),
+    (RuntimeError("device lost"), True), (ModelOutputError("3 rows for 4"), True),
+    (ServerDiedError("actor died"), True), (TimeoutError(), True),
+    (RemoteError("mod.Lost", "x", "", ("mod.Lost", "builtins.RuntimeError")), True)])
+def test_only_server_failures_count_against_a_breaker(error, counts):
+    b = CircuitBreaker(BreakerPolicy(failure_threshold=1))
+    assert counts_against_server(error) is counts
+    assert b.record_error(b.try_acquire(), error) is counts
+    assert b.state.value == ("open" if counts else "closed")
