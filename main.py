@@ -104,16 +104,17 @@ flags.DEFINE_integer("cache_capacity", 100_000, "Entries of each result cache (0
 
 # -- training (--train) ----------------------------------------------------------------
 flags.DEFINE_integer("iterations", None, "--train connect_four: AlphaZero iterations "
-                     "(default 8); sliding_puzzle: DAVI rounds (default 60).")
+                     "(default 20); sliding_puzzle: DAVI rounds (default 60).")
 flags.DEFINE_integer("games_per_iteration", 300, "--train connect_four: self-play games "
                      "per iteration, played concurrently.")
-flags.DEFINE_integer("train_steps", None, "Optimizer steps per iteration (default 800) "
+flags.DEFINE_integer("train_steps", None, "Optimizer steps per iteration (default 1000) "
                      "or per DAVI round (default 300).")
-flags.DEFINE_enum("backend", "local", ["local", "process", "ray"], "--train "
-                  "connect_four: where self-play runs (with --num_procs clients).")
+flags.DEFINE_enum("backend", "process", ["local", "process", "ray"], "--train "
+                  "connect_four: where self-play runs: --num_procs worker processes "
+                  "(default, the searches' Python on every core), this process, or Ray.")
 flags.DEFINE_string("save_dir", None, "Checkpoints, replay buffer and run state (default "
                     "results/train_<problem>).")
-flags.DEFINE_enum("value_target", "outcome", ["outcome", "mixed"], "--train "
+flags.DEFINE_enum("value_target", "mixed", ["outcome", "mixed"], "--train "
                   "connect_four: the value target: the game's result, or its mean with "
                   "the search's root value.")
 flags.DEFINE_bool("overlap", False, "--train connect_four: play the next iteration's "

@@ -120,7 +120,7 @@ def test_flags_build_the_experiments_they_name(monkeypatch):
 
 TINY_TRAIN = ["--train=connect_four", "--iterations=1", "--games_per_iteration=4",
               "--simulations=4", "--train_steps=3", "--hidden_sizes=16", "--eval_games=2",
-              "--final_games=2", "--uct_rollouts=4", "--noprogress"]
+              "--final_games=2", "--uct_rollouts=4", "--backend=local", "--noprogress"]
 
 
 @pytest.mark.timeout(400)

@@ -78,10 +78,10 @@ class CommanderConfig:
             deterministic function of the seed (resume still loses no saved sample).
     """
 
-    iterations: int = 8
+    iterations: int = 20
     games_per_iteration: int = 300
-    selfplay: SelfPlayConfig = SelfPlayConfig()
-    train_steps: int = 800
+    selfplay: SelfPlayConfig = SelfPlayConfig(value_target="mixed")
+    train_steps: int = 1000
     batch_size: int = 256
     learning_rate: float = 1e-3
     l2: float = 1e-4
@@ -94,8 +94,8 @@ class CommanderConfig:
     eval_c_puct: float = 2.0
     eval_num_parallel: int = 2
     uct_rollouts: int = 300
-    backend: str = "local"
-    num_procs: int = 1
+    backend: str = "process"
+    num_procs: int = 2
     max_batch_size: int = 512
     seed: int = 0
     overlap: bool = False

@@ -22,7 +22,7 @@ def tiny(iterations: int = 2, **changes) -> CommanderConfig:
         selfplay=SelfPlayConfig(simulations=4, num_parallel=2, sampling_moves=4),
         train_steps=6, batch_size=16, buffer_capacity=2000, hidden_sizes=(16,),
         arena_games=4, eval_games=2, eval_simulations=4, uct_rollouts=4,
-        max_batch_size=64, seed=3)
+        max_batch_size=64, seed=3, backend="local", num_procs=1)
     return dataclasses.replace(config, **changes)
 
 
