@@ -104,7 +104,7 @@ flags.DEFINE_integer("cache_capacity", 100_000, "Entries of each result cache (0
 
 # -- training (--train) ----------------------------------------------------------------
 flags.DEFINE_integer("iterations", None, "--train connect_four: AlphaZero iterations "
-                     "(default 20); sliding_puzzle: DAVI rounds (default 60).")
+                     "(default 32); sliding_puzzle: DAVI rounds (default 60).")
 flags.DEFINE_integer("games_per_iteration", 300, "--train connect_four: self-play games "
                      "per iteration, played concurrently.")
 flags.DEFINE_integer("train_steps", None, "Optimizer steps per iteration (default 1000) "

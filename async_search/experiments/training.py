@@ -130,8 +130,8 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
                  marker="o", ax=axes[1])
     for level, label in ((0.55, "gate"), (0.75, "goal vs UCT"), (0.95, "goal vs one-ply")):
         axes[1].axhline(level, color="grey", ls=":", lw=1)
-        axes[1].annotate(label, (df["iteration"].min(), level), fontsize=7, color="grey",
-                         va="bottom")
+        axes[1].annotate(label, (df["iteration"].max(), level), fontsize=7, color="grey",
+                         va="bottom", ha="right")
     axes[1].set_ylim(-0.02, 1.02)
     axes[1].set_title("candidate's score (1 = all won)")
     phases = df.melt(id_vars="iteration", value_vars=["selfplay_s", "train_s", "eval_s"],
@@ -140,6 +140,9 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
                                            "eval_s": "evaluation"})
     sns.barplot(data=phases, x="iteration", y="seconds", hue="phase", ax=axes[2])
     axes[2].set_title("seconds per phase")
+    every = max(1, len(records) // 8)  # bar plots label every category: thin them
+    for i, label in enumerate(axes[2].get_xticklabels()):
+        label.set_visible(i % every == 0 or i == len(records) - 1)
     sns.lineplot(data=df, x="iteration", y="elo", marker="o", ax=axes[3], label="candidate")
     best = df.assign(best=df["elo"].where(df["promoted"]).ffill().fillna(0.0))
     sns.lineplot(data=best, x="iteration", y="best", ax=axes[3], label="best (promoted)",

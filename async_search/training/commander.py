@@ -78,7 +78,7 @@ class CommanderConfig:
             deterministic function of the seed (resume still loses no saved sample).
     """
 
-    iterations: int = 20
+    iterations: int = 32
     games_per_iteration: int = 300
     selfplay: SelfPlayConfig = SelfPlayConfig(value_target="mixed")
     train_steps: int = 1000
