@@ -11,10 +11,10 @@ stops taking connections, cuts short bodies still arriving, gives requests in pr
 ``--shutdown-timeout`` seconds, drains the model's queue and exits.
 
 Limits (defaults in brackets; see ``HttpLimits``): ``--max-body-bytes`` [16 MiB],
-``--max-json-bytes`` [4 MiB: larger tensors go as binary], ``--max-connections`` [512,
+``--max-json-bytes`` [1 MiB: larger tensors go as binary], ``--max-connections`` [512,
 and at most half of ``ulimit -n``], ``--keepalive-timeout`` [5 s idle],
 ``--read-timeout`` [30 s per body], ``--shutdown-timeout`` [5 s], ``--offload-bytes``
-[256 KiB: JSON this large is parsed in ``--offload-workers`` [2] processes],
+[256 KiB: JSON this large is parsed in ``--offload-workers`` [half the CPUs] processes],
 ``--max-workers`` [4 per CPU: the most ``num_workers`` a load request may ask for]. Load and unload are off unless
 ``--enable-repository`` or ``--repository-token TOKEN`` (or the environment variable
 ASYNC_SEARCH_REPOSITORY_TOKEN) is given; with a token, they need the header

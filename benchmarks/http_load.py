@@ -16,7 +16,7 @@ request after another (a closed loop: at most ``--clients`` requests outstanding
 
 With ``--large N`` it measures instead whether large JSON bodies stall small requests:
 the small-request load runs once alone and once beside ``N`` clients that each send
-near-limit JSON bodies (just under the front's 4 MiB ``max_json_bytes``) back to back;
+near-limit JSON bodies (just under the front's 1 MiB ``max_json_bytes``; ``--large-bytes``) back to back;
 it reports small-request p50/p99 in both runs and the large requests' count and p50.
 Goal: small-request p99 under 100 ms while large bodies arrive.
 
@@ -61,7 +61,7 @@ def _request_body(tensors: str) -> tuple[bytes, dict]:
                                   "Inference-Header-Content-Length": str(len(header))}
 
 
-def _large_body(limit: int = 4 * 2 ** 20) -> bytes:
+def _large_body(limit: int = 2 ** 20) -> bytes:
     """A JSON inference body of whole rows just under ``limit`` bytes."""
     rng = np.random.default_rng(1)
 
@@ -76,11 +76,11 @@ def _large_body(limit: int = 4 * 2 ** 20) -> bytes:
 
 
 async def _load(url: str, clients: int, warmup: float, duration: float,
-                tensors: str, large: int = 0) -> dict:
+                tensors: str, large: int = 0, large_bytes: int = 2 ** 20) -> dict:
     import aiohttp
 
     body, headers = _request_body(tensors)
-    big = _large_body() if large else b""
+    big = _large_body(large_bytes) if large else b""
     large_latencies: list[float] = []
     target = f"{url}/v2/models/mlp/infer"
     latencies: list[float] = []
@@ -188,7 +188,8 @@ def _measure(max_batch_size: int, args, large: int = 0) -> dict:
         out = subprocess.run(
             [sys.executable, __file__, "--load", url, "--clients", str(args.clients),
              "--warmup", str(args.warmup), "--duration", str(args.duration),
-             "--tensors", args.tensors, "--large", str(large)],
+             "--tensors", args.tensors, "--large", str(large),
+             "--large-bytes", str(args.large_bytes)],
             capture_output=True, check=True, timeout=args.warmup + args.duration + 60)
         result = json.loads(out.stdout)
         cpu_after = _cpu_seconds(server.pid)
@@ -653,6 +654,9 @@ def main() -> None:
     p.add_argument("--tensors", choices=["json", "binary"], default="json")
     p.add_argument("--large", type=int, default=0,
                    help="clients sending near-limit JSON bodies beside the small load")
+    p.add_argument("--large-bytes", type=int, default=2 ** 20 - 48 * 1024,
+                   help="size of each large JSON body (keep it under the server's "
+                        "--max-json-bytes)")
     p.add_argument("--server-args", default="",
                    help="more flags for python -m async_search.http, e.g. "
                         "'--offload-bytes 1000000000' to parse every body on the loop")
@@ -660,13 +664,14 @@ def main() -> None:
     args = p.parse_args()
     if args.load:
         print(json.dumps(_run_loop(_load(args.load, args.clients, args.warmup,
-                                         args.duration, args.tensors, args.large))))
+                                         args.duration, args.tensors, args.large,
+                                         args.large_bytes))))
         return
     if args.large:
         print(json.dumps({
             "clients": args.clients, "duration_s": args.duration,
             "tensors": args.tensors, "cpus": os.cpu_count(),
-            "server_args": args.server_args,
+            "server_args": args.server_args, "large_bytes": args.large_bytes,
             "small_only": _measure(256, args),
             "with_large_json": _measure(256, args, large=args.large),
             "goal": {"small_p99_ms": 100}}, indent=2))
