@@ -3,8 +3,9 @@
 Measures, in one run: self-play positions per second (and seconds per 1000 positions,
 the AlphaZero seed's figure) for Connect Four games through ``run_searches`` on the
 local backend, (a) alone, (b) while a ``Trainer`` trains in a thread of the same process
-(what ``Commander(overlap=True)`` does); and the trainer's steps per second alone and
-under self-play. Prints JSON and writes it to results/benchmarks/selfplay_training.json.
+(what ``Commander(overlap=True)`` does); on the local backend with the model in a
+device thread or on the loop, and on the process backend with 2 clients (the training
+default); and the trainer's steps per second alone and under self-play. Prints JSON and writes it to results/benchmarks/selfplay_training.json.
 
     python benchmarks/selfplay_training.py [--games 128] [--simulations 64]
 """
@@ -30,18 +31,29 @@ from async_search.training import (NetConfig, ReplayBuffer, SelfPlayConfig,  # n
                                    Trainer, mirror_columns, selfplay_game)
 
 
-def selfplay(model, games: int, simulations: int, model_thread: bool) -> dict:
+def selfplay(model, games: int, simulations: int, model_thread: bool,
+             backend: str = "local", num_procs: int = 1) -> dict:
     game = problems.ConnectFour()
     play = functools.partial(selfplay_game, game=game,
                              config=SelfPlayConfig(simulations=simulations, seed=1))
     start = time.perf_counter()
-    records = run_searches(play, list(range(games)), lambda: model, max_batch_size=512,
-                           model_thread=model_thread)
+    records = run_searches(play, list(range(games)), _Factory(model), max_batch_size=512,
+                           model_thread=model_thread, backend=backend, num_procs=num_procs)
     seconds = time.perf_counter() - start
     samples = sum(len(r.x) for r in records)
     return {"samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
             "s_per_1000_samples": 1000 * seconds / samples,
             "mean_batch_size": records.stats["mean_batch_size"]}, records
+
+
+class _Factory:
+    """A picklable model factory (the process backend sends it to its server)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self):
+        return self.model
 
 
 class Training:
@@ -89,20 +101,22 @@ def main() -> None:
         buffer.add(r.x, r.policy, r.value)
     trainer.train_steps(buffer, 10)
 
-    for model_thread in (True, False):
-        key = "device_thread" if model_thread else "on_loop"
+    placements = {"device_thread": dict(model_thread=True),
+                  "on_loop": dict(model_thread=False),
+                  "process_x2": dict(model_thread=True, backend="process", num_procs=2)}
+    for key, how in placements.items():
         out[f"selfplay_alone_{key}"], _ = selfplay(model, args.games, args.simulations,
-                                                   model_thread)
+                                                   **how)
         with Training(trainer, buffer) as training:
             out[f"selfplay_with_training_{key}"], _ = selfplay(
-                model, args.games, args.simulations, model_thread)
+                model, args.games, args.simulations, **how)
         out[f"train_steps_per_s_during_selfplay_{key}"] = training.steps / training.seconds
     start, steps = time.perf_counter(), 0
     while time.perf_counter() - start < args.train_seconds:
         trainer.train_steps(buffer, 10)
         steps += 10
     out["train_steps_per_s_alone"] = steps / (time.perf_counter() - start)
-    for key in ("device_thread", "on_loop"):
+    for key in placements:
         out[f"ratio_with_training_over_alone_{key}"] = (
             out[f"selfplay_with_training_{key}"]["samples_per_s"]
             / out[f"selfplay_alone_{key}"]["samples_per_s"])
