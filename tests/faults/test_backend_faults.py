@@ -93,13 +93,17 @@ def test_a_model_raising_an_exception_that_cannot_travel_fails_its_request_in_bo
         remote_backend):
     starts = starts_with({2: "model_unpicklable", 5: "model_unloadable"})
     out = run_bounded(starts, remote_backend, return_exceptions=True)
-    # The remote traceback runs from the search down to the model's __call__.
-    tally = tally_run(starts, out, {
-        2: lambda e: isinstance(e, RemoteError) and clear_remote_failure(
-            e, 2, "UnpicklableError", "holding a lock", "faulty_search", "__call__"),
-        5: lambda e: isinstance(e, RemoteError) and clear_remote_failure(
-            e, 5, "UnloadableError", "cannot load", "faulty_search", "__call__"),
-    })
+    # The remote traceback runs from the search down to the model's __call__. A model
+    # that raises fails its whole batch with that error (by design), so when the two
+    # poisoned requests share a batch both starts get the same one: either is clear.
+    def either(index):
+        return lambda e: isinstance(e, RemoteError) and (
+            clear_remote_failure(e, index, "UnpicklableError", "holding a lock",
+                                 "faulty_search", "__call__")
+            or clear_remote_failure(e, index, "UnloadableError", "cannot load",
+                                    "faulty_search", "__call__"))
+
+    tally = tally_run(starts, out, {2: either(2), 5: either(5)})
     tally.check(answered=6, failed=2)
 
 

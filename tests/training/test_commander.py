@@ -186,18 +186,6 @@ def test_bad_parameters_are_refused_before_anything_runs(field, value):
         tiny(**{field: value})
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    from async_search.backends.ray_backend import ensure_ray
-
-    started_here = not ray.is_initialized()
-    ensure_ray()
-    yield ray
-    if started_here:
-        ray.shutdown()
-
-
 @pytest.mark.parametrize("backend", ["process", "ray"])
 def test_self_play_on_other_backends_gives_the_local_backends_games(tmp_path, backend,
                                                                     request):

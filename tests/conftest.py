@@ -1,12 +1,12 @@
-"""Fixtures shared by the fault tests."""
+"""Fixtures shared by every test package."""
 
 import pytest
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def ray_session():
-    """One Ray session for every fault test that asks for it (starting Ray costs
-    seconds); shut down after the last test of this package, if it was started here."""
+    """One local Ray session for every test that asks for it (starting Ray costs
+    seconds); shut down after the last test, if it was started here."""
     ray = pytest.importorskip("ray")
     from async_search.backends.ray_backend import ensure_ray
 
