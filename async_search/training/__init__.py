@@ -29,7 +29,8 @@ from async_search.training.commander import (Commander, CommanderConfig, Iterati
                                              PhaseProgress)
 from async_search.training.davi import (Davi, DaviConfig, DaviRecord, bellman_targets,
                                         scrambled_states)
-from async_search.training.nets import NetConfig, initial_weights, to_model, weights_of
+from async_search.training.nets import (NetConfig, config_of, initial_weights, to_model,
+                                        weights_of)
 from async_search.training.replay import Minibatch, ReplayBuffer, mirror_columns
 from async_search.training.selfplay import GameRecord, SelfPlayConfig, selfplay_game
 from async_search.training.trainer import LossTerms, Trainer
@@ -37,6 +38,7 @@ from async_search.training.trainer import LossTerms, Trainer
 __all__ = [
     "ReplayBuffer", "Minibatch", "mirror_columns",
     "Trainer", "LossTerms", "NetConfig", "initial_weights", "to_model", "weights_of",
+    "config_of",
     "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
     "CheckpointError",
     "Commander", "CommanderConfig", "IterationRecord", "PhaseProgress",

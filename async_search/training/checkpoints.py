@@ -21,7 +21,8 @@ from typing import Any, Dict, Sequence
 
 import numpy as np
 
-from async_search.training.nets import NetConfig, Weights, check_weights, to_model, weights_of
+from async_search.training.nets import (NetConfig, Weights, check_weights, config_of,
+                                        to_model, weights_of)
 
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "load_checkpoint",
            "read_checkpoint", "FORMAT"]
@@ -50,10 +51,13 @@ class Checkpoint:
         return to_model(self.config, self.weights)
 
 
-def save_checkpoint(path: str | os.PathLike, model: Any, config: NetConfig,
+def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
                     metadata: Dict[str, Any] | None = None) -> str:
     """Saves ``model`` (a model ``to_model`` made, or its ``(w, b)`` layers) to the
     folder ``path``, replacing what was there atomically. Returns the path.
+
+    ``config`` is the net's ``NetConfig`` or its JSON dict; None reads it from the model
+    (it must then be a model, not bare layers).
 
     Example:
         >>> import tempfile
@@ -65,7 +69,11 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: NetConfig,
         {'iteration': 0}
     """
     path = os.fspath(path)
-    weights = model if isinstance(model, (list, tuple)) else weights_of(model)
+    bare = isinstance(model, (list, tuple))
+    if bare and config is None:
+        raise ValueError("save_checkpoint: bare (w, b) layers need their NetConfig")
+    config = config_of(None if bare else model, config)
+    weights = model if bare else weights_of(model)
     check_weights(config, weights)
     buffer = io.BytesIO()
     arrays = {}

@@ -19,7 +19,7 @@ from async_search.problems.policy_value import PolicyValueMLP
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 
 __all__ = ["NetConfig", "Weights", "to_model", "weights_of", "initial_weights",
-           "KINDS", "PROBLEMS"]
+           "config_of", "KINDS", "PROBLEMS"]
 
 #: ``[(w [fan_in, fan_out], b [fan_out]), ...]``, input layer first.
 Weights = List[Tuple[np.ndarray, np.ndarray]]
@@ -145,3 +145,36 @@ def weights_of(model: Any) -> Weights:
         return [(w, b) for w, b in model.weights]
     raise TypeError(f"cannot read weights from a {type(model).__name__}; expected a "
                     f"PolicyValueMLP, LearnedHeuristic or models.MLP")
+
+
+def config_of(model: Any, config: Any = None) -> NetConfig:
+    """The ``NetConfig`` of ``model``: ``config`` itself, or its JSON dict, or (None)
+    read from the model (a ``PolicyValueMLP`` for Connect Four, a ``LearnedHeuristic``,
+    or a model ``load_checkpoint`` returned).
+
+    Raises:
+        ValueError: when no config is given and the model does not say what it is for.
+    """
+    if isinstance(config, NetConfig):
+        return config
+    if isinstance(config, dict):
+        try:
+            return NetConfig.from_json(config)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"config must be a NetConfig or its JSON (kind, problem, "
+                             f"hidden_sizes, ...), got {config!r}: {e}") from e
+    if config is not None:
+        raise ValueError(f"config must be a NetConfig, its JSON dict, or None (read "
+                         f"from the model), got {type(config).__name__}")
+    known = getattr(model, "net_config", None)
+    if isinstance(known, NetConfig):
+        return known
+    if isinstance(model, PolicyValueMLP) and tuple(
+            model.input_spec.shape) == tuple(ConnectFour().input_spec.shape):
+        return NetConfig("policy_value", "connect_four", model.hidden_sizes)
+    if isinstance(model, LearnedHeuristic):
+        hidden = tuple(w.shape[1] for w, _ in model.mlp.weights[:-1])
+        return NetConfig("heuristic", "sliding_puzzle", hidden, model.puzzle.size,
+                         model.residual)
+    raise ValueError(f"cannot tell what a {type(model).__name__} is for: pass its "
+                     f"NetConfig (kind, problem, hidden_sizes)")

@@ -224,3 +224,26 @@ def test_non_finite_weights_are_refused_at_save(tmp_path):
     with pytest.raises(ValueError, match="finite"):
         save_checkpoint(tmp_path / "nan", weights, POLICY_VALUE)
     assert not (tmp_path / "nan").exists()
+
+
+def test_the_config_may_be_a_json_dict_or_read_from_the_model(tmp_path):
+    from async_search import problems
+    from async_search.training import config_of, load_checkpoint
+
+    net = problems.pretrained("connect_four")
+    for i, config in enumerate((None, net.net_config.to_json())):
+        path = save_checkpoint(tmp_path / f"c{i}", net, config, {"i": i})
+        again = load_checkpoint(path)
+        game = problems.ConnectFour()
+        x = game.encode([game.initial_state(), game.from_moves([3, 2])])
+        assert again(x)[0].tobytes() == net(x)[0].tobytes()
+    fresh = problems.PolicyValueMLP(problems.ConnectFour(), hidden_sizes=(8,), seed=1)
+    assert config_of(fresh).hidden_sizes == (8,)
+    h = problems.pretrained("15-puzzle")
+    assert config_of(h) == h.net_config
+    with pytest.raises(ValueError, match="cannot tell"):
+        save_checkpoint(tmp_path / "x", problems.heuristic_mlp(problems.SlidingPuzzle(3)))
+    with pytest.raises(ValueError, match="need their NetConfig"):
+        save_checkpoint(tmp_path / "y", initial_weights(HEURISTIC, 0))
+    with pytest.raises(ValueError, match="config must be"):
+        save_checkpoint(tmp_path / "z", net, {"hidden": 3})
