@@ -74,12 +74,18 @@ def deliverable(error: BaseException) -> Exception:
     if isinstance(error, Exception) and not isinstance(
             error, (StopIteration, StopAsyncIteration)):
         return error
+    wrapped = ModelRaisedError(
+        f"the model raised {describe(error)}, which cannot reach its callers as it is; "
+        f"the batch failed")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def describe(error: BaseException) -> str:
+    """``TypeName: message`` for an error message, or the type name alone when the
+    message is empty or its ``__str__`` raises (an error may be hostile too)."""
     try:
         detail = str(error)
     except Exception:  # noqa: BLE001 - the name alone then
         detail = ""
-    wrapped = ModelRaisedError(
-        f"the model raised {type(error).__name__}{': ' + detail if detail else ''}, which "
-        f"cannot reach its callers as it is; the batch failed")
-    wrapped.__cause__ = error
-    return wrapped
+    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__

@@ -254,11 +254,11 @@ def _binary_infer(x: np.ndarray, request_id: str) -> tuple[bytes, dict]:
     return header + x.astype("<f4").tobytes(), {_HEADER: str(len(header))}
 
 
-def _malformed_bodies() -> list[tuple[bytes, dict | None]]:
+def malformed_bodies() -> list[tuple[bytes, dict | None]]:
     """(body, headers) for POST .../infer that must each get a 4xx with a message:
     malformed JSON, absurd shapes, wrong datatypes, data that does not fit its shape,
-    truncated or lying binary-extension headers, seeded JSON garbage (the ideas of
-    tests/faults/test_http_faults.py)."""
+    truncated or lying binary-extension headers, seeded JSON garbage. Used here at
+    scale and, once each, by tests/faults/test_http_faults.py."""
     import random
 
     x = np.ones((1, 16), np.float32)
@@ -426,7 +426,7 @@ async def _hostile(url: str, port: int, requests: int, seconds: float, seed: int
     kinds = list(_HOSTILE_MIX)
     plan_rng = np.random.default_rng(seed)
     shares = np.array([_HOSTILE_MIX[k] for k in kinds])
-    malformed = _malformed_bodies()
+    malformed = malformed_bodies()
     big_rows = np.random.default_rng(seed + 1).standard_normal((400, 16)).astype(
         np.float32)
     oversized_json = _json_infer(big_rows)                        # ~130 KB > 64 KiB

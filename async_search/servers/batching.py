@@ -18,7 +18,8 @@ import numpy as np
 
 from async_search.base import Outputs, TensorSpec, input_spec_of, output_spec_of
 from async_search.batchers import Batcher, BatchSizeBatcher, Popped
-from async_search.errors import ModelOutputError, ServerClosedError, ServerCrashedError
+from async_search.errors import (ModelOutputError, ServerClosedError, ServerCrashedError,
+                                 describe)
 from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.requests import RequestChecker
@@ -367,13 +368,9 @@ class BatchingServer:
         if cause is None:
             return ServerClosedError("the server is closed: evaluate called after its "
                                      "context was left")
-        try:
-            detail = f": {cause}" if str(cause) else ""
-        except Exception:  # noqa: BLE001 - the name alone then
-            detail = ""
         error = ServerCrashedError(
-            f"the server crashed: its serving coroutine died of {type(cause).__name__}"
-            f"{detail}; every pending request failed and it takes no more")
+            f"the server crashed: its serving coroutine died of {describe(cause)}; every "
+            f"pending request failed and it takes no more")
         error.__cause__ = cause
         return error
 

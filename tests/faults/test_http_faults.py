@@ -127,66 +127,11 @@ async def test_absurd_shapes_get_400_with_a_message_before_any_allocation():
 
 # -- malformed input anywhere: a few dozen hostile bodies ------------------------------
 def hostile_bodies():
-    """(body, headers) pairs that must each get a 4xx."""
-    good = json.loads(infer_body(X[:1]))
-    t = good["inputs"][0]
-    bodies = [
-        b"", b"null", b"[]", b"3", b'"inputs"', b"{", b"{not json", b"\xff\xfe\xfd",
-        "{\"inputs\": [\"\u00e9\"]}".encode("latin-1"), b"{}" * 1000,
-        b"[" * 100_000 + b"]" * 100_000,
-        b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}",
-    ]
-    variants = [
-        {"inputs": None}, {"inputs": {}}, {"inputs": []}, {"inputs": [None]},
-        {"inputs": [[t]]}, {"inputs": [t, t]}, {"inputs": [{**t, "name": 5}]},
-        {"inputs": [{**t, "name": "x"}]}, {"inputs": [{**t, "datatype": "FP8"}]},
-        {"inputs": [{**t, "datatype": None}]}, {"inputs": [{**t, "datatype": "BYTES"}]},
-        {"inputs": [{**t, "datatype": "FP64"}]}, {"inputs": [{**t, "datatype": "INT8"}]},
-        {"inputs": [{**t, "shape": [1, 8]}]}, {"inputs": [{**t, "shape": [16]}]},
-        {"inputs": [{**t, "shape": []}]}, {"inputs": [{**t, "shape": [1, -16]}]},
-        {"inputs": [{**t, "shape": [2, 16]}]}, {"inputs": [{**t, "data": t["data"][:5]}]},
-        {"inputs": [{**t, "data": "x" * 16}]}, {"inputs": [{**t, "data": [None] * 16}]},
-        {"inputs": [{**t, "data": [[1, 2], [3]]}]}, {"inputs": [{**t, "data": {"a": 1}}]},
-        {"inputs": [{**t, "data": [10 ** 400 // 10 ** 399] * 15 + [10 ** 30]}]},
-        {"inputs": [{k: v for k, v in t.items() if k != "data"}]},
-        {"inputs": [{**t, "parameters": "binary"}]},
-        {"inputs": [{**t, "parameters": {"binary_data_size": 64}}]},
-        {**good, "id": 7}, {**good, "outputs": "output"}, {**good, "outputs": [3]},
-        {**good, "outputs": [{"name": "nope"}]},
-        {**good, "parameters": {"binary_data_output": "yes"}},
-    ]
-    cases = [(b, None) for b in bodies] + [(json.dumps(v).encode(), None)
-                                           for v in variants]
-    header = json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
-                                     "shape": [1, 16],
-                                     "parameters": {"binary_data_size": 64}}]}).encode()
-    raw = X[:1].tobytes()
-    for length, tail in [(len(header), raw[:30]), (len(header), raw + b"xx"),
-                         (len(header) + 100, raw), (-1, raw), ("12abc", raw),
-                         ("9" * 5000, raw), (len(header) - 3, raw)]:
-        cases.append((header + tail, {"Inference-Header-Content-Length": str(length)}))
-    rng = random.Random(0)  # random JSON garbage, seeded
-    keys = ["inputs", "name", "shape", "datatype", "data", "parameters", "outputs",
-            "binary_data_size", "id"]
+    """(body, headers) pairs that must each get a 4xx: the benchmark's corpus
+    (malformed JSON, absurd shapes, wrong datatypes, lying binary headers, garbage)."""
+    from benchmarks.http_load import malformed_bodies
 
-    def garbage(depth=0):
-        kind = rng.randrange(7 if depth < 4 else 4)
-        if kind == 0:
-            return rng.choice([None, True, False, 0, -1, 2 ** 64, 1.5, "", "FP32"])
-        if kind == 1:
-            return rng.randrange(-10, 10 ** 6)
-        if kind == 2:
-            return rng.choice(["input", "NaN", "\u0000", "\ud7ff" * 3])
-        if kind == 3:
-            return rng.random() * 10 ** rng.randrange(-5, 300)
-        if kind in (4, 5):
-            return {rng.choice(keys): garbage(depth + 1) for _ in range(rng.randrange(4))}
-        return [garbage(depth + 1) for _ in range(rng.randrange(4))]
-
-    for _ in range(20):
-        cases.append((json.dumps({"inputs": [garbage()] if rng.random() < 0.7 else
-                                  garbage()}).encode(), None))
-    return cases
+    return malformed_bodies()
 
 
 async def test_hostile_bodies_get_4xx_and_the_server_keeps_answering():
