@@ -25,7 +25,7 @@ PRETRAINED = {
 
 def pretrained_path(name: str) -> str:
     """The checkpoint folder of a shipped model; ValueError listing the known names."""
-    if name not in PRETRAINED:
+    if not isinstance(name, str) or name not in PRETRAINED:
         known = ", ".join(repr(n) for n in PRETRAINED)
         raise ValueError(f"no pretrained model named {name!r}; known: {known}")
     return os.path.join(_HERE, "pretrained", name)

@@ -251,6 +251,12 @@ class ReplayBuffer:
                 if meta.get("format") != _FORMAT:
                     raise ValueError(f"format {meta.get('format')!r}, expected {_FORMAT!r}")
                 buf = cls(meta["capacity"], meta["seed"], augment=augment)
+                size, ring = meta["size"], meta["next"]
+                if not (isinstance(size, int) and isinstance(ring, int)
+                        and 0 <= size <= buf.capacity and 0 <= ring < buf.capacity
+                        and (size == buf.capacity or ring == size)):
+                    raise ValueError(f"its ring position (size {size!r}, next {ring!r}) "
+                                     f"does not fit its capacity {buf.capacity}")
                 if meta["state_shape"] is not None:
                     buf._allocate(_Spec(tuple(meta["state_shape"]), meta["num_actions"]))
                     size = meta["size"]

@@ -151,3 +151,9 @@ async def test_the_learned_heuristic_needs_fewer_expansions_than_manhattan_on_ko
     manhattan_solved, manhattan = await expansions(problems.ManhattanHeuristic(PUZZLE))
     assert learned_solved >= manhattan_solved
     assert learned < manhattan
+
+
+@pytest.mark.parametrize("name", [None, 3, ["connect_four"], b"connect_four"])
+def test_a_name_of_another_type_gets_the_same_clear_error(name):
+    with pytest.raises(ValueError, match="known: 'connect_four', '15-puzzle'"):
+        problems.pretrained(name)

@@ -362,3 +362,20 @@ def test_an_npz_that_is_not_a_replay_buffer_raises_value_error_naming_it(tmp_pat
         with pytest.raises(ValueError, match="not a replay buffer") as info:
             ReplayBuffer.load(path)
         assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("change", [{"size": 50}, {"size": -2}, {"next": 99},
+                                    {"next": 1}, {"capacity": 2}, {"size": "3"}])
+def test_a_buffer_file_whose_ring_position_does_not_fit_is_refused(tmp_path, change):
+    import json
+
+    path = tmp_path / "b.npz"
+    buf = ReplayBuffer(10)
+    buf.add(np.zeros((3, 4), np.float32), None, np.zeros(3))
+    buf.save(path)
+    arrays = dict(np.load(path))
+    meta = {**json.loads(bytes(arrays["meta"]).decode()), **change}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=str(path)):
+        ReplayBuffer.load(path)
