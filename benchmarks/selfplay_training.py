@@ -13,7 +13,6 @@ default); and the trainer's steps per second alone and under self-play. Prints J
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import gc
 import json

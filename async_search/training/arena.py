@@ -411,8 +411,8 @@ class MatchResult:
         for field in ("wins", "draws", "losses"):
             check_int(field, getattr(self, field), minimum=0)
         if self.games < 1:
-            raise ValueError(f"a MatchResult needs at least one game, got wins=0, "
-                             f"draws=0, losses=0")
+            raise ValueError("a MatchResult needs at least one game, got wins=0, "
+                             "draws=0, losses=0")
 
     @property
     def games(self) -> int:

@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import zipfile
-from typing import Any, Dict, Sequence
+from typing import Any, Dict
 
 import numpy as np
 

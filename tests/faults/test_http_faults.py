@@ -13,7 +13,6 @@ import asyncio
 import json
 import math
 import os
-import random
 import re
 import resource
 import signal
