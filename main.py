@@ -440,8 +440,7 @@ def run_training_experiment(plan) -> int:
             print_fn=lambda line: print(line, flush=True))
         print()
         print(format_final(result["final_evaluation"], FLAGS.final_games,
-                           config.eval_simulations, config.eval_c_puct,
-                           config.eval_num_parallel))
+                           config.eval_simulations))
         print(f"\nBest net: version {result['best_version']}, checkpoint "
               f"{os.path.join(save_dir, 'best')}")
     else:
