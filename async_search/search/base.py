@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from async_search.checks import check_float, check_int
 from async_search.errors import ModelOutputError
 
-__all__ = ["Status", "check_int", "check_float", "values_of"]
+__all__ = ["Status", "values_of"]
 
 
 class Status(str, enum.Enum):
@@ -22,27 +23,6 @@ class Status(str, enum.Enum):
     """The search spent its budget (evaluations, depth) without reaching a goal."""
     SPACE_EXHAUSTED = "space_exhausted"
     """Nothing was left to expand (the reachable space, or a rollout's dead end)."""
-
-
-def check_int(name: str, value: Any, *, minimum: int) -> int:
-    """``value`` as an int; ValueError naming it and the fix if it is not >= minimum."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
-            value < minimum):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def check_float(name: str, value: Any, *, minimum: float, strict: bool = False) -> float:
-    """``value`` as a finite float; ValueError unless it is >= minimum (> if strict)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number) or number < minimum or (strict and number == minimum):
-        relation = ">" if strict else ">="
-        raise ValueError(f"{name} must be a finite number {relation} {minimum}, got "
-                         f"{value!r}")
-    return number
 
 
 def values_of(y: Any, n: int, what: str) -> list:

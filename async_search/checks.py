@@ -1,0 +1,68 @@
+"""Argument checks, one rule everywhere: a bool is never a number.
+
+Every public constructor checks its numbers with these, so that ``True`` (an ``int`` to
+Python) is refused as a batch size as clearly as ``0`` or ``"8"``, and every message
+names the argument, the rule and the value given.
+
+    >>> check_int("max_batch_size", 8, minimum=1)
+    8
+    >>> check_int("max_batch_size", True, minimum=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_batch_size must be an integer >= 1, got True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_int", "check_float", "is_int"]
+
+
+def is_int(value: Any) -> bool:
+    """True for a Python or NumPy integer, False for a bool (and everything else)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None,
+              maximum: int | None = None) -> int:
+    """``value`` as an int; ValueError naming ``name`` unless it is an integer (not a
+    bool) within ``[minimum, maximum]`` (either bound may be None: unbounded)."""
+    if not is_int(value) or (minimum is not None and value < minimum) or (
+            maximum is not None and value > maximum):
+        if minimum is not None and maximum is not None:
+            rule = f"an integer in [{minimum}, {maximum}]"
+        elif minimum is not None:
+            rule = f"an integer >= {minimum}"
+        elif maximum is not None:
+            rule = f"an integer <= {maximum}"
+        else:
+            rule = "an integer"
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
+    return int(value)
+
+
+def check_float(name: str, value: Any, *, minimum: float | None = None,
+                strict: bool = False, maximum: float | None = None) -> float:
+    """``value`` as a finite float; ValueError naming ``name`` unless it is a number
+    (not a bool) that is >= ``minimum`` (> when ``strict``) and <= ``maximum``."""
+    number = math.nan
+    if not isinstance(value, (bool, np.bool_)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            pass
+    low_ok = minimum is None or number > minimum or (not strict and number == minimum)
+    if not math.isfinite(number) or not low_ok or (maximum is not None and number > maximum):
+        parts = []
+        if minimum is not None:
+            parts.append(f"{'>' if strict else '>='} {minimum}")
+        if maximum is not None:
+            parts.append(f"<= {maximum}")
+        rule = " and ".join(parts)
+        raise ValueError(f"{name} must be a finite number{' ' + rule if rule else ''}, "
+                         f"got {value!r}")
+    return number
