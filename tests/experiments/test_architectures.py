@@ -1,6 +1,5 @@
 import dataclasses
 import json
-import time
 
 import pytest
 
@@ -50,11 +49,11 @@ def test_a_server_that_cannot_build_its_model_fails_the_run_quickly(monkeypatch)
         return real(architecture, params, topology, _boom, **kw)
 
     monkeypatch.setattr(arch, "build", broken_build)
-    start = time.perf_counter()
+    # The server's own error ends the run: waiting out TOPOLOGY.timeout_s would fail
+    # with "timed out waiting for the processes" instead of this message.
     with pytest.raises(RuntimeError, match="server-0 failed: RuntimeError: no model"):
         arch.run_topology("client", PARAMS, dataclasses.replace(TOPOLOGY, num_servers=1),
                           MODEL)
-    assert time.perf_counter() - start < 20
 
 
 def test_a_report_names_every_figure():

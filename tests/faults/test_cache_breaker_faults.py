@@ -17,6 +17,7 @@ from async_search.servers.cache import CachedEvaluate
 from async_search.servers.routing import Router
 from tests.faults import faulty
 from tests.faults.faulty import Tally
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,9 +25,14 @@ pytestmark = pytest.mark.timeout(60)
 BOUND_S = 5.0
 
 
-async def settle():
-    for _ in range(5):
+async def let_through(inner, futures):
+    """Opens every gate of ``inner``, including those of requests still on their way
+    to it, until ``futures`` are done (each is bounded by BOUND_S)."""
+    while not all(f.done() for f in futures):
+        for gate in inner.gates:
+            gate.set()
         await asyncio.sleep(0)
+    await asyncio.gather(*futures)
 
 
 async def ask(tally: Tally, call, x, want=None, fails_with=None):
@@ -86,20 +92,17 @@ async def test_the_same_bytes_as_another_dtype_or_shape_get_their_own_results(ot
     # Two concurrent first requests, same bytes: the float32 one lands first.
     first = asyncio.ensure_future(ask(tally, cached, x, echo(x)))
     second = asyncio.ensure_future(ask(tally, cached, twin, echo(twin)))
-    await settle()
-    assert len(inner.gates) == 2  # neither joined the other's request
+    # Neither joins the other's request: both reach the model.
+    await wait_until(lambda: len(inner.gates) == 2, "both first requests reach the model")
     inner.release(0)
-    await settle()
+    await first
     inner.release(1)
-    await asyncio.gather(first, second)
+    await second
     # Then each again, many times, concurrently: hits, or sent (and let through).
     for _ in range(20):
         rounds = [asyncio.ensure_future(ask(tally, cached, v, echo(v)))
                   for v in (x, twin, x)]
-        await settle()
-        for i in range(len(inner.gates)):
-            inner.release(i)
-        await asyncio.gather(*rounds)
+        await let_through(inner, rounds)
     tally.check(answered=62, failed=0)
 
 
@@ -149,7 +152,7 @@ async def test_a_result_computed_before_an_equal_label_swap_is_not_stored():
     x = np.arange(4, dtype=np.float32).reshape(2, 2)
     tally = Tally()
     old = asyncio.ensure_future(ask(tally, cached, x, x * 1.0))  # sent to weight 1
-    await settle()
+    await wait_until(lambda: inner.requests == 1, "the old request reaches the model")
     inner.swap(1.0)  # equal label, new model, while the old request is in flight
     inner.gate.set()
     await old

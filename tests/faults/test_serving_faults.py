@@ -19,6 +19,7 @@ from async_search.batchers import CostBatcher
 from async_search.errors import (ModelOutputError, ModelRaisedError, ServerClosedError,
                                  ServerCrashedError)
 from async_search.models import with_spec
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,11 +196,8 @@ async def test_cost_fn_that_raises_crashes_the_server_failing_every_pending_requ
                 assert await asyncio.to_thread(model.started.wait, WAIT_S)
             if where == "call":
                 pending += send(evaluate, make.make([1]))  # waits for company
-                for _ in range(100):
-                    if evaluate._full is not None:
-                        break
-                    await asyncio.sleep(0)
-                assert evaluate._full is not None, "the batch never waited for max_delay"
+                await wait_until(lambda: evaluate._full is not None,
+                                 "the batch waits for max_delay")
                 pending += send(evaluate, make.make([1], poisoned=True))  # cost_fn raises
                 pending += send(evaluate, make.make([1, 3]))
             else:

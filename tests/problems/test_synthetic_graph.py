@@ -1,11 +1,9 @@
-import time
-
 import numpy as np
 import pytest
 
 import async_search as asr
 from async_search import problems, search
-from async_search.problems import SyntheticGraph
+from async_search.problems import SyntheticGraph, synthetic_graph
 
 
 def all_states(graph, start):
@@ -40,11 +38,29 @@ def test_goals_are_leaves_in_about_goal_fraction():
     assert 60 <= len(goals) <= 150  # of 1024 leaves
 
 
-def test_expansion_spins_for_node_cost_us():
+class StepClock:
+    """Stands in for the ``time`` module: ``perf_counter_ns`` advances 1 ms a read."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def perf_counter_ns(self):
+        self.reads += 1
+        return self.reads * 1_000_000
+
+
+def test_expansion_spins_for_node_cost_us(monkeypatch):
+    # On a clock that advances 1 ms a read, 3000 us of spinning is the start read and
+    # three more: the spin ends on the clock, not after a set number of loops.
+    clock = StepClock()
+    monkeypatch.setattr(synthetic_graph, "time", clock)
     graph = SyntheticGraph(branching=2, depth=3, node_cost_us=3000, seed=0)
-    t = time.perf_counter()
-    graph.neighbors(graph.start())
-    assert 0.003 <= time.perf_counter() - t < 0.5
+    assert len(graph.neighbors(graph.start())) == 2
+    assert clock.reads == 1 + 3
+    clock.reads = 0
+    free = SyntheticGraph(branching=2, depth=3, node_cost_us=0, seed=0)
+    assert free.neighbors(free.start()) == graph.neighbors(graph.start())
+    assert clock.reads == 1 + 3  # graph's expansion only: node_cost_us=0 never spins
 
 
 def test_encode_holds_remaining_depth_then_id_bits():

@@ -7,6 +7,7 @@ import pytest
 import async_search as asr
 from async_search import problems, search
 from async_search.search import Status
+from tests.helpers import WAIT_S, wait_until
 
 PUZZLE = problems.SlidingPuzzle(3)
 
@@ -128,13 +129,14 @@ async def test_a_failed_request_fails_the_search_and_cancels_the_others():
         if len(started) == 2:
             await asyncio.sleep(0)
             raise RuntimeError("model failed")
-        await asyncio.sleep(10)
+        await asyncio.sleep(60)  # only a cancel ends it within the wait below
 
     with pytest.raises(RuntimeError, match="model failed"):
         await search.continuous_astar(PUZZLE, PUZZLE.scramble(20, seed=0), evaluate,
                                       budget=2000, max_in_flight=4)
-    await asyncio.sleep(0)
-    assert len(started) > 2 and all(t.done() for t in started)
+    assert len(started) > 2
+    await asyncio.wait(started, timeout=WAIT_S)
+    assert all(t.done() for t in started)
     assert all(t.cancelled() for t in started[2:])
 
 
@@ -143,16 +145,15 @@ async def test_cancelling_the_search_cancels_its_requests():
 
     async def evaluate(x):
         started.append(asyncio.current_task())
-        await asyncio.sleep(10)
+        await asyncio.sleep(60)  # only a cancel ends it within the wait below
 
     task = asyncio.create_task(search.continuous_astar(
         PUZZLE, PUZZLE.scramble(20, seed=0), evaluate, budget=2000, max_in_flight=3))
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await wait_until(lambda: started, "the search sends its first request")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0)
+    await asyncio.wait(started, timeout=WAIT_S)
     assert len(started) == 1 and started[0].cancelled()
 
 

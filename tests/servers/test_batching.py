@@ -9,6 +9,7 @@ from async_search.batchers import CostBatcher
 from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
                                  ServerCrashedError)
 from async_search.models import MLP, with_spec
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -190,28 +191,32 @@ async def test_no_thread_or_task_outlives_the_context():
 async def test_model_runs_in_a_thread_while_searches_keep_running():
     main_thread = threading.get_ident()
     model_threads = []
+    started, gate = threading.Event(), threading.Event()
 
-    def slow(x):
+    def held(x):  # returns once the loop has run ten ticks while it was running
         model_threads.append(threading.get_ident())
-        threading.Event().wait(0.2)
+        started.set()
+        if not gate.wait(10):
+            raise TimeoutError("the event loop did not run while the model did")
         return x
 
     ticks = 0
 
-    async def ticker(done):
+    async def ticker():
         nonlocal ticks
-        while not done.is_set():
+        await wait_thread_event(started)
+        for _ in range(10):
             ticks += 1
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0)
+        gate.set()
 
-    async with asr.serve(with_spec(slow, (1,), np.float32)) as evaluate:
-        done = asyncio.Event()
-        ticking = asyncio.ensure_future(ticker(done))
-        await evaluate(np.ones((1, 1), np.float32))
-        done.set()
+    async with asr.serve(with_spec(held, (1,), np.float32)) as evaluate:
+        ticking = asyncio.ensure_future(ticker())
+        y = await evaluate(np.ones((1, 1), np.float32))
         await ticking
+    assert y.tolist() == [[1.0]]
     assert model_threads and main_thread not in model_threads
-    assert ticks >= 10
+    assert ticks == 10
 
 
 async def test_request_larger_than_a_batch_is_split_and_reassembled():
@@ -282,7 +287,8 @@ async def test_pipeline_depth_bounds_batches_in_flight():
     async with asr.serve(model, max_batch_size=1, pipeline_depth=2) as evaluate:
         futures = [evaluate(np.full((1, 1), i, np.float32)) for i in range(5)]
         await wait_thread_event(model.started)
-        for _ in range(20):
+        await wait_until(lambda: evaluate.stats["batches"] >= 2, "a second batch leaves")
+        for _ in range(20):  # room for a third batch, which must not leave
             await asyncio.sleep(0)
         assert evaluate.stats["batches"] == 2
         model.gate.set()

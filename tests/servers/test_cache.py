@@ -8,6 +8,7 @@ import async_search as asr
 from async_search.errors import InputSpecError
 from async_search.models import MLP
 from async_search.servers.cache import CachedEvaluate
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,9 +85,9 @@ async def test_identical_elements_in_flight_are_computed_once():
     cached = CachedEvaluate(inner, capacity=100)
     xs = pool()
     first = asyncio.ensure_future(cached(xs[:4]))
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 1, "the first request is sent")
     second = asyncio.ensure_future(cached(xs[[3, 2, 9, 9]]))  # 3, 2 are in flight
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 2, "the second request is sent")
     assert [len(r) for r in inner.requests] == [4, 1]  # only 9 is sent, once
     inner.gate.set()
     y1, y2 = await asyncio.wait_for(asyncio.gather(first, second), 5)
@@ -153,10 +154,10 @@ async def test_a_result_that_lands_after_a_swap_is_not_stored():
     cached = CachedEvaluate(inner, capacity=100)
     xs = pool()
     pending = asyncio.ensure_future(cached(xs[:2]))  # computed by version 0 ...
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 1, "the first request is sent")
     inner.version = 1                                # ... which is then replaced
     late = asyncio.ensure_future(cached(xs[:2]))     # must not join the old request
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 2, "the late request is sent")
     inner.gate.set()
     old, new = await asyncio.wait_for(asyncio.gather(pending, late), 5)
     np.testing.assert_array_equal(old, MODEL(xs[:2]))
@@ -172,7 +173,7 @@ async def test_parts_of_different_versions_are_looked_up_again():
     inner.gate = asyncio.Event()
     inner.version_at_finish = True  # like a request dispatched after a swap
     mixed = asyncio.ensure_future(cached.with_version(xs[:2]))  # hit 0, send 1
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 2, "the miss is sent")
     inner.version = 1
     inner.gate.set()
     y, version = await asyncio.wait_for(mixed, 5)
@@ -188,7 +189,7 @@ async def test_a_result_sent_before_a_swap_is_not_stored_whatever_version_it_rep
     cached = CachedEvaluate(inner, capacity=100)
     xs = pool()
     pending = asyncio.ensure_future(cached(xs[:2]))
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 1, "the request is sent")
     inner.version = 1
     inner.gate.set()
     await asyncio.wait_for(pending, 5)  # old rows that say "version 1"
@@ -205,9 +206,9 @@ async def test_a_failure_reaches_every_caller_waiting_on_it_and_is_not_stored():
     cached = CachedEvaluate(inner, capacity=100)
     xs = pool()
     a = asyncio.ensure_future(cached(xs[:2]))
-    await settle()
-    b = asyncio.ensure_future(cached(xs[1:3]))
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 1, "a's request is sent")
+    b = asyncio.ensure_future(cached(xs[1:3]))  # joins a's element 1, sends element 2
+    await wait_until(lambda: len(inner.requests) == 2, "b's miss is sent")
     inner.gate.set()
     results = await asyncio.wait_for(asyncio.gather(a, b, return_exceptions=True), 5)
     assert all(isinstance(r, RuntimeError) for r in results)
@@ -222,9 +223,9 @@ async def test_a_cancelled_caller_leaves_the_joined_caller_its_result():
     cached = CachedEvaluate(inner, capacity=100)
     xs = pool()
     first = asyncio.ensure_future(cached(xs[:2]))
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 1, "the first request is sent")
     second = asyncio.ensure_future(cached(xs[:2]))
-    await settle()
+    await settle()  # second joins the first's request (nothing to observe: no send)
     first.cancel()
     await settle()
     inner.gate.set()
@@ -271,7 +272,7 @@ async def test_a_sender_changing_its_outputs_does_not_change_a_joiners():
         return y
 
     first = asyncio.ensure_future(sender())
-    await settle()
+    await wait_until(lambda: len(inner.requests) == 1, "the sender's request is sent")
     second = asyncio.ensure_future(cached(xs[:2]))
     await settle()
     inner.gate.set()

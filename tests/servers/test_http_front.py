@@ -17,6 +17,7 @@ import async_search as asr
 from async_search.models import MLP, with_spec
 from async_search.servers.http_front import HttpFront
 from async_search.servers.repository import ModelSource
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -178,11 +179,8 @@ async def test_http_requests_join_the_same_batches_as_in_process_requests():
                       for i in range(8)]
             local = [asyncio.ensure_future(evaluate(X[i % 5:i % 5 + 1]))
                      for i in range(8)]
-            for _ in range(500):
-                if counting.calls == 8:
-                    break
-                await asyncio.sleep(0.01)
-            assert counting.calls == 8
+            await wait_until(lambda: counting.calls == 8,
+                             "all eight HTTP requests reach the server")
             model.gate.set()
             answers = await asyncio.wait_for(asyncio.gather(*remote), 10)
             await asyncio.wait_for(asyncio.gather(blocker, *local), 10)
@@ -359,7 +357,7 @@ async def test_codec_pool_runs_calls_in_other_processes_and_replaces_dead_ones()
             await pool.run(kserve.decode_request, b"{")
         assert info.value.status == 400
         slow = asyncio.ensure_future(pool.run(time.sleep, 0.3))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: not pool._idle, "the worker takes the slow call")
         slow.cancel()  # the worker finishes that call before it takes the next
         assert await pool.run(os.getpid) == pid
         os.kill(pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ from async_search.servers.kserve import ProtocolError
 from async_search.servers.repository import (ModelRepository, ModelSource,
                                              default_max_workers, find_spec)
 from async_search.servers.routing import Router
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,21 +40,24 @@ async def test_sources_are_loaded_on_entry_and_closed_on_exit():
 
 
 async def test_unload_drains_requests_in_flight():
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
 
     class Slow:
         input_spec = MODEL.input_spec
 
         def __call__(self, x):
+            started.set()
             assert gate.wait(10)
             return MODEL(x)
 
     async with ModelRepository({"m": ModelSource(Slow)}) as repo:
         pending = asyncio.ensure_future(repo.entry("m").evaluate(X))
-        await asyncio.sleep(0.02)
+        await wait_until(started.is_set, "the request is in the model")
         unloading = asyncio.ensure_future(repo.unload("m"))
-        await asyncio.sleep(0.02)
-        assert not repo.entry("m").ready and not unloading.done()
+        await wait_until(lambda: not repo.entry("m").ready, "the unload begins")
+        for _ in range(10):  # room for an unload that does not wait to finish
+            await asyncio.sleep(0)
+        assert not unloading.done()  # it waits for the request in the model
         gate.set()
         await asyncio.wait_for(unloading, 10)
         np.testing.assert_array_equal(await pending, MODEL(X))

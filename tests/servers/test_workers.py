@@ -6,6 +6,7 @@ import pytest
 
 import async_search as asr
 from async_search.models import MLP, with_spec
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,8 +95,8 @@ async def test_update_model_mid_run_fails_nothing_and_later_results_carry_new_ve
                 await asyncio.sleep(0)
 
         searches = asyncio.ensure_future(asyncio.gather(*(search(i) for i in range(64))))
-        while len(results) < 200:
-            await asyncio.sleep(0.001)
+        await wait_until(lambda: len(results) >= 200, "200 results before the swap",
+                         timeout=30)
         evaluate.update_model(new, version=1)
         swapped.set()
         await asyncio.wait_for(searches, 30)
@@ -167,5 +168,7 @@ async def test_request_split_across_a_model_swap_reports_no_single_version():
 async def test_queue_wait_of_the_first_batch_is_measured_from_the_start():
     async with asr.serve(with_spec(lambda x: x, (1,), np.float32)) as evaluate:
         await evaluate(np.zeros((2, 1), np.float32))
-        assert evaluate.stats["queue_wait_max_s"] < 5
+        stats = evaluate.stats
+        # Measured from the start, not from 0: no wait outlasts the server itself.
+        assert 0 <= stats["queue_wait_max_s"] <= stats["wall_time_s"]
         assert evaluate.stats["requests"] == 1

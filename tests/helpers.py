@@ -1,0 +1,42 @@
+"""Waiting in tests: await a condition with a bound, never sleep and hope.
+
+A test that needs something to have happened (a request reached the model, a server
+marked a connection busy) waits for exactly that with ``wait_until``; the timeout only
+stops a hang, and when it runs out the error names the condition. No test asserts how
+long something took: speed belongs in ``benchmarks/``.
+"""
+
+import asyncio
+from typing import Any, Awaitable, Callable, Optional
+
+__all__ = ["WAIT_S", "wait_until", "within"]
+
+#: The default bound on a wait: long enough for a loaded CI machine, short enough that
+#: a missing event fails the test instead of hanging it.
+WAIT_S = 10.0
+
+
+async def wait_until(predicate: Callable[[], Any], what: Optional[str] = None, *,
+                     timeout: float = WAIT_S, interval: float = 0.001) -> None:
+    """Returns as soon as ``predicate()`` is true, checking it at once and then every
+    ``interval`` seconds (the event loop runs in between).
+
+    Raises:
+        TimeoutError: naming ``what`` (or the predicate) when it is still false after
+            ``timeout`` seconds.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() >= deadline:
+            name = what or getattr(predicate, "__qualname__", repr(predicate))
+            raise TimeoutError(f"still not true after {timeout} s: {name}")
+        await asyncio.sleep(interval)
+
+
+async def within(awaitable: Awaitable, what: str, *, timeout: float = WAIT_S) -> Any:
+    """``await awaitable``, bounded: its result, or TimeoutError naming ``what``."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"did not finish within {timeout} s: {what}") from None
