@@ -18,7 +18,8 @@ from async_search.experiments.params import RunSpec
 from async_search.experiments.workloads import Workload, summarize
 from async_search.servers.stats import BatchRecord
 
-__all__ = ["RunReport", "run_one", "run_baseline", "compare_results", "loop_factory"]
+__all__ = ["Progress", "RunReport", "run_one", "run_baseline", "compare_results",
+           "loop_factory"]
 
 #: ``progress(n)``: n more elements were evaluated.
 Progress = Callable[[int], None]

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 __all__ = ["FINAL_AGENT", "PhaseBars", "format_iteration", "iteration_header", "evaluate_agent",
-           "run_connect_four_training", "plot_training"]
+           "format_final", "run_connect_four_training", "plot_training"]
 
 
 class PhaseBars:
