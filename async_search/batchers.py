@@ -1,9 +1,9 @@
-"""Batching arithmetic: a stream of requests in, batches out, and outputs back per request.
+"""Batching: a stream of requests in, batches out.
 
 A request is an array of ``n`` elements ``[n, ...]``. A ``Batcher`` turns the stream of
 requests into batches bounded by a budget (element count or total cost), splitting a
-request across batches where it does not fit; an ``Unbatcher`` turns the stream of batch
-outputs back into one output per request, in request order. ``BatchManager`` pairs them.
+request across batches where it does not fit. Turning batch outputs back into one output
+per request is ``unbatchers``; ``BatchManager`` pairs a Batcher with an Unbatcher.
 
 With a batch size of 8, requests of sizes (5, 4, 6, 3) give batches of 8, 8 and 2
 elements and four outputs of 5, 4, 6 and 3 elements:
@@ -29,18 +29,19 @@ import bisect
 import collections
 import dataclasses
 import itertools
-from typing import (Any, Callable, Deque, Iterable, List, NamedTuple, Optional, Sequence,
-                    Tuple)
+from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from async_search import rows
 from async_search.base import Outputs
-from async_search.errors import ModelOutputError
+from async_search.checks import check_float, check_int
+# NumpyUnbatcher is re-exported: the public contract imports it from here.
+from async_search.unbatchers import NumpyUnbatcher, Unbatcher, unbatcher_for
 
 __all__ = [
-    "Batcher", "BatchSizeBatcher", "CostBatcher", "Popped",
-    "Unbatcher", "NumpyUnbatcher", "TreeUnbatcher", "unbatcher_for", "OutputStructure",
-    "BatchManager",
+    "Batcher", "BatchSizeBatcher", "CostBatcher", "Popped", "BatchManager",
+    "NumpyUnbatcher",
 ]
 
 
@@ -246,10 +247,9 @@ class BatchSizeBatcher(Batcher):
     """
 
     def __init__(self, batch_size: int):
-        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        batch_size = check_int("batch_size", batch_size, minimum=1)
         super().__init__()
-        self.budget = int(batch_size)
+        self.budget = batch_size
 
     def append(self, x: np.ndarray, tag: Any = None) -> None:
         # The hot path of serving, written out: a request costs its length.
@@ -285,8 +285,7 @@ class CostBatcher(Batcher):
     """
 
     def __init__(self, max_cost: float, cost_fn: Callable[[np.ndarray], np.ndarray]):
-        if not max_cost > 0:
-            raise ValueError(f"max_cost must be > 0, got {max_cost!r}")
+        check_float("max_cost", max_cost, minimum=0, strict=True)
         super().__init__()
         self.budget = max_cost
         self.cost_fn = cost_fn
@@ -338,235 +337,6 @@ class CostBatcher(Batcher):
         self._cumulative = [self._cumulative[i] for i in keep]
 
 
-class Unbatcher(abc.ABC):
-    """Turns batch outputs back into one output per request, in request order.
-
-    ``register(n)`` announces the next request's size; ``unbatch(outputs)`` takes the
-    outputs of the next batch and returns the outputs of every request it completes.
-    Subclasses say how to measure, slice and join outputs.
-    """
-
-    def __init__(self):
-        self._sizes: Deque[int] = collections.deque()
-        self._pieces: List[Outputs] = []  # outputs so far of the request at the front
-        self._done = 0  # elements of the front request received so far
-
-    def register(self, n: int) -> None:
-        """The next request has ``n`` elements."""
-        self._sizes.append(n)
-
-    def empty(self) -> bool:
-        """True when every registered request has been returned."""
-        return not self._sizes
-
-    def __len__(self) -> int:
-        return len(self._sizes)
-
-    def unbatch(self, outputs: Outputs) -> List[Outputs]:
-        """The outputs of the requests completed by this batch's outputs, in order.
-
-        Raises:
-            ModelOutputError: when there are more output rows than registered elements.
-        """
-        total = self.num_rows(outputs)
-        sizes = self._sizes
-        completed = []
-        start = 0
-        while sizes:
-            need = sizes[0] - self._done
-            if need > total - start:
-                break
-            piece = self.slice(outputs, start, start + need)
-            start += need
-            if self._pieces:
-                self._pieces.append(piece)
-                piece = self.concat(self._pieces)
-                self._pieces = []
-            completed.append(piece)
-            self._done = 0
-            sizes.popleft()
-        if start < total:
-            if not sizes:
-                raise ModelOutputError(
-                    f"{total - start} more output rows than registered request elements")
-            self._pieces.append(self.slice(outputs, start, total))
-            self._done += total - start
-        return completed
-
-    @abc.abstractmethod
-    def num_rows(self, outputs: Outputs) -> int:
-        """The number of elements (rows) in ``outputs``."""
-
-    @abc.abstractmethod
-    def slice(self, outputs: Outputs, start: int, stop: int) -> Outputs:
-        """Rows ``start:stop`` of ``outputs``, as views."""
-
-    @abc.abstractmethod
-    def concat(self, pieces: List[Outputs]) -> Outputs:
-        """Pieces of one request's outputs, joined in order."""
-
-
-class NumpyUnbatcher(Unbatcher):
-    """For models whose output is one array with a row per element."""
-
-    def num_rows(self, outputs: np.ndarray) -> int:
-        return len(outputs)
-
-    def slice(self, outputs: np.ndarray, start: int, stop: int) -> np.ndarray:
-        return outputs[start:stop]
-
-    def concat(self, pieces: List[np.ndarray]) -> np.ndarray:
-        return np.concatenate(pieces)
-
-
-class TreeUnbatcher(Unbatcher):
-    """For models that return a tuple or dict of arrays (a policy and a value, say)."""
-
-    def num_rows(self, outputs) -> int:
-        leaves = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
-        if not leaves:
-            raise ModelOutputError("the model returned an empty tuple or dict")
-        rows = {len(leaf) for leaf in leaves}
-        if len(rows) != 1:
-            raise ModelOutputError(
-                f"the model's outputs disagree on the number of rows: {sorted(rows)}")
-        return rows.pop()
-
-    def slice(self, outputs, start: int, stop: int):
-        if isinstance(outputs, dict):
-            return {k: v[start:stop] for k, v in outputs.items()}
-        return tuple(v[start:stop] for v in outputs)
-
-    def concat(self, pieces):
-        first = pieces[0]
-        if isinstance(first, dict):
-            return {k: np.concatenate([p[k] for p in pieces]) for k in first}
-        return tuple(np.concatenate([p[i] for p in pieces]) for i in range(len(first)))
-
-
-def unbatcher_for(outputs: Outputs) -> Unbatcher:
-    """A fresh unbatcher for outputs shaped like ``outputs`` (array, tuple or dict).
-
-    Raises:
-        ModelOutputError: when ``outputs`` is none of those.
-    """
-    if isinstance(outputs, np.ndarray):
-        return NumpyUnbatcher()
-    if isinstance(outputs, (tuple, dict)):
-        return TreeUnbatcher()
-    raise ModelOutputError(
-        f"a model must return an ndarray, or a tuple or dict of them, got "
-        f"{type(outputs).__name__}")
-
-
-class OutputStructure(NamedTuple):
-    """What outputs are, batch size aside: their kind and each output's trailing shape
-    and dtype. Outputs of equal structure split and join alike, so a batch whose
-    structure differs from the first batch's (or the declared one) must not be sliced
-    into callers' results as if it were the same.
-
-    Example:
-        >>> s = OutputStructure.of((np.zeros((3, 4), np.float32), np.zeros(3)))
-        >>> s.describe()
-        'a tuple of 2 outputs ([n, 4] float32, [n] float64)'
-        >>> s == OutputStructure.of((np.ones((5, 4), np.float32), np.ones(5)))
-        True
-    """
-
-    kind: str
-    """``"array"``, ``"tuple"`` or ``"dict"``."""
-    leaves: Any
-    """``(key, trailing shape, dtype)`` per output: key None for an array, the position
-    in a tuple (a tuple of them), the key in a dict (a frozenset: order is free)."""
-
-    @classmethod
-    def of(cls, outputs: Outputs) -> "OutputStructure":
-        """The structure of ``outputs``.
-
-        Raises:
-            ModelOutputError: when ``outputs`` is not an array with a batch dimension,
-                or a tuple or dict of them.
-        """
-        if isinstance(outputs, np.ndarray):
-            return cls("array", ((None,) + _leaf(outputs, "the output"),))
-        if isinstance(outputs, tuple):
-            return cls("tuple", tuple((i,) + _leaf(v, f"output {i}")
-                                      for i, v in enumerate(outputs)))
-        if isinstance(outputs, dict):
-            return cls("dict", frozenset((k,) + _leaf(v, f"output {k!r}")
-                                         for k, v in outputs.items()))
-        raise ModelOutputError(
-            f"a model must return an ndarray, or a tuple or dict of them, got "
-            f"{type(outputs).__name__}")
-
-    def describe(self) -> str:
-        """How error messages name a structure: ``an array [n, 4] float32``."""
-        if self.kind == "array":
-            return f"an array {_describe_leaf(self.leaves[0])}"
-        if self.kind == "tuple":
-            return (f"a tuple of {len(self.leaves)} outputs "
-                    f"({', '.join(map(_describe_leaf, self.leaves))})")
-        leaves = sorted(self.leaves, key=lambda leaf: repr(leaf[0]))
-        return "a dict {" + ", ".join(f"{leaf[0]!r}: {_describe_leaf(leaf)}"
-                                      for leaf in leaves) + "}"
-
-    def conform(self, outputs: Outputs, got: "OutputStructure | None" = None,
-                expected_from: str = "the first batch's") -> Outputs:
-        """``outputs`` (of structure ``got``) made to fit this structure.
-
-        Outputs that differ only in dtypes of the same kind (float64 for float32, int32
-        for int64) are cast to this structure's dtypes; any other difference (another
-        kind, int for float; a shape; a kind of outputs) raises.
-
-        Raises:
-            ModelOutputError: naming the expected and the given structure.
-        """
-        got = got if got is not None else OutputStructure.of(outputs)
-        if got == self:
-            return outputs
-        if got.kind == self.kind and len(got.leaves) == len(self.leaves):
-            want = {leaf[0]: leaf for leaf in self.leaves}
-            if all(leaf[0] in want and leaf[1] == want[leaf[0]][1] and (
-                    leaf[2] == want[leaf[0]][2] or (
-                    isinstance(leaf[2], np.dtype) and isinstance(want[leaf[0]][2], np.dtype)
-                    and leaf[2].kind == want[leaf[0]][2].kind))
-                   for leaf in got.leaves):
-                return _cast(outputs, {k: leaf[2] for k, leaf in want.items()})
-        raise ModelOutputError(
-            f"the model's outputs do not match {expected_from}: expected "
-            f"{self.describe()}, got {got.describe()}")
-
-
-def _leaf(v: Any, where: str) -> Tuple[Any, Any]:
-    if isinstance(v, np.ndarray):
-        if not v.ndim:
-            raise ModelOutputError(
-                f"the model's outputs have no batch dimension: {where} is a 0-d array")
-        return v.shape[1:], v.dtype
-    if isinstance(v, (tuple, dict)) or not hasattr(v, "__len__"):
-        raise ModelOutputError(
-            f"the model's outputs have no batch dimension: {where} is a "
-            f"{type(v).__name__}, not an array [n, ...]")
-    return type(v), None  # an array-like leaf: only its type is compared
-
-
-def _describe_leaf(leaf: tuple) -> str:
-    _, shape, dtype = leaf
-    if dtype is None:
-        return shape.__name__
-    return f"[{', '.join(['n', *map(str, shape)])}] {dtype}"
-
-
-def _cast(outputs: Outputs, dtypes: dict) -> Outputs:
-    if isinstance(outputs, np.ndarray):
-        return outputs.astype(dtypes[None], copy=False)
-    if isinstance(outputs, tuple):
-        return tuple(v if dtypes[i] is None else v.astype(dtypes[i], copy=False)
-                     for i, v in enumerate(outputs))
-    return {k: v if dtypes[k] is None else v.astype(dtypes[k], copy=False)
-            for k, v in outputs.items()}
-
-
 class BatchManager:
     """Coordinates a Batcher and an Unbatcher: requests in, batches out, outputs back.
 
@@ -588,7 +358,7 @@ class BatchManager:
         self._sizes: Deque[int] = collections.deque()  # registered before an unbatcher
         # With the unbatcher chosen here, every batch must keep the first's structure.
         self._check = unbatcher is None
-        self._structure: OutputStructure | None = None
+        self._structure: rows.OutputStructure | None = None
 
     def add_inputs(self, x: np.ndarray) -> None:
         """Queue one request ``x[n, ...]``; its output comes back in order."""
@@ -623,11 +393,7 @@ class BatchManager:
                 outputs are then not taken.
         """
         if self._check:
-            got = OutputStructure.of(outputs)
-            if self._structure is None:
-                self._structure = got
-            elif got != self._structure:
-                outputs = self._structure.conform(outputs, got)
+            outputs, self._structure = rows.check(outputs, self._structure)
         if self.unbatcher is None:
             self.unbatcher = unbatcher_for(outputs)
             for n in self._sizes:

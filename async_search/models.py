@@ -14,7 +14,9 @@ from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
 
+from async_search import rows
 from async_search.base import Outputs, TensorSpec
+from async_search.checks import check_int
 
 __all__ = [
     "SpecModel", "with_spec", "MLP", "TensorFlowModel", "power_of_two_sizes", "GRID_SCALE",
@@ -126,8 +128,7 @@ class MLP:
 
 def power_of_two_sizes(max_batch_size: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to and including ``max_batch_size`` (which need not be a power)."""
-    if max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size}")
+    max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
     sizes = []
     size = 1
     while size < max_batch_size:
@@ -171,10 +172,11 @@ class TensorFlowModel:
 
         self._tf = tf
         self.input_spec = input_spec
-        self.batch_sizes = tuple(sorted(batch_sizes)) if batch_sizes else (
-            power_of_two_sizes(max_batch_size))
-        if self.batch_sizes[0] < 1:
-            raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
+        if batch_sizes:
+            self.batch_sizes = tuple(sorted(check_int(f"batch_sizes[{i}]", size, minimum=1)
+                                            for i, size in enumerate(batch_sizes)))
+        else:
+            self.batch_sizes = power_of_two_sizes(max_batch_size)
         if device is None:
             device = "/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0"
         self.device = device
@@ -203,7 +205,7 @@ class TensorFlowModel:
         largest = self.batch_sizes[-1]
         if n > largest:
             parts = [self(batch[i:i + largest]) for i in range(0, n, largest)]
-            return _concat_outputs(parts)
+            return rows.concatenate(parts)
         size = self._bucket(max(n, 1))
         with self._call_lock:
             buffer = self._padded.get(size)
@@ -218,25 +220,8 @@ class TensorFlowModel:
                     fn = self._concrete[size] = self._fn.get_concrete_function(
                         self._tf.TensorSpec(buffer.shape, buffer.dtype))
                 out = fn(self._tf.constant(buffer))
-        return _map_outputs(lambda t: t.numpy()[:n], out)
+        return rows.map_leaves(lambda t: t.numpy()[:n], out)
 
 
 def _is_keras(fn: Any) -> bool:
     return hasattr(fn, "layers") and hasattr(fn, "predict")
-
-
-def _map_outputs(f: Callable[[Any], Any], out: Any) -> Any:
-    if isinstance(out, dict):
-        return {k: f(v) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return tuple(f(v) for v in out)
-    return f(out)
-
-
-def _concat_outputs(parts: list) -> Outputs:
-    first = parts[0]
-    if isinstance(first, dict):
-        return {k: np.concatenate([p[k] for p in parts]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(np.concatenate([p[i] for p in parts]) for i in range(len(first)))
-    return np.concatenate(parts)

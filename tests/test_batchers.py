@@ -3,8 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_search.batchers import (BatchManager, BatchSizeBatcher, CostBatcher,
-                                   NumpyUnbatcher, TreeUnbatcher, unbatcher_for)
+from async_search.batchers import BatchManager, BatchSizeBatcher, CostBatcher
 from async_search.errors import ModelOutputError
 
 
@@ -143,49 +142,29 @@ def test_batch_size_must_be_positive_integer():
         BatchSizeBatcher(0)
 
 
+@pytest.mark.parametrize("bad", [True, False, 2.0, "8", None])
+def test_batch_size_refuses_a_bool_or_anything_but_an_integer(bad):
+    message = f"batch_size must be an integer >= 1, got {bad!r}"
+    with pytest.raises(ValueError, match=message):
+        BatchSizeBatcher(bad)
+
+
+def test_batch_size_takes_a_numpy_integer_as_a_python_int():
+    assert type(BatchSizeBatcher(np.int64(8)).budget) is int
+
+
+@pytest.mark.parametrize("bad", [True, 0, -1.0, float("nan"), None])
+def test_cost_batcher_refuses_a_bool_or_a_budget_not_above_zero(bad):
+    with pytest.raises(ValueError, match="max_cost must be a finite number > 0"):
+        CostBatcher(bad, cost_fn=len)
+
+
 def test_has_full_batch_counts_elements_not_requests():
     batcher = BatchSizeBatcher(4)
     batcher.append(np.zeros(3))
     assert not batcher.has_full_batch()
     batcher.append(np.zeros(1))
     assert batcher.has_full_batch()
-
-
-@settings(max_examples=100, deadline=None)
-@given(sizes=st.lists(st.integers(0, 20), max_size=15), batch_size=st.integers(1, 16),
-       as_dict=st.booleans())
-def test_tree_unbatcher_splits_tuple_and_dict_outputs(sizes, batch_size, as_dict):
-    def policy_value(x):
-        p, v = x * 2, x.sum(axis=1, keepdims=True)
-        return {"policy": p, "value": v} if as_dict else (p, v)
-
-    requests = requests_of(sizes)
-    outputs, _ = run_manager(BatchManager(BatchSizeBatcher(batch_size)), requests,
-                             fn=policy_value)
-    for x, y in zip(requests, outputs):
-        expected = policy_value(x)
-        keys = expected.keys() if as_dict else range(2)
-        for k in keys:
-            np.testing.assert_array_equal(y[k], expected[k])
-
-
-def test_unbatcher_for_picks_by_output_type():
-    assert isinstance(unbatcher_for(np.zeros(2)), NumpyUnbatcher)
-    assert isinstance(unbatcher_for((np.zeros(2),)), TreeUnbatcher)
-    with pytest.raises(ModelOutputError, match="got list"):
-        unbatcher_for([1, 2])
-
-
-def test_more_output_rows_than_registered_raises_model_output_error():
-    unbatcher = NumpyUnbatcher()
-    unbatcher.register(2)
-    with pytest.raises(ModelOutputError, match="1 more output rows"):
-        unbatcher.unbatch(np.zeros(3))
-
-
-def test_tree_outputs_that_disagree_on_rows_raise():
-    with pytest.raises(ModelOutputError, match="disagree"):
-        TreeUnbatcher().num_rows((np.zeros(2), np.zeros(3)))
 
 
 def test_cost_batcher_extend_queues_nothing_when_cost_fn_raises():

@@ -45,6 +45,8 @@ def test_power_of_two_sizes_end_at_the_maximum():
     assert power_of_two_sizes(12) == (1, 2, 4, 8, 12)
     with pytest.raises(ValueError, match="got 0"):
         power_of_two_sizes(0)
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got True"):
+        power_of_two_sizes(True)
 
 
 def test_core_imports_with_numpy_alone():

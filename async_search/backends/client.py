@@ -18,7 +18,7 @@ from async_search.base import Outputs, TensorSpec
 from async_search.batchers import Popped
 from async_search.errors import ServerDiedError
 from async_search.servers.requests import RequestChecker
-from async_search.servers.responses import ResponseRouter
+from async_search.servers.responses import ResultDelivery
 from async_search.transport import concat_requests
 
 __all__ = ["CoalescingClient"]
@@ -49,7 +49,7 @@ class CoalescingClient:
         self._send = send
         self._check = RequestChecker(input_spec)
         self._shape, self._dtype = self._check.shape, self._check.dtype
-        self._responses = ResponseRouter()
+        self._responses = ResultDelivery()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._xs: List[np.ndarray] = []
         self._futures: List[asyncio.Future] = []

@@ -14,6 +14,7 @@ import dataclasses
 from typing import Tuple
 
 from async_search.backends.config import BACKENDS, RunConfig
+from async_search.checks import check_int, is_int
 from async_search.servers.policy import DispatchPolicy
 
 __all__ = ["SEARCHES", "MODELS", "SearchParams", "ModelParams", "RunSpec"]
@@ -22,11 +23,6 @@ __all__ = ["SEARCHES", "MODELS", "SearchParams", "ModelParams", "RunSpec"]
 SEARCHES = ("astar", "rollout", "mcts", "continuous")
 #: The networks: TensorFlow, or its bitwise-equal NumPy twin.
 MODELS = ("tf", "numpy", "pretrained")
-
-
-def _positive(owner: str, name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}.{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,15 +66,12 @@ class SearchParams:
                              f"got {self.search!r}")
         for name in ("num_searches", "gnn_budget", "batch_size", "num_rollouts",
                      "rollout_depth", "max_in_flight"):
-            _positive("SearchParams", name, getattr(self, name))
-        if not isinstance(self.puzzle_size, int) or not 2 <= self.puzzle_size <= 8:
+            check_int(f"SearchParams.{name}", getattr(self, name), minimum=1)
+        if not is_int(self.puzzle_size) or not 2 <= self.puzzle_size <= 8:
             raise ValueError(f"SearchParams.puzzle_size must be an integer from 2 to 8, "
                              f"got {self.puzzle_size!r}")
         for name in ("scramble", "opening_moves", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"SearchParams.{name} must be an integer >= 0, got "
-                                 f"{value!r}")
+            check_int(f"SearchParams.{name}", getattr(self, name), minimum=0)
         return self
 
 
@@ -111,9 +104,9 @@ class ModelParams:
                              f"{self.kind!r}")
         if not self.hidden_sizes:
             raise ValueError("ModelParams.hidden_sizes needs at least one layer width")
-        for width in self.hidden_sizes:
-            _positive("ModelParams", "hidden_sizes[i]", width)
-        _positive("ModelParams", "max_batch_size", self.max_batch_size)
+        for i, width in enumerate(self.hidden_sizes):
+            check_int(f"ModelParams.hidden_sizes[{i}]", width, minimum=1)
+        check_int("ModelParams.max_batch_size", self.max_batch_size, minimum=1)
         return self
 
 

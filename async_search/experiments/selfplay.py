@@ -22,6 +22,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from async_search import search
+from async_search.checks import check_int
 
 __all__ = ["SelfPlayParams", "Sample", "play_game", "play_slot", "slot_quota",
            "samples_digest"]
@@ -50,15 +51,9 @@ class SelfPlayParams:
     def check(self) -> "SelfPlayParams":
         """Raises ValueError for a bad field; returns self."""
         for name in ("num_samples", "simulations", "num_parallel", "games_per_client"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SelfPlayParams.{name} must be an integer >= 1, got "
-                                 f"{value!r}")
+            check_int(f"SelfPlayParams.{name}", getattr(self, name), minimum=1)
         for name in ("sampling_moves", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"SelfPlayParams.{name} must be an integer >= 0, got "
-                                 f"{value!r}")
+            check_int(f"SelfPlayParams.{name}", getattr(self, name), minimum=0)
         return self
 
     def describe(self) -> str:

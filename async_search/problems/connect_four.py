@@ -7,6 +7,7 @@ from typing import Iterable, NamedTuple, Sequence, Tuple
 import numpy as np
 
 from async_search.base import TensorSpec
+from async_search.checks import is_int
 
 __all__ = ["ConnectFour", "ConnectFourState"]
 
@@ -128,7 +129,7 @@ class ConnectFour:
                 over.
         """
         mine, theirs = state
-        if not isinstance(action, (int, np.integer)) or not 0 <= action < _COLUMNS:
+        if not is_int(action) or not 0 <= action < _COLUMNS:
             raise ValueError(f"{self!r}: an action is a column 0..{_COLUMNS - 1}, got "
                              f"{action!r}")
         if _has_four(theirs):

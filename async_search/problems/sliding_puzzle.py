@@ -7,6 +7,7 @@ from typing import Iterable, List, Sequence, Tuple
 import numpy as np
 
 from async_search.base import TensorSpec
+from async_search.checks import check_int, is_int
 
 __all__ = ["SlidingPuzzle"]
 
@@ -35,8 +36,7 @@ class SlidingPuzzle:
     """
 
     def __init__(self, size: int = 3):
-        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not (
-                2 <= size <= 8):
+        if not is_int(size) or not 2 <= size <= 8:
             raise ValueError(f"SlidingPuzzle size must be an integer from 2 to 8 (3 is "
                              f"the 8-puzzle, 4 the 15-puzzle), got {size!r}")
         self.size = int(size)
@@ -119,9 +119,7 @@ class SlidingPuzzle:
         Raises:
             ValueError: if ``moves`` is negative.
         """
-        if not isinstance(moves, (int, np.integer)) or moves < 0:
-            raise ValueError(f"{self!r}.scramble: moves must be an integer >= 0, got "
-                             f"{moves!r}")
+        moves = check_int(f"{self!r}.scramble: moves", moves, minimum=0)
         rng = np.random.default_rng(seed)
         cells = bytearray(self.goal)
         blank = self.num_cells - 1

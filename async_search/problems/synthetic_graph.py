@@ -8,6 +8,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from async_search.base import TensorSpec
+from async_search.checks import check_float, check_int
 
 __all__ = ["SyntheticGraph"]
 
@@ -63,15 +64,9 @@ class SyntheticGraph:
                  seed: int = 0, *, goal_fraction: float = 0.05, num_features: int = 32):
         for name, value, low in (("branching", branching, 1), ("depth", depth, 1),
                                  ("num_features", num_features, 1)):
-            if not isinstance(value, (int, np.integer)) or value < low:
-                raise ValueError(f"SyntheticGraph {name} must be an integer >= {low}, "
-                                 f"got {value!r}")
-        if not node_cost_us >= 0:
-            raise ValueError(f"SyntheticGraph node_cost_us must be >= 0 microseconds, got "
-                             f"{node_cost_us!r}")
-        if not 0.0 <= goal_fraction <= 1.0:
-            raise ValueError(f"SyntheticGraph goal_fraction must be in [0, 1], got "
-                             f"{goal_fraction!r}")
+            check_int(f"SyntheticGraph {name}", value, minimum=low)
+        check_float("SyntheticGraph node_cost_us", node_cost_us, minimum=0)
+        check_float("SyntheticGraph goal_fraction", goal_fraction, minimum=0, maximum=1)
         self.branching = int(branching)
         self.depth = int(depth)
         self.node_cost_us = float(node_cost_us)

@@ -13,9 +13,10 @@ from typing import Any, Tuple
 import numpy as np
 
 from async_search.base import Evaluate
+from async_search.checks import check_float, check_int
 from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
-from async_search.search.base import check_float, check_int, values_of
+from async_search.search.base import values_of
 from async_search.search.tree import (Node, add_exploration_noise, complete_leaves,
                                            expand, new_node, priors_from_logits,
                                            select_leaves)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from async_search.base import Evaluate
+from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import check_float, check_int, values_of
+from async_search.search.base import values_of
 from async_search.search.frontier import (AStarResult, astar_result, expand_nodes,
                                           has_open_node, new_frontier, pop_nodes,
                                           record_values)

@@ -1,14 +1,12 @@
-"""What every search shares: the Status of a result, argument checks, reading outputs."""
+"""What every search shares: the Status of a result and reading outputs."""
 
 from __future__ import annotations
 
 import enum
-import math
 from typing import Any
 
 import numpy as np
 
-from async_search.checks import check_float, check_int
 from async_search.errors import ModelOutputError
 
 __all__ = ["Status", "values_of"]

@@ -21,12 +21,13 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from async_search.base import Evaluate
+from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import Status, check_float, check_int, values_of
+from async_search.search.base import Status, values_of
 
 __all__ = ["RolloutResult", "MultiRolloutResult", "simple_rollout", "multi_rollout",
            "rollout_seeds", "Walk", "new_walk", "walk_candidates", "walk_step",
-           "softmax_sample", "best_rollout"]
+           "softmax_sample", "best_rollout", "Seed"]
 
 Seed = Union[int, np.random.SeedSequence]
 

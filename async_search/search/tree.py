@@ -23,7 +23,7 @@ from async_search.problems.base import Game, State
 
 __all__ = ["Node", "new_node", "select_child", "select_leaf", "select_leaves",
            "add_virtual_loss", "revert_virtual_loss", "expand", "priors_from_logits",
-           "backup", "complete_leaves", "add_exploration_noise"]
+           "backup", "complete_leaves", "add_exploration_noise", "Path"]
 
 Path = List[Tuple["Node", int]]  # (node, index of the legal action taken)
 

@@ -3,7 +3,7 @@
 A request flows: ``evaluate(x)`` checks ``x`` and stages it with its future; the dispatch
 task, when a pipeline slot is free, lets ready searches take their turn, hands what is
 staged to the Batcher and pops a batch; a device thread runs the model; the outputs come
-back to the loop and a ResponseRouter slices them into the requests' futures. One future
+back to the loop and a ResultDelivery slices them into the requests' futures. One future
 per request, never per element.
 """
 
@@ -18,12 +18,13 @@ import numpy as np
 
 from async_search.base import Outputs, TensorSpec, input_spec_of, output_spec_of
 from async_search.batchers import Batcher, BatchSizeBatcher, Popped
+from async_search.checks import check_int
 from async_search.errors import (ModelOutputError, ServerClosedError, ServerCrashedError,
                                  describe)
 from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.requests import RequestChecker
-from async_search.servers.responses import ResponseRouter
+from async_search.servers.responses import ResultDelivery
 from async_search.servers.stats import BatchRecord, ServingStats
 from async_search.servers.workers import Workers
 
@@ -95,8 +96,7 @@ class BatchingServer:
                  batcher: Batcher | None = None, model_thread: bool = True,
                  num_workers: int = 1,
                  on_batch: Callable[[BatchRecord], None] | None = None):
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+        check_int("num_workers", num_workers, minimum=1)
         if num_workers > 1 and not model_thread:
             raise ValueError("num_workers > 1 needs model_thread=True")
         self.policy = policy
@@ -110,7 +110,7 @@ class BatchingServer:
             policy.max_batch_size)
         self._budget = self._batcher.budget
         out_spec = output_spec_of(model)
-        self._responses = ResponseRouter(out_spec.empty(0) if out_spec is not None else None)
+        self._responses = ResultDelivery(out_spec.empty(0) if out_spec is not None else None)
         self._pool = BufferPool(policy.max_batch_size)
         self._staged_xs: List[np.ndarray] = []
         self._staged_futures: List[asyncio.Future] = []

@@ -32,10 +32,11 @@ import enum
 import time
 from typing import Callable
 
+from async_search.checks import check_float, check_int
 from async_search.errors import CircuitOpenError, InputSpecError, RemoteError
 
 __all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "CircuitOpenError",
-           "counts_against_server", "is_caller_error"]
+           "counts_against_server", "is_caller_error", "CALLER_ERRORS"]
 
 #: Exceptions that say the request was bad, not the server (InputSpecError is a
 #: ValueError).
@@ -95,12 +96,12 @@ class BreakerPolicy:
 
     def __post_init__(self):
         for name in ("failure_threshold", "success_threshold", "half_open_probes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not (isinstance(self.reset_timeout, (int, float)) and self.reset_timeout >= 0):
+            check_int(name, getattr(self, name), minimum=1)
+        try:
+            check_float("reset_timeout", self.reset_timeout, minimum=0)
+        except ValueError:  # the same rule, said with its unit
             raise ValueError(f"reset_timeout must be a number of seconds >= 0, got "
-                             f"{self.reset_timeout!r}")
+                             f"{self.reset_timeout!r}") from None
 
 
 class CircuitBreaker:

@@ -6,6 +6,8 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
+from async_search import rows
+
 __all__ = ["BufferPool"]
 
 
@@ -54,10 +56,9 @@ class BufferPool:
 
 
 def _may_share(outputs: Any, buffer: np.ndarray) -> bool:
-    if isinstance(outputs, np.ndarray):
+    if type(outputs) is np.ndarray:
         return np.may_share_memory(outputs, buffer)
-    if isinstance(outputs, dict):
-        outputs = outputs.values()
-    if isinstance(outputs, (tuple, list, type({}.values()))):
-        return any(_may_share(leaf, buffer) for leaf in outputs)
-    return False
+    leaves = rows.leaves(outputs)
+    if isinstance(leaves, list):  # a tuple, dict or list: nested ones too (to be safe)
+        return any(_may_share(leaf, buffer) for leaf in leaves)
+    return isinstance(leaves, np.ndarray) and np.may_share_memory(leaves, buffer)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from async_search.checks import check_float, check_int
+
 __all__ = ["DispatchPolicy", "Reason"]
 
 
@@ -37,11 +39,11 @@ class DispatchPolicy:
     pipeline_depth: int = 2
 
     def __post_init__(self):
-        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
-            raise ValueError(
-                f"max_batch_size must be an integer >= 1, got {self.max_batch_size!r}")
-        if self.max_delay is not None and not self.max_delay >= 0:
-            raise ValueError(f"max_delay must be None or >= 0 seconds, got {self.max_delay!r}")
-        if not isinstance(self.pipeline_depth, int) or self.pipeline_depth < 1:
-            raise ValueError(
-                f"pipeline_depth must be an integer >= 1, got {self.pipeline_depth!r}")
+        # Stored as plain Python numbers: a NumPy integer is accepted, a bool never.
+        set_ = object.__setattr__
+        set_(self, "max_batch_size", check_int("max_batch_size", self.max_batch_size,
+                                               minimum=1))
+        if self.max_delay is not None:
+            set_(self, "max_delay", check_float("max_delay", self.max_delay, minimum=0))
+        set_(self, "pipeline_depth", check_int("pipeline_depth", self.pipeline_depth,
+                                               minimum=1))

@@ -1,4 +1,4 @@
-"""Outputs back to requests: slicing each batch's outputs into its requests' futures."""
+"""Result delivery: each batch's outputs sliced into its requests' futures."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ from typing import Dict, Hashable, List
 
 import numpy as np
 
+from async_search import rows
 from async_search.base import Outputs
-from async_search.batchers import OutputStructure, Popped, Unbatcher, unbatcher_for
+from async_search.batchers import Popped
 from async_search.errors import ModelOutputError, deliverable
+from async_search.rows import OutputStructure
 
-__all__ = ["ResponseRouter"]
+__all__ = ["ResultDelivery"]
 
 _UNSET, _MIXED, _MISSING = object(), object(), object()
 
 
-class ResponseRouter:
-    """Resolves the futures of a batch's requests from the batch's outputs.
+class ResultDelivery:
+    """Delivers a batch's outputs into its requests' futures.
 
     Batches may complete in any order (several workers): a request split across batches
     is reassembled by the offsets of its pieces. Futures registered with
@@ -35,11 +37,9 @@ class ResponseRouter:
     def __init__(self, empty_output: Outputs | None = None):
         #: The output of a zero-element request; known once a spec or a batch shows it.
         self.empty_output = empty_output
-        self._ops: Unbatcher | None = None
         self._structure: OutputStructure | None = None
         self._expected_from = "the first batch's"
         if empty_output is not None:
-            self._ops = unbatcher_for(empty_output)
             self._structure = OutputStructure.of(empty_output)
             self._expected_from = "the declared output spec"
         self._partial: Dict[asyncio.Future, list] = {}  # -> [size, received, pieces]
@@ -73,28 +73,24 @@ class ResponseRouter:
             # One structure check per batch (never per request): a batch whose outputs
             # changed kind, shape or dtype is never sliced as if it had not.
             got = OutputStructure.of(outputs)
-            if expected is None:
-                ops = unbatcher_for(outputs)
-            else:
-                ops = self._ops
-                if got != expected:
-                    # A batch of zero-element requests only gets the expected empty
-                    # output: what a model makes of no rows at all is moot.
-                    outputs = self.empty_output if not len(popped.batch) else (
-                        expected.conform(outputs, got, self._expected_from))
-            rows = ops.num_rows(outputs)
+            if expected is not None and got != expected:
+                # A batch of zero-element requests only gets the expected empty
+                # output: what a model makes of no rows at all is moot.
+                outputs = self.empty_output if not len(popped.batch) else (
+                    expected.conform(outputs, got, self._expected_from))
+            num_rows = rows.count(outputs)
         except (ModelOutputError, TypeError) as e:
             return e if isinstance(e, ModelOutputError) else ModelOutputError(
                 f"the model's outputs have no batch dimension: {e}")
         size = len(popped.batch)
-        if rows != size:
+        if num_rows != size:
             return ModelOutputError(
-                f"the model returned {rows} rows for a batch of {size} elements: it must "
-                f"return one output row per input element")
+                f"the model returned {num_rows} rows for a batch of {size} elements: it "
+                f"must return one output row per input element")
         if expected is None and size:  # the first batch with rows sets the structure
-            self._structure, self._ops = got, ops
+            self._structure = got
             if self.empty_output is None:
-                self.empty_output = ops.slice(outputs, 0, 0)
+                self.empty_output = rows.take(outputs, slice(0, 0))
         tags, pieces = popped.tags, popped.pieces
         if self._versions:
             versions = self._versions
@@ -106,20 +102,16 @@ class ResponseRouter:
         if whole and size == len(tags) and type(outputs) is np.ndarray and (
                 min(map(len, pieces)) == 1):
             # Every request is one element: hand out row views made in C.
-            rows_of = zip(tags, outputs[:, None])
+            row_views = zip(tags, outputs[:, None])
             while True:
                 try:
-                    for fut, row in rows_of:
+                    for fut, row in row_views:
                         fut.set_result(row)
                     return None
                 except asyncio.InvalidStateError:  # a caller cancelled after batching
                     continue
         last = len(tags) - 1
-        start = 0
-        for i, (fut, piece) in enumerate(zip(tags, pieces)):
-            stop = start + len(piece)
-            out = ops.slice(outputs, start, stop)
-            start = stop
+        for i, (fut, out) in enumerate(zip(tags, rows.split(outputs, map(len, pieces)))):
             head = i == 0 and popped.head_continues
             tail = i == last and popped.tail_size is not None
             if head or tail:
@@ -156,10 +148,10 @@ class ResponseRouter:
             state = self._partial[fut] = [None, 0, []]
         if total is not None:
             state[0] = total
-        state[1] += self._ops.num_rows(piece)
+        state[1] += rows.count(piece)
         state[2].append((offset, piece))
         if state[1] == state[0]:
             del self._partial[fut]
             if not fut.done():
                 ordered = [p for _, p in sorted(state[2], key=lambda item: item[0])]
-                fut.set_result(self._ops.concat(ordered))
+                fut.set_result(rows.concatenate(ordered))

@@ -32,7 +32,7 @@ from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
 from async_search.search.alphazero import mcts
-from async_search.search.base import check_float, check_int
+from async_search.checks import check_float, check_int
 
 __all__ = ["Player", "RandomPlayer", "OnePlyPlayer", "UCTPlayer", "MCTSPlayer",
            "PolicyPlayer", "MatchResult", "play_match", "gate", "elo_difference",

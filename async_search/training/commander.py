@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from async_search.problems.connect_four import ConnectFour
-from async_search.search.base import check_float, check_int
+from async_search.checks import check_float, check_int
 from async_search.training.arena import (MCTSPlayer, OnePlyPlayer, PolicyPlayer,
                                          RandomPlayer, UCTPlayer, elo_difference, gate,
                                          play_match)

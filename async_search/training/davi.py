@@ -17,7 +17,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from async_search.problems.sliding_puzzle import SlidingPuzzle
-from async_search.search.base import check_float, check_int
+from async_search.checks import check_float, check_int
 from async_search.training.nets import NetConfig
 from async_search.training.replay import ReplayBuffer
 from async_search.training.trainer import Trainer

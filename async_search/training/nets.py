@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from async_search.checks import is_int
 from async_search.models import MLP
 from async_search.problems.connect_four import ConnectFour
 from async_search.problems.heuristics import LearnedHeuristic
@@ -19,7 +20,7 @@ from async_search.problems.policy_value import PolicyValueMLP
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 
 __all__ = ["NetConfig", "Weights", "to_model", "weights_of", "initial_weights",
-           "config_of", "KINDS", "PROBLEMS"]
+           "config_of", "check_weights", "KINDS", "PROBLEMS"]
 
 #: ``[(w [fan_in, fan_out], b [fan_out]), ...]``, input layer first.
 Weights = List[Tuple[np.ndarray, np.ndarray]]
@@ -62,8 +63,9 @@ class NetConfig:
         if (self.kind == "policy_value") != (self.problem == "connect_four"):
             raise ValueError(f"a {self.kind} net does not fit {self.problem}: connect_four "
                              f"takes policy_value nets, sliding_puzzle heuristic nets")
-        if not self.hidden_sizes or any(h < 1 for h in self.hidden_sizes):
-            raise ValueError(f"NetConfig.hidden_sizes must be widths >= 1, got "
+        if not self.hidden_sizes or not all(is_int(h) and h >= 1
+                                            for h in self.hidden_sizes):
+            raise ValueError(f"NetConfig.hidden_sizes must be integer widths >= 1, got "
                              f"{self.hidden_sizes}")
 
     def make_problem(self) -> Any:

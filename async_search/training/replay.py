@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
-from async_search.search.base import check_int
+from async_search.checks import check_int
 
 __all__ = ["ReplayBuffer", "Minibatch", "Augment", "mirror_columns"]
 

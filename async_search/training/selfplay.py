@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from async_search import search
-from async_search.search.base import check_float, check_int
+from async_search.checks import check_float, check_int
 
 __all__ = ["SelfPlayConfig", "GameRecord", "selfplay_game"]
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence, Tuple
 import numpy as np
 
 from async_search.problems.heuristics import ManhattanHeuristic
-from async_search.search.base import check_float, check_int
+from async_search.checks import check_float, check_int
 from async_search.training.nets import (NetConfig, Weights, check_weights, initial_weights,
                                         to_model)
 from async_search.training.replay import Minibatch, ReplayBuffer

@@ -61,7 +61,7 @@ def test_playing_after_a_win_raises(game):
         game.play(state, 4)
 
 
-@pytest.mark.parametrize("action", [-1, 7, 2.0, None])
+@pytest.mark.parametrize("action", [-1, 7, 2.0, None, True])
 def test_playing_outside_the_columns_raises(game, action):
     with pytest.raises(ValueError, match="an action is a column 0..6"):
         game.play(game.initial_state(), action)

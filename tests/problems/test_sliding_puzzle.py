@@ -105,6 +105,11 @@ def test_scramble_rejects_negative_moves():
         SlidingPuzzle(3).scramble(-1, seed=0)
 
 
+def test_scramble_refuses_a_bool_for_moves():
+    with pytest.raises(ValueError, match="moves must be an integer >= 0, got True"):
+        SlidingPuzzle(3).scramble(True, seed=0)
+
+
 @pytest.mark.parametrize("bad, message", [
     ((1, 2, 3, 4, 5, 6, 7, 8, 0), "must be bytes of length 9"),
     (bytes([1, 2, 3, 4, 5, 6, 7, 0]), "each tile 0..8 exactly once"),
@@ -123,7 +128,7 @@ def test_state_builds_a_checked_state_from_tiles():
         puzzle.state([2, 1, 3, 4, 5, 6, 7, 8, 0])
 
 
-@pytest.mark.parametrize("size", [1, 9, 3.0, "3"])
+@pytest.mark.parametrize("size", [1, 9, 3.0, "3", True])
 def test_size_outside_2_to_8_raises(size):
     with pytest.raises(ValueError, match="size must be an integer from 2 to 8"):
         SlidingPuzzle(size)

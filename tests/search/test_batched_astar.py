@@ -101,6 +101,7 @@ async def test_space_exhausted_when_the_graph_has_no_goal():
     (dict(budget=0), "budget must be an integer >= 1, got 0"),
     (dict(buffer_size=0), "buffer_size must be an integer >= 1, got 0"),
     (dict(buffer_size=2.5), "buffer_size must be an integer >= 1, got 2.5"),
+    (dict(buffer_size=True), "buffer_size must be an integer >= 1, got True"),
     (dict(weight=-1.0), "weight must be a finite number >= 0.0, got -1.0"),
     (dict(start=bytes([2, 1, 3, 4, 5, 6, 7, 8, 0])), r"SlidingPuzzle\(3\).*unsolvable"),
     (dict(start=(1, 2, 3)), r"SlidingPuzzle\(3\): a state must be bytes"),

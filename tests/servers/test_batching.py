@@ -330,12 +330,12 @@ def test_invalid_policy_arguments_name_the_value():
 
 
 async def test_a_crash_while_delivering_fails_the_batch_instead_of_hanging(monkeypatch):
-    from async_search.servers.responses import ResponseRouter
+    from async_search.servers.responses import ResultDelivery
 
     def broken(self, popped, outputs, version):
         raise RuntimeError("injected delivery fault")
 
-    monkeypatch.setattr(ResponseRouter, "deliver", broken)
+    monkeypatch.setattr(ResultDelivery, "deliver", broken)
     async with asr.serve(doubling()) as evaluate:
         with pytest.raises(RuntimeError, match="injected delivery fault"):
             await asyncio.wait_for(evaluate(np.ones((1, 3), np.float32)), 5)

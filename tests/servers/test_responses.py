@@ -5,7 +5,7 @@ import pytest
 
 from async_search.batchers import BatchSizeBatcher
 from async_search.errors import ModelOutputError, ModelRaisedError
-from async_search.servers.responses import ResponseRouter
+from async_search.servers.responses import ResultDelivery
 
 
 async def test_split_request_is_reassembled_when_batches_finish_out_of_order():
@@ -16,7 +16,7 @@ async def test_split_request_is_reassembled_when_batches_finish_out_of_order():
     batches = []
     while not batcher.empty():
         batches.append(batcher.pop_parts())
-    router = ResponseRouter()
+    router = ResultDelivery()
     for popped in reversed(batches):  # the last batch comes back first
         assert router.deliver(popped, popped.batch * 2, version=0) is None
     assert futures[0].result().tolist() == [0, 2]
@@ -29,7 +29,7 @@ async def test_router_reports_wrong_row_count_without_resolving():
     fut = loop.create_future()
     batcher.extend([np.arange(3)], [fut])
     popped = batcher.pop_parts()
-    error = ResponseRouter().deliver(popped, np.zeros(2), version=0)
+    error = ResultDelivery().deliver(popped, np.zeros(2), version=0)
     assert isinstance(error, ModelOutputError) and not fut.done()
 
 
@@ -38,7 +38,7 @@ async def test_router_records_versions_only_for_requests_that_want_them():
     batcher = BatchSizeBatcher(4)
     wanted, other = loop.create_future(), loop.create_future()
     batcher.extend([np.arange(1), np.arange(1)], [wanted, other])
-    router = ResponseRouter()
+    router = ResultDelivery()
     router.want_version(wanted)
     router.deliver(batcher.pop_parts(), np.zeros(2), version="v7")
     assert router.pop_version(wanted) == "v7" and router.pop_version(other) is None
@@ -49,7 +49,7 @@ async def test_fail_sets_the_error_on_every_request_of_the_batch():
     batcher = BatchSizeBatcher(4)
     futures = [loop.create_future() for _ in range(2)]
     batcher.extend([np.arange(1), np.arange(2)], futures)
-    ResponseRouter().fail(batcher.pop_parts(), KeyError("boom"))
+    ResultDelivery().fail(batcher.pop_parts(), KeyError("boom"))
     for fut in futures:
         with pytest.raises(KeyError):
             fut.result()
@@ -70,7 +70,7 @@ async def test_a_failed_batch_drops_the_pieces_its_requests_have_in_other_batche
         failed_first):
     loop = asyncio.get_running_loop()
     futures, (first, second) = split_batches(loop, [2, 5], 4)  # [2 + 2 of 5], [3 of 5]
-    router = ResponseRouter()
+    router = ResultDelivery()
     if failed_first:
         router.fail(first, ArithmeticError("first batch"))
         assert router.deliver(second, second.batch * 2, version=0) is None
@@ -84,7 +84,7 @@ async def test_a_failed_batch_drops_the_pieces_its_requests_have_in_other_batche
 
 async def test_held_pieces_return_to_zero_after_many_partial_failures():
     loop = asyncio.get_running_loop()
-    router = ResponseRouter()
+    router = ResultDelivery()
     futures, batches = split_batches(loop, [5, 7, 3, 9, 6, 4, 8] * 40, 8)
     for i, popped in enumerate(batches):
         if i % 3 == 0:
@@ -107,7 +107,7 @@ async def test_held_pieces_return_to_zero_after_many_partial_failures():
 async def test_outputs_that_change_structure_fail_their_batch_and_resolve_nothing(
         first, later):
     loop = asyncio.get_running_loop()
-    router = ResponseRouter()
+    router = ResultDelivery()
     futures, (popped,) = split_batches(loop, [1, 1], 4)
     assert router.deliver(popped, first, version=0) is None
     futures, (popped,) = split_batches(loop, [1, 1], 4)
@@ -119,7 +119,7 @@ async def test_outputs_that_change_structure_fail_their_batch_and_resolve_nothin
 
 async def test_outputs_of_a_dtype_of_the_same_kind_are_cast_to_the_expected_one():
     loop = asyncio.get_running_loop()
-    router = ResponseRouter(np.zeros((0, 2), np.float32))  # a declared float32 spec
+    router = ResultDelivery(np.zeros((0, 2), np.float32))  # a declared float32 spec
     futures, (popped,) = split_batches(loop, [1, 2], 4)
     assert router.deliver(popped, np.ones((3, 2), np.float64), version=0) is None
     assert [fut.result().dtype for fut in futures] == [np.float32, np.float32]
@@ -130,7 +130,7 @@ async def test_outputs_of_a_dtype_of_the_same_kind_are_cast_to_the_expected_one(
 async def test_fail_wraps_what_a_future_cannot_carry(raised):
     loop = asyncio.get_running_loop()
     futures, (popped,) = split_batches(loop, [1, 2], 4)
-    ResponseRouter().fail(popped, raised)
+    ResultDelivery().fail(popped, raised)
     for fut in futures:
         error = fut.exception()
         assert isinstance(error, ModelRaisedError) and error.__cause__ is raised
@@ -139,7 +139,7 @@ async def test_fail_wraps_what_a_future_cannot_carry(raised):
 
 async def test_a_batch_of_zero_element_requests_neither_sets_nor_breaks_the_structure():
     loop = asyncio.get_running_loop()
-    router = ResponseRouter()
+    router = ResultDelivery()
     futures, (empty,) = split_batches(loop, [0, 0], 4)
     assert router.deliver(empty, np.zeros(0), version=0) is None  # a degenerate model
     assert router.structure is None and futures[0].result().shape == (0,)

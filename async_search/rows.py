@@ -1,0 +1,321 @@
+"""Row operations on model outputs: count, take, concatenate, split, check.
+
+A model's outputs are an array, or a tuple or dict of arrays, whose first dimension is
+the batch (``base.Outputs``). This module is the one place that walks those structures;
+batching, unbatching, delivering results, caching and routing call into it. Every
+function puts the plain-ndarray case first (``type(y) is np.ndarray``): they run once
+per batch or per request on the serving hot path.
+
+    >>> y = (np.arange(6).reshape(3, 2), np.arange(3))
+    >>> count(y)
+    3
+    >>> [count(p) for p in split(y, [1, 2])]
+    [1, 2]
+    >>> concatenate(split(y, [1, 2]))[1].tolist()
+    [0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
+
+import numpy as np
+
+from async_search.base import Outputs
+from async_search.errors import ModelOutputError
+
+__all__ = [
+    "count", "take", "concatenate", "split", "leaves", "map_leaves", "check",
+    "OutputStructure", "rows_of", "stack", "assemble", "frozen_copy",
+]
+
+_ndarray = np.ndarray
+
+
+def count(outputs: Outputs) -> int:
+    """The number of rows (elements) of ``outputs``.
+
+    Raises:
+        ModelOutputError: for an empty tuple or dict, or leaves that disagree on rows.
+        TypeError: for a leaf without a length.
+    """
+    if type(outputs) is _ndarray:
+        return len(outputs)
+    leaves_ = leaves(outputs)
+    if type(leaves_) is not list:
+        return len(outputs)
+    if not leaves_:
+        raise ModelOutputError("the model returned an empty tuple or dict")
+    first = len(leaves_[0])
+    for leaf in leaves_[1:]:
+        if len(leaf) != first:
+            rows = sorted({len(leaf) for leaf in leaves_})
+            raise ModelOutputError(
+                f"the model's outputs disagree on the number of rows: {rows}")
+    return first
+
+
+def take(outputs: Outputs, index: Any) -> Outputs:
+    """Rows ``index`` (a slice: views; or an integer array) of ``outputs``, leaf by leaf.
+
+    Example:
+        >>> take({"v": np.arange(4)}, slice(1, 3))["v"].tolist()
+        [1, 2]
+    """
+    if type(outputs) is _ndarray:
+        return outputs[index]
+    if isinstance(outputs, dict):
+        return {k: v[index] for k, v in outputs.items()}
+    if isinstance(outputs, tuple):
+        return tuple(v[index] for v in outputs)
+    return outputs[index]
+
+
+def concatenate(pieces: Sequence[Outputs]) -> Outputs:
+    """Pieces of outputs (of one structure) joined row-wise, in order.
+
+    Example:
+        >>> concatenate([(np.zeros(1), np.ones(1)), (np.zeros(2), np.ones(2))])[1].tolist()
+        [1.0, 1.0, 1.0]
+    """
+    first = pieces[0]
+    if type(first) is _ndarray:
+        return np.concatenate(pieces)
+    if isinstance(first, dict):
+        return {k: np.concatenate([p[k] for p in pieces]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(np.concatenate([p[i] for p in pieces]) for i in range(len(first)))
+    return np.concatenate(pieces)
+
+
+def split(outputs: Outputs, sizes: Sequence[int]) -> List[Outputs]:
+    """``outputs`` cut into consecutive pieces of ``sizes`` rows: views, not copies.
+
+    Rows past ``sum(sizes)`` are left out.
+
+    Example:
+        >>> [p.tolist() for p in split(np.arange(5), [2, 0, 3])]
+        [[0, 1], [], [2, 3, 4]]
+    """
+    stops = list(itertools.accumulate(sizes))
+    starts = [0, *stops[:-1]]
+    if type(outputs) is _ndarray:
+        return [outputs[a:b] for a, b in zip(starts, stops)]
+    if isinstance(outputs, dict):
+        items = list(outputs.items())
+        return [{k: v[a:b] for k, v in items} for a, b in zip(starts, stops)]
+    if isinstance(outputs, tuple):
+        return [tuple(v[a:b] for v in outputs) for a, b in zip(starts, stops)]
+    return [outputs[a:b] for a, b in zip(starts, stops)]
+
+
+def leaves(outputs: Outputs) -> Any:
+    """The arrays of ``outputs``: a list for a tuple or dict (in order), else the
+    outputs themselves (one array)."""
+    if type(outputs) is _ndarray:
+        return outputs
+    if isinstance(outputs, dict):
+        return list(outputs.values())
+    if isinstance(outputs, tuple):
+        return list(outputs)
+    return outputs
+
+
+def map_leaves(fn: Callable[[Any], Any], outputs: Outputs) -> Outputs:
+    """``fn`` applied to each array of ``outputs``, the structure kept (a list of
+    arrays, as some frameworks return, becomes a tuple)."""
+    if type(outputs) is _ndarray:
+        return fn(outputs)
+    if isinstance(outputs, dict):
+        return {k: fn(v) for k, v in outputs.items()}
+    if isinstance(outputs, (tuple, list)):
+        return tuple(fn(v) for v in outputs)
+    return fn(outputs)
+
+
+# -- structure ---------------------------------------------------------------------------
+
+class OutputStructure(NamedTuple):
+    """What outputs are, batch size aside: their kind and each output's trailing shape
+    and dtype. Outputs of equal structure split and join alike, so a batch whose
+    structure differs from the first batch's (or the declared one) must not be sliced
+    into callers' results as if it were the same.
+
+    Example:
+        >>> s = OutputStructure.of((np.zeros((3, 4), np.float32), np.zeros(3)))
+        >>> s.describe()
+        'a tuple of 2 outputs ([n, 4] float32, [n] float64)'
+        >>> s == OutputStructure.of((np.ones((5, 4), np.float32), np.ones(5)))
+        True
+    """
+
+    kind: str
+    """``"array"``, ``"tuple"`` or ``"dict"``."""
+    leaves: Any
+    """``(key, trailing shape, dtype)`` per output: key None for an array, the position
+    in a tuple (a tuple of them), the key in a dict (a frozenset: order is free)."""
+
+    @classmethod
+    def of(cls, outputs: Outputs) -> "OutputStructure":
+        """The structure of ``outputs``.
+
+        Raises:
+            ModelOutputError: when ``outputs`` is not an array with a batch dimension,
+                or a tuple or dict of them.
+        """
+        if type(outputs) is _ndarray and outputs.ndim:
+            return cls("array", ((None, outputs.shape[1:], outputs.dtype),))
+        if isinstance(outputs, np.ndarray):
+            return cls("array", ((None,) + _leaf(outputs, "the output"),))
+        if isinstance(outputs, tuple):
+            return cls("tuple", tuple((i,) + _leaf(v, f"output {i}")
+                                      for i, v in enumerate(outputs)))
+        if isinstance(outputs, dict):
+            return cls("dict", frozenset((k,) + _leaf(v, f"output {k!r}")
+                                         for k, v in outputs.items()))
+        raise ModelOutputError(
+            f"a model must return an ndarray, or a tuple or dict of them, got "
+            f"{type(outputs).__name__}")
+
+    def describe(self) -> str:
+        """How error messages name a structure: ``an array [n, 4] float32``."""
+        if self.kind == "array":
+            return f"an array {_describe_leaf(self.leaves[0])}"
+        if self.kind == "tuple":
+            return (f"a tuple of {len(self.leaves)} outputs "
+                    f"({', '.join(map(_describe_leaf, self.leaves))})")
+        leaves_ = sorted(self.leaves, key=lambda leaf: repr(leaf[0]))
+        return "a dict {" + ", ".join(f"{leaf[0]!r}: {_describe_leaf(leaf)}"
+                                      for leaf in leaves_) + "}"
+
+    def conform(self, outputs: Outputs, got: "OutputStructure | None" = None,
+                expected_from: str = "the first batch's") -> Outputs:
+        """``outputs`` (of structure ``got``) made to fit this structure.
+
+        Outputs that differ only in dtypes of the same kind (float64 for float32, int32
+        for int64) are cast to this structure's dtypes; any other difference (another
+        kind, int for float; a shape; a kind of outputs) raises.
+
+        Raises:
+            ModelOutputError: naming the expected and the given structure.
+        """
+        got = got if got is not None else OutputStructure.of(outputs)
+        if got == self:
+            return outputs
+        if got.kind == self.kind and len(got.leaves) == len(self.leaves):
+            want = {leaf[0]: leaf for leaf in self.leaves}
+            if all(leaf[0] in want and leaf[1] == want[leaf[0]][1] and (
+                    leaf[2] == want[leaf[0]][2] or (
+                    isinstance(leaf[2], np.dtype) and isinstance(want[leaf[0]][2], np.dtype)
+                    and leaf[2].kind == want[leaf[0]][2].kind))
+                   for leaf in got.leaves):
+                return _cast(outputs, {k: leaf[2] for k, leaf in want.items()})
+        raise ModelOutputError(
+            f"the model's outputs do not match {expected_from}: expected "
+            f"{self.describe()}, got {got.describe()}")
+
+
+def check(outputs: Outputs, expected: OutputStructure | None = None, *,
+          expected_from: str = "the first batch's") -> Tuple[Outputs, OutputStructure]:
+    """``(outputs, structure)``: the structure of ``outputs`` when nothing is expected,
+    else ``outputs`` made to fit ``expected`` (a dtype of the same kind is cast).
+
+    Example:
+        >>> first = check(np.zeros((2, 3), np.float32))[1]
+        >>> check(np.zeros((5, 3)), first)[0].dtype
+        dtype('float32')
+
+    Raises:
+        ModelOutputError: when ``outputs`` are not an array, tuple or dict of arrays with
+            a batch dimension, or differ from ``expected`` in kind, keys, arity, trailing
+            shape or dtype kind; the message names both structures.
+    """
+    got = OutputStructure.of(outputs)
+    if expected is None or got == expected:
+        return outputs, got
+    return expected.conform(outputs, got, expected_from), expected
+
+
+def _leaf(v: Any, where: str) -> Tuple[Any, Any]:
+    if isinstance(v, np.ndarray):
+        if not v.ndim:
+            raise ModelOutputError(
+                f"the model's outputs have no batch dimension: {where} is a 0-d array")
+        return v.shape[1:], v.dtype
+    if isinstance(v, (tuple, dict)) or not hasattr(v, "__len__"):
+        raise ModelOutputError(
+            f"the model's outputs have no batch dimension: {where} is a "
+            f"{type(v).__name__}, not an array [n, ...]")
+    return type(v), None  # an array-like leaf: only its type is compared
+
+
+def _describe_leaf(leaf: tuple) -> str:
+    _, shape, dtype = leaf
+    if dtype is None:
+        return shape.__name__
+    return f"[{', '.join(['n', *map(str, shape)])}] {dtype}"
+
+
+def _cast(outputs: Outputs, dtypes: dict) -> Outputs:
+    if isinstance(outputs, np.ndarray):
+        return outputs.astype(dtypes[None], copy=False)
+    if isinstance(outputs, tuple):
+        return tuple(v if dtypes[i] is None else v.astype(dtypes[i], copy=False)
+                     for i, v in enumerate(outputs))
+    return {k: v if dtypes[k] is None else v.astype(dtypes[k], copy=False)
+            for k, v in outputs.items()}
+
+
+# -- per element -------------------------------------------------------------------------
+
+def rows_of(outputs: Outputs) -> list:
+    """One value per element: a row of the array, or a tuple or dict of rows."""
+    if type(outputs) is _ndarray:
+        return list(outputs)
+    if isinstance(outputs, dict):
+        keys = list(outputs)
+        return [dict(zip(keys, row)) for row in zip(*outputs.values())]
+    if isinstance(outputs, tuple):
+        return list(zip(*outputs))
+    return list(outputs)
+
+
+def stack(rows: Sequence) -> Outputs:
+    """The inverse of ``rows_of``: per-element values back into batch outputs."""
+    first = rows[0]
+    if isinstance(first, np.ndarray):
+        return np.stack(rows)
+    if isinstance(first, dict):
+        return {k: np.stack([r[k] for r in rows]) for k in first}
+    return tuple(np.stack([r[i] for r in rows]) for i in range(len(first)))
+
+
+def assemble(parts: Sequence[Outputs], indices: Sequence[np.ndarray], n: int) -> Outputs:
+    """Outputs of ``n`` elements from parts: row ``j`` of ``parts[k]`` goes to
+    position ``indices[k][j]``. Every position must be covered once.
+
+    Example:
+        >>> assemble([np.array([10, 30]), np.array([20])],
+        ...          [np.array([0, 2]), np.array([1])], 3).tolist()
+        [10, 20, 30]
+    """
+    first = parts[0]
+    if isinstance(first, np.ndarray):
+        out = np.empty((n, *first.shape[1:]), first.dtype)
+        for part, index in zip(parts, indices):
+            out[index] = part
+        return out
+    keys = list(first) if isinstance(first, dict) else range(len(first))
+    assembled = {k: assemble([p[k] for p in parts], indices, n) for k in keys}
+    return assembled if isinstance(first, dict) else tuple(assembled[k] for k in keys)
+
+
+def frozen_copy(outputs: Outputs) -> Outputs:
+    """A read-only copy: what a cache may hand out as views without being changed."""
+    def freeze(a: np.ndarray) -> np.ndarray:
+        a = np.array(a)
+        a.flags.writeable = False
+        return a
+
+    return map_leaves(freeze, outputs)

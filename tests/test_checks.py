@@ -1,0 +1,68 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from async_search import checks
+from async_search.checks import check_float, check_int, is_int
+
+
+@pytest.mark.parametrize("value, expected", [
+    (0, True), (-3, True), (np.int64(8), True), (np.uint8(1), True),
+    (True, False), (False, False), (np.bool_(True), False), (1.0, False), ("1", False),
+    (None, False),
+])
+def test_is_int_accepts_integers_and_never_a_bool(value, expected):
+    assert is_int(value) is expected
+
+
+@given(st.integers(1, 10 ** 6))
+def test_check_int_returns_a_python_int(value):
+    for given_ in (value, np.int64(value)):
+        got = check_int("n", given_, minimum=1)
+        assert got == value and type(got) is int
+
+
+@pytest.mark.parametrize("value, bounds, message", [
+    (True, dict(minimum=1), "max_batch_size must be an integer >= 1, got True"),
+    (0, dict(minimum=1), "max_batch_size must be an integer >= 1, got 0"),
+    (2.5, dict(), "max_batch_size must be an integer, got 2.5"),
+    (9, dict(maximum=8), "max_batch_size must be an integer <= 8, got 9"),
+    (9, dict(minimum=2, maximum=8), r"max_batch_size must be an integer in \[2, 8\], got 9"),
+    ("8", dict(minimum=1), "max_batch_size must be an integer >= 1, got '8'"),
+])
+def test_check_int_names_the_argument_the_rule_and_the_value(value, bounds, message):
+    with pytest.raises(ValueError, match=message):
+        check_int("max_batch_size", value, **bounds)
+
+
+def test_check_int_bounds_are_inclusive():
+    assert check_int("n", 2, minimum=2, maximum=2) == 2
+
+
+@pytest.mark.parametrize("value", [0, 1, 0.5, np.float32(0.25), np.int64(3)])
+def test_check_float_returns_a_python_float(value):
+    got = check_float("delay", value, minimum=0)
+    assert got == float(value) and type(got) is float
+
+
+@pytest.mark.parametrize("value, bounds, message", [
+    (True, dict(minimum=0), "delay must be a finite number >= 0, got True"),
+    (-1, dict(minimum=0), "delay must be a finite number >= 0, got -1"),
+    (0, dict(minimum=0, strict=True), "delay must be a finite number > 0, got 0"),
+    (2, dict(minimum=0, maximum=1), "delay must be a finite number >= 0 and <= 1, got 2"),
+    (math.inf, dict(), "delay must be a finite number, got inf"),
+    (math.nan, dict(minimum=0), "delay must be a finite number >= 0, got nan"),
+    (None, dict(), "delay must be a finite number, got None"),
+    ("fast", dict(), "delay must be a finite number, got 'fast'"),
+])
+def test_check_float_names_the_argument_the_rule_and_the_value(value, bounds, message):
+    with pytest.raises(ValueError, match=message):
+        check_float("delay", value, **bounds)
+
+
+def test_all_names_what_the_module_has():
+    assert sorted(checks.__all__) == ["check_float", "check_int", "is_int"]
+    assert all(callable(getattr(checks, name)) for name in checks.__all__)

@@ -1,0 +1,95 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from async_search import batchers
+from async_search.batchers import BatchManager, BatchSizeBatcher
+from async_search.errors import ModelOutputError
+from async_search.unbatchers import NumpyUnbatcher, TreeUnbatcher, Unbatcher, unbatcher_for
+
+
+def requests_of(sizes, width=2):
+    """Requests with distinct values, so that any mix-up shows."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(np.arange(start, start + n * width, dtype=np.int64).reshape(n, width))
+        start += n * width
+    return out
+
+
+def run_manager(manager, requests, fn):
+    for x in requests:
+        manager.add_inputs(x)
+    outputs = []
+    while not manager.empty():
+        outputs.extend(manager.process_output(fn(manager.pop_batch())))
+    return outputs
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(0, 20), max_size=15), batch_size=st.integers(1, 16),
+       as_dict=st.booleans())
+def test_tree_unbatcher_splits_tuple_and_dict_outputs(sizes, batch_size, as_dict):
+    def policy_value(x):
+        p, v = x * 2, x.sum(axis=1, keepdims=True)
+        return {"policy": p, "value": v} if as_dict else (p, v)
+
+    requests = requests_of(sizes)
+    outputs = run_manager(BatchManager(BatchSizeBatcher(batch_size)), requests,
+                          fn=policy_value)
+    for x, y in zip(requests, outputs):
+        expected = policy_value(x)
+        keys = expected.keys() if as_dict else range(2)
+        for k in keys:
+            np.testing.assert_array_equal(y[k], expected[k])
+
+
+def test_unbatcher_for_picks_by_output_type():
+    assert isinstance(unbatcher_for(np.zeros(2)), NumpyUnbatcher)
+    assert isinstance(unbatcher_for((np.zeros(2),)), TreeUnbatcher)
+    with pytest.raises(ModelOutputError, match="got list"):
+        unbatcher_for([1, 2])
+
+
+def test_more_output_rows_than_registered_raises_model_output_error():
+    unbatcher = NumpyUnbatcher()
+    unbatcher.register(2)
+    with pytest.raises(ModelOutputError, match="1 more output rows"):
+        unbatcher.unbatch(np.zeros(3))
+
+
+def test_tree_outputs_that_disagree_on_rows_raise():
+    with pytest.raises(ModelOutputError, match="disagree"):
+        TreeUnbatcher().num_rows((np.zeros(2), np.zeros(3)))
+
+
+def test_batchers_re_exports_the_numpy_unbatcher_of_the_public_contract():
+    assert batchers.NumpyUnbatcher is NumpyUnbatcher
+    assert "NumpyUnbatcher" in batchers.__all__
+
+
+def test_a_request_split_across_batches_is_joined_in_order():
+    unbatcher = NumpyUnbatcher()
+    for n in (3, 5):
+        unbatcher.register(n)
+    assert [y.tolist() for y in unbatcher.unbatch(np.arange(4))] == [[0, 1, 2]]
+    assert len(unbatcher) == 1 and not unbatcher.empty()
+    assert [y.tolist() for y in unbatcher.unbatch(np.arange(4, 8))] == [[3, 4, 5, 6, 7]]
+    assert unbatcher.empty()
+
+
+def test_a_subclass_may_say_how_to_measure_slice_and_join():
+    class ListUnbatcher(Unbatcher):
+        def num_rows(self, outputs):
+            return len(outputs)
+
+        def slice(self, outputs, start, stop):
+            return outputs[start:stop]
+
+        def concat(self, pieces):
+            return sum(pieces, [])
+
+    unbatcher = ListUnbatcher()
+    unbatcher.register(3)
+    assert unbatcher.unbatch([1, 2]) == [] and unbatcher.unbatch([3]) == [[1, 2, 3]]
