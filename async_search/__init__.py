@@ -9,13 +9,14 @@ Example:
 """
 
 from async_search.backends import SearchResults, run_searches, run_searches_async
-from async_search.base import Evaluate, Model, Outputs, TensorSpec
+from async_search.base import (Evaluate, Model, Outputs, TensorSpec, Versioned,
+                               VersionedEvaluate)
 from async_search.errors import (CircuitOpenError, InputSpecError, ModelOutputError,
                                  SearchError, ServerClosedError, ServerDiedError)
 from async_search.servers import CachedEvaluate, Router, immediate, serve, serve_connection
 
 __all__ = [
-    "Evaluate", "Model", "Outputs", "TensorSpec",
+    "Evaluate", "Model", "Outputs", "TensorSpec", "Versioned", "VersionedEvaluate",
     "CircuitOpenError", "InputSpecError", "ModelOutputError", "SearchError",
     "ServerClosedError", "ServerDiedError",
     "immediate", "serve", "serve_connection", "CachedEvaluate", "Router",

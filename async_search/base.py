@@ -1,4 +1,5 @@
-"""Interfaces shared by every module: tensor specs, the Model and Evaluate protocols.
+"""Interfaces shared by every module: tensor specs, the Model, Evaluate and Versioned
+protocols, and how to read a model version from anything.
 
 Algorithm modules (batchers, servers, searches) depend on this module, not on each other.
 """
@@ -6,9 +7,14 @@ Algorithm modules (batchers, servers, searches) depend on this module, not on ea
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Awaitable, Mapping, Protocol, Tuple, Union, runtime_checkable
+from typing import (Any, Awaitable, Hashable, Mapping, Protocol, Tuple, Union,
+                    runtime_checkable)
 
 import numpy as np
+
+__all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "VersionedEvaluate",
+           "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
+           "evaluate_with_version", "input_spec_of", "output_spec_of"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
 #: dimension is the batch (a policy and a value, say).
@@ -67,6 +73,78 @@ class Evaluate(Protocol):
     """What a search awaits: ``y = await evaluate(x)`` with ``x[n, ...] -> y[n, ...]``."""
 
     def __call__(self, x: np.ndarray) -> Awaitable[Outputs]: ...
+
+
+@runtime_checkable
+class Versioned(Protocol):
+    """Something that knows which model version computes its results now (a server, a
+    cache or router in front of servers, a client of a server elsewhere, a model).
+
+    ``version`` is a hashable label (an int, a string...): the one given with the model
+    to ``update_model``, or the model's own ``version`` attribute.
+    """
+
+    @property
+    def version(self) -> Hashable: ...
+
+
+@runtime_checkable
+class VersionedEvaluate(Versioned, Protocol):
+    """An evaluate function that also says which version computed each answer:
+    ``outputs, version = await evaluate.with_version(x)``. The version is None when
+    parts of the request were computed by different versions (a swap happened while it
+    was served)."""
+
+    def __call__(self, x: np.ndarray) -> Awaitable[Outputs]: ...
+
+    def with_version(self, x: np.ndarray) -> Awaitable[Tuple[Outputs, Hashable]]: ...
+
+
+#: The version of something that reports none: unknown. None rather than a number, so
+#: that an unversioned function is never taken for version 0 of a versioned one (a
+#: cache, say, must not mix their results). Text formats (HTTP, Prometheus labels)
+#: spell it at their edge: see ``servers.kserve.version_label``.
+UNKNOWN_VERSION: Hashable = None
+
+#: The version a server gives the model it starts with when that model declares none:
+#: a server always knows what it runs, and numbers the first model 0 until
+#: ``update_model`` names the next one.
+FIRST_VERSION: Hashable = 0
+
+
+def version_of(obj: Any) -> Hashable:
+    """The model version ``obj`` computes with now: its ``version`` (see ``Versioned``),
+    or ``UNKNOWN_VERSION`` (None) when it reports none.
+
+    Example:
+        >>> version_of(lambda x: x) is None
+        True
+    """
+    # getattr rather than isinstance(obj, Versioned): the same test (a runtime protocol
+    # checks hasattr), a hundred times cheaper, and this runs once per cache lookup.
+    return getattr(obj, "version", UNKNOWN_VERSION)
+
+
+def first_version(model: Any) -> Hashable:
+    """The version a server reports for the model it starts with: the model's own
+    ``version``, or ``FIRST_VERSION`` (0) when it declares none."""
+    version = version_of(model)
+    return FIRST_VERSION if version is UNKNOWN_VERSION else version
+
+
+async def evaluate_with_version(evaluate: Any, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+    """``(outputs, version)`` from any evaluate function: its ``with_version(x)`` when it
+    has one (``VersionedEvaluate``), else ``await evaluate(x)`` with ``version_of``
+    read when the outputs came (None for a function that reports no version).
+
+    Example:
+        >>> # outputs, version = await evaluate_with_version(evaluate, x)
+    """
+    with_version = getattr(evaluate, "with_version", None)
+    if with_version is not None:
+        return await with_version(x)
+    outputs = await evaluate(x)
+    return outputs, version_of(evaluate)
 
 
 def input_spec_of(model: Any) -> TensorSpec | None:

@@ -1,5 +1,11 @@
 """The exceptions async_search raises, in one flat set."""
 
+__all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
+           "ServerCrashedError", "ModelRaisedError", "SearchError", "CircuitOpenError",
+           "RemoteError", "ProtocolError", "RepositoryError", "ModelNotFoundError",
+           "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "deliverable",
+           "describe"]
+
 
 class InputSpecError(ValueError):
     """A request does not match the model's input spec (shape, dtype or type)."""
@@ -61,6 +67,37 @@ class RemoteError(RuntimeError):
         notes = [str(n) for n in getattr(self, "__notes__", ())]
         return (type(self), (self.type_name, self.message, self.remote_traceback,
                              self.remote_mro), {"__notes__": notes} if notes else None)
+
+
+class ProtocolError(ValueError):
+    """A request that breaks the inference protocol; ``status`` is the HTTP answer."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self):  # keeps the status across processes (decoding off the loop)
+        return type(self), (str(self), self.status)
+
+
+class RepositoryError(Exception):
+    """A model repository refused a request (the subclasses say why)."""
+
+
+class ModelNotFoundError(RepositoryError, LookupError):
+    """The repository has no model of that name, or the model has no such version."""
+
+
+class ModelNotReadyError(RepositoryError):
+    """The model is known but not loaded now (unloaded, or its last load failed)."""
+
+
+class ModelLoadError(RepositoryError):
+    """Loading a model failed: its factory or its server raised (the ``__cause__``)."""
+
+
+class LoadParametersError(RepositoryError, ValueError):
+    """A load request's parameters are unknown, out of range, or not for this model."""
 
 
 def deliverable(error: BaseException) -> Exception:

@@ -15,10 +15,10 @@ Limits (defaults in brackets; see ``HttpLimits``): ``--max-body-bytes`` [16 MiB]
 and at most half of ``ulimit -n``], ``--keepalive-timeout`` [5 s idle],
 ``--read-timeout`` [30 s per body], ``--shutdown-timeout`` [5 s], ``--offload-bytes``
 [256 KiB: JSON this large is parsed in ``--offload-workers`` [half the CPUs] processes],
-``--max-workers`` [4 per CPU: the most ``num_workers`` a load request may ask for]. Load and unload are off unless
-``--enable-repository`` or ``--repository-token TOKEN`` (or the environment variable
-ASYNC_SEARCH_REPOSITORY_TOKEN) is given; with a token, they need the header
-``Authorization: Bearer TOKEN``.
+``--max-workers`` [4 per CPU: the most ``num_workers`` a load request may ask for].
+Load and unload are off unless ``--enable-repository`` or ``--repository-token TOKEN``
+(or the environment variable ASYNC_SEARCH_REPOSITORY_TOKEN) is given; with a token, they
+need the header ``Authorization: Bearer TOKEN``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from async_search.servers.repository import ModelSource
 
 __all__ = ["builtin_models", "main"]
 
-log = logging.getLogger("async_search.http")
+_log = logging.getLogger("async_search.http")
 
 
 def builtin_models() -> dict:
@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def serve_forever(args: argparse.Namespace) -> None:
+async def _serve_forever(args: argparse.Namespace) -> None:
     name, factory = _factory(args.model)
     source = ModelSource(factory, max_batch_size=args.max_batch_size,
                          max_delay=args.max_delay, pipeline_depth=args.pipeline_depth,
@@ -120,7 +120,7 @@ async def serve_forever(args: argparse.Namespace) -> None:
                          max_body_bytes=args.max_body_bytes, limits=limits,
                          enable_repository=args.enable_repository,
                          repository_token=args.repository_token or None) as front:
-        log.warning("serving %r on %s", args.name or name, front.url)
+        _log.warning("serving %r on %s", args.name or name, front.url)
         await stop.wait()
 
 
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.loop == "uvloop":
                 raise SystemExit("--loop uvloop: uvloop is not installed")
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve_forever(args))
+        runner.run(_serve_forever(args))
 
 
 if __name__ == "__main__":

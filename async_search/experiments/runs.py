@@ -85,26 +85,14 @@ def loop_factory(use_uvloop: bool) -> Optional[Callable[[], asyncio.AbstractEven
 
 async def _sequential(workload: Workload, model: Any, progress: Optional[Progress],
                       ) -> Tuple[List[Any], float, List[BatchRecord], dict]:
-    ev = asr.immediate(model)
-    trace: List[BatchRecord] = []
+    on_batch = (lambda record: progress(record.size)) if progress is not None else None
+    ev = asr.immediate(model, on_batch=on_batch)  # keeps the stats and trace itself
     start = time.perf_counter()
-    model_time = 0.0
-
-    async def evaluate(x):
-        nonlocal model_time
-        y = await ev(x)
-        now = ev.stats["model_time_s"]
-        trace.append(BatchRecord(time.perf_counter() - start, len(x), now - model_time))
-        model_time = now
-        if progress is not None:
-            progress(len(x))
-        return y
-
     results = []
     for s in workload.starts:
-        results.append(await workload.search_fn(s, evaluate))
+        results.append(await workload.search_fn(s, ev))
     wall = time.perf_counter() - start
-    return results, wall, trace, ev.stats
+    return results, wall, ev.trace, ev.stats
 
 
 def run_baseline(spec: RunSpec, workload: Workload, progress: Optional[Progress] = None,
@@ -115,15 +103,13 @@ def run_baseline(spec: RunSpec, workload: Workload, progress: Optional[Progress]
     with asyncio.Runner(loop_factory=loop_factory(spec.use_uvloop)) as runner:
         results, wall, trace, stats = runner.run(_sequential(workload, model, progress))
     elapsed = time.perf_counter() - t0
-    sizes = [r.size for r in trace]
-    mean = sum(sizes) / len(sizes) if sizes else 0.0
-    std = (sum((s - mean) ** 2 for s in sizes) / len(sizes)) ** 0.5 if sizes else 0.0
     report = RunReport(
         name=spec.name, group=spec.group, backend="sync", num_procs=1, num_servers=1,
         search_time_s=wall, elapsed_s=elapsed, model_time_s=stats["model_time_s"],
         fraction_in_model=stats["model_time_s"] / wall if wall > 0 else 0.0,
-        batches=stats["batches"], elements=stats["elements"], mean_batch_size=mean,
-        std_batch_size=std, matches_baseline=None, summary=summarize(results),
+        batches=stats["batches"], elements=stats["elements"],
+        mean_batch_size=stats["mean_batch_size"], std_batch_size=stats["std_batch_size"],
+        matches_baseline=None, summary=summarize(results),
         trace=tuple(trace))
     return results, report
 

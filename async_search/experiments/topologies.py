@@ -33,7 +33,7 @@ from async_search.problems import ConnectFour
 from async_search.queues import process_queue
 from async_search.servers import CLOSE, DispatchPolicy, serve_connection
 from async_search.servers.cache import CachedEvaluate
-from async_search.servers.routing import Router
+from async_search.servers.router import Router
 from async_search.experiments.runs import loop_factory
 from async_search.experiments.selfplay import SelfPlayParams, play_slot
 

@@ -17,8 +17,9 @@ from async_search.servers.connection_server import (CLOSE, ModelUpdate, Versione
 from async_search.servers.immediate import Immediate, immediate
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.repository import ModelRepository, ModelSource
-from async_search.servers.routing import (ConsistentHash, HashRing, LeastOutstanding,
-                                          RoundRobin, Router, RoutingPolicy)
+from async_search.servers.hash_ring import HashRing
+from async_search.servers.router import (ConsistentHash, LeastOutstanding, RoundRobin,
+                                         Router, RoutingPolicy)
 from async_search.servers.serve import serve
 from async_search.servers.stats import BatchRecord
 

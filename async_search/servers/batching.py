@@ -16,7 +16,8 @@ from typing import Any, Callable, Dict, Hashable, List, Tuple
 
 import numpy as np
 
-from async_search.base import Outputs, TensorSpec, input_spec_of, output_spec_of
+from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of,
+                               output_spec_of)
 from async_search.batchers import Batcher, BatchSizeBatcher, Popped
 from async_search.checks import check_int
 from async_search.errors import (ModelOutputError, ServerClosedError, ServerCrashedError,
@@ -251,7 +252,7 @@ class BatchingServer:
         """The version of the model that new batches run on."""
         if self._workers is not None:
             return self._workers.version
-        return getattr(self._first_model, "version", 0)
+        return first_version(self._first_model)  # the model's own, or 0
 
     def update_model(self, model_or_weights: Any, version: Hashable) -> None:
         """Swaps the model between batches, without stopping the searches.

@@ -32,10 +32,10 @@ from typing import Any, Dict, Hashable, List, Tuple
 
 import numpy as np
 
-from async_search.base import Outputs
+from async_search.base import Outputs, evaluate_with_version, version_of
 from async_search.servers import rows
 
-__all__ = ["CachedEvaluate", "swap_token", "same_label"]
+__all__ = ["CachedEvaluate", "Key", "swap_token", "same_label"]
 
 _ATTEMPTS = 3  # lookups of one request before it goes around the table
 
@@ -163,7 +163,7 @@ class CachedEvaluate:
         return self._current_version()
 
     def _current_version(self) -> Hashable:
-        return getattr(self.evaluate, "version", None)
+        return version_of(self.evaluate)  # None (unknown) when it reports none
 
     async def _lookup(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
         if type(x) is not np.ndarray or x.ndim == 0 or not len(x) or (
@@ -238,27 +238,20 @@ class CachedEvaluate:
         return rows.stack(values), labels[0]
 
     async def _bypass(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
-        with_version = getattr(self.evaluate, "with_version", None)
-        if with_version is not None:
-            return await with_version(x)
-        return await self.evaluate(x), self._current_version()
+        return await evaluate_with_version(self.evaluate, x)
 
     def _launch(self, xs: np.ndarray, keys: List[Key], spec: tuple) -> _Flight:
-        with_version = getattr(self.evaluate, "with_version", None)
         generation = self._generation
-        if with_version is not None:
-            coro = with_version(xs)
-        else:
-            coro = self._plain(xs, generation.label)
-        flight = _Flight(asyncio.ensure_future(coro), spec, keys, generation)
+        # The version is the one that computed the rows (read when they came, for a
+        # function without with_version): rows of a swap while they were computed are
+        # not stored (_landed).
+        flight = _Flight(asyncio.ensure_future(evaluate_with_version(self.evaluate, xs)),
+                         spec, keys, generation)
         pending = self._pending
         for j, key in enumerate(keys):
             pending[key] = (flight, j)
         flight.future.add_done_callback(functools.partial(self._landed, flight, pending))
         return flight
-
-    async def _plain(self, xs: np.ndarray, version: Hashable) -> Tuple[Outputs, Hashable]:
-        return await self.evaluate(xs), version
 
     def _landed(self, flight: _Flight, pending: dict, future: asyncio.Future) -> None:
         for j, key in enumerate(flight.keys):

@@ -32,6 +32,7 @@ otherwise. Connections, timeouts and body sizes are bounded by ``HttpLimits``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import json
@@ -40,22 +41,43 @@ from typing import Any, Mapping
 
 from aiohttp import web
 
-from async_search.errors import InputSpecError, ServerClosedError
+from async_search.base import evaluate_with_version
+from async_search.errors import (CircuitOpenError, InputSpecError, LoadParametersError,
+                                 ModelLoadError, ModelNotFoundError, ModelNotReadyError,
+                                 ProtocolError, ServerClosedError)
 from async_search.servers import kserve
-from async_search.servers.breaker import CircuitOpenError
 from async_search.servers.http_limits import (CodecPool, ConnectionLimiter, HttpLimits,
                                               LimitedSite, connection_cap)
-from async_search.servers.kserve import ProtocolError, TensorMetadata
+from async_search.servers.kserve import TensorMetadata
 from async_search.servers.metrics import ServingMetrics
 from async_search.servers.repository import ModelEntry, ModelRepository, ModelSource
 
-__all__ = ["HttpFront", "HttpLimits"]
+__all__ = ["HttpFront", "HttpLimits", "http_status"]
 
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 _JSON = "application/json"
 # How long aiohttp keeps reading (and dropping) a body left unread after an error
 # response, so that the client sees the response rather than a reset.
 _LINGERING_S = 2.0
+
+
+#: The status of each error that is the request's or the repository's, not the
+#: front's: every error handler asks ``http_status``.
+_STATUSES = ((ModelNotFoundError, 404), (ModelNotReadyError, 503),
+             (LoadParametersError, 400), (ModelLoadError, 500))
+
+
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status that answers ``error``: its own ``status`` (ProtocolError, aiohttp's
+    HTTPException), the repository's errors' (unknown model or version 404, not loaded
+    503, bad load parameters 400, failed load 500), or None for an error the front did
+    not expect (answered 500 as an internal error)."""
+    if isinstance(error, (ProtocolError, web.HTTPException)):
+        return error.status
+    for kind, status in _STATUSES:
+        if isinstance(error, kind):
+            return status
+    return None
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -124,6 +146,7 @@ class HttpFront:
         self._codec = CodecPool(self.limits.offload_workers)
         self._owns_repository = not isinstance(models, ModelRepository)
         self._runner: web.AppRunner | None = None
+        self._exit: contextlib.AsyncExitStack | None = None  # what __aexit__ closes
         self._closing = False
         self._reading: set = set()  # body reads in progress: cut short on exit
 
@@ -140,15 +163,20 @@ class HttpFront:
     async def __aenter__(self) -> "HttpFront":
         if self._runner is not None:
             raise RuntimeError("an HttpFront can be entered once")
-        repository = self._models if not self._owns_repository else ModelRepository(
-            self._models, max_workers=self.limits.max_workers)
-        if self._owns_repository:
-            await repository.__aenter__()
-        self.repository = repository
-        try:
+        # Each step pushes its undoing: on exit (or when a later step fails) they run
+        # in reverse: stop serving, close the codec pool, unwatch, close the repository.
+        async with contextlib.AsyncExitStack() as stack:
+            if self._owns_repository:
+                repository = await stack.enter_async_context(ModelRepository(
+                    self._models, max_workers=self.limits.max_workers))
+            else:
+                repository = self._models  # its owner closes it
+            self.repository = repository
             for name in repository.names:
                 entry = repository.entry(name)
                 self.metrics.watch(name, provider=lambda e=entry: e.evaluate)
+                stack.callback(self.metrics.unwatch, name)
+            stack.push_async_callback(self._codec.aclose, self.limits.shutdown_timeout)
             app = web.Application(client_max_size=self.max_body_bytes,
                                   middlewares=[self._errors])
             self._routes(app)
@@ -157,34 +185,27 @@ class HttpFront:
                 shutdown_timeout=self.limits.shutdown_timeout,
                 keepalive_timeout=self.limits.keepalive_timeout,
                 lingering_time=min(_LINGERING_S, self.limits.read_timeout))
+            # Stops listening, closes idle connections, gives requests in progress
+            # shutdown_timeout to finish, then cancels them.
+            stack.push_async_callback(self._runner.cleanup)
+            stack.callback(self._stop_reading)  # first: a slow body must not hold it
             await self._runner.setup()
             site = LimitedSite(self._runner, self.host, self.port,
                                limiter=self.connections, backlog=1024)
             await site.start()
             self.port = self._runner.addresses[0][1]
-        except BaseException:
-            await self._close()
-            raise
+            self._exit = stack.pop_all()
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
-        await self._close()
+        exit_stack, self._exit = self._exit, None
+        if exit_stack is not None:
+            await exit_stack.aclose()
 
-    async def _close(self) -> None:
+    def _stop_reading(self) -> None:
         self._closing = True
-        for read in list(self._reading):  # a slow body must not hold the exit
+        for read in list(self._reading):
             read.cancel()
-        try:
-            if self._runner is not None:
-                # Stops listening, closes idle connections, gives requests in progress
-                # shutdown_timeout to finish, then cancels them.
-                await self._runner.cleanup()
-        finally:
-            await self._codec.aclose(self.limits.shutdown_timeout)
-            for name in (self.repository.names if self.repository else []):
-                self.metrics.unwatch(name)
-            if self._owns_repository and self.repository is not None:
-                await self.repository.aclose()
 
     def _routes(self, app: web.Application) -> None:
         model = "/v2/models/{name}"
@@ -206,8 +227,6 @@ class HttpFront:
         connection = self.connections.busy(request.transport)
         try:
             return await handler(request)
-        except ProtocolError as e:
-            return _error(str(e), e.status)
         except web.HTTPException as e:  # no such route, wrong method, body too large
             if e.status < 400:
                 raise
@@ -218,7 +237,10 @@ class HttpFront:
                           f"{self.max_body_bytes} bytes")
             return _error(reason, e.status)
         except Exception as e:  # noqa: BLE001 - a bad request must never end the server
-            return _error(f"internal error: {type(e).__name__}: {e}", 500)
+            status = http_status(e)
+            if status is None:
+                return _error(f"internal error: {type(e).__name__}: {e}", 500)
+            return _error(str(e), status)
         finally:
             self.connections.idle(connection)
 
@@ -239,12 +261,8 @@ class HttpFront:
         return _json({"ready": ready}, 200 if ready else 503)
 
     def _entry(self, request: web.Request) -> ModelEntry:
-        entry = self.repository.entry(request.match_info["name"])
-        version = request.match_info.get("version")
-        if version is not None and entry.ready and version != entry.version:
-            raise ProtocolError(f"model {entry.name!r} has no version {version!r}: it "
-                                f"serves version {entry.version!r}", status=404)
-        return entry
+        return self.repository.entry(request.match_info["name"],
+                                     request.match_info.get("version"))
 
     async def _model_metadata(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
@@ -256,8 +274,9 @@ class HttpFront:
             outputs = (TensorMetadata.of_spec(name, out_spec),)
         else:
             outputs = entry.outputs
-        return _json(kserve.model_metadata(
-            entry.name, [entry.version] if entry.ready else [], inputs, outputs))
+        versions = [entry.version] if entry.ready and entry.version else []  # "":
+        # a function that reports no version has none to list
+        return _json(kserve.model_metadata(entry.name, versions, inputs, outputs))
 
     async def _model_ready(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
@@ -353,10 +372,7 @@ class HttpFront:
         version = ""
         try:
             entry = self._entry(request)
-            evaluate = entry.evaluate
-            if evaluate is None:
-                raise ProtocolError(f"model {name!r} is not loaded: load it with POST "
-                                    f"/v2/repository/models/{name}/load", status=503)
+            evaluate = self.repository.serving(name, request.match_info.get("version"))
             header_length = request.headers.get(_HEADER_LENGTH)
             length = request.content_length
             if length is not None and length > self.max_body_bytes:
@@ -373,7 +389,7 @@ class HttpFront:
                 json_length >= self.limits.offload_bytes) else decode()
             x = kserve.input_array(decoded, entry.input_name, entry.input_spec)
             outputs, version = await self._evaluate(evaluate, name, x)
-            version = str(version)
+            version = kserve.version_label(version)  # the protocol's versions are text
             named = kserve.named_outputs(outputs, entry.output_names)
             if not entry.outputs:
                 entry.outputs = kserve.output_metadata(named)
@@ -384,9 +400,11 @@ class HttpFront:
             payload, header_length = await self._codec.run(encode) if (
                 _json_values(named, decoded) * 16 >= self.limits.offload_bytes) \
                 else encode()
-        except (ProtocolError, web.HTTPException) as e:
-            if name in self.repository.names:  # never a label per unknown name sent
-                self.metrics.observe_request(name, version, e.status,
+        except Exception as e:
+            status = http_status(e)
+            if status is not None and name in self.repository.names:  # never a label
+                # per unknown name sent
+                self.metrics.observe_request(name, version, status,
                                              time.perf_counter() - start)
             raise
         self.metrics.observe_request(name, version, 200, time.perf_counter() - start)
@@ -407,10 +425,7 @@ class HttpFront:
     @staticmethod
     async def _evaluate(evaluate: Any, name: str, x):
         try:
-            with_version = getattr(evaluate, "with_version", None)
-            if with_version is not None:
-                return await with_version(x)
-            return await evaluate(x), getattr(evaluate, "version", 0)
+            return await evaluate_with_version(evaluate, x)
         except InputSpecError as e:
             raise ProtocolError(str(e), status=400) from e
         except (ServerClosedError, CircuitOpenError) as e:

@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from async_search.servers.kserve import ProtocolError, error_body
+from async_search.errors import ProtocolError
+from async_search.servers.kserve import error_body
 
 __all__ = ["HttpLimits", "ConnectionLimiter", "LimitedSite", "CodecPool",
            "connection_cap"]
@@ -113,7 +114,7 @@ class _Guarded(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        if not self.limiter._admit(self):
+        if not self.limiter.admit(self):
             self.handler = None
             transport.write(_REFUSAL)
             transport.close()
@@ -134,7 +135,7 @@ class _Guarded(asyncio.Protocol):
             self._first_request.cancel()
         handler, self.handler = self.handler, None
         if handler is not None:
-            self.limiter._release(self)
+            self.limiter.release(self)
             handler.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -226,7 +227,9 @@ class ConnectionLimiter:
             del self._busy[guard]
             self._idle[guard] = None
 
-    def _admit(self, guard: _Guarded) -> bool:
+    def admit(self, guard: _Guarded) -> bool:
+        """Count a new connection in, closing the oldest idle ones to make room; False
+        (and counted as refused) when every open connection is busy."""
         while self.open >= self.max_connections and self._idle:
             oldest, _ = self._idle.popitem(last=False)
             self._by_transport.pop(oldest.transport, None)
@@ -239,7 +242,8 @@ class ConnectionLimiter:
         self._by_transport[guard.transport] = guard
         return True
 
-    def _release(self, guard: _Guarded) -> None:
+    def release(self, guard: _Guarded) -> None:
+        """Count a closed connection out."""
         self._idle.pop(guard, None)
         self._busy.pop(guard, None)
         if self._by_transport.get(guard.transport) is guard:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, Hashable, List, Tuple
 
 import numpy as np
 
-from async_search.base import Outputs, input_spec_of
+from async_search.base import Outputs, first_version, input_spec_of
+from async_search.servers.policy import Reason
 from async_search.servers.requests import RequestChecker
+from async_search.servers.stats import BatchRecord, ServingStats
 
 __all__ = ["Immediate", "immediate"]
 
@@ -18,45 +20,86 @@ class Immediate:
 
     It has the call shape of ``serve``'s evaluate and checks requests the same way, so a
     search runs unchanged against it; it is what batched serving is measured against.
+    It measures itself as a BatchingServer does: the same ``stats`` keys, a ``trace``
+    of BatchRecord and an ``on_batch`` callback, so that runs read either the same way.
+
+    Args:
+        model: ``ndarray [n, ...] -> outputs [n, ...]``; its ``input_spec``, if
+            declared, checks requests.
+        on_batch: called with a ``BatchRecord(finished_s, size, model_s)`` after each
+            model call (a progress bar, say); ``trace`` keeps them all.
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, *,
+                 on_batch: Callable[[BatchRecord], None] | None = None):
+        if on_batch is not None and not callable(on_batch):
+            raise TypeError(f"on_batch must be callable or None, got "
+                            f"{type(on_batch).__name__}")
         self.model = model
+        self._on_batch = on_batch
         self._check = RequestChecker(input_spec_of(model))
-        self._batches = 0
-        self._elements = 0
-        self._model_time = 0.0
-        self._start = time.perf_counter()
+        self._stats = ServingStats()
 
     async def __call__(self, x: np.ndarray) -> Outputs:
         x = self._check(x)
+        # One request, one batch, sent at once: no queue wait, and it leaves as soon as
+        # it is made (a BatchingServer's IDLE reason: nothing else was waiting).
+        self._stats.record_dispatch(len(x), Reason.IDLE, 0.0, requests=1)
         start = time.perf_counter()
-        y = self.model(x)
-        self._model_time += time.perf_counter() - start
-        self._batches += 1
-        self._elements += len(x)
+        try:
+            y = self.model(x)
+        except BaseException:
+            self._record(len(x), time.perf_counter() - start, failed=True)
+            raise
+        self._record(len(x), time.perf_counter() - start, failed=False)
         return y
+
+    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+        """``(outputs, version)``, as a BatchingServer's."""
+        return await self(x), self.version
+
+    def _record(self, size: int, seconds: float, failed: bool) -> None:
+        record = self._stats.record_model(size, seconds, failed)
+        if self._on_batch is not None:
+            self._on_batch(record)
+
+    @property
+    def version(self) -> Hashable:
+        """The model's version: its own ``version``, or 0 (as a server reports it)."""
+        return first_version(self.model)
 
     @property
     def stats(self) -> dict:
-        """batches, elements, mean_batch_size, model_time_s, wall_time_s, fraction_in_model."""
-        wall = time.perf_counter() - self._start
-        return {
-            "batches": self._batches,
-            "elements": self._elements,
-            "mean_batch_size": self._elements / self._batches if self._batches else 0.0,
-            "model_time_s": self._model_time,
-            "wall_time_s": wall,
-            "fraction_in_model": self._model_time / wall if wall > 0 else 0.0,
-        }
+        """The keys of ``BatchingServer.stats``: batches, elements, mean_batch_size,
+        model_time_s, wall_time_s, fraction_in_model, batch_size_histogram, reasons,
+        queue wait (always 0), failed_batches, workers (1), version, buffers_allocated
+        and buffers_reused (0: the request is the batch)."""
+        stats = self._stats.as_dict()
+        stats["workers"] = 1
+        stats["version"] = self.version
+        stats["buffers_allocated"] = 0
+        stats["buffers_reused"] = 0
+        return stats
+
+    @property
+    def trace(self) -> List[BatchRecord]:
+        """A BatchRecord (finished_s, size, model_s) per model call so far, in order."""
+        return list(self._stats.trace)
 
 
-def immediate(model: Any) -> Immediate:
+def immediate(model: Any, *,
+              on_batch: Callable[[BatchRecord], None] | None = None) -> Immediate:
     """An evaluate function with no batching: ``await ev(x)`` is ``model(x)``.
+
+    Args:
+        model: ``ndarray [n, ...] -> outputs [n, ...]``.
+        on_batch: called with a ``BatchRecord`` after each model call, as ``serve``'s.
 
     Example:
         >>> from async_search.models import MLP
         >>> ev = immediate(MLP((4,), output_size=1))
         >>> # inside a coroutine: y = await ev(np.zeros((2, 4), np.float32))
+        >>> ev.stats["batches"], ev.trace
+        (0, [])
     """
-    return Immediate(model)
+    return Immediate(model, on_batch=on_batch)

@@ -31,17 +31,18 @@ import dataclasses
 import json
 import math
 import re
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from async_search.base import Outputs, TensorSpec
+from async_search.base import UNKNOWN_VERSION, Outputs, TensorSpec
+from async_search.errors import ProtocolError
 
-__all__ = ["DATATYPES", "MAX_ELEMENTS", "MAX_RANK", "NONFINITE", "ProtocolError",
-           "InputTensor", "RequestedOutput", "InferRequest", "TensorMetadata",
+__all__ = ["DATATYPES", "MAX_ELEMENTS", "MAX_RANK", "NONFINITE", "InputTensor",
+           "RequestedOutput", "InferRequest", "TensorMetadata",
            "datatype_of", "decode_request", "encode_response", "error_body",
            "input_array", "json_data", "json_length", "model_metadata", "named_outputs",
-           "output_metadata"]
+           "output_metadata", "version_label"]
 
 #: v2 datatype -> NumPy dtype (BYTES and BF16 are not served: models here take numbers).
 DATATYPES: Dict[str, np.dtype] = {name: np.dtype(t) for name, t in [
@@ -59,15 +60,20 @@ NONFINITE = ("NaN", "Infinity", "-Infinity")
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
-class ProtocolError(ValueError):
-    """A request that breaks the inference protocol; ``status`` is the HTTP answer."""
+def version_label(version: Hashable) -> str:
+    """A model version as the protocol (and a Prometheus label) spells it: a string.
 
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
+    The protocol's versions are strings, so the conversion happens here, at the edge,
+    and nowhere inside: ``str(version)``, and the empty string for a version that is
+    unknown (``base.UNKNOWN_VERSION``, None: a function that reports none), never
+    ``"None"``, which a client could take for a version named so. A server's first
+    model is version 0 (``base.FIRST_VERSION``), spelled ``"0"``.
 
-    def __reduce__(self):  # keeps the status across processes (decoding off the loop)
-        return type(self), (str(self), self.status)
+    Example:
+        >>> version_label(0), version_label("v2"), version_label(None)
+        ('0', 'v2', '')
+    """
+    return "" if version is UNKNOWN_VERSION else str(version)
 
 
 def datatype_of(dtype: Any) -> str:

@@ -24,9 +24,11 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from async_search.base import version_of
 from async_search.servers.breaker import BreakerState
 from async_search.servers.cache import CachedEvaluate
-from async_search.servers.routing import Router
+from async_search.servers.kserve import version_label
+from async_search.servers.router import Router
 from async_search.servers.stats import TIME_BUCKETS_S
 
 __all__ = ["ServingMetrics", "LATENCY_BUCKETS", "BATCH_SIZE_BUCKETS"]
@@ -80,7 +82,12 @@ class ServingMetrics:
         self._watched[model] = provider if provider is not None else (lambda: evaluate)
 
     def unwatch(self, model: str) -> None:
+        """Stop reporting ``model``."""
         self._watched.pop(model, None)
+
+    def watched(self) -> Dict[str, Any]:
+        """model -> what it reports now (its provider called: None while unloaded)."""
+        return {model: provider() for model, provider in list(self._watched.items())}
 
     # -- what is observed as it happens ------------------------------------------------
     def observe_request(self, model: str, version: str, code: int, seconds: float) -> None:
@@ -156,8 +163,8 @@ class _StatsCollector(Collector):
         route_failed = counter("routed_failures", "Routed requests the server failed")
         outstanding = gauge("outstanding_requests", "Requests in flight at the server")
 
-        for model, provider in list(self._metrics._watched.items()):
-            for kind, server, obj in _layers(provider()):
+        for model, evaluate in self._metrics.watched().items():
+            for kind, server, obj in _layers(evaluate):
                 key = [model, server]
                 stats = obj.stats
                 if kind == "server":
@@ -171,7 +178,7 @@ class _StatsCollector(Collector):
                     queue_wait_max.add_metric(key, stats.get("queue_wait_max_s", 0.0))
                     failed.add_metric(key, stats.get("failed_batches", 0))
                     workers.add_metric(key, stats.get("workers", 1))
-                    version.add_metric([*key, str(getattr(obj, "version", 0))], 1)
+                    version.add_metric([*key, version_label(version_of(obj))], 1)
                     buckets, total = _size_buckets(stats.get("batch_size_histogram", {}))
                     sizes.add_metric(key, buckets, total)
                     if "model_time_histogram" in stats:

@@ -9,20 +9,28 @@ so that their requests and the network's join the same batches.
 
 Load parameters are bounded: ``num_workers`` (device threads) must lie in
 [1, ``max_workers``], by default ``4 * os.cpu_count()``; a request beyond that is the
-caller's error (400), not a reason to start hundreds of threads.
+caller's error (``LoadParametersError``), not a reason to start hundreds of threads.
+
+Errors are the repository's own (``errors.RepositoryError``): ``ModelNotFoundError``
+for an unknown name or version, ``ModelNotReadyError`` for a model not loaded,
+``ModelLoadError`` when a load fails, ``LoadParametersError`` for bad load parameters.
+The HTTP front maps them to statuses (404, 503, 500, 400).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
-from async_search.base import TensorSpec, input_spec_of, output_spec_of
+from async_search.base import TensorSpec, input_spec_of, output_spec_of, version_of
+from async_search.errors import (LoadParametersError, ModelLoadError, ModelNotFoundError,
+                                 ModelNotReadyError)
 from async_search.servers.batching import BatchingServer
 from async_search.servers.cache import CachedEvaluate
-from async_search.servers.kserve import ProtocolError, TensorMetadata
+from async_search.servers.kserve import TensorMetadata, version_label
 from async_search.servers.policy import DispatchPolicy
 
 __all__ = ["ModelSource", "ModelEntry", "ModelRepository", "find_spec",
@@ -107,6 +115,7 @@ class ModelEntry:
         self.evaluate: Any = evaluate      # what requests go to; None when unloaded
         self.external = evaluate           # served by its owner, when not from a source
         self.server: BatchingServer | None = None  # owned, when made from a source
+        self.closer: contextlib.AsyncExitStack | None = None  # closes what it owns
         self.input_name = source.input_name if source else "input"
         self.output_names = source.output_names if source else None
         self.outputs: Tuple[TensorMetadata, ...] = ()  # learned from the first response
@@ -119,8 +128,9 @@ class ModelEntry:
 
     @property
     def version(self) -> str:
-        """The version of the model now serving, as the protocol spells it."""
-        return str(getattr(self.evaluate, "version", 0)) if self.evaluate is not None \
+        """The version of the model now serving, as the protocol spells it
+        (``kserve.version_label``); empty when unloaded or unknown."""
+        return version_label(version_of(self.evaluate)) if self.evaluate is not None \
             else ""
 
     @property
@@ -174,17 +184,35 @@ class ModelRepository:
     def names(self) -> List[str]:
         return list(self._entries)
 
-    def entry(self, name: str) -> ModelEntry:
-        """The entry of ``name``.
+    def entry(self, name: str, version: str | None = None) -> ModelEntry:
+        """The entry of ``name``; with ``version`` (as the protocol spells it), only
+        while that version is the one serving (or the model is not loaded).
 
         Raises:
-            ProtocolError: (404) for an unknown name.
+            ModelNotFoundError: for an unknown name, or another version than the one
+                serving.
         """
         entry = self._entries.get(name)
         if entry is None:
-            raise ProtocolError(f"unknown model {name!r}; served models: {self.names}",
-                                status=404)
+            raise ModelNotFoundError(f"unknown model {name!r}; served models: "
+                                     f"{self.names}")
+        if version is not None and entry.ready and version != entry.version:
+            raise ModelNotFoundError(f"model {name!r} has no version {version!r}: it "
+                                     f"serves version {entry.version!r}")
         return entry
+
+    def serving(self, name: str, version: str | None = None) -> Any:
+        """The evaluate function that serves ``name`` (``version``) now.
+
+        Raises:
+            ModelNotFoundError: as ``entry``.
+            ModelNotReadyError: when the model is not loaded.
+        """
+        evaluate = self.entry(name, version).evaluate
+        if evaluate is None:
+            raise ModelNotReadyError(f"model {name!r} is not loaded: load it with POST "
+                                     f"/v2/repository/models/{name}/load")
+        return evaluate
 
     async def __aenter__(self) -> "ModelRepository":
         try:
@@ -202,7 +230,7 @@ class ModelRepository:
     async def aclose(self) -> None:
         """Unload every model the repository serves itself."""
         for entry in self._entries.values():
-            if entry.server is not None:
+            if entry.closer is not None:
                 await self.unload(entry.name)
 
     async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
@@ -210,8 +238,9 @@ class ModelRepository:
         (an integer in [1, ``max_workers``]).
 
         Raises:
-            ProtocolError: 404 for an unknown model, 400 for bad parameters, 500 when
-                the factory or the server fails to start.
+            ModelNotFoundError: for an unknown model.
+            LoadParametersError: for bad parameters.
+            ModelLoadError: when the factory or the server fails to start.
         """
         entry = self.entry(name)
         workers = _load_parameters(parameters, self.max_workers)
@@ -229,29 +258,31 @@ class ModelRepository:
         their results (a server the repository started is drained and closed)."""
         entry = self.entry(name)
         async with entry.lock:
-            server, entry.server = entry.server, None
+            closer, entry.closer, entry.server = entry.closer, None, None
             entry.evaluate = None
-            if server is not None:
-                await server.aclose()
+            if closer is not None:
+                await closer.aclose()  # drains the server's requests, then closes it
 
     async def _start(self, entry: ModelEntry) -> None:
         source = entry.source
-        try:
-            model = source.factory()
-            server = BatchingServer(
-                model, DispatchPolicy(source.max_batch_size, source.max_delay,
-                                      source.pipeline_depth),
-                model_thread=source.model_thread, num_workers=source.num_workers)
-            await server.__aenter__()
-        except Exception as e:
-            entry.reason = f"{type(e).__name__}: {e}"
-            raise ProtocolError(f"loading model {entry.name!r} failed: {entry.reason}",
-                                status=500) from e
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                model = source.factory()
+                server = await stack.enter_async_context(BatchingServer(
+                    model, DispatchPolicy(source.max_batch_size, source.max_delay,
+                                          source.pipeline_depth),
+                    model_thread=source.model_thread, num_workers=source.num_workers))
+                evaluate = CachedEvaluate(server, capacity=source.cache_capacity) if (
+                    source.cache_capacity) else server
+            except Exception as e:  # the stack closes a server that did start
+                entry.reason = f"{type(e).__name__}: {e}"
+                raise ModelLoadError(f"loading model {entry.name!r} failed: "
+                                     f"{entry.reason}") from e
+            entry.closer = stack.pop_all()  # the server outlives this call: unload
         entry.reason = ""
         entry.server = server
         entry.outputs = ()
-        entry.evaluate = CachedEvaluate(server, capacity=source.cache_capacity) if (
-            source.cache_capacity) else server
+        entry.evaluate = evaluate
 
     def index(self) -> List[dict]:
         """Each model's name, version, state (READY or UNAVAILABLE) and reason."""
@@ -265,25 +296,27 @@ def _load_parameters(parameters: Mapping[str, Any] | None,
     if not parameters:
         return None
     if not isinstance(parameters, Mapping):
-        raise ProtocolError(f"load parameters must be a JSON object, got "
-                            f"{type(parameters).__name__}")
+        raise LoadParametersError(f"load parameters must be a JSON object, got "
+                                  f"{type(parameters).__name__}")
     unknown = sorted(str(k)[:40] for k in set(parameters) - {"num_workers"})
     if unknown:
-        raise ProtocolError(f"unknown load parameters {unknown[:10]}: the only load "
-                            f"parameter is num_workers")
+        raise LoadParametersError(f"unknown load parameters {unknown[:10]}: the only "
+                                  f"load parameter is num_workers")
     if "num_workers" not in parameters:
         return None
     workers = parameters["num_workers"]
     if type(workers) is not int or not 1 <= workers <= max_workers:
-        raise ProtocolError(f"num_workers must be an integer in [1, {max_workers}] "
-                            f"(the repository's max_workers), got {str(workers)[:40]}")
+        raise LoadParametersError(f"num_workers must be an integer in [1, {max_workers}] "
+                                  f"(the repository's max_workers), got "
+                                  f"{str(workers)[:40]}")
     return workers
 
 
 async def _set_workers(entry: ModelEntry, workers: int) -> None:
     server = entry.server if entry.server is not None else entry.evaluate
     if not hasattr(server, "add_worker"):
-        raise ProtocolError(f"model {entry.name!r} cannot change its number of workers")
+        raise LoadParametersError(f"model {entry.name!r} cannot change its number of "
+                                  f"workers")
     while server.num_workers < workers:
         await server.add_worker()
     while server.num_workers > workers:

@@ -311,6 +311,36 @@ async def test_versions_appear_in_responses_routes_and_metrics():
             in text
 
 
+async def test_a_function_that_reports_no_version_is_served_with_an_empty_version():
+    async def plain(x):  # no version, no with_version: the version is unknown
+        return MODEL(x)
+
+    async with HttpFront({"f": plain}) as front, aiohttp.ClientSession() as s:
+        status, payload = await post(s, f"{front.url}/v2/models/f/infer",
+                                     infer_body(X[:1]))
+        assert status == 200 and json.loads(payload)["model_version"] == ""
+        status, payload = await post(s, f"{front.url}/v2/models/f/versions/0/infer",
+                                     infer_body(X[:1]))
+        assert status == 404 and "has no version '0'" in json.loads(payload)["error"]
+        async with s.get(f"{front.url}/v2/models/f") as resp:
+            assert json.loads(await resp.read())["versions"] == []
+
+
+def test_every_repository_error_has_one_status():
+    from aiohttp import web
+
+    from async_search import errors
+    from async_search.servers.http_front import http_status
+
+    assert http_status(errors.ModelNotFoundError("x")) == 404
+    assert http_status(errors.ModelNotReadyError("x")) == 503
+    assert http_status(errors.LoadParametersError("x")) == 400
+    assert http_status(errors.ModelLoadError("x")) == 500
+    assert http_status(errors.ProtocolError("x", status=413)) == 413
+    assert http_status(web.HTTPNotFound()) == 404
+    assert http_status(RuntimeError("x")) is None  # the front's own failure: a 500
+
+
 async def test_binds_localhost_by_default():
     async with HttpFront({"mlp": ModelSource(lambda: MODEL)}) as front:
         assert front.host == "127.0.0.1" and front.url.startswith("http://127.0.0.1:")
@@ -347,7 +377,7 @@ async def test_codec_pool_runs_calls_in_other_processes_and_replaces_dead_ones()
 
     from async_search.servers import kserve
     from async_search.servers.http_limits import CodecPool
-    from async_search.servers.kserve import ProtocolError
+    from async_search.errors import ProtocolError
 
     pool = CodecPool(1)
     try:

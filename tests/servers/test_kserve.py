@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from async_search.base import TensorSpec
+from async_search.errors import ProtocolError
 from async_search.servers import kserve
-from async_search.servers.kserve import ProtocolError, RequestedOutput
+from async_search.servers.kserve import RequestedOutput
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -286,3 +287,20 @@ def test_json_length_is_the_header_or_the_whole_body():
     for bad in ("101", "-1", "x"):
         with pytest.raises(ProtocolError):
             kserve.json_length(100, bad)
+
+
+def test_versions_are_spelled_as_text_and_an_unknown_one_as_empty():
+    assert kserve.version_label(0) == "0"
+    assert kserve.version_label("v7") == "v7"
+    assert kserve.version_label(None) == ""  # unknown, never "None"
+
+
+def test_protocol_errors_live_in_errors_and_keep_their_status_across_pickling():
+    import pickle
+
+    import async_search.errors as errors
+
+    assert "ProtocolError" not in kserve.__all__  # one class, exported by errors
+    error = pickle.loads(pickle.dumps(errors.ProtocolError("too large", status=413)))
+    assert isinstance(error, ValueError) and error.status == 413
+    assert str(error) == "too large"

@@ -10,7 +10,7 @@ from async_search.models import MLP
 from async_search.servers.breaker import BreakerPolicy
 from async_search.servers.cache import CachedEvaluate
 from async_search.servers.metrics import ServingMetrics
-from async_search.servers.routing import Router
+from async_search.servers.router import Router
 
 pytestmark = pytest.mark.timeout(60)
 

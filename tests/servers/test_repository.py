@@ -8,10 +8,11 @@ import pytest
 import async_search as asr
 from async_search.models import MLP
 from async_search.servers.cache import CachedEvaluate
-from async_search.servers.kserve import ProtocolError
+from async_search.errors import (LoadParametersError, ModelLoadError, ModelNotFoundError,
+                                 ModelNotReadyError, RepositoryError)
 from async_search.servers.repository import (ModelRepository, ModelSource,
                                              default_max_workers, find_spec)
-from async_search.servers.routing import Router
+from async_search.servers.router import Router
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -79,17 +80,16 @@ async def test_load_errors_say_what_went_wrong():
 
     async with ModelRepository({"m": ModelSource(broken, load_on_start=False),
                                 "ok": ModelSource(lambda: MODEL)}) as repo:
-        with pytest.raises(ProtocolError, match="loading model 'm' failed: OSError: "
-                                                "weights file missing") as info:
+        with pytest.raises(ModelLoadError, match="loading model 'm' failed: OSError: "
+                                                 "weights file missing") as info:
             await repo.load("m")
-        assert info.value.status == 500
+        assert isinstance(info.value.__cause__, OSError)
         assert repo.index()[0] == {"name": "m", "version": "", "state": "UNAVAILABLE",
                                    "reason": "OSError: weights file missing"}
-        with pytest.raises(ProtocolError, match="unknown model 'x'") as info:
+        with pytest.raises(ModelNotFoundError, match="unknown model 'x'"):
             await repo.load("x")
-        assert info.value.status == 404
-        with pytest.raises(ProtocolError, match=r"num_workers must be an integer in "
-                                                r"\[1, \d+\]"):
+        with pytest.raises(LoadParametersError, match=r"num_workers must be an integer in "
+                                                      r"\[1, \d+\]"):
             await repo.load("ok", {"num_workers": 0})
         await repo.load("ok", {"num_workers": 3})
         assert repo.entry("ok").server.num_workers == 3
@@ -100,11 +100,10 @@ async def test_load_errors_say_what_went_wrong():
 async def test_load_parameters_are_bounded_by_max_workers():
     async with ModelRepository({"m": ModelSource(lambda: MODEL)}, max_workers=3) as repo:
         for workers in (4, 300, 0, None, 2.0, "2", True):
-            with pytest.raises(ProtocolError, match=r"num_workers must be an integer in "
-                                                    r"\[1, 3\]") as info:
+            with pytest.raises(LoadParametersError, match=r"num_workers must be an integer "
+                                                          r"in \[1, 3\]"):
                 await repo.load("m", {"num_workers": workers})
-            assert info.value.status == 400
-        with pytest.raises(ProtocolError, match="unknown load parameters"):
+        with pytest.raises(LoadParametersError, match="unknown load parameters"):
             await repo.load("m", {"num_workers": 2, "threads": 9})
         assert repo.entry("m").server.num_workers == 1
         await repo.load("m", {"num_workers": 3})
@@ -138,3 +137,36 @@ def test_bad_names_and_models_are_refused():
         ModelRepository({"a": 3})
     with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1"):
         ModelSource(lambda: MODEL, max_batch_size=0)
+
+
+async def test_unknown_names_and_versions_and_unloaded_models_raise_the_repository_errors():
+    async with asr.serve(MODEL) as evaluate:
+        async with ModelRepository({"m": evaluate,
+                                    "later": ModelSource(lambda: MODEL,
+                                                         load_on_start=False)}) as repo:
+            assert repo.serving("m") is evaluate and repo.serving("m", "0") is evaluate
+            assert repo.entry("m").version == "0"  # the server's first version
+            with pytest.raises(ModelNotFoundError, match="unknown model 'x'"):
+                repo.serving("x")
+            with pytest.raises(ModelNotFoundError, match=r"model 'm' has no version '7': "
+                                                         r"it serves version '0'"):
+                repo.entry("m", "7")
+            with pytest.raises(ModelNotReadyError, match="model 'later' is not loaded"):
+                repo.serving("later")
+            await repo.unload("m")
+            with pytest.raises(ModelNotReadyError):
+                repo.serving("m")
+            for error in (ModelNotFoundError, ModelNotReadyError, ModelLoadError,
+                          LoadParametersError):
+                assert issubclass(error, RepositoryError)
+
+
+async def test_a_function_that_reports_no_version_has_an_empty_protocol_version():
+    async def plain(x):
+        return MODEL(x)
+
+    async with ModelRepository({"p": plain}) as repo:
+        assert repo.entry("p").version == ""
+        assert repo.index() == [{"name": "p", "version": "", "state": "READY",
+                                 "reason": ""}]
+

@@ -1,7 +1,8 @@
 """Routing across several servers: round robin, least outstanding, consistent hashing.
 
 A ``Router`` is an evaluate function over several evaluate functions (BatchingServers,
-connected clients of servers in other processes, anything with the call shape). Each
+connected clients of servers in other processes, plain ``async def`` functions that
+raise ``ServerDiedError`` once their server is gone: anything with the call shape). Each
 server has a circuit breaker; requests go around servers whose breaker is open and fail
 over to another server when one fails; when every breaker is open, callers get
 ``CircuitOpenError`` at once instead of waiting. Only server failures count toward a
@@ -9,119 +10,32 @@ breaker and fail over: a caller's bad input (InputSpecError, or a ValueError or
 TypeError the model raised for it; ``breaker.counts_against_server``) goes back to that
 caller alone, is not sent to another server, and leaves every breaker as it was.
 
-Consistent hashing routes each *element* by its bytes, so that an element always goes
-to the same server (and that server's cache); adding or removing one of N servers moves
-only about 1/N of the elements.
+Consistent hashing routes each *element* by its bytes (on a ``hash_ring.HashRing``), so
+that an element always goes to the same server (and that server's cache); adding or
+removing one of N servers moves only about 1/N of the elements. A request whose
+elements go to several servers is sent as one part per server, each a task the router
+holds until it ends; when one part fails for good, the others are cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import hashlib
 import itertools
 import time
-from typing import (Any, Callable, Collection, Dict, Hashable, List, Mapping, Protocol,
-                    Sequence, Tuple)
+from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Protocol,
+                    Sequence, Set, Tuple)
 
 import numpy as np
 
-from async_search.base import Outputs
+from async_search.base import Outputs, Versioned, evaluate_with_version, version_of
 from async_search.errors import InputSpecError
 from async_search.servers import rows
 from async_search.servers.breaker import (BreakerPolicy, CircuitBreaker, CircuitOpenError,
                                           counts_against_server)
 from async_search.servers.cache import swap_token
+from async_search.servers.hash_ring import HashRing
 
-__all__ = ["HashRing", "RoutingPolicy", "RoundRobin", "LeastOutstanding", "ConsistentHash",
-           "Router"]
-
-
-def _hash(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-class HashRing:
-    """Consistent hashing with virtual nodes: each node owns many points on a ring.
-
-    A key belongs to the node of the first point at or after the key's hash (wrapping
-    around). With ``virtual_nodes`` points per node the keys spread evenly, and a node
-    that joins or leaves takes or gives only its own share.
-
-    Example:
-        >>> ring = HashRing(["a", "b", "c"], virtual_nodes=64)
-        >>> ring.node_for(b"some element") in {"a", "b", "c"}
-        True
-        >>> ring.node_for(b"x", among={"b"})
-        'b'
-    """
-
-    def __init__(self, nodes: Sequence[str] = (), *, virtual_nodes: int = 128):
-        if not isinstance(virtual_nodes, int) or virtual_nodes < 1:
-            raise ValueError(
-                f"virtual_nodes must be an integer >= 1, got {virtual_nodes!r}")
-        self.virtual_nodes = virtual_nodes
-        self._nodes: List[str] = []
-        self._points = np.empty(0, np.uint64)
-        self._owners: List[str] = []
-        self._subrings: Dict[frozenset, Tuple[np.ndarray, List[str]]] = {}
-        for node in nodes:
-            self.add(node)
-
-    @property
-    def nodes(self) -> Tuple[str, ...]:
-        return tuple(self._nodes)
-
-    def add(self, node: str) -> None:
-        """Give ``node`` its points on the ring."""
-        if node in self._nodes:
-            raise ValueError(f"node {node!r} is already on the ring")
-        self._nodes.append(node)
-        self._rebuild()
-
-    def remove(self, node: str) -> None:
-        """Take ``node``'s points off the ring: its keys go to their next node."""
-        if node not in self._nodes:
-            raise KeyError(f"node {node!r} is not on the ring; nodes: {self._nodes}")
-        self._nodes.remove(node)
-        self._rebuild()
-
-    def _rebuild(self) -> None:
-        points = [(_hash(f"{node}#{i}".encode()), node)
-                  for node in self._nodes for i in range(self.virtual_nodes)]
-        points.sort()
-        self._points = np.array([p for p, _ in points], np.uint64)
-        self._owners = [n for _, n in points]
-        self._subrings = {}
-
-    def _ring(self, among: Collection[str] | None) -> Tuple[np.ndarray, List[str]]:
-        if among is None or len(among) == len(self._nodes):
-            return self._points, self._owners
-        key = frozenset(among)
-        ring = self._subrings.get(key)
-        if ring is None:
-            keep = [i for i, n in enumerate(self._owners) if n in key]
-            ring = self._subrings[key] = (self._points[keep],
-                                          [self._owners[i] for i in keep])
-        return ring
-
-    def node_for(self, key: bytes, among: Collection[str] | None = None) -> str:
-        """The node that owns ``key``; with ``among``, the first such node clockwise."""
-        points, owners = self._ring(among)
-        if not owners:
-            raise LookupError(f"no node on the ring among {sorted(among or [])}")
-        i = bisect.bisect_left(points, _hash(key))
-        return owners[i % len(owners)]
-
-    def nodes_for(self, keys: Sequence[bytes], among: Collection[str] | None = None,
-                  ) -> List[str]:
-        """``node_for`` of many keys, with one vectorised search of the ring."""
-        points, owners = self._ring(among)
-        if not owners:
-            raise LookupError(f"no node on the ring among {sorted(among or [])}")
-        hashes = np.fromiter((_hash(k) for k in keys), np.uint64, len(keys))
-        index = np.searchsorted(points, hashes) % len(owners)
-        return [owners[i] for i in index.tolist()]
+__all__ = ["RoutingPolicy", "RoundRobin", "LeastOutstanding", "ConsistentHash", "Router"]
 
 
 class RoutingPolicy(Protocol):
@@ -218,6 +132,10 @@ class Router:
     too). Timeouts, crashes, dead or closed servers, ModelOutputError and every other
     exception count.
 
+    A server may be any evaluate function: a BatchingServer, a connected client, or a
+    plain ``async def`` that raises ``ServerDiedError`` when its server is gone (that
+    counts against its breaker and the request fails over like any server failure).
+
     Args:
         servers: name -> evaluate function (a BatchingServer, a connected client, ...).
         policy: "round_robin", "least_outstanding", "consistent_hash", or a
@@ -256,6 +174,7 @@ class Router:
         self._requests: Dict[str, int] = {}
         self._failures: Dict[str, int] = {}
         self._rejected = 0
+        self._tasks: Set[asyncio.Task] = set()  # the parts of split requests, in flight
         for name, evaluate in servers.items():
             self.add_server(name, evaluate)
 
@@ -321,11 +240,25 @@ class Router:
         if len(names) == 1:
             return await self._send_or_fail_over(str(names[0]), x, tried, want_version)
         indices = [np.flatnonzero(choice == name) for name in names]
-        parts = await asyncio.gather(*(
-            self._send_or_fail_over(str(name), x[index], tried, want_version)
-            for name, index in zip(names, indices)))
-        return (rows.assemble([p[0] for p in parts], indices, len(x)),
-                rows.same_version([p[1] for p in parts]))
+        parts = [self._start(self._send_or_fail_over(str(name), x[index], tried,
+                                                     want_version))
+                 for name, index in zip(names, indices)]
+        try:
+            results = await asyncio.gather(*parts)
+        except BaseException:
+            for part in parts:  # the request failed (or its caller left): drop the rest
+                part.cancel()
+            raise
+        return (rows.assemble([r[0] for r in results], indices, len(x)),
+                rows.same_version([r[1] for r in results]))
+
+    def _start(self, coro: Awaitable) -> asyncio.Task:
+        """A task the router keeps a reference to until it ends (the loop holds tasks
+        only weakly: an unreferenced one may be collected mid-flight)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _send_or_fail_over(self, name: str, x, tried: frozenset, want_version: bool):
         try:
@@ -347,11 +280,7 @@ class Router:
         self._requests[name] += 1
         try:
             if want_version:
-                with_version = getattr(evaluate, "with_version", None)
-                if with_version is not None:
-                    result = await with_version(x)
-                else:
-                    result = (await evaluate(x), getattr(evaluate, "version", None))
+                result = await evaluate_with_version(evaluate, x)
             else:
                 result = (await evaluate(x), None)
         except BaseException as e:
@@ -389,7 +318,8 @@ class Router:
     def version(self) -> Hashable:
         """The model version of the servers that declare one, when they agree; else
         None."""
-        versions = [e.version for e in self._servers.values() if hasattr(e, "version")]
+        versions = [version_of(e) for e in self._servers.values()
+                    if isinstance(e, Versioned)]
         return rows.same_version(versions) if versions else None
 
     def update_model(self, model_or_weights: Any, version: Hashable) -> None:
@@ -403,11 +333,13 @@ class Router:
 
     @property
     def stats(self) -> dict:
-        """Per server: requests, failures, outstanding and its breaker's stats; and
-        rejected (requests refused because every breaker was open)."""
+        """Per server: requests, failures, outstanding and its breaker's stats;
+        rejected (requests refused because every breaker was open); and parts_in_flight
+        (parts of split requests being served now)."""
         return {
             "servers": {n: {"requests": self._requests[n], "failures": self._failures[n],
                             "outstanding": self.outstanding[n],
                             "breaker": self.breakers[n].stats} for n in self._names},
             "rejected": self._rejected,
+            "parts_in_flight": len(self._tasks),
         }

@@ -1,16 +1,15 @@
 import asyncio
-import collections
 import time
 
 import numpy as np
 import pytest
 
 import async_search as asr
-from async_search.errors import InputSpecError
+from async_search.errors import InputSpecError, ServerDiedError
 from async_search.models import MLP
 from async_search.servers.breaker import BreakerPolicy, BreakerState, CircuitOpenError
 from async_search.servers.cache import CachedEvaluate
-from async_search.servers.routing import HashRing, Router
+from async_search.servers.router import Router
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,51 +51,6 @@ class FakeServer:
 
 def elements(n, seed=0, width=3):
     return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
-
-
-# -- the hash ring --------------------------------------------------------------------
-KEYS = [k.tobytes() for k in elements(5000, seed=1)]
-
-
-def owners(ring):
-    return dict(zip(KEYS, ring.nodes_for(KEYS)))
-
-
-def test_ring_spreads_keys_evenly_and_agrees_with_single_lookups():
-    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
-    placed = owners(ring)
-    shares = collections.Counter(placed.values())
-    assert set(shares) == {"a", "b", "c", "d"}
-    assert all(0.17 < n / len(KEYS) < 0.33 for n in shares.values()), shares
-    assert all(ring.node_for(k) == placed[k] for k in KEYS[:200])
-
-
-def test_adding_a_server_moves_about_one_nth_of_the_keys_all_to_it():
-    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
-    before = owners(ring)
-    ring.add("e")
-    after = owners(ring)
-    moved = [k for k in KEYS if before[k] != after[k]]
-    assert 0.12 < len(moved) / len(KEYS) < 0.28  # about 1/5
-    assert all(after[k] == "e" for k in moved)
-
-
-def test_removing_a_server_moves_only_its_keys():
-    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
-    before = owners(ring)
-    ring.remove("c")
-    after = owners(ring)
-    moved = [k for k in KEYS if before[k] != after[k]]
-    assert set(moved) == {k for k in KEYS if before[k] == "c"}
-    assert 0.15 < len(moved) / len(KEYS) < 0.35  # about 1/4
-
-
-def test_excluding_a_node_reassigns_only_its_keys():
-    ring = HashRing(["a", "b", "c"], virtual_nodes=64)
-    full = owners(ring)
-    partial = dict(zip(KEYS, ring.nodes_for(KEYS, among={"a", "c"})))
-    assert all(partial[k] == full[k] for k in KEYS if full[k] != "b")
-    assert "b" not in partial.values()
 
 
 # -- policies -------------------------------------------------------------------------
@@ -230,6 +184,74 @@ async def test_without_failover_the_server_error_reaches_the_caller():
     assert len(servers["b"].requests) == 0
 
 
+async def test_plain_functions_whose_server_died_fail_over_to_a_live_one():
+    alive = {"a": True, "b": False, "c": True}
+    calls = {n: 0 for n in alive}
+
+    def server(name):
+        async def evaluate(x):  # a client of a server elsewhere, as a plain function
+            calls[name] += 1
+            await asyncio.sleep(0)
+            if not alive[name]:
+                raise ServerDiedError(f"server {name} died")
+            return x * 2
+        return evaluate
+
+    router = Router({n: server(n) for n in alive}, policy="least_outstanding",
+                    clock=Clock(), breaker=BreakerPolicy(failure_threshold=2))
+    xs = [elements(2, seed=i) for i in range(30)]
+    ys = await asyncio.gather(*(router(x) for x in xs))  # concurrent: b gets some
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, x * 2)
+    assert router.breakers["b"].state is BreakerState.OPEN
+    assert router.stats["servers"]["b"]["failures"] == calls["b"] >= 2
+    alive["a"] = alive["c"] = False
+    with pytest.raises(ServerDiedError, match="died"):
+        await router(elements(1))
+
+
+async def test_a_split_request_holds_its_parts_and_cancels_them_when_one_fails():
+    servers = {n: FakeServer() for n in "abc"}
+    for s in servers.values():
+        s.gate = asyncio.Event()
+    router = Router(servers, policy="consistent_hash", failover=False)
+    x = elements(64, seed=5)
+    call = asyncio.ensure_future(router(x))
+    for _ in range(100):
+        if sum(len(s.requests) for s in servers.values()) == 3:
+            break
+        await asyncio.sleep(0)
+    assert router.stats["parts_in_flight"] == 3  # one task per server, referenced
+    servers["a"].failing = True
+    servers["a"].gate.set()
+    with pytest.raises(RuntimeError, match="the device is gone"):
+        await asyncio.wait_for(call, 5)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert router.stats["parts_in_flight"] == 0  # b's and c's parts were cancelled
+    assert router.outstanding == {"a": 0, "b": 0, "c": 0}
+    assert [br.state for br in router.breakers.values()] == [BreakerState.CLOSED] * 3
+
+
+async def test_a_cancelled_caller_cancels_every_part_of_its_request():
+    servers = {n: FakeServer() for n in "ab"}
+    for s in servers.values():
+        s.gate = asyncio.Event()
+    router = Router(servers, policy="consistent_hash")
+    call = asyncio.ensure_future(router(elements(32, seed=6)))
+    for _ in range(100):
+        if router.stats["parts_in_flight"] == 2:
+            break
+        await asyncio.sleep(0)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.sleep(0)
+    assert router.stats["parts_in_flight"] == 0
+    assert router.outstanding == {"a": 0, "b": 0}
+    assert all(s["failures"] == 0 for s in router.stats["servers"].values())
+
+
 async def test_a_bad_request_is_not_held_against_the_server():
     model = MLP((3,), output_size=1)
     async with asr.serve(model) as a, asr.serve(model) as b:
@@ -318,3 +340,14 @@ async def test_router_reports_the_version_and_swaps_every_server():
         np.testing.assert_array_equal(y, V1(x))
         a.update_model(V0, "v0")
         assert router.version is None  # the servers disagree
+
+
+async def test_servers_that_report_no_version_give_an_unknown_version():
+    async def plain(x):
+        return x * 2
+
+    router = Router({"a": plain, "b": plain})
+    x = elements(3)
+    y, version = await router.with_version(x)
+    np.testing.assert_array_equal(y, x * 2)
+    assert version is None and router.version is None

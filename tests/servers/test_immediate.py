@@ -1,0 +1,70 @@
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.errors import InputSpecError
+from async_search.models import MLP
+from async_search.servers.stats import BatchRecord
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = MLP((4,), hidden_sizes=(8,), output_size=2, seed=0)
+
+
+def x(n):
+    return np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+
+
+async def test_immediate_keeps_the_stats_of_a_batching_server():
+    ev = asr.immediate(MODEL)
+    for n in (1, 3, 3):
+        np.testing.assert_array_equal(await ev(x(n)), MODEL(x(n)))
+    async with asr.serve(MODEL) as server:
+        await server(x(2))
+        assert set(ev.stats) == set(server.stats)
+    stats = ev.stats
+    assert stats["batches"] == stats["requests"] == 3 and stats["elements"] == 7
+    assert stats["batch_size_histogram"] == {1: 1, 3: 2}
+    assert stats["reasons"] == {"idle": 3}
+    assert stats["queue_wait_max_s"] == 0.0 and stats["failed_batches"] == 0
+    assert stats["workers"] == 1 and stats["version"] == 0
+    assert stats["mean_batch_size"] == pytest.approx(7 / 3)
+
+
+async def test_immediate_traces_every_call_and_reports_it_to_on_batch():
+    seen = []
+    ev = asr.immediate(MODEL, on_batch=seen.append)
+    for n in (2, 5):
+        await ev(x(n))
+    assert [r.size for r in ev.trace] == [2, 5] and seen == ev.trace
+    assert all(isinstance(r, BatchRecord) and r.model_s >= 0 for r in ev.trace)
+    assert ev.trace[0].finished_s <= ev.trace[1].finished_s
+    assert sum(r.model_s for r in ev.trace) == pytest.approx(ev.stats["model_time_s"])
+
+
+async def test_a_model_that_raises_counts_a_failed_batch_and_a_bad_request_none():
+    def broken(batch):
+        raise FloatingPointError("overflow")
+
+    broken.input_spec = MODEL.input_spec
+    ev = asr.immediate(broken)
+    with pytest.raises(FloatingPointError):
+        await ev(x(2))
+    with pytest.raises(InputSpecError):
+        await ev(np.zeros((2, 5), np.float32))
+    assert ev.stats["batches"] == 1 and ev.stats["failed_batches"] == 1
+    assert [r.size for r in ev.trace] == [2]
+
+
+async def test_immediate_reports_versions_as_a_server_does():
+    class Versioned:
+        version = "v3"
+
+        def __call__(self, batch):
+            return batch * 2
+
+    y, version = await asr.immediate(Versioned()).with_version(x(1))
+    assert version == "v3" and np.array_equal(y, x(1) * 2)
+    assert asr.immediate(MODEL).version == 0
+    with pytest.raises(TypeError, match="on_batch must be callable"):
+        asr.immediate(MODEL, on_batch=3)

@@ -1,0 +1,40 @@
+import inspect
+import pickle
+
+import pytest
+
+from async_search import errors
+
+pytestmark = pytest.mark.timeout(60)
+
+CLASSES = [obj for _, obj in inspect.getmembers(errors, inspect.isclass)
+           if issubclass(obj, BaseException) and obj.__module__ == errors.__name__]
+
+
+def test_every_exception_is_exported_and_has_a_docstring():
+    assert {c.__name__ for c in CLASSES} <= set(errors.__all__)
+    assert all(hasattr(errors, name) for name in errors.__all__)
+    assert all(c.__doc__ and c.__doc__.strip() for c in CLASSES)
+
+
+def test_the_repository_errors_share_a_base_and_keep_their_meaning():
+    for kind in (errors.ModelNotFoundError, errors.ModelNotReadyError,
+                 errors.ModelLoadError, errors.LoadParametersError):
+        assert issubclass(kind, errors.RepositoryError)
+    assert issubclass(errors.ModelNotFoundError, LookupError)
+    assert issubclass(errors.LoadParametersError, ValueError)  # a caller's error
+
+
+def test_a_protocol_error_keeps_its_status_through_pickle():
+    error = pickle.loads(pickle.dumps(errors.ProtocolError("no such output", 404)))
+    assert str(error) == "no such output" and error.status == 404
+    assert errors.ProtocolError("bad body").status == 400
+
+
+def test_describe_names_the_type_and_survives_a_hostile_str():
+    class Hostile(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert errors.describe(ValueError("x")) == "ValueError: x"
+    assert errors.describe(Hostile()) == "Hostile"
