@@ -115,9 +115,9 @@ def run_prototype(queue_kind, num_clients, coroutines, requests):
         items = [first]
         while server.poll():
             items.append(server.recv())
-        y = model(np.concatenate([x for _, x in items]))
-        for i, (route, _) in enumerate(items):
-            server.send((route, y[i:i + 1]))
+        y = model(np.concatenate(items))
+        for i in range(len(items)):  # answers in the order received: the prototype's
+            server.send(y[i:i + 1])  # forked pipe sends each back to its client
         served += len(items)
         if served == num_clients * coroutines * requests:
             end = time.perf_counter()

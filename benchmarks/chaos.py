@@ -441,7 +441,8 @@ async def ray_actor_kill(count: int, seed: int, run_bound_s: float) -> dict:
         import ray
     except ImportError:
         return {"skipped": "ray is not installed"}
-    from async_search.backends.ray_backend import SERVER_NAME_PREFIX, ensure_ray
+    from async_search.backends.ray_backend import SERVER_NAME_PREFIX
+    from async_search.ray_init import ensure_ray
 
     ensure_ray()
     counts = tally(lost_with_their_client=0, failed_with_batch=0, actors_killed=0)

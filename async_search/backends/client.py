@@ -1,71 +1,93 @@
 """The evaluate function of searches far from their server: one message per loop iteration.
 
 Requests made in one loop iteration are checked when made, then travel together as one
-message (one array); the response is split back into each request's future. Traffic
-scales with loop iterations, not with requests, and the server sees one request per
-message.
+message (one array) over a connection; the answer is sliced back into each request's
+future. Traffic scales with loop iterations, not with requests, and the server sees one
+request per message. Used by every backend whose searches are in another process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-from typing import Any, Callable, Dict, Hashable, List, Tuple
+import dataclasses
+import functools
+from typing import Any, ClassVar, Hashable, List, Tuple
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
-from async_search.batchers import Popped
-from async_search.errors import ServerDiedError
+from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
+from async_search.errors import ServerClosedError, ServerDiedError
+from async_search.remote import Failure, unpack_error
+from async_search.servers.connection_server import VersionedRequest
 from async_search.servers.requests import RequestChecker
 from async_search.servers.responses import ResultDelivery
-from async_search.transport import concat_requests
 
-__all__ = ["CoalescingClient"]
+__all__ = ["CoalescingClient", "Message"]
 
 _cancelled = asyncio.Future.cancelled
 
-#: send(message_id, batch): puts one message on its way to a server.
-Send = Callable[[int, np.ndarray], None]
+
+@dataclasses.dataclass
+class Message:
+    """The requests of one loop iteration, sent as one array.
+
+    ``pieces[i]`` is request ``tags[i]``'s array (the futures are the tags); ``batch``
+    is their concatenation. A message is never split, so its first request never
+    continues an earlier one and its last never goes on in a later one.
+    """
+
+    batch: np.ndarray
+    tags: List[asyncio.Future]
+    pieces: List[np.ndarray]
+    head_continues: ClassVar[bool] = False
+    tail_size: ClassVar[None] = None
+    head_offset: ClassVar[int] = 0
 
 
 class CoalescingClient:
     """An evaluate function whose requests of one loop iteration leave as one message.
 
     Args:
-        send: ``send(message_id, batch)``; the response must come back through
-            ``deliver(message_id, outputs_or_exception, version)``.
-        input_spec: the model's input spec, to check requests when made (None: learn
-            it from the first request).
+        connection: a client end served by ``serve_connection`` (answers in order), or
+            a connected function to send messages with (an ``UnorderedConnectedFunction``
+            for several servers on one stream).
+        input_spec: the model's input spec, to check requests when made (None: learn it
+            from the first request).
+        where: names the server in errors (``"the serving process"``).
 
     Example:
-        >>> # client = CoalescingClient(lambda mid, x: write_frame(w, ("eval", mid, x)))
-        >>> # y = await client(x)            # inside a search
+        >>> # client = CoalescingClient(client_end, spec)
+        >>> # y = await client(x)                      # inside a search
         >>> # y, version = await client.with_version(x)
-        >>> # client.deliver(mid, outputs)   # when the response frame arrives
     """
 
-    def __init__(self, send: Send, input_spec: TensorSpec | None = None):
-        self._send = send
+    def __init__(self, connection: Connection | ConnectedFunction,
+                 input_spec: TensorSpec | None = None, *, where: str = "the server"):
+        self._messages = connection if isinstance(connection, ConnectedFunction) else (
+            FifoConnectedFunction(connection))
         self._check = RequestChecker(input_spec)
         self._shape, self._dtype = self._check.shape, self._check.dtype
-        self._responses = ResultDelivery()
+        self._delivery = ResultDelivery()
+        self._where = where
         self._loop: asyncio.AbstractEventLoop | None = None
         self._xs: List[np.ndarray] = []
         self._futures: List[asyncio.Future] = []
         self._scheduled = False
-        self._ids = itertools.count()
-        #: message id -> the message (its requests' futures and arrays), until answered.
-        self.in_flight: Dict[int, Popped] = {}
-        self._error: BaseException | None = None
+        self._in_flight = 0
+
+    @property
+    def num_in_flight(self) -> int:
+        """Messages sent and not answered yet."""
+        return self._in_flight
 
     def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
         if type(x) is not np.ndarray or x.shape[1:] != self._shape or (
                 x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
             x = self._check(x)  # raises, or learns the spec from the first request
             self._shape, self._dtype = self._check.shape, self._check.dtype
-        if self._error is not None:
-            raise self._error
+        if self._messages.error is not None:
+            raise self._messages.error
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -79,15 +101,14 @@ class CoalescingClient:
 
     async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``: the outputs for ``x`` and the model version the server
-        reported for the message that carried it (None when that message's rows came
-        from two versions, a swap having split it across batches, or when the server
-        reports no version)."""
+        reported for the message that carried it (None when a swap split that message
+        across batches, or when the server reports no version)."""
         fut = self(x)
-        self._responses.want_version(fut)
+        self._delivery.want_version(fut)
         try:
             outputs = await fut
         finally:
-            version = self._responses.pop_version(fut)
+            version = self._delivery.pop_version(fut)
         return outputs, version
 
     def _flush(self) -> None:
@@ -99,38 +120,32 @@ class CoalescingClient:
             xs, futures = [xs[i] for i in keep], [futures[i] for i in keep]
         if not futures:
             return
-        if self._error is not None:
-            for fut in futures:
-                fut.set_exception(self._error)
-            return
-        message_id = next(self._ids)
-        batch = concat_requests(xs)
-        self.in_flight[message_id] = Popped(batch, futures, xs, False, None)
+        message = Message(xs[0] if len(xs) == 1 else np.concatenate(xs), futures, xs)
         try:
-            self._send(message_id, batch)
-        except Exception as e:  # the way to the server is gone
-            self.deliver(message_id, ServerDiedError(f"could not send a request: {e!r}"))
-
-    def deliver(self, message_id: int, outputs: Any, version: Hashable = None) -> None:
-        """Resolves the futures of message ``message_id`` with its outputs (or error);
-        ``version``: the model version that computed them, for ``with_version``."""
-        message = self.in_flight.pop(message_id, None)
-        if message is None:  # answered already (by a server that was thought dead)
+            answer = self._messages(VersionedRequest(message.batch))
+        except ServerDiedError as e:
+            self._delivery.fail(message, e)
             return
-        error = outputs if isinstance(outputs, BaseException) else (
-            self._responses.deliver(message, outputs, version))
+        except Exception as e:  # the way to the server is gone
+            self._delivery.fail(message, ServerDiedError(
+                f"could not send a request to {self._where}: {e!r}"))
+            return
+        self._in_flight += 1
+        answer.add_done_callback(functools.partial(self._answered, message))
+
+    def _answered(self, message: Message, answer: asyncio.Future) -> None:
+        self._in_flight -= 1
+        if answer.cancelled():
+            self._delivery.fail(message, ServerClosedError(
+                f"{self._where} dropped this request"))
+            return
+        error = answer.exception()
+        if error is None:
+            result: Any = answer.result()
+            if isinstance(result, Failure):  # the model raised, or the request was bad
+                error = unpack_error(result, f"raised in {self._where}")
+            else:
+                outputs, version = result
+                error = self._delivery.deliver(message, outputs, version)
         if error is not None:
-            self._responses.fail(message, error)
-
-    def fail_in_flight(self, error: BaseException) -> None:
-        """Fails every request waiting for an answer with ``error`` (when an answer
-        arrived that cannot be read, so that its message is unknown); later requests
-        are sent as usual."""
-        for message_id in list(self.in_flight):
-            self.deliver(message_id, error)
-
-    def fail_all(self, error: BaseException) -> None:
-        """Fails every waiting request, and every later one, with ``error``."""
-        self._error = error
-        for message_id in list(self.in_flight):
-            self.deliver(message_id, error)
+            self._delivery.fail(message, error)

@@ -27,30 +27,18 @@ from typing import Any, Callable, Dict, Hashable, List, Sequence
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
                                           loop_factory, merge_stats)
-from async_search.backends.remote import (Failure, arrived, pack, pack_error,
+from async_search.remote import (Failure, arrived, pack, pack_error,
                                           plain_outputs, round_trips, unpack_error)
 from async_search.backends.servers import ServersHook
 from async_search.errors import ModelOutputError, SearchError, ServerDiedError
 from async_search.servers.batching import BatchingServer
+from async_search.ray_init import ensure_ray
 from async_search.servers.policy import DispatchPolicy
 
-__all__ = ["run_ray", "ensure_ray", "ServerActor", "SERVER_NAME_PREFIX"]
+__all__ = ["run_ray", "ServerActor", "SERVER_NAME_PREFIX"]
 
 #: Server actors are named ``async_search-server-<run id>-<i>`` (``ray.get_actor``).
 SERVER_NAME_PREFIX = "async_search-server-"
-
-
-def ensure_ray(address: str | None = None):
-    """Ray, initialised: joins ``address`` if given, else starts Ray on this machine with
-    its CPUs and no dashboard (unless Ray is already running in this process)."""
-    import ray
-
-    if not ray.is_initialized():
-        if address is not None:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    return ray
 
 
 class ServerActor:

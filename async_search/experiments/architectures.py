@@ -28,7 +28,7 @@ from async_search.experiments.selfplay import SelfPlayParams, samples_digest
 from async_search.experiments.topologies import (ARCHITECTURES, CACHING, TopologyParams,
                                                  build)
 from async_search.experiments.workloads import build_model
-from async_search.servers import CLOSE
+from async_search.queues import close_stream
 
 __all__ = ["ARCHITECTURES", "SelfPlayParams", "TopologyParams", "ArchitectureReport",
            "ArchitecturesResult", "run_topology", "run_architectures",
@@ -197,9 +197,8 @@ def run_topology(architecture: str, params: SelfPlayParams, topology: TopologyPa
         deadline = time.perf_counter() + topology.timeout_s
         _wait_events(events, procs, deadline, lambda: len(clients) < num_clients, handle)
         elapsed = time.perf_counter() - t0
-        for q, times in wiring.close:
-            for _ in range(times):
-                q.put(CLOSE)
+        for q in wiring.close:  # every relay and server reads to the end of its streams
+            close_stream(q)
         num_relays = sum(1 for r in roles.values() if r == "relay")
         num_servers = sum(1 for r in roles.values() if r == "server")
         deadline = time.perf_counter() + topology.timeout_s

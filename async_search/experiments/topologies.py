@@ -13,8 +13,8 @@ Every box below is a ``multiprocessing`` process (spawned); every arrow is a
 - ``client``: each client has its own cache and talks to one server directly (client i
   to server i mod num_servers); no process in between.
 
-``build`` returns the processes to start and, once the clients are done, the queues to
-send ``CLOSE`` on so that every relay and server ends. The process mains report to the
+``build`` returns the processes to start and, once the clients are done, the queues whose
+streams to close (``queues.close_stream``) so that every relay and server ends. The process mains report to the
 parent over an ``events`` queue: ``("ready", name)``, ``("progress", samples)``,
 ``("client", name, {slot: samples}, cache stats)``, ``("relay", name, cache stats)``,
 ``("server", name, stats)``, or ``("error", name, traceback)``.
@@ -28,10 +28,11 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from async_search.connections import (Connection, FifoConnectedFunction,
-                                      UnorderedConnectedFunction, forked_pipe, pipe)
+                                      PassThroughConnection, UnorderedConnectedFunction,
+                                      forked_pipe, pipe)
 from async_search.problems import ConnectFour
-from async_search.queues import process_queue
-from async_search.servers import CLOSE, DispatchPolicy, serve_connection
+from async_search.queues import ClosedConnection, process_queue
+from async_search.servers import DispatchPolicy, serve_connection
 from async_search.servers.cache import CachedEvaluate
 from async_search.servers.router import Router
 from async_search.experiments.runs import loop_factory
@@ -107,11 +108,11 @@ class ProcessSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    """The processes of a topology, and where ``CLOSE`` goes once the clients are done."""
+    """The processes of a topology, and the streams to close once the clients are done."""
 
     processes: Tuple[ProcessSpec, ...]
-    close: Tuple[Tuple[Any, int], ...]
-    """``(queue, times)``: put CLOSE on ``queue`` that many times."""
+    close: Tuple[Any, ...]
+    """The queues whose streams end the relays and servers (``queues.close_stream``)."""
 
 
 # -- process mains ------------------------------------------------------------------------
@@ -127,7 +128,8 @@ def _run(name: str, events: Any, use_uvloop: bool, coro_fn: Callable[[], Any]) -
 
 def server_main(name: str, connection: Connection, model_factory: Callable[[], Any],
                 policy: DispatchPolicy, use_uvloop: bool, events: Any) -> None:
-    """An inference server: serves ``connection`` until CLOSE, then reports its stats."""
+    """An inference server: serves ``connection`` until its stream ends, then reports its
+    stats."""
     async def body():
         model = model_factory()
         events.put(("ready", name))
@@ -158,19 +160,31 @@ def client_main(name: str, connection: Connection, ordered: bool, slots: List[in
     _run(name, events, use_uvloop, body)
 
 
-async def _relay(connection: Connection, evaluate: Any, reply: Callable) -> None:
-    """Answers ``(key, x)`` messages from ``connection`` with ``evaluate`` until CLOSE;
-    answers go back as soon as they are ready, in any order."""
-    def send(key, task):
-        error = None if task.cancelled() else task.exception()
-        reply(key, error if error is not None else task.result())
+async def _relay(connection: Connection, evaluate: Any) -> None:
+    """Answers the messages of ``connection`` with ``evaluate`` until its stream ends;
+    evaluations overlap, and answers go back in the order received (as a forked or
+    pass-through connection routes them)."""
+    answers: asyncio.Queue = asyncio.Queue()
+
+    async def send_in_order():
+        while True:
+            task = await answers.get()
+            if task is None:
+                return
+            try:
+                connection.send(await task)
+            except Exception as e:  # the evaluation failed: the error is the answer
+                connection.send(e)
+
+    sender = asyncio.ensure_future(send_in_order())
     while True:
-        message = await connection.recv_async()
-        if isinstance(message, str) and message == CLOSE:
-            return
-        key, x = message
-        task = asyncio.ensure_future(evaluate(x))
-        task.add_done_callback(lambda t, k=key: send(k, t))
+        try:
+            x = await connection.recv_async()
+        except ClosedConnection:
+            break
+        answers.put_nowait(asyncio.ensure_future(evaluate(x)))
+    answers.put_nowait(None)
+    await sender
 
 
 def balancer_main(name: str, client_ends: List[Connection], server_ends: List[Connection],
@@ -181,7 +195,8 @@ def balancer_main(name: str, client_ends: List[Connection], server_ends: List[Co
                          for i, c in enumerate(server_ends)}, policy="least_outstanding")
         cached = CachedEvaluate(router, capacity=cache_capacity)
         events.put(("ready", name))
-        await asyncio.gather(*(_relay(c, cached, lambda k, y, c=c: c.send((k, y)))
+        # Each client's messages are (uid, x): the relay passes the uid through.
+        await asyncio.gather(*(_relay(PassThroughConnection(c), cached)
                                for c in client_ends))
         events.put(("relay", name, cached.stats))
     _run(name, events, use_uvloop, body)
@@ -194,7 +209,7 @@ def cache_manager_main(name: str, requests: Connection, inference: Connection,
         cached = CachedEvaluate(UnorderedConnectedFunction(inference),
                                 capacity=cache_capacity)
         events.put(("ready", name))
-        await _relay(requests, cached, lambda route, y: requests.send((route, y)))
+        await _relay(PassThroughConnection(requests), cached)  # clients send (uid, x)
         events.put(("relay", name, cached.stats))
     _run(name, events, use_uvloop, body)
 
@@ -203,7 +218,8 @@ def cache_manager_main(name: str, requests: Connection, inference: Connection,
 
 def build(architecture: str, params: SelfPlayParams, topology: TopologyParams,
           model_factory: Callable[[], Any], *, events: Any, start: Any) -> Topology:
-    """The processes of ``architecture`` and where CLOSE goes when the clients are done.
+    """The processes of ``architecture``, and the streams to close when the clients are
+    done.
 
     Queues, ``events`` and ``start`` belong to the spawn context (``process_queue``'s)."""
     if architecture not in ARCHITECTURES:
@@ -227,33 +243,36 @@ def build(architecture: str, params: SelfPlayParams, topology: TopologyParams,
                            (f"server-{j}", connection, model_factory, policy, uv, events))
 
     procs: List[ProcessSpec] = []
-    close: List[Tuple[Any, int]] = []
+    close: List[Any] = []
     if architecture == "pipe":
         client_pipes = [pipe(qf) for _ in range(n)]    # (client end, balancer end)
         server_pipes = [pipe(qf) for _ in range(m)]    # (balancer end, server end)
-        procs += [server(j, p[1]) for j, p in enumerate(server_pipes)]
+        # The balancer's functions send (uid, x): each server passes the uid through.
+        procs += [server(j, PassThroughConnection(p[1])) for j, p in enumerate(server_pipes)]
         procs.append(ProcessSpec("load-balancer", "relay", balancer_main, (
             "load-balancer", [p[1] for p in client_pipes], [p[0] for p in server_pipes],
             topology.cache_capacity, uv, events)))
         procs += [client(i, p[0], False, None) for i, p in enumerate(client_pipes)]
-        close += [(p[1].inbox, 1) for p in client_pipes]
-        close += [(p[1].inbox, 1) for p in server_pipes]
+        close += [p[1].inbound for p in client_pipes]
+        close += [p[1].inbound for p in server_pipes]
     elif architecture == "queue":
-        client_ends, manager_end = forked_pipe(qf, n)
-        manager_fn_end, inference_end = forked_pipe(qf, 1)
-        procs += [server(j, inference_end) for j in range(m)]
+        manager_end, client_ends = forked_pipe(qf, n)
+        inference_end, manager_fn_end = forked_pipe(qf, 1)
+        # Every server takes from the one inference queue; each passes the manager's
+        # uids through, so that answers may come back from any server in any order.
+        procs += [server(j, PassThroughConnection(inference_end.copy())) for j in range(m)]
         procs.append(ProcessSpec("cache-manager", "relay", cache_manager_main, (
             "cache-manager", manager_end, manager_fn_end[0], topology.cache_capacity, uv,
             events)))
         procs += [client(i, c, False, None) for i, c in enumerate(client_ends)]
-        close += [(manager_end.inbox, 1), (inference_end.inbox, m)]
+        close += [manager_end.inbound, inference_end.inbound]
     else:
         assigned: Dict[int, List[int]] = {j: [i for i in range(n) if i % m == j]
                                           for j in range(m)}
         for j in range(m):
-            ends, server_end = forked_pipe(qf, max(len(assigned[j]), 1))
+            server_end, ends = forked_pipe(qf, max(len(assigned[j]), 1))
             procs.append(server(j, server_end))
             procs += [client(i, ends[k], True, topology.cache_capacity)
                       for k, i in enumerate(assigned[j])]
-            close.append((server_end.inbox, 1))
+            close.append(server_end.inbound)
     return Topology(tuple(procs), tuple(close))

@@ -12,7 +12,7 @@ repository, and, with the ``http`` extra, Prometheus metrics and a KServe v2 HTT
 from async_search.servers.batching import BatchingServer
 from async_search.servers.breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from async_search.servers.cache import CachedEvaluate
-from async_search.servers.connection_server import (CLOSE, ModelUpdate, VersionedRequest,
+from async_search.servers.connection_server import (ModelUpdate, VersionedRequest,
                                                    serve_connection)
 from async_search.servers.immediate import Immediate, immediate
 from async_search.servers.policy import DispatchPolicy, Reason
@@ -24,7 +24,7 @@ from async_search.servers.serve import serve
 from async_search.servers.stats import BatchRecord
 
 __all__ = [
-    "BatchingServer", "BatchRecord", "CLOSE", "DispatchPolicy", "Immediate", "Reason",
+    "BatchingServer", "BatchRecord", "DispatchPolicy", "Immediate", "Reason",
     "immediate", "serve", "serve_connection", "ModelUpdate", "VersionedRequest",
     "CachedEvaluate", "Router", "RoutingPolicy", "RoundRobin", "LeastOutstanding",
     "ConsistentHash", "HashRing", "CircuitBreaker", "BreakerPolicy", "BreakerState",

@@ -1,20 +1,20 @@
-"""Serving a Connection: requests from clients elsewhere, batched by a BatchingServer.
+"""Serving connections: requests from clients elsewhere, batched by one BatchingServer.
 
-Messages on the server connection, handled in the order they arrive:
+Every payload received on a connection gets exactly one answer, sent back in the order
+received (so FIFO clients, forked pipes and pass-through keys all match them):
 
-- ``(route, x)``: evaluate ``x``; answered ``(route, outputs)`` or ``(route, error)``.
-- ``(route, VersionedRequest(x))``: the same, answered ``(route, (outputs, version))``
-  with the model version that computed the outputs (None when the request was split
-  across batches while the model was swapped).
-- ``(route, ModelUpdate(model, version))``: swap the model; answered ``(route,
-  version)`` once swapped, or ``(route, error)`` when the swap failed (serving goes on
-  with the old model).
-- ``ModelUpdate(model, version)`` with no route: swap the model, answer nothing; if the
-  swap fails, ``serve_connection`` ends with that error.
-- ``CLOSE``: stop, after answering everything received before it.
+- ``x`` (an array ``[n, ...]``): answered with the outputs, or with the exception when
+  the request failed (a bad request, a model that raised).
+- ``VersionedRequest(x)``: answered with ``(outputs, version)``, the model version that
+  computed them (None when the request was split across batches while the model was
+  swapped).
+- ``ModelUpdate(model, version)``: swaps the model; answered with ``version`` once
+  swapped, or with the exception (serving goes on with the old model).
 
-Every request received after an update runs on the new model; requests received before
-it may run on either (a batch that a device thread has started finishes on the old one).
+A connection is served until its stream ends: its clients closed it, or the process at
+the other end is gone. Every request received after an update runs on the new model;
+requests received before it may run on either (a batch that a device thread has started
+finishes on the old one).
 """
 
 from __future__ import annotations
@@ -22,20 +22,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from typing import Any, Deque, Hashable, Tuple
+from typing import Any, Callable, Deque, Hashable, Sequence, Union
 
 import numpy as np
 
 from async_search.batchers import Batcher
 from async_search.connections import Connection
+from async_search.errors import ModelOutputError, ServerClosedError
+from async_search.queues import ClosedConnection
+from async_search.remote import pack_error, plain_outputs, round_trips
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
 
-__all__ = ["serve_connection", "CLOSE", "ModelUpdate", "VersionedRequest"]
-
-#: Send this on a server connection to end ``serve_connection`` (after it has answered
-#: everything received before it).
-CLOSE = "async_search.close"
+__all__ = ["serve_connection", "ModelUpdate", "VersionedRequest"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +47,7 @@ class ModelUpdate:
         version: the new model's version, reported with every result it computes.
 
     Example:
-        >>> # server_end.inbox.put(ModelUpdate(new_model, 2))     # no answer
-        >>> # await fn(ModelUpdate(new_weights, 3))               # a client: answers 3
+        >>> # await fn(ModelUpdate(new_weights, 3))     # a client: answered 3 once swapped
     """
 
     model: Any
@@ -70,72 +68,123 @@ class VersionedRequest:
     x: np.ndarray
 
 
-async def serve_connection(model: Any, connection: Connection, *,
+async def serve_connection(model: Union[Any, BatchingServer],
+                           connection: Union[Connection, Sequence[Connection]], *,
                            policy: DispatchPolicy = DispatchPolicy(),
-                           batcher: Batcher | None = None) -> dict:
-    """Serves ``(route, x)`` requests from ``connection`` until it receives ``CLOSE``.
+                           batcher: Batcher | None = None, portable: bool = False) -> dict:
+    """Serves the payloads received on ``connection`` (or on each of several) until
+    every stream has ended; returns the server's stats.
 
-    Each request joins the batches of a BatchingServer in this loop; its response is
-    sent back as ``(route, outputs)``, or ``(route, exception)`` when it failed (a bad
-    request, a model that raised). Routes are passed through untouched. A
-    ``VersionedRequest`` payload is answered with ``(outputs, version)``; a
-    ``ModelUpdate`` swaps the model for every request received after it (see the module
-    docstring for the messages and their answers). Returns the server's stats.
+    Every request joins the batches of one BatchingServer in this loop, whichever
+    connection it came on; each answer goes back on its own connection, in order (see
+    the module docstring for the messages and their answers).
 
-    Raises:
-        Exception: what a route-less ``ModelUpdate`` raised when it failed.
+    Args:
+        model: the model to serve (a BatchingServer is made and closed here), or a
+            running BatchingServer to serve with (its owner closes it).
+        connection: a server end (``forked_pipe``'s, a ``PassThroughConnection``...), or
+            several, served together.
+        policy, batcher: how batches are made (when a model is given).
+        portable: make every answer travel to another process: an exception becomes a
+            ``remote.Failure`` (which always pickles), and outputs holding objects that
+            do not survive pickling fail with ModelOutputError.
 
     Example:
-        >>> # clients, server_end = forked_pipe(thread_queue, num_clients=4)
-        >>> # stats = await serve_connection(model, server_end)
+        >>> # server_end, client_ends = forked_pipe(thread_queue, 4)
+        >>> # stats = await serve_connection(model, server_end)   # until clients close
     """
-    replies = _OrderedReplies(connection)
-    loop = asyncio.get_running_loop()
+    connections = [connection] if isinstance(connection, Connection) else list(connection)
+    if isinstance(model, BatchingServer):
+        await asyncio.gather(*(_serve(model, c, portable) for c in connections))
+        return model.stats
     async with BatchingServer(model, policy, batcher) as evaluate:
-        while True:
-            message = await connection.recv_async()
-            if isinstance(message, ModelUpdate):
-                evaluate.update_model(message.model, message.version)
-                continue
-            if message == CLOSE:
-                break
-            route, x = message
-            try:
-                if isinstance(x, VersionedRequest):
-                    fut = evaluate.call_with_version(x.x)
-                elif isinstance(x, ModelUpdate):
-                    evaluate.update_model(x.model, x.version)
-                    fut = loop.create_future()
-                    fut.set_result(x.version)
-                else:
-                    fut = evaluate(x)
-            except Exception as e:  # a bad request (or update) fails alone
-                fut = loop.create_future()
-                fut.set_exception(e)
-            replies.add(route, fut)
+        await asyncio.gather(*(_serve(evaluate, c, portable) for c in connections))
     return evaluate.stats
 
 
+async def _serve(evaluate: BatchingServer, connection: Connection, portable: bool) -> None:
+    replies = _OrderedReplies(connection, _portable if portable else _as_is)
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            message = await connection.recv_async()
+        except ClosedConnection:
+            break
+        try:
+            if isinstance(message, VersionedRequest):
+                fut = evaluate.call_with_version(message.x)
+            elif isinstance(message, ModelUpdate):
+                evaluate.update_model(message.model, message.version)
+                fut = loop.create_future()
+                fut.set_result(message.version)
+            else:
+                fut = evaluate(message)
+        except Exception as e:  # a bad request (or update) fails alone
+            fut = loop.create_future()
+            fut.set_exception(e)
+        replies.add(fut)
+    await replies.finished()
+
+
+def _as_is(answer: Any) -> Any:
+    return answer
+
+
+def _portable(answer: Any) -> Any:
+    """``answer`` as something that loads in another process (see ``remote``)."""
+    if isinstance(answer, BaseException):
+        return pack_error(answer)
+    outputs, version = answer if isinstance(answer, tuple) and len(answer) == 2 else (
+        answer, None)
+    if not plain_outputs(outputs, version):  # objects in them: check the trip
+        ok, why = round_trips(answer)
+        if not ok:
+            return pack_error(ModelOutputError(
+                f"the model's outputs ({type(outputs).__name__}) cannot be sent to the "
+                f"client process: {type(why).__name__}: {why}"))
+    return answer
+
+
 class _OrderedReplies:
-    """Sends replies in the order the requests came, so that FIFO clients match them:
-    a request that fails at once (or has no elements) must not overtake earlier ones."""
+    """Sends answers in the order the requests came, so that FIFO clients match them:
+    a request that fails at once (or has no elements) must not overtake earlier ones.
+    Nothing raised while answering escapes into a callback."""
 
-    def __init__(self, connection: Connection):
+    def __init__(self, connection: Connection, prepare: Callable[[Any], Any]):
         self._connection = connection
-        self._waiting: Deque[Tuple[Any, asyncio.Future]] = collections.deque()
+        self._prepare = prepare
+        self._waiting: Deque[asyncio.Future] = collections.deque()
+        self._gone = False  # the other end cannot be reached: answers are dropped
+        self._done: asyncio.Future | None = None
 
-    def add(self, route: Any, fut: asyncio.Future) -> None:
-        self._waiting.append((route, fut))
+    def add(self, fut: asyncio.Future) -> None:
+        self._waiting.append(fut)
         if fut.done():
             self._send_ready()
         else:
             fut.add_done_callback(self._send_ready)
 
+    async def finished(self) -> None:
+        """Returns once every answer has been sent (or dropped, its client gone)."""
+        if self._waiting:
+            self._done = asyncio.get_running_loop().create_future()
+            await self._done
+
     def _send_ready(self, _=None) -> None:
         waiting, connection = self._waiting, self._connection
-        while waiting and waiting[0][1].done():
-            route, fut = waiting.popleft()
+        while waiting and waiting[0].done():
+            fut = waiting.popleft()
             if fut.cancelled():
+                answer: Any = ServerClosedError(
+                    "the server dropped this request (it is stopping)")
+            else:
+                error = fut.exception()
+                answer = error if error is not None else fut.result()
+            if self._gone:
                 continue
-            error = fut.exception()
-            connection.send((route, error if error is not None else fut.result()))
+            try:
+                connection.send(self._prepare(answer))
+            except Exception:  # the client is gone (its process died): nobody waits
+                self._gone = True
+        if not waiting and self._done is not None and not self._done.done():
+            self._done.set_result(None)

@@ -68,47 +68,32 @@ async def _big_result(start, evaluate):
 
 
 def test_a_large_report_reaches_a_stalled_reader_whole_before_the_client_exits():
-    """The client must not let its loop end with the report's tail still buffered:
-    drain() returns once less than the low-water mark (16 KiB) is left, not at empty.
-    A server that stalls then (busy, loaded) read a truncated frame and reported a client
-    that had exited with code 0 as dead. Small socket buffers and a reader that stops
-    20 KiB short of the end for a second make the stall happen every time."""
-    import socket
-    import struct
-    import threading
-    import time
+    """The client must not let its loop end with the report's tail still buffered. A
+    server that stalls then (busy, loaded) read a truncated frame and reported a client
+    that had exited with code 0 as dead. Here the reader does not read at all until the
+    client has had the time to exit: a 4 MiB report, far above any socket buffer, must
+    still arrive whole."""
+    import multiprocessing
+    import pickle
 
     from async_search.backends.process import client_main
+    from async_search.connections import pipe
+    from async_search.queues import SocketQueue, socket_queue
 
-    ours, theirs = socket.socketpair()
-    for sock in (ours, theirs):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    received = bytearray()
-
-    def stalling_reader():
-        ours.settimeout(30)
-        while len(received) < 8:
-            received.extend(ours.recv(8 - len(received)))
-        (length,) = struct.unpack_from("!Q", received)
-        stall_at, stalled = 8 + length - 20 * 1024, False
-        while True:
-            if not stalled and len(received) >= stall_at:
-                time.sleep(1.0)  # the server is busy elsewhere
-                stalled = True
-            chunk = ours.recv(min(4096, max(1, stall_at - len(received)))
-                              if not stalled else 4096)
-            if not chunk:
-                return
-            received.extend(chunk)
-
-    reader = threading.Thread(target=stalling_reader)
-    reader.start()
-    client_main(theirs, _big_result, [1.0, 2.0], None, False)  # returns when it exits
-    theirs.close()
-    reader.join(timeout=60)
-    ours.close()
-    assert not reader.is_alive()
-    (length,) = struct.unpack_from("!Q", received)
-    assert len(received) == 8 + length, (
-        f"the report's tail was lost: {8 + length - len(received)} of {8 + length} bytes")
+    server_end, client_end = pipe(socket_queue)
+    results = SocketQueue()
+    child = multiprocessing.get_context("spawn").Process(
+        target=client_main, args=(client_end, results, _big_result, [1.0, 2.0], None, False))
+    child.start()
+    try:
+        server_end.close_unused_ends()
+        results.reader_only()
+        child.join(1.0)  # the stall: an exit now would lose the report's tail
+        report = results.get(timeout=60)
+    finally:
+        child.join(60)
+    assert child.exitcode == 0
+    assert [(k, ok) for k, ok, _ in report] == [(0, True), (1, True)]
+    for k, _, payload in report:
+        value = pickle.loads(payload)
+        assert value.shape == (1 << 18,) and (value == k + 1.0).all()

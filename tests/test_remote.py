@@ -2,7 +2,7 @@ import pickle
 
 import pytest
 
-from async_search.backends import remote
+from async_search import remote
 from async_search.errors import RemoteError
 from tests.faults import faulty
 

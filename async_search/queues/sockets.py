@@ -1,0 +1,356 @@
+"""A queue between two processes over a socket pair: one frame per loop iteration.
+
+``SocketQueue`` is the process backend's transport. One process puts, another gets.
+Puts made in one loop iteration leave as one frame (a pickled list, protocol 5, every
+NumPy array's bytes written straight from its memory, out of band), so traffic scales
+with loop iterations, not with messages. Reading is event-driven (``loop.add_reader``):
+a waiting coroutine sleeps until a frame arrives. Writing never blocks the loop: what
+the socket cannot take at once waits in a buffer until it is writable, so two processes
+writing to each other cannot deadlock. Outside a running loop, ``put`` and ``get``
+block like ``queue.Queue``'s.
+
+The end of the stream is ``END_OF_STREAM`` (``close_stream``) or the writer's end of
+the socket closing (its process exited or died): either way a reader gets
+``ClosedConnection`` once the items before it are taken.
+
+    >>> q = SocketQueue()
+    >>> q.put({"x": np.arange(3)}); q.get(timeout=5)["x"].tolist()
+    [0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import pickle
+import queue
+import select
+import socket
+import struct
+import time
+from typing import Any, Deque, List
+
+import numpy as np
+
+from async_search.queues.protocol import ClosedConnection, is_end
+
+__all__ = ["SocketQueue", "socket_queue", "encode_frame", "decode_frame"]
+
+# A frame: its length after this prefix, then the pickled header's length and the number
+# of out-of-band buffers, each buffer's length, the header, the buffers.
+_PREFIX = struct.Struct("!Q")
+_COUNTS = struct.Struct("!II")
+_CHUNK = 1 << 18
+_IOV_MAX = 512
+
+
+def encode_frame(obj: Any) -> List[memoryview]:
+    """``obj`` as the byte chunks of one frame; arrays are views of their own memory."""
+    buffers: List[pickle.PickleBuffer] = []
+    header = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    views = [b.raw() for b in buffers]
+    sizes = struct.pack(f"!{len(views)}Q", *(v.nbytes for v in views))
+    counts = _COUNTS.pack(len(header), len(views))
+    length = len(counts) + len(sizes) + len(header) + sum(v.nbytes for v in views)
+    return [memoryview(_PREFIX.pack(length) + counts + sizes + header), *views]
+
+
+def decode_frame(frame: memoryview) -> Any:
+    """The object of one frame (without its length prefix); arrays are views of it."""
+    header_length, count = _COUNTS.unpack_from(frame)
+    at = _COUNTS.size
+    sizes = struct.unpack_from(f"!{count}Q", frame, at)
+    at += 8 * count
+    header = frame[at:at + header_length]
+    at += header_length
+    buffers = []
+    for size in sizes:
+        buffers.append(frame[at:at + size])
+        at += size
+    return pickle.loads(header, buffers=buffers)
+
+
+class SocketQueue:
+    """A one-way FIFO queue from one process to another over a socket pair.
+
+    Make it in the parent and pass it to the child as a Process argument (spawn). Each
+    side then keeps only its own end (``reader_only`` / ``writer_only``), so that a
+    reader learns when the writing process is gone. Not thread-safe: one loop (or one
+    thread) per side.
+
+    Args:
+        maxsize: must be 0: a socket queue is unbounded (a full socket buffers in this
+            process instead of blocking the loop).
+    """
+
+    def __init__(self, maxsize: int = 0):
+        if maxsize:
+            raise ValueError(f"a SocketQueue is unbounded: maxsize must be 0, got {maxsize!r}")
+        self._writer, self._reader = socket.socketpair()
+        self._setup()
+
+    def _setup(self) -> None:
+        for sock in (self._writer, self._reader):
+            if sock is not None:
+                sock.setblocking(False)
+        self._items: Deque[Any] = collections.deque()
+        self._inbuf = bytearray()
+        self._eof = False
+        self._waiters: List[asyncio.Future] = []
+        self._reading_loop: asyncio.AbstractEventLoop | None = None
+        self._outgoing: List[Any] = []
+        self._scheduled: asyncio.AbstractEventLoop | None = None
+        self._unsent: Deque[memoryview] = collections.deque()
+        self._writing_loop: asyncio.AbstractEventLoop | None = None
+        self._drained: List[asyncio.Future] = []
+        self._broken: BaseException | None = None
+
+    def __getstate__(self) -> dict:
+        return {"writer": self._writer, "reader": self._reader}
+
+    def __setstate__(self, state: dict) -> None:
+        self._writer, self._reader = state["writer"], state["reader"]
+        self._setup()
+
+    # -- ends ---------------------------------------------------------------------------
+
+    def reader_only(self) -> "SocketQueue":
+        """Closes this process's writing end: this process only gets. Returns self."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        return self
+
+    def writer_only(self) -> "SocketQueue":
+        """Closes this process's reading end: this process only puts. Returns self."""
+        self._stop_reading()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        return self
+
+    def close(self) -> None:
+        """Releases both ends in this process (what was not sent yet is dropped)."""
+        self._stop_writing()
+        self.writer_only()
+        self.reader_only()
+        self._wake_readers()
+
+    # -- putting ------------------------------------------------------------------------
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Sends ``item``; in a running loop it leaves with this iteration's frame."""
+        if self._broken is not None or self._writer is None:
+            raise ClosedConnection(f"cannot put on this socket queue: "
+                                   f"{self._broken or 'its writing end is closed here'}")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._send_blocking(encode_frame([item]), timeout)
+            return
+        self._outgoing.append(item)
+        if self._scheduled is None:
+            self._scheduled = loop
+            loop.call_soon(self._flush)
+
+    def put_nowait(self, item: Any) -> None:
+        self.put(item, block=False)
+
+    async def drain(self) -> None:
+        """Returns once everything put has been handed to the socket."""
+        while self._scheduled is not None or self._unsent:
+            if self._broken is not None:
+                return
+            fut = asyncio.get_running_loop().create_future()
+            self._drained.append(fut)
+            await fut
+
+    def _flush(self) -> None:
+        self._scheduled = None
+        items, self._outgoing = self._outgoing, []
+        if self._writer is None or self._broken is not None:
+            return self._wake_drained()
+        try:
+            chunks = encode_frame(items)
+        except Exception as e:  # an item that cannot be pickled: fail loudly here
+            self._broken = e
+            return self._wake_drained()
+        self._unsent.extend(c.cast("B") if c.format != "B" else c for c in chunks)
+        if self._writing_loop is None:
+            self._send_some()
+
+    def _send_some(self) -> None:
+        unsent = self._unsent
+        try:
+            while unsent:
+                sent = self._writer.sendmsg(list(itertools.islice(unsent, _IOV_MAX)))
+                while sent:
+                    head = unsent[0]
+                    if sent >= head.nbytes:
+                        sent -= head.nbytes
+                        unsent.popleft()
+                    else:
+                        unsent[0] = head[sent:]
+                        sent = 0
+        except BlockingIOError:
+            pass
+        except OSError as e:  # the reading process is gone
+            self._broken = ClosedConnection(f"the reading end closed ({e!r})")
+            unsent.clear()
+        if unsent and self._writing_loop is None:
+            self._writing_loop = asyncio.get_running_loop()
+            self._writing_loop.add_writer(self._writer.fileno(), self._send_some)
+        elif not unsent:
+            self._stop_writing()
+            self._wake_drained()
+
+    def _stop_writing(self) -> None:
+        if self._writing_loop is not None:
+            if self._writer is not None and not self._writing_loop.is_closed():
+                self._writing_loop.remove_writer(self._writer.fileno())
+            self._writing_loop = None
+
+    def _wake_drained(self) -> None:
+        drained, self._drained = self._drained, []
+        for fut in drained:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _send_blocking(self, chunks: List[memoryview], timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        chunks = collections.deque(c.cast("B") if c.format != "B" else c for c in chunks)
+        while chunks:
+            try:
+                sent = self._writer.sendmsg(list(itertools.islice(chunks, _IOV_MAX)))
+            except BlockingIOError:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not select.select([], [self._writer], [], left)[1]:
+                    raise queue.Full from None
+                continue
+            except OSError as e:
+                self._broken = ClosedConnection(f"the reading end closed ({e!r})")
+                raise self._broken from e
+            while sent:
+                head = chunks[0]
+                if sent >= head.nbytes:
+                    sent -= head.nbytes
+                    chunks.popleft()
+                else:
+                    chunks[0] = head[sent:]
+                    sent = 0
+
+    # -- getting ------------------------------------------------------------------------
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        """The next item; blocks up to ``timeout`` seconds when ``block``.
+
+        Raises:
+            queue.Empty: nothing arrived in time.
+            ClosedConnection: the stream ended and every item before its end is taken.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._read_available()
+            if self._items:
+                return self._items.popleft()
+            if self._eof:
+                raise ClosedConnection("the writing end closed the stream")
+            if not block:
+                raise queue.Empty
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._reader], [], [], left)[0]:
+                raise queue.Empty
+
+    def get_nowait(self) -> Any:
+        return self.get(block=False)
+
+    def qsize(self) -> int:
+        """Items that have arrived and are not taken yet."""
+        self._read_available()
+        return len(self._items)
+
+    async def get_async(self) -> Any:
+        """The next item, awaited: the coroutine sleeps until a frame arrives.
+
+        Raises:
+            ClosedConnection: the stream ended and every item before its end is taken.
+        """
+        while True:
+            if self._items:
+                return self._items.popleft()
+            if self._eof or self._reader is None:
+                raise ClosedConnection("the writing end closed the stream")
+            loop = asyncio.get_running_loop()
+            if self._reading_loop is None:
+                self._reading_loop = loop
+                loop.add_reader(self._reader.fileno(), self._on_readable)
+            self._read_available()
+            if self._items or self._eof:
+                continue
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _on_readable(self) -> None:
+        self._read_available()
+        if self._items or self._eof:
+            self._wake_readers()
+
+    def _wake_readers(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _stop_reading(self) -> None:
+        if self._reading_loop is not None:
+            if self._reader is not None and not self._reading_loop.is_closed():
+                self._reading_loop.remove_reader(self._reader.fileno())
+            self._reading_loop = None
+
+    def _read_available(self) -> None:
+        if self._eof or self._reader is None:
+            return
+        buf = self._inbuf
+        while True:
+            try:
+                data = self._reader.recv(_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self._eof = True
+                self._stop_reading()
+                break
+            buf += data
+            if len(data) < _CHUNK:
+                break
+        at, end = 0, len(buf)
+        while end - at >= _PREFIX.size:
+            (length,) = _PREFIX.unpack_from(buf, at)
+            start = at + _PREFIX.size
+            if end - start < length:
+                break
+            frame = memoryview(bytes(buf[start:start + length]))  # arrays view this copy
+            at = start + length
+            for item in decode_frame(frame):
+                if is_end(item):
+                    self._eof = True
+                    self._stop_reading()
+                    break
+                self._items.append(item)
+            if self._eof:
+                break
+        if at:
+            del buf[:at]
+
+
+def socket_queue(maxsize: int = 0) -> SocketQueue:
+    """A queue from one process to another over a socket pair (see ``SocketQueue``)."""
+    return SocketQueue(maxsize)
