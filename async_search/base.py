@@ -7,14 +7,14 @@ Algorithm modules (batchers, servers, searches) depend on this module, not on ea
 from __future__ import annotations
 
 import dataclasses
-from typing import (Any, Awaitable, Hashable, Mapping, Protocol, Tuple, Union,
+from typing import (Any, Awaitable, Hashable, Mapping, Protocol, Sequence, Tuple, Union,
                     runtime_checkable)
 
 import numpy as np
 
 __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "VersionedEvaluate",
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
-           "evaluate_with_version", "input_spec_of", "output_spec_of"]
+           "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
 #: dimension is the batch (a policy and a value, say).
@@ -155,3 +155,9 @@ def input_spec_of(model: Any) -> TensorSpec | None:
 def output_spec_of(model: Any) -> TensorSpec | None:
     """The model's declared output spec (single-array models only), or None."""
     return getattr(model, "output_spec", None)
+
+
+def same_version(versions: Sequence[Hashable]) -> Hashable:
+    """The common version of several parts, or None when a swap split them."""
+    first = versions[0]
+    return first if all(v == first for v in versions[1:]) else None

@@ -33,7 +33,7 @@ import numpy as np
 from async_search.errors import RemoteError, SearchError
 
 __all__ = ["Failure", "RemoteTraceback", "pack", "unpack", "pack_error", "unpack_error",
-           "round_trips", "remote_error", "plain_outputs", "arrived"]
+           "round_trips", "remote_error", "plain_outputs", "arrived", "Dumps", "Loads"]
 
 Dumps = Callable[[Any], bytes]
 Loads = Callable[[bytes], Any]

@@ -30,7 +30,7 @@ from async_search.backends.servers import ModelServers, OnServers, ServersHook
 from async_search.servers.policy import DispatchPolicy
 
 __all__ = ["run_searches", "run_searches_async", "RunConfig", "SearchResults", "BACKENDS",
-           "ModelServers"]
+           "ModelServers", "SearchFn"]
 
 SearchFn = Callable[[Any, Any], Awaitable[Any]]
 

@@ -12,7 +12,7 @@ from async_search.servers.policy import DispatchPolicy
 from async_search.servers.stats import BatchRecord
 
 __all__ = ["RunConfig", "SearchResults", "BACKENDS", "merge_stats", "loop_factory",
-           "raise_failures", "finish"]
+           "raise_failures", "finish", "Progress", "max_servers"]
 
 BACKENDS = ("local", "process", "ray")
 

@@ -1,24 +1,29 @@
 """The Ray backend: searches in Ray tasks, model servers as Ray actors.
 
-Each server is an async actor holding a BatchingServer, so concurrent calls from every
-client join the same batches; it asks for ``total_gpu_frac / num_servers`` of a GPU when
-the cluster has one. Each client task runs its share of the starts in its own event loop;
-its requests of one loop iteration travel as one actor call (``CoalescingClient``), sent
-to the server with the fewest messages outstanding, and awaited as Ray object refs (no
-polling). A server that dies (killed, crashed) has its outstanding messages sent again to
-a surviving server; when none survives, they fail with ServerDiedError. Each answer
-carries the model version that computed it (``evaluate.with_version``); ``on_servers``
-pushes a new model to every live actor and waits for each to answer.
+Each server is an async actor holding a BatchingServer and hosting its own queues
+(``queues.ray_actor.QueueHost``): one request queue, read by ``serve_connection`` on a
+forked connection, and one answer queue per client. Each client task runs its share of
+the starts in its own event loop; its evaluate function is a ``servers.Router`` (least
+outstanding, with a circuit breaker and stats per server) over one ``CoalescingClient``
+per server, each on a ``KeyedConnection`` of ``ActorQueue``s: a loop iteration's
+requests to a server leave as one actor call, and its answers come back by one
+long-polling call. The server actors ask for ``total_gpu_frac / num_servers`` of a GPU
+when the cluster has one.
 
-Failures travel as ``remote.Failure`` (checked to load where they are made): a model's
-exception is returned by the actor, not raised, and each search's outcome is pickled on
-its own, so an exception or result that cannot travel fails its own start, named, with
-its traceback as text, and never the client task.
+A server that dies (killed, crashed) fails its outstanding requests with
+ServerDiedError, and the router sends them again to a surviving server; when none
+survives, they fail. Each answer carries the model version that computed it
+(``evaluate.with_version``); ``on_servers`` pushes a new model to every live actor and
+waits for each to answer. Failures travel as ``remote.Failure`` (answers are made
+portable where they are made), and each search's outcome is pickled on its own, so an
+exception or result that cannot travel fails its own start, named, with its traceback as
+text, and never the client task.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -27,57 +32,54 @@ from typing import Any, Callable, Dict, Hashable, List, Sequence
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
                                           loop_factory, merge_stats)
-from async_search.remote import (Failure, arrived, pack, pack_error,
-                                          plain_outputs, round_trips, unpack_error)
 from async_search.backends.servers import ServersHook
-from async_search.errors import ModelOutputError, SearchError, ServerDiedError
-from async_search.servers.batching import BatchingServer
+from async_search.connections import Connection, ForkedConnection, KeyedConnection
+from async_search.errors import SearchError, ServerDiedError
+from async_search.queues import close_stream
+from async_search.queues.ray_actor import ActorQueue, QueueHost
 from async_search.ray_init import ensure_ray
+from async_search.remote import arrived, pack, pack_error
+from async_search.servers.batching import BatchingServer
+from async_search.servers.connection_server import serve_connection
 from async_search.servers.policy import DispatchPolicy
+from async_search.servers.router import Router
 
 __all__ = ["run_ray", "ServerActor", "SERVER_NAME_PREFIX"]
 
 #: Server actors are named ``async_search-server-<run id>-<i>`` (``ray.get_actor``).
 SERVER_NAME_PREFIX = "async_search-server-"
 
+_REQUESTS = "requests"
 
-class ServerActor:
-    """A model server in its own Ray actor process (made remote by ``run_ray``)."""
+
+def _answers(client: int) -> str:
+    return f"answers-{client}"
+
+
+class ServerActor(QueueHost):
+    """A model server in its own Ray actor process (made remote by ``run_ray``), serving
+    the request queue it hosts."""
 
     def __init__(self, model_factory: Callable[[], Any], policy: DispatchPolicy,
-                 model_thread: bool = True):
+                 model_thread: bool = True, num_clients: int = 1):
+        super().__init__()
         self._model_factory = model_factory
         self._policy = policy
         self._model_thread = model_thread
+        self._num_clients = num_clients
+        self._lifetime = contextlib.AsyncExitStack()
         self._server: BatchingServer | None = None
+        self._serving: asyncio.Task | None = None
 
     async def start(self):
         """Builds the model and starts serving; returns the model's input spec."""
-        self._server = BatchingServer(self._model_factory(), self._policy,
-                                      model_thread=self._model_thread)
-        await self._server.__aenter__()
+        self._server = await self._lifetime.enter_async_context(BatchingServer(
+            self._model_factory(), self._policy, model_thread=self._model_thread))
+        connection = ForkedConnection(self.hosted(_REQUESTS), {
+            c: self.hosted(_answers(c)) for c in range(self._num_clients)})
+        self._serving = asyncio.ensure_future(
+            serve_connection(self._server, connection, portable=True))
         return self._server.input_spec
-
-    async def evaluate(self, batch):
-        return await self._server(batch)
-
-    async def evaluate_with_version(self, batch):
-        """``(outputs, version)`` for ``batch``: version None when a swap split it; or,
-        when the model (or the request) failed, a ``remote.Failure`` that always
-        travels (the exception, or a RemoteError standing for it, with its traceback).
-        Outputs that cannot travel fail with ModelOutputError."""
-        dumps, loads = _pickler()
-        try:
-            outputs, version = await self._server.with_version(batch)
-        except Exception as e:
-            return pack_error(e, dumps, loads)
-        if not plain_outputs(outputs, version):
-            ok, why = round_trips((outputs, version), dumps, loads)
-            if not ok:
-                return pack_error(ModelOutputError(
-                    f"the model's outputs ({type(outputs).__name__}) cannot be sent to "
-                    f"the client task: {type(why).__name__}: {why}"), dumps, loads)
-        return outputs, version
 
     async def update_model(self, model_or_weights, version):
         """Swaps the model between batches; returns ``version`` once swapped, so that
@@ -92,11 +94,14 @@ class ServerActor:
         return os.getpid()
 
     def elements(self) -> int:
-        return self._server._stats.elements if self._server is not None else 0
+        return self._server.stats["elements"] if self._server is not None else 0
 
     async def stop(self):
-        """Serves what is queued, stops, and returns (stats, trace)."""
-        await self._server.aclose()
+        """Answers what was received, stops, and returns (stats, trace)."""
+        close_stream(self.hosted(_REQUESTS))
+        if self._serving is not None:
+            await self._serving
+        await self._lifetime.aclose()
         return self._server.stats, self._server.trace
 
 
@@ -109,9 +114,10 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     gpu_each = (config.total_gpu_frac or 1.0) * min(gpus, 1) / config.num_servers if gpus else 0
     actor_cls = ray.remote(ServerActor)
     run_id = uuid.uuid4().hex[:8]
+    num_clients = min(config.num_procs, max(len(starts), 1))
     servers = [actor_cls.options(name=f"{SERVER_NAME_PREFIX}{run_id}-{i}", num_cpus=0,
                                  num_gpus=gpu_each, max_concurrency=10_000).remote(
-        model_factory, config.policy, config.model_thread)
+        model_factory, config.policy, config.model_thread, num_clients)
         for i in range(config.num_servers)]
     startup_time = time.perf_counter()
     try:
@@ -129,13 +135,12 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                                  config.backend)
         start_time = time.perf_counter()  # the searches' clock starts once servers serve
         startup = start_time - startup_time
-        num_clients = min(config.num_procs, max(len(starts), 1))
         cpus = ray.cluster_resources().get("CPU", 1)
         task = ray.remote(_client_task).options(
             num_cpus=min(1.0, cpus / num_clients), max_retries=0)
         shares = [list(range(i, len(starts), config.num_procs)) for i in range(num_clients)]
-        refs = [task.remote(search_fn, [starts[j] for j in share], servers, spec,
-                            config.use_uvloop) for share in shares]
+        refs = [task.remote(search_fn, [starts[j] for j in share], servers, number, spec,
+                            config.use_uvloop) for number, share in enumerate(shares)]
         watcher_state = {"reported": 0}
         watcher = (asyncio.ensure_future(_report_progress(servers, progress, watcher_state))
                    if progress is not None else None)
@@ -159,13 +164,16 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                      - watcher_state["reported"]))
     results: List[Any] = [None] * len(starts)
     failures: Dict[int, BaseException] = {}
+    routers: List[dict] = []
     for number, (share, outcome) in enumerate(zip(shares, outcomes)):
         if isinstance(outcome, BaseException):
             error = SearchError(f"client task {number} failed ({outcome!r}); its starts "
                                 f"{share} did not finish")
             failures.update({index: error for index in share})
             continue
-        for k, is_result, payload in outcome:
+        report, routing = outcome
+        routers.append(routing)
+        for k, is_result, payload in report:
             index, ok, value = arrived(share[k], is_result, payload,
                                        f"client task {number}")
             if ok:
@@ -176,6 +184,7 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     stats = merge_stats(config, wall, [s for s, _ in alive], [t for _, t in alive])
     stats["servers_died"] = config.num_servers - len(alive)
     stats["startup_s"] = startup
+    stats["routers"] = routers  # each client task's Router stats: requests, breakers
     return SearchResults(finish(results, failures, config), stats)
 
 
@@ -219,18 +228,25 @@ async def _report_progress(servers: list, progress: Progress, state: dict,
             state["reported"] = total
 
 
-def _client_task(search_fn, starts: List[Any], servers: list, spec, use_uvloop: bool):
+def _client_task(search_fn, starts: List[Any], servers: list, number: int, spec,
+                 use_uvloop: bool):
     """A Ray task: runs its starts concurrently, requests going to the server actors."""
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
-        return runner.run(_client(search_fn, starts, servers, spec))
+        return runner.run(_client(search_fn, starts, servers, number, spec))
 
 
-async def _client(search_fn, starts: List[Any], servers: list, spec) -> list:
-    router = _ServerRouter(servers)
-    client = CoalescingClient(router.send, spec)
-    router.client = client
-    outcomes = await asyncio.gather(*(search_fn(s, client) for s in starts),
+async def _client(search_fn, starts: List[Any], servers: list, number: int, spec):
+    """``(report, router stats)``: each start's outcome, packed to travel."""
+    connections = [KeyedConnection(number, Connection(ActorQueue(s, _answers(number)),
+                                                      ActorQueue(s, _REQUESTS)))
+                   for s in servers]
+    router = Router({f"server-{i}": CoalescingClient(c, spec, where=f"server actor {i}")
+                     for i, c in enumerate(connections)}, policy="least_outstanding")
+    outcomes = await asyncio.gather(*(search_fn(s, router) for s in starts),
                                     return_exceptions=True)
+    for connection in connections:  # this client sends nothing more
+        connection.close()
+    await asyncio.gather(*(c.drain() for c in connections))
     # Each outcome is pickled on its own and checked to load: one that cannot travel
     # fails its own start (with the reason), not the whole task.
     dumps, loads = _pickler()
@@ -240,7 +256,7 @@ async def _client(search_fn, starts: List[Any], servers: list, spec) -> list:
             report.append((k, False, dumps(pack_error(outcome, dumps, loads))))
         else:
             report.append((k, *pack(outcome, dumps, loads)))
-    return report
+    return report, router.stats
 
 
 def _pickler():
@@ -250,55 +266,3 @@ def _pickler():
     from ray import cloudpickle
 
     return cloudpickle.dumps, pickle.loads
-
-
-class _ServerRouter:
-    """Sends each message to the live server with the fewest outstanding; resends the
-    messages of a server that died to the others."""
-
-    def __init__(self, servers: list):
-        self.client: CoalescingClient | None = None
-        self._outstanding = {i: 0 for i in range(len(servers))}
-        self._servers = servers
-        self._dead: Dict[int, str] = {}
-        self._turn = os.getpid()  # ties go round-robin, from a different server per client
-
-    def send(self, message_id: int, batch) -> None:
-        if not self._outstanding:
-            raise ServerDiedError(f"every server died: {self._describe_dead()}")
-        self._turn += 1
-        count = len(self._servers)
-        index = min(self._outstanding,
-                    key=lambda i: (self._outstanding[i], (i - self._turn) % count))
-        self._outstanding[index] += 1
-        ref = self._servers[index].evaluate_with_version.remote(batch)
-        asyncio.ensure_future(self._await(index, message_id, batch, ref))
-
-    async def _await(self, index: int, message_id: int, batch, ref) -> None:
-        import ray
-
-        version = None
-        try:
-            answer = await ref
-        except ray.exceptions.RayActorError as e:
-            if index in self._outstanding:
-                del self._outstanding[index]
-                self._dead[index] = type(e).__name__
-            try:
-                self.send(message_id, batch)  # to a survivor
-            except ServerDiedError as died:
-                self.client.deliver(message_id, died)
-            return
-        except Exception as e:  # Ray could not run the call or bring its answer back
-            outputs = e
-        else:
-            if isinstance(answer, Failure):  # the model raised, or the request was bad
-                outputs = unpack_error(answer, f"raised in server actor {index}")
-            else:
-                outputs, version = answer
-        if index in self._outstanding:
-            self._outstanding[index] -= 1
-        self.client.deliver(message_id, outputs, version)
-
-    def _describe_dead(self) -> str:
-        return ", ".join(f"server {i} ({why})" for i, why in sorted(self._dead.items()))

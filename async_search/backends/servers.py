@@ -22,7 +22,7 @@ import asyncio
 import inspect
 from typing import Any, Awaitable, Callable, Hashable
 
-__all__ = ["ModelServers", "OnServers", "ServersHook"]
+__all__ = ["ModelServers", "OnServers", "ServersHook", "Push"]
 
 #: ``push(model_or_weights, version)``: swaps the model of every server of a run and
 #: returns once each has swapped.

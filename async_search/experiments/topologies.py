@@ -38,7 +38,8 @@ from async_search.servers.router import Router
 from async_search.experiments.runs import loop_factory
 from async_search.experiments.selfplay import SelfPlayParams, play_slot
 
-__all__ = ["ARCHITECTURES", "CACHING", "TopologyParams", "ProcessSpec", "Topology", "build"]
+__all__ = ["ARCHITECTURES", "CACHING", "TopologyParams", "ProcessSpec", "Topology", "build",
+           "balancer_main", "cache_manager_main", "client_main", "server_main"]
 
 ARCHITECTURES = ("pipe", "queue", "client")
 

@@ -13,6 +13,7 @@ The end of the stream is ``END_OF_STREAM`` (``close_stream``) or the writer's en
 the socket closing (its process exited or died): either way a reader gets
 ``ClosedConnection`` once the items before it are taken.
 
+    >>> import numpy as np
     >>> q = SocketQueue()
     >>> q.put({"x": np.arange(3)}); q.get(timeout=5)["x"].tolist()
     [0, 1, 2]
@@ -30,8 +31,6 @@ import socket
 import struct
 import time
 from typing import Any, Deque, List
-
-import numpy as np
 
 from async_search.queues.protocol import ClosedConnection, is_end
 

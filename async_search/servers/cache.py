@@ -33,7 +33,7 @@ from typing import Any, Dict, Hashable, List, Tuple
 import numpy as np
 
 from async_search.base import Outputs, evaluate_with_version, version_of
-from async_search.servers import rows
+from async_search import rows
 
 __all__ = ["CachedEvaluate", "Key", "swap_token", "same_label"]
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Hashable
 
 from async_search.errors import deliverable
 
-__all__ = ["DeviceThread", "InlineDevice", "STOP"]
+__all__ = ["DeviceThread", "InlineDevice", "STOP", "Done"]
 
 #: Called on the event loop with (token, outputs or None, error or None, seconds, version).
 Done = Callable[[Any, Any, BaseException | None, float, Hashable], None]

@@ -27,9 +27,10 @@ from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Pro
 
 import numpy as np
 
-from async_search.base import Outputs, Versioned, evaluate_with_version, version_of
+from async_search.base import (Outputs, Versioned, evaluate_with_version, same_version,
+                               version_of)
 from async_search.errors import InputSpecError
-from async_search.servers import rows
+from async_search import rows
 from async_search.servers.breaker import (BreakerPolicy, CircuitBreaker, CircuitOpenError,
                                           counts_against_server)
 from async_search.servers.cache import swap_token
@@ -250,7 +251,7 @@ class Router:
                 part.cancel()
             raise
         return (rows.assemble([r[0] for r in results], indices, len(x)),
-                rows.same_version([r[1] for r in results]))
+                same_version([r[1] for r in results]))
 
     def _start(self, coro: Awaitable) -> asyncio.Task:
         """A task the router keeps a reference to until it ends (the loop holds tasks
@@ -320,7 +321,7 @@ class Router:
         None."""
         versions = [version_of(e) for e in self._servers.values()
                     if isinstance(e, Versioned)]
-        return rows.same_version(versions) if versions else None
+        return same_version(versions) if versions else None
 
     def update_model(self, model_or_weights: Any, version: Hashable) -> None:
         """``update_model`` on every server (each swaps between its own batches)."""

@@ -75,8 +75,7 @@ def test_killing_a_server_actor_mid_run_loses_no_request(how):
 
 async def test_ray_queues_carry_connected_functions_to_a_connection_server():
     from async_search.connections import get_connected_functions
-    from async_search.queues import ray_queue
-    from async_search.servers import CLOSE
+    from async_search.queues import close_stream, ray_queue
 
     model = searches.small_mlp()
     fns, server_end = get_connected_functions(ray_queue, num_fns=2, ordered=False)
@@ -86,6 +85,6 @@ async def test_ray_queues_carry_connected_functions_to_a_connection_server():
                                 60)
     for x, y in zip(xs, ys):
         np.testing.assert_array_equal(y, model(x))
-    server_end.inbox.put(CLOSE)
+    close_stream(server_end.inbound)  # the server reads to the end, then stops
     stats = await asyncio.wait_for(serving, 30)
     assert stats["elements"] == 12
