@@ -1,13 +1,35 @@
+"""Queues: the QueueLike protocol, awaiting without polling, and ends of streams, for
+the local, thread, process and socket queues."""
+
 import asyncio
+import multiprocessing
+import multiprocessing.queues
+import pickle
 import queue
 import threading
 
+import numpy as np
 import pytest
 
-from async_search.queues import (AsyncQueueLike, LocalQueue, QueueLike, ThreadQueue,
-                                 local_queue, process_queue, queue_factory, thread_queue)
+from async_search.queues import (END_OF_STREAM, AsyncQueueLike, ClosedConnection,
+                                 LocalQueue, ProcessQueue, QueueLike, SocketQueue,
+                                 ThreadQueue, close_stream, is_end, local_queue,
+                                 process_queue, queue_factory, ray_queue, socket_queue,
+                                 thread_queue)
+from tests.helpers import WAIT_S, within
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
+
+SPAWN = multiprocessing.get_context("spawn")
+CHILD_S = 60  # a spawned child imports numpy and this package: allow a loaded machine
+
+
+async def until_waiting(getter):
+    """Lets the loop run until ``getter`` (a task just made) sleeps in its await; a
+    put after this must wake it (a put before would make the test pass trivially)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not getter.done()
 
 
 @pytest.mark.parametrize("factory", [local_queue, thread_queue])
@@ -39,17 +61,19 @@ def test_local_queue_get_never_blocks_the_loop_thread():
 async def test_get_async_sleeps_until_put_wakes_it(factory):
     q = factory()
     getter = asyncio.ensure_future(q.get_async())
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert not getter.done()
+    await until_waiting(getter)
     q.put("item")
-    assert await asyncio.wait_for(getter, 5) == "item"
+    assert await within(getter, "the woken getter") == "item"
 
 
 async def test_thread_queue_put_from_another_thread_wakes_the_loop():
     q = ThreadQueue()
-    threading.Timer(0.05, q.put, args=("from thread",)).start()
-    assert await asyncio.wait_for(q.get_async(), 5) == "from thread"
+    getter = asyncio.ensure_future(q.get_async())
+    await until_waiting(getter)
+    thread = threading.Thread(target=q.put, args=("from thread",))
+    thread.start()
+    assert await within(getter, "the woken getter") == "from thread"
+    thread.join(WAIT_S)
 
 
 @pytest.mark.parametrize("factory", [local_queue, thread_queue])
@@ -57,36 +81,305 @@ async def test_cancelled_getter_does_not_swallow_an_item(factory):
     q = factory()
     first = asyncio.ensure_future(q.get_async())
     second = asyncio.ensure_future(q.get_async())
-    await asyncio.sleep(0)
+    await until_waiting(second)
     first.cancel()
     q.put("item")
-    assert await asyncio.wait_for(second, 5) == "item"
+    assert await within(second, "the second getter") == "item"
 
 
-def test_queue_factory_names_known_backends_on_error():
+def test_queue_factory_knows_every_backend_and_names_them_on_error():
+    assert queue_factory("local") is local_queue
     assert queue_factory("thread") is thread_queue
-    with pytest.raises(ValueError,
-                       match="unknown queue backend 'gpu'; known: local, process, ray, thread"):
+    assert queue_factory("process") is process_queue
+    assert queue_factory("socket") is socket_queue
+    assert queue_factory("ray") is ray_queue
+    with pytest.raises(ValueError, match="unknown queue backend 'gpu'; known: "
+                                         "local, process, ray, socket, thread"):
         queue_factory("gpu")
 
 
-def _put_later(q, item, delay):
-    import time
-    time.sleep(delay)
+def test_close_stream_ends_a_local_queue_after_its_items():
+    q = local_queue()
+    q.put(1)
+    close_stream(q)
+    assert q.get() == 1
+    assert is_end(q.get())
+    assert is_end(pickle.loads(pickle.dumps(END_OF_STREAM)))
+
+
+# -- ProcessQueue ---------------------------------------------------------------------------
+
+
+def _put_when_told(q, item, go):
+    assert go.wait(CHILD_S)
     q.put(item)
 
 
-async def test_process_queue_get_async_wakes_on_a_put_from_another_process():
-    import multiprocessing
+def test_process_queue_is_a_multiprocessing_queue():
     q = process_queue()
+    assert isinstance(q, ProcessQueue) and isinstance(q, multiprocessing.queues.Queue)
     assert isinstance(q, AsyncQueueLike)
-    child = multiprocessing.get_context("spawn").Process(target=_put_later,
-                                                         args=(q, "from child", 0.2))
+    q.put(1)
+    assert q.get(timeout=WAIT_S) == 1
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.01)
+    q.close()
+    q.join_thread()
+
+
+async def test_process_queue_get_async_wakes_on_a_put_from_another_process():
+    q = process_queue()
+    go = SPAWN.Event()
+    child = SPAWN.Process(target=_put_when_told, args=(q, "from child", go))
     child.start()
     try:
-        assert await asyncio.wait_for(q.get_async(), 30) == "from child"
+        getter = asyncio.ensure_future(q.get_async())
+        await until_waiting(getter)
+        go.set()
+        assert await within(getter, "the child's put", timeout=CHILD_S) == "from child"
     finally:
-        child.join(10)
+        await asyncio.to_thread(child.join, CHILD_S)
     q.put_nowait(1)
-    assert await asyncio.wait_for(q.get_async(), 5) == 1
+    assert await within(q.get_async(), "a put here") == 1
     q.close()
+    q.join_thread()
+
+
+# -- SocketQueue ----------------------------------------------------------------------------
+
+
+def test_socket_queue_is_fifo_outside_a_loop():
+    q = SocketQueue()
+    assert isinstance(q, QueueLike) and isinstance(q, AsyncQueueLike)
+    items = [0, "one", (2, "two"), {"three": np.arange(3)}, None]
+    for item in items:
+        q.put(item)
+    assert q.qsize() == len(items)
+    got = [q.get(timeout=WAIT_S) for _ in items]
+    assert got[:3] == items[:3] and got[4] is None
+    np.testing.assert_array_equal(got[3]["three"], np.arange(3))
+    assert q.qsize() == 0
+    q.close()
+
+
+def test_socket_queue_blocking_get_raises_empty_after_its_timeout():
+    q = SocketQueue()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.01)
+    with pytest.raises(queue.Empty):
+        q.get_nowait()
+    with pytest.raises(queue.Empty):
+        q.get(block=False)
+    q.close()
+
+
+@pytest.mark.parametrize("maxsize", [1, 10, -1])
+def test_socket_queue_refuses_a_bound(maxsize):
+    with pytest.raises(ValueError, match="unbounded"):
+        SocketQueue(maxsize)
+    with pytest.raises(ValueError, match="unbounded"):
+        socket_queue(maxsize)
+
+
+async def test_socket_queue_carries_arrays_large_ones_and_containers_in_a_loop():
+    q = socket_queue()
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((1 << 20) + 3)  # > 8 MiB: more than a socket buffer holds
+    assert big.nbytes > 4 << 20
+    strided = np.arange(24, dtype=np.int16).reshape(4, 6)[:, ::2]  # not contiguous
+    items = [big, {"x": np.ones((2, 3), np.float32), "n": 3},
+             (np.zeros((1, 1)), "tuple", [np.int64(7)]), strided, "last"]
+    for item in items:
+        q.put(item)
+    got = [await within(q.get_async(), "an item") for _ in items]
+    np.testing.assert_array_equal(got[0], big)
+    assert got[0].dtype == big.dtype
+    assert set(got[1]) == {"x", "n"} and got[1]["n"] == 3
+    np.testing.assert_array_equal(got[1]["x"], np.ones((2, 3), np.float32))
+    assert got[1]["x"].dtype == np.float32
+    assert isinstance(got[2], tuple) and got[2][1] == "tuple" and got[2][2] == [7]
+    assert got[2][0].shape == (1, 1)
+    np.testing.assert_array_equal(got[3], strided)
+    assert got[4] == "last"
+    q.close()
+
+
+async def test_socket_queue_sends_the_puts_of_one_loop_iteration_together():
+    q = socket_queue()
+    for i in range(100):  # one iteration: nothing leaves until it ends
+        q.put(i)
+        assert q.qsize() == 0
+    await within(q.drain(), "the frame to leave")
+    assert q.qsize() == 100  # from none to all of them at once
+    assert [q.get_nowait() for _ in range(100)] == list(range(100))
+    q.put("next iteration")
+    await within(q.drain(), "the next frame")
+    assert q.qsize() == 1 and await within(q.get_async(), "it") == "next iteration"
+    q.close()
+
+
+async def test_socket_queue_get_async_wakes_on_a_put_in_the_loop():
+    q = socket_queue()
+    getter = asyncio.ensure_future(q.get_async())
+    await until_waiting(getter)
+    q.put("item")
+    assert await within(getter, "the woken getter") == "item"
+    q.close()
+
+
+def test_close_stream_ends_a_socket_queue_after_its_items():
+    q = SocketQueue()
+    q.put(1)
+    q.put(2)
+    close_stream(q)
+    assert q.get(timeout=WAIT_S) == 1 and q.get(timeout=WAIT_S) == 2
+    for _ in range(2):  # and stays ended
+        with pytest.raises(ClosedConnection):
+            q.get(timeout=WAIT_S)
+    q.close()
+
+
+async def test_close_stream_ends_a_socket_queue_for_get_async():
+    q = socket_queue()
+    getter = asyncio.ensure_future(q.get_async())
+    await until_waiting(getter)
+    q.put("before")
+    close_stream(q)
+    assert await within(getter, "the item") == "before"
+    for _ in range(2):
+        with pytest.raises(ClosedConnection):
+            await within(q.get_async(), "the end")
+    q.close()
+
+
+def test_socket_queue_put_after_its_reader_is_gone_raises_closed_connection():
+    q = SocketQueue()
+    q.writer_only()  # nobody here reads it, and nobody else holds the reading end
+    with pytest.raises(ClosedConnection):
+        q.put(np.zeros(1 << 20), timeout=WAIT_S)
+    with pytest.raises(ClosedConnection):
+        q.put(1)
+    q.close()
+
+
+async def test_socket_queue_put_of_an_unpicklable_item_breaks_it_loudly():
+    q = socket_queue()
+    q.put(lambda: None)
+    await within(q.drain(), "the failed frame")
+    with pytest.raises(ClosedConnection, match="cannot put"):
+        q.put(1)
+    q.close()
+
+
+EMPTY_ARRAY_HANGS = pytest.mark.xfail(strict=True, reason=(
+    "SocketQueue: a frame whose last out-of-band buffer is empty (a zero-size array, "
+    "e.g. a request with no rows) makes _send_blocking/_send_some call sendmsg([empty]) "
+    "forever: sendmsg returns 0 and the chunk is never popped, so put spins and blocks "
+    "its thread or loop"))
+
+
+def _quietly(fn, arg):
+    """``fn(arg)`` in a thread whose failure the test reports itself."""
+    try:
+        fn(arg)
+    except Exception:
+        pass
+
+
+@EMPTY_ARRAY_HANGS
+def test_socket_queue_carries_a_zero_size_array_outside_a_loop():
+    q = SocketQueue()
+    thread = threading.Thread(target=_quietly, args=(q.put, (np.zeros((0, 3)), "after")),
+                              daemon=True)
+    thread.start()
+    thread.join(5)
+    try:
+        assert not thread.is_alive(), "put of a zero-size array did not return"
+        x, tag = q.get(timeout=WAIT_S)
+        assert x.shape == (0, 3) and tag == "after"
+    finally:
+        q.close()  # a spinning put fails on the closed socket and ends
+        thread.join(WAIT_S)
+
+
+@EMPTY_ARRAY_HANGS
+def test_socket_queue_carries_a_zero_size_array_in_a_loop():
+    q = SocketQueue()
+    got = []
+
+    async def main():
+        q.put(np.zeros((0, 3), np.float32))
+        got.append(await asyncio.wait_for(q.get_async(), WAIT_S))
+
+    thread = threading.Thread(target=_quietly, args=(asyncio.run, main()), daemon=True)
+    thread.start()
+    thread.join(5)
+    try:
+        assert not thread.is_alive(), "the loop is stuck in put"
+        assert got[0].shape == (0, 3) and got[0].dtype == np.float32
+    finally:
+        q.close()
+        thread.join(WAIT_S)
+
+
+def _put_when_told_then_exit(q, items, go):
+    """Puts ``items`` when ``go`` is set, then exits without closing the stream."""
+    q.writer_only()
+    assert go.wait(CHILD_S)
+    for item in items:
+        q.put(item, timeout=CHILD_S)
+
+
+def _put_then_hang(q, items, sent):
+    """Puts ``items``, tells the parent, then waits to be killed."""
+    q.writer_only()
+    for item in items:
+        q.put(item, timeout=CHILD_S)
+    sent.set()
+    threading.Event().wait(CHILD_S)
+
+
+async def test_socket_queue_get_async_wakes_on_a_put_from_a_child_then_ends_when_it_exits():
+    q = socket_queue()
+    go = SPAWN.Event()
+    items = ["from child", np.arange(5), {"k": (1, 2)}]
+    child = SPAWN.Process(target=_put_when_told_then_exit, args=(q, items, go))
+    child.start()
+    try:
+        q.reader_only()  # only the child writes: its exit ends the stream
+        getter = asyncio.ensure_future(q.get_async())
+        await until_waiting(getter)
+        go.set()
+        assert await within(getter, "the child's put", timeout=CHILD_S) == "from child"
+        np.testing.assert_array_equal(await within(q.get_async(), "item 2"), np.arange(5))
+        assert await within(q.get_async(), "item 3") == {"k": (1, 2)}
+        with pytest.raises(ClosedConnection):
+            await within(q.get_async(), "the end of the stream", timeout=CHILD_S)
+        with pytest.raises(ClosedConnection):
+            q.get(timeout=WAIT_S)
+    finally:
+        await asyncio.to_thread(child.join, CHILD_S)
+        q.close()
+    assert child.exitcode == 0
+
+
+async def test_socket_queue_reader_gets_what_a_killed_child_sent_then_closed_connection():
+    q = socket_queue()
+    sent = SPAWN.Event()
+    child = SPAWN.Process(target=_put_then_hang, args=(q, [1, 2], sent))
+    child.start()
+    try:
+        q.reader_only()
+        getter = asyncio.ensure_future(q.get_async())
+        assert await within(asyncio.to_thread(sent.wait, CHILD_S), "the child's puts",
+                            timeout=CHILD_S + 5)
+        child.kill()
+        assert await within(getter, "item 1") == 1
+        assert await within(q.get_async(), "item 2") == 2
+        with pytest.raises(ClosedConnection):
+            await within(q.get_async(), "the end of the stream", timeout=CHILD_S)
+    finally:
+        if child.is_alive():
+            child.kill()
+        await asyncio.to_thread(child.join, CHILD_S)
+        q.close()

@@ -1,3 +1,6 @@
+"""serve_connection: every payload received is answered in order, batched by one
+BatchingServer, until every stream has ended (its clients closed it)."""
+
 import asyncio
 import threading
 
@@ -5,10 +8,15 @@ import numpy as np
 import pytest
 
 import async_search as asr
-from async_search.connections import get_connected_functions
+from async_search.connections import (FifoConnectedFunction, get_connected_functions,
+                                      pipe)
+from async_search.errors import ModelOutputError, ServerDiedError
 from async_search.models import MLP
-from async_search.queues import local_queue, thread_queue
-from async_search.servers import CLOSE, DispatchPolicy, ModelUpdate, VersionedRequest
+from async_search.queues import close_stream, local_queue, socket_queue, thread_queue
+from async_search.remote import Failure
+from async_search.servers import (BatchingServer, DispatchPolicy, ModelUpdate,
+                                  VersionedRequest)
+from tests.helpers import WAIT_S, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,54 +29,86 @@ def requests(seed, count=40):
             for _ in range(count)]
 
 
+def close_all(fns):
+    """Each client tells the server it sends nothing more."""
+    for fn in fns:
+        fn.connection.close()
+
+
+async def still_serving(serving):
+    """Lets the loop run a few times; ``serving`` must not have returned."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not serving.done()
+
+
 async def test_serve_connection_batches_requests_of_many_functions():
-    fns, server_end = get_connected_functions(local_queue, num_fns=4)
+    fns, server_end = get_connected_functions(local_queue, 4, ordered=True)
     serving = asyncio.ensure_future(asr.serve_connection(MODEL, server_end))
     xs = requests(0)
-    ys = await asyncio.wait_for(
-        asyncio.gather(*(fns[i % 4](x) for i, x in enumerate(xs))), 10)
+    ys = await within(asyncio.gather(*(fns[i % 4](x) for i, x in enumerate(xs))),
+                      "the answers")
     for x, y in zip(xs, ys):
         np.testing.assert_array_equal(y, MODEL(x))
-    server_end.inbox.put(CLOSE)
-    stats = await asyncio.wait_for(serving, 10)
+    close_all(fns[:3])
+    await still_serving(serving)  # one client has not closed yet
+    fns[3].connection.close()
+    stats = await within(serving, "serving to end once every client closed")
     assert stats["elements"] == sum(len(x) for x in xs)
     assert stats["mean_batch_size"] > 1
 
 
-async def test_bad_request_over_a_connection_fails_alone():
-    fns, server_end = get_connected_functions(local_queue, num_fns=1)
+async def test_closing_the_server_ends_inbound_ends_serving():
+    fns, server_end = get_connected_functions(local_queue, 2, ordered=True)
     serving = asyncio.ensure_future(asr.serve_connection(MODEL, server_end))
-    good = fns[0](np.ones((1, 3), np.float32))
-    bad = fns[0](np.ones((1, 4), np.float32))
+    x = np.ones((2, 3), np.float32)
+    fut = fns[1](x)
+    close_stream(server_end.inbound)  # after the request: it is still answered
+    np.testing.assert_array_equal(await within(fut, "the answer"), MODEL(x))
+    stats = await within(serving, "serving to end")
+    assert stats["elements"] == 2
+
+
+async def test_bad_request_over_a_connection_fails_alone():
+    (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(MODEL, server_end))
+    good = fn(np.ones((1, 3), np.float32))
+    bad = fn(np.ones((1, 4), np.float32))
+    after = fn(np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match=r"expected \[n, 3\] float32"):
-        await asyncio.wait_for(bad, 10)
-    np.testing.assert_array_equal(await good, MODEL(np.ones((1, 3), np.float32)))
-    server_end.inbox.put(CLOSE)
-    await asyncio.wait_for(serving, 10)
+        await within(bad, "the failure")
+    np.testing.assert_array_equal(await within(good, "good"),
+                                  MODEL(np.ones((1, 3), np.float32)))
+    np.testing.assert_array_equal(await within(after, "after"),
+                                  MODEL(np.zeros((2, 3), np.float32)))
+    fn.connection.close()
+    await within(serving, "serving to end")
 
 
 async def test_clients_in_other_threads_with_their_own_loops_are_served():
-    fns, server_end = get_connected_functions(thread_queue, num_fns=2, ordered=False)
+    fns, server_end = get_connected_functions(thread_queue, 2, ordered=False)
     results = {}
 
     def client(i):
         async def run():
             xs = requests(i, count=20)
-            ys = await asyncio.wait_for(asyncio.gather(*(fns[i](x) for x in xs)), 20)
+            ys = await asyncio.wait_for(asyncio.gather(*(fns[i](x) for x in xs)), WAIT_S)
             results[i] = all(np.array_equal(y, MODEL(x)) for x, y in zip(xs, ys))
-        asyncio.run(run())
+        try:
+            asyncio.run(run())
+        finally:
+            fns[i].connection.close()  # from this thread: the server ends after both
 
     serving = asyncio.ensure_future(asr.serve_connection(
         MODEL, server_end, policy=DispatchPolicy(max_batch_size=16)))
     threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
+    stats = await within(serving, "serving to end once both threads closed", timeout=30)
     for t in threads:
-        await asyncio.to_thread(t.join, 30)
-    server_end.inbox.put(CLOSE)
-    stats = await asyncio.wait_for(serving, 10)
+        await asyncio.to_thread(t.join, WAIT_S)
     assert results == {0: True, 1: True}
-    assert max(stats["batch_size_histogram"]) <= 16
+    assert stats["elements"] > 0 and max(stats["batch_size_histogram"]) <= 16
 
 
 class VersionModel:
@@ -89,7 +129,7 @@ async def test_model_updates_on_a_thread_connection_reach_every_later_request():
     VersionedRequest while this loop sends ModelUpdate 1 (a model), 2 (weights) and 3
     (which ends the searches) from another client. A request sent after an update was
     answered must be answered by that version or a later one, never an older one."""
-    fns, server_end = get_connected_functions(thread_queue, num_fns=2)
+    fns, server_end = get_connected_functions(thread_queue, 2, ordered=True)
     searcher_fn, updater_fn = fns
     pushes = {"sent": 0, "answered": 0}  # how many updates were sent, and answered
     records = []
@@ -110,8 +150,11 @@ async def test_model_updates_on_a_thread_connection_reach_every_later_request():
                     return
 
         async def run():
-            await asyncio.wait_for(asyncio.gather(*(search(i) for i in range(4))), 60)
-        asyncio.run(run())
+            await asyncio.wait_for(asyncio.gather(*(search(i) for i in range(4))), 30)
+        try:
+            asyncio.run(run())
+        finally:
+            searcher_fn.connection.close()
 
     serving = asyncio.ensure_future(asr.serve_connection(
         VersionModel(0), server_end, policy=DispatchPolicy(max_batch_size=4)))
@@ -123,14 +166,14 @@ async def test_model_updates_on_a_thread_connection_reach_every_later_request():
             wanted["count"] = len(records) + 20
             assert await asyncio.to_thread(enough.wait, 30)
             pushes["sent"] += 1
-            answer = await asyncio.wait_for(
-                updater_fn(ModelUpdate(model_or_weights, version)), 10)
+            answer = await within(updater_fn(ModelUpdate(model_or_weights, version)),
+                                  f"update {version}")
             pushes["answered"] += 1
             assert answer == version
     finally:
-        await asyncio.to_thread(thread.join, 60)
-    server_end.inbox.put(CLOSE)
-    stats = await asyncio.wait_for(serving, 10)
+        await asyncio.to_thread(thread.join, 30)
+        updater_fn.connection.close()
+    stats = await within(serving, "serving to end")
     assert stats["version"] == 3
     phases = set()
     for low, high, version, low_row, high_row in records:
@@ -143,47 +186,163 @@ async def test_model_updates_on_a_thread_connection_reach_every_later_request():
     assert {0, 1, 2} <= phases
 
 
-async def test_a_bare_model_update_swaps_the_model_for_the_requests_after_it():
-    fns, server_end = get_connected_functions(local_queue, num_fns=1)
-    serving = asyncio.ensure_future(asr.serve_connection(VersionModel(0), server_end))
-    x = np.zeros((2, 3), np.float32)
-    y, version = await asyncio.wait_for(fns[0](VersionedRequest(x)), 10)
-    assert version == 0 and y.tolist() == [[0.0], [0.0]]
-    server_end.inbox.put(ModelUpdate(VersionModel(5), "five"))  # no answer comes back
-    after = fns[0](VersionedRequest(x))
-    plain = fns[0](x)
-    y, version = await asyncio.wait_for(after, 10)
-    assert version == "five" and y.tolist() == [[5.0], [5.0]]
-    assert (await asyncio.wait_for(plain, 10)).tolist() == [[5.0], [5.0]]
-    server_end.inbox.put(CLOSE)
-    assert (await asyncio.wait_for(serving, 10))["version"] == "five"
-
-
 async def test_an_update_that_fails_is_answered_with_its_error_and_serving_goes_on():
-    fns, server_end = get_connected_functions(local_queue, num_fns=1)
+    (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
     no_weights = VersionModel(0).__call__  # a model without with_weights
     serving = asyncio.ensure_future(asr.serve_connection(no_weights, server_end))
     with pytest.raises(TypeError, match="pass a new model instead"):
-        await asyncio.wait_for(fns[0](ModelUpdate([np.zeros(3)], 1)), 10)
-    good = fns[0](VersionedRequest(np.ones((1, 3), np.float32)))
-    bad = fns[0](VersionedRequest(np.zeros((1, 4), np.float32)))
+        await within(fn(ModelUpdate([np.zeros(3)], 1)), "the failed update")
+    good = fn(VersionedRequest(np.ones((1, 3), np.float32)))
+    bad = fn(VersionedRequest(np.zeros((1, 4), np.float32)))
     with pytest.raises(ValueError, match=r"expected \[n, 3\] float32"):
-        await asyncio.wait_for(bad, 10)
-    y, version = await asyncio.wait_for(good, 10)
+        await within(bad, "the bad request")
+    y, version = await within(good, "the good request")
     assert version == 0 and y.tolist() == [[0.0]]
-    server_end.inbox.put(CLOSE)
-    await asyncio.wait_for(serving, 10)
+    assert await within(fn(ModelUpdate(VersionModel(7), "seven")), "an update") == "seven"
+    y, version = await within(fn(VersionedRequest(np.ones((2, 3), np.float32))), "after")
+    assert version == "seven" and y.tolist() == [[7.0], [7.0]]
+    fn.connection.close()
+    assert (await within(serving, "serving to end"))["version"] == "seven"
 
 
-async def test_a_bare_update_that_fails_ends_serving_and_answers_what_was_queued():
-    fns, server_end = get_connected_functions(local_queue, num_fns=1)
-    serving = asyncio.ensure_future(asr.serve_connection(VersionModel(0).__call__,
-                                                         server_end))
-    queued = fns[0](np.zeros((1, 3), np.float32))
-    server_end.inbox.put(ModelUpdate([np.zeros(3)], 1))
-    with pytest.raises(TypeError, match="pass a new model instead"):
-        await asyncio.wait_for(serving, 10)
-    try:  # served before the update, or failed as the server closed: never left waiting
-        assert (await asyncio.wait_for(queued, 10)).tolist() == [[0.0]]
-    except asr.ServerClosedError:
-        pass
+class TaggedModel:
+    """Each output row is the input row's sum and the model's tag (which server)."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __call__(self, x):
+        return np.stack([x.sum(axis=1), np.full(len(x), self.tag, np.float32)], axis=1)
+
+
+def check_tagged(x, y, tags):
+    assert y.shape == (len(x), 2)
+    np.testing.assert_allclose(y[:, 0], x.sum(axis=1), rtol=1e-6)
+    assert len(set(y[:, 1].tolist())) == 1 and y[0, 1] in tags
+    return int(y[0, 1])
+
+
+async def test_several_servers_on_one_stream_answer_every_request():
+    fns, server_end = get_connected_functions(local_queue, 3, ordered=False)
+    servers = [server_end, server_end.copy()]
+    serving = [asyncio.ensure_future(asr.serve_connection(TaggedModel(tag), s))
+               for tag, s in zip((1, 2), servers)]
+    xs = requests(1, count=30)
+    ys = await within(asyncio.gather(*(fns[i % 3](x) for i, x in enumerate(xs))),
+                      "a burst of answers")
+    tags = [check_tagged(x, y, {1, 2}) for x, y in zip(xs, ys)]
+    for i, x in enumerate(xs[:6]):  # one at a time: the servers take turns waiting
+        y = await within(fns[i % 3](x), "a single answer")
+        tags.append(check_tagged(x, y, {1, 2}))
+    assert set(tags) == {1, 2}
+    close_all(fns)
+    stats = await within(asyncio.gather(*serving), "both servers to end")
+    assert sum(s["elements"] for s in stats) == sum(len(x) for x in xs + xs[:6])
+
+
+async def test_serve_connection_serves_a_list_of_connections_with_one_server():
+    (fa,), server_a = get_connected_functions(local_queue, 1, ordered=True)
+    fbs, server_b = get_connected_functions(thread_queue, 2, ordered=False)
+    serving = asyncio.ensure_future(asr.serve_connection(
+        MODEL, [server_a, server_b], policy=DispatchPolicy(max_batch_size=64)))
+    xs = requests(2, count=30)
+    fns = [fa, *fbs]
+    ys = await within(asyncio.gather(*(fns[i % 3](x) for i, x in enumerate(xs))),
+                      "the answers")
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, MODEL(x))
+    fa.connection.close()
+    await still_serving(serving)
+    x = np.ones((3, 3), np.float32)
+    np.testing.assert_array_equal(await within(fbs[1](x), "served after a closed"), MODEL(x))
+    close_all(fbs)
+    stats = await within(serving, "serving to end once every stream ended")
+    assert stats["elements"] == sum(len(x) for x in xs) + 3  # one server counted them all
+    assert stats["batches"] < len(xs)
+
+
+async def test_a_running_batching_server_is_used_and_not_closed():
+    (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+    async with BatchingServer(MODEL) as evaluate:
+        serving = asyncio.ensure_future(asr.serve_connection(evaluate, server_end))
+        x = np.ones((2, 3), np.float32)
+        np.testing.assert_array_equal(await within(fn(x), "the answer"), MODEL(x))
+        fn.connection.close()
+        stats = await within(serving, "serving to end")
+        assert stats["elements"] == 2
+        np.testing.assert_array_equal(await within(evaluate(x), "a direct call"), MODEL(x))
+        assert evaluate.stats["elements"] == 4
+
+
+def lambdas(x):
+    out = np.empty((len(x), 1), dtype=object)
+    for i in range(len(x)):
+        out[i, 0] = lambda: i
+    return out
+
+
+def strings(x):
+    return np.array([[f"row{i}"] for i in range(len(x))], dtype=object)
+
+
+async def test_portable_answers_an_exception_with_a_failure():
+    (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(MODEL, server_end, portable=True))
+    bad = fn(np.ones((1, 4), np.float32))
+    good = fn(np.ones((1, 3), np.float32))
+    versioned = fn(VersionedRequest(np.ones((2, 3), np.float32)))
+    failure = await within(bad, "the failure")
+    assert isinstance(failure, Failure) and isinstance(failure.error, ValueError)
+    assert "expected [n, 3] float32" in str(failure.error) and failure.traceback
+    np.testing.assert_array_equal(await within(good, "good"),
+                                  MODEL(np.ones((1, 3), np.float32)))
+    y, version = await within(versioned, "versioned")
+    np.testing.assert_array_equal(y, MODEL(np.ones((2, 3), np.float32)))
+    assert version == 0  # the model's own version, or 0
+    fn.connection.close()
+    await within(serving, "serving to end")
+
+
+@pytest.mark.parametrize("portable", [True, False])
+async def test_portable_checks_that_outputs_with_objects_pickle(portable):
+    (f_lambdas,), end_lambdas = get_connected_functions(local_queue, 1, ordered=True)
+    (f_strings,), end_strings = get_connected_functions(local_queue, 1, ordered=True)
+    serving = asyncio.ensure_future(asyncio.gather(
+        asr.serve_connection(lambdas, end_lambdas, portable=portable),
+        asr.serve_connection(strings, end_strings, portable=portable)))
+    x = np.ones((2, 3), np.float32)
+    answer = await within(f_lambdas(x), "the lambdas")
+    if portable:
+        assert isinstance(answer, Failure) and isinstance(answer.error, ModelOutputError)
+        assert "cannot be sent" in str(answer.error)
+    else:  # in one process nothing is checked
+        assert answer.shape == (2, 1) and answer[1, 0]() == 1
+    assert (await within(f_strings(x), "the strings")).tolist() == [["row0"], ["row1"]]
+    close_all([f_lambdas, f_strings])
+    await within(serving, "serving to end")
+
+
+async def test_a_client_whose_connection_breaks_does_not_stop_the_others():
+    server_a, client_a = pipe(socket_queue)
+    server_b, client_b = pipe(socket_queue)
+    fa, fb = FifoConnectedFunction(client_a), FifoConnectedFunction(client_b)
+    serving = asyncio.ensure_future(asr.serve_connection(MODEL, [server_a, server_b]))
+    xs = requests(3, count=20)
+    doomed = [fa(x) for x in xs[:10]]
+    kept = [fb(x) for x in xs]
+    client_a.inbound.close()  # client a's side is gone: its answers cannot be sent
+    for fut in doomed:
+        with pytest.raises(ServerDiedError):
+            await within(fut, "the doomed request")
+    ys = await within(asyncio.gather(*kept), "the other client's answers")
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, MODEL(x))
+    y = await within(fb(xs[0]), "an answer after the break")
+    np.testing.assert_array_equal(y, MODEL(xs[0]))
+    await still_serving(serving)
+    client_a.close()
+    client_b.close()
+    stats = await within(serving, "serving to end")
+    assert stats["elements"] >= sum(len(x) for x in xs) + len(xs[0])
+    for q in (client_a.outbound, client_b.inbound, client_b.outbound):
+        q.close()
