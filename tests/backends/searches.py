@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 
 from async_search import problems, search
-from async_search.models import MLP
+from async_search.models import MLP, with_spec
 
 PUZZLE = problems.SlidingPuzzle(3)
 
@@ -44,6 +44,45 @@ async def fails_on_three(start, evaluate):
     if start == 3:
         raise ArithmeticError("start 3 is cursed")
     return start
+
+
+async def wrong_shape_on_two(start, evaluate):
+    """echo_sum, except that start 2 asks with rows of 4 values (the model takes 3)."""
+    if start == 2:
+        await evaluate(np.zeros((1, 4), np.float32))
+    return await echo_sum(start, evaluate)
+
+
+async def outputs_and_version(start, evaluate):
+    """One request of ``start`` rows through ``evaluate.with_version``: (rows, version)."""
+    y, version = await evaluate.with_version(np.zeros((start, 3), np.float32))
+    return y.tolist(), version
+
+
+def row_sum(x):
+    return x.sum(axis=1, keepdims=True)
+
+
+def sum_model():
+    """A model whose output row is the sum of its input row: exact for small integers,
+    so that an answer shows which request it was computed for."""
+    return with_spec(row_sum, (3,), np.float32)
+
+
+async def own_answers(start, evaluate, steps=100):
+    """``steps`` requests of 1 to 3 rows, each row naming its search and step (``sum_model``
+    answers 3 * (1000 * start + step)), made in different loop iterations so that a
+    client has several messages in flight. Returns (answers that were not computed
+    for their own request, rows requested)."""
+    wrong = rows = 0
+    for step in range(steps):
+        for _ in range((start + step) % 3):
+            await asyncio.sleep(0)
+        x = np.full((1 + (start + step) % 3, 3), 1000 * start + step, np.float32)
+        y = await evaluate(x)
+        wrong += not np.array_equal(y, row_sum(x))
+        rows += len(x)
+    return wrong, rows
 
 
 async def sequential(search_fn, items, model):
@@ -91,6 +130,11 @@ class VersionModel:
 
 def version_model():
     return VersionModel(0)
+
+
+def without_with_weights():
+    """A callable model with no ``with_weights``: it cannot take weights, only models."""
+    return VersionModel(0).__call__
 
 
 async def until_version(start, evaluate, stop_version=3, deadline_s=120.0):

@@ -1,3 +1,6 @@
+"""What only the process backend does; the scenarios every backend shares are in
+test_backends.py."""
+
 import pytest
 import numpy as np
 
@@ -5,17 +8,6 @@ import async_search as asr
 from tests.backends import searches
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.mark.parametrize("num_procs", [1, 2, 4])
-def test_process_results_equal_the_local_backend(num_procs):
-    starts = searches.starts(8)
-    local = asr.run_searches(searches.astar, starts, searches.mlp_heuristic)
-    out = asr.run_searches(searches.astar, starts, searches.mlp_heuristic,
-                           backend="process", num_procs=num_procs)
-    assert out == local
-    assert out.stats["backend"] == "process" and out.stats["num_procs"] == num_procs
-    assert out.stats["elements"] == local.stats["elements"]
 
 
 def test_process_clients_coalesce_requests_into_one_message_per_iteration():
@@ -26,20 +18,6 @@ def test_process_clients_coalesce_requests_into_one_message_per_iteration():
     assert out.stats["batches"] <= 6 and out.stats["mean_batch_size"] >= 16
 
 
-def test_several_servers_share_the_stream_with_process_clients():
-    out = asr.run_searches(searches.echo_sum, list(range(30)), searches.small_mlp,
-                           backend="process", num_procs=2, num_servers=2, max_batch_size=4)
-    assert out == searches.baseline(searches.echo_sum, list(range(30)), searches.small_mlp())
-
-
-def test_a_search_that_raises_in_a_client_is_reported():
-    with pytest.raises(asr.SearchError, match="start 3") as info:
-        asr.run_searches(searches.fails_on_three, list(range(6)), searches.small_mlp,
-                         backend="process", num_procs=2)
-    assert list(info.value.failures) == [3]
-    assert "cursed" in str(info.value.failures[3])
-
-
 def test_a_client_process_that_dies_is_reported_and_the_rest_finish():
     with pytest.raises(asr.SearchError) as info:
         asr.run_searches(searches.kill_self_on_two, list(range(6)), searches.small_mlp,
@@ -47,12 +25,6 @@ def test_a_client_process_that_dies_is_reported_and_the_rest_finish():
     # Client 0 ran starts 0, 2, 4 and died; client 1's starts finished.
     assert sorted(info.value.failures) == [0, 2, 4]
     assert "died with exit code -9" in str(info.value.failures[0])
-
-
-def test_process_backend_with_the_model_on_the_servers_loop():
-    out = asr.run_searches(searches.echo_sum, [4] * 10, searches.small_mlp,
-                           backend="process", num_procs=2, model_thread=False)
-    assert out == searches.baseline(searches.echo_sum, [4] * 10, searches.small_mlp())
 
 
 def test_an_unpicklable_search_function_is_refused_before_any_process_starts():

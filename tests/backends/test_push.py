@@ -18,7 +18,6 @@ MAX_ROWS = 3  # searches.until_version asks for 1 to 3 rows at a time
 # Elements computed after a moment of which at least one search made two requests after
 # it: each search has at most one request (MAX_ROWS elements) in flight at any moment.
 ENOUGH = 2 * SEARCHES * MAX_ROWS + 1
-BACKENDS = ["local", "process", "ray"]
 
 
 class Computed:
@@ -90,28 +89,25 @@ def check_versions(records, trainer: Trainer) -> None:
     assert {(0, 0), (1, 1), (2, 2)} <= phases
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-async def test_no_request_made_after_a_push_is_answered_by_older_weights(backend, request):
-    if backend == "ray":
-        request.getfixturevalue("ray_session")
+async def test_no_request_made_after_a_push_is_answered_by_older_weights(backend):
     computed = Computed()
     trainer = Trainer(computed)
-    out = await asyncio.wait_for(asr.run_searches_async(
+    out = await backend.run_async(
         searches.until_version, list(range(SEARCHES)), searches.version_model,
-        backend=backend, num_procs=2 if backend != "local" else 1, num_servers=2,
-        max_batch_size=4, progress=computed, on_servers=trainer), 240)
+        num_servers=2, max_batch_size=4, progress=computed, on_servers=trainer,
+        timeout=240)
     assert trainer.returned.keys() == {1, 2, 3}
     for records in out:  # every search saw the last version, then stopped
         assert records[-1][4] == 3
     check_versions([r for records in out for r in records], trainer)
     assert [server["version"] for server in out.stats["servers"]] == (
-        [3, 3] if backend == "ray" else [3])
+        [3, 3] if backend.name == "ray" else [3])
     with pytest.raises(RuntimeError, match="has ended"):
         await trainer.handle.update_model(VersionModel(4), 4)
     assert trainer.handle.closed and trainer.handle.version == 3
 
 
-def test_on_servers_gets_a_handle_before_the_searches_and_it_closes_after():
+def test_on_servers_gets_a_handle_before_the_searches_and_it_closes_after(backend):
     seen = []
 
     def on_servers(servers):
@@ -120,10 +116,10 @@ def test_on_servers_gets_a_handle_before_the_searches_and_it_closes_after():
         handles.append(servers)
 
     handles = []
-    out = asr.run_searches(searches.echo_sum, [3] * 4, searches.small_mlp, num_servers=2,
-                           on_servers=on_servers)
+    out = backend.run(searches.echo_sum, [3] * 4, searches.small_mlp, num_servers=2,
+                      on_servers=on_servers)
     assert out == searches.baseline(searches.echo_sum, [3] * 4, searches.small_mlp())
-    assert seen == [(0, 2, "local", False)]
+    assert seen == [(0, 2, backend.name, False)]
     assert handles[0].closed
 
 
@@ -146,7 +142,6 @@ async def test_every_worker_of_a_local_server_takes_the_weights():
     assert out.stats["batches"] >= 3
 
 
-@pytest.mark.parametrize("backend", ["local", "process"])
 async def test_an_on_servers_task_that_raises_ends_the_run_with_its_error(backend):
     async def trainer(servers):
         await servers.update_model(VersionModel(1), 1)
@@ -155,9 +150,8 @@ async def test_an_on_servers_task_that_raises_ends_the_run_with_its_error(backen
     # The searches would run for two minutes (stop_version is never pushed): the run
     # must end at once with the trainer's error, well before the wait_for.
     with pytest.raises(KeyError, match="the trainer broke"):
-        await asyncio.wait_for(asr.run_searches_async(
-            searches.until_version, [0, 1], searches.version_model, backend=backend,
-            num_procs=1, on_servers=trainer), 60)
+        await backend.run_async(searches.until_version, [0, 1], searches.version_model,
+                                num_procs=1, on_servers=trainer, timeout=60)
 
 
 def test_on_servers_that_raises_fails_the_run_before_any_search():
@@ -176,7 +170,7 @@ def test_on_servers_that_raises_fails_the_run_before_any_search():
         asr.run_searches(search, [1], searches.small_mlp, on_servers="trainer")
 
 
-async def test_weights_the_model_cannot_take_fail_the_push_and_the_run_goes_on():
+async def test_weights_the_model_cannot_take_fail_the_push_and_the_run_goes_on(backend):
     errors = []
 
     async def trainer(servers):
@@ -186,11 +180,9 @@ async def test_weights_the_model_cannot_take_fail_the_push_and_the_run_goes_on()
             errors.append((str(e), servers.version))
         await servers.update_model(VersionModel(3), version=3)
 
-    def without_with_weights():
-        return VersionModel(0).__call__  # a callable model with no with_weights
-
-    out = await asyncio.wait_for(asr.run_searches_async(
-        searches.until_version, [0, 1], without_with_weights, on_servers=trainer), 60)
+    out = await backend.run_async(searches.until_version, [0, 1],
+                                  searches.without_with_weights, on_servers=trainer,
+                                  timeout=60)
     assert len(errors) == 1 and "pass a new model instead" in errors[0][0]
     assert errors[0][1] == 0  # the failed push left the version as it was
     assert all(records[-1][4] == 3 for records in out)
