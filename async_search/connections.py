@@ -33,8 +33,8 @@ import abc
 import asyncio
 import collections
 import warnings
-from typing import (Any, Callable, Deque, Dict, Mapping, Optional, Sequence, Set,
-                    Tuple)
+from typing import (Any, Callable, Deque, Dict, Mapping, Optional, Protocol, Sequence,
+                    Set, Tuple)
 
 from async_search.errors import ServerDiedError
 from async_search.queues import (END_OF_STREAM, ClosedConnection, QueueFactory, QueueLike,
@@ -44,7 +44,7 @@ __all__ = [
     "Connection", "DelegatingConnection", "ForkedConnection", "KeyedConnection",
     "PassThroughConnection", "ClosedConnection", "pipe", "forked_pipe",
     "ConnectedFunction", "FifoConnectedFunction", "UnorderedConnectedFunction",
-    "get_connected_functions", "identity",
+    "Receiver", "get_connected_functions", "identity",
 ]
 
 
@@ -357,6 +357,16 @@ def forked_pipe(queue_factory: QueueFactory = local_queue, num_branches: int = 1
     return forked, keyed
 
 
+class Receiver(Protocol):
+    """Where a response goes: a future, or anything with its three methods."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any) -> None: ...
+
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
 class ConnectedFunction(abc.ABC):
     """A function whose calls are requests over a connection: ``fn(x)`` sends
     ``preprocess_fn(x)`` and returns a future for the response.
@@ -371,6 +381,7 @@ class ConnectedFunction(abc.ABC):
     def __init__(self, conn: Connection, preprocess_fn: Callable[[Any], Any] = identity):
         self._conn = conn
         self._preprocess_fn = identity if preprocess_fn is None else preprocess_fn
+        self._awaitable = conn.awaitable
         self._receiver: asyncio.Task | None = None
         self._error: BaseException | None = None
         self._init()
@@ -384,21 +395,34 @@ class ConnectedFunction(abc.ABC):
         return self._conn
 
     def __call__(self, inputs: Any) -> asyncio.Future:
-        if self._error is not None:
-            raise self._error
         future, running = _new_future()
-        self._conn.send(self._send(self._preprocess_fn(inputs), future))
-        if running and self._conn.awaitable and (
-                self._receiver is None or self._receiver.done()):
-            self._receiver = asyncio.ensure_future(self._receive())
+        self.submit(inputs, future, running)
         return future
 
+    def submit(self, inputs: Any, receiver: Receiver, running: bool = True) -> None:
+        """Sends a request whose response goes to ``receiver`` instead of a new future:
+        any object with a future's ``done``, ``set_result`` and ``set_exception`` (a
+        client that fans one response out to many callers saves a future per message).
+        ``running``: whether an event loop runs (to start the receiver task)."""
+        if self._error is not None:
+            raise self._error
+        self._conn.send(self._send(self._preprocess_fn(inputs), receiver))
+        if running and self._awaitable and (
+                self._receiver is None or self._receiver.done()):
+            self._receiver = asyncio.ensure_future(self._receive())
+
     def flush(self) -> int:
-        """Resolves the futures whose responses have arrived; returns how many."""
+        """Resolves the futures whose responses have arrived; returns how many. If the
+        stream of responses has ended, every pending future fails with ServerDiedError
+        (and so does every later call)."""
         count = 0
-        while self._conn.poll():
-            self._on_recv(self._conn.recv())
-            count += 1
+        try:
+            while self._conn.poll():
+                self._on_recv(self._conn.recv())
+                count += 1
+        except ClosedConnection as e:
+            self.fail_pending(ServerDiedError(f"the server's end of the connection closed "
+                                              f"({e}); the request was not answered"))
         return count
 
     def run_while(self, cond: Callable[[], bool]) -> None:

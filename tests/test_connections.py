@@ -542,10 +542,6 @@ async def test_a_dead_server_fails_only_the_functions_whose_stream_closed():
     assert await within(later, "a later answer") == 30
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "flush() on a closed response stream raises ClosedConnection but leaves the pending "
-    "futures pending forever and later calls accepted; only the receiver task (awaitable "
-    "queues) fails them with ServerDiedError"))
 def test_flush_fails_pending_futures_with_server_died_when_the_stream_closed(plain_loop):
     (fn,), server = get_connected_functions(queue.Queue, 1, ordered=True)
     pending = fn(1)

@@ -271,13 +271,6 @@ async def test_socket_queue_put_of_an_unpicklable_item_breaks_it_loudly():
     q.close()
 
 
-EMPTY_ARRAY_HANGS = pytest.mark.xfail(strict=True, reason=(
-    "SocketQueue: a frame whose last out-of-band buffer is empty (a zero-size array, "
-    "e.g. a request with no rows) makes _send_blocking/_send_some call sendmsg([empty]) "
-    "forever: sendmsg returns 0 and the chunk is never popped, so put spins and blocks "
-    "its thread or loop"))
-
-
 def _quietly(fn, arg):
     """``fn(arg)`` in a thread whose failure the test reports itself."""
     try:
@@ -286,7 +279,6 @@ def _quietly(fn, arg):
         pass
 
 
-@EMPTY_ARRAY_HANGS
 def test_socket_queue_carries_a_zero_size_array_outside_a_loop():
     q = SocketQueue()
     thread = threading.Thread(target=_quietly, args=(q.put, (np.zeros((0, 3)), "after")),
@@ -302,7 +294,6 @@ def test_socket_queue_carries_a_zero_size_array_outside_a_loop():
         thread.join(WAIT_S)
 
 
-@EMPTY_ARRAY_HANGS
 def test_socket_queue_carries_a_zero_size_array_in_a_loop():
     q = SocketQueue()
     got = []

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 from typing import Any, ClassVar, Hashable, List, Tuple
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
-from async_search.errors import ServerClosedError, ServerDiedError
+from async_search.errors import ServerDiedError
 from async_search.remote import Failure, unpack_error
 from async_search.servers.connection_server import VersionedRequest
 from async_search.servers.requests import RequestChecker
@@ -30,19 +29,32 @@ _cancelled = asyncio.Future.cancelled
 
 @dataclasses.dataclass
 class Message:
-    """The requests of one loop iteration, sent as one array.
+    """The requests of one loop iteration, sent as one array; the receiver of its answer.
 
     ``pieces[i]`` is request ``tags[i]``'s array (the futures are the tags); ``batch``
     is their concatenation. A message is never split, so its first request never
-    continues an earlier one and its last never goes on in a later one.
+    continues an earlier one and its last never goes on in a later one. Its answer is
+    ``(outputs, version)``, a ``remote.Failure`` or an exception; ``set_result`` and
+    ``set_exception`` hand it straight to the requests' futures (a connected function
+    resolves a message as it would a future: no future, no callback per message).
     """
 
     batch: np.ndarray
     tags: List[asyncio.Future]
     pieces: List[np.ndarray]
+    client: "CoalescingClient"
     head_continues: ClassVar[bool] = False
     tail_size: ClassVar[None] = None
     head_offset: ClassVar[int] = 0
+
+    def done(self) -> bool:
+        return False  # a cancelled caller is skipped when its rows are delivered
+
+    def set_result(self, answer: Any) -> None:
+        self.client._answered(self, answer)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.client._answered(self, error)
 
 
 class CoalescingClient:
@@ -120,9 +132,10 @@ class CoalescingClient:
             xs, futures = [xs[i] for i in keep], [futures[i] for i in keep]
         if not futures:
             return
-        message = Message(xs[0] if len(xs) == 1 else np.concatenate(xs), futures, xs)
+        message = Message(xs[0] if len(xs) == 1 else np.concatenate(xs), futures, xs,
+                          self)
         try:
-            answer = self._messages(VersionedRequest(message.batch))
+            self._messages.submit(VersionedRequest(message.batch), message)
         except ServerDiedError as e:
             self._delivery.fail(message, e)
             return
@@ -131,21 +144,15 @@ class CoalescingClient:
                 f"could not send a request to {self._where}: {e!r}"))
             return
         self._in_flight += 1
-        answer.add_done_callback(functools.partial(self._answered, message))
 
-    def _answered(self, message: Message, answer: asyncio.Future) -> None:
+    def _answered(self, message: Message, answer: Any) -> None:
         self._in_flight -= 1
-        if answer.cancelled():
-            self._delivery.fail(message, ServerClosedError(
-                f"{self._where} dropped this request"))
-            return
-        error = answer.exception()
-        if error is None:
-            result: Any = answer.result()
-            if isinstance(result, Failure):  # the model raised, or the request was bad
-                error = unpack_error(result, f"raised in {self._where}")
-            else:
-                outputs, version = result
-                error = self._delivery.deliver(message, outputs, version)
+        if isinstance(answer, BaseException):
+            error: BaseException | None = answer
+        elif isinstance(answer, Failure):  # the model raised, or the request was bad
+            error = unpack_error(answer, f"raised in {self._where}")
+        else:
+            outputs, version = answer
+            error = self._delivery.deliver(message, outputs, version)
         if error is not None:
             self._delivery.fail(message, error)

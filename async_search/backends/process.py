@@ -117,9 +117,11 @@ async def _collect(number: int, share: List[int], results: SocketQueue,
     """The outcome of each of one client's starts: its report, or, if the client died
     or sent a report that cannot be read, an error for each of its starts."""
     where = f"client process {number} (pid {process.pid})"
+    reported = False
     try:
         try:
             report = await results.get_async()
+            reported = True
         except ClosedConnection:
             await asyncio.to_thread(process.join, 5)
             error = SearchError(f"{where} died with exit code {process.exitcode}; its "
@@ -133,9 +135,11 @@ async def _collect(number: int, share: List[int], results: SocketQueue,
                 for k, is_result, payload in report]
     finally:
         results.close()
-        await asyncio.to_thread(process.join, 10)
-        if process.is_alive():
+        if reported:  # it exits by itself once its last bytes are written
+            await asyncio.to_thread(process.join, 10)
+        if process.is_alive():  # cancelled (the run failed), or stuck: no reason to wait
             process.kill()
+            await asyncio.to_thread(process.join, 5)
 
 
 def client_main(connection: Connection, results: SocketQueue, search_fn,

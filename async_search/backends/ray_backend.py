@@ -237,9 +237,12 @@ def _client_task(search_fn, starts: List[Any], servers: list, number: int, spec,
 
 async def _client(search_fn, starts: List[Any], servers: list, number: int, spec):
     """``(report, router stats)``: each start's outcome, packed to travel."""
-    connections = [KeyedConnection(number, Connection(ActorQueue(s, _answers(number)),
-                                                      ActorQueue(s, _REQUESTS)))
-                   for s in servers]
+    connections = []
+    for server in servers:
+        answers = ActorQueue(server, _answers(number))
+        # A loop iteration's message and the wait for answers travel in one call.
+        requests = ActorQueue(server, _REQUESTS).with_replies(answers)
+        connections.append(KeyedConnection(number, Connection(answers, requests)))
     router = Router({f"server-{i}": CoalescingClient(c, spec, where=f"server actor {i}")
                      for i, c in enumerate(connections)}, policy="least_outstanding")
     outcomes = await asyncio.gather(*(search_fn(s, router) for s in starts),

@@ -70,6 +70,12 @@ def decode_frame(frame: memoryview) -> Any:
     return pickle.loads(header, buffers=buffers)
 
 
+def _bytes_views(chunks: List[memoryview]) -> List[memoryview]:
+    """The non-empty chunks as byte views (``sendmsg`` of an empty one sends nothing,
+    which would leave it at the head of the unsent list forever)."""
+    return [c.cast("B") if c.format != "B" else c for c in chunks if c.nbytes]
+
+
 class SocketQueue:
     """A one-way FIFO queue from one process to another over a socket pair.
 
@@ -175,7 +181,7 @@ class SocketQueue:
         except Exception as e:  # an item that cannot be pickled: fail loudly here
             self._broken = e
             return self._wake_drained()
-        self._unsent.extend(c.cast("B") if c.format != "B" else c for c in chunks)
+        self._unsent.extend(_bytes_views(chunks))
         if self._writing_loop is None:
             self._send_some()
 
@@ -218,7 +224,7 @@ class SocketQueue:
 
     def _send_blocking(self, chunks: List[memoryview], timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        chunks = collections.deque(c.cast("B") if c.format != "B" else c for c in chunks)
+        chunks = collections.deque(_bytes_views(chunks))
         while chunks:
             try:
                 sent = self._writer.sendmsg(list(itertools.islice(chunks, _IOV_MAX)))

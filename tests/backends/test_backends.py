@@ -117,21 +117,11 @@ async def test_run_searches_async_gives_the_same_results(backend):
 
 
 
-RAY_REORDERS = (
-    "Ray bug: ActorQueue sends each loop iteration's puts as its own put_many call to an "
-    "async QueueHost actor (max_concurrency=10_000), and Ray does not keep the order of "
-    "calls from one caller to such an actor; the server answers a client's messages in "
-    "the order they reached the request queue, the CoalescingClient takes answers in the "
-    "order it sent them: answers go to the wrong requests (ModelOutputError, failover, "
-    "silently wrong rows, or a hang when the end of the stream overtakes requests)")
 
 
-async def test_every_answer_is_computed_for_its_own_request_and_only_once(backend,
-                                                                           request):
+async def test_every_answer_is_computed_for_its_own_request_and_only_once(backend):
     """A long stream of requests, several messages of a client in flight at once: every
     search gets its own answers, and the servers compute each requested row once."""
-    if backend.name == "ray":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=RAY_REORDERS))
     starts = list(range(16))
     # A run takes seconds; the bound stops a run whose answers were lost.
     out = await backend.run_async(searches.own_answers, starts, searches.sum_model,
