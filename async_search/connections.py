@@ -130,6 +130,14 @@ class Connection:
         ClosedConnection once it has received everything sent before."""
         close_stream(self._outbound)
 
+    def send_pending(self) -> None:
+        """Hands what was sent to the transport now, when the outbound queue holds puts
+        back to coalesce them (a socket queue sends a loop iteration's puts as one frame
+        at the end of the iteration); a no-op for other queues."""
+        send_pending = getattr(self._outbound, "send_pending", None)
+        if send_pending is not None:
+            send_pending()
+
     async def drain(self) -> None:
         """Returns once what was sent has left this process (for a queue that buffers
         its puts, as a socket queue does until the end of the loop iteration)."""
@@ -186,6 +194,9 @@ class DelegatingConnection(Connection):
 
     def close(self) -> None:
         self._conn.close()
+
+    def send_pending(self) -> None:
+        self._conn.send_pending()
 
     async def drain(self) -> None:
         await self._conn.drain()
@@ -267,6 +278,12 @@ class ForkedConnection(Connection):
             return _SKIP
         self._keys.append(key)
         return value
+
+    def send_pending(self) -> None:
+        for q in self._outbounds.values():
+            send_pending = getattr(q, "send_pending", None)
+            if send_pending is not None:
+                send_pending()
 
     def close(self) -> None:
         """Ends every client's stream of responses."""
@@ -383,7 +400,8 @@ class ConnectedFunction(abc.ABC):
         self._preprocess_fn = identity if preprocess_fn is None else preprocess_fn
         self._awaitable = conn.awaitable
         self._receiver: asyncio.Task | None = None
-        self._error: BaseException | None = None
+        #: What every call raises once the connection is unusable (None until then).
+        self.error: BaseException | None = None
         self._init()
 
     def _init(self) -> None:
@@ -404,8 +422,8 @@ class ConnectedFunction(abc.ABC):
         any object with a future's ``done``, ``set_result`` and ``set_exception`` (a
         client that fans one response out to many callers saves a future per message).
         ``running``: whether an event loop runs (to start the receiver task)."""
-        if self._error is not None:
-            raise self._error
+        if self.error is not None:
+            raise self.error
         self._conn.send(self._send(self._preprocess_fn(inputs), receiver))
         if running and self._awaitable and (
                 self._receiver is None or self._receiver.done()):
@@ -445,10 +463,6 @@ class ConnectedFunction(abc.ABC):
         """Requests sent and not yet answered."""
         return len(self._pending)
 
-    @property
-    def error(self) -> BaseException | None:
-        """What every call raises once the connection is unusable (None until then)."""
-        return self._error
 
     async def aclose(self) -> None:
         """Stops the receiver task, if one runs."""
@@ -461,7 +475,7 @@ class ConnectedFunction(abc.ABC):
 
     def fail_pending(self, error: BaseException) -> None:
         """Fails every pending request, and every later call, with ``error``."""
-        self._error = error
+        self.error = error
         for future in self._take_all():
             if not future.done():
                 future.set_exception(error)

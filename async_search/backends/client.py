@@ -78,6 +78,7 @@ class CoalescingClient:
                  input_spec: TensorSpec | None = None, *, where: str = "the server"):
         self._messages = connection if isinstance(connection, ConnectedFunction) else (
             FifoConnectedFunction(connection))
+        self._connection = self._messages.connection
         self._check = RequestChecker(input_spec)
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
@@ -136,6 +137,7 @@ class CoalescingClient:
                           self)
         try:
             self._messages.submit(VersionedRequest(message.batch), message)
+            self._connection.send_pending()  # this iteration's one message: no wait
         except ServerDiedError as e:
             self._delivery.fail(message, e)
             return

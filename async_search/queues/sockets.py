@@ -171,9 +171,18 @@ class SocketQueue:
             self._drained.append(fut)
             await fut
 
+    def send_pending(self) -> None:
+        """Sends now what this loop iteration has put so far, as one frame, instead of
+        at the end of the iteration: for a caller that coalesces its own messages and
+        has put its last one of the iteration."""
+        if self._outgoing:
+            self._flush()
+
     def _flush(self) -> None:
         self._scheduled = None
         items, self._outgoing = self._outgoing, []
+        if not items:  # sent already by send_pending
+            return
         if self._writer is None or self._broken is not None:
             return self._wake_drained()
         try:
@@ -287,12 +296,9 @@ class SocketQueue:
             if self._eof or self._reader is None:
                 raise ClosedConnection("the writing end closed the stream")
             loop = asyncio.get_running_loop()
-            if self._reading_loop is None:
-                self._reading_loop = loop
+            if self._reading_loop is None:  # level-triggered: bytes that came before
+                self._reading_loop = loop   # this wake us at once
                 loop.add_reader(self._reader.fileno(), self._on_readable)
-            self._read_available()
-            if self._items or self._eof:
-                continue
             waiter = loop.create_future()
             self._waiters.append(waiter)
             try:

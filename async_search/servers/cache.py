@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-from typing import Any, Dict, Hashable, List, Tuple
+from typing import Any, Dict, Hashable, List, Set, Tuple
 
 import numpy as np
 
@@ -137,6 +137,7 @@ class CachedEvaluate:
         self.capacity = capacity
         self._entries: "collections.OrderedDict[Key, Any]" = collections.OrderedDict()
         self._pending: Dict[Key, Tuple[_Flight, int]] = {}
+        self._tasks: Set[asyncio.Task] = set()  # every evaluation in flight
         self._generation = _Generation(self._current_version(), swap_token(evaluate))
         self._spec: tuple | None = None  # (shape, dtype) of elements, once one was served
         self._requests = 0
@@ -245,8 +246,10 @@ class CachedEvaluate:
         # The version is the one that computed the rows (read when they came, for a
         # function without with_version): rows of a swap while they were computed are
         # not stored (_landed).
-        flight = _Flight(asyncio.ensure_future(evaluate_with_version(self.evaluate, xs)),
-                         spec, keys, generation)
+        task = asyncio.ensure_future(evaluate_with_version(self.evaluate, xs))
+        self._tasks.add(task)  # the loop holds tasks only weakly
+        task.add_done_callback(self._tasks.discard)
+        flight = _Flight(task, spec, keys, generation)
         pending = self._pending
         for j, key in enumerate(keys):
             pending[key] = (flight, j)

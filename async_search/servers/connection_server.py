@@ -67,6 +67,9 @@ class VersionedRequest:
 
     x: np.ndarray
 
+    def __reduce__(self):  # one per message between processes: pickle it lean
+        return VersionedRequest, (self.x,)
+
 
 async def serve_connection(model: Union[Any, BatchingServer],
                            connection: Union[Connection, Sequence[Connection]], *,
@@ -185,6 +188,11 @@ class _OrderedReplies:
             try:
                 connection.send(self._prepare(answer))
             except Exception:  # the client is gone (its process died): nobody waits
+                self._gone = True
+        if not self._gone:
+            try:  # the answers ready now leave together, without waiting for the
+                connection.send_pending()  # end of the loop iteration
+            except Exception:
                 self._gone = True
         if not waiting and self._done is not None and not self._done.done():
             self._done.set_result(None)
