@@ -9,7 +9,7 @@ import async_search
 
 MODULES = ["async_search", "async_search.servers", "async_search.backends",
            "async_search.batchers", "async_search.queues", "async_search.connections",
-           "async_search.models", "async_search.transport", "async_search.search",
+           "async_search.models", "async_search.search",
            "async_search.problems", "async_search.training"]
 
 

@@ -374,3 +374,18 @@ async def test_socket_queue_reader_gets_what_a_killed_child_sent_then_closed_con
             child.kill()
         await asyncio.to_thread(child.join, CHILD_S)
         q.close()
+
+
+def test_frames_round_trip_arrays_out_of_band_and_plain_objects():
+    from async_search.queues.sockets import decode_frame, encode_frame
+
+    big = np.random.default_rng(0).standard_normal((3000, 64)).astype(np.float32)
+    message = [("eval", 1, big), {"k": (np.arange(3), "text")}, ("done", [])]
+    chunks = encode_frame(message)
+    assert any(c.nbytes == big.nbytes for c in chunks)  # the array's bytes, not a copy
+    frame = memoryview(b"".join(bytes(c) for c in chunks)[8:])  # past the length prefix
+    got = decode_frame(frame)
+    np.testing.assert_array_equal(got[0][2], big)
+    assert got[0][:2] == ("eval", 1)
+    assert got[1]["k"][0].tolist() == [0, 1, 2] and got[1]["k"][1] == "text"
+    assert got[2] == ("done", [])
