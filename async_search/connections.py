@@ -400,6 +400,7 @@ class ConnectedFunction(abc.ABC):
         self._preprocess_fn = identity if preprocess_fn is None else preprocess_fn
         self._awaitable = conn.awaitable
         self._receiver: asyncio.Task | None = None
+        self._wake: asyncio.Future | None = None  # set while the receiver idles
         #: What every call raises once the connection is unusable (None until then).
         self.error: BaseException | None = None
         self._init()
@@ -425,9 +426,13 @@ class ConnectedFunction(abc.ABC):
         if self.error is not None:
             raise self.error
         self._conn.send(self._send(self._preprocess_fn(inputs), receiver))
-        if running and self._awaitable and (
-                self._receiver is None or self._receiver.done()):
-            self._receiver = asyncio.ensure_future(self._receive())
+        if running and self._awaitable:
+            wake = self._wake
+            if wake is not None:
+                if not wake.done():
+                    wake.set_result(True)
+            elif self._receiver is None or self._receiver.done():
+                self._receiver = asyncio.ensure_future(self._receive())
 
     def flush(self) -> int:
         """Resolves the futures whose responses have arrived; returns how many. If the
@@ -481,7 +486,21 @@ class ConnectedFunction(abc.ABC):
                 future.set_exception(error)
 
     async def _receive(self) -> None:
-        while self._pending:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                # Searches usually ask again within a loop iteration or two: wait a
+                # little for that instead of ending (a task per round trip costs).
+                wake = self._wake = loop.create_future()
+                timer = loop.call_later(_RECEIVER_IDLE_S, _resolve, wake, False)
+                try:
+                    await wake
+                finally:
+                    timer.cancel()
+                    self._wake = None
+                if not self._pending:
+                    return
+                continue
             try:
                 received = await self._conn.recv_async()
             except ClosedConnection as e:
@@ -508,6 +527,10 @@ class ConnectedFunction(abc.ABC):
     @abc.abstractmethod
     def _take_all(self) -> Sequence[asyncio.Future]:
         """Forgets and returns every pending future."""
+
+
+#: How long a receiver task with nothing pending waits for a new request before ending.
+_RECEIVER_IDLE_S = 0.5
 
 
 def _resolve(future: asyncio.Future, response: Any) -> None:

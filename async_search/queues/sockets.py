@@ -101,6 +101,7 @@ class SocketQueue:
                 sock.setblocking(False)
         self._items: Deque[Any] = collections.deque()
         self._inbuf = bytearray()
+        self._chunk: bytearray | None = None
         self._eof = False
         self._waiters: List[asyncio.Future] = []
         self._reading_loop: asyncio.AbstractEventLoop | None = None
@@ -328,19 +329,22 @@ class SocketQueue:
         if self._eof or self._reader is None:
             return
         buf = self._inbuf
+        chunk = self._chunk
+        if chunk is None:  # recv(n) would allocate n bytes each call: read into one
+            chunk = self._chunk = bytearray(_CHUNK)
         while True:
             try:
-                data = self._reader.recv(_CHUNK)
+                size = self._reader.recv_into(chunk)
             except BlockingIOError:
                 break
             except OSError:
-                data = b""
-            if not data:
+                size = 0
+            if not size:
                 self._eof = True
                 self._stop_reading()
                 break
-            buf += data
-            if len(data) < _CHUNK:
+            buf += memoryview(chunk)[:size]
+            if size < _CHUNK:
                 break
         at, end = 0, len(buf)
         while end - at >= _PREFIX.size:
