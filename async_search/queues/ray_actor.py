@@ -154,10 +154,13 @@ class QueueHost:
         sequence.done()
         return await q._wait_batch(waiter, timeout)
 
-    async def exchange(self, name: str, items: List[Any], sender: str, seq: int,
-                       reply_name: str, reader: str, reply_seq: int) -> List[Any]:
-        """``put_many(name, items, sender, seq)``, then ``get_many(reply_name, None,
-        reader, reply_seq)``: a request and the wait for its answers in one call."""
+    async def exchange(self, call: Tuple[str, List[Any], str, int, str, str, int],
+                       ) -> List[Any]:
+        """For ``call = (name, items, sender, seq, reply_name, reader, reply_seq)``:
+        ``put_many(name, items, sender, seq)``, then ``get_many(reply_name, None, reader,
+        reply_seq)``: a request and the wait for its answers in one call. (One argument:
+        Ray serializes each argument of a call on its own, at a cost per argument.)"""
+        name, items, sender, seq, reply_name, reader, reply_seq = call
         await self.put_many(name, items, sender, seq)
         return await self.get_many(reply_name, None, reader, reply_seq)
 
@@ -235,9 +238,9 @@ class ActorQueue:
         if replies is None or replies._eof:
             self._last_put = self._host.put_many.remote(self._name, items, self._id, seq)
         else:
-            ref = self._host.exchange.remote(self._name, items, self._id, seq,
-                                             replies._name, replies._id,
-                                             next(replies._get_seq))
+            ref = self._host.exchange.remote((self._name, items, self._id, seq,
+                                              replies._name, replies._id,
+                                              next(replies._get_seq)))
             replies._coming.append(ref)
             self._last_put = ref
 
