@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, ClassVar, Hashable, List, Tuple
+from typing import Any, Callable, ClassVar, Hashable, List, Tuple
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class Message:
     batch: np.ndarray
     tags: List[asyncio.Future]
     pieces: List[np.ndarray]
-    client: "CoalescingClient"
+    on_answer: Callable[["Message", Any], None]
     head_continues: ClassVar[bool] = False
     tail_size: ClassVar[None] = None
     head_offset: ClassVar[int] = 0
@@ -51,10 +51,10 @@ class Message:
         return False  # a cancelled caller is skipped when its rows are delivered
 
     def set_result(self, answer: Any) -> None:
-        self.client._answered(self, answer)
+        self.on_answer(self, answer)
 
     def set_exception(self, error: BaseException) -> None:
-        self.client._answered(self, error)
+        self.on_answer(self, error)
 
 
 class CoalescingClient:
@@ -134,7 +134,7 @@ class CoalescingClient:
         if not futures:
             return
         message = Message(xs[0] if len(xs) == 1 else np.concatenate(xs), futures, xs,
-                          self)
+                          self._answered)
         try:
             self._messages.submit(VersionedRequest(message.batch), message)
             self._connection.send_pending()  # this iteration's one message: no wait

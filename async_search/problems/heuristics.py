@@ -53,6 +53,11 @@ class ManhattanHeuristic:
         x = np.asarray(batch, np.float64).reshape(len(batch), -1)
         return (x @ self._table).astype(np.float32)
 
+    @property
+    def table(self) -> np.ndarray:
+        """``[n * n, 1]``: each (tile, cell) one-hot entry's distance; h = x @ table."""
+        return self._table
+
 
 class DepthHeuristic:
     """A SyntheticGraph's remaining depth (``encode``'s first feature) as a model.
@@ -116,10 +121,11 @@ class LearnedHeuristic:
         self.residual = bool(residual)
         self.input_spec = puzzle.input_spec
         self.output_spec = TensorSpec((1,), np.float32)
-        self._base = ManhattanHeuristic(puzzle) if self.residual else None
+        #: Manhattan, which the net corrects when ``residual`` (else None).
+        self.base = ManhattanHeuristic(puzzle) if self.residual else None
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         h = self.mlp(batch).astype(np.float64)
-        if self._base is not None:
-            h = h + self._base(batch)
+        if self.base is not None:
+            h = h + self.base(batch)
         return np.maximum(h, 0.0).astype(np.float32)

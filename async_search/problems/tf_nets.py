@@ -148,7 +148,7 @@ def tf_twin(model: Any, *, max_batch_size: int = 1024,
         return TensorFlowModel(forward, model.input_spec, **options)
     if isinstance(model, LearnedHeuristic):
         body = _grid_forward(tf, model.mlp.weights)
-        table = (tf.constant(model._base._table, tf.float64) if model.residual else None)
+        table = (tf.constant(model.base.table, tf.float64) if model.residual else None)
 
         def forward(x):
             h = tf.cast(body(x), tf.float64)
