@@ -1,5 +1,4 @@
 import asyncio
-import time
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ from async_search.models import MLP
 from async_search.servers.breaker import BreakerPolicy, BreakerState, CircuitOpenError
 from async_search.servers.cache import CachedEvaluate
 from async_search.servers.router import Router
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,10 +72,7 @@ async def test_least_outstanding_sends_to_the_server_that_is_free():
     await asyncio.sleep(0)
     assert router.outstanding == {"a": 5, "b": 5}
     servers["b"].gate.set()
-    for _ in range(100):
-        if router.outstanding["b"] == 0:
-            break
-        await asyncio.sleep(0.001)
+    await wait_until(lambda: router.outstanding["b"] == 0, "b's requests answered")
     assert router.outstanding == {"a": 5, "b": 0}
     for i in range(6):  # every new request goes to b, whose queue is empty
         await asyncio.wait_for(router(elements(1, seed=100 + i)), 5)
@@ -166,11 +163,11 @@ async def test_when_every_breaker_is_open_callers_get_an_error_at_once():
             await router(elements(1))
     assert all(b.state is BreakerState.OPEN for b in router.breakers.values())
     calls = sum(len(s.requests) for s in servers.values())
-    start = time.perf_counter()
+    for s in servers.values():  # a call that reached a server would wait forever
+        s.gate = asyncio.Event()
     with pytest.raises(CircuitOpenError, match=r"every server's circuit breaker is open "
                                                r"\(a: open, b: open\)"):
-        await router(elements(1))
-    assert time.perf_counter() - start < 0.05
+        await asyncio.wait_for(router(elements(1)), 5)
     assert sum(len(s.requests) for s in servers.values()) == calls
     assert router.stats["rejected"] == 1
 
@@ -217,18 +214,15 @@ async def test_a_split_request_holds_its_parts_and_cancels_them_when_one_fails()
     router = Router(servers, policy="consistent_hash", failover=False)
     x = elements(64, seed=5)
     call = asyncio.ensure_future(router(x))
-    for _ in range(100):
-        if sum(len(s.requests) for s in servers.values()) == 3:
-            break
-        await asyncio.sleep(0)
+    await wait_until(lambda: sum(len(s.requests) for s in servers.values()) == 3,
+                     "each server got its part")
     assert router.stats["parts_in_flight"] == 3  # one task per server, referenced
     servers["a"].failing = True
     servers["a"].gate.set()
     with pytest.raises(RuntimeError, match="the device is gone"):
         await asyncio.wait_for(call, 5)
-    for _ in range(10):
-        await asyncio.sleep(0)
-    assert router.stats["parts_in_flight"] == 0  # b's and c's parts were cancelled
+    await wait_until(lambda: router.stats["parts_in_flight"] == 0,
+                     "b's and c's parts cancelled")
     assert router.outstanding == {"a": 0, "b": 0, "c": 0}
     assert [br.state for br in router.breakers.values()] == [BreakerState.CLOSED] * 3
 
@@ -239,15 +233,11 @@ async def test_a_cancelled_caller_cancels_every_part_of_its_request():
         s.gate = asyncio.Event()
     router = Router(servers, policy="consistent_hash")
     call = asyncio.ensure_future(router(elements(32, seed=6)))
-    for _ in range(100):
-        if router.stats["parts_in_flight"] == 2:
-            break
-        await asyncio.sleep(0)
+    await wait_until(lambda: router.stats["parts_in_flight"] == 2, "both parts sent")
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    await asyncio.sleep(0)
-    assert router.stats["parts_in_flight"] == 0
+    await wait_until(lambda: router.stats["parts_in_flight"] == 0, "both parts cancelled")
     assert router.outstanding == {"a": 0, "b": 0}
     assert all(s["failures"] == 0 for s in router.stats["servers"].values())
 
