@@ -7,7 +7,10 @@ a trivial NumPy model. Measured in one run, on the default asyncio loop and on u
   with no arrays at all (the limit for any design with one future per request);
 - handwritten: a minimal asyncio batcher (a list of futures, one serving coroutine that
   concatenates the requests, calls the model inline and slices the outputs);
-- served: async_search.serve, the model in its device thread (the default);
+- served: async_search.serve on its defaults (``model_thread="auto"``: the first batch
+  in the device thread, then on the loop while a batch takes under 200 us);
+- served_thread: async_search.serve with model_thread=True, every batch in the device
+  thread (the default before the adaptive placement);
 - served_inline: async_search.serve with model_thread=False, the model on the loop as in
   the hand-written batcher.
 
@@ -103,7 +106,8 @@ async def handwritten(num_coroutines: int, num_requests: int) -> None:
     serving.cancel()
 
 
-async def served(num_coroutines: int, num_requests: int, model_thread: bool = True) -> dict:
+async def served(num_coroutines: int, num_requests: int,
+                 model_thread: bool | str = "auto") -> dict:
     model = with_spec(trivial_model, (4,), np.float32)
     async with asr.serve(model, max_batch_size=1024, model_thread=model_thread) as evaluate:
         async def client():
@@ -113,6 +117,10 @@ async def served(num_coroutines: int, num_requests: int, model_thread: bool = Tr
 
         await asyncio.gather(*(client() for _ in range(num_coroutines)))
         return evaluate.stats
+
+
+async def served_thread(num_coroutines: int, num_requests: int) -> dict:
+    return await served(num_coroutines, num_requests, model_thread=True)
 
 
 async def served_inline(num_coroutines: int, num_requests: int) -> dict:
@@ -152,8 +160,8 @@ def main() -> None:
     for name, make_loop in loops.items():
         figures = {w.__name__: measure(make_loop, w, args.coroutines, args.requests,
                                        args.repeats)
-                   for w in (ceiling, handwritten, served, served_inline)}
-        for variant in ("served", "served_inline"):
+                   for w in (ceiling, handwritten, served, served_thread, served_inline)}
+        for variant in ("served", "served_thread", "served_inline"):
             rate = figures[variant]["requests_per_s"]
             figures[f"{variant}_vs_handwritten"] = round(
                 rate / figures["handwritten"]["requests_per_s"], 3)

@@ -54,7 +54,7 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
                              pipeline_depth: int = 2, use_uvloop: bool = False,
                              address: str | None = None,
                              total_gpu_frac: float | None = None,
-                             model_thread: bool = True,
+                             model_thread: bool | str = "auto",
                              progress: Progress | None = None,
                              on_servers: OnServers | None = None,
                              return_exceptions: bool = False) -> SearchResults:
@@ -96,7 +96,7 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
                  num_procs: int = 1, num_servers: int = 1, max_batch_size: int = 256,
                  max_delay: float | None = None, pipeline_depth: int = 2,
                  use_uvloop: bool = False, address: str | None = None,
-                 total_gpu_frac: float | None = None, model_thread: bool = True,
+                 total_gpu_frac: float | None = None, model_thread: bool | str = "auto",
                  progress: Progress | None = None,
                  on_servers: OnServers | None = None,
                  return_exceptions: bool = False) -> SearchResults:
@@ -122,8 +122,9 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
         use_uvloop: run the event loops on uvloop, when installed.
         address: Ray: an existing cluster's address; None starts Ray locally.
         total_gpu_frac: Ray: GPU fraction shared by the servers.
-        model_thread: servers run their models in device threads (default); False runs
-            them on the servers' loops, for models that take microseconds.
+        model_thread: where servers run their models: "auto" (default: a device
+            thread, or the server's loop while a batch takes under 200 us), True
+            (device threads) or False (the loop).
         progress: called here with the number of elements evaluated, as batches
             complete (a progress bar's ``update``).
         on_servers: called here once with the run's ``ModelServers`` as soon as its

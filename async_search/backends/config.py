@@ -10,6 +10,7 @@ from async_search.errors import SearchError
 
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.stats import BatchRecord
+from async_search.servers.workers import placement_of
 
 __all__ = ["RunConfig", "SearchResults", "BACKENDS", "merge_stats", "loop_factory",
            "raise_failures", "finish", "Progress", "max_servers"]
@@ -34,8 +35,9 @@ class RunConfig:
         address: Ray: the address of an existing cluster; None starts a local one.
         total_gpu_frac: Ray: the GPU fraction shared among the servers when a GPU
             exists.
-        model_thread: run each server's model in device threads (default); False runs
-            it on the server's loop, for models that take microseconds.
+        model_thread: where each server's model runs: "auto" (default: a device
+            thread, or the server's loop while a batch takes under 200 us), True
+            (device threads), False (the loop).
         return_exceptions: a failed start holds its exception in place among the
             results (the others are kept, as with ``asyncio.gather``); False (default)
             raises SearchError naming every failed start.
@@ -48,7 +50,7 @@ class RunConfig:
     use_uvloop: bool = False
     address: str | None = None
     total_gpu_frac: float | None = None
-    model_thread: bool = True
+    model_thread: bool | str = "auto"
     return_exceptions: bool = False
 
     def __post_init__(self):
@@ -68,9 +70,10 @@ class RunConfig:
         if not isinstance(self.return_exceptions, bool):
             raise ValueError(f"return_exceptions must be True or False, got "
                              f"{self.return_exceptions!r}")
-        if not self.model_thread and self.backend != "ray" and self.num_servers > 1:
-            raise ValueError("num_servers > 1 needs model_thread=True (the servers are "
-                             "device threads of one server)")
+        if placement_of(self.model_thread) == "loop" and self.backend != "ray" and (
+                self.num_servers > 1):
+            raise ValueError("num_servers > 1 needs model_thread=True or 'auto' (the "
+                             "servers are device threads of one server)")
 
 
 def max_servers(backend: str) -> int:

@@ -61,7 +61,7 @@ class ServerActor(QueueHost):
     the request queue it hosts."""
 
     def __init__(self, model_factory: Callable[[], Any], policy: DispatchPolicy,
-                 model_thread: bool = True, num_clients: int = 1):
+                 model_thread: bool | str = "auto", num_clients: int = 1):
         super().__init__()
         self._model_factory = model_factory
         self._policy = policy

@@ -27,7 +27,7 @@ from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.requests import RequestChecker
 from async_search.servers.responses import ResultDelivery
 from async_search.servers.stats import BatchRecord, ServingStats
-from async_search.servers.workers import Workers
+from async_search.servers.workers import Workers, placement_of
 
 __all__ = ["BatchingServer"]
 
@@ -61,9 +61,12 @@ class BatchingServer:
         batcher: how to cut the stream into batches; default
             ``BatchSizeBatcher(policy.max_batch_size)`` (a ``CostBatcher`` bounds a batch
             by total cost instead).
-        model_thread: run the model in device threads (default), so that searches go
-            on while it computes; False runs it on the loop, which saves the thread
-            handoff (tens of microseconds a batch) for models that take microseconds.
+        model_thread: where the model runs. ``"auto"`` (default): in a device thread,
+            so that searches go on while it computes, but on the loop while its
+            measured time per batch is below ``workers.INLINE_BELOW_S`` (200 us), where
+            the thread handoff (tens of microseconds a batch) would cost more than the
+            overlap gains; ``stats`` shows where batches ran. True: always in device
+            threads; False: always on the loop.
         num_workers: device threads taking batches from one queue (each batch goes to
             the first free one).
         on_batch: called on the loop with a ``BatchRecord`` as each batch comes back
@@ -94,12 +97,13 @@ class BatchingServer:
     """
 
     def __init__(self, model: Any, policy: DispatchPolicy = DispatchPolicy(),
-                 batcher: Batcher | None = None, model_thread: bool = True,
+                 batcher: Batcher | None = None, model_thread: bool | str = "auto",
                  num_workers: int = 1,
                  on_batch: Callable[[BatchRecord], None] | None = None):
         check_int("num_workers", num_workers, minimum=1)
-        if num_workers > 1 and not model_thread:
-            raise ValueError("num_workers > 1 needs model_thread=True")
+        self._placement = placement_of(model_thread)
+        if num_workers > 1 and self._placement == "loop":
+            raise ValueError("num_workers > 1 needs model_thread=True or 'auto'")
         self.policy = policy
         self.model_thread = model_thread
         self._on_batch = on_batch
@@ -222,12 +226,17 @@ class BatchingServer:
     def stats(self) -> dict:
         """batches, elements, mean_batch_size, model_time_s, wall_time_s,
         fraction_in_model, batch_size_histogram, reasons, queue wait, failed_batches,
-        workers, version, buffers_allocated and buffers_reused."""
+        workers, version, buffers_allocated, buffers_reused, and where the model ran:
+        model_placement (thread, loop or auto), batches_on_loop, batches_in_thread."""
         stats = self._stats.as_dict()
         stats["workers"] = self.num_workers
         stats["version"] = self.version
         stats["buffers_allocated"] = self._pool.allocated
         stats["buffers_reused"] = self._pool.reused
+        workers = self._workers
+        stats["model_placement"] = self._placement
+        stats["batches_on_loop"] = workers.batches_on_loop if workers is not None else 0
+        stats["batches_in_thread"] = workers.batches_in_thread if workers is not None else 0
         return stats
 
     @property
@@ -310,8 +319,8 @@ class BatchingServer:
         self._loop = asyncio.get_running_loop()
         self._since = time.perf_counter()
         self._workers = Workers(self._first_model, self.version, self._loop,
-                                threaded=self.model_thread)
-        if self.model_thread:
+                                placement=self._placement)
+        if self._placement != "loop":
             for _ in range(self._num_workers):
                 self._workers.add()
         self._task = self._loop.create_task(self._dispatch_loop())

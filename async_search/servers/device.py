@@ -12,7 +12,7 @@ import asyncio
 import queue
 import threading
 import time
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Tuple
 
 from async_search.errors import deliverable
 
@@ -46,6 +46,11 @@ class DeviceThread:
     @property
     def model(self) -> Any:
         return self._current[0]
+
+    @property
+    def current(self) -> Tuple[Any, Hashable]:
+        """``(model, version)`` that the next batch this thread starts runs on."""
+        return self._current
 
     def set_model(self, model: Any, version: Hashable) -> None:
         """Use ``model`` (as ``version``) from the next batch this thread starts."""

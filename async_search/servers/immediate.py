@@ -73,12 +73,16 @@ class Immediate:
         """The keys of ``BatchingServer.stats``: batches, elements, mean_batch_size,
         model_time_s, wall_time_s, fraction_in_model, batch_size_histogram, reasons,
         queue wait (always 0), failed_batches, workers (1), version, buffers_allocated
-        and buffers_reused (0: the request is the batch)."""
+        and buffers_reused (0: the request is the batch), model_placement (``loop``:
+        the model runs in the caller's loop), batches_on_loop and batches_in_thread."""
         stats = self._stats.as_dict()
         stats["workers"] = 1
         stats["version"] = self.version
         stats["buffers_allocated"] = 0
         stats["buffers_reused"] = 0
+        stats["model_placement"] = "loop"
+        stats["batches_on_loop"] = stats["batches"]
+        stats["batches_in_thread"] = 0
         return stats
 
     @property

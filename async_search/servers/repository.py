@@ -67,7 +67,7 @@ class ModelSource:
     max_delay: float | None = None
     pipeline_depth: int = 2
     num_workers: int = 1
-    model_thread: bool = True
+    model_thread: bool | str = "auto"
     cache_capacity: int = 0
     load_on_start: bool = True
     input_name: str = "input"

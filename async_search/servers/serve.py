@@ -16,7 +16,7 @@ __all__ = ["serve"]
 @contextlib.asynccontextmanager
 async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None = None,
                 pipeline_depth: int = 2, *, batcher: Batcher | None = None,
-                model_thread: bool = True, num_workers: int = 1,
+                model_thread: bool | str = "auto", num_workers: int = 1,
                 on_batch: Callable[[BatchRecord], None] | None = None,
                 ) -> AsyncIterator[BatchingServer]:
     """Serve ``model`` in batches to every coroutine of the running loop.
@@ -38,9 +38,10 @@ async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None =
         pipeline_depth: the most batches in flight at once.
         batcher: cuts the request stream into batches (overrides ``max_batch_size``),
             e.g. ``CostBatcher`` to bound the total cost of a batch.
-        model_thread: run the model in a dedicated thread (default), so searches go on
-            while it computes; False runs it on the loop, saving the thread handoff
-            (tens of microseconds a batch) for models that take microseconds.
+        model_thread: where the model runs: ``"auto"`` (default) in a device thread,
+            so searches go on while it computes, but on the loop while a batch takes
+            under 200 us (the thread handoff would cost more); True: always in the
+            thread; False: always on the loop. ``evaluate.stats`` says where batches ran.
         num_workers: device threads taking batches from one queue; more can be added
             and removed while serving (``evaluate.add_worker``, ``remove_worker``).
         on_batch: called with a ``BatchRecord(finished_s, size, model_s)`` as each

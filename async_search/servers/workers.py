@@ -8,7 +8,32 @@ from typing import Any, Callable, Hashable, List
 
 from async_search.servers.device import STOP, DeviceThread, Done, InlineDevice
 
-__all__ = ["Workers"]
+__all__ = ["Workers", "INLINE_BELOW_S", "PLACEMENTS", "placement_of"]
+
+
+#: ``model_thread="auto"`` runs a batch on the loop while the model's measured time per
+#: batch stays below this: under it, handing the batch to a thread and back costs more
+#: than the searches would gain by running beside the model.
+INLINE_BELOW_S = 200e-6
+
+#: Where a server runs its model: ``thread`` (device threads), ``loop`` (on the event
+#: loop), ``auto`` (on the loop while it is fast, else in the thread).
+PLACEMENTS = ("thread", "loop", "auto")
+
+
+def placement_of(model_thread: Any) -> str:
+    """``model_thread`` (True, False or "auto") as a placement name.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if model_thread is True:
+        return "thread"
+    if model_thread is False:
+        return "loop"
+    if model_thread == "auto":
+        return "auto"
+    raise ValueError(f"model_thread must be True, False or 'auto', got {model_thread!r}")
 
 
 class Workers:
@@ -18,19 +43,32 @@ class Workers:
         model: the model every worker starts with (``add`` may give a worker its own).
         version: the model's version, reported with every batch it computes.
         loop: the event loop that results are delivered to.
-        threaded: False runs the model on the loop (one inline device, no threads).
+        placement: ``thread``, ``loop`` (one inline device, no threads) or ``auto``: a
+            device thread, but a batch runs on the loop instead while the model's
+            measured time per batch (a moving average over every batch, wherever it
+            ran) is below ``INLINE_BELOW_S``, nothing is in the thread, there is one
+            worker, and the model has no ``load``/``unload`` hooks (which belong to its
+            thread).
     """
 
     def __init__(self, model: Any, version: Hashable, loop: asyncio.AbstractEventLoop,
-                 threaded: bool = True):
+                 placement: str = "thread"):
         self.version = version
         self._model = model
         self._loop = loop
-        self._threaded = threaded
+        self.placement = placement
+        self._threaded = placement != "loop"
         self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
         self._threads: List[DeviceThread] = []
-        self._inline = None if threaded else InlineDevice(model, version)
+        self._inline = None if placement == "thread" else InlineDevice(model, version)
         self._exited: List[asyncio.Future] = []  # removals waiting for a thread to end
+        self._batch_s: float | None = None  # moving average of the model's time a batch
+        self._in_thread = 0
+        self._done: Done | None = None
+        self._hooks = _has_hooks(model)
+        #: Batches run on the loop and in device threads so far.
+        self.batches_on_loop = 0
+        self.batches_in_thread = 0
 
     def __len__(self) -> int:
         return len(self._threads) if self._threaded else 1
@@ -62,12 +100,43 @@ class Workers:
         self._jobs.put(STOP)
         await exited
 
+    @property
+    def batch_seconds(self) -> float | None:
+        """The model's time per batch, a moving average (None before any batch)."""
+        return self._batch_s
+
     def submit(self, token: Any, batch: Any, done: Done) -> None:
         """Queues ``model(batch)`` for the next free worker; ``done`` gets the result."""
-        if self._inline is not None:
+        if not self._threaded:
+            self.batches_on_loop += 1
             self._inline.run(token, batch, done)
-        else:
+            return
+        if self._inline is None:
+            self.batches_in_thread += 1
             self._jobs.put((token, batch, done))
+            return
+        self._done = done
+        average = self._batch_s
+        if (average is not None and average < INLINE_BELOW_S and not self._in_thread
+                and len(self._threads) == 1 and not self._hooks):
+            self.batches_on_loop += 1
+            self._inline.set_model(*self._threads[0].current)  # the thread's model
+            self._inline.run(token, batch, self._measured)
+        else:
+            self.batches_in_thread += 1
+            self._in_thread += 1
+            self._jobs.put((token, batch, self._from_thread))
+
+    def _from_thread(self, token: Any, outputs: Any, error: BaseException | None,
+                     seconds: float, version: Hashable) -> None:
+        self._in_thread -= 1
+        self._measured(token, outputs, error, seconds, version)
+
+    def _measured(self, token: Any, outputs: Any, error: BaseException | None,
+                  seconds: float, version: Hashable) -> None:
+        average = self._batch_s
+        self._batch_s = seconds if average is None else average + 0.25 * (seconds - average)
+        self._done(token, outputs, error, seconds, version)
 
     def set_model(self, model_or_weights: Any, version: Hashable) -> None:
         """Swaps every worker's model between batches.
@@ -75,7 +144,7 @@ class Workers:
         A callable replaces the model; anything else is passed to the current model's
         ``with_weights``, which returns the new model.
         """
-        devices = self._threads if self._inline is None else [self._inline]
+        devices = self._threads if self._threaded else [self._inline]
         if callable(model_or_weights):
             new_models = [model_or_weights] * len(devices)
             self._model = model_or_weights
@@ -85,6 +154,7 @@ class Workers:
         for device, model in zip(devices, new_models):
             device.set_model(model, version)
         self.version = version
+        self._hooks = _has_hooks(self._model)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Ends every thread after the batches already queued."""
@@ -101,6 +171,10 @@ class Workers:
             waiter = self._exited.pop(0)
             if not waiter.done():
                 waiter.set_result(None)
+
+
+def _has_hooks(model: Any) -> bool:
+    return hasattr(model, "load") or hasattr(model, "unload")
 
 
 def _with_weights(model: Any, weights: Any) -> Any:

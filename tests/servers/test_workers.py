@@ -172,3 +172,90 @@ async def test_queue_wait_of_the_first_batch_is_measured_from_the_start():
         # Measured from the start, not from 0: no wait outlasts the server itself.
         assert 0 <= stats["queue_wait_max_s"] <= stats["wall_time_s"]
         assert evaluate.stats["requests"] == 1
+
+
+# -- model_thread="auto": on the loop while the model is fast, else in the thread --------
+
+class Where:
+    """Doubles its input; records the thread of each call; sleeps ``delay`` s a call
+    from call ``slow_from`` on."""
+
+    def __init__(self, delay=0.0, slow_from=0):
+        self.input_spec = asr.TensorSpec((2,), np.float32)
+        self.delay, self.slow_from = delay, slow_from
+        self.threads = []
+
+    def __call__(self, x):
+        self.threads.append(threading.current_thread().name)
+        if self.delay and len(self.threads) > self.slow_from:
+            import time
+            time.sleep(self.delay)  # stands for a model that computes this long
+        return x * 2
+
+
+async def sequential(evaluate, count, value=1.0):
+    out = []
+    for i in range(count):
+        out.append(await asyncio.wait_for(evaluate(np.full((1, 2), value + i,
+                                                           np.float32)), 10))
+    return out
+
+
+async def test_auto_runs_a_fast_model_on_the_loop_after_measuring_it_in_the_thread():
+    model = Where()
+    async with asr.serve(model) as evaluate:  # model_thread="auto" is the default
+        ys = await sequential(evaluate, 20)
+        stats = evaluate.stats
+    assert [y.tolist() for y in ys] == [[[2 * (1.0 + i)] * 2] for i in range(20)]
+    assert model.threads[0].startswith("async_search-device")  # unknown: not on the loop
+    assert stats["model_placement"] == "auto"
+    assert stats["batches_in_thread"] + stats["batches_on_loop"] == 20
+    # Microseconds a batch: on the loop from then on (a preempted call on a loaded
+    # machine may send one or two back to the thread).
+    assert model.threads.count(threading.main_thread().name) == stats["batches_on_loop"]
+    assert stats["batches_on_loop"] >= 15
+
+
+async def test_auto_keeps_a_slow_model_in_the_thread_and_moves_back_when_it_slows():
+    slow = Where(delay=0.002)
+    async with asr.serve(slow) as evaluate:
+        await sequential(evaluate, 6)
+        assert evaluate.stats["batches_on_loop"] == 0
+    assert all(t.startswith("async_search-device") for t in slow.threads)
+    turning = Where(delay=0.005, slow_from=8)  # fast for 8 calls, then 5 ms a call
+    async with asr.serve(turning) as evaluate:
+        await sequential(evaluate, 20)
+    loop_name = threading.main_thread().name
+    assert loop_name in turning.threads[1:8]  # fast: on the loop
+    assert turning.threads[-1] != loop_name  # slow again: back in the thread
+    assert all(t != loop_name for t in turning.threads[12:])
+
+
+async def test_auto_never_runs_on_the_loop_a_model_with_hooks_or_with_several_workers():
+    hooked = Recording()
+    async with asr.serve(hooked) as evaluate:
+        for i in range(5):
+            await asyncio.wait_for(evaluate(np.full((1, 1), i, np.float32)), 10)
+        assert evaluate.stats["batches_on_loop"] == 0
+    assert threading.main_thread().ident not in hooked.threads
+    two = Where()
+    async with asr.serve(two, num_workers=2) as evaluate:
+        await sequential(evaluate, 6)
+        assert evaluate.stats["batches_on_loop"] == 0
+
+
+async def test_auto_on_the_loop_runs_the_model_a_swap_installed():
+    model = with_spec(lambda x: x * 2.0, (2,), np.float32)
+    async with asr.serve(model) as evaluate:
+        await sequential(evaluate, 5)
+        evaluate.update_model(with_spec(lambda x: x * 3.0, (2,), np.float32), 1)
+        y, version = await asyncio.wait_for(
+            evaluate.with_version(np.ones((1, 2), np.float32)), 10)
+        assert evaluate.stats["batches_on_loop"] >= 1
+    assert (y.tolist(), version) == ([[3.0, 3.0]], 1)
+
+
+@pytest.mark.parametrize("bad", [None, "yes", 1, 0, "thread"])
+def test_model_thread_takes_true_false_or_auto(bad):
+    with pytest.raises(ValueError, match="model_thread must be True, False or 'auto'"):
+        asr.servers.BatchingServer(lambda x: x, model_thread=bad)
