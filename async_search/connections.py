@@ -36,6 +36,7 @@ import warnings
 from typing import (Any, Callable, Deque, Dict, Mapping, Optional, Protocol, Sequence,
                     Set, Tuple)
 
+from async_search.checks import check_int
 from async_search.errors import ServerDiedError
 from async_search.queues import (END_OF_STREAM, ClosedConnection, QueueFactory, QueueLike,
                                  close_stream, is_end, local_queue)
@@ -364,9 +365,7 @@ def forked_pipe(queue_factory: QueueFactory = local_queue, num_branches: int = 1
         >>> server.send(25); c1.recv()
         25
     """
-    if isinstance(num_branches, bool) or not isinstance(num_branches, int) or (
-            num_branches < 1):
-        raise ValueError(f"num_branches must be an integer >= 1, got {num_branches!r}")
+    check_int("num_branches", num_branches, minimum=1)
     root = queue_factory(maxsize)
     branches = [queue_factory(maxsize) for _ in range(num_branches)]
     forked = ForkedConnection(root, dict(enumerate(branches)))
@@ -623,7 +622,7 @@ def get_connected_functions(queue_factory: QueueFactory, num_fns: int, ordered: 
         >>> f = fn(3); server.send(server.recv() ** 2); n = fn.flush(); f.result()
         9
     """
-    if num_fns == 1:
+    if check_int("num_fns", num_fns, minimum=1) == 1:
         server, client = pipe(queue_factory, maxsize)
         clients: Sequence[Connection] = (client,)
     else:

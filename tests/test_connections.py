@@ -581,3 +581,9 @@ def test_manager_queues_connect_functions_to_a_server_in_a_spawned_process(plain
             if child.is_alive():
                 child.kill()
                 child.join(WAIT_S)
+
+
+@pytest.mark.parametrize("bad", [True, 0, -1, 1.5, "2"])
+def test_get_connected_functions_refuses_a_bad_number_of_functions(bad):
+    with pytest.raises(ValueError, match="num_fns must be an integer >= 1"):
+        get_connected_functions(queue.Queue, bad, True)
