@@ -9,7 +9,9 @@ long something took: speed belongs in ``benchmarks/``.
 import asyncio
 from typing import Any, Awaitable, Callable, Optional
 
-__all__ = ["WAIT_S", "wait_until", "within"]
+import numpy as np
+
+__all__ = ["WAIT_S", "wait_until", "within", "requests_of"]
 
 #: The default bound on a wait: long enough for a loaded CI machine, short enough that
 #: a missing event fails the test instead of hanging it.
@@ -40,3 +42,12 @@ async def within(awaitable: Awaitable, what: str, *, timeout: float = WAIT_S) ->
         return await asyncio.wait_for(awaitable, timeout)
     except asyncio.TimeoutError:
         raise TimeoutError(f"did not finish within {timeout} s: {what}") from None
+
+
+def requests_of(sizes, width=2):
+    """Requests with distinct values, so that any mix-up shows."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(np.arange(start, start + n * width, dtype=np.int64).reshape(n, width))
+        start += n * width
+    return out

@@ -5,19 +5,11 @@ from hypothesis import strategies as st
 
 from async_search.batchers import BatchManager, BatchSizeBatcher, CostBatcher
 from async_search.errors import ModelOutputError
+from tests.helpers import requests_of
 
 
 def model(x):
     return x * 3 + 1
-
-
-def requests_of(sizes, width=2):
-    """Requests with distinct values, so that any mix-up shows."""
-    out, start = [], 0
-    for n in sizes:
-        out.append(np.arange(start, start + n * width, dtype=np.int64).reshape(n, width))
-        start += n * width
-    return out
 
 
 def run_manager(manager, requests, fn=model):

@@ -7,15 +7,7 @@ from async_search import batchers
 from async_search.batchers import BatchManager, BatchSizeBatcher
 from async_search.errors import ModelOutputError
 from async_search.unbatchers import NumpyUnbatcher, TreeUnbatcher, Unbatcher, unbatcher_for
-
-
-def requests_of(sizes, width=2):
-    """Requests with distinct values, so that any mix-up shows."""
-    out, start = [], 0
-    for n in sizes:
-        out.append(np.arange(start, start + n * width, dtype=np.int64).reshape(n, width))
-        start += n * width
-    return out
+from tests.helpers import requests_of
 
 
 def run_manager(manager, requests, fn):

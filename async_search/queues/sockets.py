@@ -76,6 +76,18 @@ def _bytes_views(chunks: List[memoryview]) -> List[memoryview]:
     return [c.cast("B") if c.format != "B" else c for c in chunks if c.nbytes]
 
 
+def _drop_sent(chunks: Deque[memoryview], sent: int) -> None:
+    """Drops the first ``sent`` bytes of ``chunks`` (whole chunks, then part of one)."""
+    while sent:
+        head = chunks[0]
+        if sent >= head.nbytes:
+            sent -= head.nbytes
+            chunks.popleft()
+        else:
+            chunks[0] = head[sent:]
+            sent = 0
+
+
 class SocketQueue:
     """A one-way FIFO queue from one process to another over a socket pair.
 
@@ -199,15 +211,8 @@ class SocketQueue:
         unsent = self._unsent
         try:
             while unsent:
-                sent = self._writer.sendmsg(list(itertools.islice(unsent, _IOV_MAX)))
-                while sent:
-                    head = unsent[0]
-                    if sent >= head.nbytes:
-                        sent -= head.nbytes
-                        unsent.popleft()
-                    else:
-                        unsent[0] = head[sent:]
-                        sent = 0
+                _drop_sent(unsent, self._writer.sendmsg(
+                    list(itertools.islice(unsent, _IOV_MAX))))
         except BlockingIOError:
             pass
         except OSError as e:  # the reading process is gone
@@ -246,14 +251,7 @@ class SocketQueue:
             except OSError as e:
                 self._broken = ClosedConnection(f"the reading end closed ({e!r})")
                 raise self._broken from e
-            while sent:
-                head = chunks[0]
-                if sent >= head.nbytes:
-                    sent -= head.nbytes
-                    chunks.popleft()
-                else:
-                    chunks[0] = head[sent:]
-                    sent = 0
+            _drop_sent(chunks, sent)
 
     # -- getting ------------------------------------------------------------------------
 
