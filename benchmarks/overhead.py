@@ -14,8 +14,14 @@ a trivial NumPy model. Measured in one run, on the default asyncio loop and on u
 - served_inline: async_search.serve with model_thread=False, the model on the loop as in
   the hand-written batcher.
 
+Peer (asyncio loop, same machine and run): Ray Serve, a deployment whose method is
+``@serve.batch(max_batch_size=1024, batch_wait_timeout_s=0)`` over the same model,
+called through its DeploymentHandle by the same 64 coroutines (``pip install -e
+".[bench]"`` installs ray[serve]; nothing in it is patched). Its rate is taken after a
+warm-up round, over ``--ray_serve_requests`` requests per coroutine.
+
 Prints one JSON object. Usage: python benchmarks/overhead.py [--coroutines 64]
-[--requests 200] [--repeats 3]
+[--requests 200] [--repeats 3] [--ray_serve_requests 30] [--no_ray_serve]
 """
 
 from __future__ import annotations
@@ -127,6 +133,50 @@ async def served_inline(num_coroutines: int, num_requests: int) -> dict:
     return await served(num_coroutines, num_requests, model_thread=False)
 
 
+def ray_serve_peer(num_coroutines: int, num_requests: int) -> dict:
+    """Requests/s through a Ray Serve ``@serve.batch`` deployment of the same model."""
+    try:
+        from ray import serve
+    except ImportError as e:
+        return {"skipped": f"ray[serve] is not installed ({e}): pip install -e '.[bench]'"}
+    from async_search.ray_init import ensure_ray
+
+    ensure_ray()
+    serve.start(http_options={"location": "NoServer"})
+
+    @serve.deployment(max_ongoing_requests=100_000)
+    class Batched:
+        @serve.batch(max_batch_size=1024, batch_wait_timeout_s=0.0)
+        async def __call__(self, xs):
+            y = trivial_model(np.concatenate(xs))
+            return [y[i:i + 1] for i in range(len(xs))]
+
+    handle = serve.run(Batched.bind(), name="overhead", route_prefix=None)
+
+    async def run(count):
+        x = np.ones((1, 4), np.float32)
+
+        async def client():
+            for _ in range(count):
+                await handle.remote(x)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(num_coroutines)))
+        return time.perf_counter() - start
+
+    try:
+        asyncio.run(run(3))  # warm-up: replicas, routers, first batches
+        seconds = asyncio.run(run(num_requests))
+    finally:
+        serve.shutdown()
+        import ray
+
+        ray.shutdown()  # before the report: Ray's shutdown messages come out on stdout
+    total = num_coroutines * num_requests
+    return {"requests_per_s": round(total / seconds),
+            "us_per_request": round(1e6 * seconds / total, 3)}
+
+
 def measure(make_loop, workload, num_coroutines, num_requests, repeats):
     best = float("inf")
     for _ in range(repeats):
@@ -146,6 +196,8 @@ def main() -> None:
     parser.add_argument("--coroutines", type=int, default=64)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--ray_serve_requests", type=int, default=30)
+    parser.add_argument("--no_ray_serve", action="store_true")
     args = parser.parse_args()
 
     loops = {"asyncio": asyncio.new_event_loop}
@@ -168,6 +220,13 @@ def main() -> None:
             figures[f"{variant}_vs_ceiling"] = round(
                 rate / figures["ceiling"]["requests_per_s"], 3)
         report["loops"][name] = figures
+    if not args.no_ray_serve:
+        peer = ray_serve_peer(args.coroutines, args.ray_serve_requests)
+        report["ray_serve"] = peer
+        if "requests_per_s" in peer:
+            report["served_vs_ray_serve"] = round(
+                report["loops"]["asyncio"]["served"]["requests_per_s"]
+                / peer["requests_per_s"], 1)
     print(json.dumps(report, indent=2))
 
 
