@@ -1,0 +1,94 @@
+"""The searches' own Python cost, with a free model: µs per A* expansion, MCTS simulations/s.
+
+A free model answers at once with constant outputs (zeros; a uniform policy and a zero
+value for MCTS) through ``asr.immediate``, so that only the search is timed: what is
+left is the Python work around the model that issue 12's goals 2 and 3 are about
+(A* at most 3 µs an expansion; MCTS twice today's simulations per second).
+
+- astar: batched A* on the 15-puzzle (100 random moves from the goal, budget
+  --astar_budget evaluations, buffer 16), several starts, process CPU time per node
+  expanded;
+- mcts: MCTS on Connect Four from the opening, --simulations simulations, 8 leaves in
+  flight, several seeds, simulations per second of process CPU time.
+
+Each figure is the best of --repeats runs (this machine is shared). Prints one JSON
+object. Usage: python benchmarks/search_cost.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import numpy as np
+
+import async_search as asr
+from async_search import problems, search
+
+
+def free_heuristic(x: np.ndarray) -> np.ndarray:
+    return np.zeros(len(x), np.float32)
+
+
+def free_policy_value(num_actions: int):
+    def model(x: np.ndarray):
+        return np.zeros((len(x), num_actions), np.float32), np.zeros((len(x), 1), np.float32)
+    return model
+
+
+def astar_cost(starts: int, budget: int, repeats: int) -> dict:
+    puzzle = problems.SlidingPuzzle(4)
+    states = [puzzle.scramble(100, seed=s) for s in range(starts)]
+    evaluate = asr.immediate(free_heuristic)
+
+    async def run():
+        return [await search.batched_astar(puzzle, s, evaluate, budget=budget,
+                                           buffer_size=16) for s in states]
+
+    best, expanded = float("inf"), 0
+    for _ in range(repeats):
+        start = time.process_time()
+        results = asyncio.run(run())
+        best = min(best, time.process_time() - start)
+        expanded = sum(r.nodes_expanded for r in results)
+    return {"starts": starts, "budget": budget, "nodes_expanded": expanded,
+            "cpu_s": round(best, 3), "us_per_expansion": round(1e6 * best / expanded, 2)}
+
+
+def mcts_rate(games: int, simulations: int, repeats: int) -> dict:
+    game = problems.ConnectFour()
+    evaluate = asr.immediate(free_policy_value(game.num_actions))
+
+    async def run():
+        return [await search.mcts(game, game.initial_state(), evaluate,
+                                  num_simulations=simulations, num_parallel=8, seed=s)
+                for s in range(games)]
+
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        asyncio.run(run())
+        best = min(best, time.process_time() - start)
+    total = games * simulations
+    return {"searches": games, "simulations_each": simulations, "cpu_s": round(best, 3),
+            "simulations_per_s": round(total / best)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--astar_starts", type=int, default=8)
+    parser.add_argument("--astar_budget", type=int, default=5000)
+    parser.add_argument("--mcts_searches", type=int, default=8)
+    parser.add_argument("--simulations", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(json.dumps({
+        "astar": astar_cost(args.astar_starts, args.astar_budget, args.repeats),
+        "mcts": mcts_rate(args.mcts_searches, args.simulations, args.repeats),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
