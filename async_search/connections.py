@@ -424,7 +424,12 @@ class ConnectedFunction(abc.ABC):
         ``running``: whether an event loop runs (to start the receiver task)."""
         if self.error is not None:
             raise self.error
-        self._conn.send(self._send(self._preprocess_fn(inputs), receiver))
+        message = self._send(self._preprocess_fn(inputs), receiver)
+        try:
+            self._conn.send(message)
+        except BaseException:  # not sent (it cannot travel, or the way is gone)
+            self._forget_last()
+            raise
         if running and self._awaitable:
             wake = self._wake
             if wake is not None:
@@ -527,6 +532,10 @@ class ConnectedFunction(abc.ABC):
     def _take_all(self) -> Sequence[asyncio.Future]:
         """Forgets and returns every pending future."""
 
+    @abc.abstractmethod
+    def _forget_last(self) -> None:
+        """Forgets the request registered last (its message was not sent)."""
+
 
 #: How long a receiver task with nothing pending waits for a new request before ending.
 _RECEIVER_IDLE_S = 0.5
@@ -575,6 +584,9 @@ class FifoConnectedFunction(ConnectedFunction):
         pending, self._pending = list(self._pending), collections.deque()
         return pending
 
+    def _forget_last(self) -> None:
+        self._pending.pop()
+
 
 class UnorderedConnectedFunction(ConnectedFunction):
     """Sends ``(uid, request)`` and matches ``(uid, response)`` by uid, in whatever
@@ -599,6 +611,9 @@ class UnorderedConnectedFunction(ConnectedFunction):
     def _take_all(self) -> Sequence[asyncio.Future]:
         pending, self._pending = list(self._pending.values()), {}
         return pending
+
+    def _forget_last(self) -> None:
+        self._pending.pop(self._send_count - 1, None)
 
 
 def get_connected_functions(queue_factory: QueueFactory, num_fns: int, ordered: bool,

@@ -587,3 +587,27 @@ def test_manager_queues_connect_functions_to_a_server_in_a_spawned_process(plain
 def test_get_connected_functions_refuses_a_bad_number_of_functions(bad):
     with pytest.raises(ValueError, match="num_fns must be an integer >= 1"):
         get_connected_functions(queue.Queue, bad, True)
+
+
+class RefusingQueue(queue.Queue):
+    """Refuses to carry strings: a stand-in for an item that cannot travel."""
+
+    def put(self, item, block=True, timeout=None):
+        if isinstance(item, str) or (isinstance(item, tuple) and isinstance(item[-1], str)):
+            raise TypeError("cannot travel")
+        super().put(item, block, timeout)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_request_that_cannot_be_sent_fails_at_once_and_keeps_the_matching(ordered,
+                                                                          plain_loop):
+    (fn,), server = get_connected_functions(RefusingQueue, 1, ordered)
+    first = fn(1)
+    with pytest.raises(TypeError, match="cannot travel"):
+        fn("x")
+    second = fn(2)
+    assert fn.num_pending == 2
+    for _ in range(2):
+        server.send(server.recv(timeout=5) * 10)
+    fn.flush()
+    assert (first.result(), second.result()) == (10, 20)

@@ -16,7 +16,8 @@ import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
-from async_search.errors import ServerDiedError
+from async_search.errors import InputSpecError, ServerDiedError
+from async_search.queues import ClosedConnection
 from async_search.remote import Failure, unpack_error
 from async_search.servers.connection_server import VersionedRequest
 from async_search.servers.requests import RequestChecker
@@ -141,9 +142,14 @@ class CoalescingClient:
         except ServerDiedError as e:
             self._delivery.fail(message, e)
             return
-        except Exception as e:  # the way to the server is gone
+        except ClosedConnection as e:  # the way to the server is gone
             self._delivery.fail(message, ServerDiedError(
-                f"could not send a request to {self._where}: {e!r}"))
+                f"could not send a request to {self._where}: {e}"))
+            return
+        except Exception as e:  # the requests cannot travel (object arrays, say)
+            self._delivery.fail(message, InputSpecError(
+                f"these requests cannot be sent to {self._where}: "
+                f"{type(e).__name__}: {e}"))
             return
         self._in_flight += 1
 

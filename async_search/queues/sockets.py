@@ -34,40 +34,64 @@ from typing import Any, Deque, List
 
 from async_search.queues.protocol import ClosedConnection, is_end
 
-__all__ = ["SocketQueue", "socket_queue", "encode_frame", "decode_frame"]
+__all__ = ["SocketQueue", "socket_queue", "encode_item", "frame_of", "encode_frame",
+           "decode_frame"]
 
-# A frame: its length after this prefix, then the pickled header's length and the number
-# of out-of-band buffers, each buffer's length, the header, the buffers.
+# A frame: its length after this prefix, the number of items, then each item: its pickled
+# header's length and number of out-of-band buffers, each buffer's length, the header,
+# the buffers. Items are pickled one by one when put, so that one that cannot travel
+# fails its own put, at once, and never the frame it would have joined.
 _PREFIX = struct.Struct("!Q")
+_ITEMS = struct.Struct("!I")
 _COUNTS = struct.Struct("!II")
 _CHUNK = 1 << 18
 _IOV_MAX = 512
 
 
-def encode_frame(obj: Any) -> List[memoryview]:
-    """``obj`` as the byte chunks of one frame; arrays are views of their own memory."""
+def encode_item(item: Any) -> List[memoryview]:
+    """``item`` as the byte chunks of one item of a frame; arrays are views of their own
+    memory.
+
+    Raises:
+        Exception: what pickling raised, when ``item`` cannot travel.
+    """
     buffers: List[pickle.PickleBuffer] = []
-    header = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    header = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
     views = [b.raw() for b in buffers]
     sizes = struct.pack(f"!{len(views)}Q", *(v.nbytes for v in views))
-    counts = _COUNTS.pack(len(header), len(views))
-    length = len(counts) + len(sizes) + len(header) + sum(v.nbytes for v in views)
-    return [memoryview(_PREFIX.pack(length) + counts + sizes + header), *views]
+    return [memoryview(_COUNTS.pack(len(header), len(views)) + sizes + header), *views]
 
 
-def decode_frame(frame: memoryview) -> Any:
-    """The object of one frame (without its length prefix); arrays are views of it."""
-    header_length, count = _COUNTS.unpack_from(frame)
-    at = _COUNTS.size
-    sizes = struct.unpack_from(f"!{count}Q", frame, at)
-    at += 8 * count
-    header = frame[at:at + header_length]
-    at += header_length
-    buffers = []
-    for size in sizes:
-        buffers.append(frame[at:at + size])
-        at += size
-    return pickle.loads(header, buffers=buffers)
+def frame_of(items: List[List[memoryview]]) -> List[memoryview]:
+    """The chunks of one frame holding the encoded ``items``."""
+    chunks = [c for item in items for c in item]
+    length = _ITEMS.size + sum(c.nbytes for c in chunks)
+    return [memoryview(_PREFIX.pack(length) + _ITEMS.pack(len(items))), *chunks]
+
+
+def encode_frame(items: List[Any]) -> List[memoryview]:
+    """``items`` as the byte chunks of one frame (``decode_frame`` gives them back)."""
+    return frame_of([encode_item(item) for item in items])
+
+
+def decode_frame(frame: memoryview) -> List[Any]:
+    """The items of one frame (without its length prefix); arrays are views of it."""
+    (count,) = _ITEMS.unpack_from(frame)
+    at = _ITEMS.size
+    items = []
+    for _ in range(count):
+        header_length, num_buffers = _COUNTS.unpack_from(frame, at)
+        at += _COUNTS.size
+        sizes = struct.unpack_from(f"!{num_buffers}Q", frame, at)
+        at += 8 * num_buffers
+        header = frame[at:at + header_length]
+        at += header_length
+        buffers = []
+        for size in sizes:
+            buffers.append(frame[at:at + size])
+            at += size
+        items.append(pickle.loads(header, buffers=buffers))
+    return items
 
 
 def _bytes_views(chunks: List[memoryview]) -> List[memoryview]:
@@ -158,16 +182,23 @@ class SocketQueue:
     # -- putting ------------------------------------------------------------------------
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Sends ``item``; in a running loop it leaves with this iteration's frame."""
+        """Sends ``item``; in a running loop it leaves with this iteration's frame.
+
+        Raises:
+            ClosedConnection: the reading end is gone (or this process closed it).
+            Exception: what pickling raised, when ``item`` cannot travel (nothing is
+                sent; the queue stays usable).
+        """
         if self._broken is not None or self._writer is None:
             raise ClosedConnection(f"cannot put on this socket queue: "
                                    f"{self._broken or 'its writing end is closed here'}")
+        encoded = encode_item(item)  # raises here when ``item`` cannot travel
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._send_blocking(encode_frame([item]), timeout)
+            self._send_blocking(frame_of([encoded]), timeout)
             return
-        self._outgoing.append(item)
+        self._outgoing.append(encoded)
         if self._scheduled is None:
             self._scheduled = loop
             loop.call_soon(self._flush)
@@ -198,11 +229,7 @@ class SocketQueue:
             return
         if self._writer is None or self._broken is not None:
             return self._wake_drained()
-        try:
-            chunks = encode_frame(items)
-        except Exception as e:  # an item that cannot be pickled: fail loudly here
-            self._broken = e
-            return self._wake_drained()
+        chunks = frame_of(items)
         self._unsent.extend(_bytes_views(chunks))
         if self._writing_loop is None:
             self._send_some()

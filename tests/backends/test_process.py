@@ -1,10 +1,14 @@
 """What only the process backend does; the scenarios every backend shares are in
 test_backends.py."""
 
-import pytest
+import asyncio
+import threading
+
 import numpy as np
+import pytest
 
 import async_search as asr
+from async_search.errors import InputSpecError
 from tests.backends import searches
 
 pytestmark = pytest.mark.timeout(180)
@@ -69,3 +73,26 @@ def test_a_large_report_reaches_a_stalled_reader_whole_before_the_client_exits()
     for k, _, payload in report:
         value = pickle.loads(payload)
         assert value.shape == (1 << 18,) and (value == k + 1.0).all()
+
+
+def _zeros_model():
+    """A model with no input spec: it takes object arrays as well."""
+    return lambda x: np.zeros((len(x), 1), np.float32)
+
+
+async def _unpicklable_request(start, evaluate):
+    x = np.empty((1, 1), dtype=object)
+    if start == 1:  # its own loop iteration, so its own message; a lock cannot pickle
+        for _ in range(3):
+            await asyncio.sleep(0)
+        x[0, 0] = threading.Lock()
+    else:
+        x[0, 0] = "text"
+    return (await evaluate(x)).tolist()
+
+
+def test_a_request_that_cannot_travel_fails_its_own_search_at_once():
+    out = asr.run_searches(_unpicklable_request, [0, 1], _zeros_model, backend="process",
+                           num_procs=1, return_exceptions=True)
+    assert out[0] == [[0.0]]
+    assert isinstance(out[1], InputSpecError) and "cannot be sent" in str(out[1])
