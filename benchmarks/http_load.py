@@ -389,7 +389,7 @@ def _exact_answer(kind: str, status: int, headers, body: bytes, want: np.ndarray
         return False
 
 
-async def _read_until_closed(reader: asyncio.StreamReader, timeout: float):
+async def read_until_closed(reader: asyncio.StreamReader, timeout: float) -> bytes | None:
     """What the server sends until it closes the connection; None if it keeps it open
     past ``timeout``."""
     chunks = []
@@ -520,7 +520,7 @@ async def _hostile(url: str, port: int, requests: int, seconds: float, seed: int
                 if payload:
                     writer.write(payload)
                     await writer.drain()
-                answer = await _read_until_closed(reader, wait_s)
+                answer = await read_until_closed(reader, wait_s)
             except OSError as e:
                 answer = b"" if isinstance(e, ConnectionResetError) else None
             finally:

@@ -246,8 +246,8 @@ class ActorQueue:
 
     async def drain(self) -> None:
         """Returns once every put has reached the host (or the host is gone)."""
-        while self._scheduled:
-            await asyncio.sleep(0)
+        if self._outgoing:  # send what waits for the end of this iteration now
+            self._flush()
         if self._last_put is None:
             return
         try:  # a sequenced empty put returns once every put before it is queued

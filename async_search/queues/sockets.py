@@ -377,7 +377,7 @@ class SocketQueue:
             start = at + _PREFIX.size
             if end - start < length:
                 break
-            frame = memoryview(bytes(buf[start:start + length]))  # arrays view this copy
+            frame = memoryview(buf[start:start + length])  # a copy: arrays view it
             at = start + length
             for item in decode_frame(frame):
                 if is_end(item):

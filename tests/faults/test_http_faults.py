@@ -27,6 +27,7 @@ from async_search.models import MLP, with_spec
 from async_search.servers.http_front import HttpFront, HttpLimits
 from async_search.servers.repository import ModelSource, default_max_workers
 from tests.faults.faulty import Tally
+from benchmarks.http_load import read_until_closed  # the benchmark's reader, shared
 from tests.helpers import wait_until, within
 
 pytestmark = pytest.mark.timeout(120)
@@ -229,27 +230,6 @@ async def test_json_bodies_over_the_json_bound_get_413_saying_use_binary():
 
 
 # -- 9: slow and idle clients -----------------------------------------------------------
-async def read_until_closed(reader: asyncio.StreamReader, timeout: float) -> bytes | None:
-    """Everything the server sends until it closes; None if it keeps the connection
-    open past ``timeout``."""
-    chunks = []
-
-    async def drain():
-        while True:
-            chunk = await reader.read(65536)
-            if not chunk:
-                return
-            chunks.append(chunk)
-
-    try:
-        await asyncio.wait_for(drain(), timeout)
-    except asyncio.TimeoutError:
-        return None
-    except ConnectionResetError:
-        pass
-    return b"".join(chunks)
-
-
 def status_of(answer: bytes | None) -> int | None:
     match = re.match(rb"HTTP/1\.1 (\d{3}) ", answer or b"")
     return int(match.group(1)) if match else None
