@@ -392,3 +392,22 @@ def test_frames_round_trip_arrays_out_of_band_and_plain_objects():
     assert got[0][:2] == ("eval", 1)
     assert got[1]["k"][0].tolist() == [0, 1, 2] and got[1]["k"][1] == "text"
     assert got[2] == ("done", [])
+
+
+async def test_a_frame_that_cannot_be_read_ends_the_stream_after_the_items_before_it():
+    """A corrupt frame (bytes from a broken or hostile writer) must not leave a reader
+    waiting: it gets what came before, then ClosedConnection naming the frame."""
+    import struct
+
+    q = SocketQueue()
+    q.put("before")
+    q.send_pending()  # in a loop, a put leaves at the end of the iteration
+    q._send_blocking(  # a well-formed length around a header that does not unpickle
+        [memoryview(struct.pack("!QI", 4 + 8 + 5, 1) + struct.pack("!II", 5, 0) + b"junk!")],
+        5)
+    assert await within(q.get_async(), "the item before") == "before"
+    with pytest.raises(ClosedConnection, match="could not be read"):
+        await within(q.get_async(), "the end of the stream")
+    with pytest.raises(ClosedConnection, match="could not be read"):
+        q.get(timeout=1)
+    q.close()

@@ -139,6 +139,7 @@ class SocketQueue:
         self._inbuf = bytearray()
         self._chunk: bytearray | None = None
         self._eof = False
+        self._ended = "the writing end closed the stream"  # why, once _eof
         self._waiters: List[asyncio.Future] = []
         self._reading_loop: asyncio.AbstractEventLoop | None = None
         self._outgoing: List[Any] = []
@@ -295,7 +296,7 @@ class SocketQueue:
             if self._items:
                 return self._items.popleft()
             if self._eof:
-                raise ClosedConnection("the writing end closed the stream")
+                raise ClosedConnection(self._ended)
             if not block:
                 raise queue.Empty
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -320,7 +321,7 @@ class SocketQueue:
             if self._items:
                 return self._items.popleft()
             if self._eof or self._reader is None:
-                raise ClosedConnection("the writing end closed the stream")
+                raise ClosedConnection(self._ended)
             loop = asyncio.get_running_loop()
             if self._reading_loop is None:  # level-triggered: bytes that came before
                 self._reading_loop = loop   # this wake us at once
@@ -379,7 +380,16 @@ class SocketQueue:
                 break
             frame = memoryview(buf[start:start + length])  # a copy: arrays view it
             at = start + length
-            for item in decode_frame(frame):
+            try:
+                items = decode_frame(frame)
+            except Exception as e:  # a frame that does not load: nothing after it can
+                # be trusted, so the stream ends here (the items before it are kept)
+                self._ended = (f"a frame from the writing end could not be read: "
+                               f"{type(e).__name__}: {e}")
+                self._eof = True
+                self._stop_reading()
+                break
+            for item in items:
                 if is_end(item):
                     self._eof = True
                     self._stop_reading()

@@ -115,8 +115,11 @@ class InlineDevice:
     still while the model runs; it is the only device of its server.
     """
 
-    def __init__(self, model: Any, version: Hashable):
+    def __init__(self, model: Any, version: Hashable, contain_exits: bool = False):
         self._current = (model, version)
+        # Standing in for a device thread (model_thread="auto"): a SystemExit or
+        # GeneratorExit the model raises fails its batch, as it would in the thread.
+        self._contain_exits = contain_exits
 
     @property
     def model(self) -> Any:
@@ -135,5 +138,9 @@ class InlineDevice:
             # A CancelledError raised by the model is an error of this batch, not a
             # cancellation of the serving task (nothing can cancel a plain call);
             # KeyboardInterrupt and SystemExit go on up and crash the server.
+            outputs, error = None, deliverable(e)
+        except BaseException as e:
+            if not self._contain_exits or isinstance(e, KeyboardInterrupt):
+                raise
             outputs, error = None, deliverable(e)
         done(token, outputs, error, time.perf_counter() - start, version)

@@ -60,7 +60,8 @@ class Workers:
         self._threaded = placement != "loop"
         self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
         self._threads: List[DeviceThread] = []
-        self._inline = None if placement == "thread" else InlineDevice(model, version)
+        self._inline = None if placement == "thread" else InlineDevice(
+            model, version, contain_exits=placement == "auto")
         self._exited: List[asyncio.Future] = []  # removals waiting for a thread to end
         self._batch_s: float | None = None  # moving average of the model's time a batch
         self._in_thread = 0

@@ -259,3 +259,28 @@ async def test_auto_on_the_loop_runs_the_model_a_swap_installed():
 def test_model_thread_takes_true_false_or_auto(bad):
     with pytest.raises(ValueError, match="model_thread must be True, False or 'auto'"):
         asr.servers.BatchingServer(lambda x: x, model_thread=bad)
+
+
+async def test_auto_on_the_loop_fails_only_the_batch_whose_model_raised_an_exit():
+    """As in the device thread: a SystemExit from the model fails its batch, and the
+    server goes on (with model_thread=False it would crash the server, as documented)."""
+    calls = []
+
+    def exits_once(x):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 4:
+            raise SystemExit("the model exits")
+        return x * 2
+
+    async with asr.serve(with_spec(exits_once, (2,), np.float32)) as evaluate:
+        outcomes = []
+        for _ in range(6):
+            try:
+                outcomes.append(await asyncio.wait_for(
+                    evaluate(np.ones((1, 2), np.float32)), 10))
+            except asr.errors.ModelRaisedError as e:
+                outcomes.append(e)
+        assert evaluate.stats["batches_on_loop"] >= 1
+    assert isinstance(outcomes[3], asr.errors.ModelRaisedError)
+    assert isinstance(outcomes[3].__cause__, SystemExit)
+    assert all(isinstance(o, np.ndarray) for k, o in enumerate(outcomes) if k != 3)
