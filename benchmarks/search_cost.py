@@ -9,7 +9,10 @@ left is the Python work around the model that issue 12's goals 2 and 3 are about
   --astar_budget evaluations, buffer 16), several starts, process CPU time per node
   expanded;
 - mcts: MCTS on Connect Four from the opening, --simulations simulations, 8 leaves in
-  flight, several seeds, simulations per second of process CPU time.
+  flight, several seeds, simulations per second of process CPU time; the same for the
+  pre-issue-12 MCTS (benchmarks/baselines/mcts_before.py), alternating search by search,
+  and the ratio (new over baseline, measured in one run: the goal is 2x; its range over
+  repeats shows the noise, so use --repeats 10).
 
 Each figure is the best of --repeats runs (this machine is shared). Prints one JSON
 object. Usage: python benchmarks/search_cost.py [--repeats 3]
@@ -58,22 +61,61 @@ def astar_cost(starts: int, budget: int, repeats: int) -> dict:
 
 
 def mcts_rate(games: int, simulations: int, repeats: int) -> dict:
+    """Simulations per second of CPU of ``search.mcts`` and of the pre-issue-12 MCTS
+    (``benchmarks/baselines/mcts_before.py``), alternating search by search (baseline,
+    new, new, baseline, ...) so that both share the machine's noise. Each repeat sums
+    the CPU time of its searches; ``ratio`` is the best repeat of the new over the best
+    of the baseline, ``ratio_per_pair`` each repeat's, ``ratio_median`` their median;
+    ``equal_results`` says whether both returned the same results."""
+    import dataclasses
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:  # run as a script: the repository root is not on the path
+        sys.path.insert(0, root)
+    from benchmarks.baselines import mcts_before
+
     game = problems.ConnectFour()
+    before = mcts_before.ConnectFourBefore()
     evaluate = asr.immediate(free_policy_value(game.num_actions))
 
-    async def run():
-        return [await search.mcts(game, game.initial_state(), evaluate,
-                                  num_simulations=simulations, num_parallel=8, seed=s)
-                for s in range(games)]
+    implementations = {"baseline": (mcts_before.mcts, before), "new": (search.mcts, game)}
 
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        asyncio.run(run())
-        best = min(best, time.process_time() - start)
+    async def one_repeat(order):
+        """CPU seconds of each implementation over the searches, alternating search by
+        search (in ``order``, then reversed) so that both see the same noise."""
+        cpu = dict.fromkeys(implementations, 0.0)
+        results = {k: [] for k in implementations}
+        for s in range(games):
+            for name in (order if s % 2 == 0 else order[::-1]):
+                mcts, g = implementations[name]
+                start = time.process_time()
+                r = await mcts(g, g.initial_state(), evaluate, num_simulations=simulations,
+                               num_parallel=8, seed=s)
+                cpu[name] += time.process_time() - start
+                results[name].append(dataclasses.astuple(r))
+        return cpu, results["baseline"] == results["new"]
+
+    asyncio.run(one_repeat(["baseline", "new"]))  # warm up, not counted
+    times = {k: [] for k in implementations}
+    equal = True
+    for repeat in range(repeats):
+        cpu, same = asyncio.run(one_repeat(["baseline", "new"][::(-1) ** repeat]))
+        equal = equal and same
+        for k in implementations:
+            times[k].append(cpu[k])
     total = games * simulations
-    return {"searches": games, "simulations_each": simulations, "cpu_s": round(best, 3),
-            "simulations_per_s": round(total / best)}
+    best = {k: min(v) for k, v in times.items()}
+    pairs = [b / n for b, n in zip(times["baseline"], times["new"])]
+    return {"searches": games, "simulations_each": simulations,
+            "cpu_s": round(best["new"], 3), "simulations_per_s": round(total / best["new"]),
+            "baseline_cpu_s": round(best["baseline"], 3),
+            "baseline_simulations_per_s": round(total / best["baseline"]),
+            "ratio": round(best["baseline"] / best["new"], 2),
+            "ratio_median": round(float(np.median(pairs)), 2),
+            "ratio_per_pair": [round(r, 2) for r in pairs],
+            "equal_results": equal}
 
 
 def main() -> None:
