@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence, Tuple
+import functools
+import itertools
+from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -18,6 +20,17 @@ _BOARD = sum(_COLUMN_BITS << (c * _STRIDE) for c in range(_COLUMNS))
 # Bit of (row, column), rows counted from the bottom: the layout of encode's planes.
 _CELL_BITS = np.array([[c * _STRIDE + r for c in range(_COLUMNS)] for r in range(_ROWS)],
                       np.int64)
+# encode's gather: bit i of a state's two little-endian int64 boards, unpacked into 128
+# bits per state, is bit i (to move) or 64 + i (waiting).
+_PLANE_BITS = np.concatenate([_CELL_BITS.ravel(), 64 + _CELL_BITS.ravel()])
+_TOP_ROW = sum(1 << (c * _STRIDE + _ROWS - 1) for c in range(_COLUMNS))
+_BOTTOM = tuple(1 << (c * _STRIDE) for c in range(_COLUMNS))
+_COLUMN = tuple(_COLUMN_BITS << (c * _STRIDE) for c in range(_COLUMNS))
+# The legal columns of a position that is not over, keyed by its stones in the top row.
+_OPEN_COLUMNS = {
+    top: tuple(c for c in range(_COLUMNS) if not top & (1 << (c * _STRIDE + _ROWS - 1)))
+    for top in (sum(1 << (c * _STRIDE + _ROWS - 1) for c in range(_COLUMNS) if m >> c & 1)
+                for m in range(1 << _COLUMNS))}
 
 
 class ConnectFourState(NamedTuple):
@@ -29,6 +42,10 @@ class ConnectFourState(NamedTuple):
     """Stones of the player who moved last."""
 
 
+# ConnectFourState(to_move, waiting) without the NamedTuple's Python-level __new__.
+_new_state = functools.partial(tuple.__new__, ConnectFourState)
+
+
 def _has_four(stones: int) -> bool:
     # Vertical (1), horizontal (7) and both diagonals (6, 8): a run of four in a
     # direction leaves a bit set after two shift-and-mask steps.
@@ -37,6 +54,47 @@ def _has_four(stones: int) -> bool:
         if pairs & (pairs >> (2 * shift)):
             return True
     return False
+
+
+def _child(state: ConnectFourState, action: int
+           ) -> Tuple[ConnectFourState, Optional[float], None]:
+    """``play`` for search, unchecked (``action`` a legal column of a position that is
+    not over), with the child's terminal value (as ``terminal_value``): the rules in
+    the form ``search.tree`` asks of ``ConnectFour._mcts_rules``. The third item (the
+    child's legal actions) is None: ``_open_columns`` gives them when they are needed.
+
+        >>> _child(ConnectFourState(0, 0), 3)
+        (ConnectFourState(to_move=0, waiting=2097152), None, None)
+    """
+    mine, theirs = state
+    # The lowest empty cell of a column: adding its bottom bit carries through the stones.
+    mover = mine | (((mine | theirs) + _BOTTOM[action]) & _COLUMN[action])
+    child = _new_state((theirs, mover))
+    # _has_four(mover), unrolled: a move can only make four for the player who made it.
+    pairs = mover & (mover >> 1)
+    if pairs & (pairs >> 2):
+        return child, -1.0, None
+    pairs = mover & (mover >> _STRIDE)
+    if pairs & (pairs >> (2 * _STRIDE)):
+        return child, -1.0, None
+    pairs = mover & (mover >> (_STRIDE - 1))
+    if pairs & (pairs >> (2 * _STRIDE - 2)):
+        return child, -1.0, None
+    pairs = mover & (mover >> (_STRIDE + 1))
+    if pairs & (pairs >> (2 * _STRIDE + 2)):
+        return child, -1.0, None
+    if mover | theirs == _BOARD:
+        return child, 0.0, None
+    return child, None, None
+
+
+def _open_columns(state: ConnectFourState) -> Tuple[int, ...]:
+    """``legal_actions`` of a position that is not over (unchecked): one table look-up.
+
+        >>> _open_columns(ConnectFourState(0, 0))
+        (0, 1, 2, 3, 4, 5, 6)
+    """
+    return _OPEN_COLUMNS[(state[0] | state[1]) & _TOP_ROW]
 
 
 class ConnectFour:
@@ -169,9 +227,31 @@ class ConnectFour:
 
     def encode(self, states: Sequence[ConnectFourState]) -> np.ndarray:
         """float32 ``[len(states), 2, 6, 7]``: player-to-move stones, then opponent's."""
-        boards = np.array(states, np.int64).reshape(len(states), 2)
-        bits = (boards[:, :, None, None] >> _CELL_BITS[None, None]) & 1
-        return bits.astype(np.float32)
+        n = len(states)
+        try:
+            pairs = sum(map(len, states)) == 2 * n
+        except TypeError:
+            pairs = False
+        if pairs:  # pairs of bitboards, as they should be: the fast way
+            boards = np.fromiter(itertools.chain.from_iterable(states), "<i8", 2 * n)
+        else:  # the error message of a malformed state, as before
+            boards = np.array(states, "<i8").reshape(n, 2)
+        # All 128 bits of each state (two little-endian int64 boards), then the cells.
+        bits = np.unpackbits(boards.view(np.uint8).reshape(n, 16), axis=1,
+                             bitorder="little")
+        return bits.take(_PLANE_BITS, axis=1).astype(np.float32).reshape(n, 2, _ROWS,
+                                                                         _COLUMNS)
+
+    def _mcts_rules(self) -> Optional[Tuple[Callable, Callable]]:
+        """Internal, for ``search.tree``: ``(child, open_columns)``, unchecked forms of
+        ``play`` (with the child's terminal value) and ``legal_actions`` for states that
+        the search made itself, or None when a subclass changed the rules."""
+        cls = type(self)
+        if (cls.play is not ConnectFour.play or cls.legal_actions is not
+                ConnectFour.legal_actions or cls.terminal_value is not
+                ConnectFour.terminal_value):
+            return None
+        return _child, _open_columns
 
     def render(self, state: ConnectFourState) -> str:
         """The board as text, top row first: X the first player, O the second."""
