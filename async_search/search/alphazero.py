@@ -8,6 +8,7 @@ The policy-value model takes ``game.encode(states)`` and returns the tuple
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Tuple
 
 import numpy as np
@@ -17,9 +18,7 @@ from async_search.checks import check_float, check_int
 from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
 from async_search.search.base import values_of
-from async_search.search.tree import (Node, add_exploration_noise, complete_leaves,
-                                           expand, new_node, priors_from_logits,
-                                           select_leaves)
+from async_search.search.tree import Tree
 
 __all__ = ["MCTSResult", "mcts"]
 
@@ -54,6 +53,9 @@ class MCTSResult:
     """Calls to ``evaluate``: one for the root, then at most one per round."""
 
 
+_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _split_outputs(y: Any, n: int, num_actions: int) -> Tuple[np.ndarray, list]:
     if not (isinstance(y, (tuple, list)) and len(y) == 2):
         raise ModelOutputError(f"a policy-value model must return the tuple "
@@ -63,16 +65,15 @@ def _split_outputs(y: Any, n: int, num_actions: int) -> Tuple[np.ndarray, list]:
     if logits.shape != (n, num_actions):
         raise ModelOutputError(f"policy logits must have shape [{n}, {num_actions}], got "
                                f"{logits.shape}")
-    return logits, values_of(y[1], n, "the policy-value model's value")
-
-
-def _count_nodes(root: Node) -> int:
-    count, stack = 0, [root]
-    while stack:
-        node = stack.pop()
-        count += 1
-        stack.extend(c for c in node.children if c is not None)
-    return count
+    value = y[1]
+    # The common case, cheaply (values_of's checks and messages for everything else):
+    # float16/32/64 values of shape [n, 1] or [n] become Python floats exactly.
+    if (type(value) is np.ndarray and value.dtype in _FLOAT_DTYPES
+            and value.shape in ((n, 1), (n,))):
+        values = value.reshape(n).tolist()
+        if all(map(math.isfinite, values)):
+            return logits, values
+    return logits, values_of(value, n, "the policy-value model's value")
 
 
 async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations: int,
@@ -130,44 +131,46 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
         raise ValueError(f"dirichlet_fraction must be in [0, 1], got "
                          f"{dirichlet_fraction!r}")
     game.check_state(state)
-    root = new_node(game, state)
-    if root.terminal_value is not None:
+    tree = Tree(game, state)
+    terminal = tree.terminal_value(0)
+    if terminal is not None:
         raise ValueError(f"{game!r}: cannot search from a terminal state (the game is "
-                         f"over, value {root.terminal_value}); pass a position with a "
-                         f"legal move")
+                         f"over, value {terminal}); pass a position with a legal move")
     num_actions = int(game.num_actions)
+    encode = game.encode
 
-    logits, values = _split_outputs(await evaluate(game.encode([state])), 1, num_actions)
-    expand(root, priors_from_logits(root, logits[0]))
-    add_exploration_noise(root, np.random.default_rng(seed), dirichlet_alpha,
-                          dirichlet_fraction)
+    logits, values = _split_outputs(await evaluate(encode([state])), 1, num_actions)
+    tree.expand_root(logits[0])
+    tree.add_exploration_noise(np.random.default_rng(seed), dirichlet_alpha,
+                               dirichlet_fraction)
     network_value = values[0]
     evaluations, requests, simulations = 1, 1, 0
     while simulations < num_simulations:
-        selected = select_leaves(game, root, c_puct,
-                                 min(num_parallel, num_simulations - simulations))
-        leaves = [leaf.state for _, leaf in selected if leaf.terminal_value is None]
-        if leaves:
-            evaluations += len(leaves)
+        paths, leaves = tree.select_leaves(c_puct,
+                                           min(num_parallel, num_simulations - simulations))
+        states = tree.pending_states(leaves)
+        if states:
+            evaluations += len(states)
             requests += 1
-            logits, values = _split_outputs(await evaluate(game.encode(leaves)),
-                                            len(leaves), num_actions)
+            logits, values = _split_outputs(await evaluate(encode(states)), len(states),
+                                            num_actions)
         else:
             logits, values = None, []
-        complete_leaves(selected, logits, values)
-        simulations += len(selected)
+        tree.complete_leaves(paths, leaves, logits, values)
+        simulations += len(leaves)
 
     visit_counts = [0] * num_actions
     action_values = [0.0] * num_actions
     root_prior = [0.0] * num_actions
-    for i, a in enumerate(root.actions):
-        visit_counts[a] = root.visits[i]
-        action_values[a] = root.value_sum[i] / root.visits[i] if root.visits[i] else 0.0
-        root_prior[a] = root.prior[i]
+    value_sums = tree.value_sums(0)
+    for a, n, w, p in zip(tree.actions(0), tree.visits(0), value_sums, tree.priors(0)):
+        visit_counts[a] = n
+        action_values[a] = w / n if n else 0.0
+        root_prior[a] = p
     action = max(range(num_actions), key=lambda a: (visit_counts[a], -a))
-    root_value = (network_value + sum(root.value_sum)) / (1 + simulations)
+    root_value = (network_value + sum(value_sums)) / (1 + simulations)
     return MCTSResult(action=action, visit_counts=tuple(visit_counts),
                       action_values=tuple(action_values), root_prior=tuple(root_prior),
                       root_value=root_value, network_value=network_value,
-                      num_simulations=simulations, tree_size=_count_nodes(root),
+                      num_simulations=simulations, tree_size=tree.num_nodes,
                       evaluations=evaluations, requests=requests)

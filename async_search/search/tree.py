@@ -1,192 +1,357 @@
-"""The pure core of AlphaZero MCTS: the tree, PUCT selection with virtual loss, backup.
+"""The pure core of AlphaZero MCTS: an array-backed tree, PUCT selection with virtual
+loss, backup.
 
-No event loop here. ``select_leaves`` descends the tree up to ``k`` times, adding a
+No event loop here. ``Tree.select_leaves`` descends the tree up to ``k`` times, adding a
 virtual loss along each path so that the next descent prefers other leaves; the caller
-evaluates the new leaves in one request; ``complete_leaves`` expands them and backs up
-all ``k`` values in selection order. Both steps are plain functions of the tree and the
+evaluates the new leaves in one request; ``Tree.complete_leaves`` expands them and backs
+up all ``k`` values in selection order. Both steps are plain functions of the tree and the
 network's outputs, so a search is deterministic given its seed and ``num_parallel``.
 
-Statistics live on edges (AlphaGo Zero): for the ``i``-th legal action of a node,
-``visits[i]``, ``value_sum[i]`` (from the point of view of the player to move at the
-node) and ``virtual[i]`` (descents in flight through the edge). An edge with virtual
-visits counts each as a visit that lost (value -1).
+The tree lives in flat Python lists indexed by node id and edge id (as mctx stores its
+tree in arrays; plain lists, because a node has at most a handful of edges and NumPy's
+per-call cost is larger than the work). Statistics live on edges (AlphaGo Zero): for
+the ``i``-th legal action of a node, the edge ``node_first[node] + i`` holds its prior,
+``edge_value_sum`` (from the point of view of the player to move at the node) and
+``edge_virtual`` (descents in flight through the edge). An edge with virtual visits
+counts each as a visit that lost (value -1). What selection reads is kept up to date on
+every change, so that a descent adds nothing per edge: ``edge_seen1 = 1 + visits +
+virtual`` and ``edge_q = (value_sum - virtual) / (visits + virtual)`` (0 when unseen).
+
+A node gets its edges (legal actions, priors) lazily, the first time a descent passes
+through it: most evaluated leaves of a search are never passed through, and they cost
+neither a softmax nor their edges. Games may offer unchecked fast rules through an
+internal ``_mcts_rules()`` (``ConnectFour`` does); any ``Game`` works without them.
+
+Example:
+    >>> from async_search.problems import ConnectFour
+    >>> game = ConnectFour()
+    >>> tree = Tree(game, game.initial_state())
+    >>> tree.expand_root([0.0] * 7)
+    >>> paths, leaves = tree.select_leaves(1.25, 3)
+    >>> [tree.edge_action[path[0]] for path in paths]  # virtual loss spreads them
+    [0, 1, 2]
+    >>> tree.complete_leaves(paths, leaves, np.zeros((3, 7)), [0.5, 0.0, -0.5])
+    >>> tree.visits(0), tree.value_sums(0)
+    ([1, 1, 1, 0, 0, 0, 0], [-0.5, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0])
 """
 
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from async_search.problems.base import Game, State
 
-__all__ = ["Node", "new_node", "select_child", "select_leaf", "select_leaves",
-           "add_virtual_loss", "revert_virtual_loss", "expand", "priors_from_logits",
-           "backup", "complete_leaves", "add_exploration_noise", "Path"]
+__all__ = ["Tree", "priors_from_logits", "LEAF", "PENDING", "TERMINAL", "EVALUATED"]
 
-Path = List[Tuple["Node", int]]  # (node, index of the legal action taken)
+# node_first[node] is a node's first edge once it has edges; before, one of these:
+LEAF = -1  # created, never sent for evaluation
+PENDING = -2  # selected for evaluation in the current round
+TERMINAL = -3  # the game is over: never evaluated, never expanded
+EVALUATED = -4  # evaluated (its logits kept), edges not made yet: a descent makes them
 
-
-class Node:
-    """A state in the tree, with the statistics of the edges to its children."""
-
-    __slots__ = ("state", "actions", "terminal_value", "expanded", "pending", "prior",
-                 "visits", "value_sum", "virtual", "children", "edge_visits", "seen",
-                 "credit")
-
-    def __init__(self, state: State, actions: Tuple[int, ...],
-                 terminal_value: Optional[float]):
-        self.state = state
-        self.actions = actions  # the legal actions, ascending
-        self.terminal_value = terminal_value  # for the player to move; None if playing
-        self.expanded = False  # priors set (only for non-terminal nodes)
-        self.pending = False  # selected for evaluation in the current round
-        k = len(actions)
-        self.prior: List[float] = [0.0] * k
-        self.visits: List[int] = [0] * k
-        self.value_sum: List[float] = [0.0] * k
-        self.virtual: List[int] = [0] * k
-        self.children: List[Optional[Node]] = [None] * k
-        self.edge_visits = 0  # sum of visits + virtual over the edges
-        # What selection reads, kept up to date so that it adds nothing per edge:
-        # seen[i] = visits[i] + virtual[i], credit[i] = value_sum[i] - virtual[i].
-        self.seen: List[int] = [0] * k
-        self.credit: List[float] = [0.0] * k
+Path = List[int]  # the edges a descent took, from the root
 
 
-def new_node(game: Game, state: State) -> Node:
-    """An unexpanded node for ``state``."""
-    actions = game.legal_actions(state)
-    # A game has no legal action exactly when it is over (the Game protocol).
-    terminal = None if actions else game.terminal_value(state)
-    return Node(state, actions, terminal)
+def priors_from_logits(actions: Sequence[int], logits: Sequence[float]) -> List[float]:
+    """Softmax of ``logits`` (one per action of the game) over the legal ``actions``.
 
-
-def select_child(node: Node, c_puct: float) -> int:
-    """The edge maximising ``Q + c_puct * P * sqrt(1 + N) / (1 + n)``; ties: first.
-
-    ``N`` counts the node's edge visits (virtual ones included); an edge with no visits
-    has ``Q = 0``.
+        >>> priors_from_logits((0, 2), [0.0, 5.0, 0.0])
+        [0.5, 0.5]
     """
-    scale = c_puct * math.sqrt(1 + node.edge_visits)
-    best, best_score = 0, -math.inf
-    i = 0
-    for n, w, p in zip(node.seen, node.credit, node.prior):
-        score = (w / n + scale * p / (1 + n)) if n else scale * p
-        if score > best_score:
-            best, best_score = i, score
-        i += 1
-    return best
-
-
-def select_leaf(game: Game, root: Node, c_puct: float) -> Tuple[Path, Node]:
-    """Descend from ``root`` to a node that is unexpanded or terminal, adding a virtual
-    loss on every edge taken; children are created as they are first reached."""
-    path: Path = []
-    node = root
-    while node.expanded:
-        i = select_child(node, c_puct)
-        add_virtual_loss(node, i)
-        path.append((node, i))
-        child = node.children[i]
-        if child is None:
-            child = new_node(game, game.play(node.state, node.actions[i]))
-            node.children[i] = child
-        node = child
-    return path, node
-
-
-def add_virtual_loss(node: Node, i: int) -> None:
-    """Count a descent in flight through edge ``i`` as a visit that lost."""
-    node.virtual[i] += 1
-    node.seen[i] += 1
-    node.credit[i] = node.value_sum[i] - node.virtual[i]
-    node.edge_visits += 1
-
-
-def revert_virtual_loss(path: Path) -> None:
-    """Undo the virtual loss that ``select_leaf`` added along ``path``."""
-    for node, i in path:
-        node.virtual[i] -= 1
-        node.seen[i] -= 1
-        node.credit[i] = node.value_sum[i] - node.virtual[i]
-        node.edge_visits -= 1
-
-
-def select_leaves(game: Game, root: Node, c_puct: float, k: int) -> List[Tuple[Path, Node]]:
-    """Up to ``k`` descents for one round, in selection order.
-
-    A descent that reaches a leaf already waiting for its evaluation in this round is
-    undone and ends the round early (at least one descent always succeeds, since the
-    first finds nothing pending). Terminal leaves may repeat: they need no evaluation.
-    """
-    selected = []
-    for _ in range(k):
-        path, leaf = select_leaf(game, root, c_puct)
-        if leaf.pending:
-            revert_virtual_loss(path)
-            break
-        if leaf.terminal_value is None:
-            leaf.pending = True
-        selected.append((path, leaf))
-    return selected
-
-
-def priors_from_logits(node: Node, logits: Sequence[float]) -> List[float]:
-    """Softmax of ``logits`` (one per action of the game) over the node's legal actions."""
-    legal = [float(logits[a]) for a in node.actions]
+    legal = [float(logits[a]) for a in actions]
     top = max(legal)
     weights = [math.exp(x - top) for x in legal]
     total = sum(weights)
     return [w / total for w in weights]
 
 
-def expand(node: Node, prior: Sequence[float]) -> None:
-    """Give an unexpanded node its priors (one per legal action)."""
-    node.prior = list(prior)
-    node.expanded = True
-    node.pending = False
+def _generic_rules(game: Game) -> Tuple[Callable, Callable]:
+    """``(child, legal)`` from the ``Game`` protocol, as ``ConnectFour._mcts_rules``."""
+    play, legal_actions, terminal_value = game.play, game.legal_actions, game.terminal_value
+
+    def child(state: State, action: int) -> Tuple[State, Optional[float], Tuple[int, ...]]:
+        new = play(state, action)
+        actions = legal_actions(new)
+        # A game has no legal action exactly when it is over (the Game protocol).
+        return new, (None if actions else terminal_value(new)), actions
+
+    return child, legal_actions
 
 
-def backup(path: Path, leaf_value: float) -> None:
-    """Add a leaf's value (for the player to move at the leaf) along ``path``, replacing
-    the virtual loss: each edge is credited from the view of the player who took it."""
-    value = leaf_value
-    for node, i in reversed(path):
-        value = -value
-        node.virtual[i] -= 1
-        node.visits[i] += 1
-        node.value_sum[i] += value
-        node.credit[i] = node.value_sum[i] - node.virtual[i]
+class Tree:
+    """An MCTS tree over ``game`` from ``state`` (node 0, the root), in flat lists.
 
+    Nodes (ids 0, 1, ... in order of creation): ``node_state``, ``node_first`` (first
+    edge, or LEAF / PENDING / TERMINAL / EVALUATED), ``node_edges`` (the range of its
+    edge ids, None before it has edges), ``node_visits`` (visits plus virtual visits over its edges). Edges (ids in
+    order of creation; a node's edges are contiguous, its legal actions ascending):
+    ``edge_action``, ``edge_child`` (0 until the child exists: the root is nobody's
+    child), ``edge_prior``, ``edge_value_sum``, ``edge_virtual``, and what selection
+    reads: ``edge_seen1`` (1 + visits + virtual) and ``edge_q``.
 
-def complete_leaves(selected: List[Tuple[Path, Node]], logits: np.ndarray,
-                    values: Sequence[float]) -> None:
-    """Expand the evaluated leaves and back up every descent, in selection order.
-
-    ``logits[j]`` and ``values[j]`` belong to the ``j``-th non-terminal leaf of
-    ``selected``; terminal leaves back up their own value.
+    Args:
+        game: the game (``Game``).
+        state: the root position (not checked here; ``search.mcts`` checks it).
     """
-    j = 0
-    leaf_values = []
-    rows = logits.tolist() if logits is not None else []  # Python floats: cheaper per item
-    for _, leaf in selected:
-        if leaf.terminal_value is None:
-            expand(leaf, priors_from_logits(leaf, rows[j]))
-            leaf_values.append(values[j])
-            j += 1
-        else:
-            leaf_values.append(leaf.terminal_value)
-    for (path, _), value in zip(selected, leaf_values):
-        backup(path, value)
 
+    __slots__ = ("node_state", "node_first", "node_edges", "node_visits", "edge_action",
+                 "edge_child", "edge_prior", "edge_value_sum", "edge_virtual",
+                 "edge_seen1", "edge_q", "_terminal", "_actions", "_logits", "_child",
+                 "_legal")
 
-def add_exploration_noise(node: Node, rng: np.random.Generator, alpha: float,
-                          fraction: float) -> None:
-    """Mix Dirichlet(alpha) noise into an expanded node's priors (AlphaZero's root)."""
-    if fraction == 0.0 or not node.actions:
-        return
-    noise = rng.dirichlet([alpha] * len(node.actions))
-    node.prior = [(1.0 - fraction) * p + fraction * float(n)
-                  for p, n in zip(node.prior, noise)]
+    def __init__(self, game: Game, state: State):
+        rules = getattr(game, "_mcts_rules", None)
+        rules = rules() if rules is not None else None
+        self._child, self._legal = rules if rules is not None else _generic_rules(game)
+        actions = game.legal_actions(state)
+        terminal = None if actions else game.terminal_value(state)
+        self.node_state: List[State] = [state]
+        self.node_first: List[int] = [LEAF if terminal is None else TERMINAL]
+        self.node_edges: List[Optional[range]] = [None]
+        self.node_visits: List[int] = [0]
+        self.edge_action: List[int] = []
+        self.edge_child: List[int] = []
+        self.edge_prior: List[float] = []
+        self.edge_value_sum: List[float] = []
+        self.edge_virtual: List[int] = []
+        self.edge_seen1: List[int] = []
+        self.edge_q: List[float] = []
+        # Kept only for the few nodes that need them:
+        self._terminal: Dict[int, float] = {} if terminal is None else {0: terminal}
+        self._actions: Dict[int, Tuple[int, ...]] = {0: actions} if actions else {}
+        self._logits: Dict[int, Sequence[float]] = {}
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in the tree, the root and terminal nodes included."""
+        return len(self.node_state)
+
+    def terminal_value(self, node: int) -> Optional[float]:
+        """The value for the player to move at a terminal node; None for the others."""
+        return self._terminal.get(node)
+
+    def is_expanded(self, node: int) -> bool:
+        """Whether the node was evaluated (so that a descent goes through it)."""
+        return self.node_first[node] >= 0 or self.node_first[node] == EVALUATED
+
+    def is_pending(self, node: int) -> bool:
+        """Whether the node waits for its evaluation in the current round."""
+        return self.node_first[node] == PENDING
+
+    def edges(self, node: int) -> range:
+        """The node's edge ids (empty until a descent went through it)."""
+        return self.node_edges[node] or range(0)
+
+    def actions(self, node: int) -> Tuple[int, ...]:
+        """The legal actions of a node's edges, ascending."""
+        return tuple(self.edge_action[e] for e in self.edges(node))
+
+    def children(self, node: int) -> List[Optional[int]]:
+        """The child of each edge of ``node``, or None where it was never reached."""
+        return [self.edge_child[e] or None for e in self.edges(node)]
+
+    def visits(self, node: int) -> List[int]:
+        """Completed visits of each edge of ``node`` (virtual ones left out)."""
+        return [self.edge_seen1[e] - 1 - self.edge_virtual[e] for e in self.edges(node)]
+
+    def value_sums(self, node: int) -> List[float]:
+        """Sum of backed-up values of each edge, for the player to move at ``node``."""
+        e = self.edges(node)
+        return self.edge_value_sum[e.start:e.stop]
+
+    def virtual(self, node: int) -> List[int]:
+        """Descents in flight through each edge of ``node``."""
+        e = self.edges(node)
+        return self.edge_virtual[e.start:e.stop]
+
+    def priors(self, node: int) -> List[float]:
+        """The prior of each edge of ``node``."""
+        e = self.edges(node)
+        return self.edge_prior[e.start:e.stop]
+
+    # -- growing ------------------------------------------------------------------------
+
+    def expand_root(self, logits: Sequence[float]) -> None:
+        """Give the root its edges, with priors from the network's ``logits`` (one per
+        action of the game)."""
+        if self.node_first[0] != LEAF:
+            raise ValueError("the root is terminal or already expanded")
+        self._logits[0] = logits
+        self._make_edges(0)
+
+    def _make_edges(self, node: int) -> int:
+        """Give an evaluated node its edges (legal actions, priors); its first edge."""
+        actions = self._actions.pop(node, None)
+        if actions is None:
+            actions = self._legal(self.node_state[node])
+        prior = priors_from_logits(actions, self._logits.pop(node))
+        first = len(self.edge_child)
+        k = len(actions)
+        self.edge_action += actions
+        self.edge_child += [0] * k
+        self.edge_prior += prior
+        self.edge_value_sum += [0.0] * k
+        self.edge_virtual += [0] * k
+        self.edge_seen1 += [1] * k
+        self.edge_q += [0.0] * k
+        self.node_first[node] = first
+        self.node_edges[node] = range(first, first + k)
+        return first
+
+    def add_exploration_noise(self, rng: np.random.Generator, alpha: float,
+                              fraction: float) -> None:
+        """Mix Dirichlet(alpha) noise into the expanded root's priors (AlphaZero)."""
+        edges = self.node_edges[0]
+        if fraction == 0.0 or not edges:
+            return
+        first, end = edges.start, edges.stop
+        noise = rng.dirichlet([alpha] * (end - first))
+        self.edge_prior[first:end] = [(1.0 - fraction) * p + fraction * float(n)
+                                      for p, n in zip(self.edge_prior[first:end], noise)]
+
+    # -- one round ----------------------------------------------------------------------
+
+    def select_child(self, node: int, c_puct: float) -> int:
+        """Which of ``node``'s legal actions (its index) a descent takes: the edge
+        maximising ``Q + c_puct * P * sqrt(1 + N) / (1 + n)``; ties go to the first.
+
+        ``N`` counts the node's edge visits (virtual ones included), ``n`` the edge's;
+        an edge with no visits has ``Q = 0``. ``select_leaves`` inlines this rule.
+        """
+        first = self.node_first[node]
+        if first == EVALUATED:
+            first = self._make_edges(node)
+        elif first < 0:
+            raise ValueError(f"node {node} is not expanded")
+        q, prior, seen1 = self.edge_q, self.edge_prior, self.edge_seen1
+        scale = c_puct * math.sqrt(1 + self.node_visits[node])
+        best, best_score = first, -math.inf
+        for e in self.node_edges[node]:
+            score = q[e] + scale * prior[e] / seen1[e]
+            if score > best_score:
+                best, best_score = e, score
+        return best - first
+
+    def select_leaves(self, c_puct: float, k: int) -> Tuple[List[Path], List[int]]:
+        """Up to ``k`` descents for one round, in selection order: their paths (edge ids
+        from the root) and leaves (node ids).
+
+        Each descends from the root through expanded nodes by ``select_child``, adding a
+        virtual loss on every edge taken and creating the child it reaches if new, to a
+        node that is not expanded: new (it becomes pending: the caller evaluates it),
+        terminal (it backs up its own value; terminal leaves may repeat), or pending. A
+        descent that reaches a leaf already pending in this round is undone and ends
+        the round early (the first descent always succeeds: nothing is pending yet).
+        """
+        first, edges, visits = self.node_first, self.node_edges, self.node_visits
+        states = self.node_state
+        child, action, prior = self.edge_child, self.edge_action, self.edge_prior
+        value_sum, virtual = self.edge_value_sum, self.edge_virtual
+        seen1, q = self.edge_seen1, self.edge_q
+        make_child, terminals, known = self._child, self._terminal, self._actions
+        sqrt, minus_inf = math.sqrt, -math.inf
+        paths: List[Path] = []
+        leaves: List[int] = []
+        for _ in range(k):
+            node = 0
+            path: Path = []
+            while True:
+                b = first[node]
+                if b < 0:
+                    if b != EVALUATED:
+                        break
+                    b = self._make_edges(node)
+                # select_child, inlined: the edge of highest score, the first on ties.
+                scale = c_puct * sqrt(1 + visits[node])
+                best, best_score = b, minus_inf
+                for e in edges[node]:
+                    score = q[e] + scale * prior[e] / seen1[e]
+                    if score > best_score:
+                        best, best_score = e, score
+                # A virtual loss on the edge: one more visit, valued -1.
+                visits[node] += 1
+                v = virtual[best] + 1
+                virtual[best] = v
+                n1 = seen1[best] + 1
+                seen1[best] = n1
+                q[best] = (value_sum[best] - v) / (n1 - 1)
+                path.append(best)
+                node_next = child[best]
+                if not node_next:
+                    node_next = len(states)
+                    state, terminal, actions = make_child(states[node], action[best])
+                    states.append(state)
+                    edges.append(None)
+                    visits.append(0)
+                    if terminal is None:
+                        first.append(LEAF)
+                        if actions is not None:
+                            known[node_next] = actions
+                    else:
+                        first.append(TERMINAL)
+                        terminals[node_next] = terminal
+                    child[best] = node_next
+                node = node_next
+            if b == PENDING:
+                self._revert(path)
+                break
+            if b == LEAF:
+                first[node] = PENDING
+            paths.append(path)
+            leaves.append(node)
+        return paths, leaves
+
+    def _revert(self, path: Path) -> None:
+        """Undo the virtual loss that a descent added along ``path``."""
+        visits, child = self.node_visits, self.edge_child
+        value_sum, virtual = self.edge_value_sum, self.edge_virtual
+        seen1, q = self.edge_seen1, self.edge_q
+        node = 0
+        for e in path:
+            visits[node] -= 1
+            v = virtual[e] - 1
+            virtual[e] = v
+            n1 = seen1[e] - 1
+            seen1[e] = n1
+            q[e] = (value_sum[e] - v) / (n1 - 1) if n1 > 1 else 0.0
+            node = child[e]
+
+    def pending_states(self, leaves: Sequence[int]) -> List[State]:
+        """The states of the leaves to evaluate (the pending ones), in order."""
+        first, states = self.node_first, self.node_state
+        return [states[leaf] for leaf in leaves if first[leaf] == PENDING]
+
+    def complete_leaves(self, paths: Sequence[Path], leaves: Sequence[int],
+                        logits: Any, values: Sequence[float]) -> None:
+        """Expand the evaluated leaves and back up every descent, in selection order.
+
+        ``logits[j]`` (one per action of the game) and ``values[j]`` (for the player to
+        move at the leaf) belong to the ``j``-th pending leaf of ``leaves``; terminal
+        leaves back up their own value. Along a path, each edge is credited from the
+        view of the player who took it, replacing its virtual loss.
+        """
+        first, terminals, kept = self.node_first, self._terminal, self._logits
+        value_sum, virtual = self.edge_value_sum, self.edge_virtual
+        seen1, q = self.edge_seen1, self.edge_q
+        rows = logits.tolist() if logits is not None else []  # Python floats: cheaper
+        j = 0
+        for path, leaf in zip(paths, leaves):
+            if first[leaf] == PENDING:
+                first[leaf] = EVALUATED  # its priors wait for the first descent through
+                kept[leaf] = rows[j]
+                value = values[j]
+                j += 1
+            else:
+                value = terminals[leaf]
+            for e in reversed(path):
+                value = -value
+                v = virtual[e] - 1
+                virtual[e] = v
+                w = value_sum[e] + value
+                value_sum[e] = w
+                q[e] = (w - v) / (seen1[e] - 1)

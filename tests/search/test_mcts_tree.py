@@ -3,15 +3,15 @@
 import math
 
 import numpy as np
+import pytest
 
 from async_search.base import TensorSpec
 from async_search.problems import ConnectFour
-from async_search.search.tree import (add_exploration_noise, add_virtual_loss, backup,
-                                      complete_leaves, expand, new_node,
-                                      priors_from_logits, select_child, select_leaf,
-                                      select_leaves)
+from async_search.search.tree import (EVALUATED, LEAF, PENDING, TERMINAL, Tree,
+                                      priors_from_logits)
 
 GAME = ConnectFour()
+UNIFORM = [0.0] * 7
 
 
 class Corridor:
@@ -30,117 +30,238 @@ class Corridor:
         return 0.0 if state == 0 else None
 
 
-def expanded_root(state, prior=None):
-    root = new_node(GAME, state)
-    expand(root, prior or [1 / len(root.actions)] * len(root.actions))
-    return root
+class Plain:
+    """Connect Four through the Game protocol only (no internal fast rules)."""
+
+    num_actions = 7
+    input_spec = GAME.input_spec
+
+    def legal_actions(self, state):
+        return GAME.legal_actions(state)
+
+    def play(self, state, action):
+        return GAME.play(state, action)
+
+    def terminal_value(self, state):
+        return GAME.terminal_value(state)
+
+
+def rooted(state=None, logits=UNIFORM, game=GAME):
+    tree = Tree(game, GAME.initial_state() if state is None else state)
+    tree.expand_root(logits)
+    return tree
+
+
+def set_edge(tree, node, i, visits, value_sum):
+    """Give edge ``i`` of ``node`` completed statistics (what backups would leave)."""
+    e = tree.edges(node)[i]
+    tree.node_visits[node] += visits - (tree.edge_seen1[e] - 1)
+    tree.edge_value_sum[e] = value_sum
+    tree.edge_seen1[e] = 1 + visits
+    tree.edge_q[e] = value_sum / visits if visits else 0.0
 
 
 def test_select_child_prefers_the_highest_prior_among_unvisited_edges():
-    root = expanded_root(GAME.initial_state(), [0.1, 0.1, 0.1, 0.4, 0.1, 0.1, 0.1])
-    assert select_child(root, 1.25) == 3
+    tree = rooted(logits=[0.0, 0.0, 0.0, 1.5, 0.0, 0.0, 0.0])
+    assert tree.select_child(0, 1.25) == 3
 
 
 def test_select_child_ties_go_to_the_first_edge():
-    assert select_child(expanded_root(GAME.initial_state()), 1.25) == 0
-
-
-def visit(node, i, value):
-    """Back up ``value`` (for the player to move at ``node``) through edge ``i``."""
-    add_virtual_loss(node, i)
-    backup([(node, i)], -value)
+    assert rooted().select_child(0, 1.25) == 0
 
 
 def test_select_child_balances_value_and_exploration():
-    root = expanded_root(GAME.initial_state())
-    for _ in range(10):
-        visit(root, 0, -0.5)
-    visit(root, 1, 0.9)
-    assert root.visits[:2] == [10, 1] and root.edge_visits == 11
-    assert select_child(root, 1.0) == 1  # Q = 0.9 beats the unvisited edges' U
-    visit(root, 1, -2.7)  # Q of edge 1 is now -0.9
-    assert select_child(root, 1.0) == 2
+    tree = rooted()
+    set_edge(tree, 0, 0, 10, -5.0)
+    set_edge(tree, 0, 1, 1, 0.9)
+    assert tree.visits(0)[:2] == [10, 1] and tree.node_visits[0] == 11
+    assert tree.select_child(0, 1.0) == 1  # Q = 0.9 beats the unvisited edges' U
+    set_edge(tree, 0, 1, 2, -1.8)  # Q of edge 1 is now -0.9
+    assert tree.select_child(0, 1.0) == 2
 
 
 def test_virtual_loss_sends_parallel_descents_to_different_leaves():
-    root = expanded_root(GAME.initial_state())
-    selected = select_leaves(GAME, root, 1.25, 7)
-    leaves = [leaf for _, leaf in selected]
-    assert len({leaf.state for leaf in leaves}) == 7
-    assert root.virtual == [1] * 7 and root.edge_visits == 7
-    assert all(leaf.pending for leaf in leaves)
+    tree = rooted()
+    paths, leaves = tree.select_leaves(1.25, 7)
+    assert len({tree.node_state[leaf] for leaf in leaves}) == 7
+    assert tree.virtual(0) == [1] * 7 and tree.node_visits[0] == 7
+    assert all(tree.is_pending(leaf) for leaf in leaves)
+    assert tree.pending_states(leaves) == [GAME.play(GAME.initial_state(), a)
+                                           for a in range(7)]
+    # A virtual visit counts as a loss: Q = (value_sum - virtual) / (visits + virtual).
+    assert tree.edge_q[paths[0][0]] == -1.0 and tree.edge_seen1[paths[0][0]] == 2
 
 
 def test_a_descent_reaching_a_pending_leaf_is_undone_and_ends_the_round():
-    game = Corridor()
-    root = new_node(game, 5)
-    expand(root, [1.0])
-    selected = select_leaves(game, root, 1.25, 4)
-    assert len(selected) == 1
-    assert root.virtual == [1] and root.edge_visits == 1
+    tree = Tree(Corridor(), 5)
+    tree.expand_root([0.0])
+    paths, leaves = tree.select_leaves(1.25, 4)
+    assert len(paths) == 1 and tree.is_pending(leaves[0])
+    assert tree.virtual(0) == [1] and tree.node_visits[0] == 1
+    assert tree.edge_q[paths[0][0]] == -1.0
+
+
+def test_an_undone_descent_leaves_the_statistics_exactly_as_they_were():
+    tree = grow(rooted(GAME.from_moves([3, 3])), 20, 4)
+    before = [list(getattr(tree, name)) for name in ("edge_q", "edge_seen1",
+                                                     "edge_virtual", "node_visits")]
+    paths, leaves = tree.select_leaves(1.25, 1)
+    assert len(paths[0]) >= 2
+    tree._revert(paths[0])
+    after = [getattr(tree, name) for name in ("edge_q", "edge_seen1", "edge_virtual",
+                                              "node_visits")]
+    for old, new in zip(before, after):
+        assert new[:len(old)] == old
 
 
 def test_backup_credits_each_edge_from_the_view_of_the_player_who_took_it():
-    root = expanded_root(GAME.initial_state(), [0, 1, 0, 0, 0, 0, 0])
-    path, leaf = select_leaf(GAME, root, 1.25)
-    expand(leaf, [1 / 7] * 7)
-    backup(path, 0.0)
-    path, leaf = select_leaf(GAME, root, 1.25)
-    assert [i for _, i in path] == [1, 0]
-    backup(path, 0.5)  # good for the player to move at the leaf (the first player)
-    child = path[1][0]
-    assert child.value_sum[0] == -0.5 and root.value_sum[1] == 0.5
-    assert child.visits[0] == 1 and root.visits[1] == 2
-    assert child.virtual[0] == root.virtual[1] == 0
-    assert root.edge_visits == 2 and child.edge_visits == 1
+    tree = rooted(logits=[0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    paths, leaves = tree.select_leaves(1.25, 1)
+    tree.complete_leaves(paths, leaves, np.array([[5.0, 0, 0, 0, 0, 0, 0]]), [0.0])
+    paths, leaves = tree.select_leaves(1.25, 1)
+    child = tree.edge_child[paths[0][0]]
+    assert [tree.edge_action[e] for e in paths[0]] == [1, 0]
+    tree.complete_leaves(paths, leaves, np.zeros((1, 7)), [0.5])  # good for the leaf's
+    assert tree.value_sums(child)[0] == -0.5 and tree.value_sums(0)[1] == 0.5
+    assert tree.visits(child)[0] == 1 and tree.visits(0)[1] == 2
+    assert tree.virtual(child)[0] == tree.virtual(0)[1] == 0
+    assert tree.node_visits[0] == 2 and tree.node_visits[child] == 1
 
 
 def test_a_terminal_leaf_backs_up_its_own_value_without_evaluation():
     state = GAME.from_moves([0, 6, 1, 6, 2, 5])  # the first player wins at column 3
-    root = expanded_root(state, [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    tree = rooted(state, [-50.0, -50.0, -50.0, 50.0, -50.0, -50.0, -50.0])
     for _ in range(3):
-        selected = select_leaves(GAME, root, 1.25, 1)
-        assert [leaf.terminal_value for _, leaf in selected] == [-1.0]
-        complete_leaves(selected, None, [])
-    assert root.visits[3] == 3 and root.value_sum[3] == 3.0 and root.virtual[3] == 0
+        paths, leaves = tree.select_leaves(1.25, 1)
+        assert [tree.terminal_value(leaf) for leaf in leaves] == [-1.0]
+        assert tree.node_first[leaves[0]] == TERMINAL and tree.pending_states(leaves) == []
+        tree.complete_leaves(paths, leaves, None, [])
+    assert tree.visits(0)[3] == 3 and tree.value_sums(0)[3] == 3.0
+    assert tree.virtual(0)[3] == 0
 
 
 def test_terminal_leaves_may_repeat_within_a_round():
-    game = Corridor()
-    root = new_node(game, 1)  # the only move ends the game
-    expand(root, [1.0])
-    selected = select_leaves(game, root, 1.25, 4)
-    assert len(selected) == 4 and root.virtual == [4]
-    complete_leaves(selected, None, [])
-    assert root.visits == [4] and root.value_sum == [0.0] and root.virtual == [0]
+    tree = Tree(Corridor(), 1)  # the only move ends the game
+    tree.expand_root([0.0])
+    paths, leaves = tree.select_leaves(1.25, 4)
+    assert len(paths) == 4 and tree.virtual(0) == [4]
+    tree.complete_leaves(paths, leaves, None, [])
+    assert tree.visits(0) == [4] and tree.value_sums(0) == [0.0] and tree.virtual(0) == [0]
 
 
 def test_complete_leaves_expands_evaluated_leaves_in_selection_order():
-    root = expanded_root(GAME.initial_state())
-    selected = select_leaves(GAME, root, 1.25, 3)
+    tree = rooted()
+    paths, leaves = tree.select_leaves(1.25, 3)
     logits = np.zeros((3, 7), np.float32)
     logits[:, 6] = 5.0
-    complete_leaves(selected, logits, [0.1, 0.2, -0.3])
-    assert root.value_sum[:3] == [-0.1, -0.2, 0.3] and root.visits[:3] == [1, 1, 1]
-    for _, leaf in selected:
-        assert leaf.expanded and not leaf.pending
-        assert max(leaf.prior) == leaf.prior[6]
+    tree.complete_leaves(paths, leaves, logits, [0.1, 0.2, -0.3])
+    assert tree.value_sums(0)[:3] == [-0.1, -0.2, 0.3] and tree.visits(0)[:3] == [1, 1, 1]
+    for leaf in leaves:
+        assert tree.is_expanded(leaf) and not tree.is_pending(leaf)
+        # Edges (and priors) wait for the first descent through the leaf.
+        assert tree.node_first[leaf] == EVALUATED and tree.priors(leaf) == []
+        tree.select_child(leaf, 1.25)
+        assert max(tree.priors(leaf)) == tree.priors(leaf)[6]
+        assert tree.actions(leaf) == tuple(range(7))
+
+
+def test_edges_are_made_by_the_first_descent_through_a_node():
+    tree = rooted()
+    paths, leaves = tree.select_leaves(1.25, 7)
+    tree.complete_leaves(paths, leaves, np.zeros((7, 7)), [0.0] * 7)
+    edges = len(tree.edge_child)
+    paths, leaves = tree.select_leaves(1.25, 1)
+    assert len(paths[0]) == 2 and len(tree.edge_child) == edges + 7
+    assert tree.node_first[leaves[0]] == PENDING
+    assert tree.children(0)[0] == tree.edge_child[paths[0][0]]
+    assert tree.children(tree.edge_child[paths[0][0]]) == [leaves[0]] + [None] * 6
 
 
 def test_priors_are_a_softmax_of_the_logits_of_legal_actions():
-    node = new_node(GAME, GAME.from_moves([0] * 6 + [3] * 6))
-    assert node.actions == (1, 2, 4, 5, 6)
-    prior = priors_from_logits(node, np.arange(7, dtype=np.float32))
+    state = GAME.from_moves([0] * 6 + [3] * 6)
+    actions = GAME.legal_actions(state)
+    assert actions == (1, 2, 4, 5, 6)
+    prior = priors_from_logits(actions, np.arange(7, dtype=np.float32))
     expected = np.exp([1.0, 2, 4, 5, 6])
     assert np.allclose(prior, expected / expected.sum()) and math.isclose(sum(prior), 1)
+    tree = rooted(state, np.arange(7, dtype=np.float32))
+    assert tree.priors(0) == prior and tree.actions(0) == actions
 
 
 def test_exploration_noise_is_seeded_and_keeps_the_prior_normalised():
     priors = []
     for seed in (0, 0, 1):
-        root = expanded_root(GAME.initial_state())
-        add_exploration_noise(root, np.random.default_rng(seed), 0.3, 0.25)
-        priors.append(root.prior)
+        tree = rooted()
+        tree.add_exploration_noise(np.random.default_rng(seed), 0.3, 0.25)
+        priors.append(tree.priors(0))
     assert priors[0] == priors[1] != priors[2]
     assert math.isclose(sum(priors[0]), 1.0)
     assert min(priors[0]) >= 0.75 / 7 - 1e-12
+    tree = rooted()
+    tree.add_exploration_noise(np.random.default_rng(0), 0.3, 0.0)
+    assert tree.priors(0) == [1 / 7] * 7
+
+
+def hash_logits(states, num_actions=7):
+    """Deterministic, non-uniform logits and values for a list of states."""
+    keys = [hash(s) % 1000003 for s in states]
+    logits = np.array([[(k * (a + 3)) % 17 / 4.0 for a in range(num_actions)]
+                       for k in keys])
+    return logits, [((k % 201) - 100) / 100.0 for k in keys]
+
+
+def grow(tree, rounds, k, check_descent=None):
+    for _ in range(rounds):
+        if check_descent is not None:
+            check_descent(tree)
+        paths, leaves = tree.select_leaves(1.25, k)
+        states = tree.pending_states(leaves)
+        logits, values = hash_logits(states) if states else (None, [])
+        tree.complete_leaves(paths, leaves, logits, values)
+    return tree
+
+
+def test_the_inlined_descent_follows_select_child():
+    def check(tree):
+        node, expected = 0, []
+        while tree.is_expanded(node):
+            i = tree.select_child(node, 1.25)
+            e = tree.edges(node)[i]
+            expected.append(e)
+            node = tree.edge_child[e]
+            if not node:
+                break
+        paths, leaves = tree.select_leaves(1.25, 1)
+        assert paths[0] == expected
+        tree._revert(paths[0])
+        if tree.node_first[leaves[0]] == PENDING:
+            tree.node_first[leaves[0]] = LEAF
+
+    grow(rooted(GAME.from_moves([3, 3, 2])), 150, 1, check)
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_the_fast_connect_four_rules_build_the_same_tree_as_the_game_protocol(k):
+    start = GAME.from_moves([3, 2, 3, 2, 4])
+    fast = grow(rooted(start), 60, k)
+    plain = grow(rooted(start, game=Plain()), 60, k)
+    assert fast.node_state == plain.node_state
+    for name in Tree.__slots__:
+        if name.startswith(("node_", "edge_")):
+            assert getattr(fast, name) == getattr(plain, name), name
+    assert fast._terminal == plain._terminal
+
+
+def test_a_subclass_that_changes_the_rules_gets_the_generic_path():
+    class Gravityless(ConnectFour):
+        def play(self, state, action):
+            return super().play(state, action)
+
+    assert GAME._mcts_rules() is not None and Gravityless()._mcts_rules() is None
+
+
+def test_expand_root_refuses_a_terminal_or_expanded_root():
+    with pytest.raises(ValueError, match="terminal or already expanded"):
+        rooted().expand_root(UNIFORM)
+    with pytest.raises(ValueError, match="not expanded"):
+        Tree(GAME, GAME.initial_state()).select_child(0, 1.25)
