@@ -16,6 +16,10 @@ Workload B (scaling): A* on SyntheticGraph with --node_cost_us of CPU per expans
 that the searches' CPU work dominates: the process backend with 1 and 2 clients.
 
 Prints one JSON object. Usage: python benchmarks/backends.py [--requests 100] [--no_ray]
+
+``--ray_ratio N`` runs only Ray against the process backend: N rounds, each measuring
+process and Ray with 1 client in turn (and 2 clients with ``--clients 1,2``), and prints
+each round's ray/process ratio, so that both are measured under the same load.
 """
 
 from __future__ import annotations
@@ -62,10 +66,13 @@ def run_backend(backend, num_procs, coroutines, requests, **kwargs):
                            model_thread=False, **kwargs)
     seconds = time.perf_counter() - start  # start-up of processes and actors included
     rate = steady_rate(out.stats)
-    return {"clients": num_procs, "coroutines_per_client": coroutines,
-            "requests_per_s": round(rate), "us_per_request": round(1e6 / rate, 2),
-            "mean_batch_size": round(out.stats["mean_batch_size"], 1),
-            "end_to_end_s": round(seconds, 3)}
+    row = {"clients": num_procs, "coroutines_per_client": coroutines,
+           "requests_per_s": round(rate), "us_per_request": round(1e6 / rate, 2),
+           "mean_batch_size": round(out.stats["mean_batch_size"], 1),
+           "end_to_end_s": round(seconds, 3)}
+    if "transports" in out.stats:  # Ray: direct sockets, or actor calls
+        row["transports"] = sorted({t for ways in out.stats["transports"] for t in ways})
+    return row
 
 
 # -- the prototype's design: a message per request, clients flush by polling ----------
@@ -161,6 +168,29 @@ def run_scaling(num_procs, num_searches, node_cost_us):
             "end_to_end_s": round(seconds, 3), "results": out}
 
 
+def ray_ratio(args) -> dict:
+    """Ray's requests/s over the process backend's, measured in turn, per round."""
+    from async_search.ray_init import ensure_ray
+
+    ensure_ray()
+    run_backend("ray", 1, 4, 2)  # warm the workers up
+    counts = [int(c) for c in args.clients.split(",")]
+    rounds = []
+    for _ in range(args.ray_ratio):
+        row = {}
+        for n in counts:
+            p = run_backend("process", n, args.coroutines, args.requests)
+            r = run_backend("ray", n, args.coroutines, args.requests)
+            row[f"x{n}"] = {"process": p["requests_per_s"], "ray": r["requests_per_s"],
+                            "ratio": round(r["requests_per_s"] / p["requests_per_s"], 3),
+                            "ray_transports": r["transports"]}
+        rounds.append(row)
+    summary = {f"x{n}": [min(r[f"x{n}"]["ratio"] for r in rounds),
+                         max(r[f"x{n}"]["ratio"] for r in rounds)] for n in counts}
+    return {"coroutines": args.coroutines, "requests": args.requests, "rounds": rounds,
+            "ratio_range": summary}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coroutines", type=int, default=64)
@@ -169,7 +199,14 @@ def main() -> None:
     parser.add_argument("--searches", type=int, default=128)
     parser.add_argument("--node_cost_us", type=float, default=1000.0)
     parser.add_argument("--no_ray", action="store_true")
+    parser.add_argument("--ray_ratio", type=int, default=0,
+                        help="only Ray against process: this many alternating rounds")
+    parser.add_argument("--clients", default="1",
+                        help="client counts for --ray_ratio (comma-separated)")
     args = parser.parse_args()
+    if args.ray_ratio:
+        print(json.dumps(ray_ratio(args), indent=2))
+        return
 
     report = {"workload_a": {}, "workload_b": {}}
     a = report["workload_a"]

@@ -1,18 +1,27 @@
 """The Ray backend: searches in Ray tasks, model servers as Ray actors.
 
-Each server is an async actor holding a BatchingServer and hosting its own queues
-(``queues.ray_actor.QueueHost``): one request queue, read by ``serve_connection`` on a
-forked connection, and one answer queue per client. Each client task runs its share of
-the starts in its own event loop; its evaluate function is a ``servers.Router`` (least
-outstanding, with a circuit breaker and stats per server) over one ``CoalescingClient``
-per server, each on a ``KeyedConnection`` of ``ActorQueue``s: a loop iteration's
-requests to a server leave as one actor call, and its answers come back by one
-long-polling call. The server actors ask for ``total_gpu_frac / num_servers`` of a GPU
-when the cluster has one.
+Each server is an async actor holding a BatchingServer. Each client task runs its share
+of the starts in its own event loop; its evaluate function is a ``servers.Router``
+(least outstanding, with a circuit breaker and stats per server) over one
+``CoalescingClient`` per server (with one server, that client itself): a loop
+iteration's requests to a server leave as one message. Ray places the tasks and actors, starts and stops them, pushes weights and
+finds the dead; the messages do not go through actor calls, which cost a millisecond
+or more each here, but through a direct socket from the client task to the server
+actor (``queues.ray_actor.DirectListener``: the address and its token come with the
+actor's handle), one frame per loop iteration as in the process backend, each client
+served by its own ``serve_connection`` on the actor's one BatchingServer. A client that
+cannot reach the actor's address (a firewall between nodes) falls back on actor calls:
+the actor also hosts a request queue, read by ``serve_connection`` on a forked
+connection, and one answer queue per client (``QueueHost``); a loop iteration's
+requests then leave as one actor call that also waits for their answers
+(``stats["transports"]`` says which each client used). The server actors ask for
+``total_gpu_frac / num_servers`` of a GPU when the cluster has one.
 
 A server that dies (killed, crashed) fails its outstanding requests with
-ServerDiedError, and the router sends them again to a surviving server; when none
-survives, they fail. Each answer carries the model version that computed it
+ServerDiedError: its socket closes (or its actor calls fail), and each client also
+awaits a call to the actor that returns only when the server stops, so that Ray's own
+news of a dead actor or node ends the connection too. The router sends them again to
+a surviving server; when none survives, they fail. Each answer carries the model version that computed it
 (``evaluate.with_version``); ``on_servers`` pushes a new model to every live actor and
 waits for each to answer. Failures travel as ``remote.Failure`` (answers are made
 portable where they are made), and each search's outcome is pickled on its own, so an
@@ -27,7 +36,7 @@ import contextlib
 import os
 import time
 import uuid
-from typing import Any, Callable, Dict, Hashable, List, Sequence
+from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
@@ -36,7 +45,8 @@ from async_search.backends.servers import ServersHook
 from async_search.connections import Connection, ForkedConnection, KeyedConnection
 from async_search.errors import SearchError, ServerDiedError
 from async_search.queues import close_stream
-from async_search.queues.ray_actor import ActorQueue, QueueHost
+from async_search.queues.ray_actor import (ActorQueue, DirectAddress, DirectListener,
+                                           QueueHost, connect_direct)
 from async_search.ray_init import ensure_ray
 from async_search.remote import arrived, pack, pack_error
 from async_search.servers.batching import BatchingServer
@@ -50,6 +60,8 @@ __all__ = ["run_ray", "ServerActor", "SERVER_NAME_PREFIX"]
 SERVER_NAME_PREFIX = "async_search-server-"
 
 _REQUESTS = "requests"
+#: Seconds ``stop`` waits for direct connections that their clients have not closed.
+_STOP_WAIT_S = 10.0
 
 
 def _answers(client: int) -> str:
@@ -70,16 +82,45 @@ class ServerActor(QueueHost):
         self._lifetime = contextlib.AsyncExitStack()
         self._server: BatchingServer | None = None
         self._serving: asyncio.Task | None = None
+        self._listener: DirectListener | None = None
+        self._direct: Dict[asyncio.Task, Connection] = {}
+        self._stopped: asyncio.Future | None = None
 
     async def start(self):
-        """Builds the model and starts serving; returns the model's input spec."""
+        """Builds the model and starts serving; returns ``(input spec, DirectAddress)``."""
+        self._stopped = asyncio.get_running_loop().create_future()
         self._server = await self._lifetime.enter_async_context(BatchingServer(
             self._model_factory(), self._policy, model_thread=self._model_thread))
         connection = ForkedConnection(self.hosted(_REQUESTS), {
             c: self.hosted(_answers(c)) for c in range(self._num_clients)})
         self._serving = asyncio.ensure_future(
             serve_connection(self._server, connection, portable=True))
-        return self._server.input_spec
+        self._listener = DirectListener(self._serve_direct)
+        return self._server.input_spec, await self._listener.start()
+
+    def _serve_direct(self, key: int, inbound, outbound) -> None:
+        """Serves a client's direct connection until it closes it (or its process ends)."""
+        connection = Connection(inbound, outbound)
+        task = asyncio.ensure_future(self._serve_until_closed(connection))
+        self._direct[task] = connection
+        task.add_done_callback(self._direct.pop)
+
+    async def _serve_until_closed(self, connection: Connection) -> None:
+        try:
+            await serve_connection(self._server, connection, portable=True)
+            try:  # the last answers leave before the socket closes
+                await asyncio.wait_for(connection.outbound.drain(), _STOP_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            connection.inbound.close()
+            connection.outbound.close()
+
+    async def watch(self) -> None:
+        """Returns when the server stops. A client awaits it for the whole run: when
+        Ray finds the actor (or its node) dead, the call fails, and the client ends its
+        connection even if no socket said so."""
+        await asyncio.shield(self._stopped)
 
     async def update_model(self, model_or_weights, version):
         """Swaps the model between batches; returns ``version`` once swapped, so that
@@ -99,8 +140,19 @@ class ServerActor(QueueHost):
     async def stop(self):
         """Answers what was received, stops, and returns (stats, trace)."""
         close_stream(self.hosted(_REQUESTS))
+        if self._listener is not None:
+            self._listener.close()
         if self._serving is not None:
             await self._serving
+        if self._direct:  # clients close their connections when done; a client task
+            # that ended without closing its own gets them closed here
+            _, left = await asyncio.wait(list(self._direct), timeout=_STOP_WAIT_S)
+            for task in left:
+                self._direct[task].inbound.close()  # the server answers what it read
+            if left:
+                await asyncio.wait(left)
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
         await self._lifetime.aclose()
         return self._server.stats, self._server.trace
 
@@ -128,7 +180,8 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
         if not alive:
             raise ServerDiedError(f"no server actor started: {started[0]!r}")
         servers = [s for s, _ in alive]
-        spec = alive[0][1]
+        spec = alive[0][1][0]
+        addresses = [address for _, (_, address) in alive]
         if servers_hook is not None:
             version = await servers[0].model_version.remote()
             servers_hook.serving(_pusher(ray, servers), version, len(servers),
@@ -139,8 +192,9 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
         task = ray.remote(_client_task).options(
             num_cpus=min(1.0, cpus / num_clients), max_retries=0)
         shares = [list(range(i, len(starts), config.num_procs)) for i in range(num_clients)]
-        refs = [task.remote(search_fn, [starts[j] for j in share], servers, number, spec,
-                            config.use_uvloop) for number, share in enumerate(shares)]
+        refs = [task.remote(search_fn, [starts[j] for j in share], servers, addresses,
+                            number, spec, config.use_uvloop)
+                for number, share in enumerate(shares)]
         watcher_state = {"reported": 0}
         watcher = (asyncio.ensure_future(_report_progress(servers, progress, watcher_state))
                    if progress is not None else None)
@@ -165,14 +219,16 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     results: List[Any] = [None] * len(starts)
     failures: Dict[int, BaseException] = {}
     routers: List[dict] = []
+    transports: List[List[str]] = []
     for number, (share, outcome) in enumerate(zip(shares, outcomes)):
         if isinstance(outcome, BaseException):
             error = SearchError(f"client task {number} failed ({outcome!r}); its starts "
                                 f"{share} did not finish")
             failures.update({index: error for index in share})
             continue
-        report, routing = outcome
+        report, routing, ways = outcome
         routers.append(routing)
+        transports.append(ways)
         for k, is_result, payload in report:
             index, ok, value = arrived(share[k], is_result, payload,
                                        f"client task {number}")
@@ -184,7 +240,10 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     stats = merge_stats(config, wall, [s for s, _ in alive], [t for _, t in alive])
     stats["servers_died"] = config.num_servers - len(alive)
     stats["startup_s"] = startup
-    stats["routers"] = routers  # each client task's Router stats: requests, breakers
+    # each client task's Router stats (requests, breakers); None for a client of one
+    # server, which needs no router
+    stats["routers"] = routers
+    stats["transports"] = transports  # per client task, per server: "socket" or "actor"
     return SearchResults(finish(results, failures, config), stats)
 
 
@@ -228,28 +287,69 @@ async def _report_progress(servers: list, progress: Progress, state: dict,
             state["reported"] = total
 
 
-def _client_task(search_fn, starts: List[Any], servers: list, number: int, spec,
-                 use_uvloop: bool):
+def _client_task(search_fn, starts: List[Any], servers: list,
+                 addresses: List[DirectAddress], number: int, spec, use_uvloop: bool):
     """A Ray task: runs its starts concurrently, requests going to the server actors."""
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
-        return runner.run(_client(search_fn, starts, servers, number, spec))
+        return runner.run(_client(search_fn, starts, servers, addresses, number, spec))
 
 
-async def _client(search_fn, starts: List[Any], servers: list, number: int, spec):
-    """``(report, router stats)``: each start's outcome, packed to travel."""
-    connections = []
-    for server in servers:
+async def _connect(server, address: DirectAddress, number: int,
+                   ) -> Tuple[Connection, str]:
+    """``(connection, transport)``: a direct socket to the server actor, else (it cannot
+    be reached from here) its hosted queues, a round trip per actor call."""
+    try:
+        inbound, outbound = await connect_direct(address, number)
+        return Connection(inbound, outbound), "socket"
+    except (OSError, asyncio.TimeoutError):
         answers = ActorQueue(server, _answers(number))
         # A loop iteration's message and the wait for answers travel in one call.
         requests = ActorQueue(server, _REQUESTS).with_replies(answers)
-        connections.append(KeyedConnection(number, Connection(answers, requests)))
-    router = Router({f"server-{i}": CoalescingClient(c, spec, where=f"server actor {i}")
-                     for i, c in enumerate(connections)}, policy="least_outstanding")
-    outcomes = await asyncio.gather(*(search_fn(s, router) for s in starts),
-                                    return_exceptions=True)
-    for connection in connections:  # this client sends nothing more
-        connection.close()
-    await asyncio.gather(*(c.drain() for c in connections))
+        return KeyedConnection(number, Connection(answers, requests)), "actor"
+
+
+async def _watch(server, connection: Connection) -> None:
+    """Ends ``connection`` when Ray reports the server actor dead (a socket to a lost
+    node may say nothing for a long while)."""
+    try:
+        await server.watch.remote()
+    except Exception:  # RayActorError: the actor (or its node) is gone
+        with contextlib.suppress(Exception):
+            connection.inbound.close()  # its reader fails what is pending
+
+
+async def _client(search_fn, starts: List[Any], servers: list,
+                  addresses: List[DirectAddress], number: int, spec):
+    """``(report, router stats, transports)``: each start's outcome, packed to travel."""
+    connections, transports, watchers = [], [], []
+    try:
+        for server, address in zip(servers, addresses):
+            connection, transport = await _connect(server, address, number)
+            connections.append(connection)
+            transports.append(transport)
+            if transport == "socket":
+                watchers.append(asyncio.ensure_future(_watch(server, connection)))
+        clients = {f"server-{i}": CoalescingClient(c, spec, where=f"server actor {i}")
+                   for i, c in enumerate(connections)}
+        # One server: nothing to route or fail over to (its death fails its requests
+        # with ServerDiedError either way), and a router's ~4 us per request would be
+        # a third of a round trip: the client is the evaluate function, as in the
+        # process backend.
+        router = Router(clients, policy="least_outstanding") if len(clients) > 1 else None
+        evaluate = router if router is not None else clients["server-0"]
+        outcomes = await asyncio.gather(*(search_fn(s, evaluate) for s in starts),
+                                        return_exceptions=True)
+        for connection in connections:  # this client sends nothing more
+            with contextlib.suppress(Exception):  # (the server may be gone)
+                connection.close()
+        await asyncio.gather(*(c.drain() for c in connections), return_exceptions=True)
+    finally:
+        for watcher in watchers:
+            watcher.cancel()
+        for connection, transport in zip(connections, transports):
+            if transport == "socket":  # the server has our last message: let go
+                connection.inbound.close()
+                connection.outbound.close()
     # Each outcome is pickled on its own and checked to load: one that cannot travel
     # fails its own start (with the reason), not the whole task.
     dumps, loads = _pickler()
@@ -259,7 +359,7 @@ async def _client(search_fn, starts: List[Any], servers: list, number: int, spec
             report.append((k, False, dumps(pack_error(outcome, dumps, loads))))
         else:
             report.append((k, *pack(outcome, dumps, loads)))
-    return report, router.stats
+    return report, None if router is None else router.stats, transports
 
 
 def _pickler():
