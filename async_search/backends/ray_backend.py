@@ -315,7 +315,8 @@ async def _watch(server, connection: Connection) -> None:
         await server.watch.remote()
     except Exception:  # RayActorError: the actor (or its node) is gone
         with contextlib.suppress(Exception):
-            connection.inbound.close()  # its reader fails what is pending
+            connection.inbound.close()  # its reader fails what is pending with
+            connection.outbound.close()  # ServerDiedError, and so does a new request
 
 
 async def _client(search_fn, starts: List[Any], servers: list,

@@ -73,3 +73,113 @@ async def test_ray_queues_carry_connected_functions_to_a_connection_server():
     close_stream(server_end.inbound)  # the server reads to the end, then stops
     stats = await asyncio.wait_for(serving, 30)
     assert stats["elements"] == 12
+
+
+def test_clients_reach_their_servers_by_direct_sockets_not_actor_calls():
+    out = asr.run_searches(searches.echo_sum, [5] * 8, searches.small_mlp, backend="ray",
+                           num_procs=2, num_servers=2)
+    assert out == searches.baseline(searches.echo_sum, [5] * 8, searches.small_mlp())
+    assert out.stats["transports"] == [["socket", "socket"]] * 2
+    assert all(r is not None for r in out.stats["routers"])  # two servers: routed
+
+
+def _server_actor(num_clients=1):
+    from async_search.backends.ray_backend import ServerActor
+    from async_search.servers.policy import DispatchPolicy
+
+    actor = ray.remote(ServerActor).options(num_cpus=0, max_concurrency=10_000).remote(
+        searches.small_mlp, DispatchPolicy(max_batch_size=8), False, num_clients)
+    spec, address = ray.get(actor.start.remote(), timeout=60)
+    return actor, spec, address
+
+
+def _unreachable(address):
+    """``address`` with a port that nobody listens on."""
+    import dataclasses
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return dataclasses.replace(address, host="127.0.0.1", port=port)
+
+
+def test_a_client_that_cannot_reach_the_socket_falls_back_on_actor_calls():
+    from async_search.backends.ray_backend import _client
+    from async_search.remote import arrived
+
+    baseline = searches.baseline(searches.echo_sum, [4, 6, 3], searches.small_mlp())
+    actor, spec, address = _server_actor()
+
+    async def run():
+        report, routing, transports = await asyncio.wait_for(_client(
+            searches.echo_sum, [4, 6, 3], [actor], [_unreachable(address)], 0, spec), 60)
+        stats, _ = await asyncio.wait_for(actor.stop.remote(), 60)
+        return report, routing, transports, stats
+
+    try:
+        report, routing, transports, stats = asyncio.run(run())
+    finally:
+        ray.kill(actor)
+    assert transports == ["actor"] and routing is None  # one server: no router
+    assert [arrived(k, ok, payload, "client")[2] for k, ok, payload in report] == list(
+        baseline)
+    assert stats["elements"] == 13
+
+
+async def test_stop_closes_a_direct_connection_its_client_left_open_in_bounded_time():
+    """A client task that ended without closing its socket (its worker process lives
+    on) must not keep ``stop`` waiting: the server answers what it read and closes."""
+    from async_search.connections import Connection, FifoConnectedFunction
+    from async_search.queues.ray_actor import connect_direct
+
+    actor, spec, address = _server_actor()
+    try:
+        inbound, outbound = await connect_direct(address, key=0)
+        fn = FifoConnectedFunction(Connection(inbound, outbound))
+        x = np.ones((2, 3), np.float32)
+        y = await asyncio.wait_for(fn(x), 30)
+        np.testing.assert_allclose(y, searches.small_mlp()(x), rtol=1e-6)
+        stats, _ = await asyncio.wait_for(actor.stop.remote(), 60)  # never closed
+        assert stats["elements"] == 2
+        from async_search.queues import ClosedConnection
+        with pytest.raises(ClosedConnection):
+            await asyncio.wait_for(inbound.get_async(), 30)
+        inbound.close()
+        outbound.close()
+    finally:
+        ray.kill(actor)
+
+
+async def test_a_direct_client_learns_from_ray_that_its_server_died():
+    """The watch: when Ray reports the actor dead, the client's connection ends (and
+    its pending request fails with ServerDiedError) even if no socket said so."""
+    from async_search.backends.ray_backend import _watch
+    from async_search.connections import Connection, FifoConnectedFunction
+    from async_search.errors import ServerDiedError
+    from async_search.queues.ray_actor import DirectListener, connect_direct
+
+    # A socket that stays open (its listener is in this process and never answers),
+    # and a real actor that dies: only Ray can tell.
+    accepted = []
+    listener = DirectListener(lambda *conn: accepted.append(conn), host="127.0.0.1")
+    silent = await listener.start()
+    actor, _, _ = _server_actor()
+    try:
+        inbound, outbound = await connect_direct(silent, key=0)
+        connection = Connection(inbound, outbound)
+        fn = FifoConnectedFunction(connection)
+        pending = fn(np.ones((1, 3), np.float32))
+        watcher = asyncio.ensure_future(_watch(actor, connection))
+        await asyncio.sleep(0.5)
+        assert not pending.done()
+        ray.kill(actor)
+        with pytest.raises(ServerDiedError):
+            await asyncio.wait_for(pending, 60)
+        await asyncio.wait_for(watcher, 10)
+    finally:
+        listener.close()
+        for _, a, b in accepted:
+            a.close()
+            b.close()
+        ray.kill(actor)
