@@ -21,7 +21,7 @@ called through its DeploymentHandle by the same 64 coroutines (``pip install -e
 warm-up round, over ``--ray_serve_requests`` requests per coroutine.
 
 Prints one JSON object. Usage: python benchmarks/overhead.py [--coroutines 64]
-[--requests 200] [--repeats 3] [--ray_serve_requests 30] [--no_ray_serve]
+[--requests 200] [--repeats 7] [--ray_serve_requests 30] [--no_ray_serve]
 """
 
 from __future__ import annotations
@@ -177,25 +177,32 @@ def ray_serve_peer(num_coroutines: int, num_requests: int) -> dict:
             "us_per_request": round(1e6 * seconds / total, 3)}
 
 
-def measure(make_loop, workload, num_coroutines, num_requests, repeats):
-    best = float("inf")
+def measure(make_loop, workloads, num_coroutines, num_requests, repeats):
+    """Best time of each workload over ``repeats`` rounds; each round runs every workload
+    once, in turn, so that the machine's slow spells fall on all of them alike."""
+    best = {w.__name__: float("inf") for w in workloads}
     for _ in range(repeats):
-        loop = make_loop()
-        try:
-            start = time.perf_counter()
-            loop.run_until_complete(workload(num_coroutines, num_requests))
-            best = min(best, time.perf_counter() - start)
-        finally:
-            loop.close()
+        for workload in workloads:
+            loop = make_loop()
+            try:
+                start = time.perf_counter()
+                loop.run_until_complete(workload(num_coroutines, num_requests))
+                seconds = time.perf_counter() - start
+            finally:
+                loop.close()
+            best[workload.__name__] = min(best[workload.__name__], seconds)
     total = num_coroutines * num_requests
-    return {"requests_per_s": round(total / best), "us_per_request": round(1e6 * best / total, 3)}
+    return {name: {"requests_per_s": round(total / seconds),
+                   "us_per_request": round(1e6 * seconds / total, 3)}
+            for name, seconds in best.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coroutines", type=int, default=64)
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="rounds; each figure is its best round")
     parser.add_argument("--ray_serve_requests", type=int, default=30)
     parser.add_argument("--no_ray_serve", action="store_true")
     args = parser.parse_args()
@@ -210,9 +217,9 @@ def main() -> None:
                            "elements_per_request": 1},
               "python": platform.python_version(), "loops": {}}
     for name, make_loop in loops.items():
-        figures = {w.__name__: measure(make_loop, w, args.coroutines, args.requests,
-                                       args.repeats)
-                   for w in (ceiling, handwritten, served, served_thread, served_inline)}
+        figures = measure(make_loop, (ceiling, handwritten, served, served_thread,
+                                      served_inline),
+                          args.coroutines, args.requests, args.repeats)
         for variant in ("served", "served_thread", "served_inline"):
             rate = figures[variant]["requests_per_s"]
             figures[f"{variant}_vs_handwritten"] = round(

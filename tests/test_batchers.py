@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from async_search import batchers
 from async_search.batchers import BatchManager, BatchSizeBatcher, CostBatcher
 from async_search.errors import ModelOutputError
 from tests.helpers import requests_of
@@ -208,3 +209,46 @@ def test_batch_manager_casts_outputs_to_the_first_batch_dtype_of_the_same_kind()
     first = manager.process_output(model(manager.pop_batch()))
     second = manager.process_output(model(manager.pop_batch()).astype(np.int32))
     assert first[0].dtype == second[0].dtype == np.int64
+
+
+uniform_requests = st.tuples(
+    st.lists(st.integers(0, 5), min_size=1, max_size=12),   # request sizes
+    st.sampled_from([(), (3,), (2, 2)]),                      # element shape
+    st.sampled_from([np.float32, np.int64, ">f8", np.bool_]),  # dtype, byte order too
+    st.integers(1, 16),                                       # batch size
+    st.booleans())                                            # a non-contiguous request
+
+
+@given(uniform_requests)
+@settings(max_examples=60, deadline=None)
+def test_uniform_batches_joined_from_bytes_equal_concatenated_ones(case):
+    sizes, shape, dtype, batch_size, strided = case
+    requests = [(np.arange(n * int(np.prod(shape))) + i).astype(dtype).reshape(n, *shape)
+                for i, n in enumerate(sizes)]
+    if strided and requests[0].ndim > 1 and len(requests[0]):
+        requests[0] = np.asfortranarray(np.repeat(requests[0], 2, axis=0))[::2]
+    joined, plain = BatchSizeBatcher(batch_size), BatchSizeBatcher(batch_size)
+    joined.extend(requests, list(range(len(requests))))
+    plain.extend(requests, list(range(len(requests))))
+    while not plain.empty():
+        a, b = joined.pop_parts(uniform=True), plain.pop_parts()
+        # np.concatenate makes the byte order native; a joined batch keeps the requests'.
+        assert a.tags == b.tags and np.can_cast(a.batch.dtype, b.batch.dtype, "equiv")
+        np.testing.assert_array_equal(a.batch, b.batch)
+    assert joined.empty()
+
+
+def test_uniform_batch_of_objects_falls_back_to_concatenate():
+    b = BatchSizeBatcher(8)
+    b.extend([np.array([[None, 1]], dtype=object), np.array([["x", 2]], dtype=object)])
+    assert b.pop_parts(uniform=True).batch.tolist() == [[None, 1], ["x", 2]]
+
+
+def test_batches_over_the_join_limit_are_built_in_the_pooled_buffer(monkeypatch):
+    monkeypatch.setattr(batchers, "JOIN_BELOW_BYTES", 16)
+    b = BatchSizeBatcher(8)
+    b.extend([np.ones((2, 2), np.float32), np.zeros((2, 2), np.float32)])
+    buffer = np.empty((8, 2), np.float32)
+    popped = b.pop_parts(out=lambda rows, like: buffer, uniform=True)
+    assert popped.buffer is buffer and np.shares_memory(popped.batch, buffer)
+    assert popped.batch.tolist() == [[1, 1], [1, 1], [0, 0], [0, 0]]

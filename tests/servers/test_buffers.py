@@ -3,6 +3,7 @@ import asyncio
 import numpy as np
 
 import async_search as asr
+from async_search import batchers
 from async_search.models import with_spec
 from async_search.servers.buffers import BufferPool
 
@@ -28,8 +29,10 @@ def test_pool_declines_batches_over_capacity():
     assert BufferPool(capacity=4).take(5, np.zeros((1, 1))) is None
 
 
-async def test_server_reuses_batch_buffers_and_identity_models_stay_correct():
-    # The identity model returns a view of its input: those buffers must not be reused.
+async def test_server_reuses_batch_buffers_and_identity_models_stay_correct(monkeypatch):
+    # Every batch goes through the pool (small ones are joined otherwise). The identity
+    # model returns a view of its input: those buffers must not be reused.
+    monkeypatch.setattr(batchers, "JOIN_BELOW_BYTES", 0)
     for fn, reused in ((lambda x: x * 1.0, True), (lambda x: x, False)):
         async with asr.serve(with_spec(fn, (2,), np.float32), max_batch_size=8) as ev:
             results = []
@@ -42,3 +45,15 @@ async def test_server_reuses_batch_buffers_and_identity_models_stay_correct():
             for x, y in zip(xs, ys):
                 np.testing.assert_array_equal(x, y)
         assert (stats["buffers_reused"] > 0) == reused
+
+
+async def test_small_batches_are_joined_not_pooled_and_stay_correct():
+    for fn in (lambda x: x * 1.0, lambda x: x):  # the identity returns the joined batch
+        async with asr.serve(with_spec(fn, (2,), np.float32), max_batch_size=8) as ev:
+            for round_ in range(3):
+                xs = [np.full((1, 2), 10 * round_ + i, np.float32) for i in range(6)]
+                ys = await asyncio.gather(*(ev(x) for x in xs))
+                for x, y in zip(xs, ys):
+                    np.testing.assert_array_equal(x, y)
+            stats = ev.stats
+        assert stats["buffers_allocated"] == 0 and stats["buffers_reused"] == 0
