@@ -7,13 +7,14 @@ hundreds of thousands of them in dicts and heaps.
 
 from __future__ import annotations
 
-from typing import Hashable, List, Protocol, Sequence, Tuple, runtime_checkable
+from typing import (AbstractSet, Hashable, List, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
 
 import numpy as np
 
 from async_search.base import TensorSpec
 
-__all__ = ["State", "SearchProblem", "Game"]
+__all__ = ["State", "SearchProblem", "CompactKeys", "compact_keys_of", "Game"]
 
 #: A problem's state: hashable and cheap to compare.
 State = Hashable
@@ -42,6 +43,59 @@ class SearchProblem(Protocol):
 
     def encode(self, states: Sequence[State]) -> np.ndarray:
         """The model input for ``states``: an array ``[len(states), *input_spec.shape]``."""
+
+    # Optional: ``compact_keys(self) -> CompactKeys | None``. A* uses it when a problem
+    # has it and it returns an object; otherwise A* calls ``neighbors`` state by state.
+
+
+@runtime_checkable
+class CompactKeys(Protocol):
+    """A problem's states as compact keys, expanded and encoded many at a time (A*).
+
+    A SearchProblem may offer ``compact_keys()`` returning one of these (or None when it
+    cannot, for some sizes say). A* then keeps compact keys (small ints, say) instead of
+    states, expands all the nodes of a step in one call and encodes from the keys; it
+    returns the same result, and sends the same requests, as with ``neighbors``,
+    ``is_goal`` and ``encode``, which these must therefore agree with exactly:
+
+    - ``key(state)`` is one-to-one, ``state(key(s)) == s``;
+    - ``expand`` gives the keys of ``neighbors`` in the same order, each step costing
+      ``step_cost``, leaving out the move back to a given parent (A* never needs it: a
+      node's parent can never be reached more cheaply through the node);
+    - ``goal_keys`` are exactly the keys of the states for which ``is_goal`` is true;
+    - ``encode(keys)`` equals ``problem.encode([state(k) for k in keys])``, bit for bit.
+
+    ``SlidingPuzzle`` offers one for sizes up to 4 (a state in one int).
+    """
+
+    step_cost: float
+    """The cost of every step (an int keeps path costs ints)."""
+    goal_keys: AbstractSet[Hashable]
+    """The keys of the goal states."""
+
+    def key(self, state: State) -> Hashable:
+        """The compact key of ``state``."""
+
+    def state(self, key: Hashable) -> State:
+        """The state whose key is ``key``."""
+
+    def expand(self, keys: Sequence[Hashable],
+               parents: Sequence[Hashable]) -> Tuple[List[Hashable], List[int]]:
+        """The successors of many nodes at once: ``(children, counts)``.
+
+        ``children`` lists the keys of the successors of ``keys[0]`` (``counts[0]`` of
+        them, in ``neighbors`` order, without ``parents[0]``), then those of
+        ``keys[1]``, and so on. A parent equal to its key leaves nothing out.
+        """
+
+    def encode(self, keys: Sequence[Hashable]) -> np.ndarray:
+        """The model input for the states of ``keys``, as ``SearchProblem.encode``."""
+
+
+def compact_keys_of(problem: SearchProblem) -> Optional[CompactKeys]:
+    """The problem's ``CompactKeys`` if it offers them, else None."""
+    offer = getattr(problem, "compact_keys", None)
+    return offer() if callable(offer) else None
 
 
 @runtime_checkable

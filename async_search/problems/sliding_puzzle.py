@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from async_search.base import TensorSpec
 from async_search.checks import check_int, is_int
 
-__all__ = ["SlidingPuzzle"]
+__all__ = ["SlidingPuzzle", "PuzzleKeys"]
 
 
 class SlidingPuzzle:
@@ -60,6 +60,7 @@ class SlidingPuzzle:
             moves.append(tuple(adjacent))
         self._moves: Tuple[Tuple[int, ...], ...] = tuple(moves)
         self._tiles = np.arange(n, dtype=np.uint8)
+        self._keys: Optional[PuzzleKeys] = None
 
     def __repr__(self) -> str:
         return f"SlidingPuzzle({self.size})"
@@ -154,6 +155,15 @@ class SlidingPuzzle:
         cells = np.frombuffer(b"".join(states), np.uint8).reshape(len(states), n)
         return (cells[:, None, :] == self._tiles[None, :, None]).astype(np.float32)
 
+    def compact_keys(self) -> Optional["PuzzleKeys"]:
+        """The puzzle's states as ints for A* (``problems.base.CompactKeys``), for sizes
+        up to 4; None for larger boards (A* then works on the ``bytes`` states)."""
+        if self.num_cells > 16:
+            return None
+        if self._keys is None:
+            self._keys = PuzzleKeys(self)
+        return self._keys
+
     def decode(self, x: np.ndarray) -> List[bytes]:
         """The states of an encoded batch ``[k, tile, position]`` (inverse of encode)."""
         return [bytes(row) for row in np.argmax(x, axis=1).astype(np.uint8)]
@@ -167,3 +177,91 @@ class SlidingPuzzle:
                 gr, gc = divmod(t - 1, self.size)
                 total += abs(r - gr) + abs(c - gc)
         return total
+
+
+class PuzzleKeys:
+    """A sliding puzzle's states as ints, for A* (``problems.base.CompactKeys``).
+
+    A key holds, in 4 bits each, the position of every tile (tile 0, the blank, in the
+    low 4 bits), then, above them, the tile at every position: ``n`` x 8 bits, 128 for
+    the 15-puzzle. A move is one table lookup and one xor (the blank's position is the
+    key's low 4 bits, the moved tile is read from the upper half), and the one-hot
+    ``[tile, position]`` rows sent to the model come straight from the lower half: a
+    row per tile, picked from an identity matrix by the tile's position.
+
+    Example:
+        >>> puzzle = SlidingPuzzle(3)
+        >>> keys = puzzle.compact_keys()
+        >>> keys.state(keys.key(puzzle.goal)) == puzzle.goal
+        True
+        >>> goal = keys.key(puzzle.goal)
+        >>> children, counts = keys.expand([goal], [goal])
+        >>> [keys.state(c) for c in children] == [s for s, _ in puzzle.neighbors(puzzle.goal)]
+        True
+    """
+
+    step_cost = 1
+
+    def __init__(self, puzzle: SlidingPuzzle):
+        n = puzzle.num_cells
+        if n > 16:
+            raise ValueError(f"{puzzle!r}: compact keys hold at most 16 cells")
+        self.puzzle = puzzle
+        self._n = n
+        self._half = half = 4 * n  # bits of the lower half: the tiles' positions
+        self._low = (1 << half) - 1
+        self.goal_keys = frozenset({self.key(puzzle.goal)})
+        # _moves[b][q]: the moves of a blank at b, without the one back to q (q = b:
+        # none left out), as (shift of the position p the blank moves to, in the upper
+        # half; xor table by the tile t there). The move puts t at b, the blank at p.
+        moves = []
+        for b in range(n):
+            row = []
+            for q in range(n):
+                row.append(tuple(
+                    (half + 4 * p, tuple(
+                        (b ^ p) ^ ((p ^ b) << 4 * t)                # positions
+                        ^ (t << half + 4 * p) ^ (t << half + 4 * b)  # tiles
+                        for t in range(16)))
+                    for p in puzzle._moves[b] if p != q))
+            moves.append(tuple(row))
+        self._moves = tuple(moves)
+        # Two positions a byte (little-endian) -> the two positions; one-hot rows.
+        self._pair = np.array([[b & 15, b >> 4] for b in range(256)], np.uint8)
+        self._onehot = np.eye(16, n, dtype=np.float32)
+
+    def __repr__(self) -> str:
+        return f"PuzzleKeys({self.puzzle!r})"
+
+    def key(self, state: bytes) -> int:
+        """The key of ``state`` (assumed valid: see ``SlidingPuzzle.check_state``)."""
+        key = 0
+        for p, t in enumerate(state):
+            key |= (p << 4 * t) | (t << self._half + 4 * p)
+        return key
+
+    def state(self, key: int) -> bytes:
+        """The ``bytes`` state of ``key``."""
+        return bytes((key >> self._half + 4 * p) & 15 for p in range(self._n))
+
+    def expand(self, keys: Sequence[int], parents: Sequence[int]) -> Tuple[List[int],
+                                                                              List[int]]:
+        """The children of each key, in ``neighbors`` order, without its parent."""
+        moves = self._moves
+        children: List[int] = []
+        counts: List[int] = []
+        append = children.append
+        for key, parent in zip(keys, parents):
+            row = moves[key & 15][parent & 15]
+            for shift, table in row:
+                append(key ^ table[(key >> shift) & 15])
+            counts.append(len(row))
+        return children, counts
+
+    def encode(self, keys: Sequence[int]) -> np.ndarray:
+        """``SlidingPuzzle.encode`` of the keys' states, without building them."""
+        low = self._low
+        positions = np.array([key & low for key in keys], np.uint64)
+        # x[i, tile, :] is the one-hot row of the tile's position.
+        return self._onehot.take(self._pair.take(positions.view(np.uint8), 0)
+                                 .reshape(len(keys), 16)[:, :self._n], 0)

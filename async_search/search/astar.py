@@ -6,9 +6,8 @@ from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.base import values_of
-from async_search.search.frontier import (AStarResult, astar_result, expand_nodes,
-                                          has_open_node, new_frontier, pop_nodes,
-                                          record_values)
+from async_search.search.frontier import (AStarResult, _encode, _expand, _pop, _record,
+                                          astar_result, new_frontier)
 
 __all__ = ["batched_astar", "check_astar_arguments"]
 
@@ -66,12 +65,16 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
     budget, weight = check_astar_arguments(problem, start, budget=budget, weight=weight)
     buffer_size = check_int("buffer_size", buffer_size, minimum=1)
     fr = new_frontier(problem, start, weight=weight)
-    while fr.evaluations < budget and has_open_node(fr):
-        states = expand_nodes(problem, fr, pop_nodes(fr, buffer_size))
-        if states:
-            fr.evaluations += len(states)
+    while fr.evaluations < budget:
+        ids, gs = _pop(fr, buffer_size)
+        if not ids:  # no open node can lead to a cheaper goal
+            break
+        # The new states are the nodes first.. (see frontier: ids in generation order).
+        first = _expand(fr, ids, gs)
+        n = len(fr.keys) - first
+        if n:
+            fr.evaluations += n
             fr.requests += 1
-            y = await evaluate(problem.encode(states))
-            record_values(fr, states,
-                          values_of(y, len(states), "the heuristic model's output"))
+            y = await evaluate(_encode(fr, first))
+            _record(fr, first, values_of(y, n, "the heuristic model's output"))
     return astar_result(fr)

@@ -22,9 +22,8 @@ from async_search.checks import check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.astar import check_astar_arguments
 from async_search.search.base import values_of
-from async_search.search.frontier import (AStarResult, astar_result, expand_nodes,
-                                          has_open_node, new_frontier, pop_nodes,
-                                          record_values)
+from async_search.search.frontier import (AStarResult, _encode, _expand, _pop, _record,
+                                          astar_result, has_open_node, new_frontier)
 
 __all__ = ["continuous_astar"]
 
@@ -74,29 +73,31 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
     budget, weight = check_astar_arguments(problem, start, budget=budget, weight=weight)
     max_in_flight = check_int("max_in_flight", max_in_flight, minimum=1)
     fr = new_frontier(problem, start, weight=weight)
-    in_flight = collections.deque()  # (task, states), oldest first
+    # (task, first node, count), oldest first: each request's states are the nodes
+    # first.., and values are recorded in send order, so node ids stay in step.
+    in_flight = collections.deque()
     try:
         while True:
             if (len(in_flight) < max_in_flight and fr.evaluations < budget
                     and has_open_node(fr)):
-                states = expand_nodes(problem, fr, pop_nodes(fr, 1))
-                if states:
-                    fr.evaluations += len(states)
+                first = _expand(fr, *_pop(fr, 1))
+                n = len(fr.keys) - first
+                if n:
+                    fr.evaluations += n
                     fr.requests += 1
-                    task = asyncio.ensure_future(evaluate(problem.encode(states)))
-                    in_flight.append((task, states))
+                    task = asyncio.ensure_future(evaluate(_encode(fr, first)))
+                    in_flight.append((task, first, n))
             elif in_flight:
-                task, states = in_flight[0]
+                task, first, n = in_flight[0]
                 y = await task
                 in_flight.popleft()
-                record_values(fr, states,
-                              values_of(y, len(states), "the heuristic model's output"))
+                _record(fr, first, values_of(y, n, "the heuristic model's output"))
             else:
                 return astar_result(fr)
     finally:
         # On an error or cancellation, drop the requests nobody will read (and mark
         # the errors of finished ones as seen, so that asyncio does not log them).
-        for task, _ in in_flight:
+        for task, _, _ in in_flight:
             if not task.done():
                 task.cancel()
             elif not task.cancelled():
