@@ -21,8 +21,10 @@ _BOARD = sum(_COLUMN_BITS << (c * _STRIDE) for c in range(_COLUMNS))
 _CELL_BITS = np.array([[c * _STRIDE + r for c in range(_COLUMNS)] for r in range(_ROWS)],
                       np.int64)
 # encode's gather: bit i of a state's two little-endian int64 boards, unpacked into 128
-# bits per state, is bit i (to move) or 64 + i (waiting).
+# bits per state, is bit i (to move) or 64 + i (waiting); _BYTE_BITS unpacks a byte.
 _PLANE_BITS = np.concatenate([_CELL_BITS.ravel(), 64 + _CELL_BITS.ravel()])
+_BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1,
+                           bitorder="little").astype(np.float32)
 _TOP_ROW = sum(1 << (c * _STRIDE + _ROWS - 1) for c in range(_COLUMNS))
 _BOTTOM = tuple(1 << (c * _STRIDE) for c in range(_COLUMNS))
 _COLUMN = tuple(_COLUMN_BITS << (c * _STRIDE) for c in range(_COLUMNS))
@@ -236,11 +238,10 @@ class ConnectFour:
             boards = np.fromiter(itertools.chain.from_iterable(states), "<i8", 2 * n)
         else:  # the error message of a malformed state, as before
             boards = np.array(states, "<i8").reshape(n, 2)
-        # All 128 bits of each state (two little-endian int64 boards), then the cells.
-        bits = np.unpackbits(boards.view(np.uint8).reshape(n, 16), axis=1,
-                             bitorder="little")
-        return bits.take(_PLANE_BITS, axis=1).astype(np.float32).reshape(n, 2, _ROWS,
-                                                                         _COLUMNS)
+        # All 128 bits of each state (two little-endian int64 boards, a byte at a time,
+        # as float32), then the cells.
+        bits = _BYTE_BITS.take(boards.view(np.uint8), axis=0).reshape(n, 128)
+        return bits.take(_PLANE_BITS, axis=1).reshape(n, 2, _ROWS, _COLUMNS)
 
     def _mcts_rules(self) -> Optional[Tuple[Callable, Callable]]:
         """Internal, for ``search.tree``: ``(child, open_columns)``, unchecked forms of

@@ -146,9 +146,8 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
     network_value = values[0]
     evaluations, requests, simulations = 1, 1, 0
     while simulations < num_simulations:
-        paths, leaves = tree.select_leaves(c_puct,
-                                           min(num_parallel, num_simulations - simulations))
-        states = tree.pending_states(leaves)
+        paths, leaves, states = tree.select_leaves(
+            c_puct, min(num_parallel, num_simulations - simulations))
         if states:
             evaluations += len(states)
             requests += 1

@@ -10,7 +10,7 @@ network's outputs, so a search is deterministic given its seed and ``num_paralle
 The tree lives in flat Python lists indexed by node id and edge id (as mctx stores its
 tree in arrays; plain lists, because a node has at most a handful of edges and NumPy's
 per-call cost is larger than the work). Statistics live on edges (AlphaGo Zero): for
-the ``i``-th legal action of a node, the edge ``node_first[node] + i`` holds its prior,
+the ``i``-th legal action of a node, the edge ``node_edges[node][i]`` holds its prior,
 ``edge_value_sum`` (from the point of view of the player to move at the node) and
 ``edge_virtual`` (descents in flight through the edge). An edge with virtual visits
 counts each as a visit that lost (value -1). What selection reads is kept up to date on
@@ -27,9 +27,11 @@ Example:
     >>> game = ConnectFour()
     >>> tree = Tree(game, game.initial_state())
     >>> tree.expand_root([0.0] * 7)
-    >>> paths, leaves = tree.select_leaves(1.25, 3)
+    >>> paths, leaves, states = tree.select_leaves(1.25, 3)
     >>> [tree.edge_action[path[0]] for path in paths]  # virtual loss spreads them
     [0, 1, 2]
+    >>> states == [game.play(game.initial_state(), a) for a in (0, 1, 2)]
+    True
     >>> tree.complete_leaves(paths, leaves, np.zeros((3, 7)), [0.5, 0.0, -0.5])
     >>> tree.visits(0), tree.value_sums(0)
     ([1, 1, 1, 0, 0, 0, 0], [-0.5, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0])
@@ -46,11 +48,15 @@ from async_search.problems.base import Game, State
 
 __all__ = ["Tree", "priors_from_logits", "LEAF", "PENDING", "TERMINAL", "EVALUATED"]
 
-# node_first[node] is a node's first edge once it has edges; before, one of these:
-LEAF = -1  # created, never sent for evaluation
-PENDING = -2  # selected for evaluation in the current round
-TERMINAL = -3  # the game is over: never evaluated, never expanded
-EVALUATED = -4  # evaluated (its logits kept), edges not made yet: a descent makes them
+# ``node_edges[node]`` is the range of a node's edge ids once it has edges (never empty:
+# a game that is not over has a legal move); before, one of these empty ranges, told
+# apart by identity (``is``), never by ``==``:
+LEAF = range(-1, -1)  # created, never sent for evaluation
+PENDING = range(-2, -2)  # selected for evaluation in the current round
+TERMINAL = range(-3, -3)  # the game is over: never evaluated, never expanded
+EVALUATED = range(-4, -4)  # evaluated (logits kept), edges not made: a descent makes them
+_STATUS = {id(LEAF): "LEAF", id(PENDING): "PENDING", id(TERMINAL): "TERMINAL",
+           id(EVALUATED): "EVALUATED"}
 
 Path = List[int]  # the edges a descent took, from the root
 
@@ -84,23 +90,27 @@ def _generic_rules(game: Game) -> Tuple[Callable, Callable]:
 class Tree:
     """An MCTS tree over ``game`` from ``state`` (node 0, the root), in flat lists.
 
-    Nodes (ids 0, 1, ... in order of creation): ``node_state``, ``node_first`` (first
-    edge, or LEAF / PENDING / TERMINAL / EVALUATED), ``node_edges`` (the range of its
-    edge ids, None before it has edges), ``node_visits`` (visits plus virtual visits over its edges). Edges (ids in
+    Nodes (ids 0, 1, ... in order of creation): ``node_state`` and ``node_edges`` (the
+    range of its edge ids, or LEAF / PENDING / TERMINAL / EVALUATED). Edges (ids in
     order of creation; a node's edges are contiguous, its legal actions ascending):
     ``edge_action``, ``edge_child`` (0 until the child exists: the root is nobody's
     child), ``edge_prior``, ``edge_value_sum``, ``edge_virtual``, and what selection
-    reads: ``edge_seen1`` (1 + visits + virtual) and ``edge_q``.
+    reads: ``edge_seen1`` (1 + visits + virtual) and ``edge_q``. Edge 0 stands for the
+    edge into the root: a descent adds one to its ``edge_seen1`` on leaving.
+
+    A node's edge visits ``N`` (``node_visits``) are not stored: every descent through
+    the edge into a node went on into one of its edges, but the one that stopped there
+    to evaluate it, so ``1 + N = edge_seen1[edge into the node] - 2`` (for the root too,
+    since its edge starts at 2).
 
     Args:
         game: the game (``Game``).
         state: the root position (not checked here; ``search.mcts`` checks it).
     """
 
-    __slots__ = ("node_state", "node_first", "node_edges", "node_visits", "edge_action",
-                 "edge_child", "edge_prior", "edge_value_sum", "edge_virtual",
-                 "edge_seen1", "edge_q", "_terminal", "_actions", "_logits", "_child",
-                 "_legal")
+    __slots__ = ("node_state", "node_edges", "edge_action", "edge_child", "edge_prior",
+                 "edge_value_sum", "edge_virtual", "edge_seen1", "edge_q", "_terminal",
+                 "_actions", "_logits", "_child", "_legal")
 
     def __init__(self, game: Game, state: State):
         rules = getattr(game, "_mcts_rules", None)
@@ -109,16 +119,14 @@ class Tree:
         actions = game.legal_actions(state)
         terminal = None if actions else game.terminal_value(state)
         self.node_state: List[State] = [state]
-        self.node_first: List[int] = [LEAF if terminal is None else TERMINAL]
-        self.node_edges: List[Optional[range]] = [None]
-        self.node_visits: List[int] = [0]
-        self.edge_action: List[int] = []
-        self.edge_child: List[int] = []
-        self.edge_prior: List[float] = []
-        self.edge_value_sum: List[float] = []
-        self.edge_virtual: List[int] = []
-        self.edge_seen1: List[int] = []
-        self.edge_q: List[float] = []
+        self.node_edges: List[range] = [LEAF if terminal is None else TERMINAL]
+        self.edge_action: List[int] = [-1]
+        self.edge_child: List[int] = [0]
+        self.edge_prior: List[float] = [0.0]
+        self.edge_value_sum: List[float] = [0.0]
+        self.edge_virtual: List[int] = [0]
+        self.edge_seen1: List[int] = [2]
+        self.edge_q: List[float] = [0.0]
         # Kept only for the few nodes that need them:
         self._terminal: Dict[int, float] = {} if terminal is None else {0: terminal}
         self._actions: Dict[int, Tuple[int, ...]] = {0: actions} if actions else {}
@@ -131,21 +139,31 @@ class Tree:
         """Nodes in the tree, the root and terminal nodes included."""
         return len(self.node_state)
 
+    def status(self, node: int) -> str:
+        """``"LEAF"``, ``"PENDING"``, ``"TERMINAL"``, ``"EVALUATED"`` or ``"EDGES"``."""
+        return _STATUS.get(id(self.node_edges[node]), "EDGES")
+
     def terminal_value(self, node: int) -> Optional[float]:
         """The value for the player to move at a terminal node; None for the others."""
         return self._terminal.get(node)
 
     def is_expanded(self, node: int) -> bool:
         """Whether the node was evaluated (so that a descent goes through it)."""
-        return self.node_first[node] >= 0 or self.node_first[node] == EVALUATED
+        edges = self.node_edges[node]
+        return bool(edges) or edges is EVALUATED
 
     def is_pending(self, node: int) -> bool:
         """Whether the node waits for its evaluation in the current round."""
-        return self.node_first[node] == PENDING
+        return self.node_edges[node] is PENDING
 
     def edges(self, node: int) -> range:
         """The node's edge ids (empty until a descent went through it)."""
         return self.node_edges[node] or range(0)
+
+    def node_visits(self, node: int) -> int:
+        """``N``: visits plus virtual visits over the node's edges."""
+        into = self.edge_child.index(node) if node else 0
+        return self.edge_seen1[into] - 2 if self.is_expanded(node) else 0
 
     def actions(self, node: int) -> Tuple[int, ...]:
         """The legal actions of a node's edges, ascending."""
@@ -179,13 +197,13 @@ class Tree:
     def expand_root(self, logits: Sequence[float]) -> None:
         """Give the root its edges, with priors from the network's ``logits`` (one per
         action of the game)."""
-        if self.node_first[0] != LEAF:
+        if self.node_edges[0] is not LEAF:
             raise ValueError("the root is terminal or already expanded")
         self._logits[0] = logits
         self._make_edges(0)
 
-    def _make_edges(self, node: int) -> int:
-        """Give an evaluated node its edges (legal actions, priors); its first edge."""
+    def _make_edges(self, node: int) -> range:
+        """Give an evaluated node its edges (legal actions, priors); their range."""
         actions = self._actions.pop(node, None)
         if actions is None:
             actions = self._legal(self.node_state[node])
@@ -199,9 +217,8 @@ class Tree:
         self.edge_virtual += [0] * k
         self.edge_seen1 += [1] * k
         self.edge_q += [0.0] * k
-        self.node_first[node] = first
-        self.node_edges[node] = range(first, first + k)
-        return first
+        edges = self.node_edges[node] = range(first, first + k)
+        return edges
 
     def add_exploration_noise(self, rng: np.random.Generator, alpha: float,
                               fraction: float) -> None:
@@ -223,23 +240,25 @@ class Tree:
         ``N`` counts the node's edge visits (virtual ones included), ``n`` the edge's;
         an edge with no visits has ``Q = 0``. ``select_leaves`` inlines this rule.
         """
-        first = self.node_first[node]
-        if first == EVALUATED:
-            first = self._make_edges(node)
-        elif first < 0:
+        edges = self.node_edges[node]
+        if edges is EVALUATED:
+            edges = self._make_edges(node)
+        elif not edges:
             raise ValueError(f"node {node} is not expanded")
         q, prior, seen1 = self.edge_q, self.edge_prior, self.edge_seen1
-        scale = c_puct * math.sqrt(1 + self.node_visits[node])
-        best, best_score = first, -math.inf
-        for e in self.node_edges[node]:
+        scale = c_puct * math.sqrt(1 + self.node_visits(node))
+        best, best_score = edges.start, -math.inf
+        for e in edges:
             score = q[e] + scale * prior[e] / seen1[e]
             if score > best_score:
                 best, best_score = e, score
-        return best - first
+        return best - edges.start
 
-    def select_leaves(self, c_puct: float, k: int) -> Tuple[List[Path], List[int]]:
+    def select_leaves(self, c_puct: float, k: int
+                      ) -> Tuple[List[Path], List[int], List[State]]:
         """Up to ``k`` descents for one round, in selection order: their paths (edge ids
-        from the root) and leaves (node ids).
+        from the root), leaves (node ids), and the states to evaluate (of the leaves
+        that became pending, in order).
 
         Each descends from the root through expanded nodes by ``select_child``, adding a
         virtual loss on every edge taken and creating the child it reaches if new, to a
@@ -248,83 +267,74 @@ class Tree:
         descent that reaches a leaf already pending in this round is undone and ends
         the round early (the first descent always succeeds: nothing is pending yet).
         """
-        first, edges, visits = self.node_first, self.node_edges, self.node_visits
-        states = self.node_state
+        node_edges, states = self.node_edges, self.node_state
         child, action, prior = self.edge_child, self.edge_action, self.edge_prior
         value_sum, virtual = self.edge_value_sum, self.edge_virtual
         seen1, q = self.edge_seen1, self.edge_q
         make_child, terminals, known = self._child, self._terminal, self._actions
         sqrt, minus_inf = math.sqrt, -math.inf
+        if not node_edges[0]:
+            raise ValueError("select_leaves needs an expanded root (expand_root)")
         paths: List[Path] = []
         leaves: List[int] = []
+        pending: List[State] = []
         for _ in range(k):
-            node = 0
+            node = into = 0
+            seen1[0] += 1
             path: Path = []
             while True:
-                b = first[node]
-                if b < 0:
-                    if b != EVALUATED:
+                edges = node_edges[node]
+                if not edges:
+                    if edges is not EVALUATED:
                         break
-                    b = self._make_edges(node)
+                    edges = self._make_edges(node)
                 # select_child, inlined: the edge of highest score, the first on ties.
-                scale = c_puct * sqrt(1 + visits[node])
-                best, best_score = b, minus_inf
-                for e in edges[node]:
+                scale = c_puct * sqrt(seen1[into] - 2)
+                best, best_score = edges.start, minus_inf
+                for e in edges:
                     score = q[e] + scale * prior[e] / seen1[e]
                     if score > best_score:
                         best, best_score = e, score
                 # A virtual loss on the edge: one more visit, valued -1.
-                visits[node] += 1
                 v = virtual[best] + 1
                 virtual[best] = v
                 n1 = seen1[best] + 1
                 seen1[best] = n1
                 q[best] = (value_sum[best] - v) / (n1 - 1)
                 path.append(best)
-                node_next = child[best]
-                if not node_next:
-                    node_next = len(states)
-                    state, terminal, actions = make_child(states[node], action[best])
+                into = best
+                parent, node = node, child[best]
+                if not node:
+                    node = child[best] = len(states)
+                    state, terminal, actions = make_child(states[parent], action[best])
                     states.append(state)
-                    edges.append(None)
-                    visits.append(0)
                     if terminal is None:
-                        first.append(LEAF)
+                        node_edges.append(LEAF)
                         if actions is not None:
-                            known[node_next] = actions
+                            known[node] = actions
                     else:
-                        first.append(TERMINAL)
-                        terminals[node_next] = terminal
-                    child[best] = node_next
-                node = node_next
-            if b == PENDING:
+                        node_edges.append(TERMINAL)
+                        terminals[node] = terminal
+            if edges is PENDING:
                 self._revert(path)
                 break
-            if b == LEAF:
-                first[node] = PENDING
+            if edges is LEAF:
+                node_edges[node] = PENDING
+                pending.append(states[node])
             paths.append(path)
             leaves.append(node)
-        return paths, leaves
-
+        return paths, leaves, pending
     def _revert(self, path: Path) -> None:
         """Undo the virtual loss that a descent added along ``path``."""
-        visits, child = self.node_visits, self.edge_child
         value_sum, virtual = self.edge_value_sum, self.edge_virtual
         seen1, q = self.edge_seen1, self.edge_q
-        node = 0
+        seen1[0] -= 1
         for e in path:
-            visits[node] -= 1
             v = virtual[e] - 1
             virtual[e] = v
             n1 = seen1[e] - 1
             seen1[e] = n1
             q[e] = (value_sum[e] - v) / (n1 - 1) if n1 > 1 else 0.0
-            node = child[e]
-
-    def pending_states(self, leaves: Sequence[int]) -> List[State]:
-        """The states of the leaves to evaluate (the pending ones), in order."""
-        first, states = self.node_first, self.node_state
-        return [states[leaf] for leaf in leaves if first[leaf] == PENDING]
 
     def complete_leaves(self, paths: Sequence[Path], leaves: Sequence[int],
                         logits: Any, values: Sequence[float]) -> None:
@@ -335,14 +345,14 @@ class Tree:
         leaves back up their own value. Along a path, each edge is credited from the
         view of the player who took it, replacing its virtual loss.
         """
-        first, terminals, kept = self.node_first, self._terminal, self._logits
+        node_edges, terminals, kept = self.node_edges, self._terminal, self._logits
         value_sum, virtual = self.edge_value_sum, self.edge_virtual
         seen1, q = self.edge_seen1, self.edge_q
         rows = logits.tolist() if logits is not None else []  # Python floats: cheaper
         j = 0
         for path, leaf in zip(paths, leaves):
-            if first[leaf] == PENDING:
-                first[leaf] = EVALUATED  # its priors wait for the first descent through
+            if node_edges[leaf] is PENDING:
+                node_edges[leaf] = EVALUATED  # its edges wait for a descent through it
                 kept[leaf] = rows[j]
                 value = values[j]
                 j += 1

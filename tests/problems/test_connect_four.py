@@ -101,3 +101,49 @@ def test_every_position_of_a_legal_game_is_valid(moves):
         state = game.play(state, legal[move % len(legal)])
         game.check_state(state)
         assert (state.to_move | state.waiting).bit_count() == ply + 1
+
+
+def reference_encode(states):
+    """encode as first written (a shift per cell): the faster one must equal it."""
+    cells = np.array([[c * 7 + r for c in range(7)] for r in range(6)], np.int64)
+    boards = np.array(states, np.int64).reshape(len(states), 2)
+    return ((boards[:, :, None, None] >> cells[None, None]) & 1).astype(np.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 6), max_size=42))
+def test_the_internal_search_rules_and_encode_agree_with_the_public_ones(moves):
+    from async_search.problems.connect_four import _child, _open_columns
+
+    game = ConnectFour()
+    state, seen = game.initial_state(), [game.initial_state()]
+    for move in moves:
+        legal = game.legal_actions(state)
+        if not legal:
+            break
+        assert _open_columns(state) == legal
+        action = legal[move % len(legal)]
+        child, terminal, actions = _child(state, action)
+        state = game.play(state, action)
+        assert child == state and type(child) is ConnectFourState and actions is None
+        assert terminal == game.terminal_value(state)
+        seen.append(state)
+    x = game.encode(seen)
+    assert x.dtype == np.float32 and x.flags.c_contiguous
+    assert np.array_equal(x, reference_encode(seen))
+
+
+def test_encode_of_no_state_and_of_malformed_states(game):
+    assert game.encode([]).shape == (0, 2, 6, 7)
+    for bad in ([(1, 2, 3)], [(1,)], [1, 2]):
+        with pytest.raises(ValueError, match="cannot reshape"):
+            game.encode(bad)
+
+
+def test_draw_and_win_are_terminal_for_the_internal_rules():
+    from async_search.problems.connect_four import _child
+
+    game = ConnectFour()
+    assert _child(game.from_moves(DRAW[:-1]), DRAW[-1])[1] == 0.0
+    assert _child(game.from_moves([0, 6, 1, 6, 2, 5]), 3)[1] == -1.0
+    assert game._mcts_rules() is not None

@@ -116,3 +116,43 @@ async def test_model_returning_one_array_raises_model_output_error():
 
     with pytest.raises(ModelOutputError, match=r"tuple \(policy_logits \[n, 7\]"):
         await run(evaluate=evaluate)
+
+
+@pytest.mark.parametrize("value, message", [
+    (np.array([[np.nan]], np.float32), "must be finite"),
+    (np.array([[np.inf]], np.float64), "must be finite"),
+    (np.zeros((1, 2), np.float32), r"one value per element, shape \[1\] or \[1, 1\]"),
+    ((np.zeros(1),), "got a tuple of outputs"),
+])
+async def test_bad_values_raise_model_output_error(value, message):
+    async def evaluate(x):
+        return np.zeros((len(x), 7), np.float32), value
+
+    with pytest.raises(ModelOutputError, match=message):
+        await run(evaluate=evaluate)
+
+
+def rounded_net(x):
+    logits, value = NET(x)
+    return logits, np.round(value * 8) / 8  # float32 [n, 1], exact in float16 too
+
+
+@pytest.mark.parametrize("convert", [
+    lambda v: v.astype(np.float64).reshape(-1),  # [n] float64
+    lambda v: v.astype(np.float16),  # float16 [n, 1]
+    lambda v: v.reshape(-1, 1, 1),  # [n, 1, 1]: values_of's path
+    lambda v: (v * 8).astype(np.int64) / 8,  # float64 by way of integers
+])
+async def test_values_in_any_accepted_form_give_the_same_search(convert):
+    expected = await run(evaluate=asr.immediate(rounded_net))
+    again = await run(evaluate=asr.immediate(
+        lambda x: (rounded_net(x)[0], convert(rounded_net(x)[1]))))
+    assert again == expected and isinstance(again.network_value, float)
+
+
+async def test_integer_values_are_read_as_floats():
+    zeros = lambda x: (np.zeros((len(x), 7), np.float32), np.zeros((len(x), 1), np.int64))
+    result = await run(evaluate=asr.immediate(zeros))
+    free = await run(evaluate=asr.immediate(
+        lambda x: (np.zeros((len(x), 7), np.float32), np.zeros((len(x), 1), np.float32))))
+    assert result == free and type(result.network_value) is float

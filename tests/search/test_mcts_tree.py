@@ -55,7 +55,8 @@ def rooted(state=None, logits=UNIFORM, game=GAME):
 def set_edge(tree, node, i, visits, value_sum):
     """Give edge ``i`` of ``node`` completed statistics (what backups would leave)."""
     e = tree.edges(node)[i]
-    tree.node_visits[node] += visits - (tree.edge_seen1[e] - 1)
+    into = tree.edge_child.index(node) if node else 0  # N lives on the edge into node
+    tree.edge_seen1[into] += visits - (tree.edge_seen1[e] - 1)
     tree.edge_value_sum[e] = value_sum
     tree.edge_seen1[e] = 1 + visits
     tree.edge_q[e] = value_sum / visits if visits else 0.0
@@ -74,7 +75,7 @@ def test_select_child_balances_value_and_exploration():
     tree = rooted()
     set_edge(tree, 0, 0, 10, -5.0)
     set_edge(tree, 0, 1, 1, 0.9)
-    assert tree.visits(0)[:2] == [10, 1] and tree.node_visits[0] == 11
+    assert tree.visits(0)[:2] == [10, 1] and tree.node_visits(0) == 11
     assert tree.select_child(0, 1.0) == 1  # Q = 0.9 beats the unvisited edges' U
     set_edge(tree, 0, 1, 2, -1.8)  # Q of edge 1 is now -0.9
     assert tree.select_child(0, 1.0) == 2
@@ -82,12 +83,11 @@ def test_select_child_balances_value_and_exploration():
 
 def test_virtual_loss_sends_parallel_descents_to_different_leaves():
     tree = rooted()
-    paths, leaves = tree.select_leaves(1.25, 7)
+    paths, leaves, states = tree.select_leaves(1.25, 7)
     assert len({tree.node_state[leaf] for leaf in leaves}) == 7
-    assert tree.virtual(0) == [1] * 7 and tree.node_visits[0] == 7
+    assert tree.virtual(0) == [1] * 7 and tree.node_visits(0) == 7
     assert all(tree.is_pending(leaf) for leaf in leaves)
-    assert tree.pending_states(leaves) == [GAME.play(GAME.initial_state(), a)
-                                           for a in range(7)]
+    assert states == [GAME.play(GAME.initial_state(), a) for a in range(7)]
     # A virtual visit counts as a loss: Q = (value_sum - virtual) / (visits + virtual).
     assert tree.edge_q[paths[0][0]] == -1.0 and tree.edge_seen1[paths[0][0]] == 2
 
@@ -95,46 +95,46 @@ def test_virtual_loss_sends_parallel_descents_to_different_leaves():
 def test_a_descent_reaching_a_pending_leaf_is_undone_and_ends_the_round():
     tree = Tree(Corridor(), 5)
     tree.expand_root([0.0])
-    paths, leaves = tree.select_leaves(1.25, 4)
-    assert len(paths) == 1 and tree.is_pending(leaves[0])
-    assert tree.virtual(0) == [1] and tree.node_visits[0] == 1
+    paths, leaves, states = tree.select_leaves(1.25, 4)
+    assert len(paths) == 1 and tree.is_pending(leaves[0]) and states == [4]
+    assert tree.virtual(0) == [1] and tree.node_visits(0) == 1
     assert tree.edge_q[paths[0][0]] == -1.0
 
 
 def test_an_undone_descent_leaves_the_statistics_exactly_as_they_were():
     tree = grow(rooted(GAME.from_moves([3, 3])), 20, 4)
     before = [list(getattr(tree, name)) for name in ("edge_q", "edge_seen1",
-                                                     "edge_virtual", "node_visits")]
-    paths, leaves = tree.select_leaves(1.25, 1)
+                                                     "edge_virtual")]
+    paths, leaves, _ = tree.select_leaves(1.25, 1)
     assert len(paths[0]) >= 2
     tree._revert(paths[0])
-    after = [getattr(tree, name) for name in ("edge_q", "edge_seen1", "edge_virtual",
-                                              "node_visits")]
+    after = [getattr(tree, name) for name in ("edge_q", "edge_seen1", "edge_virtual")]
     for old, new in zip(before, after):
         assert new[:len(old)] == old
 
 
 def test_backup_credits_each_edge_from_the_view_of_the_player_who_took_it():
     tree = rooted(logits=[0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0])
-    paths, leaves = tree.select_leaves(1.25, 1)
+    paths, leaves, _ = tree.select_leaves(1.25, 1)
     tree.complete_leaves(paths, leaves, np.array([[5.0, 0, 0, 0, 0, 0, 0]]), [0.0])
-    paths, leaves = tree.select_leaves(1.25, 1)
+    paths, leaves, _ = tree.select_leaves(1.25, 1)
     child = tree.edge_child[paths[0][0]]
     assert [tree.edge_action[e] for e in paths[0]] == [1, 0]
     tree.complete_leaves(paths, leaves, np.zeros((1, 7)), [0.5])  # good for the leaf's
     assert tree.value_sums(child)[0] == -0.5 and tree.value_sums(0)[1] == 0.5
     assert tree.visits(child)[0] == 1 and tree.visits(0)[1] == 2
     assert tree.virtual(child)[0] == tree.virtual(0)[1] == 0
-    assert tree.node_visits[0] == 2 and tree.node_visits[child] == 1
+    assert tree.node_visits(0) == 2 and tree.node_visits(child) == 1
 
 
 def test_a_terminal_leaf_backs_up_its_own_value_without_evaluation():
     state = GAME.from_moves([0, 6, 1, 6, 2, 5])  # the first player wins at column 3
     tree = rooted(state, [-50.0, -50.0, -50.0, 50.0, -50.0, -50.0, -50.0])
     for _ in range(3):
-        paths, leaves = tree.select_leaves(1.25, 1)
+        paths, leaves, states = tree.select_leaves(1.25, 1)
         assert [tree.terminal_value(leaf) for leaf in leaves] == [-1.0]
-        assert tree.node_first[leaves[0]] == TERMINAL and tree.pending_states(leaves) == []
+        assert tree.node_edges[leaves[0]] is TERMINAL and states == []
+        assert tree.status(leaves[0]) == "TERMINAL"
         tree.complete_leaves(paths, leaves, None, [])
     assert tree.visits(0)[3] == 3 and tree.value_sums(0)[3] == 3.0
     assert tree.virtual(0)[3] == 0
@@ -143,7 +143,7 @@ def test_a_terminal_leaf_backs_up_its_own_value_without_evaluation():
 def test_terminal_leaves_may_repeat_within_a_round():
     tree = Tree(Corridor(), 1)  # the only move ends the game
     tree.expand_root([0.0])
-    paths, leaves = tree.select_leaves(1.25, 4)
+    paths, leaves, _ = tree.select_leaves(1.25, 4)
     assert len(paths) == 4 and tree.virtual(0) == [4]
     tree.complete_leaves(paths, leaves, None, [])
     assert tree.visits(0) == [4] and tree.value_sums(0) == [0.0] and tree.virtual(0) == [0]
@@ -151,7 +151,7 @@ def test_terminal_leaves_may_repeat_within_a_round():
 
 def test_complete_leaves_expands_evaluated_leaves_in_selection_order():
     tree = rooted()
-    paths, leaves = tree.select_leaves(1.25, 3)
+    paths, leaves, _ = tree.select_leaves(1.25, 3)
     logits = np.zeros((3, 7), np.float32)
     logits[:, 6] = 5.0
     tree.complete_leaves(paths, leaves, logits, [0.1, 0.2, -0.3])
@@ -159,7 +159,7 @@ def test_complete_leaves_expands_evaluated_leaves_in_selection_order():
     for leaf in leaves:
         assert tree.is_expanded(leaf) and not tree.is_pending(leaf)
         # Edges (and priors) wait for the first descent through the leaf.
-        assert tree.node_first[leaf] == EVALUATED and tree.priors(leaf) == []
+        assert tree.node_edges[leaf] is EVALUATED and tree.priors(leaf) == []
         tree.select_child(leaf, 1.25)
         assert max(tree.priors(leaf)) == tree.priors(leaf)[6]
         assert tree.actions(leaf) == tuple(range(7))
@@ -167,12 +167,12 @@ def test_complete_leaves_expands_evaluated_leaves_in_selection_order():
 
 def test_edges_are_made_by_the_first_descent_through_a_node():
     tree = rooted()
-    paths, leaves = tree.select_leaves(1.25, 7)
+    paths, leaves, _ = tree.select_leaves(1.25, 7)
     tree.complete_leaves(paths, leaves, np.zeros((7, 7)), [0.0] * 7)
     edges = len(tree.edge_child)
-    paths, leaves = tree.select_leaves(1.25, 1)
+    paths, leaves, _ = tree.select_leaves(1.25, 1)
     assert len(paths[0]) == 2 and len(tree.edge_child) == edges + 7
-    assert tree.node_first[leaves[0]] == PENDING
+    assert tree.node_edges[leaves[0]] is PENDING and tree.status(leaves[0]) == "PENDING"
     assert tree.children(0)[0] == tree.edge_child[paths[0][0]]
     assert tree.children(tree.edge_child[paths[0][0]]) == [leaves[0]] + [None] * 6
 
@@ -214,8 +214,7 @@ def grow(tree, rounds, k, check_descent=None):
     for _ in range(rounds):
         if check_descent is not None:
             check_descent(tree)
-        paths, leaves = tree.select_leaves(1.25, k)
-        states = tree.pending_states(leaves)
+        paths, leaves, states = tree.select_leaves(1.25, k)
         logits, values = hash_logits(states) if states else (None, [])
         tree.complete_leaves(paths, leaves, logits, values)
     return tree
@@ -231,11 +230,11 @@ def test_the_inlined_descent_follows_select_child():
             node = tree.edge_child[e]
             if not node:
                 break
-        paths, leaves = tree.select_leaves(1.25, 1)
+        paths, leaves, _ = tree.select_leaves(1.25, 1)
         assert paths[0] == expected
         tree._revert(paths[0])
-        if tree.node_first[leaves[0]] == PENDING:
-            tree.node_first[leaves[0]] = LEAF
+        if tree.node_edges[leaves[0]] is PENDING:
+            tree.node_edges[leaves[0]] = LEAF
 
     grow(rooted(GAME.from_moves([3, 3, 2])), 150, 1, check)
 
@@ -250,6 +249,10 @@ def test_the_fast_connect_four_rules_build_the_same_tree_as_the_game_protocol(k)
         if name.startswith(("node_", "edge_")):
             assert getattr(fast, name) == getattr(plain, name), name
     assert fast._terminal == plain._terminal
+    # The status ranges are all empty, hence equal: compare them by name.
+    assert [fast.status(n) for n in range(fast.num_nodes)] == [
+        plain.status(n) for n in range(plain.num_nodes)]
+    assert {fast.status(n) for n in range(fast.num_nodes)} >= {"EDGES", "EVALUATED"}
 
 
 def test_a_subclass_that_changes_the_rules_gets_the_generic_path():
@@ -265,3 +268,5 @@ def test_expand_root_refuses_a_terminal_or_expanded_root():
         rooted().expand_root(UNIFORM)
     with pytest.raises(ValueError, match="not expanded"):
         Tree(GAME, GAME.initial_state()).select_child(0, 1.25)
+    with pytest.raises(ValueError, match="needs an expanded root"):
+        Tree(GAME, GAME.initial_state()).select_leaves(1.25, 1)
