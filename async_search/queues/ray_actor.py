@@ -43,7 +43,7 @@ from async_search.queues.protocol import ClosedConnection, is_end
 from async_search.queues.sockets import SocketQueue
 
 __all__ = ["HostedQueue", "QueueHost", "ActorQueue", "ray_queue", "DirectAddress",
-           "DirectListener", "connect_direct"]
+           "DirectListener", "connect_direct", "HANDSHAKE_TIMEOUT_S"]
 
 
 class HostedQueue(LocalQueue):
