@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -179,6 +180,34 @@ class SlidingPuzzle:
         return total
 
 
+@functools.lru_cache(maxsize=None)
+def _key_tables(size: int) -> Tuple[tuple, np.ndarray]:
+    """PuzzleKeys' tables for a ``size`` x ``size`` board (built once a size).
+
+    ``moves[b][q]``: the moves of a blank at b, without the one back to q (q = b: none
+    left out), each as (shift of the position p the blank moves to, in the upper half
+    of a key; xor table by the tile t there); the move puts t at b and the blank at p.
+    ``rows[v]``: for a byte v of a key's lower half (the positions of two tiles), the
+    one-hot rows of those two tiles, as ``encode`` lays them out.
+    """
+    n = size * size
+    half = 4 * n
+    adjacent = SlidingPuzzle(size)._moves
+    move = {(b, p): (half + 4 * p, tuple(
+        (b ^ p) ^ ((p ^ b) << 4 * t)                # the blank's and t's positions
+        ^ (t << half + 4 * p) ^ (t << half + 4 * b)  # the tiles at p and b
+        for t in range(16))) for b in range(n) for p in adjacent[b]}
+    moves = tuple(tuple(tuple(move[b, p] for p in adjacent[b] if p != q) for q in range(n))
+                  for b in range(n))
+    rows = np.zeros((256, 2, n), np.float32)
+    for v in range(256):
+        for r, position in enumerate((v & 15, v >> 4)):
+            if position < n:
+                rows[v, r, position] = 1
+    rows.flags.writeable = False
+    return moves, rows
+
+
 class PuzzleKeys:
     """A sliding puzzle's states as ints, for A* (``problems.base.CompactKeys``).
 
@@ -211,24 +240,8 @@ class PuzzleKeys:
         self._half = half = 4 * n  # bits of the lower half: the tiles' positions
         self._low = (1 << half) - 1
         self.goal_keys = frozenset({self.key(puzzle.goal)})
-        # _moves[b][q]: the moves of a blank at b, without the one back to q (q = b:
-        # none left out), as (shift of the position p the blank moves to, in the upper
-        # half; xor table by the tile t there). The move puts t at b, the blank at p.
-        moves = []
-        for b in range(n):
-            row = []
-            for q in range(n):
-                row.append(tuple(
-                    (half + 4 * p, tuple(
-                        (b ^ p) ^ ((p ^ b) << 4 * t)                # positions
-                        ^ (t << half + 4 * p) ^ (t << half + 4 * b)  # tiles
-                        for t in range(16)))
-                    for p in puzzle._moves[b] if p != q))
-            moves.append(tuple(row))
-        self._moves = tuple(moves)
-        # Two positions a byte (little-endian) -> the two positions; one-hot rows.
-        self._pair = np.array([[b & 15, b >> 4] for b in range(256)], np.uint8)
-        self._onehot = np.eye(16, n, dtype=np.float32)
+        self._moves, self._rows = _key_tables(puzzle.size)
+        self._bytes = (n + 1) // 2
 
     def __repr__(self) -> str:
         return f"PuzzleKeys({self.puzzle!r})"
@@ -260,8 +273,10 @@ class PuzzleKeys:
 
     def encode(self, keys: Sequence[int]) -> np.ndarray:
         """``SlidingPuzzle.encode`` of the keys' states, without building them."""
-        low = self._low
-        positions = np.array([key & low for key in keys], np.uint64)
-        # x[i, tile, :] is the one-hot row of the tile's position.
-        return self._onehot.take(self._pair.take(positions.view(np.uint8), 0)
-                                 .reshape(len(keys), 16)[:, :self._n], 0)
+        low, k, n, nb = self._low, len(keys), self._n, self._bytes
+        positions = np.array([key & low for key in keys], np.uint64).view(np.uint8)
+        if nb < 8:
+            positions = positions.reshape(k, 8)[:, :nb]
+        # x[i, tile, :] is the one-hot row of the tile's position, two tiles a byte.
+        x = self._rows.take(positions, 0).reshape(k, 2 * nb, n)
+        return x if 2 * nb == n else x[:, :n].copy()

@@ -31,6 +31,7 @@ operations; others call ``neighbors`` state by state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -377,14 +378,19 @@ def _expand_keys(fr: Frontier, ids: List[int], gs: List[float]) -> None:
         fresh = list(_compress(children, fresh_mask))
         if not _add_keys(fr, fresh, first):
             return _expand_keys_one_by_one(fr, popped, g1s, children, counts)
-    owners = list(_chain(map(_repeat, range(len(ids)), counts)))
     g = fr.g
-    for j, o in _compress(zip(found, owners), map(_is_not, found, _repeat(None))):
-        if g1s[o] < g[j]:
-            _reached(fr, j, popped[o], g1s[o], cost)
+    # Known nodes reached again: usually none more cheaply (then there is nothing to do).
+    if min(g1s) < max(map(g.__getitem__, filter(_not_none, found))):
+        owners = _chain(map(_repeat, range(len(ids)), counts))
+        for j, o in _compress(zip(found, owners), map(_is_not, found, _repeat(None))):
+            if g1s[o] < g[j]:
+                _reached(fr, j, popped[o], g1s[o], cost)
     if new:
-        g.extend(map(g1s.__getitem__, _compress(owners, fresh_mask)))
-        fr.parent.extend(map(popped.__getitem__, _compress(owners, fresh_mask)))
+        if g1s.count(g1s[0]) == len(g1s):
+            g.extend(_repeat(g1s[0], new))
+        else:
+            g.extend(_compress(_chain(map(_repeat, g1s, counts)), fresh_mask))
+        fr.parent.extend(_compress(_chain(map(_repeat, popped, counts)), fresh_mask))
 
 
 def _add_keys(fr: Frontier, children: List[Any], first: int) -> bool:
@@ -409,6 +415,7 @@ _chain = itertools.chain.from_iterable
 _repeat = itertools.repeat
 _compress = itertools.compress
 _is, _is_not = operator.is_, operator.is_not
+_not_none = functools.partial(operator.is_not, None)
 
 
 def _expand_keys_one_by_one(fr: Frontier, popped: List[Any], g1s: List[float],
