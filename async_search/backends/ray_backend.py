@@ -60,7 +60,8 @@ __all__ = ["run_ray", "ServerActor", "SERVER_NAME_PREFIX"]
 SERVER_NAME_PREFIX = "async_search-server-"
 
 _REQUESTS = "requests"
-#: Seconds ``stop`` waits for direct connections that their clients have not closed.
+#: Seconds ``stop`` waits for direct connections that their clients have not closed
+#: (and for a connection's last answers to leave).
 _STOP_WAIT_S = 10.0
 
 
@@ -73,8 +74,10 @@ class ServerActor(QueueHost):
     the request queue it hosts."""
 
     def __init__(self, model_factory: Callable[[], Any], policy: DispatchPolicy,
-                 model_thread: bool | str = "auto", num_clients: int = 1):
+                 model_thread: bool | str = "auto", num_clients: int = 1, *,
+                 stop_wait_s: float = _STOP_WAIT_S):
         super().__init__()
+        self._stop_wait_s = stop_wait_s
         self._model_factory = model_factory
         self._policy = policy
         self._model_thread = model_thread
@@ -109,7 +112,7 @@ class ServerActor(QueueHost):
         try:
             await serve_connection(self._server, connection, portable=True)
             try:  # the last answers leave before the socket closes
-                await asyncio.wait_for(connection.outbound.drain(), _STOP_WAIT_S)
+                await asyncio.wait_for(connection.outbound.drain(), self._stop_wait_s)
             except asyncio.TimeoutError:
                 pass
         finally:
@@ -146,7 +149,7 @@ class ServerActor(QueueHost):
             await self._serving
         if self._direct:  # clients close their connections when done; a client task
             # that ended without closing its own gets them closed here
-            _, left = await asyncio.wait(list(self._direct), timeout=_STOP_WAIT_S)
+            _, left = await asyncio.wait(list(self._direct), timeout=self._stop_wait_s)
             for task in left:
                 self._direct[task].inbound.close()  # the server answers what it read
             if left:

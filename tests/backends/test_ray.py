@@ -83,12 +83,12 @@ def test_clients_reach_their_servers_by_direct_sockets_not_actor_calls():
     assert all(r is not None for r in out.stats["routers"])  # two servers: routed
 
 
-def _server_actor(num_clients=1):
+def _server_actor(num_clients=1, **kwargs):
     from async_search.backends.ray_backend import ServerActor
     from async_search.servers.policy import DispatchPolicy
 
     actor = ray.remote(ServerActor).options(num_cpus=0, max_concurrency=10_000).remote(
-        searches.small_mlp, DispatchPolicy(max_batch_size=8), False, num_clients)
+        searches.small_mlp, DispatchPolicy(max_batch_size=8), False, num_clients, **kwargs)
     spec, address = ray.get(actor.start.remote(), timeout=60)
     return actor, spec, address
 
@@ -133,7 +133,7 @@ async def test_stop_closes_a_direct_connection_its_client_left_open_in_bounded_t
     from async_search.connections import Connection, FifoConnectedFunction
     from async_search.queues.ray_actor import connect_direct
 
-    actor, spec, address = _server_actor()
+    actor, spec, address = _server_actor(stop_wait_s=1.0)
     try:
         inbound, outbound = await connect_direct(address, key=0)
         fn = FifoConnectedFunction(Connection(inbound, outbound))
