@@ -46,7 +46,7 @@ import numpy as np
 
 from async_search.problems.base import Game, State
 
-__all__ = ["Tree", "priors_from_logits", "LEAF", "PENDING", "TERMINAL", "EVALUATED"]
+__all__ = ["Tree", "Path", "priors_from_logits", "LEAF", "PENDING", "TERMINAL", "EVALUATED"]
 
 # ``node_edges[node]`` is the range of a node's edge ids once it has edges (never empty:
 # a game that is not over has a legal move); before, one of these empty ranges, told
