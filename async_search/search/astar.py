@@ -69,12 +69,10 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
         ids, gs = _pop(fr, buffer_size)
         if not ids:  # no open node can lead to a cheaper goal
             break
-        # The new states are the nodes first.. (see frontier: ids in generation order).
-        first = _expand(fr, ids, gs)
-        n = len(fr.keys) - first
-        if n:
-            fr.evaluations += n
+        new, keys = _expand(fr, ids, gs)  # the new nodes: ids and keys
+        if new:
+            fr.evaluations += len(new)
             fr.requests += 1
-            y = await evaluate(_encode(fr, first))
-            _record(fr, first, values_of(y, n, "the heuristic model's output"))
+            y = await evaluate(_encode(fr, keys))
+            _record(fr, new, values_of(y, len(new), "the heuristic model's output"))
     return astar_result(fr)

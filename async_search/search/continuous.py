@@ -73,31 +73,28 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
     budget, weight = check_astar_arguments(problem, start, budget=budget, weight=weight)
     max_in_flight = check_int("max_in_flight", max_in_flight, minimum=1)
     fr = new_frontier(problem, start, weight=weight)
-    # (task, first node, count), oldest first: each request's states are the nodes
-    # first.., and values are recorded in send order, so node ids stay in step.
-    in_flight = collections.deque()
+    in_flight = collections.deque()  # (task, the nodes sent), oldest first
     try:
         while True:
             if (len(in_flight) < max_in_flight and fr.evaluations < budget
                     and has_open_node(fr)):
-                first = _expand(fr, *_pop(fr, 1))
-                n = len(fr.keys) - first
-                if n:
-                    fr.evaluations += n
+                new, keys = _expand(fr, *_pop(fr, 1))  # the new nodes: ids and keys
+                if new:
+                    fr.evaluations += len(new)
                     fr.requests += 1
-                    task = asyncio.ensure_future(evaluate(_encode(fr, first)))
-                    in_flight.append((task, first, n))
+                    task = asyncio.ensure_future(evaluate(_encode(fr, keys)))
+                    in_flight.append((task, new))
             elif in_flight:
-                task, first, n = in_flight[0]
+                task, new = in_flight[0]
                 y = await task
                 in_flight.popleft()
-                _record(fr, first, values_of(y, n, "the heuristic model's output"))
+                _record(fr, new, values_of(y, len(new), "the heuristic model's output"))
             else:
                 return astar_result(fr)
     finally:
         # On an error or cancellation, drop the requests nobody will read (and mark
         # the errors of finished ones as seen, so that asyncio does not log them).
-        for task, _, _ in in_flight:
+        for task, _ in in_flight:
             if not task.done():
                 task.cancel()
             elif not task.cancelled():

@@ -13,19 +13,22 @@ found so far bounds the search, which ends once no open node has ``f`` below
 ``weight * goal_cost``. With weight 1 and an admissible heuristic, that makes the goal
 returned a cheapest one, even when many nodes are popped at once.
 
-How it is kept fast (issue 12; the order above is kept exactly). Every generated state
-but a goal gets a node id, in generation order, and the node's g, parent and step cost
-live in lists indexed by id, so the states of one request are always the ids
-``first..`` of the last expansion: the request is encoded from a slice and the values
-are recorded with slices. The open list is a bucket queue: a heap of the distinct ``f``
-values, and for each a first-in-first-out list of entries per ``h`` (insertion order
-is the last tie-breaker, so a list in push order is already sorted); comparing floats
-in a small heap is much cheaper than comparing ``(f, h, counter)`` tuples in a big one.
-An entry is a token, the node id for its first push; a node re-pushed at a lower g gets
-a new token and its older entries go stale. Problems that offer ``compact_keys()``
-(``problems.base.CompactKeys``: the sliding puzzle) are searched on compact int keys and
-expanded a whole step at a time, their new children added with bulk list and dict
-operations; others call ``neighbors`` state by state.
+How it is kept fast (issue 12; the order above is kept exactly):
+
+- Nodes are numbered as they are generated; a node's g and parent live in lists
+  indexed by its id, its key in one dict, so most of the work of a step is done by a
+  few list and dict operations over all its children at once, not a loop in Python.
+- The open list is a bucket queue: a heap of the distinct values of ``f``, and for each
+  a first-in-first-out queue of entries per ``h`` (insertion order is the last
+  tie-breaker, so a queue in push order is sorted already). Comparing floats in a small
+  heap costs much less than comparing ``(f, h, counter)`` tuples in a big one, and a
+  whole run of equal priorities goes in and out at once.
+- An entry is a token: the node's id for its first push. A node pushed again at a lower
+  g gets a new token (``Frontier.latest``), which makes its earlier ones stale; while no
+  node has been pushed twice, nothing popped can be stale.
+- Problems that offer ``compact_keys()`` (``problems.base.CompactKeys``: the sliding
+  puzzle) are searched on compact int keys, a whole step expanded and encoded in one
+  call each; others call ``neighbors`` state by state.
 """
 
 from __future__ import annotations
@@ -48,14 +51,19 @@ _INF = math.inf
 _ID_BITS = 32
 _ID_MASK = (1 << _ID_BITS) - 1
 
+_chain = itertools.chain.from_iterable
+_repeat = itertools.repeat
+_compress = itertools.compress
+
 
 @dataclasses.dataclass(eq=False)
 class Frontier:
     """Everything an A* search knows; mutated in place by this module's functions.
 
-    Nodes are numbered in the order they are generated (goals apart: they are never
-    expanded nor evaluated, and are kept in ``goals``). A node's key is its state, or
-    the problem's compact key when it offers ``compact_keys()``.
+    Generated states other than goals are nodes, numbered in generation order (goals
+    are never expanded nor evaluated; they are kept in ``goals``). A node's key is its
+    state, or the problem's compact key when it offers ``compact_keys()``. With compact
+    keys, some ids are left unused (a child found known takes an id slot for nothing).
     """
 
     weight: float
@@ -65,24 +73,22 @@ class Frontier:
     compact: Optional[CompactKeys] = None
     """The problem's compact keys, or None (then a key is the state itself)."""
     index: Dict[Any, int] = dataclasses.field(default_factory=dict)
-    """Node id of each generated key (goals apart)."""
+    """The id of each node's key."""
     keys: List[Any] = dataclasses.field(default_factory=list)
-    """Key of each node id."""
+    """The key of each node id."""
     g: List[float] = dataclasses.field(default_factory=list)
     """The cheapest known cost from the start to each node."""
     parent: List[Any] = dataclasses.field(default_factory=list)
     """The key of each node's predecessor on its cheapest known path (the start: its
     own key)."""
     step: Optional[List[float]] = dataclasses.field(default_factory=list)
-    """The cost of the step from the parent (the start: 0); None with compact keys,
-    whose steps all cost ``compact.step_cost``."""
-    h: List[Optional[float]] = dataclasses.field(default_factory=list)
-    """The model's value (estimated cost to go) of the nodes evaluated so far, which
-    are the nodes ``0..len(h) - 1`` (values arrive in node order; the start's is None:
-    never needed). A node sent to the model and not in here awaits its value."""
-    live: List[int] = dataclasses.field(default_factory=list)
-    """The latest open-list token of each evaluated node (as ``h``): older tokens of
-    the node are stale and skipped when popped."""
+    """The cost of the step from each node's parent (the start: 0); None with compact
+    keys, whose steps all cost ``compact.step_cost``."""
+    h: Dict[int, float] = dataclasses.field(default_factory=dict)
+    """The model's value (estimated cost to go) of each evaluated node; a node sent to
+    the model and not in here awaits its value (the start is never sent)."""
+    latest: Dict[int, int] = dataclasses.field(default_factory=dict)
+    """The latest token of each node pushed more than once (see the module doc)."""
     f_heap: List[float] = dataclasses.field(default_factory=list)
     """The distinct priorities on the open list, a heap."""
     buckets: Dict[float, list] = dataclasses.field(default_factory=dict)
@@ -90,9 +96,10 @@ class Frontier:
     share one h (a queue read from index ``head``), else ``[None, h heap, {h: [head,
     token, ...]}]``."""
     repushes: int = 0
-    """Nodes pushed again at a lower g (each token must differ from the earlier ones)."""
+    """Pushes of a node already pushed (numbers its new tokens)."""
     goals: Dict[Any, list] = dataclasses.field(default_factory=dict)
-    """For each goal key generated: ``[g, parent id, step cost]``."""
+    """For each goal key generated: ``[g, parent key, step cost]`` (the start as a goal:
+    ``[0, None, 0]``)."""
     goal: Any = None
     """The key of the cheapest goal found so far, or None."""
     goal_cost: float = _INF
@@ -157,14 +164,18 @@ def new_frontier(problem: SearchProblem, start: State, *, weight: float) -> Fron
         fr.parent.append(key)
         if fr.step is not None:
             fr.step.append(0)
-        fr.h.append(None)
-        fr.live.append(0)
         fr.f_heap.append(0.0)
         fr.buckets[0.0] = [0.0, 2, 0]
     return fr
 
 
 # -- the open list ------------------------------------------------------------------------
+
+def _is_live(fr: Frontier, token: int) -> bool:
+    """Whether ``token`` is its node's latest (an earlier one is stale)."""
+    i = token & _ID_MASK
+    return fr.latest.get(i, i) == token
+
 
 def _push(fr: Frontier, f: float, h: float, token: int) -> None:
     """Put ``token`` on the open list at priority ``(f, h)``, after its equals."""
@@ -234,10 +245,9 @@ def has_open_node(fr: Frontier) -> bool:
     True when the best open entry has priority below the bound set by the best goal
     found (``weight * goal_cost``; no bound while there is no goal).
     """
-    live = fr.live
     while fr.f_heap:
         f, token = _first_token(fr)
-        if live[token & _ID_MASK] != token:
+        if not _is_live(fr, token):
             _drop_first(fr)
             continue
         return fr.goal is None or f < fr.weight * fr.goal_cost
@@ -245,9 +255,10 @@ def has_open_node(fr: Frontier) -> bool:
 
 
 def _pop(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
-    """Pop up to ``max_nodes`` open nodes in priority order: their ids and their g."""
+    """Pop up to ``max_nodes`` open nodes in priority order: their ids and their g
+    (none when no open node could lead to a cheaper goal)."""
     ids: List[int] = []
-    f_heap, buckets, live = fr.f_heap, fr.buckets, fr.live
+    f_heap, buckets, latest = fr.f_heap, fr.buckets, fr.latest
     bound = _INF if fr.goal is None else fr.weight * fr.goal_cost
     while len(ids) < max_nodes and f_heap:
         f = f_heap[0]
@@ -255,12 +266,12 @@ def _pop(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
             break
         bucket = buckets[f]
         if bucket[0] is None:
-            f, token = _first_token(fr)
+            _, token = _first_token(fr)
             _drop_first(fr)
-            if live[token & _ID_MASK] == token:
+            if _is_live(fr, token):
                 ids.append(token & _ID_MASK)
             continue
-        # One h at this f: take a run of entries off the queue at once.
+        # One h at this f: take a run of entries off its queue at once.
         head = bucket[1]
         end = min(len(bucket), head + max_nodes - len(ids))
         tokens = bucket[head:end]
@@ -269,30 +280,30 @@ def _pop(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
             del buckets[f]
         else:
             bucket[1] = end
-        for token in tokens:
-            if live[token & _ID_MASK] == token:
-                ids.append(token & _ID_MASK)
+        if not latest:  # no node pushed twice: every token is a live node's id
+            ids += tokens
+        else:
+            ids.extend(token & _ID_MASK for token in tokens if _is_live(fr, token))
     # Nothing changes g between the pops, so every g is read once, after them.
     return ids, list(map(fr.g.__getitem__, ids))
 
 
 # -- expansion ----------------------------------------------------------------------------
 
-def _expand(fr: Frontier, ids: List[int], gs: List[float]) -> int:
+def _expand(fr: Frontier, ids: List[int], gs: List[float]) -> Tuple[List[int], List[Any]]:
     """Generate the successors of the popped nodes ``ids`` (popped at costs ``gs``).
 
     A successor reached more cheaply than before gets its new cost and parent. Goals
     update the best goal and go no further. Successors with a known value are pushed
-    at once; new ones become the nodes ``first..`` (returned), in generation order,
-    to be evaluated and pushed by ``_record`` when their values arrive.
+    at once. Returns the new nodes' ids and keys, in generation order: to be evaluated,
+    and pushed by ``_record`` when their values arrive.
     """
-    first = len(fr.keys)
     if fr.compact is None:
-        _expand_states(fr, ids, gs)
+        new = _expand_states(fr, ids, gs)
     else:
-        _expand_keys(fr, ids, gs)
+        new = _expand_keys(fr, ids, gs)
     fr.expanded += len(ids)
-    return first
+    return new
 
 
 def _reached(fr: Frontier, j: int, parent: Any, g1: float, cost: float) -> None:
@@ -303,11 +314,11 @@ def _reached(fr: Frontier, j: int, parent: Any, g1: float, cost: float) -> None:
     fr.parent[j] = parent
     if fr.step is not None:
         fr.step[j] = cost
-    value = fr.h[j] if j < len(fr.h) else None
+    value = fr.h.get(j)
     if value is not None:
         fr.repushes += 1
         token = j | (fr.repushes << _ID_BITS)
-        fr.live[j] = token
+        fr.latest[j] = token
         _push(fr, fr.weight * g1 + value, value, token)
     # else it awaits its value, and is pushed at its best g when the value arrives.
 
@@ -322,11 +333,13 @@ def _reached_goal(fr: Frontier, key: Any, parent: Any, g1: float, cost: float) -
         fr.goal, fr.goal_cost = key, g1
 
 
-def _expand_states(fr: Frontier, ids: List[int], gs: List[float]) -> None:
+def _expand_states(fr: Frontier, ids: List[int],
+                   gs: List[float]) -> Tuple[List[int], List[Any]]:
     """``_expand`` through ``problem.neighbors``, one state at a time."""
     problem, keys, index, goals = fr.problem, fr.keys, fr.index, fr.goals
     neighbors, is_goal = problem.neighbors, problem.is_goal
     g_of, parent, step = fr.g, fr.parent, fr.step
+    first = len(keys)
     for i, g in zip(ids, gs):
         state = keys[i]
         for child, cost in neighbors(state):
@@ -343,88 +356,65 @@ def _expand_states(fr: Frontier, ids: List[int], gs: List[float]) -> None:
                 g_of.append(g1)
                 parent.append(state)
                 step.append(cost)
+    return list(range(first, len(keys))), keys[first:]
 
 
-def _expand_keys(fr: Frontier, ids: List[int], gs: List[float]) -> None:
+def _expand_keys(fr: Frontier, ids: List[int],
+                 gs: List[float]) -> Tuple[List[int], List[Any]]:
     """``_expand`` through the problem's compact keys: every popped node at once.
 
-    New children are added with bulk operations when none is a goal and none appears
-    twice; the others (known nodes reached again) are taken one by one, in order,
-    which is what the one-by-one loop does, as a new node and a known one never touch
-    each other's entries. Otherwise the step runs one child at a time.
+    Child k of the step may take the id ``first + k``: one ``setdefault`` pass over the
+    children finds the known ones and numbers the new ones. Every child then gets its g
+    and parent in the lists (an unused slot's are never read), and the children found
+    known, or repeated in the step, are taken one by one in order, as the loop over
+    ``neighbors`` does, unless none of them can be reached more cheaply. A goal among
+    the children undoes the pass and runs the step one child at a time.
     """
-    compact, keys, index = fr.compact, fr.keys, fr.index
-    cost = compact.step_cost
+    compact, keys, index, g, parent = fr.compact, fr.keys, fr.index, fr.g, fr.parent
     popped = list(map(keys.__getitem__, ids))
-    children, counts = compact.expand(popped, list(map(fr.parent.__getitem__, ids)))
-    found = list(map(index.get, children))
-    g1s = [g + cost for g in gs]
-    new = found.count(None)
-    if new == len(children):
-        if not new:
-            return
-        first = len(keys)
-        if not _add_keys(fr, children, first):
-            return _expand_keys_one_by_one(fr, popped, g1s, children, counts)
-        if g1s.count(g1s[0]) == len(g1s):
-            fr.g.extend(_repeat(g1s[0], new))
-        else:
-            fr.g.extend(_chain(map(_repeat, g1s, counts)))
-        fr.parent.extend(_chain(map(_repeat, popped, counts)))
-        return
-    fresh_mask = list(map(_is, found, _repeat(None)))
+    children, counts = compact.expand(popped, list(map(parent.__getitem__, ids)))
+    m = len(children)
+    if not m:
+        return [], []
     first = len(keys)
-    if new:
-        fresh = list(_compress(children, fresh_mask))
-        if not _add_keys(fr, fresh, first):
-            return _expand_keys_one_by_one(fr, popped, g1s, children, counts)
-    g = fr.g
-    # Known nodes reached again: usually none more cheaply (then there is nothing to do).
-    if min(g1s) < max(map(g.__getitem__, filter(_not_none, found))):
+    slots = range(first, first + m)
+    got = list(map(index.setdefault, children, slots))
+    is_new = list(map(operator.eq, got, slots))
+    new = is_new.count(True)
+    goal_keys = compact.goal_keys
+    if new and (any(map(index.__contains__, goal_keys)) if len(goal_keys) < m
+                else not goal_keys.isdisjoint(children)):
+        for child in _compress(children, is_new):
+            del index[child]
+        return _expand_keys_one_by_one(fr, popped, gs, children, counts)
+    cost = compact.step_cost
+    g1s = [g0 + cost for g0 in gs]
+    keys += children
+    if g1s.count(g1s[0]) == len(g1s):
+        g.extend(_repeat(g1s[0], m))
+    else:
+        g.extend(_chain(map(_repeat, g1s, counts)))
+    parent.extend(_chain(map(_repeat, popped, counts)))
+    if new == m:
+        return list(slots), children
+    # Known (or repeated) children: usually none reached more cheaply than before.
+    if min(g1s) < max(map(g.__getitem__, _compress(got, map(operator.not_, is_new)))):
         owners = _chain(map(_repeat, range(len(ids)), counts))
-        for j, o in _compress(zip(found, owners), map(_is_not, found, _repeat(None))):
-            if g1s[o] < g[j]:
+        for j, o, fresh in zip(got, owners, is_new):
+            if not fresh and g1s[o] < g[j]:
                 _reached(fr, j, popped[o], g1s[o], cost)
-    if new:
-        if g1s.count(g1s[0]) == len(g1s):
-            g.extend(_repeat(g1s[0], new))
-        else:
-            g.extend(_compress(_chain(map(_repeat, g1s, counts)), fresh_mask))
-        fr.parent.extend(_compress(_chain(map(_repeat, popped, counts)), fresh_mask))
+    return list(_compress(slots, is_new)), list(_compress(children, is_new))
 
 
-def _add_keys(fr: Frontier, children: List[Any], first: int) -> bool:
-    """Index ``children`` (none known yet) as the nodes ``first..`` and list their keys,
-    if none is a goal and none appears twice; else change nothing and return False."""
-    index, goal_keys = fr.index, fr.compact.goal_keys
-    before = len(index)
-    index.update(zip(children, range(first, first + len(children))))
-    # A goal would now be in the index (goals never are), a repeated key would have
-    # added fewer entries than there are children.
-    if len(index) - before != len(children) or (
-            any(map(index.__contains__, goal_keys)) if len(goal_keys) < len(children)
-            else not goal_keys.isdisjoint(children)):
-        for child in children:
-            index.pop(child, None)
-        return False
-    fr.keys.extend(children)
-    return True
-
-
-_chain = itertools.chain.from_iterable
-_repeat = itertools.repeat
-_compress = itertools.compress
-_is, _is_not = operator.is_, operator.is_not
-_not_none = functools.partial(operator.is_not, None)
-
-
-def _expand_keys_one_by_one(fr: Frontier, popped: List[Any], g1s: List[float],
-                            children: List[Any], counts: List[int]) -> None:
+def _expand_keys_one_by_one(fr: Frontier, popped: List[Any], gs: List[float],
+                            children: List[Any],
+                            counts: List[int]) -> Tuple[List[int], List[Any]]:
     cost = fr.compact.step_cost
     index, goal_keys, keys, g_of, parent = (fr.index, fr.compact.goal_keys, fr.keys,
                                             fr.g, fr.parent)
+    first = len(keys)
     for child, o in zip(children, _chain(map(_repeat, range(len(popped)), counts))):
-        g1 = g1s[o]
+        g1 = gs[o] + cost
         j = index.get(child)
         if j is not None:
             if g1 < g_of[j]:
@@ -436,23 +426,20 @@ def _expand_keys_one_by_one(fr: Frontier, popped: List[Any], g1s: List[float],
             keys.append(child)
             g_of.append(g1)
             parent.append(popped[o])
+    return list(range(first, len(keys))), keys[first:]
 
 
 # -- values -------------------------------------------------------------------------------
 
-def _record(fr: Frontier, first: int, values: Sequence[float]) -> None:
-    """Record the model's values for the nodes ``first..first + len(values)`` (the next
-    ones to be evaluated) and push each at its current best g, in order."""
-    m = len(values)
-    if len(fr.h) != first:
-        raise ValueError(f"values must arrive in node order: expected those of node "
-                         f"{len(fr.h)}, got node {first}")
-    fr.h.extend(values)
-    # A node's first token is its id.
-    fr.live.extend(range(first, first + m))
+def _record(fr: Frontier, ids: List[int], values: List[float]) -> None:
+    """Record the model's values for the nodes ``ids`` (sent to it, in that order) and
+    push each at its current best g, in order."""
+    m = len(ids)
+    fr.h.update(zip(ids, values))
     # f = weight * g + h, with the roundings of a loop over the nodes; then the runs of
-    # equal (f, h), each pushed at once (the zero model: a run or two a request).
-    weight, gs, h = fr.weight, fr.g[first:first + m], values[0]
+    # equal (f, h), each pushed at once (with a free model, a run or two a request).
+    weight, h = fr.weight, values[0]
+    gs = list(map(fr.g.__getitem__, ids))
     if values.count(h) == m:
         if gs.count(gs[0]) == m:
             runs = (((weight * gs[0] + h, h), ()),)
@@ -463,26 +450,20 @@ def _record(fr: Frontier, first: int, values: Sequence[float]) -> None:
     else:
         runs = itertools.groupby([(weight * g + v, v) for g, v in zip(gs, values)])
         lengths = None
-    buckets, position = fr.buckets, first
+    buckets, position = fr.buckets, 0
     for k, ((f, h), run) in enumerate(runs):
         end = position + (lengths[k] if lengths else len(list(run)))
+        # A node's first token is its id.
+        tokens = ids[position:end] if position or end < m else ids
         bucket = buckets.get(f)
         if bucket is None:
-            buckets[f] = [h, 2, *range(position, end)]
+            buckets[f] = [h, 2, *tokens]
             heapq.heappush(fr.f_heap, f)
         elif bucket[0] == h:
-            bucket.extend(range(position, end))
+            bucket += tokens
         else:
-            _queue_of(fr, bucket, h).extend(range(position, end))
+            _queue_of(fr, bucket, h).extend(tokens)
         position = end
-
-
-def _encode(fr: Frontier, first: int) -> Any:
-    """The model input for the nodes ``first..`` (the last expansion's new ones)."""
-    keys = fr.keys[first:]
-    if fr.compact is None:
-        return fr.problem.encode(keys)
-    return fr.compact.encode(keys)
 
 
 # -- the public steps, on the problem's states ----------------------------------------------
@@ -505,23 +486,14 @@ def expand_nodes(problem: SearchProblem, fr: Frontier,
     frontier was made for.
     """
     ids = [fr.index[fr.key_of(state)] for state, _ in nodes]
-    first = _expand(fr, ids, [g for _, g in nodes])
-    return [fr.state_of(key) for key in fr.keys[first:]]
+    _, keys = _expand(fr, ids, [g for _, g in nodes])
+    return [fr.state_of(key) for key in keys]
 
 
 def record_values(fr: Frontier, states: List[State], values: List[float]) -> None:
-    """Record the model's values for ``states`` and push each at its current best g.
-
-    ``states`` are those returned by one ``expand_nodes`` call, all of them and in
-    order; calls follow the order of the ``expand_nodes`` calls.
-    """
-    ids = [fr.index[fr.key_of(state)] for state in states]
-    if not ids:
-        return
-    if ids != list(range(ids[0], ids[0] + len(ids))):
-        raise ValueError("record_values takes the states of one expand_nodes call, all "
-                         "of them and in order")
-    _record(fr, ids[0], list(values))
+    """Record the model's values for ``states`` and push each at its current best g."""
+    if states:
+        _record(fr, [fr.index[fr.key_of(state)] for state in states], list(values))
 
 
 def path_to(fr: Frontier, state: State) -> Tuple[Tuple[State, ...], float]:
@@ -559,5 +531,12 @@ def astar_result(fr: Frontier) -> AStarResult:
         path, cost = None, None
         status = Status.BUDGET_EXHAUSTED if has_open_node(fr) else Status.SPACE_EXHAUSTED
     return AStarResult(status=status, path=path, cost=cost, nodes_expanded=fr.expanded,
-                       nodes_generated=len(fr.keys) + len(fr.goals),
+                       nodes_generated=len(fr.index) + len(fr.goals),
                        evaluations=fr.evaluations, requests=fr.requests)
+
+
+def _encode(fr: Frontier, keys: List[Any]) -> Any:
+    """The model input for the nodes of ``keys``."""
+    if fr.compact is None:
+        return fr.problem.encode(keys)
+    return fr.compact.encode(keys)
