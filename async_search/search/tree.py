@@ -161,7 +161,8 @@ class Tree:
         return self.node_edges[node] or range(0)
 
     def node_visits(self, node: int) -> int:
-        """``N``: visits plus virtual visits over the node's edges."""
+        """``N``: visits plus virtual visits over the node's edges (it searches for the
+        edge into the node: for reading, the descent keeps that edge at hand)."""
         into = self.edge_child.index(node) if node else 0
         return self.edge_seen1[into] - 2 if self.is_expanded(node) else 0
 
@@ -324,6 +325,7 @@ class Tree:
             paths.append(path)
             leaves.append(node)
         return paths, leaves, pending
+
     def _revert(self, path: Path) -> None:
         """Undo the virtual loss that a descent added along ``path``."""
         value_sum, virtual = self.edge_value_sum, self.edge_virtual
