@@ -263,12 +263,21 @@ class PuzzleKeys:
         moves = self._moves
         children: List[int] = []
         counts: List[int] = []
-        append = children.append
+        count = counts.append
         for key, parent in zip(keys, parents):
             row = moves[key & 15][parent & 15]
-            for shift, table in row:
-                append(key ^ table[(key >> shift) & 15])
-            counts.append(len(row))
+            # Unrolled by the number of moves (the loop is the search's hottest).
+            n = len(row)
+            if n == 2:
+                (s0, t0), (s1, t1) = row
+                children += (key ^ t0[(key >> s0) & 15], key ^ t1[(key >> s1) & 15])
+            elif n == 3:
+                (s0, t0), (s1, t1), (s2, t2) = row
+                children += (key ^ t0[(key >> s0) & 15], key ^ t1[(key >> s1) & 15],
+                             key ^ t2[(key >> s2) & 15])
+            else:
+                children += [key ^ table[(key >> shift) & 15] for shift, table in row]
+            count(n)
         return children, counts
 
     def encode(self, keys: Sequence[int]) -> np.ndarray:

@@ -374,8 +374,8 @@ def _expand_keys(fr: Frontier, ids: List[int],
     popped = list(map(keys.__getitem__, ids))
     children, counts = compact.expand(popped, list(map(parent.__getitem__, ids)))
     m = len(children)
-    if not m:
-        return [], []
+    if m < 8:  # a node or two (continuous A*): a loop costs less than the passes
+        return _expand_keys_one_by_one(fr, popped, gs, children, counts)
     first = len(keys)
     slots = range(first, first + m)
     got = list(map(index.setdefault, children, slots))
