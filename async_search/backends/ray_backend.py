@@ -90,7 +90,8 @@ class ServerActor(QueueHost):
         self._stopped: asyncio.Future | None = None
 
     async def start(self):
-        """Builds the model and starts serving; returns ``(input spec, DirectAddress)``."""
+        """Builds the model and starts serving; returns ``(input spec, DirectAddress)``
+        (the address is None when this actor cannot listen: clients use actor calls)."""
         self._stopped = asyncio.get_running_loop().create_future()
         self._server = await self._lifetime.enter_async_context(BatchingServer(
             self._model_factory(), self._policy, model_thread=self._model_thread))
@@ -98,8 +99,13 @@ class ServerActor(QueueHost):
             c: self.hosted(_answers(c)) for c in range(self._num_clients)})
         self._serving = asyncio.ensure_future(
             serve_connection(self._server, connection, portable=True))
-        self._listener = DirectListener(self._serve_direct)
-        return self._server.input_spec, await self._listener.start()
+        listener = DirectListener(self._serve_direct)
+        try:
+            address = await listener.start()
+        except OSError:  # no address to listen on here: actor calls it is
+            return self._server.input_spec, None
+        self._listener = listener
+        return self._server.input_spec, address
 
     def _serve_direct(self, key: int, inbound, outbound) -> None:
         """Serves a client's direct connection until it closes it (or its process ends)."""
@@ -297,18 +303,21 @@ def _client_task(search_fn, starts: List[Any], servers: list,
         return runner.run(_client(search_fn, starts, servers, addresses, number, spec))
 
 
-async def _connect(server, address: DirectAddress, number: int,
+async def _connect(server, address: DirectAddress | None, number: int,
                    ) -> Tuple[Connection, str]:
     """``(connection, transport)``: a direct socket to the server actor, else (it cannot
-    be reached from here) its hosted queues, a round trip per actor call."""
+    be reached from here, or does not listen) its hosted queues, a round trip per actor
+    call."""
     try:
-        inbound, outbound = await connect_direct(address, number)
-        return Connection(inbound, outbound), "socket"
+        if address is not None:
+            inbound, outbound = await connect_direct(address, number)
+            return Connection(inbound, outbound), "socket"
     except (OSError, asyncio.TimeoutError):
-        answers = ActorQueue(server, _answers(number))
-        # A loop iteration's message and the wait for answers travel in one call.
-        requests = ActorQueue(server, _REQUESTS).with_replies(answers)
-        return KeyedConnection(number, Connection(answers, requests)), "actor"
+        pass
+    answers = ActorQueue(server, _answers(number))
+    # A loop iteration's message and the wait for answers travel in one call.
+    requests = ActorQueue(server, _REQUESTS).with_replies(answers)
+    return KeyedConnection(number, Connection(answers, requests)), "actor"
 
 
 async def _watch(server, connection: Connection) -> None:

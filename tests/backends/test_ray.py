@@ -104,16 +104,18 @@ def _unreachable(address):
     return dataclasses.replace(address, host="127.0.0.1", port=port)
 
 
-def test_a_client_that_cannot_reach_the_socket_falls_back_on_actor_calls():
+@pytest.mark.parametrize("why", ["unreachable", "not listening"])
+def test_a_client_that_cannot_reach_the_socket_falls_back_on_actor_calls(why):
     from async_search.backends.ray_backend import _client
     from async_search.remote import arrived
 
     baseline = searches.baseline(searches.echo_sum, [4, 6, 3], searches.small_mlp())
     actor, spec, address = _server_actor()
+    address = _unreachable(address) if why == "unreachable" else None
 
     async def run():
         report, routing, transports = await asyncio.wait_for(_client(
-            searches.echo_sum, [4, 6, 3], [actor], [_unreachable(address)], 0, spec), 60)
+            searches.echo_sum, [4, 6, 3], [actor], [address], 0, spec), 60)
         stats, _ = await asyncio.wait_for(actor.stop.remote(), 60)
         return report, routing, transports, stats
 
