@@ -71,7 +71,8 @@ def _answers(client: int) -> str:
 
 class ServerActor(QueueHost):
     """A model server in its own Ray actor process (made remote by ``run_ray``), serving
-    the request queue it hosts."""
+    its clients' direct connections and the request queue it hosts, with one
+    BatchingServer."""
 
     def __init__(self, model_factory: Callable[[], Any], policy: DispatchPolicy,
                  model_thread: bool | str = "auto", num_clients: int = 1, *,
@@ -157,7 +158,9 @@ class ServerActor(QueueHost):
             # that ended without closing its own gets them closed here
             _, left = await asyncio.wait(list(self._direct), timeout=self._stop_wait_s)
             for task in left:
-                self._direct[task].inbound.close()  # the server answers what it read
+                connection = self._direct.get(task)
+                if connection is not None:  # the server answers what it read, then
+                    connection.inbound.close()  # ends
             if left:
                 await asyncio.wait(left)
         if self._stopped is not None and not self._stopped.done():
