@@ -290,13 +290,14 @@ def _pop(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
 
 # -- expansion ----------------------------------------------------------------------------
 
-def _expand(fr: Frontier, ids: List[int], gs: List[float]) -> Tuple[List[int], List[Any]]:
+def _expand(fr: Frontier, ids: List[int],
+            gs: List[float]) -> Tuple[Sequence[int], List[Any]]:
     """Generate the successors of the popped nodes ``ids`` (popped at costs ``gs``).
 
     A successor reached more cheaply than before gets its new cost and parent. Goals
     update the best goal and go no further. Successors with a known value are pushed
-    at once. Returns the new nodes' ids and keys, in generation order: to be evaluated,
-    and pushed by ``_record`` when their values arrive.
+    at once. Returns the new nodes' ids (a list or a range) and keys, in generation
+    order: to be evaluated, and pushed by ``_record`` when their values arrive.
     """
     if fr.compact is None:
         new = _expand_states(fr, ids, gs)
@@ -360,7 +361,7 @@ def _expand_states(fr: Frontier, ids: List[int],
 
 
 def _expand_keys(fr: Frontier, ids: List[int],
-                 gs: List[float]) -> Tuple[List[int], List[Any]]:
+                 gs: List[float]) -> Tuple[Sequence[int], List[Any]]:
     """``_expand`` through the problem's compact keys: every popped node at once.
 
     Child k of the step may take the id ``first + k``: one ``setdefault`` pass over the
@@ -390,15 +391,18 @@ def _expand_keys(fr: Frontier, ids: List[int],
     cost = compact.step_cost
     g1s = [g0 + cost for g0 in gs]
     keys += children
-    if g1s.count(g1s[0]) == len(g1s):
+    one_g = g1s.count(g1s[0]) == len(g1s)
+    if one_g:
         g.extend(_repeat(g1s[0], m))
     else:
         g.extend(_chain(map(_repeat, g1s, counts)))
     parent.extend(_chain(map(_repeat, popped, counts)))
     if new == m:
-        return list(slots), children
-    # Known (or repeated) children: usually none reached more cheaply than before.
-    if min(g1s) < max(map(g.__getitem__, _compress(got, map(operator.not_, is_new)))):
+        return slots, children
+    # Known (or repeated) children: usually none reached more cheaply than before (with
+    # one g for all, a new child's g is that g: then all of got can be checked).
+    if (max(map(g.__getitem__, got)) > g1s[0] if one_g else
+            min(g1s) < max(map(g.__getitem__, _compress(got, map(operator.not_, is_new))))):
         owners = _chain(map(_repeat, range(len(ids)), counts))
         for j, o, fresh in zip(got, owners, is_new):
             if not fresh and g1s[o] < g[j]:
@@ -431,7 +435,7 @@ def _expand_keys_one_by_one(fr: Frontier, popped: List[Any], gs: List[float],
 
 # -- values -------------------------------------------------------------------------------
 
-def _record(fr: Frontier, ids: List[int], values: List[float]) -> None:
+def _record(fr: Frontier, ids: Sequence[int], values: List[float]) -> None:
     """Record the model's values for the nodes ``ids`` (sent to it, in that order) and
     push each at its current best g, in order."""
     m = len(ids)
@@ -439,7 +443,8 @@ def _record(fr: Frontier, ids: List[int], values: List[float]) -> None:
     # f = weight * g + h, with the roundings of a loop over the nodes; then the runs of
     # equal (f, h), each pushed at once (with a free model, a run or two a request).
     weight, h = fr.weight, values[0]
-    gs = list(map(fr.g.__getitem__, ids))
+    gs = (fr.g[ids.start:ids.stop] if isinstance(ids, range) else
+          list(map(fr.g.__getitem__, ids)))
     if values.count(h) == m:
         if gs.count(gs[0]) == m:
             runs = (((weight * gs[0] + h, h), ()),)
