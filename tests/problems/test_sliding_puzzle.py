@@ -148,3 +148,52 @@ def test_manhattan_distance_counts_moves_of_each_tile():
     puzzle = SlidingPuzzle(3)
     assert puzzle.manhattan_distance(puzzle.goal) == 0
     assert puzzle.manhattan_distance(puzzle.state([0, 1, 2, 3, 4, 5, 6, 7, 8])) == 12
+
+
+# -- compact keys (A*'s fast path) ---------------------------------------------------------
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_compact_keys_agree_exactly_with_states(size):
+    from async_search.problems.base import CompactKeys
+    puzzle = SlidingPuzzle(size)
+    keys = puzzle.compact_keys()
+    assert isinstance(keys, CompactKeys) and keys.step_cost == 1
+    assert keys.goal_keys == {keys.key(puzzle.goal)}
+    states = [puzzle.scramble(m, seed=s) for s in range(25) for m in (0, 1, 7, 60)]
+    ints = [keys.key(s) for s in states]
+    assert [keys.state(k) for k in ints] == states
+    assert len(set(ints)) == len(set(states))
+    for state, key in zip(states, ints):
+        assert (key in keys.goal_keys) == puzzle.is_goal(state)
+    # encode: the same bytes as the states' encoding, for any batch size.
+    for batch in (ints[:1], ints[:3], ints):
+        x = keys.encode(batch)
+        expected = puzzle.encode([keys.state(k) for k in batch])
+        assert x.dtype == expected.dtype and x.shape == expected.shape
+        assert x.flags.c_contiguous and x.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_compact_expand_is_neighbors_in_order_without_the_parent(size):
+    puzzle = SlidingPuzzle(size)
+    keys = puzzle.compact_keys()
+    states = [puzzle.scramble(m, seed=s) for s in range(20) for m in (0, 3, 40)]
+    ints = [keys.key(s) for s in states]
+    # A parent equal to its key leaves nothing out.
+    children, counts = keys.expand(ints, ints)
+    assert counts == [len(puzzle.neighbors(s)) for s in states]
+    assert children == [keys.key(n) for s in states for n, _ in puzzle.neighbors(s)]
+    for state, key in zip(states, ints):
+        for neighbor, _ in puzzle.neighbors(state):
+            grandchildren, counts = keys.expand([keys.key(neighbor)], [key])
+            assert [keys.state(k) for k in grandchildren] == [
+                n for n, _ in puzzle.neighbors(neighbor) if n != state]
+            assert counts == [len(grandchildren)]
+
+
+def test_compact_keys_exist_up_to_the_15_puzzle_and_share_their_tables():
+    assert SlidingPuzzle(5).compact_keys() is None
+    a, b = SlidingPuzzle(4).compact_keys(), SlidingPuzzle(4).compact_keys()
+    assert a is not b and a._moves is b._moves
+    puzzle = SlidingPuzzle(4)
+    assert puzzle.compact_keys() is puzzle.compact_keys()

@@ -90,3 +90,26 @@ def test_result_status_without_goal_tells_budget_from_exhausted_space(toy_graph)
     assert (done.nodes_expanded, done.nodes_generated, done.evaluations) == (4, 4, 3)
     stopped = astar_result(drive(graph, "S", budget=1))
     assert stopped.status is Status.BUDGET_EXHAUSTED and stopped.evaluations == 2
+
+
+def test_values_recorded_in_any_order_are_pushed_in_that_order(toy_graph):
+    # Equal priorities go to the earlier push: here the order values were recorded in.
+    graph = toy_graph({"S": [("A", 1), ("B", 1), ("C", 1)]}, goals=[])
+    fr = new_frontier(graph, "S", weight=1.0)
+    states = expand_nodes(graph, fr, pop_nodes(fr, 1))
+    assert states == ["A", "B", "C"]
+    record_values(fr, ["C", "A"], [0.0, 0.0])
+    record_values(fr, ["B"], [0.0])
+    assert [s for s, _ in pop_nodes(fr, 3)] == ["C", "A", "B"]
+
+
+def test_a_node_reached_more_cheaply_after_its_value_is_known_is_pushed_again(toy_graph):
+    # C is first reached at g 5 and evaluated; A, popped next, reaches it at g 2: C is
+    # pushed again at once (its value is known), and its first entry goes stale.
+    graph = toy_graph({"S": [("A", 1), ("C", 5)], "A": [("C", 1)], "C": []}, goals=[],
+                      h={"A": 0, "C": 0})
+    trace = []
+    fr = drive(graph, "S", trace=trace)
+    assert trace == ["S", "A", "C"]
+    assert path_to(fr, "C") == (("S", "A", "C"), 2)
+    assert astar_result(fr).evaluations == 2
