@@ -85,8 +85,13 @@ class Frontier:
     """The cost of the step from each node's parent (the start: 0); None with compact
     keys, whose steps all cost ``compact.step_cost``."""
     h: Dict[int, float] = dataclasses.field(default_factory=dict)
-    """The model's value (estimated cost to go) of each evaluated node; a node sent to
-    the model and not in here awaits its value (the start is never sent)."""
+    """The model's value (estimated cost to go) of each evaluated node, once
+    ``_value_of`` has filed the ``recorded`` ones; a node sent to the model whose value
+    is in neither awaits it (the start is never sent)."""
+    recorded: List[Tuple[Sequence[int], List[float]]] = dataclasses.field(
+        default_factory=list)
+    """Values recorded and not yet filed in ``h``, as ``(ids, values)``: they are only
+    read when a node is reached again more cheaply, which a search may never do."""
     latest: Dict[int, int] = dataclasses.field(default_factory=dict)
     """The latest token of each node pushed more than once (see the module doc)."""
     f_heap: List[float] = dataclasses.field(default_factory=list)
@@ -315,13 +320,22 @@ def _reached(fr: Frontier, j: int, parent: Any, g1: float, cost: float) -> None:
     fr.parent[j] = parent
     if fr.step is not None:
         fr.step[j] = cost
-    value = fr.h.get(j)
+    value = _value_of(fr, j)
     if value is not None:
         fr.repushes += 1
         token = j | (fr.repushes << _ID_BITS)
         fr.latest[j] = token
         _push(fr, fr.weight * g1 + value, value, token)
     # else it awaits its value, and is pushed at its best g when the value arrives.
+
+
+def _value_of(fr: Frontier, i: int) -> Optional[float]:
+    """The model's value of node ``i``, or None if it has none (yet)."""
+    if fr.recorded:
+        for ids, values in fr.recorded:
+            fr.h.update(zip(ids, values))
+        fr.recorded.clear()
+    return fr.h.get(i)
 
 
 def _reached_goal(fr: Frontier, key: Any, parent: Any, g1: float, cost: float) -> None:
@@ -439,7 +453,7 @@ def _record(fr: Frontier, ids: Sequence[int], values: List[float]) -> None:
     """Record the model's values for the nodes ``ids`` (sent to it, in that order) and
     push each at its current best g, in order."""
     m = len(ids)
-    fr.h.update(zip(ids, values))
+    fr.recorded.append((ids, values))
     # f = weight * g + h, with the roundings of a loop over the nodes; then the runs of
     # equal (f, h), each pushed at once (with a free model, a run or two a request).
     weight, h = fr.weight, values[0]
