@@ -60,8 +60,9 @@ class CompactKeys(Protocol):
 
     - ``key(state)`` is one-to-one, ``state(key(s)) == s``;
     - ``expand`` gives the keys of ``neighbors`` in the same order, each step costing
-      ``step_cost``, leaving out the move back to a given parent (A* never needs it: a
-      node's parent can never be reached more cheaply through the node);
+      ``step_cost`` (> 0), leaving out the move back to a given parent (A* never needs
+      it: with positive costs, a node's parent is never reached more cheaply through
+      the node);
     - ``goal_keys`` are exactly the keys of the states for which ``is_goal`` is true;
     - ``encode(keys)`` equals ``problem.encode([state(k) for k in keys])``, bit for bit.
 

@@ -224,8 +224,9 @@ class PuzzleKeys:
         >>> keys.state(keys.key(puzzle.goal)) == puzzle.goal
         True
         >>> goal = keys.key(puzzle.goal)
-        >>> children, counts = keys.expand([goal], [goal])
-        >>> [keys.state(c) for c in children] == [s for s, _ in puzzle.neighbors(puzzle.goal)]
+        >>> children, counts = keys.expand([goal], [goal])  # no parent to leave out
+        >>> neighbors = [s for s, _ in puzzle.neighbors(puzzle.goal)]
+        >>> [keys.state(c) for c in children] == neighbors
         True
     """
 

@@ -6,8 +6,8 @@ from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.base import values_of
-from async_search.search.frontier import (AStarResult, _encode, _expand, _pop, _record,
-                                          astar_result, new_frontier)
+from async_search.search.frontier import (AStarResult, astar_result, encode_keys,
+                                          expand_ids, new_frontier, pop_ids, record_ids)
 
 __all__ = ["batched_astar", "check_astar_arguments"]
 
@@ -66,13 +66,13 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
     buffer_size = check_int("buffer_size", buffer_size, minimum=1)
     fr = new_frontier(problem, start, weight=weight)
     while fr.evaluations < budget:
-        ids, gs = _pop(fr, buffer_size)
+        ids, gs = pop_ids(fr, buffer_size)
         if not ids:  # no open node can lead to a cheaper goal
             break
-        new, keys = _expand(fr, ids, gs)  # the new nodes: ids and keys
+        new, keys = expand_ids(fr, ids, gs)  # the new nodes: ids and keys
         if new:
             fr.evaluations += len(new)
             fr.requests += 1
-            y = await evaluate(_encode(fr, keys))
-            _record(fr, new, values_of(y, len(new), "the heuristic model's output"))
+            y = await evaluate(encode_keys(fr, keys))
+            record_ids(fr, new, values_of(y, len(new), "the heuristic model's output"))
     return astar_result(fr)

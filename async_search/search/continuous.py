@@ -22,8 +22,9 @@ from async_search.checks import check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.astar import check_astar_arguments
 from async_search.search.base import values_of
-from async_search.search.frontier import (AStarResult, _encode, _expand, _pop, _record,
-                                          astar_result, has_open_node, new_frontier)
+from async_search.search.frontier import (AStarResult, astar_result, encode_keys,
+                                          expand_ids, has_open_node, new_frontier,
+                                          pop_ids, record_ids)
 
 __all__ = ["continuous_astar"]
 
@@ -78,17 +79,17 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
         while True:
             if (len(in_flight) < max_in_flight and fr.evaluations < budget
                     and has_open_node(fr)):
-                new, keys = _expand(fr, *_pop(fr, 1))  # the new nodes: ids and keys
+                new, keys = expand_ids(fr, *pop_ids(fr, 1))  # the new nodes: ids and keys
                 if new:
                     fr.evaluations += len(new)
                     fr.requests += 1
-                    task = asyncio.ensure_future(evaluate(_encode(fr, keys)))
+                    task = asyncio.ensure_future(evaluate(encode_keys(fr, keys)))
                     in_flight.append((task, new))
             elif in_flight:
                 task, new = in_flight[0]
                 y = await task
                 in_flight.popleft()
-                _record(fr, new, values_of(y, len(new), "the heuristic model's output"))
+                record_ids(fr, new, values_of(y, len(new), "the heuristic model's output"))
             else:
                 return astar_result(fr)
     finally:

@@ -4,7 +4,9 @@ No event loop here. A search pops nodes (``pop_nodes``), generates their childre
 (``expand_nodes``, which returns the children whose heuristic value is not yet known),
 and records the model's values for those children (``record_values``), which puts them
 on the open list. The coroutines in ``astar`` and ``continuous_astar`` only decide when
-to call these and when to await the model.
+to call these and when to await the model; they call the same steps on node ids
+(``pop_ids``, ``expand_ids``, ``encode_keys``, ``record_ids``), which skip the
+conversions between the problem's states and the frontier's keys.
 
 Priorities are ``f = weight * g + h``. Ties go to the smaller ``h`` (the node believed
 closer to a goal), then to the earlier insertion, so the order is deterministic. Goals
@@ -45,7 +47,8 @@ from async_search.problems.base import CompactKeys, SearchProblem, State, compac
 from async_search.search.base import Status
 
 __all__ = ["Frontier", "AStarResult", "new_frontier", "has_open_node", "pop_nodes",
-           "expand_nodes", "record_values", "path_to", "astar_result"]
+           "expand_nodes", "record_values", "path_to", "astar_result",
+           "pop_ids", "expand_ids", "encode_keys", "record_ids"]
 
 _INF = math.inf
 _ID_BITS = 32
@@ -259,7 +262,7 @@ def has_open_node(fr: Frontier) -> bool:
     return False
 
 
-def _pop(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
+def pop_ids(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
     """Pop up to ``max_nodes`` open nodes in priority order: their ids and their g
     (none when no open node could lead to a cheaper goal)."""
     ids: List[int] = []
@@ -295,14 +298,14 @@ def _pop(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
 
 # -- expansion ----------------------------------------------------------------------------
 
-def _expand(fr: Frontier, ids: List[int],
+def expand_ids(fr: Frontier, ids: List[int],
             gs: List[float]) -> Tuple[Sequence[int], List[Any]]:
     """Generate the successors of the popped nodes ``ids`` (popped at costs ``gs``).
 
     A successor reached more cheaply than before gets its new cost and parent. Goals
     update the best goal and go no further. Successors with a known value are pushed
     at once. Returns the new nodes' ids (a list or a range) and keys, in generation
-    order: to be evaluated, and pushed by ``_record`` when their values arrive.
+    order: to be evaluated, and pushed by ``record_ids`` when their values arrive.
     """
     if fr.compact is None:
         new = _expand_states(fr, ids, gs)
@@ -350,7 +353,7 @@ def _reached_goal(fr: Frontier, key: Any, parent: Any, g1: float, cost: float) -
 
 def _expand_states(fr: Frontier, ids: List[int],
                    gs: List[float]) -> Tuple[List[int], List[Any]]:
-    """``_expand`` through ``problem.neighbors``, one state at a time."""
+    """``expand_ids`` through ``problem.neighbors``, one state at a time."""
     problem, keys, index, goals = fr.problem, fr.keys, fr.index, fr.goals
     neighbors, is_goal = problem.neighbors, problem.is_goal
     g_of, parent, step = fr.g, fr.parent, fr.step
@@ -376,7 +379,7 @@ def _expand_states(fr: Frontier, ids: List[int],
 
 def _expand_keys(fr: Frontier, ids: List[int],
                  gs: List[float]) -> Tuple[Sequence[int], List[Any]]:
-    """``_expand`` through the problem's compact keys: every popped node at once.
+    """``expand_ids`` through the problem's compact keys: every popped node at once.
 
     Child k of the step may take the id ``first + k``: one ``setdefault`` pass over the
     children finds the known ones and numbers the new ones. Every child then gets its g
@@ -449,7 +452,7 @@ def _expand_keys_one_by_one(fr: Frontier, popped: List[Any], gs: List[float],
 
 # -- values -------------------------------------------------------------------------------
 
-def _record(fr: Frontier, ids: Sequence[int], values: List[float]) -> None:
+def record_ids(fr: Frontier, ids: Sequence[int], values: List[float]) -> None:
     """Record the model's values for the nodes ``ids`` (sent to it, in that order) and
     push each at its current best g, in order."""
     m = len(ids)
@@ -485,11 +488,11 @@ def _record(fr: Frontier, ids: Sequence[int], values: List[float]) -> None:
         position = end
 
 
-# -- the public steps, on the problem's states ----------------------------------------------
+# -- the public steps, on the problem's states ------------------------------------------
 
 def pop_nodes(fr: Frontier, max_nodes: int) -> List[Tuple[State, float]]:
     """Pop up to ``max_nodes`` open nodes in priority order, as ``(state, g)`` pairs."""
-    ids, gs = _pop(fr, max_nodes)
+    ids, gs = pop_ids(fr, max_nodes)
     return [(fr.state_of(fr.keys[i]), g) for i, g in zip(ids, gs)]
 
 
@@ -505,14 +508,14 @@ def expand_nodes(problem: SearchProblem, fr: Frontier,
     frontier was made for.
     """
     ids = [fr.index[fr.key_of(state)] for state, _ in nodes]
-    _, keys = _expand(fr, ids, [g for _, g in nodes])
+    _, keys = expand_ids(fr, ids, [g for _, g in nodes])
     return [fr.state_of(key) for key in keys]
 
 
 def record_values(fr: Frontier, states: List[State], values: List[float]) -> None:
     """Record the model's values for ``states`` and push each at its current best g."""
     if states:
-        _record(fr, [fr.index[fr.key_of(state)] for state in states], list(values))
+        record_ids(fr, [fr.index[fr.key_of(state)] for state in states], list(values))
 
 
 def path_to(fr: Frontier, state: State) -> Tuple[Tuple[State, ...], float]:
@@ -554,7 +557,7 @@ def astar_result(fr: Frontier) -> AStarResult:
                        evaluations=fr.evaluations, requests=fr.requests)
 
 
-def _encode(fr: Frontier, keys: List[Any]) -> Any:
+def encode_keys(fr: Frontier, keys: List[Any]) -> Any:
     """The model input for the nodes of ``keys``."""
     if fr.compact is None:
         return fr.problem.encode(keys)
