@@ -411,3 +411,25 @@ async def test_a_frame_that_cannot_be_read_ends_the_stream_after_the_items_befor
     with pytest.raises(ClosedConnection, match="could not be read"):
         q.get(timeout=1)
     q.close()
+
+
+async def test_socket_queue_on_a_tcp_connection_carries_frames_both_ways_then_ends():
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+    to_server = SocketQueue.on_socket(writer=client)
+    at_server = SocketQueue.on_socket(reader=server, writer=server.dup())
+    back = SocketQueue.on_socket(reader=client.dup())
+    to_server.put(np.arange(3))
+    got = await within(at_server.get_async(), "the array at the server")
+    np.testing.assert_array_equal(got, np.arange(3))
+    at_server.put("answer")
+    assert await within(back.get_async(), "the answer") == "answer"
+    close_stream(to_server)
+    with pytest.raises(ClosedConnection):
+        await within(at_server.get_async(), "the end of the stream")
+    for q in (to_server, at_server, back):
+        q.close()

@@ -381,11 +381,7 @@ def _socket_queues(sock: socket.socket) -> Tuple[SocketQueue, SocketQueue]:
     """``(inbound, outbound)``: socket queues reading from and writing to the connected
     ``sock``, each on its own descriptor (closing one leaves the other usable; the
     connection closes with the second)."""
-    inbound = SocketQueue.__new__(SocketQueue)
-    inbound.__setstate__({"writer": None, "reader": sock})
-    outbound = SocketQueue.__new__(SocketQueue)
-    outbound.__setstate__({"writer": sock.dup(), "reader": None})
-    return inbound, outbound
+    return SocketQueue.on_socket(reader=sock), SocketQueue.on_socket(writer=sock.dup())
 
 
 def _node_ip() -> str:

@@ -149,6 +149,24 @@ class SocketQueue:
         self._drained: List[asyncio.Future] = []
         self._broken: BaseException | None = None
 
+    @classmethod
+    def on_socket(cls, *, reader: socket.socket | None = None,
+                  writer: socket.socket | None = None) -> "SocketQueue":
+        """A queue over connected sockets of its own (a TCP connection, say) instead of
+        a new socket pair: it gets from ``reader`` and puts to ``writer``; either may be
+        None for a one-way end. The queue owns them and closes them with itself.
+
+        Example:
+            >>> import socket
+            >>> a, b = socket.socketpair()
+            >>> sender, receiver = SocketQueue.on_socket(writer=a), SocketQueue.on_socket(reader=b)
+            >>> sender.put("hello"); receiver.get(timeout=5)
+            'hello'
+        """
+        queue = cls.__new__(cls)
+        queue.__setstate__({"writer": writer, "reader": reader})
+        return queue
+
     def __getstate__(self) -> dict:
         return {"writer": self._writer, "reader": self._reader}
 
