@@ -24,6 +24,7 @@ import asyncio
 import gc
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -55,6 +56,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tf-threads", type=int, default=0,
                    help="TensorFlow's intra-op threads (0: its default, one per core); "
                         "1 leaves a core to the searches while the model runs")
+    p.add_argument("--tf-inter-threads", type=int, default=0,
+                   help="TensorFlow's inter-op threads (0: its default, one per core)")
+    p.add_argument("--switch-interval", type=float, default=0.0,
+                   help="sys.setswitchinterval in seconds (0: Python's 0.005). The device "
+                        "thread needs the GIL several times a TensorFlow call: while the "
+                        "searches hold it, each wait lasts up to this interval")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
                    help="compile the nets with XLA")
     p.add_argument("--repeat", type=int, default=1,
@@ -172,13 +179,20 @@ async def bench_mcts(args, hidden, sizes) -> dict:
 
 
 async def main(args) -> dict:
-    if args.tf_threads:
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    if args.tf_threads or args.tf_inter_threads:
         import tensorflow as tf
-        tf.config.threading.set_intra_op_parallelism_threads(args.tf_threads)
+        if args.tf_threads:
+            tf.config.threading.set_intra_op_parallelism_threads(args.tf_threads)
+        if args.tf_inter_threads:
+            tf.config.threading.set_inter_op_parallelism_threads(args.tf_inter_threads)
     hidden = tuple(int(h) for h in args.hidden.split(",") if h)
     sizes = batch_sizes(args.max_batch_size, args.bucket)
     report = {"hidden_sizes": hidden, "max_batch_size": args.max_batch_size,
-              "jit_compile": args.jit, "tf_threads": args.tf_threads, "repeat": args.repeat, "cpu_count": os.cpu_count(),
+              "jit_compile": args.jit, "tf_threads": args.tf_threads,
+              "tf_inter_threads": args.tf_inter_threads,
+              "switch_interval_s": sys.getswitchinterval(), "repeat": args.repeat, "cpu_count": os.cpu_count(),
               "load_average_1min": round(os.getloadavg()[0], 2)}
     if not args.skip_astar:
         report["astar_15_puzzle"] = await bench_astar(args, hidden, sizes)
