@@ -279,8 +279,15 @@ def pop_ids(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
             if _is_live(fr, token):
                 ids.append(token & _ID_MASK)
             continue
-        # One h at this f: take a run of entries off its queue at once.
         head = bucket[1]
+        if head == 2 and len(bucket) == 3:  # a single entry (a real model's values)
+            heapq.heappop(f_heap)
+            del buckets[f]
+            token = bucket[2]
+            if not latest or _is_live(fr, token):
+                ids.append(token & _ID_MASK)
+            continue
+        # One h at this f: take a run of entries off its queue at once.
         end = min(len(bucket), head + max_nodes - len(ids))
         tokens = bucket[head:end]
         if end == len(bucket):
@@ -470,8 +477,20 @@ def record_ids(fr: Frontier, ids: Sequence[int], values: List[float]) -> None:
             runs = itertools.groupby([(weight * g + h, h) for g in gs])
             lengths = None
     else:
-        runs = itertools.groupby([(weight * g + v, v) for g, v in zip(gs, values)])
-        lengths = None
+        # Values of a real model mostly differ: one entry at a time, as ``_push`` does
+        # (what the runs below would do, without grouping runs of one).
+        buckets, f_heap = fr.buckets, fr.f_heap
+        for token, g, v in zip(ids, gs, values):
+            f = weight * g + v
+            bucket = buckets.get(f)
+            if bucket is None:
+                buckets[f] = [v, 2, token]
+                heapq.heappush(f_heap, f)
+            elif bucket[0] == v:
+                bucket.append(token)
+            else:
+                _queue_of(fr, bucket, v).append(token)
+        return
     buckets, position = fr.buckets, 0
     for k, ((f, h), run) in enumerate(runs):
         end = position + (lengths[k] if lengths else len(list(run)))
