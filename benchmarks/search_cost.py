@@ -7,7 +7,9 @@ left is the Python work around the model that issue 12's goals 2 and 3 are about
 
 - astar: batched A* on the 15-puzzle (100 random moves from the goal, budget
   --astar_budget evaluations, buffer 16), several starts, process CPU time per node
-  expanded;
+  expanded; astar_varied_values_buffer_4: the same with values that differ from state
+  to state (as a trained net's; zeros tie everything) and buffer 4 (as
+  search_speedup.py), which costs more per expansion;
 - mcts: MCTS on Connect Four from the opening, --simulations simulations, 8 leaves in
   flight, several seeds, simulations per second of process CPU time; the same for the
   pre-issue-12 MCTS (benchmarks/baselines/mcts_before.py), alternating search by search,
@@ -41,14 +43,24 @@ def free_policy_value(num_actions: int):
     return model
 
 
-def astar_cost(starts: int, budget: int, repeats: int) -> dict:
+def varied_heuristic(x: np.ndarray) -> np.ndarray:
+    """Values that differ from state to state, as a trained net's do (a hash of the
+    encoding, 0 to 30): without the ties of zeros, nearly every node gets its own
+    priority."""
+    digits = np.ascontiguousarray(x).reshape(len(x), -1) @ np.arange(
+        1, x[0].size + 1, dtype=np.float32)
+    return ((digits * 0.6180339) % 1.0 * 30.0).astype(np.float32)
+
+
+def astar_cost(starts: int, budget: int, repeats: int, model=free_heuristic,
+               buffer_size: int = 16) -> dict:
     puzzle = problems.SlidingPuzzle(4)
     states = [puzzle.scramble(100, seed=s) for s in range(starts)]
-    evaluate = asr.immediate(free_heuristic)
+    evaluate = asr.immediate(model)
 
     async def run():
         return [await search.batched_astar(puzzle, s, evaluate, budget=budget,
-                                           buffer_size=16) for s in states]
+                                           buffer_size=buffer_size) for s in states]
 
     best, expanded = float("inf"), 0
     for _ in range(repeats):
@@ -56,7 +68,8 @@ def astar_cost(starts: int, budget: int, repeats: int) -> dict:
         results = asyncio.run(run())
         best = min(best, time.process_time() - start)
         expanded = sum(r.nodes_expanded for r in results)
-    return {"starts": starts, "budget": budget, "nodes_expanded": expanded,
+    return {"starts": starts, "budget": budget, "buffer_size": buffer_size,
+            "nodes_expanded": expanded,
             "cpu_s": round(best, 3), "us_per_expansion": round(1e6 * best / expanded, 2)}
 
 
@@ -128,6 +141,8 @@ def main() -> None:
     args = parser.parse_args()
     print(json.dumps({
         "astar": astar_cost(args.astar_starts, args.astar_budget, args.repeats),
+        "astar_varied_values_buffer_4": astar_cost(args.astar_starts, args.astar_budget,
+                                                   args.repeats, varied_heuristic, 4),
         "mcts": mcts_rate(args.mcts_searches, args.simulations, args.repeats),
     }, indent=2))
 
