@@ -29,6 +29,14 @@ def values_of(y: Any, n: int, what: str) -> list:
     Raises:
         ModelOutputError: if ``y`` does not hold exactly one finite value per element.
     """
+    if type(y) is np.ndarray and y.dtype.kind == "f" and y.shape in ((n,), (n, 1)):
+        # The common case, in a few C calls: a float array of the right shape. A sum
+        # is finite when every value is (one inf or nan makes it inf or nan); a finite
+        # sum can still overflow, and then the full check below decides.
+        values = y.reshape(n).tolist()
+        total = sum(values)
+        if total - total == 0:
+            return values
     if isinstance(y, (tuple, list, dict)):
         raise ModelOutputError(f"{what} must be one array of shape [{n}] or [{n}, 1], got "
                                f"a {type(y).__name__} of outputs; is it a policy-value "
