@@ -7,7 +7,8 @@ Search problems (A*, rollouts): ``SlidingPuzzle`` (8- and 15-puzzle) and
 ``heuristic_tf_net`` and ``policy_value_tf_net`` (TensorFlow is imported only when one is
 built; ``tf_twin`` makes the twin of any of them, trained or not). Trained models:
 ``pretrained("connect_four")`` and ``pretrained("15-puzzle")`` (a ``LearnedHeuristic``);
-``korf100()`` gives the published 15-puzzle instances with optimal lengths. Every model's output for an element is bitwise independent of its batch-mates.
+``korf100()`` gives the published 15-puzzle instances with optimal lengths. A problem may
+offer ``compact_keys()`` (a ``CompactKeys``) for A* to search on compact keys. Every model's output for an element is bitwise independent of its batch-mates.
 
 Example:
     >>> from async_search import problems
@@ -18,7 +19,7 @@ Example:
     True
 """
 
-from async_search.problems.base import Game, SearchProblem, State
+from async_search.problems.base import CompactKeys, Game, SearchProblem, State
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
 from async_search.problems.heuristics import (DepthHeuristic, LearnedHeuristic,
                                               ManhattanHeuristic, heuristic_mlp)
@@ -30,7 +31,7 @@ from async_search.problems.pretrained import (PRETRAINED, KorfInstance, korf100,
 from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net, tf_twin
 
 __all__ = [
-    "Game", "SearchProblem", "State",
+    "Game", "SearchProblem", "State", "CompactKeys",
     "SlidingPuzzle", "ConnectFour", "ConnectFourState", "SyntheticGraph",
     "ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp", "PolicyValueMLP",
     "heuristic_tf_net", "policy_value_tf_net", "tf_twin", "LearnedHeuristic",
