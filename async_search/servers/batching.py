@@ -32,7 +32,6 @@ from async_search.servers.workers import Workers, placement_of
 __all__ = ["BatchingServer"]
 
 _cancelled = asyncio.Future.cancelled
-_ndarray = np.ndarray
 
 
 def _resolve(fut: asyncio.Future) -> None:
@@ -120,9 +119,6 @@ class BatchingServer:
         self._pool = BufferPool(policy.max_batch_size)
         self._staged_xs: List[np.ndarray] = []
         self._staged_futures: List[asyncio.Future] = []
-        self._stage_x = self._staged_xs.append
-        self._stage_future = self._staged_futures.append
-        self._new_future: Callable[[], asyncio.Future] | None = None  # the loop's
         self._stats = ServingStats()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers: Workers | None = None
@@ -137,9 +133,6 @@ class BatchingServer:
         self._closing = False
         self._closed = False
         self._crashed: BaseException | None = None  # what killed the serving coroutine
-        # True while a request needs nothing but staging: serving, not closing, the
-        # dispatch task neither asleep (_wakeup) nor waiting for a batch to fill (_full).
-        self._quiet = False
 
     # -- the evaluate function --------------------------------------------------------
     def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
@@ -150,23 +143,6 @@ class BatchingServer:
                 nothing is queued.
             ServerClosedError: when the server is closing or closed.
         """
-        # The common case, first and flat: an array that fits, of at least one element,
-        # to a serving server whose dispatch task is busy. Everything else (checks that
-        # fail, a spec still to learn, empty requests, waking the dispatch task) is
-        # ``_call``'s; this path only skips work, it decides nothing differently.
-        if type(x) is _ndarray:
-            shape = x.shape
-            if (shape[1:] == self._shape and shape and shape[0]
-                    and (x.dtype is self._dtype or x.dtype == self._dtype)
-                    and self._quiet):
-                fut = self._new_future()
-                self._stage_x(x)
-                self._stage_future(fut)
-                return fut
-        return self._call(x)
-
-    def _call(self, x: Any) -> "asyncio.Future[Outputs]":
-        """``__call__`` for whatever its fast path does not take."""
         if type(x) is not np.ndarray or x.shape[1:] != self._shape or (
                 x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
             x = self._checked(x)
@@ -178,11 +154,11 @@ class BatchingServer:
             fut.set_result(self._responses.empty_output)
             return fut
         # Staged here and handed to the batcher in bulk when the dispatch task runs.
-        self._stage_x(x)
-        self._stage_future(fut)
+        self._staged_xs.append(x)
+        self._staged_futures.append(fut)
         wakeup = self._wakeup
         if wakeup is not None:  # the queue was empty and the dispatch task asleep
-            self._set_wakeup(None)
+            self._wakeup = None
             self._since = time.perf_counter()
             wakeup.set_result(None)
         elif self._full is not None:
@@ -341,7 +317,6 @@ class BatchingServer:
         if self._loop is not None:
             raise RuntimeError("a BatchingServer can be entered once")
         self._loop = asyncio.get_running_loop()
-        self._new_future = self._loop.create_future
         self._since = time.perf_counter()
         self._workers = Workers(self._first_model, self.version, self._loop,
                                 placement=self._placement)
@@ -349,7 +324,6 @@ class BatchingServer:
             for _ in range(self._num_workers):
                 self._workers.add()
         self._task = self._loop.create_task(self._dispatch_loop())
-        self._update_quiet()
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -368,7 +342,6 @@ class BatchingServer:
         if self._closed or self._loop is None:
             return
         self._closing = True
-        self._update_quiet()
         if not drain:
             self._fail_queued(ServerClosedError(
                 "the server closed before this request was batched"))
@@ -398,7 +371,6 @@ class BatchingServer:
             if waiter is not None:
                 _resolve(waiter)
         self._wakeup = self._slot = None
-        self._update_quiet()
 
     def _closed_error(self) -> ServerClosedError:
         """What a call to a closing or closed server raises."""
@@ -419,7 +391,6 @@ class BatchingServer:
         if self._crashed is None:
             self._crashed = cause
         self._closing = True
-        self._update_quiet()
         error = self._closed_error()
         flying = list(self._flying.values())
         self._flying.clear()  # what comes back from a device later finds them failed
@@ -439,7 +410,7 @@ class BatchingServer:
                 if batcher.empty():
                     if self._closing:
                         return
-                    self._set_wakeup(loop.create_future())
+                    self._wakeup = loop.create_future()
                     await self._wakeup
                     continue
                 if self._in_flight >= self.policy.pipeline_depth * len(self._workers):
@@ -451,7 +422,7 @@ class BatchingServer:
                     continue
                 try:
                     popped = batcher.pop_parts(_cancelled, self._pool.take,
-                                                 uniform=True)
+                                               uniform=True)  # checked in __call__
                 except IndexError:  # every queued request was cancelled
                     continue
                 self._in_flight += 1
@@ -489,41 +460,22 @@ class BatchingServer:
         if delay and not self._closing:
             remaining = self._since + delay - time.perf_counter()
             if remaining > 0:
-                self._set_full(self._loop.create_future())
-                full = self._full
+                self._full = full = self._loop.create_future()
                 timer = self._loop.call_later(remaining, _resolve, full)
                 try:
                     await full
                 finally:
                     timer.cancel()
-                    self._set_full(None)
+                    self._full = None
                 self._unstage()
                 return Reason.FULL if batcher.queued >= budget else Reason.DELAY
         return Reason.IDLE
-
-    def _update_quiet(self) -> None:
-        self._quiet = (self._task is not None and not self._closing
-                       and self._wakeup is None and self._full is None)
-
-    def _set_wakeup(self, wakeup: asyncio.Future | None) -> None:
-        self._wakeup = wakeup
-        self._update_quiet()
-
-    def _set_full(self, full: asyncio.Future | None) -> None:
-        self._full = full
-        self._update_quiet()
-
-    def _restage(self) -> None:
-        """Fresh staging lists (the batcher may keep the ones it was handed)."""
-        self._staged_xs, self._staged_futures = [], []
-        self._stage_x = self._staged_xs.append
-        self._stage_future = self._staged_futures.append
 
     def _unstage(self) -> None:
         """Hands the requests staged since the last call to the batcher."""
         if self._staged_xs:
             self._batcher.extend(self._staged_xs, self._staged_futures)
-            self._restage()
+            self._staged_xs, self._staged_futures = [], []
 
     # -- results ----------------------------------------------------------------------
     def _on_done(self, popped: Popped, outputs: Outputs, error: BaseException | None,
@@ -562,7 +514,7 @@ class BatchingServer:
     def _fail_queued(self, error: BaseException) -> None:
         """Fails every request staged or queued (never calls the batcher's cost)."""
         futures = self._staged_futures
-        self._restage()
+        self._staged_xs, self._staged_futures = [], []
         try:
             futures = futures + self._batcher.clear()
         except Exception:  # noqa: BLE001 - a broken batcher: take its requests as they are
