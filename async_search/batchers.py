@@ -29,6 +29,7 @@ import bisect
 import collections
 import dataclasses
 import itertools
+import math
 from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -71,17 +72,15 @@ class Popped:
 JOIN_BELOW_BYTES = 256 * 1024
 
 
-def _stack(pieces: List[np.ndarray], rows: int | None,
+def _stack(pieces: List[np.ndarray],
            out: Callable[[int, np.ndarray], np.ndarray | None] | None,
            uniform: bool) -> Tuple[np.ndarray, np.ndarray | None]:
     """``(batch, pooled buffer or None)``: the pieces' rows as one array."""
     first = pieces[0]
     if len(pieces) == 1:
         return first, None
-    if rows is None:
-        rows = sum(map(len, pieces))
-    if uniform and rows * first.itemsize * (first.size // len(first) if len(first) else 0
-                                            ) <= JOIN_BELOW_BYTES:
+    rows = sum(map(len, pieces))
+    if uniform and rows * first.itemsize * math.prod(first.shape[1:]) <= JOIN_BELOW_BYTES:
         try:  # one C loop over the pieces' buffers (C-contiguous, not of objects)
             return np.frombuffer(bytearray().join(pieces), first.dtype).reshape(
                 rows, *first.shape[1:]), None
@@ -194,17 +193,12 @@ class Batcher(abc.ABC):
                 break
             self._remove(drop)
         xs, tags, head = self._xs, self._tags, self._head
-        # The batch is built before the queue changes: if building it fails, every
-        # request is still queued (and a crash handler can fail it), none is lost.
-        if count == len(xs) and not head:  # all of it: the lists themselves, no copies
-            batch, buffer = _stack(xs, self._rows(xs, cost), out, uniform)
-            self._xs, self._tags, self._ends = [], [], []
-            self._on_pop(count)
-            self._start += cost
-            self.queued -= cost
-            return Popped(batch, tags, xs, False, None, 0, buffer)
-        pieces = xs[:count]
-        batch_tags = tags[:count]
+        whole = count == len(xs) and not head  # everything queued (then take is 0)
+        if whole:  # the lists themselves, no copies
+            pieces, batch_tags = xs, tags
+        else:
+            pieces = xs[:count]
+            batch_tags = tags[:count]
         if head and count:
             pieces[0] = pieces[0][head:]
         tail_size, new_head = None, 0
@@ -214,9 +208,14 @@ class Batcher(abc.ABC):
             batch_tags.append(tags[count])
             tail_size = len(xs[count])
             new_head = offset + take
-        batch, buffer = _stack(pieces, None, out, uniform)
+        # The batch is built before the queue changes: if building it fails, every
+        # request is still queued (and a crash handler can fail it), none is lost.
+        batch, buffer = _stack(pieces, out, uniform)
         self._head = new_head
-        del xs[:count], tags[:count], self._ends[:count]
+        if whole:
+            self._xs, self._tags, self._ends = [], [], []
+        else:
+            del xs[:count], tags[:count], self._ends[:count]
         self._on_pop(count)
         self._start += cost
         self.queued -= cost
@@ -253,10 +252,6 @@ class Batcher(abc.ABC):
     def _cost(self, x: np.ndarray) -> float:
         """The whole cost of request ``x``: by default its number of elements."""
         return len(x)
-
-    def _rows(self, pieces: List[np.ndarray], cost: float) -> int:
-        """The elements in ``pieces``, whose cost is ``cost``."""
-        return sum(map(len, pieces))
 
     @abc.abstractmethod
     def _split(self, i: int, offset: int, room: float, limit: int | None = None,
@@ -297,9 +292,6 @@ class BatchSizeBatcher(Batcher):
 
     def _costs(self, xs):
         return map(len, xs)
-
-    def _rows(self, pieces, cost):
-        return cost  # a request costs its length
 
     def _split(self, i, offset, room, limit=None):
         take = min(len(self._xs[i]) - offset, int(room))
