@@ -350,6 +350,8 @@ _HANDSHAKE = struct.Struct("!32sI")  # the listener's token, the connecting side
 _ACCEPTED = b"\x01"
 #: Seconds a connection may take to connect and to send its handshake.
 HANDSHAKE_TIMEOUT_S = 10.0
+#: Seconds the listener waits before accepting again after accepting failed.
+_ACCEPT_RETRY_S = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,8 +460,15 @@ class DirectListener:
         while self._sock is not None:
             try:
                 conn, _ = await loop.sock_accept(self._sock)
-            except (OSError, AttributeError):  # closed
-                return
+            except (OSError, AttributeError):
+                if self._sock is None:  # closed
+                    return
+                # Out of descriptors (a flood of connections that have not finished
+                # their handshakes), or one aborted before it was taken: the listener
+                # goes on taking connections once those are dropped (as asyncio's own
+                # servers do, after a pause: no event says a descriptor was freed).
+                await asyncio.sleep(_ACCEPT_RETRY_S)
+                continue
             self._keep(asyncio.ensure_future(self._handshake(conn)))
 
     async def _handshake(self, conn: socket.socket) -> None:

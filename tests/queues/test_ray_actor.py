@@ -2,6 +2,7 @@
 one process, without Ray (the listener takes a host; Ray only carries the address)."""
 
 import asyncio
+import os
 import pickle
 import socket
 
@@ -139,3 +140,43 @@ async def test_a_closed_listener_takes_no_new_connection_and_keeps_the_old_ones(
     assert await asyncio.wait_for(server_in.get_async(), 5) == 5
     for q in (inbound, outbound, server_in, server_out):
         q.close()
+
+
+async def test_a_flood_that_runs_the_process_out_of_descriptors_does_not_stop_the_listener():
+    """Connections that never finish their handshakes can exhaust the descriptors
+    (accepting then fails with EMFILE): once they are dropped, the listener must take
+    connections again, not have ended its accepting for good."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    listener, address, accepted = await listening(handshake_timeout=0.3)
+    raws = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 60,
+                                                    hard))
+
+        def flood():
+            for _ in range(80):
+                try:
+                    raws.append(socket.create_connection((address.host, address.port)))
+                except OSError:
+                    break
+
+        await asyncio.to_thread(flood)
+        await asyncio.sleep(1.0)  # the listener hit EMFILE; the handshakes time out
+    finally:
+        for raw in raws:
+            raw.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert listener.refused > 0
+        inbound, outbound = await asyncio.wait_for(connect_direct(address, key=9), 5)
+        await asyncio.wait_for(accepted.arrived.wait(), 5)
+        assert accepted.connections[0][0] == 9
+        inbound.close()
+        outbound.close()
+    finally:
+        listener.close()
+        for _, a, b in accepted.connections:
+            a.close()
+            b.close()
