@@ -8,7 +8,6 @@ The policy-value model takes ``game.encode(states)`` and returns the tuple
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Tuple
 
 import numpy as np
@@ -53,9 +52,6 @@ class MCTSResult:
     """Calls to ``evaluate``: one for the root, then at most one per round."""
 
 
-_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-
-
 def _split_outputs(y: Any, n: int, num_actions: int) -> Tuple[np.ndarray, list]:
     if not (isinstance(y, (tuple, list)) and len(y) == 2):
         raise ModelOutputError(f"a policy-value model must return the tuple "
@@ -65,15 +61,7 @@ def _split_outputs(y: Any, n: int, num_actions: int) -> Tuple[np.ndarray, list]:
     if logits.shape != (n, num_actions):
         raise ModelOutputError(f"policy logits must have shape [{n}, {num_actions}], got "
                                f"{logits.shape}")
-    value = y[1]
-    # The common case, cheaply (values_of's checks and messages for everything else):
-    # float16/32/64 values of shape [n, 1] or [n] become Python floats exactly.
-    if (type(value) is np.ndarray and value.dtype in _FLOAT_DTYPES
-            and value.shape in ((n, 1), (n,))):
-        values = value.reshape(n).tolist()
-        if all(map(math.isfinite, values)):
-            return logits, values
-    return logits, values_of(value, n, "the policy-value model's value")
+    return logits, values_of(y[1], n, "the policy-value model's value")
 
 
 async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations: int,
