@@ -61,6 +61,9 @@ def _split_outputs(y: Any, n: int, num_actions: int) -> Tuple[np.ndarray, list]:
     if logits.shape != (n, num_actions):
         raise ModelOutputError(f"policy logits must have shape [{n}, {num_actions}], got "
                                f"{logits.shape}")
+    if logits.dtype.kind not in "fiub":
+        raise ModelOutputError(f"policy logits must be real numbers, got dtype "
+                               f"{logits.dtype}")
     return logits, values_of(y[1], n, "the policy-value model's value")
 
 
@@ -118,6 +121,7 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
     if dirichlet_fraction > 1.0:
         raise ValueError(f"dirichlet_fraction must be in [0, 1], got "
                          f"{dirichlet_fraction!r}")
+    seed = check_int("seed", seed, minimum=0)
     game.check_state(state)
     tree = Tree(game, state)
     terminal = tree.terminal_value(0)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
 
 __all__ = ["Tree", "Path", "priors_from_logits", "LEAF", "PENDING", "TERMINAL", "EVALUATED"]
@@ -71,6 +72,11 @@ def priors_from_logits(actions: Sequence[int], logits: Sequence[float]) -> List[
     top = max(legal)
     weights = [math.exp(x - top) for x in legal]
     total = sum(weights)
+    # At least 1 (the top's weight) unless a logit is NaN or +inf, or all are -inf.
+    if not total >= 1.0:
+        raise ModelOutputError(f"policy logits must be numbers, not NaN or +inf, with "
+                               f"at least one legal action above -inf; got {legal} for "
+                               f"the legal actions {tuple(actions)}")
     return [w / total for w in weights]
 
 
@@ -81,10 +87,20 @@ def _generic_rules(game: Game) -> Tuple[Callable, Callable]:
     def child(state: State, action: int) -> Tuple[State, Optional[float], Tuple[int, ...]]:
         new = play(state, action)
         actions = legal_actions(new)
-        # A game has no legal action exactly when it is over (the Game protocol).
-        return new, (None if actions else terminal_value(new)), actions
+        return new, (None if actions else _game_over(game, new)), actions
 
     return child, legal_actions
+
+
+def _game_over(game: Game, state: State) -> float:
+    """The terminal value of a state without legal actions: a game has none exactly
+    when it is over (the Game protocol); ValueError if ``game`` breaks that."""
+    value = game.terminal_value(state)
+    if value is None:
+        raise ValueError(f"{game!r}: legal_actions is empty but terminal_value is None "
+                         f"for {state!r}; a game has no legal action exactly when it is "
+                         f"over")
+    return value
 
 
 class Tree:
@@ -117,7 +133,7 @@ class Tree:
         rules = rules() if rules is not None else None
         self._child, self._legal = rules if rules is not None else _generic_rules(game)
         actions = game.legal_actions(state)
-        terminal = None if actions else game.terminal_value(state)
+        terminal = None if actions else _game_over(game, state)
         self.node_state: List[State] = [state]
         self.node_edges: List[range] = [LEAF if terminal is None else TERMINAL]
         self.edge_action: List[int] = [-1]

@@ -102,6 +102,10 @@ async def test_illegal_actions_get_no_visits_and_no_prior():
     (dict(dirichlet_fraction=1.5), r"dirichlet_fraction must be in \[0, 1\], got 1.5"),
     (dict(state=GAME.play(WIN_AT_3, 3)), "cannot search from a terminal state"),
     (dict(state=(1, 1)), "two stones on a cell"),
+    (dict(seed=-1), "seed must be an integer >= 0, got -1"),
+    (dict(seed=True), "seed must be an integer >= 0, got True"),
+    (dict(seed="1"), "seed must be an integer >= 0, got '1'"),
+    (dict(seed=None), "seed must be an integer >= 0, got None"),
 ])
 async def test_bad_arguments_raise_before_any_request(kwargs, message, recorder):
     evaluate = recorder(NET)
@@ -130,6 +134,56 @@ async def test_bad_values_raise_model_output_error(value, message):
 
     with pytest.raises(ModelOutputError, match=message):
         await run(evaluate=evaluate)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.nan, "not NaN or \\+inf"),
+    (np.inf, "not NaN or \\+inf"),
+    (-np.inf, "at least one legal action above -inf"),
+])
+@pytest.mark.parametrize("where", ["root", "later"])
+async def test_non_finite_logits_raise_model_output_error(bad, message, where):
+    # Before, NaN or inf priors made every score NaN: all visits went silently to
+    # column 0.
+    async def evaluate(x):
+        logits = np.zeros((len(x), 7), np.float32)
+        if where == "root" or len(x) > 1 or x.sum() > 0:
+            logits[:, :] = bad
+        return logits, np.zeros((len(x), 1), np.float32)
+
+    with pytest.raises(ModelOutputError, match=message):
+        await run(evaluate=evaluate)
+
+
+async def test_minus_inf_logits_on_some_legal_actions_give_them_no_prior():
+    masked = lambda x: (np.where(np.arange(7) < 2, -np.inf, 0.0) * np.ones((len(x), 1)),
+                        np.zeros((len(x), 1), np.float32))
+    result = await run(evaluate=asr.immediate(masked), dirichlet_fraction=0.0)
+    assert result.root_prior[:2] == (0.0, 0.0) and sum(result.root_prior) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [complex, object, str])
+async def test_logits_that_are_not_real_numbers_raise_model_output_error(dtype):
+    async def evaluate(x):
+        return np.zeros((len(x), 7), dtype), np.zeros((len(x), 1), np.float32)
+
+    with pytest.raises(ModelOutputError, match="policy logits must be real numbers"):
+        await run(evaluate=evaluate)
+
+
+class NoMovesAfterTwoStones(problems.ConnectFour):
+    """Breaks the Game protocol: no legal action, yet the game is not over."""
+
+    def legal_actions(self, state):
+        return () if (state[0] | state[1]).bit_count() >= 2 else super().legal_actions(state)
+
+
+@pytest.mark.parametrize("state", [GAME.initial_state(), GAME.from_moves([3, 3])])
+async def test_a_game_without_legal_actions_that_is_not_over_raises(state):
+    game = NoMovesAfterTwoStones()
+    with pytest.raises(ValueError, match="legal_actions is empty but terminal_value is "
+                                         "None"):
+        await search.mcts(game, state, asr.immediate(NET), num_simulations=200, seed=0)
 
 
 def rounded_net(x):
