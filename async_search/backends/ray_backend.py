@@ -157,10 +157,8 @@ class ServerActor(QueueHost):
         if self._direct:  # clients close their connections when done; a client task
             # that ended without closing its own gets them closed here
             _, left = await asyncio.wait(list(self._direct), timeout=self._stop_wait_s)
-            for task in left:
-                connection = self._direct.get(task)
-                if connection is not None:  # the server answers what it read, then
-                    connection.inbound.close()  # ends
+            for task in left:  # still serving, so still held: the server answers what
+                self._direct[task].inbound.close()  # it read, then ends
             if left:
                 await asyncio.wait(left)
         if self._stopped is not None and not self._stopped.done():
