@@ -25,14 +25,15 @@ _CELL_BITS = np.array([[c * _STRIDE + r for c in range(_COLUMNS)] for r in range
 _PLANE_BITS = np.concatenate([_CELL_BITS.ravel(), 64 + _CELL_BITS.ravel()])
 _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1,
                            bitorder="little").astype(np.float32)
-_TOP_ROW = sum(1 << (c * _STRIDE + _ROWS - 1) for c in range(_COLUMNS))
+_TOP_BITS = tuple(1 << (c * _STRIDE + _ROWS - 1) for c in range(_COLUMNS))
+_TOP_ROW = sum(_TOP_BITS)
 _BOTTOM = tuple(1 << (c * _STRIDE) for c in range(_COLUMNS))
 _COLUMN = tuple(_COLUMN_BITS << (c * _STRIDE) for c in range(_COLUMNS))
 # The legal columns of a position that is not over, keyed by its stones in the top row.
-_OPEN_COLUMNS = {
-    top: tuple(c for c in range(_COLUMNS) if not top & (1 << (c * _STRIDE + _ROWS - 1)))
-    for top in (sum(1 << (c * _STRIDE + _ROWS - 1) for c in range(_COLUMNS) if m >> c & 1)
-                for m in range(1 << _COLUMNS))}
+# (Column c is full when bit c of m is set.)
+_OPEN_COLUMNS = {sum(b for c, b in enumerate(_TOP_BITS) if m >> c & 1):
+                 tuple(c for c in range(_COLUMNS) if not m >> c & 1)
+                 for m in range(1 << _COLUMNS)}
 
 
 class ConnectFourState(NamedTuple):
@@ -175,11 +176,7 @@ class ConnectFour:
     def legal_actions(self, state: ConnectFourState) -> Tuple[int, ...]:
         """The columns that are not full, ascending; empty once the game is over."""
         mine, theirs = state
-        both = mine | theirs
-        if _has_four(theirs):
-            return ()
-        top = 1 << (_ROWS - 1)
-        return tuple(c for c in range(_COLUMNS) if not (both >> (c * _STRIDE)) & top)
+        return () if _has_four(theirs) else _OPEN_COLUMNS[(mine | theirs) & _TOP_ROW]
 
     def play(self, state: ConnectFourState, action: int) -> ConnectFourState:
         """Drop a stone of the player to move into column ``action``.
