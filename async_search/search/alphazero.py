@@ -100,7 +100,9 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
 
     Raises:
         ValueError: for a bad argument, an invalid state, or a terminal state, before
-            any request is made.
+            any request is made; for a game with no legal action that is not over.
+        ModelOutputError: for model outputs of the wrong form or shape, non-finite
+            values, or logits that are NaN or +inf (or -inf for every legal action).
 
     Example:
         >>> import asyncio, async_search as asr
