@@ -48,9 +48,9 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
 def check_float(name: str, value: Any, *, minimum: float | None = None,
                 strict: bool = False, maximum: float | None = None) -> float:
     """``value`` as a finite float; ValueError naming ``name`` unless it is a number
-    (not a bool) that is >= ``minimum`` (> when ``strict``) and <= ``maximum``."""
+    (not a bool, nor a string) that is >= ``minimum`` (> when ``strict``) and <= ``maximum``."""
     number = math.nan
-    if not isinstance(value, (bool, np.bool_)):
+    if not isinstance(value, (bool, np.bool_, str, bytes)):  # float('1') is no number
         try:
             number = float(value)
         except (TypeError, ValueError):

@@ -57,6 +57,8 @@ def test_check_float_returns_a_python_float(value):
     (math.nan, dict(minimum=0), "delay must be a finite number >= 0, got nan"),
     (None, dict(), "delay must be a finite number, got None"),
     ("fast", dict(), "delay must be a finite number, got 'fast'"),
+    ("1.5", dict(), "delay must be a finite number, got '1.5'"),  # float() would read it
+    (b"2", dict(), "delay must be a finite number, got b'2'"),
 ])
 def test_check_float_names_the_argument_the_rule_and_the_value(value, bounds, message):
     with pytest.raises(ValueError, match=message):
