@@ -270,7 +270,9 @@ def pop_ids(fr: Frontier, max_nodes: int) -> Tuple[List[int], List[float]]:
     bound = _INF if fr.goal is None else fr.weight * fr.goal_cost
     while len(ids) < max_nodes and f_heap:
         f = f_heap[0]
-        if not f < bound:
+        # No goal, no bound: a priority that overflowed to inf is popped too, as
+        # ``has_open_node`` says it is open.
+        if f >= bound and fr.goal is not None:
             break
         bucket = buckets[f]
         if bucket[0] is None:

@@ -113,3 +113,29 @@ def test_a_node_reached_more_cheaply_after_its_value_is_known_is_pushed_again(to
     assert trace == ["S", "A", "C"]
     assert path_to(fr, "C") == (("S", "A", "C"), 2)
     assert astar_result(fr).evaluations == 2
+
+
+def test_priorities_that_overflow_to_inf_are_still_popped(toy_graph):
+    # weight * g overflows for g >= 2: such a node is open at f = inf, and pop_nodes
+    # must agree with has_open_node (continuous_astar looped forever when they did not).
+    graph = toy_graph({"S": [("A", 1)], "A": [("B", 1)], "B": [("G", 1)]}, goals=["G"],
+                      h={"A": 1, "B": 1})
+    fr = new_frontier(graph, "S", weight=1e308)
+    for state in ("S", "A"):
+        assert pop_nodes(fr, 4) == [(state, fr.g[fr.index[state]])]
+        record_values(fr, expand_nodes(graph, fr, [(state, fr.g[fr.index[state]])]), [1.0])
+    assert has_open_node(fr) and pop_nodes(fr, 4) == [("B", 2)]
+
+
+def test_batched_astar_with_a_huge_weight_searches_on_to_a_goal():
+    import asyncio
+
+    import async_search as asr
+    from async_search import problems
+    from async_search.search import batched_astar
+
+    puzzle = problems.SlidingPuzzle(3)
+    evaluate = asr.immediate(problems.ManhattanHeuristic(puzzle))
+    result = asyncio.run(batched_astar(puzzle, puzzle.scramble(20, seed=0), evaluate,
+                                       budget=2000, buffer_size=4, weight=1e308))
+    assert result.status is Status.GOAL_FOUND and result.evaluations < 2000
