@@ -36,7 +36,6 @@ How it is kept fast (issue 12; the order above is kept exactly):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import heapq
 import itertools
 import math
@@ -159,7 +158,7 @@ def new_frontier(problem: SearchProblem, start: State, *, weight: float) -> Fron
     """A frontier holding only ``start`` (a goal already if the start is one)."""
     compact = compact_keys_of(problem)
     fr = Frontier(weight=float(weight), problem=problem, compact=compact,
-                  step=None if compact else [])
+                  step=None if compact is not None else [])
     key = fr.key_of(start)
     if problem.is_goal(start):
         fr.goals[key] = [0, None, 0]
