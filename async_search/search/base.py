@@ -41,7 +41,14 @@ def values_of(y: Any, n: int, what: str) -> list:
         raise ModelOutputError(f"{what} must be one array of shape [{n}] or [{n}, 1], got "
                                f"a {type(y).__name__} of outputs; is it a policy-value "
                                f"model?")
-    values = np.asarray(y, np.float64)
+    values = np.asarray(y)
+    try:
+        if values.dtype.kind in "cSUV":  # a complex part would be dropped, not refused
+            raise TypeError
+        values = values.astype(np.float64, copy=False)
+    except (TypeError, ValueError):
+        raise ModelOutputError(f"{what} must be real numbers, got an array of "
+                               f"{values.dtype}") from None
     if values.size != n or (values.ndim and values.shape[0] != n):
         raise ModelOutputError(f"{what} must have one value per element, shape [{n}] or "
                                f"[{n}, 1]; got shape {values.shape}")
