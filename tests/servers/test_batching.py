@@ -398,3 +398,76 @@ async def test_a_cancelled_dispatch_task_fails_pending_requests_and_closes_the_s
                 assert isinstance(fut.exception(), ServerCrashedError)
             with pytest.raises(ServerCrashedError):
                 evaluate(np.ones((1, 1), np.float32))
+
+
+# -- the fast path of a call: requests of the last accepted shape --------------------------
+class _Subclass(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.zeros((2, 3), np.float64), r"given \[2, 3\] float64"),
+    (np.zeros((2, 3), ">f4"), r"expected \[n, 3\] float32"),
+    (np.zeros((2, 3), np.float32).tolist(), r"got list"),
+    (np.zeros((2, 1, 3), np.float32), r"given \[2, 1, 3\]"),
+])
+async def test_a_request_of_an_accepted_shape_is_still_checked(bad, message):
+    async with asr.serve(doubling()) as evaluate:
+        await evaluate(np.ones((2, 3), np.float32))  # (2, 3) float32 is now the fast case
+        pending = evaluate(np.ones((2, 3), np.float32))  # wakes the server: fast from here
+        with pytest.raises(InputSpecError, match=message):
+            evaluate(bad)
+        sub = np.ones((2, 3), np.float32).view(_Subclass)
+        np.testing.assert_array_equal(await evaluate(sub), np.full((2, 3), 2.0))
+        np.testing.assert_array_equal(await pending, np.full((2, 3), 2.0))
+        assert evaluate.stats["elements"] == 6
+
+
+async def test_repeated_requests_of_one_shape_wake_an_idle_server_each_time():
+    async with asr.serve(doubling()) as evaluate:
+        for i in range(20):  # the server falls asleep between any two of them
+            y = await asyncio.wait_for(evaluate(np.full((1, 3), i, np.float32)), 5)
+            assert y.tolist() == [[2.0 * i] * 3]
+        assert evaluate.stats["batches"] == 20
+
+
+async def test_requests_of_one_shape_fill_a_batch_waiting_for_max_delay():
+    async with asr.serve(doubling(), max_batch_size=4, max_delay=30.0) as evaluate:
+        futures = []
+        for i in range(4):  # each comes while the batch waits for company
+            futures.append(evaluate(np.full((1, 3), i, np.float32)))
+            await asyncio.sleep(0.01)
+        ys = await asyncio.wait_for(asyncio.gather(*futures), timeout=5)
+        assert [y[0, 0] for y in ys] == [0.0, 2.0, 4.0, 6.0]
+        assert evaluate.stats["reasons"] == {"full": 1}
+
+
+async def test_a_request_of_an_accepted_shape_after_close_or_crash_raises():
+    x = np.ones((1, 3), np.float32)
+    async with asr.serve(doubling()) as evaluate:
+        await evaluate(x)
+        pending = evaluate(x)  # wakes the server: a request of x's shape is fast now
+        closing = asyncio.ensure_future(evaluate.aclose())
+        await asyncio.sleep(0)
+        with pytest.raises(ServerClosedError):
+            evaluate(x)
+        await closing
+        assert pending.result().tolist() == [[2.0] * 3]
+    with pytest.raises(ServerClosedError):
+        evaluate(x)
+    with pytest.raises(ServerCrashedError):
+        async with asr.serve(doubling()) as evaluate:
+            await evaluate(x)
+            evaluate._task.cancel()
+            await asyncio.sleep(0.01)
+            with pytest.raises(ServerCrashedError):
+                evaluate(x)
+
+
+async def test_a_zero_element_request_after_an_accepted_shape_resolves_at_once():
+    async with asr.serve(doubling()) as evaluate:
+        await evaluate(np.ones((1, 3), np.float32))
+        y = await asyncio.wait_for(evaluate(np.ones((0, 3), np.float32)), 5)
+        assert y.shape == (0, 3)
+        np.testing.assert_array_equal(await evaluate(np.ones((1, 3), np.float32)),
+                                      [[2.0] * 3])
