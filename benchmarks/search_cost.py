@@ -17,7 +17,7 @@ left is the Python work around the model that issue 12's goals 2 and 3 are about
   repeats shows the noise, so use --repeats 10).
 
 Each figure is the best of --repeats runs (this machine is shared). Prints one JSON
-object. Usage: python benchmarks/search_cost.py [--repeats 3]
+object. Usage: python benchmarks/search_cost.py [--repeats 7]
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--astar_budget", type=int, default=5000)
     parser.add_argument("--mcts_searches", type=int, default=8)
     parser.add_argument("--simulations", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     print(json.dumps({
         "astar": astar_cost(args.astar_starts, args.astar_budget, args.repeats),
