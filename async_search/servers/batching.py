@@ -156,6 +156,7 @@ class BatchingServer:
             InputSpecError: (a ValueError) when ``x`` does not fit the model's input;
                 nothing is queued.
             ServerClosedError: when the server is closing or closed.
+            RuntimeError: when the server was never entered.
         """
         # The common case: an array of the last accepted full shape (so the check is
         # one tuple comparison) while the dispatch task is awake and nothing else is
@@ -174,7 +175,10 @@ class BatchingServer:
             x = self._checked(x)
         if self._closing:
             raise self._closed_error()
-        fut = self._loop.create_future()
+        if self._new_future is None:
+            raise RuntimeError("the server is not serving yet: call it inside its "
+                               "context (async with)")
+        fut = self._new_future()
         if not len(x):
             if self._responses.empty_output is not None:
                 self._stats.requests += 1

@@ -6,6 +6,7 @@ import pytest
 
 import async_search as asr
 from async_search.batchers import CostBatcher
+from async_search.servers import BatchingServer
 from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
                                  ServerCrashedError)
 from async_search.models import MLP, with_spec
@@ -177,6 +178,12 @@ async def test_evaluate_after_close_raises_server_closed_error():
         pass
     with pytest.raises(ServerClosedError):
         evaluate(np.ones((1, 3), np.float32))
+
+
+def test_a_server_never_entered_refuses_requests_clearly():
+    server = BatchingServer(doubling())
+    with pytest.raises(RuntimeError, match="inside its context"):
+        server(np.ones((1, 3), np.float32))
 
 
 async def test_no_thread_or_task_outlives_the_context():
