@@ -26,7 +26,7 @@ from async_search.base import Outputs
 from async_search.errors import ModelOutputError
 
 __all__ = [
-    "count", "take", "concatenate", "split", "leaves", "map_leaves", "check",
+    "count", "take", "concatenate", "split", "leaves", "map_leaves", "plain", "check",
     "OutputStructure", "rows_of", "stack", "assemble", "frozen_copy", "row_keys"]
 
 _ndarray = np.ndarray
@@ -131,6 +131,26 @@ def map_leaves(fn: Callable[[Any], Any], outputs: Outputs) -> Outputs:
     if isinstance(outputs, (tuple, list)):
         return tuple(fn(v) for v in outputs)
     return fn(outputs)
+
+
+def plain(outputs: Outputs) -> Outputs:
+    """``outputs`` with every ndarray subclass (a masked array, ``np.matrix``) as a plain
+    view of its data (``np.asarray``): what a server delivers and learns its output
+    structure from, so that no subclass's arithmetic or dtype reaches a caller.
+
+    Example:
+        >>> type(plain((np.matrix([[1.0]]), np.zeros(1)))[0]).__name__
+        'ndarray'
+    """
+    if type(outputs) is _ndarray:
+        return outputs
+    if isinstance(outputs, np.ndarray):
+        return np.asarray(outputs)
+    if isinstance(outputs, (tuple, dict)) and any(
+            type(v) is not _ndarray and isinstance(v, np.ndarray) for v in leaves(outputs)):
+        return map_leaves(lambda v: np.asarray(v) if isinstance(v, np.ndarray) else v,
+                          outputs)
+    return outputs
 
 
 # -- structure ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import numpy as np
 
 from async_search.base import Outputs, evaluate_with_version, version_of
 from async_search import rows
+from async_search.servers.requests import plain_array
 
 __all__ = ["CachedEvaluate", "Key", "swap_token", "same_label"]
 
@@ -167,7 +168,10 @@ class CachedEvaluate:
         return version_of(self.evaluate)  # None (unknown) when it reports none
 
     async def _lookup(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
+        if type(x) is not np.ndarray:
+            x = plain_array(x)  # a subclass is keyed and answered as its plain data
         if type(x) is not np.ndarray or x.ndim == 0 or not len(x) or (
+                not x.dtype.isnative) or (
                 self._spec is not None and (x.shape[1:], x.dtype) != self._spec):
             return await self._bypass(x, want_version)  # the server checks and answers
         self._requests += 1

@@ -35,6 +35,7 @@ from async_search.servers.breaker import (BreakerPolicy, CircuitBreaker, Circuit
                                           counts_against_server)
 from async_search.servers.cache import swap_token
 from async_search.servers.hash_ring import HashRing
+from async_search.servers.requests import plain_array
 
 __all__ = ["RoutingPolicy", "RoundRobin", "LeastOutstanding", "ConsistentHash", "Router"]
 
@@ -223,6 +224,8 @@ class Router:
 
     async def _route(self, x, tried: frozenset, want_version: bool,
                      last: _ServerFailed | None) -> Tuple[Outputs, Hashable]:
+        if type(x) is not np.ndarray:
+            x = plain_array(x)  # a subclass's arithmetic never reaches a policy or server
         if not isinstance(x, np.ndarray) or x.ndim == 0:
             raise InputSpecError(f"a request must be a NumPy array [n, ...] with a batch "
                                  f"dimension, got {type(x).__name__} {np.shape(x)}")
@@ -238,8 +241,9 @@ class Router:
             return await self._send_or_fail_over(choice, x, tried, want_version)
         choice = np.asarray(choice)
         names = np.unique(choice)
-        if len(names) == 1:
-            return await self._send_or_fail_over(str(names[0]), x, tried, want_version)
+        if len(names) <= 1:  # one server, or no element at all (any server answers it)
+            name = str(names[0]) if len(names) else candidates[0]
+            return await self._send_or_fail_over(name, x, tried, want_version)
         indices = [np.flatnonzero(choice == name) for name in names]
         parts = [self._start(self._send_or_fail_over(str(name), x[index], tried,
                                                      want_version))

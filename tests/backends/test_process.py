@@ -6,9 +6,12 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import async_search as asr
 from async_search.errors import InputSpecError
+from tests import odd_arrays
 from tests.backends import searches
 
 pytestmark = pytest.mark.timeout(180)
@@ -96,3 +99,32 @@ def test_a_request_that_cannot_travel_fails_its_own_search_at_once():
                            num_procs=1, return_exceptions=True)
     assert out[0] == [[0.0]]
     assert isinstance(out[1], InputSpecError) and "cannot be sent" in str(out[1])
+
+
+# -- odd arrays beside healthy requests (one message per loop iteration) ----------------
+
+_odd_descriptions = st.tuples(st.sampled_from(odd_arrays.KINDS), st.integers(0, 4),
+                              st.integers(0, 1000))
+
+
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(starts=st.lists(st.tuples(st.lists(_odd_descriptions, min_size=1, max_size=3),
+                                 st.lists(st.integers(0, 50), min_size=1, max_size=3)),
+                       min_size=8, max_size=16))
+def test_an_odd_request_in_a_process_client_harms_no_healthy_batch_mate(starts):
+    # Every search makes its requests in one loop iteration, and the searches of a
+    # client start together: odd and healthy requests travel in one message.
+    out = asr.run_searches(odd_arrays.odd_search, starts, odd_arrays.square_plus_one,
+                           backend="process", num_procs=2)
+    for (case, seeds), (odd_out, good_out) in zip(starts, out):
+        odd_arrays.check_outcomes(case, seeds, odd_out, good_out)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_matrix_beside_healthy_requests_in_one_message(rows):
+    starts = [([("matrix", rows, 3)], [0, 1, 2])] + [([("plain", 1, s)], [s]) for s in range(3)]
+    out = asr.run_searches(odd_arrays.odd_search, starts, odd_arrays.square_plus_one,
+                           backend="process", num_procs=1)
+    for (case, seeds), (odd_out, good_out) in zip(starts, out):
+        odd_arrays.check_outcomes(case, seeds, odd_out, good_out)
