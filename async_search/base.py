@@ -14,7 +14,8 @@ import numpy as np
 
 __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "VersionedEvaluate",
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
-           "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version"]
+           "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version",
+           "DeviceModel", "on_device", "batch_tolerance_of"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
 #: dimension is the batch (a policy and a value, say).
@@ -73,6 +74,48 @@ class Evaluate(Protocol):
     """What a search awaits: ``y = await evaluate(x)`` with ``x[n, ...] -> y[n, ...]``."""
 
     def __call__(self, x: np.ndarray) -> Awaitable[Outputs]: ...
+
+
+@runtime_checkable
+class DeviceModel(Protocol):
+    """A model that can make a copy of itself on another device (the framework adapters
+    do): ``serve(model, devices=[...])`` runs one device worker per device, each on its
+    own copy, and ``update_model`` reaches every copy.
+
+    ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
+    (0.0: not at all, bit for bit; on a GPU, floating-point sums may change with the
+    batch size): ``immediate`` and ``serve`` agree within it (relative and absolute).
+    """
+
+    batch_tolerance: float
+
+    def __call__(self, batch: np.ndarray) -> Outputs: ...
+
+    def on_device(self, device: Any) -> "DeviceModel":
+        """A copy of this model on ``device`` (its own weights and buffers there)."""
+        ...
+
+
+def on_device(model: Any, device: Any) -> Any:
+    """``model.on_device(device)``: the model's copy on ``device``.
+
+    Raises:
+        TypeError: when the model cannot place itself (it has no ``on_device``).
+    """
+    place = getattr(model, "on_device", None)
+    if place is None:
+        raise TypeError(
+            f"the model {type(model).__name__} has no on_device(device) method, so it "
+            f"cannot be copied to other devices: wrap the net in a framework adapter "
+            f"(async_search.models.TorchModel, JaxModel, TensorFlowModel), or pass a "
+            f"model factory per device")
+    return place(device)
+
+
+def batch_tolerance_of(model: Any) -> float:
+    """How much a row's outputs may depend on its batch-mates (``DeviceModel``): the
+    model's ``batch_tolerance``, or 0.0 (exact) when it declares none."""
+    return float(getattr(model, "batch_tolerance", 0.0))
 
 
 @runtime_checkable
