@@ -3,8 +3,8 @@
 __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
            "ServerCrashedError", "ModelRaisedError", "SearchError", "CircuitOpenError",
            "RemoteError", "ProtocolError", "RepositoryError", "ModelNotFoundError",
-           "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "deliverable",
-           "describe"]
+           "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "DeviceNotFoundError",
+           "deliverable", "describe"]
 
 
 class InputSpecError(ValueError):
@@ -98,6 +98,10 @@ class ModelLoadError(RepositoryError):
 
 class LoadParametersError(RepositoryError, ValueError):
     """A load request's parameters are unknown, out of range, or not for this model."""
+
+
+class DeviceNotFoundError(ValueError):
+    """A model was placed on a device this machine does not have ("cuda:7", "tpu:0")."""
 
 
 def deliverable(error: BaseException) -> Exception:
