@@ -2,7 +2,8 @@
 
 The policy-value model takes ``game.encode(states)`` and returns the tuple
 ``(policy_logits [n, num_actions], value [n, 1] or [n])``: logits over all actions
-(illegal ones are masked here) and values in [-1, 1] for the player to move.
+(illegal ones are masked here) and values in [-1, 1] for the player to move (a value
+outside that range raises ModelOutputError: it would overflow the backed-up sums).
 """
 
 from __future__ import annotations
@@ -64,7 +65,14 @@ def _split_outputs(y: Any, n: int, num_actions: int) -> Tuple[np.ndarray, list]:
     if logits.dtype.kind not in "fiub":
         raise ModelOutputError(f"policy logits must be real numbers, got dtype "
                                f"{logits.dtype}")
-    return logits, values_of(y[1], n, "the policy-value model's value")
+    values = values_of(y[1], n, "the policy-value model's value")
+    # Values are backed up as sums: one far outside [-1, 1] (say -1.7e308) overflows
+    # them to inf and then NaN, silently; it is a broken model, not a strong opinion.
+    if values and (min(values) < -1.0 or max(values) > 1.0):
+        bad = [v for v in values if not -1.0 <= v <= 1.0][:3]
+        raise ModelOutputError(f"the policy-value model's value must be in [-1, 1] (for "
+                               f"the player to move), got {bad}")
+    return logits, values
 
 
 async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations: int,
@@ -101,8 +109,9 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
     Raises:
         ValueError: for a bad argument, an invalid state, or a terminal state, before
             any request is made; for a game with no legal action that is not over.
-        ModelOutputError: for model outputs of the wrong form or shape, non-finite
-            values, or logits that are NaN or +inf (or -inf for every legal action).
+        ModelOutputError: for model outputs of the wrong form or shape, values that
+            are not finite or outside [-1, 1], or logits that are NaN or +inf (or -inf
+            for every legal action).
 
     Example:
         >>> import asyncio, async_search as asr

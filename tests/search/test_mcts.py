@@ -136,6 +136,27 @@ async def test_bad_values_raise_model_output_error(value, message):
         await run(evaluate=evaluate)
 
 
+@pytest.mark.parametrize("value", [-1.7e308, 1.0000001, -2.0, 1e308, 3])
+@pytest.mark.parametrize("where", ["root", "later"])
+async def test_values_outside_minus_one_to_one_raise_model_output_error(value, where):
+    # Before, -1.7e308 overflowed the backed-up sums: a root_value of NaN, silently.
+    async def evaluate(x):
+        values = np.zeros((len(x), 1), np.float64)
+        if where == "root" or len(x) > 1:
+            values[-1] = value
+        return np.zeros((len(x), 7), np.float32), values
+
+    with pytest.raises(ModelOutputError, match=r"must be in \[-1, 1\].*got \["):
+        await run(evaluate=evaluate)
+
+
+async def test_values_at_the_ends_of_the_range_are_taken():
+    ends = lambda x: (np.zeros((len(x), 7), np.float32),
+                      np.where(np.arange(len(x)) % 2, 1.0, -1.0)[:, None])
+    result = await run(evaluate=asr.immediate(ends), num_simulations=32)
+    assert sum(result.visit_counts) == 32 and -1.0 <= result.root_value <= 1.0
+
+
 @pytest.mark.parametrize("bad, message", [
     (np.nan, "not NaN or \\+inf"),
     (np.inf, "not NaN or \\+inf"),
