@@ -6,9 +6,19 @@ A breaker is a small state machine with an injected clock, so that tests drive t
     HALF_OPEN --M successes--> CLOSED        HALF_OPEN --one failure--> OPEN
 
 While open, the breaker admits nothing; while half-open it admits a few probe requests
-at a time. Every admitted request carries the breaker's generation (bumped on each state
-change), so that a result that arrives after the state moved on is ignored instead of
-being counted against the new state.
+at a time. Every admitted request carries a permit (a number that grows with each
+admission), so that a result of a request admitted before the state last moved on is
+ignored instead of being counted against the new state.
+
+A failure is one failing *call* to the server, not one failed request: requests that
+failed together count once. Requests failed together when they failed with the same
+exception object and were all admitted before the first of them was reported: a
+server fails every request of a batch with one exception (``BatchingServer``), and a
+client of a server in another process fails every request of a message with one
+(``CoalescingClient``). Without this, one failed batch of ``K`` requests opened a
+breaker at once. The same object raised again for a request admitted after it was
+reported (a client that re-raises the error of its dead connection for every call) is
+a new failure: it counts again.
 
 What counts as a failure (``counts_against_server``): only what says the *server* is
 unwell. A caller's bad input is the caller's failure and never counts, or a handful of
@@ -27,16 +37,21 @@ poison requests would open every server's breaker and turn healthy traffic away:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import time
-from typing import Callable
+from typing import Callable, Deque, Tuple
 
 from async_search.checks import check_float, check_int
 from async_search.errors import CircuitOpenError, InputSpecError, RemoteError
 
 __all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "CircuitOpenError",
            "counts_against_server", "is_caller_error", "CALLER_ERRORS"]
+
+#: Failures remembered to recognise requests that failed together (several batches of
+#: one server may fail at about the same time).
+_REMEMBERED_FAILURES = 8
 
 #: Exceptions that say the request was bad, not the server (InputSpecError is a
 #: ValueError).
@@ -108,10 +123,11 @@ class CircuitBreaker:
     """The breaker of one server.
 
     Use: ``permit = breaker.try_acquire()``; None means "do not send". When the request
-    ends, report it with ``breaker.record(permit, ok)``, or ``breaker.release(permit)``
-    when its outcome says nothing about the server (the caller cancelled, the request
-    itself was bad: ``counts_against_server(error)`` is False). ``record_error(permit,
-    error)`` applies that rule.
+    ends, report it with ``breaker.record(permit, ok)`` (with ``error=`` the exception
+    of a failed one, so that requests that failed together count once), or
+    ``breaker.release(permit)`` when its outcome says nothing about the server (the
+    caller cancelled, the request itself was bad: ``counts_against_server(error)`` is
+    False). ``record_error(permit, error)`` applies that rule.
 
     Args:
         policy: thresholds and timeout.
@@ -137,7 +153,11 @@ class CircuitBreaker:
         self.policy = policy
         self._clock = clock
         self._state = BreakerState.CLOSED
-        self._generation = 0
+        self._admitted = 0     # permits issued so far: the next permit
+        self._state_since = 0  # the first permit issued under the current state
+        # (error, permits issued when it was counted) of the last failures counted
+        self._counted: Deque[Tuple[BaseException, int]] = collections.deque(
+            maxlen=_REMEMBERED_FAILURES)
         self._consecutive_failures = 0
         self._probe_successes = 0
         self._probes = 0  # probes in flight while half-open
@@ -164,22 +184,41 @@ class CircuitBreaker:
     def try_acquire(self) -> int | None:
         """Admit one request: its permit, or None when the breaker refuses it."""
         state = self.state
-        if state is BreakerState.CLOSED:
-            return self._generation
-        if state is BreakerState.HALF_OPEN and self._probes < self.policy.half_open_probes:
+        if state is BreakerState.HALF_OPEN:
+            if self._probes >= self.policy.half_open_probes:
+                self.rejected += 1
+                return None
             self._probes += 1
-            return self._generation
-        self.rejected += 1
-        return None
+        elif state is not BreakerState.CLOSED:
+            self.rejected += 1
+            return None
+        permit = self._admitted
+        self._admitted += 1
+        return permit
 
-    def record(self, permit: int | None, ok: bool) -> None:
-        """The admitted request ``permit`` ended: ``ok``, or failed through the server."""
+    def record(self, permit: int | None, ok: bool,
+               error: BaseException | None = None) -> None:
+        """The admitted request ``permit`` ended: ``ok``, or failed through the server.
+
+        Args:
+            error: what the failed request raised. A request that failed with the same
+                exception object as a failure already counted, and was admitted before
+                that one was counted, failed with it (one batch, one message): it
+                does not count again.
+        """
         if ok:
             self.successes += 1
         else:
             self.failures += 1
-        if permit != self._generation:
+        if permit is None or permit < self._state_since:
             return  # admitted under an earlier state: says nothing about this one
+        if not ok and error is not None:
+            for counted, issued in self._counted:
+                if counted is error and permit < issued:  # the same failed call
+                    if self._state is BreakerState.HALF_OPEN:
+                        self._probes -= 1
+                    return
+            self._counted.append((error, self._admitted))
         if self._state is BreakerState.CLOSED:
             if ok:
                 self._consecutive_failures = 0
@@ -201,14 +240,15 @@ class CircuitBreaker:
         the server (``counts_against_server``), else released without a verdict.
         Returns whether it counted."""
         if counts_against_server(error):
-            self.record(permit, ok=False)
+            self.record(permit, ok=False, error=error)
             return True
         self.release(permit)
         return False
 
     def release(self, permit: int | None) -> None:
         """The admitted request ended without a verdict on the server."""
-        if permit == self._generation and self._state is BreakerState.HALF_OPEN:
+        if permit is not None and permit >= self._state_since and (
+                self._state is BreakerState.HALF_OPEN):
             self._probes -= 1
 
     def trip(self) -> None:
@@ -234,7 +274,7 @@ class CircuitBreaker:
 
     def _move(self, state: BreakerState) -> None:
         self._state = state
-        self._generation += 1
+        self._state_since = self._admitted
         self._consecutive_failures = 0
         self._probe_successes = 0
         self._probes = 0

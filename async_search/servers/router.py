@@ -132,7 +132,9 @@ class Router:
     process and carried as a RemoteError), reach the caller at once: no breaker counts
     them and they are not sent to another server (a poison request would fail there
     too). Timeouts, crashes, dead or closed servers, ModelOutputError and every other
-    exception count.
+    exception count, once per failed call to the server: the requests of one batch
+    (or of one message to another process) that failed with one exception count as one
+    failure (see ``breaker``).
 
     A server may be any evaluate function: a BatchingServer, a connected client, or a
     plain ``async def`` that raises ``ServerDiedError`` when its server is gone (that
@@ -290,7 +292,7 @@ class Router:
                 result = (await evaluate(x), None)
         except BaseException as e:
             if isinstance(e, Exception) and self._is_failure(e):
-                breaker.record(permit, ok=False)
+                breaker.record(permit, ok=False, error=e)  # a batch's requests: once
                 if name in self._failures:
                     self._failures[name] += 1
                 raise _ServerFailed(name, e) from e

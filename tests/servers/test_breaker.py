@@ -155,3 +155,44 @@ def test_only_server_failures_count_against_a_breaker(error, counts):
     assert counts_against_server(error) is counts
     assert b.record_error(b.try_acquire(), error) is counts
     assert b.state.value == ("open" if counts else "closed")
+
+
+# -- one failed call is one failure ---------------------------------------------------
+def test_requests_that_failed_together_count_as_one_failure():
+    b, _ = breaker(k=2)
+    batch = [b.try_acquire() for _ in range(5)]  # five requests, one batch
+    error = RuntimeError("the batch failed")
+    for permit in batch:
+        b.record(permit, ok=False, error=error)
+    assert b.state is BreakerState.CLOSED and b.stats["consecutive_failures"] == 1
+    assert b.stats["failures"] == 5  # every request is still reported
+    b.record(b.try_acquire(), ok=False, error=RuntimeError("another batch failed"))
+    assert b.state is BreakerState.OPEN
+
+
+def test_the_same_error_raised_again_for_a_later_request_counts_again():
+    # A client whose connection died re-raises one error object for every call: each
+    # call admitted after that error was reported is a failure of its own.
+    b, _ = breaker(k=3)
+    gone = RuntimeError("the connection is gone")
+    for _ in range(3):
+        b.record(b.try_acquire(), ok=False, error=gone)
+    assert b.state is BreakerState.OPEN
+
+
+def test_a_success_between_failures_of_one_batch_does_not_make_them_two():
+    b, _ = breaker(k=2)
+    first, second, other = b.try_acquire(), b.try_acquire(), b.try_acquire()
+    error = RuntimeError("one batch")
+    b.record(first, ok=False, error=error)
+    b.record(other, ok=True)  # another batch's request succeeded meanwhile
+    b.record(second, ok=False, error=error)
+    assert b.stats["consecutive_failures"] == 0 and b.state is BreakerState.CLOSED
+
+
+def test_record_error_counts_a_batch_once():
+    b = CircuitBreaker(BreakerPolicy(failure_threshold=2))
+    permits = [b.try_acquire() for _ in range(4)]
+    error = ServerDiedError("actor died")
+    assert all(b.record_error(p, error) for p in permits)
+    assert b.state is BreakerState.CLOSED

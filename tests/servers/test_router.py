@@ -341,3 +341,49 @@ async def test_servers_that_report_no_version_give_an_unknown_version():
     y, version = await router.with_version(x)
     np.testing.assert_array_equal(y, x * 2)
     assert version is None and router.version is None
+
+
+class RaisesOnEvery17thBatch:
+    """A model that doubles its input and raises on one batch in 17."""
+
+    def __init__(self):
+        self.batches = 0
+
+    def __call__(self, x):
+        self.batches += 1
+        if self.batches % 17 == 0:
+            raise RuntimeError(f"batch {self.batches} failed")
+        return x * 2
+
+
+async def test_a_failed_batch_counts_as_one_failure_so_rare_failures_open_no_breaker():
+    # Before, a failed batch of 8 requests counted 8 failures and opened its breaker
+    # for 30 s; with a model that raises on 1 batch in 17 and 64 callers, 199,411 of
+    # 200,000 requests got CircuitOpenError. Scaled down: 64 callers, 2 servers.
+    clock = Clock()
+    models = [RaisesOnEvery17thBatch(), RaisesOnEvery17thBatch()]
+    outcomes = {"exact": 0, "circuit_open": 0, "other": 0}
+    async with asr.serve(models[0], max_batch_size=8) as a, \
+            asr.serve(models[1], max_batch_size=8) as b:
+        router = Router({"a": a, "b": b}, policy="least_outstanding", clock=clock)
+
+        async def caller(seed):
+            for i in range(40):
+                x = elements(1, seed=seed * 100 + i)
+                try:
+                    y = await router(x)
+                except CircuitOpenError:
+                    outcomes["circuit_open"] += 1
+                    continue
+                except Exception:
+                    outcomes["other"] += 1
+                    continue
+                outcomes["exact" if np.array_equal(y, x * 2) else "other"] += 1
+
+        await asyncio.wait_for(asyncio.gather(*(caller(s) for s in range(64))), 50)
+    failed_batches = sum(m.batches // 17 for m in models)
+    assert failed_batches >= 4  # the scenario happened: batches failed on both paths
+    assert outcomes == {"exact": 64 * 40, "circuit_open": 0, "other": 0}  # failover
+    assert all(breaker.opened == 0 for breaker in router.breakers.values())
+    failures = sum(s["failures"] for s in router.stats["servers"].values())
+    assert failures > failed_batches  # batches of several requests failed, each once
