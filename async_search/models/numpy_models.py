@@ -1,27 +1,21 @@
-"""Models: a spec wrapper for plain functions, a seeded NumPy MLP, a TensorFlow adapter.
+"""NumPy models: a spec wrapper for plain functions, and a seeded MLP whose rows are
+exact whatever the batch.
 
 A model is any callable from a batch ``[n, ...]`` to outputs with first dimension ``n``
 (``base.Model``). The classes here add the input spec that servers check requests
-against, and the TensorFlow adapter pads batches to a few fixed sizes so that it traces
-once per size.
+against.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
 
-from async_search import rows
 from async_search.base import Outputs, TensorSpec
-from async_search.checks import check_int
 
-__all__ = [
-    "SpecModel", "with_spec", "MLP", "TensorFlowModel", "power_of_two_sizes", "GRID_SCALE",
-    "GRID_BOUND", "WEIGHT_QUANTUM",
-]
+__all__ = ["SpecModel", "with_spec", "MLP", "GRID_SCALE", "GRID_BOUND", "WEIGHT_QUANTUM"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,104 +118,3 @@ class MLP:
             if i < last:
                 h = _on_grid(np.maximum(h, 0.0))
         return h.astype(self.output_spec.dtype)
-
-
-def power_of_two_sizes(max_batch_size: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to and including ``max_batch_size`` (which need not be a power)."""
-    max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
-    sizes = []
-    size = 1
-    while size < max_batch_size:
-        sizes.append(size)
-        size *= 2
-    sizes.append(max_batch_size)
-    return tuple(sizes)
-
-
-class TensorFlowModel:
-    """Adapts a Keras model or a TensorFlow function into a NumPy-in, NumPy-out model.
-
-    Each batch is padded up to the nearest allowed batch size (by default the powers of
-    two up to ``max_batch_size``), so the function is traced once per allowed size and
-    never again; the padding rows are sliced off the outputs. Larger batches run in
-    chunks of the largest size. It runs on the first visible GPU, else on the CPU.
-    TensorFlow is imported when an adapter is made, never by importing this module.
-
-    Args:
-        fn: a Keras model or a callable on tensors returning a tensor, or a tuple or dict
-            of tensors.
-        input_spec: per-element input shape and dtype.
-        max_batch_size: the largest batch passed to ``fn`` at once.
-        batch_sizes: the allowed batch sizes (sorted ascending); overrides the powers of
-            two.
-        jit_compile: compile with XLA.
-        device: a TensorFlow device string; default the first GPU, else ``/CPU:0``.
-
-    Example:
-        >>> import tensorflow as tf
-        >>> net = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
-        >>> model = TensorFlowModel(net, TensorSpec((4,), np.float32), max_batch_size=64)
-        >>> model(np.zeros((5, 4), np.float32)).shape
-        (5, 1)
-    """
-
-    def __init__(self, fn: Callable[..., Any], input_spec: TensorSpec, *,
-                 max_batch_size: int = 1024, batch_sizes: Sequence[int] | None = None,
-                 jit_compile: bool = False, device: str | None = None):
-        import tensorflow as tf  # imported here so that the core needs numpy alone
-
-        self._tf = tf
-        self.input_spec = input_spec
-        if batch_sizes:
-            self.batch_sizes = tuple(sorted(check_int(f"batch_sizes[{i}]", size, minimum=1)
-                                            for i, size in enumerate(batch_sizes)))
-        else:
-            self.batch_sizes = power_of_two_sizes(max_batch_size)
-        if device is None:
-            device = "/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0"
-        self.device = device
-        self.trace_count = 0
-        self._trace_lock = threading.Lock()
-
-        def traced(x):
-            # Runs once per trace, never per call: counts how often tracing happened.
-            with self._trace_lock:
-                self.trace_count += 1
-            return fn(x, training=False) if _is_keras(fn) else fn(x)
-
-        self._fn = tf.function(traced, jit_compile=jit_compile, reduce_retracing=False)
-        self._concrete = {}  # allowed size -> the function traced for that batch shape
-        self._padded = {}  # allowed size -> reused input buffer with zero padding rows
-        self._call_lock = threading.Lock()  # the buffers are shared: one call at a time
-
-    def _bucket(self, n: int) -> int:
-        for size in self.batch_sizes:
-            if size >= n:
-                return size
-        return self.batch_sizes[-1]
-
-    def __call__(self, batch: np.ndarray) -> Outputs:
-        n = len(batch)
-        largest = self.batch_sizes[-1]
-        if n > largest:
-            parts = [self(batch[i:i + largest]) for i in range(0, n, largest)]
-            return rows.concatenate(parts)
-        size = self._bucket(max(n, 1))
-        with self._call_lock:
-            buffer = self._padded.get(size)
-            if buffer is None:
-                buffer = self._padded[size] = np.zeros(
-                    self.input_spec.batch_shape(size), self.input_spec.dtype)
-            buffer[:n] = batch
-            buffer[n:] = 0
-            with self._tf.device(self.device):
-                fn = self._concrete.get(size)
-                if fn is None:  # traced once per allowed size, then called directly
-                    fn = self._concrete[size] = self._fn.get_concrete_function(
-                        self._tf.TensorSpec(buffer.shape, buffer.dtype))
-                out = fn(self._tf.constant(buffer))
-        return rows.map_leaves(lambda t: t.numpy()[:n], out)
-
-
-def _is_keras(fn: Any) -> bool:
-    return hasattr(fn, "layers") and hasattr(fn, "predict")

@@ -1,0 +1,138 @@
+"""Bucket sizes: the few batch shapes a framework adapter runs its net on.
+
+A traced or compiled net (TensorFlow, PyTorch with CUDA graphs or ``torch.compile``,
+JAX) pays for each new input shape once. The adapters therefore pad every batch up to
+the smallest of a few allowed sizes (by default the powers of two up to
+``max_batch_size``), run larger batches in chunks of the largest size, and slice the
+padding rows off the outputs. This module is that logic, once, for every adapter: the
+sizes, the choice of a size, the reused host buffers a batch is padded in, and the
+chunking.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Sequence, Tuple
+
+import numpy as np
+
+from async_search import rows
+from async_search.base import Outputs, TensorSpec
+from async_search.checks import check_int
+
+__all__ = ["power_of_two_sizes", "bucket_sizes", "PaddedBatches", "run_in_chunks", "Allocate"]
+
+#: Makes a zero-filled host buffer of a shape and dtype (``np.zeros``, or a view of a
+#: pinned framework tensor).
+Allocate = Callable[[Tuple[int, ...], np.dtype], np.ndarray]
+
+
+def power_of_two_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to and including ``max_batch_size`` (which need not be a power).
+
+    Example:
+        >>> power_of_two_sizes(12)
+        (1, 2, 4, 8, 12)
+    """
+    max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
+    sizes = []
+    size = 1
+    while size < max_batch_size:
+        sizes.append(size)
+        size *= 2
+    sizes.append(max_batch_size)
+    return tuple(sizes)
+
+
+def bucket_sizes(max_batch_size: int = 1024,
+                 batch_sizes: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The allowed batch sizes of an adapter: ``batch_sizes`` sorted (duplicates
+    dropped) when given, else the powers of two up to ``max_batch_size``.
+
+    Raises:
+        ValueError: a size that is not an integer >= 1.
+
+    Example:
+        >>> bucket_sizes(batch_sizes=(64, 8, 8))
+        (8, 64)
+    """
+    if batch_sizes:
+        return tuple(sorted({check_int(f"batch_sizes[{i}]", size, minimum=1)
+                             for i, size in enumerate(batch_sizes)}))
+    return power_of_two_sizes(max_batch_size)
+
+
+class PaddedBatches:
+    """Pads batches into one reused host buffer per bucket size.
+
+    A batch of ``n`` rows goes into the buffer of the smallest bucket that holds it;
+    the rows after ``n`` are zeros (only the rows the last batch wrote are cleared, so a
+    small batch in a large bucket costs its own rows, not the bucket's). The buffers are
+    shared state: callers serialise ``pad`` and the use of its result (the adapters hold
+    their lock across both).
+
+    Args:
+        input_spec: the per-element shape and dtype of a batch.
+        sizes: the allowed batch sizes, ascending (``bucket_sizes``).
+        allocate: makes a zero-filled buffer (default ``np.zeros``; the PyTorch adapter
+            gives views of pinned memory on CUDA).
+
+    Example:
+        >>> padded = PaddedBatches(TensorSpec((2,), np.float32), (1, 4))
+        >>> buffer, size = padded.pad(np.ones((3, 2), np.float32))
+        >>> size, buffer[:, 0].tolist()
+        (4, [1.0, 1.0, 1.0, 0.0])
+    """
+
+    def __init__(self, input_spec: TensorSpec, sizes: Sequence[int],
+                 allocate: Allocate | None = None):
+        self.input_spec = input_spec
+        self.sizes = tuple(sizes)
+        self.largest = self.sizes[-1]
+        self._allocate = allocate or (lambda shape, dtype: np.zeros(shape, dtype))
+        self._buffers: Dict[int, np.ndarray] = {}
+        self._written: Dict[int, int] = {}  # size -> rows the last batch wrote
+
+    def bucket(self, n: int) -> int:
+        """The smallest allowed size that holds ``n`` rows (at least one row: an empty
+        batch runs as one padding row), or the largest size when none does."""
+        for size in self.sizes:
+            if size >= n:
+                return size
+        return self.largest
+
+    def buffer(self, size: int) -> np.ndarray:
+        """The host buffer of bucket ``size``, made on first use."""
+        buffer = self._buffers.get(size)
+        if buffer is None:
+            buffer = self._buffers[size] = self._allocate(
+                self.input_spec.batch_shape(size), self.input_spec.dtype)
+            self._written[size] = 0
+        return buffer
+
+    def pad(self, batch: np.ndarray) -> Tuple[np.ndarray, int]:
+        """``(buffer, size)``: ``batch`` (at most ``largest`` rows) copied into the first
+        rows of its bucket's buffer, the other rows zero."""
+        n = len(batch)
+        size = self.bucket(max(n, 1))
+        buffer = self.buffer(size)
+        buffer[:n] = batch
+        written = self._written[size]
+        if written > n:
+            buffer[n:written] = 0
+        self._written[size] = n
+        return buffer, size
+
+
+def run_in_chunks(batch: np.ndarray, largest: int,
+                  run: Callable[[np.ndarray], Outputs]) -> Outputs:
+    """``run(batch)``, or, for a batch of more than ``largest`` rows, ``run`` on each
+    chunk of at most ``largest`` rows and their outputs joined in order.
+
+    Example:
+        >>> run_in_chunks(np.arange(5), 2, lambda x: x * 10).tolist()
+        [0, 10, 20, 30, 40]
+    """
+    n = len(batch)
+    if n <= largest:
+        return run(batch)
+    return rows.concatenate([run(batch[i:i + largest]) for i in range(0, n, largest)])

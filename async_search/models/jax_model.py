@@ -1,0 +1,226 @@
+"""JaxModel: a JAX function and its parameters as a NumPy-in, NumPy-out model.
+
+JAX is imported when an adapter is made, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Sequence
+
+import numpy as np
+
+from async_search import rows
+from async_search.base import Outputs, TensorSpec
+from async_search.checks import check_float
+from async_search.errors import DeviceNotFoundError
+from async_search.models.buckets import PaddedBatches, bucket_sizes, run_in_chunks
+
+__all__ = ["JaxModel", "jax_device"]
+
+
+class JaxModel:
+    """Adapts ``apply_fn(params, x)`` into a NumPy-in, NumPy-out model on one device.
+
+    Each batch is padded up to the smallest allowed batch size (by default the powers
+    of two up to ``max_batch_size``) and the jitted function is compiled once per
+    allowed size (ahead of time, at that size's first batch), so it never compiles
+    again; the padding rows are zeros and are sliced off the outputs, and larger batches
+    run in chunks of the largest size. The parameters live on the device
+    (``jax.device_put``); ``with_weights`` (what ``update_model`` calls) replaces them
+    without compiling again, as long as their shapes and dtypes stay.
+
+    ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
+    (relative and absolute, as in ``np.allclose(a, b, rtol=t, atol=t)``): XLA orders
+    float sums differently for different batch sizes. Default 1e-4 on the CPU (measured:
+    up to about 1e-6 of the outputs' scale on an MLP); 1e-2 on a GPU (float32 matrix
+    products use TF32 there by default) and 5e-2 on a TPU (bfloat16 passes): estimates,
+    not measured here. Give your own when you have measured.
+
+    Args:
+        apply_fn: ``apply_fn(params, x)`` from a batch ``[n, ...]`` to an array, or a
+            tuple, list or dict of arrays, each with first dimension ``n``
+            (a Flax ``module.apply``, a Haiku ``transformed.apply`` without rng...).
+        params: a pytree of arrays.
+        input_spec: per-element input shape and dtype.
+        device: a ``jax.Device`` or a name (``"cpu"``, ``"gpu:1"``, ``"cuda:0"``);
+            default JAX's first device (a GPU when JAX has one, else the CPU).
+        max_batch_size: the largest batch passed to ``apply_fn`` at once.
+        batch_sizes: the allowed batch sizes; overrides the powers of two.
+        batch_tolerance: overrides the default above.
+
+    Raises:
+        DeviceNotFoundError: ``device`` does not exist on this machine.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> params = {"w": np.ones((4, 2), np.float32)}
+        >>> model = JaxModel(lambda p, x: jnp.tanh(x @ p["w"]), params,
+        ...                  input_spec=TensorSpec((4,), np.float32))
+        >>> model(np.zeros((3, 4), np.float32)).shape
+        (3, 2)
+    """
+
+    def __init__(self, apply_fn: Callable[[Any, Any], Any], params: Any,
+                 input_spec: TensorSpec, *, device: Any = None, max_batch_size: int = 1024,
+                 batch_sizes: Sequence[int] | None = None,
+                 batch_tolerance: float | None = None):
+        import jax  # imported here so that the core needs numpy alone
+
+        self.input_spec = input_spec
+        self.device = jax_device(device)
+        self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
+        self._given_tolerance = batch_tolerance
+        self.batch_tolerance = (_default_tolerance(self.device.platform)
+                                if batch_tolerance is None else
+                                check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        self.apply_fn = apply_fn
+        self._shared = _Compiled(jax, apply_fn, self)
+        # A copy of host arrays: on the CPU, device_put may share their memory, and the
+        # caller may go on changing them.
+        self._params = jax.device_put(
+            jax.tree.map(lambda a: np.array(a) if isinstance(a, np.ndarray) else a, params),
+            self.device)
+        self._staged = None  # with_weights: host values, placed at the first batch
+
+    @property
+    def trace_count(self) -> int:
+        """How often ``apply_fn`` was traced (once per bucket size used)."""
+        return self._shared.trace_count
+
+    @property
+    def params(self) -> Any:
+        """The parameters this model computes with."""
+        # No lock (it may be held through a whole batch, and update_model runs on the
+        # event loop): the device thread sets _params before it clears _staged.
+        staged = self._staged
+        return self._params if staged is None else staged
+
+    def __call__(self, batch: np.ndarray) -> Outputs:
+        return run_in_chunks(batch, self.batch_sizes[-1], self._run)
+
+    def _run(self, batch: np.ndarray) -> Outputs:
+        shared = self._shared
+        with shared.lock:
+            if self._staged is not None:  # in the device thread, at this model's start
+                self._params = shared.jax.device_put(self._staged, self.device)
+                self._staged = None
+            return shared.run(self._params, batch)
+
+    def with_weights(self, params: Any) -> "JaxModel":
+        """This model with other parameters: what ``update_model(params, version)``
+        calls. They are checked and copied to the host now and placed on the device at
+        the new model's first batch; nothing compiles again.
+
+        Raises:
+            ValueError: a tree structure, a shape or a dtype kind that differs from
+                the parameters'.
+        """
+        jax = self._shared.jax
+        old = self.params
+        if jax.tree.structure(params) != jax.tree.structure(old):
+            raise ValueError(f"JaxModel.with_weights: the parameters' tree "
+                             f"{jax.tree.structure(params)} differs from the model's "
+                             f"{jax.tree.structure(old)}")
+
+        def staged(new: Any, ref: Any) -> Any:
+            if np.shape(new) != np.shape(ref):
+                raise ValueError(f"JaxModel.with_weights: a parameter of shape "
+                                 f"{np.shape(new)} where the model has {np.shape(ref)}")
+            # A host copy in the model's dtype: the caller may change its arrays later.
+            return np.array(new, dtype=ref.dtype, copy=True)
+
+        new = object.__new__(JaxModel)
+        new.__dict__.update(self.__dict__)
+        new._staged = jax.tree.map(staged, params, old)
+        new._params = None
+        return new
+
+    def on_device(self, device: Any) -> "JaxModel":
+        """An independent copy, with this model's parameters, on ``device``.
+
+        Raises:
+            DeviceNotFoundError: ``device`` does not exist on this machine.
+        """
+        return JaxModel(self.apply_fn, self.params, self.input_spec, device=device,
+                        batch_sizes=self.batch_sizes, batch_tolerance=self._given_tolerance)
+
+    def __repr__(self) -> str:
+        return (f"JaxModel({getattr(self.apply_fn, '__name__', 'apply_fn')}, "
+                f"{self.input_spec.describe()}, device={self.device}, "
+                f"batch_sizes={self.batch_sizes})")
+
+
+def jax_device(device: Any = None) -> Any:
+    """``device`` as a ``jax.Device`` that exists here; None: JAX's first device.
+
+    Raises:
+        DeviceNotFoundError: naming the device and the devices this machine has.
+
+    Example:
+        >>> jax_device("cpu").platform
+        'cpu'
+    """
+    import jax
+
+    if device is None:
+        return jax.devices()[0]
+    if not isinstance(device, str):
+        if any(device == d for d in jax.devices(getattr(device, "platform", None))):
+            return device
+        raise DeviceNotFoundError(f"no device {device!r} for JAX: this machine has "
+                                  f"{jax.devices()}")
+    platform, _, index = device.lower().partition(":")
+    try:
+        number = int(index) if index else 0
+        devices = _platform_devices(jax, platform)
+    except (RuntimeError, ValueError) as e:
+        raise DeviceNotFoundError(f"no device {device!r} for JAX ({e}); this machine has "
+                                  f"{jax.devices()}") from None
+    if not 0 <= number < len(devices):
+        raise DeviceNotFoundError(f"no device {device!r}: this machine has {jax.devices()}")
+    return devices[number]
+
+
+def _platform_devices(jax: Any, platform: str) -> list:
+    try:
+        return jax.devices(platform)
+    except RuntimeError:
+        if platform in ("cuda", "rocm"):  # JAX names both "gpu" in older releases
+            return jax.devices("gpu")
+        raise
+
+
+def _default_tolerance(platform: str) -> float:
+    return {"cpu": 1e-4, "tpu": 5e-2}.get(platform, 1e-2)
+
+
+class _Compiled:
+    """What a JaxModel shares with the models ``with_weights`` makes from it: the jitted
+    function compiled per bucket, the padded host buffers, the lock around them."""
+
+    def __init__(self, jax: Any, apply_fn: Callable[[Any, Any], Any], model: JaxModel):
+        self.jax = jax
+        self.device = model.device
+        self.lock = threading.Lock()
+        self.trace_count = 0
+
+        def traced(params: Any, x: Any) -> Any:
+            self.trace_count += 1  # runs once per trace, never per call
+            return apply_fn(params, x)
+
+        self._jitted = jax.jit(traced)
+        self._compiled: Dict[int, Any] = {}
+        self.padded = PaddedBatches(model.input_spec, model.batch_sizes)
+
+    def run(self, params: Any, batch: np.ndarray) -> Outputs:
+        n = len(batch)
+        buffer, size = self.padded.pad(batch)
+        x = self.jax.device_put(buffer, self.device)
+        compiled = self._compiled.get(size)
+        if compiled is None:  # once per bucket, ahead of time: calls skip jit's dispatch
+            compiled = self._compiled[size] = self._jitted.lower(params, x).compile()
+        out = compiled(params, x)
+        # np.asarray waits for the result; the copy makes the rows the caller's own (the
+        # output may alias the reused input buffer, and JAX's arrays are read-only).
+        return rows.map_leaves(lambda a: np.array(np.asarray(a)[:n]), out)

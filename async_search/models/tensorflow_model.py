@@ -1,0 +1,233 @@
+"""TensorFlowModel: a Keras model or a TensorFlow function as a NumPy-in, NumPy-out model.
+
+TensorFlow is imported when an adapter is made, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Sequence
+
+import numpy as np
+
+from async_search import rows
+from async_search.base import Outputs, TensorSpec
+from async_search.checks import check_float
+from async_search.errors import DeviceNotFoundError
+from async_search.models.buckets import PaddedBatches, bucket_sizes, run_in_chunks
+from async_search.models.weights import OwnWeights, SharedWeights
+
+__all__ = ["TensorFlowModel", "tensorflow_device"]
+
+
+class TensorFlowModel:
+    """Adapts a Keras model or a TensorFlow function into a NumPy-in, NumPy-out model.
+
+    Each batch is padded up to the nearest allowed batch size (by default the powers of
+    two up to ``max_batch_size``), so the function is traced once per allowed size and
+    never again; the padding rows are zeros and are sliced off the outputs. Larger
+    batches run in chunks of the largest size. It runs on the first visible GPU, else
+    on the CPU.
+
+    ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
+    (relative and absolute, as in ``np.allclose``): 1e-4 on the CPU by default, 1e-2 on
+    a GPU (TensorFlow allows TF32 there; an estimate, not measured here). The nets of
+    ``problems.tf_nets`` compute on an exact grid and are bitwise batch-independent.
+
+    Args:
+        fn: a Keras model or a callable on tensors returning a tensor, or a tuple or dict
+            of tensors.
+        input_spec: per-element input shape and dtype.
+        max_batch_size: the largest batch passed to ``fn`` at once.
+        batch_sizes: the allowed batch sizes (sorted ascending); overrides the powers of
+            two.
+        jit_compile: compile with XLA.
+        device: a TensorFlow device string; default the first GPU, else ``/CPU:0``.
+        batch_tolerance: overrides the default above.
+
+    Raises:
+        DeviceNotFoundError: ``device`` does not exist on this machine.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> net = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+        >>> model = TensorFlowModel(net, TensorSpec((4,), np.float32), max_batch_size=64)
+        >>> model(np.zeros((5, 4), np.float32)).shape
+        (5, 1)
+    """
+
+    def __init__(self, fn: Callable[..., Any], input_spec: TensorSpec, *,
+                 max_batch_size: int = 1024, batch_sizes: Sequence[int] | None = None,
+                 jit_compile: bool = False, device: str | None = None,
+                 batch_tolerance: float | None = None):
+        import tensorflow as tf  # imported here so that the core needs numpy alone
+
+        self.input_spec = input_spec
+        self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
+        self.device = tensorflow_device(device)
+        self.jit_compile = jit_compile
+        self._given_tolerance = batch_tolerance
+        self.batch_tolerance = ((1e-2 if "GPU" in self.device.upper() else 1e-4)
+                                if batch_tolerance is None else
+                                check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        self.fn = fn
+        self._runner = _Traced(tf, fn, self)
+        self._own = self._runner.weights.first()
+
+    @property
+    def trace_count(self) -> int:
+        """How often ``fn`` was traced (once per allowed size used)."""
+        return self._runner.trace_count
+
+    def __call__(self, batch: np.ndarray) -> Outputs:
+        return run_in_chunks(batch, self.batch_sizes[-1], self._run)
+
+    def _run(self, batch: np.ndarray) -> Outputs:
+        runner = self._runner
+        with runner.weights.lock:
+            runner.weights.use(self._own)
+            return runner.run(batch)
+
+    def with_weights(self, weights: Any) -> "TensorFlowModel":
+        """This model with other weights (a Keras model only): what
+        ``update_model(weights, version)`` calls. The weights are checked now and
+        assigned to the same variables at the new model's first batch, so nothing is
+        traced again; a batch running on this model finishes on the old ones.
+
+        Args:
+            weights: a list of arrays as ``get_weights()`` returns, or a Keras model of
+                the same architecture.
+
+        Raises:
+            TypeError: ``fn`` is not a Keras model (pass a new model to update_model).
+            ValueError: a count or shape that differs from the model's weights.
+        """
+        new = object.__new__(TensorFlowModel)
+        new.__dict__.update(self.__dict__)
+        new._own = OwnWeights(self._runner.stage(weights))
+        return new
+
+    def on_device(self, device: str) -> "TensorFlowModel":
+        """A copy on ``device``: a Keras model is cloned there with this model's
+        weights; a plain function is wrapped again, its ops placed on ``device`` (the
+        variables it captures stay where they are).
+
+        Raises:
+            DeviceNotFoundError: ``device`` does not exist on this machine.
+        """
+        tf = self._runner.tf
+        target = tensorflow_device(device)
+        fn = self.fn
+        if _is_keras(fn):
+            runner = self._runner
+            with runner.weights.lock:
+                values = self._own.values
+                if values is None:
+                    values = fn.get_weights()
+            with tf.device(target):
+                fn = tf.keras.models.clone_model(self.fn)
+                fn.set_weights(values)
+        return TensorFlowModel(fn, self.input_spec, batch_sizes=self.batch_sizes,
+                               jit_compile=self.jit_compile, device=target,
+                               batch_tolerance=self._given_tolerance)
+
+    def __repr__(self) -> str:
+        return (f"TensorFlowModel({getattr(self.fn, 'name', type(self.fn).__name__)}, "
+                f"{self.input_spec.describe()}, device={self.device}, "
+                f"batch_sizes={self.batch_sizes})")
+
+
+def tensorflow_device(device: str | None = None) -> str:
+    """``device`` checked against this machine's TensorFlow devices; None: ``/GPU:0``
+    when TensorFlow sees a GPU, else ``/CPU:0``.
+
+    Raises:
+        DeviceNotFoundError: naming the device and the devices this machine has.
+
+    Example:
+        >>> tensorflow_device("/CPU:0")
+        '/CPU:0'
+    """
+    import tensorflow as tf
+
+    if device is None:
+        return "/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0"
+    names = [d.name for d in tf.config.list_logical_devices()]
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except (ValueError, TypeError) as e:
+        raise DeviceNotFoundError(f"no device {device!r} for TensorFlow ({e}); this "
+                                  f"machine has {names}") from None
+    if spec.device_type is not None:
+        kind, index = spec.device_type.upper(), spec.device_index or 0
+        if not any(tf.DeviceSpec.from_string(name).device_type.upper() == kind
+                   and (tf.DeviceSpec.from_string(name).device_index or 0) == index
+                   for name in names):
+            raise DeviceNotFoundError(f"no device {device!r}: this machine has {names}")
+    return device
+
+
+class _Traced:
+    """What a TensorFlowModel shares with the models ``with_weights`` makes from it: the
+    function traced per bucket, the padded host buffers, the weights (Keras models)."""
+
+    def __init__(self, tf: Any, fn: Callable[..., Any], model: TensorFlowModel):
+        self.tf = tf
+        self.device = model.device
+        self.trace_count = 0
+        self._keras = _is_keras(fn)
+        self._variables = list(fn.weights) if self._keras else []
+        self.weights = SharedWeights(self._read, self._write)
+
+        def traced(x):
+            self.trace_count += 1  # runs once per trace, never per call (under the lock)
+            return fn(x, training=False) if self._keras else fn(x)
+
+        self._fn = tf.function(traced, jit_compile=model.jit_compile,
+                               reduce_retracing=False)
+        self._concrete: Dict[int, Any] = {}  # size -> the function traced for it
+        self.padded = PaddedBatches(model.input_spec, model.batch_sizes)
+
+    def stage(self, weights: Any) -> list:
+        if not self._keras:
+            raise TypeError("TensorFlowModel.with_weights needs a Keras model; this one "
+                            "wraps a function: pass a new model to update_model instead")
+        if _is_keras(weights):
+            weights = weights.get_weights()
+        if not isinstance(weights, (list, tuple)) or len(weights) != len(self._variables):
+            raise ValueError(f"TensorFlowModel.with_weights takes the "
+                             f"{len(self._variables)} arrays of get_weights(), got "
+                             f"{type(weights).__name__}")
+        staged = []
+        for i, (value, variable) in enumerate(zip(weights, self._variables)):
+            shape = tuple(variable.shape)
+            if np.shape(value) != shape:
+                raise ValueError(f"weight {i} ({variable.name}) has shape "
+                                 f"{np.shape(value)}, the model's has {shape}")
+            # A host copy: the caller may change its arrays later.
+            dtype = np.dtype(getattr(variable.dtype, "as_numpy_dtype", variable.dtype))
+            staged.append(np.array(value, dtype=dtype, copy=True))
+        return staged
+
+    def _read(self) -> list:
+        return [v.numpy() for v in self._variables]
+
+    def _write(self, values: list) -> None:
+        for variable, value in zip(self._variables, values):
+            variable.assign(value)
+
+    def run(self, batch: np.ndarray) -> Outputs:
+        n = len(batch)
+        buffer, size = self.padded.pad(batch)
+        tf = self.tf
+        with tf.device(self.device):
+            fn = self._concrete.get(size)
+            if fn is None:  # traced once per allowed size, then called directly
+                fn = self._concrete[size] = self._fn.get_concrete_function(
+                    tf.TensorSpec(buffer.shape, buffer.dtype))
+            out = fn(tf.constant(buffer))
+        return rows.map_leaves(lambda t: t.numpy()[:n], out)
+
+
+def _is_keras(fn: Any) -> bool:
+    return hasattr(fn, "layers") and hasattr(fn, "predict")

@@ -1,0 +1,406 @@
+"""TorchModel: a PyTorch module as a NumPy-in, NumPy-out model on a device.
+
+PyTorch is imported when an adapter is made, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from async_search import rows
+from async_search.base import Outputs, TensorSpec
+from async_search.checks import check_float
+from async_search.errors import DeviceNotFoundError
+from async_search.models.buckets import PaddedBatches, bucket_sizes, run_in_chunks
+from async_search.models.weights import OwnWeights, SharedWeights
+
+__all__ = ["TorchModel", "PRECISIONS", "torch_device"]
+
+#: The ``precision`` a TorchModel takes: None (the module's own dtypes), or a reduced
+#: float that ``torch.autocast`` computes in.
+PRECISIONS = (None, "bfloat16", "float16")
+
+
+class TorchModel:
+    """Adapts a PyTorch module into a NumPy-in, NumPy-out model on one device.
+
+    Each batch is padded up to the smallest allowed batch size (by default the powers
+    of two up to ``max_batch_size``), so the module always sees the same few shapes;
+    the padding rows are zeros and are sliced off the outputs, and larger batches run
+    in chunks of the largest size. The module runs under ``torch.inference_mode()``.
+
+    On CUDA a batch is padded straight into a pinned host buffer of its bucket, copied
+    to the device without blocking on the adapter's own CUDA stream, computed on that
+    stream, and copied back into pinned output buffers; the host waits once per batch
+    (one stream synchronisation), then copies the rows out.
+
+    The adapter owns the module: it moves it to ``device`` and puts it in eval mode.
+    Train a copy and push its weights with ``update_model`` (``with_weights``).
+
+    Options that change speed, all off by default: ``precision`` (compute in bfloat16
+    or float16 under ``torch.autocast``; outputs come back as float32),
+    ``cuda_graphs`` (capture the module once per bucket and replay it: CUDA only, the
+    module must be capturable: static control flow, no host syncs) and ``compile``
+    (``torch.compile``). Which of them should be the default on a GPU is to be chosen
+    by measurement on a GPU (``benchmarks/gpu.py``); the CUDA paths have not run in this
+    project's CI, which has no GPU.
+
+    ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
+    (relative and absolute, as in ``np.allclose(a, b, rtol=t, atol=t)``): floating-point
+    sums are ordered differently for different batch sizes. Default: 1e-4 in float32
+    (measured on the CPU: up to about 1e-6 of the outputs' scale on MLPs and
+    convolutional nets); on CUDA with TF32 allowed (PyTorch's default for convolutions)
+    1e-2, and 1e-2 (float16) or 5e-2 (bfloat16) with ``precision``: estimates from the
+    formats' precision, not yet measured on a GPU. Give your own when you have measured.
+
+    Args:
+        module: a ``torch.nn.Module`` (or any module-like callable with
+            ``state_dict``) from a tensor ``[n, ...]`` to a tensor, or a tuple, list or
+            dict of tensors, each with first dimension ``n``.
+        input_spec: per-element input shape and dtype (requests are checked against it).
+        device: a torch device or its name (``"cuda:1"``, ``"cpu"``); default the first
+            CUDA device, else the CPU.
+        max_batch_size: the largest batch passed to the module at once.
+        batch_sizes: the allowed batch sizes; overrides the powers of two.
+        precision: None, ``"bfloat16"`` or ``"float16"`` (``PRECISIONS``).
+        cuda_graphs: capture and replay a CUDA graph per bucket (CUDA devices only).
+        compile: ``torch.compile`` the module: True, or a dict of its keyword arguments
+            (``{"mode": "max-autotune"}``). Not together with ``cuda_graphs``.
+        batch_tolerance: overrides the default above.
+
+    Raises:
+        DeviceNotFoundError: ``device`` does not exist on this machine.
+        ValueError: an option out of range, or ``cuda_graphs`` off CUDA.
+
+    Example:
+        >>> import torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+        ...                           torch.nn.Linear(8, 1))
+        >>> model = TorchModel(net, input_spec=TensorSpec((4,), np.float32), device="cpu")
+        >>> model(np.zeros((5, 4), np.float32)).shape
+        (5, 1)
+        >>> model = model.with_weights(net.state_dict())    # what update_model calls
+    """
+
+    def __init__(self, module: Any, input_spec: TensorSpec, *, device: Any = None,
+                 max_batch_size: int = 1024, batch_sizes: Sequence[int] | None = None,
+                 precision: str | None = None, cuda_graphs: bool = False,
+                 compile: bool | Mapping[str, Any] = False,  # noqa: A002 - torch's name
+                 batch_tolerance: float | None = None):
+        import torch  # imported here so that the core needs numpy alone
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.input_spec = input_spec
+        self.device = torch_device(device)
+        self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
+        self.precision = precision
+        self.cuda_graphs = bool(cuda_graphs)
+        self.compile = compile
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA device, got {self.device}")
+        if self.cuda_graphs and compile:
+            raise ValueError("cuda_graphs and compile are exclusive: torch.compile "
+                             "captures graphs itself with mode='reduce-overhead'")
+        self._given_tolerance = batch_tolerance
+        self.batch_tolerance = (_default_tolerance(torch, self.device, precision)
+                                if batch_tolerance is None else
+                                check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        self._runner = _Runner(torch, module, self)
+        self._own = self._runner.weights.first()
+
+    def __call__(self, batch: np.ndarray) -> Outputs:
+        return run_in_chunks(batch, self.batch_sizes[-1], self._run)
+
+    def _run(self, batch: np.ndarray) -> Outputs:
+        runner = self._runner
+        with runner.weights.lock:
+            runner.weights.use(self._own)
+            return runner.run(batch)
+
+    @property
+    def module(self) -> Any:
+        """The module the adapter runs (its weights are this adapter's after a call)."""
+        return self._runner.module
+
+    def with_weights(self, weights: Any) -> "TorchModel":
+        """This model with other weights: what ``update_model(weights, version)`` calls.
+
+        The weights are checked and staged on the host now; the new model copies them
+        into the same parameters at its first batch (so captured graphs and compiled
+        code stay valid), while a batch running on this model finishes on the old ones.
+
+        Args:
+            weights: a ``state_dict`` (names to tensors or arrays) with the module's
+                names and shapes, or a module of the same architecture.
+
+        Raises:
+            ValueError: names or shapes that differ from the module's.
+            TypeError: anything else.
+        """
+        new = object.__new__(TorchModel)
+        new.__dict__.update(self.__dict__)
+        new._own = OwnWeights(self._runner.stage(weights))
+        return new
+
+    def on_device(self, device: Any) -> "TorchModel":
+        """An independent copy (a deep copy of the module, with this model's weights)
+        on ``device``, with the same options.
+
+        Raises:
+            DeviceNotFoundError: ``device`` does not exist on this machine.
+        """
+        target = torch_device(device)
+        runner = self._runner
+        with runner.weights.lock:
+            module = copy.deepcopy(runner.module)
+            values = self._own.values  # None: they are the module's (and the copy's)
+        module.to(target)
+        if values is not None:
+            _write(runner.torch, list(module.state_dict().values()), values)
+        return TorchModel(module, self.input_spec, device=target,
+                          batch_sizes=self.batch_sizes, precision=self.precision,
+                          cuda_graphs=self.cuda_graphs, compile=self.compile,
+                          batch_tolerance=self._given_tolerance)
+
+    def __repr__(self) -> str:
+        return (f"TorchModel({type(self._runner.module).__name__}, "
+                f"{self.input_spec.describe()}, device={self.device}, "
+                f"batch_sizes={self.batch_sizes})")
+
+
+def torch_device(device: Any = None) -> Any:
+    """``device`` as a ``torch.device`` that exists here; None: the first CUDA device,
+    else the CPU.
+
+    Raises:
+        DeviceNotFoundError: naming the device and the devices this machine has.
+
+    Example:
+        >>> str(torch_device("cpu"))
+        'cpu'
+    """
+    import torch
+
+    if device is None:
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise DeviceNotFoundError(f"no device {device!r} for PyTorch ({e}); this machine "
+                                  f"has {_torch_devices(torch)}") from None
+    if found.type == "cpu":
+        return torch.device("cpu")
+    if found.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = found.index if found.index is not None else 0
+        if index >= count:
+            raise DeviceNotFoundError(f"no device {device!r}: this machine has "
+                                      f"{_torch_devices(torch)}")
+        return torch.device("cuda", index)
+    try:
+        torch.empty(1, device=found)
+    except Exception as e:  # noqa: BLE001 - any failure to place a tensor there
+        raise DeviceNotFoundError(f"no device {device!r} for PyTorch ({type(e).__name__}: "
+                                  f"{e}); this machine has {_torch_devices(torch)}") from None
+    return found
+
+
+def _torch_devices(torch: Any) -> List[str]:
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        names.append("mps")
+    return names
+
+
+def _default_tolerance(torch: Any, device: Any, precision: str | None) -> float:
+    if precision == "bfloat16":
+        return 5e-2
+    if precision == "float16":
+        return 1e-2
+    if device.type == "cuda" and (torch.backends.cuda.matmul.allow_tf32
+                                  or torch.backends.cudnn.allow_tf32):
+        return 1e-2
+    return 1e-4
+
+
+class _Runner:
+    """What the adapters of one module share: the module, its weights, the buffers
+    and captured graphs of each bucket, the CUDA stream. Used under ``weights.lock``."""
+
+    def __init__(self, torch: Any, module: Any, model: TorchModel):
+        self.torch = torch
+        self.device = device = model.device
+        self.cuda = device.type == "cuda"
+        try:
+            self.input_dtype = torch.from_numpy(np.zeros(0, model.input_spec.dtype)).dtype
+        except TypeError as e:
+            raise ValueError(f"PyTorch has no dtype for the input spec "
+                             f"{model.input_spec.describe()}: {e}") from None
+        self.module = module.to(device).eval()
+        state = self.module.state_dict()
+        self.names = list(state)
+        self.slots = list(state.values())  # the tensors with_weights copies into
+        self.weights = SharedWeights(self._read, self._write)
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        if self.cuda:
+            torch.cuda.synchronize(device)  # the weights are in place before any stream
+        self.padded = PaddedBatches(model.input_spec, model.batch_sizes,
+                                    self._pinned if self.cuda else None)
+        self._host: Dict[int, Any] = {}  # size -> input tensor on the host buffer
+        self._device_in: Dict[int, Any] = {}  # CUDA: size -> input tensor on the device
+        self._host_out: Dict[int, Tuple[list, list]] = {}  # CUDA: size -> pinned outputs
+        self._graphs: Dict[int, Tuple[Any, Any]] = {}  # size -> (CUDA graph, its outputs)
+        self.cuda_graphs = model.cuda_graphs
+        self.forward = self.module
+        if model.compile:
+            options = dict(model.compile) if isinstance(model.compile, Mapping) else {}
+            self.forward = torch.compile(self.module, **options)
+        self.precision = (None if model.precision is None
+                          else getattr(torch, model.precision))
+
+    # -- weights -----------------------------------------------------------------------
+    def stage(self, weights: Any) -> list:
+        """The values of ``weights`` in the order of ``slots``, checked and copied to
+        host tensors (the caller may change its own afterwards)."""
+        torch = self.torch
+        if isinstance(weights, torch.nn.Module):
+            weights = weights.state_dict()
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"TorchModel.with_weights takes a state_dict or a module, got "
+                            f"{type(weights).__name__}")
+        missing = [n for n in self.names if n not in weights]
+        unexpected = [n for n in weights if n not in set(self.names)]
+        if missing or unexpected:
+            raise ValueError(f"the weights do not match the module's state_dict: missing "
+                             f"{missing[:5]}, unexpected {unexpected[:5]}")
+        staged = []
+        for name, slot in zip(self.names, self.slots):
+            value = weights[name]
+            tensor = (value.detach() if isinstance(value, torch.Tensor)
+                      else torch.as_tensor(np.asarray(value)))
+            if tuple(tensor.shape) != tuple(slot.shape):
+                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, the "
+                                 f"module's has {tuple(slot.shape)}")
+            staged.append(tensor.to("cpu", dtype=slot.dtype, copy=True))
+        return staged
+
+    def _read(self) -> list:
+        with self._on_stream(), self.torch.no_grad():
+            values = [slot.detach().clone() for slot in self.slots]
+        if self.cuda:
+            self.stream.synchronize()  # complete before another stream or device reads
+        return values
+
+    def _write(self, values: list) -> None:
+        with self._on_stream():
+            _write(self.torch, self.slots, values)
+
+    def _on_stream(self) -> Any:
+        return self.torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
+
+    # -- batches -----------------------------------------------------------------------
+    def _pinned(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
+        tensor = self.torch.zeros(shape, dtype=self.input_dtype, pin_memory=True)
+        self._host[shape[0]] = tensor
+        return tensor.numpy()
+
+    def _autocast(self) -> Any:
+        if self.precision is None:
+            return contextlib.nullcontext()
+        # No weight-cast cache: it would keep casts of the old weights after an update,
+        # and CUDA graph capture refuses it.
+        return self.torch.autocast(self.device.type, self.precision, cache_enabled=False)
+
+    def run(self, batch: np.ndarray) -> Outputs:
+        n = len(batch)
+        buffer, size = self.padded.pad(batch)
+        if self.cuda:
+            return self._run_cuda(n, size)
+        x = self._host.get(size)
+        if x is None:
+            x = self._host[size] = self.torch.from_numpy(buffer)
+        with self.torch.inference_mode(), self._autocast():
+            out = self.forward(x)
+            return rows.map_leaves(lambda t: _host_rows(self.torch, t, n), out)
+
+    def _run_cuda(self, n: int, size: int) -> Outputs:
+        torch = self.torch
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream), \
+                torch.inference_mode(), self._autocast():
+            x = self._device_in.get(size)
+            if x is None:
+                x = self._device_in[size] = torch.empty(
+                    self._host[size].shape, dtype=self.input_dtype, device=self.device)
+            x.copy_(self._host[size], non_blocking=True)
+            if self.cuda_graphs:
+                graph, out = self._graph(size, x)
+                graph.replay()
+            else:
+                out = self.forward(x)
+            leaves, rebuild = _flatten(out)
+            pinned = self._pinned_outputs(size, leaves)
+            for host, leaf in zip(pinned, leaves):
+                host.copy_(leaf, non_blocking=True)
+        self.stream.synchronize()  # the one wait of a batch
+        return rebuild([host[:n].numpy().copy() for host in pinned])
+
+    def _graph(self, size: int, x: Any) -> Tuple[Any, Any]:
+        captured = self._graphs.get(size)
+        if captured is None:
+            torch = self.torch
+            for _ in range(3):  # warm-up before capture, as CUDA graphs require
+                self.forward(x)
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self.stream):
+                out = self.forward(x)
+            captured = self._graphs[size] = (graph, out)
+        return captured
+
+    def _pinned_outputs(self, size: int, leaves: list) -> list:
+        torch = self.torch
+        layout = [(tuple(t.shape), _host_dtype(torch, t.dtype)) for t in leaves]
+        known = self._host_out.get(size)
+        if known is None or known[0] != layout:
+            known = self._host_out[size] = (layout, [
+                torch.empty(shape, dtype=dtype, pin_memory=True) for shape, dtype in layout])
+        return known[1]
+
+
+def _write(torch: Any, slots: list, values: list) -> None:
+    with torch.no_grad():
+        for slot, value in zip(slots, values):
+            slot.copy_(value)
+
+
+def _host_dtype(torch: Any, dtype: Any) -> Any:
+    """The dtype an output comes back in: reduced floats as float32 (NumPy has no
+    bfloat16, and a caller of a float32 net expects float32)."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _host_rows(torch: Any, tensor: Any, n: int) -> np.ndarray:
+    rows_ = tensor[:n]
+    if rows_.dtype in (torch.bfloat16, torch.float16):
+        rows_ = rows_.float()
+    # A copy: the output may be a view of the reused input buffer (an identity layer).
+    return rows_.numpy().copy()
+
+
+def _flatten(out: Any) -> Tuple[list, Any]:
+    """The tensors of an output (a tensor, or a tuple, list or dict of tensors) and a
+    function that builds the same structure from arrays in their place."""
+    if isinstance(out, dict):
+        keys = list(out)
+        return [out[k] for k in keys], lambda arrays: dict(zip(keys, arrays))
+    if isinstance(out, (tuple, list)):
+        return list(out), tuple
+    return [out], lambda arrays: arrays[0]

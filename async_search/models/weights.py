@@ -1,0 +1,91 @@
+"""Weights swapped in place: the adapters of one net take turns on its device weights.
+
+``update_model(weights, version)`` calls ``model.with_weights(weights)`` on the event
+loop, while a device thread may still be running a batch on the old model: the old batch
+must finish on the old weights, and every later batch must run on the new ones.
+Captured CUDA graphs, ``torch.compile`` and traced TensorFlow functions read the net's
+weights where they are, so the new weights are copied into the same tensors, not into
+new ones (nothing is traced or captured again).
+
+So ``with_weights`` only stages the new values (checked, copied on the host); the new
+adapter copies them into the net at its first batch, in the device thread, under the
+lock the adapters of one net share. An adapter keeps computing with its own weights:
+when another adapter's weights replace its own while it is still referenced (the model
+a user made first, say), a copy of its values is taken first, and it puts them back at
+its next call. An adapter nobody references any more costs nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable
+
+__all__ = ["OwnWeights", "SharedWeights"]
+
+
+class OwnWeights:
+    """One adapter's weights: ``values`` (in the order of the net's weight tensors), or
+    None while they are the ones in the net."""
+
+    __slots__ = ("values", "__weakref__")
+
+    def __init__(self, values: Any = None):
+        self.values = values
+
+
+class SharedWeights:
+    """The weight tensors of one net on one device, and whose values are in them.
+
+    Args:
+        read: a copy of the values now in the net (taken when an adapter still in use
+            loses them).
+        write: copies values (as staged by an adapter's ``with_weights``, or as ``read``
+            returned them) into the net's tensors.
+
+    Example:
+        >>> store = {"w": 1}
+        >>> shared = SharedWeights(lambda: store["w"], lambda v: store.update(w=v))
+        >>> first = shared.first()
+        >>> second = OwnWeights(2)
+        >>> with shared.lock:
+        ...     shared.use(second)
+        >>> store["w"], first.values
+        (2, 1)
+    """
+
+    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None]):
+        self._read = read
+        self._write = write
+        #: Held around every use of the net's tensors (and of the buffers the adapters
+        #: of the net share): one batch or one copy at a time.
+        self.lock = threading.Lock()
+        self._holder: "weakref.ref[OwnWeights] | None" = None
+
+    def first(self) -> OwnWeights:
+        """The weights of the adapter made with the net: those in its tensors now."""
+        own = OwnWeights()
+        self._holder = weakref.ref(own)
+        return own
+
+    def use(self, own: OwnWeights) -> None:
+        """Puts ``own``'s values in the net, unless they are there already (call under
+        ``lock``). The adapter whose values they replace keeps a copy if it still exists.
+        """
+        holder = self._holder() if self._holder is not None else None
+        if holder is own:
+            return
+        if holder is not None and holder.values is None:
+            holder.values = self._read()
+        # Nobody's until the copy is complete: after a copy that failed half way, the
+        # next call writes whole values again, whoever makes it.
+        self._holder = None
+        self._write(own.values)
+        own.values = None
+        self._holder = weakref.ref(own)
+
+    def values_of(self, own: OwnWeights) -> Any:
+        """``own``'s values: staged or kept, or read from the net when they are in it
+        (call under ``lock``)."""
+        holder = self._holder() if self._holder is not None else None
+        return self._read() if holder is own else own.values
