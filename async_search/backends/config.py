@@ -33,8 +33,8 @@ class RunConfig:
         policy: batch size, delay and pipeline depth of every server.
         use_uvloop: run event loops on uvloop when it is installed.
         address: Ray: the address of an existing cluster; None starts a local one.
-        total_gpu_frac: Ray: the GPU fraction shared among the servers when a GPU
-            exists.
+        total_gpu_frac: Ray: the fraction of each GPU in use that the servers on it
+            share (None: all of it); the servers are spread over every GPU.
         model_thread: where each server's model runs: "auto" (default: a device
             thread, or the server's loop while a batch takes under 200 us), True
             (device threads), False (the loop).

@@ -14,8 +14,9 @@ cannot reach the actor's address (a firewall between nodes) falls back on actor 
 the actor also hosts a request queue, read by ``serve_connection`` on a forked
 connection, and one answer queue per client (``QueueHost``); a loop iteration's
 requests then leave as one actor call that also waits for their answers
-(``stats["transports"]`` says which each client used). The server actors ask for
-``total_gpu_frac / num_servers`` of a GPU when the cluster has one.
+(``stats["transports"]`` says which each client used). The server actors are spread
+over every GPU of the cluster (``gpu_placement``): the servers on a GPU share
+``total_gpu_frac`` of it, and each uses the GPU Ray assigns it (``stats["server_gpus"]``).
 
 A server that dies (killed, crashed) fails its outstanding requests with
 ServerDiedError: its socket closes (or its actor calls fail), and each client also
@@ -41,6 +42,7 @@ from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
                                           loop_factory, merge_stats)
+from async_search.backends.gpu_placement import place_servers, release_gpus, reserve_gpus
 from async_search.backends.servers import ServersHook
 from async_search.connections import Connection, ForkedConnection, KeyedConnection
 from async_search.errors import SearchError, ServerDiedError
@@ -144,6 +146,13 @@ class ServerActor(QueueHost):
     def pid(self) -> int:
         return os.getpid()
 
+    def gpu_ids(self) -> list:
+        """The GPUs Ray assigned this actor (it sets CUDA_VISIBLE_DEVICES to them, so a
+        model on the first CUDA device runs on the first of them); [] without one."""
+        import ray
+
+        return list(ray.get_gpu_ids())
+
     def elements(self) -> int:
         return self._server.stats["elements"] if self._server is not None else 0
 
@@ -172,13 +181,16 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                   servers_hook: ServersHook | None = None) -> SearchResults:
     """Runs the starts round-robin over ``num_procs`` Ray tasks and ``num_servers`` actors."""
     ray = ensure_ray(config.address)
-    gpus = ray.cluster_resources().get("GPU", 0)
-    gpu_each = (config.total_gpu_frac or 1.0) * min(gpus, 1) / config.num_servers if gpus else 0
+    # Servers spread over every GPU (gpu_placement: Ray packs fractions, so several
+    # GPUs take a placement group of whole ones, released in the last finally below).
+    placement, gpu_group = await reserve_gpus(ray, place_servers(
+        ray.cluster_resources().get("GPU", 0), config.num_servers, config.total_gpu_frac))
     actor_cls = ray.remote(ServerActor)
     run_id = uuid.uuid4().hex[:8]
     num_clients = min(config.num_procs, max(len(starts), 1))
     servers = [actor_cls.options(name=f"{SERVER_NAME_PREFIX}{run_id}-{i}", num_cpus=0,
-                                 num_gpus=gpu_each, max_concurrency=10_000).remote(
+                                 max_concurrency=10_000,
+                                 **placement.actor_options(i, gpu_group)).remote(
         model_factory, config.policy, config.model_thread, num_clients)
         for i in range(config.num_servers)]
     startup_time = time.perf_counter()
@@ -190,6 +202,8 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
         if not alive:
             raise ServerDiedError(f"no server actor started: {started[0]!r}")
         servers = [s for s, _ in alive]
+        server_gpus = await asyncio.gather(*(s.gpu_ids.remote() for s in servers),
+                                           return_exceptions=True)
         spec = alive[0][1][0]
         addresses = [address for _, (_, address) in alive]
         if servers_hook is not None:
@@ -223,6 +237,7 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
             await servers_hook.finish()
         for server in servers:
             ray.kill(server)
+        release_gpus(ray, gpu_group)
     if progress is not None:  # what the last reading missed
         progress(max(0, sum(stats["elements"] for stats, _ in _alive(finals))
                      - watcher_state["reported"]))
@@ -250,6 +265,8 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     stats = merge_stats(config, wall, [s for s, _ in alive], [t for _, t in alive])
     stats["servers_died"] = config.num_servers - len(alive)
     stats["startup_s"] = startup
+    # per server started, the GPUs Ray assigned it (its CUDA_VISIBLE_DEVICES); [] on CPU
+    stats["server_gpus"] = [ids if isinstance(ids, list) else None for ids in server_gpus]
     # each client task's Router stats (requests, breakers); None for a client of one
     # server, which needs no router
     stats["routers"] = routers
