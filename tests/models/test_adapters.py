@@ -1,0 +1,254 @@
+"""One suite, every framework: the model contract of NumPy, TensorFlow, PyTorch and JAX.
+
+Each test runs on the same small net built in each framework (``frameworks.py``); a
+framework that is not installed is skipped with the reason.
+"""
+
+import asyncio
+import gc
+import subprocess
+import sys
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.errors import DeviceNotFoundError, InputSpecError, ModelNotReadyError
+from async_search.servers import ModelRepository, ModelSource
+from tests.helpers import wait_until, within
+from tests.models.frameworks import (SENTINEL, assert_close, inputs, pad_buffers, params,
+                                     tolerance, weights)
+
+pytestmark = pytest.mark.timeout(300)
+
+#: Buckets 1, 2, 4, 8, 16.
+MAX = 16
+
+
+@pytest.fixture(params=params())
+def framework(request):
+    return request.param
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 9, 16, 17, 40])
+def test_outputs_equal_the_framework_called_directly_within_the_tolerance(framework, n):
+    """Bucket edges: one row, a bucket's size, one more, more than the largest bucket."""
+    w = weights(0)
+    model = framework.make(w, max_batch_size=MAX)
+    x = inputs(n, seed=n)
+    y = model(x)
+    assert y.shape == (n, 3) and y.dtype == np.float32
+    assert_close(y, framework.direct(w, x), tolerance(model))
+    assert model(x[:0]).shape == (0, 3)
+
+
+def test_the_tolerance_is_documented_and_holds_across_batch_sizes(framework):
+    model = framework.make(weights(0), max_batch_size=MAX)
+    tol = tolerance(model)
+    assert 0.0 <= tol <= 0.05
+    x = inputs(MAX * 2 + 3)
+    whole = model(x)
+    for size in (1, 3, 7, MAX):
+        parts = np.concatenate([model(x[i:i + size]) for i in range(0, len(x), size)])
+        assert_close(parts, whole, tol)
+
+
+def test_padding_never_reaches_a_result(framework):
+    if not framework.pads:
+        pytest.skip("NumPy models run each batch as it is: nothing to pad")
+    model = framework.make(weights(0), max_batch_size=MAX)
+    padded = pad_buffers(model)
+    for n in (1, 3, 5, 9, 13):
+        x = inputs(n, seed=n)
+        clean = model(x)
+        size = padded.bucket(n)
+        assert size > n or n == 1
+        for poison in (np.nan, 1e30, -1e30):
+            padded.buffer(size)[n:] = poison  # the pad rows the next batch runs with
+            poisoned = model(x)
+            assert np.isfinite(poisoned).all()
+            np.testing.assert_array_equal(poisoned, clean)
+
+
+async def test_a_wrong_dtype_or_shape_gets_input_spec_error(framework):
+    model = framework.make(weights(0), max_batch_size=MAX)
+    bad = [np.zeros((2, 5), np.float32), np.zeros((2, 6), np.float64),
+           np.zeros((2, 6), np.int64), np.zeros((2, 6, 1), np.float32)]
+    async with asr.serve(model, max_batch_size=MAX) as evaluate:
+        for x in bad:
+            with pytest.raises(InputSpecError, match=r"\[n, 6\] float32"):
+                await evaluate(x)
+        assert (await within(evaluate(inputs(3)), "a good request")).shape == (3, 3)
+    evaluate = asr.immediate(model)
+    for x in bad:
+        with pytest.raises(InputSpecError):
+            await evaluate(x)
+
+
+async def test_a_raising_net_fails_its_batch_only(framework):
+    w = weights(0)
+    model = framework.make(w, raising=True, max_batch_size=MAX)
+    tol = tolerance(model)
+    bad = inputs(2, seed=1)
+    bad[1, 0] = SENTINEL
+    good = [inputs(3, seed=s) for s in range(6)]
+    expected = [framework.direct(w, x) for x in good]
+    async with asr.serve(model, max_batch_size=MAX, model_thread=True) as evaluate:
+        with pytest.raises(Exception, match="sentinel"):
+            await within(evaluate(bad), "the request of the raising batch")
+        # The next batches are served, by the same server.
+        ys = await within(asyncio.gather(*(evaluate(x) for x in good)), "later batches")
+        for y, e in zip(ys, expected):
+            assert_close(y, e, tol)
+        # Batch-mates of the bad request share its batch, and its fate; nobody else.
+        together = await within(asyncio.gather(evaluate(bad), evaluate(good[0]),
+                                               return_exceptions=True), "one batch")
+        assert all(isinstance(r, Exception) for r in together)
+        assert_close(await within(evaluate(good[1]), "after"), expected[1], tol)
+        assert evaluate.stats["batches"] >= 3
+
+
+async def test_no_request_made_after_update_model_sees_the_old_weights(framework):
+    old, new = weights(0), weights(1)
+    model = framework.make(old, max_batch_size=MAX)
+    tol = tolerance(model)
+    x = inputs(40)
+    expected = {0: framework.direct(old, x), 1: framework.direct(new, x)}
+    assert not np.allclose(expected[0], expected[1], rtol=tol, atol=tol)
+    updated = False
+    served = {"before": 0, "after": 0}
+    stop = asyncio.Event()
+
+    async def searcher(k):
+        i = 0
+        while not stop.is_set():
+            start = (k * 5 + i) % 37
+            rows = slice(start, start + 3)
+            made_after = updated
+            y, version = await evaluate.with_version(x[rows])
+            if version is None:  # split across the swap: only a request made before
+                assert not made_after
+            else:
+                assert version == 1 or not made_after, "an old answer after the update"
+                assert_close(y, expected[version][rows], tol)  # its version's weights
+            served["after" if made_after else "before"] += 1
+            i += 1
+
+    async with asr.serve(model, max_batch_size=MAX, model_thread=True,
+                         num_workers=2) as evaluate:
+        tasks = [asyncio.create_task(searcher(k)) for k in range(12)]
+        await wait_until(lambda: served["before"] >= 100, "load before the update")
+        evaluate.update_model(framework.update(new), 1)
+        updated = True
+        await wait_until(lambda: served["after"] >= 100, "load after the update",
+                         timeout=60)
+        stop.set()
+        await within(asyncio.gather(*tasks), "the searchers")
+        assert evaluate.version == 1
+
+
+async def test_immediate_and_serve_agree_within_the_tolerance(framework):
+    model = framework.make(weights(0), max_batch_size=MAX)
+    requests = [inputs(1 + s % 5, seed=s) for s in range(40)]
+    alone = [await asr.immediate(model)(x) for x in requests]
+    async with asr.serve(model, max_batch_size=MAX, model_thread=True) as evaluate:
+        batched = await within(asyncio.gather(*(evaluate(x) for x in requests)), "serve")
+        assert evaluate.stats["mean_batch_size"] > 1
+    for a, b in zip(alone, batched):
+        assert_close(b, a, asr.base.batch_tolerance_of(model))
+
+
+async def test_load_and_unload_through_a_repository(framework):
+    """Unloading drops the adapter with its device memory; loading makes a new one."""
+    made = []
+
+    def factory():
+        made.append(weakref.ref(model := framework.make(weights(0), max_batch_size=MAX)))
+        return model
+
+    x = inputs(3)
+    async with ModelRepository({"net": ModelSource(factory, max_batch_size=MAX)}) as repo:
+        first = await within(repo.serving("net")(x), "served after load")
+        await repo.unload("net")
+        with pytest.raises(ModelNotReadyError):
+            repo.serving("net")
+        # (The device thread's last call back to the loop may still be queued.)
+        await wait_until(lambda: gc.collect() >= 0 and made[0]() is None,
+                         "the unloaded adapter is released")
+        await repo.load("net")
+        np.testing.assert_array_equal(await within(repo.serving("net")(x), "reloaded"),
+                                      first)
+    assert len(made) == 2
+
+
+def test_with_weights_keeps_the_old_model_computing_its_own_weights(framework):
+    old, new = weights(0), weights(1)
+    model = framework.make(old, max_batch_size=MAX)
+    x = inputs(11)
+    tol = tolerance(model)
+    updated = model.with_weights(framework.update(new))
+    for _ in range(2):  # each in turn, on the same net underneath
+        assert_close(updated(x), framework.direct(new, x), tol)
+        assert_close(model(x), framework.direct(old, x), tol)
+
+
+def test_threads_share_one_adapter_safely(framework):
+    w = weights(0)
+    model = framework.make(w, max_batch_size=MAX)
+    tol = tolerance(model)
+    batches = [inputs(1 + k % 20, seed=k) for k in range(60)]
+    expected = [framework.direct(w, x) for x in batches]
+    failures = []
+
+    def work(offset):
+        for k in range(offset, len(batches), 3):
+            try:
+                assert_close(model(batches[k]), expected[k], tol)
+            except Exception as e:  # noqa: BLE001 - reported below
+                failures.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures[0]
+
+
+def test_a_device_that_does_not_exist_is_refused_at_construction(framework):
+    if not framework.missing_device:
+        pytest.skip("NumPy models run on the CPU only: no device to name")
+    with pytest.raises(DeviceNotFoundError, match="this machine has"):
+        framework.make(weights(0), device=framework.missing_device)
+    with pytest.raises(DeviceNotFoundError):
+        framework.make(weights(0), device="tpu:0")
+    model = framework.make(weights(0))
+    with pytest.raises(DeviceNotFoundError):
+        model.on_device(framework.missing_device)
+
+
+def test_on_device_makes_an_independent_copy(framework):
+    if not framework.missing_device:
+        pytest.skip("NumPy models have no on_device")
+    old, new = weights(0), weights(1)
+    model = framework.make(old, max_batch_size=MAX)
+    x = inputs(5)
+    tol = tolerance(model)
+    cpu = {"torch": "cpu", "jax": "cpu", "tensorflow": "/CPU:0"}[framework.name]
+    copy = model.on_device(cpu)
+    assert copy.batch_tolerance == model.batch_tolerance
+    model.with_weights(framework.update(new))(x)  # the original's net gets new weights
+    assert_close(copy(x), framework.direct(old, x), tol)
+    assert_close(model(x), framework.direct(old, x), tol)  # and the old ones back
+    staged = model.with_weights(framework.update(new)).on_device(cpu)  # never ran
+    assert_close(staged(x), framework.direct(new, x), tol)
+    assert_close(model(x), framework.direct(old, x), tol)
+
+
+def test_the_package_imports_no_framework():
+    code = ("import sys, async_search, async_search.models, async_search.connections; "
+            "bad = [m for m in ('tensorflow', 'torch', 'jax', 'ray', 'aiohttp', "
+            "'matplotlib') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
