@@ -1,0 +1,107 @@
+"""JaxModel beyond the shared adapter suite; the GPU paths run only where JAX has one."""
+
+import numpy as np
+import pytest
+
+from async_search.base import TensorSpec
+from async_search.errors import DeviceNotFoundError
+from async_search.models import JaxModel
+
+jax = pytest.importorskip("jax", reason="JAX is not installed (pip install -e '.[jax]')")
+jnp = jax.numpy
+
+pytestmark = pytest.mark.timeout(300)
+
+SPEC = TensorSpec((6,), np.float32)
+
+
+def has_gpu():
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+needs_gpu = pytest.mark.skipif(not has_gpu(), reason="needs a GPU that JAX sees "
+                               "(pip install 'jax[cuda12]')")
+
+
+def params(seed=0):
+    rng = np.random.default_rng(seed)
+    return {"w": rng.standard_normal((6, 3)).astype(np.float32),
+            "b": rng.standard_normal(3).astype(np.float32)}
+
+
+def apply(p, x):
+    return jnp.tanh(x @ p["w"] + p["b"])
+
+
+def reference(p, x):
+    return np.tanh(x @ p["w"] + p["b"])
+
+
+def rows(n, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, 6)).astype(np.float32)
+
+
+def test_compiled_once_per_bucket_and_never_again_on_new_weights():
+    model = JaxModel(apply, params(), input_spec=SPEC, max_batch_size=16)
+    for n in (1, 3, 4, 5, 9, 16, 40, 2, 7):
+        np.testing.assert_allclose(model(rows(n, n)), reference(params(), rows(n, n)),
+                                   rtol=1e-5, atol=1e-5)
+    assert model.trace_count == 5  # buckets 1, 2, 4, 8, 16
+    updated = model.with_weights(params(1))
+    np.testing.assert_allclose(updated(rows(9)), reference(params(1), rows(9)),
+                               rtol=1e-5, atol=1e-5)
+    assert updated.trace_count == 5
+
+
+def test_tuple_and_dict_outputs_keep_their_structure():
+    pair = JaxModel(lambda p, x: (x @ p["w"], x.sum(axis=1)), params(), input_spec=SPEC)
+    first, second = pair(rows(3))
+    assert first.shape == (3, 3) and second.shape == (3,)
+    named = JaxModel(lambda p, x: {"v": x @ p["w"]}, params(), input_spec=SPEC)
+    assert named(rows(2))["v"].shape == (2, 3)
+
+
+def test_outputs_are_the_callers_own_even_when_the_function_returns_its_input():
+    model = JaxModel(lambda p, x: x, params(), input_spec=SPEC, max_batch_size=4)
+    x = rows(3)
+    y = model(x)
+    model(rows(3, seed=1))
+    np.testing.assert_array_equal(y, x)
+    y[:] = 0  # writable
+
+
+def test_params_are_checked_and_copied_when_staged():
+    model = JaxModel(apply, params(), input_spec=SPEC)
+    new = params(1)
+    updated = model.with_weights(new)
+    new["w"][:] = 0  # the caller changes its arrays after the update
+    np.testing.assert_allclose(updated(rows(4)), reference(params(1), rows(4)),
+                               rtol=1e-5, atol=1e-5)
+    as_float64 = {k: v.astype(np.float64) for k, v in params(2).items()}
+    assert model.with_weights(as_float64).params["w"].dtype == np.float32
+    with pytest.raises(ValueError, match="tree"):
+        model.with_weights({"w": params()["w"]})
+    with pytest.raises(ValueError, match=r"shape \(6, 4\) where the model has \(6, 3\)"):
+        model.with_weights({**params(), "w": np.zeros((6, 4), np.float32)})
+
+
+def test_devices_by_name_or_object():
+    cpu = jax.devices("cpu")[0]
+    for device in ("cpu", "cpu:0", "CPU", cpu):
+        assert JaxModel(apply, params(), input_spec=SPEC, device=device).device == cpu
+    with pytest.raises(DeviceNotFoundError, match="this machine has"):
+        JaxModel(apply, params(), input_spec=SPEC, device="cpu:99")
+    assert JaxModel(apply, params(), input_spec=SPEC, device="cpu").batch_tolerance == 1e-4
+
+
+@needs_gpu
+def test_gpu_is_the_default_and_agrees_with_the_cpu():
+    model = JaxModel(apply, params(), input_spec=SPEC, max_batch_size=8)
+    assert model.device.platform == "gpu"
+    x = rows(11)
+    np.testing.assert_allclose(model(x), reference(params(), x), rtol=1e-2, atol=1e-2)
+    copy = model.with_weights(params(1)).on_device("cpu")
+    np.testing.assert_allclose(copy(x), reference(params(1), x), rtol=1e-4, atol=1e-4)

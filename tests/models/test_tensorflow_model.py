@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+
+from async_search.base import TensorSpec
+from async_search.errors import DeviceNotFoundError
+from async_search.models import TensorFlowModel
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def tf():
+    return pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def keras_net(tf):
+    tf.keras.utils.set_random_seed(0)
+    return tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(16, "relu"),
+                                tf.keras.layers.Dense(2)])
+
+
+def test_tensorflow_adapter_matches_keras_and_traces_once_per_size(keras_net):
+    model = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), max_batch_size=64)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        x = rng.standard_normal((rng.integers(1, 65), 6)).astype(np.float32)
+        y = model(x)
+        np.testing.assert_allclose(y, keras_net(x).numpy(), atol=1e-5)
+        assert y.shape == (len(x), 2)
+    assert model.trace_count <= len(model.batch_sizes) == 7
+
+
+def test_tensorflow_adapter_runs_large_batches_in_chunks(keras_net):
+    model = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), max_batch_size=8)
+    x = np.random.default_rng(1).standard_normal((21, 6)).astype(np.float32)
+    np.testing.assert_allclose(model(x), keras_net(x).numpy(), atol=1e-5)
+    assert model.trace_count <= 4
+
+
+def test_tensorflow_adapter_passes_tuple_outputs_through(tf):
+    fn = lambda x: (2.0 * x, tf.reduce_sum(x, axis=1))  # noqa: E731
+    model = TensorFlowModel(fn, TensorSpec((3,), np.float32), batch_sizes=(4, 16))
+    x = np.ones((5, 3), np.float32)
+    doubled, total = model(x)
+    np.testing.assert_array_equal(doubled, 2 * x)
+    np.testing.assert_array_equal(total, np.full(5, 3.0))
+    assert model.device.endswith("CPU:0") or "GPU" in model.device
+
+
+def test_tensorflow_weights_swap_into_the_same_variables_without_tracing_again(tf, keras_net):
+    model = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), max_batch_size=8)
+    x = np.random.default_rng(2).standard_normal((8, 6)).astype(np.float32)
+    before = model(x)
+    traces = model.trace_count
+    other = tf.keras.models.clone_model(keras_net)  # fresh random weights
+    updated = model.with_weights(other.get_weights())
+    np.testing.assert_allclose(updated(x), other(x).numpy(), atol=1e-5)
+    np.testing.assert_array_equal(model(x), before)  # the old model keeps its own
+    assert model.trace_count == traces
+    assert updated.with_weights(other)(x).shape == (8, 2)  # a Keras model works too
+
+
+def test_tensorflow_weights_are_checked_when_staged(keras_net, tf):
+    model = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), max_batch_size=8)
+    weights = keras_net.get_weights()
+    with pytest.raises(ValueError, match=r"has shape \(6,\)"):
+        model.with_weights([np.zeros(6)] + weights[1:])
+    with pytest.raises(ValueError, match="the 4 arrays of get_weights"):
+        model.with_weights(weights[:3])
+    plain = TensorFlowModel(lambda x: 2.0 * x, TensorSpec((3,), np.float32))
+    with pytest.raises(TypeError, match="pass a new model"):
+        plain.with_weights([])
+
+
+def test_tensorflow_devices_are_checked(keras_net):
+    for missing in ("/GPU:7", "/CPU:3", "tpu:0"):
+        with pytest.raises(DeviceNotFoundError, match="this machine has"):
+            TensorFlowModel(keras_net, TensorSpec((6,), np.float32), device=missing)
+    model = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), device="/CPU:0")
+    assert model.batch_tolerance == 1e-4
+    assert TensorFlowModel(keras_net, TensorSpec((6,), np.float32),
+                           batch_tolerance=0.0).batch_tolerance == 0.0

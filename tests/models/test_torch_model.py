@@ -1,0 +1,204 @@
+"""TorchModel beyond the shared adapter suite: outputs, options, weights; the CUDA paths
+run only where PyTorch sees a GPU (skipped with the reason elsewhere)."""
+
+import numpy as np
+import pytest
+
+from async_search.base import TensorSpec
+from async_search.errors import DeviceNotFoundError
+from async_search.models import TorchModel
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e '.[torch]')")
+
+pytestmark = pytest.mark.timeout(300)
+
+SPEC = TensorSpec((6,), np.float32)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: the CUDA paths (pinned buffers, "
+                                       "the adapter's stream, CUDA graphs) run only there")
+
+
+def mlp(seed=0, outputs=3):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, outputs))
+
+
+def rows(n, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, 6)).astype(np.float32)
+
+
+def direct(net, x):
+    with torch.inference_mode():
+        return net.cpu()(torch.from_numpy(x)).numpy()
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.body, self.kind = mlp(), kind
+
+    def forward(self, x):
+        h = self.body(x)
+        if self.kind == "dict":
+            return {"policy": h[:, :2], "value": torch.tanh(h[:, 2:])}
+        heads = (h[:, :2], torch.tanh(h[:, 2:]))
+        return list(heads) if self.kind == "list" else heads
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "dict"])
+def test_tuple_list_and_dict_outputs_keep_their_structure(kind):
+    model = TorchModel(TwoHeads(kind), input_spec=SPEC, max_batch_size=8, device="cpu")
+    out = model(rows(11))
+    policy, value = (out["policy"], out["value"]) if kind == "dict" else out
+    assert isinstance(out, dict if kind == "dict" else tuple)
+    assert policy.shape == (11, 2) and value.shape == (11, 1)
+    assert policy.dtype == value.dtype == np.float32
+
+
+def test_outputs_are_the_callers_own_even_when_the_net_returns_its_input():
+    model = TorchModel(torch.nn.Identity(), input_spec=SPEC, max_batch_size=8, device="cpu")
+    x = rows(3)
+    y = model(x)
+    model(rows(3, seed=1))  # the same bucket buffer, refilled
+    np.testing.assert_array_equal(y, x)
+    y[:] = 0  # and writable
+
+
+def test_the_module_runs_in_eval_mode_under_inference_mode():
+    seen = {}
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            seen["inference"] = torch.is_inference_mode_enabled()
+            seen["training"] = self.training
+            return self.drop(x)
+
+    model = TorchModel(Probe().train(), input_spec=SPEC, device="cpu")
+    x = rows(4)
+    np.testing.assert_array_equal(model(x), x)  # no dropout
+    assert seen == {"inference": True, "training": False}
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_reduced_precision_returns_float32_close_to_float32(precision):
+    net = mlp()
+    x = rows(20)
+    model = TorchModel(net, input_spec=SPEC, device="cpu", max_batch_size=8,
+                       precision=precision)
+    y = model(x)
+    assert y.dtype == np.float32
+    assert model.batch_tolerance == {"bfloat16": 5e-2, "float16": 1e-2}[precision]
+    np.testing.assert_allclose(y, direct(net, x), rtol=0.1, atol=0.1)
+    assert not np.array_equal(y, direct(net, x)), "computed in float32 after all"
+
+
+def test_options_are_checked_at_construction():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", precision="float8")
+    with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", cuda_graphs=True)
+    with pytest.raises(ValueError, match="batch_tolerance must be a finite number >= 0"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", batch_tolerance=-1)
+    with pytest.raises(ValueError, match="PyTorch has no dtype"):
+        TorchModel(mlp(), input_spec=TensorSpec((6,), np.str_), device="cpu")
+    with pytest.raises(DeviceNotFoundError, match="no device 'cuda:7'"):
+        TorchModel(mlp(), input_spec=SPEC, device="cuda:7")
+
+
+def test_integer_inputs_reach_the_module_in_their_dtype():
+    class Boards(torch.nn.Module):
+        def forward(self, x):
+            assert x.dtype == torch.int8
+            return x.float().sum(dim=(1, 2)).unsqueeze(1)
+
+    model = TorchModel(Boards(), input_spec=TensorSpec((6, 7), np.int8), device="cpu")
+    x = np.ones((3, 6, 7), np.int8)
+    np.testing.assert_array_equal(model(x), np.full((3, 1), 42.0, np.float32))
+
+
+def test_weights_are_checked_and_staged_when_given():
+    net, other = mlp(0), mlp(1)
+    model = TorchModel(net, input_spec=SPEC, device="cpu")
+    state = {k: v.clone() for k, v in other.state_dict().items()}
+    updated = model.with_weights(state)
+    for value in state.values():
+        value.zero_()  # the caller changes its tensors after the update
+    x = rows(5)
+    np.testing.assert_allclose(updated(x), direct(other, x), rtol=1e-6, atol=1e-6)
+    numpy_state = {k: v.numpy() for k, v in mlp(2).state_dict().items()}
+    np.testing.assert_allclose(model.with_weights(numpy_state)(x), direct(mlp(2), x),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(model.with_weights(mlp(3))(x), direct(mlp(3), x),
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"missing \['2.bias'\]"):
+        model.with_weights({k: v for k, v in state.items() if k != "2.bias"})
+    with pytest.raises(ValueError, match=r"'0.weight' has shape \(32, 5\)"):
+        model.with_weights({**state, "0.weight": torch.zeros(32, 5)})
+    with pytest.raises(TypeError, match="takes a state_dict or a module"):
+        model.with_weights([1, 2])
+
+
+@pytest.mark.slow
+def test_compile_gives_the_eager_outputs_and_sees_new_weights():
+    net = mlp()
+    model = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(2, 4), compile=True)
+    x = rows(3)
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-4, atol=1e-4)
+    updated = model.with_weights(mlp(1).state_dict())  # copied into the same parameters
+    np.testing.assert_allclose(updated(x), direct(mlp(1), x), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-4, atol=1e-4)
+
+
+# -- CUDA only ----------------------------------------------------------------------------
+@needs_cuda
+def test_cuda_is_the_default_and_batches_go_through_pinned_buffers_on_its_own_stream():
+    net = mlp()
+    model = TorchModel(net, input_spec=SPEC, max_batch_size=8)
+    assert model.device == torch.device("cuda", 0)
+    assert model.batch_tolerance == 1e-2 or not torch.backends.cudnn.allow_tf32
+    x = rows(13)
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+    runner = model._runner
+    assert runner.stream != torch.cuda.default_stream(model.device)
+    assert all(buffer.is_pinned() for buffer in runner._host.values())
+    assert all(out.is_pinned() for _, outs in runner._host_out.values() for out in outs)
+
+
+@needs_cuda
+def test_cuda_graphs_replay_per_bucket_and_keep_their_graph_across_updates():
+    model = TorchModel(mlp(), input_spec=SPEC, max_batch_size=8, cuda_graphs=True)
+    x = rows(5)
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+    graphs = dict(model._runner._graphs)
+    assert set(graphs) == {8}
+    updated = model.with_weights(mlp(1).state_dict())
+    np.testing.assert_allclose(updated(x), direct(mlp(1), x), rtol=1e-2, atol=1e-2)
+    assert model._runner._graphs == graphs  # the same captured graph, new weights
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_cuda_reduced_precision(precision):
+    model = TorchModel(mlp(), input_spec=SPEC, precision=precision, max_batch_size=8)
+    x = rows(9)
+    y = model(x)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, direct(mlp(), x), rtol=0.1, atol=0.1)
+
+
+@needs_cuda
+def test_cuda_copies_go_to_other_devices_and_back():
+    model = TorchModel(mlp(), input_spec=SPEC, max_batch_size=8)
+    x = rows(4)
+    last = f"cuda:{torch.cuda.device_count() - 1}"
+    for device in ("cpu", last):
+        copy = model.with_weights(mlp(1).state_dict()).on_device(device)
+        assert copy.device == torch.device(device)
+        np.testing.assert_allclose(copy(x), direct(mlp(1), x), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
