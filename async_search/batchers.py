@@ -30,7 +30,8 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import Any, Callable, Deque, Iterable, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from async_search.checks import check_float, check_int
 from async_search.unbatchers import NumpyUnbatcher, Unbatcher, unbatcher_for
 
 __all__ = [
-    "Batcher", "BatchSizeBatcher", "CostBatcher", "Popped", "BatchManager",
+    "Batcher", "BatchSizeBatcher", "FairBatcher", "CostBatcher", "Popped", "BatchManager",
     "NumpyUnbatcher", "JOIN_BELOW_BYTES",
 ]
 
@@ -50,11 +51,15 @@ __all__ = [
 class Popped:
     """One batch and the requests it holds, as ``Batcher.pop_parts`` returns it.
 
-    ``pieces[i]`` is the part of request ``tags[i]`` in this batch (a view). The first
-    request may have started in an earlier batch (``head_continues``; its piece starts
-    at element ``head_offset`` of the request) and the last may go on in a later one
-    (``tail_size`` is then its whole size); every other request is whole in this batch.
-    ``buffer`` is the pooled array that ``batch`` was copied into, if any.
+    ``pieces[i]`` is the part of request ``tags[i]`` in this batch (a view).
+    ``parts`` maps the index of each piece that is not a whole request to ``(offset,
+    size)``: the piece starts at element ``offset`` of a request of ``size`` elements
+    (None when every piece is a whole request). A first-in-first-out batcher splits at
+    most the first request (``head_continues``: it started in an earlier batch, at
+    element ``head_offset``) and the last (``tail_size``: its whole size, as it goes on
+    in a later batch); a ``FairBatcher`` may hold a continued request anywhere, so
+    ``parts`` is the complete account. ``buffer`` is the pooled array that ``batch`` was
+    copied into, if any.
     """
 
     batch: np.ndarray
@@ -64,6 +69,27 @@ class Popped:
     tail_size: Optional[int]
     head_offset: int = 0
     buffer: Optional[np.ndarray] = None
+    parts: Optional[Dict[int, Tuple[int, int]]] = None
+
+    @property
+    def starting(self) -> int:
+        """How many of the batch's requests start in it (the others continue one)."""
+        parts = self.parts
+        if not parts:
+            return len(self.tags)
+        return len(self.tags) - sum(1 for offset, _ in parts.values() if offset)
+
+
+class _Plan(NamedTuple):
+    """A batch chosen from one queue and not yet taken out of it (``Batcher._select``)."""
+
+    count: int            # requests (or rests of requests) that fit whole
+    take: int             # elements of the next one that fit (0: none)
+    cost: float           # the batch's total cost
+    pieces: List[np.ndarray]
+    tags: List[Any]
+    parts: Optional[Dict[int, Tuple[int, int]]]
+    whole: bool           # every queued request, the queue's own lists
 
 
 #: Batches of uniform requests up to this many bytes are built by joining the requests'
@@ -92,19 +118,37 @@ def _stack(pieces: List[np.ndarray],
     return np.concatenate(pieces, out=buffer[:rows]), buffer
 
 
+def _popped(plan: _Plan, batch: np.ndarray, buffer: np.ndarray | None) -> Popped:
+    """The Popped of a committed plan; FIFO's head and tail fields read from ``parts``."""
+    parts = plan.parts
+    if not parts:
+        return Popped(batch, plan.tags, plan.pieces, False, None, 0, buffer)
+    first = parts.get(0)
+    last = parts.get(len(plan.tags) - 1) if plan.take else None
+    return Popped(batch, plan.tags, plan.pieces, bool(first and first[0]),
+                  last[1] if last else None, first[0] if first else 0, buffer, parts)
+
+
 class Batcher(abc.ABC):
     """Splits a stream of requests into batches bounded by a budget.
 
     Requests wait in arrays (``_xs``) beside their tags and the running total of their
     costs (``_ends``), so finding how many requests fit in a batch is one bisection and
-    popping them is one slice: O(1) Python operations per request. Only the request at
-    the front can be part-batched (``_head`` elements of it already left).
+    popping them is one slice: O(1) Python operations per request.
+
+    A request that does not fit whole in a batch is split. Here (first in, first out)
+    its rest stays at the front (``_head`` elements of it already left) and fills the
+    next batch first; a ``FairBatcher`` (``_rotate``) sends the rest to the back of the
+    queue instead, as a view recorded in ``_rests``, so that the requests behind it take
+    their turn.
 
     Subclasses say what a request costs (``_cost``) and, for the one request that
     straddles the budget, how many of its elements fit (``_split``).
     """
 
     budget: float
+    #: A request's rest goes to the back of the queue (round robin) instead of the front.
+    _rotate = False
 
     def __init__(self):
         self._xs: List[np.ndarray] = []
@@ -113,6 +157,9 @@ class Batcher(abc.ABC):
         self._total = 0               # cost of everything ever appended
         self._start = 0               # cost of everything ever batched
         self._head = 0                # elements of the front request already batched
+        # id(view) -> (offset, size): the rests of split requests queued as views
+        # (``_rotate``); each view stays alive in ``_xs`` while its id is a key here.
+        self._rests: Dict[int, Tuple[int, int]] = {}
         #: Elements (or cost) queued and not yet batched. Read it, never set it.
         self.queued: float = 0
 
@@ -162,6 +209,7 @@ class Batcher(abc.ABC):
         self._xs, self._tags, self._ends = [], [], []
         self._start = self._total
         self._head = 0
+        self._rests = {}
         self.queued = 0
         return tags
 
@@ -184,62 +232,114 @@ class Batcher(abc.ABC):
         Raises:
             IndexError: when nothing is queued (or everything queued was dropped).
         """
+        plan = self._select(drop, self.budget, True)
+        # The batch is built before the queue changes: if building it fails, every
+        # request is still queued (and a crash handler can fail it), none is lost.
+        batch, buffer = _stack(plan.pieces, out, uniform)
+        self._commit(plan)
+        return _popped(plan, batch, buffer)
+
+
+    def _select(self, drop: Callable[[Any], bool] | None, room: float,
+                alone: bool) -> _Plan:
+        """The next batch of at most ``room`` cost (at least one element when
+        ``alone``: an element over budget goes alone), left in the queue.
+
+        Raises:
+            IndexError: when nothing is queued (or everything queued was dropped).
+        """
         while True:
             if not self._xs:
                 raise IndexError("pop from an empty batcher")
-            count, take, cost = self._plan()
-            if drop is None or not any(map(drop, self._tags[1 if self._head else 0:
-                                                            count + (take > 0)])):
+            count, take, cost = self._plan(room, alone)
+            if drop is None or not any(map(drop, self._tags[:count + (take > 0)])):
                 break
             self._remove(drop)
-        xs, tags, head = self._xs, self._tags, self._head
-        whole = count == len(xs) and not head  # everything queued (then take is 0)
+        xs, tags, head, rests = self._xs, self._tags, self._head, self._rests
+        whole = count == len(xs) and not head and not rests
+        parts = None
         if whole:  # the lists themselves, no copies
             pieces, batch_tags = xs, tags
         else:
             pieces = xs[:count]
             batch_tags = tags[:count]
+            if rests:  # rests of split requests, continued here
+                parts = {i: rests[key] for i, key in enumerate(map(id, pieces))
+                         if key in rests} or None
         if head and count:
             pieces[0] = pieces[0][head:]
-        tail_size, new_head = None, 0
+            parts = {0: (head, len(xs[0]))}
         if take:
             offset = 0 if count else head
-            pieces.append(xs[count][offset:offset + take])
+            x = xs[count]
+            pieces.append(x[offset:offset + take])
             batch_tags.append(tags[count])
-            tail_size = len(xs[count])
-            new_head = offset + take
-        # The batch is built before the queue changes: if building it fails, every
-        # request is still queued (and a crash handler can fail it), none is lost.
-        batch, buffer = _stack(pieces, out, uniform)
-        self._head = new_head
-        if whole:
-            self._xs, self._tags, self._ends = [], [], []
-        else:
-            del xs[:count], tags[:count], self._ends[:count]
-        self._on_pop(count)
-        self._start += cost
-        self.queued -= cost
-        return Popped(batch, batch_tags, pieces, head > 0, tail_size, head, buffer)
+            done, size = rests.get(id(x), (0, len(x)))
+            if parts is None:
+                parts = {}
+            parts[count] = (done + offset, size)
+        return _Plan(count, take, cost, pieces, batch_tags, parts, whole)
 
-    def _plan(self) -> Tuple[int, int, float]:
-        """(whole requests that fit, elements of the next that fit, total cost)."""
+    def _commit(self, plan: _Plan) -> None:
+        """Takes ``plan``'s batch out of the queue."""
+        count, take = plan.count, plan.take
+        xs, tags, rests = self._xs, self._tags, self._rests
+        self.queued -= plan.cost
+        if plan.whole:
+            self._xs, self._tags, self._ends = [], [], []
+        elif rests:
+            for x in xs[:count]:
+                rests.pop(id(x), None)
+        if take and self._rotate:
+            # The rest of the split request goes to the back of the queue, behind every
+            # request queued now (a cost is a length here: see FairBatcher).
+            x, tag = xs[count], tags[count]
+            done, size = rests.pop(id(x), (0, len(x)))
+            rest = x[take:]
+            count += 1
+            self._on_pop(count)
+            self._start = self._ends[count - 1]
+            del xs[:count], tags[:count], self._ends[:count]
+            self._total += len(rest)
+            rests[id(rest)] = (done + take, size)
+            xs.append(rest)
+            tags.append(tag)
+            self._ends.append(self._total)
+            return
+        if not plan.whole:
+            del xs[:count], tags[:count], self._ends[:count]
+        self._head = (0 if count else self._head) + take if take else 0
+        self._on_pop(count)
+        self._start += plan.cost
+
+    def _plan(self, room: float, alone: bool = True) -> Tuple[int, int, float]:
+        """(whole requests that fit in ``room``, elements of the next that fit, total
+        cost)."""
         start, ends = self._start, self._ends
-        limit = start + self.budget
+        limit = start + room
         count = bisect.bisect_right(ends, limit)
         done = ends[count - 1] if count else start
         if count == len(ends):
             return count, 0, done - start
         offset = 0 if count else self._head
         take, cost = self._split(count, offset, limit - done)
-        if take == 0 and count == 0:  # one element alone over budget: it goes alone
-            take, cost = self._split(count, offset, float("inf"), 1)
+        if take == 0 and count == 0 and alone:  # one element alone over budget: it goes
+            take, cost = self._split(count, offset, float("inf"), 1)  # alone
         return count, take, done - start + cost
 
     def _remove(self, drop: Callable[[Any], bool]) -> None:
-        """Removes the requests ``drop`` selects (never a part-batched front one)."""
-        keep = [i for i, tag in enumerate(self._tags)
-                if (i == 0 and self._head) or not drop(tag)]
+        """Removes the requests ``drop`` selects, with what is left of those already
+        part-batched (their other pieces are out: a caller's ``drop`` says it wants
+        none of it, a cancelled or failed request)."""
+        keep = [i for i, tag in enumerate(self._tags) if not drop(tag)]
         costs = [e - s for s, e in zip([self._start] + self._ends[:-1], self._ends)]
+        if self._head and (not keep or keep[0] != 0):
+            self._head = 0  # the front request went (its cost above: what was left)
+        if self._rests:
+            kept = set(keep)
+            for i, x in enumerate(self._xs):
+                if i not in kept:
+                    self._rests.pop(id(x), None)
         self._xs = [self._xs[i] for i in keep]
         self._tags = [self._tags[i] for i in keep]
         kept_costs = [costs[i] for i in keep]
@@ -298,6 +398,138 @@ class BatchSizeBatcher(Batcher):
         if limit is not None:
             take = min(take, limit)
         return take, take
+
+
+
+class FairBatcher(BatchSizeBatcher):
+    """Batches of at most ``batch_size`` elements, fair between requests, with priorities.
+
+    Requests take turns (round robin): a batch takes the queued requests in order, and
+    the one that does not fit whole fills the batch and sends its rest to the back of
+    the queue, behind every request queued at that moment. A request of 100,000 elements
+    therefore holds back a request made after it by at most one batch of its own, not
+    by all of them, while every batch stays full (a request split over batches is
+    reassembled in order; ``Popped.parts`` says where each piece goes). With requests of
+    sizes (5, 4, 6, 3) and a batch size of 8 the batches still hold 8, 8 and 2 elements.
+
+    ``priority`` (an integer, default 0; higher goes first): a batch is filled from the
+    highest priority queued down, round robin within each level, so a level waits while
+    higher ones fill the batches (strict priority, as in Triton's priority levels).
+
+    Example:
+        >>> b = FairBatcher(4)
+        >>> b.extend([np.arange(10), np.array([100]), np.array([200])])
+        >>> [b.pop().tolist() for _ in range(3)]
+        [[0, 1, 2, 3], [100, 200, 4, 5], [6, 7, 8, 9]]
+        >>> b.extend([np.array([1, 1])]); b.append(np.array([7, 7, 7]), priority=1)
+        >>> b.pop().tolist()
+        [7, 7, 7, 1]
+    """
+
+    _rotate = True
+
+    def __init__(self, batch_size: int):
+        super().__init__(batch_size)
+        self._lanes: Dict[int, FairBatcher] = {}  # priority (never 0) -> its queue
+
+    def append(self, x: np.ndarray, tag: Any = None, priority: int = 0) -> None:
+        """Queue one request ``x[n, ...]`` at ``priority``."""
+        if priority == 0 and type(priority) is int:
+            super().append(x, tag)
+            return
+        lane = self._lane(priority)
+        if lane is self:
+            super().append(x, tag)
+            return
+        lane.append(x, tag)
+        self.queued += len(x)
+
+    def extend(self, xs: Sequence[np.ndarray], tags: Sequence[Any] | None = None,
+               priority: int = 0) -> None:
+        """Queue several requests (with their tags) at ``priority``, in bulk."""
+        lane = self if priority == 0 and type(priority) is int else self._lane(priority)
+        if lane is self:
+            super().extend(xs, tags)
+            return
+        before = lane.queued
+        lane.extend(xs, tags)
+        self.queued += lane.queued - before
+
+    def _lane(self, priority: int) -> "FairBatcher":
+        priority = check_int("priority", priority)
+        if priority == 0:
+            return self
+        lane = self._lanes.get(priority)
+        if lane is None:
+            lane = self._lanes[priority] = FairBatcher(self.budget)
+        return lane
+
+    def empty(self) -> bool:
+        return not self._xs and not self._lanes
+
+    def __len__(self) -> int:
+        if not self._lanes:
+            return len(self._xs)
+        return len(self._xs) + sum(map(len, self._lanes.values()))
+
+    def clear(self) -> List[Any]:
+        """Removes every queued request; returns their tags (highest priority first)."""
+        tags = []
+        for priority in sorted(self._lanes, reverse=True):
+            if priority > 0:
+                tags += self._lanes[priority].clear()
+        tags += super().clear()
+        for priority in sorted(self._lanes, reverse=True):
+            if priority < 0:
+                tags += self._lanes[priority].clear()
+        self._lanes = {}
+        return tags
+
+    def pop_parts(self, drop: Callable[[Any], bool] | None = None,
+                  out: Callable[[int, np.ndarray], np.ndarray | None] | None = None,
+                  uniform: bool = False) -> Popped:
+        if not self._lanes:
+            return super().pop_parts(drop, out, uniform)
+        room, chosen = self.budget, []
+        for priority in sorted((0, *self._lanes), reverse=True):
+            lane = self._lanes.get(priority, self)
+            if lane.empty():
+                continue
+            try:
+                plan = lane._select(drop, room, not chosen)
+            except IndexError:  # every request in it was dropped
+                continue
+            if plan.pieces:
+                chosen.append((lane, plan))
+                room -= plan.cost
+                if room <= 0:
+                    break
+        if not chosen:
+            self._settle()
+            raise IndexError("pop from an empty batcher")
+        pieces, tags, parts, cost = [], [], {}, 0
+        for _, plan in chosen:
+            if plan.parts:
+                parts.update((len(tags) + i, part) for i, part in plan.parts.items())
+            pieces += plan.pieces
+            tags += plan.tags
+            cost += plan.cost
+        batch, buffer = _stack(pieces, out, uniform)  # before the queues change
+        for lane, plan in chosen:
+            lane._commit(plan)
+        self._settle()
+        return _popped(_Plan(len(tags), chosen[-1][1].take, cost, pieces, tags,
+                             parts or None, False), batch, buffer)
+
+    def _settle(self) -> None:
+        """Forgets empty priority levels; counts what all levels hold."""
+        self._lanes = {p: lane for p, lane in self._lanes.items() if not lane.empty()}
+        self.queued = self._total - self._start + sum(
+            lane.queued for lane in self._lanes.values())
+
+    def _remove(self, drop: Callable[[Any], bool]) -> None:
+        super()._remove(drop)
+        self.queued += sum(lane.queued for lane in self._lanes.values())
 
 
 class CostBatcher(Batcher):

@@ -4,7 +4,7 @@ __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDie
            "ServerCrashedError", "ModelRaisedError", "SearchError", "CircuitOpenError",
            "RemoteError", "ProtocolError", "RepositoryError", "ModelNotFoundError",
            "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "DeviceNotFoundError",
-           "deliverable", "describe"]
+           "CloseTimeoutError", "deliverable", "describe"]
 
 
 class InputSpecError(ValueError):
@@ -102,6 +102,31 @@ class LoadParametersError(RepositoryError, ValueError):
 
 class DeviceNotFoundError(ValueError):
     """A model was placed on a device this machine does not have ("cuda:7", "tpu:0")."""
+
+
+class CloseTimeoutError(TimeoutError):
+    """A server did not finish closing within ``aclose(timeout=...)``: it failed what it
+    still held and told its device threads to end; the message says what it abandoned.
+    ``batches_in_model``: batches the model had not returned; ``requests_failed``:
+    requests failed with ServerClosedError; ``threads``: names of the device threads
+    still running (each unloads its model and ends when the model returns)."""
+
+    def __init__(self, message: str, batches_in_model: int = 0, requests_failed: int = 0,
+                 threads: tuple = ()):
+        super().__init__(message)
+        self.batches_in_model = batches_in_model
+        self.requests_failed = requests_failed
+        self.threads = tuple(threads)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.batches_in_model, self.requests_failed,
+                            self.threads)
+
+
+class ConnectionGoneError(ServerDiedError, ClosedConnection):
+    """The server's end of a connection is gone (it closed its stream, or its process
+    died): the request was not answered, and every later call fails at once. It is a
+    ``ServerDiedError`` and a ``queues.ClosedConnection``: catch either."""
 
 
 def deliverable(error: BaseException) -> Exception:

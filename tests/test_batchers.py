@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from async_search import batchers
-from async_search.batchers import BatchManager, BatchSizeBatcher, CostBatcher
+from async_search.batchers import BatchManager, BatchSizeBatcher, CostBatcher, FairBatcher
 from async_search.errors import ModelOutputError
 from tests.helpers import requests_of
 
@@ -117,12 +117,19 @@ def test_pop_parts_drops_requests_the_predicate_selects():
     assert batcher.empty() and batcher.queued == 0
 
 
-def test_pop_parts_never_drops_a_request_already_part_batched():
-    batcher = BatchSizeBatcher(2)
-    batcher.append(np.arange(3), tag="a")
-    batcher.pop_parts()
-    popped = batcher.pop_parts(drop=lambda tag: True)
-    assert popped.tags == ["a"] and popped.batch.tolist() == [2]
+@pytest.mark.parametrize("make", [BatchSizeBatcher, FairBatcher])
+def test_pop_parts_drops_the_rest_of_a_request_already_part_batched(make):
+    """A request cancelled (or failed) after its first piece left: its rest is not
+    computed, and the requests behind it are batched as if it had never been."""
+    batcher = make(2)
+    batcher.extend([np.arange(3), np.array([7]), np.array([8])], ["a", "b", "c"])
+    assert batcher.pop_parts().batch.tolist() == [0, 1]
+    popped = batcher.pop_parts(drop=lambda tag: tag == "a")
+    assert popped.tags == ["b", "c"] and popped.batch.tolist() == [7, 8]
+    assert not popped.parts
+    with pytest.raises(IndexError):  # what is left of "a" (FairBatcher: behind) goes
+        batcher.pop_parts(drop=lambda tag: tag == "a")
+    assert batcher.empty() and batcher.queued == 0
 
 
 def test_pop_from_empty_batcher_raises_index_error():

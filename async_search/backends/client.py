@@ -47,6 +47,7 @@ class Message:
     head_continues: ClassVar[bool] = False
     tail_size: ClassVar[None] = None
     head_offset: ClassVar[int] = 0
+    parts: ClassVar[None] = None  # every request whole (see batchers.Popped)
 
     def done(self) -> bool:
         return False  # a cancelled caller is skipped when its rows are delivered

@@ -18,10 +18,10 @@ import numpy as np
 
 from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of,
                                output_spec_of)
-from async_search.batchers import Batcher, BatchSizeBatcher, Popped
-from async_search.checks import check_int
-from async_search.errors import (ModelOutputError, ServerClosedError, ServerCrashedError,
-                                 describe)
+from async_search.batchers import Batcher, FairBatcher, Popped
+from async_search.checks import check_float, check_int
+from async_search.errors import (CloseTimeoutError, ModelOutputError, ServerClosedError,
+                                 ServerCrashedError, describe)
 from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.requests import RequestChecker
@@ -31,7 +31,7 @@ from async_search.servers.workers import Workers, placement_of
 
 __all__ = ["BatchingServer"]
 
-_cancelled = asyncio.Future.cancelled
+_done = asyncio.Future.done  # a request done before its batch: cancelled or failed
 _ndarray = np.ndarray
 
 
@@ -41,6 +41,10 @@ def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Futur
     if type(loop).create_future is asyncio.BaseEventLoop.create_future:
         return functools.partial(asyncio.Future, loop=loop)
     return loop.create_future
+
+
+class _OutOfTime(Exception):
+    """aclose's deadline came before what it waited for."""
 
 
 def _resolve(fut: asyncio.Future) -> None:
@@ -120,7 +124,7 @@ class BatchingServer:
         self._num_workers = num_workers
         self._check = RequestChecker(input_spec_of(model))
         self._shape, self._dtype = self._check.shape, self._check.dtype
-        self._batcher = batcher if batcher is not None else BatchSizeBatcher(
+        self._batcher = batcher if batcher is not None else FairBatcher(
             policy.max_batch_size)
         self._budget = self._batcher.budget
         out_spec = output_spec_of(model)
@@ -128,6 +132,7 @@ class BatchingServer:
         self._pool = BufferPool(policy.max_batch_size)
         self._staged_xs: List[np.ndarray] = []
         self._staged_futures: List[asyncio.Future] = []
+        self._staged_urgent: List[Tuple[int, np.ndarray, asyncio.Future]] = []  # priority
         self._stats = ServingStats()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers: Workers | None = None
@@ -147,6 +152,8 @@ class BatchingServer:
         self._quiet = False
         self._new_future: Callable[[], asyncio.Future] | None = None
         self._crashed: BaseException | None = None  # what killed the serving coroutine
+        self._closer: asyncio.Future | None = None  # set once aclose has finished
+        self._abandoned = False  # an interrupted close cancelled the dispatch task
 
     # -- the evaluate function --------------------------------------------------------
     def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
@@ -169,7 +176,7 @@ class BatchingServer:
             return fut
         return self._call(x)
 
-    def _call(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
+    def _call(self, x: np.ndarray, priority: int = 0) -> "asyncio.Future[Outputs]":
         if type(x) is not np.ndarray or x.shape[1:] != self._shape or (
                 x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
             x = self._checked(x)
@@ -187,8 +194,11 @@ class BatchingServer:
         else:
             self._last_shape = x.shape
         # Staged here and handed to the batcher in bulk when the dispatch task runs.
-        self._staged_xs.append(x)
-        self._staged_futures.append(fut)
+        if priority:
+            self._staged_urgent.append((priority, x, fut))
+        else:
+            self._staged_xs.append(x)
+            self._staged_futures.append(fut)
         wakeup = self._wakeup
         if wakeup is not None:  # the queue was empty and the dispatch task asleep
             self._wakeup = None
@@ -365,18 +375,38 @@ class BatchingServer:
     async def __aexit__(self, exc_type, exc, tb) -> None:
         await self.aclose(drain=exc_type is None)
 
-    async def aclose(self, drain: bool = True) -> None:
+    async def aclose(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop taking requests; serve the queued ones (``drain``) or fail them.
 
         Returns when every request has its result or error, the dispatch task has ended
-        and the device threads have stopped.
+        and the device threads have stopped (each unloads its model on its way out).
+
+        The exit holds whatever interrupts it: cancelled at any of its awaits (once, or
+        again while it closes), or out of ``timeout`` seconds (a model that never
+        returns), it fails every request still queued or in the model with
+        ServerClosedError, ends the dispatch task and tells every device thread to end,
+        before the interruption goes on, without awaiting anything. A thread whose model
+        is still computing then ends, unloading it, once the model returns: no thread
+        outlives the server longer than its last batch.
 
         Raises:
+            CloseTimeoutError: when ``timeout`` ran out; it says what was abandoned
+                (batches still in the model, requests failed, threads still running).
             ServerCrashedError: when the serving coroutine had died and ``drain`` was
                 asked (the requests it failed already got this error).
         """
-        if self._closed or self._loop is None:
+        if self._loop is None or self._closed:
             return
+        if timeout is not None:
+            timeout = check_float("timeout", timeout, minimum=0)
+        deadline = None if timeout is None else self._loop.time() + timeout
+        if self._closer is not None:  # another aclose is under way: wait for it
+            if not await self._until(self._closer, deadline):
+                raise CloseTimeoutError(f"the server did not close within {timeout} s: "
+                                        f"another aclose is still waiting for it")
+            return
+        self._closer = self._loop.create_future()
+        self._num_workers = len(self._workers)  # what stats report once closed
         self._closing = True
         self._update_quiet()
         if not drain:
@@ -384,24 +414,79 @@ class BatchingServer:
                 "the server closed before this request was batched"))
         self._wake_dispatch()
         try:
-            try:
-                await asyncio.shield(self._task)
-            except asyncio.CancelledError:
-                if not self._task.cancelled():
-                    raise  # our caller was cancelled, not the dispatch task
-        finally:
+            # Each wait is bounded by the deadline, and none of them cancels what it
+            # waits for: an interruption lands in the handler below, which closes.
+            if not await self._until(self._task, deadline):
+                raise _OutOfTime
             # After a crash every request has failed already, and a batch may never come
             # back (the crash came before its device got it): no waiting for those.
             while self._in_flight and self._crashed is None:
                 self._slot = self._loop.create_future()
-                await self._slot
-            self._num_workers = len(self._workers)
-            self._workers.stop()
-            self._fail_queued(ServerClosedError("the server closed"))  # if the task died
-            self._stats.close()
-            self._closed = True
+                if not await self._until(self._slot, deadline):
+                    raise _OutOfTime
+            self._workers.stop(discard_queued=self._crashed is not None)
+            if not await self._until(self._workers.ended(), deadline):
+                raise _OutOfTime
+            self._workers.join_ended()
+        except BaseException as e:
+            out_of_time = isinstance(e, _OutOfTime)
+            abandoned = self._abandon(f"it did not finish closing within {timeout} s" if out_of_time
+                                      else f"its exit was interrupted by {describe(e)}")
+            if out_of_time:
+                raise abandoned from None
+            raise
+        finally:
+            self._finish_close()
         if self._crashed is not None and drain:
             raise self._closed_error()
+
+    async def _until(self, awaitable: "asyncio.Future", deadline: float | None) -> bool:
+        """Waits for ``awaitable`` (never cancelling it) until ``deadline``; False when
+        the deadline came first."""
+        if awaitable.done():
+            return True
+        done, _ = await asyncio.wait((awaitable,), timeout=self._remaining(deadline))
+        return bool(done)
+
+    def _remaining(self, deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - self._loop.time())
+
+    def _abandon(self, why: str) -> CloseTimeoutError:
+        """Closes now, without awaiting anything (the exit was interrupted): fails every
+        request queued or in the model, ends the dispatch task and tells the device
+        threads to end after the batch each computes. Returns what was abandoned."""
+        self._closing = True
+        self._update_quiet()
+        flying = list(self._flying.values())
+        self._flying.clear()  # what a device returns later finds them failed
+        error = ServerClosedError(f"the server closed ({why}) while this request's batch "
+                                  f"was in the model")
+        failed = 0
+        for popped in flying:
+            failed += sum(1 for fut in popped.tags if not fut.done())
+            self._responses.fail(popped, error)
+        failed += self._fail_queued(ServerClosedError(
+            f"the server closed ({why}) before this request was batched"))
+        if not self._task.done():
+            self._abandoned = True  # its cancellation is the close, not a crash
+            self._task.cancel()
+        self._workers.stop(discard_queued=True)
+        threads = self._workers.running
+        batches = len(flying)
+        running = (f"device thread(s) {', '.join(threads)} still run the model and will "
+                   f"unload it and end when it returns" if threads else
+                   "no device thread is left")
+        return CloseTimeoutError(
+            f"the server closed ({why}): {batches} batch(es) were still in the model; "
+            f"{failed} request(s) failed with ServerClosedError; {running}",
+            batches_in_model=batches, requests_failed=failed, threads=tuple(threads))
+
+    def _finish_close(self) -> None:
+        self._fail_queued(ServerClosedError("the server closed"))  # if the task died
+        self._stats.close()
+        self._closed = True
+        if not self._closer.done():
+            self._closer.set_result(None)
 
     def _wake_dispatch(self) -> None:
         for waiter in (self._wakeup, self._slot):
@@ -467,7 +552,7 @@ class BatchingServer:
                 if batcher.empty():
                     continue
                 try:
-                    popped = batcher.pop_parts(_cancelled, self._pool.take,
+                    popped = batcher.pop_parts(_done, self._pool.take,
                                                uniform=True)  # checked in __call__
                 except IndexError:  # every queued request was cancelled
                     continue
@@ -475,12 +560,14 @@ class BatchingServer:
                 self._flying[id(popped)] = popped  # out of the batcher: a crash fails it
                 now = time.perf_counter()
                 self._stats.record_dispatch(len(popped.batch), reason, now - self._since,
-                                            len(popped.tags) - popped.head_continues)
+                                            popped.starting)
                 self._since = now
                 self._workers.submit(popped, popped.batch, self._on_done)
         except BaseException as e:
             if isinstance(e, GeneratorExit):  # closed with its loop: nobody is waiting
                 raise
+            if self._abandoned and isinstance(e, asyncio.CancelledError):
+                raise  # cancelled by an interrupted close, which failed everything
             # Whatever ends this task fails every pending request and closes the server.
             self._crash(e)
             if not isinstance(e, Exception):
@@ -524,6 +611,10 @@ class BatchingServer:
         if self._staged_xs:
             self._batcher.extend(self._staged_xs, self._staged_futures)
             self._staged_xs, self._staged_futures = [], []
+        if self._staged_urgent:
+            urgent, self._staged_urgent = self._staged_urgent, []
+            for priority, x, fut in urgent:
+                self._batcher.append(x, fut, priority=priority)
 
     # -- results ----------------------------------------------------------------------
     def _on_done(self, popped: Popped, outputs: Outputs, error: BaseException | None,
@@ -533,11 +624,11 @@ class BatchingServer:
         # so what cannot be handled as this batch's error crashes the server.
         try:
             self._in_flight -= 1
-            self._flying.pop(id(popped), None)
+            flying = self._flying.pop(id(popped), None)
             slot, self._slot = self._slot, None
             if slot is not None:
                 _resolve(slot)
-            if self._crashed is not None:  # its futures failed with the crash
+            if flying is None:  # its futures failed already (a crash, an abandoned close)
                 self._responses.fail(popped, self._closed_error())
                 return
             try:
@@ -559,15 +650,19 @@ class BatchingServer:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
 
-    def _fail_queued(self, error: BaseException) -> None:
-        """Fails every request staged or queued (never calls the batcher's cost)."""
-        futures = self._staged_futures
-        self._staged_xs, self._staged_futures = [], []
+    def _fail_queued(self, error: BaseException) -> int:
+        """Fails every request staged or queued (never calls the batcher's cost);
+        returns how many were not done yet."""
+        futures = self._staged_futures + [fut for _, _, fut in self._staged_urgent]
+        self._staged_xs, self._staged_futures, self._staged_urgent = [], [], []
         try:
             futures = futures + self._batcher.clear()
         except Exception:  # noqa: BLE001 - a broken batcher: take its requests as they are
             futures = futures + list(getattr(self._batcher, "_tags", []))
         self._responses.forget(futures)
+        failed = 0
         for fut in futures:
             if not fut.done():
                 fut.set_exception(error)
+                failed += 1
+        return failed

@@ -48,6 +48,10 @@ class DeviceThread:
         return self._current[0]
 
     @property
+    def name(self) -> str:
+        return self._thread.name
+
+    @property
     def current(self) -> Tuple[Any, Hashable]:
         """``(model, version)`` that the next batch this thread starts runs on."""
         return self._current

@@ -21,8 +21,9 @@ _UNSET, _MIXED, _MISSING = object(), object(), object()
 class ResultDelivery:
     """Delivers a batch's outputs into its requests' futures.
 
-    Batches may complete in any order (several workers): a request split across batches
-    is reassembled by the offsets of its pieces. Futures registered with
+    Batches may complete in any order (several workers), and a split request's pieces
+    may sit anywhere in a batch (``Popped.parts``): a request split across batches is
+    reassembled by the offsets of its pieces. Futures registered with
     ``want_version`` also learn the model version that computed them.
 
     Every batch's outputs must have the structure of ``empty_output`` (a declared output
@@ -100,8 +101,8 @@ class ResultDelivery:
                 known = versions.get(fut, _MISSING)
                 if known is not _MISSING:
                     versions[fut] = version if known is _UNSET or known == version else _MIXED
-        whole = not popped.head_continues and popped.tail_size is None
-        if whole and size == len(tags) and type(outputs) is np.ndarray and (
+        parts = popped.parts
+        if not parts and size == len(tags) and type(outputs) is np.ndarray and (
                 min(map(len, pieces)) == 1):
             # Every request is one element: hand out row views made in C.
             row_views = zip(tags, outputs[:, None])
@@ -112,13 +113,10 @@ class ResultDelivery:
                     return None
                 except asyncio.InvalidStateError:  # a caller cancelled after batching
                     continue
-        last = len(tags) - 1
         for i, (fut, out) in enumerate(zip(tags, rows.split(outputs, map(len, pieces)))):
-            head = i == 0 and popped.head_continues
-            tail = i == last and popped.tail_size is not None
-            if head or tail:
-                self._add_piece(fut, popped.tail_size if tail else None,
-                                popped.head_offset if i == 0 else 0, out)
+            part = parts.get(i) if parts else None
+            if part is not None:  # a piece of a request split across batches
+                self._add_piece(fut, part[1], part[0], out)
             elif not fut.done():
                 fut.set_result(out)
         return None
@@ -140,16 +138,20 @@ class ResultDelivery:
         for fut in futures:
             self._partial.pop(fut, None)
 
-    def _add_piece(self, fut: asyncio.Future, total: int | None, offset: int,
+    def _forget_one(self, fut: asyncio.Future) -> None:
+        self._partial.pop(fut, None)
+
+    def _add_piece(self, fut: asyncio.Future, total: int, offset: int,
                    piece: Outputs) -> None:
         if fut.done():  # failed (another batch of it did) or cancelled: keep nothing
             self._partial.pop(fut, None)
             return
         state = self._partial.get(fut)
         if state is None:
-            state = self._partial[fut] = [None, 0, []]
-        if total is not None:
-            state[0] = total
+            state = self._partial[fut] = [total, 0, []]
+            # A request cancelled before its last piece comes (whose rest the batcher
+            # then drops) keeps nothing here either.
+            fut.add_done_callback(self._forget_one)
         state[1] += rows.count(piece)
         state[2].append((offset, piece))
         if state[1] == state[0]:

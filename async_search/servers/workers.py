@@ -63,6 +63,9 @@ class Workers:
         self._inline = None if placement == "thread" else InlineDevice(
             model, version, contain_exits=placement == "auto")
         self._exited: List[asyncio.Future] = []  # removals waiting for a thread to end
+        self._ended: List[DeviceThread] = []  # threads that called back on their way out
+        self._all_exited: asyncio.Future | None = None  # set when the last one has
+        self._stopping = False
         self._batch_s: float | None = None  # moving average of the model's time a batch
         self._in_thread = 0
         self._done: Done | None = None
@@ -83,6 +86,8 @@ class Workers:
         if not self._threaded:
             raise RuntimeError("a server whose model runs on the loop has one device; "
                                "serve with model_thread=True to add workers")
+        if self._stopping:
+            raise RuntimeError("the workers are stopping: no worker can be added")
         thread = DeviceThread(model if model is not None else self._model, self.version,
                               self._jobs, self._loop, self._on_exit,
                               name=f"async_search-device-{len(self._threads)}")
@@ -157,21 +162,62 @@ class Workers:
         self.version = version
         self._hooks = _has_hooks(self._model)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Ends every thread after the batches already queued."""
-        for _ in self._threads:
+    def stop(self, discard_queued: bool = False) -> List[Any]:
+        """Tells every thread to end, without waiting: each ends once the batch it
+        computes (and, unless ``discard_queued``, every batch queued before this call) is
+        done, calling its model's ``unload`` on its way out. Returns the tokens of the
+        batches discarded (never started). Cannot be interrupted (no await)."""
+        discarded = []
+        if discard_queued:
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not STOP:
+                    discarded.append(job[0])
+        self._stopping = True
+        for _ in self._threads:  # one each (a second call: those above may be discarded)
             self._jobs.put(STOP)
-        for thread in self._threads:
-            thread.join(timeout)
-        self._threads = []
+        for waiter in self._exited:  # removals: their thread ends with the others
+            if not waiter.done():
+                waiter.set_result(None)
+        self._exited = []
+        return discarded
+
+    @property
+    def running(self) -> List[str]:
+        """Names of the device threads that have not ended yet."""
+        return [thread.name for thread in self._threads]
+
+    def ended(self) -> asyncio.Future:
+        """A future (on the loop) that is done once every thread has ended; await it
+        after ``stop`` (cancelling the wait stops nothing more: the threads end on their
+        own). Then ``join_ended``."""
+        if self._all_exited is None:
+            self._all_exited = self._loop.create_future()
+        if not self._threads and not self._all_exited.done():
+            self._all_exited.set_result(None)
+        return self._all_exited
+
+    def join_ended(self) -> None:
+        """Joins the threads that have ended (only their last steps remained: each
+        called back on its way out, after unloading its model)."""
+        for thread in self._ended:
+            thread.join()
+        self._ended = []
 
     def _on_exit(self, thread: DeviceThread) -> None:
         if thread in self._threads:
             self._threads.remove(thread)
+            self._ended.append(thread)
         if self._exited:
             waiter = self._exited.pop(0)
             if not waiter.done():
                 waiter.set_result(None)
+        if not self._threads and self._all_exited is not None:
+            if not self._all_exited.done():
+                self._all_exited.set_result(None)
 
 
 def _has_hooks(model: Any) -> bool:

@@ -369,8 +369,10 @@ async def test_failed_batches_leave_no_piece_of_split_requests_behind(model_thre
                 errors=ArithmeticError)
             totals.update(counts)
         held = evaluate._responses.held
-        in_flight = len(evaluate._flying)
+        # A batch left with nothing but the rest of a request that failed meanwhile
+        # may still be in the model: it ends, delivering nothing.
+        await wait_until(lambda: not evaluate._flying, "every batch came back")
     assert totals["sent"] == 300
     assert totals["hung"] == 0 and totals["wrong"] == 0, totals
     assert totals["failed"] > 0 and totals["answered"] > 0, totals
-    assert held == 0 and in_flight == 0
+    assert held == 0

@@ -1,0 +1,253 @@
+"""Leaving ``serve`` holds under cancellation and timeouts.
+
+The exit awaits three things: the dispatch task (draining the queue), the batches in the
+model, and the device threads (which unload the model on their way out). Each test
+interrupts the exit at one of them (cancelled once, or cancelled while the body was
+already cancelled, or out of ``aclose(timeout=...)``) and counts what is left: every
+request done (answered or failed with ServerClosedError, none hanging), the server
+closed, and, once the model returns, no device thread left and ``unload`` called once.
+"""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.errors import CloseTimeoutError, ServerClosedError
+from async_search.servers import BatchingServer
+from tests.helpers import wait_until, within
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Device:
+    """A model in a device thread that blocks until the test opens ``compute`` (each
+    batch) and ``release`` (its unload), counting loads and unloads."""
+
+    def __init__(self, compute_open=False):
+        self.input_spec = asr.TensorSpec((1,), np.float32)
+        self.compute = threading.Event()
+        self.release = threading.Event()
+        self.started = threading.Event()
+        if compute_open:
+            self.compute.set()
+        self.loads = self.unloads = 0
+
+    def load(self):
+        self.loads += 1
+
+    def unload(self):
+        assert self.release.wait(30), "the test never released unload"
+        self.unloads += 1
+
+    def __call__(self, x):
+        self.started.set()
+        assert self.compute.wait(30), "the test never let the model compute"
+        return x + 1.0
+
+    def open(self):
+        self.compute.set()
+        self.release.set()
+
+
+def device_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("async_search-device")]
+
+
+def what_it_waits_for(server, awaitable):
+    """Names an await of the exit by what it waits for."""
+    if awaitable is server._task:
+        return "dispatch"
+    if awaitable is server._slot:
+        return "in_flight"
+    if awaitable is server._workers._all_exited:
+        return "threads"
+    return "other"
+
+
+@pytest.fixture
+def cancel_exit_at(monkeypatch):
+    """``cancel_exit_at(name)``: the exit cancels itself (as a cancellation from outside
+    would land) when it starts to wait for ``name``; returns the awaits it started."""
+    seen = []
+    original = BatchingServer._until
+
+    def arm(target):
+        async def until(self, awaitable, deadline):
+            name = what_it_waits_for(self, awaitable)
+            seen.append(name)
+            if name == target:
+                asyncio.current_task().cancel()
+            return await original(self, awaitable, deadline)
+
+        monkeypatch.setattr(BatchingServer, "_until", until)
+        return seen
+
+    return arm
+
+
+# Each await of the exit, and the state that makes the exit wait there: how many
+# requests are made, and whether the model computes at once (only unload then blocks).
+AWAITS = {
+    "dispatch": dict(requests=3, compute_open=False),   # 1 in the model, 2 queued
+    "in_flight": dict(requests=1, compute_open=False),  # the last batch in the model
+    "threads": dict(requests=1, compute_open=True),     # unload still running
+}
+
+
+@pytest.mark.parametrize("times", [1, 2], ids=["cancelled_once", "cancelled_twice"])
+@pytest.mark.parametrize("target", list(AWAITS))
+async def test_exit_cancelled_at_each_await_fails_everything_and_leaves_no_thread(
+        cancel_exit_at, target, times):
+    before = set(device_threads())
+    setup = AWAITS[target]
+    model = Device(compute_open=setup["compute_open"])
+    futures, servers = [], []
+    in_body = asyncio.Event()
+
+    async def body():
+        async with asr.serve(model, max_batch_size=1, pipeline_depth=1,
+                             model_thread=True) as evaluate:
+            servers.append(evaluate)
+            futures.extend(evaluate(np.full((1, 1), i, np.float32))
+                           for i in range(setup["requests"]))
+            await within(asyncio.to_thread(model.started.wait, 10), "a batch in the model")
+            if setup["compute_open"]:
+                await within(asyncio.gather(*futures), "the answers")
+            seen = cancel_exit_at(target)
+            if times == 2:  # the first cancellation lands here, the second in the exit
+                in_body.set()
+                await asyncio.sleep(3600)
+        return seen
+
+    task = asyncio.ensure_future(body())
+    if times == 2:
+        await within(in_body.wait(), "the body")
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await within(task, "the interrupted exit")
+    server = servers[0]
+
+    # Every request is done at once: answered, or failed with ServerClosedError.
+    assert all(fut.done() for fut in futures)
+    for fut in futures:
+        assert fut.result() is not None if fut.exception() is None else isinstance(
+            fut.exception(), ServerClosedError)
+    if not setup["compute_open"]:
+        assert all(isinstance(fut.exception(), ServerClosedError) for fut in futures)
+    with pytest.raises(ServerClosedError):
+        server(np.zeros((1, 1), np.float32))
+    await wait_until(server._task.done, "the dispatch task ended")
+    assert server._task.cancelled() or server._task.exception() is None
+    assert server._crashed is None  # an interrupted close is a close, not a crash
+
+    # The thread is still in the model (or its unload): it ends once they return.
+    model.open()
+    await wait_until(lambda: set(device_threads()) <= before, "no device thread left")
+    assert (model.loads, model.unloads) == (1, 1)
+
+
+async def test_wait_for_on_the_exit_leaves_no_thread_once_the_model_returns():
+    """The issue's case: ``wait_for(server.__aexit__(...), 0.5)`` with a batch in flight."""
+    before = set(device_threads())
+    model = Device()
+    server = BatchingServer(model, model_thread=True)
+    await server.__aenter__()
+    in_model = server(np.zeros((1, 1), np.float32))
+    await within(asyncio.to_thread(model.started.wait, 10), "a batch in the model")
+    queued = server(np.ones((2, 1), np.float32))
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(server.__aexit__(None, None, None), 0.2)
+    for fut in (in_model, queued):
+        assert isinstance(fut.exception(), ServerClosedError)
+    await server.aclose()  # closed already: returns at once
+    model.open()
+    await wait_until(lambda: set(device_threads()) <= before, "no device thread left")
+    assert (model.loads, model.unloads) == (1, 1)
+
+
+async def test_aclose_timeout_says_what_it_abandoned():
+    before = set(device_threads())
+    model = Device()
+    server = BatchingServer(model, asr.servers.DispatchPolicy(2, pipeline_depth=1),
+                            model_thread=True)
+    await server.__aenter__()
+    in_model = server(np.zeros((2, 1), np.float32))
+    await within(asyncio.to_thread(model.started.wait, 10), "a batch in the model")
+    queued = [server(np.ones((1, 1), np.float32)) for _ in range(3)]
+    with pytest.raises(CloseTimeoutError) as timed_out:
+        await server.aclose(timeout=0.05)
+    error = timed_out.value
+    assert isinstance(error, TimeoutError)
+    assert (error.batches_in_model, error.requests_failed) == (1, 4)
+    assert error.threads == ("async_search-device-0",)
+    message = str(error)
+    assert "within 0.05 s" in message and "1 batch" in message and "4 request" in message
+    assert "async_search-device-0" in message and "unload" in message
+    for fut in [in_model, *queued]:
+        assert isinstance(fut.exception(), ServerClosedError)
+        assert "did not finish closing within 0.05 s" in str(fut.exception())
+    model.open()
+    await wait_until(lambda: set(device_threads()) <= before, "no device thread left")
+    assert (model.loads, model.unloads) == (1, 1)
+
+
+async def test_aclose_with_a_timeout_that_is_met_returns_normally():
+    model = Device(compute_open=True)
+    model.release.set()
+    async with asr.serve(model, model_thread=True) as evaluate:
+        y = await within(evaluate(np.zeros((1, 1), np.float32)), "an answer")
+        await evaluate.aclose(timeout=10)
+    assert y.tolist() == [[1.0]] and (model.loads, model.unloads) == (1, 1)
+
+
+@pytest.mark.parametrize("bad", [-1, "1", True, float("nan")])
+async def test_aclose_timeout_must_be_a_number_at_least_zero(bad):
+    async with asr.serve(lambda x: x) as evaluate:
+        with pytest.raises(ValueError, match="timeout must be a finite number >= 0"):
+            await evaluate.aclose(timeout=bad)
+
+
+async def test_many_cancelled_servers_leave_no_thread_and_unload_each_model():
+    """A long-lived program (a notebook, a server) that cancels servers again and again
+    leaks nothing: each device thread ends once its model returns."""
+    before = set(device_threads())
+    models = []
+    for _ in range(10):
+        model = Device()
+        models.append(model)
+
+        servers = []
+
+        async def body():
+            async with asr.serve(model, model_thread=True) as evaluate:
+                servers.append(evaluate)
+                evaluate(np.zeros((1, 1), np.float32))
+                await asyncio.sleep(3600)
+
+        task = asyncio.ensure_future(body())
+        await within(asyncio.to_thread(model.started.wait, 10), "a batch in the model")
+        task.cancel()  # the body: the exit then waits for the batch in the model
+        await wait_until(lambda: servers[0]._closing, "the exit started")
+        task.cancel()  # the exit
+        with pytest.raises(asyncio.CancelledError):
+            await within(task, "the twice cancelled exit")
+    for model in models:
+        model.open()
+    await wait_until(lambda: set(device_threads()) <= before, "no device thread left")
+    assert [(m.loads, m.unloads) for m in models] == [(1, 1)] * 10
+
+
+async def test_two_closes_at_once_both_return_once_the_server_is_closed():
+    model = Device(compute_open=True)
+    model.release.set()
+    server = BatchingServer(model, model_thread=True, num_workers=2)
+    await server.__aenter__()
+    await within(server(np.zeros((1, 1), np.float32)), "an answer")
+    await within(asyncio.gather(server.aclose(), server.aclose(timeout=10)), "two closes")
+    assert server._closed and not [t for t in device_threads() if t.is_alive()
+                                   and t.name in server._workers.running]
+    assert server.stats["workers"] == 2  # what it had when it closed
+    assert model.loads == model.unloads >= 1  # a worker loads with its first batch
