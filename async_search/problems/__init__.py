@@ -5,7 +5,10 @@ Search problems (A*, rollouts): ``SlidingPuzzle`` (8- and 15-puzzle) and
 ``ConnectFour``. Models: ``ManhattanHeuristic`` and ``DepthHeuristic`` (exact, admissible),
 ``heuristic_mlp`` and ``PolicyValueMLP`` (seeded NumPy nets), and their TensorFlow twins
 ``heuristic_tf_net`` and ``policy_value_tf_net`` (TensorFlow is imported only when one is
-built; ``tf_twin`` makes the twin of any of them, trained or not). Trained models:
+built; ``tf_twin`` makes the twin of any of them, trained or not). Residual nets of
+the published shapes: ``PolicyValueResNet`` (AlphaZero) and ``CostToGoResNet``
+(DeepCubeA), NumPy weights and reference, built in PyTorch (``torch_resnet``),
+TensorFlow (``keras_resnet``) and JAX (``jax_resnet``). Trained models:
 ``pretrained("connect_four")`` and ``pretrained("15-puzzle")`` (a ``LearnedHeuristic``);
 ``korf100()`` gives the published 15-puzzle instances with optimal lengths. A problem may
 offer ``compact_keys()`` (a ``CompactKeys``) for A* to search on compact keys. Every model's output for an element is bitwise independent of its batch-mates.
@@ -29,6 +32,11 @@ from async_search.problems.synthetic_graph import SyntheticGraph
 from async_search.problems.pretrained import (PRETRAINED, KorfInstance, korf100,
                                               pretrained)
 from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net, tf_twin
+from async_search.problems.residual_nets import (CostToGoResNet, PolicyValueResNet,
+                                                ResNetWeights)
+from async_search.problems.residual_jax import jax_resnet
+from async_search.problems.residual_tf import keras_resnet
+from async_search.problems.residual_torch import torch_resnet, torch_resnet_weights
 
 __all__ = [
     "Game", "SearchProblem", "State", "CompactKeys",
@@ -36,4 +44,6 @@ __all__ = [
     "ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp", "PolicyValueMLP",
     "heuristic_tf_net", "policy_value_tf_net", "tf_twin", "LearnedHeuristic",
     "pretrained", "PRETRAINED", "korf100", "KorfInstance",
+    "PolicyValueResNet", "CostToGoResNet", "ResNetWeights", "torch_resnet",
+    "torch_resnet_weights", "keras_resnet", "jax_resnet",
 ]
