@@ -7,13 +7,19 @@
 ``--model`` is a built-in name (``mlp``: 16 FP32 inputs, 4 outputs) or
 ``module:function``, a function of no arguments that returns the model. The front binds
 127.0.0.1 unless ``--host`` says otherwise, and runs until SIGINT or SIGTERM; then it
-stops taking connections, cuts short bodies still arriving, gives requests in progress
-``--shutdown-timeout`` seconds, drains the model's queue and exits.
+drains, as Triton and KServe do: readiness answers 503 at once, new connections are
+refused, bodies still arriving and new requests get a JSON 503 "the server is
+stopping", and every request in progress gets its answer within ``--shutdown-timeout``
+seconds or that 503 when they are up (a second signal ends them at once); then it
+drains the model's queue and exits 0.
 
 Limits (defaults in brackets; see ``HttpLimits``): ``--max-body-bytes`` [16 MiB],
 ``--max-json-bytes`` [1 MiB: larger tensors go as binary], ``--max-connections`` [512,
 and at most half of ``ulimit -n``], ``--keepalive-timeout`` [5 s idle],
-``--read-timeout`` [30 s per body], ``--shutdown-timeout`` [5 s], ``--offload-bytes``
+``--read-timeout`` [30 s per body], ``--write-timeout`` [30 s: a client that takes no
+byte of its answer for that long is dropped], ``--max-unsent-bytes`` [256 MiB of answers
+that clients have not taken, in all: 503 beyond], ``--shutdown-timeout`` [5 s],
+``--offload-bytes``
 [256 KiB: JSON this large is parsed in ``--offload-workers`` [half the CPUs] processes],
 ``--max-workers`` [4 per CPU: the most ``num_workers`` a load request may ask for].
 Load and unload are off unless ``--enable-repository`` or ``--repository-token TOKEN``
@@ -80,8 +86,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds a connection may stay open with no request in progress")
     p.add_argument("--read-timeout", type=float, default=limits.read_timeout,
                    help="seconds a request body may take to arrive")
+    p.add_argument("--write-timeout", type=float, default=limits.write_timeout,
+                   help="seconds a client may take no byte of its answer before its "
+                        "connection is dropped")
+    p.add_argument("--max-unsent-bytes", type=int, default=limits.max_unsent_bytes,
+                   help="bytes of answers that clients have not taken, over all "
+                        "connections; an answer beyond gets 503")
     p.add_argument("--shutdown-timeout", type=float, default=limits.shutdown_timeout,
-                   help="seconds requests in progress get on SIGTERM")
+                   help="seconds requests in progress get on SIGTERM before they are "
+                        "answered 503 (a second signal: at once)")
     p.add_argument("--offload-bytes", type=int, default=limits.offload_bytes,
                    help="JSON bodies this large are parsed in worker processes")
     p.add_argument("--offload-workers", type=int, default=limits.offload_workers)
@@ -108,20 +121,29 @@ async def _serve_forever(args: argparse.Namespace) -> None:
         limits = HttpLimits(
             max_json_bytes=args.max_json_bytes, max_connections=args.max_connections,
             keepalive_timeout=args.keepalive_timeout, read_timeout=args.read_timeout,
-            shutdown_timeout=args.shutdown_timeout, offload_bytes=args.offload_bytes,
+            shutdown_timeout=args.shutdown_timeout, write_timeout=args.write_timeout,
+            max_unsent_bytes=args.max_unsent_bytes, offload_bytes=args.offload_bytes,
             offload_workers=args.offload_workers, max_workers=args.max_workers)
     except ValueError as e:
         raise SystemExit(f"python -m async_search.http: {e}") from None
+    front = HttpFront({args.name or name: source}, host=args.host, port=args.port,
+                      max_body_bytes=args.max_body_bytes, limits=limits,
+                      enable_repository=args.enable_repository,
+                      repository_token=args.repository_token or None)
     stop = asyncio.Event()
+
+    def on_signal() -> None:  # the first drains, the next ends the drain's grace
+        if stop.is_set():
+            front.end_grace()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with HttpFront({args.name or name: source}, host=args.host, port=args.port,
-                         max_body_bytes=args.max_body_bytes, limits=limits,
-                         enable_repository=args.enable_repository,
-                         repository_token=args.repository_token or None) as front:
+        loop.add_signal_handler(sig, on_signal)
+    async with front:
         _log.warning("serving %r on %s", args.name or name, front.url)
         await stop.wait()
+        _log.warning("stopping: requests in progress get %g s", limits.shutdown_timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -15,13 +15,24 @@ HTTP client's elements join the same batches as everybody else's. Endpoints:
                                                 off by default
     GET  /metrics                               Prometheus text format
 
-Every error is the protocol's JSON ``{"error": "..."}`` with a fitting status: 400 for a
-body that breaks the protocol or does not fit the model, 403 for the repository's load
-and unload while they are off (or without the token), 404 for an unknown model or
-version, 408 for a body that took longer than ``read_timeout``, 413 for a body over
-``max_body_bytes`` or a JSON part over ``max_json_bytes``, 503 for a model that is not
-loaded (or whose servers are all failing) and for connections over the cap, 500 only
-when the model raised. No body, however malformed, ends the server or gets a 500.
+Every error is the protocol's JSON ``{"error": "..."}`` with a fitting status, whatever
+layer refuses the request: 400 for a request that is not HTTP/1.1 (aiohttp's parser
+refuses it: see ``http_errors``) or a body that breaks the protocol or does not fit the
+model, 403 for the repository's load and unload while they are off (or without the
+token), 404 for an unknown model or version, 408 for a body that took longer than
+``read_timeout``, 413 for a body over ``max_body_bytes`` or a JSON part over
+``max_json_bytes``, 431 for headers over aiohttp's bounds, 503 for a model that is not
+loaded (or whose servers are all failing), for connections over the cap, for an answer
+over ``max_unsent_bytes`` and while the front stops, 500 only when the model raised.
+No request, however malformed, ends the server, gets a 500 or has its bytes echoed;
+each error is counted (``ServingMetrics.observe_error``).
+
+Stopping (leaving the ``async with``; SIGTERM for ``python -m async_search.http``) is a
+drain, as Triton and KServe do it: readiness turns 503 at once and the listening socket
+closes (new connections are refused); bodies still arriving and requests that arrive
+on open connections get 503 "the server is stopping"; every request already in the
+handlers gets its answer within ``shutdown_timeout``, or that 503 when the grace ends.
+No connection with a request in the handlers is closed without an answer.
 
 Load and unload change what the server runs, so they are off until the front is made
 with ``enable_repository=True`` or a ``repository_token`` (then each such request must
@@ -40,12 +51,16 @@ import time
 from typing import Any, Mapping
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from async_search.base import evaluate_with_version
 from async_search.errors import (CircuitOpenError, InputSpecError, LoadParametersError,
                                  ModelLoadError, ModelNotFoundError, ModelNotReadyError,
                                  ProtocolError, ServerClosedError)
 from async_search.servers import kserve
+from async_search.servers.http_errors import (CONNECTION_LAYER, error_handler_class,
+                                              error_response, payload_error)
 from async_search.servers.http_limits import (CodecPool, ConnectionLimiter, HttpLimits,
                                               LimitedSite, connection_cap)
 from async_search.servers.kserve import TensorMetadata
@@ -59,6 +74,15 @@ _JSON = "application/json"
 # How long aiohttp keeps reading (and dropping) a body left unread after an error
 # response, so that the client sees the response rather than a reset.
 _LINGERING_S = 2.0
+# On exit, after the grace: how long the last answers (and 503s) get to be written
+# before the connections are closed.
+_FLUSH_S = 0.5
+# Answers at least this large are checked against max_unsent_bytes before they are
+# written; smaller ones fit in a socket's buffer.
+_CHECKED_ANSWER_BYTES = 64 * 2 ** 10
+_HTTP_VERSIONS = ((1, 1), (1, 0))
+_MAX_HEADERS = 128  # as aiohttp's parser allows from 3.10 on
+_STOPPING = "the server is stopping"
 
 
 #: The status of each error that is the request's or the repository's, not the
@@ -85,8 +109,7 @@ def _json(payload: Any, status: int = 200) -> web.Response:
                         status=status, content_type=_JSON)
 
 
-def _error(message: str, status: int) -> web.Response:
-    return web.Response(body=kserve.error_body(message), status=status, content_type=_JSON)
+_error = error_response
 
 
 class HttpFront:
@@ -142,17 +165,41 @@ class HttpFront:
         self.repository: ModelRepository | None = None
         self.connections = ConnectionLimiter(
             connection_cap(self.limits.max_connections),
-            first_request_timeout=self.limits.keepalive_timeout)
+            first_request_timeout=self.limits.keepalive_timeout,
+            write_timeout=self.limits.write_timeout,
+            max_unsent_bytes=self.limits.max_unsent_bytes,
+            handler_class=error_handler_class(self.metrics.observe_error),
+            on_event=self._connection_event)
         self._codec = CodecPool(self.limits.offload_workers)
         self._owns_repository = not isinstance(models, ModelRepository)
         self._runner: web.AppRunner | None = None
+        self._site: LimitedSite | None = None
         self._exit: contextlib.AsyncExitStack | None = None  # what __aexit__ closes
         self._closing = False
-        self._reading: set = set()  # body reads in progress: cut short on exit
+        self._reading: set = set()   # body reads in progress: cut short on exit
+        self._handling: set = set()  # tasks of the requests in the handlers
+        self._grace_over = False     # those still there get 503 (see _drain)
+        self._grace_ended: asyncio.Event | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def requests_in_progress(self) -> int:
+        """Requests in the front's handlers now (read, not yet answered)."""
+        return len(self._handling)
+
+    def _gauges(self) -> dict:
+        return {"requests_in_progress": len(self._handling),
+                "open_connections": self.connections.open,
+                "stalled_connections": self.connections.stalled_connections,
+                "unsent_bytes": self.connections.unsent_bytes}
+
+    @property
+    def closing(self) -> bool:
+        """Whether the front is stopping (readiness answers 503 from then on)."""
+        return self._closing
 
     @property
     def addresses(self) -> list:
@@ -176,23 +223,28 @@ class HttpFront:
                 entry = repository.entry(name)
                 self.metrics.watch(name, provider=lambda e=entry: e.evaluate)
                 stack.callback(self.metrics.unwatch, name)
+            self.metrics.watch_front(self._gauges)
+            stack.callback(self.metrics.watch_front, None)
             stack.push_async_callback(self._codec.aclose, self.limits.shutdown_timeout)
             app = web.Application(client_max_size=self.max_body_bytes,
                                   middlewares=[self._errors])
             self._routes(app)
+            # aiohttp's own shutdown only writes out the answers the drain left (the
+            # drain answers every request first): its timeout is the flush, not the
+            # grace, or the exit would take twice the grace.
             self._runner = web.AppRunner(
                 app, access_log=None, handle_signals=False,
-                shutdown_timeout=self.limits.shutdown_timeout,
+                shutdown_timeout=min(_FLUSH_S, self.limits.shutdown_timeout),
                 keepalive_timeout=self.limits.keepalive_timeout,
                 lingering_time=min(_LINGERING_S, self.limits.read_timeout))
-            # Stops listening, closes idle connections, gives requests in progress
-            # shutdown_timeout to finish, then cancels them.
+            stack.callback(self.connections.close)
+            # Closes idle connections, writes out the last answers, closes the rest.
             stack.push_async_callback(self._runner.cleanup)
-            stack.callback(self._stop_reading)  # first: a slow body must not hold it
+            stack.push_async_callback(self._drain)  # first: see _drain
             await self._runner.setup()
-            site = LimitedSite(self._runner, self.host, self.port,
-                               limiter=self.connections, backlog=1024)
-            await site.start()
+            self._site = LimitedSite(self._runner, self.host, self.port,
+                                     limiter=self.connections, backlog=1024)
+            await self._site.start()
             self.port = self._runner.addresses[0][1]
             self._exit = stack.pop_all()
         return self
@@ -202,10 +254,52 @@ class HttpFront:
         if exit_stack is not None:
             await exit_stack.aclose()
 
-    def _stop_reading(self) -> None:
+    async def _drain(self) -> None:
+        """Stop as Triton and KServe do: unready at once, no new connections, bodies
+        still arriving cut short (503), every request in the handlers answered within
+        ``shutdown_timeout`` or, when the grace ends, with a 503 saying the server is
+        stopping; then the last answers get ``_FLUSH_S`` to be written."""
         self._closing = True
+        if self._grace_ended is None:
+            self._grace_ended = asyncio.Event()
+        if self._site is not None:  # closes the listening socket: connections refused
+            site, self._site = self._site, None
+            await site.stop()
         for read in list(self._reading):
             read.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.shutdown_timeout
+        ended = asyncio.ensure_future(self._grace_ended.wait())
+        try:
+            # Requests that arrive meanwhile are answered 503 at once, so this loop
+            # only waits for the ones that were in the handlers, or until the grace ends.
+            while self._handling and not ended.done():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait([*self._handling, ended], timeout=left,
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+        self._grace_over = True
+        cut = [task for task in self._handling if not task.done()]
+        for task in cut:
+            task.cancel()  # the middleware answers 503 (it knows the grace is over)
+        if cut:
+            await asyncio.wait(cut, timeout=_FLUSH_S)
+
+    def end_grace(self) -> None:
+        """End the shutdown grace now (a second SIGTERM or Ctrl-C): requests still in
+        the handlers get 503 "the server is stopping" at once."""
+        if self._grace_ended is None:
+            self._grace_ended = asyncio.Event()
+        self._grace_ended.set()
+
+    def _connection_event(self, kind: str) -> None:
+        if kind == "refused":
+            self.metrics.observe_error(503, CONNECTION_LAYER)
+        else:
+            self.metrics.observe_dropped(kind)
 
     def _routes(self, app: web.Application) -> None:
         model = "/v2/models/{name}"
@@ -224,25 +318,82 @@ class HttpFront:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        if request.version not in _HTTP_VERSIONS:  # HTTP/0.9 (llhttp) or 1.2 (Python's)
+            return _error("the front speaks HTTP/1.0 and HTTP/1.1", 400)
+        if len(request.raw_headers) > _MAX_HEADERS:  # aiohttp < 3.10 has no such bound
+            return _error(f"the request has more than {_MAX_HEADERS} headers", 431)
+        if self._closing and request.method != "GET":  # GETs (readiness) stay answered
+            return self._stopping(request)
         connection = self.connections.busy(request.transport)
+        task = asyncio.current_task()
+        self._handling.add(task)
         try:
-            return await handler(request)
+            response = await handler(request)
         except web.HTTPException as e:  # no such route, wrong method, body too large
             if e.status < 400:
                 raise
-            reason = e.text if e.text and not e.text.startswith(f"{e.status}:") else (
-                e.reason)
-            if e.status == 413:
-                reason = (f"the request body is larger than the front's limit of "
-                          f"{self.max_body_bytes} bytes")
-            return _error(reason, e.status)
+            response = _error(self._http_error_message(e), e.status)
+            if "Allow" in e.headers:
+                response.headers["Allow"] = e.headers["Allow"]
+        except asyncio.CancelledError:
+            if not self._grace_over or _cancelled_elsewhere(task):
+                raise  # not the drain's doing: the connection or the loop is going
+            return self._stopping(request, f"{_STOPPING}: the request did not finish "
+                                           f"within the shutdown grace of "
+                                           f"{self.limits.shutdown_timeout:g} s")
         except Exception as e:  # noqa: BLE001 - a bad request must never end the server
             status = http_status(e)
             if status is None:
-                return _error(f"internal error: {type(e).__name__}: {e}", 500)
-            return _error(str(e), status)
+                response = _error(f"internal error: {type(e).__name__}: {e}", 500)
+            else:
+                response = _error(str(e), status)
+            if request.content.exception() is not None:  # a broken body: the stream's
+                response.force_close()                    # state is unknown
         finally:
+            self._handling.discard(task)
             self.connections.idle(connection)
+        body = getattr(response, "body", None)
+        size = len(body) if isinstance(body, (bytes, bytearray)) else 0
+        if size >= _CHECKED_ANSWER_BYTES and not self.connections.admit_answer(size):
+            response = self._unsent_refusal(size)
+            size = 0
+        self.connections.answering(connection, size)
+        if self._closing:
+            self._close_after(request, response)
+        return response
+
+    def _http_error_message(self, e: web.HTTPException) -> str:
+        """Words of the front's own (aiohttp's texts may quote the request)."""
+        if e.status == 413:
+            return (f"the request body is larger than the front's limit of "
+                    f"{self.max_body_bytes} bytes")
+        if e.status == 404:
+            return "Not Found: no such route; see GET /v2 and GET /v2/models/{name}"
+        if e.status == 405:
+            return f"Method Not Allowed: this route takes {e.headers.get('Allow', '')}"
+        return e.reason
+
+    def _stopping(self, request: web.Request, message: str = _STOPPING) -> web.Response:
+        response = _error(message, 503)
+        self._close_after(request, response)
+        return response
+
+    @staticmethod
+    def _close_after(request: web.Request, response: web.StreamResponse) -> None:
+        """While stopping, answers say ``Connection: close``, unless requests that the
+        client pipelined wait behind this one: those get their answers (503) first."""
+        if not getattr(request.protocol, "_messages", None):
+            response.force_close()
+
+    def _unsent_refusal(self, size: int) -> web.Response:
+        bound = self.limits.max_unsent_bytes
+        if size > bound:
+            return _error(f"the answer has {size} bytes, over the front's "
+                          f"max_unsent_bytes of {bound}: ask for fewer rows", 503)
+        response = _error(f"the server holds {bound} bytes of answers that clients have "
+                          f"not taken (max_unsent_bytes); retry shortly", 503)
+        response.headers["Retry-After"] = "1"
+        return response
 
     # -- health and metadata ----------------------------------------------------------
     async def _server_metadata(self, request: web.Request) -> web.Response:
@@ -303,12 +454,19 @@ class HttpFront:
                                 f"read_timeout of {self.limits.read_timeout:g} s",
                                 status=408)
         if read.cancelled():
-            raise ProtocolError("the server is shutting down", status=503)
+            raise ProtocolError(f"{_STOPPING}: the request body was still arriving",
+                                status=503)
         try:
             return read.result()
         except ConnectionError:
             raise ProtocolError("the client closed the connection before the whole body "
                                 "arrived") from None
+        except (RequestPayloadError, HttpProcessingError) as e:  # framing or encoding
+            # The rest of the body cannot be read: no lingering read of it after the
+            # answer (it would only raise again), and the connection closes after it.
+            request.content.feed_eof()
+            status, message = payload_error(e)
+            raise ProtocolError(message, status=status) from None
 
     # -- repository -------------------------------------------------------------------
     def _repository_allowed(self, request: web.Request) -> None:
@@ -376,8 +534,8 @@ class HttpFront:
             header_length = request.headers.get(_HEADER_LENGTH)
             length = request.content_length
             if length is not None and length > self.max_body_bytes:
-                raise ProtocolError(f"the request body has {length} bytes, over the "
-                                    f"front's limit of {self.max_body_bytes}", status=413)
+                raise ProtocolError(f"the request's Content-Length is over the front's "
+                                    f"limit of {self.max_body_bytes} bytes", status=413)
             if length is not None:  # refuse an oversized JSON part before reading it
                 self._check_json(kserve.json_length(length, header_length))
             body = await self._read(request)
@@ -408,10 +566,11 @@ class HttpFront:
                                              time.perf_counter() - start)
             raise
         self.metrics.observe_request(name, version, 200, time.perf_counter() - start)
+        answer = _LetGo if len(payload) >= _CHECKED_ANSWER_BYTES else web.Response
         if header_length is None:
-            return web.Response(body=payload, content_type=_JSON)
-        return web.Response(body=payload, content_type="application/octet-stream",
-                            headers={_HEADER_LENGTH: str(header_length)})
+            return answer(body=payload, content_type=_JSON)
+        return answer(body=payload, content_type="application/octet-stream",
+                      headers={_HEADER_LENGTH: str(header_length)})
 
     def _check_json(self, length: int) -> None:
         if length > self.limits.max_json_bytes:
@@ -433,6 +592,25 @@ class HttpFront:
         except Exception as e:  # noqa: BLE001 - the model's failure, not the front's
             raise ProtocolError(f"model {name!r} failed: {type(e).__name__}: {e}",
                                 status=500) from e
+
+
+class _LetGo(web.Response):
+    """A large answer that lets go of its bytes once they are written: aiohttp keeps a
+    kept-alive connection's last response until its next request, which would hold
+    an answer per idle client."""
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        try:
+            await super().write_eof(data)
+        finally:
+            self.body = None
+
+
+def _cancelled_elsewhere(task: asyncio.Task) -> bool:
+    """Undo the drain's cancellation of ``task``; True if something else cancelled it
+    too (Python 3.11+ counts cancellations; 3.10 cannot tell, and says no)."""
+    uncancel = getattr(task, "uncancel", None)
+    return uncancel is not None and uncancel() > 0
 
 
 def _json_values(named, decoded: kserve.InferRequest) -> int:

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import math
 import re
+import reprlib
 from typing import Any, Dict, Hashable, List, Mapping, Sequence, Tuple
 
 import numpy as np
@@ -42,7 +43,7 @@ __all__ = ["DATATYPES", "MAX_ELEMENTS", "MAX_RANK", "NONFINITE", "InputTensor",
            "RequestedOutput", "InferRequest", "TensorMetadata",
            "datatype_of", "decode_request", "encode_response", "error_body",
            "input_array", "json_data", "json_length", "model_metadata", "named_outputs",
-           "output_metadata", "version_label"]
+           "output_metadata", "quoted", "version_label"]
 
 #: v2 datatype -> NumPy dtype (BYTES and BF16 are not served: models here take numbers).
 DATATYPES: Dict[str, np.dtype] = {name: np.dtype(t) for name, t in [
@@ -58,6 +59,26 @@ MAX_ELEMENTS = 2 ** 31 - 1
 #: The JSON strings that stand for non-finite floats (the protobuf JSON mapping's).
 NONFINITE = ("NaN", "Infinity", "-Infinity")
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = _QUOTE.maxother = _QUOTE.maxlong = 60
+_QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxdict = 6
+_QUOTE.maxlevel = 2
+
+
+def quoted(value: Any) -> str:
+    """``repr(value)`` for an error message, at most about 60 characters: a message
+    names what a client sent without echoing kilobytes of it back.
+
+    Example:
+        >>> quoted("input"), len(quoted("x" * 10_000)) <= 64
+        ("'input'", True)
+    """
+    if type(value) is str and len(value) <= 56:  # the usual case, on every request
+        return repr(value)
+    text = _QUOTE.repr(value)
+    return text if len(text) <= 64 else text[:61] + "..."
 
 
 def version_label(version: Hashable) -> str:
@@ -159,7 +180,7 @@ def _flag(params: dict, key: str, what: str) -> bool:
     value = params.get(key, False)
     if not isinstance(value, bool):
         raise ProtocolError(
-            f"{what} parameter {key!r} must be true or false, got {value!r}")
+            f"{what} parameter {key!r} must be true or false, got {quoted(value)}")
     return value
 
 
@@ -294,7 +315,7 @@ def decode_request(body: bytes, header_length: str | None = None, *,
     header, binary = _header(body, header_length)
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise ProtocolError(f"the request 'id' must be a string, got {request_id!r}")
+        raise ProtocolError(f"the request 'id' must be a string, got {quoted(request_id)}")
     binary_output = _flag(_parameters(header, "the request"), "binary_data_output",
                           "the request")
     raw_inputs = header.get("inputs")
@@ -306,8 +327,8 @@ def decode_request(body: bytes, header_length: str | None = None, *,
         tensor = _object(raw, f"input {k}")
         name = tensor.get("name")
         if not isinstance(name, str):
-            raise ProtocolError(f"input {k} must have a string 'name', got {name!r}")
-        what = f"input {name!r}"
+            raise ProtocolError(f"input {k} must have a string 'name', got {quoted(name)}")
+        what = f"input {quoted(name)}"
         datatype = tensor.get("datatype")
         dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
         if dtype is None:
@@ -340,13 +361,15 @@ def decode_request(body: bytes, header_length: str | None = None, *,
             tensor = _object(raw, f"output {k}")
             name = tensor.get("name")
             if not isinstance(name, str):
-                raise ProtocolError(f"output {k} must have a string 'name', got {name!r}")
-            params = _parameters(tensor, f"output {name!r}")
+                raise ProtocolError(f"output {k} must have a string 'name', got "
+                                    f"{quoted(name)}")
+            params = _parameters(tensor, f"output {quoted(name)}")
             if params.get("classification"):
-                raise ProtocolError(f"output {name!r}: the classification extension is "
-                                    f"not supported; ask for the raw tensor")
-            binary_flag = _flag(params, "binary_data", f"output {name!r}") if (
-                "binary_data" in params) else binary_output
+                raise ProtocolError(f"output {quoted(name)}: the classification "
+                                    f"extension is not supported; ask for the raw "
+                                    f"tensor")
+            binary_flag = _flag(params, "binary_data", f"output {quoted(name)}") \
+                if "binary_data" in params else binary_output
             outputs.append(RequestedOutput(name, binary_flag))
         outputs = tuple(outputs)
     return InferRequest(request_id, tuple(inputs), outputs, binary_output)
@@ -362,10 +385,11 @@ def input_array(request: InferRequest, name: str, spec: TensorSpec | None) -> np
     if len(request.inputs) != 1:
         raise ProtocolError(f"the model takes one input {name!r}, the request has "
                             f"{len(request.inputs)}: "
-                            f"{[t.name for t in request.inputs]}")
+                            f"{quoted([t.name for t in request.inputs])}")
     tensor = request.inputs[0]
     if tensor.name != name:
-        raise ProtocolError(f"unknown input {tensor.name!r}: the model's input is {name!r}")
+        raise ProtocolError(f"unknown input {quoted(tensor.name)}: the model's input is "
+                            f"{name!r}")
     array = tensor.array
     if spec is None:
         if array.ndim == 0:
@@ -417,7 +441,7 @@ def encode_response(*, model_name: str, model_version: str, request_id: str | No
         chosen = []
         for out in requested:
             if out.name not in available:
-                raise ProtocolError(f"unknown output {out.name!r}: the model's outputs "
+                raise ProtocolError(f"unknown output {quoted(out.name)}: the model's outputs "
                                     f"are {list(available)}")
             chosen.append((out.name, available[out.name], out.binary))
     tensors, blobs = [], []

@@ -8,7 +8,11 @@ batches, workers, the model version, cache hits and misses, breaker states and r
 requests, and per-batch histograms of model time and queue wait (the server counts
 them per bucket). Only what no stats hold is observed as it happens: the latency and
 status of each network request (``observe_request``, called by the HTTP front once per
-request).
+request), every error response the front sends, by status and by the layer that
+refused the request (``observe_error``: aiohttp's HTTP parser, the front's routes and
+handlers, the connection cap), and the connections it drops (``observe_dropped``:
+a client that took no byte of its answer for ``write_timeout``, an idle connection
+closed for a new one).
 
 Every ``ServingMetrics`` has a registry of its own, never prometheus-client's global
 one, so that two servers in one process (or two tests) never share counters.
@@ -62,9 +66,19 @@ class ServingMetrics:
         self.namespace = namespace
         self.registry = CollectorRegistry(auto_describe=False)
         self._watched: Dict[str, Callable[[], Any]] = {}
+        self._front: Callable[[], Dict[str, float]] | None = None
         self._requests = Counter(
             "http_requests", "Inference requests answered, by model, version and status",
             ["model", "version", "code"], namespace=namespace, registry=self.registry)
+        self._errors = Counter(
+            "http_errors", "Error responses the HTTP front sent, by status and by the "
+            "layer that refused the request (http_parser, front, connection)",
+            ["code", "layer"], namespace=namespace, registry=self.registry)
+        self._dropped = Counter(
+            "http_dropped_connections", "Connections the HTTP front dropped, by reason "
+            "(write_timeout: the client took no byte of its answer; evicted: idle, "
+            "closed for a new connection at the cap)", ["reason"], namespace=namespace,
+            registry=self.registry)
         self._latency = Histogram(
             "http_request_seconds", "Inference request latency, from the body read to "
             "the response, seconds", ["model"], namespace=namespace,
@@ -89,11 +103,30 @@ class ServingMetrics:
         """model -> what it reports now (its provider called: None while unloaded)."""
         return {model: provider() for model, provider in list(self._watched.items())}
 
+    def watch_front(self, gauges: Callable[[], Dict[str, float]] | None) -> None:
+        """Report what ``gauges()`` returns at scrape time, each ``name: value`` as the
+        gauge ``<namespace>_http_<name>`` (the HTTP front's requests in progress, open
+        and stalled connections, unsent bytes); None stops."""
+        self._front = gauges
+
+    def front_gauges(self) -> Dict[str, float]:
+        """The front's gauges now (empty when none is watched)."""
+        return self._front() if self._front is not None else {}
+
     # -- what is observed as it happens ------------------------------------------------
     def observe_request(self, model: str, version: str, code: int, seconds: float) -> None:
         """One network request of ``model`` answered with status ``code``."""
         self._requests.labels(model, version, str(code)).inc()
         self._latency.labels(model).observe(seconds)
+
+    def observe_error(self, code: int, layer: str) -> None:
+        """One error response with status ``code`` from ``layer`` (``http_parser``,
+        ``front`` or ``connection``)."""
+        self._errors.labels(str(code), layer).inc()
+
+    def observe_dropped(self, reason: str) -> None:
+        """One connection dropped for ``reason`` (``write_timeout`` or ``evicted``)."""
+        self._dropped.labels(reason).inc()
 
     def render(self) -> bytes:
         """Every metric, in the Prometheus text exposition format."""
@@ -163,6 +196,13 @@ class _StatsCollector(Collector):
         route_failed = counter("routed_failures", "Routed requests the server failed")
         outstanding = gauge("outstanding_requests", "Requests in flight at the server")
 
+        front = []
+        for name, value in self._metrics.front_gauges().items():
+            gauge_family = GaugeMetricFamily(f"{ns}_http_{name}",
+                                             _FRONT_GAUGES.get(name, name))
+            gauge_family.add_metric([], value)
+            front.append(gauge_family)
+        yield from front
         for model, evaluate in self._metrics.watched().items():
             for kind, server, obj in _layers(evaluate):
                 key = [model, server]
@@ -207,6 +247,14 @@ class _StatsCollector(Collector):
                     failed, workers, version, sizes, batch_model, batch_wait, hits, misses,
                     dedup, evictions, entries, hit_ratio, breaker, opened, routed,
                     route_failed, outstanding)
+
+
+_FRONT_GAUGES = {
+    "requests_in_progress": "Requests in the HTTP front's handlers",
+    "open_connections": "Open HTTP connections",
+    "stalled_connections": "Connections holding answer bytes their client has not taken",
+    "unsent_bytes": "Bytes of answers held for clients that have not taken them",
+}
 
 
 def _cumulative(histogram: Dict[float, int]) -> list:

@@ -30,7 +30,7 @@ from async_search.errors import (LoadParametersError, ModelLoadError, ModelNotFo
                                  ModelNotReadyError)
 from async_search.servers.batching import BatchingServer
 from async_search.servers.cache import CachedEvaluate
-from async_search.servers.kserve import TensorMetadata, version_label
+from async_search.servers.kserve import TensorMetadata, quoted, version_label
 from async_search.servers.policy import DispatchPolicy
 
 __all__ = ["ModelSource", "ModelEntry", "ModelRepository", "find_spec",
@@ -194,10 +194,10 @@ class ModelRepository:
         """
         entry = self._entries.get(name)
         if entry is None:
-            raise ModelNotFoundError(f"unknown model {name!r}; served models: "
+            raise ModelNotFoundError(f"unknown model {quoted(name)}; served models: "
                                      f"{self.names}")
         if version is not None and entry.ready and version != entry.version:
-            raise ModelNotFoundError(f"model {name!r} has no version {version!r}: it "
+            raise ModelNotFoundError(f"model {name!r} has no version {quoted(version)}: it "
                                      f"serves version {entry.version!r}")
         return entry
 
