@@ -1,7 +1,7 @@
 """Connections over QueueLike queues, and connected functions that make requests on them.
 
 These are the knossos prototype's connections, with its semantics exactly (code written
-for it runs here after changing its imports), plus awaiting and closing:
+for it runs here after changing its imports), plus awaiting, closing and notices:
 
 - ``Connection``: one end of a pipe over two queues: ``send``, ``recv``, ``poll``,
   ``num_waiting``, ``copy`` (another end on the same queues); ``await recv_async()``
@@ -16,6 +16,26 @@ for it runs here after changing its imports), plus awaiting and closing:
   request and returns a future. With a queue that can be awaited, responses resolve
   futures by themselves; otherwise (or with no running loop at all) ``flush()``
   resolves those whose responses have arrived.
+- ``Notice``: a message a server sends outside the order of its answers
+  (``notify``); a connected function hands it to its ``listen`` callback instead of
+  matching it to a request.
+
+One lifecycle, the same over every queue (local, thread, process, socket, Ray, and the
+prototype's ``queue.Queue``):
+
+- ``close()`` ends the stream an end sends on, once (a second close does nothing); the
+  other end receives everything sent before it, then ``ClosedConnection``, and only
+  ``ClosedConnection`` from then on. Closing is half-closing: the end still receives.
+- ``send`` after ``close`` raises ``ClosedConnection`` naming the misuse; nothing is put
+  after the end of a stream. Copies of an end (``copy()``) share its state.
+- A forked server end closes a client's stream of answers once that client has closed
+  its requests and every one of them is answered; ``serve_connection`` closes the end it
+  serves once its stream has ended. A call on a connected function whose own end was
+  closed raises ``ClosedConnection`` at once; one whose server's end is gone fails with
+  ``ConnectionGoneError`` (a ``ClosedConnection`` and a ``ServerDiedError``), at once
+  once that is known, and so does every later call.
+- Misuse raises an error that names it: ``send`` on a server end with no request to
+  answer, a message that is not ``(key, value)`` on a forked or pass-through end.
 
     >>> from queue import Queue
     >>> server, clients = forked_pipe(Queue, 2)
@@ -37,13 +57,13 @@ from typing import (Any, Callable, Deque, Dict, Mapping, Optional, Protocol, Seq
                     Set, Tuple)
 
 from async_search.checks import check_int
-from async_search.errors import ServerDiedError
+from async_search.errors import ConnectionGoneError
 from async_search.queues import (END_OF_STREAM, ClosedConnection, QueueFactory, QueueLike,
                                  close_stream, is_end, local_queue)
 
 __all__ = [
     "Connection", "DelegatingConnection", "ForkedConnection", "KeyedConnection",
-    "PassThroughConnection", "ClosedConnection", "pipe", "forked_pipe",
+    "PassThroughConnection", "ClosedConnection", "Notice", "pipe", "forked_pipe",
     "ConnectedFunction", "FifoConnectedFunction", "UnorderedConnectedFunction",
     "Receiver", "get_connected_functions", "identity",
 ]
@@ -54,10 +74,41 @@ def identity(x: Any) -> Any:
     return x
 
 
+class Notice:
+    """A message a server sends to its clients outside the order of its answers
+    (``Connection.notify``): a connected function never matches one to a request, but
+    hands it to the callback given to ``listen``. Subclass it for each kind of notice.
+
+    Example:
+        >>> class Hello(Notice): pass
+        >>> (fn,), server = get_connected_functions(local_queue, 1, ordered=True)
+        >>> seen = []; fn.listen(seen.append)
+        >>> server.notify(Hello()); n = fn.flush(); type(seen[0]).__name__
+        'Hello'
+    """
+
+
 def _ended(queue: QueueLike) -> ClosedConnection:
     """Leaves the end marker in ``queue`` for every other reader; the error to raise."""
     queue.put(END_OF_STREAM)
     return ClosedConnection("the other end closed the stream")
+
+
+def _closed_here(what: str) -> ClosedConnection:
+    return ClosedConnection(f"cannot {what}: this end of the connection was closed "
+                            f"(close() was called), and nothing is sent after the end of "
+                            f"a stream")
+
+
+class _SendSide:
+    """Whether an end (and every copy of it) has closed the stream it sends on, and how
+    many servers answer on it now (``acquire``)."""
+
+    __slots__ = ("closed", "servers")
+
+    def __init__(self):
+        self.closed = False
+        self.servers = 0
 
 
 class Connection:
@@ -72,6 +123,8 @@ class Connection:
     def __init__(self, inbound: QueueLike, outbound: QueueLike):
         self._inbound = inbound
         self._outbound = outbound
+        self._send_side = _SendSide()
+        self._recv_ended = False  # this end has received the end of its stream
 
     @property
     def inbound(self) -> QueueLike:
@@ -91,19 +144,50 @@ class Connection:
         """True when a message is waiting to be received."""
         return self.num_waiting() > 0
 
+    @property
+    def closed(self) -> bool:
+        """True once this end (or a copy of it) closed the stream it sends on."""
+        return self._send_side.closed
+
+    @property
+    def sender(self) -> Any:
+        """Who sent the message ``recv`` returned last: a client's key on a forked
+        server end, None on other ends (they have one sender)."""
+        return None
+
     def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
-        """Sends ``item`` to the other end."""
+        """Sends ``item`` to the other end.
+
+        Raises:
+            ClosedConnection: this end was closed (or the transport's other end is
+                gone).
+        """
+        if self._send_side.closed:
+            raise _closed_here("send")
         self._outbound.put(item, block=block, timeout=timeout)
+
+    def notify(self, notice: "Notice", client: Any = None) -> None:
+        """Sends ``notice`` outside the order of answers (a client's connected function
+        hands it to its ``listen`` callback). ``client``: a forked server end's client
+        key (None: every client that has not closed); ignored on other ends.
+
+        Raises:
+            ClosedConnection: this end was closed.
+        """
+        self.send(notice)
 
     def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         """The next message from the other end.
 
         Raises:
             queue.Empty: nothing arrived in time (or ``block`` is False).
-            ClosedConnection: the other end closed the stream.
+            ClosedConnection: the other end closed the stream (every later call too).
         """
+        if self._recv_ended:
+            raise ClosedConnection("the other end closed the stream")
         item = self._inbound.get(block=block, timeout=timeout)
         if is_end(item):
+            self._recv_ended = True
             raise _ended(self._inbound)
         return item
 
@@ -121,15 +205,36 @@ class Connection:
         if not self.awaitable:
             raise TypeError(f"{type(self._inbound).__name__} cannot be awaited; use poll "
                             f"and recv (or a connected function's flush)")
+        if self._recv_ended:
+            raise ClosedConnection("the other end closed the stream")
         item = await self._inbound.get_async()
         if is_end(item):
+            self._recv_ended = True
             raise _ended(self._inbound)
         return item
 
     def close(self) -> None:
         """Ends the stream this end sends on: the other end's ``recv`` raises
-        ClosedConnection once it has received everything sent before."""
+        ClosedConnection once it has received everything sent before. Later sends
+        raise ClosedConnection; a second close does nothing."""
+        if self._send_side.closed:
+            return
+        self._send_side.closed = True
         close_stream(self._outbound)
+
+    def acquire(self) -> None:
+        """A server answers on this end (or a copy of it) from now on: ``release``
+        closes the end once every server that acquired it has released it."""
+        self._send_side.servers += 1
+
+    def release(self) -> None:
+        """The server that acquired this end is done (its stream ended, its answers are
+        sent): the last one to release closes the end, so that its clients learn that
+        no answer can come."""
+        side = self._send_side
+        side.servers -= 1
+        if side.servers <= 0:
+            self.close()
 
     def send_pending(self) -> None:
         """Hands what was sent to the transport now, when the outbound queue holds puts
@@ -169,6 +274,23 @@ class DelegatingConnection(Connection):
     @property
     def inbound(self) -> QueueLike:
         return self._conn.inbound
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    @property
+    def sender(self) -> Any:
+        return self._conn.sender
+
+    def notify(self, notice: "Notice", client: Any = None) -> None:
+        self._conn.notify(notice, client)
+
+    def acquire(self) -> None:
+        self._conn.acquire()
+
+    def release(self) -> None:
+        self._conn.release()
 
     @property
     def outbound(self) -> QueueLike:
@@ -213,25 +335,39 @@ class DelegatingConnection(Connection):
 class KeyedConnection(DelegatingConnection):
     """A client's end of a forked pipe: ``send(item)`` sends ``(key, item)``."""
 
-    def __init__(self, key: Any, conn: Connection):
+    def __init__(self, key: Any, conn: Connection, *, _send_side: _SendSide | None = None):
         super().__init__(conn)
         self._key = key
+        self._send_side = _SendSide() if _send_side is None else _send_side
 
     @property
     def key(self) -> Any:
         """The key that routes this end's responses back to it."""
         return self._key
 
+    @property
+    def closed(self) -> bool:
+        return self._send_side.closed
+
     def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        if self._send_side.closed:
+            raise _closed_here("send")
         self._conn.send((self._key, item), block=block, timeout=timeout)
+
+    def notify(self, notice: "Notice", client: Any = None) -> None:
+        self.send(notice)
 
     def close(self) -> None:
         """Tells the server that this client sends nothing more (the server's stream
-        ends once every client has closed)."""
+        ends once every client has closed; this client's stream of answers, once each
+        of its requests is answered). A second close does nothing."""
+        if self._send_side.closed:
+            return
+        self._send_side.closed = True
         self._conn.send((self._key, END_OF_STREAM))
 
     def copy(self) -> "KeyedConnection":
-        return KeyedConnection(self._key, self._conn.copy())
+        return KeyedConnection(self._key, self._conn.copy(), _send_side=self._send_side)
 
 
 class ForkedConnection(Connection):
@@ -241,22 +377,95 @@ class ForkedConnection(Connection):
     the key, and each ``send`` goes to the key of the oldest unanswered ``recv``: answer
     in the order received. ``copy()`` is another server end on the same queues with its
     own order of keys. The stream ends (ClosedConnection) once every client has closed,
-    or once someone calls ``close_stream`` on the inbound queue.
+    or once someone calls ``close_stream`` on the inbound queue. A client's stream of
+    answers ends once it has closed and each of its requests is answered (by this end or
+    a copy of it in this process). Copies sent to other processes each know only what
+    they received: once one is pickled, clients' streams are left open for the owner
+    to ``close()`` when every process is done.
     """
 
     def __init__(self, inbound: QueueLike, outbounds: Mapping[Any, QueueLike],
-                 closed: Set[Any] | None = None):
+                 closed: Set[Any] | None = None, *, _shared: "_Fork | None" = None):
         self._inbound = inbound
         self._outbounds = outbounds
         self._outbound = None
         self._keys: Deque[Any] = collections.deque()
-        self._closed: Set[Any] = set() if closed is None else closed  # shared by copies
+        self._recv_ended = False
+        self._sender: Any = None
+        self._fork = _Fork(closed) if _shared is None else _shared  # shared by copies
+        self._closed: Set[Any] = self._fork.closed
+        self._send_side = self._fork.send_side
 
     def copy(self) -> "ForkedConnection":
-        return ForkedConnection(self._inbound, self._outbounds, self._closed)
+        return ForkedConnection(self._inbound, self._outbounds, _shared=self._fork)
+
+    def __getstate__(self) -> dict:
+        self._fork.crossed = True  # copies elsewhere answer what this one cannot see
+        return self.__dict__
+
+    def release(self) -> None:
+        """The server that acquired this end is done: nothing to close (each client's
+        stream of answers ends after its last answer)."""
+        self._send_side.servers -= 1
+
+    @property
+    def sender(self) -> Any:
+        return self._sender
+
+    @property
+    def clients(self) -> Tuple[Any, ...]:
+        """The keys of the clients that have not closed."""
+        return tuple(k for k in self._outbounds if k not in self._closed)
+
+    def on_client_closed(self, callback: Callable[[Any], None]) -> None:
+        """Calls ``callback(key)`` when client ``key`` closes its stream (in whichever
+        copy receives its end), for as long as this end and its copies live."""
+        self._fork.on_close.append(callback)
 
     def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
-        self._outbounds[self._keys.popleft()].put(item, block=block, timeout=timeout)
+        """Sends the answer to the oldest message received and not answered yet.
+
+        Raises:
+            RuntimeError: no received message waits for an answer (more answers sent
+                than messages received).
+            ClosedConnection: this end was closed.
+        """
+        if self._send_side.closed:
+            raise _closed_here("send")
+        if not self._keys:
+            raise RuntimeError(
+                f"{type(self).__name__}.send: no received message is waiting for an "
+                f"answer (every message received has been answered); each send answers "
+                f"one message received, in order")
+        key = self._keys.popleft()
+        fork = self._fork
+        owed = fork.owed.get(key, 1) - 1
+        if owed:
+            fork.owed[key] = owed
+        else:
+            fork.owed.pop(key, None)
+        if key in fork.ended:  # that client was cut off (close_client): nobody reads
+            return
+        self._outbounds[key].put(item, block=block, timeout=timeout)
+        if not owed and key in self._closed and not fork.crossed:  # its last answer
+            self._end_client(key)
+
+    def notify(self, notice: "Notice", client: Any = None) -> None:
+        if self._send_side.closed:
+            raise _closed_here("notify")
+        for key in (self.clients if client is None else (client,)):
+            if key not in self._fork.ended:
+                self._outbounds[key].put(notice)
+
+    def close_client(self, key: Any) -> None:
+        """Ends client ``key``'s stream of answers now (what it is owed is dropped)."""
+        self._fork.owed.pop(key, None)
+        self._end_client(key)
+
+    def _end_client(self, key: Any) -> None:
+        if key not in self._fork.ended:
+            self._fork.ended.add(key)
+            close_stream(self._outbounds[key])
 
     def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         while True:
@@ -271,13 +480,29 @@ class ForkedConnection(Connection):
                 return value
 
     def _accept(self, message: Tuple[Any, Any]) -> Any:
-        key, value = message
+        try:
+            key, value = message
+        except (TypeError, ValueError):
+            raise TypeError(f"a forked server end receives (key, payload) messages from "
+                            f"its clients' KeyedConnection ends, got "
+                            f"{type(message).__name__}") from None
+        if key not in self._outbounds:
+            raise KeyError(f"a message from an unknown client {key!r}; this server end "
+                           f"answers clients {list(self._outbounds)}")
+        fork = self._fork
         if is_end(value):  # that client closed
-            self._closed.add(key)
-            if len(self._closed) >= len(self._outbounds):
-                close_stream(self._inbound)  # every copy, here or elsewhere, ends too
+            if key not in self._closed:
+                self._closed.add(key)
+                if key not in fork.owed and not fork.crossed:  # nothing left to answer
+                    self._end_client(key)
+                for callback in list(fork.on_close):
+                    callback(key)
+                if len(self._closed) >= len(self._outbounds):
+                    close_stream(self._inbound)  # every copy, here or elsewhere, ends too
             return _SKIP
         self._keys.append(key)
+        fork.owed[key] = fork.owed.get(key, 0) + 1
+        self._sender = key
         return value
 
     def send_pending(self) -> None:
@@ -287,9 +512,13 @@ class ForkedConnection(Connection):
                 send_pending()
 
     def close(self) -> None:
-        """Ends every client's stream of responses."""
-        for q in self._outbounds.values():
-            close_stream(q)
+        """Ends every client's stream of responses (and this end's copies'); later sends
+        raise ClosedConnection. A second close does nothing."""
+        if self._send_side.closed:
+            return
+        self._send_side.closed = True
+        for key in self._outbounds:
+            self._end_client(key)
 
     def close_unused_ends(self) -> "ForkedConnection":
         release = getattr(self._inbound, "reader_only", None)
@@ -303,6 +532,29 @@ class ForkedConnection(Connection):
 
 
 _SKIP = object()
+
+
+class _Fork:
+    """What the copies of a forked server end share: the clients that closed, the
+    answers each client is owed, the clients whose stream of answers has ended."""
+
+    __slots__ = ("closed", "owed", "ended", "send_side", "on_close", "crossed")
+
+    def __init__(self, closed: Set[Any] | None):
+        self.closed: Set[Any] = set() if closed is None else closed
+        self.owed: Dict[Any, int] = {}
+        self.ended: Set[Any] = set()
+        self.send_side = _SendSide()
+        self.on_close: list = []
+        self.crossed = False  # a copy went to another process
+
+    def __getstate__(self):
+        return {"closed": self.closed, "owed": {}, "ended": self.ended,
+                "send_side": self.send_side, "on_close": [], "crossed": True}
+
+    def __setstate__(self, state):
+        for name, value in state.items():
+            setattr(self, name, value)
 
 
 class PassThroughConnection(DelegatingConnection):
@@ -324,15 +576,35 @@ class PassThroughConnection(DelegatingConnection):
         self._metas: Deque[Any] = collections.deque()
 
     def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
-        self._conn.send((self._metas.popleft(), item), block=block, timeout=timeout)
+        """Sends ``(key, item)``, the key of the oldest message not answered yet.
+
+        Raises:
+            RuntimeError: no received message waits for an answer.
+            ClosedConnection: this end was closed.
+        """
+        if not self._metas:
+            if self._conn.closed:
+                raise _closed_here("send")
+            raise RuntimeError(
+                f"{type(self).__name__}.send: no received message is waiting for an "
+                f"answer (every message received has been answered); each send answers "
+                f"one message received, in order")
+        self._conn.send((self._metas[0], item), block=block, timeout=timeout)
+        self._metas.popleft()
 
     def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
-        meta, value = self._conn.recv(block=block, timeout=timeout)
-        self._metas.append(meta)
-        return value
+        return self._accept(self._conn.recv(block=block, timeout=timeout))
 
     async def recv_async(self) -> Any:
-        meta, value = await self._conn.recv_async()
+        return self._accept(await self._conn.recv_async())
+
+    def _accept(self, message: Any) -> Any:
+        try:
+            meta, value = message
+        except (TypeError, ValueError):
+            raise TypeError(f"a pass-through end receives (key, value) messages (an "
+                            f"UnorderedConnectedFunction's), got "
+                            f"{type(message).__name__}") from None
         self._metas.append(meta)
         return value
 
@@ -389,9 +661,12 @@ class ConnectedFunction(abc.ABC):
 
     A response that is an exception fails its future with it. When the connection can
     be awaited and a loop runs, a receiver task resolves futures as responses arrive
-    (it runs while any is pending; if the stream closes, every pending future fails
-    with ServerDiedError). Otherwise ``flush()`` resolves the futures whose responses
-    have arrived; it also works with no running loop at all, as the prototype's do.
+    (it runs while any is pending, or while ``listen`` asks it to; if the stream
+    closes, every pending future fails with ConnectionGoneError, a ServerDiedError).
+    Otherwise ``flush()`` resolves the futures whose responses have arrived; it also
+    works with no running loop at all, as the prototype's do. A ``Notice`` the server
+    sends is handed to the ``listen`` callback (dropped when there is none), never
+    matched to a request.
     """
 
     def __init__(self, conn: Connection, preprocess_fn: Callable[[Any], Any] = identity):
@@ -400,6 +675,7 @@ class ConnectedFunction(abc.ABC):
         self._awaitable = conn.awaitable
         self._receiver: asyncio.Task | None = None
         self._wake: asyncio.Future | None = None  # set while the receiver idles
+        self._on_notice: Callable[[Notice], None] | None = None
         #: What every call raises once the connection is unusable (None until then).
         self.error: BaseException | None = None
         self._init()
@@ -431,26 +707,49 @@ class ConnectedFunction(abc.ABC):
             self._forget_last()
             raise
         if running and self._awaitable:
-            wake = self._wake
-            if wake is not None:
-                if not wake.done():
-                    wake.set_result(True)
-            elif self._receiver is None or self._receiver.done():
-                self._receiver = asyncio.ensure_future(self._receive())
+            self._run_receiver()
+
+    def _run_receiver(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            if not wake.done():
+                wake.set_result(True)
+        elif self._receiver is None or self._receiver.done():
+            self._receiver = asyncio.ensure_future(self._receive())
+
+    def listen(self, on_notice: Callable[[Notice], None]) -> None:
+        """Hands every ``Notice`` the server sends to ``on_notice``, and (with a running
+        loop and a connection that can be awaited) keeps the receiver task reading
+        while nothing is pending, so that notices arrive at once, until the stream ends
+        or ``aclose``. Without a loop, ``flush`` hands them over."""
+        self._on_notice = on_notice
+        if self._awaitable and self.error is None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._run_receiver()
 
     def flush(self) -> int:
-        """Resolves the futures whose responses have arrived; returns how many. If the
-        stream of responses has ended, every pending future fails with ServerDiedError
-        (and so does every later call)."""
+        """Resolves the futures whose responses have arrived (and hands notices to the
+        ``listen`` callback); returns how many. If the stream of responses has ended,
+        every pending future fails with ConnectionGoneError (and every later call)."""
         count = 0
         try:
             while self._conn.poll():
-                self._on_recv(self._conn.recv())
+                received = self._conn.recv()
+                if isinstance(received, Notice):
+                    self._notice(received)
+                    continue
+                self._on_recv(received)
                 count += 1
         except ClosedConnection as e:
-            self.fail_pending(ServerDiedError(f"the server's end of the connection closed "
-                                              f"({e}); the request was not answered"))
+            self.fail_pending(_gone(e))
         return count
+
+    def _notice(self, notice: Notice) -> None:
+        if self._on_notice is not None:
+            self._on_notice(notice)
 
     def run_while(self, cond: Callable[[], bool]) -> None:
         """Flushes while ``cond()`` is true."""
@@ -474,7 +773,8 @@ class ConnectedFunction(abc.ABC):
 
 
     async def aclose(self) -> None:
-        """Stops the receiver task, if one runs."""
+        """Stops the receiver task, if one runs (and listening)."""
+        self._on_notice = None
         if self._receiver is not None and not self._receiver.done():
             self._receiver.cancel()
             try:
@@ -492,7 +792,7 @@ class ConnectedFunction(abc.ABC):
     async def _receive(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._pending:
+            if not self._pending and self._on_notice is None:
                 # Searches usually ask again within a loop iteration or two: wait a
                 # little for that instead of ending (a task per round trip costs).
                 wake = self._wake = loop.create_future()
@@ -502,20 +802,21 @@ class ConnectedFunction(abc.ABC):
                 finally:
                     timer.cancel()
                     self._wake = None
-                if not self._pending:
+                if not self._pending and self._on_notice is None:
                     return
                 continue
             try:
                 received = await self._conn.recv_async()
             except ClosedConnection as e:
-                self.fail_pending(ServerDiedError(f"the server's end of the connection "
-                                                  f"closed ({e}); the request was not "
-                                                  f"answered"))
+                self.fail_pending(_gone(e))
                 return
             except Exception as e:  # a response that cannot be read: which is unknown
-                self.fail_pending(ServerDiedError(f"a response could not be read "
-                                                  f"({e!r}); the connection is unusable"))
+                self.fail_pending(ConnectionGoneError(
+                    f"a response could not be read ({e!r}); the connection is unusable"))
                 return
+            if isinstance(received, Notice):
+                self._notice(received)
+                continue
             self._on_recv(received)
 
     _pending: Any
@@ -539,6 +840,11 @@ class ConnectedFunction(abc.ABC):
 
 #: How long a receiver task with nothing pending waits for a new request before ending.
 _RECEIVER_IDLE_S = 0.5
+
+
+def _gone(closed: ClosedConnection) -> ConnectionGoneError:
+    return ConnectionGoneError(f"the server's end of the connection closed ({closed}); "
+                               f"the request was not answered")
 
 
 def _resolve(future: asyncio.Future, response: Any) -> None:

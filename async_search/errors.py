@@ -1,10 +1,12 @@
 """The exceptions async_search raises, in one flat set."""
 
+from async_search.queues.protocol import ClosedConnection
+
 __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
            "ServerCrashedError", "ModelRaisedError", "SearchError", "CircuitOpenError",
            "RemoteError", "ProtocolError", "RepositoryError", "ModelNotFoundError",
            "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "DeviceNotFoundError",
-           "CloseTimeoutError", "deliverable", "describe"]
+           "CloseTimeoutError", "ConnectionGoneError", "deliverable", "describe"]
 
 
 class InputSpecError(ValueError):
@@ -121,6 +123,12 @@ class CloseTimeoutError(TimeoutError):
     def __reduce__(self):
         return type(self), (str(self), self.batches_in_model, self.requests_failed,
                             self.threads)
+
+
+class ConnectionGoneError(ServerDiedError, ClosedConnection):
+    """The server's end of a connection is gone (it closed its stream, or its process
+    died): the request was not answered, and every later call fails at once. It is a
+    ``ServerDiedError`` and a ``queues.ClosedConnection``: catch either."""
 
 
 class ConnectionGoneError(ServerDiedError, ClosedConnection):

@@ -4,6 +4,10 @@ Requests made in one loop iteration are checked when made, then travel together 
 message (one array) over a connection; the answer is sliced back into each request's
 future. Traffic scales with loop iterations, not with requests, and the server sees one
 request per message. Used by every backend whose searches are in another process.
+
+Versions come from the server: the client subscribes (``VersionSubscription``) and its
+``version`` and ``swap_token`` follow the server's notices, each acknowledged at once, so
+that a ``CachedEvaluate`` inside the client sees every swap before the swap returns.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from async_search.connections import ConnectedFunction, Connection, FifoConnecte
 from async_search.errors import InputSpecError, ServerDiedError
 from async_search.queues import ClosedConnection
 from async_search.remote import Failure, unpack_error
-from async_search.servers.connection_server import VersionedRequest
+from async_search.servers.connection_server import (VersionAck, VersionedRequest,
+                                                   VersionNotice, VersionSubscription)
 from async_search.servers.requests import RequestChecker
 from async_search.servers.responses import ResultDelivery
 
@@ -59,6 +64,42 @@ class Message:
         self.on_answer(self, error)
 
 
+class _Ignored:
+    """The receiver of an answer nobody waits for (an acknowledgement's)."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, result: Any) -> None:
+        pass
+
+    def set_exception(self, exception: BaseException) -> None:
+        pass
+
+
+class _Subscribed:
+    """The receiver of the answer to the client's ``VersionSubscription``."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, client: "CoalescingClient"):
+        self.client = client
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, answer: Any) -> None:
+        if isinstance(answer, tuple) and len(answer) == 2:
+            self.client._learn(*answer)
+        # else: a server that knows no subscriptions (its answer is an error): the
+        # version stays unknown, and a cache in front passes every request through
+
+    def set_exception(self, exception: BaseException) -> None:
+        pass
+
+
 class CoalescingClient:
     """An evaluate function whose requests of one loop iteration leave as one message.
 
@@ -74,6 +115,7 @@ class CoalescingClient:
         >>> # client = CoalescingClient(client_end, spec)
         >>> # y = await client(x)                      # inside a search
         >>> # y, version = await client.with_version(x)
+        >>> # client.version, client.swap_token        # the server's, as it says
     """
 
     def __init__(self, connection: Connection | ConnectedFunction,
@@ -90,11 +132,62 @@ class CoalescingClient:
         self._futures: List[asyncio.Future] = []
         self._scheduled = False
         self._in_flight = 0
+        self._version: Hashable = None  # unknown until the server says
+        self._token: Any = None
+        self._swaps = -1                # the server's swaps, as last heard
+        self._subscribed = False
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # subscribes with its first message instead
+            pass
+        else:
+            self._subscribe()
 
     @property
     def num_in_flight(self) -> int:
         """Messages sent and not answered yet."""
         return self._in_flight
+
+    @property
+    def version(self) -> Hashable:
+        """The version of the model that will answer this client's next request, as
+        the server last said (None until its first word: unknown)."""
+        return self._version
+
+    @property
+    def swap_token(self) -> Any:
+        """An object that changes at every swap the server reports (None while the
+        version is unknown): what a cache in front compares, besides the label."""
+        return self._token
+
+    async def aclose(self) -> None:
+        """Stops listening to the server (the receiver task ends)."""
+        await self._messages.aclose()
+
+    def _subscribe(self) -> None:
+        """Asks the server for its version and for a notice at each swap."""
+        self._subscribed = True
+        self._messages.listen(self._on_notice)
+        try:
+            self._messages.submit(VersionSubscription(), _Subscribed(self))
+        except Exception:  # the way is gone: the first request will say so
+            pass
+
+    def _learn(self, version: Hashable, swaps: int) -> None:
+        if swaps > self._swaps:  # a later word than the last one heard
+            self._swaps = swaps
+            self._version = version
+            self._token = object()  # compared by identity: every swap is new
+
+    def _on_notice(self, notice: Any) -> None:
+        if not isinstance(notice, VersionNotice):
+            return
+        self._learn(notice.version, notice.swaps)
+        try:  # the swap returns once every client has said that it knows
+            self._messages.submit(VersionAck(notice.swaps), _IGNORED)
+            self._connection.send_pending()
+        except Exception:  # closed or gone: it makes no more requests anyway
+            pass
 
     def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
         if type(x) is not np.ndarray or x.shape[1:] != self._shape or (
@@ -135,6 +228,8 @@ class CoalescingClient:
             xs, futures = [xs[i] for i in keep], [futures[i] for i in keep]
         if not futures:
             return
+        if not self._subscribed:
+            self._subscribe()
         message = Message(xs[0] if len(xs) == 1 else np.concatenate(xs), futures, xs,
                           self._answered)
         try:
@@ -165,3 +260,6 @@ class CoalescingClient:
             error = self._delivery.deliver(message, outputs, version)
         if error is not None:
             self._delivery.fail(message, error)
+
+
+_IGNORED = _Ignored()

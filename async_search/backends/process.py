@@ -4,10 +4,12 @@ Each client process runs its share of the starts concurrently in its own event l
 Its evaluate function is a ``CoalescingClient`` on a ``pipe`` of two ``SocketQueue``s:
 one message per loop iteration of requests, and the server's answers (each with the
 model version that computed it, for ``evaluate.with_version``) coming back in order.
-This process serves every client's connection with ``serve_connection``, through one
-BatchingServer whose ``num_servers`` device workers take batches from one stream. A
-client ends its stream by closing it when its searches are done; a client that dies
-ends it too (its socket closes), and only its own starts fail.
+This process serves every client's connection with a ``ConnectionServer``, through one
+BatchingServer whose ``num_servers`` device workers take batches from one stream; a push
+(``on_servers``) swaps through it, so that it returns once every client knows the new
+version (a cache inside a client never serves the old one after). A client ends its
+stream by closing it when its searches are done; a client that dies ends it too (its
+socket closes), and only its own starts fail.
 
 Every message gets exactly one answer, and every start one outcome, whatever the model
 or the search raised or returned: answers are made portable (``remote.Failure`` for an
@@ -26,7 +28,6 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
                                           loop_factory, merge_stats)
-from async_search.backends.local import hand_over
 from async_search.backends.servers import ServersHook
 from async_search.base import TensorSpec
 from async_search.connections import Connection, pipe
@@ -34,7 +35,7 @@ from async_search.errors import SearchError
 from async_search.queues import ClosedConnection, SocketQueue, socket_queue
 from async_search.remote import arrived, pack, pack_error
 from async_search.servers.batching import BatchingServer
-from async_search.servers.connection_server import serve_connection
+from async_search.servers.connection_server import ConnectionServer
 
 __all__ = ["run_process", "client_main"]
 
@@ -58,9 +59,13 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
         processes: List[multiprocessing.Process] = []
         serving: asyncio.Future | None = None
         try:
-            # A push swaps the model here, where every client's messages are served: a
-            # message read after it (so sent after it) runs on the new model.
-            hand_over(servers_hook, evaluate, config)
+            # A push swaps the model here, where every client's messages are served (a
+            # message read after it, so sent after it, runs on the new model), and
+            # returns once every client has learned the new version.
+            connections = ConnectionServer(evaluate, portable=True)
+            if servers_hook is not None:
+                servers_hook.serving(connections.update_model, evaluate.version,
+                                     config.num_servers, config.backend)
             spec = evaluate.input_spec
             server_ends, collecting = [], []
             for i in range(min(config.num_procs, max(len(starts), 1))):
@@ -75,8 +80,7 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
                 processes.append(process)
                 server_ends.append(server_end.close_unused_ends())
                 collecting.append(_collect(i, share, results.reader_only(), process))
-            serving = asyncio.ensure_future(
-                serve_connection(evaluate, server_ends, portable=True))
+            serving = asyncio.ensure_future(connections.serve(server_ends))
             outcomes = await asyncio.gather(*collecting)
             await serving  # every stream has ended: each client closed it, or is gone
             wall = loop.time() - start_time
@@ -161,6 +165,7 @@ async def _client(connection: Connection, results: SocketQueue, search_fn,
     # start, with the reason, and never the others.
     results.put([(k, *_packed(r)) for k, r in enumerate(outcomes)])
     connection.close()
+    await client.aclose()  # it hears of no more swaps
     # The puts leave at the end of this loop iteration: the loop must run until every
     # byte is written, or the end of a large report is lost when this process exits.
     try:

@@ -9,9 +9,9 @@ finds the dead; the messages do not go through actor calls, which cost a millise
 or more each here, but through a direct socket from the client task to the server
 actor (``queues.ray_actor.DirectListener``: the address and its token come with the
 actor's handle), one frame per loop iteration as in the process backend, each client
-served by its own ``serve_connection`` on the actor's one BatchingServer. A client that
+served on the actor's one BatchingServer by its ``ConnectionServer``. A client that
 cannot reach the actor's address (a firewall between nodes) falls back on actor calls:
-the actor also hosts a request queue, read by ``serve_connection`` on a forked
+the actor also hosts a request queue, read by the same ``ConnectionServer`` on a forked
 connection, and one answer queue per client (``QueueHost``); a loop iteration's
 requests then leave as one actor call that also waits for their answers
 (``stats["transports"]`` says which each client used). The server actors are spread
@@ -52,7 +52,7 @@ from async_search.queues.ray_actor import (ActorQueue, DirectAddress, DirectList
 from async_search.ray_init import ensure_ray
 from async_search.remote import arrived, pack, pack_error
 from async_search.servers.batching import BatchingServer
-from async_search.servers.connection_server import serve_connection
+from async_search.servers.connection_server import ConnectionServer
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.router import Router
 
@@ -87,6 +87,7 @@ class ServerActor(QueueHost):
         self._num_clients = num_clients
         self._lifetime = contextlib.AsyncExitStack()
         self._server: BatchingServer | None = None
+        self._connections: ConnectionServer | None = None
         self._serving: asyncio.Task | None = None
         self._listener: DirectListener | None = None
         self._direct: Dict[asyncio.Task, Connection] = {}
@@ -100,8 +101,9 @@ class ServerActor(QueueHost):
             self._model_factory(), self._policy, model_thread=self._model_thread))
         connection = ForkedConnection(self.hosted(_REQUESTS), {
             c: self.hosted(_answers(c)) for c in range(self._num_clients)})
-        self._serving = asyncio.ensure_future(
-            serve_connection(self._server, connection, portable=True))
+        # Every client, direct or by actor calls, hears of each swap from it.
+        self._connections = ConnectionServer(self._server, portable=True)
+        self._serving = asyncio.ensure_future(self._connections.serve(connection))
         listener = DirectListener(self._serve_direct)
         try:
             address = await listener.start()
@@ -119,7 +121,7 @@ class ServerActor(QueueHost):
 
     async def _serve_until_closed(self, connection: Connection) -> None:
         try:
-            await serve_connection(self._server, connection, portable=True)
+            await self._connections.serve(connection)
             try:  # the last answers leave before the socket closes
                 await asyncio.wait_for(connection.outbound.drain(), self._stop_wait_s)
             except asyncio.TimeoutError:
@@ -135,9 +137,10 @@ class ServerActor(QueueHost):
         await asyncio.shield(self._stopped)
 
     async def update_model(self, model_or_weights, version):
-        """Swaps the model between batches; returns ``version`` once swapped, so that
-        every call received after the answer runs on the new model."""
-        self._server.update_model(model_or_weights, version)
+        """Swaps the model between batches; returns ``version`` once swapped and every
+        client has learned it, so that every call received after the answer runs on the
+        new model and no client's cache serves the old one."""
+        await self._connections.update_model(model_or_weights, version)
         return version
 
     def model_version(self):
@@ -374,6 +377,7 @@ async def _client(search_fn, starts: List[Any], servers: list,
             with contextlib.suppress(Exception):  # (the server may be gone)
                 connection.close()
         await asyncio.gather(*(c.drain() for c in connections), return_exceptions=True)
+        await asyncio.gather(*(c.aclose() for c in clients.values()))  # no more notices
     finally:
         for watcher in watchers:
             watcher.cancel()

@@ -147,7 +147,8 @@ def client_main(name: str, connection: Connection, ordered: bool, slots: List[in
     async def body():
         cls = FifoConnectedFunction if ordered else UnorderedConnectedFunction
         fn = cls(connection)
-        evaluate = fn if cache_capacity is None else CachedEvaluate(fn, capacity=cache_capacity)
+        evaluate = fn if cache_capacity is None else CachedEvaluate(
+            fn, capacity=cache_capacity, fixed_model=True)  # self-play swaps no model
         game = ConnectFour()
         events.put(("ready", name))
         if not await asyncio.to_thread(start.wait, timeout_s):
@@ -194,7 +195,7 @@ def balancer_main(name: str, client_ends: List[Connection], server_ends: List[Co
     async def body():
         router = Router({f"server-{i}": UnorderedConnectedFunction(c)
                          for i, c in enumerate(server_ends)}, policy="least_outstanding")
-        cached = CachedEvaluate(router, capacity=cache_capacity)
+        cached = CachedEvaluate(router, capacity=cache_capacity, fixed_model=True)
         events.put(("ready", name))
         # Each client's messages are (uid, x): the relay passes the uid through.
         await asyncio.gather(*(_relay(PassThroughConnection(c), cached)
@@ -208,7 +209,7 @@ def cache_manager_main(name: str, requests: Connection, inference: Connection,
     """The queue topology's cache manager: one request queue in, the inference queue out."""
     async def body():
         cached = CachedEvaluate(UnorderedConnectedFunction(inference),
-                                capacity=cache_capacity)
+                                capacity=cache_capacity, fixed_model=True)
         events.put(("ready", name))
         await _relay(PassThroughConnection(requests), cached)  # clients send (uid, x)
         events.put(("relay", name, cached.stats))

@@ -12,15 +12,25 @@ of a server in another process alike.
 
 Versions: the cache holds results of one model, a *generation*: the wrapped function's
 ``version`` label together with the identity of its model (``swap_token``: the model
-object of a BatchingServer, the servers' models for a Router). Any swap starts a new
-generation, even when the labels compare equal (1, then 1.0; or the same label pushed
-twice): generations are compared by identity, and labels only when of the same type.
-When the generation changes, the table is emptied and in-flight requests of the old
-one are no longer joined, so a result computed by an older model is never served after
-the swap. A result is stored only when it was sent in the current generation and the
-version that computed it (``with_version``) is that generation's label; a request
-whose parts (hits, joined and sent elements) disagree on the version, or that waited
-across a swap, is looked up again.
+object of a BatchingServer, the servers' models for a Router, a token that a client of
+a server in another process renews at each swap the server tells it of). Any swap
+starts a new generation, even when the labels compare equal (1, then 1.0; or the same
+label pushed twice): generations are compared by identity, and labels only when of the
+same type. When the generation changes, the table is emptied and in-flight requests of
+the old one are no longer joined, so a result computed by an older model is never
+served after the swap. A result is stored only when it was sent in the current
+generation and the version that computed it (``with_version``) is that generation's
+label, and never when that label is None (unknown); a request whose parts (hits,
+joined and sent elements) disagree on the version, or that waited across a swap, is
+looked up again. While the wrapped function's ``swap_token`` is None (it does not know
+its version yet: a client before its server's first word), every request goes straight
+through.
+
+So the cache needs the wrapped function to say which model answers: every evaluate
+async_search hands a search (``serve``'s server, ``immediate``, a backend's client, a
+``Router``, a ``CachedEvaluate``) reports ``version`` and ``swap_token`` (or a ``model``
+that is a new object at every swap). A function that reports neither is refused at
+construction, unless ``fixed_model=True`` says that its model never changes.
 """
 
 from __future__ import annotations
@@ -36,9 +46,11 @@ from async_search.base import Outputs, evaluate_with_version, version_of
 from async_search import rows
 from async_search.servers.requests import plain_array
 
-__all__ = ["CachedEvaluate", "Key", "swap_token", "same_label"]
+__all__ = ["CachedEvaluate", "Key", "swap_token", "same_label", "reports_swaps",
+           "labels_answers"]
 
 _ATTEMPTS = 3  # lookups of one request before it goes around the table
+_UNKNOWN = object()  # an attempt's answer: the generation is unknown, go around
 
 #: An element's key: ((shape, dtype), bytes). Equal bytes of another dtype or shape are
 #: another element.
@@ -58,15 +70,40 @@ def same_label(a: Hashable, b: Hashable) -> bool:
         return False
 
 
+def _has(obj: Any, name: str) -> bool:
+    """Whether ``obj`` has attribute ``name`` (on its class or itself), without reading
+    it (a property may raise)."""
+    return hasattr(type(obj), name) or name in getattr(obj, "__dict__", ())
+
+
+def reports_swaps(evaluate: Any) -> bool:
+    """Whether ``evaluate`` says which model answers it: a ``version`` label and a
+    ``swap_token`` (or a ``model`` that is a new object at every swap).
+
+    Example:
+        >>> async def f(x): return x
+        >>> reports_swaps(f)
+        False
+    """
+    return _has(evaluate, "version") and (_has(evaluate, "swap_token")
+                                          or _has(evaluate, "model"))
+
+
+def labels_answers(evaluate: Any) -> bool:
+    """Whether ``evaluate`` labels its answers with a version (``with_version`` or a
+    ``version``): one that does but does not ``reports_swaps`` cannot be cached, since
+    nothing tells when its labels stop meaning the same model."""
+    return _has(evaluate, "with_version") or _has(evaluate, "version")
+
+
 def swap_token(evaluate: Any) -> Any:
     """What identifies the model behind ``evaluate`` beyond its label: its own
-    ``swap_token`` when it has one (a Router: one per server), else its ``model`` (a
-    BatchingServer's property: a new object after every swap), else None."""
-    token = getattr(type(evaluate), "swap_token", None)
-    if isinstance(token, property):
+    ``swap_token`` when it has one (a Router: one per server; a client of a server in
+    another process: renewed at each swap it hears of; None while unknown), else its
+    ``model`` (a BatchingServer's property: a new object after every swap), else None."""
+    if _has(evaluate, "swap_token"):
         return evaluate.swap_token
-    model = getattr(type(evaluate), "model", None)
-    if isinstance(model, property) or "model" in getattr(evaluate, "__dict__", ()):
+    if _has(evaluate, "model"):
         return evaluate.model
     return None
 
@@ -78,9 +115,13 @@ def _same_token(a: Any, b: Any) -> bool:
             and all(_same_token(x, y) for x, y in zip(a, b)))
 
 
+#: The token of a cache whose model never changes (``fixed_model=True``).
+_FIXED = ("fixed model",)
+
+
 class _Generation:
     """The model whose results the table holds: one per swap the cache saw. Compared by
-    identity (``is``), never by label."""
+    identity (``is``), never by label. A token of None: unknown (nothing is cached)."""
 
     __slots__ = ("label", "token")
 
@@ -115,11 +156,20 @@ class CachedEvaluate:
     """An LRU cache of per-element outputs, keyed by the element's shape, dtype and bytes.
 
     Args:
-        evaluate: the function whose results are cached (``await evaluate(x)``); with
-            ``with_version`` and ``version`` (a BatchingServer, a Router), results are
-            tied to the model version that computed them.
+        evaluate: the function whose results are cached (``await evaluate(x)``). It
+            must say which model answers it (``reports_swaps``): a ``version`` and a
+            ``swap_token`` (every evaluate of async_search has both); results are tied
+            to the model version that computed them (``with_version``).
         capacity: the most elements kept; 0 keeps none but still merges identical
             elements in flight.
+        fixed_model: ``evaluate``'s model never changes (a plain function, a connected
+            function of a server that is never swapped): it need not report versions,
+            and nothing is ever invalidated.
+
+    Raises:
+        TypeError: ``evaluate`` does not report a ``version`` and a ``swap_token``
+            (and ``fixed_model`` is False), or is not callable.
+        ValueError: a bad ``capacity``.
 
     Example:
         >>> # async with asr.serve(model) as evaluate:
@@ -128,18 +178,32 @@ class CachedEvaluate:
         >>> #     cached.stats["hit_rate"]
     """
 
-    def __init__(self, evaluate: Any, *, capacity: int = 65536):
+    def __init__(self, evaluate: Any, *, capacity: int = 65536, fixed_model: bool = False):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
             raise ValueError(
                 f"capacity must be an integer >= 0 (entries), got {capacity!r}")
         if not callable(evaluate):
             raise TypeError(f"evaluate must be callable, got {type(evaluate).__name__}")
+        if not isinstance(fixed_model, bool):
+            raise TypeError(f"fixed_model must be True or False, got {fixed_model!r}")
+        if not fixed_model and not reports_swaps(evaluate):
+            missing = [n for n in ("version", "swap_token") if not _has(evaluate, n)]
+            raise TypeError(
+                f"CachedEvaluate must know which model answers {type(evaluate).__name__} "
+                f"{evaluate!r:.80}, or it could serve an older model's results after a "
+                f"swap: it reports no {' and no '.join(missing)}. Every evaluate of "
+                f"async_search (serve, immediate, a backend's client, a Router) reports "
+                f"both; give yours a `version` (the label of the model that answers its "
+                f"next request) and a `swap_token` (an object that changes at every "
+                f"swap), or pass fixed_model=True if its model never changes")
         self.evaluate = evaluate
         self.capacity = capacity
+        self.fixed_model = fixed_model
         self._entries: "collections.OrderedDict[Key, Any]" = collections.OrderedDict()
         self._pending: Dict[Key, Tuple[_Flight, int]] = {}
         self._tasks: Set[asyncio.Task] = set()  # every evaluation in flight
-        self._generation = _Generation(self._current_version(), swap_token(evaluate))
+        # A Router whose servers cannot vouch for their labels raises here, naming one.
+        self._generation = _Generation(self._label(), self._token())
         self._spec: tuple | None = None  # (shape, dtype) of elements, once one was served
         self._requests = 0
         self._lookups = 0
@@ -157,15 +221,34 @@ class CachedEvaluate:
     async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``: the version of the model that computed the elements
         that were sent (or of the cached ones, when every element was a hit)."""
-        return await self._lookup(x, True)
+        outputs, version = await self._lookup(x, True)
+        if self.fixed_model:
+            return outputs, version_of(self.evaluate)
+        return outputs, version
 
     @property
     def version(self) -> Hashable:
         """The wrapped function's model version (the version the table holds)."""
-        return self._current_version()
+        return version_of(self.evaluate)
 
-    def _current_version(self) -> Hashable:
-        return version_of(self.evaluate)  # None (unknown) when it reports none
+    @property
+    def swap_token(self) -> Any:
+        """The table's generation (a new object at every swap the cache sees), or None
+        while the wrapped function's is unknown: a cache or router in front sees every
+        swap."""
+        self._sync_version()
+        generation = self._generation
+        return None if generation.token is None else generation
+
+    def _label(self) -> Hashable:
+        """The label results are stored under: the wrapped function's version (None,
+        unknown, when it reports none), or one constant for a fixed model."""
+        if self.fixed_model:
+            return _FIXED
+        return version_of(self.evaluate)
+
+    def _token(self) -> Any:
+        return _FIXED if self.fixed_model else swap_token(self.evaluate)
 
     async def _lookup(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
         if type(x) is not np.ndarray:
@@ -177,6 +260,8 @@ class CachedEvaluate:
         self._requests += 1
         for _ in range(_ATTEMPTS):
             result = await self._attempt(x)
+            if result is _UNKNOWN:  # the wrapped function does not know its version
+                return await self._bypass(x, want_version)
             if result is not None:
                 return result
             self._retries += 1
@@ -187,6 +272,8 @@ class CachedEvaluate:
         while waiting made them disagree on the version (the table is then dropped)."""
         self._sync_version()
         generation = self._generation
+        if generation.token is None:
+            return _UNKNOWN
         spec = (x.shape[1:], x.dtype)
         keys = [(spec, b) for b in rows.row_keys(x)]
         n = len(keys)
@@ -243,6 +330,12 @@ class CachedEvaluate:
         return rows.stack(values), labels[0]
 
     async def _bypass(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
+        return await self._evaluate(x)
+
+    async def _evaluate(self, x) -> Tuple[Outputs, Hashable]:
+        """``(outputs, label)`` from the wrapped function (a fixed model's: _FIXED)."""
+        if self.fixed_model:
+            return await self.evaluate(x), _FIXED
         return await evaluate_with_version(self.evaluate, x)
 
     def _launch(self, xs: np.ndarray, keys: List[Key], spec: tuple) -> _Flight:
@@ -250,7 +343,7 @@ class CachedEvaluate:
         # The version is the one that computed the rows (read when they came, for a
         # function without with_version): rows of a swap while they were computed are
         # not stored (_landed).
-        task = asyncio.ensure_future(evaluate_with_version(self.evaluate, xs))
+        task = asyncio.ensure_future(self._evaluate(xs))
         self._tasks.add(task)  # the loop holds tasks only weakly
         task.add_done_callback(self._tasks.discard)
         flight = _Flight(task, spec, keys, generation)
@@ -273,10 +366,12 @@ class CachedEvaluate:
         if not self.capacity:
             return
         self._sync_version()
-        if flight.generation is not self._generation or not same_label(
-                future.result()[1], flight.generation.label):
-            # Computed by a model since replaced, or sent before a swap: a request split
-            # across batches during a swap may hold rows of both models.
+        label = future.result()[1]
+        if flight.generation is not self._generation or label is None or not same_label(
+                label, flight.generation.label):
+            # Computed by a model since replaced, or sent before a swap (a request split
+            # across batches during a swap may hold rows of both models), or by a
+            # version nobody knows (None): nothing says when it stops being current.
             return
         entries = self._entries
         for j, key in enumerate(flight.keys):
@@ -289,7 +384,7 @@ class CachedEvaluate:
 
     def _sync_version(self) -> None:
         """Starts a new generation (an empty table) when the model was swapped."""
-        label, token = self._current_version(), swap_token(self.evaluate)
+        label, token = self._label(), self._token()
         if not self._generation.is_current(label, token):
             self._generation = _Generation(label, token)
             self._entries = collections.OrderedDict()

@@ -9,12 +9,30 @@ received (so FIFO clients, forked pipes and pass-through keys all match them):
   computed them (None when the request was split across batches while the model was
   swapped).
 - ``ModelUpdate(model, version)``: swaps the model; answered with ``version`` once
-  swapped, or with the exception (serving goes on with the old model).
+  swapped and every subscribed client has learned it, or with the exception (serving
+  goes on with the old model).
+- ``VersionSubscription()``: the client wants to hear of every swap; answered with
+  ``(version, swaps)``, the version that answers its next request and the number of
+  swaps so far. From then on each swap sends it a ``VersionNotice(version, swaps)``
+  (a ``connections.Notice``: outside the order of answers), which it acknowledges with
+  ``VersionAck(swaps)`` (answered with None).
 
 A connection is served until its stream ends: its clients closed it, or the process at
-the other end is gone. Every request received after an update runs on the new model;
-requests received before it may run on either (a batch that a device thread has started
-finishes on the old one).
+the other end is gone; then the server closes its own end (its client's calls fail at
+once instead of waiting for an answer that cannot come). Every request received after
+an update runs on the new model; requests received before it may run on either (a
+batch that a device thread has started finishes on the old one).
+
+Versions across processes: a client in another process (``backends.CoalescingClient``)
+reports the version that will answer its next request, and a cache inside it must never
+serve an older version's result once a swap has returned. So a swap made through
+``ConnectionServer.update_model`` (or a ``ModelUpdate`` message) returns only once every
+subscribed client has acknowledged its notice: a request made after it returned, in any
+process, is made by a client that knows. A client that does not acknowledge within
+``ack_timeout`` seconds (stopped, or its loop blocked) has its stream of answers closed:
+its requests fail with ``ConnectionGoneError`` rather than risk an older version's
+answer. A swap made on the BatchingServer directly reaches no client: swap through the
+ConnectionServer.
 """
 
 from __future__ import annotations
@@ -22,23 +40,36 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from typing import Any, Callable, Deque, Hashable, Sequence, Union
+import pickle
+from typing import Any, Callable, Deque, Dict, Hashable, List, Sequence, Set, Tuple, Union
 
 import numpy as np
 
 from async_search.batchers import Batcher
-from async_search.connections import Connection
+from async_search.checks import check_float
+from async_search.connections import Connection, ForkedConnection, Notice
 from async_search.errors import ModelOutputError, ServerClosedError
 from async_search.queues import ClosedConnection
 from async_search.remote import pack_error, plain_outputs, round_trips
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
 
-__all__ = ["serve_connection", "ModelUpdate", "VersionedRequest"]
+__all__ = ["serve_connection", "ConnectionServer", "ModelUpdate", "VersionedRequest",
+           "VersionSubscription", "VersionNotice", "VersionAck", "ACK_TIMEOUT_S"]
+
+#: Seconds a swap waits for a subscribed client to acknowledge it before closing that
+#: client's stream of answers.
+ACK_TIMEOUT_S = 30.0
+
+
+class _Control:
+    """A message to the server itself, not a request for the model."""
+
+    __slots__ = ()
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelUpdate:
+class ModelUpdate(_Control):
     """A message that swaps the served model (``BatchingServer.update_model``).
 
     Attributes:
@@ -71,6 +102,40 @@ class VersionedRequest:
         return VersionedRequest, (self.x,)
 
 
+@dataclasses.dataclass(frozen=True)
+class VersionSubscription(_Control):
+    """A client asks to hear of every swap; answered with ``(version, swaps)``.
+
+    Example:
+        >>> # version, swaps = await fn(VersionSubscription())
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionNotice(Notice):
+    """Sent to every subscribed client at each swap, outside the order of answers.
+
+    Attributes:
+        version: the version that answers every request received from now on.
+        swaps: how many swaps the server has made (this one included): a client keeps
+            the notice with the most.
+    """
+
+    version: Hashable
+    swaps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionAck(_Control):
+    """A client has learned the version of swap number ``swaps`` (answered with None).
+
+    Attributes:
+        swaps: the ``swaps`` of the notice acknowledged.
+    """
+
+    swaps: int
+
+
 async def serve_connection(model: Union[Any, BatchingServer],
                            connection: Union[Connection, Sequence[Connection]], *,
                            policy: DispatchPolicy = DispatchPolicy(),
@@ -96,37 +161,237 @@ async def serve_connection(model: Union[Any, BatchingServer],
         >>> # server_end, client_ends = forked_pipe(thread_queue, 4)
         >>> # stats = await serve_connection(model, server_end)   # until clients close
     """
-    connections = [connection] if isinstance(connection, Connection) else list(connection)
     if isinstance(model, BatchingServer):
-        await asyncio.gather(*(_serve(model, c, portable) for c in connections))
+        await ConnectionServer(model, portable=portable).serve(connection)
         return model.stats
     async with BatchingServer(model, policy, batcher) as evaluate:
-        await asyncio.gather(*(_serve(evaluate, c, portable) for c in connections))
+        await ConnectionServer(evaluate, portable=portable).serve(connection)
     return evaluate.stats
 
 
-async def _serve(evaluate: BatchingServer, connection: Connection, portable: bool) -> None:
-    replies = _OrderedReplies(connection, _portable if portable else _as_is)
-    loop = asyncio.get_running_loop()
-    while True:
+class _Subscriber:
+    """A client that hears of swaps: a connection, and the client's key on it."""
+
+    __slots__ = ("connection", "client", "acked")
+
+    def __init__(self, connection: Connection, client: Any):
+        self.connection = connection
+        self.client = client  # a forked server end's key; None on other ends
+        self.acked = -1       # the most swaps it has acknowledged
+
+
+class _Swap:
+    """A swap waiting for its subscribers' acknowledgements."""
+
+    __slots__ = ("swaps", "waiting", "done", "timer")
+
+    def __init__(self, swaps: int, waiting: Set[Tuple[int, Any]], done: asyncio.Future):
+        self.swaps = swaps
+        self.waiting = waiting
+        self.done = done
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class ConnectionServer:
+    """Serves connections with one running BatchingServer, and tells the clients that
+    subscribed (``VersionSubscription``) of every swap (see the module docstring).
+
+    Args:
+        server: the BatchingServer every request joins (its owner starts and closes it).
+        portable: make every answer travel to another process (see
+            ``serve_connection``).
+        ack_timeout: seconds a swap waits for each subscribed client's acknowledgement;
+            a client that has not acknowledged by then has its stream of answers closed.
+
+    Example:
+        >>> # connections = ConnectionServer(server, portable=True)
+        >>> # serving = asyncio.ensure_future(connections.serve(server_ends))
+        >>> # await connections.update_model(new_weights, 3)  # every client knows 3
+    """
+
+    def __init__(self, server: BatchingServer, *, portable: bool = False,
+                 ack_timeout: float = ACK_TIMEOUT_S):
+        self._server = server
+        self._portable = portable
+        self._ack_timeout = check_float("ack_timeout", ack_timeout, minimum=0.0,
+                                        strict=True)
+        self._swaps = 0
+        self._subscribers: Dict[Tuple[int, Any], _Subscriber] = {}
+        self._pending: List[_Swap] = []
+
+    @property
+    def server(self) -> BatchingServer:
+        """The BatchingServer that answers every connection."""
+        return self._server
+
+    @property
+    def swaps(self) -> int:
+        """Swaps made through this object so far."""
+        return self._swaps
+
+    @property
+    def num_subscribers(self) -> int:
+        """Clients that hear of swaps now."""
+        return len(self._subscribers)
+
+    async def serve(self, connection: Union[Connection, Sequence[Connection]]) -> None:
+        """Serves ``connection`` (or each of several) until every stream has ended; each
+        server end is closed once its stream has ended and its answers are sent."""
+        connections = [connection] if isinstance(connection, Connection) else list(
+            connection)
+        await asyncio.gather(*(self._serve(c) for c in connections))
+
+    async def update_model(self, model_or_weights: Any, version: Hashable) -> None:
+        """Swaps the model (``BatchingServer.update_model``) and returns once every
+        subscribed client has learned ``version`` (or was cut off, see
+        ``ack_timeout``): every request made after this returns, in any process, runs
+        on the new model and no cache of a client serves an older version's result.
+
+        Raises:
+            what ``BatchingServer.update_model`` raises (nothing is swapped);
+            TypeError: a portable server's ``version`` does not pickle (it could not
+                reach the clients); nothing is swapped.
+        """
+        await asyncio.shield(self._swap(model_or_weights, version))
+
+    def _swap(self, model_or_weights: Any, version: Hashable) -> asyncio.Future:
+        """Swaps now and tells every subscriber; a future done once each acknowledged."""
+        if self._portable:
+            try:
+                pickle.loads(pickle.dumps(version))
+            except Exception as e:
+                raise TypeError(f"the version label {version!r} must pickle to reach "
+                                f"clients in other processes: {type(e).__name__}: {e}"
+                                ) from None
+        self._server.update_model(model_or_weights, version)
+        self._swaps += 1
+        notice = VersionNotice(version, self._swaps)
+        waiting = set()
+        for sid, subscriber in list(self._subscribers.items()):
+            try:
+                subscriber.connection.notify(notice, subscriber.client)
+            except Exception:  # its client is gone: it makes no more requests
+                self._drop(sid)
+                continue
+            waiting.add(sid)
+        done = asyncio.get_running_loop().create_future()
+        swap = _Swap(self._swaps, waiting, done)
+        if not waiting:
+            done.set_result(None)
+            return done
+        self._pending.append(swap)
+        swap.timer = asyncio.get_running_loop().call_later(
+            self._ack_timeout, self._expire, swap)
+        return done
+
+    def _expire(self, swap: _Swap) -> None:
+        """The clients that have not acknowledged ``swap`` in time are cut off."""
+        for sid in list(swap.waiting):
+            subscriber = self._subscribers.get(sid)
+            if subscriber is not None:
+                _cut_off(subscriber)
+            self._drop(sid)
+        self._settle()
+
+    def _subscribe(self, connection: Connection) -> Tuple[Hashable, int]:
+        sid = (id(connection), connection.sender)
+        if sid not in self._subscribers:
+            self._subscribers[sid] = _Subscriber(connection, connection.sender)
+            if isinstance(connection, ForkedConnection):
+                connection.on_client_closed(
+                    lambda key, c=connection: self._drop((id(c), key)))
+        return self._server.version, self._swaps
+
+    def _acknowledged(self, connection: Connection, swaps: int) -> None:
+        subscriber = self._subscribers.get((id(connection), connection.sender))
+        if subscriber is not None and swaps > subscriber.acked:
+            subscriber.acked = swaps
+            self._settle()
+
+    def _drop(self, sid: Tuple[int, Any]) -> None:
+        """``sid`` hears of no more swaps (its client closed, is gone, or was cut off)."""
+        if self._subscribers.pop(sid, None) is not None:
+            for swap in self._pending:
+                swap.waiting.discard(sid)
+            self._settle()
+
+    def _settle(self) -> None:
+        """Ends the waits of the swaps every remaining subscriber has acknowledged."""
+        subscribers = self._subscribers
+        still = []
+        for swap in self._pending:
+            swap.waiting = {sid for sid in swap.waiting if sid in subscribers
+                            and subscribers[sid].acked < swap.swaps}
+            if swap.waiting:
+                still.append(swap)
+                continue
+            if swap.timer is not None:
+                swap.timer.cancel()
+            if not swap.done.done():
+                swap.done.set_result(None)
+        self._pending = still
+
+    async def _serve(self, connection: Connection) -> None:
+        evaluate = self._server
+        replies = _OrderedReplies(connection, _portable if self._portable else _as_is)
+        loop = asyncio.get_running_loop()
+        connection.acquire()
         try:
-            message = await connection.recv_async()
-        except ClosedConnection:
-            break
-        try:
-            if isinstance(message, VersionedRequest):
-                fut = evaluate.call_with_version(message.x)
-            elif isinstance(message, ModelUpdate):
-                evaluate.update_model(message.model, message.version)
-                fut = loop.create_future()
-                fut.set_result(message.version)
-            else:
-                fut = evaluate(message)
-        except Exception as e:  # a bad request (or update) fails alone
-            fut = loop.create_future()
-            fut.set_exception(e)
-        replies.add(fut)
-    await replies.finished()
+            while True:
+                try:
+                    message = await connection.recv_async()
+                except ClosedConnection:
+                    break
+                try:
+                    if isinstance(message, VersionedRequest):
+                        fut = evaluate.call_with_version(message.x)
+                    elif isinstance(message, _Control):
+                        fut = self._control(connection, message, loop)
+                    else:
+                        fut = evaluate(message)
+                except Exception as e:  # a bad request (or update) fails alone
+                    fut = loop.create_future()
+                    fut.set_exception(e)
+                replies.add(fut)
+        finally:
+            for sid in [sid for sid, s in self._subscribers.items()
+                        if s.connection is connection]:
+                self._drop(sid)  # its clients are gone: no swap waits for them
+        await replies.finished()
+        try:  # the last server of this end closes it: its clients' calls fail at once
+            connection.release()
+        except Exception:  # its transport is gone already
+            pass
+
+    def _control(self, connection: Connection, message: _Control,
+                 loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        fut = loop.create_future()
+        if isinstance(message, VersionAck):
+            self._acknowledged(connection, message.swaps)
+            fut.set_result(None)
+        elif isinstance(message, VersionSubscription):
+            fut.set_result(self._subscribe(connection))
+        elif isinstance(message, ModelUpdate):
+            acknowledged = self._swap(message.model, message.version)  # swapped now
+            version = message.version
+            acknowledged.add_done_callback(
+                lambda _: fut.done() or fut.set_result(version))
+        else:
+            raise TypeError(f"unknown control message {type(message).__name__}")
+        return fut
+
+
+def _cut_off(subscriber: _Subscriber) -> None:
+    """Ends a subscriber's stream of answers, so that it cannot keep serving results of
+    a version it was not told has been replaced."""
+    connection = subscriber.connection
+    try:
+        if isinstance(connection, ForkedConnection):
+            connection.close_client(subscriber.client)
+        else:
+            connection.close()
+    except Exception:  # gone already
+        pass
 
 
 def _as_is(answer: Any) -> Any:

@@ -33,7 +33,7 @@ from async_search.errors import InputSpecError
 from async_search import rows
 from async_search.servers.breaker import (BreakerPolicy, CircuitBreaker, CircuitOpenError,
                                           counts_against_server)
-from async_search.servers.cache import swap_token
+from async_search.servers.cache import labels_answers, reports_swaps, swap_token
 from async_search.servers.hash_ring import HashRing
 from async_search.servers.requests import plain_array
 
@@ -109,6 +109,9 @@ class ConsistentHash:
 
 _POLICIES = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding,
              "consistent_hash": ConsistentHash}
+
+#: The swap token a server that reports no version stands for.
+_UNVERSIONED = ("unversioned server",)
 
 
 class _ServerFailed(Exception):
@@ -315,11 +318,41 @@ class Router:
 
     # -- versions ---------------------------------------------------------------------
     @property
-    def swap_token(self) -> tuple:
+    def swap_token(self) -> tuple | None:
         """What identifies the models behind the router beyond their labels: each
-        server's ``cache.swap_token`` (its model object), so that a cache in front sees
-        every swap, even one that keeps the label."""
-        return tuple(swap_token(e) for e in self._servers.values())
+        server's ``cache.swap_token`` (its model object, or a client's token), so that a
+        cache in front sees every swap, even one that keeps the label. None while a
+        server does not know its version yet (a client before its server's first
+        word). A server that reports no version at all stands for one constant: its
+        answers are labelled None (unknown), and a cache never stores those.
+
+        Raises:
+            TypeError: a server labels its answers (``with_version`` or ``version``)
+                but has no ``swap_token`` (nothing says when its labels stop meaning
+                one model), or no server reports a version (nothing could be cached).
+        """
+        tokens = []
+        for name, evaluate in self._servers.items():
+            if reports_swaps(evaluate):
+                token = swap_token(evaluate)
+                if token is None:
+                    return None
+                tokens.append(token)
+            elif labels_answers(evaluate):
+                raise TypeError(
+                    f"server {name!r} ({type(evaluate).__name__}) labels its answers with "
+                    f"a version but reports no swap_token: a cache in front of the router "
+                    f"cannot tell when its model changes; give it a swap_token (an object "
+                    f"that changes at every swap)")
+            else:
+                tokens.append(_UNVERSIONED)
+        if tokens and all(t is _UNVERSIONED for t in tokens):
+            raise TypeError(
+                f"no server of the router reports a model version "
+                f"({', '.join(self._names)}): a cache in front could not tell when a "
+                f"model changes; serve them with asr.serve, or pass fixed_model=True "
+                f"to the cache if their models never change")
+        return tuple(tokens)
 
     @property
     def version(self) -> Hashable:

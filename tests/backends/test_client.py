@@ -10,6 +10,7 @@ from async_search.errors import InputSpecError, ServerDiedError
 from async_search.queues import local_queue
 from async_search.remote import pack_error
 from async_search.servers import VersionedRequest
+from async_search.servers.connection_server import VersionSubscription
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -19,11 +20,15 @@ def client_and_server(spec=None):
     return CoalescingClient(client_end, spec), server
 
 
-def received(server):
-    """The batches waiting on the server end (each a VersionedRequest)."""
+def received(server, version=0):
+    """The batches waiting on the server end (each a VersionedRequest). The client's
+    subscription, its first message, is answered at once with ``version``."""
     out = []
     while server.poll():
         message = server.recv()
+        if isinstance(message, VersionSubscription):
+            server.send((version, 0))
+            continue
         assert isinstance(message, VersionedRequest)
         out.append(message.x.copy())
     return out

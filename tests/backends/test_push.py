@@ -1,13 +1,16 @@
 """Pushing new weights to every server of a run while its searches make requests."""
 
 import asyncio
+import functools
 import time
+import weakref
 
 import numpy as np
 import pytest
 
 import async_search as asr
 from async_search.backends import ModelServers
+from async_search.servers.cache import CachedEvaluate
 from tests.backends import searches
 from tests.backends.searches import VersionModel
 
@@ -48,6 +51,19 @@ class Computed:
                 await self._changed.wait()
 
         await asyncio.wait_for(wait(), timeout)
+
+    async def at_least(self, elements: int, timeout: float = 60) -> None:
+        """Returns once ``elements`` elements were computed in all."""
+        async def wait():
+            while not self.reports or self.reports[-1] < elements:
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(wait(), timeout)
+
+    @property
+    def total(self) -> int:
+        return self.reports[-1] if self.reports else 0
 
 
 class Trainer:
@@ -186,3 +202,98 @@ async def test_weights_the_model_cannot_take_fail_the_push_and_the_run_goes_on(b
     assert len(errors) == 1 and "pass a new model instead" in errors[0][0]
     assert errors[0][1] == 0  # the failed push left the version as it was
     assert all(records[-1][4] == 3 for records in out)
+
+
+# -- a cache inside each client: the two promises on every backend ---------------------
+#: One table per client (the evaluate it was given), shared by its searches, so that a
+#: search joins another's request in flight as well as hitting the table.
+_CLIENT_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+KEYS = 4  # every search asks for the same few elements: hits, and joins in flight
+
+
+def client_cache(evaluate) -> CachedEvaluate:
+    cache = _CLIENT_CACHES.get(evaluate)
+    if cache is None:
+        cache = _CLIENT_CACHES[evaluate] = CachedEvaluate(evaluate, capacity=64)
+    return cache
+
+
+async def cached_until_version(start, evaluate, stop_version=None, requests=None,
+                               after_stop=40, deadline_s=120.0):
+    """Requests of one of KEYS elements through the client's cache, one after another,
+    until a row shows ``stop_version`` (then ``after_stop`` more: hits, the model no
+    longer changing), or until ``requests`` were made. Returns (records, cache stats):
+    a record per request, (began, ended, version, row), the times from
+    ``time.monotonic`` (one clock for every process of a machine)."""
+    cached = client_cache(evaluate)
+    records = []
+    deadline = time.monotonic() + deadline_s
+    i = start
+    left = None  # requests left once the stop version was seen
+    while time.monotonic() < deadline and (requests is None or len(records) < requests):
+        x = np.full((1, 3), i % KEYS, np.float32)
+        i += 1
+        began = time.monotonic()
+        y, version = await cached.with_version(x)
+        records.append((began, time.monotonic(), version, float(y[0, 0])))
+        if left is None and stop_version is not None and y[0, 0] >= stop_version:
+            left = after_stop
+        if left is not None:
+            if not left:
+                break
+            left -= 1
+        await asyncio.sleep(0)  # a hit never waits: let the others (and pushes) run
+    return records, cached.stats
+
+
+PUSHES = 50
+
+
+class RapidTrainer:
+    """Pushes versions 1 to PUSHES, each a new model, one right after the other: the
+    next as soon as the searches had an element computed after the last (their cache
+    misses each new version's elements); keeps when each push returned."""
+
+    def __init__(self, computed: Computed):
+        self.computed = computed
+        self.returned = {}
+
+    async def __call__(self, servers: ModelServers) -> None:
+        await self.computed.at_least(1)  # the searches run
+        for version in range(1, PUSHES + 1):
+            before = self.computed.total
+            await asyncio.wait_for(servers.update_model(VersionModel(version), version), 60)
+            self.returned[version] = time.monotonic()
+            await self.computed.at_least(before + 1)
+
+
+async def test_a_cache_in_a_client_serves_no_older_version_once_a_push_returned(backend):
+    computed = Computed()
+    trainer = RapidTrainer(computed)
+    out = await backend.run_async(
+        functools.partial(cached_until_version, stop_version=PUSHES), list(range(6)),
+        searches.version_model, num_servers=2, max_batch_size=4, progress=computed,
+        on_servers=trainer, timeout=240)
+    assert trainer.returned.keys() == set(range(1, PUSHES + 1))
+    records = [r for records, _ in out for r in records]
+    for began, ended, version, row in records:
+        # Every row (from the table, a request joined, or the server) was computed by
+        # a version no older than the last push that had returned when it was asked.
+        low = max([0] + [v for v, t in trainer.returned.items() if t < began])
+        assert row >= low, (began, ended, version, row, low)
+        assert version is None or version == row
+    stats = [s for _, s in out]
+    assert sum(s["hits"] for s in stats) > 0  # the table served, swaps or not
+    assert sum(s["invalidations"] for s in stats) > 0  # and saw the swaps
+
+
+async def test_a_cache_in_a_client_hits_where_the_local_backend_hits(backend):
+    # Before, process clients hit 0 times of 3,200 (the table's label was the client's
+    # version, None, while every answer came labelled 0), the local backend 3,158.
+    out = await backend.run_async(
+        functools.partial(cached_until_version, requests=400), [0, 1],
+        searches.version_model, num_servers=2, timeout=120)
+    assert all(row == 0 for records, _ in out for *_, row in records)
+    for _, stats in out:  # its client's table when the search ended
+        # (a client's first request or two go around it: the version is not known yet)
+        assert stats["lookups"] >= 390 and stats["hits"] >= 0.9 * stats["lookups"]

@@ -64,6 +64,7 @@ class GatedEcho:
 
     def __init__(self):
         self.version = 0
+        self.swap_token = object()  # never swapped
         self.gates = []
 
     async def __call__(self, x):
@@ -111,6 +112,7 @@ class Weighted:
 
     def __init__(self, version):
         self.version = version
+        self.swap_token = object()
         self.weight = 1.0
         self.gate = None
         self.requests = 0
@@ -127,6 +129,7 @@ class Weighted:
 
     def swap(self, version):
         self.version = version
+        self.swap_token = object()
         self.weight += 1.0
 
 

@@ -21,7 +21,7 @@ class Recorder:
     def __init__(self, outputs="array", version=0):
         self.requests = []
         self.gate: asyncio.Event | None = None
-        self.version = version
+        self.version = version  # a swap: a new swap_token too
         self.failing = None
         self.outputs = outputs
         self.version_at_finish = False
@@ -48,6 +48,15 @@ class Recorder:
 
     async def __call__(self, x):
         return (await self.with_version(x))[0]
+
+    @property
+    def version(self):
+        return self._version
+
+    @version.setter
+    def version(self, version):
+        self._version = version
+        self.swap_token = object()
 
     @property
     def elements(self):
@@ -311,3 +320,119 @@ def test_outputs_always_equal_the_models(requests, capacity):
         assert inner.elements == len({i for r in requests for i in r})
 
     asyncio.run(run())
+
+
+# -- what the wrapped function must report ------------------------------------------------
+class LabelsWithoutToken:
+    """The shape of a process client before: answers labelled 0, no version, no token."""
+
+    async def with_version(self, x):
+        return MODEL(x), 0
+
+    async def __call__(self, x):
+        return MODEL(x)
+
+
+async def plain(x):
+    return MODEL(x)
+
+
+@pytest.mark.parametrize("evaluate, missing", [
+    (plain, "no version and no swap_token"),
+    (LabelsWithoutToken(), "no version and no swap_token"),
+    (lambda x: x, "no version and no swap_token"),
+])
+def test_a_function_that_cannot_say_which_model_answers_is_refused(evaluate, missing):
+    with pytest.raises(TypeError, match=f"must know which model answers .*{missing}.*"
+                                        f"fixed_model=True"):
+        CachedEvaluate(evaluate)
+
+
+def test_an_object_with_a_version_but_no_swap_token_is_refused():
+    class VersionOnly:
+        version = 3
+
+        async def __call__(self, x):
+            return MODEL(x)
+
+    with pytest.raises(TypeError, match="reports no swap_token"):
+        CachedEvaluate(VersionOnly())
+    with pytest.raises(TypeError, match="fixed_model must be True or False"):
+        CachedEvaluate(plain, fixed_model=1)
+
+
+async def test_a_fixed_model_is_cached_without_versions():
+    calls = []
+
+    async def counted(x):
+        calls.append(len(x))
+        return MODEL(x)
+
+    cached = CachedEvaluate(counted, capacity=10, fixed_model=True)
+    xs = pool()
+    for _ in range(3):
+        np.testing.assert_array_equal(await cached(xs[:3]), MODEL(xs[:3]))
+    y, version = await cached.with_version(xs[:3])
+    assert calls == [3] and version is None and cached.version is None
+    assert cached.stats["hits"] == 9
+
+
+class Unknown(Recorder):
+    """A function that does not know its version yet (a client before its server's
+    first word): swap_token None."""
+
+    def __init__(self):
+        super().__init__()
+        self.swap_token = None
+
+    def learn(self, version):
+        self.version = version  # renews the token: now known
+
+
+async def test_while_the_version_is_unknown_every_request_goes_straight_through():
+    inner = Unknown()
+    inner.gate = asyncio.Event()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    first = asyncio.ensure_future(cached(xs[:2]))
+    await wait_until(lambda: len(inner.requests) == 1, "the first request is sent")
+    second = asyncio.ensure_future(cached(xs[:2]))  # no join: nothing vouches for it
+    await wait_until(lambda: len(inner.requests) == 2, "the second request is sent")
+    inner.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    await cached(xs[:2])
+    assert len(inner.requests) == 3 and len(cached) == 0  # nothing stored, no hit
+    inner.learn(0)
+    await cached(xs[:2])
+    await cached(xs[:2])
+    assert len(inner.requests) == 4 and cached.stats["hits"] == 2
+
+
+class LabelsNone(Recorder):
+    """Reports a version and a token, but labels every answer None (unknown)."""
+
+    async def with_version(self, x):
+        return (await super().with_version(x))[0], None
+
+
+async def test_results_labelled_with_an_unknown_version_are_never_stored():
+    inner = LabelsNone()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    for _ in range(3):
+        np.testing.assert_array_equal(await cached(xs[:2]), MODEL(xs[:2]))
+    assert len(inner.requests) == 3 and cached.stats["hits"] == 0
+
+
+async def test_a_cache_reports_a_new_swap_token_at_each_swap_so_caches_stack():
+    inner = Recorder()
+    inner_cache = CachedEvaluate(inner, capacity=100)
+    outer = CachedEvaluate(inner_cache, capacity=100)
+    xs = pool()
+    token = outer.evaluate.swap_token
+    np.testing.assert_array_equal(await outer(xs[:2]), MODEL(xs[:2]))
+    assert inner_cache.swap_token is token  # no swap: the same generation
+    inner.version = 0  # the same label, a new model
+    assert inner_cache.swap_token is not token
+    np.testing.assert_array_equal(await outer(xs[:2]), MODEL(xs[:2]))
+    assert outer.stats["invalidations"] == 1 and len(inner.requests) == 2

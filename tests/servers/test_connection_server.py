@@ -10,13 +10,15 @@ import pytest
 import async_search as asr
 from async_search.connections import (FifoConnectedFunction, get_connected_functions,
                                       pipe)
-from async_search.errors import ModelOutputError, ServerDiedError
+from async_search.backends.client import CoalescingClient
+from async_search.errors import ConnectionGoneError, ModelOutputError, ServerDiedError
 from async_search.models import MLP
 from async_search.queues import close_stream, local_queue, socket_queue, thread_queue
 from async_search.remote import Failure
 from async_search.servers import (BatchingServer, DispatchPolicy, ModelUpdate,
                                   VersionedRequest)
-from tests.helpers import WAIT_S, within
+from async_search.servers.connection_server import ConnectionServer, VersionSubscription
+from tests.helpers import WAIT_S, wait_until, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -346,3 +348,126 @@ async def test_a_client_whose_connection_breaks_does_not_stop_the_others():
     assert stats["elements"] >= sum(len(x) for x in xs) + len(xs[0])
     for q in (client_a.outbound, client_b.inbound, client_b.outbound):
         q.close()
+
+
+# -- swaps reach every subscribed client before they return ------------------------------
+@pytest.mark.parametrize("factory", [local_queue, thread_queue, socket_queue])
+async def test_a_swap_returns_once_every_client_knows_the_new_version(factory):
+    ends = [pipe(factory) for _ in range(3)]
+    async with BatchingServer(VersionModel(0)) as evaluate:
+        connections = ConnectionServer(evaluate)
+        serving = asyncio.ensure_future(connections.serve([s for s, _ in ends]))
+        clients = [CoalescingClient(c) for _, c in ends]
+        y = await within(clients[0](np.zeros((1, 3), np.float32)), "a first answer")
+        assert y.tolist() == [[0.0]]
+        await wait_until(lambda: connections.num_subscribers == 3, "every subscription")
+        assert [c.version for c in clients] == [0, 0, 0]
+        tokens = [c.swap_token for c in clients]
+        for version in (1, 1, "two"):  # the same label twice: a swap all the same
+            await within(connections.update_model(VersionModel(len(tokens)), version),
+                         f"the swap to {version}")
+            # At the moment it returns, every client already knows: not a moment later.
+            assert [c.version for c in clients] == [version] * 3
+            assert all(c.swap_token is not t for c, t in zip(clients, tokens))
+            tokens = [c.swap_token for c in clients]
+        y, version = await within(clients[2].with_version(np.zeros((2, 3), np.float32)),
+                                  "an answer after the swaps")
+        assert version == "two" and connections.swaps == 3
+        for _, c in ends:
+            c.close()
+        await within(serving, "serving to end")
+        await asyncio.gather(*(c.aclose() for c in clients))
+
+
+async def test_a_client_that_never_acknowledges_is_cut_off_after_the_timeout():
+    (deaf,), deaf_end = get_connected_functions(local_queue, 1, ordered=True)
+    server_end, client_end = pipe(local_queue)
+    async with BatchingServer(VersionModel(0)) as evaluate:
+        connections = ConnectionServer(evaluate, ack_timeout=0.2)
+        serving = asyncio.ensure_future(connections.serve([deaf_end, server_end]))
+        listening = CoalescingClient(client_end)
+        # A client that subscribes but never reads its notices (its loop stopped).
+        assert await within(deaf(VersionSubscription()), "the subscription") == (0, 0)
+        await within(listening(np.zeros((1, 3), np.float32)), "an answer")
+        await within(connections.update_model(VersionModel(1), 1), "the swap")
+        assert listening.version == 1 and connections.num_subscribers == 1
+        # The deaf client's stream was closed: it cannot serve version 0 any more.
+        with pytest.raises(ConnectionGoneError, match="closed"):
+            await within(deaf(np.zeros((1, 3), np.float32)), "the cut-off client")
+        y = await within(listening(np.zeros((1, 3), np.float32)), "the other client")
+        assert y.tolist() == [[1.0]]
+        client_end.close()
+        deaf.connection.close()
+        await within(serving, "serving to end")
+        await listening.aclose()
+
+
+async def test_a_client_that_closes_does_not_hold_a_swap():
+    server_end, client_end = pipe(local_queue)
+    async with BatchingServer(VersionModel(0)) as evaluate:
+        connections = ConnectionServer(evaluate, ack_timeout=60)
+        serving = asyncio.ensure_future(connections.serve(server_end))
+        fn = FifoConnectedFunction(client_end)
+        assert await within(fn(VersionSubscription()), "the subscription") == (0, 0)
+        swap = asyncio.ensure_future(connections.update_model(VersionModel(1), 1))
+        await still_serving(swap)  # it waits for the acknowledgement
+        client_end.close()  # ... which never comes: the client is done
+        await within(swap, "the swap, once the client closed")
+        await within(serving, "serving to end")
+
+
+async def test_subscribers_behind_a_forked_pipe_each_acknowledge_and_may_close():
+    fns, server_end = get_connected_functions(local_queue, 3, ordered=True)
+    async with BatchingServer(VersionModel(0)) as evaluate:
+        connections = ConnectionServer(evaluate, ack_timeout=60)
+        serving = asyncio.ensure_future(connections.serve(server_end))
+        clients = [CoalescingClient(fn) for fn in fns[:2]]
+        for c in clients:
+            await within(c(np.zeros((1, 3), np.float32)), "an answer")
+        assert await within(fns[2](VersionSubscription()), "a deaf subscription") == (0, 0)
+        swap = asyncio.ensure_future(connections.update_model(VersionModel(1), 1))
+        await still_serving(swap)  # the third client has not acknowledged
+        assert [c.version for c in clients] == [1, 1]
+        fns[2].connection.close()  # it is done: the swap waits no longer
+        await within(swap, "the swap")
+        for fn in fns[:2]:
+            fn.connection.close()
+        await within(serving, "serving to end")
+        await asyncio.gather(*(c.aclose() for c in clients))
+
+
+async def test_a_model_update_message_is_answered_once_every_client_knows():
+    fns, server_end = get_connected_functions(local_queue, 2, ordered=True)
+    listener, updater = CoalescingClient(fns[0]), fns[1]
+    serving = asyncio.ensure_future(asr.serve_connection(VersionModel(0), server_end))
+    await within(listener(np.zeros((1, 3), np.float32)), "an answer")
+    assert await within(updater(ModelUpdate(VersionModel(5), 5)), "the update") == 5
+    assert listener.version == 5
+    for fn in fns:
+        fn.connection.close()
+    await within(serving, "serving to end")
+    await listener.aclose()
+
+
+async def test_a_portable_server_refuses_a_label_that_cannot_reach_its_clients():
+    async with BatchingServer(VersionModel(0)) as evaluate:
+        connections = ConnectionServer(evaluate, portable=True)
+        with pytest.raises(TypeError, match="must pickle to reach clients"):
+            await connections.update_model(VersionModel(1), lambda: "a label")
+        assert evaluate.version == 0 and connections.swaps == 0
+        with pytest.raises(ValueError, match="ack_timeout"):
+            ConnectionServer(evaluate, ack_timeout=0)
+
+
+async def test_serving_ends_by_closing_its_end_so_later_calls_fail_at_once():
+    server_end, client_end = pipe(socket_queue)
+    fn = FifoConnectedFunction(client_end)
+    serving = asyncio.ensure_future(asr.serve_connection(MODEL, server_end))
+    x = np.ones((1, 3), np.float32)
+    np.testing.assert_array_equal(await within(fn(x), "an answer"), MODEL(x))
+    close_stream(client_end.outbound)  # the client's stream ends behind its back
+    await within(serving, "serving to end")
+    with pytest.raises(ConnectionGoneError):  # the server closed its end: no hang
+        await within(fn(x), "the call after the server's end closed")
+    with pytest.raises(ConnectionGoneError):
+        fn(x)  # and at once from then on
