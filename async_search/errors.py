@@ -131,12 +131,6 @@ class ConnectionGoneError(ServerDiedError, ClosedConnection):
     ``ServerDiedError`` and a ``queues.ClosedConnection``: catch either."""
 
 
-class ConnectionGoneError(ServerDiedError, ClosedConnection):
-    """The server's end of a connection is gone (it closed its stream, or its process
-    died): the request was not answered, and every later call fails at once. It is a
-    ``ServerDiedError`` and a ``queues.ClosedConnection``: catch either."""
-
-
 def deliverable(error: BaseException) -> Exception:
     """``error`` as an exception a future can carry to its caller.
 
