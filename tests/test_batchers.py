@@ -259,3 +259,167 @@ def test_batches_over_the_join_limit_are_built_in_the_pooled_buffer(monkeypatch)
     popped = b.pop_parts(out=lambda rows, like: buffer, uniform=True)
     assert popped.buffer is buffer and np.shares_memory(popped.batch, buffer)
     assert popped.batch.tolist() == [[1, 1], [1, 1], [0, 0], [0, 0]]
+
+
+# -- FairBatcher: round robin between requests, priorities, full batches -----------------
+
+def test_fair_batcher_keeps_the_seed_example_8_8_2():
+    manager_batches = []
+    batcher = FairBatcher(8)
+    for i, n in enumerate((5, 4, 6, 3)):
+        batcher.append(np.arange(n), tag=i)
+    while not batcher.empty():
+        manager_batches.append(len(batcher.pop()))
+    assert manager_batches == [8, 8, 2]
+
+
+def test_fair_batcher_sends_the_rest_of_a_split_request_behind_the_others():
+    batcher = FairBatcher(4)
+    batcher.extend([np.arange(100, 110), np.array([1])], ["hog", "a"])
+    first = batcher.pop_parts()
+    assert first.tags == ["hog"] and first.parts == {0: (0, 10)} and first.tail_size == 10
+    batcher.append(np.array([2]), "b")  # after the hog's rest: behind it
+    second = batcher.pop_parts()
+    assert second.tags == ["a", "hog"] and second.batch.tolist() == [1, 100 + 4, 105, 106]
+    assert second.parts == {1: (4, 10)}
+    third = batcher.pop_parts()
+    assert third.tags == ["b", "hog"] and third.batch.tolist() == [2, 107, 108, 109]
+    assert third.parts == {1: (7, 10)} and third.tail_size is None and batcher.empty()
+
+
+def test_fair_batcher_fills_a_batch_from_the_highest_priority_down():
+    batcher = FairBatcher(4)
+    batcher.extend([np.array([0, 0, 0])], ["low"])
+    batcher.append(np.array([5, 5]), "urgent", priority=5)
+    batcher.extend([np.array([1])], ["one"], priority=1)
+    batcher.append(np.array([-1]), "below", priority=-1)
+    assert len(batcher) == 4 and batcher.queued == 7
+    popped = batcher.pop_parts()
+    assert popped.tags == ["urgent", "one", "low"] and popped.batch.tolist() == [5, 5, 1, 0]
+    assert popped.parts == {2: (0, 3)} and batcher.queued == 3
+    assert batcher.pop_parts().tags == ["low", "below"] and batcher.empty()
+
+
+def test_fair_batcher_priority_must_be_an_integer():
+    with pytest.raises(ValueError, match="priority must be an integer, got 1.5"):
+        FairBatcher(4).append(np.zeros(1), priority=1.5)
+    with pytest.raises(ValueError, match="priority must be an integer, got True"):
+        FairBatcher(4).extend([np.zeros(1)], priority=True)
+
+
+def test_fair_batcher_clear_returns_every_tag_of_every_priority():
+    batcher = FairBatcher(2)
+    batcher.extend([np.arange(5)], ["a"])
+    batcher.pop_parts()
+    batcher.append(np.zeros(1), "b", priority=2)
+    batcher.append(np.zeros(1), "c", priority=-3)
+    assert batcher.clear() == ["b", "a", "c"]
+    assert batcher.empty() and batcher.queued == 0 and len(batcher) == 0
+
+
+# One step of a property test: add a request (size, priority), pop a batch, or cancel
+# a request (by its number among those added; one that does not exist is skipped).
+fair_steps = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 30), st.sampled_from([0, 0, 0, 1, -1, 3])),
+    st.tuples(st.just("pop")),
+    st.tuples(st.just("cancel"), st.integers(0, 40))), max_size=60)
+
+
+def run_fair(batch_size, steps):
+    """Runs ``steps``, then pops until empty. Returns the requests, their priorities,
+    and per batch: the Popped and what each live request (added, not cancelled, not
+    wholly batched) still held just before it."""
+    batcher = FairBatcher(batch_size)
+    requests, priorities, cancelled, batches = [], [], set(), []
+    left = {}  # request number -> elements not yet batched (live requests only)
+
+    def pop():
+        try:
+            popped = batcher.pop_parts(drop=lambda tag: tag in cancelled)
+        except IndexError:  # everything queued was cancelled
+            assert not left
+            return
+        batches.append((popped, dict(left)))
+        for i, piece in zip(popped.tags, popped.pieces):
+            assert i in left, "a cancelled or finished request was batched"
+            left[i] -= len(piece)
+            assert left[i] >= 0
+            if not left[i]:
+                del left[i]
+
+    for step in steps:
+        if step[0] == "add":
+            _, n, priority = step
+            start = sum(len(x) for x in requests)
+            requests.append(np.arange(start, start + n))
+            priorities.append(priority)
+            left[len(requests) - 1] = n
+            batcher.append(requests[-1], len(requests) - 1, priority=priority)
+        elif step[0] == "cancel":
+            if step[1] < len(requests):
+                cancelled.add(step[1])
+                left.pop(step[1], None)
+        elif not batcher.empty():
+            pop()
+    while not batcher.empty():
+        pop()
+    assert not left, "a live request was never batched whole"
+    return requests, priorities, cancelled, batches, batcher
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch_size=st.integers(1, 12), steps=fair_steps)
+def test_fair_batcher_delivers_every_element_once_in_order_in_full_batches(batch_size,
+                                                                          steps):
+    requests, priorities, cancelled, batches, batcher = run_fair(batch_size, steps)
+    assert batcher.empty() and batcher.queued == 0 and len(batcher) == 0
+    received = {i: [] for i in range(len(requests))}  # (offset, rows) in batch order
+    for popped, live in batches:
+        size = len(popped.batch)
+        # Full while enough is queued: all it can take of what live requests hold.
+        assert size == min(batch_size, sum(live.values()))
+        assert len(set(popped.tags)) == len(popped.tags)  # one piece per request
+        assert np.array_equal(popped.batch, np.concatenate(popped.pieces))
+        parts = popped.parts or {}
+        for k, (i, piece) in enumerate(zip(popped.tags, popped.pieces)):
+            offset, total = parts.get(k, (0, len(requests[i])))
+            assert total == len(requests[i])
+            assert np.array_equal(piece, requests[i][offset:offset + len(piece)])
+            received[i].append((offset, len(piece)))
+            live[i] -= len(piece)
+        # Strict priority: what is left behind this batch is of no higher priority
+        # than any element in it.
+        taken = [priorities[i] for i, piece in zip(popped.tags, popped.pieces)
+                 if len(piece)]
+        if taken:
+            assert all(priorities[i] <= min(taken) for i, n in live.items() if n)
+    for i, pieces in received.items():
+        done = 0
+        for offset, rows in pieces:  # in order within a request: no gap, no overlap
+            assert offset == done
+            done += rows
+        assert done == len(requests[i]) or i in cancelled
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch_size=st.integers(1, 8), sizes=st.lists(st.integers(0, 40), max_size=12),
+       later=st.lists(st.integers(0, 40), max_size=12))
+def test_fair_batcher_starts_a_request_within_one_batch_per_request_ahead(
+        batch_size, sizes, later):
+    """Round robin: each batch takes the front request whole or moves its rest behind,
+    so a request starts within (requests ahead of it when it was queued) + 1 batches,
+    however large they are; requests queued later never get ahead of it."""
+    batcher = FairBatcher(batch_size)
+    batcher.extend([np.arange(n) for n in sizes], [("old", i) for i in range(len(sizes))])
+    batcher.pop_parts() if not batcher.empty() else None
+    ahead = len(batcher)
+    batcher.append(np.arange(1), "new")
+    pops = 0
+    while True:
+        for n in later[pops:pops + 1]:  # more traffic while it waits
+            batcher.append(np.arange(n), "later")
+        popped = batcher.pop_parts()
+        pops += 1
+        if "new" in popped.tags:
+            break
+    assert pops <= ahead + 1

@@ -12,18 +12,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any, Callable, Dict, Hashable, List, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 import numpy as np
 
 from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of,
-                               output_spec_of)
+                               on_device, output_spec_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
 from async_search.checks import check_float, check_int
 from async_search.errors import (CloseTimeoutError, ModelOutputError, ServerClosedError,
                                  ServerCrashedError, describe)
+from async_search.servers.batch_size import AutoBatchSize, BatchSizeTuner
 from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
+from async_search.servers.priority import PriorityEvaluate
 from async_search.servers.requests import RequestChecker
 from async_search.servers.responses import ResultDelivery
 from async_search.servers.stats import BatchRecord, ServingStats
@@ -69,11 +71,14 @@ class BatchingServer:
         model: a callable from a batch to outputs (``base.Model``); with an
             ``input_spec``, requests are checked against it when made, else against
             the first request. Its ``version`` attribute, if any, is the first version.
-        policy: batch size, optional delay, pipeline depth (batches in flight per
-            worker).
+        policy: batch size (or ``"auto"``: the size with the best measured end-to-end
+            rate, ``servers.batch_size``), optional delay, pipeline depth (batches in
+            flight per worker).
         batcher: how to cut the stream into batches; default
-            ``BatchSizeBatcher(policy.max_batch_size)`` (a ``CostBatcher`` bounds a batch
-            by total cost instead).
+            ``FairBatcher(policy.max_batch_size)``: a request larger than a batch takes
+            turns with the others, and ``at_priority`` queues go first (a
+            ``BatchSizeBatcher`` is first in, first out; a ``CostBatcher`` bounds a
+            batch by total cost).
         model_thread: where the model runs. ``"auto"`` (default): in a device thread,
             so that searches go on while it computes, but on the loop while its
             measured time per batch is below ``workers.INLINE_BELOW_S`` (200 us), where
@@ -84,6 +89,10 @@ class BatchingServer:
             the first free one).
         on_batch: called on the loop with a ``BatchRecord`` as each batch comes back
             (progress bars, live metrics).
+        devices: one device thread per device, each with its own copy of the model,
+            ``base.on_device(model, device)``, made when the server is entered (a model
+            without ``on_device`` gets a TypeError then); ``update_model`` places a new
+            model on every device, or passes weights to every copy.
 
     Faults (what a caller gets):
         - A request that does not fit the model's input raises InputSpecError when made.
@@ -107,16 +116,43 @@ class BatchingServer:
           (a ServerClosedError; the cause is its ``__cause__``) and closes the server:
           later calls raise it at once, and leaving the context raises it when the body
           did not raise.
+        - A request cancelled (or failed) while pieces of it are still queued: the rest
+          is dropped before it reaches a batch.
+        - An exit interrupted at any await (cancelled, once or twice) or out of
+          ``aclose(timeout=...)``: every request still queued or in the model fails
+          with ServerClosedError at once, and each device thread ends, unloading its
+          model, when its batch returns (see ``aclose``).
     """
 
     def __init__(self, model: Any, policy: DispatchPolicy = DispatchPolicy(),
                  batcher: Batcher | None = None, model_thread: bool | str = "auto",
                  num_workers: int = 1,
-                 on_batch: Callable[[BatchRecord], None] | None = None):
+                 on_batch: Callable[[BatchRecord], None] | None = None,
+                 devices: Sequence[Any] | None = None):
         check_int("num_workers", num_workers, minimum=1)
         self._placement = placement_of(model_thread)
         if num_workers > 1 and self._placement == "loop":
             raise ValueError("num_workers > 1 needs model_thread=True or 'auto'")
+        if devices is not None:
+            devices = list(devices)
+            if not devices:
+                raise ValueError("devices must name at least one device, got none")
+            if num_workers != 1:
+                raise ValueError(f"devices gives one worker per device: leave num_workers "
+                                 f"out (got num_workers={num_workers} and {len(devices)} "
+                                 f"devices)")
+            if self._placement == "loop":
+                raise ValueError("devices need device threads: model_thread=True or 'auto'")
+            num_workers = len(devices)
+        self._devices = devices
+        auto = policy.max_batch_size
+        self._tuner = None
+        if isinstance(auto, AutoBatchSize):
+            if batcher is not None:
+                raise ValueError(f"max_batch_size='auto' sizes the server's own batcher: "
+                                 f"pass no batcher (got {type(batcher).__name__})")
+            self._tuner = BatchSizeTuner(auto)
+        size = self._tuner.size if self._tuner is not None else policy.max_batch_size
         self.policy = policy
         self.model_thread = model_thread
         self._on_batch = on_batch
@@ -124,12 +160,11 @@ class BatchingServer:
         self._num_workers = num_workers
         self._check = RequestChecker(input_spec_of(model))
         self._shape, self._dtype = self._check.shape, self._check.dtype
-        self._batcher = batcher if batcher is not None else FairBatcher(
-            policy.max_batch_size)
+        self._batcher = batcher if batcher is not None else FairBatcher(size)
         self._budget = self._batcher.budget
         out_spec = output_spec_of(model)
         self._responses = ResultDelivery(out_spec.empty(0) if out_spec is not None else None)
-        self._pool = BufferPool(policy.max_batch_size)
+        self._pool = BufferPool(size)
         self._staged_xs: List[np.ndarray] = []
         self._staged_futures: List[asyncio.Future] = []
         self._staged_urgent: List[Tuple[int, np.ndarray, asyncio.Future]] = []  # priority
@@ -221,7 +256,9 @@ class BatchingServer:
         """``(outputs, version)``: the outputs for ``x`` and the model version that
         computed them (None for a request split across batches while the model was
         swapped, whose rows came from two versions)."""
-        fut = self(x)
+        return await self._versioned(self(x))
+
+    async def _versioned(self, fut: asyncio.Future) -> Tuple[Outputs, Hashable]:
         if fut.done():
             return fut.result(), self.version
         self._responses.want_version(fut)
@@ -230,6 +267,27 @@ class BatchingServer:
         finally:
             version = self._responses.pop_version(fut)
         return outputs, version
+
+    def at_priority(self, priority: int) -> PriorityEvaluate:
+        """An evaluate function for this server whose requests are batched at
+        ``priority`` (an integer; higher goes first; the server itself is priority 0).
+
+        A batch is filled from the highest priority queued down, round robin within a
+        level, so requests at a higher priority never wait behind lower ones (while
+        they fill the batches, lower ones wait: strict priority, as in Triton).
+
+        Example:
+            >>> # urgent = evaluate.at_priority(1); y = await urgent(x)
+
+        Raises:
+            ValueError: when ``priority`` is not an integer, or the server was given a
+                batcher other than a ``FairBatcher`` (priorities are its queues).
+        """
+        priority = check_int("priority", priority)
+        if not isinstance(self._batcher, FairBatcher):
+            raise ValueError(f"priorities need the server's FairBatcher (its default); "
+                             f"this server batches with {type(self._batcher).__name__}")
+        return PriorityEvaluate(self, priority)
 
     def call_with_version(self, x: np.ndarray) -> "asyncio.Future[Tuple[Outputs, Hashable]]":
         """``with_version`` as a call that queues ``x`` at once: the returned future
@@ -271,7 +329,10 @@ class BatchingServer:
         """batches, elements, mean_batch_size, model_time_s, wall_time_s,
         fraction_in_model, batch_size_histogram, reasons, queue wait, failed_batches,
         workers, version, buffers_allocated, buffers_reused, and where the model ran:
-        model_placement (thread, loop or auto), batches_on_loop, batches_in_thread."""
+        model_placement (thread, loop or auto), batches_on_loop, batches_in_thread; with
+        ``devices``: devices (one a worker); with ``max_batch_size="auto"``:
+        auto_batch_size (the size now, whether it is settled, the rate measured at each
+        size tried)."""
         stats = self._stats.as_dict()
         stats["workers"] = self.num_workers
         stats["version"] = self.version
@@ -281,6 +342,10 @@ class BatchingServer:
         stats["model_placement"] = self._placement
         stats["batches_on_loop"] = workers.batches_on_loop if workers is not None else 0
         stats["batches_in_thread"] = workers.batches_in_thread if workers is not None else 0
+        if self._devices is not None:
+            stats["devices"] = [str(device) for device in self._devices]
+        if self._tuner is not None:
+            stats["auto_batch_size"] = self._tuner.report()
         return stats
 
     @property
@@ -338,11 +403,12 @@ class BatchingServer:
             return self._num_workers
         return len(self._workers)
 
-    async def add_worker(self, model: Any = None) -> None:
-        """Starts another device thread (with its own ``model``, e.g. on another device,
-        or the current one) that takes batches from the same queue."""
+    async def add_worker(self, model: Any = None, device: Any = None) -> None:
+        """Starts another device thread that takes batches from the same queue, with its
+        own ``model``, or the current model's copy on ``device`` (``on_device``), or the
+        current model itself."""
         self._require_running()
-        self._workers.add(model)
+        self._workers.add(model, device=device)
         self._wake_dispatch()
 
     async def remove_worker(self) -> None:
@@ -360,11 +426,18 @@ class BatchingServer:
     async def __aenter__(self) -> "BatchingServer":
         if self._loop is not None:
             raise RuntimeError("a BatchingServer can be entered once")
+        devices = self._devices
+        # A copy of the model per device, made here before any thread starts (on_device
+        # raises TypeError for a model that cannot place itself: nothing is left then).
+        copies = [on_device(self._first_model, device) for device in devices or ()]
         self._loop = asyncio.get_running_loop()
         self._since = time.perf_counter()
-        self._workers = Workers(self._first_model, self.version, self._loop,
-                                placement=self._placement)
-        if self._placement != "loop":
+        self._workers = Workers(copies[0] if copies else self._first_model, self.version,
+                                self._loop, placement=self._placement)
+        if copies:
+            for copy, device in zip(copies, devices):
+                self._workers.add(copy, device=device)
+        elif self._placement != "loop":
             for _ in range(self._num_workers):
                 self._workers.add()
         self._new_future = _future_maker(self._loop)
@@ -563,6 +636,11 @@ class BatchingServer:
                                             popped.starting)
                 self._since = now
                 self._workers.submit(popped, popped.batch, self._on_done)
+                if reason is Reason.FULL and not self._in_flight:
+                    # The model ran on the loop and more full batches may follow (a
+                    # large request): let the searches run between them, or no one
+                    # else could even make a request until the large one is done.
+                    await asyncio.sleep(0)
         except BaseException as e:
             if isinstance(e, GeneratorExit):  # closed with its loop: nobody is waiting
                 raise
@@ -632,6 +710,8 @@ class BatchingServer:
                 self._responses.fail(popped, self._closed_error())
                 return
             try:
+                if self._tuner is not None:
+                    self._tune(len(popped.batch))
                 record = self._stats.record_model(len(popped.batch), seconds,
                                                   error is not None)
                 if self._on_batch is not None:
@@ -649,6 +729,21 @@ class BatchingServer:
             self._responses.fail(popped, self._closed_error())
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
+
+    def _tune(self, size: int) -> None:
+        """max_batch_size='auto': one more batch answered; the tuner may change the cap
+        (the batches in flight were cut under the old one)."""
+        tuner = self._tuner
+        cap = tuner.record(size, tuner.auto.clock(), self._in_flight)
+        if cap is not None:
+            self._batcher.budget = self._budget = cap
+            self._pool.resize(cap)
+
+    @property
+    def max_batch_size(self) -> int:
+        """The most elements in a batch now (with ``max_batch_size="auto"``: the size
+        the server has chosen so far)."""
+        return self._budget
 
     def _fail_queued(self, error: BaseException) -> int:
         """Fails every request staged or queued (never calls the batcher's cost);

@@ -46,9 +46,16 @@ class BufferPool:
         self.allocated += 1
         return np.empty((self.capacity, *like.shape[1:]), like.dtype)
 
+    def resize(self, capacity: int) -> None:
+        """Buffers of ``capacity`` rows from now on; the free ones of the old size go."""
+        if capacity != self.capacity:
+            self.capacity = capacity
+            self._free = {}
+
     def give_back(self, buffer: np.ndarray, outputs: Any) -> None:
-        """Returns ``buffer`` to the pool unless ``outputs`` may share its memory."""
-        if _may_share(outputs, buffer):
+        """Returns ``buffer`` to the pool unless ``outputs`` may share its memory (or
+        it is of a capacity the pool no longer hands out)."""
+        if len(buffer) != self.capacity or _may_share(outputs, buffer):
             return
         free = self._free.setdefault((buffer.shape[1:], buffer.dtype), [])
         if len(free) < self.max_free:

@@ -36,8 +36,10 @@ class DeviceThread:
 
     def __init__(self, model: Any, version: Hashable, jobs: "queue.SimpleQueue",
                  loop: asyncio.AbstractEventLoop, on_exit: Callable[["DeviceThread"], None],
-                 name: str = "async_search-device"):
+                 name: str = "async_search-device", device: Any = None):
         self._current = (model, version)  # replaced whole, read whole: no lock needed
+        #: The device this thread's model lives on (None: wherever the model is).
+        self.device = device
         self._jobs = jobs
         self._loop = loop
         self._on_exit = on_exit

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from async_search.batchers import Batcher
+from async_search.servers.batch_size import AutoBatchSize
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.stats import BatchRecord
@@ -14,11 +15,11 @@ __all__ = ["serve"]
 
 
 @contextlib.asynccontextmanager
-async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None = None,
-                pipeline_depth: int = 2, *, batcher: Batcher | None = None,
-                model_thread: bool | str = "auto", num_workers: int = 1,
-                on_batch: Callable[[BatchRecord], None] | None = None,
-                ) -> AsyncIterator[BatchingServer]:
+async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
+                max_delay: float | None = None, pipeline_depth: int = 2, *,
+                batcher: Batcher | None = None, model_thread: bool | str = "auto",
+                num_workers: int = 1, on_batch: Callable[[BatchRecord], None] | None = None,
+                devices: Sequence[Any] | None = None) -> AsyncIterator[BatchingServer]:
     """Serve ``model`` in batches to every coroutine of the running loop.
 
     Yields ``evaluate``: ``await evaluate(x)`` with ``x[n, ...]`` returns the model's
@@ -26,13 +27,23 @@ async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None =
     ``evaluate.stats`` is a dict: batches, elements, mean_batch_size, model_time_s,
     wall_time_s, fraction_in_model, batch_size_histogram, reasons, queue wait.
 
+    Batches are fair: a request larger than a batch is cut into pieces that take turns
+    with the other requests (``FairBatcher``), so one large caller cannot hold back the
+    rest; ``evaluate.at_priority(p)`` is an evaluate whose requests go first.
+
     On leaving the context, queued requests are served (or, when the body raised, fail
-    with ServerClosedError), and the dispatch task and device thread end.
+    with ServerClosedError), and the dispatch task and device threads end, each
+    unloading its model. An exit that is cancelled (or ``evaluate.aclose(timeout=...)``
+    that runs out) fails what is left at once and leaves each thread to end when its
+    model returns.
 
     Args:
         model: ``ndarray [n, ...] -> outputs [n, ...]`` (an array, or a tuple or dict of
             arrays); its ``input_spec``, if declared, checks requests when made.
-        max_batch_size: the most elements in one batch.
+        max_batch_size: the most elements in one batch; ``"auto"`` (or an
+            ``AutoBatchSize``): the size with the highest measured end-to-end rate,
+            climbing over powers of two (``servers.batch_size`` states the rule);
+            ``evaluate.max_batch_size`` is the size chosen so far.
         max_delay: seconds a partial batch may wait for company; None sends it as soon
             as the model is free and no search has a request left to make.
         pipeline_depth: the most batches in flight at once.
@@ -46,6 +57,11 @@ async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None =
             and removed while serving (``evaluate.add_worker``, ``remove_worker``).
         on_batch: called with a ``BatchRecord(finished_s, size, model_s)`` as each
             batch comes back (a progress bar, say); ``evaluate.trace`` keeps them all.
+        devices: one device worker per device, taking batches from one queue, each
+            with its own copy of the model, ``on_device(model, device)`` (the
+            ``base.DeviceModel`` protocol, which the framework adapters meet; a plain
+            function gets a TypeError). ``update_model`` reaches every copy: weights go
+            to each copy's ``with_weights``, a new model is placed on each device.
 
     ``evaluate`` also swaps models while serving: ``evaluate.update_model(model,
     version)``, ``await evaluate.with_version(x)`` and ``evaluate.version``.
@@ -63,5 +79,5 @@ async def serve(model: Any, max_batch_size: int = 256, max_delay: float | None =
     """
     policy = DispatchPolicy(max_batch_size, max_delay, pipeline_depth)
     async with BatchingServer(model, policy, batcher, model_thread, num_workers,
-                              on_batch) as evaluate:
+                              on_batch, devices) as evaluate:
         yield evaluate

@@ -6,6 +6,7 @@ import asyncio
 import queue
 from typing import Any, Callable, Hashable, List
 
+from async_search.base import on_device
 from async_search.servers.device import STOP, DeviceThread, Done, InlineDevice
 
 __all__ = ["Workers", "INLINE_BELOW_S", "PLACEMENTS", "placement_of"]
@@ -81,16 +82,20 @@ class Workers:
     def model(self) -> Any:
         return self._model
 
-    def add(self, model: Any = None) -> None:
-        """Starts one more device thread, with its own ``model`` or the current one."""
+    def add(self, model: Any = None, device: Any = None) -> None:
+        """Starts one more device thread, with its own ``model``, or the current model's
+        copy on ``device`` (``base.on_device``), or the current model. A thread with a
+        ``device`` gets every later model as its copy on that device."""
         if not self._threaded:
             raise RuntimeError("a server whose model runs on the loop has one device; "
                                "serve with model_thread=True to add workers")
         if self._stopping:
             raise RuntimeError("the workers are stopping: no worker can be added")
-        thread = DeviceThread(model if model is not None else self._model, self.version,
-                              self._jobs, self._loop, self._on_exit,
-                              name=f"async_search-device-{len(self._threads)}")
+        if model is None:
+            model = self._model if device is None else on_device(self._model, device)
+        thread = DeviceThread(model, self.version, self._jobs, self._loop, self._on_exit,
+                              name=f"async_search-device-{len(self._threads)}",
+                              device=device)
         self._threads.append(thread.start())
 
     async def remove(self) -> None:
@@ -150,15 +155,29 @@ class Workers:
         A callable replaces the model; anything else is passed to the current model's
         ``with_weights``, which returns the new model.
         """
-        devices = self._threads if self._threaded else [self._inline]
+        workers = self._threads if self._threaded else [self._inline]
+        # Every new model is made before any worker swaps: if one fails (a model that
+        # cannot be placed, weights that do not fit), nothing has changed.
+        made: dict = {}  # id(old model) -> its new model: one with_weights per model
+
+        def renewed(old: Any) -> Any:
+            if id(old) not in made:
+                made[id(old)] = _with_weights(old, model_or_weights)
+            return made[id(old)]
+
         if callable(model_or_weights):
-            new_models = [model_or_weights] * len(devices)
-            self._model = model_or_weights
+            new_models = [model_or_weights if getattr(w, "device", None) is None
+                          else on_device(model_or_weights, w.device) for w in workers]
         else:
-            new_models = [_with_weights(d.model, model_or_weights) for d in devices]
-            self._model = _with_weights(self._model, model_or_weights)
-        for device, model in zip(devices, new_models):
-            device.set_model(model, version)
+            new_models = [renewed(w.model) for w in workers]
+        if callable(model_or_weights):
+            placed = [m for w, m in zip(workers, new_models)
+                      if getattr(w, "device", None) is not None]
+            self._model = placed[0] if placed else model_or_weights
+        else:
+            self._model = renewed(self._model)
+        for worker, model in zip(workers, new_models):
+            worker.set_model(model, version)
         self.version = version
         self._hooks = _has_hooks(self._model)
 

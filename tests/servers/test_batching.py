@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import async_search as asr
-from async_search.batchers import CostBatcher
+from async_search.batchers import BatchSizeBatcher, CostBatcher
 from async_search.servers import BatchingServer
 from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
                                  ServerCrashedError)
@@ -328,8 +328,11 @@ async def test_stats_report_model_time_and_fractions():
 
 
 def test_invalid_policy_arguments_name_the_value():
-    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, 'auto' "
+                                         "or an AutoBatchSize, got 0"):
         asr.servers.DispatchPolicy(max_batch_size=0)
+    with pytest.raises(ValueError, match="got 'Auto'"):
+        asr.servers.DispatchPolicy(max_batch_size="Auto")
     with pytest.raises(ValueError, match="pipeline_depth"):
         asr.servers.DispatchPolicy(pipeline_depth=0)
     with pytest.raises(ValueError, match="max_delay"):
@@ -479,3 +482,86 @@ async def test_a_zero_element_request_after_an_accepted_shape_resolves_at_once()
         assert y.shape == (0, 3)
         np.testing.assert_array_equal(await evaluate(np.ones((1, 3), np.float32)),
                                       [[2.0] * 3])
+
+
+# -- fair batches and priorities ---------------------------------------------------------
+
+async def fair_waits(batcher=None):
+    """Batches each one-row request waited for while a 4,000-row request is served in
+    batches of 8; and whether the large one was still unfinished after them."""
+    model = with_spec(lambda x: x * 2.0, (1,), np.float32)
+    large = np.arange(4000, dtype=np.float32).reshape(-1, 1)
+    waits = []
+    async with asr.serve(model, max_batch_size=8, model_thread=False,
+                         batcher=batcher) as evaluate:
+        hog = evaluate(large)
+
+        async def small(i):
+            for step in range(5):
+                before = evaluate.stats["batches"]
+                y = await evaluate(np.full((1, 1), 10 * i + step, np.float32))
+                assert y.tolist() == [[2.0 * (10 * i + step)]]
+                waits.append(evaluate.stats["batches"] - before)
+
+        await asyncio.wait_for(asyncio.gather(*(small(i) for i in range(4))), 30)
+        unfinished = not hog.done()
+        np.testing.assert_array_equal(await asyncio.wait_for(hog, 30), large * 2.0)
+    return waits, unfinished
+
+
+async def test_a_large_request_does_not_hold_back_the_requests_made_after_it():
+    """The default (FairBatcher): a one-row request made beside a 4,000-row one waits at
+    most two batches (one of the large request's, then its own), not its 500."""
+    waits, unfinished = await fair_waits()
+    assert max(waits) <= 2 and unfinished
+    fifo, _ = await fair_waits(BatchSizeBatcher(8))  # what the default replaced
+    assert max(fifo) >= 400
+
+
+async def test_requests_at_a_higher_priority_go_in_the_next_batch():
+    seen = []
+
+    def recording(x):
+        seen.append(x[:, 0].tolist())
+        return x + 1.0
+
+    model = with_spec(recording, (1,), np.float32)
+    async with asr.serve(model, max_batch_size=4, model_thread=False) as evaluate:
+        backlog = [evaluate(np.full((4, 1), i, np.float32)) for i in range(10)]
+        lower = evaluate.at_priority(-1)(np.full((1, 1), 7, np.float32))
+        urgent = evaluate.at_priority(1)
+        assert urgent.priority == 1 and urgent.version == evaluate.version
+        first = urgent(np.full((2, 1), -1, np.float32))
+        ys = await asyncio.wait_for(asyncio.gather(first, *backlog, lower), 10)
+        trace = evaluate.trace
+        y, version = await asyncio.wait_for(urgent.with_version(
+            np.ones((1, 1), np.float32)), 10)
+    # The urgent request went in the first batch, the lower one in the last.
+    assert ys[0].tolist() == [[0.0], [0.0]] and (y.tolist(), version) == ([[2.0]], 0)
+    assert [y[0, 0] for y in ys[1:]] == [i + 1.0 for i in range(10)] + [8.0]
+    assert [record.size for record in trace] == [4] * 10 + [3]
+    # Request 0 split with the urgent one: its rest went behind the others, before the
+    # lower priority.
+    assert seen[0] == [-1.0, -1.0, 0.0, 0.0] and seen[10] == [0.0, 0.0, 7.0]
+
+
+async def test_at_priority_takes_an_integer_and_needs_the_fair_batcher():
+    async with asr.serve(doubling()) as evaluate:
+        with pytest.raises(ValueError, match="priority must be an integer, got '1'"):
+            evaluate.at_priority("1")
+    async with asr.serve(doubling(), batcher=CostBatcher(8, len)) as evaluate:
+        with pytest.raises(ValueError, match="FairBatcher.*CostBatcher"):
+            evaluate.at_priority(1)
+
+
+async def test_a_cancelled_large_request_is_not_computed_further():
+    model = GatedModel()
+    async with asr.serve(model, max_batch_size=4, pipeline_depth=1) as evaluate:
+        hog = evaluate(np.zeros((400, 1), np.float32))
+        await wait_thread_event(model.started)  # its first batch is in the model
+        hog.cancel()
+        small = evaluate(np.ones((1, 1), np.float32))
+        model.gate.set()
+        assert (await asyncio.wait_for(small, 10)).tolist() == [[2.0]]
+    assert len(model.seen) <= 3  # not its 100 batches
+    assert evaluate._responses.held == 0

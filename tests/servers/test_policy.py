@@ -10,10 +10,14 @@ def test_defaults():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"max_batch_size": True}, "max_batch_size must be an integer >= 1, got True"),
-    ({"max_batch_size": False}, "max_batch_size must be an integer >= 1, got False"),
-    ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1, got 0"),
-    ({"max_batch_size": 8.0}, "max_batch_size must be an integer >= 1, got 8.0"),
+    ({"max_batch_size": True}, "max_batch_size must be an integer >= 1, 'auto' or an "
+     "AutoBatchSize, got True"),
+    ({"max_batch_size": False}, "max_batch_size must be an integer >= 1, 'auto' or an "
+     "AutoBatchSize, got False"),
+    ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1, 'auto' or an "
+     "AutoBatchSize, got 0"),
+    ({"max_batch_size": 8.0}, "max_batch_size must be an integer >= 1, 'auto' or an "
+     "AutoBatchSize, got 8.0"),
     ({"pipeline_depth": True}, "pipeline_depth must be an integer >= 1, got True"),
     ({"pipeline_depth": 0}, "pipeline_depth must be an integer >= 1, got 0"),
     ({"max_delay": -0.001}, "max_delay must be a finite number >= 0, got -0.001"),

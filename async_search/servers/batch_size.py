@@ -1,0 +1,207 @@
+"""``max_batch_size="auto"``: the batch size with the highest measured end-to-end rate.
+
+The fastest batch for the model alone is not the fastest for the searches: with 512
+searches in lockstep, one batch of 512 leaves the device idle while the searches expand
+and the searches idle while the device computes, where two batches of 256 overlap the
+two (AlphaZero.jl's issue #78). So the server measures what it delivers, not what the
+model computes: elements answered per second of wall time, batch after batch, at each
+batch size it tries.
+
+The rule (``BatchSizeTuner``), over the sizes ``smallest * 2**k`` up to ``largest``:
+
+1. A trial measures one size: it skips the batches that were in flight when the size
+   was set (cut under the previous one), then takes ``trial_batches`` batches; the
+   rate is their elements over the wall time from the completion before them to the
+   last of them.
+2. The first round tries every size from the smallest up, and stops early when the
+   batches no longer fill the size (a larger cap cannot change batches that do not
+   fill this one), or when two sizes in a row are slower than the fastest so far by
+   more than ``tolerance`` (a fraction): past the peak, or past a cliff such as a
+   cache the batch no longer fits.
+3. The size chosen is the smallest whose rate is within ``tolerance`` of the fastest
+   (the same rate with smaller batches answers each request sooner).
+4. It is kept for ``hold_batches`` batches; then a round measures it and its two
+   neighbours again (the one above only when the batches fill the size), moves to the
+   choice among them, and goes on one size further in that direction while the choice
+   is at the edge of what the round measured. The load may have changed.
+
+Idle time counts: a pause in the requests during a trial lowers that trial's rate, and
+the next round measures again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Dict, List, Optional
+
+from async_search.checks import check_float, check_int
+
+__all__ = ["AutoBatchSize", "BatchSizeTuner"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoBatchSize:
+    """How ``max_batch_size="auto"`` climbs (``"auto"`` is ``AutoBatchSize()``).
+
+    Attributes:
+        smallest, largest: the range of sizes tried (powers of two times ``smallest``).
+        trial_batches: batches measured at each size tried.
+        tolerance: how much slower (a fraction) than the fastest a size may be and still
+            be chosen for being smaller; and how much slower sizes end the first round.
+        hold_batches: batches at a chosen size before the next round.
+        clock: seconds, monotonic; ``time.perf_counter`` (a test injects its own).
+
+    Example:
+        >>> AutoBatchSize(largest=1024).sizes()[-3:]
+        [256, 512, 1024]
+    """
+
+    smallest: int = 16
+    largest: int = 4096
+    trial_batches: int = 16
+    tolerance: float = 0.05
+    hold_batches: int = 2000
+    clock: Callable[[], float] = time.perf_counter
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "smallest", check_int("AutoBatchSize.smallest", self.smallest, minimum=1))
+        set_(self, "largest", check_int("AutoBatchSize.largest", self.largest,
+                                        minimum=self.smallest))
+        set_(self, "trial_batches", check_int("AutoBatchSize.trial_batches",
+                                              self.trial_batches, minimum=1))
+        set_(self, "tolerance", check_float("AutoBatchSize.tolerance", self.tolerance,
+                                            minimum=0))
+        set_(self, "hold_batches", check_int("AutoBatchSize.hold_batches",
+                                             self.hold_batches, minimum=1))
+        if not callable(self.clock):
+            raise ValueError(f"AutoBatchSize.clock must be callable, got {self.clock!r}")
+
+    def sizes(self) -> List[int]:
+        """The sizes tried, smallest first."""
+        out, size = [], self.smallest
+        while size <= self.largest:
+            out.append(size)
+            size *= 2
+        return out
+
+
+class BatchSizeTuner:
+    """Chooses the batch size with the highest measured end-to-end rate (the module's
+    rule), fed one answered batch at a time.
+
+    Example:
+        >>> tuner = BatchSizeTuner(AutoBatchSize(smallest=64, trial_batches=2))
+        >>> tuner.size
+        64
+        >>> [tuner.record(64, float(t)) for t in range(1, 4)]  # 64 elements a second
+        [None, None, 128]
+        >>> tuner.rates                  # measured at 64; full batches: 128 is next
+        {64: 64.0}
+    """
+
+    def __init__(self, auto: AutoBatchSize):
+        self.auto = auto
+        self._ladder = auto.sizes()
+        self._index = 0                  # ladder index of the size batches are cut at
+        self._sweeping = True            # the first round: every size from the smallest
+        self._round: Dict[int, float] = {}  # index -> rate measured in this round
+        self._filled: Dict[int, bool] = {}  # index -> whether its batches filled it
+        self._queue: List[int] = []      # indices this round measures next
+        self._skip = 0                   # completions left from before the last change
+        self._last: Optional[float] = None  # when the batch before the window finished
+        self._elements = self._batches = self._full = 0
+        self._held: Optional[int] = None  # batches at the chosen size (None: measuring)
+        #: The rate last measured at each size tried (elements per second).
+        self.rates: Dict[int, float] = {}
+
+    @property
+    def size(self) -> int:
+        """The cap for the batches dispatched now."""
+        return self._ladder[self._index]
+
+    @property
+    def settled(self) -> bool:
+        """True while a chosen size is held; False while a round measures."""
+        return self._held is not None
+
+    def record(self, size: int, finished_s: float, in_flight: int = 0) -> Optional[int]:
+        """A batch of ``size`` elements was answered at ``finished_s`` (the clock's
+        seconds); ``in_flight`` batches are still out. Returns the new cap when it
+        changes (the ``in_flight`` batches, cut under the old one, are not measured),
+        else None."""
+        if self._held is not None:
+            self._held += 1
+            if self._held < self.auto.hold_batches:
+                return None
+            best, last = self._index, len(self._ladder) - 1
+            self._held, self._round, self._filled = None, {}, {}
+            self._queue = [i for i in (best - 1, best + 1) if 0 <= i <= last]
+            return self._measure(best, finished_s, in_flight)  # the chosen one first
+        if self._skip:
+            self._skip -= 1
+            self._last = finished_s
+            return None
+        if self._last is None:
+            self._last = finished_s  # the first completion opens the window
+            return None
+        self._elements += size
+        self._batches += 1
+        self._full += size >= self.size
+        if self._batches < self.auto.trial_batches:
+            return None
+        seconds = finished_s - self._last
+        rate = self._elements / seconds if seconds > 0 else float("inf")
+        self.rates[self.size] = self._round[self._index] = rate
+        self._filled[self._index] = self._full * 2 >= self._batches  # mostly full
+        return self._measure(self._next(), finished_s, in_flight)
+
+    def _next(self) -> Optional[int]:
+        """The index to measure next in this round, or None when the round is over."""
+        index, filled, last = self._index, self._filled[self._index], len(self._ladder) - 1
+        if self._sweeping:
+            fastest = max(self._round.values())
+            slower = [i for i in sorted(self._round) if self._slower(i, fastest)]
+            two_slower = len(slower) >= 2 and slower[-2:] == [index - 1, index]
+            if filled and not two_slower and index < last:
+                return index + 1
+            return None
+        if not filled:  # a larger cap than its batches measures nothing new
+            self._queue = [i for i in self._queue if i < index]
+        if self._queue:
+            return self._queue.pop(0)
+        best = self._choice()
+        low, high = min(self._round), max(self._round)
+        if best == high and self._filled[high] and high < last:
+            return high + 1
+        if best == low and low > 0:
+            return low - 1
+        return None
+
+    def _slower(self, index: int, fastest: float) -> bool:
+        return self._round[index] * (1.0 + self.auto.tolerance) < fastest
+
+    def _choice(self) -> int:
+        """The smallest size measured this round within tolerance of the fastest."""
+        fastest = max(self._round.values())
+        return min(i for i in self._round if not self._slower(i, fastest))
+
+    def _measure(self, index: Optional[int], now: float, in_flight: int) -> Optional[int]:
+        """Starts a trial of ``index``, or, when None, holds this round's choice."""
+        if index is None:
+            index = self._choice()
+            self._sweeping = False
+            self._held = 0
+        changed = index != self._index
+        self._index = index
+        self._skip = in_flight if changed else 0
+        self._last = now
+        self._elements = self._batches = self._full = 0
+        return self.size if changed else None
+
+    def report(self) -> dict:
+        """What ``stats["auto_batch_size"]`` shows: the size now, whether it is settled,
+        and the rate last measured at each size tried (elements/s)."""
+        return {"size": self.size, "settled": self.settled,
+                "rates": {size: round(rate, 1) for size, rate in sorted(self.rates.items())}}

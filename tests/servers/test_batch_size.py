@@ -1,0 +1,191 @@
+"""max_batch_size="auto": the climb to the batch size with the best end-to-end rate.
+
+Times here are known functions of the batch size, fed to the tuner (or read by the
+server from an injected clock that the model advances), never measured.
+"""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.batchers import FairBatcher
+from async_search.models import with_spec
+from async_search.servers.batch_size import AutoBatchSize, BatchSizeTuner
+from async_search.servers.policy import DispatchPolicy
+
+pytestmark = pytest.mark.timeout(60)
+
+SEARCHES = 512           # searches in lockstep: each asks one element a step
+SEARCH_S = 2e-6          # CPU seconds a search spends on a step (on the loop)
+
+
+def model_s(size):
+    """Seconds the model takes on a batch: 200 us + 1.5 us an element."""
+    return 200e-6 + 1.5e-6 * size
+
+
+def lockstep_step_s(cap):
+    """Seconds a step of the 512 searches takes end to end with batches of ``cap``: one
+    batch for all leaves the device idle while the searches run and the searches idle
+    while it computes; two or more batches alternate, the device computing one while
+    the searches make the next."""
+    groups = -(-SEARCHES // cap)
+    size = -(-SEARCHES // groups)
+    cpu = SEARCHES * SEARCH_S
+    if groups == 1:
+        return cpu + model_s(size)
+    return max(cpu, groups * model_s(size))
+
+
+def drive(tuner, step_s, searches=SEARCHES, max_batches=20_000, now=0.0):
+    """Feeds the tuner the completions of lockstep steps at its current cap, from
+    ``now`` (seconds) on, until it settles; returns the sizes it set."""
+    chosen = [tuner.size]
+    for _ in range(max_batches):
+        if tuner.settled:
+            return chosen
+        cap = tuner.size
+        groups = -(-searches // cap)
+        for g in range(groups):
+            now += step_s(cap) / groups
+            size = min(cap, searches - g * cap)
+            new = tuner.record(size, now)
+            if new is not None:
+                chosen.append(new)
+                break
+    raise AssertionError("the tuner never settled")
+
+
+def test_the_first_round_finds_the_fastest_end_to_end_not_the_fastest_alone():
+    """512 is the model's fastest batch alone, 256 the fastest end to end: the tuner
+    tries 16 up to 1024 (whose batches, 512, no longer fill it) and settles on 256."""
+    ladder = AutoBatchSize().sizes()
+    alone = max(ladder[:6], key=lambda b: b / model_s(b))
+    end_to_end = max(ladder, key=lambda b: SEARCHES / lockstep_step_s(b))
+    assert (alone, end_to_end) == (512, 256)
+    tuner = BatchSizeTuner(AutoBatchSize(trial_batches=8))
+    chosen = drive(tuner, lockstep_step_s)
+    assert chosen == [16, 32, 64, 128, 256, 512, 1024, 256]
+    assert tuner.size == 256 and tuner.settled
+    assert tuner.report()["size"] == 256 and list(tuner.report()["rates"]) == chosen[:-1]
+
+
+def test_the_first_round_stops_two_sizes_past_a_cliff():
+    """A model fastest per element at 128 that slows down above it (it spills a cache):
+    the round stops after 256 and 512 are both slower, and 128 is chosen."""
+    tuner = BatchSizeTuner(AutoBatchSize(trial_batches=4))
+
+    def step_s(cap):  # 2048 searches: every batch full
+        n = min(cap, 2048)
+        return (2048 // n) * (1e-4 + (1e-6 if n <= 128 else 3e-6) * n)
+
+    assert drive(tuner, step_s, searches=2048) == [16, 32, 64, 128, 256, 512, 128]
+
+
+def test_the_smallest_size_within_the_tolerance_of_the_fastest_is_chosen():
+    speed = {16: 0.5, 32: 0.8, 64: 0.95, 128: 1.0}  # relative rates; 256 holds 128 too
+
+    def step_s(cap):
+        return 1e-3 / speed.get(cap, 1.0)
+
+    lenient = BatchSizeTuner(AutoBatchSize(trial_batches=4, tolerance=0.1))
+    assert drive(lenient, step_s, searches=128)[-1] == 64  # 5 % slower: smaller wins
+    strict = BatchSizeTuner(AutoBatchSize(trial_batches=4, tolerance=0.01))
+    assert drive(strict, step_s, searches=128)[-1] == 128
+    assert set(strict.rates) == {16, 32, 64, 128, 256}  # 256: batches of 128, it stops
+
+
+def test_batches_dispatched_before_a_change_are_not_measured():
+    tuner = BatchSizeTuner(AutoBatchSize(smallest=64, trial_batches=2))
+    assert [tuner.record(64, t) for t in (1.0, 2.0)] == [None, None]
+    assert tuner.record(64, 3.0, in_flight=2) == 128  # 64 a second at 64
+    # The two batches in flight were cut at 64: their (absurd) times do not count.
+    assert tuner.record(64, 1000.0) is None and tuner.record(64, 2000.0) is None
+    tuner.record(128, 2001.0)
+    assert tuner.record(128, 2002.0) == 256  # 128 a second at 128: on up
+    assert tuner.rates == {64: 64.0, 128: 128.0}
+
+
+def test_a_chosen_size_is_held_then_measured_again_with_its_neighbours():
+    tuner = BatchSizeTuner(AutoBatchSize(smallest=32, trial_batches=2, hold_batches=5))
+    drive(tuner, lambda cap: 1e-3 / {32: 0.5, 64: 1.0}.get(cap, 0.5), searches=128)
+    assert tuner.settled and tuner.size == 64
+    for t in range(4):
+        assert tuner.record(64, 10.0 + t) is None and tuner.settled
+    assert tuner.record(64, 20.0) is None and not tuner.settled  # 64 measured again
+    # Now 128 is the fastest: the round measures 64, 32, 128, then goes on to 256.
+    chosen = drive(tuner, lambda cap: 1e-3 / {64: 1.0, 128: 2.0}.get(cap, 0.5),
+                   searches=512, now=20.0)
+    assert chosen == [64, 32, 128, 256, 128] and tuner.size == 128
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(smallest=0), "AutoBatchSize.smallest must be an integer >= 1, got 0"),
+    (dict(smallest=64, largest=32), "AutoBatchSize.largest must be an integer >= 64"),
+    (dict(trial_batches=True), "AutoBatchSize.trial_batches must be an integer >= 1"),
+    (dict(tolerance=-0.1), "AutoBatchSize.tolerance must be a finite number >= 0"),
+    (dict(clock=3), "AutoBatchSize.clock must be callable"),
+])
+def test_auto_batch_size_checks_its_fields(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AutoBatchSize(**kwargs)
+
+
+def test_auto_is_an_auto_batch_size_in_the_policy():
+    assert DispatchPolicy("auto").max_batch_size == AutoBatchSize()
+    custom = AutoBatchSize(largest=512)
+    assert DispatchPolicy(custom).max_batch_size is custom
+
+
+# -- the server ------------------------------------------------------------------------
+
+class Clock:
+    """Seconds that pass only when the model computes."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+async def test_the_server_settles_on_the_size_its_measured_times_favour():
+    """A model whose time per batch is a known function of its size (fastest per
+    element at 128, far slower per element above: say it spills a cache), fed by 1024
+    searches: the server settles on 128 and cuts every later batch at 128."""
+    clock = Clock()
+
+    def timed(x):
+        n = len(x)
+        clock.now += 1e-4 + (1e-6 * n if n <= 128 else 3e-6 * n)
+        return x * 2.0
+
+    auto = AutoBatchSize(trial_batches=4, hold_batches=10_000, clock=clock)
+    sizes = []
+    async with asr.serve(with_spec(timed, (1,), np.float32), max_batch_size=auto,
+                         model_thread=False,
+                         on_batch=lambda record: sizes.append(record.size)) as evaluate:
+        assert evaluate.max_batch_size == 16
+
+        async def search(i):
+            x = np.full((1, 1), i, np.float32)
+            for _ in range(60):
+                assert (await evaluate(x)).item() == 2.0 * i
+
+        await asyncio.wait_for(asyncio.gather(*(search(i) for i in range(1024))), 30)
+        stats = evaluate.stats
+    assert evaluate.max_batch_size == 128 and stats["auto_batch_size"]["size"] == 128
+    report = stats["auto_batch_size"]
+    assert report["settled"] and list(report["rates"]) == [16, 32, 64, 128, 256, 512]
+    assert max(report["rates"], key=report["rates"].get) == 128
+    settled_at = len(sizes) - sizes[::-1].index(512)  # after the last batch of 512
+    after = sizes[settled_at:]
+    assert max(after) == 128 and after.count(128) >= 0.9 * len(after) and len(after) > 100
+
+
+async def test_auto_refuses_a_batcher_of_its_own():
+    with pytest.raises(ValueError, match="pass no batcher"):
+        async with asr.serve(lambda x: x, max_batch_size="auto", batcher=FairBatcher(8)):
+            pass

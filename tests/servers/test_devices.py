@@ -1,0 +1,150 @@
+"""serve(model, devices=[...]): one device worker per device, each with its own copy.
+
+The devices are CPU "devices" with names; the model is a fake ``DeviceModel`` that
+records which copy (device) computed each batch in which thread.
+"""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.base import DeviceModel
+from async_search.servers import BatchingServer
+from tests.helpers import wait_until, within
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Placed:
+    """``x * weight`` on a named device; copies share one log of what ran where."""
+
+    batch_tolerance = 0.0
+
+    def __init__(self, weight=1.0, device="host", log=None, barrier=None):
+        self.input_spec = asr.TensorSpec((1,), np.float32)
+        self.weight, self.device = weight, device
+        self.log = log if log is not None else []
+        self.barrier = barrier  # the first batch on each device waits for the others
+        self._lock = threading.Lock()
+
+    def on_device(self, device):
+        self.log.append(("copy", self.weight, device))
+        return Placed(self.weight, device, self.log, self.barrier)
+
+    def with_weights(self, weight):
+        self.log.append(("weights", weight, self.device))
+        return Placed(weight, self.device, self.log, self.barrier)
+
+    def load(self):
+        self.log.append(("load", self.weight, self.device))
+
+    def unload(self):
+        self.log.append(("unload", self.weight, self.device))
+
+    def __call__(self, x):
+        if self.barrier is not None:
+            barrier, self.barrier = self.barrier, None
+            barrier.wait(10)  # every device has a batch at once
+        self.log.append(("run", self.weight, self.device, threading.current_thread().name))
+        return x * self.weight
+
+
+def runs(log):
+    return [entry for entry in log if entry[0] == "run"]
+
+
+async def test_each_device_runs_its_own_copy_in_its_own_thread():
+    log = []
+    model = Placed(2.0, log=log, barrier=threading.Barrier(3))
+    assert isinstance(model, DeviceModel)
+    devices = ["cpu:0", "cpu:1", "cpu:2"]
+    async with asr.serve(model, max_batch_size=2, devices=devices) as evaluate:
+        xs = [np.full((1, 1), i, np.float32) for i in range(30)]
+        ys = await within(asyncio.gather(*(evaluate(x) for x in xs)), "the answers")
+        stats = evaluate.stats
+    assert [y.item() for y in ys] == [2.0 * i for i in range(30)]
+    assert [e for e in log if e[0] == "copy"] == [("copy", 2.0, d) for d in devices]
+    assert stats["workers"] == 3 and stats["devices"] == devices
+    by_thread = {}
+    for _, _, device, thread in runs(log):
+        by_thread.setdefault(thread, set()).add(device)
+    assert len(by_thread) == 3 and all(len(d) == 1 for d in by_thread.values())
+    assert set().union(*by_thread.values()) == set(devices)  # every device computed
+    # Each copy loaded and unloaded once, in its own thread; the original never ran.
+    assert sorted(e[2] for e in log if e[0] == "load") == devices
+    assert sorted(e[2] for e in log if e[0] == "unload") == devices
+    assert "host" not in {e[2] for e in log if e[0] in ("run", "load")}
+
+
+async def test_update_model_reaches_every_copy():
+    log = []
+    devices = ["cpu:0", "cpu:1"]
+    async with asr.serve(Placed(1.0, log=log), max_batch_size=1,
+                         devices=devices) as evaluate:
+        x = np.ones((1, 1), np.float32)
+        evaluate.update_model(3.0, version="w3")  # weights: each copy's with_weights
+        assert sorted(e for e in log if e[0] == "weights") == [
+            ("weights", 3.0, d) for d in devices]
+        ys = await within(asyncio.gather(*(evaluate.with_version(x)
+                                           for _ in range(20))), "answers")
+        assert {(y.item(), v) for y, v in ys} == {(3.0, "w3")}
+
+        log.clear()
+        new = Placed(5.0, log=log)  # a new model: placed on each device
+        evaluate.update_model(new, version="m5")
+        assert [e for e in log if e[0] == "copy"] == [("copy", 5.0, d) for d in devices]
+        assert evaluate.model.device == "cpu:0" and evaluate.model is not new
+        ys = await within(asyncio.gather(*(evaluate.with_version(x)
+                                           for _ in range(20))), "answers")
+        assert {(y.item(), v) for y, v in ys} == {(5.0, "m5")}
+    assert {e[2] for e in runs(log)} <= set(devices)  # never the unplaced new model
+
+
+async def test_a_model_that_cannot_be_placed_is_refused_and_nothing_is_swapped():
+    before = set(threading.enumerate())
+    with pytest.raises(TypeError, match="has no on_device"):
+        async with asr.serve(lambda x: x, devices=["cpu:0"]):
+            pass
+    assert set(threading.enumerate()) == before  # no thread started
+    async with asr.serve(Placed(1.0), devices=["cpu:0", "cpu:1"]) as evaluate:
+        with pytest.raises(TypeError, match="has no on_device"):
+            evaluate.update_model(lambda x: x * 7, version=1)
+        assert evaluate.version == 0
+        y = await within(evaluate(np.ones((1, 1), np.float32)), "an answer")
+    assert y.item() == 1.0
+
+
+async def test_a_worker_added_on_a_device_gets_the_current_models_copy():
+    log = []
+    async with asr.serve(Placed(2.0, log=log), devices=["cpu:0"]) as evaluate:
+        evaluate.update_model(4.0, version=1)
+        await evaluate.add_worker(device="cpu:1")
+        assert evaluate.num_workers == 2
+        assert ("copy", 4.0, "cpu:1") in log
+        await evaluate.remove_worker()
+        y = await within(evaluate(np.ones((1, 1), np.float32)), "an answer")
+    assert y.item() == 4.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(devices=[]), "devices must name at least one device"),
+    (dict(devices=["cpu:0"], num_workers=2), "leave num_workers out"),
+    (dict(devices=["cpu:0"], model_thread=False), "devices need device threads"),
+])
+def test_devices_are_checked_when_the_server_is_made(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BatchingServer(Placed(), **kwargs)
+
+
+async def test_one_device_runs_its_copy_never_the_original():
+    """model_thread="auto" with one device: wherever a batch runs, it runs the copy."""
+    log = []
+    async with asr.serve(Placed(3.0, log=log), devices=["cpu:0"]) as evaluate:
+        for i in range(10):
+            y = await within(evaluate(np.full((1, 1), i, np.float32)), "an answer")
+            assert y.item() == 3.0 * i
+        await wait_until(lambda: len(runs(log)) == 10, "ten batches")
+    assert {e[2] for e in runs(log)} == {"cpu:0"}
