@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import async_search as asr
-from async_search.connections import (FifoConnectedFunction, PassThroughConnection,
-                                      forked_pipe, get_connected_functions, pipe)
+from async_search.connections import (PassThroughConnection, forked_pipe,
+                                      get_connected_functions, pipe)
 from async_search.errors import ConnectionGoneError, ServerDiedError
 from async_search.queues import (ClosedConnection, close_stream, local_queue, process_queue,
                                  ray_queue, socket_queue, thread_queue)
