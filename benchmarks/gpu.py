@@ -1,0 +1,884 @@
+"""Searches feeding a residual net on an accelerator, measured against the model alone.
+
+Runs unchanged on a machine with one or more GPUs and PyTorch (JAX and mctx when
+present) with only the core's NumPy install: it imports neither TensorFlow nor Ray. On
+a machine without a GPU it runs the same measurements on the CPU and says so
+(``device.kind`` is ``"cpu"`` and ``note`` explains). Nets: AlphaZero's residual
+policy-value net on Connect Four and DeepCubeA's residual cost-to-go net on the
+15-puzzle (``problems.PolicyValueResNet``, ``CostToGoResNet``) in PyTorch, served
+through ``models.TorchModel``; their sizes are flags (defaults: the published shapes,
+trimmed, on a GPU; small ones on a CPU).
+
+What it measures, per net:
+
+- ``ceiling``: the model alone at each bucket size: ``on_device`` (the input already on
+  the device, the module called in a loop, timed with CUDA events; on a CPU the module
+  on a torch tensor) and ``with_copies`` (the ``TorchModel`` call from a NumPy batch to
+  NumPy outputs: padding, host-to-device and back), as ``ms_per_batch`` and
+  ``elements_per_s``. Measured before and after the runs; each figure is the faster of
+  the two (the model at its best, so load on the machine counts against the runs).
+- ``in_process``: A* (batched, on scrambled 15-puzzles) or MCTS (on Connect Four
+  openings) with 1, 64, 256, 1024 and 4096 concurrent searches gathered around one
+  ``asr.serve``. Each run does about the same total work (``--astar-evaluations`` or
+  ``--mcts-simulations`` shared among its searches, each search at least a minimum).
+- ``process_backend``: ``run_searches(backend="process")`` with 1, 2, 4, 8 ... up to
+  cores - 2 client processes (at least 1), each running ``--process-searches``
+  searches, all feeding one server in this process.
+- ``handwritten_torch`` (peer): a hand-written PyTorch batcher, what a user writes
+  without this toolkit (a thread, a ``queue.Queue`` and asyncio futures set with
+  ``call_soon_threadsafe``), on the same searches at the same concurrency.
+- ``mctx`` (peer, MCTS only, when JAX and mctx import): mctx's fully jitted MuZero
+  search on Connect Four (the game written in JAX), with the same net in JAX
+  (``problems.jax_resnet``) on JAX's default device: the upper anchor of simulations/s
+  for a search that lives entirely on the device.
+- ``max_batch_size``: one workload at fixed server batch sizes and with
+  ``max_batch_size="auto"`` (the server picks the size that maximises end-to-end
+  throughput from measured batch times), when this tree's ``serve`` takes it.
+- ``multi_device``: with more than one GPU, ``serve(..., devices=[every GPU])``, when
+  this tree's ``serve`` takes it.
+
+Every variant runs once a round for ``--rounds`` rounds, in turn, and reports the round
+with the median nodes/s (with every round's and their range; the ratios to the peer are
+taken round by round). Every run reports ``nodes_per_s`` (expansions for A*,
+simulations for MCTS), ``mean_batch``, ``device_busy_fraction`` (the time the device
+computes over the run's wall time: CUDA events recorded on the adapter's stream around
+the module's forward pass of each batch, so copies and launch gaps do not count; on a
+CPU, the time in the module's forward pass) and ``vs_ceiling``: the run's elements/s
+over the model alone at the run's batch sizes (each batch's on-device time read off the ceiling, linearly
+between bucket sizes; so padding, copies and idle time all count against it).
+``vs_ceiling_with_copies`` is the same against the adapter alone at the padded size.
+
+Prints one JSON object and writes it under ``results/benchmarks/``: ``gpu.json`` on a
+GPU, ``gpu_cpu.json`` on a CPU, with ``_smoke`` before ``.json`` for ``--smoke`` runs
+(``--out`` overrides). ``--smoke`` is a small run that finishes in a few minutes on a
+2-core CPU.
+
+On a CPU PyTorch runs on one thread (``--torch-threads``). ``goals`` reads the issue's
+goals off the runs: the busiest in-process run (device busy >= 0.9 and vs_ceiling >=
+0.9), serve against the hand-written batcher (>= 2x), and the process backend's scaling
+efficiency (nodes/s over k times one client's).
+
+Usage: PYTHONPATH=. python3 benchmarks/gpu.py [--smoke] [--channels 128 --blocks 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import functools
+import gc
+import importlib.util
+import inspect
+import json
+import os
+import platform
+import queue
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Dict, List, Sequence
+
+# JAX (the mctx peer) must not take most of the GPU's memory from PyTorch at its start.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import numpy as np  # noqa: E402 - after the environment above
+
+import async_search as asr  # noqa: E402
+from async_search import problems, search  # noqa: E402
+
+PUZZLE = problems.SlidingPuzzle(4)
+GAME = problems.ConnectFour()
+
+
+# -- searches (module level: the process backend's clients import them by name) ---------
+def puzzle_starts(count: int, moves: int, offset: int = 0) -> List[bytes]:
+    return [PUZZLE.scramble(moves, seed=offset + i) for i in range(count)]
+
+
+def game_starts(count: int, offset: int = 0) -> list:
+    """Connect Four openings: a few random moves each, never a finished game."""
+    rng = np.random.default_rng(offset)
+    starts = []
+    for _ in range(count):
+        state = GAME.initial_state()
+        for _ in range(int(rng.integers(0, 8))):
+            child = GAME.play(state, int(rng.choice(GAME.legal_actions(state))))
+            if GAME.terminal_value(child) is not None:
+                break
+            state = child
+        starts.append(state)
+    return starts
+
+
+async def astar(budget: int, buffer_size: int, start: bytes, evaluate: Any) -> int:
+    """One batched A* search; returns the nodes it expanded."""
+    result = await search.batched_astar(PUZZLE, start, evaluate, budget=budget,
+                                        buffer_size=buffer_size)
+    return result.nodes_expanded
+
+
+async def mcts(simulations: int, num_parallel: int, start: Any, evaluate: Any) -> int:
+    """One MCTS search; returns the simulations it ran."""
+    result = await search.mcts(GAME, start, evaluate, num_simulations=simulations,
+                               num_parallel=num_parallel, seed=0)
+    return result.num_simulations
+
+
+# -- the model, timed ---------------------------------------------------------------------
+class ForwardTimer:
+    """Times the module's forward pass of each batch: CUDA events on the stream the
+    adapter computes on (so the H2D copy before it and the D2H copy after it are not
+    counted), or wall time on a CPU. ``reset`` between runs; ``busy_s`` after one."""
+
+    def __init__(self, torch: Any, cuda: bool):
+        self.torch = torch
+        self.cuda = cuda
+        self.events: List[tuple] = []
+        self.seconds = 0.0
+
+    def reset(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        self.events, self.seconds = [], 0.0
+
+    def busy_s(self) -> float:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            return sum(start.elapsed_time(end) for start, end in self.events) / 1e3
+        return self.seconds
+
+
+def timed_module(torch: Any, module: Any, timer: ForwardTimer) -> Any:
+    """``module`` inside a module whose forward pass ``timer`` times."""
+
+    class Timed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, x):
+            if timer.cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()  # on the current stream: the adapter's own
+                out = self.inner(x)
+                end.record()
+                timer.events.append((start, end))
+                return out
+            began = time.perf_counter()
+            out = self.inner(x)
+            timer.seconds += time.perf_counter() - began
+            return out
+
+    return Timed()
+
+
+class Served:
+    """One net on the device: the adapter (warmed up on every bucket), its timer, the
+    raw module for the ceiling and the peer, and the ceiling once measured."""
+
+    def __init__(self, name: str, net: Any, device: Any, max_batch_size: int, torch: Any):
+        from async_search.models import TorchModel
+
+        self.name = name
+        self.net = net
+        self.torch = torch
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.module = problems.torch_resnet(net).to(device).eval()
+        self.timer = ForwardTimer(torch, self.cuda)
+        self.model = TorchModel(timed_module(torch, self.module, self.timer),
+                                input_spec=net.input_spec, device=device,
+                                max_batch_size=max_batch_size)
+        self.sizes = self.model.batch_sizes
+        self.ceiling: Dict[int, Dict[str, Dict[str, float]]] = {}
+        for size in self.sizes:  # cudnn picks its algorithms per shape here
+            self.model(np.zeros(net.input_spec.batch_shape(size), np.float32))
+
+    def factory(self) -> Any:
+        return self.model
+
+    def parameters(self) -> int:
+        return int(sum(p.numel() for p in self.module.parameters()))
+
+
+# -- the ceiling ---------------------------------------------------------------------------
+def timed_calls(call: Callable[[], Any], sync: Callable[[], None], min_s: float,
+                min_calls: int = 3) -> float:
+    """Seconds per call: calls until ``min_s`` passed (at least ``min_calls``), after one
+    warm-up call."""
+    call()
+    sync()
+    calls, began = 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - began < min_s:
+        call()
+        calls += 1
+    sync()
+    return (time.perf_counter() - began) / calls
+
+
+def measure_ceiling(served: Served, min_s: float) -> dict:
+    """Times the model alone at every bucket size into ``served.ceiling``; measured
+    again (after the runs), each figure keeps the faster time: the model at its best."""
+    torch = served.torch
+    sync = torch.cuda.synchronize if served.cuda else (lambda: None)
+    rng = np.random.default_rng(0)
+    out = {}
+    for size in served.sizes:
+        x_host = (rng.random(served.net.input_spec.batch_shape(size)) < 0.2).astype(np.float32)
+        x_device = torch.from_numpy(x_host).to(served.device)
+
+        def on_device():
+            with torch.inference_mode():
+                served.module(x_device)
+
+        if served.cuda:  # CUDA events around a loop of calls: the device's own clock
+            on_device()
+            torch.cuda.synchronize()
+            calls = max(3, int(min_s / max(timed_calls(on_device, sync, 0.0, 3), 1e-6)))
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            for _ in range(calls):
+                on_device()
+            end.record()
+            torch.cuda.synchronize()
+            device_s = start.elapsed_time(end) / 1e3 / calls
+        else:
+            device_s = timed_calls(on_device, sync, min_s)
+        copies_s = timed_calls(lambda: served.model(x_host), sync, min_s)
+        before = served.ceiling.get(size)
+        if before is not None:
+            device_s = min(device_s, before["on_device"])
+            copies_s = min(copies_s, before["with_copies"])
+        served.ceiling[size] = {"on_device": device_s, "with_copies": copies_s}
+        out[str(size)] = {
+            kind: {"ms_per_batch": round(seconds * 1e3, 4),
+                   "elements_per_s": round(size / seconds)}
+            for kind, seconds in (("on_device", device_s), ("with_copies", copies_s))}
+    served.timer.reset()
+    return out
+
+
+def ceiling_seconds(served: Served, sizes: Sequence[int], kind: str) -> float:
+    """The model alone's time for batches of these sizes: ``on_device`` linearly between
+    bucket sizes (the net at that size, no padding), ``with_copies`` at the padded
+    bucket (what the adapter runs); past the largest bucket, in chunks of it."""
+    buckets = served.sizes
+    times = [served.ceiling[b][kind] for b in buckets]
+
+    def one(n: int) -> float:  # 1 <= n <= the largest bucket
+        i = bisect.bisect_left(buckets, n)
+        if buckets[i] == n or kind == "with_copies":
+            return times[i]
+        if i == 0:  # below the smallest bucket: in proportion
+            return times[0] * n / buckets[0]
+        low, high = buckets[i - 1], buckets[i]
+        return times[i - 1] + (times[i] - times[i - 1]) * (n - low) / (high - low)
+
+    total = 0.0
+    for size in sizes:
+        chunks, rest = divmod(size, buckets[-1])
+        total += chunks * times[-1] + (one(rest) if rest else 0.0)
+    return total
+
+
+def run_record(served: Served, nodes: int, sizes: List[int], active_s: float,
+               wall_s: float, extra: dict) -> dict:
+    busy_s = served.timer.busy_s()
+    elements = sum(sizes)
+    return {
+        **extra,
+        "sizes": sizes,  # the batches' sizes, dropped from the report once read
+        "nodes": nodes,
+        "nodes_per_s": round(nodes / active_s, 1),
+        "elements": elements,
+        "elements_per_s": round(elements / active_s, 1),
+        "batches": len(sizes),
+        "mean_batch": round(elements / max(len(sizes), 1), 1),
+        "device_busy_fraction": round(min(busy_s / active_s, 1.0), 3),
+        "vs_ceiling": round(ceiling_seconds(served, sizes, "on_device") / active_s, 3),
+        "vs_ceiling_with_copies": round(
+            ceiling_seconds(served, sizes, "with_copies") / active_s, 3),
+        "active_s": round(active_s, 3),
+        "wall_s": round(wall_s, 3),
+    }
+
+
+# -- workloads ------------------------------------------------------------------------------
+class Workload:
+    """A search on a net: its starts and per-search budget for a number of searches."""
+
+    def __init__(self, kind: str, served: Served, args: argparse.Namespace):
+        self.kind = kind
+        self.served = served
+        self.args = args
+
+    def budget(self, searches: int) -> int:
+        """Each search's share of the run's work, at least a minimum and at most a cap."""
+        a = self.args
+        if self.kind == "astar":
+            return int(np.clip(a.astar_evaluations // searches, a.astar_min_budget,
+                               a.astar_max_budget))
+        return int(np.clip(a.mcts_simulations // searches, 2 * a.num_parallel,
+                           a.mcts_max_simulations))
+
+    def search_fn(self, searches: int) -> Callable:
+        if self.kind == "astar":
+            return functools.partial(astar, self.budget(searches), self.args.buffer_size)
+        return functools.partial(mcts, self.budget(searches), self.args.num_parallel)
+
+    def starts(self, count: int, offset: int = 0) -> list:
+        if self.kind == "astar":
+            return puzzle_starts(count, self.args.scramble, offset)
+        return game_starts(count, offset)
+
+
+async def in_process(work: Workload, searches: int, max_batch_size: Any = None,
+                     **serve_options: Any) -> dict:
+    served = work.served
+    fn, starts = work.search_fn(searches), work.starts(searches)
+    size = work.args.max_batch_size if max_batch_size is None else max_batch_size
+    served.timer.reset()
+    gc.collect()
+    began = time.perf_counter()
+    async with asr.serve(served.model, max_batch_size=size, **serve_options) as evaluate:
+        nodes = sum(await asyncio.gather(*(fn(s, evaluate) for s in starts)))
+        active_s = time.perf_counter() - began
+        sizes = [record.size for record in evaluate.trace]
+        stats = dict(evaluate.stats)
+        chosen = getattr(evaluate, "max_batch_size", None)
+    record = run_record(served, nodes, sizes, active_s, time.perf_counter() - began,
+                        {"searches": searches, "budget_per_search": work.budget(searches),
+                         "max_batch_size": size})
+    record["fraction_in_model"] = round(stats["fraction_in_model"], 3)
+    if max_batch_size == "auto":  # what the server chose, and how
+        record["chosen_batch_size"] = chosen
+        record["auto_batch_size"] = stats.get("auto_batch_size")
+    return record
+
+
+async def process_backend(work: Workload, clients: int) -> dict:
+    served = work.served
+    searches = clients * work.args.process_searches
+    starts = work.starts(searches)
+    served.timer.reset()
+    began = time.perf_counter()
+    out = await asr.run_searches_async(
+        work.search_fn(work.args.process_searches), starts, served.factory,
+        backend="process", num_procs=clients, max_batch_size=work.args.max_batch_size,
+        use_uvloop=importlib.util.find_spec("uvloop") is not None)
+    wall_s = time.perf_counter() - began
+    trace = out.stats["trace"]
+    # From the first batch's start to the last's end: client start-up left out.
+    active_s = trace[-1].finished_s - (trace[0].finished_s - trace[0].model_s)
+    return run_record(served, sum(out), [r.size for r in trace], active_s, wall_s,
+                      {"clients": clients, "searches": searches,
+                       "budget_per_search": work.budget(work.args.process_searches)})
+
+
+# -- the peer: a hand-written PyTorch batcher -------------------------------------------------
+class HandwrittenTorchBatcher:
+    """What a user writes without this toolkit: requests go on a ``queue.Queue`` with an
+    asyncio future each; one thread takes what is queued (up to ``max_batch_size``
+    elements), concatenates, runs the module, splits the outputs and sets the futures
+    with ``call_soon_threadsafe``."""
+
+    def __init__(self, torch: Any, module: Any, device: Any, max_batch_size: int):
+        self.torch = torch
+        self.module = module
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.requests: queue.Queue = queue.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.thread = threading.Thread(target=self._work, daemon=True)
+        self.batches: List[int] = []
+
+    def __enter__(self) -> "HandwrittenTorchBatcher":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.requests.put(None)
+        self.thread.join()
+
+    async def __call__(self, x: np.ndarray) -> Any:
+        future = self.loop.create_future()
+        self.requests.put((x, future))
+        return await future
+
+    def _work(self) -> None:
+        torch = self.torch
+        while True:
+            item = self.requests.get()
+            if item is None:
+                return
+            items, count = [item], len(item[0])
+            while count < self.max_batch_size:
+                try:
+                    item = self.requests.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self.requests.put(None)
+                    break
+                items.append(item)
+                count += len(item[0])
+            x = np.concatenate([x for x, _ in items])
+            try:
+                with torch.inference_mode():
+                    out = self.module(torch.from_numpy(x).to(self.device))
+                outs = [o.cpu().numpy() for o in out] if isinstance(out, tuple) else [
+                    out.cpu().numpy()]
+            except Exception as e:  # noqa: BLE001 - every waiting search gets it
+                for _, future in items:
+                    self.loop.call_soon_threadsafe(future.set_exception, e)
+                continue
+            self.batches.append(len(x))
+            offset = 0
+            for request, future in items:
+                n = len(request)
+                parts = [o[offset:offset + n] for o in outs]
+                offset += n
+                self.loop.call_soon_threadsafe(
+                    future.set_result, tuple(parts) if isinstance(out, tuple) else parts[0])
+
+
+async def handwritten(work: Workload, searches: int) -> dict:
+    served = work.served
+    fn, starts = work.search_fn(searches), work.starts(searches)
+    torch = served.torch
+    module = timed_module(torch, served.module, served.timer)
+    served.timer.reset()
+    gc.collect()
+    # PyTorch's default: a batcher without buckets sees a new shape at most batches,
+    # and cudnn's autotuner (on for the adapter's few shapes) would time each one.
+    autotune, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
+    began = time.perf_counter()
+    try:
+        with HandwrittenTorchBatcher(torch, module, served.device,
+                                     work.args.max_batch_size) as evaluate:
+            nodes = sum(await asyncio.gather(*(fn(s, evaluate) for s in starts)))
+            active_s = time.perf_counter() - began
+    finally:
+        torch.backends.cudnn.benchmark = autotune
+    return run_record(served, nodes, evaluate.batches, active_s, time.perf_counter() - began,
+                      {"searches": searches, "budget_per_search": work.budget(searches)})
+
+
+# -- the peer: mctx's jitted MCTS on Connect Four --------------------------------------------
+def jax_connect_four(jax: Any, jnp: Any) -> tuple:
+    """Connect Four in JAX on ``encode``'s planes ``[B, 2, 6, 7]`` (the player to move's
+    stones, then the other's; rows from the bottom): ``(full_columns, play)``, where
+    ``full_columns(planes)`` is ``[B, 7]`` and ``play(planes, action)`` gives the
+    child's planes (sides swapped) and whether the mover made four."""
+
+    def full_columns(planes):  # [B, 2, 6, 7] -> [B, 7]: the top cell is taken
+        return (planes[:, 0, -1, :] + planes[:, 1, -1, :]) > 0
+
+    def four(plane):  # [B, 6, 7] -> [B]: four in a row anywhere
+        lines = [plane[:, :, i:7 - 3 + i] for i in range(4)]  # horizontal
+        found = jnp.all(jnp.stack(lines) > 0, axis=0).any(axis=(1, 2))
+        lines = [plane[:, i:6 - 3 + i, :] for i in range(4)]  # vertical
+        found |= jnp.all(jnp.stack(lines) > 0, axis=0).any(axis=(1, 2))
+        lines = [plane[:, i:6 - 3 + i, i:7 - 3 + i] for i in range(4)]  # diagonal
+        found |= jnp.all(jnp.stack(lines) > 0, axis=0).any(axis=(1, 2))
+        lines = [plane[:, 3 - i:6 - i, i:7 - 3 + i] for i in range(4)]  # anti-diagonal
+        found |= jnp.all(jnp.stack(lines) > 0, axis=0).any(axis=(1, 2))
+        return found
+
+    def play(planes, action):
+        """The mover (plane 0) drops a stone in ``action``; planes swap sides."""
+        filled = planes[:, 0] + planes[:, 1]  # [B, 6, 7]
+        height = filled.sum(axis=1).astype(jnp.int32)[jnp.arange(planes.shape[0]), action]
+        stone = (jax.nn.one_hot(height, 6)[:, :, None]
+                 * jax.nn.one_hot(action, 7)[:, None, :])
+        mover = planes[:, 0] + stone
+        return jnp.stack([planes[:, 1], mover], axis=1), four(mover)
+
+    return full_columns, play
+
+
+def mctx_peer(net: Any, args: argparse.Namespace) -> dict:
+    """simulations/s of ``mctx.muzero_policy`` over a batch of Connect Four openings, the
+    game and the net in JAX, the whole search jitted."""
+    import jax
+    import jax.numpy as jnp
+    import mctx
+
+    apply_fn, params = problems.jax_resnet(net)
+    params = jax.device_put(params)
+    batch, simulations = args.mctx_batch, args.mctx_simulations
+
+    full_columns, play = jax_connect_four(jax, jnp)
+
+    def evaluate(params, planes):
+        logits, value = apply_fn(params, planes)
+        logits = jnp.where(full_columns(planes), -1e9, logits)
+        return logits, value[:, 0]
+
+    def recurrent_fn(params, rng, action, embedding):
+        planes, done = embedding
+        child, won = play(planes, action)
+        child = jnp.where(done[:, None, None, None], planes, child)
+        full = full_columns(child).all(axis=1)
+        over = done | won | full
+        logits, value = evaluate(params, child)
+        reward = jnp.where(done, 0.0, won.astype(jnp.float32))
+        output = mctx.RecurrentFnOutput(
+            reward=reward, discount=jnp.where(over, 0.0, -1.0),
+            prior_logits=logits, value=jnp.where(over, 0.0, value))
+        return output, (child, over)
+
+    @jax.jit
+    def run(params, rng, planes):
+        logits, value = evaluate(params, planes)
+        root = mctx.RootFnOutput(prior_logits=logits, value=value,
+                                 embedding=(planes, jnp.zeros(planes.shape[0], bool)))
+        out = mctx.muzero_policy(params, rng, root, recurrent_fn, simulations,
+                                 invalid_actions=full_columns(planes))
+        return out.action
+
+    planes = jnp.asarray(GAME.encode(game_starts(batch)))
+    rng = jax.random.PRNGKey(0)
+    began = time.perf_counter()
+    run(params, rng, planes).block_until_ready()  # compiles
+    compile_s = time.perf_counter() - began
+    rounds, began = 0, time.perf_counter()
+    while rounds < 2 or time.perf_counter() - began < args.min_s:
+        rng, key = jax.random.split(rng)
+        run(params, key, planes).block_until_ready()
+        rounds += 1
+    seconds = (time.perf_counter() - began) / rounds
+    return {"batch": batch, "simulations": simulations, "device": str(jax.devices()[0]),
+            "jax": jax.__version__, "mctx": getattr(mctx, "__version__", "?"),
+            "compile_s": round(compile_s, 2), "seconds_per_search_batch": round(seconds, 4),
+            "nodes_per_s": round(batch * simulations / seconds, 1)}
+
+
+# -- the report ----------------------------------------------------------------------------
+def client_counts(cores: int, limit: int | None) -> List[int]:
+    """1, 2, 4, 8 ... up to cores - 2 (and cores - 2 itself), at least 1."""
+    top = max(1, cores - 2) if limit is None else max(1, min(limit, max(1, cores - 2)))
+    counts, k = [], 1
+    while k < top:
+        counts.append(k)
+        k *= 2
+    return counts + [top]
+
+
+def goals(report: dict) -> dict:
+    """The issue's goals, read off the runs (on a CPU they say what the CPU does)."""
+    out = {}
+    for name, runs in report["runs"].items():
+        inside = list(runs.get("in_process", {}).values())
+        best = max(inside, key=lambda r: r["device_busy_fraction"], default=None)
+        entry = {}
+        if best is not None:
+            entry["busiest_run"] = {k: best[k] for k in (
+                "searches", "device_busy_fraction", "vs_ceiling", "mean_batch")}
+            entry["busy_goal_met"] = (best["device_busy_fraction"] >= 0.9
+                                      and best["vs_ceiling"] >= 0.9)
+        peer = runs.get("handwritten_torch", {})
+        ratios = {}  # per concurrency: serve's nodes/s over the peer's, round by round
+        for n, r in peer.items():
+            if n in runs.get("in_process", {}):
+                ours = runs["in_process"][n]["nodes_per_s_rounds"]
+                per_round = sorted(a / b for a, b in zip(ours, r["nodes_per_s_rounds"]))
+                ratios[n] = {"median": round(per_round[len(per_round) // 2], 2),
+                             "range": [round(per_round[0], 2), round(per_round[-1], 2)]}
+        if ratios:
+            entry["vs_handwritten_torch"] = ratios
+            entry["vs_handwritten_goal_met"] = max(
+                v["median"] for v in ratios.values()) >= 2.0
+        scaling = runs.get("process_backend", {})
+        if "1" in scaling:
+            one = scaling["1"]["nodes_per_s"]
+            entry["scaling_efficiency"] = {
+                k: round(r["nodes_per_s"] / (int(k) * one), 2) for k, r in scaling.items()}
+        out[name] = entry
+    return out
+
+
+def write(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` whole or not at all (a temp file, then a rename)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=".gpu-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+def serve_takes(name: str) -> bool:
+    return name in inspect.signature(asr.serve).parameters
+
+
+async def auto_accepted(served: Served) -> str | None:
+    """None when this tree's ``serve`` takes ``max_batch_size="auto"``, else why not."""
+    try:
+        async with asr.serve(served.model, max_batch_size="auto") as evaluate:
+            await evaluate(np.zeros(served.net.input_spec.batch_shape(1), np.float32))
+    except (TypeError, ValueError) as e:
+        return f"serve(max_batch_size='auto') is not in this tree yet: {e}"
+    return None
+
+
+async def bench(args: argparse.Namespace, torch: Any, device: Any, report: dict) -> None:
+    cuda = device.type == "cuda"
+    pv_net = problems.PolicyValueResNet(GAME, channels=args.channels, blocks=args.blocks,
+                                        value_hidden=args.value_hidden, seed=0)
+    h_net = problems.CostToGoResNet(PUZZLE, first_width=args.first_width, width=args.width,
+                                    blocks=args.dense_blocks, seed=0)
+    nets = {"astar_15_puzzle": ("astar", Served("cost_to_go", h_net, device,
+                                                 args.max_batch_size, torch)),
+            "mcts_connect_four": ("mcts", Served("policy_value", pv_net, device,
+                                                 args.max_batch_size, torch))}
+    report["nets"] = {
+        served.name: {"class": type(served.net).__name__, **served.net.sizes,
+                      "parameters": served.parameters(), "buckets": list(served.sizes)}
+        for _, served in nets.values()}
+    report["ceiling"] = {}
+    for _, served in nets.values():
+        report["ceiling"][served.name] = measure_ceiling(served, args.min_s)
+        progress(f"ceiling {served.name} done")
+    fallbacks = report["fallbacks"]
+    auto_missing = await auto_accepted(nets["astar_15_puzzle"][1])
+    if auto_missing:
+        fallbacks.append(f"FALLBACK max_batch_size: {auto_missing}; fixed sizes only")
+    many_gpus = cuda and torch.cuda.device_count() > 1
+    if many_gpus and not serve_takes("devices"):
+        fallbacks.append("FALLBACK multi_device: serve(devices=...) is not in this tree "
+                         "yet; one GPU used")
+    for name, (kind, served) in nets.items():
+        work = Workload(kind, served, args)
+        measured: Dict[tuple, List[dict]] = {}
+
+        async def measure(section: str, key: Any, run: Callable[[], Any]) -> None:
+            record = await run()
+            measured.setdefault((section, str(key)), []).append(record)
+            progress(f"{name} {section} {key}: {record['nodes_per_s']}/s")
+
+        # Rounds: every variant once a round, in turn, so that the machine's spells of
+        # load touch them all; each figure is the round with the median nodes/s.
+        for _ in range(args.rounds):
+            for n in sorted(set(args.concurrency) | set(args.peer_concurrency)):
+                if n in args.concurrency:
+                    await measure("in_process", n, lambda: in_process(work, n))
+                if n in args.peer_concurrency:
+                    await measure("handwritten_torch", n, lambda: handwritten(work, n))
+            for size in args.fixed_batch_sizes + ([] if auto_missing else ["auto"]):
+                await measure("max_batch_size", size, lambda: in_process(
+                    work, args.auto_searches, max_batch_size=size))
+            if many_gpus and serve_takes("devices"):
+                devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+                await measure("multi_device", ",".join(devices), lambda: in_process(
+                    work, max(args.concurrency), devices=devices))
+            for k in args.clients:
+                await measure("process_backend", k, lambda: process_backend(work, k))
+        runs: Dict[str, Any] = {"in_process": {}, "handwritten_torch": {},
+                                "process_backend": {}, "max_batch_size": {}}
+        for (section, key), records in measured.items():
+            runs.setdefault(section, {})[key] = median_record(records)
+        if auto_missing:
+            runs["max_batch_size"]["auto"] = {"skipped": auto_missing}
+        if many_gpus and not serve_takes("devices"):
+            runs["multi_device"] = {"skipped": "serve(devices=...) is not in this tree yet"}
+        report["runs"][name] = runs
+        # The ceiling again, now that the runs are done: the faster of the two stays
+        # (the machine's load varies), and the runs' vs_ceiling is read against it.
+        report["ceiling"][served.name] = measure_ceiling(served, args.min_s)
+        for section in runs.values():
+            for record in section.values():
+                if isinstance(record, dict) and "sizes" in record:
+                    refresh_vs_ceiling(served, record)
+        if kind == "mcts":
+            missing = [m for m in ("jax", "mctx") if importlib.util.find_spec(m) is None]
+            if missing:
+                runs["mctx"] = {"skipped": f"not importable here: {', '.join(missing)}"}
+            elif args.no_mctx:
+                runs["mctx"] = {"skipped": "--no-mctx"}
+            else:
+                runs["mctx"] = mctx_peer(pv_net, args)
+                progress(f"mctx: {runs['mctx']['nodes_per_s']}/s")
+
+
+def refresh_vs_ceiling(served: Served, record: dict) -> None:
+    """Reads a run's ``vs_ceiling`` again against the final ceiling; drops its sizes."""
+    sizes, active_s = record.pop("sizes"), record["active_s"]
+    record["vs_ceiling"] = round(ceiling_seconds(served, sizes, "on_device") / active_s, 3)
+    record["vs_ceiling_with_copies"] = round(
+        ceiling_seconds(served, sizes, "with_copies") / active_s, 3)
+
+
+def median_record(records: List[dict]) -> dict:
+    """The record of the round with the median nodes/s, with every round's nodes/s (in
+    the order of the rounds) and their range."""
+    rates = [r["nodes_per_s"] for r in records]
+    median = sorted(records, key=lambda r: r["nodes_per_s"])[len(records) // 2]
+    return {**median, "rounds": len(records), "nodes_per_s_rounds": rates,
+            "nodes_per_s_range": [min(rates), max(rates)]}
+
+
+def progress(line: str) -> None:
+    print(f"[gpu.py {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true",
+                   help="a small run: a few minutes on a 2-core CPU")
+    p.add_argument("--channels", type=int, help="policy-value net width (GPU 128, CPU 32)")
+    p.add_argument("--blocks", type=int, help="policy-value residual blocks (GPU 10, CPU 2)")
+    p.add_argument("--value-hidden", type=int, default=64)
+    p.add_argument("--first-width", type=int,
+                   help="cost-to-go first layer (GPU 5000 as DeepCubeA, CPU 256)")
+    p.add_argument("--width", type=int, help="cost-to-go width (GPU 1000, CPU 128)")
+    p.add_argument("--dense-blocks", type=int, help="cost-to-go residual blocks (GPU 4, CPU 2)")
+    p.add_argument("--max-batch-size", type=int,
+                   help="server and adapter batch size (GPU 4096, CPU 512)")
+    p.add_argument("--concurrency", type=str, default=None,
+                   help="concurrent searches of the in-process runs (default "
+                        "1,64,256,1024,4096; smoke 1,64,256)")
+    p.add_argument("--peer-concurrency", type=str, default=None,
+                   help="concurrent searches of the hand-written peer (default: the "
+                        "in-process ones from 64 on)")
+    p.add_argument("--fixed-batch-sizes", type=str, default=None,
+                   help="server batch sizes set against 'auto' (default 64,256,1024,4096; "
+                        "CPU 16,64,256)")
+    p.add_argument("--auto-searches", type=int, default=None,
+                   help="concurrent searches of the max_batch_size runs (GPU 1024, CPU 256)")
+    p.add_argument("--clients", type=str, default=None,
+                   help="client processes of the process-backend runs (default 1, 2, 4 "
+                        "... cores - 2)")
+    p.add_argument("--max-clients", type=int, default=None)
+    p.add_argument("--process-searches", type=int, default=None,
+                   help="searches per client process (GPU 256, CPU 64)")
+    p.add_argument("--astar-evaluations", type=int, default=None,
+                   help="evaluations a run's A* searches share (GPU 200000, CPU 60000, "
+                        "smoke 4000)")
+    p.add_argument("--astar-min-budget", type=int, default=None,
+                   help="the fewest evaluations of one A* search (GPU 200, CPU 40)")
+    p.add_argument("--astar-max-budget", type=int, default=20000)
+    p.add_argument("--buffer-size", type=int, default=4, help="A* nodes per step")
+    p.add_argument("--scramble", type=int, default=100, help="moves scrambling a start")
+    p.add_argument("--mcts-simulations", type=int, default=None,
+                   help="simulations a run's MCTS searches share (GPU 100000, CPU 16000, "
+                        "smoke 1500)")
+    p.add_argument("--mcts-max-simulations", type=int, default=800)
+    p.add_argument("--num-parallel", type=int, default=8, help="MCTS leaves per round")
+    p.add_argument("--mctx-batch", type=int, default=None,
+                   help="games in one mctx search (GPU 1024, CPU 64)")
+    p.add_argument("--mctx-simulations", type=int, default=None,
+                   help="simulations of each mctx search (GPU 128, CPU 32)")
+    p.add_argument("--no-mctx", action="store_true")
+    p.add_argument("--min-s", type=float, default=None,
+                   help="seconds of calls per ceiling measurement (default 0.5, smoke 0.2)")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="PyTorch's intra-op threads (GPU: its default; CPU 1, which leaves "
+                        "a core to the searches, and on a loaded 2-core machine a second "
+                        "thread made a batch of one take 100 ms instead of 0.1 ms)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of every variant in turn; figures are the median round's "
+                        "(default 3 on a CPU, 2 on a GPU, 1 for --smoke)")
+    p.add_argument("--out", default=None, help="where to write the JSON")
+    args = p.parse_args(argv)
+
+    def pick(name: str, gpu: Any, cpu: Any, smoke: Any = None) -> None:
+        if getattr(args, name) is None:
+            setattr(args, name, gpu if cuda else (cpu if not args.smoke or smoke is None
+                                                  else smoke))
+
+    pick("channels", 128, 32)
+    pick("blocks", 10, 2)
+    pick("first_width", 5000, 256)
+    pick("width", 1000, 128)
+    pick("dense_blocks", 4, 2)
+    pick("max_batch_size", 4096, 512)
+    pick("auto_searches", 1024, 256, 64)
+    pick("process_searches", 256, 64, 32)
+    pick("astar_min_budget", 200, 40)
+    pick("mctx_batch", 1024, 64, 16)
+    pick("mctx_simulations", 128, 32, 16)
+    if args.astar_evaluations is None:
+        args.astar_evaluations = 4000 if args.smoke else (200_000 if cuda else 60_000)
+    if args.mcts_simulations is None:
+        args.mcts_simulations = 1500 if args.smoke else (100_000 if cuda else 16_000)
+    if args.torch_threads is None and not cuda:
+        args.torch_threads = 1
+    if args.min_s is None:
+        args.min_s = 0.2 if args.smoke else 0.5
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else (2 if cuda else 3)
+
+    def numbers(text: str | None, default: Sequence[int]) -> List[int]:
+        return sorted({int(t) for t in text.split(",") if t}) if text else list(default)
+
+    args.concurrency = numbers(args.concurrency, (1, 64, 256) if args.smoke else
+                               (1, 64, 256, 1024, 4096))
+    args.peer_concurrency = numbers(args.peer_concurrency,
+                                    [n for n in args.concurrency if n >= 64] or
+                                    args.concurrency[-1:])
+    args.fixed_batch_sizes = numbers(args.fixed_batch_sizes,
+                                     (64, 256, 1024, 4096) if cuda else (16, 64, 256))
+    args.clients = numbers(args.clients, client_counts(os.cpu_count() or 1,
+                                                       args.max_clients))
+    if args.out is None:
+        name = "gpu" if cuda else "gpu_cpu"
+        args.out = os.path.join("results", "benchmarks",
+                                f"{name}{'_smoke' if args.smoke else ''}.json")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    args = parse_args(argv, cuda=cuda)
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.backends.cudnn.benchmark = True  # the buckets repeat a few shapes
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    report: Dict[str, Any] = {
+        "benchmark": "benchmarks/gpu.py",
+        "smoke": args.smoke,
+        "device": {
+            "kind": device.type,
+            "name": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+            "gpus": torch.cuda.device_count() if cuda else 0,
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "jax": importlib.util.find_spec("jax") is not None,
+            "mctx": importlib.util.find_spec("mctx") is not None,
+            "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_1min": round(os.getloadavg()[0], 2),
+        },
+        "note": ("on a GPU" if cuda else
+                 "no GPU here: every figure is the CPU's (the model on the CPU, "
+                 "device_busy_fraction = time in the model's forward pass); the GPU "
+                 "figures come from a run on a GPU machine"),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "fallbacks": [],
+        "runs": {},
+    }
+    began = time.perf_counter()
+    asyncio.run(bench(args, torch, device, report))
+    report["goals"] = goals(report)
+    report["total_s"] = round(time.perf_counter() - began, 1)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        write(args.out, text + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
