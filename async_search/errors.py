@@ -5,8 +5,9 @@ from async_search.queues.protocol import ClosedConnection
 __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
            "ServerCrashedError", "ModelRaisedError", "SearchError", "CircuitOpenError",
            "RemoteError", "ProtocolError", "RepositoryError", "ModelNotFoundError",
-           "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "DeviceNotFoundError",
-           "CloseTimeoutError", "ConnectionGoneError", "deliverable", "describe"]
+           "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "FileWriteError",
+           "CheckpointError", "DeviceNotFoundError", "CloseTimeoutError",
+           "ConnectionGoneError", "deliverable", "describe"]
 
 
 class InputSpecError(ValueError):
@@ -104,6 +105,28 @@ class LoadParametersError(RepositoryError, ValueError):
 
 class DeviceNotFoundError(ValueError):
     """A model was placed on a device this machine does not have ("cuda:7", "tpu:0")."""
+
+
+class FileWriteError(OSError):
+    """A file could not be written (a full disk, a file-size limit, no permission...):
+    the message names the file and the operation that failed; the file that was there
+    is whole and no temporary is left. ``errno`` is the cause's, ``filename`` the file."""
+
+    def __init__(self, message: str, errno: int | None = None, filename: str | None = None):
+        super().__init__(message)
+        self.errno, self.strerror, self.filename = errno, message, filename
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self):
+        return type(self), (self.strerror, self.errno, self.filename)
+
+
+class CheckpointError(ValueError):
+    """A saved file (a checkpoint, a replay buffer, a training run's state) is missing,
+    truncated, corrupt, of another format or out of range: the message names the file and
+    what is wrong with it."""
 
 
 class CloseTimeoutError(TimeoutError):

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from async_search.experiments.runs import RunReport
+from async_search.files import write_file
 
 __all__ = ["plot_runs", "batch_frame", "finish_figure"]
 
@@ -128,14 +129,16 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
 
 def finish_figure(fig: Any, path: Optional[str], *, title: str = "",
                   close: bool = False) -> None:
-    """Lays the figure out and saves it to ``path`` (folders made) when given; with
-    ``close``, frees it (pyplot keeps every open figure otherwise)."""
+    """Lays the figure out and saves it to ``path`` (folders made) when given, atomically
+    (``files.write_file``: a failed save leaves the previous image whole and raises
+    ``FileWriteError`` naming it); with ``close``, frees it (pyplot keeps every open
+    figure otherwise). The image format is the path's extension (PNG without one)."""
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fig.savefig(path, dpi=110)
+        kind = os.path.splitext(path)[1][1:].lower() or "png"
+        write_file(path, lambda f: fig.savefig(f, format=kind, dpi=110))
     if close:
         import matplotlib.pyplot as plt
         plt.close(fig)

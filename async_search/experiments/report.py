@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from async_search.experiments.runs import RunReport
+from async_search.files import write_json
 
 __all__ = ["format_report", "format_table", "environment", "save_json"]
 
@@ -111,7 +111,9 @@ def environment() -> Dict[str, Any]:
 
 def save_json(path: str, *, title: str, command: Optional[str], params: Dict[str, Any],
               reports: Sequence[RunReport], extra: Optional[Dict[str, Any]] = None) -> str:
-    """Writes every printed figure to ``path`` (folders made as needed); returns it."""
+    """Writes every printed figure to ``path`` (folders made as needed), atomically
+    (``files.write_json``): a failed write leaves the previous file whole and raises
+    ``FileWriteError`` naming it. Returns ``path``."""
     payload = {
         "title": title,
         "command": command,
@@ -121,12 +123,7 @@ def save_json(path: str, *, title: str, command: Optional[str], params: Dict[str
     }
     if extra:
         payload.update(extra)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=2, default=_jsonable)
-        f.write("\n")
-    return path
+    return write_json(path, payload, indent=2, default=_jsonable)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -163,12 +163,8 @@ def run_experiment(experiment: Experiment, *, save_path: Optional[str] = None,
         if on_report is not None:
             on_report(report)
     json_path = png_path = None
-    if save_path and reports:
+    if save_path and reports:  # the figures first: a plot that fails loses none of them
         png_path = save_path
-        plot = plot_runs(reports, png_path, title=experiment.title,
-                         subtitle=workload.describe())
-        import matplotlib.pyplot as plt
-        plt.close(plot)
         json_path = save_json(
             json_path_for(save_path), title=experiment.title, command=command,
             params={"search": dataclasses.asdict(experiment.search),
@@ -177,4 +173,8 @@ def run_experiment(experiment: Experiment, *, save_path: Optional[str] = None,
                     "workload": workload.describe()},
             reports=reports,
             extra={"plot": png_path, "failures": [list(f) for f in failures]})
+        plot = plot_runs(reports, png_path, title=experiment.title,
+                         subtitle=workload.describe())
+        import matplotlib.pyplot as plt
+        plt.close(plot)
     return ExperimentResult(tuple(reports), tuple(failures), json_path, png_path)

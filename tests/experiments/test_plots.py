@@ -1,6 +1,12 @@
+import os
+import subprocess
+import sys
+
 import matplotlib
 
 matplotlib.use("Agg")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from async_search.experiments import RunReport, plot_runs  # noqa: E402
 from async_search.experiments.plots import batch_frame  # noqa: E402
@@ -38,3 +44,35 @@ def test_plot_has_a_column_per_group_and_is_saved(tmp_path):
     top_labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
     assert top_labels == ["p1 (mean 62.0)", "p2 (mean 32.0)"]
     matplotlib.pyplot.close(fig)
+
+
+def test_the_image_format_is_the_paths_extension(tmp_path):
+    fig = plot_runs([run("a", "g", [3, 4])], str(tmp_path / "p.svg"))
+    matplotlib.pyplot.close(fig)
+    assert (tmp_path / "p.svg").read_bytes().lstrip().startswith(b"<?xml")
+    assert os.listdir(tmp_path) == ["p.svg"]
+
+
+def test_a_full_disk_while_the_plot_is_saved_keeps_the_previous_image(tmp_path):
+    path = tmp_path / "plot.png"
+    fig = plot_runs([run("a", "g", [3, 4])], str(path))
+    matplotlib.pyplot.close(fig)
+    previous = path.read_bytes()
+    script = f"""
+import resource, signal, sys
+sys.path.insert(0, {ROOT!r})
+import matplotlib; matplotlib.use("Agg")
+from tests.experiments.test_plots import run
+from async_search.experiments import plot_runs
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    plot_runs([run("b", "g", [5, 6, 7] * 9)], {str(path)!r}, title="after")
+except OSError as e:
+    print(type(e).__name__, e.errno, e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"FileWriteError 27 cannot write '{path}'"), out.stdout
+    assert path.read_bytes() == previous and os.listdir(tmp_path) == ["plot.png"]

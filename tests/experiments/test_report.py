@@ -1,7 +1,15 @@
 import json
+import os
+import subprocess
+import sys
 
+import pytest
+
+from async_search.errors import FileWriteError
 from async_search.experiments import RunReport, format_report, format_table, save_json
 from async_search.servers.stats import BatchRecord
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def report(name="async", backend="local", time_s=2.0, matches=True, **kw):
@@ -53,3 +61,52 @@ def test_save_json_writes_every_printed_figure(tmp_path):
         assert key in run
     assert "trace" not in run
     assert data["environment"]["cpu_count"] >= 1
+
+
+def full_disk(code: str, limit: int = 8) -> str:
+    """Runs ``code`` in a child whose files may not grow past ``limit`` bytes (SIGXFSZ
+    ignored: a write fails with EFBIG, as on a full disk); returns the error it printed."""
+    script = ("import resource, signal, sys\n"
+              f"sys.path.insert(0, {ROOT!r})\n"
+              "import matplotlib; matplotlib.use('Agg')\n"
+              + code.strip() + "\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+              "try:\n    write()\n"
+              "except OSError as e:\n    print(type(e).__name__, e.errno, e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_a_full_disk_while_the_figures_are_saved_keeps_the_previous_file(tmp_path):
+    path = tmp_path / "r.json"
+    save_json(str(path), title="before", command=None, params={}, reports=[report()])
+    previous = path.read_bytes()
+    out = full_disk(f"""
+from tests.experiments.test_report import report
+from async_search.experiments import save_json
+def write():
+    save_json({str(path)!r}, title="after", command=None, params={{}}, reports=[report()])
+""")
+    assert out.startswith(f"FileWriteError 27 cannot write '{path}'"), out
+    assert "File too large" in out
+    assert path.read_bytes() == previous and os.listdir(tmp_path) == ["r.json"]
+
+
+def test_the_figures_are_saved_before_the_plot(tmp_path, monkeypatch):
+    from async_search.experiments import suites
+    from tests.experiments.conftest import TINY_MODEL, tiny_search
+
+    def failing_plot(*args, **kwargs):
+        raise FileWriteError("cannot write 'r.png': injected", 28, "r.png")
+
+    monkeypatch.setattr(suites, "plot_runs", failing_plot)
+    experiment = suites.Experiment("t", tiny_search(), TINY_MODEL,
+                                   suites.default_runs(backends=["local"], skip_sync=True))
+    with pytest.raises(FileWriteError, match="r.png"):
+        suites.run_experiment(experiment, save_path=str(tmp_path / "r.png"),
+                              show_progress=False)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert len(data["runs"]) == 1 and data["plot"] == str(tmp_path / "r.png")

@@ -1,0 +1,180 @@
+"""One way to write a file: whole or not at all, an error that names the file, nothing
+left behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from async_search.errors import FileWriteError
+from async_search.files import (folder_path, make_folder, remove_leftovers, remove_tree,
+                                sync_folder, write_file, write_json)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def names(folder):
+    return sorted(os.listdir(folder))
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"bytes", b"bytes"), ("text \u00e9", "text \u00e9".encode()),
+    (bytearray(b"ba"), b"ba"), (memoryview(b"mv"), b"mv"),
+    (lambda f: (f.write(b"a"), f.write(b"b")), b"ab"),
+])
+def test_a_file_is_written_whole_and_nothing_else_is_left(tmp_path, content, expected):
+    path = write_file(tmp_path / "deep" / "er" / "f.bin", content)
+    assert path == str(tmp_path / "deep" / "er" / "f.bin")
+    assert open(path, "rb").read() == expected
+    assert names(tmp_path / "deep" / "er") == ["f.bin"]
+
+
+def test_a_writer_that_seeks_and_writes_much_round_trips(tmp_path):
+    big = np.arange(600_000, dtype=np.float64)  # 4.8 MB: past the gathering of writes
+    path = write_file(tmp_path / "a.npz", lambda f: np.savez(f, big=big, small=big[:3]))
+    with np.load(path) as data:
+        np.testing.assert_array_equal(data["big"], big)
+        np.testing.assert_array_equal(data["small"], big[:3])
+
+
+def test_writing_over_a_file_replaces_it(tmp_path):
+    write_file(tmp_path / "f", b"old")
+    write_file(tmp_path / "f", b"new")
+    assert (tmp_path / "f").read_bytes() == b"new" and names(tmp_path) == ["f"]
+
+
+def test_a_writer_that_raises_leaves_the_previous_file_and_no_temporary(tmp_path):
+    write_file(tmp_path / "f", b"old")
+
+    def half(f):
+        f.write(b"half of it")
+        raise ValueError("the writer failed")
+
+    with pytest.raises(ValueError, match="the writer failed"):
+        write_file(tmp_path / "f", half)
+    assert (tmp_path / "f").read_bytes() == b"old" and names(tmp_path) == ["f"]
+
+    def interrupted(f):
+        f.write(b"x" * (3 << 20))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_file(tmp_path / "f", interrupted)
+    assert (tmp_path / "f").read_bytes() == b"old" and names(tmp_path) == ["f"]
+
+
+def test_json_that_cannot_be_written_is_refused_before_the_disk_is_touched(tmp_path):
+    write_json(tmp_path / "r.json", {"a": 1})
+    with pytest.raises(TypeError):
+        write_json(tmp_path / "r.json", {"a": object()})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}
+    assert names(tmp_path) == ["r.json"]
+    write_json(tmp_path / "n.json", {"x": float("nan")})  # as json.dump wrote it
+    with pytest.raises(ValueError):
+        write_json(tmp_path / "n.json", {"x": float("nan")}, allow_nan=False)
+
+
+def test_a_path_ending_with_a_separator_is_refused_naming_it(tmp_path):
+    with pytest.raises(FileWriteError, match="names a folder") as info:
+        write_file(f"{tmp_path}{os.sep}r.json{os.sep}", b"x")
+    assert info.value.errno == errno.EISDIR and "r.json" in str(info.value)
+    assert names(tmp_path) == []
+
+
+def test_a_file_in_the_way_of_a_folder_is_named(tmp_path):
+    (tmp_path / "results").write_text("a file")
+    with pytest.raises(FileWriteError) as info:
+        write_file(tmp_path / "results" / "r.json", b"x")
+    assert isinstance(info.value, OSError) and info.value.errno == errno.EEXIST
+    assert f"{tmp_path / 'results'}" in str(info.value) and "a file has its name" in str(
+        info.value)
+    assert (tmp_path / "results").read_text() == "a file"
+
+
+def test_a_folder_in_the_way_of_a_file_is_named_and_left_alone(tmp_path):
+    (tmp_path / "r.json").mkdir()
+    with pytest.raises(FileWriteError) as info:
+        write_file(tmp_path / "r.json", b"x")
+    assert str(tmp_path / "r.json") in str(info.value) and "renaming" in str(info.value)
+    assert names(tmp_path) == ["r.json"] and os.path.isdir(tmp_path / "r.json")
+
+
+def run_with_file_size_limit(code: str, limit: int) -> str:
+    script = (f"import resource, signal, sys\nsys.path.insert(0, {ROOT!r})\n"
+              f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+              f"try:\n" + "".join(f"    {line}\n" for line in code.strip().splitlines())
+              + "except OSError as e:\n    print(type(e).__name__, e.errno, e.filename, e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("content", ["b'x' * 5000", "lambda f: np.savez(f, x=np.ones(999))"])
+def test_a_full_disk_names_the_file_keeps_the_previous_one_and_leaves_no_temporary(
+        tmp_path, content):
+    path = tmp_path / "r.json"
+    path.write_bytes(b'{"previous": true}')
+    out = run_with_file_size_limit(f"""
+import numpy as np
+from async_search.files import write_file
+write_file({str(path)!r}, {content})
+""", limit=1000)
+    assert out.startswith(f"FileWriteError 27 {path} cannot write '{path}'"), out
+    assert "writing the temporary" in out and "File too large" in out
+    assert "the file that was there is unchanged" in out
+    assert path.read_bytes() == b'{"previous": true}' and names(tmp_path) == ["r.json"]
+
+
+def test_the_error_is_an_os_error_that_keeps_its_errno_and_pickles():
+    error = FileWriteError("cannot write 'x': writing failed", errno.ENOSPC, "x")
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC
+    again = pickle.loads(pickle.dumps(error))
+    assert (type(again), str(again), again.errno, again.filename) == (
+        FileWriteError, str(error), errno.ENOSPC, "x")
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_leftovers_of_gone_processes_are_removed_and_nothing_else(tmp_path):
+    dead = _dead_pid()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for name in (f"a.json.tmp-{dead}", f"best.old-{dead}", f"ours.tmp-{os.getpid()}",
+                     f"busy.tmp-{alive.pid}", "state.json", "tmp-3", "x.tmp-abc"):
+            (tmp_path / name).write_text("")
+        (tmp_path / f"ckpt.tmp-{dead}").mkdir()
+        (tmp_path / f"ckpt.tmp-{dead}" / "weights.npz").write_text("")
+        removed = remove_leftovers(tmp_path)
+        assert sorted(removed) == sorted([f"a.json.tmp-{dead}", f"best.old-{dead}",
+                                          f"ours.tmp-{os.getpid()}", f"ckpt.tmp-{dead}"])
+        assert names(tmp_path) == sorted([f"busy.tmp-{alive.pid}", "state.json", "tmp-3",
+                                          "x.tmp-abc"])
+    finally:
+        alive.kill()
+        alive.wait()
+    assert remove_leftovers(tmp_path / "absent") == []
+
+
+def test_folders_are_made_synced_and_removed(tmp_path):
+    assert make_folder(f"{tmp_path}/a/b/") == f"{tmp_path}/a/b"
+    assert os.path.isdir(tmp_path / "a" / "b")
+    sync_folder(tmp_path / "a")
+    remove_tree(tmp_path / "a")
+    remove_tree(tmp_path / "a")  # absent: nothing
+    assert names(tmp_path) == []
+    with pytest.raises(FileWriteError, match="absent"):
+        sync_folder(tmp_path / "absent")
+    assert folder_path("runs/ckpt//") == "runs/ckpt" and folder_path("/") == "/"
