@@ -401,12 +401,12 @@ def build_training():
             num_procs=FLAGS.num_procs if FLAGS.backend != "local" else 1,
             max_batch_size=FLAGS.max_batch_size or defaults.max_batch_size,
             seed=FLAGS.seed, overlap=FLAGS.overlap)
-        if FLAGS.resume and not os.path.exists(os.path.join(save_dir, "state.json")):
-            raise ValueError(f"--resume: no saved run in {save_dir} (state.json is "
-                             f"missing); run without --resume first")
+        if FLAGS.resume:
+            from async_search.training import Commander
+            _check_resume(Commander, config, save_dir)
         return config, None, save_dir
     from async_search.experiments.heuristic_training import HeldOutParams
-    from async_search.training import DaviConfig
+    from async_search.training import Davi, DaviConfig
 
     defaults = DaviConfig()
     config = DaviConfig(rounds=FLAGS.iterations or defaults.rounds,
@@ -416,11 +416,39 @@ def build_training():
     held_out = HeldOutParams(weight=FLAGS.weight, budget=FLAGS.gnn_budget or 20_000,
                              buffer_size=FLAGS.batch_size if FLAGS["batch_size"].present
                              else 16, max_batch_size=FLAGS.max_batch_size or 1024)
+    if FLAGS.resume:
+        _check_resume(Davi, config, save_dir)
     return config, held_out, save_dir
 
 
+def _check_resume(trainer, config, save_dir: str) -> None:
+    """--resume, before any work: a run is saved in save_dir, its state.json is whole and
+    its parameters are these (ValueError, or CheckpointError naming the file: one line,
+    exit 2)."""
+    if not os.path.exists(os.path.join(save_dir, "state.json")):
+        raise ValueError(f"--resume: no saved run in {save_dir} (state.json is "
+                         f"missing); run without --resume first")
+    trainer.check_resume(config, save_dir)
+
+
 def run_training_experiment(plan) -> int:
-    """Runs --train; prints the tables; returns the exit status."""
+    """Runs --train; prints the tables; returns the exit status. A damaged saved file
+    or a file that cannot be written ends it with one line naming the file (``-v 1``
+    adds the traceback) and status 1; what was committed stays for --resume."""
+    from async_search.errors import CheckpointError, FileWriteError
+
+    try:
+        return _run_training(plan)
+    except (CheckpointError, FileWriteError) as e:
+        sys.stdout.flush()
+        if FLAGS.verbosity >= 1:
+            import traceback
+            traceback.print_exception(e)
+        sys.stderr.write(f"main.py: error: {' '.join(str(e).split())}\n")
+        return 1
+
+
+def _run_training(plan) -> int:
     config, held_out, save_dir = plan
     png = save_path(f"train_{FLAGS.train}")
     if FLAGS.train == "connect_four":
@@ -451,6 +479,7 @@ def run_training_experiment(plan) -> int:
               f"{config.states_per_round} states (1..{config.max_scramble} moves from the "
               f"goal), {config.train_steps} steps each; saved in {save_dir}\n", flush=True)
         result = run_heuristic_training(config, held_out, save_dir=save_dir, png_path=png,
+                                        resume=FLAGS.resume,
                                         show_progress=FLAGS.progress, command=_command(),
                                         print_fn=lambda line: print(line, flush=True))
         print()

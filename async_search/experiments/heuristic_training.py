@@ -1,7 +1,8 @@
 """The ``--train sliding_puzzle`` experiment: DAVI, then Korf's 100 against Manhattan.
 
 It trains a ``LearnedHeuristic`` with ``training.Davi`` (a bar over rounds, a row every
-few rounds), saves it as a checkpoint, then runs batch-weighted A* on Korf's 100 random
+few rounds; each round committed in the save folder, so ``--resume`` continues a killed
+run), saves it as a checkpoint, then runs batch-weighted A* on Korf's 100 random
 15-puzzle instances with the learned heuristic and with ``ManhattanHeuristic`` at the
 same weight, budget and buffer, and reports solved counts, mean path length (with the
 optimal lengths of the solved instances), mean expansions and evaluations.
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import time
 from typing import Any, Callable, Dict, List
 
 import numpy as np
+
+from async_search.files import write_json
 
 __all__ = ["HeldOutParams", "evaluate_heuristic", "compare_heuristics",
            "format_comparison", "run_heuristic_training", "plot_heuristic_training"]
@@ -152,24 +154,47 @@ def plot_heuristic_training(records: List[Any], results: Dict[str, Dict[str, Any
 
 
 def run_heuristic_training(config: Any, params: HeldOutParams, *, save_dir: str,
-                           png_path: str, show_progress: bool = True, command: str = "",
+                           png_path: str, resume: bool = False, show_progress: bool = True,
+                           command: str = "",
                            print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Trains by DAVI, saves the checkpoint, compares with Manhattan; returns the JSON."""
+    """Trains by DAVI, saves the checkpoint, compares with Manhattan; returns the JSON.
+
+    Each round is committed in ``save_dir`` (``training.RunFolder``, as the AlphaZero
+    loop does); ``resume`` continues the run saved there, and a run that is already
+    complete says so and is evaluated again. Every file is written atomically, the JSON
+    before the plot.
+
+    Raises:
+        ValueError: ``resume`` with no run in ``save_dir``, or with other parameters.
+        CheckpointError: a damaged saved file of the run (``resume``), named.
+        FileWriteError: a file that could not be written, named.
+    """
     from async_search.experiments.progress import progress_bar
     from async_search.training import Davi, save_checkpoint
 
-    davi = Davi(config)
+    davi = Davi(config, save_dir=save_dir, resume=resume)
+    done = davi.rounds_done
+    if resume and done >= config.rounds:
+        print_fn(f"The run in {save_dir} is already complete ({done} of {config.rounds} "
+                 f"rounds): nothing to train; its heuristic is evaluated again.")
     start = time.perf_counter()
     every = max(1, config.rounds // 10)
     print_fn(f"{'round':>5}  {'loss':>8}  {'mean target':>11}  {'refreshes':>9}  {'s':>5}")
-    with progress_bar("DAVI rounds", config.rounds, enabled=show_progress,
-                      unit="round") as update:
+
+    def show(r):
+        print_fn(f"{r.round:>5}  {r.value_loss:>8.3f}  {r.mean_target:>11.2f}  "
+                 f"{r.target_updates:>9}  {r.seconds:>5.1f}")
+
+    for r in davi.history:  # a resumed run shows what was done before
+        if r.round % every == 0 or r.round == config.rounds:
+            show(r)
+    with progress_bar("DAVI rounds", config.rounds - min(done, config.rounds),
+                      enabled=show_progress, unit="round") as update:
         def on_round(r):
             if update:
                 update(1)
             if r.round % every == 0 or r.round == config.rounds:
-                print_fn(f"{r.round:>5}  {r.value_loss:>8.3f}  {r.mean_target:>11.2f}  "
-                         f"{r.target_updates:>9}  {r.seconds:>5.1f}")
+                show(r)
         records = davi.run(on_round)
     train_s = time.perf_counter() - start
     model = davi.model()
@@ -190,11 +215,9 @@ def run_heuristic_training(config: Any, params: HeldOutParams, *, save_dir: str,
               "held_out": dataclasses.asdict(params),
               "rounds": [dataclasses.asdict(r) for r in records], "training_s": train_s,
               "checkpoint": checkpoint, "korf100": results}
+    json_path = write_json(os.path.splitext(png_path)[0] + ".json", result)  # before the plot
     plot_heuristic_training(records, results, png_path,
                             title=f"DAVI on the 15-puzzle: {config.rounds} rounds of "
                                   f"{config.states_per_round} states")
-    json_path = os.path.splitext(png_path)[0] + ".json"
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=1)
     result["png_path"], result["json_path"] = png_path, json_path
     return result

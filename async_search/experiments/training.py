@@ -3,18 +3,20 @@
 It runs a ``training.Commander`` with tqdm bars per phase, prints one table row per
 iteration, then evaluates the final best net and the untrained net on the goal's terms
 (MCTS with ``final_simulations`` and no noise against the one-ply and UCT baselines,
-the net alone against random), and saves a seaborn figure and the JSON of every figure.
+the net alone against random), and saves the JSON of every figure, then a seaborn
+figure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
+
+from async_search.files import write_json
 
 __all__ = ["FINAL_AGENT", "PhaseBars", "format_iteration", "iteration_header", "evaluate_agent",
            "format_final", "run_connect_four_training", "plot_training"]
@@ -165,13 +167,25 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
                               png_path: str, final_games: int, final_simulations: int,
                               show_progress: bool = True, command: str = "",
                               print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Runs the training experiment; prints as it goes; returns the JSON it saved."""
+    """Runs the training experiment; prints as it goes; returns the JSON it saved.
+
+    Every file is written atomically (``files.write_file``), the JSON before the plot.
+    With ``resume``, a run that is already complete says so and is evaluated again.
+
+    Raises:
+        CheckpointError: a damaged saved file of the run (``resume``), named.
+        FileWriteError: a file that could not be written, named.
+    """
     from async_search.experiments.progress import progress_bar
     from async_search.training import Commander
 
     bars = PhaseBars(show_progress)
     commander = Commander(config, save_dir, resume=resume, progress=bars)
     untrained = _untrained(config)
+    if resume and commander.iteration >= config.iterations:
+        print_fn(f"The run in {save_dir} is already complete ({commander.iteration} of "
+                 f"{config.iterations} iterations): nothing to train; its best net is "
+                 f"evaluated again.")
     print_fn(iteration_header())
     for r in commander.history:  # a resumed run shows what was done before
         print_fn(format_iteration(r))
@@ -208,11 +222,9 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
               "final_evaluation": final, "final_games": final_games,
               "final_simulations": final_simulations, "best_version": commander.best_version,
               "training_s": train_s, "final_evaluation_s": eval_s}
+    json_path = write_json(os.path.splitext(png_path)[0] + ".json", result)  # before the plot
     plot_training(records, png_path, title=f"AlphaZero on Connect Four: {config.iterations} "
                   f"iterations of {config.games_per_iteration} games")
-    json_path = os.path.splitext(png_path)[0] + ".json"
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=1)
     result["png_path"], result["json_path"] = png_path, json_path
     return result
 

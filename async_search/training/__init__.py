@@ -8,6 +8,9 @@ imports with NumPy alone; this package imports TensorFlow only when a ``Trainer`
   gives the NumPy net that ``serve`` and the searches take (``problems.tf_twin`` its
   TensorFlow twin, bitwise equal).
 - ``save_checkpoint`` / ``load_checkpoint``: versioned npz weights + JSON config.
+- ``RunFolder``: a training run's folder, one atomic commit point per iteration for
+  both trainers; killed at any instant, a run resumes with the rows of an
+  uninterrupted one.
 - ``Commander``: self-play, training, evaluation (arena, baselines, Elo), promotion
   with the new weights pushed to every server.
 - ``Davi``: a learned cost-to-go heuristic by approximate value iteration.
@@ -32,6 +35,7 @@ from async_search.training.davi import (Davi, DaviConfig, DaviRecord, bellman_ta
 from async_search.training.nets import (NetConfig, config_of, initial_weights, to_model,
                                         weights_of)
 from async_search.training.replay import Minibatch, ReplayBuffer, mirror_columns
+from async_search.training.run_folder import RunFolder, SavedNet, SavedRun
 from async_search.training.selfplay import GameRecord, SelfPlayConfig, selfplay_game
 from async_search.training.trainer import LossTerms, Trainer
 
@@ -40,7 +44,7 @@ __all__ = [
     "Trainer", "LossTerms", "NetConfig", "initial_weights", "to_model", "weights_of",
     "config_of",
     "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
-    "CheckpointError",
+    "CheckpointError", "RunFolder", "SavedNet", "SavedRun",
     "Commander", "CommanderConfig", "IterationRecord", "PhaseProgress",
     "SelfPlayConfig", "GameRecord", "selfplay_game",
     "Player", "RandomPlayer", "OnePlyPlayer", "UCTPlayer", "MCTSPlayer", "PolicyPlayer",

@@ -13,8 +13,10 @@ Each iteration (the seed's loop, with its names):
    with a new version, and its weights are pushed to every server that is serving:
    the commander's own evaluation server and every run registered through ``on_servers``.
 
-Everything is checkpointed in ``save_dir`` after each phase that changes state, and
-``Commander(..., resume=True)`` continues the same sequence from there.
+The run's state (the best and latest nets, the replay buffer, the history) is committed
+in ``save_dir`` after self-play and at the end of each iteration, each time in one atomic
+step (``training.RunFolder``): killed at any instant, ``Commander(..., resume=True)``
+continues from the last commit with the rows of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import asyncio
 import dataclasses
 import functools
 import inspect
-import json
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -35,13 +36,24 @@ from async_search.checks import check_float, check_int
 from async_search.training.arena import (MCTSPlayer, OnePlyPlayer, PolicyPlayer,
                                          RandomPlayer, UCTPlayer, elo_difference, gate,
                                          play_match)
-from async_search.training.checkpoints import read_checkpoint, save_checkpoint
+from async_search.errors import CheckpointError
+from async_search.training.run_folder import ENVELOPE, RunFolder, SavedNet
+from async_search.training.schema import config_from_json, record_from_json
 from async_search.training.nets import NetConfig
 from async_search.training.replay import ReplayBuffer, mirror_columns
 from async_search.training.selfplay import SelfPlayConfig, selfplay_game
 from async_search.training.trainer import Trainer
 
 __all__ = ["CommanderConfig", "IterationRecord", "Commander", "PhaseProgress"]
+
+_TRAINER = "alphazero"  # a run folder's trainer: another trainer's run is refused
+
+#: The ranges of an ``IterationRecord``'s numbers, checked when a run is resumed.
+_RANGES = {name: (0, None) for name in (
+    "iteration", "samples", "buffer_size", "selfplay_s", "samples_per_s",
+    "s_per_1000_samples", "policy_loss", "value_loss", "l2_loss", "total_loss", "train_s",
+    "best_version", "pushed_to", "eval_s", "iteration_s")}
+_RANGES.update(iteration=(1, None), arena_score=(0, 1), scores=(0, 1))
 
 #: ``progress(phase, done, total)``: ``done`` units of ``phase`` finished since the last
 #: call (games, steps); ``total`` the phase's units. Phases: selfplay (positions
@@ -178,11 +190,19 @@ class Commander:
 
     Args:
         config: the run's parameters.
-        save_dir: folder for checkpoints (``best``, ``latest``), the replay buffer and
-            ``state.json``; None keeps nothing on disk (and cannot resume).
+        save_dir: the run's folder (``RunFolder``: ``state.json``, the committed
+            generation with the ``best`` and ``latest`` checkpoints and the replay buffer,
+            and ``best/``, a copy of the best net); None keeps nothing on disk (and cannot
+            resume).
         resume: continue the run saved in ``save_dir`` (its config is used; a new one
-            may only change ``iterations``).
+            may only change ``iterations``). Every file is checked as it is read back.
         progress: ``progress(phase, done, total)`` hook (a progress bar), or None.
+
+    Raises:
+        ValueError: ``resume`` with no run in ``save_dir``, or with other parameters.
+        CheckpointError: a damaged saved file, named, with what is wrong with it.
+        FileWriteError: a save that failed (the disk is full...): the previous commit is
+            whole.
 
     Example:
         >>> # import asyncio
@@ -199,10 +219,13 @@ class Commander:
         self._phase_done = None  # "selfplay" when this iteration's samples are saved
         self._targets: List[Any] = []  # servers that receive promoted weights
         self._next_selfplay: Optional[asyncio.Task] = None  # overlap: next iteration's
+        self._folder = None if save_dir is None else RunFolder(save_dir, _TRAINER)
+        self._exported: int | None = None  # the best version copied to save_dir/best
         if resume:
-            if save_dir is None or not os.path.exists(self._path("state.json")):
+            if self._folder is None or not self._folder.exists():
                 raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
                                  f"is missing); start without resume")
+            self._folder.clean()
             config = self._load(config)
         else:
             self.config = config
@@ -214,55 +237,78 @@ class Commander:
             self.best_elo = 0.0
             self.buffer = ReplayBuffer(config.buffer_capacity, config.seed,
                                        augment=mirror_columns)
-            if save_dir is not None:
-                os.makedirs(save_dir, exist_ok=True)
+            if self._folder is not None:
+                self._folder.clean()
                 self._save_state()
 
     # -- persistence ----------------------------------------------------------------------
 
-    def _path(self, name: str) -> str:
-        return os.path.join(self.save_dir, name)
-
     def _save_state(self) -> None:
-        if self.save_dir is None:
+        """Commits the run's state: one atomic step (``RunFolder.commit``)."""
+        if self._folder is None:
             return
         config = self.config
         meta = {"iteration": self.iteration, "version": self.best_version}
-        save_checkpoint(self._path("best"), self.best, config.net,
-                        {**meta, "elo": self.best_elo})
-        save_checkpoint(self._path("latest"), self.trainer.weights, config.net, meta)
-        self.buffer.save(self._path("buffer.npz"))
-        state = {"config": config.to_json(), "iteration": self.iteration,
-                 "phase_done": self._phase_done, "best_version": self.best_version,
-                 "best_elo": self.best_elo,
-                 "history": [dataclasses.asdict(r) for r in self.history]}
-        tmp = self._path(f"state.json.tmp-{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(state, f, indent=1)
-        os.replace(tmp, self._path("state.json"))
+        record = {"config": config.to_json(), "iteration": self.iteration,
+                  "phase_done": self._phase_done, "best_version": self.best_version,
+                  "best_elo": self.best_elo,
+                  "history": [dataclasses.asdict(r) for r in self.history]}
+        fresh = self._exported != self.best_version  # best/ is copied when it changes
+        self._folder.commit(record, checkpoints={
+            "best": SavedNet(self.best, config.net, {**meta, "elo": self.best_elo}),
+            "latest": SavedNet(self.trainer.weights, config.net, meta),
+        }, buffers={"buffer": self.buffer}, exports=("best",) if fresh else ())
+        self._exported = self.best_version
+
+    @staticmethod
+    def check_resume(config: CommanderConfig, save_dir: str) -> int:
+        """Checks, before any work, that the run saved in ``save_dir`` can continue with
+        ``config`` (``state.json`` only: the nets and the buffer are checked when the
+        run loads them). Returns the iterations it has done.
+
+        Raises:
+            ValueError: no run is saved there, or it has other parameters.
+            CheckpointError: ``state.json`` is damaged (named, with what is wrong).
+        """
+        folder = RunFolder(save_dir, _TRAINER)
+        if not folder.exists():
+            raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
+                             f"is missing); start without resume")
+        history, _, _, _ = _read_record(config, folder.load().fields, folder)
+        return len(history)
 
     def _load(self, config: CommanderConfig) -> CommanderConfig:
-        with open(self._path("state.json")) as f:
-            state = json.load(f)
-        saved = CommanderConfig.from_json(state["config"])
-        if dataclasses.replace(saved, iterations=config.iterations) != config:
-            differ = [k for k in saved.to_json()
-                      if k != "iterations" and saved.to_json()[k] != config.to_json()[k]]
-            raise ValueError(f"cannot resume {self.save_dir!r} with other parameters "
-                             f"({', '.join(differ)} differ from the saved run); only "
-                             f"iterations may change")
+        saved = self._folder.load()
+        fields, file = saved.fields, self._folder.state_file
+        history, phase_done, best_version, best_elo = _read_record(config, fields,
+                                                                   self._folder)
+        best, latest = saved.checkpoint("best"), saved.checkpoint("latest")
+        for name, checkpoint in (("best", best), ("latest", latest)):
+            if checkpoint.config != config.net:
+                raise CheckpointError(f"checkpoint {os.path.join(saved.generation, name)!r}"
+                                      f" holds a {checkpoint.config}, not this run's "
+                                      f"{config.net}")
+        buffer = saved.buffer("buffer", augment=mirror_columns)
+        buffer_file = os.path.join(saved.generation, "buffer.npz")
+        samples = sum(r.samples for r in history)
+        if (buffer.capacity, buffer.seed) != (config.buffer_capacity, config.seed) or (
+                buffer.added < samples or (phase_done is None and buffer.added != samples)):
+            raise CheckpointError(
+                f"replay buffer file {buffer_file!r} (capacity {buffer.capacity}, seed "
+                f"{buffer.seed}, {buffer.added} samples added) does not belong to the run "
+                f"in {file!r} (capacity {config.buffer_capacity}, seed {config.seed}, "
+                f"{samples} samples in its history)")
         self.config = config
-        self.history = [IterationRecord(**r) for r in state["history"]]
-        self._phase_done = state["phase_done"]
-        self.best_version = state["best_version"]
-        self.best_elo = state["best_elo"]
-        best = read_checkpoint(self._path("best"))
-        latest = read_checkpoint(self._path("latest"))
+        self.history = history
+        self._phase_done = phase_done
+        self.best_version, self.best_elo = best_version, best_elo
         self.best = best.model()
         self.trainer = Trainer(config.net, weights=latest.weights,
                                learning_rate=config.learning_rate, l2=config.l2,
                                batch_size=config.batch_size, seed=config.seed)
-        self.buffer = ReplayBuffer.load(self._path("buffer.npz"), augment=mirror_columns)
+        self.buffer = buffer
+        self._folder.export("best", best)  # a save killed after its commit left it stale
+        self._exported = best_version
         return config
 
     @property
@@ -448,6 +494,42 @@ class Commander:
         finally:  # nothing outlives the run
             await self._cancel_next_selfplay()
         return list(self.history)
+
+
+def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tuple:
+    """``(history, phase_done, best_version, best_elo)`` from ``state.json``, every
+    field checked.
+
+    Raises:
+        CheckpointError: a field missing, of the wrong type or out of range (named).
+        ValueError: the saved run's config is not ``config`` but for ``iterations``.
+    """
+    file = folder.state_file
+    stored = config_from_json(CommanderConfig, fields.raw("config"), file, "config",
+                              nested={"selfplay": SelfPlayConfig})
+    if dataclasses.replace(stored, iterations=config.iterations) != config:
+        old, new = stored.to_json(), config.to_json()
+        differ = [k for k in old if k != "iterations" and old[k] != new[k]]
+        raise ValueError(f"cannot resume {folder.path!r} with other parameters "
+                         f"({', '.join(differ)} differ from the saved run); only "
+                         f"iterations may change")
+    history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)
+               for i, r in enumerate(fields.list("history"))]
+    for i, r in enumerate(history):
+        if r.iteration != i + 1 or r.best_version > r.iteration:
+            raise fields.error(f"must be iteration {i + 1} with a best version of at "
+                               f"most {i + 1}, got iteration {r.iteration} and version "
+                               f"{r.best_version}", f"history[{i}]")
+    fields.int("iteration", minimum=len(history), maximum=len(history))
+    phase_done = fields.raw("phase_done")
+    if phase_done not in (None, "selfplay"):
+        raise fields.error(f"must be null or 'selfplay', got {phase_done!r}", "phase_done")
+    version = history[-1].best_version if history else 0
+    best_version = fields.int("best_version", minimum=version, maximum=version)
+    best_elo = fields.float("best_elo")
+    fields.exactly([*ENVELOPE, "config", "iteration", "phase_done", "best_version",
+                    "best_elo", "history"])
+    return history, phase_done, best_version, best_elo
 
 
 class _ModelFactory:

@@ -3,7 +3,9 @@
 Each round draws states scrambled 1..K random moves from the goal, computes the target
 ``min over neighbours of 1 + h_target(neighbour)`` (0 for the goal itself, and for a
 neighbour that is the goal), adds them to the replay buffer and trains. When the loss of
-a round falls below ``loss_threshold`` the target net takes the trained weights. States,
+a round falls below ``loss_threshold`` the target net takes the trained weights. With a
+``save_dir`` each round is committed like an AlphaZero iteration (``RunFolder``, the
+same checkpoints and buffer), and ``resume=True`` continues a killed run. States,
 neighbours and encodings are whole arrays: one round is a few NumPy calls, not a loop
 over states.
 """
@@ -11,6 +13,7 @@ over states.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Callable, List, Optional
 
@@ -18,8 +21,11 @@ import numpy as np
 
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.checks import check_float, check_int
+from async_search.errors import CheckpointError
 from async_search.training.nets import NetConfig
 from async_search.training.replay import ReplayBuffer
+from async_search.training.run_folder import ENVELOPE, RunFolder, SavedNet
+from async_search.training.schema import config_from_json, record_from_json
 from async_search.training.trainer import Trainer
 
 __all__ = ["DaviConfig", "DaviRecord", "Davi", "scrambled_states", "bellman_targets"]
@@ -163,29 +169,66 @@ def bellman_targets(puzzle: SlidingPuzzle, boards: np.ndarray,
 class Davi:
     """Trains a ``LearnedHeuristic`` for the sliding puzzle by DAVI.
 
+    Args:
+        config: the run's parameters.
+        weights: initial ``(w, b)`` layers; default from ``config.seed``.
+        save_dir: the run's folder (``RunFolder``): each round is committed there in one
+            atomic step (the trained and target nets, the replay buffer, the random
+            state, the history); None keeps nothing on disk (and cannot resume).
+        resume: continue the run saved in ``save_dir`` (a new config may only change
+            ``rounds``); killed at any instant, a resumed run gives the rows of an
+            uninterrupted one. Every file is checked as it is read back.
+
+    Raises:
+        ValueError: ``resume`` with no run in ``save_dir``, with other parameters, or
+            with ``weights``.
+        CheckpointError: a damaged saved file, named, with what is wrong with it.
+        FileWriteError: a save that failed: the previous commit is whole.
+
     Example:
-        >>> # davi = Davi(DaviConfig(rounds=10))
+        >>> # davi = Davi(DaviConfig(rounds=10), save_dir="runs/davi")
         >>> # records = davi.run()
         >>> # h = davi.model()          # a LearnedHeuristic, NumPy
     """
 
-    def __init__(self, config: DaviConfig, *, weights=None):
-        self.config = config
+    def __init__(self, config: DaviConfig, *, weights=None, save_dir: str | None = None,
+                 resume: bool = False):
         self.puzzle = SlidingPuzzle(config.size)
+        self.history: List[DaviRecord] = []
+        self.target_updates = 0
+        self._folder = None if save_dir is None else RunFolder(save_dir, _TRAINER)
+        if resume:
+            if weights is not None:
+                raise ValueError("Davi: a resumed run continues from its saved weights; "
+                                 "pass no weights")
+            if self._folder is None or not self._folder.exists():
+                raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
+                                 f"is missing); start without resume")
+            self._folder.clean()
+            self._load(config)
+            return
+        self.config = config
         self.trainer = Trainer(config.net, weights=weights,
                                learning_rate=config.learning_rate, l2=config.l2,
                                batch_size=config.batch_size, seed=config.seed)
         self.target = self.trainer.model()
         self.buffer = ReplayBuffer(config.buffer_capacity, config.seed)
         self.rng = np.random.default_rng([config.seed, 1])
-        self.history: List[DaviRecord] = []
-        self.target_updates = 0
+        if self._folder is not None:
+            self._folder.clean()
+            self._save_state()
+
+    @property
+    def rounds_done(self) -> int:
+        """Rounds completed (a resumed run counts those done before)."""
+        return len(self.history)
 
     def model(self):
         """The trained heuristic (NumPy, exact grid)."""
         return self.trainer.model()
 
     def run_round(self) -> DaviRecord:
+        """Runs one round and commits it (with a ``save_dir``); returns its record."""
         config = self.config
         start = time.perf_counter()
         boards = scrambled_states(self.puzzle, config.states_per_round,
@@ -200,12 +243,124 @@ class Davi:
         record = DaviRecord(len(self.history) + 1, losses.value, self.target_updates,
                             float(targets.mean()), time.perf_counter() - start)
         self.history.append(record)
+        self._save_state()
         return record
 
     def run(self, on_round: Optional[Callable[[DaviRecord], None]] = None
             ) -> List[DaviRecord]:
+        """Runs rounds until ``config.rounds`` are done; returns every record."""
         while len(self.history) < self.config.rounds:
             record = self.run_round()
             if on_round is not None:
                 on_round(record)
         return list(self.history)
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def _save_state(self) -> None:
+        if self._folder is None:
+            return
+        config = self.config
+        meta = {"round": len(self.history), "target_updates": self.target_updates}
+        record = {"config": _config_json(config), "round": len(self.history),
+                  "target_updates": self.target_updates,
+                  "rng": self.rng.bit_generator.state,
+                  "history": [dataclasses.asdict(r) for r in self.history]}
+        self._folder.commit(record, checkpoints={
+            "latest": SavedNet(self.trainer.weights, config.net, meta),
+            "target": SavedNet(self.target, config.net, meta),
+        }, buffers={"buffer": self.buffer})
+
+    @staticmethod
+    def check_resume(config: DaviConfig, save_dir: str) -> int:
+        """Checks, before any work, that the run saved in ``save_dir`` can continue with
+        ``config`` (``state.json`` only: the nets and the buffer are checked when the
+        run loads them). Returns the rounds it has done.
+
+        Raises:
+            ValueError: no run is saved there, or it has other parameters.
+            CheckpointError: ``state.json`` is damaged (named, with what is wrong).
+        """
+        folder = RunFolder(save_dir, _TRAINER)
+        if not folder.exists():
+            raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
+                             f"is missing); start without resume")
+        history, _, _ = _read_record(config, folder.load().fields, folder)
+        return len(history)
+
+    def _load(self, config: DaviConfig) -> None:
+        saved = self._folder.load()
+        fields, file = saved.fields, self._folder.state_file
+        history, self.target_updates, rng = _read_record(config, fields, self._folder)
+        latest, target = saved.checkpoint("latest"), saved.checkpoint("target")
+        for name, checkpoint in (("latest", latest), ("target", target)):
+            if checkpoint.config != config.net:
+                raise CheckpointError(f"checkpoint {os.path.join(saved.generation, name)!r}"
+                                      f" holds a {checkpoint.config}, not this run's "
+                                      f"{config.net}")
+        buffer = saved.buffer("buffer")
+        added = len(history) * config.states_per_round
+        if (buffer.capacity, buffer.seed, buffer.added) != (
+                config.buffer_capacity, config.seed, added):
+            raise CheckpointError(
+                f"replay buffer file {os.path.join(saved.generation, 'buffer.npz')!r} "
+                f"(capacity {buffer.capacity}, seed {buffer.seed}, {buffer.added} samples "
+                f"added) does not belong to the run in {file!r} (capacity "
+                f"{config.buffer_capacity}, seed {config.seed}, {added} samples added)")
+        self.config = config
+        self.history = history
+        self.trainer = Trainer(config.net, weights=latest.weights,
+                               learning_rate=config.learning_rate, l2=config.l2,
+                               batch_size=config.batch_size, seed=config.seed)
+        self.target = target.model()
+        self.buffer = buffer
+        self.rng = rng
+
+
+_TRAINER = "davi"  # a run folder's trainer: another trainer's run is refused
+_RANGES = {"round": (1, None), "value_loss": (0, None), "target_updates": (0, None),
+           "mean_target": (0, None), "seconds": (0, None)}
+
+
+def _config_json(config: DaviConfig) -> dict:
+    data = dataclasses.asdict(config)
+    data["hidden_sizes"] = list(config.hidden_sizes)
+    return data
+
+
+def _read_record(config: DaviConfig, fields, folder: RunFolder) -> tuple:
+    """``(history, target_updates, rng)`` from ``state.json``, every field checked.
+
+    Raises:
+        CheckpointError: a field missing, of the wrong type or out of range (named).
+        ValueError: the saved run's config is not ``config`` but for ``rounds``.
+    """
+    file = folder.state_file
+    stored = config_from_json(DaviConfig, fields.raw("config"), file, "config")
+    if dataclasses.replace(stored, rounds=config.rounds) != config:
+        old, new = _config_json(stored), _config_json(config)
+        differ = [k for k in old if k != "rounds" and old[k] != new[k]]
+        raise ValueError(f"cannot resume {folder.path!r} with other parameters "
+                         f"({', '.join(differ)} differ from the saved run); only "
+                         f"rounds may change")
+    history = [record_from_json(DaviRecord, r, file, f"history[{i}]", _RANGES)
+               for i, r in enumerate(fields.list("history"))]
+    for i, r in enumerate(history):
+        if r.round != i + 1 or r.target_updates > r.round:
+            raise fields.error(f"must be round {i + 1} with at most {i + 1} target "
+                               f"updates, got round {r.round} with {r.target_updates}",
+                               f"history[{i}]")
+    fields.int("round", minimum=len(history), maximum=len(history))
+    updates = history[-1].target_updates if history else 0
+    target_updates = fields.int("target_updates", minimum=updates, maximum=updates)
+    rng = np.random.default_rng()
+    state = fields.object("rng").data
+    try:
+        if state.get("bit_generator") != type(rng.bit_generator).__name__:
+            raise ValueError(f"a {state.get('bit_generator')!r} state")
+        rng.bit_generator.state = state
+    except (TypeError, ValueError, KeyError) as e:
+        raise fields.error(f"is not a {type(rng.bit_generator).__name__} state: {e}",
+                           "rng") from e
+    fields.exactly([*ENVELOPE, "config", "round", "target_updates", "rng", "history"])
+    return history, target_updates, rng

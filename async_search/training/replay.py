@@ -16,7 +16,10 @@ from typing import Callable, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
-from async_search.checks import check_int
+from async_search.checks import check_int, is_int
+from async_search.errors import CheckpointError
+from async_search.files import write_file
+from async_search.training.schema import Fields
 
 __all__ = ["ReplayBuffer", "Minibatch", "Augment", "mirror_columns"]
 
@@ -216,8 +219,16 @@ class ReplayBuffer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the buffer (samples, ring position, sampling state) to one ``.npz``
-        file, atomically: a crash leaves the previous file intact."""
-        path = os.fspath(path)
+        file, atomically (``files.write_file``): a crash or a full disk leaves the
+        previous file whole.
+
+        Raises:
+            FileWriteError: naming the file and what failed.
+        """
+        arrays = self._state_arrays()
+        write_file(path, lambda f: np.savez(f, **arrays))
+
+    def _state_arrays(self) -> dict:
         meta = {"format": _FORMAT, "capacity": self.capacity, "seed": self.seed,
                 "size": self._size, "next": self._next, "added": self.added,
                 "state_shape": None if self._spec is None else list(self._spec.state_shape),
@@ -228,48 +239,118 @@ class ReplayBuffer:
             arrays.update(x=self._x[:self._size], z=self._z[:self._size])
             if self._pi is not None:
                 arrays["pi"] = self._pi[:self._size]
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        return arrays
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, augment: Augment | None = None
              ) -> "ReplayBuffer":
-        """A buffer as ``save`` wrote it.
+        """A buffer as ``save`` wrote it; every field and array is checked (format,
+        types, ranges, shapes, finite targets, policy rows summing to 1).
 
         Raises:
-            ValueError: naming the file and the problem when it is missing, truncated,
-                corrupt, or not a replay buffer.
+            CheckpointError: (a ``ValueError``) naming the file and the problem when it
+                is missing, truncated, corrupt, not a replay buffer, or out of range.
         """
         path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"replay buffer file {path!r} is missing")
         try:
             with np.load(path, allow_pickle=False) as data:
-                meta = json.loads(bytes(data["meta"]).decode())
-                if meta.get("format") != _FORMAT:
-                    raise ValueError(f"format {meta.get('format')!r}, expected {_FORMAT!r}")
+                if "meta" not in data.files:
+                    raise CheckpointError(f"replay buffer file {path!r} is not a replay "
+                                          f"buffer (no header; it holds {data.files})")
+                meta = _read_meta(data["meta"], path)
                 buf = cls(meta["capacity"], meta["seed"], augment=augment)
-                size, ring = meta["size"], meta["next"]
-                if not (isinstance(size, int) and isinstance(ring, int)
-                        and 0 <= size <= buf.capacity and 0 <= ring < buf.capacity
-                        and (size == buf.capacity or ring == size)):
-                    raise ValueError(f"its ring position (size {size!r}, next {ring!r}) "
-                                     f"does not fit its capacity {buf.capacity}")
+                size = meta["size"]
+                want = {"meta"}
                 if meta["state_shape"] is not None:
                     buf._allocate(_Spec(tuple(meta["state_shape"]), meta["num_actions"]))
-                    size = meta["size"]
-                    buf._x[:size] = data["x"]
-                    buf._z[:size] = data["z"]
-                    if buf._pi is not None:
-                        buf._pi[:size] = data["pi"]
-                buf._size, buf._next, buf.added = meta["size"], meta["next"], meta["added"]
-                buf._rng.bit_generator.state = meta["rng"]
-        except FileNotFoundError:
-            raise ValueError(f"replay buffer file {path!r} does not exist") from None
-        except (OSError, zipfile.BadZipFile, KeyError, EOFError, json.JSONDecodeError,
-                UnicodeDecodeError, TypeError, ValueError) as e:
-            raise ValueError(f"replay buffer file {path!r} is corrupt, truncated or not a "
-                             f"replay buffer: {e}") from e
+                    want |= {"x", "z"} | ({"pi"} if buf._pi is not None else set())
+                    for name, target in (("x", buf._x), ("z", buf._z), ("pi", buf._pi)):
+                        if target is None:
+                            continue
+                        array = data[name] if name in data.files else None
+                        if array is None or array.shape != (size, *target.shape[1:]) or (
+                                array.dtype != np.float32):
+                            got = "nothing" if array is None else (
+                                f"{array.dtype} {list(array.shape)}")
+                            raise CheckpointError(
+                                f"replay buffer file {path!r}: the array {name!r} must "
+                                f"be float32 {[size, *target.shape[1:]]}, got {got}")
+                        target[:size] = array
+                if set(data.files) != want:
+                    raise CheckpointError(f"replay buffer file {path!r} holds arrays "
+                                          f"{sorted(data.files)}, expected {sorted(want)}")
+                buf._size, buf._next, buf.added = size, meta["next"], meta["added"]
+                buf._check_samples(path)
+                try:
+                    buf._rng.bit_generator.state = meta["rng"]
+                except (TypeError, ValueError, KeyError) as e:
+                    kind = type(buf._rng.bit_generator).__name__
+                    raise CheckpointError(f"replay buffer file {path!r}: the field 'rng' "
+                                          f"is not a {kind} state: {e}") from e
+        except CheckpointError:
+            raise
+        except (OSError, zipfile.BadZipFile, KeyError, EOFError, TypeError,
+                ValueError) as e:
+            raise CheckpointError(f"replay buffer file {path!r} is corrupt, truncated or "
+                                  f"not a replay buffer: {e}") from e
         return buf
+
+    def _check_samples(self, path: str) -> None:
+        if self._spec is None:
+            return
+        n = self._size
+        x, z = self._x[:n], self._z[:n]
+        if not (np.isfinite(x).all() and np.isfinite(z).all()):
+            raise CheckpointError(f"replay buffer file {path!r}: its states or value "
+                                  f"targets are not all finite")
+        if self._pi is not None and n:
+            pi = self._pi[:n]
+            if not np.isfinite(pi).all() or (pi < 0).any() or (
+                    np.abs(pi.sum(axis=1) - 1) > 1e-3).any():
+                raise CheckpointError(f"replay buffer file {path!r}: its policy targets "
+                                      f"are not all rows of non-negative numbers summing "
+                                      f"to 1")
+
+
+def _read_meta(raw: np.ndarray, path: str) -> dict:
+    """The buffer header, every field checked."""
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise CheckpointError(f"replay buffer file {path!r}: its header is not bytes")
+    try:
+        meta = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"replay buffer file {path!r}: its header is not JSON "
+                              f"text: {e}") from e
+    fields = Fields(meta, path, "header")
+    got = fields.raw("format")
+    if got != _FORMAT:
+        raise CheckpointError(f"replay buffer file {path!r} has format {got!r}, "
+                              f"expected {_FORMAT!r}")
+    capacity = fields.int("capacity", minimum=1)
+    out = {"capacity": capacity, "seed": fields.int("seed", minimum=0),
+           "size": fields.int("size", minimum=0, maximum=capacity)}
+    out["next"] = fields.int("next", minimum=0, maximum=capacity - 1)
+    out["added"] = fields.int("added", minimum=out["size"])
+    if not (out["size"] == capacity or out["next"] == out["size"]):
+        raise fields.error(f"(ring position: size {out['size']}, next {out['next']}) "
+                           f"does not fit its capacity {capacity}", "next")
+    shape = fields.raw("state_shape")
+    if shape is not None and not (isinstance(shape, list) and all(
+            is_int(d) and d >= 1 for d in shape)):
+        raise fields.error(f"must be null or a list of integers >= 1, got {shape!r}",
+                           "state_shape")
+    out["state_shape"] = shape
+    actions = fields.raw("num_actions")
+    if actions is not None and not (is_int(actions) and actions >= 1):
+        raise fields.error(f"must be null or an integer >= 1, got {actions!r}",
+                           "num_actions")
+    if shape is None and (actions is not None or out["size"]):
+        raise fields.error("is null while the buffer holds samples or a policy width",
+                           "state_shape")
+    out["num_actions"] = actions
+    out["rng"] = fields.object("rng").data
+    fields.exactly(["format", "capacity", "seed", "size", "next", "added", "state_shape",
+                    "num_actions", "rng"])
+    return out

@@ -96,7 +96,9 @@ class Trainer:
         self.optimizer = tf.keras.optimizers.Adam(self.learning_rate)
         self.optimizer.build(self.keras_model.trainable_variables)
         self.steps_taken = 0
-        self._step = tf.function(self._train_step, reduce_retracing=True)
+        # No autograph: the step has no tensor-dependent Python control flow, and
+        # converting its source costs about a second in every new process (a resumed run).
+        self._step = tf.function(self._train_step, reduce_retracing=True, autograph=False)
 
     # -- weights --------------------------------------------------------------------------
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
 
-from async_search.training import (Commander, CommanderConfig, SelfPlayConfig,
-                                   read_checkpoint)
+from async_search.errors import CheckpointError
+from async_search.training import (Commander, CommanderConfig, ReplayBuffer,
+                                   SelfPlayConfig, initial_weights, read_checkpoint,
+                                   save_checkpoint)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -197,3 +201,140 @@ def test_self_play_on_other_backends_gives_the_local_backends_games(tmp_path, ba
     run(remote)
     # Games are deterministic functions of their ids and the net: same samples anywhere.
     same_run(local, remote)
+
+
+# -- the saved run: checked when it is read back -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("commander") / "run"
+    run(Commander(tiny(1), str(folder)))
+    return folder
+
+
+@pytest.fixture
+def run_copy(saved_run, tmp_path):
+    shutil.copytree(saved_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_the_folder_holds_one_committed_generation_and_a_copy_of_the_best(saved_run):
+    state = json.loads((saved_run / "state.json").read_text())
+    assert sorted(os.listdir(saved_run)) == ["best", state["generation"], "state.json"]
+    generation = saved_run / state["generation"]
+    assert sorted(os.listdir(generation)) == ["best", "buffer.npz", "latest"]
+    assert (read_checkpoint(saved_run / "best").weights[0][0].tobytes()
+            == read_checkpoint(generation / "best").weights[0][0].tobytes())
+
+
+def test_a_stale_best_copy_is_refreshed_on_resume(run_copy):
+    generation = run_copy / json.loads((run_copy / "state.json").read_text())["generation"]
+    save_checkpoint(run_copy / "best", read_checkpoint(generation / "latest").weights,
+                    tiny().net, {"stale": True})  # as if killed between commit and copy
+    Commander(tiny(1), str(run_copy), resume=True)
+    assert "stale" not in read_checkpoint(run_copy / "best").metadata
+
+
+def assert_resume_refused(folder, file, match):
+    for resume in (lambda: Commander(tiny(1), str(folder), resume=True),
+                   lambda: Commander.check_resume(tiny(1), str(folder))):
+        with pytest.raises(CheckpointError, match=match) as info:
+            resume()
+        assert str(file) in str(info.value) and "\n" not in str(info.value)
+        if "state.json" not in str(file):
+            break  # check_resume reads state.json alone
+
+
+def edit_state(folder, path, value=None, drop=False):
+    file = folder / "state.json"
+    state = json.loads(file.read_text())
+    *parents, key = path
+    node = state
+    for p in parents:
+        node = node[p]
+    if drop:
+        del node[key]
+    else:
+        node[key] = value
+    file.write_text(json.dumps(state))
+    return file
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda b: b[:len(b) // 2], "not valid JSON"), (lambda b: b"", "empty"),
+    (lambda b: np.random.default_rng(0).bytes(len(b)), "not UTF-8|not valid JSON"),
+    (lambda b: b"\xff" + b[1:], "not UTF-8"), (lambda b: b"{}", "format"),
+])
+def test_a_damaged_state_file_is_refused_naming_it(run_copy, damage, match):
+    file = run_copy / "state.json"
+    file.write_bytes(damage(file.read_bytes()))
+    assert_resume_refused(run_copy, file, match)
+
+
+@pytest.mark.parametrize("path", [
+    ("config",), ("iteration",), ("phase_done",), ("best_version",), ("best_elo",),
+    ("history",), ("config", "selfplay"), ("config", "selfplay", "c_puct"),
+    ("config", "backend"), ("history", 0, "scores"), ("history", 0, "promoted")])
+def test_a_state_file_missing_a_field_is_refused_naming_it(run_copy, path):
+    file = edit_state(run_copy, path, drop=True)
+    assert_resume_refused(run_copy, file, "is missing")
+
+
+@pytest.mark.parametrize("path, value", [
+    (("config",), "c4"), (("iteration",), [1]), (("history",), {"0": 1}),
+    (("config", "overlap"), "no"), (("config", "hidden_sizes"), 16),
+    (("config", "selfplay"), 3), (("config", "selfplay", "value_target"), 1),
+    (("history", 0), "row"), (("history", 0, "samples"), 1.5),
+    (("history", 0, "scores"), [0.5]), (("history", 0, "promoted"), 1),
+    (("history", 0, "elo"), "high"), (("best_elo",), None)])
+def test_a_state_file_with_a_field_of_the_wrong_type_is_refused_naming_it(run_copy, path,
+                                                                          value):
+    file = edit_state(run_copy, path, value)
+    assert_resume_refused(run_copy, file, r"must be|not a valid")
+
+
+@pytest.mark.parametrize("path, value", [
+    (("iteration",), 4), (("best_version",), 3), (("phase_done",), "training"),
+    (("history", 0, "arena_score"), 1.5), (("history", 0, "scores"), {"uct4": -0.1}),
+    (("history", 0, "samples"), -1), (("history", 0, "iteration"), 2),
+    (("history", 0, "best_version"), 5), (("config", "gate_threshold"), 2.0),
+    (("config", "selfplay", "simulations"), 0), (("history", 0, "elo"), float("nan")),
+    (("history", 0, "extra"), 1)])
+def test_a_state_file_with_a_number_out_of_range_is_refused_naming_it(run_copy, path,
+                                                                      value):
+    file = edit_state(run_copy, path, value)
+    assert_resume_refused(run_copy, file, r"must be|not a valid|unknown")
+
+
+def _generation(folder):
+    return folder / json.loads((folder / "state.json").read_text())["generation"]
+
+
+@pytest.mark.parametrize("name", ["buffer.npz", "best/config.json", "latest/config.json"])
+@pytest.mark.parametrize("how", ["truncated", "empty", "random bytes"])
+def test_a_damaged_net_or_buffer_is_refused_naming_it(run_copy, name, how):
+    file = _generation(run_copy) / name
+    data = file.read_bytes()
+    file.write_bytes({"truncated": data[:len(data) // 2], "empty": b"",
+                      "random bytes": np.random.default_rng(1).bytes(len(data))}[how])
+    with pytest.raises(CheckpointError) as info:
+        Commander(tiny(1), str(run_copy), resume=True)
+    assert str(file) in str(info.value)
+
+
+def test_a_buffer_or_net_of_another_run_is_refused_naming_it(run_copy):
+    generation = _generation(run_copy)
+    saved = ReplayBuffer.load(generation / "buffer.npz")
+    twice = ReplayBuffer(saved.capacity, saved.seed)
+    x, policy, value = saved.arrays()
+    twice.add(np.concatenate([x, x]), np.concatenate([policy, policy]),
+              np.concatenate([value, value]))  # every sample twice
+    twice.save(generation / "buffer.npz")
+    with pytest.raises(CheckpointError, match="does not belong to the run"):
+        Commander(tiny(1), str(run_copy), resume=True)
+    save_checkpoint(generation / "latest", initial_weights(tiny(hidden_sizes=(8,)).net, 0),
+                    tiny(hidden_sizes=(8,)).net)
+    with pytest.raises(CheckpointError, match="not this run's") as info:
+        Commander(tiny(1), str(run_copy), resume=True)
+    assert "latest" in str(info.value)

@@ -1,15 +1,21 @@
 """DAVI: scrambled boards, Bellman targets against brute force, and a short run."""
 
 import collections
+import dataclasses
+import json
 import math
+import shutil
 
 import numpy as np
 import pytest
+
+from async_search.errors import CheckpointError
 
 from async_search.problems import LearnedHeuristic, ManhattanHeuristic, SlidingPuzzle
 from async_search.training.davi import (Davi, DaviConfig, DaviRecord, bellman_targets,
                                         scrambled_states)
 from async_search.training.nets import NetConfig
+from async_search.training.replay import ReplayBuffer
 
 PUZZLE = SlidingPuzzle(3)
 DEPTH = 14  # BFS radius: the 8-puzzle has a few thousand states this close to the goal
@@ -178,3 +184,177 @@ def test_a_davi_config_describes_its_net():
     assert config.net == NetConfig("heuristic", "sliding_puzzle", (32, 8), 3, False)
     with pytest.raises(ValueError, match="hidden_sizes"):
         DaviConfig(hidden_sizes=(0,)).net
+
+
+# -- checkpointed rounds: resume, refusals, damaged files ---------------------------------
+
+TINY = DaviConfig(size=3, rounds=3, states_per_round=40, max_scramble=10, train_steps=3,
+                  hidden_sizes=(8,), batch_size=16, buffer_capacity=100,
+                  loss_threshold=100.0, seed=2)
+
+
+def rows(davi):
+    return [{k: v for k, v in dataclasses.asdict(r).items() if k != "seconds"}
+            for r in davi.history]
+
+
+def assert_same_run(a, b):
+    assert rows(a) == rows(b)
+    for (wa, ba), (wb, bb) in zip(a.trainer.weights, b.trainer.weights):
+        assert wa.tobytes() == wb.tobytes() and ba.tobytes() == bb.tobytes()
+    for x, y in zip(a.buffer.arrays(), b.buffer.arrays()):
+        assert (x is None and y is None) or x.tobytes() == y.tobytes()
+    assert a.buffer.added == b.buffer.added
+    state = a.rng.bit_generator.state == b.rng.bit_generator.state
+    assert state and a.target_updates == b.target_updates
+
+
+def test_every_round_is_committed_and_a_resumed_run_gives_the_same_rows(tmp_path):
+    pytest.importorskip("tensorflow")
+    straight = Davi(TINY, save_dir=str(tmp_path / "a"))
+    straight.run()
+    first = Davi(dataclasses.replace(TINY, rounds=1), save_dir=str(tmp_path / "b"))
+    first.run()
+    state = json.loads((tmp_path / "b" / "state.json").read_text())
+    assert state["round"] == 1 and len(state["history"]) == 1
+    resumed = Davi(TINY, save_dir=str(tmp_path / "b"), resume=True)
+    assert resumed.rounds_done == 1
+    resumed.run()
+    assert_same_run(straight, resumed)
+    done = Davi(TINY, save_dir=str(tmp_path / "b"), resume=True)  # already complete
+    assert done.rounds_done == 3 and done.run() == done.history
+    assert Davi.check_resume(TINY, str(tmp_path / "b")) == 3
+
+
+def test_resume_refuses_a_missing_run_other_parameters_and_weights(tmp_path):
+    pytest.importorskip("tensorflow")
+    with pytest.raises(ValueError, match="no saved run"):
+        Davi(TINY, save_dir=str(tmp_path / "empty"), resume=True)
+    with pytest.raises(ValueError, match="no saved run"):
+        Davi.check_resume(TINY, str(tmp_path / "empty"))
+    Davi(dataclasses.replace(TINY, rounds=1), save_dir=str(tmp_path)).run()
+    for check in (lambda c: Davi(c, save_dir=str(tmp_path), resume=True),
+                  lambda c: Davi.check_resume(c, str(tmp_path))):
+        with pytest.raises(ValueError, match="train_steps differ"):
+            check(dataclasses.replace(TINY, train_steps=4))
+    with pytest.raises(ValueError, match="pass no weights"):
+        Davi(TINY, save_dir=str(tmp_path), resume=True, weights=[])
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    pytest.importorskip("tensorflow")
+    folder = tmp_path_factory.mktemp("davi") / "run"
+    Davi(dataclasses.replace(TINY, rounds=2), save_dir=str(folder)).run()
+    return folder
+
+
+@pytest.fixture
+def run_copy(saved_run, tmp_path):
+    shutil.copytree(saved_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def edit_state(folder, change):
+    file = folder / "state.json"
+    state = json.loads(file.read_text())
+    change(state)
+    file.write_text(json.dumps(state))
+    return file
+
+
+def assert_resume_refused(folder, file, match):
+    for resume in (lambda: Davi(TINY, save_dir=str(folder), resume=True),
+                   lambda: Davi.check_resume(TINY, str(folder))):
+        with pytest.raises(CheckpointError, match=match) as info:
+            resume()
+        assert str(file) in str(info.value) and "\n" not in str(info.value)
+        if "state.json" not in str(file):
+            break  # check_resume reads state.json alone
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda b: b[:len(b) // 2], "not valid JSON"), (lambda b: b"", "empty"),
+    (lambda b: np.random.default_rng(0).bytes(len(b)), "not UTF-8|not valid JSON"),
+    (lambda b: b"\xff" + b[1:], "not UTF-8"), (lambda b: b"{}", "format"),
+])
+def test_a_damaged_state_file_is_refused_naming_it(run_copy, damage, match):
+    file = run_copy / "state.json"
+    file.write_bytes(damage(file.read_bytes()))
+    assert_resume_refused(run_copy, file, match)
+
+
+def _drop(path):
+    def change(state):
+        *parents, key = path
+        node = state
+        for p in parents:
+            node = node[p]
+        del node[key]
+    return change
+
+
+def _put(path, value):
+    def change(state):
+        *parents, key = path
+        node = state
+        for p in parents:
+            node = node[p]
+        node[key] = value
+    return change
+
+
+@pytest.mark.parametrize("path", [("config",), ("round",), ("target_updates",), ("rng",),
+                                  ("history",), ("config", "train_steps"),
+                                  ("config", "hidden_sizes"), ("history", 0, "value_loss"),
+                                  ("history", 1, "round")])
+def test_a_state_file_missing_a_field_is_refused_naming_it(run_copy, path):
+    file = edit_state(run_copy, _drop(path))
+    assert_resume_refused(run_copy, file, "is missing")
+
+
+@pytest.mark.parametrize("path, value", [
+    (("config",), [1]), (("round",), "2"), (("history",), 5), (("rng",), "pcg"),
+    (("config", "residual"), "yes"), (("config", "hidden_sizes"), 8),
+    (("config", "train_steps"), 3.0), (("history", 0), 7),
+    (("history", 0, "value_loss"), "0.5"), (("history", 1, "target_updates"), [1]),
+    (("history", 0, "round"), True)])
+def test_a_state_file_with_a_field_of_the_wrong_type_is_refused_naming_it(run_copy, path,
+                                                                          value):
+    file = edit_state(run_copy, _put(path, value))
+    assert_resume_refused(run_copy, file, r"must be|not a valid")
+
+
+@pytest.mark.parametrize("path, value", [
+    (("round",), 5), (("target_updates",), -1), (("history", 0, "value_loss"), -1.0),
+    (("history", 0, "round"), 2), (("history", 1, "target_updates"), 9),
+    (("history", 0, "mean_target"), float("inf")), (("config", "size"), 1),
+    (("config", "buffer_capacity"), 0), (("rng",), {"bit_generator": "MT19937"}),
+    (("history", 0, "extra"), 1)])
+def test_a_state_file_with_a_number_out_of_range_is_refused_naming_it(run_copy, path,
+                                                                      value):
+    file = edit_state(run_copy, _put(path, value))
+    assert_resume_refused(run_copy, file, r"must be|not a valid|not a PCG64|unknown")
+
+
+def _generation(folder):
+    return folder / json.loads((folder / "state.json").read_text())["generation"]
+
+
+@pytest.mark.parametrize("name", ["buffer.npz", "latest/config.json", "target/config.json"])
+@pytest.mark.parametrize("how", ["truncated", "empty"])
+def test_a_damaged_net_or_buffer_is_refused_naming_it(run_copy, name, how):
+    file = _generation(run_copy) / name
+    data = file.read_bytes()
+    file.write_bytes(data[:len(data) // 2] if how == "truncated" else b"")
+    with pytest.raises(CheckpointError) as info:
+        Davi(TINY, save_dir=str(run_copy), resume=True)
+    assert str(file) in str(info.value)
+
+
+def test_a_buffer_of_another_run_is_refused_naming_it(run_copy):
+    other = ReplayBuffer(TINY.buffer_capacity, TINY.seed + 1)
+    other.save(_generation(run_copy) / "buffer.npz")
+    with pytest.raises(CheckpointError, match="does not belong to the run") as info:
+        Davi(TINY, save_dir=str(run_copy), resume=True)
+    assert "buffer.npz" in str(info.value)

@@ -1,8 +1,13 @@
 """The replay buffer: a ring of samples, uniform seeded sampling, symmetry, save/load."""
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+from async_search.errors import CheckpointError
 from async_search.training.replay import ReplayBuffer, mirror_columns
 
 SHAPE = (2, 6, 7)  # Connect Four's encoding
@@ -317,65 +322,159 @@ def test_saving_over_a_file_replaces_it_and_leaves_no_temporary(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
 
 
-def saved(tmp_path):
+def saved(tmp_path, policy=True):
     buf = ReplayBuffer(50, seed=0)
-    buf.add(*samples(40, seed=0))
+    x, pi, z = samples(40, seed=0)
+    buf.add(x, pi if policy else None, z)
     path = tmp_path / "replay.npz"
     buf.save(path)
     return path
 
 
-def test_a_missing_buffer_file_raises_value_error_naming_it(tmp_path):
-    path = tmp_path / "nowhere.npz"
-    with pytest.raises(ValueError, match="does not exist") as info:
+def assert_refused(path, match):
+    with pytest.raises(CheckpointError, match=match) as info:
         ReplayBuffer.load(path)
-    assert str(path) in str(info.value)
+    assert isinstance(info.value, ValueError)  # what callers caught before
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
-def test_a_truncated_buffer_file_raises_value_error_naming_it(tmp_path):
+def test_a_missing_buffer_file_is_refused_naming_it(tmp_path):
+    assert_refused(tmp_path / "nowhere.npz", "missing")
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "random bytes", "flipped bytes",
+                                 "not a zip"])
+def test_a_damaged_buffer_file_is_refused_naming_it(tmp_path, how):
+    path = saved(tmp_path)
+    data = path.read_bytes()
+    middle = len(data) // 2
+    damaged = {
+        "truncated": data[:middle], "empty": b"",
+        "random bytes": np.random.default_rng(0).bytes(len(data)),
+        "flipped bytes": data[:middle] + bytes(255 - b for b in data[middle:middle + 64])
+        + data[middle + 64:],
+        "not a zip": b"\xff\xfe not utf-8 and not a zip",
+    }[how]
+    path.write_bytes(damaged)
+    assert_refused(path, "corrupt, truncated")
+
+
+def test_a_buffer_file_truncated_anywhere_is_refused_naming_it(tmp_path):
     path = saved(tmp_path)
     data = path.read_bytes()
     for keep in (len(data) // 2, len(data) - 30, 10, 0):
         path.write_bytes(data[:keep])
-        with pytest.raises(ValueError, match="corrupt, truncated") as info:
-            ReplayBuffer.load(path)
-        assert str(path) in str(info.value)
+        assert_refused(path, "corrupt, truncated")
 
 
-def test_a_corrupt_buffer_file_raises_value_error_naming_it(tmp_path):
-    path = saved(tmp_path)
-    data = bytearray(path.read_bytes())
-    middle = len(data) // 2
-    data[middle:middle + 64] = bytes(255 - b for b in data[middle:middle + 64])
-    path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="corrupt, truncated") as info:
-        ReplayBuffer.load(path)
-    assert str(path) in str(info.value)
-
-
-def test_an_npz_that_is_not_a_replay_buffer_raises_value_error_naming_it(tmp_path):
+def test_an_npz_that_is_not_a_replay_buffer_is_refused_naming_it(tmp_path):
     other = tmp_path / "other.npz"
     np.savez(other, x=np.zeros(3))
+    assert_refused(other, "not a replay buffer")
     wrong_format = tmp_path / "format.npz"
     np.savez(wrong_format, meta=np.frombuffer(b'{"format": "something/9"}', np.uint8))
-    for path in (other, wrong_format):
-        with pytest.raises(ValueError, match="not a replay buffer") as info:
-            ReplayBuffer.load(path)
-        assert str(path) in str(info.value)
+    assert_refused(wrong_format, "format 'something/9'")
 
 
-@pytest.mark.parametrize("change", [{"size": 50}, {"size": -2}, {"next": 99},
-                                    {"next": 1}, {"capacity": 2}, {"size": "3"}])
-def test_a_buffer_file_whose_ring_position_does_not_fit_is_refused(tmp_path, change):
-    import json
-
-    path = tmp_path / "b.npz"
-    buf = ReplayBuffer(10)
-    buf.add(np.zeros((3, 4), np.float32), None, np.zeros(3))
-    buf.save(path)
+def rewrite(path, meta_change=None, arrays_change=None, raw_meta=None):
+    """Rewrites the buffer file at ``path`` with its header or arrays changed."""
     arrays = dict(np.load(path))
-    meta = {**json.loads(bytes(arrays["meta"]).decode()), **change}
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    meta = json.loads(bytes(arrays["meta"]).decode())
+    if meta_change is not None:
+        meta_change(meta)
+    arrays["meta"] = (np.frombuffer(raw_meta, np.uint8) if raw_meta is not None
+                      else np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    if arrays_change is not None:
+        arrays_change(arrays)
     np.savez(path, **arrays)
-    with pytest.raises(ValueError, match=str(path)):
-        ReplayBuffer.load(path)
+
+
+@pytest.mark.parametrize("raw, match", [(b"\xff\xfe\x00", "not JSON text"),
+                                        (b'{"format": "async', "not JSON text"),
+                                        (b"{}", "'header.format' is missing"),
+                                        (b"[]", "'header' must be a JSON object")])
+def test_a_buffer_header_that_is_not_a_json_object_is_refused(tmp_path, raw, match):
+    path = saved(tmp_path)
+    rewrite(path, raw_meta=raw)
+    assert_refused(path, match)
+
+
+HEADER = ["capacity", "seed", "size", "next", "added", "state_shape", "num_actions", "rng"]
+
+
+@pytest.mark.parametrize("field", HEADER)
+def test_a_buffer_header_missing_a_field_is_refused_naming_it(tmp_path, field):
+    path = saved(tmp_path)
+    rewrite(path, lambda meta: meta.pop(field))
+    assert_refused(path, rf"'header.{field}' is missing")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("capacity", "50"), ("seed", 1.5), ("size", True), ("next", None), ("added", [40]),
+    ("state_shape", "2x6x7"), ("num_actions", "7"), ("rng", 3)])
+def test_a_buffer_header_field_of_the_wrong_type_is_refused_naming_it(tmp_path, field,
+                                                                      value):
+    path = saved(tmp_path)
+    rewrite(path, lambda meta: meta.update({field: value}))
+    assert_refused(path, rf"'header.{field}' must be")
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"capacity": 0}, "'header.capacity' must be an integer >= 1"),
+    ({"seed": -1}, "'header.seed' must be an integer >= 0"),
+    ({"size": 51}, "'header.size' must be an integer in"),
+    ({"size": -2}, "'header.size' must be an integer in"),
+    ({"next": 99}, "'header.next' must be an integer in"),
+    ({"next": 1}, "ring position"),
+    ({"added": 3}, "'header.added' must be an integer >= 40"),
+    ({"state_shape": [2, 0, 7]}, "'header.state_shape' must be"),
+    ({"num_actions": 0}, "'header.num_actions' must be"),
+    ({"rng": {"bit_generator": "PCG64", "state": "x"}}, "'rng' is not a PCG64 state"),
+    ({"extra": 1}, "unknown fields"),
+])
+def test_a_buffer_header_out_of_range_is_refused_naming_the_field(tmp_path, change,
+                                                                  match):
+    path = saved(tmp_path)
+    rewrite(path, lambda meta: meta.update(change))
+    assert_refused(path, match)
+
+
+@pytest.mark.parametrize("name, change, match", [
+    ("x", lambda a: a.update(x=a["x"][:-1]), "'x' must be float32"),
+    ("x", lambda a: a.update(x=a["x"].astype(np.float64)), "'x' must be float32"),
+    ("pi", lambda a: a.pop("pi"), "'pi' must be float32 .* got nothing"),
+    ("z", lambda a: a.update(z=np.full_like(a["z"], np.nan)), "not all finite"),
+    ("pi", lambda a: a.update(pi=a["pi"] * 2), "summing to 1"),
+    ("pi", lambda a: a.update(pi=-a["pi"]), "non-negative"),
+    ("extra", lambda a: a.update(extra=np.zeros(2)), "holds arrays"),
+])
+def test_buffer_arrays_of_the_wrong_shape_type_or_values_are_refused(tmp_path, name,
+                                                                     change, match):
+    path = saved(tmp_path)
+    rewrite(path, arrays_change=change)
+    assert_refused(path, match)
+
+
+def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_buffer(tmp_path):
+    path = saved(tmp_path)
+    before = ReplayBuffer.load(path)
+    script = f"""
+import resource, signal
+import numpy as np
+from async_search.training.replay import ReplayBuffer
+buffer = ReplayBuffer.load({str(path)!r})
+buffer.add(np.ones((5, 2, 6, 7), np.float32), np.ones((5, 7)), np.zeros(5))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    buffer.save({str(path)!r})
+except OSError as e:
+    print(type(e).__name__, e.errno, e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("FileWriteError 27 cannot write"), out.stdout
+    assert str(path) in out.stdout and "File too large" in out.stdout
+    assert_same(snapshot(before), snapshot(ReplayBuffer.load(path)))
+    assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]

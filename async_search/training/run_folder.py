@@ -1,0 +1,250 @@
+"""A training run's folder: one commit point per iteration, for every trainer.
+
+Both trainers (the AlphaZero ``Commander`` and ``Davi``) keep their state here, the same
+way. Each save writes a new *generation*, a folder holding everything the iteration
+changed (checkpoints and replay buffers), in full and synced; then one atomic replace of
+``state.json`` (the run's record: config, history, random state, and the name of its
+generation) commits it; then the previous generation is removed. Killed at any instant,
+the folder holds the last committed iteration whole: before the replace, ``state.json``
+still names the previous generation, which is untouched; after it, the new one, which
+is complete. What a killed save leaves behind (a partial generation, ``*.tmp-<pid>``
+files) is removed when the next run starts.
+
+Layout::
+
+    state.json       the commit point: format, trainer, generation, the run's record
+    gen-000012/      the generation state.json names: checkpoints/, buffers .npz
+    best/            exports: copies of a committed checkpoint for load_checkpoint,
+                     refreshed after each commit (never read back by the run)
+
+Every file read back is checked (``training.schema``): a damaged one raises a
+``CheckpointError`` that names it and what is wrong with it.
+
+Example:
+    >>> import tempfile
+    >>> from async_search.training import NetConfig, initial_weights
+    >>> config = NetConfig("heuristic", "sliding_puzzle", (8,), size=3)
+    >>> run = RunFolder(tempfile.mkdtemp(), "davi")
+    >>> run.commit({"rounds": 1}, checkpoints={
+    ...     "latest": SavedNet(initial_weights(config, 0), config, {})})
+    >>> saved = run.load()
+    >>> saved.fields.int("rounds"), saved.checkpoint("latest").config == config
+    (1, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Dict, Mapping, Sequence
+
+from async_search.errors import CheckpointError
+from async_search.files import (folder_path, make_folder, remove_leftovers, remove_tree,
+                                write_json)
+from async_search.training.checkpoints import Checkpoint, read_checkpoint, save_checkpoint
+from async_search.training.replay import Augment, ReplayBuffer
+from async_search.training.schema import Fields, read_json
+
+__all__ = ["RunFolder", "SavedNet", "SavedRun", "FORMAT", "STATE", "ENVELOPE"]
+
+FORMAT = "async_search.training_run/1"
+STATE = "state.json"
+#: The fields of ``state.json`` that the folder writes; the trainer's record has the rest.
+ENVELOPE = ("format", "trainer", "generation", "checkpoints", "buffers")
+_GENERATION = re.compile(r"^gen-(\d{6,})$")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedNet:
+    """A net to save in a generation: what ``save_checkpoint`` takes."""
+
+    model: Any
+    """A model ``to_model`` made, or its ``(w, b)`` layers."""
+    config: Any
+    """Its ``NetConfig``."""
+    metadata: Dict[str, Any]
+    """JSON metadata for its ``config.json``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    """The last committed state of a run, as ``RunFolder.load`` read it."""
+
+    fields: Fields
+    """``state.json``'s fields, for the trainer to read with checks."""
+    generation: str
+    """The folder of the committed generation."""
+    checkpoint_names: tuple
+    buffer_names: tuple
+
+    def checkpoint(self, name: str) -> Checkpoint:
+        """The generation's checkpoint ``name``, checked (``CheckpointError``)."""
+        if name not in self.checkpoint_names:
+            raise self.fields.error(f"does not list the checkpoint {name!r}",
+                                    "checkpoints")
+        return read_checkpoint(os.path.join(self.generation, name))
+
+    def buffer(self, name: str, *, augment: Augment | None = None) -> ReplayBuffer:
+        """The generation's replay buffer ``name``, checked (``CheckpointError``)."""
+        if name not in self.buffer_names:
+            raise self.fields.error(f"does not list the buffer {name!r}", "buffers")
+        return ReplayBuffer.load(os.path.join(self.generation, f"{name}.npz"),
+                                 augment=augment)
+
+
+class RunFolder:
+    """The folder of one training run: commits, loads, and cleans up after a crash.
+
+    Args:
+        path: the folder (made at the first commit).
+        trainer: which trainer's run this is (``"alphazero"``, ``"davi"``); a run of
+            another trainer is refused at load.
+    """
+
+    def __init__(self, path: str | os.PathLike, trainer: str):
+        self.path = folder_path(path)
+        self.trainer = trainer
+        self.state_file = os.path.join(self.path, STATE)
+        self._generation: int | None = None  # the committed one, once known
+
+    def __repr__(self) -> str:
+        return f"RunFolder({self.path!r}, {self.trainer!r})"
+
+    def exists(self) -> bool:
+        """Whether a run was committed here (``state.json`` exists)."""
+        return os.path.isfile(self.state_file)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def commit(self, record: Mapping[str, Any], *,
+               checkpoints: Mapping[str, SavedNet] | None = None,
+               buffers: Mapping[str, ReplayBuffer] | None = None,
+               exports: Sequence[str] = ()) -> None:
+        """Saves one iteration: a new generation with ``checkpoints`` (folders) and
+        ``buffers`` (``<name>.npz``), then ``state.json`` (``record`` and the envelope)
+        in one atomic replace, then removes the previous generation and refreshes the
+        ``exports`` (names of ``checkpoints`` copied to the run's folder).
+
+        Raises:
+            FileWriteError: naming the file that could not be written; the previous
+                iteration is still the state on disk, whole.
+            ValueError: a record that is not JSON, or a name that cannot be a file.
+        """
+        checkpoints = dict(checkpoints or {})
+        buffers = dict(buffers or {})
+        for name in (*checkpoints, *buffers, *exports):
+            if not _NAME.match(name) or name in ("state",):
+                raise ValueError(f"RunFolder.commit: {name!r} cannot name a checkpoint, "
+                                 f"a buffer or an export (letters, digits, _)")
+        clash = sorted(set(record) & set(ENVELOPE))
+        if clash:
+            raise ValueError(f"RunFolder.commit: the record may not use the fields "
+                             f"{clash}: the folder writes them")
+        unknown = sorted(set(exports) - set(checkpoints))
+        if unknown:
+            raise ValueError(f"RunFolder.commit: exports {unknown} are not checkpoints "
+                             f"of this commit")
+        current = self._current()
+        number = max([current if current is not None else -1, *self._generations()]) + 1
+        generation = self._generation_path(number)
+        state = {"format": FORMAT, "trainer": self.trainer,
+                 "generation": os.path.basename(generation),
+                 "checkpoints": sorted(checkpoints), "buffers": sorted(buffers),
+                 **record}
+        json.dumps(state)  # not JSON: refused before the disk is touched
+        make_folder(self.path)
+        remove_tree(generation)  # a partial one, from a save that was killed
+        make_folder(generation)
+        for name, net in checkpoints.items():
+            save_checkpoint(os.path.join(generation, name), net.model, net.config,
+                            net.metadata)
+        for name, buffer in buffers.items():
+            buffer.save(os.path.join(generation, f"{name}.npz"))
+        write_json(self.state_file, state)  # the commit point
+        self._generation = number
+        for old in self._generations():  # the previous one, and any a crash left
+            if old != number:
+                remove_tree(self._generation_path(old))
+        for name in exports:
+            net = checkpoints[name]
+            save_checkpoint(os.path.join(self.path, name), net.model, net.config,
+                            net.metadata)
+
+    def clean(self) -> list:
+        """Removes what interrupted saves left: ``*.tmp-<pid>`` and ``*.old-<pid>``
+        entries of processes that are gone, and generations that ``state.json`` does not
+        name. With no readable ``state.json`` no generation is removed (a damaged file
+        is reported at load, not answered by deleting). Returns the names removed."""
+        removed = remove_leftovers(self.path)
+        current = self._current()
+        if current is not None:
+            for number in self._generations():
+                if number != current:
+                    remove_tree(self._generation_path(number))
+                    removed.append(os.path.basename(self._generation_path(number)))
+        return removed
+
+    def export(self, name: str, checkpoint: Checkpoint) -> None:
+        """Copies a loaded checkpoint to the run's folder as ``name`` (refreshing an
+        export that a save killed after its commit left stale)."""
+        save_checkpoint(os.path.join(self.path, name), checkpoint.weights,
+                        checkpoint.config, checkpoint.metadata)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def load(self) -> SavedRun:
+        """The last committed state: ``state.json`` checked (format, trainer, the
+        generation it names and what that holds); the trainer reads its record from
+        ``fields``, its nets and buffers with ``checkpoint`` and ``buffer``.
+
+        Raises:
+            CheckpointError: naming the file and what is wrong with it.
+        """
+        data = read_json(self.state_file)
+        fields = Fields(data, self.state_file)
+        got = data.get("format")
+        if got != FORMAT:
+            hint = (" (written by an older version of async_search, which had no commit "
+                    "point; start a new run)" if got is None and "history" in data else "")
+            raise CheckpointError(f"{self.state_file!r} has format {got!r}, expected "
+                                  f"{FORMAT!r}{hint}")
+        fields.str("trainer", choices=[self.trainer])
+        name = fields.str("generation", pattern=_GENERATION.pattern)
+        names = {}
+        for kind in ("checkpoints", "buffers"):
+            names[kind] = fields.list(kind)
+            if not all(isinstance(n, str) and _NAME.match(n) for n in names[kind]):
+                raise fields.error(f"must be a list of names, got {names[kind]!r}", kind)
+        generation = os.path.join(self.path, name)
+        if not os.path.isdir(generation):
+            raise CheckpointError(f"{self.state_file!r} names the generation {name!r}, "
+                                  f"but {generation!r} is missing")
+        self._generation = int(_GENERATION.match(name)[1])
+        return SavedRun(fields, generation, tuple(names["checkpoints"]),
+                        tuple(names["buffers"]))
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _generation_path(self, number: int) -> str:
+        return os.path.join(self.path, f"gen-{number:06d}")
+
+    def _generations(self) -> list:
+        try:
+            names = os.listdir(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(int(m[1]) for m in map(_GENERATION.match, names) if m)
+
+    def _current(self) -> int | None:
+        """The committed generation's number; None when none can be read."""
+        if self._generation is not None:
+            return self._generation
+        try:
+            data = read_json(self.state_file)
+            match = _GENERATION.match(data.get("generation", ""))
+        except (CheckpointError, AttributeError, TypeError):
+            return None
+        return int(match[1]) if match and data.get("format") == FORMAT else None

@@ -1,0 +1,124 @@
+"""main.py --train: --resume for both trainers, a run killed mid-way that resumes with the
+same rows, and damaged saved files reported in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DAVI = ["--train", "sliding_puzzle", "--iterations", "3", "--train_steps", "2",
+        "--hidden_sizes", "8", "--gnn_budget", "20", "--noprogress"]
+
+
+def main(*args, timeout=300):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "main.py", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def error_lines(out) -> list:
+    """stderr without TensorFlow's and absl's start-up noise."""
+    return [line for line in out.stderr.splitlines()
+            if line.startswith(("main.py", "Traceback", "  ", "async_search", "ValueError"))]
+
+
+def rows(json_path) -> list:
+    return [{k: v for k, v in r.items() if k != "seconds"}
+            for r in json.load(open(json_path))["rounds"]]
+
+
+@pytest.mark.parametrize("problem", ["sliding_puzzle", "connect_four"])
+def test_resume_with_nothing_saved_is_one_line_and_exit_2(tmp_path, problem):
+    out = main("--train", problem, "--resume", "--save_dir", str(tmp_path / "none"),
+               "--save_path", str(tmp_path / "p.png"))
+    assert out.returncode == 2
+    assert error_lines(out) == [f"main.py: error: --resume: no saved run in "
+                                f"{tmp_path / 'none'} (state.json is missing); run "
+                                f"without --resume first"]
+    assert not os.path.exists(tmp_path / "none")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("davi")
+    out = main(*DAVI, "--save_dir", str(folder / "run"), "--save_path",
+               str(folder / "p.png"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return folder
+
+
+def test_a_puzzle_run_killed_mid_way_resumes_with_the_same_rows(tmp_path, finished):
+    args = [*DAVI, "--save_dir", str(tmp_path / "run"), "--save_path",
+            str(tmp_path / "p.png")]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.Popen([sys.executable, "main.py", *args], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = tmp_path / "run" / "state.json"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if json.loads(state.read_text())["round"] >= 1:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=60)
+    assert json.loads(state.read_text())["round"] < 3, "the run finished before the kill"
+    out = main(*args, "--resume")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert rows(tmp_path / "p.json") == rows(finished / "p.json")
+    assert not [n for n in os.listdir(tmp_path / "run") if ".tmp-" in n]
+
+
+def test_a_complete_run_resumed_says_so(finished):
+    out = main(*DAVI, "--save_dir", str(finished / "run"), "--save_path",
+               str(finished / "again.png"), "--resume")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"The run in {finished / 'run'} is already complete (3 of 3 rounds)" in out.stdout
+    assert rows(finished / "again.json") == rows(finished / "p.json")
+
+
+@pytest.fixture
+def copy(finished, tmp_path):
+    import shutil
+
+    shutil.copytree(finished / "run", tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_damaged_state_file_is_one_line_naming_it_and_exit_2(copy):
+    (copy / "state.json").write_text('{"format": "async_search.training_run/1"')
+    out = main(*DAVI, "--save_dir", str(copy), "--save_path", str(copy / "p.png"),
+               "--resume")
+    assert out.returncode == 2
+    lines = error_lines(out)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"main.py: error: '{copy / 'state.json'}' is not valid JSON (truncated or "
+        f"corrupt)"), lines
+
+
+def test_a_damaged_buffer_is_one_line_naming_it_exit_1_and_a_traceback_with_v(copy):
+    generation = json.loads((copy / "state.json").read_text())["generation"]
+    buffer = copy / generation / "buffer.npz"
+    buffer.write_bytes(buffer.read_bytes()[:100])
+    args = [*DAVI, "--iterations", "4", "--save_dir", str(copy), "--save_path",
+            str(copy / "p.png"), "--resume"]
+    out = main(*args)
+    assert out.returncode == 1
+    lines = error_lines(out)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"main.py: error: replay buffer file '{buffer}' is corrupt, truncated"), lines
+    verbose = main(*args, "-v", "1")
+    assert verbose.returncode == 1 and "Traceback" in verbose.stderr
