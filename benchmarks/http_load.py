@@ -14,6 +14,16 @@ request after another (a closed loop: at most ``--clients`` requests outstanding
 ``--warmup`` seconds it counts completed requests and their latencies for
 ``--duration`` seconds and reports requests/s and p50/p90/p99 latency.
 
+With ``--compare TREE`` (a checkout from before a change) it runs TREE's server and
+this tree's at once and alternates bursts of requests between them, 10 rounds, with
+batching on and off: the range of after/before server CPU per request, which a busy
+host disturbs less than a before run and an after run one after the other.
+
+With ``--slow-readers N`` it measures instead what N clients that each send a 1 KB
+request for a 4 MiB answer and never read it cost the server: its RSS over
+``--duration`` seconds (at least 8), how many of them it closed (``--write-timeout``,
+2 s here), and small requests answered meanwhile.
+
 With ``--large N`` it measures instead whether large JSON bodies stall small requests:
 the small-request load runs once alone and once beside ``N`` clients that each send
 near-limit JSON bodies (just under the front's 1 MiB ``max_json_bytes``; ``--large-bytes``) back to back;
@@ -646,6 +656,175 @@ def hostile_counts(requests: int = 1000, seconds: float = 10.0, *, seed: int = 0
     return result
 
 
+# -- before and after: two trees' servers, one client alternating between them -----------
+async def _alternate(urls: dict, pids: dict, rounds: int, requests: int,
+                     clients: int) -> dict:
+    import aiohttp
+
+    body = _json_infer(np.random.default_rng(0).standard_normal((1, 16)).astype(
+        np.float32))
+    per_round = {name: [] for name in urls}
+
+    async def burst(session, url, count):
+        async def client(n):
+            for _ in range(n):
+                async with session.post(url + _INFER, data=body) as resp:
+                    await resp.read()
+                    assert resp.status == 200, resp.status
+        began = time.perf_counter()
+        await asyncio.gather(*(client(count // clients) for _ in range(clients)))
+        return time.perf_counter() - began
+
+    async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0)) as session:
+        for url in urls.values():
+            await burst(session, url, 500)  # warm
+        for r in range(rounds):  # alternating, and each first in every other round
+            for name in (list(urls) if r % 2 == 0 else list(reversed(urls))):
+                cpu = _cpu_seconds(pids[name])
+                wall = await burst(session, urls[name], requests)
+                per_round[name].append(
+                    {"server_cpu_us_per_request": round(
+                        (_cpu_seconds(pids[name]) - cpu) / requests * 1e6, 1),
+                     "requests_per_s": round(requests / wall, 1)})
+    return per_round
+
+
+def compare(other_tree: str, *, rounds: int = 10, requests: int = 6000,
+            clients: int = 20, max_batch_size: int = 256) -> dict:
+    """Server CPU per request and requests/s of ``python -m async_search.http`` from
+    ``other_tree`` (a checkout before a change) and from this tree, both running at
+    once, one client sending ``requests`` one-element JSON requests to each in turn,
+    ``rounds`` times: a shared, busy host slows both alike. Reports each round and the
+    range of after/before CPU ratios."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    servers, urls, pids = {}, {}, {}
+    try:
+        for name, root in (("before", os.path.abspath(other_tree)), ("after", here)):
+            server = subprocess.Popen(
+                [sys.executable, "-m", "async_search.http", "--port", "0",
+                 "--max-batch-size", str(max_batch_size)], stderr=subprocess.PIPE,
+                cwd=root)
+            servers[name] = server
+            while not (match := _SERVING.search(server.stderr.readline())):
+                if server.poll() is not None:
+                    raise RuntimeError(f"the server of {root} did not start")
+            urls[name], pids[name] = match.group(1).decode(), server.pid
+        per_round = _run_loop(_alternate(urls, pids, rounds, requests, clients))
+    finally:
+        for server in servers.values():
+            server.terminate()
+            server.wait(10)
+    ratios = sorted(a["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
+                    for a, b in zip(per_round["after"], per_round["before"]))
+    return {"other_tree": other_tree, "max_batch_size": max_batch_size,
+            "requests_per_round": requests, "clients": clients,
+            "cpu_ratio_after_over_before": {"min": round(ratios[0], 3),
+                                            "median": round(ratios[len(ratios) // 2], 3),
+                                            "max": round(ratios[-1], 3)},
+            "rounds": per_round}
+
+
+# -- clients that never read their answers ----------------------------------------------
+def large_answer_model():
+    """``--model benchmarks.http_load:large_answer_model``: 16 FP32 inputs, a 4 MiB
+    float32 answer per row (its first 16 values are the input)."""
+    from async_search.models import with_spec
+
+    def answer(x):
+        out = np.zeros((len(x), 2 ** 20), np.float32)
+        out[:, :16] = x
+        return out
+
+    return with_spec(answer, (16,), np.float32)
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+async def _slow_readers(url: str, pid: int, clients: int, seconds: float) -> dict:
+    """``clients`` sockets send a 1 KB request for a 4 MiB answer and never read; one
+    normal client asks for the same answers meanwhile, and reads them. Samples the
+    server's RSS."""
+    import socket
+
+    import aiohttp
+
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps({"id": "s" * 700, "inputs": [{
+        "name": "input", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}],
+        "parameters": {"binary_data_output": True}}).encode()
+    request = (b"POST /v2/models/large_answer_model/infer HTTP/1.1\r\nHost: x\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    small = _json_infer(np.ones((1, 16), np.float32),
+                        parameters={"binary_data_output": True})
+    loop = asyncio.get_running_loop()
+    samples, served = [], 0
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v2/models/large_answer_model/infer",
+                                data=small) as resp:  # warm: one answer read whole
+            await resp.read()
+        baseline = _rss_mib(pid)
+        sockets = []
+        for _ in range(clients):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            await loop.sock_sendall(sock, request)
+            sockets.append(sock)
+        began = time.monotonic()
+        while (elapsed := time.monotonic() - began) < seconds:
+            async with session.post(f"{url}/v2/models/large_answer_model/infer",
+                                    data=small) as resp:  # read whole: 4 MiB
+                await resp.read()
+                served += resp.status == 200
+            samples.append((round(elapsed, 2), _rss_mib(pid)))
+            await asyncio.sleep(0.2)
+    closed = 0
+    for sock in sockets:  # closed by the server (EOF or reset) before its whole answer?
+        sock.setblocking(True)
+        sock.settimeout(0.5)
+        try:
+            while sock.recv(2 ** 20):
+                pass
+            closed += 1
+        except ConnectionError:
+            closed += 1
+        except OSError:  # still open: nothing ended it
+            pass
+        finally:
+            sock.close()
+    peak = max(rss for _, rss in samples)
+    return {"clients": clients, "seconds": seconds, "rss_baseline_mib": baseline,
+            "rss_peak_mib": peak, "rss_end_mib": samples[-1][1],
+            "held_for_s": max((t for t, rss in samples
+                               if rss - baseline > (peak - baseline) / 2), default=0),
+            "slow_clients_closed_by_server": closed,
+            "normal_requests_served_meanwhile": served, "rss_samples": samples[::5]}
+
+
+def slow_readers(clients: int = 16, seconds: float = 8.0, server_args: str = "") -> dict:
+    """The report's slow readers against ``python -m async_search.http`` (4 MiB answers,
+    ``--write-timeout 2`` unless ``server_args`` says otherwise): the server's RSS over
+    time, how many slow clients it closed, and normal requests answered meanwhile."""
+    server, url = _serve(256, f"--model benchmarks.http_load:large_answer_model "
+                              f"{server_args}")
+    try:
+        return _run_loop(_slow_readers(url, server.pid, clients, seconds))
+    finally:
+        server.terminate()
+        server.wait(15)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--clients", type=int, default=50)
@@ -660,8 +839,25 @@ def main() -> None:
     p.add_argument("--server-args", default="",
                    help="more flags for python -m async_search.http, e.g. "
                         "'--offload-bytes 1000000000' to parse every body on the loop")
+    p.add_argument("--slow-readers", type=int, default=0,
+                   help="clients that each ask for a 4 MiB answer and never read it "
+                        "(the server runs with --write-timeout 2 unless --server-args "
+                        "says otherwise)")
+    p.add_argument("--compare", metavar="TREE",
+                   help="a checkout before a change: run its server beside this tree's "
+                        "and alternate (server CPU per request, requests/s)")
     p.add_argument("--load", help=argparse.SUPPRESS)  # run as the load generator
     args = p.parse_args()
+    if args.compare:
+        print(json.dumps({"batching_on": compare(args.compare),
+                          "batching_off": compare(args.compare, max_batch_size=1)},
+                         indent=2))
+        return
+    if args.slow_readers:
+        print(json.dumps(slow_readers(args.slow_readers, max(args.duration, 8.0),
+                                      args.server_args or "--write-timeout 2"),
+                         indent=2))
+        return
     if args.load:
         print(json.dumps(_run_loop(_load(args.load, args.clients, args.warmup,
                                          args.duration, args.tensors, args.large,

@@ -16,7 +16,8 @@ request, to the front's metrics.
 
 ``adopt`` turns the handler that aiohttp's server made into one (by its class: the
 construction stays aiohttp's own, whatever arguments a version passes), so the same
-code holds on every aiohttp from 3.9, with the C parser or the pure-Python one.
+code holds on every aiohttp from 3.9.5 (setup.cfg's floor: 3.9.0 still took folded
+headers) to 3.14, with the C parser or the pure-Python one.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ _PARSER_WORDS = (
     ("method", 400, "the request line does not start with an HTTP method"),
     ("version", 400, "the request line must end with HTTP/1.0 or HTTP/1.1"),
     ("url", 400, "the request target is not a valid path"),
+    ("status line", 400, "the request line is not 'METHOD /path HTTP/1.1'"),
     ("header", 400, "a header is malformed: a name without a colon, a space before "
                     "the colon, a control character or a folded line"),
 )
@@ -104,6 +106,8 @@ def parser_error(error: BaseException) -> tuple[int, str]:
     """
     if isinstance(error, LineTooLong):
         return _too_long(error)
+    if isinstance(error, PayloadEncodingError):  # the body's framing or encoding
+        return payload_error(error)
     if isinstance(error, InvalidHeader):  # the pure-Python parser names the header
         name = str(getattr(error, "hdr", "")).lower()
         if name in _FRAMING_HEADERS:
@@ -118,8 +122,6 @@ def parser_error(error: BaseException) -> tuple[int, str]:
         return 400, "the request line is not 'METHOD /path HTTP/1.1'"
     if isinstance(error, InvalidHeader):
         return 400, "a header is malformed"
-    if isinstance(error, PayloadEncodingError):
-        return payload_error(error)
     return 400, _BAD_REQUEST
 
 

@@ -282,11 +282,22 @@ class HttpFront:
         finally:
             ended.cancel()
         self._grace_over = True
-        cut = [task for task in self._handling if not task.done()]
-        for task in cut:
+        for task in list(self._handling):
             task.cancel()  # the middleware answers 503 (it knows the grace is over)
-        if cut:
-            await asyncio.wait(cut, timeout=_FLUSH_S)
+        # Requests pipelined behind those reach the middleware once the answer before
+        # them is out, and get 503 there at once: wait for them too, briefly.
+        deadline = loop.time() + _FLUSH_S
+        while (self._handling or self._queued()) and loop.time() < deadline:
+            if self._handling:
+                await asyncio.wait(list(self._handling), timeout=deadline - loop.time())
+            else:
+                await asyncio.sleep(0.005)
+
+    def _queued(self) -> int:
+        """Requests read and parsed but not yet in the handlers (pipelined)."""
+        server = self._runner.server if self._runner is not None else None
+        return sum(len(getattr(handler, "_messages", ()))
+                   for handler in (server.connections if server is not None else ()))
 
     def end_grace(self) -> None:
         """End the shutdown grace now (a second SIGTERM or Ctrl-C): requests still in

@@ -255,6 +255,9 @@ async def test_bad_requests_get_4xx_errors_and_the_server_keeps_serving():
         await in_thread(raw_http, front.port, cut, True)
         answer = await in_thread(raw_http, front.port, b"\x16\x03\x01garbage\r\n\r\n")
         assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0]
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"Content-Type: application/json" in head and b"garbage" not in body
+        assert json.loads(body)["error"]  # "...not TLS" from aiohttp 3.10 on
         async with aiohttp.ClientSession() as s:
             got, payload = await post(s, f"{front.url}/v2/models/mlp/infer", good)
             assert got == 200
@@ -412,13 +415,19 @@ def test_limits_are_validated_and_every_one_has_a_flag():
         HttpLimits(read_timeout=float("inf"))
     with pytest.raises(ValueError, match="max_workers must be an integer >= 1 or None"):
         HttpLimits(max_workers=0)
+    with pytest.raises(ValueError, match="write_timeout must be a number of seconds > 0"):
+        HttpLimits(write_timeout=0)
+    with pytest.raises(ValueError, match="max_unsent_bytes must be an integer >= 1"):
+        HttpLimits(max_unsent_bytes=True)
     args = _parser().parse_args(["--max-json-bytes", "1000", "--max-connections", "9",
                                  "--keepalive-timeout", "2", "--read-timeout", "3",
                                  "--shutdown-timeout", "4", "--offload-bytes", "5",
                                  "--offload-workers", "1", "--max-workers", "6",
+                                 "--write-timeout", "7", "--max-unsent-bytes", "8",
                                  "--enable_repository", "--repository_token", "t"])
     for field in dataclasses.fields(HttpLimits):
         assert getattr(args, field.name) is not None, field.name
+    assert (args.write_timeout, args.max_unsent_bytes) == (7, 8)
     assert args.enable_repository and args.repository_token == "t"
     defaults = _parser().parse_args([])
     assert not defaults.enable_repository and defaults.host == "127.0.0.1"

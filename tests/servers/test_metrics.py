@@ -136,3 +136,24 @@ def test_an_unloaded_model_reports_nothing_and_watch_checks_its_arguments():
     assert not any(dict(k[1]).get("model") == "gone" for k in samples(metrics))
     with pytest.raises(ValueError, match="an evaluate function or a provider"):
         metrics.watch("x")
+
+
+def test_errors_drops_and_the_fronts_gauges_are_reported():
+    metrics = ServingMetrics()
+    for code, layer in [(400, "http_parser"), (400, "http_parser"), (404, "front"),
+                        (503, "connection")]:
+        metrics.observe_error(code, layer)
+    metrics.observe_dropped("write_timeout")
+    gauges = {"requests_in_progress": 3, "unsent_bytes": 4096}
+    metrics.watch_front(lambda: gauges)
+    found = samples(metrics)
+    assert value(found, "async_search_http_errors_total", code="400",
+                 layer="http_parser") == 2
+    assert value(found, "async_search_http_errors_total", code="503",
+                 layer="connection") == 1
+    assert value(found, "async_search_http_dropped_connections_total",
+                 reason="write_timeout") == 1
+    assert value(found, "async_search_http_requests_in_progress") == 3
+    assert value(found, "async_search_http_unsent_bytes") == 4096
+    metrics.watch_front(None)  # the front has closed: its gauges are gone
+    assert not any(k[0] == "async_search_http_unsent_bytes" for k in samples(metrics))
