@@ -178,7 +178,7 @@ class HttpFront:
         self._closing = False
         self._reading: set = set()   # body reads in progress: cut short on exit
         self._handling: set = set()  # tasks of the requests in the handlers
-        self._grace_over = False     # those still there get 503 (see _drain)
+        self._cut: set = set()       # tasks the drain cancelled: they answer 503
         self._grace_ended: asyncio.Event | None = None
 
     @property
@@ -281,9 +281,9 @@ class HttpFront:
                                    return_when=asyncio.FIRST_COMPLETED)
         finally:
             ended.cancel()
-        self._grace_over = True
+        self._cut.update(self._handling)
         for task in list(self._handling):
-            task.cancel()  # the middleware answers 503 (it knows the grace is over)
+            task.cancel()  # the middleware answers 503 (the task is in _cut)
         # Requests pipelined behind those reach the middleware once the answer before
         # them is out, and get 503 there at once: wait for them too, briefly.
         deadline = loop.time() + _FLUSH_S
@@ -347,7 +347,7 @@ class HttpFront:
             if "Allow" in e.headers:
                 response.headers["Allow"] = e.headers["Allow"]
         except asyncio.CancelledError:
-            if not self._grace_over or _cancelled_elsewhere(task):
+            if task not in self._cut or _cancelled_elsewhere(task):
                 raise  # not the drain's doing: the connection or the loop is going
             return self._stopping(request, f"{_STOPPING}: the request did not finish "
                                            f"within the shutdown grace of "

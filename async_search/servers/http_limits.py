@@ -72,7 +72,9 @@ class HttpLimits:
             that keeps taking bytes is not dropped.
         max_unsent_bytes: the most bytes of answers that clients have not taken yet,
             over all connections, 256 MiB; an answer that would go over is refused
-            with 503 (retry shortly) before it is written.
+            with 503 (retry shortly) before it is written. An answer held for a client
+            counts with the copy of its unsent part in the socket's write buffer (and
+            twice its size when it is admitted), so the bound is on memory.
         offload_bytes: JSON parts of at least this many bytes (256 KiB) are decoded in
             a worker process; JSON responses of at least ``offload_bytes // 16`` values
             are encoded there.
