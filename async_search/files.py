@@ -52,7 +52,8 @@ def folder_path(path: str | os.PathLike) -> str:
     return stripped or path[:1]
 
 
-def _failure(path: str, operation: str, error: BaseException) -> FileWriteError:
+def _failure(path: str, operation: str, error: BaseException, *,
+             replaced: bool = False) -> FileWriteError:
     code = getattr(error, "errno", None)
     reason = os.strerror(code) if isinstance(code, int) else str(error)
     if code in (errno_codes.EFBIG, errno_codes.ENOSPC, errno_codes.EDQUOT):
@@ -61,7 +62,9 @@ def _failure(path: str, operation: str, error: BaseException) -> FileWriteError:
     detail = getattr(error, "filename", None)
     if detail and os.fspath(detail) != path and os.fspath(detail) not in message:
         message += f" ({os.fspath(detail)!r})"
-    return FileWriteError(message + "; the file that was there is unchanged", code, path)
+    outcome = ("the new file is in place, but a power cut could still lose the rename"
+               if replaced else "the file that was there is unchanged")
+    return FileWriteError(f"{message}; {outcome}", code, path)
 
 
 _CHUNK = 1 << 20  # small writes are gathered up to this many bytes
@@ -176,7 +179,7 @@ def write_file(path: str | os.PathLike, content: Content) -> str:
         os.replace(tmp, path)
         tmp = None
         operation = f"syncing its folder {folder!r}"
-        sync_folder(folder)
+        _sync_folder(folder)
     except BaseException as e:
         if fd >= 0:
             try:
@@ -189,7 +192,7 @@ def write_file(path: str | os.PathLike, content: Content) -> str:
             except OSError:
                 pass
         if isinstance(e, OSError) and not isinstance(e, FileWriteError):
-            raise _failure(path, operation, e) from e
+            raise _failure(path, operation, e, replaced=tmp is None) from e
         raise
     return path
 
@@ -213,14 +216,18 @@ def sync_folder(path: str | os.PathLike) -> None:
     """
     path = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        _sync_folder(path)
     except OSError as e:
-        raise _failure(path, "opening the folder to sync it", e) from e
+        raise _failure(path, "syncing the folder", e) from e
+
+
+def _sync_folder(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
     except OSError as e:
         if e.errno not in (errno_codes.EINVAL, errno_codes.ENOTSUP):  # fs without it
-            raise _failure(path, "syncing the folder", e) from e
+            raise
     finally:
         os.close(fd)
 
@@ -271,11 +278,13 @@ def remove_tree(path: str | os.PathLike) -> None:
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False  # never a process (0 and -n would name process groups)
     if pid == os.getpid():
         return False  # ours, from before: a pid reused, nothing of ours is in progress
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # gone, or never a process id
         return False
     except OSError:  # exists, another user's
         return True

@@ -153,13 +153,15 @@ def test_leftovers_of_gone_processes_are_removed_and_nothing_else(tmp_path):
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         for name in (f"a.json.tmp-{dead}", f"best.old-{dead}", f"ours.tmp-{os.getpid()}",
-                     f"busy.tmp-{alive.pid}", "state.json", "tmp-3", "x.tmp-abc"):
+                     f"busy.tmp-{alive.pid}", "state.json", "tmp-3", "x.tmp-abc",
+                     "huge.tmp-99999999999999999999", "zero.old-0"):
             (tmp_path / name).write_text("")
         (tmp_path / f"ckpt.tmp-{dead}").mkdir()
         (tmp_path / f"ckpt.tmp-{dead}" / "weights.npz").write_text("")
         removed = remove_leftovers(tmp_path)
         assert sorted(removed) == sorted([f"a.json.tmp-{dead}", f"best.old-{dead}",
-                                          f"ours.tmp-{os.getpid()}", f"ckpt.tmp-{dead}"])
+                                          f"ours.tmp-{os.getpid()}", f"ckpt.tmp-{dead}",
+                                          "huge.tmp-99999999999999999999", "zero.old-0"])
         assert names(tmp_path) == sorted([f"busy.tmp-{alive.pid}", "state.json", "tmp-3",
                                           "x.tmp-abc"])
     finally:

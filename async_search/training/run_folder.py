@@ -129,9 +129,11 @@ class RunFolder:
         ``exports`` (names of ``checkpoints`` copied to the run's folder).
 
         Raises:
-            FileWriteError: naming the file that could not be written; the previous
-                iteration is still the state on disk, whole.
-            ValueError: a record that is not JSON, or a name that cannot be a file.
+            FileWriteError: naming the file that could not be written; before the
+                commit point the previous iteration is still the state on disk, whole
+                (after it, only an export failed: the next start refreshes it).
+            TypeError, ValueError: a record that is not JSON, or a name that cannot be
+                a file; nothing is written then.
         """
         checkpoints = dict(checkpoints or {})
         buffers = dict(buffers or {})
@@ -156,8 +158,7 @@ class RunFolder:
                  **record}
         json.dumps(state)  # not JSON: refused before the disk is touched
         make_folder(self.path)
-        remove_tree(generation)  # a partial one, from a save that was killed
-        make_folder(generation)
+        make_folder(generation)  # numbered past every one there, partial ones included
         for name, net in checkpoints.items():
             save_checkpoint(os.path.join(generation, name), net.model, net.config,
                             net.metadata)

@@ -236,17 +236,22 @@ except OSError as e:
     assert sorted(os.listdir(tmp_path)) == ["gen-000000", "net", "state.json"]
 
 
-def test_a_failed_write_is_a_file_write_error_naming_the_file(tmp_path):
+def test_a_partial_generation_is_never_written_into_and_goes_after_the_commit(tmp_path):
     run = RunFolder(tmp_path, "test")
     commit(run, 1)
-    os.mkdir(tmp_path / "gen-000001")
-    (tmp_path / "gen-000001" / "samples.npz").mkdir()  # in the way of the buffer
-    open(tmp_path / "gen-000001" / "samples.npz" / "x", "w").close()
-    # remove_tree clears a stale generation first: the save goes through.
-    commit(run, 2)
-    assert RunFolder(tmp_path, "test").load().fields.int("step") == 2
-    with pytest.raises(FileWriteError, match="a file has its name"):
+    os.mkdir(tmp_path / "gen-000001")  # a save killed before its commit
+    (tmp_path / "gen-000001" / "samples.npz").mkdir()  # in the way of a buffer
+    commit(RunFolder(tmp_path, "test"), 2)
+    saved = RunFolder(tmp_path, "test").load()
+    assert saved.fields.int("step") == 2 and saved.generation.endswith("gen-000002")
+    assert sorted(os.listdir(tmp_path)) == ["gen-000002", "net", "state.json"]
+
+
+def test_a_file_in_the_way_of_the_folder_is_a_file_write_error_naming_it(tmp_path):
+    (tmp_path / "state.json").write_text("a file")
+    with pytest.raises(FileWriteError, match="a file has its name") as info:
         RunFolder(tmp_path / "state.json" / "x", "test").commit({})
+    assert str(tmp_path / "state.json") in str(info.value)
 
 
 # -- every kill point, both trainers ------------------------------------------------------
