@@ -109,11 +109,20 @@ class PaddedBatches:
             self._written[size] = 0
         return buffer
 
-    def pad(self, batch: np.ndarray) -> Tuple[np.ndarray, int]:
+    def pad(self, batch: np.ndarray, *, copy: bool = True) -> Tuple[np.ndarray, int]:
         """``(buffer, size)``: ``batch`` (at most ``largest`` rows) copied into the first
-        rows of its bucket's buffer, the other rows zero."""
+        rows of its bucket's buffer, the other rows zero.
+
+        With ``copy=False``, a batch that fills its bucket exactly and is already a
+        writable C-contiguous array of the spec's dtype comes back as it is (no copy);
+        the caller must then not hand out outputs that share its memory.
+        """
         n = len(batch)
         size = self.bucket(max(n, 1))
+        if not copy and n == size and type(batch) is np.ndarray \
+                and batch.dtype == self.input_spec.dtype and batch.flags.c_contiguous \
+                and batch.flags.writeable and batch.shape[1:] == self.input_spec.shape:
+            return batch, size
         buffer = self.buffer(size)
         buffer[:n] = batch
         written = self._written[size]

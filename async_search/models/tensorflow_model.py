@@ -218,7 +218,7 @@ class _Traced:
 
     def run(self, batch: np.ndarray) -> Outputs:
         n = len(batch)
-        buffer, size = self.padded.pad(batch)
+        buffer, size = self.padded.pad(batch, copy=False)  # tf.constant copies it
         tf = self.tf
         with tf.device(self.device):
             fn = self._concrete.get(size)

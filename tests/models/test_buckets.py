@@ -75,3 +75,16 @@ def test_large_batches_run_in_chunks_of_the_largest_bucket():
     np.testing.assert_array_equal(doubled, x * 2)
     np.testing.assert_array_equal(extra, x.sum(axis=1))
     assert run_in_chunks(x[:8], 8, run)[0].shape == (8, 2) and seen[-1] == 8
+
+
+def test_a_batch_that_fills_its_bucket_may_run_without_a_copy():
+    padded = PaddedBatches(TensorSpec((2,), np.float32), (1, 4))
+    exact = np.ones((4, 2), np.float32)
+    assert padded.pad(exact, copy=False)[0] is exact
+    assert padded.pad(exact)[0] is not exact  # copy=True (the default) always copies
+    for other in (np.ones((3, 2), np.float32), np.ones((4, 2), np.float64),
+                  np.ones((2, 4), np.float32).T, np.ones((4, 2), np.float32)[::-1]):
+        assert padded.pad(other, copy=False)[0] is not other
+    frozen = np.ones((4, 2), np.float32)
+    frozen.flags.writeable = False
+    assert padded.pad(frozen, copy=False)[0] is not frozen

@@ -63,6 +63,11 @@ def test_outputs_are_the_callers_own_even_when_the_net_returns_its_input():
     model(rows(3, seed=1))  # the same bucket buffer, refilled
     np.testing.assert_array_equal(y, x)
     y[:] = 0  # and writable
+    full = rows(8)  # fills its bucket: runs without a copy of the input
+    y = model(full)
+    np.testing.assert_array_equal(y, rows(8))
+    full[:] = 0  # the server reuses its batch buffers
+    np.testing.assert_array_equal(y, rows(8))
 
 
 def test_the_module_runs_in_eval_mode_under_inference_mode():
