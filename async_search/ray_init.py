@@ -1,20 +1,74 @@
-"""Starting or joining Ray, for every module that uses it."""
+"""Starting or joining Ray, for every module that uses it, and stopping what was started.
+
+``ray.init`` replaces the caller's SIGTERM handler with one of its own
+(``sys.exit(15)``) for good; ``ensure_ray`` gives a handler the caller installed back
+once Ray has started. A start cut short (Ctrl-C, SIGTERM, an error) leaves nothing
+behind: what it had started (GCS, raylet, agents, workers) is ended before the
+exception goes on.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 
-__all__ = ["ensure_ray"]
+from async_search import process_tree
+
+__all__ = ["ensure_ray", "shutdown_ray"]
 
 
 def ensure_ray(address: str | None = None):
     """Ray, initialised: joins ``address`` if given, else starts Ray on this machine with
-    its CPUs and no dashboard (unless Ray is already running in this process)."""
+    its CPUs and no dashboard (unless Ray is already running in this process).
+
+    Example:
+        >>> ray = ensure_ray()  # doctest: +SKIP
+        >>> shutdown_ray()      # doctest: +SKIP
+    """
     import ray
 
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        return ray
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    caller_handler = signal.getsignal(signal.SIGTERM) if in_main_thread else None
+    before = {p.pid for p in process_tree.descendants()}
+    try:
         if address is not None:
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    except BaseException:  # cut short: end what it started before going on
+        _undo_start(ray, before)
+        raise
+    finally:
+        if callable(caller_handler):  # the caller's own handler, not Ray's sys.exit
+            signal.signal(signal.SIGTERM, caller_handler)
     return ray
+
+
+def _undo_start(ray, before: set) -> None:
+    try:
+        ray.shutdown()
+    except Exception:  # a half-made connection may not shut down cleanly; the processes
+        pass           # are ended below all the same
+    # Ray's processes (its binaries and scripts live in its package), and with them
+    # everything they started; never another process this one started meanwhile.
+    home = os.path.dirname(ray.__file__)
+    started = [p for p in process_tree.descendants() if p.pid not in before
+               and home in process_tree.command_line(p)]
+    process_tree.end_processes(started, grace_s=0.0)
+
+
+def shutdown_ray() -> None:
+    """Stops a Ray that this process started (every process of it, waited for), or
+    leaves a cluster it joined; does nothing when Ray is not running here (or was never
+    imported)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    try:
+        ray.shutdown(wait_for_processes=True)
+    except TypeError:  # a Ray older than the keyword
+        ray.shutdown()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import pickle
+import signal
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from async_search.backends.client import CoalescingClient
@@ -32,6 +33,7 @@ from async_search.backends.servers import ServersHook
 from async_search.base import TensorSpec
 from async_search.connections import Connection, pipe
 from async_search.errors import SearchError
+from async_search.process_tree import starting_children
 from async_search.queues import ClosedConnection, SocketQueue, socket_queue
 from async_search.remote import arrived, pack, pack_error
 from async_search.servers.batching import BatchingServer
@@ -76,7 +78,8 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
                     target=client_main, name=f"async_search-client-{i}", daemon=True,
                     args=(client_end, results, search_fn, [starts[j] for j in share],
                           spec, config.use_uvloop))
-                process.start()
+                with starting_children():  # deaf to Ctrl-C, and never cut off half-way
+                    process.start()
                 processes.append(process)
                 server_ends.append(server_end.close_unused_ends())
                 collecting.append(_collect(i, share, results.reader_only(), process))
@@ -150,6 +153,10 @@ def client_main(connection: Connection, results: SocketQueue, search_fn,
                 starts: List[Any], spec: TensorSpec | None, use_uvloop: bool) -> None:
     """A client process: runs its starts concurrently, requests going over
     ``connection``; reports each start's outcome on ``results``."""
+    # Ctrl-C reaches every process of the terminal's group: the serving process decides
+    # (it cancels the run and kills its clients), so a client neither dies half-way
+    # through a message nor prints a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     connection.close_unused_ends()
     results.writer_only()
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:

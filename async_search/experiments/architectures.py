@@ -28,6 +28,7 @@ from async_search.experiments.selfplay import SelfPlayParams, samples_digest
 from async_search.experiments.topologies import (ARCHITECTURES, CACHING, TopologyParams,
                                                  build)
 from async_search.experiments.workloads import build_model
+from async_search.process_tree import starting_children
 from async_search.queues import close_stream
 
 __all__ = ["ARCHITECTURES", "SelfPlayParams", "TopologyParams", "ArchitectureReport",
@@ -135,6 +136,7 @@ def _wait_events(events: Any, procs: Dict[str, Any], deadline: float,
 def _end(procs, graceful: bool) -> None:
     """Ends every process: waits a little for those that are finishing, kills the rest
     (at once, after a failure: nobody will answer them)."""
+    procs = [p for p in procs if p.pid is not None]  # one never started has no end
     if graceful:
         for p in procs:
             p.join(timeout=5)
@@ -186,8 +188,9 @@ def run_topology(architecture: str, params: SelfPlayParams, topology: TopologyPa
     launched = time.perf_counter()
     finished = False
     try:
-        for p in procs.values():
-            p.start()
+        with starting_children():  # deaf to Ctrl-C; a stop waits until they have started
+            for p in procs.values():
+                p.start()
         deadline = time.perf_counter() + topology.timeout_s
         _wait_events(events, procs, deadline, lambda: len(ready) < len(procs), handle)
         t0 = time.perf_counter()

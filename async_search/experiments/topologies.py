@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -119,6 +120,9 @@ class Topology:
 # -- process mains ------------------------------------------------------------------------
 
 def _run(name: str, events: Any, use_uvloop: bool, coro_fn: Callable[[], Any]) -> None:
+    # Ctrl-C reaches every process of the terminal's group; the parent ends the
+    # topology's processes itself, so none prints a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
             runner.run(coro_fn())
