@@ -13,18 +13,33 @@ Each run prints its search time, model time, fraction in the model and batch siz
 a progress bar over model evaluations while it runs; every run's results are checked
 against the baseline's. The plot goes to --save_path, the figures to a JSON beside it.
 Bad flags stop the script before anything runs, with one line naming the flag and what
-it accepts, and exit status 2.
+it accepts, and exit status 2; so does an output path that cannot be written (each
+output's folder is made and written to before any work). Ctrl-C and SIGTERM stop a run
+with one line that says what had finished and what was saved, exit status 130 and 143
+(``-v 1`` adds the traceback), and leave none of its processes, Ray's included.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 
+if __name__ == "__main__":  # until main() takes over: nothing has started, nothing to save
+    def _stopped_before_start(signum, frame) -> None:
+        os.write(2, b"main.py: interrupted before anything ran; nothing was saved\n")
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, _stopped_before_start)
+    signal.signal(signal.SIGTERM, _stopped_before_start)
+
 # Quiet TensorFlow's C++ and Python logs before anything imports it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Ray's native crash handler, once its driver connects, prints a stack dump for a SIGTERM
+# that lands while Ray starts (before main.py's handler is back): the stop is one line.
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 logging.getLogger("tensorflow").setLevel(logging.ERROR)
 
 from absl import app, flags  # noqa: E402
@@ -236,6 +251,31 @@ def parse_flags(argv):
     return rest
 
 
+def check_outputs(plan) -> None:
+    """Raises ValueError (one line: the flag, its value, what is in the way) unless every
+    file and folder the run will write can be: checked before any work, so that a typo
+    in an output flag costs nothing."""
+    from async_search.experiments.outputs import check_output_file, check_output_folder
+    from async_search.experiments.suites import json_path_for
+
+    shown = FLAGS.save_path
+    if FLAGS.train:
+        save_dir = plan[2]
+        check_output_folder(save_dir, "--save_dir", value=FLAGS.save_dir or save_dir)
+        files = [save_path(f"train_{FLAGS.train}")]
+    elif FLAGS.architecture:
+        files = []
+    else:
+        files = [save_path("continuous" if FLAGS.continuous else "multi_server"
+                           if FLAGS.multi_server else "default")]
+    if FLAGS.architecture:
+        files.append(json_path_for(save_path("architectures")))
+    else:
+        files.append(json_path_for(files[0]))
+    for path in files:
+        check_output_file(path, "--save_path", value=shown)
+
+
 def save_path(experiment: str) -> str:
     """--save_path, or the experiment's own file when the flag was left at its default."""
     if FLAGS["save_path"].present or experiment == "default":
@@ -304,19 +344,24 @@ def build_experiment():
                              runs).check()
 
 
-def run_searches_experiment(experiment) -> int:
+def run_searches_experiment(experiment, done: "Done | None" = None) -> int:
     """Runs a checked Experiment, printing each run; returns the exit status."""
     from async_search.experiments import format_report, format_table, run_experiment
     from async_search.experiments.workloads import make_workload
 
+    done = done or Done()
+    done.expect("runs", len(experiment.runs),
+                f" ({experiment.search.num_searches} searches each)")
     print(experiment.title)
     print(make_workload(experiment.search, experiment.model).describe())
     print(flush=True)
 
     def on_report(report):
+        done.finished += 1
         print(format_report(report), flush=True)
 
     def on_failure(name, error):
+        done.finished += 1
         print(f"FAILED {name}: {error}", flush=True)
 
     kind = ("continuous" if FLAGS.continuous else "multi_server" if FLAGS.multi_server
@@ -355,18 +400,24 @@ def build_architectures():
     return names, params, topology, _model_params(topology.max_batch_size).check()
 
 
-def run_architecture_experiment(plan) -> int:
+def run_architecture_experiment(plan, done: "Done | None" = None) -> int:
     """Runs the self-play topologies, printing each; returns the exit status."""
     from async_search.experiments import architectures
 
     names, params, topology, model = plan
+    done = done or Done()
+    done.expect("architectures", len(names))
     print(f"--architecture={FLAGS.architecture}: {params.describe()}; "
           f"{topology.describe()}; {FLAGS.model} net "
           f"{'x'.join(FLAGS.hidden_sizes)}\n", flush=True)
+
+    def on_report(report):
+        done.finished += 1
+        print(architectures.format_architecture(report), flush=True)
+
     result = architectures.run_architectures(
         names, params, topology, model, save_path=save_path("architectures"),
-        show_progress=FLAGS.progress, command=_command(),
-        on_report=lambda r: print(architectures.format_architecture(r), flush=True))
+        show_progress=FLAGS.progress, command=_command(), on_report=on_report)
     print()
     print(architectures.format_architecture_table(result.reports))
     if result.json_path:
@@ -490,11 +541,75 @@ def _run_training(plan) -> int:
     return 0
 
 
-def main(argv) -> None:
-    del argv
+class Done:
+    """What a run has finished and where it writes: the line that a stop prints."""
+
+    def __init__(self) -> None:
+        self.unit, self.total, self.each = "", 0, ""
+        self.finished = 0
+        self.outputs: list = []  # the files the run writes when its work is done
+        self.save_dir: str | None = None  # --train: where each iteration is committed
+        self.since = time.time()
+
+    def expect(self, unit: str, total: int, each: str = "") -> None:
+        self.unit, self.total, self.each = unit, total, each
+
+    def describe(self) -> str:
+        """``2 of 4 runs finished (8 searches each); nothing was saved``, or what was."""
+        parts = []
+        if self.unit and self.save_dir is None:  # --train: what is committed counts
+            parts.append(f"{self.finished} of {self.total} {self.unit} finished{self.each}")
+        saved = [p for p in self.outputs
+                 if os.path.isfile(p) and os.path.getmtime(p) >= self.since]
+        committed = self._committed()
+        if committed:
+            parts.append(committed)
+        elif saved:
+            parts.append("saved " + " and ".join(saved))
+        else:
+            parts.append("nothing was saved")
+        return "; ".join(parts)
+
+    def _committed(self) -> str:
+        """--train: the iterations saved in --save_dir, which --resume continues."""
+        if self.save_dir is None:
+            return ""
+        state = os.path.join(self.save_dir, "state.json")
+        if not os.path.isfile(state) or (os.path.getmtime(state) < self.since
+                                         and not FLAGS.resume):
+            return ""  # none yet, or an earlier run's that this one starts over
+        try:
+            import json
+
+            with open(state) as f:
+                data = json.load(f)
+            count = next(data[k] for k in ("iteration", "round", "rounds_done")
+                         if isinstance(data.get(k), int))
+        except Exception:  # another layout, or torn: say where without the count
+            return f"the run saved in {self.save_dir} continues with --resume"
+        total = f" of {self.total}" if self.total else ""
+        return (f"{count}{total} {self.unit} are saved in {self.save_dir} (--resume "
+                f"continues the run)")
+
+
+def _outputs(plan) -> tuple:
+    """(files written when the work is done, the training folder or None)."""
+    from async_search.experiments.suites import json_path_for
+
+    if FLAGS.train:
+        png = save_path(f"train_{FLAGS.train}")
+        return [json_path_for(png), png], plan[2]
+    if FLAGS.architecture:
+        return [json_path_for(save_path("architectures"))], None
+    png = save_path("continuous" if FLAGS.continuous else "multi_server"
+                    if FLAGS.multi_server else "default")
+    return [json_path_for(png), png], None
+
+
+def _check_and_run(done: Done) -> int:
+    """Checks every parameter and output path (exit 2 before any work), then runs."""
     import matplotlib
     matplotlib.use("Agg")  # files only: no display needed
-    start = time.perf_counter()
     try:  # every parameter is checked here, before anything runs
         if FLAGS.train:
             plan = build_training()
@@ -502,15 +617,62 @@ def main(argv) -> None:
             plan = build_architectures()
         else:
             plan = build_experiment()
+        check_outputs(plan)
     except ValueError as e:  # one the flag validators let through
         sys.stderr.write(f"main.py: error: {' '.join(str(e).split())}\n")
         sys.exit(2)
+    done.outputs, done.save_dir = _outputs(plan)
     if FLAGS.train:
-        status = run_training_experiment(plan)
-    elif FLAGS.architecture:
-        status = run_architecture_experiment(plan)
-    else:
-        status = run_searches_experiment(plan)
+        config = plan[0]
+        if FLAGS.train == "sliding_puzzle":  # counted by what is committed
+            done.expect("rounds", config.rounds)
+        else:
+            done.expect("iterations", config.iterations)
+        return run_training_experiment(plan)
+    if FLAGS.architecture:
+        return run_architecture_experiment(plan, done)
+    return run_searches_experiment(plan, done)
+
+
+def _exit_now(status: int) -> None:
+    """Exits after a stop without the interpreter's teardown: the guard has ended every
+    process, and a Ray cut off while it connected can crash in its own teardown (a
+    SIGSEGV in its threads). multiprocessing's exit step still runs, so that what its
+    queues registered is released and not reported as leaked."""
+    import multiprocessing.util
+
+    multiprocessing.util._exit_function()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def main(argv) -> None:
+    del argv
+    from async_search.experiments.stops import EXIT_STATUS, SIGNAL_NAMES, RunGuard
+
+    start = time.perf_counter()
+    done, stop = Done(), None
+    # Ctrl-C and SIGTERM take one path: the run's finally clauses run, then the guard
+    # stops Ray and ends whatever process of the run is left; after it, both are
+    # ignored while the outcome is printed.
+    with RunGuard(ignore_after=True) as guard:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # asyncio's goes over it
+        try:
+            status = _check_and_run(done)
+        except BaseException as e:
+            stop = guard.stopped_by(e)
+            if stop is None:
+                raise
+            error = e
+    if stop is not None:
+        sys.stdout.flush()
+        if FLAGS.verbosity >= 1:
+            import traceback
+            traceback.print_exception(error)
+        sys.stderr.write(f"main.py: interrupted by {SIGNAL_NAMES[stop]}: "
+                         f"{done.describe()}\n")
+        _exit_now(EXIT_STATUS[stop])
     print(f"Finished in {time.perf_counter() - start:.1f} s")
     sys.exit(status)
 

@@ -85,6 +85,41 @@ def test_bad_flags_are_one_line_and_exit_status_2(tmp_path, args, names):
     assert run.stdout == "" and not save.exists()  # nothing ran
 
 
+@pytest.mark.parametrize("args", [
+    ["--save_path={file}/x/r.png"],                                    # the searches
+    ["--continuous", "--save_path={file}/x/c.png"],
+    ["--architecture=client", "--save_path={file}/a.png"],
+    ["--train=sliding_puzzle", "--save_dir={file}/x", "--save_path={tmp}/new/h.png"],
+    ["--train=connect_four", "--save_dir={file}/x", "--save_path={tmp}/new/t.png"],
+    ["--train=connect_four", "--save_dir={tmp}/new/run", "--save_path={file}/t.png"],
+    ["--save_path={tmp}/new/"],                                        # a folder
+    ["--save_path={tmp}"],
+])
+def test_an_output_that_cannot_be_written_stops_before_any_work(tmp_path, args):
+    """A typo in an output flag (a path under a file, a folder for a file) is one line
+    and exit 2 before the searches, a DAVI run or AlphaZero start: nothing ran, and the
+    check leaves no folder behind."""
+    file = tmp_path / "run.json"
+    file.write_text("{}")
+    args = [a.format(file=file, tmp=tmp_path) for a in args]
+    tiny = TINY_TRAIN[1:] if args[0].startswith("--train") else TINY
+    run = main_py(*args, *tiny, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("main.py: error: --save_"), lines
+    assert "cannot be written" in lines[0] or "names a folder" in lines[0]
+    assert run.stdout == ""  # nothing ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+    assert file.read_text() == "{}"
+
+
+def test_output_folders_are_made_when_missing(tmp_path):
+    save = tmp_path / "a" / "b" / "r.png"
+    run = main_py(*TINY, "--backends=local", f"--save_path={save}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert save.exists() and save.with_suffix(".json").exists()
+
+
 def test_flags_build_the_experiments_they_name(monkeypatch):
     monkeypatch.syspath_prepend(ROOT)
     import main
