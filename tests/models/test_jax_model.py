@@ -70,7 +70,10 @@ def test_outputs_are_the_callers_own_even_when_the_function_returns_its_input():
     y = model(x)
     model(rows(3, seed=1))
     np.testing.assert_array_equal(y, x)
-    y[:] = 0  # writable
+    full = rows(4)  # fills its bucket: goes in without a copy
+    y = model(full)
+    full[:] = 0  # the server reuses its batch buffers
+    np.testing.assert_array_equal(y, rows(4))
 
 
 def test_params_are_checked_and_copied_when_staged():
@@ -86,6 +89,12 @@ def test_params_are_checked_and_copied_when_staged():
         model.with_weights({"w": params()["w"]})
     with pytest.raises(ValueError, match=r"shape \(6, 4\) where the model has \(6, 3\)"):
         model.with_weights({**params(), "w": np.zeros((6, 4), np.float32)})
+
+
+def test_a_function_without_parameters_runs_on_its_device():
+    model = JaxModel(lambda p, x: 2 * x, {}, input_spec=SPEC, device="cpu",
+                     batch_sizes=(4,))
+    np.testing.assert_array_equal(model(rows(3)), 2 * rows(3))
 
 
 def test_devices_by_name_or_object():
