@@ -173,7 +173,7 @@ def test_train_connect_four_on_tiny_flags_prints_the_table_saves_and_resumes(tmp
     data = json.loads(save.with_suffix(".json").read_text())
     assert len(data["iterations"]) == 1 and data["iterations"][0]["samples"] > 0
     assert set(data["final_evaluation"]) == {"untrained", "trained"}
-    assert (run_dir / "best" / "weights.npz").exists()
+    assert (run_dir / "best" / "config.json").exists()  # it names its weights file
     # --resume with one more iteration continues from the saved state.
     run = main_py(*[a for a in TINY_TRAIN if not a.startswith("--iterations")],
                   "--iterations=2", "--resume", f"--save_dir={run_dir}",
