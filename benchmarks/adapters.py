@@ -11,7 +11,9 @@ several bucket sizes in two ways:
 - adapter: ``TorchModel``, ``JaxModel``, ``TensorFlowModel`` on the CPU with default
   options, called with the same batch (its size is a bucket: no padding rows).
 
-Both are warmed up (traced, compiled) first. Rounds alternate the order of the two, and
+Both are warmed up (traced, compiled) first. ``--jax_sync_dispatch`` turns JAX's
+asynchronous dispatch on the CPU off (a process-wide setting, before JAX runs), which
+makes both JAX sides several times faster for small batches here. Rounds alternate the order of the two, and
 each takes the mean over ``--calls`` calls (at least ``--min_s`` seconds); the report
 gives, per framework and size, the range over rounds of the time per batch and of the
 overhead ``adapter / direct - 1`` (goal: at most 5 %). Prints one JSON object and
@@ -188,13 +190,19 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20, help="the fewest calls a round")
     parser.add_argument("--min_s", type=float, default=0.3,
                         help="seconds of calls per side, round and size")
+    parser.add_argument("--jax_sync_dispatch", action="store_true",
+                        help="jax_cpu_enable_async_dispatch=False, set before JAX runs")
     parser.add_argument("--out", default="results/benchmarks/adapters.json")
     args = parser.parse_args()
+    if args.jax_sync_dispatch:
+        import jax
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     spec = TensorSpec((args.input,), np.float32)
     sizes = sorted(set(args.sizes))
     w = weights(args)
     report = {
-        "workload": {**vars(args), "net": f"MLP {args.input}-{args.hidden}-{args.hidden}-1"},
+        "workload": {**vars(args),
+                     "net": f"MLP {args.input}-{args.hidden}-{args.hidden}-1"},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "goal": "overhead (adapter / direct - 1) at most 0.05 per batch",

@@ -19,7 +19,8 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_int
 
-__all__ = ["power_of_two_sizes", "bucket_sizes", "PaddedBatches", "run_in_chunks", "Allocate"]
+__all__ = ["power_of_two_sizes", "bucket_sizes", "PaddedBatches", "run_in_chunks",
+           "Allocate"]
 
 #: Makes a zero-filled host buffer of a shape and dtype (``np.zeros``, or a view of a
 #: pinned framework tensor).

@@ -24,10 +24,12 @@ class JaxModel:
 
     Each batch is padded up to the smallest allowed batch size (by default the powers
     of two up to ``max_batch_size``) and the jitted function is compiled once per
-    allowed size (at that size's first batch), so it never compiles again; the padding rows are zeros and are sliced off the outputs, and larger batches
-    run in chunks of the largest size. The parameters live on the device
-    (``jax.device_put``); ``with_weights`` (what ``update_model`` calls) replaces them
-    without compiling again, as long as their shapes and dtypes stay.
+    allowed size (at that size's first batch), so it never compiles again; the padding
+    rows are zeros and are sliced off the outputs, and larger batches run in chunks of
+    the largest size. The parameters live on the device (``jax.device_put``);
+    ``with_weights`` (what ``update_model`` calls) replaces them without compiling
+    again, as long as their shapes and dtypes stay. Outputs come back read-only, as JAX
+    gives them.
 
     ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
     (relative and absolute, as in ``np.allclose(a, b, rtol=t, atol=t)``): XLA orders
@@ -70,9 +72,9 @@ class JaxModel:
         self.device = jax_device(device)
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
         self._given_tolerance = batch_tolerance
-        self.batch_tolerance = (_default_tolerance(self.device.platform)
-                                if batch_tolerance is None else
-                                check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        self.batch_tolerance = (
+            _default_tolerance(self.device.platform) if batch_tolerance is None
+            else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
         self.apply_fn = apply_fn
         self._shared = _Compiled(jax, apply_fn, self, bool(jax.tree.leaves(params)))
         # A copy of host arrays: on the CPU, device_put may share their memory, and the

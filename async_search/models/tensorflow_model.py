@@ -5,7 +5,6 @@ TensorFlow is imported when an adapter is made, never by importing this module.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
@@ -67,9 +66,9 @@ class TensorFlowModel:
         self.device = tensorflow_device(device)
         self.jit_compile = jit_compile
         self._given_tolerance = batch_tolerance
-        self.batch_tolerance = ((1e-2 if "GPU" in self.device.upper() else 1e-4)
-                                if batch_tolerance is None else
-                                check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        self.batch_tolerance = (
+            (1e-2 if "GPU" in self.device.upper() else 1e-4) if batch_tolerance is None
+            else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
         self.fn = fn
         self._runner = _Traced(tf, fn, self)
         self._own = self._runner.weights.first()
@@ -80,6 +79,8 @@ class TensorFlowModel:
         return self._runner.trace_count
 
     def __call__(self, batch: np.ndarray) -> Outputs:
+        if len(batch) <= self.batch_sizes[-1]:
+            return self._run(batch)
         return run_in_chunks(batch, self.batch_sizes[-1], self._run)
 
     def _run(self, batch: np.ndarray) -> Outputs:

@@ -107,13 +107,15 @@ class TorchModel:
             raise ValueError("cuda_graphs and compile are exclusive: torch.compile "
                              "captures graphs itself with mode='reduce-overhead'")
         self._given_tolerance = batch_tolerance
-        self.batch_tolerance = (_default_tolerance(torch, self.device, precision)
-                                if batch_tolerance is None else
-                                check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        self.batch_tolerance = (
+            _default_tolerance(torch, self.device, precision) if batch_tolerance is None
+            else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
         self._runner = _Runner(torch, module, self)
         self._own = self._runner.weights.first()
 
     def __call__(self, batch: np.ndarray) -> Outputs:
+        if len(batch) <= self.batch_sizes[-1]:
+            return self._run(batch)
         return run_in_chunks(batch, self.batch_sizes[-1], self._run)
 
     def _run(self, batch: np.ndarray) -> Outputs:
@@ -205,8 +207,9 @@ def torch_device(device: Any = None) -> Any:
     try:
         torch.empty(1, device=found)
     except Exception as e:  # noqa: BLE001 - any failure to place a tensor there
-        raise DeviceNotFoundError(f"no device {device!r} for PyTorch ({type(e).__name__}: "
-                                  f"{e}); this machine has {_torch_devices(torch)}") from None
+        raise DeviceNotFoundError(
+            f"no device {device!r} for PyTorch ({type(e).__name__}: {e}); this machine "
+            f"has {_torch_devices(torch)}") from None
     return found
 
 
@@ -277,7 +280,8 @@ class _Runner:
             raise TypeError(f"TorchModel.with_weights takes a state_dict or a module, got "
                             f"{type(weights).__name__}")
         missing = [n for n in self.names if n not in weights]
-        unexpected = [n for n in weights if n not in set(self.names)]
+        known = set(self.names)
+        unexpected = [n for n in weights if n not in known]
         if missing or unexpected:
             raise ValueError(f"the weights do not match the module's state_dict: missing "
                              f"{missing[:5]}, unexpected {unexpected[:5]}")
@@ -304,7 +308,9 @@ class _Runner:
             _write(self.torch, self.slots, values)
 
     def _on_stream(self) -> Any:
-        return self.torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
+        if self.cuda:
+            return self.torch.cuda.stream(self.stream)
+        return contextlib.nullcontext()
 
     # -- batches -----------------------------------------------------------------------
     def _pinned(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -338,6 +344,8 @@ class _Runner:
             else:
                 with self._autocast():
                     out = self.forward(x)
+            if isinstance(out, self.torch.Tensor):  # the common case, without a closure
+                return _host_rows(self.torch, out, n, source)
             return rows.map_leaves(lambda t: _host_rows(self.torch, t, n, source), out)
 
     def _run_cuda(self, n: int, size: int) -> Outputs:
@@ -380,7 +388,8 @@ class _Runner:
         known = self._host_out.get(size)
         if known is None or known[0] != layout:
             known = self._host_out[size] = (layout, [
-                torch.empty(shape, dtype=dtype, pin_memory=True) for shape, dtype in layout])
+                torch.empty(shape, dtype=dtype, pin_memory=True)
+                for shape, dtype in layout])
         return known[1]
 
 

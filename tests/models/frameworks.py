@@ -100,7 +100,8 @@ def _torch_net(w: Weights, raising: bool = False) -> Any:
             return super().forward(x)
 
     kind = Raising if raising else torch.nn.Sequential
-    net = kind(torch.nn.Linear(6, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUTPUTS))
+    net = kind(torch.nn.Linear(6, HIDDEN), torch.nn.ReLU(),
+               torch.nn.Linear(HIDDEN, OUTPUTS))
     net.load_state_dict(_torch_state(w))
     return net.eval()
 
@@ -198,9 +199,9 @@ def params():
     for framework in FRAMEWORKS:
         module = MODULES[framework.name]
         missing = module is not None and importlib.util.find_spec(module) is None
-        marks = [pytest.mark.skip(reason=f"{module} is not installed "
-                                         f"(pip install -e '.[{EXTRAS[framework.name]}]')")] \
-            if missing else []
+        extra = EXTRAS.get(framework.name)
+        reason = f"{module} is not installed (pip install -e '.[{extra}]')"
+        marks = [pytest.mark.skip(reason=reason)] if missing else []
         out.append(pytest.param(framework, id=framework.name, marks=marks))
     return out
 

@@ -16,7 +16,8 @@ def test_power_of_two_sizes_end_at_the_maximum():
     assert power_of_two_sizes(12) == (1, 2, 4, 8, 12)
     with pytest.raises(ValueError, match="got 0"):
         power_of_two_sizes(0)
-    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got True"):
+    with pytest.raises(ValueError,
+                       match="max_batch_size must be an integer >= 1, got True"):
         power_of_two_sizes(True)
 
 
@@ -24,7 +25,8 @@ def test_power_of_two_sizes_end_at_the_maximum():
 def test_bucket_sizes_are_sorted_without_duplicates_and_checked():
     assert bucket_sizes(8) == (1, 2, 4, 8)
     assert bucket_sizes(8, (64, 8, 8, 1)) == (1, 8, 64)
-    with pytest.raises(ValueError, match=r"batch_sizes\[1\] must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError,
+                       match=r"batch_sizes\[1\] must be an integer >= 1, got 0"):
         bucket_sizes(8, (4, 0))
     with pytest.raises(ValueError, match="got True"):
         bucket_sizes(8, (True,))

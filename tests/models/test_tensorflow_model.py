@@ -48,7 +48,8 @@ def test_tensorflow_adapter_passes_tuple_outputs_through(tf):
     assert model.device.endswith("CPU:0") or "GPU" in model.device
 
 
-def test_tensorflow_weights_swap_into_the_same_variables_without_tracing_again(tf, keras_net):
+def test_tensorflow_weights_swap_into_the_same_variables_without_tracing_again(
+        tf, keras_net):
     model = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), max_batch_size=8)
     x = np.random.default_rng(2).standard_normal((8, 6)).astype(np.float32)
     before = model(x)

@@ -8,7 +8,8 @@ from async_search.base import TensorSpec
 from async_search.errors import DeviceNotFoundError
 from async_search.models import TorchModel
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e '.[torch]')")
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed (pip install -e '.[torch]')")
 
 pytestmark = pytest.mark.timeout(300)
 
