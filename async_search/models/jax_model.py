@@ -38,6 +38,10 @@ class JaxModel:
     products use TF32 there by default) and 5e-2 on a TPU (bfloat16 passes): estimates,
     not measured here. Give your own when you have measured.
 
+    On a CPU with few cores, JAX's asynchronous dispatch costs tens of microseconds a
+    call; ``jax.config.update("jax_cpu_enable_async_dispatch", False)``, before JAX
+    runs, made a one-row call 3x faster here (``benchmarks/adapters.py``).
+
     Args:
         apply_fn: ``apply_fn(params, x)`` from a batch ``[n, ...]`` to an array, or a
             tuple, list or dict of arrays, each with first dimension ``n``

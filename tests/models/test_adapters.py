@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import async_search as asr
+from async_search.base import DeviceModel
 from async_search.errors import DeviceNotFoundError, InputSpecError, ModelNotReadyError
 from async_search.servers import ModelRepository, ModelSource
 from tests.helpers import wait_until, within
@@ -237,7 +238,8 @@ def test_on_device_makes_an_independent_copy(framework):
     x = inputs(5)
     tol = tolerance(model)
     cpu = {"torch": "cpu", "jax": "cpu", "tensorflow": "/CPU:0"}[framework.name]
-    copy = model.on_device(cpu)
+    assert isinstance(model, DeviceModel)  # what serve(devices=[...]) takes
+    copy = asr.base.on_device(model, cpu)
     assert copy.batch_tolerance == model.batch_tolerance
     model.with_weights(framework.update(new))(x)  # the original's net gets new weights
     assert_close(copy(x), framework.direct(old, x), tol)
