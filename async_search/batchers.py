@@ -30,8 +30,8 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import (Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional,
-                    Sequence, Tuple)
+from typing import (Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 
@@ -80,18 +80,6 @@ class Popped:
         return len(self.tags) - sum(1 for offset, _ in parts.values() if offset)
 
 
-class _Plan(NamedTuple):
-    """A batch chosen from one queue and not yet taken out of it (``Batcher._select``)."""
-
-    count: int            # requests (or rests of requests) that fit whole
-    take: int             # elements of the next one that fit (0: none)
-    cost: float           # the batch's total cost
-    pieces: List[np.ndarray]
-    tags: List[Any]
-    parts: Optional[Dict[int, Tuple[int, int]]]
-    whole: bool           # every queued request, the queue's own lists
-
-
 #: Batches of uniform requests up to this many bytes are built by joining the requests'
 #: bytes; bigger ones are copied into a pooled buffer, where a fresh allocation would
 #: cost page faults.
@@ -118,15 +106,15 @@ def _stack(pieces: List[np.ndarray],
     return np.concatenate(pieces, out=buffer[:rows]), buffer
 
 
-def _popped(plan: _Plan, batch: np.ndarray, buffer: np.ndarray | None) -> Popped:
-    """The Popped of a committed plan; FIFO's head and tail fields read from ``parts``."""
-    parts = plan.parts
-    if not parts:
-        return Popped(batch, plan.tags, plan.pieces, False, None, 0, buffer)
+def _popped(batch: np.ndarray, tags: List[Any], pieces: List[np.ndarray],
+            parts: Dict[int, Tuple[int, int]], take: int,
+            buffer: np.ndarray | None) -> Popped:
+    """The Popped of a batch with split requests; FIFO's head and tail fields are read
+    from ``parts`` (``take``: the last piece was cut from a request that goes on)."""
     first = parts.get(0)
-    last = parts.get(len(plan.tags) - 1) if plan.take else None
-    return Popped(batch, plan.tags, plan.pieces, bool(first and first[0]),
-                  last[1] if last else None, first[0] if first else 0, buffer, parts)
+    last = parts.get(len(tags) - 1) if take else None
+    return Popped(batch, tags, pieces, bool(first and first[0]), last[1] if last else None,
+                  first[0] if first else 0, buffer, parts)
 
 
 class Batcher(abc.ABC):
@@ -149,6 +137,8 @@ class Batcher(abc.ABC):
     budget: float
     #: A request's rest goes to the back of the queue (round robin) instead of the front.
     _rotate = False
+    #: Queues of other priorities (FairBatcher's own; empty, never filled, here).
+    _lanes: Dict[int, "Batcher"] = {}
 
     def __init__(self):
         self._xs: List[np.ndarray] = []
@@ -232,18 +222,41 @@ class Batcher(abc.ABC):
         Raises:
             IndexError: when nothing is queued (or everything queued was dropped).
         """
-        plan = self._select(drop, self.budget, True)
+        if self._lanes:  # a FairBatcher holding requests at other priorities
+            return self._pop_levels(drop, out, uniform)
+        ends = self._ends
+        if ends and not self._head and not self._rests and (
+                ends[-1] - self._start <= self.budget):
+            # The common case of serving, written out: everything queued fits in one
+            # batch and nothing is split, so the queue's own lists are the batch.
+            xs, tags = self._xs, self._tags
+            if drop is None or not any(map(drop, tags)):
+                batch, buffer = _stack(xs, out, uniform)  # may raise: all still queued
+                cost = ends[-1] - self._start
+                self._xs, self._tags, self._ends = [], [], []
+                self._on_pop(len(xs))
+                self._start += cost
+                self.queued -= cost
+                return Popped(batch, tags, xs, False, None, 0, buffer)
+        count, take, cost, pieces, tags, parts, whole = self._select(drop, self.budget,
+                                                                    True)
         # The batch is built before the queue changes: if building it fails, every
         # request is still queued (and a crash handler can fail it), none is lost.
-        batch, buffer = _stack(plan.pieces, out, uniform)
-        self._commit(plan)
-        return _popped(plan, batch, buffer)
+        batch, buffer = _stack(pieces, out, uniform)
+        self._commit(count, take, cost, whole)
+        if parts is None:
+            return Popped(batch, tags, pieces, False, None, 0, buffer)
+        return _popped(batch, tags, pieces, parts, take, buffer)
 
-
-    def _select(self, drop: Callable[[Any], bool] | None, room: float,
-                alone: bool) -> _Plan:
+    def _select(self, drop: Callable[[Any], bool] | None, room: float, alone: bool,
+                ) -> Tuple[int, int, float, List[np.ndarray], List[Any],
+                           Optional[Dict[int, Tuple[int, int]]], bool]:
         """The next batch of at most ``room`` cost (at least one element when
-        ``alone``: an element over budget goes alone), left in the queue.
+        ``alone``: an element over budget goes alone), left in the queue: ``(count,
+        take, cost, pieces, tags, parts, whole)``: the requests that fit whole, the
+        elements of the next that fit, the batch's cost, its pieces and their tags,
+        where split requests' pieces go (``Popped.parts``), and whether it is the whole
+        queue (the queue's own lists then).
 
         Raises:
             IndexError: when nothing is queued (or everything queued was dropped).
@@ -278,14 +291,13 @@ class Batcher(abc.ABC):
             if parts is None:
                 parts = {}
             parts[count] = (done + offset, size)
-        return _Plan(count, take, cost, pieces, batch_tags, parts, whole)
+        return count, take, cost, pieces, batch_tags, parts, whole
 
-    def _commit(self, plan: _Plan) -> None:
-        """Takes ``plan``'s batch out of the queue."""
-        count, take = plan.count, plan.take
+    def _commit(self, count: int, take: int, cost: float, whole: bool) -> None:
+        """Takes the batch ``_select`` chose out of the queue."""
         xs, tags, rests = self._xs, self._tags, self._rests
-        self.queued -= plan.cost
-        if plan.whole:
+        self.queued -= cost
+        if whole:
             self._xs, self._tags, self._ends = [], [], []
         elif rests:
             for x in xs[:count]:
@@ -306,11 +318,11 @@ class Batcher(abc.ABC):
             tags.append(tag)
             self._ends.append(self._total)
             return
-        if not plan.whole:
+        if not whole:
             del xs[:count], tags[:count], self._ends[:count]
         self._head = (0 if count else self._head) + take if take else 0
         self._on_pop(count)
-        self._start += plan.cost
+        self._start += cost
 
     def _plan(self, room: float, alone: bool = True) -> Tuple[int, int, float]:
         """(whole requests that fit in ``room``, elements of the next that fit, total
@@ -433,7 +445,7 @@ class FairBatcher(BatchSizeBatcher):
         self._lanes: Dict[int, FairBatcher] = {}  # priority (never 0) -> its queue
 
     def append(self, x: np.ndarray, tag: Any = None, priority: int = 0) -> None:
-        """Queue one request ``x[n, ...]`` at ``priority``."""
+        """Queue one request ``x[n, ...]`` at ``priority`` (``extend`` queues at 0)."""
         if priority == 0 and type(priority) is int:
             super().append(x, tag)
             return
@@ -443,17 +455,6 @@ class FairBatcher(BatchSizeBatcher):
             return
         lane.append(x, tag)
         self.queued += len(x)
-
-    def extend(self, xs: Sequence[np.ndarray], tags: Sequence[Any] | None = None,
-               priority: int = 0) -> None:
-        """Queue several requests (with their tags) at ``priority``, in bulk."""
-        lane = self if priority == 0 and type(priority) is int else self._lane(priority)
-        if lane is self:
-            super().extend(xs, tags)
-            return
-        before = lane.queued
-        lane.extend(xs, tags)
-        self.queued += lane.queued - before
 
     def _lane(self, priority: int) -> "FairBatcher":
         priority = check_int("priority", priority)
@@ -485,11 +486,10 @@ class FairBatcher(BatchSizeBatcher):
         self._lanes = {}
         return tags
 
-    def pop_parts(self, drop: Callable[[Any], bool] | None = None,
-                  out: Callable[[int, np.ndarray], np.ndarray | None] | None = None,
-                  uniform: bool = False) -> Popped:
-        if not self._lanes:
-            return super().pop_parts(drop, out, uniform)
+    def _pop_levels(self, drop: Callable[[Any], bool] | None,
+                    out: Callable[[int, np.ndarray], np.ndarray | None] | None,
+                    uniform: bool) -> Popped:
+        """``pop_parts`` over the priority levels, highest first."""
         room, chosen = self.budget, []
         for priority in sorted((0, *self._lanes), reverse=True):
             lane = self._lanes.get(priority, self)
@@ -499,27 +499,28 @@ class FairBatcher(BatchSizeBatcher):
                 plan = lane._select(drop, room, not chosen)
             except IndexError:  # every request in it was dropped
                 continue
-            if plan.pieces:
+            if plan[3]:  # pieces
                 chosen.append((lane, plan))
-                room -= plan.cost
+                room -= plan[2]
                 if room <= 0:
                     break
         if not chosen:
             self._settle()
             raise IndexError("pop from an empty batcher")
-        pieces, tags, parts, cost = [], [], {}, 0
-        for _, plan in chosen:
-            if plan.parts:
-                parts.update((len(tags) + i, part) for i, part in plan.parts.items())
-            pieces += plan.pieces
-            tags += plan.tags
-            cost += plan.cost
+        pieces, tags, parts = [], [], {}
+        for _, (_, _, _, lane_pieces, lane_tags, lane_parts, _) in chosen:
+            if lane_parts:
+                parts.update((len(tags) + i, part) for i, part in lane_parts.items())
+            pieces += lane_pieces
+            tags += lane_tags
         batch, buffer = _stack(pieces, out, uniform)  # before the queues change
-        for lane, plan in chosen:
-            lane._commit(plan)
+        for lane, (count, take, cost, _, _, _, whole) in chosen:
+            lane._commit(count, take, cost, whole)
         self._settle()
-        return _popped(_Plan(len(tags), chosen[-1][1].take, cost, pieces, tags,
-                             parts or None, False), batch, buffer)
+        take = chosen[-1][1][1]
+        if not parts:
+            return Popped(batch, tags, pieces, False, None, 0, buffer)
+        return _popped(batch, tags, pieces, parts, take, buffer)
 
     def _settle(self) -> None:
         """Forgets empty priority levels; counts what all levels hold."""

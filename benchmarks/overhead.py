@@ -20,8 +20,9 @@ called through its DeploymentHandle by the same 64 coroutines (``pip install -e
 ".[bench]"`` installs ray[serve]; nothing in it is patched). Its rate is taken after a
 warm-up round, over ``--ray_serve_requests`` requests per coroutine.
 
-Prints one JSON object. Usage: python benchmarks/overhead.py [--coroutines 64]
-[--requests 200] [--repeats 7] [--ray_serve_requests 30] [--no_ray_serve]
+Prints one JSON object and writes it to ``--out`` (results/benchmarks/overhead.json).
+Usage: python benchmarks/overhead.py [--coroutines 64] [--requests 200] [--repeats 7]
+[--ray_serve_requests 30] [--no_ray_serve] [--out PATH]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import time
 import numpy as np
 
 import async_search as asr
+from async_search.files import write_file
 from async_search.models import with_spec
 
 
@@ -205,6 +207,7 @@ def main() -> None:
                         help="rounds; each figure is its best round")
     parser.add_argument("--ray_serve_requests", type=int, default=30)
     parser.add_argument("--no_ray_serve", action="store_true")
+    parser.add_argument("--out", default="results/benchmarks/overhead.json")
     args = parser.parse_args()
 
     loops = {"asyncio": asyncio.new_event_loop}
@@ -234,7 +237,9 @@ def main() -> None:
             report["served_vs_ray_serve"] = round(
                 report["loops"]["asyncio"]["served"]["requests_per_s"]
                 / peer["requests_per_s"], 1)
-    print(json.dumps(report, indent=2))
+    text = json.dumps(report, indent=2)
+    print(text)
+    write_file(args.out, text + "\n")
 
 
 if __name__ == "__main__":

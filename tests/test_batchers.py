@@ -291,7 +291,7 @@ def test_fair_batcher_fills_a_batch_from_the_highest_priority_down():
     batcher = FairBatcher(4)
     batcher.extend([np.array([0, 0, 0])], ["low"])
     batcher.append(np.array([5, 5]), "urgent", priority=5)
-    batcher.extend([np.array([1])], ["one"], priority=1)
+    batcher.append(np.array([1]), "one", priority=1)
     batcher.append(np.array([-1]), "below", priority=-1)
     assert len(batcher) == 4 and batcher.queued == 7
     popped = batcher.pop_parts()
@@ -304,7 +304,7 @@ def test_fair_batcher_priority_must_be_an_integer():
     with pytest.raises(ValueError, match="priority must be an integer, got 1.5"):
         FairBatcher(4).append(np.zeros(1), priority=1.5)
     with pytest.raises(ValueError, match="priority must be an integer, got True"):
-        FairBatcher(4).extend([np.zeros(1)], priority=True)
+        FairBatcher(4).append(np.zeros(1), priority=True)
 
 
 def test_fair_batcher_clear_returns_every_tag_of_every_priority():

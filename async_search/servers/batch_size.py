@@ -66,7 +66,8 @@ class AutoBatchSize:
 
     def __post_init__(self):
         set_ = object.__setattr__
-        set_(self, "smallest", check_int("AutoBatchSize.smallest", self.smallest, minimum=1))
+        set_(self, "smallest", check_int("AutoBatchSize.smallest", self.smallest,
+                                         minimum=1))
         set_(self, "largest", check_int("AutoBatchSize.largest", self.largest,
                                         minimum=self.smallest))
         set_(self, "trial_batches", check_int("AutoBatchSize.trial_batches",
@@ -203,5 +204,5 @@ class BatchSizeTuner:
     def report(self) -> dict:
         """What ``stats["auto_batch_size"]`` shows: the size now, whether it is settled,
         and the rate last measured at each size tried (elements/s)."""
-        return {"size": self.size, "settled": self.settled,
-                "rates": {size: round(rate, 1) for size, rate in sorted(self.rates.items())}}
+        rates = {size: round(rate, 1) for size, rate in sorted(self.rates.items())}
+        return {"size": self.size, "settled": self.settled, "rates": rates}

@@ -503,8 +503,9 @@ class BatchingServer:
             self._workers.join_ended()
         except BaseException as e:
             out_of_time = isinstance(e, _OutOfTime)
-            abandoned = self._abandon(f"it did not finish closing within {timeout} s" if out_of_time
-                                      else f"its exit was interrupted by {describe(e)}")
+            why = (f"it did not finish closing within {timeout} s" if out_of_time
+                   else f"its exit was interrupted by {describe(e)}")
+            abandoned = self._abandon(why)
             if out_of_time:
                 raise abandoned from None
             raise
@@ -530,6 +531,12 @@ class BatchingServer:
         threads to end after the batch each computes. Returns what was abandoned."""
         self._closing = True
         self._update_quiet()
+        if self._loop.is_closed():  # closed with its loop: no future can be resolved
+            self._workers.stop(discard_queued=True)
+            threads = tuple(self._workers.running)
+            return CloseTimeoutError(f"the server closed with its event loop ({why}); "
+                                     f"device threads still running: {threads}",
+                                     threads=threads)
         flying = list(self._flying.values())
         self._flying.clear()  # what a device returns later finds them failed
         error = ServerClosedError(f"the server closed ({why}) while this request's batch "
@@ -633,7 +640,8 @@ class BatchingServer:
                 self._flying[id(popped)] = popped  # out of the batcher: a crash fails it
                 now = time.perf_counter()
                 self._stats.record_dispatch(len(popped.batch), reason, now - self._since,
-                                            popped.starting)
+                                            popped.starting if popped.parts else
+                                            len(popped.tags))
                 self._since = now
                 self._workers.submit(popped, popped.batch, self._on_done)
                 if reason is Reason.FULL and not self._in_flight:

@@ -165,19 +165,18 @@ class Workers:
                 made[id(old)] = _with_weights(old, model_or_weights)
             return made[id(old)]
 
-        if callable(model_or_weights):
-            new_models = [model_or_weights if getattr(w, "device", None) is None
-                          else on_device(model_or_weights, w.device) for w in workers]
+        if callable(model_or_weights):  # a new model: its copy on each worker's device
+            devices = [getattr(w, "device", None) for w in workers]
+            new_models = [model_or_weights if device is None
+                          else on_device(model_or_weights, device) for device in devices]
+            placed = [m for m, device in zip(new_models, devices) if device is not None]
+            current = placed[0] if placed else model_or_weights
         else:
             new_models = [renewed(w.model) for w in workers]
-        if callable(model_or_weights):
-            placed = [m for w, m in zip(workers, new_models)
-                      if getattr(w, "device", None) is not None]
-            self._model = placed[0] if placed else model_or_weights
-        else:
-            self._model = renewed(self._model)
+            current = renewed(self._model)
         for worker, model in zip(workers, new_models):
             worker.set_model(model, version)
+        self._model = current
         self.version = version
         self._hooks = _has_hooks(self._model)
 
@@ -198,9 +197,10 @@ class Workers:
         self._stopping = True
         for _ in self._threads:  # one each (a second call: those above may be discarded)
             self._jobs.put(STOP)
-        for waiter in self._exited:  # removals: their thread ends with the others
-            if not waiter.done():
-                waiter.set_result(None)
+        if not self._loop.is_closed():
+            for waiter in self._exited:  # removals: their thread ends with the others
+                if not waiter.done():
+                    waiter.set_result(None)
         self._exited = []
         return discarded
 

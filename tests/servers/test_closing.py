@@ -251,3 +251,34 @@ async def test_two_closes_at_once_both_return_once_the_server_is_closed():
                                    and t.name in server._workers.running]
     assert server.stats["workers"] == 2  # what it had when it closed
     assert model.loads == model.unloads >= 1  # a worker loads with its first batch
+
+
+def test_an_exit_closed_with_its_event_loop_still_tells_the_threads_to_end():
+    """A notebook kernel or a server that closes its loop while an exit waits for a
+    batch: the exit is closed (GeneratorExit), nothing can be resolved any more, and
+    the device thread still ends, unloading its model, once the batch returns."""
+    before = set(device_threads())
+    model = Device()
+    loop = asyncio.new_event_loop()
+    try:
+        server = BatchingServer(model, model_thread=True)
+        loop.run_until_complete(server.__aenter__())
+        awaited = server(np.zeros((1, 1), np.float32))
+        awaited.add_done_callback(lambda fut: None)  # someone awaits it
+        loop.run_until_complete(wait_until(model.started.is_set, "a batch in the model"))
+        closing = server.aclose()
+        task = loop.create_task(closing)
+        loop.run_until_complete(wait_until(lambda: server._closer is not None,
+                                           "the exit waits for the batch"))
+    finally:
+        loop.close()
+    closing.close()  # what collecting the abandoned task would do
+    assert task.done() is False and server._closing
+    model.open()
+    deadline = threading.Event()
+    for _ in range(1000):
+        if set(device_threads()) <= before:
+            break
+        deadline.wait(0.01)
+    assert set(device_threads()) <= before, "the device thread outlived its loop"
+    assert (model.loads, model.unloads) == (1, 1)
