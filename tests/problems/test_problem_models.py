@@ -138,6 +138,7 @@ def test_public_names_match_all():
     exported = set(problems.__all__)
     public = {n for n in dir(problems) if not n.startswith("_")} - {
         "base", "connect_four", "heuristics", "policy_value", "sliding_puzzle",
-        "synthetic_graph", "tf_nets", "annotations"}
+        "synthetic_graph", "tf_nets", "annotations", "residual_nets", "residual_torch",
+        "residual_tf", "residual_jax"}
     assert exported == public
     assert all(hasattr(problems, n) for n in exported)
