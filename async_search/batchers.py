@@ -135,10 +135,20 @@ class Batcher(abc.ABC):
     """
 
     budget: float
+    #: Whether a request costs more than its length to work out (``price``), which may
+    #: fail: a server then prices each request when it is made, so that a cost that
+    #: cannot be computed fails that request alone. True for a subclass that defines
+    #: ``_cost`` (and for ``CostBatcher``).
+    priced = False
     #: A request's rest goes to the back of the queue (round robin) instead of the front.
     _rotate = False
     #: Queues of other priorities (FairBatcher's own; empty, never filled, here).
     _lanes: Dict[int, "Batcher"] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_cost" in cls.__dict__:
+            cls.priced = True
 
     def __init__(self):
         self._xs: List[np.ndarray] = []
@@ -164,14 +174,30 @@ class Batcher(abc.ABC):
         self._tags.append(tag)
         self._ends.append(self._total)
 
-    def extend(self, xs: Sequence[np.ndarray], tags: Sequence[Any] | None = None) -> None:
+    def price(self, x: np.ndarray) -> Any:
+        """What request ``x`` costs, worked out now, for ``extend(..., prices=...)``.
+
+        A server calls it when a request is made (where ``priced``), so that a cost
+        that cannot be computed fails that request alone, before anything is queued.
+
+        Raises:
+            whatever working out the cost raises (a ``cost_fn`` that fails).
+        """
+        return self._cost(x)
+
+    def extend(self, xs: Sequence[np.ndarray], tags: Sequence[Any] | None = None,
+               prices: Sequence[Any] | None = None) -> None:
         """Queue several requests (with their tags), in bulk: no Python loop per request
-        where the cost of a request is its length."""
+        where the cost of a request is its length. ``prices``: each request's
+        ``price``, worked out before (None: worked out here)."""
         if tags is None:
             tags = [None] * len(xs)
         elif len(tags) != len(xs):
             raise ValueError(f"{len(xs)} requests but {len(tags)} tags")
-        ends = list(itertools.accumulate(self._costs(xs), initial=self._total))
+        if prices is not None and len(prices) != len(xs):
+            raise ValueError(f"{len(xs)} requests but {len(prices)} prices")
+        ends = list(itertools.accumulate(self._costs(xs) if prices is None else prices,
+                                         initial=self._total))
         self._xs += xs
         self._tags += tags
         self._ends += ends[1:]
@@ -402,6 +428,9 @@ class BatchSizeBatcher(Batcher):
         self._tags.append(tag)
         self._ends.append(self._total)
 
+    def price(self, x: np.ndarray) -> int:
+        return len(x)
+
     def _costs(self, xs):
         return map(len, xs)
 
@@ -537,8 +566,10 @@ class CostBatcher(Batcher):
     """Batches whose elements' total cost is at most ``max_cost``.
 
     ``cost_fn(x)`` maps a request ``x[n, ...]`` to the cost of each element, an array of
-    ``n`` numbers (the node count of each graph, say); it is called once per request. An
-    element that alone costs more than ``max_cost`` goes in a batch of its own.
+    ``n`` numbers (the node count of each graph, say); it is called once per request (a
+    server calls it when the request is made: a ``cost_fn`` that raises fails that
+    request alone). An element that alone costs more than ``max_cost`` goes in a batch
+    of its own.
 
     Example:
         >>> b = CostBatcher(10, cost_fn=lambda x: x)   # each element costs its value
@@ -546,6 +577,8 @@ class CostBatcher(Batcher):
         >>> b.pop().tolist(), b.pop().tolist()
         ([4, 4], [3])
     """
+
+    priced = True
 
     def __init__(self, max_cost: float, cost_fn: Callable[[np.ndarray], np.ndarray]):
         check_float("max_cost", max_cost, minimum=0, strict=True)
@@ -555,19 +588,32 @@ class CostBatcher(Batcher):
         self._cumulative: List[np.ndarray] = []  # per request: running cost by element
 
     def append(self, x: np.ndarray, tag: Any = None) -> None:
-        cumulative = self._cumulative_cost(x)
+        cumulative = self.price(x)
         self._cumulative.append(cumulative)
         self._enqueue(x, tag, float(cumulative[-1]) if len(cumulative) else 0.0)
 
-    def extend(self, xs, tags=None) -> None:
+    def price(self, x: np.ndarray) -> np.ndarray:
+        """The running total of the cost of ``x``'s elements (``cost_fn`` checked).
+
+        Raises:
+            ValueError: when ``cost_fn`` gives a number of costs other than one per
+                element, or a negative cost; what ``cost_fn`` raises, as it is.
+        """
+        return self._cumulative_cost(x)
+
+    def extend(self, xs, tags=None, prices=None) -> None:
         """Queue several requests; all or none: when ``cost_fn`` raises for one of
-        them, nothing is queued."""
+        them, nothing is queued. ``prices``: each request's ``price``, worked out
+        before (None: here)."""
         if tags is None:
             tags = [None] * len(xs)
         elif len(tags) != len(xs):
             raise ValueError(f"{len(xs)} requests but {len(tags)} tags")
-        cumulatives = [self._cumulative_cost(x) for x in xs]  # may raise: nothing queued
-        for x, tag, cumulative in zip(xs, tags, cumulatives):
+        if prices is None:
+            prices = [self._cumulative_cost(x) for x in xs]  # may raise: nothing queued
+        elif len(prices) != len(xs):
+            raise ValueError(f"{len(xs)} requests but {len(prices)} prices")
+        for x, tag, cumulative in zip(xs, tags, prices):
             self._cumulative.append(cumulative)
             self._enqueue(x, tag, float(cumulative[-1]) if len(cumulative) else 0.0)
 

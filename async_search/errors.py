@@ -7,7 +7,7 @@ __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDie
            "RemoteError", "ProtocolError", "RepositoryError", "ModelNotFoundError",
            "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "FileWriteError",
            "CheckpointError", "DeviceNotFoundError", "CloseTimeoutError",
-           "ConnectionGoneError", "deliverable", "describe"]
+           "ConnectionGoneError", "RequestTimeoutError", "deliverable", "describe"]
 
 
 class InputSpecError(ValueError):
@@ -152,6 +152,11 @@ class ConnectionGoneError(ServerDiedError, ClosedConnection):
     """The server's end of a connection is gone (it closed its stream, or its process
     died): the request was not answered, and every later call fails at once. It is a
     ``ServerDiedError`` and a ``queues.ClosedConnection``: catch either."""
+
+
+class RequestTimeoutError(TimeoutError):
+    """A request's deadline (``evaluate(x, timeout=...)``) passed before its answer came;
+    a request not batched by then was dropped before the model ran."""
 
 
 def deliverable(error: BaseException) -> Exception:

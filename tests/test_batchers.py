@@ -423,3 +423,46 @@ def test_fair_batcher_starts_a_request_within_one_batch_per_request_ahead(
         if "new" in popped.tags:
             break
     assert pops <= ahead + 1
+
+
+def test_a_cost_batcher_prices_a_request_before_it_is_queued():
+    calls = []
+
+    def cost(x):
+        calls.append(len(x))
+        if (x < 0).any():
+            raise ZeroDivisionError("no cost")
+        return x.astype(float)
+
+    b = CostBatcher(10, cost)
+    assert b.priced and not BatchSizeBatcher(4).priced and not FairBatcher(4).priced
+    prices = [b.price(np.array([4.0, 4.0])), b.price(np.array([3.0]))]
+    with pytest.raises(ZeroDivisionError):
+        b.price(np.array([-1.0]))
+    assert b.empty()  # pricing queues nothing
+    b.extend([np.array([4.0, 4.0]), np.array([3.0])], ["a", "b"], prices)
+    assert calls == [2, 1, 1]  # extend with prices never calls cost_fn again
+    assert b.pop_parts().tags == ["a"] and b.pop_parts().tags == ["b"]
+    with pytest.raises(ValueError, match="2 requests but 1 prices"):
+        b.extend([np.zeros(1), np.zeros(1)], prices=prices[:1])
+    with pytest.raises(ValueError, match="one cost per element"):
+        CostBatcher(10, lambda x: np.ones(len(x) + 1)).price(np.zeros(2))
+
+
+def test_a_batcher_that_defines_a_cost_is_priced_and_prices_in_bulk():
+    class Squares(batchers.Batcher):
+        budget = 10
+
+        def _cost(self, x):
+            return len(x) ** 2
+
+        def _split(self, i, offset, room, limit=None):
+            return 0, 0.0
+
+    b = Squares()
+    assert Squares.priced and b.price(np.zeros(3)) == 9
+    b.extend([np.zeros(1), np.zeros(2)], ["a", "b"], prices=[1, 4])
+    assert b.queued == 5 and b.pop_parts().tags == ["a", "b"]
+    sizes = BatchSizeBatcher(4)
+    sizes.extend([np.zeros(3)], prices=[sizes.price(np.zeros(3))])
+    assert sizes.queued == 3

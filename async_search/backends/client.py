@@ -19,6 +19,7 @@ from typing import Any, Callable, ClassVar, Hashable, List, Tuple
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
+from async_search.checks import check_float
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
 from async_search.errors import InputSpecError, ServerDiedError
 from async_search.queues import ClosedConnection
@@ -26,11 +27,11 @@ from async_search.remote import Failure, unpack_error
 from async_search.servers.connection_server import (VersionAck, VersionedRequest,
                                                    VersionNotice, VersionSubscription)
 from async_search.servers.requests import RequestChecker
-from async_search.servers.responses import ResultDelivery
+from async_search.servers.responses import ResultDelivery, expire_after
 
 __all__ = ["CoalescingClient", "Message"]
 
-_cancelled = asyncio.Future.cancelled
+_done = asyncio.Future.done
 
 
 @dataclasses.dataclass
@@ -189,7 +190,12 @@ class CoalescingClient:
         except Exception:  # closed or gone: it makes no more requests anyway
             pass
 
-    def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
+    def __call__(self, x: np.ndarray, timeout: float | None = None,
+                 ) -> "asyncio.Future[Outputs]":
+        """Queue ``x[n, ...]`` for this iteration's message. ``timeout`` (seconds > 0):
+        the request's deadline, kept on this side: past it the future fails with
+        RequestTimeoutError and the request's rows are discarded when the answer comes
+        (the message left in the iteration it was made; its server computes them)."""
         if type(x) is not np.ndarray or x.shape[1:] != self._shape or (
                 x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
             x = self._check(x)  # raises, or learns the spec from the first request
@@ -200,6 +206,9 @@ class CoalescingClient:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if timeout is not None:
+            expire_after(fut, check_float("timeout", timeout, minimum=0, strict=True),
+                         note="; its rows are discarded when they come")
         self._xs.append(x)
         self._futures.append(fut)
         if not self._scheduled:
@@ -207,11 +216,13 @@ class CoalescingClient:
             loop.call_soon(self._flush)  # after every search ready in this iteration
         return fut
 
-    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+    async def with_version(self, x: np.ndarray, timeout: float | None = None,
+                           ) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``: the outputs for ``x`` and the model version the server
         reported for the message that carried it (None when a swap split that message
-        across batches, or when the server reports no version)."""
-        fut = self(x)
+        across batches, or when the server reports no version); ``timeout`` as for a
+        call."""
+        fut = self(x, timeout)
         self._delivery.want_version(fut)
         try:
             outputs = await fut
@@ -223,8 +234,8 @@ class CoalescingClient:
         self._scheduled = False
         xs, futures = self._xs, self._futures
         self._xs, self._futures = [], []
-        if any(map(_cancelled, futures)):  # cancelled callers' requests are dropped here
-            keep = [i for i, fut in enumerate(futures) if not fut.cancelled()]
+        if any(map(_done, futures)):  # cancelled or timed-out requests are dropped here
+            keep = [i for i, fut in enumerate(futures) if not fut.done()]
             xs, futures = [xs[i] for i in keep], [futures[i] for i in keep]
         if not futures:
             return

@@ -86,7 +86,8 @@ def loop_factory(use_uvloop: bool) -> Optional[Callable[[], asyncio.AbstractEven
 async def _sequential(workload: Workload, model: Any, progress: Optional[Progress],
                       ) -> Tuple[List[Any], float, List[BatchRecord], dict]:
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
-    ev = asr.immediate(model, on_batch=on_batch)  # keeps the stats and trace itself
+    # It keeps the stats and the trace itself: every model call, for the plots.
+    ev = asr.immediate(model, on_batch=on_batch, trace_size=None)
     start = time.perf_counter()
     results = []
     for s in workload.starts:

@@ -27,13 +27,14 @@ from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.priority import PriorityEvaluate
 from async_search.servers.requests import RequestChecker
-from async_search.servers.responses import ResultDelivery
-from async_search.servers.stats import BatchRecord, ServingStats
+from async_search.servers.responses import ResultDelivery, expire_after
+from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
 from async_search.servers.workers import Workers, placement_of
 
 __all__ = ["BatchingServer"]
 
 _done = asyncio.Future.done  # a request done before its batch: cancelled or failed
+_DROPPED = "; a request not batched by then is dropped before the model runs"
 _ndarray = np.ndarray
 
 
@@ -93,9 +94,18 @@ class BatchingServer:
             ``base.on_device(model, device)``, made when the server is entered (a model
             without ``on_device`` gets a TypeError then); ``update_model`` places a new
             model on every device, or passes weights to every copy.
+        trace_size: how many of the latest batches ``trace`` keeps (default
+            ``stats.TRACE_SIZE``, 10,000: a server that runs for days holds a bounded
+            trace); None keeps every batch (a run that plots them all), 0 none.
 
     Faults (what a caller gets):
         - A request that does not fit the model's input raises InputSpecError when made.
+        - A request whose cost the batcher cannot work out (a ``CostBatcher`` whose
+          ``cost_fn`` raises, or gives a wrong number of costs) raises that error when
+          made, noted as the batcher's; nothing is queued and the server serves on.
+        - A request given a ``timeout`` fails with RequestTimeoutError (a TimeoutError)
+          once it passes; if it has not reached a batch by then, it is dropped before
+          the model runs, as a cancelled one is.
         - A model that raises fails the requests of that batch with its exception, and
           the next batch is served. What a future cannot carry as it is
           (StopIteration, a CancelledError raised by the model, SystemExit) fails the
@@ -110,7 +120,7 @@ class BatchingServer:
           ``update_model`` must keep that structure too.
         - When one batch of a request split across batches fails, the whole request
           fails and the pieces from its other batches are dropped.
-        - Whatever kills the serving coroutine (a ``cost_fn`` that raises, a bug, a
+        - Whatever kills the serving coroutine (a batcher that raises, a bug, a
           KeyboardInterrupt while the model runs on the loop, the dispatch task being
           cancelled) fails every queued and in-flight request with ServerCrashedError
           (a ServerClosedError; the cause is its ``__cause__``) and closes the server:
@@ -128,7 +138,8 @@ class BatchingServer:
                  batcher: Batcher | None = None, model_thread: bool | str = "auto",
                  num_workers: int = 1,
                  on_batch: Callable[[BatchRecord], None] | None = None,
-                 devices: Sequence[Any] | None = None):
+                 devices: Sequence[Any] | None = None,
+                 trace_size: int | None = TRACE_SIZE):
         check_int("num_workers", num_workers, minimum=1)
         self._placement = placement_of(model_thread)
         if num_workers > 1 and self._placement == "loop":
@@ -162,13 +173,17 @@ class BatchingServer:
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._batcher = batcher if batcher is not None else FairBatcher(size)
         self._budget = self._batcher.budget
+        # A batcher whose costs may fail (a CostBatcher's cost_fn) prices each request
+        # when it is made: a cost that cannot be computed is that request's failure.
+        self._priced = self._batcher.priced
         out_spec = output_spec_of(model)
         self._responses = ResultDelivery(out_spec.empty(0) if out_spec is not None else None)
         self._pool = BufferPool(size)
         self._staged_xs: List[np.ndarray] = []
         self._staged_futures: List[asyncio.Future] = []
+        self._staged_prices: List[Any] = []  # with a priced batcher: each one's price
         self._staged_urgent: List[Tuple[int, np.ndarray, asyncio.Future]] = []  # priority
-        self._stats = ServingStats()
+        self._stats = ServingStats(trace_size)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers: Workers | None = None
         self._task: asyncio.Task | None = None
@@ -191,30 +206,43 @@ class BatchingServer:
         self._abandoned = False  # an interrupted close cancelled the dispatch task
 
     # -- the evaluate function --------------------------------------------------------
-    def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
+    def __call__(self, x: np.ndarray, timeout: float | None = None,
+                 ) -> "asyncio.Future[Outputs]":
         """Queue ``x[n, ...]``; the returned future resolves with the model's outputs.
+
+        ``timeout`` (seconds > 0): the request's deadline. Past it the future fails with
+        RequestTimeoutError, and a request that has not reached a batch by then is
+        dropped before the model runs (as a cancelled one is); one whose batch is in
+        the model has its rows discarded when they come.
+
+        Example:
+            >>> # y = await evaluate(x, timeout=0.5)   # RequestTimeoutError after 0.5 s
 
         Raises:
             InputSpecError: (a ValueError) when ``x`` does not fit the model's input;
                 nothing is queued.
+            ValueError: for a ``timeout`` that is not a number > 0.
             ServerClosedError: when the server is closing or closed.
             RuntimeError: when the server was never entered.
         """
         # The common case: an array of the last accepted full shape (so the check is
         # one tuple comparison) while the dispatch task is awake and nothing else is
-        # due (``_quiet``).
+        # due (``_quiet``), with no deadline.
         if type(x) is _ndarray and x.shape == self._last_shape and (
-                x.dtype is self._dtype) and self._quiet:
+                x.dtype is self._dtype) and self._quiet and timeout is None:
             fut = self._new_future()
             self._staged_xs.append(x)
             self._staged_futures.append(fut)
             return fut
-        return self._call(x)
+        return self._call(x, 0, timeout)
 
-    def _call(self, x: np.ndarray, priority: int = 0) -> "asyncio.Future[Outputs]":
+    def _call(self, x: np.ndarray, priority: int = 0, timeout: float | None = None,
+              ) -> "asyncio.Future[Outputs]":
         if type(x) is not np.ndarray or x.shape[1:] != self._shape or (
                 x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
             x = self._checked(x)
+        if timeout is not None:
+            timeout = check_float("timeout", timeout, minimum=0, strict=True)
         if self._closing:
             raise self._closed_error()
         if self._new_future is None:
@@ -232,8 +260,12 @@ class BatchingServer:
         if priority:
             self._staged_urgent.append((priority, x, fut))
         else:
+            if self._priced:
+                self._staged_prices.append(self._price(x))  # may raise: nothing staged
             self._staged_xs.append(x)
             self._staged_futures.append(fut)
+        if timeout is not None:
+            expire_after(fut, timeout, self._stats.count_timeout, note=_DROPPED)
         wakeup = self._wakeup
         if wakeup is not None:  # the queue was empty and the dispatch task asleep
             self._wakeup = None
@@ -243,7 +275,7 @@ class BatchingServer:
         elif self._full is not None:
             try:
                 self._unstage()
-            except BaseException as e:  # the batcher failed (a cost_fn that raises)
+            except BaseException as e:  # the batcher failed (a bug in it)
                 self._crash(e)  # fails ``fut`` too, with every other pending request
                 if not isinstance(e, Exception):
                     raise
@@ -252,11 +284,22 @@ class BatchingServer:
                 _resolve(self._full)
         return fut
 
-    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+    def _price(self, x: np.ndarray) -> Any:
+        """The batcher's price of ``x``; what it raises says that nothing was queued."""
+        try:
+            return self._batcher.price(x)
+        except Exception as e:
+            e.add_note(f"(raised by the server's {type(self._batcher).__name__} working "
+                       f"out the cost of a request of shape {x.shape}: that request "
+                       f"was not queued; the server serves on)")
+            raise
+
+    async def with_version(self, x: np.ndarray, timeout: float | None = None,
+                           ) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``: the outputs for ``x`` and the model version that
         computed them (None for a request split across batches while the model was
-        swapped, whose rows came from two versions)."""
-        return await self._versioned(self(x))
+        swapped, whose rows came from two versions); ``timeout`` as for a call."""
+        return await self._versioned(self(x, timeout))
 
     async def _versioned(self, fut: asyncio.Future) -> Tuple[Outputs, Hashable]:
         if fut.done():
@@ -356,7 +399,8 @@ class BatchingServer:
 
     @property
     def trace(self) -> List[BatchRecord]:
-        """A BatchRecord (finished_s, size, model_s) per batch so far, in order."""
+        """A BatchRecord (finished_s, size, model_s) for each of the latest
+        ``trace_size`` batches (every batch with ``trace_size=None``), in order."""
         return list(self._stats.trace)
 
     # -- the model --------------------------------------------------------------------
@@ -579,7 +623,8 @@ class BatchingServer:
         """Whether a request may only be staged: the server is open, its dispatch task
         awake (``_wakeup``) and no batch waiting to fill (``_full``)."""
         self._quiet = (self._loop is not None and not self._closing
-                       and self._wakeup is None and self._full is None)
+                       and self._wakeup is None and self._full is None
+                       and not self._priced)
 
     def _closed_error(self) -> ServerClosedError:
         """What a call to a closing or closed server raises."""
@@ -644,6 +689,7 @@ class BatchingServer:
                                             len(popped.tags))
                 self._since = now
                 self._workers.submit(popped, popped.batch, self._on_done)
+                popped = None  # an idle server holds nothing of its last batch
                 if reason is Reason.FULL and not self._in_flight:
                     # The model ran on the loop and more full batches may follow (a
                     # large request): let the searches run between them, or no one
@@ -695,7 +741,11 @@ class BatchingServer:
     def _unstage(self) -> None:
         """Hands the requests staged since the last call to the batcher."""
         if self._staged_xs:
-            self._batcher.extend(self._staged_xs, self._staged_futures)
+            if self._priced:
+                prices, self._staged_prices = self._staged_prices, []
+                self._batcher.extend(self._staged_xs, self._staged_futures, prices)
+            else:
+                self._batcher.extend(self._staged_xs, self._staged_futures)
             self._staged_xs, self._staged_futures = [], []
         if self._staged_urgent:
             urgent, self._staged_urgent = self._staged_urgent, []
@@ -758,6 +808,7 @@ class BatchingServer:
         returns how many were not done yet."""
         futures = self._staged_futures + [fut for _, _, fut in self._staged_urgent]
         self._staged_xs, self._staged_futures, self._staged_urgent = [], [], []
+        self._staged_prices = []
         try:
             futures = futures + self._batcher.clear()
         except Exception:  # noqa: BLE001 - a broken batcher: take its requests as they are

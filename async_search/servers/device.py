@@ -98,6 +98,10 @@ class DeviceThread:
                     loop.call_soon_threadsafe(done, token, outputs, error, seconds, version)
                 except RuntimeError:  # the loop is closed: nobody is waiting any more
                     return
+                # Handed to the loop: hold nothing of this batch while waiting for the
+                # next (an idle server would keep its inputs and outputs alive, and
+                # an error's traceback the model's frames), nor a model swapped out.
+                job = token = batch = done = model = outputs = error = None
         finally:
             try:
                 _call_hook(loaded, "unload")

@@ -9,9 +9,11 @@ import numpy as np
 
 from async_search import rows
 from async_search.base import Outputs, first_version, input_spec_of
+from async_search.checks import check_float
+from async_search.errors import RequestTimeoutError
 from async_search.servers.policy import Reason
 from async_search.servers.requests import RequestChecker
-from async_search.servers.stats import BatchRecord, ServingStats
+from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
 
 __all__ = ["Immediate", "immediate"]
 
@@ -28,21 +30,30 @@ class Immediate:
         model: ``ndarray [n, ...] -> outputs [n, ...]``; its ``input_spec``, if
             declared, checks requests.
         on_batch: called with a ``BatchRecord(finished_s, size, model_s)`` after each
-            model call (a progress bar, say); ``trace`` keeps them all.
+            model call (a progress bar, say); ``trace`` keeps the latest of them.
+        trace_size: how many of the latest model calls ``trace`` keeps (default
+            ``stats.TRACE_SIZE``); None keeps every one, 0 none.
     """
 
     def __init__(self, model: Any, *,
-                 on_batch: Callable[[BatchRecord], None] | None = None):
+                 on_batch: Callable[[BatchRecord], None] | None = None,
+                 trace_size: int | None = TRACE_SIZE):
         if on_batch is not None and not callable(on_batch):
             raise TypeError(f"on_batch must be callable or None, got "
                             f"{type(on_batch).__name__}")
         self.model = model
         self._on_batch = on_batch
         self._check = RequestChecker(input_spec_of(model))
-        self._stats = ServingStats()
+        self._stats = ServingStats(trace_size)
 
-    async def __call__(self, x: np.ndarray) -> Outputs:
+    async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
+        """``model(x)``, now. ``timeout``: as a server's, the request's deadline; the
+        model runs at once, on the caller's loop, so the deadline cannot drop it, but
+        outputs that come past it are discarded: RequestTimeoutError, as from a
+        server."""
         x = self._check(x)
+        if timeout is not None:
+            timeout = check_float("timeout", timeout, minimum=0, strict=True)
         # One request, one batch, sent at once: no queue wait, and it leaves as soon as
         # it is made (a BatchingServer's IDLE reason: nothing else was waiting).
         self._stats.record_dispatch(len(x), Reason.IDLE, 0.0, requests=1)
@@ -52,12 +63,18 @@ class Immediate:
         except BaseException:
             self._record(len(x), time.perf_counter() - start, failed=True)
             raise
-        self._record(len(x), time.perf_counter() - start, failed=False)
+        seconds = time.perf_counter() - start
+        self._record(len(x), seconds, failed=False)
+        if timeout is not None and seconds > timeout:
+            self._stats.timed_out += 1
+            raise RequestTimeoutError(f"the model took {seconds:.3g} s, past the "
+                                      f"request's timeout of {timeout:g} s")
         return y if type(y) is np.ndarray else rows.plain(y)  # as a server delivers it
 
-    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+    async def with_version(self, x: np.ndarray, timeout: float | None = None,
+                           ) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``, as a BatchingServer's."""
-        return await self(x), self.version
+        return await self(x, timeout), self.version
 
     def _record(self, size: int, seconds: float, failed: bool) -> None:
         record = self._stats.record_model(size, seconds, failed)
@@ -88,17 +105,21 @@ class Immediate:
 
     @property
     def trace(self) -> List[BatchRecord]:
-        """A BatchRecord (finished_s, size, model_s) per model call so far, in order."""
+        """A BatchRecord (finished_s, size, model_s) for each of the latest
+        ``trace_size`` model calls, in order."""
         return list(self._stats.trace)
 
 
 def immediate(model: Any, *,
-              on_batch: Callable[[BatchRecord], None] | None = None) -> Immediate:
+              on_batch: Callable[[BatchRecord], None] | None = None,
+              trace_size: int | None = TRACE_SIZE) -> Immediate:
     """An evaluate function with no batching: ``await ev(x)`` is ``model(x)``.
 
     Args:
         model: ``ndarray [n, ...] -> outputs [n, ...]``.
         on_batch: called with a ``BatchRecord`` after each model call, as ``serve``'s.
+        trace_size: how many of the latest model calls ``trace`` keeps (default
+            10,000); None keeps every one (a run that plots them all), 0 none.
 
     Example:
         >>> from async_search.models import MLP
@@ -107,4 +128,4 @@ def immediate(model: Any, *,
         >>> ev.stats["batches"], ev.trace
         (0, [])
     """
-    return Immediate(model, on_batch=on_batch)
+    return Immediate(model, on_batch=on_batch, trace_size=trace_size)

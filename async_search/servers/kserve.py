@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import reprlib
 from typing import Any, Dict, Hashable, List, Mapping, Sequence, Tuple
 
@@ -58,7 +57,6 @@ MAX_RANK = 32
 MAX_ELEMENTS = 2 ** 31 - 1
 #: The JSON strings that stand for non-finite floats (the protobuf JSON mapping's).
 NONFINITE = ("NaN", "Infinity", "-Infinity")
-_JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
 _QUOTE = reprlib.Repr()
@@ -233,14 +231,29 @@ def _shape(tensor: dict, what: str, max_elements: int) -> Tuple[int, ...]:
     return tuple(shape)
 
 
-def _nonfinite_strings(values: np.ndarray, what: str) -> np.ndarray:
-    """Float data that holds strings: the numbers and "NaN", "Infinity", "-Infinity"
-    (NumPy turned the numbers into their strings), as float64; anything else fails."""
-    bad = [v for v in np.unique(values).tolist()
-           if v not in NONFINITE and not _JSON_NUMBER.fullmatch(v)]
-    if bad:
-        raise ProtocolError(f"{what} 'data' holds the string {str(bad[0])[:40]!r}; float "
-                            f"data may hold numbers and the strings {list(NONFINITE)}")
+def _elements(data: Any, path: Tuple[int, ...] = ()):
+    """``(path, value)`` of each element of nested lists, in row-major order."""
+    if isinstance(data, list):
+        for i, item in enumerate(data):
+            yield from _elements(item, (*path, i))
+    else:
+        yield path, data
+
+
+def _nonfinite_strings(values: np.ndarray, data: Any, what: str) -> np.ndarray:
+    """Float data that holds strings, as float64: numbers, and the strings "NaN",
+    "Infinity", "-Infinity". NumPy turned every element into a string, so the elements
+    are checked as they came: a number sent as a string (``"1"``) fails, naming it."""
+    for path, value in _elements(data):
+        if type(value) is str and value in NONFINITE:
+            continue
+        if type(value) in (int, float):
+            continue
+        where = "".join(f"[{i}]" for i in path)
+        kind = "the string" if type(value) is str else "the value"
+        raise ProtocolError(f"{what} 'data' element {where} holds {kind} "
+                            f"{quoted(value)[:40]}; float data may hold numbers and the "
+                            f"strings {list(NONFINITE)}")
     return np.where(values == "NaN", "nan", np.where(
         values == "Infinity", "inf", np.where(values == "-Infinity", "-inf", values))
     ).astype(np.float64)
@@ -254,7 +267,7 @@ def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) ->
                             f"{str(e)[:120]}") from None
     kind = values.dtype.kind
     if kind == "U" and dtype.kind == "f" and values.size:
-        values, kind = _nonfinite_strings(values, what), "f"
+        values, kind = _nonfinite_strings(values, data, what), "f"
     if values.size and not (kind == "b" if dtype.kind == "b" else
                             kind in "iu" if dtype.kind in "iu" else kind in "iuf"):
         raise ProtocolError(f"{what} 'data' holds {values.dtype} values where the "

@@ -36,17 +36,20 @@ class PriorityEvaluate:
         self._server = server
         self.priority = priority
 
-    def __call__(self, x: np.ndarray) -> "asyncio.Future[Outputs]":
-        """Queue ``x[n, ...]`` at this priority; as calling the server does.
+    def __call__(self, x: np.ndarray, timeout: float | None = None,
+                 ) -> "asyncio.Future[Outputs]":
+        """Queue ``x[n, ...]`` at this priority (``timeout``: its deadline); as calling
+        the server does.
 
         Raises:
             InputSpecError, ServerClosedError: as calling the server does.
         """
-        return self._server._call(x, self.priority)
+        return self._server._call(x, self.priority, timeout)
 
-    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+    async def with_version(self, x: np.ndarray, timeout: float | None = None,
+                           ) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``, as the server's ``with_version``."""
-        return await self._server._versioned(self(x))
+        return await self._server._versioned(self(x, timeout))
 
     @property
     def version(self) -> Hashable:

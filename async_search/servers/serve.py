@@ -9,7 +9,7 @@ from async_search.batchers import Batcher
 from async_search.servers.batch_size import AutoBatchSize
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
-from async_search.servers.stats import BatchRecord
+from async_search.servers.stats import TRACE_SIZE, BatchRecord
 
 __all__ = ["serve"]
 
@@ -19,7 +19,8 @@ async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
                 max_delay: float | None = None, pipeline_depth: int = 2, *,
                 batcher: Batcher | None = None, model_thread: bool | str = "auto",
                 num_workers: int = 1, on_batch: Callable[[BatchRecord], None] | None = None,
-                devices: Sequence[Any] | None = None) -> AsyncIterator[BatchingServer]:
+                devices: Sequence[Any] | None = None,
+                trace_size: int | None = TRACE_SIZE) -> AsyncIterator[BatchingServer]:
     """Serve ``model`` in batches to every coroutine of the running loop.
 
     Yields ``evaluate``: ``await evaluate(x)`` with ``x[n, ...]`` returns the model's
@@ -56,12 +57,20 @@ async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
         num_workers: device threads taking batches from one queue; more can be added
             and removed while serving (``evaluate.add_worker``, ``remove_worker``).
         on_batch: called with a ``BatchRecord(finished_s, size, model_s)`` as each
-            batch comes back (a progress bar, say); ``evaluate.trace`` keeps them all.
+            batch comes back (a progress bar, say); ``evaluate.trace`` keeps the
+            latest ``trace_size`` of them.
         devices: one device worker per device, taking batches from one queue, each
             with its own copy of the model, ``on_device(model, device)`` (the
             ``base.DeviceModel`` protocol, which the framework adapters meet; a plain
             function gets a TypeError). ``update_model`` reaches every copy: weights go
             to each copy's ``with_weights``, a new model is placed on each device.
+        trace_size: how many of the latest batches ``evaluate.trace`` keeps (default
+            10,000, about 1.3 MB: a server that runs for days stays bounded); None
+            keeps every batch (a run that plots them all), 0 none.
+
+    A request may carry a deadline, ``await evaluate(x, timeout=0.5)``: past it the
+    caller gets RequestTimeoutError (a TimeoutError), and a request not batched by then
+    is dropped before the model runs.
 
     ``evaluate`` also swaps models while serving: ``evaluate.update_model(model,
     version)``, ``await evaluate.with_version(x)`` and ``evaluate.version``.
@@ -79,5 +88,5 @@ async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
     """
     policy = DispatchPolicy(max_batch_size, max_delay, pipeline_depth)
     async with BatchingServer(model, policy, batcher, model_thread, num_workers,
-                              on_batch, devices) as evaluate:
+                              on_batch, devices, trace_size) as evaluate:
         yield evaluate

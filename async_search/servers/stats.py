@@ -6,11 +6,17 @@ import bisect
 import collections
 import math
 import time
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Deque, Dict, List, NamedTuple, Tuple
 
+from async_search.checks import check_int
 from async_search.servers.policy import Reason
 
-__all__ = ["ServingStats", "BatchRecord", "TIME_BUCKETS_S"]
+__all__ = ["ServingStats", "BatchRecord", "TIME_BUCKETS_S", "TRACE_SIZE"]
+
+#: How many BatchRecords a server keeps by default: the latest 10,000 batches (about
+#: 1.3 MB), so that a server that runs for days holds a bounded trace. A run that plots
+#: every batch asks for ``trace_size=None``.
+TRACE_SIZE = 10_000
 
 #: Upper bounds (seconds) of the per-batch model-time and queue-wait histograms.
 TIME_BUCKETS_S: Tuple[float, ...] = (
@@ -32,16 +38,21 @@ class BatchRecord(NamedTuple):
 class ServingStats:
     """Counts kept per batch (never per request) by a serving loop.
 
-    ``as_dict()`` gives: requests (counted as they start in a batch), batches, elements, mean_batch_size, model_time_s, wall_time_s,
-    fraction_in_model, batch_size_histogram (size -> batches), reasons (why batches
-    left -> batches), queue_wait_mean_s and queue_wait_max_s (how long the oldest
-    request of each batch waited before the batch left), model_time_histogram and
-    queue_wait_histogram (upper bound in seconds, ``inf`` last -> batches, not
-    cumulative), failed_batches, and std_batch_size; started_at is the server's start on the ``time.perf_counter``
-    clock. ``trace`` keeps a BatchRecord per batch, for plots.
+    ``as_dict()`` gives: requests (counted as they start in a batch), batches,
+    elements, mean_batch_size, model_time_s, wall_time_s, fraction_in_model,
+    batch_size_histogram (size -> batches), reasons (why batches left -> batches),
+    queue_wait_mean_s and queue_wait_max_s (how long the oldest request of each batch
+    waited before the batch left), model_time_histogram and queue_wait_histogram (upper
+    bound in seconds, ``inf`` last -> batches, not cumulative), failed_batches,
+    std_batch_size, timed_out (requests whose deadline passed before their answer);
+    started_at is the server's start on the ``time.perf_counter`` clock. ``trace``
+    keeps a BatchRecord for each of the latest ``trace_size`` batches (None: every
+    batch), for plots; every other figure is a count, of constant size.
     """
 
-    def __init__(self):
+    def __init__(self, trace_size: int | None = TRACE_SIZE):
+        if trace_size is not None:  # 0 keeps none
+            trace_size = check_int("trace_size", trace_size, minimum=0)
         self.start = time.perf_counter()
         self.stop: float | None = None
         self.requests = 0
@@ -53,7 +64,8 @@ class ServingStats:
         self.queue_wait_max = 0.0
         self.histogram: Dict[int, int] = collections.Counter()
         self.reasons: Dict[str, int] = collections.Counter()
-        self.trace: List[BatchRecord] = []
+        self.timed_out = 0
+        self.trace: Deque[BatchRecord] = collections.deque(maxlen=trace_size)
         self.model_time_counts = [0] * (len(TIME_BUCKETS_S) + 1)
         self.queue_wait_counts = [0] * (len(TIME_BUCKETS_S) + 1)
 
@@ -70,6 +82,10 @@ class ServingStats:
         self.queue_wait_counts[bisect.bisect_left(TIME_BUCKETS_S, queue_wait)] += 1
         if queue_wait > self.queue_wait_max:
             self.queue_wait_max = queue_wait
+
+    def count_timeout(self) -> None:
+        """A request's deadline passed before its answer came."""
+        self.timed_out += 1
 
     def record_model(self, size: int, seconds: float, failed: bool) -> BatchRecord:
         """The model ran a batch of ``size`` for ``seconds``; ``failed`` if it raised."""
@@ -108,6 +124,7 @@ class ServingStats:
             "model_time_histogram": _by_bound(self.model_time_counts),
             "queue_wait_histogram": _by_bound(self.queue_wait_counts),
             "failed_batches": self.failed_batches,
+            "timed_out": self.timed_out,
         }
 
 

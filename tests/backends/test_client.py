@@ -117,3 +117,29 @@ async def test_with_version_reports_the_version_sent_back_with_the_message():
     (batch,) = received(server)
     server.send((batch, None))  # rows from two versions
     assert (await asyncio.wait_for(mixed, 5))[1] is None
+
+
+async def test_a_request_past_its_deadline_fails_there_and_its_late_rows_are_discarded():
+    from async_search.errors import RequestTimeoutError
+
+    client, server = client_and_server(TensorSpec((1,), np.float32))
+    late = client(np.full((1, 1), 7, np.float32), timeout=0.05)
+    mate = client(np.ones((1, 1), np.float32))  # same message, no deadline
+    await asyncio.sleep(0)
+    (batch,) = received(server)  # sent in the iteration it was made
+    with pytest.raises(RequestTimeoutError, match="timeout of 0.05 s"):
+        await asyncio.wait_for(late, 5)  # the server has not answered
+    server.send((batch * 10, 0))  # the answer comes late: its rows are discarded
+    assert (await asyncio.wait_for(mate, 5)).tolist() == [[10.0]]
+    loop = asyncio.get_running_loop()
+    assert not [h for h in loop._scheduled if not h.cancelled()]  # no timer left
+    with pytest.raises(ValueError, match="timeout must be a finite number > 0"):
+        client(np.ones((1, 1), np.float32), timeout=-1)
+    assert client._xs == []  # nothing queued
+    versioned = asyncio.ensure_future(
+        client.with_version(np.full((1, 1), 2, np.float32), timeout=30))
+    await settle()
+    (batch,) = received(server)
+    server.send((batch * 10, 3))
+    y, version = await asyncio.wait_for(versioned, 5)
+    assert (y.tolist(), version) == ([[20.0]], 3)

@@ -162,21 +162,29 @@ def assert_only_bad_batches_failed(outcomes, bad_ids):
 
 # -- A. whatever kills the serving coroutine ------------------------------------------
 
+class BrokenBatcher(CostBatcher):
+    """A batcher with a bug: ``extend`` raises for a poisoned request (the server has
+    priced every request already, so only a broken batcher can fail here)."""
+
+    def __init__(self, max_cost, error):
+        super().__init__(max_cost, lambda x: np.ones(len(x)))
+        self.error = error
+
+    def extend(self, xs, tags=None, prices=None):
+        if any((x[:, 0] < 0).any() for x in xs):
+            raise self.error
+        super().extend(xs, tags, prices)
+
+
 @THREADED
 @pytest.mark.parametrize("where", ["dispatch_task", "call"])
-async def test_cost_fn_that_raises_crashes_the_server_failing_every_pending_request(
+async def test_a_batcher_that_raises_crashes_the_server_failing_every_pending_request(
         model_thread, where):
-    """A CostBatcher whose cost_fn raises kills the serving coroutine (in the dispatch
-    task, or in ``evaluate`` itself while a batch waits for ``max_delay``): every
-    queued and in-flight request fails with ServerCrashedError, later calls raise at
-    once, leaving the context raises it."""
-    poison = ZeroDivisionError("no cost for a negative id")
-
-    def cost(x):
-        if (x[:, 0] < 0).any():
-            raise poison
-        return np.ones(len(x))
-
+    """A batcher that raises kills the serving coroutine (in the dispatch task, or in
+    ``evaluate`` itself while a batch waits for ``max_delay``): every queued and
+    in-flight request fails with ServerCrashedError, later calls raise at once, leaving
+    the context raises it."""
+    poison = ZeroDivisionError("a bug in the batcher")
     make = Requests()
     gate = threading.Event()
     model = Recording(reference, reference, gate)
@@ -184,7 +192,7 @@ async def test_cost_fn_that_raises_crashes_the_server_failing_every_pending_requ
     crashed = (ServerCrashedError,)
     with pytest.raises(ServerCrashedError) as at_exit:
         async with asr.serve(with_spec(model, (2,), np.float32), max_delay=max_delay,
-                             batcher=CostBatcher(4, cost),
+                             batcher=BrokenBatcher(4, poison),
                              model_thread=model_thread) as evaluate:
             before, _ = await round_trip(evaluate, make.make([4, 2, 2]))  # full batches
             assert before == dict(sent=3, answered=3, failed=0, hung=0, wrong=0)
@@ -198,7 +206,7 @@ async def test_cost_fn_that_raises_crashes_the_server_failing_every_pending_requ
                 pending += send(evaluate, make.make([1]))  # waits for company
                 await wait_until(lambda: evaluate._full is not None,
                                  "the batch waits for max_delay")
-                pending += send(evaluate, make.make([1], poisoned=True))  # cost_fn raises
+                pending += send(evaluate, make.make([1], poisoned=True))  # extend raises
                 pending += send(evaluate, make.make([1, 3]))
             else:
                 pending += send(evaluate, make.make([1, 3]) + make.make([1], poisoned=True)
@@ -218,6 +226,58 @@ async def test_cost_fn_that_raises_crashes_the_server_failing_every_pending_requ
             assert later.value.__cause__ is poison
             assert evaluate._task.done()
     assert at_exit.value.__cause__ is poison
+
+
+@THREADED
+@pytest.mark.parametrize("where", ["idle", "waiting_for_delay", "between_batches"])
+async def test_cost_fn_that_raises_fails_that_request_alone(model_thread, where):
+    """A CostBatcher's cost_fn that raises for one request (or gives a wrong number of
+    costs) fails that request alone, when it is made, with its own error noted as the
+    batcher's: nothing of it is queued, every other request is answered, and the
+    server serves on (it used to crash the server: ServerCrashedError for all)."""
+    poison = ZeroDivisionError("no cost for a negative id")
+
+    def cost(x):
+        if (x[:, 0] < 0).any():
+            raise poison
+        if (x[:, 1] == 999).any():
+            return np.ones(len(x) + 1)  # a wrong number of costs
+        return np.ones(len(x))
+
+    make = Requests()
+    model = Recording(reference, reference)
+    max_delay = 30.0 if where == "waiting_for_delay" else None
+    async with asr.serve(with_spec(model, (2,), np.float32), max_delay=max_delay,
+                         batcher=CostBatcher(8, cost),
+                         model_thread=model_thread) as evaluate:
+        # 199 healthy requests of 400 elements: full batches, none waits for max_delay
+        healthy = make.make([1, 2, 3] * 66 + [4])
+        poisoned = make.make([1, 2], poisoned=True)
+        odd = make.make([2])
+        odd[0][:, 1] = 999
+        if where == "waiting_for_delay":
+            first = send(evaluate, healthy[:1])
+            await wait_until(lambda: evaluate._full is not None,
+                             "a batch waits for max_delay")
+            sent = first + send(evaluate, healthy[1:100] + poisoned + odd + healthy[100:])
+        elif where == "between_batches":
+            sent = send(evaluate, healthy[:100])
+            await asyncio.sleep(0)  # the first batches leave
+            sent += send(evaluate, poisoned[:1] + healthy[100:] + odd + poisoned[1:])
+        else:
+            sent = send(evaluate, poisoned + odd + healthy)
+        await settle(sent)
+        counts, outcomes = tally(sent, reference, (ZeroDivisionError, ValueError))
+        assert counts == dict(sent=202, answered=199, failed=3, hung=0, wrong=0), counts
+        for x, kind, error in outcomes:
+            if kind == "failed":
+                assert error is poison or "one cost per element" in str(error)
+                assert any("CostBatcher" in note and "was not queued" in note
+                           for note in error.__notes__)
+        assert not model.bad_ids  # no poisoned row reached the model
+        assert evaluate.stats["batches"] > 0 and not evaluate._task.done()
+        after, _ = await round_trip(evaluate, make.make([3, 5]))
+        assert after == dict(sent=2, answered=2, failed=0, hung=0, wrong=0)
 
 
 @THREADED

@@ -565,3 +565,120 @@ async def test_a_cancelled_large_request_is_not_computed_further():
         assert (await asyncio.wait_for(small, 10)).tolist() == [[2.0]]
     assert len(model.seen) <= 3  # not its 100 batches
     assert evaluate._responses.held == 0
+
+
+# -- the trace: a bounded ring -----------------------------------------------------------
+
+async def test_trace_keeps_the_latest_trace_size_batches():
+    one = np.ones((1, 3), np.float32)
+    for trace_size, kept in [(3, [3, 4, 5]), (None, [1, 2, 3, 4, 5]), (0, [])]:
+        seen = []
+        async with asr.serve(doubling(), trace_size=trace_size,
+                             on_batch=seen.append) as evaluate:
+            for n in range(1, 6):  # batches of 1, 2, ..., 5 elements
+                await evaluate(np.repeat(one, n, axis=0))
+            trace = evaluate.trace
+            stats = evaluate.stats
+        assert [record.size for record in trace] == kept
+        assert len(seen) == stats["batches"] == 5 and stats["elements"] == 15
+
+
+def test_trace_size_is_a_count_or_none():
+    from async_search.servers.stats import TRACE_SIZE
+
+    assert TRACE_SIZE == 10_000  # what README and serve's docstring say
+    for bad in (-1, 2.5, True, "10"):
+        with pytest.raises(ValueError, match="trace_size must be an integer >= 0"):
+            BatchingServer(doubling(), trace_size=bad)
+
+
+@pytest.mark.timeout(120)
+def test_resident_memory_stays_flat_over_a_million_requests():
+    """A million requests through ``serve`` (every tenth a deadline met or passed, a
+    priority, with_version, or a split request cancelled): resident memory after the
+    warm-up rounds stays within 5 %. The trace used to grow by a record a batch, about
+    130 bytes: 29 % more memory over this run."""
+    from tests.servers.resident_memory import assert_flat, resident_memory_of
+
+    report = resident_memory_of("serve", 1_000_000)
+    assert report["timed_out"] == 20_000 and report["batches"] > 100_000
+    assert_flat(report["rss_mib"])
+
+
+# -- request deadlines -------------------------------------------------------------------
+
+async def test_a_request_past_its_deadline_is_dropped_before_the_model_runs():
+    from async_search.errors import RequestTimeoutError
+
+    model = GatedModel()
+    async with asr.serve(model, max_batch_size=4, pipeline_depth=1) as evaluate:
+        first = evaluate(np.zeros((1, 1), np.float32))
+        await wait_thread_event(model.started)  # the model holds the first batch
+        late = evaluate(np.full((2, 1), 7, np.float32), timeout=0.05)
+        mate = evaluate(np.ones((1, 1), np.float32))  # queued beside it, no deadline
+        with pytest.raises(RequestTimeoutError, match="timeout of 0.05 s") as info:
+            await asyncio.wait_for(late, 5)
+        assert isinstance(info.value, TimeoutError)
+        model.gate.set()
+        ys = await asyncio.wait_for(asyncio.gather(first, mate), 10)
+        stats = evaluate.stats
+    assert [y.tolist() for y in ys] == [[[1.0]], [[2.0]]]
+    assert 7.0 not in np.concatenate(model.seen)  # never computed
+    assert stats["timed_out"] == 1 and stats["elements"] == 2
+
+
+async def test_a_request_whose_batch_is_in_the_model_fails_at_its_deadline():
+    from async_search.errors import RequestTimeoutError
+
+    model = GatedModel()
+    async with asr.serve(model, max_batch_size=4) as evaluate:
+        late = evaluate(np.full((1, 1), 7, np.float32), timeout=0.05)
+        mate = evaluate(np.ones((1, 1), np.float32))  # in the same batch
+        await wait_thread_event(model.started)
+        with pytest.raises(RequestTimeoutError):
+            await asyncio.wait_for(late, 5)  # while the model still holds its batch
+        model.gate.set()
+        assert (await asyncio.wait_for(mate, 10)).tolist() == [[2.0]]
+    assert model.seen[0].tolist() == [[7.0], [1.0]]
+
+
+async def test_a_split_request_past_its_deadline_drops_its_rest():
+    from async_search.errors import RequestTimeoutError
+
+    model = GatedModel()
+    async with asr.serve(model, max_batch_size=4, pipeline_depth=1) as evaluate:
+        large = evaluate(np.zeros((400, 1), np.float32), timeout=0.05)
+        await wait_thread_event(model.started)  # its first batch is in the model
+        with pytest.raises(RequestTimeoutError):
+            await asyncio.wait_for(large, 5)
+        model.gate.set()
+        after = await asyncio.wait_for(evaluate(np.ones((1, 1), np.float32)), 10)
+    assert after.tolist() == [[2.0]]
+    assert len(model.seen) <= 3  # not its 100 batches
+    assert evaluate._responses.held == 0  # none of its pieces kept
+
+
+async def test_deadlines_work_at_a_priority_and_with_versions_and_leave_no_timer():
+    async with asr.serve(doubling(), max_batch_size=4) as evaluate:
+        x = np.ones((1, 3), np.float32)
+        urgent = evaluate.at_priority(2)
+        ys = await asyncio.wait_for(asyncio.gather(
+            evaluate(x, timeout=30), urgent(x, timeout=30),
+            evaluate.with_version(x, timeout=30), urgent.with_version(x, timeout=30)), 10)
+        loop = asyncio.get_running_loop()
+        # Answered in time: each deadline's timer is cancelled (it holds nothing).
+        assert not [h for h in loop._scheduled if not h.cancelled()]
+        stats = evaluate.stats
+    assert ys[0].tolist() == ys[1].tolist() == [[2.0] * 3]
+    assert ys[2][1] == ys[3][1] == 0 and stats["timed_out"] == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1"])
+async def test_a_timeout_that_is_not_a_positive_number_is_refused_and_nothing_queued(bad):
+    async with asr.serve(doubling()) as evaluate:
+        x = np.ones((1, 3), np.float32)
+        await evaluate(x)  # the fast path is warm
+        for call in (evaluate, evaluate.at_priority(1)):
+            with pytest.raises(ValueError, match="timeout must be a finite number > 0"):
+                call(x, timeout=bad)
+        assert not evaluate._staged_xs and evaluate._batcher.empty()

@@ -68,3 +68,33 @@ async def test_immediate_reports_versions_as_a_server_does():
     assert asr.immediate(MODEL).version == 0
     with pytest.raises(TypeError, match="on_batch must be callable"):
         asr.immediate(MODEL, on_batch=3)
+
+
+async def test_immediate_keeps_the_latest_trace_size_calls():
+    assert asr.immediate(MODEL)._stats.trace.maxlen == 10_000  # the servers' default
+    ev = asr.immediate(MODEL, trace_size=2)
+    for n in (1, 2, 3):
+        await ev(x(n))
+    assert [r.size for r in ev.trace] == [2, 3] and ev.stats["batches"] == 3
+    with pytest.raises(ValueError, match="trace_size must be an integer >= 0"):
+        asr.immediate(MODEL, trace_size=-1)
+
+
+async def test_immediate_takes_a_timeout_and_discards_outputs_that_come_past_it():
+    import time
+
+    from async_search.errors import RequestTimeoutError
+
+    def slow(batch):
+        time.sleep(0.05)
+        return batch
+
+    slow.input_spec = MODEL.input_spec
+    ev = asr.immediate(slow)
+    assert (await ev(x(1), timeout=30)).shape == (1, 4)
+    assert (await ev.with_version(x(1), timeout=30))[1] == 0
+    with pytest.raises(RequestTimeoutError, match="past the request's timeout of 0.01 s"):
+        await ev(x(1), timeout=0.01)
+    with pytest.raises(ValueError, match="timeout must be a finite number > 0"):
+        await ev(x(1), timeout=0)
+    assert ev.stats["timed_out"] == 1 and ev.stats["batches"] == 3

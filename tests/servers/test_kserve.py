@@ -115,7 +115,17 @@ A = np.zeros((2, 3), np.float32)
     (body([tensor([1, 2, 3])]), None, r"'data' has 3 values but shape \[2, 3\] needs 6"),
     (body([tensor(["a"] * 6)]), None, "holds the string 'a'; float data may hold "
                                       "numbers and the strings"),
-    (body([tensor([1, 2, 3, 4, 5, "nan"])]), None, "holds the string 'nan'"),
+    (body([tensor([1, 2, 3, 4, 5, "nan"])]), None, r"element \[5\] holds the string 'nan'"),
+    # Numbers sent as strings: the protocol takes numbers; the element is named.
+    (body([tensor(["1"] * 6)]), None, r"'data' element \[0\] holds the string '1'; "
+                                      r"float data may hold numbers and the strings"),
+    (body([tensor([1, 2, 3, 4, "NaN", "6"])]), None, r"element \[5\] holds the string '6'"),
+    (body([tensor([[1, 2, 3], [4, "5.0", "NaN"]])]), None,
+     r"element \[1\]\[1\] holds the string '5.0'"),
+    (body([tensor(["1e3"] * 6, datatype="FP64")]), None, r"element \[0\] holds the string"),
+    (body([tensor(["Infinity", "1"] * 3, datatype="FP16")]), None,
+     r"element \[1\] holds the string '1'"),
+    (body([tensor([True, "NaN"] * 3)]), None, r"element \[0\] holds the value True"),
     (body([tensor(["a"] * 6, datatype="INT32")]), None,
      "holds <U1 values where the datatype INT32 needs"),
     (body([tensor([None] * 6)]), None, "holds object values"),

@@ -1,5 +1,6 @@
 import asyncio
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -284,3 +285,43 @@ async def test_auto_on_the_loop_fails_only_the_batch_whose_model_raised_an_exit(
     assert isinstance(outcomes[3], asr.errors.ModelRaisedError)
     assert isinstance(outcomes[3].__cause__, SystemExit)
     assert all(isinstance(o, np.ndarray) for k, o in enumerate(outcomes) if k != 3)
+
+
+class Weighed:
+    """A model whose every input and output is watched (a weak reference each), and
+    whose batch may raise (its traceback would hold the model's frame)."""
+
+    def __init__(self):
+        self.input_spec = asr.TensorSpec((1,), np.float32)
+        self.refs = []
+        self.fail = False
+
+    def __call__(self, x):
+        y = np.repeat(x, 1000, axis=1)[:, :1] + 1.0  # a fresh array, of a large base
+        self.refs += [weakref.ref(x), weakref.ref(y)]
+        if self.fail:
+            raise ValueError("this batch fails")
+        return y
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["answered", "failed"])
+async def test_an_idle_device_thread_holds_nothing_of_its_last_batch(fails):
+    """Once a batch's result is handed to the loop, the device thread drops its
+    inputs, outputs and error: an idle server with large outputs kept one batch of
+    them alive until the next batch."""
+    import gc
+
+    model = Weighed()
+    model.fail = fails
+    async with asr.serve(model, model_thread=True) as evaluate:
+        try:
+            await asyncio.wait_for(evaluate(np.ones((3, 1), np.float32)), 10)
+        except ValueError:
+            assert fails
+        await asyncio.sleep(0)
+
+        def released():
+            gc.collect()
+            return all(ref() is None for ref in model.refs)
+
+        await wait_until(released, "the last batch's arrays are released")
