@@ -14,13 +14,16 @@ InputSpecError, and nothing is sent. A failure that another attempt may cure (th
 connection refused or dropped, a truncated answer, 408, 429, 502, 503, 504) is retried
 with exponential backoff; inference is idempotent, so a request that the server may have
 computed is simply computed again. Every request has a deadline (``timeout`` seconds
-from the call, retries and waiting for a connection included): past it, TimeoutError.
+from the call, retries and waiting for a connection included, or a shorter
+``evaluate(x, timeout=...)``): past it, RequestTimeoutError (a TimeoutError), and a
+request not sent by then is dropped, as a cancelled one is.
 
 Versions come from the answers: each response's ``model_version`` is the label of the
 model that computed it, so ``version`` is the label of the latest answer (first read from
 the model metadata) and ``swap_token`` changes whenever that label does, which is what a
 ``CachedEvaluate`` in front needs. The protocol pushes no notice of a swap: a cache in
-front learns of one with the first answer of the new model.
+front learns of one with the first answer of the new model, and a swap that keeps the
+label is not seen (this project's front numbers a reloaded model 0 again).
 
 What a caller gets back for each status: 200 the outputs (one tensor: an array; tensors
 ``output_0``, ``output_1``, ...: a tuple, as this project's front names a tuple; other
@@ -44,8 +47,8 @@ import numpy as np
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float, check_int
 from async_search.errors import (InputSpecError, ModelNotFoundError, ModelOutputError,
-                                 ProtocolError, RemoteError, ServerClosedError,
-                                 ServerDiedError)
+                                 ProtocolError, RemoteError, RequestTimeoutError,
+                                 ServerClosedError, ServerDiedError)
 from async_search.servers.kserve import DATATYPES, datatype_of
 from async_search.servers.requests import RequestChecker
 from async_search.servers.responses import ResultDelivery
@@ -62,7 +65,8 @@ _done = asyncio.Future.done
 
 class _Call:
     """The requests of one HTTP request; ``ResultDelivery`` slices its answer into them
-    (``batch`` gives the row count, ``pieces`` each request's rows, ``tags`` the futures)."""
+    (``batch`` gives the row count, ``pieces`` each request's rows, ``tags`` their
+    futures)."""
 
     __slots__ = ("batch", "tags", "pieces", "deadline", "seq")
     parts = None  # no request is split across HTTP requests
@@ -92,7 +96,7 @@ class RemoteEvaluate:
         model_version: ask for this version (``/versions/{v}`` in the path); None: the
             one the server serves.
         timeout: seconds each request may take from its call to its answer, waiting for
-            a connection and retries included; TimeoutError past it.
+            a connection and retries included; RequestTimeoutError past it.
         retries: further attempts after a failure that another attempt may cure.
         backoff_s: the wait before the first retry; it doubles at each retry (at most
             2 s), with jitter, and never runs past the deadline.
@@ -260,7 +264,7 @@ class RemoteEvaluate:
         """Queue ``x[n, ...]``; the future resolves with the model's outputs.
 
         ``timeout`` (seconds > 0) shortens this request's deadline below the client's
-        ``timeout``: past it the future fails with TimeoutError, and a request not
+        ``timeout``: past it the future fails with RequestTimeoutError, and a request not
         sent by then is dropped, as a cancelled one is.
 
         Raises:
@@ -395,9 +399,9 @@ class RemoteEvaluate:
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _late(self, attempts: int, last: BaseException | None) -> TimeoutError:
+    def _late(self, attempts: int, last: BaseException | None) -> RequestTimeoutError:
         detail = f"; the last attempt failed: {last}" if last is not None else ""
-        return TimeoutError(f"{self._where} did not answer within the deadline of "
+        return RequestTimeoutError(f"{self._where} did not answer within the deadline of "
                             f"{self.timeout:g} s ({attempts} attempt"
                             f"{'s' if attempts != 1 else ''}){detail}")
 
@@ -456,9 +460,12 @@ class RemoteEvaluate:
             metadata = json.loads(payload)
             inputs = metadata.get("inputs") or []
             versions = metadata.get("versions") or []
+            if not isinstance(inputs, list) or not isinstance(versions, list):
+                raise ValueError("inputs and versions must be lists")
         except (ValueError, AttributeError):
             raise ModelOutputError(f"the model metadata at {self._metadata_url} is not "
-                                   f"the protocol's JSON object: {payload[:200]!r}") from None
+                                   f"the protocol's JSON object: {payload[:200]!r}",
+                                   ) from None
         if len(inputs) > 1:
             raise ValueError(f"model {self.model_name!r} takes {len(inputs)} inputs "
                              f"({[t.get('name') for t in inputs][:8]}); a RemoteEvaluate "
@@ -478,11 +485,11 @@ class RemoteEvaluate:
 
 
 def _expire_after(fut: asyncio.Future, timeout: float, where: str) -> None:
-    """Fails ``fut`` with TimeoutError ``timeout`` s from now unless it is done by then;
+    """Fails ``fut`` with RequestTimeoutError ``timeout`` s from now unless it is done;
     the timer goes when ``fut`` is done, so nothing of the request outlives it."""
     def expire() -> None:
         if not fut.done():
-            fut.set_exception(TimeoutError(
+            fut.set_exception(RequestTimeoutError(
                 f"{where} did not answer within the request's timeout of {timeout:g} s"))
 
     timer = fut.get_loop().call_later(timeout, expire)
@@ -507,7 +514,7 @@ def _encode_request(xs: List[np.ndarray], input_name: str,
     length. (The front's codec decodes requests; a client encodes them, so this small
     half lives here, with the client.)"""
     x0 = xs[0]
-    rows = sum(len(x) for x in xs) if len(xs) > 1 else len(x0)
+    rows = sum(map(len, xs)) if len(xs) > 1 else len(x0)
     shape = (rows, *x0.shape[1:])
     wire = x0.dtype.newbyteorder("<")  # the wire's byte order (a no-op for bytes)
     nbytes = math.prod(shape) * x0.dtype.itemsize

@@ -19,7 +19,8 @@ import async_search as asr  # noqa: E402
 from async_search import problems, search  # noqa: E402
 from async_search.errors import (InputSpecError, ModelNotFoundError,  # noqa: E402
                                  ModelOutputError, ProtocolError, RemoteError,
-                                 ServerClosedError, ServerDiedError)
+                                 RequestTimeoutError, ServerClosedError,
+                                 ServerDiedError)
 from async_search.models import MLP  # noqa: E402
 from async_search.remote_evaluate import RemoteEvaluate  # noqa: E402
 from async_search.servers.http_front import HttpFront  # noqa: E402
@@ -252,7 +253,7 @@ async def test_when_every_attempt_is_dropped_the_error_names_the_server():
 async def test_a_request_past_its_deadline_fails_with_timeout_error():
     model = Gated()
     async with front(model) as f, RemoteEvaluate(f.url, "mlp", timeout=0.3) as ev:
-        with pytest.raises(TimeoutError, match="deadline of 0.3 s"):
+        with pytest.raises(RequestTimeoutError, match="deadline of 0.3 s"):
             await asyncio.wait_for(ev(X), 5)  # (within() would rename it)
         model.gate.set()
 
@@ -264,7 +265,7 @@ async def test_a_request_timeout_fails_that_request_alone_and_drops_it_if_unsent
         assert await within(asyncio.to_thread(model.started.wait, 10), "first batch")
         waiting_short, waiting_long = ev(X[2:3], timeout=0.2), ev(X[3:4])
         for fut in (sent_short, waiting_short):
-            with pytest.raises(TimeoutError, match="request's timeout of 0.2 s"):
+            with pytest.raises(RequestTimeoutError, match="request's timeout of 0.2 s"):
                 await asyncio.wait_for(fut, 5)
         model.gate.set()
         ys = await within(asyncio.gather(sent_long, waiting_long), "the others")
@@ -279,7 +280,7 @@ async def test_the_deadline_bounds_the_retries():
     async with front() as f, DroppingProxy(f.port, drops=-1) as proxy, \
             RemoteEvaluate(proxy.url, "mlp", timeout=0.5, retries=10_000,
                            backoff_s=0.01) as ev:
-        with pytest.raises(TimeoutError, match="last attempt failed: .*could not be"):
+        with pytest.raises(RequestTimeoutError, match="last attempt failed: .*could not"):
             await asyncio.wait_for(ev(X), 5)  # (within() would rename it)
         assert ev.stats["retries"] >= 1
 
