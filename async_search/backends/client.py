@@ -19,7 +19,6 @@ from typing import Any, Callable, ClassVar, Hashable, List, Tuple
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
-from async_search.checks import check_float
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
 from async_search.errors import InputSpecError, ServerDiedError
 from async_search.queues import ClosedConnection
@@ -27,7 +26,8 @@ from async_search.remote import Failure, unpack_error
 from async_search.servers.connection_server import (VersionAck, VersionedRequest,
                                                    VersionNotice, VersionSubscription)
 from async_search.servers.requests import RequestChecker
-from async_search.servers.responses import ResultDelivery, expire_after
+from async_search.servers.deadlines import check_timeout, expire_after
+from async_search.servers.responses import ResultDelivery
 
 __all__ = ["CoalescingClient", "Message"]
 
@@ -207,7 +207,7 @@ class CoalescingClient:
             loop = self._loop = asyncio.get_running_loop()
         fut = loop.create_future()
         if timeout is not None:
-            expire_after(fut, check_float("timeout", timeout, minimum=0, strict=True),
+            expire_after(fut, check_timeout(timeout),
                          note="; its rows are discarded when they come")
         self._xs.append(x)
         self._futures.append(fut)

@@ -24,10 +24,11 @@ from async_search.errors import (CloseTimeoutError, ModelOutputError, ServerClos
                                  ServerCrashedError, describe)
 from async_search.servers.batch_size import AutoBatchSize, BatchSizeTuner
 from async_search.servers.buffers import BufferPool
+from async_search.servers.deadlines import check_timeout, expire_after
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.priority import PriorityEvaluate
 from async_search.servers.requests import RequestChecker
-from async_search.servers.responses import ResultDelivery, expire_after
+from async_search.servers.responses import ResultDelivery
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
 from async_search.servers.workers import Workers, placement_of
 
@@ -242,7 +243,7 @@ class BatchingServer:
                 x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
             x = self._checked(x)
         if timeout is not None:
-            timeout = check_float("timeout", timeout, minimum=0, strict=True)
+            timeout = check_timeout(timeout)
         if self._closing:
             raise self._closed_error()
         if self._new_future is None:

@@ -44,6 +44,7 @@ import numpy as np
 
 from async_search.base import Outputs, evaluate_with_version, version_of
 from async_search import rows
+from async_search.servers.deadlines import check_timeout, within_deadline
 from async_search.servers.requests import plain_array
 
 __all__ = ["CachedEvaluate", "Key", "swap_token", "same_label", "reports_swaps",
@@ -215,13 +216,25 @@ class CachedEvaluate:
         self._retries = 0
 
     # -- the evaluate function --------------------------------------------------------
-    async def __call__(self, x: np.ndarray) -> Outputs:
-        return (await self._lookup(x, False))[0]
+    async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
+        """The outputs for ``x``: hits from the table, the rest from the wrapped
+        function. ``timeout``: the request's deadline: past it RequestTimeoutError
+        (the elements it sent are still computed, and kept for later requests)."""
+        if timeout is None:
+            return (await self._lookup(x, False))[0]
+        timeout = check_timeout(timeout)
+        return (await within_deadline(self._lookup(x, False), timeout))[0]
 
-    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+    async def with_version(self, x: np.ndarray, timeout: float | None = None,
+                           ) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``: the version of the model that computed the elements
-        that were sent (or of the cached ones, when every element was a hit)."""
-        outputs, version = await self._lookup(x, True)
+        that were sent (or of the cached ones, when every element was a hit);
+        ``timeout`` as for a call."""
+        if timeout is None:
+            outputs, version = await self._lookup(x, True)
+        else:
+            timeout = check_timeout(timeout)
+            outputs, version = await within_deadline(self._lookup(x, True), timeout)
         if self.fixed_model:
             return outputs, version_of(self.evaluate)
         return outputs, version

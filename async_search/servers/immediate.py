@@ -9,8 +9,8 @@ import numpy as np
 
 from async_search import rows
 from async_search.base import Outputs, first_version, input_spec_of
-from async_search.checks import check_float
 from async_search.errors import RequestTimeoutError
+from async_search.servers.deadlines import check_timeout
 from async_search.servers.policy import Reason
 from async_search.servers.requests import RequestChecker
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
@@ -53,7 +53,7 @@ class Immediate:
         server."""
         x = self._check(x)
         if timeout is not None:
-            timeout = check_float("timeout", timeout, minimum=0, strict=True)
+            timeout = check_timeout(timeout)
         # One request, one batch, sent at once: no queue wait, and it leaves as soon as
         # it is made (a BatchingServer's IDLE reason: nothing else was waiting).
         self._stats.record_dispatch(len(x), Reason.IDLE, 0.0, requests=1)

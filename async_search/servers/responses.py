@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-from typing import Callable, Dict, Hashable, List
+from typing import Dict, Hashable, List
 
 import numpy as np
 
 from async_search import rows
 from async_search.base import Outputs
 from async_search.batchers import Popped
-from async_search.errors import ModelOutputError, RequestTimeoutError, deliverable
+from async_search.errors import ModelOutputError, deliverable
 from async_search.rows import OutputStructure
 
-__all__ = ["ResultDelivery", "expire_after"]
+__all__ = ["ResultDelivery"]
 
 _UNSET, _MIXED, _MISSING = object(), object(), object()
 
@@ -163,30 +162,3 @@ class ResultDelivery:
                 ordered = [p for _, p in sorted(state[2], key=lambda item: item[0])]
                 fut.set_result(rows.concatenate(ordered))
 
-
-def expire_after(fut: asyncio.Future, timeout: float,
-                 on_expiry: Callable[[], None] | None = None, *, note: str = "") -> None:
-    """A request's deadline: ``fut`` fails with RequestTimeoutError ``timeout`` seconds
-    from now unless it is done by then (its message ends with ``note``; ``on_expiry``
-    is called). A queue that drops done futures (the batcher) then drops the request as
-    it drops a cancelled one. The timer goes as soon as ``fut`` is done, so that nothing
-    of the request outlives it.
-
-    Example:
-        >>> # fut = loop.create_future(); expire_after(fut, 0.5)
-    """
-    timer = fut.get_loop().call_later(timeout, _expire, fut, timeout, on_expiry, note)
-    fut.add_done_callback(functools.partial(_cancel_timer, timer))
-
-
-def _expire(fut: asyncio.Future, timeout: float, on_expiry: Callable[[], None] | None,
-            note: str) -> None:
-    if not fut.done():
-        fut.set_exception(RequestTimeoutError(
-            f"no answer within the request's timeout of {timeout:g} s{note}"))
-        if on_expiry is not None:
-            on_expiry()
-
-
-def _cancel_timer(timer: asyncio.TimerHandle, fut: asyncio.Future) -> None:
-    timer.cancel()

@@ -34,6 +34,7 @@ from async_search import rows
 from async_search.servers.breaker import (BreakerPolicy, CircuitBreaker, CircuitOpenError,
                                           counts_against_server)
 from async_search.servers.cache import labels_answers, reports_swaps, swap_token
+from async_search.servers.deadlines import check_timeout, within_deadline
 from async_search.servers.hash_ring import HashRing
 from async_search.servers.requests import plain_array
 
@@ -218,14 +219,27 @@ class Router:
         return evaluate
 
     # -- the evaluate function --------------------------------------------------------
-    async def __call__(self, x: np.ndarray) -> Outputs:
-        outputs, _ = await self._route(x, frozenset(), False, None)
+    async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
+        """The outputs for ``x``, from the servers the policy picks. ``timeout``: the
+        request's deadline, failover included: past it RequestTimeoutError, and what
+        it sent that is not batched yet is dropped (cancelled)."""
+        if timeout is None:
+            outputs, _ = await self._route(x, frozenset(), False, None)
+        else:
+            timeout = check_timeout(timeout)
+            outputs, _ = await within_deadline(self._route(x, frozenset(), False, None),
+                                               timeout)
         return outputs
 
-    async def with_version(self, x: np.ndarray) -> Tuple[Outputs, Hashable]:
+    async def with_version(self, x: np.ndarray, timeout: float | None = None,
+                           ) -> Tuple[Outputs, Hashable]:
         """``(outputs, version)``; the version is None when parts of the request were
-        computed by different versions (a swap happened while it was served)."""
-        return await self._route(x, frozenset(), True, None)
+        computed by different versions (a swap happened while it was served);
+        ``timeout`` as for a call."""
+        if timeout is None:
+            return await self._route(x, frozenset(), True, None)
+        timeout = check_timeout(timeout)
+        return await within_deadline(self._route(x, frozenset(), True, None), timeout)
 
     async def _route(self, x, tried: frozenset, want_version: bool,
                      last: _ServerFailed | None) -> Tuple[Outputs, Hashable]:
