@@ -49,6 +49,7 @@ from async_search.checks import check_float, check_int
 from async_search.errors import (InputSpecError, ModelNotFoundError, ModelOutputError,
                                  ProtocolError, RemoteError, RequestTimeoutError,
                                  ServerClosedError, ServerDiedError)
+from async_search.servers.deadlines import check_timeout, expire_after
 from async_search.servers.kserve import DATATYPES, datatype_of
 from async_search.servers.requests import RequestChecker
 from async_search.servers.responses import ResultDelivery
@@ -278,14 +279,14 @@ class RemoteEvaluate:
             x = self._check(x)  # raises, or learns the spec from the first request
             self._shape, self._dtype = self._check.shape, self._check.dtype
         if timeout is not None:
-            timeout = check_float("timeout", timeout, minimum=0, strict=True)
+            timeout = check_timeout(timeout)
         if not self._open:
             raise ServerClosedError(f"the RemoteEvaluate of {self._where} is not open: "
                                     f"use it inside 'async with'")
         loop = self._loop
         fut = loop.create_future()
         if timeout is not None and timeout < self.timeout:
-            _expire_after(fut, timeout, self._where)
+            expire_after(fut, timeout, note=f" from {self._where}")
         if not self._xs:
             self._deadline = loop.time() + self.timeout
         self._xs.append(x)
@@ -482,18 +483,6 @@ class RemoteEvaluate:
             self._learn(self.model_version, -1)
         elif len(versions) == 1 and isinstance(versions[0], str) and versions[0]:
             self._learn(versions[0], -1)
-
-
-def _expire_after(fut: asyncio.Future, timeout: float, where: str) -> None:
-    """Fails ``fut`` with RequestTimeoutError ``timeout`` s from now unless it is done;
-    the timer goes when ``fut`` is done, so nothing of the request outlives it."""
-    def expire() -> None:
-        if not fut.done():
-            fut.set_exception(RequestTimeoutError(
-                f"{where} did not answer within the request's timeout of {timeout:g} s"))
-
-    timer = fut.get_loop().call_later(timeout, expire)
-    fut.add_done_callback(lambda _: timer.cancel())
 
 
 def _spec_of(tensor: Mapping[str, Any]) -> TensorSpec | None:
