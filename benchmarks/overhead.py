@@ -23,6 +23,12 @@ warm-up round, over ``--ray_serve_requests`` requests per coroutine.
 Prints one JSON object and writes it to ``--out`` (results/benchmarks/overhead.json).
 Usage: python benchmarks/overhead.py [--coroutines 64] [--requests 200] [--repeats 7]
 [--ray_serve_requests 30] [--no_ray_serve] [--out PATH]
+
+With ``--compare TREE`` (a checkout from before a change, e.g. ``git worktree add``)
+it measures instead this tree and TREE in turn, each in a fresh process running its own
+copy of this script, for ``--rounds`` rounds (the order alternating), and reports for
+each serving variant and loop the ratio of requests/s, this tree over TREE, per round:
+its range and median (``--out`` then defaults to results/benchmarks/overhead_compare.json).
 """
 
 from __future__ import annotations
@@ -30,7 +36,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -199,6 +210,41 @@ def measure(make_loop, workloads, num_coroutines, num_requests, repeats):
             for name, seconds in best.items()}
 
 
+def run_tree(tree: str, args: argparse.Namespace) -> dict:
+    """``benchmarks/overhead.py`` of ``tree`` run on ``tree``'s package, in a fresh
+    process (Ray Serve left out): its report."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "overhead.json")
+        env = dict(os.environ, PYTHONPATH=tree)  # tree's package before any installed
+        subprocess.run([sys.executable, os.path.join(tree, "benchmarks", "overhead.py"),
+                        "--coroutines", str(args.coroutines),
+                        "--requests", str(args.requests), "--repeats", str(args.repeats),
+                        "--no_ray_serve", "--out", out], cwd=tree, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)
+
+
+def compare(other_tree: str, args: argparse.Namespace) -> dict:
+    """Requests/s of this tree over ``other_tree``'s, per round, alternating."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    other = os.path.abspath(other_tree)
+    ratios: dict = {}
+    for round_ in range(args.rounds):
+        trees = (here, other) if round_ % 2 == 0 else (other, here)
+        reports = dict(zip(trees, (run_tree(tree, args) for tree in trees)))
+        for loop, figures in reports[here]["loops"].items():
+            before = reports[other]["loops"].get(loop, {})
+            for variant in ("served", "served_thread", "served_inline", "handwritten"):
+                if variant in figures and variant in before:
+                    ratios.setdefault(f"{loop}/{variant}", []).append(
+                        figures[variant]["requests_per_s"]
+                        / before[variant]["requests_per_s"])
+    return {name: {"min": round(min(r), 3), "median": round(statistics.median(r), 3),
+                   "max": round(max(r), 3), "rounds": [round(x, 3) for x in r]}
+            for name, r in ratios.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coroutines", type=int, default=64)
@@ -207,8 +253,23 @@ def main() -> None:
                         help="rounds; each figure is its best round")
     parser.add_argument("--ray_serve_requests", type=int, default=30)
     parser.add_argument("--no_ray_serve", action="store_true")
-    parser.add_argument("--out", default="results/benchmarks/overhead.json")
+    parser.add_argument("--out", default=None,
+                        help="default: results/benchmarks/overhead.json, or "
+                             "overhead_compare.json with --compare")
+    parser.add_argument("--compare", metavar="TREE",
+                        help="a checkout to measure against, alternating")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="with --compare: rounds, each tree once a round")
     args = parser.parse_args()
+    if args.compare:
+        report = {"workload": {"coroutines": args.coroutines,
+                               "requests_each": args.requests, "repeats": args.repeats},
+                  "compared_with": os.path.abspath(args.compare),
+                  "after_over_before_requests_per_s": compare(args.compare, args)}
+        text = json.dumps(report, indent=2)
+        print(text)
+        write_file(args.out or "results/benchmarks/overhead_compare.json", text + "\n")
+        return
 
     loops = {"asyncio": asyncio.new_event_loop}
     try:
@@ -239,7 +300,7 @@ def main() -> None:
                 / peer["requests_per_s"], 1)
     text = json.dumps(report, indent=2)
     print(text)
-    write_file(args.out, text + "\n")
+    write_file(args.out or "results/benchmarks/overhead.json", text + "\n")
 
 
 if __name__ == "__main__":

@@ -668,6 +668,7 @@ class BatchingServer:
                         return
                     self._wakeup = loop.create_future()
                     self._update_quiet()
+                    popped = None  # idle: hold nothing of the last batch
                     await self._wakeup
                     continue
                 if self._in_flight >= self.policy.pipeline_depth * len(self._workers):
@@ -690,7 +691,6 @@ class BatchingServer:
                                             len(popped.tags))
                 self._since = now
                 self._workers.submit(popped, popped.batch, self._on_done)
-                popped = None  # an idle server holds nothing of its last batch
                 if reason is Reason.FULL and not self._in_flight:
                     # The model ran on the loop and more full batches may follow (a
                     # large request): let the searches run between them, or no one
