@@ -2,7 +2,9 @@
 
 Search problems (A*, rollouts): ``SlidingPuzzle`` (8- and 15-puzzle) and
 ``SyntheticGraph`` (a hashed tree with a tunable CPU cost per expansion). Games (MCTS):
-``ConnectFour``. Models: ``ManhattanHeuristic`` and ``DepthHeuristic`` (exact, admissible),
+``ConnectFour``, with a solver (``ConnectFourSolver``: exact scores and optimal moves)
+and solver-labelled test positions (``connect_four_positions``, ``SolvedPosition``).
+Models: ``ManhattanHeuristic`` and ``DepthHeuristic`` (exact, admissible),
 ``heuristic_mlp`` and ``PolicyValueMLP`` (seeded NumPy nets), and their TensorFlow twins
 ``heuristic_tf_net`` and ``policy_value_tf_net`` (TensorFlow is imported only when one is
 built; ``tf_twin`` makes the twin of any of them, trained or not). Residual nets of
@@ -24,6 +26,8 @@ Example:
 
 from async_search.problems.base import CompactKeys, Game, SearchProblem, State
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
+from async_search.problems.connect_four_solver import ConnectFourSolver
+from async_search.problems.solved_positions import SolvedPosition, connect_four_positions
 from async_search.problems.heuristics import (DepthHeuristic, LearnedHeuristic,
                                               ManhattanHeuristic, heuristic_mlp)
 from async_search.problems.policy_value import PolicyValueMLP
@@ -41,6 +45,7 @@ from async_search.problems.residual_torch import torch_resnet, torch_resnet_weig
 __all__ = [
     "Game", "SearchProblem", "State", "CompactKeys",
     "SlidingPuzzle", "ConnectFour", "ConnectFourState", "SyntheticGraph",
+    "ConnectFourSolver", "SolvedPosition", "connect_four_positions",
     "ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp", "PolicyValueMLP",
     "heuristic_tf_net", "policy_value_tf_net", "tf_twin", "LearnedHeuristic",
     "pretrained", "PRETRAINED", "korf100", "KorfInstance",

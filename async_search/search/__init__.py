@@ -1,4 +1,5 @@
-"""Searches as coroutines over ``evaluate``: batched and continuous A*, rollouts, MCTS.
+"""Searches as coroutines over ``evaluate``: batched and continuous A*, rollouts, MCTS;
+``move_accuracy`` judges a player's moves on solver-labelled positions.
 
 Each search takes a problem, a start and ``evaluate`` (``asr.immediate(model)`` or the
 function that ``asr.serve(model)`` yields), awaits ``evaluate`` for its model calls, and
@@ -16,6 +17,8 @@ Example:
     ('goal_found', 14)
 """
 
+from async_search.search.accuracy import (MoveAccuracy, mcts_chooser, move_accuracy,
+                                          policy_chooser)
 from async_search.search.alphazero import MCTSResult, mcts
 from async_search.search.astar import batched_astar
 from async_search.search.base import Status
@@ -30,4 +33,5 @@ __all__ = [
     "simple_rollout", "multi_rollout", "rollout_seeds", "RolloutResult",
     "MultiRolloutResult",
     "mcts", "MCTSResult",
+    "move_accuracy", "MoveAccuracy", "policy_chooser", "mcts_chooser",
 ]

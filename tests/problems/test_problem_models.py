@@ -139,6 +139,6 @@ def test_public_names_match_all():
     public = {n for n in dir(problems) if not n.startswith("_")} - {
         "base", "connect_four", "heuristics", "policy_value", "sliding_puzzle",
         "synthetic_graph", "tf_nets", "annotations", "residual_nets", "residual_torch",
-        "residual_tf", "residual_jax"}
+        "residual_tf", "residual_jax", "connect_four_solver", "solved_positions"}
     assert exported == public
     assert all(hasattr(problems, n) for n in exported)

@@ -4,7 +4,7 @@ from async_search import search
 
 def test_public_names_match_all():
     modules = {"alphazero", "astar", "base", "continuous", "frontier", "rollout", "tree",
-               "annotations"}
+               "annotations", "accuracy"}
     public = {n for n in dir(search) if not n.startswith("_")} - modules
     assert set(search.__all__) == public
     assert all(hasattr(search, n) for n in search.__all__)
