@@ -12,14 +12,15 @@ from async_search.backends import SearchResults, run_searches, run_searches_asyn
 from async_search.base import (Evaluate, Model, Outputs, TensorSpec, Versioned,
                                VersionedEvaluate)
 from async_search.errors import (CircuitOpenError, InputSpecError, ModelOutputError,
-                                 RequestTimeoutError, SearchError, ServerClosedError,
-                                 ServerDiedError)
+                                 RequestTimeoutError, SearchError, SearchTimeoutError,
+                                 ServerClosedError, ServerDiedError, WorkerDiedError)
 from async_search.servers import CachedEvaluate, Router, immediate, serve, serve_connection
 
 __all__ = [
     "Evaluate", "Model", "Outputs", "TensorSpec", "Versioned", "VersionedEvaluate",
     "CircuitOpenError", "InputSpecError", "ModelOutputError", "SearchError",
-    "ServerClosedError", "ServerDiedError", "RequestTimeoutError",
+    "ServerClosedError", "ServerDiedError", "RequestTimeoutError", "SearchTimeoutError",
+    "WorkerDiedError",
     "immediate", "serve", "serve_connection", "CachedEvaluate", "Router",
     "run_searches", "run_searches_async", "SearchResults",
 ]

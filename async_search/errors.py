@@ -7,7 +7,8 @@ __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDie
            "RemoteError", "ProtocolError", "RepositoryError", "ModelNotFoundError",
            "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "FileWriteError",
            "CheckpointError", "DeviceNotFoundError", "CloseTimeoutError",
-           "ConnectionGoneError", "RequestTimeoutError", "deliverable", "describe"]
+           "ConnectionGoneError", "RequestTimeoutError", "SearchTimeoutError",
+           "WorkerDiedError", "deliverable", "describe"]
 
 
 class InputSpecError(ValueError):
@@ -157,6 +158,23 @@ class ConnectionGoneError(ServerDiedError, ClosedConnection):
 class RequestTimeoutError(TimeoutError):
     """A request's deadline (``evaluate(x, timeout=...)``) passed before its answer came;
     a request not batched by then was dropped before the model ran."""
+
+
+class SearchTimeoutError(TimeoutError):
+    """A search did not finish by its deadline (``run_searches``'s ``timeout`` for the
+    run, or its ``search_timeout``): it was stopped, and its worker with it."""
+
+
+class WorkerDiedError(SearchError):
+    """A search's worker (client process, Ray task, its node, or every server it could
+    reach) died on each of its attempts; ``attempts`` says what ended each one."""
+
+    def __init__(self, message: str, attempts: tuple = ()):
+        super().__init__(message)
+        self.attempts = tuple(attempts)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.attempts)
 
 
 def deliverable(error: BaseException) -> Exception:

@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import time
 from typing import Any, Awaitable, Callable, Sequence
 
-from async_search.backends.config import (BACKENDS, Progress, RunConfig, SearchResults,
-                                          loop_factory)
+from async_search.backends.attempts import Deadlines
+from async_search.backends.config import (BACKENDS, DEFAULT_RETRIES, Progress, RayPlacement,
+                                          RunConfig, SearchResults, loop_factory)
 from async_search.backends.servers import ModelServers, OnServers, ServersHook
 from async_search.servers.policy import DispatchPolicy
 
-__all__ = ["run_searches", "run_searches_async", "RunConfig", "SearchResults", "BACKENDS",
-           "ModelServers", "SearchFn"]
+__all__ = ["run_searches", "run_searches_async", "RunConfig", "RayPlacement",
+           "SearchResults", "BACKENDS", "DEFAULT_RETRIES", "ModelServers", "SearchFn"]
 
 SearchFn = Callable[[Any, Any], Awaitable[Any]]
 
@@ -40,11 +42,13 @@ _RUNNERS = {"local": ("async_search.backends.local", "run_local"),
 
 
 def _config(backend, num_procs, num_servers, max_batch_size, max_delay, pipeline_depth,
-            use_uvloop, address, total_gpu_frac, model_thread,
-            return_exceptions) -> RunConfig:
+            use_uvloop, address, total_gpu_frac, model_thread, return_exceptions, retries,
+            timeout, search_timeout, placement) -> RunConfig:
     return RunConfig(backend, num_procs, num_servers,
                      DispatchPolicy(max_batch_size, max_delay, pipeline_depth),
-                     use_uvloop, address, total_gpu_frac, model_thread, return_exceptions)
+                     use_uvloop, address, total_gpu_frac, model_thread, return_exceptions,
+                     retries, timeout, search_timeout,
+                     RayPlacement() if placement is None else placement)
 
 
 async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
@@ -57,24 +61,31 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
                              model_thread: bool | str = "auto",
                              progress: Progress | None = None,
                              on_servers: OnServers | None = None,
-                             return_exceptions: bool = False) -> SearchResults:
+                             return_exceptions: bool = False,
+                             retries: int = DEFAULT_RETRIES, timeout: float | None = None,
+                             search_timeout: float | None = None,
+                             placement: RayPlacement | None = None) -> SearchResults:
     """``run_searches`` inside a running loop (Jupyter): ``await`` it."""
+    started = time.monotonic()
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
                      pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread,
-                     return_exceptions)
+                     return_exceptions, retries, timeout, search_timeout, placement)
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
     return await _run(runner, search_fn, list(starts), model_factory, config, progress,
-                      on_servers)
+                      on_servers, started)
 
 
 async def _run(runner, search_fn, starts: list, model_factory, config: RunConfig,
-               progress: Progress | None, on_servers: OnServers | None) -> SearchResults:
+               progress: Progress | None, on_servers: OnServers | None,
+               started: float) -> SearchResults:
+    deadlines = Deadlines.from_config(config.timeout, config.search_timeout, started)
     if on_servers is None:
-        return await runner(search_fn, starts, model_factory, config, progress)
+        return await runner(search_fn, starts, model_factory, config, progress,
+                            deadlines=deadlines)
     hook = ServersHook(on_servers)
     run = asyncio.ensure_future(runner(search_fn, starts, model_factory, config, progress,
-                                       servers_hook=hook))
+                                       servers_hook=hook, deadlines=deadlines))
     hook.on_error = run.cancel  # the callback's task failed: end the run now
     try:
         results = await run
@@ -99,7 +110,9 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
                  total_gpu_frac: float | None = None, model_thread: bool | str = "auto",
                  progress: Progress | None = None,
                  on_servers: OnServers | None = None,
-                 return_exceptions: bool = False) -> SearchResults:
+                 return_exceptions: bool = False, retries: int = DEFAULT_RETRIES,
+                 timeout: float | None = None, search_timeout: float | None = None,
+                 placement: RayPlacement | None = None) -> SearchResults:
     """Runs ``search_fn(start, evaluate)`` for every start, batching all model calls.
 
     The starts are split round-robin over ``num_procs`` client processes (or Ray
@@ -139,6 +152,20 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             or task died) holds its exception in place among the results, and every
             good result is kept (as with ``asyncio.gather``). False (default): raise
             SearchError once every search has ended.
+        retries: process and Ray: how many times a start whose worker died (its client
+            process, Ray task or node, or every server it could reach) runs again, in
+            a new worker on the survivors (default 3, as Ray's tasks; 0: never).
+            What a search raises is never retried. Searches are deterministic given
+            their start, so a retried one returns what it would have.
+        timeout: seconds the run may take from this call (None: no limit). Searches not
+            finished by then fail with ``errors.SearchTimeoutError`` (a TimeoutError),
+            in place with ``return_exceptions``; their workers are killed, the servers
+            stopped, and the call returns within a second of it.
+        search_timeout: seconds each attempt of a search may run from its start (None:
+            no limit); then it fails with SearchTimeoutError, and a worker whose
+            searches are all past it is killed (one that is stuck or stopped too).
+        placement: Ray: where the client tasks and server actors go
+            (``RayPlacement``: spread over the nodes by default; servers on GPU nodes).
 
     Returns:
         SearchResults: the results in the order of ``starts``, with ``.stats``.
@@ -151,12 +178,15 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
         ValueError: for bad arguments, before anything starts.
         SearchError: (unless ``return_exceptions``) naming every start whose search (or
             client process) failed, in its message and in ``.failures`` (start index ->
-            exception); the good results are not returned.
+            exception: ``errors.WorkerDiedError`` naming each attempt when its worker
+            died every time, SearchTimeoutError past a deadline); the good results are
+            not returned.
         RuntimeError: when called inside a running loop: use ``run_searches_async``.
     """
+    started = time.monotonic()
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
                      pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread,
-                     return_exceptions)
+                     return_exceptions, retries, timeout, search_timeout, placement)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -168,4 +198,4 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
     runner = getattr(importlib.import_module(module), name)
     with asyncio.Runner(loop_factory=loop_factory(config.use_uvloop)) as loop_runner:
         return loop_runner.run(_run(runner, search_fn, list(starts), model_factory,
-                                    config, progress, on_servers))
+                                    config, progress, on_servers, started))

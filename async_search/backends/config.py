@@ -4,18 +4,83 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Sequence
 
+from async_search.checks import check_float, check_int
 from async_search.errors import SearchError
 
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.stats import BatchRecord
 from async_search.servers.workers import placement_of
 
-__all__ = ["RunConfig", "SearchResults", "BACKENDS", "merge_stats", "loop_factory",
-           "raise_failures", "finish", "Progress", "max_servers"]
+__all__ = ["RunConfig", "RayPlacement", "SearchResults", "BACKENDS", "DEFAULT_RETRIES",
+           "SERVER_GPUS", "merge_stats", "loop_factory", "raise_failures", "finish",
+           "Progress", "max_servers"]
 
 BACKENDS = ("local", "process", "ray")
+
+#: ``run_searches``'s ``retries``: as Ray's own default for tasks, so that a run at scale
+#: outlives a few lost nodes or worker processes; only a worker's death costs an attempt
+#: (a search that raises is never run again).
+DEFAULT_RETRIES = 3
+
+#: ``RayPlacement.server_gpus``'s choices.
+SERVER_GPUS = ("auto", "required", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class RayPlacement:
+    """Where the Ray backend puts its client tasks and server actors on a cluster.
+
+    Attributes:
+        spread_clients: True (default): the client tasks are spread over the nodes
+            (Ray's ``SPREAD`` strategy), so the searches use every node; False: Ray's
+            default, which fills the driver's node first.
+        spread_servers: the same for the server actors (spread, a lost node takes at
+            most its share of the servers with it). Servers spread over several GPUs
+            by a placement group (``gpu_placement``) keep that placement.
+        server_gpus: ``"auto"`` (default): each server asks for its share of a GPU
+            when the cluster has any, so it runs on a GPU node; ``"required"``: the
+            same, and the run fails before anything starts when the cluster has no GPU;
+            ``"none"``: the servers ask for no GPU (a CPU model beside GPU work).
+        server_resources: Ray custom resources each server actor asks for besides,
+            e.g. a node's label ``{"big_node": 0.01}`` (``ray start --resources``).
+        client_resources: the same for each client task.
+
+    Example:
+        >>> RayPlacement(server_gpus="required").server_gpus
+        'required'
+        >>> RayPlacement(server_gpus="some")
+        Traceback (most recent call last):
+        ...
+        ValueError: server_gpus must be one of auto, required, none, got 'some'
+    """
+
+    spread_clients: bool = True
+    spread_servers: bool = True
+    server_gpus: str = "auto"
+    server_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    client_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("spread_clients", "spread_servers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got "
+                                 f"{getattr(self, name)!r}")
+        if self.server_gpus not in SERVER_GPUS:
+            raise ValueError(f"server_gpus must be one of {', '.join(SERVER_GPUS)}, got "
+                             f"{self.server_gpus!r}")
+        for name in ("server_resources", "client_resources"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{name} must be a mapping of resource names to amounts, "
+                                 f"got {value!r}")
+            for key, amount in value.items():
+                if not isinstance(key, str) or not key:
+                    raise ValueError(f"{name} keys must be resource names, got {key!r}")
+                check_float(f"{name}[{key!r}]", amount, minimum=0.0)
+            # a copy the caller cannot change after the check
+            object.__setattr__(self, name, dict(value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +106,15 @@ class RunConfig:
         return_exceptions: a failed start holds its exception in place among the
             results (the others are kept, as with ``asyncio.gather``); False (default)
             raises SearchError naming every failed start.
+        retries: how many times a start whose worker died (client process, Ray task,
+            its node, or every server it could reach) runs again in a new worker
+            (``DEFAULT_RETRIES``); 0: never. Ignored by the local backend (it has no
+            workers to lose).
+        timeout: seconds the whole run may take, from the call (None: no limit);
+            searches unfinished by then fail with SearchTimeoutError.
+        search_timeout: seconds each attempt of a search may run, from its start in
+            its worker (None: no limit); it then fails with SearchTimeoutError.
+        placement: Ray: where the client tasks and server actors go.
     """
 
     backend: str = "local"
@@ -52,6 +126,10 @@ class RunConfig:
     total_gpu_frac: float | None = None
     model_thread: bool | str = "auto"
     return_exceptions: bool = False
+    retries: int = DEFAULT_RETRIES
+    timeout: float | None = None
+    search_timeout: float | None = None
+    placement: RayPlacement = RayPlacement()
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -70,6 +148,12 @@ class RunConfig:
         if not isinstance(self.return_exceptions, bool):
             raise ValueError(f"return_exceptions must be True or False, got "
                              f"{self.return_exceptions!r}")
+        check_int("retries", self.retries, minimum=0)
+        for name in ("timeout", "search_timeout"):
+            if getattr(self, name) is not None:
+                check_float(name, getattr(self, name), minimum=0.0, strict=True)
+        if not isinstance(self.placement, RayPlacement):
+            raise ValueError(f"placement must be a RayPlacement, got {self.placement!r}")
         if placement_of(self.model_thread) == "loop" and self.backend != "ray" and (
                 self.num_servers > 1):
             raise ValueError("num_servers > 1 needs model_thread=True or 'auto' (the "

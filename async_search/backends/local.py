@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, Awaitable, Callable, Hashable, List, Sequence
 
+from async_search.backends.attempts import GRACE_S, Deadlines, bounded_search
 from async_search.backends.config import (Progress, RunConfig, SearchResults,
                                           merge_stats, raise_failures)
 from async_search.backends.servers import ServersHook
+from async_search.errors import CloseTimeoutError
 from async_search.servers.batching import BatchingServer
 
 __all__ = ["run_local", "gather_searches", "hand_over"]
@@ -16,18 +19,42 @@ __all__ = ["run_local", "gather_searches", "hand_over"]
 
 async def gather_searches(search_fn: Callable[[Any, Any], Awaitable[Any]],
                           starts: Sequence[Any], evaluate: Any, *,
-                          return_exceptions: bool = False) -> List[Any]:
+                          return_exceptions: bool = False,
+                          deadlines: Deadlines | None = None) -> List[Any]:
     """Runs ``search_fn(start, evaluate)`` for every start concurrently; results in order.
 
     Args:
         return_exceptions: a failed search's exception takes its place in the results.
+        deadlines: the run's deadline (searches still running then are cancelled) and
+            each search's timeout; either fails the search with SearchTimeoutError.
 
     Raises:
         SearchError: (unless ``return_exceptions``) naming every start whose search
             raised; the others still finish.
     """
-    results = await asyncio.gather(*(search_fn(s, evaluate) for s in starts),
-                                   return_exceptions=True)
+    deadlines = deadlines or Deadlines()
+    tasks = [asyncio.ensure_future(bounded_search(search_fn, s, evaluate,
+                                                  deadlines.search_s)) for s in starts]
+    late: set = set()
+    try:
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=deadlines.run_left())
+            for task in late:  # past the run's deadline: stopped at their next await
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=GRACE_S)
+    finally:
+        for task in tasks:
+            task.cancel()
+    results: List[Any] = []
+    for index, task in enumerate(tasks):
+        if task in late and (task.cancelled() or not task.done()):
+            results.append(deadlines.run_timeout_error(index))
+        elif task.cancelled():  # the search cancelled itself
+            results.append(asyncio.CancelledError(f"the search of start {index} was "
+                                                  f"cancelled"))
+        else:
+            results.append(task.exception() or task.result())
     if not return_exceptions:
         raise_failures({i: r for i, r in enumerate(results)
                         if isinstance(r, BaseException)}, len(starts))
@@ -36,8 +63,11 @@ async def gather_searches(search_fn: Callable[[Any, Any], Awaitable[Any]],
 
 async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[], Any],
                     config: RunConfig, progress: Progress | None = None, *,
-                    servers_hook: ServersHook | None = None) -> SearchResults:
+                    servers_hook: ServersHook | None = None,
+                    deadlines: Deadlines | None = None) -> SearchResults:
     """Every search in this loop, served by ``num_servers`` workers of one server."""
+    if deadlines is None:
+        deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
     start = time.perf_counter()
     async with BatchingServer(model_factory(), config.policy, on_batch=on_batch,
@@ -47,11 +77,15 @@ async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[]
         try:
             hand_over(servers_hook, evaluate, config)
             results = await gather_searches(search_fn, starts, evaluate,
-                                            return_exceptions=config.return_exceptions)
+                                            return_exceptions=config.return_exceptions,
+                                            deadlines=deadlines)
         finally:
             wall = time.perf_counter() - start
             if servers_hook is not None:
                 await servers_hook.finish()
+            if deadlines.run_passed():  # no draining past the deadline
+                with contextlib.suppress(CloseTimeoutError):
+                    await evaluate.aclose(drain=False, timeout=GRACE_S)
     stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace])
     return SearchResults(results, stats)
 

@@ -7,9 +7,11 @@ model version that computed it, for ``evaluate.with_version``) coming back in or
 This process serves every client's connection with a ``ConnectionServer``, through one
 BatchingServer whose ``num_servers`` device workers take batches from one stream; a push
 (``on_servers``) swaps through it, so that it returns once every client knows the new
-version (a cache inside a client never serves the old one after). A client ends its
-stream by closing it when its searches are done; a client that dies ends it too (its
-socket closes), and only its own starts fail.
+version (a cache inside a client never serves the old one after). A client reports
+each search's outcome as it ends, and ends its stream by closing it when its searches
+are done; a client that dies ends it too (its socket closes), and the starts it had not
+reported run again in a new client process (``retries``, ``attempts.run_share``); past
+a deadline, a client is killed and its unfinished starts fail with SearchTimeoutError.
 
 Every message gets exactly one answer, and every start one outcome, whatever the model
 or the search raised or returned: answers are made portable (``remote.Failure`` for an
@@ -21,18 +23,21 @@ named, and nothing else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import pickle
 import signal
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
+from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
+                                            WorkerBroke, WorkerLost, run_share)
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
                                           loop_factory, merge_stats)
 from async_search.backends.servers import ServersHook
 from async_search.base import TensorSpec
 from async_search.connections import Connection, pipe
-from async_search.errors import SearchError
+from async_search.errors import CloseTimeoutError
 from async_search.process_tree import starting_children
 from async_search.queues import ClosedConnection, SocketQueue, socket_queue
 from async_search.remote import arrived, pack, pack_error
@@ -47,19 +52,22 @@ _CONTEXT = "spawn"
 
 async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[[], Any],
                       config: RunConfig, progress: Progress | None = None, *,
-                      servers_hook: ServersHook | None = None) -> SearchResults:
-    """Runs the starts round-robin over ``num_procs`` client processes."""
+                      servers_hook: ServersHook | None = None,
+                      deadlines: Deadlines | None = None) -> SearchResults:
+    """Runs the starts round-robin over ``num_procs`` client processes; a start whose
+    process died runs again in a new one (``config.retries``)."""
     _check_picklable(search_fn, starts)
+    if deadlines is None:
+        deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
     context = multiprocessing.get_context(_CONTEXT)
     loop = asyncio.get_running_loop()
     start_time = loop.time()
+    clients: List[dict] = []
     async with BatchingServer(model_factory(), config.policy, on_batch=on_batch,
                               model_thread=config.model_thread) as evaluate:
         for _ in range(config.num_servers - 1):
             await evaluate.add_worker(model_factory())
-        processes: List[multiprocessing.Process] = []
-        serving: asyncio.Future | None = None
         try:
             # A push swaps the model here, where every client's messages are served (a
             # message read after it, so sent after it, runs on the new model), and
@@ -68,43 +76,36 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
             if servers_hook is not None:
                 servers_hook.serving(connections.update_model, evaluate.version,
                                      config.num_servers, config.backend)
-            spec = evaluate.input_spec
-            server_ends, collecting = [], []
-            for i in range(min(config.num_procs, max(len(starts), 1))):
-                share = list(range(i, len(starts), config.num_procs))
-                server_end, client_end = pipe(socket_queue)
-                results = SocketQueue()
-                process = context.Process(
-                    target=client_main, name=f"async_search-client-{i}", daemon=True,
-                    args=(client_end, results, search_fn, [starts[j] for j in share],
-                          spec, config.use_uvloop))
-                with starting_children():  # deaf to Ctrl-C, and never cut off half-way
-                    process.start()
-                processes.append(process)
-                server_ends.append(server_end.close_unused_ends())
-                collecting.append(_collect(i, share, results.reader_only(), process))
-            serving = asyncio.ensure_future(connections.serve(server_ends))
-            outcomes = await asyncio.gather(*collecting)
-            await serving  # every stream has ended: each client closed it, or is gone
+            numbers = iter(range(1 << 62))
+
+            async def launch(indices: List[int], attempt: int) -> _ClientProcess:
+                return _ClientProcess(next(numbers), indices, [starts[j] for j in indices],
+                                      search_fn, evaluate.input_spec, config, connections,
+                                      context)
+
+            shares = [list(range(i, len(starts), config.num_procs))
+                      for i in range(min(config.num_procs, max(len(starts), 1)))]
+            outcomes = await asyncio.gather(*(
+                run_share(share, launch, retries=config.retries, deadlines=deadlines,
+                          record=clients.append) for share in shares))
             wall = loop.time() - start_time
         finally:
-            if serving is not None and not serving.done():
-                serving.cancel()
-            for process in processes:
-                if process.is_alive():
-                    process.kill()
             if servers_hook is not None:
                 await servers_hook.finish()
+            if deadlines.run_passed():  # no draining past the deadline
+                with contextlib.suppress(CloseTimeoutError):
+                    await evaluate.aclose(drain=False, timeout=GRACE_S)
     results_: List[Any] = [None] * len(starts)
     failures: Dict[int, BaseException] = {}
-    for outcome in outcomes:
-        for index, ok, value in outcome:
+    for share_outcomes in outcomes:
+        for index, (ok, value) in share_outcomes.items():
             if ok:
                 results_[index] = value
             else:
                 failures[index] = value
-    return SearchResults(finish(results_, failures, config),
-                         merge_stats(config, wall, [evaluate.stats], [evaluate.trace]))
+    stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace])
+    stats["clients"] = clients
+    return SearchResults(finish(results_, failures, config), stats)
 
 
 def _check_picklable(search_fn, starts: Sequence[Any]) -> None:
@@ -119,40 +120,73 @@ def _check_picklable(search_fn, starts: Sequence[Any]) -> None:
                 f"{e}") from e
 
 
-async def _collect(number: int, share: List[int], results: SocketQueue,
-                   process: multiprocessing.Process) -> List[Tuple[int, bool, Any]]:
-    """The outcome of each of one client's starts: its report, or, if the client died
-    or sent a report that cannot be read, an error for each of its starts."""
-    where = f"client process {number} (pid {process.pid})"
-    reported = False
-    try:
-        try:
-            report = await results.get_async()
-            reported = True
-        except ClosedConnection:
-            await asyncio.to_thread(process.join, 5)
-            error = SearchError(f"{where} died with exit code {process.exitcode}; its "
-                                f"starts {share} did not finish")
-            return [(index, False, error) for index in share]
-        except Exception as e:  # a report that does not load
-            error = SearchError(f"{where} sent a report that could not be read ({e!r}); "
-                                f"its starts {share} did not finish")
-            return [(index, False, error) for index in share]
-        return [arrived(share[k], is_result, payload, where)
-                for k, is_result, payload in report]
-    finally:
-        results.close()
-        if reported:  # it exits by itself once its last bytes are written
-            await asyncio.to_thread(process.join, 10)
-        if process.is_alive():  # cancelled (the run failed), or stuck: no reason to wait
+class _ClientProcess:
+    """One attempt at some starts: a client process whose connection is served here, and
+    the queue on which it reports (``Worker``)."""
+
+    def __init__(self, number: int, indices: List[int], starts: List[Any], search_fn,
+                 spec: TensorSpec | None, config: RunConfig, connections: ConnectionServer,
+                 context):
+        self._indices = indices
+        server_end, client_end = pipe(socket_queue)
+        results = SocketQueue()
+        self._process = context.Process(
+            target=client_main, name=f"async_search-client-{number}", daemon=True,
+            args=(client_end, results, search_fn, starts, spec, config.use_uvloop,
+                  config.search_timeout))
+        with starting_children():  # deaf to Ctrl-C, and never cut off half-way
+            self._process.start()
+        self.name = f"client process {number} (pid {self._process.pid})"
+        self._results = results.reader_only()
+        self._serving = asyncio.ensure_future(
+            connections.serve(server_end.close_unused_ends()))
+        self._stopped = False
+
+    async def events(self):
+        while True:
+            try:
+                kind, payload = await self._results.get_async()
+            except ClosedConnection:
+                await asyncio.to_thread(self._process.join, 5)
+                raise WorkerLost(f"died with exit code {self._process.exitcode}") from None
+            except Exception as e:  # a report that does not load
+                raise WorkerBroke(f"it sent a report that could not be read ({e!r})") from e
+            if kind == _STARTED:
+                yield Started(self.name)
+            elif kind == _OUTCOMES:
+                yield [arrived(self._indices[k], is_result, value, self.name)
+                       for k, is_result, value in payload]
+            else:  # _DONE
+                return
+
+    async def stop(self, wait_s: float) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._results.close()
+        process = self._process
+        if wait_s > 0:  # it exits by itself once its last bytes are written
+            await asyncio.to_thread(process.join, wait_s)
+        if process.is_alive():  # stuck, stopped, past its deadline, or the run failed
             process.kill()
             await asyncio.to_thread(process.join, 5)
+        # Its stream has ended (closed, or its socket gone with it): the serving ends.
+        with contextlib.suppress(asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(asyncio.shield(self._serving), GRACE_S)
+        self._serving.cancel()
+
+
+#: What a client process reports, each ``(kind, payload)``: its searches started; the
+#: outcomes of those that ended in one loop iteration; it is done.
+_STARTED, _OUTCOMES, _DONE = "started", "outcomes", "done"
 
 
 def client_main(connection: Connection, results: SocketQueue, search_fn,
-                starts: List[Any], spec: TensorSpec | None, use_uvloop: bool) -> None:
+                starts: List[Any], spec: TensorSpec | None, use_uvloop: bool,
+                search_s: float | None = None) -> None:
     """A client process: runs its starts concurrently, requests going over
-    ``connection``; reports each start's outcome on ``results``."""
+    ``connection``; reports on ``results`` that they started, then each start's outcome
+    as it ends (``search_s``: each search's timeout)."""
     # Ctrl-C reaches every process of the terminal's group: the serving process decides
     # (it cancels the run and kills its clients), so a client neither dies half-way
     # through a message nor prints a traceback of its own.
@@ -160,17 +194,19 @@ def client_main(connection: Connection, results: SocketQueue, search_fn,
     connection.close_unused_ends()
     results.writer_only()
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
-        runner.run(_client(connection, results, search_fn, starts, spec))
+        runner.run(_client(connection, results, search_fn, starts, spec, search_s))
 
 
 async def _client(connection: Connection, results: SocketQueue, search_fn,
-                  starts: List[Any], spec: TensorSpec | None) -> None:
+                  starts: List[Any], spec: TensorSpec | None,
+                  search_s: float | None) -> None:
     client = CoalescingClient(connection, spec, where="the serving process")
-    outcomes = await asyncio.gather(*(search_fn(s, client) for s in starts),
-                                    return_exceptions=True)
+    results.put((_STARTED, None))
     # Each outcome travels on its own, checked to load: one that cannot fails its own
-    # start, with the reason, and never the others.
-    results.put([(k, *_packed(r)) for k, r in enumerate(outcomes)])
+    # start, with the reason, and never the others; each leaves as its search ends.
+    await ClientSearches(search_fn, starts, client, search_s, _packed,
+                         lambda ready: results.put((_OUTCOMES, ready))).run()
+    results.put((_DONE, None))
     connection.close()
     await client.aclose()  # it hears of no more swaps
     # The puts leave at the end of this loop iteration: the loop must run until every

@@ -34,18 +34,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import itertools
 import os
+import queue
+import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
+from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
+                                            WorkerBroke, WorkerLost, run_share)
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
                                           loop_factory, merge_stats)
 from async_search.backends.gpu_placement import place_servers, release_gpus, reserve_gpus
 from async_search.backends.servers import ServersHook
 from async_search.connections import Connection, ForkedConnection, KeyedConnection
-from async_search.errors import SearchError, ServerDiedError
+from async_search import process_tree
+from async_search.errors import ServerDiedError, describe
 from async_search.queues import close_stream
 from async_search.queues.ray_actor import (ActorQueue, DirectAddress, DirectListener,
                                            QueueHost, connect_direct)
@@ -56,10 +63,12 @@ from async_search.servers.connection_server import ConnectionServer
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.router import Router
 
-__all__ = ["run_ray", "ServerActor", "SERVER_NAME_PREFIX"]
+__all__ = ["run_ray", "ServerActor", "SERVER_NAME_PREFIX", "CLIENT_NAME_PREFIX"]
 
 #: Server actors are named ``async_search-server-<run id>-<i>`` (``ray.get_actor``).
 SERVER_NAME_PREFIX = "async_search-server-"
+#: Client tasks are named ``async_search-client-<run id>-<n>`` (their workers' title).
+CLIENT_NAME_PREFIX = "async_search-client-"
 
 _REQUESTS = "requests"
 #: Seconds ``stop`` waits for direct connections that their clients have not closed
@@ -159,6 +168,12 @@ class ServerActor(QueueHost):
     def elements(self) -> int:
         return self._server.stats["elements"] if self._server is not None else 0
 
+    def node(self) -> str:
+        """The Ray node this actor runs on (its id, hex)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     async def stop(self):
         """Answers what was received, stops, and returns (stats, trace)."""
         close_stream(self.hosted(_REQUESTS))
@@ -181,135 +196,314 @@ class ServerActor(QueueHost):
 
 async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], Any],
                   config: RunConfig, progress: Progress | None = None, *,
-                  servers_hook: ServersHook | None = None) -> SearchResults:
-    """Runs the starts round-robin over ``num_procs`` Ray tasks and ``num_servers`` actors."""
+                  servers_hook: ServersHook | None = None,
+                  deadlines: Deadlines | None = None) -> SearchResults:
+    """Runs the starts round-robin over ``num_procs`` Ray tasks and ``num_servers`` actors;
+    a start whose task, node or servers died runs again in a new task (``retries``)."""
+    if deadlines is None:
+        deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     ray = ensure_ray(config.address)
-    # Servers spread over every GPU (gpu_placement: Ray packs fractions, so several
-    # GPUs take a placement group of whole ones, released in the last finally below).
-    placement, gpu_group = await reserve_gpus(ray, place_servers(
-        ray.cluster_resources().get("GPU", 0), config.num_servers, config.total_gpu_frac))
-    actor_cls = ray.remote(ServerActor)
-    run_id = uuid.uuid4().hex[:8]
-    num_clients = min(config.num_procs, max(len(starts), 1))
-    servers = [actor_cls.options(name=f"{SERVER_NAME_PREFIX}{run_id}-{i}", num_cpus=0,
-                                 max_concurrency=10_000,
-                                 **placement.actor_options(i, gpu_group)).remote(
-        model_factory, config.policy, config.model_thread, num_clients)
-        for i in range(config.num_servers)]
+    num_shares = min(config.num_procs, max(len(starts), 1))
+    # Each attempt of a share has its own answer queue on every server (for clients
+    # that reach their servers by actor calls): an answer never reaches a later attempt.
+    pool = _ServerPool(ray, model_factory, config, num_shares * (config.retries + 1))
+    clients: List[dict] = []
+    routers: List[dict] = []
+    transports: List[List[str]] = []
+    shares = [list(range(i, len(starts), config.num_procs)) for i in range(num_shares)]
+    outcomes: List[Dict[int, Tuple[bool, Any]]] = []
+    finals: list = []
     startup_time = time.perf_counter()
+    start_time = startup_time
+    wall = 0.0
     try:
-        started = await asyncio.gather(*(s.start.remote() for s in servers),
-                                       return_exceptions=True)
-        alive = [(s, spec) for s, spec in zip(servers, started)
-                 if not isinstance(spec, BaseException)]
-        if not alive:
-            raise ServerDiedError(f"no server actor started: {started[0]!r}")
-        servers = [s for s, _ in alive]
-        server_gpus = await asyncio.gather(*(s.gpu_ids.remote() for s in servers),
-                                           return_exceptions=True)
-        spec = alive[0][1][0]
-        addresses = [address for _, (_, address) in alive]
-        if servers_hook is not None:
-            version = await servers[0].model_version.remote()
-            servers_hook.serving(_pusher(ray, servers), version, len(servers),
-                                 config.backend)
-        start_time = time.perf_counter()  # the searches' clock starts once servers serve
-        startup = start_time - startup_time
-        cpus = ray.cluster_resources().get("CPU", 1)
-        task = ray.remote(_client_task).options(
-            num_cpus=min(1.0, cpus / num_clients), max_retries=0)
-        shares = [list(range(i, len(starts), config.num_procs)) for i in range(num_clients)]
-        refs = [task.remote(search_fn, [starts[j] for j in share], servers, addresses,
-                            number, spec, config.use_uvloop)
-                for number, share in enumerate(shares)]
-        watcher_state = {"reported": 0}
-        watcher = (asyncio.ensure_future(_report_progress(servers, progress, watcher_state))
-                   if progress is not None else None)
         try:
-            outcomes = await asyncio.gather(*refs, return_exceptions=True)
-        finally:
-            wall = time.perf_counter() - start_time
-            if watcher is not None:
-                watcher.cancel()
+            await _within(pool.start(), deadlines)
+        except asyncio.TimeoutError:  # the run's time ran out before its servers served
+            outcomes = [{i: (False, deadlines.run_timeout_error(
+                i, " (it ran out while the server actors started)")) for i in share}
+                for share in shares]
+        else:
             if servers_hook is not None:
-                await servers_hook.finish()
-        finals = await asyncio.gather(*(s.stop.remote() for s in servers),
-                                      return_exceptions=True)
+                version = await pool.live()[0].actor.model_version.remote()
+                servers_hook.serving(pool.push, version, config.num_servers,
+                                     config.backend)
+            start_time = time.perf_counter()  # the searches' clock starts once they serve
+            client_task, task_options = ray.remote(_client_task), _task_options(
+                ray, config, num_shares)
+
+            def task(name: str):
+                return client_task.options(name=name, **task_options)
+
+            labels = itertools.count()
+            run_id = uuid.uuid4().hex[:8]
+            here = ray.get_runtime_context().get_node_id()  # this driver's node
+            shares_of = {index: number for number, share in enumerate(shares)
+                         for index in share}
+
+            async def launch(indices: List[int], attempt: int) -> _ClientTask:
+                if attempt > 0:  # a new attempt gets live servers: the dead replaced
+                    await pool.replace_dead()
+                live = pool.live()
+                if not live:
+                    raise WorkerLost("found no live server actor to serve it")
+                key = shares_of[indices[0]] + attempt * num_shares
+                return _ClientTask(ray, task, f"{run_id}-{next(labels)}", key, search_fn,
+                                   indices, [starts[j] for j in indices], live, pool.spec,
+                                   config, routers, transports, here)
+
+            watcher_state = {"reported": 0}
+            watcher = (asyncio.ensure_future(_report_progress(pool, progress,
+                                                              watcher_state))
+                       if progress is not None else None)
+            try:
+                outcomes = await asyncio.gather(*(
+                    run_share(share, launch, retries=config.retries, deadlines=deadlines,
+                              retryable=_servers_died, record=clients.append)
+                    for share in shares))
+            finally:
+                wall = time.perf_counter() - start_time
+                if watcher is not None:
+                    watcher.cancel()
+                if servers_hook is not None:
+                    await servers_hook.finish()
+            finals = await pool.stop(deadlines)
+            if progress is not None:  # what the last reading missed
+                progress(max(0, sum(stats["elements"] for stats, _ in finals)
+                             - watcher_state["reported"]))
     finally:
         if servers_hook is not None:  # idempotent: for the paths that skipped the above
             await servers_hook.finish()
-        for server in servers:
-            ray.kill(server)
-        release_gpus(ray, gpu_group)
-    if progress is not None:  # what the last reading missed
-        progress(max(0, sum(stats["elements"] for stats, _ in _alive(finals))
-                     - watcher_state["reported"]))
+        pool.kill()
     results: List[Any] = [None] * len(starts)
     failures: Dict[int, BaseException] = {}
-    routers: List[dict] = []
-    transports: List[List[str]] = []
-    for number, (share, outcome) in enumerate(zip(shares, outcomes)):
-        if isinstance(outcome, BaseException):
-            error = SearchError(f"client task {number} failed ({outcome!r}); its starts "
-                                f"{share} did not finish")
-            failures.update({index: error for index in share})
-            continue
-        report, routing, ways = outcome
-        routers.append(routing)
-        transports.append(ways)
-        for k, is_result, payload in report:
-            index, ok, value = arrived(share[k], is_result, payload,
-                                       f"client task {number}")
+    for share_outcomes in outcomes:
+        for index, (ok, value) in share_outcomes.items():
             if ok:
                 results[index] = value
             else:
                 failures[index] = value
-    alive = _alive(finals)
-    stats = merge_stats(config, wall, [s for s, _ in alive], [t for _, t in alive])
-    stats["servers_died"] = config.num_servers - len(alive)
-    stats["startup_s"] = startup
+    stats = merge_stats(config, wall, [s for s, _ in finals], [t for _, t in finals])
+    stats["servers_died"] = pool.died
+    stats["servers_replaced"] = pool.replaced
+    stats["startup_s"] = start_time - startup_time
     # per server started, the GPUs Ray assigned it (its CUDA_VISIBLE_DEVICES); [] on CPU
-    stats["server_gpus"] = [ids if isinstance(ids, list) else None for ids in server_gpus]
+    stats["server_gpus"] = [server.gpus for server in pool.servers]
+    stats["server_nodes"] = [server.node for server in pool.servers]  # Ray node ids
     # each client task's Router stats (requests, breakers); None for a client of one
     # server, which needs no router
     stats["routers"] = routers
     stats["transports"] = transports  # per client task, per server: "socket" or "actor"
+    stats["clients"] = clients  # per attempt: its starts, task, node, how it ended
     return SearchResults(finish(results, failures, config), stats)
 
 
-def _pusher(ray, servers: list):
-    """``push(model_or_weights, version)`` for ``ModelServers``: swaps the model of every
-    live server actor and returns once each has answered. A client's call made after
-    that reaches an actor after its swap, so it runs on the new model; a message resent
-    from a dead server goes to a survivor, which has swapped too."""
+async def _within(awaitable, deadlines: Deadlines):
+    """``await awaitable``, bounded by the run's deadline (asyncio.TimeoutError)."""
+    left = deadlines.run_left()
+    return await (awaitable if left is None else asyncio.wait_for(awaitable, left))
 
-    async def push(model_or_weights: Any, version: Hashable) -> None:
-        ref = ray.put(model_or_weights)  # sent once, read by every actor
-        acks = await asyncio.gather(*(s.update_model.remote(ref, version) for s in servers),
-                                    return_exceptions=True)
-        died = [a for a in acks if isinstance(a, ray.exceptions.RayActorError)]
+
+def _servers_died(error: BaseException) -> bool:
+    """A search failed because every server its client could reach died: it runs again
+    (with the servers alive then)."""
+    return isinstance(error, ServerDiedError)
+
+
+def _task_options(ray, config: RunConfig, num_clients: int) -> dict:
+    """``.options`` of the client tasks: a share of a CPU each, no retries by Ray (the
+    runner retries, ``attempts``), spread over the nodes unless asked otherwise."""
+    cpus = ray.cluster_resources().get("CPU", 1)
+    options: Dict[str, Any] = {"num_cpus": min(1.0, cpus / num_clients), "max_retries": 0}
+    if config.placement.spread_clients:
+        options["scheduling_strategy"] = "SPREAD"
+    if config.placement.client_resources:
+        options["resources"] = dict(config.placement.client_resources)
+    return options
+
+
+#: Ray's errors that mean a task's worker, node or objects were lost (not the task's
+#: own failure): its starts run again.
+def _lost_errors(ray) -> tuple:
+    e = ray.exceptions
+    return (e.WorkerCrashedError, e.NodeDiedError, e.LocalRayletDiedError,
+            e.ObjectLostError, e.OutOfMemoryError, e.RaySystemError)
+
+
+@dataclasses.dataclass
+class _Server:
+    """A server actor of the run and what the runner knows of it."""
+
+    actor: Any
+    address: DirectAddress | None
+    watch: asyncio.Future  # fails when Ray finds the actor (or its node) dead
+    gpus: list | None = None
+    node: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        """False once Ray has said that it died (a server stopped by the run, or whose
+        watch the run dropped, is not dead)."""
+        watch = self.watch
+        return not (watch.done() and not watch.cancelled()
+                    and watch.exception() is not None)
+
+
+class _ServerPool:
+    """The run's server actors: started (spread over the GPUs and nodes), watched,
+    replaced when dead before a retry, pushed to, stopped."""
+
+    def __init__(self, ray, model_factory: Callable[[], Any], config: RunConfig,
+                 num_clients: int):
+        self._ray = ray
+        self._model_factory = model_factory
+        self._config = config
+        self._num_clients = num_clients
+        self._actor_cls = ray.remote(ServerActor)
+        self._run_id = uuid.uuid4().hex[:8]
+        self._placement = None
+        self._group = None
+        self._slots: List[_Server | None] = []
+        self.servers: List[_Server] = []  # every server that started, replacements too
+        self.spec = None
+        self.replaced = 0
+        self._latest: Tuple[Any, Hashable] | None = None  # the last push
+        self._swapping = asyncio.Lock()
+        self._replacing = asyncio.Lock()
+        self._stopping = False
+        self._actors: list = []  # every actor made, to kill at the end
+
+    @property
+    def died(self) -> int:
+        """Servers found dead while the run went on."""
+        return sum(not server.alive for server in self.servers)
+
+    def live(self) -> List[_Server]:
+        return [s for s in self._slots if s is not None and s.alive]
+
+    async def start(self) -> None:
+        """Places and starts ``num_servers`` actors; raises ServerDiedError if none
+        starts, ValueError if they need a GPU the cluster lacks."""
+        ray, config = self._ray, self._config
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if config.placement.server_gpus == "required" and not gpus:
+            raise ValueError("RayPlacement(server_gpus='required'): the Ray cluster has no "
+                             "GPU (ray.cluster_resources() lists none)")
+        if config.placement.server_gpus == "none":
+            gpus = 0
+        # Servers spread over every GPU (gpu_placement: Ray packs fractions, so several
+        # GPUs take a placement group of whole ones, released by ``kill``).
+        self._placement, self._group = await reserve_gpus(ray, place_servers(
+            gpus, config.num_servers, config.total_gpu_frac))
+        actors = [self._make(i, 0) for i in range(config.num_servers)]
+        started = await asyncio.gather(*(a.start.remote() for a in actors),
+                                       return_exceptions=True)
+        self._slots = [None] * config.num_servers
+        for i, (actor, answer) in enumerate(zip(actors, started)):
+            if not isinstance(answer, BaseException):
+                self._slots[i] = await self._watch(actor, answer)
+        if not self.live():
+            raise ServerDiedError(f"no server actor started: {started[0]!r}")
+        self.spec = next(s for s in started if not isinstance(s, BaseException))[0]
+
+    def _make(self, i: int, generation: int):
+        config = self._config
+        name = f"{SERVER_NAME_PREFIX}{self._run_id}-{i}" + (
+            f"-{generation}" if generation else "")
+        options: Dict[str, Any] = dict(name=name, num_cpus=0, max_concurrency=10_000,
+                                       **self._placement.actor_options(i, self._group))
+        if config.placement.spread_servers and "scheduling_strategy" not in options:
+            options["scheduling_strategy"] = "SPREAD"
+        if config.placement.server_resources:
+            options["resources"] = dict(config.placement.server_resources)
+        actor = self._actor_cls.options(**options).remote(
+            self._model_factory, config.policy, config.model_thread, self._num_clients)
+        self._actors.append(actor)
+        return actor
+
+    async def _watch(self, actor, answer) -> _Server:
+        _, address = answer
+        where = await asyncio.gather(actor.gpu_ids.remote(), actor.node.remote(),
+                                     return_exceptions=True)
+        server = _Server(actor, address, asyncio.ensure_future(actor.watch.remote()),
+                         *(w if not isinstance(w, BaseException) else None for w in where))
+        self.servers.append(server)
+        return server
+
+    async def replace_dead(self) -> None:
+        """Starts a new actor in the place of each dead one (with the model last pushed)
+        so that a new attempt has every server; one that fails to start stays empty."""
+        async with self._replacing:  # attempts of several shares ask at once
+            dead = [i for i, s in enumerate(self._slots) if s is None or not s.alive]
+            if not dead or self._stopping:
+                return
+            self.replaced += len(dead)
+            actors = {i: self._make(i, self.replaced) for i in dead}
+            started = await asyncio.gather(*(a.start.remote() for a in actors.values()),
+                                           return_exceptions=True)
+            async with self._swapping:  # a push made meanwhile reaches them too
+                for (i, actor), answer in zip(actors.items(), started):
+                    if isinstance(answer, BaseException):
+                        continue
+                    if self._latest is not None:
+                        try:
+                            await actor.update_model.remote(*self._latest)
+                        except Exception:  # noqa: BLE001 - it stays out
+                            continue
+                    self._slots[i] = await self._watch(actor, answer)
+
+    async def push(self, model_or_weights: Any, version: Hashable) -> None:
+        """``push`` for ``ModelServers``: swaps the model of every live server actor and
+        returns once each has answered. A client's call made after that reaches an
+        actor after its swap, so it runs on the new model; a message resent from a dead
+        server goes to a survivor, which has swapped too (and so has a replacement)."""
+        errors = self._ray.exceptions
+        async with self._swapping:
+            ref = self._ray.put(model_or_weights)  # sent once, read by every actor
+            self._latest = (ref, version)
+            live = self.live()
+            acks = await asyncio.gather(*(s.actor.update_model.remote(ref, version)
+                                          for s in live), return_exceptions=True)
+        died = [a for a in acks if isinstance(a, errors.RayActorError)]
         if len(died) == len(acks):
-            raise ServerDiedError(f"every server actor died; none took version {version!r}: "
-                                  f"{died[0]!r}")
+            raise ServerDiedError(f"every server actor died; none took version {version!r}"
+                                  + (f": {died[0]!r}" if died else ""))
         for ack in acks:
-            if isinstance(ack, BaseException) and not isinstance(
-                    ack, ray.exceptions.RayActorError):
+            if isinstance(ack, BaseException) and not isinstance(ack, errors.RayActorError):
                 raise ack
 
-    return push
+    async def stop(self, deadlines: Deadlines) -> List[Tuple[dict, list]]:
+        """Stops every live server: ``(stats, trace)`` of those that answered (within
+        the run's deadline and a grace, when it has one)."""
+        self._stopping = True
+        live = self.live()
+        left = deadlines.run_left()
+        stops = asyncio.gather(*(s.actor.stop.remote() for s in live),
+                               return_exceptions=True)
+        try:
+            finals = await (stops if left is None else
+                            asyncio.wait_for(stops, left + GRACE_S))
+        except asyncio.TimeoutError:  # out of time: killed with the rest
+            return []
+        return [f for f in finals if not isinstance(f, BaseException)]
+
+    def kill(self) -> None:
+        """Kills every actor of the run and releases its GPUs."""
+        for actor in self._actors:
+            with contextlib.suppress(Exception):
+                self._ray.kill(actor)
+        for server in self.servers:
+            server.watch.cancel()
+        release_gpus(self._ray, self._group)
 
 
-def _alive(finals: list) -> list:
-    return [f for f in finals if not isinstance(f, BaseException)]
-
-
-async def _report_progress(servers: list, progress: Progress, state: dict,
+async def _report_progress(pool: _ServerPool, progress: Progress, state: dict,
                            period: float = 0.25) -> None:
     """Reads the servers' element counts a few times a second, for a progress bar only
     (never on the path of a request)."""
     while True:
         await asyncio.sleep(period)
-        counts = await asyncio.gather(*(s.elements.remote() for s in servers),
+        counts = await asyncio.gather(*(s.actor.elements.remote() for s in pool.live()),
                                       return_exceptions=True)
         total = sum(c for c in counts if isinstance(c, int))
         if total > state["reported"]:
@@ -317,11 +511,243 @@ async def _report_progress(servers: list, progress: Progress, state: dict,
             state["reported"] = total
 
 
+class _ClientTask:
+    """One attempt at some starts: a Ray task (a streaming generator) that reports its
+    node, then each search's outcome as it ends (``attempts.Worker``)."""
+
+    def __init__(self, ray, task, label: str, key: int, search_fn, indices: List[int],
+                 starts: List[Any], servers: List[_Server], spec, config: RunConfig,
+                 routers: List[dict], transports: List[List[str]], here: str):
+        self._ray = ray
+        self._here = here
+        self._process: process_tree.Pid | None = None  # its worker, when on this node
+        self._node: str | None = None  # its node, once it said
+        self._indices = indices
+        self._routers, self._transports = routers, transports
+        self.name = f"client task {label}"
+        # Ray names the worker process after its task (``ray::<name>``) while it runs.
+        self._title = f"ray::{CLIENT_NAME_PREFIX}{label}"
+        self._stream = task(f"{CLIENT_NAME_PREFIX}{label}").remote(
+            search_fn, starts,
+                                   [s.actor for s in servers],
+                                   [s.address for s in servers], key, spec,
+                                   config.use_uvloop, config.search_timeout)
+        self._done = False
+
+    async def events(self):
+        ray = self._ray
+        try:
+            async for ref in self._stream:
+                kind, *payload = await ref
+                if kind == _STARTED:
+                    node, ip, pid, started = payload
+                    self.name = f"{self.name} on node {node[:8]} ({ip}, pid {pid})"
+                    self._node = node
+                    if node == self._here and started is not None:
+                        self._process = process_tree.Pid(pid, started)
+                    yield Started(self.name, node)
+                elif kind == _OUTCOMES:
+                    loads = _pickler()[1]
+                    yield [arrived(self._indices[k], is_result, value, self.name, loads)
+                           for k, is_result, value in payload[0]]
+                else:  # _DONE
+                    routing, ways = payload
+                    self._routers.append(routing)
+                    self._transports.append(ways)
+                    self._done = True
+                    return
+        except _lost_errors(ray) as e:
+            raise WorkerLost(f"died: {describe(e)}") from e
+        except ray.exceptions.RayError as e:
+            raise WorkerBroke(describe(e)) from e
+        raise WorkerBroke("its stream ended without its last report")
+
+    async def stop(self, wait_s: float) -> None:
+        if self._done:
+            return
+        self._done = True
+        # Killed with its worker process: nothing of its searches runs on.
+        with contextlib.suppress(Exception):
+            self._ray.cancel(self._stream, force=True)
+        # Its end comes back once the worker is gone (TaskCancelledError).
+        try:
+            await asyncio.wait_for(self._drain(), GRACE_S)
+        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - it is killed anyway
+            pass
+        # A worker that cannot answer Ray (stopped, or stuck outside Python) is killed
+        # by its raylet only seconds later: on this node, it is killed here and now
+        # (found by its title when it was stopped before its first word reached us).
+        if self._node is None or self._node == self._here:
+            await asyncio.to_thread(self._kill_here)
+
+    def _kill_here(self) -> None:
+        found = [self._process] if self._process is not None else [
+            p for p in process_tree.descendants(0)  # every process (0: the root of all)
+            if process_tree.command_line(p) == self._title]
+        live = [p for p in found if process_tree.is_alive(p)]
+        if live:
+            process_tree.end_processes(live, grace_s=0.0, kill_wait_s=1.0)
+
+    async def _drain(self) -> None:
+        with contextlib.suppress(Exception):
+            async for _ in self._stream:
+                pass
+
+
+#: What a client task yields, each a tuple starting with its kind: ``(_STARTED, node id,
+#: node ip, pid, start time)``; ``(_OUTCOMES, [(k, is_result, payload), ...])`` for the
+#: searches that ended meanwhile; ``(_DONE, router stats, transports)``.
+_STARTED, _OUTCOMES, _DONE = "started", "outcomes", "done"
+
+
 def _client_task(search_fn, starts: List[Any], servers: list,
-                 addresses: List[DirectAddress], number: int, spec, use_uvloop: bool):
-    """A Ray task: runs its starts concurrently, requests going to the server actors."""
-    with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
-        return runner.run(_client(search_fn, starts, servers, addresses, number, spec))
+                 addresses: List[DirectAddress | None], number: int, spec,
+                 use_uvloop: bool, search_s: float | None):
+    """A Ray task (a generator): runs its starts concurrently, requests going to the
+    server actors, and yields each outcome as its search ends."""
+    import ray
+
+    context = ray.get_runtime_context()
+    loop = _ClientLoop(_Client(search_fn, starts, servers, addresses, number, spec,
+                               search_s), use_uvloop)
+    try:
+        loop.wait_connected()
+        yield (_STARTED, context.get_node_id(), ray.util.get_node_ip_address(), os.getpid(),
+               _start_time())
+        yield from loop.reports()
+    finally:
+        loop.join()
+
+
+class _ClientLoop:
+    """A client task's event loop, in a thread of its own: the task's yields wait for
+    the runner to take each item, and the searches go on meanwhile. ``reports()`` lets
+    the searches start and gives what the task yields: outcomes as they end (those
+    ready together in one item), then the client's stats."""
+
+    def __init__(self, client: "_Client", use_uvloop: bool):
+        self._client = client
+        self._use_uvloop = use_uvloop
+        self._items: queue.Queue = queue.Queue()
+        self._go = threading.Event()
+        client.on_outcomes = lambda ready: self._items.put((_OUTCOMES, ready))
+        self._thread = threading.Thread(target=self._main, name="async_search-client",
+                                        daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            with asyncio.Runner(loop_factory=loop_factory(self._use_uvloop)) as runner:
+                runner.run(self._client.connect())
+                self._items.put(("connected",))
+                runner.run(asyncio.to_thread(self._go.wait))
+                self._items.put((_DONE, *runner.run(self._client.run())))
+        except BaseException as e:  # noqa: BLE001 - raised in the task's thread
+            self._items.put(("error", e))
+
+    def _next(self) -> tuple:
+        item = self._items.get()
+        if item[0] == "error":
+            raise item[1]
+        return item
+
+    def wait_connected(self) -> None:
+        self._next()
+
+    def reports(self):
+        self._go.set()
+        while True:
+            item = self._next()
+            if item[0] == _DONE:
+                yield item
+                return
+            ready = list(item[1])
+            while not self._items.empty():  # everything that ended meanwhile, at once
+                following = self._next()
+                if following[0] != _OUTCOMES:
+                    self._items.put(following)  # only the loop thread's last word
+                    break
+                ready += following[1]
+            yield _OUTCOMES, ready
+
+    def join(self) -> None:
+        self._go.set()
+        self._thread.join()
+
+
+def _start_time() -> float | None:
+    """This process's start time as ``process_tree.Pid`` has it (None where /proc is not:
+    the driver then leaves its kill to Ray)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+        return float(text[text.rfind(")") + 2:].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class _Client:
+    """A client task's searches, its connections to the server actors, and the
+    outcomes ready to leave."""
+
+    def __init__(self, search_fn, starts: List[Any], servers: list,
+                 addresses: List[DirectAddress | None], number: int, spec,
+                 search_s: float | None):
+        self._search_fn, self._starts = search_fn, starts
+        self._servers, self._addresses = servers, addresses
+        self._number, self._spec, self._search_s = number, spec, search_s
+        #: called with the outcomes of the searches that ended in one loop iteration
+        self.on_outcomes: Callable[[List[tuple]], None] = lambda ready: None
+        self._connections: List[Connection] = []
+        self._transports: List[str] = []
+        self._watchers: List[asyncio.Future] = []
+
+    async def connect(self) -> None:
+        for server, address in zip(self._servers, self._addresses):
+            connection, transport = await _connect(server, address, self._number)
+            self._connections.append(connection)
+            self._transports.append(transport)
+            if transport == "socket":
+                self._watchers.append(asyncio.ensure_future(_watch(server, connection)))
+
+    async def run(self) -> Tuple[dict | None, List[str]]:
+        """Runs the searches; ``(router stats, transports)`` once every outcome is out."""
+        connections, transports = self._connections, self._transports
+        try:
+            clients = {f"server-{i}": CoalescingClient(c, self._spec,
+                                                       where=f"server actor {i}")
+                       for i, c in enumerate(connections)}
+            # One server: nothing to route or fail over to (its death fails its requests
+            # with ServerDiedError either way), and a router's ~4 us per request would
+            # be a third of a round trip: the client is the evaluate function, as in
+            # the process backend.
+            router = Router(clients, policy="least_outstanding") if len(clients) > 1 else None
+            evaluate = router if router is not None else clients["server-0"]
+            dumps, loads = _pickler()
+            # Each outcome is pickled on its own and checked to load: one that cannot
+            # travel fails its own start (with the reason), not the whole task.
+            await ClientSearches(self._search_fn, self._starts, evaluate, self._search_s,
+                                 lambda outcome: _packed(outcome, dumps, loads),
+                                 self.on_outcomes).run()
+            for connection in connections:  # this client sends nothing more
+                with contextlib.suppress(Exception):  # (the server may be gone)
+                    connection.close()
+            await asyncio.gather(*(c.drain() for c in connections), return_exceptions=True)
+            await asyncio.gather(*(c.aclose() for c in clients.values()))  # no notices
+        finally:
+            for watcher in self._watchers:
+                watcher.cancel()
+            for connection, transport in zip(connections, transports):
+                if transport == "socket":  # the server has our last message: let go
+                    connection.inbound.close()
+                    connection.outbound.close()
+        return None if router is None else router.stats, transports
+
+
+def _packed(outcome: Any, dumps, loads) -> Tuple[bool, bytes]:
+    if isinstance(outcome, BaseException):
+        return False, dumps(pack_error(outcome, dumps, loads))
+    return pack(outcome, dumps, loads)
 
 
 async def _connect(server, address: DirectAddress | None, number: int,
@@ -350,51 +776,6 @@ async def _watch(server, connection: Connection) -> None:
         with contextlib.suppress(Exception):
             connection.inbound.close()  # its reader fails what is pending with
             connection.outbound.close()  # ServerDiedError, and so does a new request
-
-
-async def _client(search_fn, starts: List[Any], servers: list,
-                  addresses: List[DirectAddress], number: int, spec):
-    """``(report, router stats, transports)``: each start's outcome, packed to travel."""
-    connections, transports, watchers = [], [], []
-    try:
-        for server, address in zip(servers, addresses):
-            connection, transport = await _connect(server, address, number)
-            connections.append(connection)
-            transports.append(transport)
-            if transport == "socket":
-                watchers.append(asyncio.ensure_future(_watch(server, connection)))
-        clients = {f"server-{i}": CoalescingClient(c, spec, where=f"server actor {i}")
-                   for i, c in enumerate(connections)}
-        # One server: nothing to route or fail over to (its death fails its requests
-        # with ServerDiedError either way), and a router's ~4 us per request would be
-        # a third of a round trip: the client is the evaluate function, as in the
-        # process backend.
-        router = Router(clients, policy="least_outstanding") if len(clients) > 1 else None
-        evaluate = router if router is not None else clients["server-0"]
-        outcomes = await asyncio.gather(*(search_fn(s, evaluate) for s in starts),
-                                        return_exceptions=True)
-        for connection in connections:  # this client sends nothing more
-            with contextlib.suppress(Exception):  # (the server may be gone)
-                connection.close()
-        await asyncio.gather(*(c.drain() for c in connections), return_exceptions=True)
-        await asyncio.gather(*(c.aclose() for c in clients.values()))  # no more notices
-    finally:
-        for watcher in watchers:
-            watcher.cancel()
-        for connection, transport in zip(connections, transports):
-            if transport == "socket":  # the server has our last message: let go
-                connection.inbound.close()
-                connection.outbound.close()
-    # Each outcome is pickled on its own and checked to load: one that cannot travel
-    # fails its own start (with the reason), not the whole task.
-    dumps, loads = _pickler()
-    report = []
-    for k, outcome in enumerate(outcomes):
-        if isinstance(outcome, BaseException):
-            report.append((k, False, dumps(pack_error(outcome, dumps, loads))))
-        else:
-            report.append((k, *pack(outcome, dumps, loads)))
-    return report, None if router is None else router.stats, transports
 
 
 def _pickler():

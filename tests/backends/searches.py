@@ -157,3 +157,52 @@ async def until_version(start, evaluate, stop_version=3, deadline_s=120.0):
         if y.max() >= stop_version:
             break
     return records
+
+
+async def die_once(start, evaluate, marker_dir, victim=2):
+    """echo_sum, except that start ``victim`` kills its own process (SIGKILL) after one
+    request on its first attempt only (a file in ``marker_dir`` remembers it)."""
+    import os
+    import signal
+    await evaluate(np.zeros((1, 3), np.float32))
+    marker = os.path.join(marker_dir, f"died-{victim}")
+    if start == victim and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return await echo_sum(start, evaluate)
+
+
+async def endless_on_two(start, evaluate):
+    """echo_sum, except that start 2 waits forever (yielding to its loop)."""
+    if start == 2:
+        await evaluate(np.zeros((1, 3), np.float32))
+        await asyncio.Event().wait()
+    return await echo_sum(start, evaluate)
+
+
+async def stuck_on_two(start, evaluate, pid_dir, how="sleep"):
+    """echo_sum, except that start 2 writes its process id to ``pid_dir`` and then blocks
+    its process: ``how="sleep"`` in a call that never returns, ``"stop"`` by SIGSTOP."""
+    import os
+    import signal
+    import time
+    if start == 2:
+        await evaluate(np.zeros((1, 3), np.float32))
+        with open(os.path.join(pid_dir, "pid"), "w") as f:
+            f.write(str(os.getpid()))
+        if how == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(3600)
+    return await echo_sum(start, evaluate)
+
+
+async def versions_seen(start, evaluate, requests=40):
+    """The model versions that answered ``requests`` one-row requests, one at a time,
+    0.05 s apart: a list without repeats, in the order first seen."""
+    seen = []
+    for _ in range(requests):
+        _, version = await evaluate.with_version(np.zeros((1, 3), np.float32))
+        if version not in seen:
+            seen.append(version)
+        await asyncio.sleep(0.05)
+    return seen

@@ -68,10 +68,15 @@ def test_a_large_report_reaches_a_stalled_reader_whole_before_the_client_exits()
         server_end.close_unused_ends()
         results.reader_only()
         child.join(1.0)  # the stall: an exit now would lose the report's tail
-        report = results.get(timeout=60)
+        messages = [results.get(timeout=60)]
+        while messages[-1][0] != "done":
+            messages.append(results.get(timeout=60))
     finally:
         child.join(60)
     assert child.exitcode == 0
+    assert messages[0] == ("started", None)
+    report = sorted(o for kind, outcomes in messages if kind == "outcomes"
+                    for o in outcomes)
     assert [(k, ok) for k, ok, _ in report] == [(0, True), (1, True)]
     for k, _, payload in report:
         value = pickle.loads(payload)

@@ -106,16 +106,23 @@ def _unreachable(address):
 
 @pytest.mark.parametrize("why", ["unreachable", "not listening"])
 def test_a_client_that_cannot_reach_the_socket_falls_back_on_actor_calls(why):
-    from async_search.backends.ray_backend import _client
+    from async_search.backends.ray_backend import _Client
     from async_search.remote import arrived
 
     baseline = searches.baseline(searches.echo_sum, [4, 6, 3], searches.small_mlp())
     actor, spec, address = _server_actor()
     address = _unreachable(address) if why == "unreachable" else None
 
+    async def searched():
+        client = _Client(searches.echo_sum, [4, 6, 3], [actor], [address], 0, spec, None)
+        report = []
+        client.on_outcomes = report.extend
+        await client.connect()
+        routing, transports = await client.run()
+        return sorted(report), routing, transports
+
     async def run():
-        report, routing, transports = await asyncio.wait_for(_client(
-            searches.echo_sum, [4, 6, 3], [actor], [address], 0, spec), 60)
+        report, routing, transports = await asyncio.wait_for(searched(), 60)
         stats, _ = await asyncio.wait_for(actor.stop.remote(), 60)
         return report, routing, transports, stats
 
