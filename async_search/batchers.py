@@ -597,7 +597,8 @@ class CostBatcher(Batcher):
 
         Raises:
             ValueError: when ``cost_fn`` gives a number of costs other than one per
-                element, or a negative cost; what ``cost_fn`` raises, as it is.
+                element, or a cost that is negative, NaN or infinite; what ``cost_fn``
+                raises, as it is.
         """
         return self._cumulative_cost(x)
 
@@ -623,9 +624,14 @@ class CostBatcher(Batcher):
             raise ValueError(
                 f"cost_fn must return one cost per element: {len(x)} elements, "
                 f"{len(costs)} costs")
-        if len(costs) and costs.min() < 0:
-            raise ValueError("cost_fn returned a negative cost")
-        return np.cumsum(costs)
+        cumulative = np.cumsum(costs)
+        # NaN fails both tests; an infinite or overflowing total would poison the
+        # running totals of every request queued after this one.
+        if len(costs) and not (costs.min() >= 0 and math.isfinite(cumulative[-1])):
+            bad = costs[~(np.isfinite(costs) & (costs >= 0))]
+            raise ValueError(f"cost_fn must return finite costs >= 0, got "
+                             f"{bad[0] if len(bad) else 'costs whose sum overflows'}")
+        return cumulative
 
     def _split(self, i, offset, room, limit=None):
         cumulative = self._cumulative[i]

@@ -447,6 +447,10 @@ def test_a_cost_batcher_prices_a_request_before_it_is_queued():
         b.extend([np.zeros(1), np.zeros(1)], prices=prices[:1])
     with pytest.raises(ValueError, match="one cost per element"):
         CostBatcher(10, lambda x: np.ones(len(x) + 1)).price(np.zeros(2))
+    # Costs that would poison the running totals of every request after them.
+    for bad, named in [(-1.0, "-1.0"), (np.nan, "nan"), (np.inf, "inf")]:
+        with pytest.raises(ValueError, match=f"finite costs >= 0, got {named}"):
+            CostBatcher(10, lambda x: x).price(np.array([1.0, bad]))
 
 
 def test_a_batcher_that_defines_a_cost_is_priced_and_prices_in_bulk():
