@@ -225,6 +225,19 @@ def run_tree(tree: str, args: argparse.Namespace) -> dict:
             return json.load(f)
 
 
+def revision(tree: str) -> str:
+    """The commit ``tree`` is checked out at ("unknown" outside git), "+" if modified."""
+    try:
+        head = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
 def compare(other_tree: str, args: argparse.Namespace) -> dict:
     """Requests/s of this tree over ``other_tree``'s, per round, alternating."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -264,7 +277,9 @@ def main() -> None:
     if args.compare:
         report = {"workload": {"coroutines": args.coroutines,
                                "requests_each": args.requests, "repeats": args.repeats},
-                  "compared_with": os.path.abspath(args.compare),
+                  "this_tree": revision(os.path.dirname(os.path.dirname(
+                      os.path.abspath(__file__)))),
+                  "compared_with": revision(args.compare),
                   "after_over_before_requests_per_s": compare(args.compare, args)}
         text = json.dumps(report, indent=2)
         print(text)
