@@ -64,6 +64,9 @@ _FORMAT = "async_search.connect_four_positions/1"
 # Columns weighted toward the centre (they take part in more lines of four).
 _CENTRE_WEIGHTS = np.array([1.0, 2.0, 3.0, 4.0, 3.0, 2.0, 1.0])
 
+# generate_positions gives up after this many games in a row without a new position.
+_MAX_MISSES = 10_000
+
 #: The shipped sets: name -> (fewest stones, most stones) on the board.
 STAGES: Dict[str, Tuple[int, int]] = {"end": (28, 37), "middle": (14, 27)}
 
@@ -169,7 +172,9 @@ def generate_positions(num_positions: int, *, stones: Tuple[int, int], source: s
     The number of stones of each position is drawn uniformly from ``stones``, and games
     are played until one lasts that long (one that ends before is dropped). A position
     seen before (or its mirror image) is dropped too, and, with ``skip_trivial``, one
-    where every legal move is optimal.
+    where every legal move is optimal. After 10,000 games in a row without a new
+    position it gives up (ValueError): the range holds no more, or games seldom last
+    that long.
 
     Args:
         num_positions: how many positions (>= 0).
@@ -179,6 +184,9 @@ def generate_positions(num_positions: int, *, stones: Tuple[int, int], source: s
         stage: the label put in each position's ``stage``.
         skip_trivial: drop positions in which every legal move is optimal.
         solver: the solver to label with (a fresh one by default).
+
+    Raises:
+        ValueError: for a bad argument, or when the range holds too few positions.
 
     Example:
         >>> ps = generate_positions(2, stones=(30, 32), source="random", seed=0)
@@ -199,22 +207,34 @@ def generate_positions(num_positions: int, *, stones: Tuple[int, int], source: s
     rng = np.random.default_rng(seed)
     seen = set()
     positions: List[SolvedPosition] = []
+    misses = 0  # games in a row that gave no new position
     while len(positions) < num_positions:
         # Replay until a game lasts long enough: dropping the short ones instead would
         # favour the fewest stones, since random games seldom last.
         target = int(rng.integers(low, high + 1))
         moves = None
         while moves is None:
+            if misses >= _MAX_MISSES:
+                dropped = "ended early, repeated a position" + (
+                    " or left no wrong move" if skip_trivial else "")
+                raise ValueError(
+                    f"found only {len(positions)} of {num_positions} positions with {low} "
+                    f"to {high} stones from {source!r} games: {_MAX_MISSES} games in a row "
+                    f"{dropped}; ask for fewer positions or a wider range of stones")
+            misses += 1
             moves = _play_to(game, target, mover, rng)
         state = game.from_moves(moves)
         mirrored = game.from_moves([6 - c for c in moves])
         if state in seen or mirrored in seen:
             continue
         seen.add(state)
+        if skip_trivial and len(game.legal_actions(state)) == 1:
+            continue  # a single move: nothing to get wrong, and nothing to solve
         scores = solver.move_scores(state)
         optimal = optimal_moves_of_scores(scores)
         if skip_trivial and len(optimal) == len(game.legal_actions(state)):
             continue
+        misses = 0
         positions.append(SolvedPosition(
             moves=moves, state=state, score=max(s for s in scores if s is not None),
             move_scores=scores, optimal_moves=optimal, source=source, stage=stage))

@@ -71,6 +71,12 @@ def test_one_stone_positions_are_seven_up_to_mirror_images():
     assert all(p.optimal_moves == (0,) and p.score == 1 for p in positions)
 
 
+def test_asking_for_more_positions_than_the_range_holds_gives_up():
+    with pytest.raises(ValueError, match="found only 4 of 5 positions with 1 to 1 stones"):
+        generate_positions(5, stones=(1, 1), source="random", seed=0,
+                           solver=FirstColumnSolver())
+
+
 def test_no_position_repeats_nor_mirrors_another():
     positions = generate_positions(40, stones=(28, 29), source="selfplay", seed=2)
     states = {p.state for p in positions}
