@@ -86,7 +86,7 @@ async def move_accuracy(choose_move: ChooseMove, positions: Iterable[LabelledPos
 
     Raises:
         ValueError: if a chosen move is not an integer (bool included).
-        Whatever ``choose_move`` raises.
+        Whatever ``choose_move`` raises (the other questions are cancelled first).
 
     Example:
         >>> import asyncio
@@ -111,7 +111,15 @@ async def move_accuracy(choose_move: ChooseMove, positions: Iterable[LabelledPos
                              f"for state {position.state!r}")
         return int(move)
 
-    chosen = tuple(await asyncio.gather(*(ask(p) for p in positions)))
+    tasks = [asyncio.ensure_future(ask(p)) for p in positions]
+    try:
+        chosen = tuple(await asyncio.gather(*tasks))
+    except BaseException:
+        # A chooser failed (or this call was cancelled): no question outlives the call.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     mistakes = tuple(i for i, (p, move) in enumerate(zip(positions, chosen))
                      if move not in p.optimal_moves)
     correct = len(positions) - len(mistakes)

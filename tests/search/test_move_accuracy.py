@@ -57,6 +57,24 @@ async def test_an_awaitable_chooser_is_awaited_and_asked_concurrently(positions)
     assert result.accuracy == 1.0
 
 
+async def test_a_failing_chooser_fails_the_call_and_cancels_the_other_questions(
+        positions):
+    ended = []
+
+    async def choose(state):
+        try:
+            if state == positions[3].state:
+                raise KeyError("no move")
+            await asyncio.sleep(60)
+            return 0
+        finally:
+            ended.append(state)
+
+    with pytest.raises(KeyError, match="no move"):
+        await asyncio.wait_for(move_accuracy(choose, positions), 10)
+    assert len(ended) == len(positions)  # every question ended with the call
+
+
 async def test_an_illegal_move_is_a_mistake(positions):
     full = [p for p in connect_four_positions("end")
             if len(GAME.legal_actions(p.state)) < 7][:5]
