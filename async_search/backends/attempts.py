@@ -100,7 +100,8 @@ Outcome = Tuple[int, bool, Any]
 
 
 class WorkerLost(Exception):
-    """A worker died (its process, task or node): its unreported starts may run again."""
+    """A worker died (its process, task or node): its unreported starts may run again.
+    The message says how, starting with "died" (``"died with exit code -9"``)."""
 
 
 class WorkerBroke(Exception):
@@ -141,7 +142,7 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
         retryable: whether a search's error means that its worker could not serve it
             (every server it could reach died): the start runs again like a lost one.
         record: called with a dict per attempt, for the run's stats: ``attempt``,
-            ``starts``, ``worker``, ``node``, ``ended`` (``"finished"``, ``"died: ..."``,
+            ``starts``, ``worker``, ``node``, ``ended`` (``"finished"``, ``"died ..."``,
             ``"failed: ..."``, ``"timed out: ..."``).
     """
     outcomes: Dict[int, Tuple[bool, Any]] = {}
@@ -268,7 +269,7 @@ def _lost_or_failed(error: Exception, label: str, where: str, pending: set, entr
                     outcomes: dict, lost: dict) -> List[int]:
     """The pending starts of a worker that died (to run again) or failed (they fail)."""
     if isinstance(error, WorkerLost):
-        entry["ended"] = f"died: {error}"
+        entry["ended"] = str(error)  # "died ..."
         for index in pending:
             lost[index].append(f"{label}: {where} {error}")
         return sorted(pending)

@@ -246,7 +246,7 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                     await pool.replace_dead()
                 live = pool.live()
                 if not live:
-                    raise WorkerLost("found no live server actor to serve it")
+                    raise WorkerLost("died before it started: no server actor is alive")
                 key = shares_of[indices[0]] + attempt * num_shares
                 return _ClientTask(ray, task, f"{run_id}-{next(labels)}", key, search_fn,
                                    indices, [starts[j] for j in indices], live, pool.spec,
@@ -395,7 +395,8 @@ class _ServerPool:
         # GPUs take a placement group of whole ones, released by ``kill``).
         self._placement, self._group = await reserve_gpus(ray, place_servers(
             gpus, config.num_servers, config.total_gpu_frac))
-        actors = [self._make(i, 0) for i in range(config.num_servers)]
+        nodes = self._nodes()
+        actors = [self._make(i, 0, nodes) for i in range(config.num_servers)]
         started = await asyncio.gather(*(a.start.remote() for a in actors),
                                        return_exceptions=True)
         self._slots = [None] * config.num_servers
@@ -406,20 +407,37 @@ class _ServerPool:
             raise ServerDiedError(f"no server actor started: {started[0]!r}")
         self.spec = next(s for s in started if not isinstance(s, BaseException))[0]
 
-    def _make(self, i: int, generation: int):
+    def _make(self, i: int, generation: int, nodes: List[str]):
         config = self._config
         name = f"{SERVER_NAME_PREFIX}{self._run_id}-{i}" + (
             f"-{generation}" if generation else "")
         options: Dict[str, Any] = dict(name=name, num_cpus=0, max_concurrency=10_000,
                                        **self._placement.actor_options(i, self._group))
-        if config.placement.spread_servers and "scheduling_strategy" not in options:
-            options["scheduling_strategy"] = "SPREAD"
         if config.placement.server_resources:
             options["resources"] = dict(config.placement.server_resources)
+        if nodes and "scheduling_strategy" not in options:
+            if options["num_gpus"] or config.placement.server_resources:
+                options["scheduling_strategy"] = "SPREAD"  # Ray knows what is free
+            else:
+                # Round robin over the live nodes: such a server asks for nothing, so
+                # it fits anywhere. (Ray's SPREAD put both of two such servers on one
+                # of two nodes half the time, and a soft affinity for the head node
+                # chose the other one.)
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    nodes[(i + generation) % len(nodes)], soft=False)
         actor = self._actor_cls.options(**options).remote(
             self._model_factory, config.policy, config.model_thread, self._num_clients)
         self._actors.append(actor)
         return actor
+
+    def _nodes(self) -> List[str]:
+        """The live nodes, to spread the servers over (none when they are not to be
+        spread)."""
+        if not self._config.placement.spread_servers:
+            return []
+        return sorted(n["NodeID"] for n in self._ray.nodes() if n.get("Alive"))
 
     async def _watch(self, actor, answer) -> _Server:
         _, address = answer
@@ -438,7 +456,8 @@ class _ServerPool:
             if not dead or self._stopping:
                 return
             self.replaced += len(dead)
-            actors = {i: self._make(i, self.replaced) for i in dead}
+            nodes = self._nodes()
+            actors = {i: self._make(i, self.replaced, nodes) for i in dead}
             started = await asyncio.gather(*(a.start.remote() for a in actors.values()),
                                            return_exceptions=True)
             async with self._swapping:  # a push made meanwhile reaches them too

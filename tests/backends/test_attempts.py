@@ -88,7 +88,7 @@ async def test_only_the_starts_a_dead_worker_had_not_reported_run_again():
         ["start", ("ok", 0), ("ok", 4)]])
     assert out == {i: (True, f"result {i}") for i in (0, 2, 4)}
     assert launcher.launched == [([0, 2, 4], 0), ([0, 4], 1)]
-    assert records[0]["ended"] == "died: died with exit code -9"
+    assert records[0]["ended"] == "died with exit code -9"
     assert records[1]["ended"] == "finished"
 
 

@@ -1,0 +1,176 @@
+"""Searches that outlive their worker: ``run_searches(..., retries=N)`` on the process
+and Ray backends. A start whose client process or Ray task died (or, on Ray, whose
+every server died) runs again in a new worker; what finished is kept; when every
+attempt is lost, WorkerDiedError names each. Losing a whole node is in
+test_ray_cluster.py."""
+
+import asyncio
+import functools
+import os
+import signal
+
+import pytest
+
+import async_search as asr
+from async_search.errors import ServerDiedError, WorkerDiedError
+from tests.backends import searches
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+REMOTE = ["process", pytest.param("ray", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(params=REMOTE)
+def remote(request) -> str:
+    """The backends with workers that can die: process, then Ray."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_session")
+    return request.param
+
+
+def expected(starts):
+    return searches.baseline(searches.echo_sum, starts, searches.small_mlp())
+
+
+def test_a_worker_that_died_once_is_replaced_and_every_search_returns(remote, tmp_path):
+    search = functools.partial(searches.die_once, marker_dir=str(tmp_path))
+    starts = list(range(6))
+    out = asr.run_searches(search, starts, searches.small_mlp, backend=remote,
+                           num_procs=2, retries=1)
+    assert out == expected(starts)
+    attempts = out.stats["clients"]
+    died = [a for a in attempts if a["ended"].startswith("died")]
+    assert len(died) == 1 and 2 in died[0]["starts"]
+    retry = [a for a in attempts if a["attempt"] == 1]
+    # Only what the dead worker had not reported runs again, start 2 among it.
+    assert len(retry) == 1 and 2 in retry[0]["starts"]
+    assert set(retry[0]["starts"]) <= set(died[0]["starts"])
+    assert retry[0]["ended"] == "finished"
+
+
+def test_without_retries_a_dead_worker_fails_what_it_had_not_reported(remote, tmp_path):
+    search = functools.partial(searches.die_once, marker_dir=str(tmp_path))
+    out = asr.run_searches(search, list(range(6)), searches.small_mlp, backend=remote,
+                           num_procs=2, retries=0, return_exceptions=True)
+    error = out[2]
+    assert isinstance(error, WorkerDiedError) and isinstance(error, asr.SearchError)
+    assert "start 2 did not finish: its worker died (1 attempt): attempt 1: " in str(error)
+    assert len(error.attempts) == 1
+    # The other client's starts finished.
+    assert [out[i] for i in (1, 3, 5)] == [expected(list(range(6)))[i] for i in (1, 3, 5)]
+
+
+def test_a_start_that_kills_every_worker_it_gets_fails_naming_each_attempt(remote):
+    out = asr.run_searches(searches.kill_self_on_two, list(range(4)), searches.small_mlp,
+                           backend=remote, num_procs=2, retries=2, return_exceptions=True)
+    error = out[2]
+    assert isinstance(error, WorkerDiedError)
+    assert len(error.attempts) == 3
+    for n, attempt in enumerate(error.attempts, 1):
+        assert attempt.startswith(f"attempt {n}: client ")
+        assert ("died with exit code -9" if remote == "process" else "died: ") in attempt
+    assert out[1] == 1 and out[3] == 3  # the other worker's starts
+
+
+def test_retries_are_checked_before_anything_starts():
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="retries"):
+            asr.run_searches(searches.echo_sum, [1], searches.small_mlp, retries=bad)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_lost_server_actor_is_replaced_for_the_retry(retries):
+    """One server: its death fails every search that was waiting on it. With a retry,
+    they run again against a new server actor, which has the model last pushed."""
+    import ray
+
+    from async_search.backends.ray_backend import SERVER_NAME_PREFIX
+
+    pushed = []
+
+    async def push(servers):
+        await servers.update_model(7, version=7)  # VersionModel's weights: its version
+        pushed.append(7)
+
+    def serving_server():
+        for name in ray.util.list_named_actors():
+            if not name.startswith(SERVER_NAME_PREFIX):
+                continue
+            try:
+                actor = ray.get_actor(name)
+                if ray.get(actor.elements.remote(), timeout=30) > 20:
+                    return actor
+            except (ValueError, ray.exceptions.RayActorError):
+                continue
+        return None
+
+    async def run():
+        task = asyncio.ensure_future(asr.run_searches_async(
+            searches.versions_seen, list(range(4)), searches.version_model, backend="ray",
+            num_procs=2, num_servers=1, on_servers=push, retries=retries,
+            return_exceptions=True))
+        await wait_until(serving_server, "the server actor has served", timeout=120,
+                         interval=0.05)
+        os.kill(await serving_server().pid.remote(), signal.SIGKILL)
+        return await task
+
+    out = asyncio.run(run())
+    assert pushed == [7]
+    if retries == 0:
+        assert all(isinstance(r, ServerDiedError) for r in out), out
+        return
+    assert out.stats["servers_died"] == 1 and out.stats["servers_replaced"] == 1
+    # Every search returned, from its second attempt, on the replacement: version 7
+    # (pushed before it was killed, so before the replacement started) and no other.
+    assert out == [[7]] * 4
+    assert len(out.stats["server_nodes"]) == 2  # the first server and its replacement
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_ray_placement_options_reach_the_cluster():
+    from async_search.backends import RayPlacement
+
+    starts = [3, 1, 2, 4]
+    out = asr.run_searches(searches.echo_sum, starts, searches.small_mlp, backend="ray",
+                           num_procs=2, num_servers=2,
+                           placement=RayPlacement(spread_clients=False, spread_servers=False,
+                                                  server_gpus="none"))
+    assert out == expected(starts)
+    import ray
+    here = ray.get_runtime_context().get_node_id()
+    assert out.stats["server_nodes"] == [here, here]
+    assert {a["node"] for a in out.stats["clients"]} == {here}
+    with pytest.raises(ValueError, match="server_gpus='required'.*has no GPU"):
+        asr.run_searches(searches.echo_sum, starts, searches.small_mlp, backend="ray",
+                         placement=RayPlacement(server_gpus="required"))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_servers_that_cannot_be_placed_end_with_the_runs_timeout():
+    """A resource no node has: Ray waits for it forever; the run's timeout ends it."""
+    from async_search.backends import RayPlacement
+    from async_search.errors import SearchTimeoutError
+
+    out = asr.run_searches(searches.echo_sum, [1, 2], searches.small_mlp, backend="ray",
+                           timeout=3.0, return_exceptions=True,
+                           placement=RayPlacement(server_resources={"no_such_node": 1}))
+    assert all(isinstance(r, SearchTimeoutError) for r in out)
+    assert "while the server actors started" in str(out[0])
+
+
+def test_bad_placements_are_named():
+    from async_search.backends import RayPlacement
+
+    for bad, name in ((dict(server_gpus="gpu"), "server_gpus"),
+                      (dict(spread_clients=1), "spread_clients"),
+                      (dict(server_resources={"GPU": -1}), "server_resources"),
+                      (dict(client_resources=["x"]), "client_resources")):
+        with pytest.raises(ValueError, match=name):
+            RayPlacement(**bad)
+    with pytest.raises(ValueError, match="placement must be a RayPlacement"):
+        asr.run_searches(searches.echo_sum, [1], searches.small_mlp, placement="spread")
