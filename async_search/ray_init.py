@@ -23,6 +23,11 @@ def ensure_ray(address: str | None = None):
     """Ray, initialised: joins ``address`` if given, else starts Ray on this machine with
     its CPUs and no dashboard (unless Ray is already running in this process).
 
+    Raises:
+        ConnectionError: the cluster at ``address`` could not be joined; without
+            ``RAY_AUTH_MODE=token`` the message says how to join one that uses token
+            authentication.
+
     Example:
         >>> ray = ensure_ray()  # doctest: +SKIP
         >>> shutdown_ray()      # doctest: +SKIP
@@ -39,8 +44,17 @@ def ensure_ray(address: str | None = None):
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    except BaseException:  # cut short: end what it started before going on
+    except BaseException as e:  # cut short: end what it started before going on
         _undo_start(ray, before)
+        refused = (ConnectionError,
+                   getattr(ray.exceptions, "AuthenticationError", ConnectionError))
+        if address is not None and isinstance(e, refused) and (
+                os.environ.get("RAY_AUTH_MODE", "").lower() != "token"):
+            raise ConnectionError(f"{e}. If the cluster uses Ray's token authentication "
+                                  f"(Ray 2.60 turns it on by default), set "
+                                  f"RAY_AUTH_MODE=token here and give this process the "
+                                  f"cluster's token (~/.ray/auth_token, RAY_AUTH_TOKEN or "
+                                  f"RAY_AUTH_TOKEN_PATH)") from e
         raise
     finally:
         if callable(caller_handler):  # the caller's own handler, not Ray's sys.exit

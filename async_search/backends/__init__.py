@@ -133,7 +133,9 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             is present).
         max_batch_size, max_delay, pipeline_depth: each server's dispatch policy.
         use_uvloop: run the event loops on uvloop, when installed.
-        address: Ray: an existing cluster's address; None starts Ray locally.
+        address: Ray: an existing cluster's address; None starts Ray locally. A
+            cluster with token authentication needs ``RAY_AUTH_MODE=token`` and its
+            token here (the README's "Joining a cluster").
         total_gpu_frac: Ray: GPU fraction shared by the servers.
         model_thread: where servers run their models: "auto" (default: a device
             thread, or the server's loop while a batch takes under 200 us), True

@@ -174,8 +174,12 @@ class SearchResults(list):
     servers (batches, elements, mean_batch_size, std_batch_size, model_time_s,
     fraction_in_model: model time over wall time per server), ``servers`` (each
     server's own stats) and ``trace`` (a BatchRecord per batch, ordered by time). The
-    Ray backend adds ``startup_s`` (starting the server actors and building their
-    models, left out of wall_time_s) and ``servers_died``.
+    process and Ray backends add ``clients``: a dict per attempt (``attempt``, its
+    ``starts``, ``worker``, ``node`` on Ray, how it ``ended``). The Ray backend adds
+    ``startup_s`` (starting the server actors and building their models, left out of
+    wall_time_s), ``servers_died``, ``servers_replaced``, ``server_nodes`` and
+    ``server_gpus`` (per server started), ``routers`` and ``transports`` (per client
+    task that finished).
     """
 
     def __init__(self, results: Sequence[Any], stats: dict):

@@ -4,30 +4,40 @@ Each server is an async actor holding a BatchingServer. Each client task runs it
 of the starts in its own event loop; its evaluate function is a ``servers.Router``
 (least outstanding, with a circuit breaker and stats per server) over one
 ``CoalescingClient`` per server (with one server, that client itself): a loop
-iteration's requests to a server leave as one message. Ray places the tasks and actors, starts and stops them, pushes weights and
-finds the dead; the messages do not go through actor calls, which cost a millisecond
-or more each here, but through a direct socket from the client task to the server
-actor (``queues.ray_actor.DirectListener``: the address and its token come with the
-actor's handle), one frame per loop iteration as in the process backend, each client
-served on the actor's one BatchingServer by its ``ConnectionServer``. A client that
-cannot reach the actor's address (a firewall between nodes) falls back on actor calls:
-the actor also hosts a request queue, read by the same ``ConnectionServer`` on a forked
-connection, and one answer queue per client (``QueueHost``); a loop iteration's
-requests then leave as one actor call that also waits for their answers
-(``stats["transports"]`` says which each client used). The server actors are spread
-over every GPU of the cluster (``gpu_placement``): the servers on a GPU share
-``total_gpu_frac`` of it, and each uses the GPU Ray assigns it (``stats["server_gpus"]``).
+iteration's requests to a server leave as one message. Ray places the tasks and
+actors, starts and stops them, pushes weights and finds the dead; the messages do not
+go through actor calls, which cost a millisecond or more each here, but through a direct
+socket from the client task to the server actor (``queues.ray_actor.DirectListener``:
+the address and its token come with the actor's handle), one frame per loop iteration
+as in the process backend, each client served on the actor's one BatchingServer by its
+``ConnectionServer``. A client that cannot reach the actor's address (a firewall between
+nodes) falls back on actor calls: the actor also hosts a request queue, read by the same
+``ConnectionServer`` on a forked connection, and one answer queue per client attempt
+(``QueueHost``); a loop iteration's requests then leave as one actor call that also
+waits for their answers (``stats["transports"]`` says which each client used).
+
+Placement (``RayPlacement``): the client tasks are spread over the nodes, the server
+actors round robin over the live nodes, or over every GPU of the cluster
+(``gpu_placement``: the servers on a GPU share ``total_gpu_frac`` of it, and each uses
+the GPU Ray assigns it, ``stats["server_gpus"]``).
+
+A client task is a streaming generator: it yields its node and process, then each
+search's outcome as the search ends, from an event loop in a thread of its own (a yield
+never stalls the searches). A task, node or server lost mid-run costs only the starts
+not reported yet, which ``attempts.run_share`` runs again in a new task, with the
+servers alive then (a dead server actor is replaced first, with the model last pushed);
+past a deadline the task is cancelled and its process killed.
 
 A server that dies (killed, crashed) fails its outstanding requests with
 ServerDiedError: its socket closes (or its actor calls fail), and each client also
 awaits a call to the actor that returns only when the server stops, so that Ray's own
-news of a dead actor or node ends the connection too. The router sends them again to
-a surviving server; when none survives, they fail. Each answer carries the model version that computed it
-(``evaluate.with_version``); ``on_servers`` pushes a new model to every live actor and
-waits for each to answer. Failures travel as ``remote.Failure`` (answers are made
-portable where they are made), and each search's outcome is pickled on its own, so an
-exception or result that cannot travel fails its own start, named, with its traceback as
-text, and never the client task.
+news of a dead actor or node ends the connection too. The router sends them again to a
+surviving server; when none survives, they fail (and the start runs again). Each answer
+carries the model version that computed it (``evaluate.with_version``); ``on_servers``
+pushes a new model to every live actor and waits for each to answer. Failures travel as
+``remote.Failure`` (answers are made portable where they are made), and each search's
+outcome is pickled on its own, so an exception or result that cannot travel fails its
+own start, named, with its traceback as text, and never the client task.
 """
 
 from __future__ import annotations
@@ -740,7 +750,8 @@ class _Client:
             # with ServerDiedError either way), and a router's ~4 us per request would
             # be a third of a round trip: the client is the evaluate function, as in
             # the process backend.
-            router = Router(clients, policy="least_outstanding") if len(clients) > 1 else None
+            router = (Router(clients, policy="least_outstanding") if len(clients) > 1
+                      else None)
             evaluate = router if router is not None else clients["server-0"]
             dumps, loads = _pickler()
             # Each outcome is pickled on its own and checked to load: one that cannot

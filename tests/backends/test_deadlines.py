@@ -57,7 +57,7 @@ def test_without_return_exceptions_a_timed_out_search_is_a_named_failure(backend
 
 
 def test_the_run_timeout_fails_what_is_unfinished_and_returns_soon_after(backend):
-    timeout = 4.0 if backend.name == "local" else 15.0  # worker processes start first
+    timeout = 4.0 if backend.name == "local" else 8.0  # worker processes start first
     starts = [1, 2, 3, 4]
     began = time.monotonic()
     out = backend.run(searches.endless_on_two, starts, searches.small_mlp, timeout=timeout,
@@ -98,11 +98,11 @@ def test_a_stopped_client_is_killed_at_the_runs_timeout(backend, tmp_path):
         pytest.skip("the local backend has no worker processes")
     search = functools.partial(searches.stuck_on_two, pid_dir=str(tmp_path), how="stop")
     began = time.monotonic()
-    out = backend.run(search, [1, 2, 3], searches.small_mlp, num_procs=3, timeout=15.0,
+    out = backend.run(search, [1, 2, 3], searches.small_mlp, num_procs=3, timeout=8.0,
                       return_exceptions=True)
-    assert time.monotonic() - began < 15.0 + HANG_S
+    assert time.monotonic() - began < 8.0 + HANG_S
     assert isinstance(out[1], SearchTimeoutError)
-    assert "the run's timeout of 15.0 s" in str(out[1])
+    assert "the run's timeout of 8.0 s" in str(out[1])
     pid = int((tmp_path / "pid").read_text())
     assert not alive(pid), f"the stopped worker (pid {pid}) is still there after the call"
 

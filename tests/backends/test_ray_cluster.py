@@ -94,3 +94,19 @@ def test_a_node_lost_mid_run_with_retries_loses_no_search(cluster):
     retried = [c for c in result["clients"] if c["attempt"] == 1]
     assert retried and all(c["node"] == head and c["ended"] == "finished"
                            for c in retried)
+
+
+def test_joining_without_token_mode_says_how_to_join(cluster):
+    """Ray's own error is "Failed to connect": ensure_ray adds what is missing."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_MODE"}
+    env["RAY_gcs_server_port_wait_time_s"] = "2"  # Ray tries for 20 s before it says
+    code = ("from async_search.ray_init import ensure_ray; "
+            f"ensure_ray({cluster.address!r})")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=cluster.env["PYTHONPATH"])
+    assert done.returncode != 0
+    assert "set RAY_AUTH_MODE=token here and give this process the cluster's token" in (
+        done.stderr)

@@ -137,8 +137,8 @@ def test_ray_placement_options_reach_the_cluster():
     starts = [3, 1, 2, 4]
     out = asr.run_searches(searches.echo_sum, starts, searches.small_mlp, backend="ray",
                            num_procs=2, num_servers=2,
-                           placement=RayPlacement(spread_clients=False, spread_servers=False,
-                                                  server_gpus="none"))
+                           placement=RayPlacement(spread_clients=False,
+                                                  spread_servers=False, server_gpus="none"))
     assert out == expected(starts)
     import ray
     here = ray.get_runtime_context().get_node_id()
