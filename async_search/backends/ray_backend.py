@@ -79,6 +79,11 @@ __all__ = ["run_ray", "ServerActor", "SERVER_NAME_PREFIX", "CLIENT_NAME_PREFIX"]
 SERVER_NAME_PREFIX = "async_search-server-"
 #: Client tasks are named ``async_search-client-<run id>-<n>`` (their workers' title).
 CLIENT_NAME_PREFIX = "async_search-client-"
+#: Seconds between calls to a server actor that Ray could not reach.
+_UNAVAILABLE_RETRY_S = 1.0
+#: Seconds a client task gathers outcomes before it yields them (their last one, and
+#: the task's end, leave at once).
+_GATHER_S = 0.02
 
 _REQUESTS = "requests"
 #: Seconds ``stop`` waits for direct connections that their clients have not closed
@@ -410,9 +415,13 @@ class _ServerPool:
         started = await asyncio.gather(*(a.start.remote() for a in actors),
                                        return_exceptions=True)
         self._slots = [None] * config.num_servers
-        for i, (actor, answer) in enumerate(zip(actors, started)):
-            if not isinstance(answer, BaseException):
-                self._slots[i] = await self._watch(actor, answer)
+        up = [i for i, answer in enumerate(started)
+              if not isinstance(answer, BaseException)]
+        known = await asyncio.gather(*(self._server_of(actors[i], started[i])
+                                       for i in up))
+        for i, server in zip(up, known):
+            self._slots[i] = server
+            self.servers.append(server)
         if not self.live():
             raise ServerDiedError(f"no server actor started: {started[0]!r}")
         self.spec = next(s for s in started if not isinstance(s, BaseException))[0]
@@ -449,14 +458,13 @@ class _ServerPool:
             return []
         return sorted(n["NodeID"] for n in self._ray.nodes() if n.get("Alive"))
 
-    async def _watch(self, actor, answer) -> _Server:
+    async def _server_of(self, actor, answer) -> _Server:
+        """The runner's record of a started actor: its address, GPUs, node, and a watch."""
         _, address = answer
         where = await asyncio.gather(actor.gpu_ids.remote(), actor.node.remote(),
                                      return_exceptions=True)
-        server = _Server(actor, address, asyncio.ensure_future(actor.watch.remote()),
-                         *(w if not isinstance(w, BaseException) else None for w in where))
-        self.servers.append(server)
-        return server
+        return _Server(actor, address, asyncio.ensure_future(_until_stopped(actor)),
+                       *(w if not isinstance(w, BaseException) else None for w in where))
 
     async def replace_dead(self) -> None:
         """Starts a new actor in the place of each dead one (with the model last pushed)
@@ -479,7 +487,8 @@ class _ServerPool:
                             await actor.update_model.remote(*self._latest)
                         except Exception:  # noqa: BLE001 - it stays out
                             continue
-                    self._slots[i] = await self._watch(actor, answer)
+                    self._slots[i] = await self._server_of(actor, answer)
+                    self.servers.append(self._slots[i])
 
     async def push(self, model_or_weights: Any, version: Hashable) -> None:
         """``push`` for ``ModelServers``: swaps the model of every live server actor and
@@ -690,14 +699,25 @@ class _ClientLoop:
             if item[0] == _DONE:
                 yield item
                 return
-            ready = list(item[1])
-            while not self._items.empty():  # everything that ended meanwhile, at once
-                following = self._next()
-                if following[0] != _OUTCOMES:
-                    self._items.put(following)  # only the loop thread's last word
+            # What else ends within a short window leaves with it: each item costs the
+            # runner a fraction of a millisecond, and outcomes are not urgent.
+            ready, last = list(item[1]), None
+            until = time.monotonic() + _GATHER_S
+            while last is None and (left := until - time.monotonic()) > 0:
+                try:
+                    following = self._items.get(timeout=left)
+                except queue.Empty:
                     break
-                ready += following[1]
+                if following[0] == "error":
+                    raise following[1]
+                if following[0] == _DONE:
+                    last = following
+                else:
+                    ready += following[1]
             yield _OUTCOMES, ready
+            if last is not None:
+                yield last
+                return
 
     def join(self) -> None:
         self._go.set()
@@ -797,11 +817,25 @@ async def _connect(server, address: DirectAddress | None, number: int,
     return KeyedConnection(number, Connection(answers, requests)), "actor"
 
 
+async def _until_stopped(actor) -> None:
+    """Returns when the server actor stops; raises RayActorError once Ray says that it
+    died. An actor that Ray cannot reach for a while (ActorUnavailableError: its node
+    cut off, not yet found dead) is asked again: that is no death yet."""
+    import ray
+
+    unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())
+    while True:
+        try:
+            return await actor.watch.remote()
+        except unavailable:
+            await asyncio.sleep(_UNAVAILABLE_RETRY_S)
+
+
 async def _watch(server, connection: Connection) -> None:
     """Ends ``connection`` when Ray reports the server actor dead (a socket to a lost
     node may say nothing for a long while)."""
     try:
-        await server.watch.remote()
+        await _until_stopped(server)
     except Exception:  # RayActorError: the actor (or its node) is gone
         with contextlib.suppress(Exception):
             connection.inbound.close()  # its reader fails what is pending with

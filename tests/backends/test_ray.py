@@ -192,3 +192,33 @@ async def test_a_direct_client_learns_from_ray_that_its_server_died():
             a.close()
             b.close()
         ray.kill(actor)
+
+
+async def test_a_server_ray_cannot_reach_for_a_while_is_not_taken_for_dead(monkeypatch):
+    """ActorUnavailableError (its node cut off, not yet found dead) is asked again; only
+    Ray's word that the actor died ends the watch with an error."""
+    from async_search.backends import ray_backend
+
+    monkeypatch.setattr(ray_backend, "_UNAVAILABLE_RETRY_S", 0.01)
+
+    class Actor:
+        def __init__(self, answers):
+            self.answers = list(answers)
+            self.watch = self  # actor.watch.remote()
+
+        def remote(self):
+            answer = self.answers.pop(0)
+
+            async def call():
+                if isinstance(answer, BaseException):
+                    raise answer
+                return answer
+            return call()
+
+    unavailable = ray.exceptions.ActorUnavailableError("cut off", None)
+    stopping = Actor([unavailable, unavailable, None])
+    assert await asyncio.wait_for(ray_backend._until_stopped(stopping), 10) is None
+    assert stopping.answers == []
+    dying = Actor([unavailable, ray.exceptions.ActorDiedError()])
+    with pytest.raises(ray.exceptions.ActorDiedError):
+        await asyncio.wait_for(ray_backend._until_stopped(dying), 10)
