@@ -6,8 +6,9 @@
     python main.py --multi_server     # Ray with several servers and client processes
     python main.py --architecture all # self-play through pipe, queue, client topologies
     python main.py --train connect_four     # AlphaZero from scratch: self-play, train, arena
+    python main.py --train connect_four --policy gumbel --simulations 32 --reuse_tree
     python main.py --train sliding_puzzle   # a learned 15-puzzle heuristic (DAVI) vs Manhattan
-    python main.py --search mcts --model pretrained   # the shipped trained nets
+    python main.py --untrained        # the same searches guided by an untrained net
 
 Each run prints its search time, model time, fraction in the model and batch sizes, with
 a progress bar over model evaluations while it runs; every run's results are checked
@@ -45,7 +46,7 @@ logging.getLogger("tensorflow").setLevel(logging.ERROR)
 from absl import app, flags  # noqa: E402
 
 from async_search.backends.config import RunConfig  # noqa: E402
-from async_search.experiments import params as params_lib  # noqa: E402
+from async_search.experiments import config as config_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -82,7 +83,9 @@ flags.DEFINE_bool("skip_sync", False, "Skip the synchronous baseline; results ar
 flags.DEFINE_integer("num_searches", 8, "Searches (starts) per run.")
 flags.DEFINE_integer("gnn_budget", None, "Model evaluations each search may spend "
                      "(MCTS: simulations per search); default 20000, 100000 with "
-                     "--continuous (one search).")
+                     "--continuous (one search). 20000 is four times what the hardest "
+                     "default A* search needs with the trained heuristic at --weight "
+                     "0.3 (4785 evaluations): every search solves its puzzle.")
 flags.DEFINE_integer("batch_size", 4, "Nodes a search expands per request (A* buffer, "
                      "MCTS leaves per round).")
 flags.DEFINE_integer("num_rollouts", 4, "Rollouts per round, in lockstep (--search "
@@ -91,10 +94,18 @@ flags.DEFINE_integer("rollout_depth", 24, "Steps of one rollout at most.")
 flags.DEFINE_integer("max_in_flight", 512, "Requests continuous A* keeps in flight.")
 flags.DEFINE_integer("scramble", 100, "Random moves from the goal to each puzzle start.")
 flags.DEFINE_integer("seed", 0, "Seeds the starts, the searches and the network.")
-flags.DEFINE_enum("model", "tf", ["tf", "numpy", "pretrained"], "The network: an "
-                  "untrained TensorFlow net, its bitwise-equal NumPy twin, or the trained "
-                  "NumPy net shipped in the package (problems.pretrained).")
-flags.DEFINE_list("hidden_sizes", ["256", "256"], "Widths of the network's hidden layers.")
+flags.DEFINE_enum("model", "tf", ["tf", "numpy"], "Where the network runs: "
+                  "TensorFlow (problems.tf_twin of the NumPy net) or NumPy; the two "
+                  "compute bitwise the same outputs. The net is the trained one shipped "
+                  "in the package (problems.pretrained: the 15-puzzle heuristic, the "
+                  "Connect Four policy-value net) unless --untrained.")
+flags.DEFINE_bool("untrained", False, "Guide the searches with an untrained net, seeded "
+                  "by --seed, of --hidden_sizes, instead of the trained one: it shows "
+                  "the machinery (batches, processes, Ray) but not the point, since its "
+                  "A* searches spend their whole budget without solving a puzzle.")
+flags.DEFINE_list("hidden_sizes", ["256", "256"], "Widths of the network's hidden "
+                  "layers: the untrained net's (--untrained), and the net --train "
+                  "trains.")
 
 # -- serving and placement --------------------------------------------------------------
 flags.DEFINE_integer("max_batch_size", None, "Most elements per batch (default 256; "
@@ -143,8 +154,29 @@ flags.DEFINE_integer("final_games", 40, "--train connect_four: games per match i
                      "final evaluation.")
 flags.DEFINE_integer("uct_rollouts", 300, "--train connect_four: rollouts per move of "
                      "the UCT baseline.")
-flags.DEFINE_float("weight", 0.3, "--train sliding_puzzle: weight of g in the "
-                   "batch-weighted A* that compares the heuristics.")
+flags.DEFINE_enum("policy", "puct", ["puct", "gumbel"], "--train connect_four: the "
+                  "search of self-play and of the evaluation agent: AlphaZero's PUCT "
+                  "(visit counts as the policy target) or Gumbel AlphaZero (the improved "
+                  "policy as the target; it learns well with --simulations 16-32).")
+flags.DEFINE_bool("reuse_tree", False, "--train connect_four: keep the subtree under "
+                  "each move played for the next move's search, in self-play and in the "
+                  "evaluation agent's games.")
+flags.DEFINE_integer("accuracy_positions", 50, "--train connect_four: solver-labelled "
+                     "positions of each set (end game, middle game; 200 each) on which "
+                     "the candidate's move accuracy is measured per iteration, the net "
+                     "alone and the evaluation agent (0: none).")
+flags.DEFINE_integer("strong_uct_rollouts", 1000, "--train connect_four: rollouts per "
+                     "move of the stronger UCT baseline.")
+flags.DEFINE_integer("strong_uct_games", 10, "--train connect_four: games against the "
+                     "stronger UCT baseline per iteration (0: none); the final "
+                     "evaluation plays --final_games against it unless this is 0.")
+flags.DEFINE_float("weight", 0.3, "Weight of the path cost g in A*'s priority weight * "
+                   "g + h (--search astar, --continuous, and the comparison of "
+                   "heuristics on Korf's 100 after --train sliding_puzzle). Below 1 is "
+                   "batch-weighted A*: the trained heuristic overestimates a little, and "
+                   "at 0.3 every default search solves its puzzle in under 5000 "
+                   "evaluations, where plain A* (1) spends the 20000 budget on 7 of the "
+                   "8 without reaching the goal.")
 
 # -- output -----------------------------------------------------------------------------
 flags.DEFINE_string("save_path", "results/results.png", "Where the plot goes; the JSON "
@@ -164,6 +196,7 @@ _POSITIVE = {
     "games_per_client": "games per client", "iterations": "iterations",
     "games_per_iteration": "games per iteration", "train_steps": "steps per iteration",
     "final_games": "games per match", "uct_rollouts": "rollouts per move",
+    "strong_uct_rollouts": "rollouts per move",
 }
 
 
@@ -183,7 +216,8 @@ def _check(name: str, ok, accepts: str) -> None:
 
 for _name, _what in _POSITIVE.items():
     _check(_name, lambda v: v is None or v >= 1, f"an integer >= 1 ({_what})")
-for _name in ("scramble", "seed", "cache_capacity", "eval_games"):
+for _name in ("scramble", "seed", "cache_capacity", "eval_games", "accuracy_positions",
+              "strong_uct_games"):
     _check(_name, lambda v: v >= 0, "an integer >= 0")
 _check("max_batch_size", lambda v: v is None or v >= 1, "an integer >= 1 (elements)")
 _check("weight", lambda v: v >= 0, "a number >= 0 (the weight of the path cost)")
@@ -289,18 +323,18 @@ def _command() -> str:
                                 for i, a in enumerate(sys.argv))
 
 
-def _search_params(search: str) -> params_lib.SearchParams:
+def _search_config(search: str) -> config_lib.SearchConfig:
     continuous = search == "continuous"
     budget = FLAGS.gnn_budget or (100_000 if continuous else 20_000)
-    return params_lib.SearchParams(
+    return config_lib.SearchConfig(
         search=search, num_searches=1 if continuous else FLAGS.num_searches,
-        gnn_budget=budget, batch_size=FLAGS.batch_size,
+        gnn_budget=budget, batch_size=FLAGS.batch_size, weight=FLAGS.weight,
         num_rollouts=FLAGS.num_rollouts, rollout_depth=FLAGS.rollout_depth,
         max_in_flight=FLAGS.max_in_flight, scramble=FLAGS.scramble, seed=FLAGS.seed)
 
 
-def _model_params(max_batch_size: int) -> params_lib.ModelParams:
-    return params_lib.ModelParams(kind=FLAGS.model,
+def _model_config(max_batch_size: int) -> config_lib.ModelConfig:
+    return config_lib.ModelConfig(kind=FLAGS.model, trained=not FLAGS.untrained,
                                   hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
                                   seed=FLAGS.seed, max_batch_size=max(1024, max_batch_size))
 
@@ -340,8 +374,7 @@ def build_experiment():
         import dataclasses
         runs = tuple(dataclasses.replace(r, address=FLAGS.address)
                      if r.backend == "ray" else r for r in runs)
-    return suites.Experiment(title, _search_params(search), _model_params(batch),
-                             runs).check()
+    return suites.Experiment(title, _search_config(search), _model_config(batch), runs)
 
 
 def run_searches_experiment(experiment, done: "Done | None" = None) -> int:
@@ -389,34 +422,35 @@ def build_architectures():
 
     names = (architectures.ARCHITECTURES if FLAGS.architecture == "all"
              else (FLAGS.architecture,))
-    params = architectures.SelfPlayParams(
-        num_samples=FLAGS.num_samples, simulations=FLAGS.simulations,
-        num_parallel=FLAGS.batch_size, games_per_client=FLAGS.games_per_client,
-        seed=FLAGS.seed).check()
-    topology = architectures.TopologyParams(
+    from async_search.training.selfplay import SelfPlayConfig
+
+    samples = architectures.SamplesConfig(
+        num_samples=FLAGS.num_samples, games_per_client=FLAGS.games_per_client,
+        selfplay=SelfPlayConfig(simulations=FLAGS.simulations,
+                                num_parallel=FLAGS.batch_size, seed=FLAGS.seed))
+    topology = architectures.TopologyConfig(
         num_clients=FLAGS.num_procs, num_servers=FLAGS.num_servers,
         cache_capacity=FLAGS.cache_capacity, max_batch_size=FLAGS.max_batch_size or 256,
-        max_delay=FLAGS.max_delay, use_uvloop=FLAGS.uvloop).check()
-    return names, params, topology, _model_params(topology.max_batch_size).check()
+        max_delay=FLAGS.max_delay, use_uvloop=FLAGS.uvloop)
+    return names, samples, topology, _model_config(topology.max_batch_size)
 
 
 def run_architecture_experiment(plan, done: "Done | None" = None) -> int:
     """Runs the self-play topologies, printing each; returns the exit status."""
     from async_search.experiments import architectures
 
-    names, params, topology, model = plan
+    names, samples, topology, model = plan
     done = done or Done()
     done.expect("architectures", len(names))
-    print(f"--architecture={FLAGS.architecture}: {params.describe()}; "
-          f"{topology.describe()}; {FLAGS.model} net "
-          f"{'x'.join(FLAGS.hidden_sizes)}\n", flush=True)
+    print(f"--architecture={FLAGS.architecture}: {samples.describe()}; "
+          f"{topology.describe()}; {model.describe()}\n", flush=True)
 
     def on_report(report):
         done.finished += 1
         print(architectures.format_architecture(report), flush=True)
 
     result = architectures.run_architectures(
-        names, params, topology, model, save_path=save_path("architectures"),
+        names, samples, topology, model, save_path=save_path("architectures"),
         show_progress=FLAGS.progress, command=_command(), on_report=on_report)
     print()
     print(architectures.format_architecture_table(result.reports))
@@ -431,7 +465,7 @@ def run_architecture_experiment(plan, done: "Done | None" = None) -> int:
 
 
 def build_training():
-    """What --train asks for: (config, held-out params or None, save_dir), checked."""
+    """What --train asks for: (config, held-out config or None, save_dir), checked."""
     import dataclasses
 
     save_dir = FLAGS.save_dir or os.path.join(os.path.dirname(FLAGS.save_path) or ".",
@@ -444,7 +478,12 @@ def build_training():
             iterations=FLAGS.iterations or defaults.iterations,
             games_per_iteration=FLAGS.games_per_iteration,
             selfplay=dataclasses.replace(defaults.selfplay, simulations=FLAGS.simulations,
-                                         value_target=FLAGS.value_target),
+                                         value_target=FLAGS.value_target,
+                                         policy=FLAGS.policy, reuse_tree=FLAGS.reuse_tree),
+            eval_policy=FLAGS.policy, eval_reuse_tree=FLAGS.reuse_tree,
+            accuracy_positions=FLAGS.accuracy_positions,
+            strong_uct_rollouts=FLAGS.strong_uct_rollouts,
+            strong_uct_games=FLAGS.strong_uct_games,
             train_steps=FLAGS.train_steps or defaults.train_steps,
             hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
             eval_games=FLAGS.eval_games, uct_rollouts=FLAGS.uct_rollouts,
@@ -456,7 +495,7 @@ def build_training():
             from async_search.training import Commander
             _check_resume(Commander, config, save_dir)
         return config, None, save_dir
-    from async_search.experiments.heuristic_training import HeldOutParams
+    from async_search.experiments.heuristic_training import HeldOutConfig
     from async_search.training import Davi, DaviConfig
 
     defaults = DaviConfig()
@@ -464,7 +503,7 @@ def build_training():
                         train_steps=FLAGS.train_steps or defaults.train_steps,
                         hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
                         seed=FLAGS.seed)
-    held_out = HeldOutParams(weight=FLAGS.weight, budget=FLAGS.gnn_budget or 20_000,
+    held_out = HeldOutConfig(weight=FLAGS.weight, budget=FLAGS.gnn_budget or 20_000,
                              buffer_size=FLAGS.batch_size if FLAGS["batch_size"].present
                              else 16, max_batch_size=FLAGS.max_batch_size or 1024)
     if FLAGS.resume:
@@ -506,17 +545,23 @@ def _run_training(plan) -> int:
         from async_search.experiments.training import (format_final,
                                                        run_connect_four_training)
 
+        search = {"puct": "MCTS", "gumbel": "Gumbel MCTS"}[config.selfplay.policy]
+        reuse = ", tree reuse" if config.selfplay.reuse_tree else ""
         print(f"--train connect_four: {config.iterations} iterations of "
-              f"{config.games_per_iteration} self-play games (MCTS, "
-              f"{config.selfplay.simulations} simulations), {config.train_steps} training "
-              f"steps, arena of {config.arena_games} games (promote at "
-              f"{config.gate_threshold}), {config.eval_games} games against each baseline; "
-              f"self-play on {config.backend}; saved in {save_dir}\n", flush=True)
+              f"{config.games_per_iteration} self-play games ({search}, "
+              f"{config.selfplay.simulations} simulations{reuse}), {config.train_steps} "
+              f"training steps, arena of {config.arena_games} games (promote at "
+              f"{config.gate_threshold}), {config.eval_games} games against each baseline "
+              f"({config.strong_uct_games} against UCT-{config.strong_uct_rollouts}), move "
+              f"accuracy on {config.accuracy_positions} end-game and middle-game "
+              f"positions; self-play on {config.backend}; saved in {save_dir}\n",
+              flush=True)
         result = run_connect_four_training(
             config, save_dir=save_dir, resume=FLAGS.resume, png_path=png,
             final_games=FLAGS.final_games, final_simulations=config.eval_simulations,
             show_progress=FLAGS.progress, command=_command(),
-            print_fn=lambda line: print(line, flush=True))
+            print_fn=lambda line: print(line, flush=True),
+            final_strong_uct_games=FLAGS.final_games if config.strong_uct_games else 0)
         print()
         print(format_final(result["final_evaluation"], FLAGS.final_games,
                            config.eval_simulations))

@@ -11,15 +11,27 @@ Example:
 from async_search.backends import SearchResults, run_searches, run_searches_async
 from async_search.base import (Evaluate, Model, Outputs, TensorSpec, Versioned,
                                VersionedEvaluate)
-from async_search.errors import (CircuitOpenError, InputSpecError, ModelOutputError,
-                                 RequestTimeoutError, SearchError, SearchTimeoutError,
-                                 ServerClosedError, ServerDiedError, WorkerDiedError)
-from async_search.servers import CachedEvaluate, Router, immediate, serve, serve_connection
+from async_search.errors import (CheckpointError, CircuitOpenError, ClosedConnection,
+                                 CloseTimeoutError, ConnectionGoneError,
+                                 DeviceNotFoundError, FileWriteError, InputSpecError,
+                                 LoadParametersError, ModelLoadError, ModelNotFoundError,
+                                 ModelNotReadyError, ModelOutputError, ModelRaisedError,
+                                 ProtocolError, RemoteError, RemoteTraceback,
+                                 RepositoryError, RequestTimeoutError, SearchError,
+                                 SearchTimeoutError, ServerClosedError, ServerCrashedError,
+                                 ServerDiedError, WorkerDiedError)
+from async_search.routing import CachedEvaluate, Router
+from async_search.servers import immediate, serve, serve_connection
 
 __all__ = [
     "Evaluate", "Model", "Outputs", "TensorSpec", "Versioned", "VersionedEvaluate",
-    "CircuitOpenError", "InputSpecError", "ModelOutputError", "SearchError",
-    "ServerClosedError", "ServerDiedError", "RequestTimeoutError", "SearchTimeoutError",
+    # every exception a caller can get (errors.py)
+    "CheckpointError", "CircuitOpenError", "ClosedConnection", "CloseTimeoutError",
+    "ConnectionGoneError", "DeviceNotFoundError", "FileWriteError", "InputSpecError",
+    "LoadParametersError", "ModelLoadError", "ModelNotFoundError", "ModelNotReadyError",
+    "ModelOutputError", "ModelRaisedError", "ProtocolError", "RemoteError",
+    "RemoteTraceback", "RepositoryError", "RequestTimeoutError", "SearchError",
+    "SearchTimeoutError", "ServerClosedError", "ServerCrashedError", "ServerDiedError",
     "WorkerDiedError",
     "immediate", "serve", "serve_connection", "CachedEvaluate", "Router",
     "run_searches", "run_searches_async", "SearchResults",

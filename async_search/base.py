@@ -7,15 +7,15 @@ Algorithm modules (batchers, servers, searches) depend on this module, not on ea
 from __future__ import annotations
 
 import dataclasses
-from typing import (Any, Awaitable, Hashable, Mapping, Protocol, Sequence, Tuple, Union,
-                    runtime_checkable)
+from typing import (Any, Awaitable, Dict, Hashable, List, Mapping, Optional, Protocol,
+                    Sequence, Tuple, Union, runtime_checkable)
 
 import numpy as np
 
 __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "VersionedEvaluate",
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
            "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version",
-           "DeviceModel", "on_device", "batch_tolerance_of"]
+           "DeviceModel", "on_device", "batch_tolerance_of", "BatchParts"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
 #: dimension is the batch (a policy and a value, say).
@@ -118,6 +118,23 @@ def batch_tolerance_of(model: Any) -> float:
     return float(getattr(model, "batch_tolerance", 0.0))
 
 
+class BatchParts(Protocol):
+    """A batch and the requests it holds: what ``delivery.ResultDelivery`` slices a
+    batch's outputs into. A server's batches (``batchers.Popped``) and a client's
+    messages (``backends.client.Message``) are both.
+
+    ``pieces[i]`` is request ``tags[i]``'s part of ``batch`` (``tags`` are the requests'
+    futures); ``parts`` maps the index of each piece that is not a whole request to
+    ``(offset, size)``: it starts at element ``offset`` of a request of ``size`` elements
+    (None when every piece is a whole request).
+    """
+
+    batch: np.ndarray
+    tags: List[Any]
+    pieces: List[np.ndarray]
+    parts: Optional[Dict[int, Tuple[int, int]]]
+
+
 @runtime_checkable
 class Versioned(Protocol):
     """Something that knows which model version computes its results now (a server, a
@@ -146,7 +163,7 @@ class VersionedEvaluate(Versioned, Protocol):
 #: The version of something that reports none: unknown. None rather than a number, so
 #: that an unversioned function is never taken for version 0 of a versioned one (a
 #: cache, say, must not mix their results). Text formats (HTTP, Prometheus labels)
-#: spell it at their edge: see ``servers.kserve.version_label``.
+#: spell it at their edge: see ``http.kserve.version_label``.
 UNKNOWN_VERSION: Hashable = None
 
 #: The version a server gives the model it starts with when that model declares none:
@@ -181,7 +198,11 @@ async def evaluate_with_version(evaluate: Any, x: np.ndarray) -> Tuple[Outputs, 
     read when the outputs came (None for a function that reports no version).
 
     Example:
-        >>> # outputs, version = await evaluate_with_version(evaluate, x)
+        >>> import asyncio
+        >>> async def double(x):              # reports no version
+        ...     return 2 * x
+        >>> asyncio.run(evaluate_with_version(double, np.ones(2)))
+        (array([2., 2.]), None)
     """
     with_version = getattr(evaluate, "with_version", None)
     if with_version is not None:

@@ -19,8 +19,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_int", "check_float", "is_int"]
-
 
 def is_int(value: Any) -> bool:
     """True for a Python or NumPy integer, False for a bool (and everything else)."""

@@ -1,14 +1,17 @@
 """The exceptions async_search raises, in one flat set."""
 
-from async_search.queues.protocol import ClosedConnection
-
 __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
            "ServerCrashedError", "ModelRaisedError", "SearchError", "CircuitOpenError",
-           "RemoteError", "ProtocolError", "RepositoryError", "ModelNotFoundError",
+           "RemoteError", "RemoteTraceback", "ClosedConnection", "ProtocolError", "RepositoryError", "ModelNotFoundError",
            "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "FileWriteError",
            "CheckpointError", "DeviceNotFoundError", "CloseTimeoutError",
            "ConnectionGoneError", "RequestTimeoutError", "SearchTimeoutError",
            "WorkerDiedError", "deliverable", "describe"]
+
+
+class ClosedConnection(Exception):
+    """The stream was closed by its sender (or the process at its other end is gone):
+    nothing more will arrive."""
 
 
 class InputSpecError(ValueError):
@@ -71,6 +74,17 @@ class RemoteError(RuntimeError):
         notes = [str(n) for n in getattr(self, "__notes__", ())]
         return (type(self), (self.type_name, self.message, self.remote_traceback,
                              self.remote_mro), {"__notes__": notes} if notes else None)
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception where it was raised (the ``__cause__`` it shows)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n\n" + self.text
 
 
 class ProtocolError(ValueError):

@@ -33,8 +33,6 @@ from typing import Any, BinaryIO, Callable, Union
 
 from async_search.errors import FileWriteError
 
-__all__ = ["write_file", "write_json", "make_folder", "sync_folder", "remove_leftovers",
-           "remove_tree", "folder_path", "is_leftover", "Content"]
 
 #: What ``write_file`` writes: bytes, text (UTF-8), or a function that writes into the
 #: open binary file it is given (``np.savez``, ``fig.savefig``, ...).

@@ -23,8 +23,6 @@ import threading
 import time
 from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional
 
-__all__ = ["Pid", "descendants", "command_line", "is_alive", "end_processes",
-           "become_subreaper", "starting_children"]
 
 _PROC = "/proc"
 

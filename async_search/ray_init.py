@@ -16,8 +16,6 @@ import threading
 
 from async_search import process_tree
 
-__all__ = ["ensure_ray", "shutdown_ray"]
-
 
 def ensure_ray(address: str | None = None):
     """Ray, initialised: joins ``address`` if given, else starts Ray on this machine with
@@ -29,8 +27,12 @@ def ensure_ray(address: str | None = None):
             authentication.
 
     Example:
-        >>> ray = ensure_ray()  # doctest: +SKIP
-        >>> shutdown_ray()      # doctest: +SKIP
+        Ray starts on this machine (seconds, so not run in the tests):
+
+        ```python
+        ray = ensure_ray()
+        shutdown_ray()
+        ```
     """
     import ray
 

@@ -26,8 +26,9 @@ from async_search.base import Outputs
 from async_search.errors import ModelOutputError
 
 __all__ = [
-    "count", "take", "concatenate", "split", "leaves", "map_leaves", "plain", "check",
-    "OutputStructure", "rows_of", "stack", "assemble", "frozen_copy", "row_keys"]
+    "count", "take", "concatenate", "split", "leaves", "labelled_leaves", "holds_no_objects",
+    "map_leaves", "plain", "check", "OutputStructure", "rows_of", "stack", "assemble",
+    "frozen_copy", "row_keys"]
 
 _ndarray = np.ndarray
 
@@ -119,6 +120,24 @@ def leaves(outputs: Outputs) -> Any:
     if isinstance(outputs, tuple):
         return list(outputs)
     return outputs
+
+
+def labelled_leaves(outputs: Outputs) -> List[Tuple[Any, Any]]:
+    """The arrays of ``outputs`` with their places: ``(key, array)`` for a dict,
+    ``(index, array)`` for a tuple, ``[(None, outputs)]`` for one array."""
+    if isinstance(outputs, dict):
+        return list(outputs.items())
+    if isinstance(outputs, tuple):
+        return list(enumerate(outputs))
+    return [(None, outputs)]
+
+
+def holds_no_objects(outputs: Outputs) -> bool:
+    """Whether ``outputs`` are plain ndarrays without Python objects (or a tuple or dict
+    of them): such outputs pickle and load again, unchecked."""
+    arrays = (outputs.values() if isinstance(outputs, dict) else
+              outputs if isinstance(outputs, tuple) else (outputs,))
+    return all(type(a) is _ndarray and not a.dtype.hasobject for a in arrays)
 
 
 def map_leaves(fn: Callable[[Any], Any], outputs: Outputs) -> Outputs:

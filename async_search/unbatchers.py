@@ -25,8 +25,6 @@ from async_search import rows
 from async_search.base import Outputs
 from async_search.errors import ModelOutputError
 
-__all__ = ["Unbatcher", "NumpyUnbatcher", "TreeUnbatcher", "unbatcher_for"]
-
 
 class Unbatcher:
     """Turns batch outputs back into one output per request, in request order.

@@ -32,13 +32,13 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from typing import Callable, Dict, List
 
 import numpy as np
 
 from async_search.base import TensorSpec
+from async_search.files import write_file
 
 Call = Callable[[np.ndarray], np.ndarray]
 
@@ -164,21 +164,6 @@ def measure(direct: Call, adapter: Call, spec: TensorSpec, sizes: List[int],
     return out
 
 
-def write(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` whole or not at all (a temp file, then a rename)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=".adapters-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -220,7 +205,7 @@ def main() -> None:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        write(args.out, text + "\n")
+        write_file(args.out, text + "\n")
 
 
 if __name__ == "__main__":

@@ -58,8 +58,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import async_search as asr  # noqa: E402
 from async_search.errors import InputSpecError, RemoteError  # noqa: E402
-from async_search.servers import CachedEvaluate, Router  # noqa: E402
-from async_search.servers.breaker import BreakerPolicy  # noqa: E402
+from async_search.files import write_file  # noqa: E402
+from async_search.routing import CachedEvaluate, Router  # noqa: E402
+from async_search.routing.breaker import BreakerPolicy  # noqa: E402
 
 WIDTH = 3
 POISON, UNPICKLABLE, UNLOADABLE = -1.0, -2.0, -3.0
@@ -543,9 +544,7 @@ def main() -> None:
     print(text)
     out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "results", "benchmarks", "chaos.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        f.write(text + "\n")
+    write_file(out, text + "\n")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import async_search as asr  # noqa: E402
 from async_search.errors import SearchTimeoutError  # noqa: E402
+from async_search.files import write_file  # noqa: E402
 from tests.backends import searches  # noqa: E402
 
 
@@ -80,9 +81,7 @@ def main() -> None:
               "overshoot": {k: summary(v) for k, v in overshoots.items()}}
     text = json.dumps(report, indent=2)
     print(text)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text + "\n")
+    write_file(args.out, text + "\n")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,6 @@ import os
 import platform
 import queue
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, List, Sequence
@@ -88,6 +87,7 @@ import numpy as np  # noqa: E402 - after the environment above
 
 import async_search as asr  # noqa: E402
 from async_search import problems, search  # noqa: E402
+from async_search.files import write_file  # noqa: E402
 
 PUZZLE = problems.SlidingPuzzle(4)
 GAME = problems.ConnectFour()
@@ -618,21 +618,6 @@ def goals(report: dict) -> dict:
     return out
 
 
-def write(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` whole or not at all (a temp file, then a rename)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=".gpu-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
-
 
 def serve_takes(name: str) -> bool:
     return name in inspect.signature(asr.serve).parameters
@@ -898,7 +883,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        write(args.out, text + "\n")
+        write_file(args.out, text + "\n")
     return report
 
 

@@ -430,7 +430,7 @@ async def _hostile(url: str, port: int, requests: int, seconds: float, seed: int
                    concurrency: int, wait_s: float) -> dict:
     import aiohttp
 
-    from async_search.http import builtin_models
+    from async_search.http.__main__ import builtin_models
 
     model = builtin_models()["mlp"]()
     kinds = list(_HOSTILE_MIX)

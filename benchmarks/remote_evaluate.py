@@ -18,8 +18,14 @@ Workloads:
   heuristic (``problems.pretrained("15-puzzle")``): node expansion and a real model
   beside the transport. The results of both must be equal (``equal_results``).
 
-Prints one JSON object and writes it to results/benchmarks/remote_evaluate.json.
+``--versus grpc`` compares the two protocols instead: the same front serves HTTP and
+gRPC (``--grpc-port``), and each round runs the searches through ``RemoteEvaluate``
+and through ``GrpcRemoteEvaluate``; the figure is grpc/http.
+
+Prints one JSON object and writes it to results/benchmarks/remote_evaluate.json
+(remote_evaluate_grpc.json with ``--versus grpc``).
 Usage: python benchmarks/remote_evaluate.py [--rounds 5] [--max_connections 4]
+       [--versus process|grpc]
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import numpy as np
 import async_search as asr
 from async_search import problems, search
 from async_search.models import with_spec
-from async_search.remote_evaluate import RemoteEvaluate
+from async_search.http.client import RemoteEvaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "results", "benchmarks", "remote_evaluate.json")
@@ -96,19 +102,26 @@ def run_process(search_fn, starts, factory):
     return list(out)
 
 
-def run_remote(search_fn, starts, url, name, max_connections):
+def run_remote(search_fn, starts, url, name, max_connections, protocol="http"):
     """The searches in a fresh child process, as the process backend runs them."""
     with concurrent.futures.ProcessPoolExecutor(
             1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(remote_searches, search_fn, starts, url, name,
-                           max_connections).result()
+                           max_connections, protocol).result()
 
 
-def remote_searches(search_fn, starts, url, name, max_connections):
+def remote_searches(search_fn, starts, url, name, max_connections, protocol="http"):
+    if protocol == "grpc":
+        from async_search.http.grpc_client import GrpcRemoteEvaluate as client
+    else:
+        client = RemoteEvaluate
+
     async def main():
-        async with RemoteEvaluate(url, name, max_connections=max_connections) as ev:
+        async with client(url, name, max_connections=max_connections) as ev:
             outcomes = await asyncio.gather(*(search_fn(s, ev) for s in starts))
-            return list(outcomes), ev.stats
+            stats = ev.stats
+            return list(outcomes), stats.get("mean_requests_per_http_request",
+                                             stats.get("mean_requests_per_rpc"))
 
     try:
         import uvloop
@@ -120,23 +133,31 @@ def remote_searches(search_fn, starts, url, name, max_connections):
 class Front:
     """``python -m async_search.http`` serving this module's factory, in a child."""
 
-    def __init__(self, factory: str, name: str):
+    def __init__(self, factory: str, name: str, grpc: bool = False):
         self.argv = [sys.executable, "-m", "async_search.http", "--model",
                      f"benchmarks.remote_evaluate:{factory}", "--name", name,
                      "--port", "0", "--max-batch-size", "1024"]
+        if grpc:
+            self.argv += ["--grpc-port", "0"]
         self.name = name
+        self.grpc = grpc
+        self.grpc_address = None
 
     def __enter__(self):
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get(
             "PYTHONPATH", "")}
         self.process = subprocess.Popen(self.argv, cwd=ROOT, env=env,
                                         stderr=subprocess.PIPE)
+        match = None
         for _ in range(100):
             line = self.process.stderr.readline()
-            match = re.search(rb"http://127\.0\.0\.1:(\d+)", line)
-            if match or not line:
+            match = match or re.search(rb"http://127\.0\.0\.1:(\d+)", line)
+            grpc = re.search(rb"grpc://(127\.0\.0\.1:\d+)", line)
+            if grpc:
+                self.grpc_address = grpc.group(1).decode()
+            if (match and (self.grpc_address or not self.grpc)) or not line:
                 break
-        if not match:
+        if not match or (self.grpc and not self.grpc_address):
             self.process.kill()
             raise RuntimeError(f"the front did not start: {line!r}")
         self.url = f"http://127.0.0.1:{int(match.group(1))}"
@@ -152,24 +173,32 @@ class Front:
 
 
 def measure(args, workload, search_fn, starts, factory, factory_name):
+    """Rounds of the two ways (``base``, ``other``), alternating which goes first."""
     rounds, equal = [], True
-    with Front(factory_name, workload) as front:
-        run_remote(search_fn, starts[:2], front.url, workload, 1)  # warm up
+    grpc = args.versus == "grpc"
+    base, other = ("http", "grpc") if grpc else ("process", "remote")
+    with Front(factory_name, workload, grpc=grpc) as front:
+        where = {"remote": (front.url, "http"), "http": (front.url, "http"),
+                 "grpc": (front.grpc_address, "grpc")}
+        for way in (base, other):  # warm up
+            if way != "process":
+                run_remote(search_fn, starts[:2], where[way][0], workload, 1,
+                           where[way][1])
         for r in range(args.rounds):
             row = {}
-            for way in (("process", "remote") if r % 2 == 0 else ("remote", "process")):
+            for way in ((base, other) if r % 2 == 0 else (other, base)):
                 if way == "process":
                     outcomes = run_process(search_fn, starts, factory)
                 else:
-                    outcomes, stats = run_remote(search_fn, starts, front.url, workload,
-                                                 args.max_connections)
-                    row["requests_per_http_request"] = round(
-                        stats["mean_requests_per_http_request"], 1)
+                    url, protocol = where[way]
+                    outcomes, coalesced = run_remote(search_fn, starts, url, workload,
+                                                     args.max_connections, protocol)
+                    row[f"{way}_requests_per_call"] = round(coalesced, 1)
                 row[way] = outcomes
             if workload == "search":
-                equal &= [o[0] for o in row["process"]] == [o[0] for o in row["remote"]]
-            p, q = rate(row.pop("process")), rate(row.pop("remote"))
-            rounds.append({"process_per_s": round(p), "remote_per_s": round(q),
+                equal &= [o[0] for o in row[base]] == [o[0] for o in row[other]]
+            p, q = rate(row.pop(base)), rate(row.pop(other))
+            rounds.append({f"{base}_per_s": round(p), f"{other}_per_s": round(q),
                            "ratio": round(q / p, 3), **row})
             print(workload, rounds[-1], file=sys.stderr)
     ratios = [r["ratio"] for r in rounds]
@@ -188,12 +217,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--searches", type=int, default=64)
     parser.add_argument("--max_connections", type=int, default=4)
-    parser.add_argument("--out", default=OUT)
+    parser.add_argument("--versus", choices=["process", "grpc"], default="process",
+                        help="what RemoteEvaluate over HTTP is compared with")
+    parser.add_argument("--out", default=None,
+                        help="default: results/benchmarks/remote_evaluate[_grpc].json")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = OUT if args.versus == "process" else OUT.replace(".json", "_grpc.json")
     puzzle_starts = [PUZZLE.scramble(40, seed=s) for s in range(args.searches)]
     report = {
         "machine": {"cpus": os.cpu_count()},
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "ratio": "grpc/http" if args.versus == "grpc" else "remote/process",
         **{f"transport_{c}": measure(args, "transport", sequential_requests,
                                      [args.requests] * c, trivial_model, "trivial_model")
            for c in map(int, args.coroutines.split(","))},

@@ -12,8 +12,8 @@ left is the Python work around the model that issue 12's goals 2 and 3 are about
   search_speedup.py), which costs more per expansion;
 - mcts: MCTS on Connect Four from the opening, --simulations simulations, 8 leaves in
   flight, several seeds, simulations per second of process CPU time; the same for the
-  pre-issue-12 MCTS (benchmarks/baselines/mcts_before.py), alternating search by search,
-  and the ratio (new over baseline, measured in one run: the goal is 2x; its range over
+  pre-issue-12 MCTS (its tree, mcts coroutine and ConnectFour at commit 3c80ed5, read from
+  the git history by benchmarks/git_history.py), alternating search by search, and the ratio (new over baseline, measured in one run: the goal is 2x; its range over
   repeats shows the noise, so use --repeats 10).
 
 Each figure is the best of --repeats runs (this machine is shared). Prints one JSON
@@ -31,6 +31,10 @@ import numpy as np
 
 import async_search as asr
 from async_search import problems, search
+
+#: The last commit before issue 12 (goal 3: twice the simulations per second) rewrote
+#: the MCTS tree, the mcts coroutine and ConnectFour: the yardstick ``mcts_rate`` times.
+MCTS_BASELINE_COMMIT = "3c80ed5f627cd10a5ddfefe6107e21f21e544778"
 
 
 def free_heuristic(x: np.ndarray) -> np.ndarray:
@@ -75,8 +79,8 @@ def astar_cost(starts: int, budget: int, repeats: int, model=free_heuristic,
 
 def mcts_rate(games: int, simulations: int, repeats: int) -> dict:
     """Simulations per second of CPU of ``search.mcts`` and of the pre-issue-12 MCTS
-    (``benchmarks/baselines/mcts_before.py``), alternating search by search (baseline,
-    new, new, baseline, ...) so that both share the machine's noise. Each repeat sums
+    (``MCTS_BASELINE_COMMIT``'s, loaded from the git history), alternating search by
+    search (baseline, new, new, baseline, ...) so that both share the machine's noise. Each repeat sums
     the CPU time of its searches; ``ratio`` is the best repeat of the new over the best
     of the baseline, ``ratio_per_pair`` each repeat's, ``ratio_median`` their median;
     ``equal_results`` says whether both returned the same results."""
@@ -87,13 +91,19 @@ def mcts_rate(games: int, simulations: int, repeats: int) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if root not in sys.path:  # run as a script: the repository root is not on the path
         sys.path.insert(0, root)
-    from benchmarks.baselines import mcts_before
+    from benchmarks.git_history import import_at_commit
 
+    # Module paths as they were at that commit, wherever the modules live today.
+    alphazero = import_at_commit("async_search.search.alphazero", MCTS_BASELINE_COMMIT)
+    connect_four = import_at_commit("async_search.problems.connect_four",
+                                    MCTS_BASELINE_COMMIT)
     game = problems.ConnectFour()
-    before = mcts_before.ConnectFourBefore()
+    before = connect_four.ConnectFour()
     evaluate = asr.immediate(free_policy_value(game.num_actions))
 
-    implementations = {"baseline": (mcts_before.mcts, before), "new": (search.mcts, game)}
+    implementations = {"baseline": (alphazero.mcts, before), "new": (search.mcts, game)}
+    # The fields the baseline has (later results add some, e.g. for tree reuse).
+    compared = [f.name for f in dataclasses.fields(alphazero.MCTSResult)]
 
     async def one_repeat(order):
         """CPU seconds of each implementation over the searches, alternating search by
@@ -107,7 +117,7 @@ def mcts_rate(games: int, simulations: int, repeats: int) -> dict:
                 r = await mcts(g, g.initial_state(), evaluate, num_simulations=simulations,
                                num_parallel=8, seed=s)
                 cpu[name] += time.process_time() - start
-                results[name].append(dataclasses.astuple(r))
+                results[name].append(tuple(getattr(r, f) for f in compared))
         return cpu, results["baseline"] == results["new"]
 
     asyncio.run(one_repeat(["baseline", "new"]))  # warm up, not counted

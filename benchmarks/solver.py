@@ -147,8 +147,8 @@ def main() -> None:
     parser.add_argument("--simulations", type=int, default=100)
     parser.add_argument("--agents", default="8:1.25,1:1.5,2:2.0",
                         help="MCTS agents as leaves_in_flight:c_puct, comma-separated "
-                             "(search.mcts's defaults; the README's evaluation agent; "
-                             "the training arena's)")
+                             "(search.mcts's defaults; docs/benchmarks.md's evaluation "
+                             "agent; the training arena's)")
     parser.add_argument("--seed", type=int, default=0, help="the random mover's seed")
     parser.add_argument("--write_positions", action="store_true",
                         help="rewrite the package's connect_four_positions.json")

@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 
 import async_search as asr
-from async_search import base
 from async_search.base import (FIRST_VERSION, UNKNOWN_VERSION, Versioned, VersionedEvaluate,
                                evaluate_with_version, first_version, version_of)
 from async_search.models import MLP
@@ -70,7 +69,3 @@ async def test_a_batching_server_is_versioned_and_reports_its_first_version():
         assert isinstance(evaluate, VersionedEvaluate)
         _, version = await evaluate_with_version(evaluate, X)
         assert version == version_of(evaluate) == FIRST_VERSION
-
-
-def test_all_names_what_base_has():
-    assert all(hasattr(base, name) for name in base.__all__)

@@ -5,7 +5,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from async_search import checks
 from async_search.checks import check_float, check_int, is_int
 
 
@@ -63,8 +62,3 @@ def test_check_float_returns_a_python_float(value):
 def test_check_float_names_the_argument_the_rule_and_the_value(value, bounds, message):
     with pytest.raises(ValueError, match=message):
         check_float("delay", value, **bounds)
-
-
-def test_all_names_what_the_module_has():
-    assert sorted(checks.__all__) == ["check_float", "check_int", "is_int"]
-    assert all(callable(getattr(checks, name)) for name in checks.__all__)

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--model=numpy", "--hidden_sizes=16", "--num_searches=3", "--gnn_budget=150",
-        "--noprogress"]
+TINY = ["--model=numpy", "--untrained", "--hidden_sizes=16", "--num_searches=3",
+        "--gnn_budget=150", "--noprogress"]
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,15 +36,35 @@ def test_default_experiment_on_tiny_flags_prints_checks_and_saves(tmp_path):
     assert [r["name"] for r in data["runs"]] == ["sync", "async", "process x1", "process x2"]
     assert all(r["matches_baseline"] in (None, True) for r in data["runs"])
     assert "--gnn_budget=150" in data["command"]
+    summaries = [r["summary"] for r in data["runs"]]
+    assert all(s["solved"] == 0 and s["mean_path_length"] is None for s in summaries)
+
+
+def test_the_default_net_is_the_trained_heuristic_and_it_solves_the_puzzles(tmp_path):
+    save = tmp_path / "results.png"
+    run = main_py("--model=numpy", "--num_searches=2", "--backends=local", "--noprogress",
+                  f"--save_path={save}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "trained numpy net" in run.stdout and "weight 0.3" in run.stdout
+    assert run.stdout.count("Results: 2 searches: 2 solved (mean path ") == 2
+    rows = [line.split() for line in run.stdout.splitlines()
+            if line.startswith(("sync ", "async "))]
+    assert [row[1] for row in rows] == ["2/2", "2/2"] and rows[0][2] == rows[1][2]
+    data = json.loads(save.with_suffix(".json").read_text())
+    for r in data["runs"]:
+        assert r["summary"]["solved"] == 2 and r["summary"]["goal_found"] == 2
+        assert r["summary"]["mean_path_length"] == float(rows[0][2])
+    assert data["params"]["model"]["trained"] is True
 
 
 def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
-    run = main_py("--continuous", "--model=numpy", "--hidden_sizes=16", "--gnn_budget=300",
+    run = main_py("--continuous", "--model=numpy", "--untrained", "--hidden_sizes=16",
+                  "--gnn_budget=300",
                   "--max_in_flight=16", "--noprogress", f"--save_path={tmp_path}/c.png")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Finished continuous (process backend, 1 client process" in run.stdout
     assert "Fraction in model:" in run.stdout and (tmp_path / "c.json").exists()
-    run = main_py("--architecture=client", "--model=numpy", "--hidden_sizes=16",
+    run = main_py("--architecture=client", "--model=numpy", "--untrained", "--hidden_sizes=16",
                   "--num_samples=20", "--simulations=8", "--games_per_client=2",
                   "--num_procs=1", "--num_servers=1", "--noprogress",
                   f"--save_path={tmp_path}/a.png")
@@ -60,6 +80,9 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--gnn_budget=0"], "--gnn_budget must be an integer >= 1"),
     (["--num_servers=100000"], "--num_servers=100000 is more than"),
     (["--model=torch"], "--model"),
+    (["--model=pretrained"], "--model"),
+    (["--weight=-0.1"], "--weight must be a number >= 0"),
+    (["--untrained=maybe"], "--untrained"),
     (["--architecture=ring"], "--architecture"),
     (["--continuous", "--search=mcts"], "--continuous"),
     (["--no_such_flag"], "no_such_flag"),
@@ -134,6 +157,8 @@ def test_flags_build_the_experiments_they_name(monkeypatch):
         assert [r.name for r in exp.runs] == ["sync", "async", "process x1", "process x2",
                                               "ray x1", "ray x2"]
         assert exp.model.kind == "tf" and exp.search.search == "astar"
+        assert exp.model.trained and exp.search.weight == 0.3
+        assert exp.search.gnn_budget == 20_000 and exp.search.num_searches == 8
         assert all(r.use_uvloop == main.FLAGS.uvloop for r in exp.runs)
         parse("--multi_server", "--num_servers=3", "--num_procs=4", "--total_gpu_frac=0.5",
               "--skip_sync", "--search=mcts")
@@ -147,6 +172,10 @@ def test_flags_build_the_experiments_they_name(monkeypatch):
         assert exp.search.search == "continuous" and exp.search.num_searches == 1
         assert exp.runs[-1].max_batch_size == 1024
         assert all(r.max_delay == 0.001 for r in exp.runs)
+        parse("--untrained", "--model=numpy", "--hidden_sizes=32,8", "--weight=1")
+        exp = main.build_experiment()
+        assert not exp.model.trained and exp.model.hidden_sizes == (32, 8)
+        assert exp.model.kind == "numpy" and exp.search.weight == 1.0
         parse("--save_path=/tmp/x.png", "--continuous")
         assert main.save_path("continuous") == "/tmp/x.png"
     finally:

@@ -19,7 +19,8 @@ import uuid
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--model=numpy", "--hidden_sizes=16", "--num_searches=3", "--noprogress"]
+TINY = ["--model=numpy", "--untrained", "--hidden_sizes=16", "--num_searches=3",
+        "--noprogress"]
 #: A budget that keeps a run going long after the signal is sent.
 LONG = "--gnn_budget=1000000"
 #: One that ends a run in a second or two: the next run is going when the signal comes.

@@ -122,3 +122,36 @@ def test_a_damaged_buffer_is_one_line_naming_it_exit_1_and_a_traceback_with_v(co
         f"main.py: error: replay buffer file '{buffer}' is corrupt, truncated"), lines
     verbose = main(*args, "-v", "1")
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
+
+
+# -- --policy and --reuse_tree --------------------------------------------------------------
+
+TINY_C4 = ["--train", "connect_four", "--iterations", "1", "--games_per_iteration", "2",
+           "--simulations", "4", "--train_steps", "2", "--hidden_sizes", "8",
+           "--eval_games", "1", "--strong_uct_games", "1", "--strong_uct_rollouts", "8",
+           "--uct_rollouts", "4", "--final_games", "1", "--accuracy_positions", "3",
+           "--backend", "local", "--noprogress"]
+
+
+def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(tmp_path):
+    out = main(*TINY_C4, "--policy", "gumbel", "--reuse_tree", "--save_dir",
+               str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "(Gumbel MCTS, 4 simulations, tree reuse)" in out.stdout
+    header = next(line for line in out.stdout.splitlines()
+                  if line.strip().startswith("it "))
+    assert all(k in header for k in ("uct1k", "net end", "net mid", "mcts end",
+                                     "mcts mid", "acc s"))
+    data = json.load(open(tmp_path / "p.json"))
+    config = data["config"]
+    assert (config["selfplay"]["policy"], config["selfplay"]["reuse_tree"]) == (
+        "gumbel", True)
+    assert (config["eval_policy"], config["eval_reuse_tree"]) == ("gumbel", True)
+    assert config["accuracy_positions"] == 3
+    [row] = data["iterations"]
+    assert set(row["accuracy"]) == {"net_end", "net_middle", "mcts_end", "mcts_middle"}
+    assert "uct8" in row["scores"] and "mcts_vs_uct8" in data["final_evaluation"]["trained"]
+    # --resume with the other policy is refused before any work, in one line.
+    again = main(*TINY_C4, "--resume", "--save_dir", str(tmp_path / "run"),
+                 "--save_path", str(tmp_path / "p.png"))
+    assert again.returncode == 2 and "selfplay" in error_lines(again)[0]

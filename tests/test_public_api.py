@@ -1,3 +1,6 @@
+"""The public face: the names the design's contract promises, and the small set of
+modules that declare names (``__all__``) for callers."""
+
 import ast
 import importlib
 import inspect
@@ -6,31 +9,83 @@ import pkgutil
 import pytest
 
 import async_search
+from async_search import errors
 
-MODULES = ["async_search", "async_search.servers", "async_search.backends",
-           "async_search.batchers", "async_search.queues", "async_search.connections",
-           "async_search.models", "async_search.search",
-           "async_search.problems", "async_search.training"]
-
-
-@pytest.mark.parametrize("name", MODULES)
-def test_every_name_in_all_is_importable(name):
-    module = importlib.import_module(name)
-    missing = [n for n in module.__all__ if not hasattr(module, n)]
-    assert not missing, f"{name}.__all__ names what it lacks: {missing}"
+#: Modules other than package faces that are contracts in their own right: callers and
+#: the other modules import names from them directly.
+CONTRACT_MODULES = {"async_search.base", "async_search.errors", "async_search.batchers",
+                    "async_search.rows", "async_search.wire"}
 
 
+def package_modules():
+    """Every module of the package, the package itself first, as ``(name, is_face)``;
+    scripts (``__main__``) are left out: importing one runs it."""
+    broken = []
+    found = [(async_search.__name__, True)]
+    found += [(info.name, info.ispkg) for info in pkgutil.walk_packages(
+        async_search.__path__, async_search.__name__ + ".", onerror=broken.append)]
+    assert not broken, f"walk_packages could not import {broken}"
+    assert len(found) > 50, f"walk_packages found only {found}"
+    return [(name, face) for name, face in found if not name.endswith(".__main__")]
+
+
+MODULES = package_modules()
+FACES = [name for name, face in MODULES if face]
+
+
+def defined_public_names(module) -> set:
+    """The public names ``module``'s own source binds at its top level: functions,
+    classes and assigned constants (also under a top-level ``if``/``try``), never an
+    import, never an underscore name."""
+    tree = ast.parse(inspect.getsource(module))
+    names = set()
+
+    def bind(target):
+        if isinstance(target, ast.Name):
+            names.add(target.id)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                bind(element)
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    bind(target)
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                bind(node.target)
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for part in (node.body, node.orelse, node.finalbody,
+                             *(handler.body for handler in node.handlers)):
+                    visit(part)
+
+    visit(tree.body)
+    return {n for n in names if not n.startswith("_")}
+
+
+# -- the design's contract ----------------------------------------------------------------
 def test_the_design_contract_names_exist():
-    for name in ("serve", "immediate", "run_searches"):
-        assert callable(getattr(async_search, name))
+    for name in ("serve", "immediate", "run_searches", "serve_connection", "Router",
+                 "CachedEvaluate", "TensorSpec"):
+        assert getattr(async_search, name)
     from async_search.batchers import BatchManager, BatchSizeBatcher, NumpyUnbatcher
     from async_search.connections import forked_pipe, get_connected_functions, pipe
-    from async_search.problems import ConnectFour, SlidingPuzzle
-    from async_search.search import batched_astar, continuous_astar, mcts, multi_rollout
+    from async_search.models import JaxModel, TensorFlowModel, TorchModel
+    from async_search.problems import ConnectFour, SlidingPuzzle, SyntheticGraph
+    from async_search.search import (batched_astar, continuous_astar, mcts, multi_rollout,
+                                     simple_rollout)
     names = (BatchManager, BatchSizeBatcher, NumpyUnbatcher, forked_pipe,
-             get_connected_functions, pipe, ConnectFour, SlidingPuzzle, batched_astar,
-             continuous_astar, mcts, multi_rollout)
+             get_connected_functions, pipe, ConnectFour, SlidingPuzzle, SyntheticGraph,
+             batched_astar, continuous_astar, mcts, multi_rollout, simple_rollout,
+             TorchModel, JaxModel, TensorFlowModel)
     assert all(callable(n) for n in names)
+    from async_search import search
+    assert async_search.search is search
 
 
 def test_the_design_contract_learning_names_exist():
@@ -48,85 +103,50 @@ def test_the_design_contract_learning_names_exist():
     assert h(puzzle.encode([puzzle.goal])).shape == (1, 1)
 
 
-# -- every module's __all__, both ways --------------------------------------------------
-def package_modules():
-    """Every module of the package, the package itself first (walk_packages imports the
-    packages to find their submodules; a package that fails to import is recorded)."""
-    broken = {}
-    names = [async_search.__name__]
-    names += [info.name for info in pkgutil.walk_packages(
-        async_search.__path__, async_search.__name__ + ".",
-        onerror=lambda name: broken.setdefault(name, "walk_packages could not import it"))]
-    return names, broken
+# -- every exception a caller can get ------------------------------------------------------
+def test_every_exception_lives_in_errors_and_is_exported_at_the_top():
+    defined = {name for name, obj in vars(errors).items()
+               if inspect.isclass(obj) and issubclass(obj, BaseException)
+               and obj.__module__ == errors.__name__}
+    assert defined - set(async_search.__all__) == set()
+    assert set(errors.__all__) >= defined
 
 
-def defined_public_names(module) -> set:
-    """The public names ``module``'s own source binds at its top level: functions,
-    classes and assigned constants (also under a top-level ``if``/``try``), never an
-    import, never an underscore name. Submodules and imported names are not its own."""
-    tree = ast.parse(inspect.getsource(module))
-    names = set()
-
-    def bind(target):
-        if isinstance(target, ast.Name):
-            names.add(target.id)
-        elif isinstance(target, (ast.Tuple, ast.List)):
-            for element in target.elts:
-                bind(element)
-        elif isinstance(target, ast.Starred):
-            bind(target.value)
-
-    def visit(body):
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, ast.Assign):
-                for target in node.targets:
-                    bind(target)
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and (
-                    node.value is not None or isinstance(node, ast.AugAssign)):
-                bind(node.target)
-            elif isinstance(node, ast.If):
-                visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                for part in (node.body, node.orelse, node.finalbody,
-                             *(handler.body for handler in node.handlers)):
-                    visit(part)
-
-    visit(tree.body)
-    return {n for n in names if not n.startswith("_")}
+@pytest.mark.parametrize("face", FACES)
+def test_a_face_exports_exceptions_only_from_errors(face):
+    module = importlib.import_module(face)
+    elsewhere = [name for name in module.__all__
+                 if inspect.isclass(obj := getattr(module, name))
+                 and issubclass(obj, BaseException) and obj.__module__ != errors.__name__]
+    assert not elsewhere, f"{face} exports exceptions defined outside errors.py"
 
 
-def test_every_module_has_an_all_that_matches_what_it_defines():
-    """Walks every module of the package (none skipped: the optional extras are part of
-    the test environment, so a module that cannot import fails here, by name) and
-    checks ``__all__`` both ways: every name in it exists in the module, and every
-    public name the module defines itself is in it."""
-    names, problems = package_modules()
-    problems = {name: [why] for name, why in problems.items()}
-    for name in names:
-        if name.rsplit(".", 1)[-1] == "__main__":  # a script: importing it runs it
-            continue
-        try:
-            module = importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - reported by name below
-            problems.setdefault(name, []).append(f"cannot import: {type(e).__name__}: {e}")
-            continue
-        exported = getattr(module, "__all__", None)
-        if exported is None:
-            problems.setdefault(name, []).append("has no __all__")
-            exported = ()
-        missing = sorted(n for n in exported if not hasattr(module, n))
-        unlisted = sorted(defined_public_names(module) - set(exported))
-        duplicated = sorted({n for n in exported if list(exported).count(n) > 1})
-        if missing:
-            problems.setdefault(name, []).append(f"__all__ names what it lacks: {missing}")
-        if unlisted:
-            problems.setdefault(name, []).append(
-                f"defines public names missing from __all__: {unlisted}")
-        if duplicated:
-            problems.setdefault(name, []).append(f"__all__ lists twice: {duplicated}")
-    assert len(names) > 50, f"walk_packages found only {names}"
-    report = "\n".join(f"  {name}: " + "; ".join(why) for name, why in sorted(problems.items()))
-    assert not problems, f"{len(problems)} module(s) with __all__ problems:\n{report}"
+# -- __all__ on the faces and the contract modules only ------------------------------------
+def test_only_faces_and_contract_modules_declare_all():
+    declaring = {name for name, _ in MODULES
+                 if hasattr(importlib.import_module(name), "__all__")}
+    expected = set(FACES) | CONTRACT_MODULES
+    assert declaring - expected == set(), "__all__ outside the faces and contracts"
+    assert expected - declaring == set(), "a face or contract module without __all__"
+
+
+@pytest.mark.parametrize("name", sorted(set(FACES) | CONTRACT_MODULES))
+def test_all_names_what_the_module_has_once(name):
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert [n for n in exported if not hasattr(module, n)] == []
+    assert sorted({n for n in exported if exported.count(n) > 1}) == []
+
+
+@pytest.mark.parametrize("name", sorted(set(FACES) | CONTRACT_MODULES))
+def test_every_public_name_a_module_defines_is_in_its_all(name):
+    module = importlib.import_module(name)
+    assert defined_public_names(module) - set(module.__all__) == set()
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_no_module_is_shadowed_by_a_name_of_its_package(face):
+    package = importlib.import_module(face)
+    shadowed = [info.name for info in pkgutil.iter_modules(package.__path__)
+                if info.name in package.__all__]
+    assert shadowed == []

@@ -27,8 +27,10 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from async_search.backends.attempts import Deadlines
 from async_search.backends.config import (BACKENDS, DEFAULT_RETRIES, Progress, RayPlacement,
-                                          RunConfig, SearchResults, loop_factory)
+                                          RunConfig)
+from async_search.backends.results import SearchResults
 from async_search.backends.servers import ModelServers, OnServers, ServersHook
+from async_search.event_loops import loop_factory
 from async_search.servers.policy import DispatchPolicy
 
 __all__ = ["run_searches", "run_searches_async", "RunConfig", "RayPlacement",
@@ -135,7 +137,7 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
         use_uvloop: run the event loops on uvloop, when installed.
         address: Ray: an existing cluster's address; None starts Ray locally. A
             cluster with token authentication needs ``RAY_AUTH_MODE=token`` and its
-            token here (the README's "Joining a cluster").
+            token here (docs/backends.md, "Joining a cluster").
         total_gpu_frac: Ray: GPU fraction shared by the servers.
         model_thread: where servers run their models: "auto" (default: a device
             thread, or the server's loop while a batch takes under 200 us), True

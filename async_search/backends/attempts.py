@@ -39,8 +39,6 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Protoco
 
 from async_search.errors import SearchError, SearchTimeoutError, WorkerDiedError, describe
 
-__all__ = ["Deadlines", "Started", "Outcome", "Worker", "WorkerLost", "WorkerBroke",
-           "Launch", "run_share", "bounded_search", "ClientSearches", "GRACE_S"]
 
 #: Seconds a runner gives a worker's own report past a search's deadline before it
 #: kills the worker (the worker's searches end at the deadline and say so themselves),
@@ -299,8 +297,17 @@ class ClientSearches:
     each packed to travel by ``pack`` (``(k, is_result, payload)``, ``k`` its position).
 
     Example:
-        >>> # searches = ClientSearches(fn, starts, evaluate, None, pack, send)
-        >>> # await searches.run()     # every outcome sent by the time it returns
+        >>> async def search(start, evaluate):
+        ...     if start < 0:
+        ...         raise ValueError(start)
+        ...     return 2 * start
+        >>> def pack(outcome):                     # (is_result, payload)
+        ...     return not isinstance(outcome, BaseException), outcome
+        >>> sent = []
+        >>> searches = ClientSearches(search, [1, 2, -1], None, None, pack, sent.append)
+        >>> asyncio.run(searches.run())    # every outcome sent by the time it returns
+        >>> sent                           # one loop iteration's outcomes, together
+        [[(0, True, 2), (1, True, 4), (2, False, ValueError(-1))]]
     """
 
     def __init__(self, search_fn, starts: Sequence[Any], evaluate: Any,

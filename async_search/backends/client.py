@@ -14,24 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Callable, ClassVar, Hashable, List, Tuple
+from typing import Any, Callable, ClassVar, Hashable, List
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
+from async_search.coalescing import CoalescedRequests
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
+from async_search.deadlines import check_timeout, expire_after
+from async_search.delivery import ResultDelivery
 from async_search.errors import InputSpecError, ServerDiedError
 from async_search.queues import ClosedConnection
-from async_search.remote import Failure, unpack_error
-from async_search.servers.connection_server import (VersionAck, VersionedRequest,
-                                                   VersionNotice, VersionSubscription)
-from async_search.servers.requests import RequestChecker
-from async_search.servers.deadlines import check_timeout, expire_after
-from async_search.servers.responses import ResultDelivery
-
-__all__ = ["CoalescingClient", "Message"]
-
-_done = asyncio.Future.done
+from async_search.requests import RequestChecker
+from async_search.wire import (Failure, VersionAck, VersionedRequest, VersionNotice,
+                               VersionSubscription, unpack_error)
 
 
 @dataclasses.dataclass
@@ -41,7 +37,7 @@ class Message:
     ``pieces[i]`` is request ``tags[i]``'s array (the futures are the tags); ``batch``
     is their concatenation. A message is never split, so its first request never
     continues an earlier one and its last never goes on in a later one. Its answer is
-    ``(outputs, version)``, a ``remote.Failure`` or an exception; ``set_result`` and
+    ``(outputs, version)``, a ``wire.Failure`` or an exception; ``set_result`` and
     ``set_exception`` hand it straight to the requests' futures (a connected function
     resolves a message as it would a future: no future, no callback per message).
     """
@@ -50,10 +46,7 @@ class Message:
     tags: List[asyncio.Future]
     pieces: List[np.ndarray]
     on_answer: Callable[["Message", Any], None]
-    head_continues: ClassVar[bool] = False
-    tail_size: ClassVar[None] = None
-    head_offset: ClassVar[int] = 0
-    parts: ClassVar[None] = None  # every request whole (see batchers.Popped)
+    parts: ClassVar[None] = None  # every request whole (a base.BatchParts)
 
     def done(self) -> bool:
         return False  # a cancelled caller is skipped when its rows are delivered
@@ -101,7 +94,7 @@ class _Subscribed:
         pass
 
 
-class CoalescingClient:
+class CoalescingClient(CoalescedRequests):
     """An evaluate function whose requests of one loop iteration leave as one message.
 
     Args:
@@ -113,10 +106,22 @@ class CoalescingClient:
         where: names the server in errors (``"the serving process"``).
 
     Example:
-        >>> # client = CoalescingClient(client_end, spec)
-        >>> # y = await client(x)                      # inside a search
-        >>> # y, version = await client.with_version(x)
-        >>> # client.version, client.swap_token        # the server's, as it says
+        >>> import async_search as asr
+        >>> from async_search.connections import pipe
+        >>> from async_search.queues import local_queue
+        >>> async def main():
+        ...     server_end, client_end = pipe(local_queue)
+        ...     serving = asyncio.ensure_future(
+        ...         asr.serve_connection(lambda x: 2 * x, server_end))
+        ...     client = CoalescingClient(client_end)
+        ...     # three requests of one loop iteration: one message
+        ...     ys = await asyncio.gather(*(client(np.ones((1, 2))) for _ in range(3)))
+        ...     y, version = await client.with_version(np.ones((1, 2)))
+        ...     client_end.close()
+        ...     await serving
+        ...     return ys[0].tolist(), version, client.version  # the server's, as it says
+        >>> asyncio.run(main())
+        ([[2.0, 2.0]], 0, 0)
     """
 
     def __init__(self, connection: Connection | ConnectedFunction,
@@ -216,27 +221,9 @@ class CoalescingClient:
             loop.call_soon(self._flush)  # after every search ready in this iteration
         return fut
 
-    async def with_version(self, x: np.ndarray, timeout: float | None = None,
-                           ) -> Tuple[Outputs, Hashable]:
-        """``(outputs, version)``: the outputs for ``x`` and the model version the server
-        reported for the message that carried it (None when a swap split that message
-        across batches, or when the server reports no version); ``timeout`` as for a
-        call."""
-        fut = self(x, timeout)
-        self._delivery.want_version(fut)
-        try:
-            outputs = await fut
-        finally:
-            version = self._delivery.pop_version(fut)
-        return outputs, version
-
     def _flush(self) -> None:
         self._scheduled = False
-        xs, futures = self._xs, self._futures
-        self._xs, self._futures = [], []
-        if any(map(_done, futures)):  # cancelled or timed-out requests are dropped here
-            keep = [i for i, fut in enumerate(futures) if not fut.done()]
-            xs, futures = [xs[i] for i in keep], [futures[i] for i in keep]
+        xs, futures = self._take_queued()  # cancelled or timed-out requests dropped
         if not futures:
             return
         if not self._subscribed:

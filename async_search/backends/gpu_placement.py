@@ -33,8 +33,6 @@ from typing import Any, Dict, Tuple
 
 from async_search.checks import check_float, check_int
 
-__all__ = ["GpuPlacement", "place_servers", "reserve_gpus", "release_gpus",
-           "RESERVE_WAIT_S"]
 
 #: Seconds ``reserve_gpus`` waits for whole GPUs before it lets Ray pack the servers.
 RESERVE_WAIT_S = 30.0

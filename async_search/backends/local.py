@@ -8,13 +8,11 @@ import time
 from typing import Any, Awaitable, Callable, Hashable, List, Sequence
 
 from async_search.backends.attempts import GRACE_S, Deadlines, bounded_search
-from async_search.backends.config import (Progress, RunConfig, SearchResults,
-                                          merge_stats, raise_failures)
+from async_search.backends.config import Progress, RunConfig
+from async_search.backends.results import SearchResults, merge_stats, raise_failures
 from async_search.backends.servers import ServersHook
 from async_search.errors import CloseTimeoutError
 from async_search.servers.batching import BatchingServer
-
-__all__ = ["run_local", "gather_searches", "hand_over"]
 
 
 async def gather_searches(search_fn: Callable[[Any, Any], Awaitable[Any]],

@@ -14,7 +14,7 @@ reported run again in a new client process (``retries``, ``attempts.run_share``)
 a deadline, a client is killed and its unfinished starts fail with SearchTimeoutError.
 
 Every message gets exactly one answer, and every start one outcome, whatever the model
-or the search raised or returned: answers are made portable (``remote.Failure`` for an
+or the search raised or returned: answers are made portable (``wire.Failure`` for an
 exception, a check for outputs holding objects), and each search's outcome is pickled
 on its own and checked to load, so what cannot travel fails its own request or start,
 named, and nothing else.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
 import pickle
 import signal
@@ -32,19 +33,19 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
                                             WorkerBroke, WorkerLost, run_share)
 from async_search.backends.client import CoalescingClient
-from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
-                                          loop_factory, merge_stats)
+from async_search.backends.config import Progress, RunConfig
+from async_search.backends.results import SearchResults, finish, merge_stats
 from async_search.backends.servers import ServersHook
 from async_search.base import TensorSpec
 from async_search.connections import Connection, pipe
 from async_search.errors import CloseTimeoutError
+from async_search.event_loops import loop_factory
 from async_search.process_tree import starting_children
 from async_search.queues import ClosedConnection, SocketQueue, socket_queue
-from async_search.remote import arrived, pack, pack_error
 from async_search.servers.batching import BatchingServer
 from async_search.servers.connection_server import ConnectionServer
+from async_search.wire import arrived, pack, pack_error
 
-__all__ = ["run_process", "client_main"]
 
 #: spawn, not fork: the serving process may hold threads (device threads, TensorFlow).
 _CONTEXT = "spawn"
@@ -76,7 +77,7 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
             if servers_hook is not None:
                 servers_hook.serving(connections.update_model, evaluate.version,
                                      config.num_servers, config.backend)
-            numbers = iter(range(1 << 62))
+            numbers = itertools.count()  # client processes, retries included
 
             async def launch(indices: List[int], attempt: int) -> _ClientProcess:
                 return _ClientProcess(next(numbers), indices, [starts[j] for j in indices],

@@ -1,7 +1,7 @@
 """The Ray backend: searches in Ray tasks, model servers as Ray actors.
 
 Each server is an async actor holding a BatchingServer. Each client task runs its share
-of the starts in its own event loop; its evaluate function is a ``servers.Router``
+of the starts in its own event loop; its evaluate function is a ``routing.Router``
 (least outstanding, with a circuit breaker and stats per server) over one
 ``CoalescingClient`` per server (with one server, that client itself): a loop
 iteration's requests to a server leave as one message. Ray places the tasks and
@@ -35,7 +35,7 @@ news of a dead actor or node ends the connection too. The router sends them agai
 surviving server; when none survives, they fail (and the start runs again). Each answer
 carries the model version that computed it (``evaluate.with_version``); ``on_servers``
 pushes a new model to every live actor and waits for each to answer. Failures travel as
-``remote.Failure`` (answers are made portable where they are made), and each search's
+``wire.Failure`` (answers are made portable where they are made), and each search's
 outcome is pickled on its own, so an exception or result that cannot travel fails its
 own start, named, with its traceback as text, and never the client task.
 """
@@ -53,27 +53,27 @@ import time
 import uuid
 from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
+from async_search import process_tree
 from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
                                             WorkerBroke, WorkerLost, run_share)
 from async_search.backends.client import CoalescingClient
-from async_search.backends.config import (Progress, RunConfig, SearchResults, finish,
-                                          loop_factory, merge_stats)
+from async_search.backends.config import Progress, RunConfig
 from async_search.backends.gpu_placement import place_servers, release_gpus, reserve_gpus
+from async_search.backends.results import SearchResults, finish, merge_stats
 from async_search.backends.servers import ServersHook
 from async_search.connections import Connection, ForkedConnection, KeyedConnection
-from async_search import process_tree
 from async_search.errors import ServerDiedError, describe
+from async_search.event_loops import loop_factory
 from async_search.queues import close_stream
-from async_search.queues.ray_actor import (ActorQueue, DirectAddress, DirectListener,
-                                           QueueHost, connect_direct)
+from async_search.queues.ray_actor import ActorQueue, QueueHost
+from async_search.queues.ray_direct import DirectAddress, DirectListener, connect_direct
 from async_search.ray_init import ensure_ray
-from async_search.remote import arrived, pack, pack_error
+from async_search.routing.router import Router
 from async_search.servers.batching import BatchingServer
 from async_search.servers.connection_server import ConnectionServer
 from async_search.servers.policy import DispatchPolicy
-from async_search.servers.router import Router
+from async_search.wire import arrived, pack, pack_error
 
-__all__ = ["run_ray", "ServerActor", "SERVER_NAME_PREFIX", "CLIENT_NAME_PREFIX"]
 
 #: Server actors are named ``async_search-server-<run id>-<i>`` (``ray.get_actor``).
 SERVER_NAME_PREFIX = "async_search-server-"
@@ -81,6 +81,8 @@ SERVER_NAME_PREFIX = "async_search-server-"
 CLIENT_NAME_PREFIX = "async_search-client-"
 #: Seconds between calls to a server actor that Ray could not reach.
 _UNAVAILABLE_RETRY_S = 1.0
+#: Seconds a retry waits for Ray's word on each server that looks alive.
+_PROBE_S = 5.0
 #: Seconds a client task gathers outcomes before it yields them (their last one, and
 #: the task's end, leave at once).
 _GATHER_S = 0.02
@@ -354,13 +356,14 @@ class _Server:
     watch: asyncio.Future  # fails when Ray finds the actor (or its node) dead
     gpus: list | None = None
     node: str | None = None
+    died: bool = False  # a call to it failed with RayActorError (before the watch did)
 
     @property
     def alive(self) -> bool:
         """False once Ray has said that it died (a server stopped by the run, or whose
         watch the run dropped, is not dead)."""
         watch = self.watch
-        return not (watch.done() and not watch.cancelled()
+        return not (self.died or watch.done() and not watch.cancelled()
                     and watch.exception() is not None)
 
 
@@ -470,6 +473,7 @@ class _ServerPool:
         """Starts a new actor in the place of each dead one (with the model last pushed)
         so that a new attempt has every server; one that fails to start stays empty."""
         async with self._replacing:  # attempts of several shares ask at once
+            await self._ask_ray(self.live())
             dead = [i for i, s in enumerate(self._slots) if s is None or not s.alive]
             if not dead or self._stopping:
                 return
@@ -489,6 +493,26 @@ class _ServerPool:
                             continue
                     self._slots[i] = await self._server_of(actor, answer)
                     self.servers.append(self._slots[i])
+
+    async def _ask_ray(self, servers: List[_Server]) -> None:
+        """Marks dead the servers that Ray says are. A retry follows a client that lost
+        its servers: the client saw their sockets close at once, while the watches wait
+        for Ray's news of the death, which may come later; a call to each answers now
+        (an actor Ray cannot reach, or that stays silent, is no death yet)."""
+        died = self._ray.exceptions.RayActorError
+        unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
+
+        async def ask(server: _Server) -> None:
+            try:
+                await asyncio.wait_for(server.actor.node.remote(), _PROBE_S)
+            except unavailable:
+                pass
+            except died:
+                server.died = True
+            except Exception:  # noqa: BLE001 - a timeout, or no answer: no death yet
+                pass
+
+        await asyncio.gather(*(ask(server) for server in servers))
 
     async def push(self, model_or_weights: Any, version: Hashable) -> None:
         """``push`` for ``ModelServers``: swaps the model of every live server actor and
@@ -523,6 +547,11 @@ class _ServerPool:
                             asyncio.wait_for(stops, left + GRACE_S))
         except asyncio.TimeoutError:  # out of time: killed with the rest
             return []
+        died = self._ray.exceptions.RayActorError
+        unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
+        for server, final in zip(live, finals):  # Ray's answer, before the watch's
+            if isinstance(final, died) and not isinstance(final, unavailable):
+                server.died = True
         return [f for f in finals if not isinstance(f, BaseException)]
 
     def kill(self) -> None:

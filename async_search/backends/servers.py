@@ -9,11 +9,21 @@ is computed by the new model. A training loop pushes each iteration this way whi
 searches go on.
 
 Example:
-    >>> async def trainer(servers):                       # doctest: +SKIP
-    ...     for version in range(1, 10):
-    ...         weights = await train_one_iteration()
-    ...         await servers.update_model(weights, version)
-    >>> run_searches(search_fn, starts, factory, on_servers=trainer)  # doctest: +SKIP
+    >>> import numpy as np
+    >>> from async_search import run_searches
+    >>> from async_search.base import evaluate_with_version
+    >>> from async_search.models import MLP
+    >>> async def search(start, evaluate):     # runs until the new model answers
+    ...     while True:
+    ...         x = np.full((1, 4), start, np.float32)
+    ...         _, version = await evaluate_with_version(evaluate, x)
+    ...         if version == 1:
+    ...             return version
+    ...         await asyncio.sleep(0.001)
+    >>> async def trainer(servers):            # a training loop pushes each iteration
+    ...     await servers.update_model(MLP((4,)), 1)
+    >>> run_searches(search, [1.0, 2.0], lambda: MLP((4,)), on_servers=trainer)
+    [1, 1]
 """
 
 from __future__ import annotations
@@ -22,7 +32,6 @@ import asyncio
 import inspect
 from typing import Any, Awaitable, Callable, Hashable
 
-__all__ = ["ModelServers", "OnServers", "ServersHook", "Push"]
 
 #: ``push(model_or_weights, version)``: swaps the model of every server of a run and
 #: returns once each has swapped.

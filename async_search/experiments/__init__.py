@@ -4,17 +4,17 @@ Apart from the library (which prints nothing and reports progress through callba
 this package owns progress bars, printed reports, JSON figures and seaborn plots.
 
 Example:
-    >>> from async_search.experiments import (Experiment, ModelParams, SearchParams,
+    >>> from async_search.experiments import (Experiment, ModelConfig, SearchConfig,
     ...                                       default_runs, run_experiment)
-    >>> exp = Experiment("demo", SearchParams(num_searches=2, gnn_budget=50),
-    ...                  ModelParams(kind="numpy", hidden_sizes=(16,)),
+    >>> exp = Experiment("demo", SearchConfig(num_searches=2, gnn_budget=50),
+    ...                  ModelConfig(kind="numpy"),
     ...                  default_runs(backends=("local",)))
     >>> result = run_experiment(exp, show_progress=False)
     >>> [r.name for r in result.reports], result.ok
     (['sync', 'async'], True)
 """
 
-from async_search.experiments.params import MODELS, SEARCHES, ModelParams, RunSpec, SearchParams
+from async_search.experiments.config import MODELS, SEARCHES, ModelConfig, RunSpec, SearchConfig
 from async_search.experiments.plots import plot_runs
 from async_search.experiments.report import format_report, format_table, save_json
 from async_search.experiments.runs import RunReport, compare_results, run_one
@@ -24,7 +24,7 @@ from async_search.experiments.suites import (Experiment, ExperimentResult, conti
 from async_search.experiments.workloads import Workload, make_workload, summarize
 
 __all__ = [
-    "SEARCHES", "MODELS", "SearchParams", "ModelParams", "RunSpec",
+    "SEARCHES", "MODELS", "SearchConfig", "ModelConfig", "RunSpec",
     "Workload", "make_workload", "summarize",
     "RunReport", "run_one", "compare_results",
     "format_report", "format_table", "save_json", "plot_runs",

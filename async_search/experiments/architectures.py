@@ -3,7 +3,7 @@
 For each topology (see ``topologies``), the parent starts every process, waits until all
 are ready (servers have built their model), then times the clients from the start signal
 until the last one has its samples. Start-up is reported apart and not counted. Every
-wait is bounded by ``TopologyParams.timeout_s``; a process that fails or dies stops the
+wait is bounded by ``TopologyConfig.timeout_s``; a process that fails or dies stops the
 run with its error, and every process is ended on the way out.
 
 Printed per topology: time to process the samples, cache hit rate, mean batch size. The
@@ -21,19 +21,16 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from async_search.experiments.params import ModelParams
+from async_search.experiments.config import ModelConfig
 from async_search.experiments.progress import progress_bar
 from async_search.experiments.report import save_json
-from async_search.experiments.selfplay import SelfPlayParams, samples_digest
-from async_search.experiments.topologies import (ARCHITECTURES, CACHING, TopologyParams,
+from async_search.experiments.selfplay import SamplesConfig, samples_digest
+from async_search.experiments.topologies import (ARCHITECTURES, CACHING, TopologyConfig,
                                                  build)
 from async_search.experiments.workloads import build_model
 from async_search.process_tree import starting_children
 from async_search.queues import close_stream
 
-__all__ = ["ARCHITECTURES", "SelfPlayParams", "TopologyParams", "ArchitectureReport",
-           "ArchitecturesResult", "run_topology", "run_architectures",
-           "format_architecture", "format_architecture_table"]
 
 _DESCRIPTIONS = {
     "pipe": "clients -> pipes -> load balancer -> pipes -> servers",
@@ -147,21 +144,19 @@ def _end(procs, graceful: bool) -> None:
         p.join(timeout=5)
 
 
-def run_topology(architecture: str, params: SelfPlayParams, topology: TopologyParams,
-                 model: ModelParams, *, progress: Optional[Callable[[int], None]] = None,
+def run_topology(architecture: str, samples: SamplesConfig, topology: TopologyConfig,
+                 model: ModelConfig, *, progress: Optional[Callable[[int], None]] = None,
                  ) -> ArchitectureReport:
     """Runs self-play through one topology of real processes; returns its figures.
 
     Raises:
-        ValueError: for bad parameters, before anything starts.
         RuntimeError: naming the process that failed, died, or timed out.
     """
-    params, topology, model = params.check(), topology.check(), model.check()
     context = multiprocessing.get_context("spawn")
     events = context.Queue()
     start = context.Event()
     model_factory = functools.partial(build_model, "mcts", 4, model)
-    wiring = build(architecture, params, topology, model_factory, events=events,
+    wiring = build(architecture, samples, topology, model_factory, events=events,
                    start=start)
     procs = {spec.name: context.Process(target=spec.target, args=spec.args, name=spec.name,
                                         daemon=True) for spec in wiring.processes}
@@ -221,7 +216,8 @@ def run_topology(architecture: str, params: SelfPlayParams, topology: TopologyPa
         if cache is not None:
             caches.append(cache)
     per_slot = [by_slot[s] for s in sorted(by_slot)]
-    produced = min(params.num_samples, sum(len(s) for s in per_slot))
+    positions = sum(len(record.moves) for slot in per_slot for record in slot)
+    produced = min(samples.num_samples, positions)
     lookups = sum(c["lookups"] for c in caches)
     hits = sum(c["hits"] for c in caches)
     batches = sum(s["batches"] for s in servers.values())
@@ -234,11 +230,11 @@ def run_topology(architecture: str, params: SelfPlayParams, topology: TopologyPa
         hit_rate=hits / lookups if lookups else 0.0, batches=batches, elements=elements,
         mean_batch_size=elements / batches if batches else 0.0,
         model_time_s=sum(s["model_time_s"] for s in servers.values()),
-        digest=samples_digest(per_slot, params.num_samples))
+        digest=samples_digest(per_slot, samples.num_samples))
 
 
-def run_architectures(names: Sequence[str], params: SelfPlayParams,
-                      topology: TopologyParams, model: ModelParams, *,
+def run_architectures(names: Sequence[str], samples: SamplesConfig,
+                      topology: TopologyConfig, model: ModelConfig, *,
                       save_path: Optional[str] = None, show_progress: bool = True,
                       on_report: Optional[Callable[[ArchitectureReport], None]] = None,
                       on_failure: Optional[Callable[[str, str], None]] = None,
@@ -249,14 +245,13 @@ def run_architectures(names: Sequence[str], params: SelfPlayParams,
         if name not in ARCHITECTURES:
             raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}, "
                              f"got {name!r}")
-    params, topology, model = params.check(), topology.check(), model.check()
     reports: List[ArchitectureReport] = []
     failures: List[Tuple[str, str]] = []
     for name in names:
         try:
-            with progress_bar(name, params.num_samples, enabled=show_progress,
+            with progress_bar(name, samples.num_samples, enabled=show_progress,
                               unit="sample") as update:
-                report = run_topology(name, params, topology, model, progress=update)
+                report = run_topology(name, samples, topology, model, progress=update)
         except Exception as e:
             error = "".join(traceback.format_exception_only(type(e), e)).strip()
             failures.append((name, error))
@@ -275,7 +270,7 @@ def run_architectures(names: Sequence[str], params: SelfPlayParams,
         json_path = save_json(
             os.path.splitext(save_path)[0] + ".json",
             title="Inference architectures for self-play", command=command,
-            params={"selfplay": dataclasses.asdict(params),
+            params={"samples": dataclasses.asdict(samples),
                     "topology": dataclasses.asdict(topology),
                     "model": dataclasses.asdict(model)},
             reports=[], extra={"architectures": [r.figures() for r in reports],

@@ -18,23 +18,33 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
+from async_search.checks import check_float, check_int
 from async_search.files import write_json
-
-__all__ = ["HeldOutParams", "evaluate_heuristic", "compare_heuristics",
-           "format_comparison", "run_heuristic_training", "plot_heuristic_training"]
 
 
 @dataclasses.dataclass(frozen=True)
-class HeldOutParams:
-    """How heuristics are compared on Korf's 100: batch-weighted A* with these."""
+class HeldOutConfig:
+    """How heuristics are compared on Korf's 100: batch-weighted A* with these.
+
+    Attributes:
+        weight: the weight of the path cost g in A*'s priority ``weight * g + h``.
+        budget: model evaluations each search may spend.
+        buffer_size: nodes each A* step expands (one request).
+        max_batch_size: the most elements the server puts in one batch.
+    """
 
     weight: float = 0.3
     budget: int = 20_000
     buffer_size: int = 16
     max_batch_size: int = 1024
 
+    def __post_init__(self) -> None:
+        check_float("HeldOutConfig.weight", self.weight, minimum=0.0)
+        for name in ("budget", "buffer_size", "max_batch_size"):
+            check_int(f"HeldOutConfig.{name}", getattr(self, name), minimum=1)
 
-async def _solve_all(model: Any, starts: List[bytes], params: HeldOutParams,
+
+async def _solve_all(model: Any, starts: List[bytes], params: HeldOutConfig,
                      on_done: Callable[[], None] | None) -> list:
     import async_search as asr
     from async_search import problems, search
@@ -53,7 +63,7 @@ async def _solve_all(model: Any, starts: List[bytes], params: HeldOutParams,
         return await asyncio.gather(*(one(s) for s in starts))
 
 
-def evaluate_heuristic(model: Any, params: HeldOutParams, *,
+def evaluate_heuristic(model: Any, params: HeldOutConfig, *,
                        on_done: Callable[[], None] | None = None) -> Dict[str, Any]:
     """Batch-weighted A* on Korf's 100 with ``model``: counts and means."""
     from async_search import problems
@@ -80,7 +90,7 @@ def evaluate_heuristic(model: Any, params: HeldOutParams, *,
     }
 
 
-def compare_heuristics(learned: Any, params: HeldOutParams, *,
+def compare_heuristics(learned: Any, params: HeldOutConfig, *,
                        show_progress: bool = True) -> Dict[str, Dict[str, Any]]:
     """The learned heuristic and Manhattan on Korf's 100, same weight, budget, buffer."""
     from async_search import problems
@@ -96,7 +106,7 @@ def compare_heuristics(learned: Any, params: HeldOutParams, *,
     return out
 
 
-def format_comparison(results: Dict[str, Dict[str, Any]], params: HeldOutParams) -> str:
+def format_comparison(results: Dict[str, Dict[str, Any]], params: HeldOutConfig) -> str:
     lines = [f"Korf's 100 random 15-puzzle instances (optimal lengths known, mean 53.05): "
              f"batch-weighted A*, weight {params.weight}, budget {params.budget} "
              f"evaluations, {params.buffer_size} nodes per step",
@@ -153,7 +163,7 @@ def plot_heuristic_training(records: List[Any], results: Dict[str, Dict[str, Any
     return fig
 
 
-def run_heuristic_training(config: Any, params: HeldOutParams, *, save_dir: str,
+def run_heuristic_training(config: Any, params: HeldOutConfig, *, save_dir: str,
                            png_path: str, resume: bool = False, show_progress: bool = True,
                            command: str = "",
                            print_fn: Callable[[str], None] = print) -> Dict[str, Any]:

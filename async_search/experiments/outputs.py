@@ -26,8 +26,6 @@ import os
 import uuid
 from typing import List
 
-__all__ = ["check_output_file", "check_output_folder"]
-
 
 def check_output_file(path: str, flag: str, *, value: str | None = None) -> None:
     """Raises ValueError unless ``path`` can be written: its folder can be made and

@@ -3,7 +3,8 @@
 One column per group of runs (the baseline, one process, worker processes, Ray). The top
 row shows how batch sizes are distributed (percent of each run's batches); the bottom
 row shows cumulative time against elements evaluated: total time solid, time in the
-model dashed, one colour per run, the same colour in both rows. Bottom panels share
+model dashed, one colour per run, the same colour in both rows; its legend says how many
+searches each run solved and their mean path length. Bottom panels share
 their axes, so the groups compare at a glance.
 """
 
@@ -17,8 +18,6 @@ import numpy as np
 
 from async_search.experiments.runs import RunReport
 from async_search.files import write_file
-
-__all__ = ["plot_runs", "batch_frame", "finish_figure"]
 
 
 def batch_frame(reports: Sequence[RunReport]):
@@ -46,6 +45,17 @@ def _thousands(x: float, _pos: Any = None) -> str:
     return f"{x / 1000:g}k" if abs(x) >= 1000 else f"{x:g}"
 
 
+def _run_label(r: RunReport) -> str:
+    """``sync: 8/8 solved, mean path 63.2``, or the bare name for searches without a
+    goal (MCTS)."""
+    if "solved" not in r.summary:
+        return r.name
+    label = f"{r.name}: {r.summary['solved']}/{r.summary.get('searches', 0)} solved"
+    if r.summary.get("mean_path_length") is not None:
+        label += f", mean path {r.summary['mean_path_length']:.1f}"
+    return label
+
+
 def _groups(reports: Sequence[RunReport]) -> Dict[str, List[RunReport]]:
     groups: Dict[str, List[RunReport]] = {}
     for r in reports:
@@ -58,7 +68,12 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
     """Draws the runs; saves the figure to ``path`` when given. Returns the figure.
 
     Example:
-        >>> # fig = plot_runs(reports, "results/results.png", title="15-puzzle A*")
+        The figure of ``main.py``, from the ``RunReport`` of each run (see
+        ``run_one``):
+
+        ```python
+        fig = plot_runs(reports, "results/results.png", title="15-puzzle A*")
+        ```
     """
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -113,7 +128,8 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
                      color=colour, lw=2, ls="--")
         low.set_xlabel("elements evaluated")
         low.set_ylabel("cumulative time (s)" if j == 0 else "")
-        handles = [Line2D([], [], color=palette[r.name], lw=2, label=r.name) for r in runs]
+        handles = [Line2D([], [], color=palette[r.name], lw=2, label=_run_label(r))
+                   for r in runs]
         handles += [Line2D([], [], color="0.3", lw=2, label="total time"),
                     Line2D([], [], color="0.3", lw=2, ls="--", label="model time")]
         low.legend(handles=handles, loc="upper left", fontsize="small", framealpha=0.9)

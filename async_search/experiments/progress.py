@@ -6,8 +6,6 @@ import contextlib
 import sys
 from typing import Callable, Iterator, Optional
 
-__all__ = ["progress_bar"]
-
 
 @contextlib.contextmanager
 def progress_bar(desc: str, total: Optional[int] = None, *, enabled: bool = True,

@@ -11,8 +11,6 @@ from typing import Any, Dict, List, Optional, Sequence
 from async_search.experiments.runs import RunReport
 from async_search.files import write_json
 
-__all__ = ["format_report", "format_table", "environment", "save_json"]
-
 
 def _s(seconds: float) -> str:
     """Seconds with two decimals, three below one second."""
@@ -30,11 +28,19 @@ def _placement(r: RunReport) -> str:
 
 
 def _found(summary: Dict[str, Any]) -> str:
-    parts = [f"{v} {k}" for k, v in summary.items()
-             if k not in ("searches", "evaluations", "actions")]
+    """``8 searches: 8 solved (mean path 63.2 moves)``, then the other statuses."""
+    n = summary.get("searches", 0)
+    parts = []
+    if "solved" in summary:
+        solved = f"{summary['solved']} solved"
+        if summary.get("mean_path_length") is not None:
+            solved += f" (mean path {summary['mean_path_length']:.1f} moves)"
+        parts.append(solved)
+    parts += [f"{v} {k}" for k, v in summary.items()
+              if k not in ("searches", "evaluations", "actions", "solved",
+                           "mean_path_length", "goal_found")]
     if "actions" in summary:
         parts.append("actions " + " ".join(str(a) for a in summary["actions"]))
-    n = summary.get("searches", 0)
     return f"{n} search{'es' if n != 1 else ''}: " + ", ".join(parts)
 
 
@@ -61,20 +67,34 @@ def format_report(r: RunReport) -> str:
     return "\n".join(lines)
 
 
-_COLUMNS = ("run", "search s", "call s", "model s", "in model", "batches", "elements",
-            "mean batch", "std batch", "speed-up", "equal")
+_COLUMNS = ("run", "solved", "mean path", "search s", "call s", "model s", "in model",
+            "batches", "elements", "mean batch", "std batch", "speed-up", "equal")
+
+
+def _solved_cells(summary: Dict[str, Any]) -> List[str]:
+    """``8/8`` and the mean path length, or ``-`` for searches without a goal (MCTS)."""
+    if "solved" not in summary:
+        return ["-", "-"]
+    mean = summary.get("mean_path_length")
+    return [f"{summary['solved']}/{summary.get('searches', 0)}",
+            "-" if mean is None else f"{mean:.1f}"]
 
 
 def _row(r: RunReport, reference_time: float) -> List[str]:
     equal = {None: "ref", True: "yes", False: "NO"}[r.matches_baseline]
     speedup = reference_time / r.search_time_s if r.search_time_s > 0 else float("nan")
-    return [r.name, _s(r.search_time_s), _s(r.elapsed_s), _s(r.model_time_s), f"{100 * r.fraction_in_model:.1f} %",
-            str(r.batches), str(r.elements), f"{r.mean_batch_size:.1f}",
+    return [r.name, *_solved_cells(r.summary), _s(r.search_time_s), _s(r.elapsed_s),
+            _s(r.model_time_s), f"{100 * r.fraction_in_model:.1f} %", str(r.batches),
+            str(r.elements), f"{r.mean_batch_size:.1f}",
             f"{r.std_batch_size:.1f}", f"{speedup:.2f}x", equal]
 
 
 def format_table(reports: Sequence[RunReport], *, markdown: bool = False) -> str:
-    """One row per run; speed-up is the first run's search time over the run's."""
+    """One row per run; speed-up is the first run's search time over the run's.
+
+    *solved*: searches that reached a goal, of all; *mean path*: the mean length in
+    moves of the solved searches' paths (``-`` for MCTS, which has no goal to reach).
+    """
     if not reports:
         return ""
     reference_time = reports[0].search_time_s

@@ -14,12 +14,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import async_search as asr
-from async_search.experiments.params import RunSpec
+from async_search.event_loops import loop_factory
+from async_search.experiments.config import RunSpec
 from async_search.experiments.workloads import Workload, summarize
 from async_search.servers.stats import BatchRecord
 
-__all__ = ["Progress", "RunReport", "run_one", "run_baseline", "compare_results",
-           "loop_factory"]
 
 #: ``progress(n)``: n more elements were evaluated.
 Progress = Callable[[int], None]
@@ -72,17 +71,6 @@ class RunReport:
         return out
 
 
-def loop_factory(use_uvloop: bool) -> Optional[Callable[[], asyncio.AbstractEventLoop]]:
-    """uvloop's loop factory when asked for and installed, else None (asyncio's)."""
-    if not use_uvloop:
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 async def _sequential(workload: Workload, model: Any, progress: Optional[Progress],
                       ) -> Tuple[List[Any], float, List[BatchRecord], dict]:
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
@@ -120,10 +108,8 @@ def run_one(spec: RunSpec, workload: Workload, progress: Optional[Progress] = No
     """Runs ``workload`` as ``spec`` says; compares the results with ``reference``.
 
     Raises:
-        ValueError: for a spec ``run_searches`` refuses, before anything runs.
         SearchError: when a search (or a client process) failed.
     """
-    spec.check()
     if spec.is_baseline:
         results, report = run_baseline(spec, workload, progress)
     else:

@@ -1,14 +1,13 @@
-"""Self-play with MCTS on Connect Four: games as coroutines over ``evaluate``.
+"""Self-play positions for the inference-architecture experiment, in slots of games.
 
-A game plays MCTS moves until the end and returns one ``Sample`` per position: the
-position, the root's visit counts, and the final outcome for the player to move. The
-first ``sampling_moves`` moves are drawn in proportion to the visits (seeded per game),
-later ones are the most visited action, so a game is a deterministic function of its id,
-the seed and the model's outputs: every inference topology must produce the same samples.
+Each game is training's (``training.selfplay_game``, set up by a
+``training.SelfPlayConfig``): a deterministic function of its id, the seed and the
+model's outputs, so every inference topology must produce the same positions.
 
 Work is split into *slots*: slot ``s`` plays games ``s, s + num_slots, ...`` one after
-another until it holds ``quota`` samples. A client process runs its slots concurrently;
-the samples of all slots, in slot order and cut to ``num_samples``, are the result.
+another until it holds ``quota`` positions. A client process runs its slots
+concurrently; the positions of all slots, in slot order and cut to ``num_samples``, are
+the result.
 """
 
 from __future__ import annotations
@@ -16,116 +15,78 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import pickle
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
-from async_search import search
 from async_search.checks import check_int
-
-__all__ = ["SelfPlayParams", "Sample", "play_game", "play_slot", "slot_quota",
-           "samples_digest"]
+from async_search.training.selfplay import GameRecord, SelfPlayConfig, selfplay_game
 
 
 @dataclasses.dataclass(frozen=True)
-class SelfPlayParams:
-    """What self-play produces, and how hard each move searches.
+class SamplesConfig:
+    """How many self-play positions to produce, and how the games are played.
 
     Attributes:
         num_samples: positions to produce, over all clients.
-        simulations: MCTS simulations per move.
-        num_parallel: MCTS leaves in flight per round (one request each round).
         games_per_client: games each client plays at once (its slots).
-        sampling_moves: moves drawn in proportion to visits before play turns greedy.
-        seed: seeds the games (noise and move sampling).
+        selfplay: how each game searches and samples (``training.SelfPlayConfig``:
+            simulations per move, leaves per round, sampled opening moves, noise, seed).
     """
 
     num_samples: int = 1000
-    simulations: int = 64
-    num_parallel: int = 4
     games_per_client: int = 8
-    sampling_moves: int = 8
-    seed: int = 0
+    selfplay: SelfPlayConfig = SelfPlayConfig()
 
-    def check(self) -> "SelfPlayParams":
-        """Raises ValueError for a bad field; returns self."""
-        for name in ("num_samples", "simulations", "num_parallel", "games_per_client"):
-            check_int(f"SelfPlayParams.{name}", getattr(self, name), minimum=1)
-        for name in ("sampling_moves", "seed"):
-            check_int(f"SelfPlayParams.{name}", getattr(self, name), minimum=0)
-        return self
+    def __post_init__(self) -> None:
+        check_int("SamplesConfig.num_samples", self.num_samples, minimum=1)
+        check_int("SamplesConfig.games_per_client", self.games_per_client, minimum=1)
+        if not isinstance(self.selfplay, SelfPlayConfig):
+            raise ValueError(f"SamplesConfig.selfplay must be a training.SelfPlayConfig, "
+                             f"got {type(self.selfplay).__name__}")
 
     def describe(self) -> str:
+        """One line: positions, simulations, leaves per round, games per client."""
+        s = self.selfplay
         return (f"{self.num_samples} self-play positions of Connect Four, MCTS with "
-                f"{self.simulations} simulations per move ({self.num_parallel} leaves "
-                f"per round), {self.games_per_client} games per client")
-
-
-class Sample(NamedTuple):
-    """One training position."""
-
-    state: Any
-    """The position (a ConnectFourState)."""
-    visit_counts: Tuple[int, ...]
-    """The root's visit counts per action: the policy target."""
-    outcome: float
-    """The game's result for the player to move here: 1 win, -1 loss, 0 draw."""
-
-
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-
-
-async def play_game(game: Any, evaluate: Any, *, game_id: int,
-                    params: SelfPlayParams) -> List[Sample]:
-    """Plays one game with MCTS for both players; one sample per position."""
-    rng = np.random.default_rng([params.seed, game_id])
-    state = game.initial_state()
-    history: List[Tuple[Any, Tuple[int, ...]]] = []
-    while game.terminal_value(state) is None:
-        move = len(history)
-        r = await search.mcts(game, state, evaluate, num_simulations=params.simulations,
-                              num_parallel=params.num_parallel,
-                              seed=_seed(params.seed, game_id, move))
-        history.append((state, r.visit_counts))
-        if move < params.sampling_moves:
-            visits = np.asarray(r.visit_counts, np.float64)
-            action = int(rng.choice(len(visits), p=visits / visits.sum()))
-        else:
-            action = r.action
-        state = game.play(state, action)
-    final = game.terminal_value(state)  # for the player to move at the end
-    n = len(history)
-    return [Sample(s, v, final if (n - i) % 2 == 0 else -final)
-            for i, (s, v) in enumerate(history)]
+                f"{s.simulations} simulations per move ({s.num_parallel} leaves per "
+                f"round), {self.games_per_client} games per client")
 
 
 def slot_quota(num_samples: int, num_slots: int) -> int:
-    """Samples each slot plays for."""
+    """Positions each slot plays for."""
     return math.ceil(num_samples / num_slots)
 
 
 async def play_slot(game: Any, evaluate: Any, *, slot: int, num_slots: int,
-                    params: SelfPlayParams,
-                    on_game: Optional[Callable[[int], None]] = None) -> List[Sample]:
-    """Slot ``slot``'s games, in turn, until it holds its quota of samples."""
-    quota = slot_quota(params.num_samples, num_slots)
-    samples: List[Sample] = []
+                    config: SamplesConfig,
+                    on_game: Optional[Callable[[int], None]] = None) -> List[GameRecord]:
+    """Slot ``slot``'s games, in turn, until they hold its quota of positions.
+
+    ``on_game(n)`` is called after each game with its number of positions.
+    """
+    quota = slot_quota(config.num_samples, num_slots)
+    records: List[GameRecord] = []
+    positions = 0
     game_id = slot
-    while len(samples) < quota:
-        played = await play_game(game, evaluate, game_id=game_id, params=params)
-        samples += played
+    while positions < quota:
+        record = await selfplay_game(game_id, evaluate, game=game, config=config.selfplay)
+        records.append(record)
+        positions += len(record.moves)
         game_id += num_slots
         if on_game is not None:
-            on_game(len(played))
-    return samples
+            on_game(len(record.moves))
+    return records
 
 
-def samples_digest(per_slot: Sequence[Sequence[Sample]], num_samples: int) -> str:
-    """A digest of the samples of all slots, in slot order, cut to ``num_samples``."""
-    samples = [s for slot in per_slot for s in slot][:num_samples]
+def samples_digest(per_slot: Sequence[Sequence[GameRecord]], num_samples: int) -> str:
+    """A digest of the positions of all slots, in slot order, cut to ``num_samples``:
+    their encodings, policy targets and value targets, bit for bit."""
+    records = [r for slot in per_slot for r in slot]
     h = hashlib.sha256()
-    for s in samples:
-        h.update(pickle.dumps((tuple(s.state), s.visit_counts, s.outcome), protocol=4))
+    if records:
+        for field in ("x", "policy", "value"):
+            rows = np.concatenate([getattr(r, field) for r in records])[:num_samples]
+            h.update(repr((field, rows.dtype.str, rows.shape)).encode())
+            h.update(np.ascontiguousarray(rows).tobytes())
     return h.hexdigest()[:16]

@@ -10,8 +10,11 @@ orphaned workers, anything. The process adopts its descendants' orphans (Linux) 
 none slips out of reach.
 
 Example:
-    >>> with RunGuard() as guard:
-    ...     pass
+    main.py enters the guard around everything it does (leaving it ends every process
+    the run started, and a Ray this process started, so it is not entered here), then
+    reads from the error that ended the run which signal stopped it:
+
+    >>> guard = RunGuard()
     >>> guard.stopped_by(KeyboardInterrupt()) == signal.SIGINT
     True
     >>> guard.stopped_by(ValueError("not a stop")) is None
@@ -26,7 +29,6 @@ from typing import Any, List, Optional
 
 from async_search import process_tree
 
-__all__ = ["RunGuard", "EXIT_STATUS", "SIGNAL_NAMES"]
 
 #: The exit status of a run stopped by each signal: 128 + the signal's number, as a
 #: shell reports a process killed by it.

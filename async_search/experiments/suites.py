@@ -19,15 +19,12 @@ import os
 import traceback
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from async_search.experiments.params import ModelParams, RunSpec, SearchParams
+from async_search.experiments.config import ModelConfig, RunSpec, SearchConfig
 from async_search.experiments.plots import plot_runs
 from async_search.experiments.progress import progress_bar
 from async_search.experiments.report import save_json
 from async_search.experiments.runs import RunReport, run_one
-from async_search.experiments.workloads import make_workload
-
-__all__ = ["Experiment", "ExperimentResult", "default_runs", "continuous_runs",
-           "multi_server_runs", "run_experiment", "json_path_for"]
+from async_search.experiments.workloads import make_workload, trained_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,22 +33,19 @@ class Experiment:
 
     title: str
     """What the plot and the JSON call it."""
-    search: SearchParams
+    search: SearchConfig
     """What each search does."""
-    model: ModelParams
+    model: ModelConfig
     """The network."""
     runs: Tuple[RunSpec, ...]
     """The runs, in order; a baseline, if any, comes first and is the reference."""
 
-    def check(self) -> "Experiment":
-        """Raises ValueError for any bad parameter, before anything runs."""
-        self.search.check()
-        self.model.check()
+    def __post_init__(self) -> None:
+        # Each part checked itself when made; what is left is how they fit together.
         if not self.runs:
             raise ValueError("an experiment needs at least one run")
-        for spec in self.runs:
-            spec.check()
-        return self
+        if self.model.trained:
+            trained_name(self.search.search, self.search.puzzle_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,14 +127,13 @@ def run_experiment(experiment: Experiment, *, save_path: Optional[str] = None,
     ``matches_baseline=False``.
 
     Args:
-        experiment: what to run (checked first: ValueError before anything runs).
+        experiment: what to run.
         save_path: the PNG to write; the JSON goes beside it. None saves nothing.
         show_progress: a tqdm bar over model evaluations during each run.
         on_report: called with each run's report as it finishes.
         on_failure: called with ``(run name, error text)`` when a run raises.
         command: the command line, recorded in the JSON.
     """
-    experiment.check()
     workload = make_workload(experiment.search, experiment.model)
     workload.model_factory()  # build and trace the net here, before any clock starts
     reports: List[RunReport] = []

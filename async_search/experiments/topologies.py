@@ -28,19 +28,18 @@ import signal
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from async_search.checks import check_float, check_int
 from async_search.connections import (Connection, FifoConnectedFunction,
                                       PassThroughConnection, UnorderedConnectedFunction,
                                       forked_pipe, pipe)
 from async_search.problems import ConnectFour
 from async_search.queues import ClosedConnection, process_queue
 from async_search.servers import DispatchPolicy, serve_connection
-from async_search.servers.cache import CachedEvaluate
-from async_search.servers.router import Router
-from async_search.experiments.runs import loop_factory
-from async_search.experiments.selfplay import SelfPlayParams, play_slot
+from async_search.routing.cache import CachedEvaluate
+from async_search.routing.router import Router
+from async_search.event_loops import loop_factory
+from async_search.experiments.selfplay import SamplesConfig, play_slot
 
-__all__ = ["ARCHITECTURES", "CACHING", "TopologyParams", "ProcessSpec", "Topology", "build",
-           "balancer_main", "cache_manager_main", "client_main", "server_main"]
 
 ARCHITECTURES = ("pipe", "queue", "client")
 
@@ -50,7 +49,7 @@ CACHING = {"pipe": "central (load balancer)", "queue": "central (cache manager)"
 
 
 @dataclasses.dataclass(frozen=True)
-class TopologyParams:
+class TopologyConfig:
     """How many processes of each kind, and how they batch and cache.
 
     Attributes:
@@ -72,27 +71,20 @@ class TopologyParams:
     use_uvloop: bool = False
     timeout_s: float = 600.0
 
-    def check(self) -> "TopologyParams":
-        """Raises ValueError for a bad field; returns self."""
+    def __post_init__(self) -> None:
         from async_search.backends.config import max_servers
 
         for name in ("num_clients", "num_servers", "max_batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TopologyParams.{name} must be an integer >= 1, got "
-                                 f"{value!r}")
+            check_int(f"TopologyConfig.{name}", getattr(self, name), minimum=1)
         if self.num_servers > max_servers("process"):
-            raise ValueError(f"TopologyParams.num_servers={self.num_servers} is more than "
+            raise ValueError(f"TopologyConfig.num_servers={self.num_servers} is more than "
                              f"this machine can start (at most {max_servers('process')})")
-        if not isinstance(self.cache_capacity, int) or self.cache_capacity < 0:
-            raise ValueError(f"TopologyParams.cache_capacity must be an integer >= 0, got "
-                             f"{self.cache_capacity!r}")
+        check_int("TopologyConfig.cache_capacity", self.cache_capacity, minimum=0)
         DispatchPolicy(self.max_batch_size, self.max_delay)
-        if not self.timeout_s > 0:
-            raise ValueError(f"TopologyParams.timeout_s must be > 0, got {self.timeout_s!r}")
-        return self
+        check_float("TopologyConfig.timeout_s", self.timeout_s, minimum=0.0, strict=True)
 
     def describe(self) -> str:
+        """One line: processes of each kind, cache capacity, batch size."""
         return (f"{self.num_clients} client process{'es' if self.num_clients > 1 else ''}, "
                 f"{self.num_servers} server{'s' if self.num_servers > 1 else ''}, "
                 f"cache capacity {self.cache_capacity}, batches up to {self.max_batch_size}")
@@ -145,7 +137,7 @@ def server_main(name: str, connection: Connection, model_factory: Callable[[], A
 
 
 def client_main(name: str, connection: Connection, ordered: bool, slots: List[int],
-                num_slots: int, params: SelfPlayParams, cache_capacity: Optional[int],
+                num_slots: int, samples: SamplesConfig, cache_capacity: Optional[int],
                 use_uvloop: bool, start: Any, timeout_s: float, events: Any) -> None:
     """A self-play client: plays its slots concurrently once ``start`` is set."""
     async def body():
@@ -158,7 +150,7 @@ def client_main(name: str, connection: Connection, ordered: bool, slots: List[in
         if not await asyncio.to_thread(start.wait, timeout_s):
             raise TimeoutError(f"{name}: no start signal in {timeout_s} s")
         results = await asyncio.gather(*(
-            play_slot(game, evaluate, slot=s, num_slots=num_slots, params=params,
+            play_slot(game, evaluate, slot=s, num_slots=num_slots, config=samples,
                       on_game=lambda n: events.put(("progress", n))) for s in slots))
         await fn.aclose()
         cache = evaluate.stats if cache_capacity is not None else None
@@ -222,7 +214,7 @@ def cache_manager_main(name: str, requests: Connection, inference: Connection,
 
 # -- wiring -------------------------------------------------------------------------------
 
-def build(architecture: str, params: SelfPlayParams, topology: TopologyParams,
+def build(architecture: str, samples: SamplesConfig, topology: TopologyConfig,
           model_factory: Callable[[], Any], *, events: Any, start: Any) -> Topology:
     """The processes of ``architecture``, and the streams to close when the clients are
     done.
@@ -235,14 +227,14 @@ def build(architecture: str, params: SelfPlayParams, topology: TopologyParams,
     n, m = topology.num_clients, topology.num_servers
     policy = DispatchPolicy(topology.max_batch_size, topology.max_delay)
     uv = topology.use_uvloop
-    num_slots = n * params.games_per_client
-    slots = [list(range(i * params.games_per_client, (i + 1) * params.games_per_client))
+    num_slots = n * samples.games_per_client
+    slots = [list(range(i * samples.games_per_client, (i + 1) * samples.games_per_client))
              for i in range(n)]
 
     def client(i, connection, ordered, cache):
         return ProcessSpec(f"client-{i}", "client", client_main,
                            (f"client-{i}", connection, ordered, slots[i], num_slots,
-                            params, cache, uv, start, topology.timeout_s, events))
+                            samples, cache, uv, start, topology.timeout_s, events))
 
     def server(j, connection):
         return ProcessSpec(f"server-{j}", "server", server_main,

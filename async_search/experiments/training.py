@@ -1,10 +1,11 @@
 """The ``--train connect_four`` experiment: AlphaZero iterations, a table, a figure.
 
 It runs a ``training.Commander`` with tqdm bars per phase, prints one table row per
-iteration, then evaluates the final best net and the untrained net on the goal's terms
-(MCTS with ``final_simulations`` and no noise against the one-ply and UCT baselines,
-the net alone against random), and saves the JSON of every figure, then a seaborn
-figure.
+iteration (losses, scores against the baselines, move accuracy on the solver-labelled
+positions), then evaluates the final best net and the untrained net on the goal's terms
+(MCTS with ``final_simulations`` and no noise against the one-ply, UCT-300 and UCT-1000
+baselines, the net alone against random), and saves the JSON of every figure, then a
+seaborn figure.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from typing import Any, Callable, Dict, List, Optional
 
 from async_search.files import write_json
 
-__all__ = ["FINAL_AGENT", "PhaseBars", "format_iteration", "iteration_header", "evaluate_agent",
-           "format_final", "run_connect_four_training", "plot_training"]
-
 
 class PhaseBars:
     """tqdm bars for ``Commander``'s ``progress(phase, done, total)`` hook: one bar per
     phase, replaced when the phase changes (shown on a terminal only)."""
 
-    _UNITS = {"selfplay": "eval", "train": "step", "evaluate": "game"}
+    _UNITS = {"selfplay": "eval", "train": "step", "evaluate": "game",
+              "accuracy": "pos"}
 
     def __init__(self, enabled: bool = True, prefix: str = ""):
         self.enabled = enabled
@@ -55,8 +54,12 @@ class PhaseBars:
 
 _COLUMNS = [("it", 3), ("samples", 8), ("smp/s", 7), ("s/1k", 6), ("policy", 7),
             ("value", 6), ("l2", 6), ("arena", 6), ("promo", 5), ("one-ply", 7),
-            ("uct", 6), ("net/rnd", 7), ("elo", 6), ("play s", 7), ("train s", 7),
-            ("eval s", 7)]
+            ("uct", 6), ("uct1k", 6), ("net/rnd", 7), ("net end", 7), ("net mid", 7),
+            ("mcts end", 8), ("mcts mid", 8), ("elo", 6), ("play s", 7), ("train s", 7),
+            ("eval s", 7), ("acc s", 6)]
+
+#: The accuracy columns: ``IterationRecord.accuracy``'s keys, in the table's order.
+ACCURACY_KEYS = ("net_end", "net_middle", "mcts_end", "mcts_middle")
 
 
 def iteration_header() -> str:
@@ -64,14 +67,21 @@ def iteration_header() -> str:
 
 
 def format_iteration(r: Any) -> str:
-    """One table row for an ``IterationRecord``."""
-    uct = next((v for k, v in r.scores.items() if k.startswith("uct")), float("nan"))
+    """One table row for an ``IterationRecord`` (``nan`` where a figure was not
+    measured): ``uct`` is the weaker UCT baseline, ``uct1k`` the stronger one."""
+    nan = float("nan")
+    ucts = sorted((int(k[3:]), v) for k, v in r.scores.items()
+                  if k.startswith("uct") and k[3:].isdigit())
+    uct = ucts[0][1] if ucts else nan
+    strong = ucts[-1][1] if len(ucts) > 1 else nan
+    accuracy = [f"{r.accuracy.get(k, nan):.2f}" for k in ACCURACY_KEYS]
     cells = [r.iteration, r.samples, f"{r.samples_per_s:.0f}", f"{r.s_per_1000_samples:.2f}",
              f"{r.policy_loss:.3f}", f"{r.value_loss:.3f}", f"{r.l2_loss:.3f}",
              f"{r.arena_score:.2f}", "yes" if r.promoted else "no",
-             f"{r.scores.get('one_ply', float('nan')):.2f}", f"{uct:.2f}",
-             f"{r.scores.get('policy_vs_random', float('nan')):.2f}", f"{r.elo:+.0f}",
-             f"{r.selfplay_s:.1f}", f"{r.train_s:.1f}", f"{r.eval_s:.1f}"]
+             f"{r.scores.get('one_ply', nan):.2f}", f"{uct:.2f}", f"{strong:.2f}",
+             f"{r.scores.get('policy_vs_random', nan):.2f}", *accuracy, f"{r.elo:+.0f}",
+             f"{r.selfplay_s:.1f}", f"{r.train_s:.1f}", f"{r.eval_s:.1f}",
+             f"{r.accuracy_s:.1f}"]
     return "  ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, _COLUMNS))
 
 
@@ -85,11 +95,14 @@ async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollou
                          c_puct: float = FINAL_AGENT["c_puct"],
                          num_parallel: int = FINAL_AGENT["num_parallel"], seed: int = 12345,
                          on_game: Callable[[], None] | None = None,
-                         max_batch_size: int = 512) -> Dict[str, Any]:
+                         max_batch_size: int = 512, strong_uct_rollouts: int = 1000,
+                         strong_uct_games: int = 0) -> Dict[str, Any]:
     """The goal's evaluation of a policy-value net on Connect Four: MCTS with
     ``simulations`` and no noise against one-ply and UCT(``uct_rollouts``), and the net
     alone (greedy on its policy) against random; ``games`` each, first player
-    alternating. Returns each match's wins, draws, losses and score."""
+    alternating; with ``strong_uct_games``, that many games of the MCTS agent against
+    UCT(``strong_uct_rollouts``) too (about 1 s a game on one core). Returns each
+    match's wins, draws, losses and score."""
     import async_search as asr
     from async_search.problems import ConnectFour
     from async_search.training import (MCTSPlayer, OnePlyPlayer, PolicyPlayer,
@@ -100,11 +113,14 @@ async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollou
     async with asr.serve(model, max_batch_size=max_batch_size) as evaluate:
         agent = MCTSPlayer(evaluate, simulations=simulations, c_puct=c_puct,
                            num_parallel=num_parallel, name="agent")
-        matches = {"mcts_vs_one_ply": (agent, OnePlyPlayer()),
-                   f"mcts_vs_uct{uct_rollouts}": (agent, UCTPlayer(uct_rollouts)),
-                   "net_vs_random": (PolicyPlayer(evaluate), RandomPlayer())}
-        for name, (player, opponent) in matches.items():
-            result = await play_match(game, player, opponent, num_games=games, seed=seed,
+        matches = {"mcts_vs_one_ply": (agent, OnePlyPlayer(), games),
+                   f"mcts_vs_uct{uct_rollouts}": (agent, UCTPlayer(uct_rollouts), games)}
+        if strong_uct_games:
+            matches[f"mcts_vs_uct{strong_uct_rollouts}"] = (
+                agent, UCTPlayer(strong_uct_rollouts), strong_uct_games)
+        matches["net_vs_random"] = (PolicyPlayer(evaluate), RandomPlayer(), games)
+        for name, (player, opponent, count) in matches.items():
+            result = await play_match(game, player, opponent, num_games=count, seed=seed,
                                       on_game=on_game)
             out[name] = {"wins": result.wins, "draws": result.draws,
                          "losses": result.losses, "score": result.score}
@@ -112,7 +128,8 @@ async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollou
 
 
 def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
-    """Losses, scores against the baselines and seconds per phase over iterations."""
+    """Losses, scores against the baselines, move accuracy on the solver-labelled
+    positions, seconds per phase and the rating over iterations."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
@@ -122,7 +139,7 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
     sns.set_theme(style="whitegrid", context="notebook")
     rows = [dataclasses.asdict(r) for r in records]
     df = pd.DataFrame(rows)
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
+    fig, axes = plt.subplots(1, 5, figsize=(25, 4.6))
     losses = df.melt(id_vars="iteration", value_vars=["policy_loss", "value_loss", "l2_loss"],
                      var_name="term", value_name="loss")
     sns.lineplot(data=losses, x="iteration", y="loss", hue="term", marker="o", ax=axes[0])
@@ -133,7 +150,7 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
                            "score": r.arena_score})
         for name, score in r.scores.items():
             label = "net alone vs random" if name == "policy_vs_random" else (
-                f"MCTS vs {name.replace('_', '-')}")
+                f"agent vs {name.replace('_', '-')}")
             score_rows.append({"iteration": r.iteration, "opponent": label, "score": score})
     sns.lineplot(data=pd.DataFrame(score_rows), x="iteration", y="score", hue="opponent",
                  marker="o", ax=axes[1])
@@ -152,24 +169,51 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
     every = max(1, len(records) // 8)  # bar plots label every category: thin them
     for i, label in enumerate(axes[2].get_xticklabels()):
         label.set_visible(i % every == 0 or i == len(records) - 1)
-    sns.lineplot(data=df, x="iteration", y="elo", marker="o", ax=axes[3], label="candidate")
+    _plot_accuracy(records, axes[3])
+    sns.lineplot(data=df, x="iteration", y="elo", marker="o", ax=axes[4], label="candidate")
     best = df.assign(best=df["elo"].where(df["promoted"]).ffill().fillna(0.0))
-    sns.lineplot(data=best, x="iteration", y="best", ax=axes[3], label="best (promoted)",
+    sns.lineplot(data=best, x="iteration", y="best", ax=axes[4], label="best (promoted)",
                  drawstyle="steps-post")
-    axes[3].set(title="Elo-style rating (untrained net = 0)", ylabel="Elo")
+    axes[4].set(title="Elo-style rating (untrained net = 0)", ylabel="Elo")
     for ax in axes:
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     finish_figure(fig, path, title=title, close=True)
     return fig
+
+
+_ACCURACY_LABELS = {"net_end": "net alone, end game", "net_middle": "net alone, middle game",
+                    "mcts_end": "agent, end game", "mcts_middle": "agent, middle game"}
+
+
+def _plot_accuracy(records: List[Any], ax: Any) -> None:
+    """Move accuracy per iteration: the net alone and the evaluation agent, on each
+    solver-labelled set (an empty panel that says so when none was measured)."""
+    import pandas as pd
+    import seaborn as sns
+
+    rows = [{"iteration": r.iteration, "chooser": _ACCURACY_LABELS.get(k, k),
+             "accuracy": v} for r in records for k, v in r.accuracy.items()]
+    ax.set_title("move accuracy on solved positions")
+    ax.set_ylim(-0.02, 1.02)
+    if not rows:
+        ax.text(0.5, 0.5, "not measured (accuracy_positions=0)", ha="center",
+                va="center", transform=ax.transAxes, color="grey")
+        return
+    sns.lineplot(data=pd.DataFrame(rows), x="iteration", y="accuracy", hue="chooser",
+                 style="chooser", marker="o", ax=ax)
 
 
 def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
                               png_path: str, final_games: int, final_simulations: int,
                               show_progress: bool = True, command: str = "",
-                              print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
+                              print_fn: Callable[[str], None] = print,
+                              final_strong_uct_games: int = 0) -> Dict[str, Any]:
     """Runs the training experiment; prints as it goes; returns the JSON it saved.
 
-    Every file is written atomically (``files.write_file``), the JSON before the plot.
+    The final evaluation plays ``final_games`` per match, and ``final_strong_uct_games``
+    against UCT(``config.strong_uct_rollouts``). Every file is written atomically
+    (``files.write_file``), the JSON before the plot.
     With ``resume``, a run that is already complete says so and is evaluated again.
 
     Raises:
@@ -201,11 +245,14 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
     final: Dict[str, Any] = {}
     t = time.perf_counter()
     for name, model in (("untrained", untrained), ("trained", commander.best)):
-        with progress_bar(f"final evaluation ({name})", 3 * final_games,
+        with progress_bar(f"final evaluation ({name})",
+                          3 * final_games + final_strong_uct_games,
                           enabled=show_progress, unit="game") as update:
             final[name] = asyncio.run(evaluate_agent(
                 model, games=final_games, simulations=final_simulations,
                 uct_rollouts=config.uct_rollouts,
+                strong_uct_rollouts=config.strong_uct_rollouts,
+                strong_uct_games=final_strong_uct_games,
                 on_game=(lambda: update(1)) if update else None))
     eval_s = time.perf_counter() - t
     if save_dir is not None:  # the best checkpoint says how it was made and what it scores
@@ -220,11 +267,13 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
     result = {"command": command, "config": config.to_json(),
               "iterations": [dataclasses.asdict(r) for r in records],
               "final_evaluation": final, "final_games": final_games,
+              "final_strong_uct_games": final_strong_uct_games,
               "final_simulations": final_simulations, "best_version": commander.best_version,
               "training_s": train_s, "final_evaluation_s": eval_s}
     json_path = write_json(os.path.splitext(png_path)[0] + ".json", result)  # before the plot
-    plot_training(records, png_path, title=f"AlphaZero on Connect Four: {config.iterations} "
-                  f"iterations of {config.games_per_iteration} games")
+    search = {"puct": "", "gumbel": " (Gumbel)"}[config.selfplay.policy]
+    plot_training(records, png_path, title=f"AlphaZero{search} on Connect Four: "
+                  f"{config.iterations} iterations of {config.games_per_iteration} games")
     result["png_path"], result["json_path"] = png_path, json_path
     return result
 
@@ -234,7 +283,8 @@ def format_final(final: Dict[str, Any], games: int, simulations: int,
                  num_parallel: int = FINAL_AGENT["num_parallel"]) -> str:
     """The final evaluation table: untrained against trained, per match."""
     names = list(final["trained"])
-    lines = [f"Final evaluation, {games} games each, first player alternating; agent = "
+    lines = [f"Final evaluation, {games} games each (see W-D-L), first player "
+             f"alternating; agent = "
              f"MCTS with {simulations} simulations, no noise (c_puct {c_puct}, "
              f"{num_parallel} leaves per round); net = greedy on its policy",
              f"{'match':<22}{'untrained':>12}{'trained':>12}   trained W-D-L"]
@@ -246,5 +296,5 @@ def format_final(final: Dict[str, Any], games: int, simulations: int,
 
 
 def _untrained(config: Any) -> Any:
-    from async_search.training.nets import initial_weights, to_model
+    from async_search.problems.nets import initial_weights, to_model
     return to_model(config.net, initial_weights(config.net, config.seed))

@@ -17,20 +17,17 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import numpy as np
 
 from async_search import problems, search
-from async_search.experiments.params import ModelParams, SearchParams
+from async_search.experiments.config import ModelConfig, SearchConfig
 from async_search.search.base import Status
-
-__all__ = ["Workload", "make_workload", "build_model", "problem_for", "make_starts",
-           "RolloutSearchResult", "budgeted_rollouts", "summarize"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """What every run of an experiment runs: the same searches from the same starts."""
 
-    params: SearchParams
+    params: SearchConfig
     """The search parameters it was made from."""
-    model: ModelParams
+    model: ModelConfig
     """The network parameters."""
     starts: Tuple[Any, ...]
     """One start per search."""
@@ -47,14 +44,13 @@ class Workload:
         p, m = self.params, self.model
         problem = ("Connect Four" if p.search == "mcts"
                    else f"{p.puzzle_size ** 2 - 1}-puzzle (scramble {p.scramble})")
-        extra = {"astar": f"buffer {p.batch_size}",
-                 "continuous": f"{p.max_in_flight} requests in flight",
+        extra = {"astar": f"buffer {p.batch_size}, weight {p.weight:g}",
+                 "continuous": f"{p.max_in_flight} requests in flight, weight {p.weight:g}",
                  "rollout": f"{p.num_rollouts} rollouts of depth <= {p.rollout_depth}",
                  "mcts": f"{p.batch_size} leaves per round"}[p.search]
-        hidden = "x".join(str(h) for h in m.hidden_sizes)
         searches = "search" if p.num_searches == 1 else "searches"
         return (f"{p.num_searches} {p.search} {searches} on {problem}, budget "
-                f"{p.gnn_budget} evaluations each, {extra}; {m.kind} net {hidden}, "
+                f"{p.gnn_budget} evaluations each, {extra}; {m.describe()}, "
                 f"seed {p.seed}")
 
 
@@ -65,7 +61,7 @@ def problem_for(search_name: str, puzzle_size: int = 4) -> Any:
     return problems.SlidingPuzzle(puzzle_size)
 
 
-def make_starts(params: SearchParams) -> List[Any]:
+def make_starts(params: SearchConfig) -> List[Any]:
     """``num_searches`` seeded starts: scrambled puzzles, or Connect Four openings."""
     problem = problem_for(params.search, params.puzzle_size)
     if params.search != "mcts":
@@ -87,36 +83,48 @@ def make_starts(params: SearchParams) -> List[Any]:
 _MODELS: Dict[tuple, Any] = {}
 
 
-def build_model(search_name: str, puzzle_size: int, params: ModelParams) -> Any:
+def trained_name(search_name: str, puzzle_size: int = 4) -> str:
+    """The name of the trained net (``problems.pretrained``) for a search's problem.
+
+    Raises:
+        ValueError: for a sliding puzzle other than the 15-puzzle (none is shipped).
+    """
+    if search_name == "mcts":
+        return "connect_four"
+    if puzzle_size != 4:
+        raise ValueError(f"the trained heuristic is for the 15-puzzle (puzzle_size 4); "
+                         f"there is none for puzzle_size {puzzle_size}: use an "
+                         f"untrained net (--untrained)")
+    return "15-puzzle"
+
+
+def build_model(search_name: str, puzzle_size: int, params: ModelConfig) -> Any:
     """The network for a search's problem, built once per process and warmed up.
 
-    ``tf``: ``heuristic_tf_net`` (puzzles) or ``policy_value_tf_net`` (Connect Four);
-    ``numpy``: their NumPy twins, which compute bitwise the same outputs.
+    Trained (the default): ``problems.pretrained`` (the 15-puzzle heuristic, or the
+    Connect Four policy-value net), on NumPy, or on TensorFlow through
+    ``problems.tf_twin``. Untrained: ``heuristic_mlp`` or ``PolicyValueMLP`` seeded with
+    ``params.seed``, or their TensorFlow twins. Both frameworks compute bitwise the same
+    outputs, whatever the batch.
+
+    Raises:
+        ValueError: for a trained net on a puzzle other than the 15-puzzle.
     """
     key = (search_name == "mcts", puzzle_size, params)
     model = _MODELS.get(key)
     if model is not None:
         return model
     problem = problem_for(search_name, puzzle_size)
-    hidden = tuple(params.hidden_sizes)
-    if params.kind == "pretrained":  # the trained nets shipped in the package (NumPy)
-        if search_name != "mcts" and puzzle_size != 4:
-            raise ValueError(f"the pretrained heuristic is for the 15-puzzle; there is "
-                             f"none for a puzzle of size {puzzle_size}")
-        model = problems.pretrained("connect_four" if search_name == "mcts"
-                                    else "15-puzzle")
+    if params.trained:
+        model = problems.pretrained(trained_name(search_name, puzzle_size))
     elif search_name == "mcts":
-        if params.kind == "tf":
-            model = problems.policy_value_tf_net(problem, hidden_sizes=hidden,
-                                                 seed=params.seed,
-                                                 max_batch_size=params.max_batch_size)
-        else:
-            model = problems.PolicyValueMLP(problem, hidden_sizes=hidden, seed=params.seed)
-    elif params.kind == "tf":
-        model = problems.heuristic_tf_net(problem, hidden_sizes=hidden, seed=params.seed,
-                                          max_batch_size=params.max_batch_size)
+        model = problems.PolicyValueMLP(problem, hidden_sizes=tuple(params.hidden_sizes),
+                                        seed=params.seed)
     else:
-        model = problems.heuristic_mlp(problem, hidden_sizes=hidden, seed=params.seed)
+        model = problems.heuristic_mlp(problem, hidden_sizes=tuple(params.hidden_sizes),
+                                       seed=params.seed)
+    if params.kind == "tf":
+        model = problems.tf_twin(model, max_batch_size=params.max_batch_size)
     if params.warm_up:
         spec = problem.input_spec
         for size in getattr(model, "batch_sizes", (1,)):
@@ -167,14 +175,14 @@ async def budgeted_rollouts(problem: Any, start: Any, evaluate: Any, *, budget: 
                                        requests=requests)
 
 
-def _search_fn(params: SearchParams, problem: Any) -> Callable[[Any, Any], Any]:
+def _search_fn(params: SearchConfig, problem: Any) -> Callable[[Any, Any], Any]:
     p = params
     if p.search == "astar":
         return functools.partial(search.batched_astar, problem, budget=p.gnn_budget,
-                                 buffer_size=p.batch_size)
+                                 buffer_size=p.batch_size, weight=p.weight)
     if p.search == "continuous":
         return functools.partial(search.continuous_astar, problem, budget=p.gnn_budget,
-                                 max_in_flight=p.max_in_flight)
+                                 weight=p.weight, max_in_flight=p.max_in_flight)
     if p.search == "rollout":
         return functools.partial(budgeted_rollouts, problem, budget=p.gnn_budget,
                                  depth=p.rollout_depth, num_rollouts=p.num_rollouts,
@@ -183,9 +191,14 @@ def _search_fn(params: SearchParams, problem: Any) -> Callable[[Any, Any], Any]:
                              num_parallel=p.batch_size, seed=p.seed)
 
 
-def make_workload(params: SearchParams, model: ModelParams) -> Workload:
-    """The workload of ``params``, its model described by ``model`` (both checked)."""
-    params, model = params.check(), model.check()
+def make_workload(params: SearchConfig, model: ModelConfig) -> Workload:
+    """The workload of ``params``, its model described by ``model``.
+
+    Raises:
+        ValueError: for a trained net on a puzzle that has none (``trained_name``).
+    """
+    if model.trained:
+        trained_name(params.search, params.puzzle_size)
     problem = problem_for(params.search, params.puzzle_size)
     per_search = params.gnn_budget + (1 if params.search == "mcts" else 0)
     return Workload(params=params, model=model, starts=tuple(make_starts(params)),
@@ -196,11 +209,21 @@ def make_workload(params: SearchParams, model: ModelParams) -> Workload:
 
 
 def summarize(results: Sequence[Any]) -> Dict[str, Any]:
-    """What the searches found: how many ended in each status (A*, rollouts) or the
-    actions chosen (MCTS), and the evaluations they made."""
+    """What the searches found, JSON-ready.
+
+    Keys: ``searches``; for searches that end in a status (A*, rollouts): ``solved``
+    (searches that reached a goal), ``mean_path_length`` (moves on the solved searches'
+    paths, their mean; None when none was solved) and the count of each status that
+    occurred (``goal_found``, ``budget_exhausted``, ...); for MCTS: ``actions``, the
+    action each search chose; ``evaluations``: states sent to the model, in all.
+    """
     out: Dict[str, Any] = {"searches": len(results)}
     statuses = [getattr(r, "status", None) for r in results]
     if all(s is not None for s in statuses):
+        solved = [r for r in results if r.status is Status.GOAL_FOUND]
+        out["solved"] = len(solved)
+        out["mean_path_length"] = (float(np.mean([len(r.path) - 1 for r in solved]))
+                                   if solved else None)
         for s in Status:
             count = sum(1 for x in statuses if x is s)
             if count:

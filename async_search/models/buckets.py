@@ -5,8 +5,8 @@ JAX) pays for each new input shape once. The adapters therefore pad every batch 
 the smallest of a few allowed sizes (by default the powers of two up to
 ``max_batch_size``), run larger batches in chunks of the largest size, and slice the
 padding rows off the outputs. This module is that logic, once, for every adapter: the
-sizes, the choice of a size, the reused host buffers a batch is padded in, and the
-chunking.
+sizes, the choice of a size, the reused host buffers a batch is padded in, the chunking,
+and the adapters' call (``BucketedModel``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_int
 
-__all__ = ["power_of_two_sizes", "bucket_sizes", "PaddedBatches", "run_in_chunks",
-           "Allocate"]
 
 #: Makes a zero-filled host buffer of a shape and dtype (``np.zeros``, or a view of a
 #: pinned framework tensor).
@@ -146,3 +144,30 @@ def run_in_chunks(batch: np.ndarray, largest: int,
     if n <= largest:
         return run(batch)
     return rows.concatenate([run(batch[i:i + largest]) for i in range(0, n, largest)])
+
+
+class BucketedModel:
+    """The call of every framework adapter: a batch that fits the largest bucket runs at
+    once, a larger one in chunks of the largest size, each through the adapter's
+    ``_run`` (which runs at most ``batch_sizes[-1]`` rows).
+
+    Example:
+        >>> class Doubling(BucketedModel):
+        ...     batch_sizes = (1, 2)
+        ...     def _run(self, batch):
+        ...         return batch * 2
+        >>> Doubling()(np.arange(5)).tolist()
+        [0, 2, 4, 6, 8]
+    """
+
+    #: The allowed batch sizes, ascending (``bucket_sizes``).
+    batch_sizes: Tuple[int, ...]
+
+    def __call__(self, batch: np.ndarray) -> Outputs:
+        if len(batch) <= self.batch_sizes[-1]:  # the usual batch: no chunking call
+            return self._run(batch)
+        return run_in_chunks(batch, self.batch_sizes[-1], self._run)
+
+    def _run(self, batch: np.ndarray) -> Outputs:
+        """The outputs of one batch of at most ``batch_sizes[-1]`` rows."""
+        raise NotImplementedError

@@ -14,12 +14,10 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
-from async_search.models.buckets import PaddedBatches, bucket_sizes, run_in_chunks
-
-__all__ = ["JaxModel", "jax_device"]
+from async_search.models.buckets import BucketedModel, PaddedBatches, bucket_sizes
 
 
-class JaxModel:
+class JaxModel(BucketedModel):
     """Adapts ``apply_fn(params, x)`` into a NumPy-in, NumPy-out model on one device.
 
     Each batch is padded up to the smallest allowed batch size (by default the powers
@@ -100,11 +98,6 @@ class JaxModel:
         # event loop): the device thread sets _params before it clears _staged.
         staged = self._staged
         return self._params if staged is None else staged
-
-    def __call__(self, batch: np.ndarray) -> Outputs:
-        if len(batch) <= self.batch_sizes[-1]:
-            return self._run(batch)
-        return run_in_chunks(batch, self.batch_sizes[-1], self._run)
 
     def _run(self, batch: np.ndarray) -> Outputs:
         shared = self._shared

@@ -15,8 +15,6 @@ import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 
-__all__ = ["SpecModel", "with_spec", "MLP", "GRID_SCALE", "GRID_BOUND", "WEIGHT_QUANTUM"]
-
 
 @dataclasses.dataclass(frozen=True)
 class SpecModel:

@@ -13,13 +13,11 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
-from async_search.models.buckets import PaddedBatches, bucket_sizes, run_in_chunks
-from async_search.models.weights import OwnWeights, SharedWeights
-
-__all__ = ["TensorFlowModel", "tensorflow_device"]
+from async_search.models.buckets import PaddedBatches, bucket_sizes
+from async_search.models.weights import OwnWeightsModel, SharedWeights
 
 
-class TensorFlowModel:
+class TensorFlowModel(OwnWeightsModel):
     """Adapts a Keras model or a TensorFlow function into a NumPy-in, NumPy-out model.
 
     Each batch is padded up to the nearest allowed batch size (by default the powers of
@@ -70,24 +68,12 @@ class TensorFlowModel:
             (1e-2 if "GPU" in self.device.upper() else 1e-4) if batch_tolerance is None
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
         self.fn = fn
-        self._runner = _Traced(tf, fn, self)
-        self._own = self._runner.weights.first()
+        self._start(_Traced(tf, fn, self))
 
     @property
     def trace_count(self) -> int:
         """How often ``fn`` was traced (once per allowed size used)."""
         return self._runner.trace_count
-
-    def __call__(self, batch: np.ndarray) -> Outputs:
-        if len(batch) <= self.batch_sizes[-1]:
-            return self._run(batch)
-        return run_in_chunks(batch, self.batch_sizes[-1], self._run)
-
-    def _run(self, batch: np.ndarray) -> Outputs:
-        runner = self._runner
-        with runner.weights.lock:
-            runner.weights.use(self._own)
-            return runner.run(batch)
 
     def with_weights(self, weights: Any) -> "TensorFlowModel":
         """This model with other weights (a Keras model only): what
@@ -103,10 +89,7 @@ class TensorFlowModel:
             TypeError: ``fn`` is not a Keras model (pass a new model to update_model).
             ValueError: a count or shape that differs from the model's weights.
         """
-        new = object.__new__(TensorFlowModel)
-        new.__dict__.update(self.__dict__)
-        new._own = OwnWeights(self._runner.stage(weights))
-        return new
+        return self._with_staged(weights)
 
     def on_device(self, device: str) -> "TensorFlowModel":
         """A copy on ``device``: a Keras model is cloned there with this model's

@@ -15,17 +15,16 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
-from async_search.models.buckets import PaddedBatches, bucket_sizes, run_in_chunks
-from async_search.models.weights import OwnWeights, SharedWeights
+from async_search.models.buckets import PaddedBatches, bucket_sizes
+from async_search.models.weights import OwnWeightsModel, SharedWeights
 
-__all__ = ["TorchModel", "PRECISIONS", "torch_device"]
 
 #: The ``precision`` a TorchModel takes: None (the module's own dtypes), or a reduced
 #: float that ``torch.autocast`` computes in.
 PRECISIONS = (None, "bfloat16", "float16")
 
 
-class TorchModel:
+class TorchModel(OwnWeightsModel):
     """Adapts a PyTorch module into a NumPy-in, NumPy-out model on one device.
 
     Each batch is padded up to the smallest allowed batch size (by default the powers
@@ -110,19 +109,7 @@ class TorchModel:
         self.batch_tolerance = (
             _default_tolerance(torch, self.device, precision) if batch_tolerance is None
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
-        self._runner = _Runner(torch, module, self)
-        self._own = self._runner.weights.first()
-
-    def __call__(self, batch: np.ndarray) -> Outputs:
-        if len(batch) <= self.batch_sizes[-1]:
-            return self._run(batch)
-        return run_in_chunks(batch, self.batch_sizes[-1], self._run)
-
-    def _run(self, batch: np.ndarray) -> Outputs:
-        runner = self._runner
-        with runner.weights.lock:
-            runner.weights.use(self._own)
-            return runner.run(batch)
+        self._start(_Runner(torch, module, self))
 
     @property
     def module(self) -> Any:
@@ -144,10 +131,7 @@ class TorchModel:
             ValueError: names or shapes that differ from the module's.
             TypeError: anything else.
         """
-        new = object.__new__(TorchModel)
-        new.__dict__.update(self.__dict__)
-        new._own = OwnWeights(self._runner.stage(weights))
-        return new
+        return self._with_staged(weights)
 
     def on_device(self, device: Any) -> "TorchModel":
         """An independent copy (a deep copy of the module, with this model's weights)

@@ -13,6 +13,9 @@ lock the adapters of one net share. An adapter keeps computing with its own weig
 when another adapter's weights replace its own while it is still referenced (the model
 a user made first, say), a copy of its values is taken first, and it puts them back at
 its next call. An adapter nobody references any more costs nothing.
+
+``OwnWeightsModel`` is the run of the adapters built on this (TensorFlow, PyTorch): each
+batch under the net's lock, on the adapter's own weights.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import threading
 import weakref
 from typing import Any, Callable
 
-__all__ = ["OwnWeights", "SharedWeights"]
+import numpy as np
+
+from async_search.base import Outputs
+from async_search.models.buckets import BucketedModel
 
 
 class OwnWeights:
@@ -89,3 +95,33 @@ class SharedWeights:
         (call under ``lock``)."""
         holder = self._holder() if self._holder is not None else None
         return self._read() if holder is own else own.values
+
+
+class OwnWeightsModel(BucketedModel):
+    """An adapter whose runner (``_runner``: its ``weights``, a ``SharedWeights``, and
+    ``run(batch)``) is shared with the adapters ``with_weights`` made: each batch runs
+    under the runner's lock, once this adapter's weights (``_own``) are in the net."""
+
+    _runner: Any
+    _own: OwnWeights
+
+    def _start(self, runner: Any) -> None:
+        """Runs on ``runner``, with the weights in its net now as this adapter's own
+        (called once, by the adapter that made the runner)."""
+        self._runner = runner
+        self._own = runner.weights.first()
+
+    def _with_staged(self, weights: Any) -> Any:
+        """A copy of this adapter (sharing its runner) whose own weights are
+        ``weights``, as the runner's ``stage`` checks them and copies them to the host:
+        the body of the adapters' ``with_weights``."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._own = OwnWeights(self._runner.stage(weights))
+        return new
+
+    def _run(self, batch: np.ndarray) -> Outputs:
+        runner = self._runner
+        with runner.weights.lock:
+            runner.weights.use(self._own)
+            return runner.run(batch)

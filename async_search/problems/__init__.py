@@ -27,20 +27,20 @@ Example:
 from async_search.problems.base import CompactKeys, Game, SearchProblem, State
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
 from async_search.problems.connect_four_solver import ConnectFourSolver
-from async_search.problems.solved_positions import SolvedPosition, connect_four_positions
 from async_search.problems.heuristics import (DepthHeuristic, LearnedHeuristic,
                                               ManhattanHeuristic, heuristic_mlp)
 from async_search.problems.policy_value import PolicyValueMLP
-from async_search.problems.sliding_puzzle import SlidingPuzzle
-from async_search.problems.synthetic_graph import SyntheticGraph
-from async_search.problems.pretrained import (PRETRAINED, KorfInstance, korf100,
-                                              pretrained)
-from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net, tf_twin
-from async_search.problems.residual_nets import (CostToGoResNet, PolicyValueResNet,
-                                                ResNetWeights)
+from async_search.problems.pretrained_models import (PRETRAINED, KorfInstance, korf100,
+                                                     pretrained)
 from async_search.problems.residual_jax import jax_resnet
+from async_search.problems.residual_nets import (CostToGoResNet, PolicyValueResNet,
+                                                 ResNetWeights)
 from async_search.problems.residual_tf import keras_resnet
 from async_search.problems.residual_torch import torch_resnet, torch_resnet_weights
+from async_search.problems.sliding_puzzle import SlidingPuzzle
+from async_search.problems.solved_positions import SolvedPosition, connect_four_positions
+from async_search.problems.synthetic_graph import SyntheticGraph
+from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net, tf_twin
 
 __all__ = [
     "Game", "SearchProblem", "State", "CompactKeys",

@@ -14,7 +14,6 @@ import numpy as np
 
 from async_search.base import TensorSpec
 
-__all__ = ["State", "SearchProblem", "CompactKeys", "compact_keys_of", "Game"]
 
 #: A problem's state: hashable and cheap to compare.
 State = Hashable

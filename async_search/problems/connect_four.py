@@ -11,7 +11,6 @@ import numpy as np
 from async_search.base import TensorSpec
 from async_search.checks import is_int
 
-__all__ = ["ConnectFour", "ConnectFourState"]
 
 _ROWS, _COLUMNS = 6, 7
 _STRIDE = _ROWS + 1  # one empty sentinel bit on top of each column keeps shifts apart

@@ -16,10 +16,9 @@ of each board, row 0 at the bottom, the layout of Pons's bitboards. The solver k
 position as ``(current, mask)``: the stones of the player to move and all stones;
 ``solver_position`` and ``state_of_position`` convert between the two.
 
-In Python a position searched costs about 3 microseconds. On 2 busy cores, positions
-of self-play-like games solve in about 0.4 s (median) with 14 stones, 0.04 s with
-16-18, a few milliseconds from 20 on, and 1-10 s with 10-12; the empty board is out of
-reach. ``benchmarks/solver.py`` measures this.
+Positions of self-play-like games with 14 stones or more solve quickly; the fewer the
+stones, the longer, and the empty board is out of reach. ``benchmarks/solver.py``
+measures how long.
 
 Example:
     >>> from async_search.problems import ConnectFour
@@ -36,9 +35,6 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 from async_search.checks import check_int
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
 
-__all__ = ["ConnectFourSolver", "SolverPosition", "solve", "move_scores", "optimal_moves",
-           "optimal_moves_of_scores", "outcome", "solver_position", "state_of_position",
-           "MIN_SCORE", "MAX_SCORE"]
 
 _WIDTH, _HEIGHT = 7, 6
 _CELLS = _WIDTH * _HEIGHT

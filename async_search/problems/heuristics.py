@@ -17,8 +17,6 @@ from async_search.problems.base import SearchProblem
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.problems.synthetic_graph import SyntheticGraph
 
-__all__ = ["ManhattanHeuristic", "DepthHeuristic", "heuristic_mlp", "LearnedHeuristic"]
-
 
 class ManhattanHeuristic:
     """The Manhattan distance of sliding-puzzle states, as a model over ``encode``'s output.

@@ -13,8 +13,6 @@ import numpy as np
 from async_search.models import MLP
 from async_search.problems.base import Game
 
-__all__ = ["PolicyValueMLP"]
-
 
 class PolicyValueMLP:
     """A seeded, untrained policy-value network for a game, in NumPy.

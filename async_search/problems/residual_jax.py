@@ -26,9 +26,7 @@ from typing import Any, Callable, Tuple
 import numpy as np
 
 from async_search.problems.residual_nets import (BATCH_NORM_EPS, CostToGoResNet,
-                                           PolicyValueResNet, ResNetWeights)
-
-__all__ = ["jax_resnet"]
+                                                 PolicyValueResNet, ResNetWeights)
 
 
 def jax_resnet(net: PolicyValueResNet | CostToGoResNet

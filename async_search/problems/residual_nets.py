@@ -49,7 +49,6 @@ from async_search.base import TensorSpec
 from async_search.checks import check_int
 from async_search.problems.base import Game, SearchProblem
 
-__all__ = ["PolicyValueResNet", "CostToGoResNet", "ResNetWeights", "BATCH_NORM_EPS"]
 
 #: name -> float32 array, laid out as a PyTorch ``state_dict``.
 ResNetWeights = Dict[str, np.ndarray]

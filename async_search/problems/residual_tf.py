@@ -26,9 +26,8 @@ from typing import Any, List
 import numpy as np
 
 from async_search.problems.residual_nets import (BATCH_NORM_EPS, CostToGoResNet,
-                                           PolicyValueResNet, ResNetWeights)
+                                                 PolicyValueResNet, ResNetWeights)
 
-__all__ = ["keras_resnet"]
 
 _BATCH_NORM = ("weight", "bias", "running_mean", "running_var")
 

@@ -27,9 +27,7 @@ from typing import Any
 import numpy as np
 
 from async_search.problems.residual_nets import (BATCH_NORM_EPS, CostToGoResNet,
-                                           PolicyValueResNet, ResNetWeights)
-
-__all__ = ["torch_resnet", "torch_resnet_weights"]
+                                                 PolicyValueResNet, ResNetWeights)
 
 
 def torch_resnet(net: PolicyValueResNet | CostToGoResNet) -> Any:

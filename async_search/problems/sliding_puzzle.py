@@ -10,8 +10,6 @@ import numpy as np
 from async_search.base import TensorSpec
 from async_search.checks import check_int, is_int
 
-__all__ = ["SlidingPuzzle", "PuzzleKeys"]
-
 
 class SlidingPuzzle:
     """The ``size`` x ``size`` sliding-tile puzzle as a search problem with unit step costs.

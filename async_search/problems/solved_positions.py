@@ -54,9 +54,6 @@ from async_search.problems.connect_four import ConnectFour, ConnectFourState
 from async_search.problems.connect_four_solver import (ConnectFourSolver,
                                                        optimal_moves_of_scores, outcome)
 
-__all__ = ["SolvedPosition", "connect_four_positions", "generate_positions",
-           "write_connect_four_positions", "random_move", "informed_move", "MOVERS",
-           "STAGES", "from_pons_moves", "pons_moves"]
 
 _PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                      "connect_four_positions.json")

@@ -10,7 +10,6 @@ import numpy as np
 from async_search.base import TensorSpec
 from async_search.checks import check_float, check_int
 
-__all__ = ["SyntheticGraph"]
 
 _MASK64 = (1 << 64) - 1
 

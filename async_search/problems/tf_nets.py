@@ -16,12 +16,11 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from async_search.models import TensorFlowModel
-from async_search.problems.base import Game, SearchProblem
 from async_search.models import GRID_BOUND, GRID_SCALE
+from async_search.problems.base import Game, SearchProblem
 from async_search.problems.heuristics import heuristic_mlp
 from async_search.problems.policy_value import PolicyValueMLP
 
-__all__ = ["heuristic_tf_net", "policy_value_tf_net", "tf_twin"]
 
 # The grid of models.MLP: activations are multiples of 1/_SCALE within [-_BOUND, _BOUND].
 # tests/problems/test_tf_nets.py checks bitwise equality with the NumPy MLP.

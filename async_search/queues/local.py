@@ -7,8 +7,6 @@ import collections
 import queue
 from typing import Any, Deque
 
-__all__ = ["LocalQueue", "local_queue"]
-
 
 class LocalQueue:
     """A queue for the coroutines of one event loop (not thread-safe).

@@ -8,8 +8,6 @@ import multiprocessing.queues
 import queue
 from typing import Any
 
-__all__ = ["ProcessQueue", "process_queue"]
-
 
 class ProcessQueue(multiprocessing.queues.Queue):
     """A ``multiprocessing`` queue (spawn context) whose ``get_async`` needs no thread.

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
-__all__ = ["QueueLike", "AsyncQueueLike", "QueueFactory", "ClosedConnection",
-           "END_OF_STREAM", "close_stream", "is_end"]
+from async_search.errors import ClosedConnection
 
 
 @runtime_checkable
@@ -39,11 +38,6 @@ class AsyncQueueLike(QueueLike, Protocol):
 
 #: ``factory(maxsize)`` -> a new queue (``queue.Queue`` itself is one).
 QueueFactory = Callable[..., QueueLike]
-
-
-class ClosedConnection(Exception):
-    """The stream was closed by its sender (or the process at its other end is gone):
-    nothing more will arrive."""
 
 
 class _EndOfStream:

@@ -34,8 +34,6 @@ from typing import Any, Deque, List
 
 from async_search.queues.protocol import ClosedConnection, is_end
 
-__all__ = ["SocketQueue", "socket_queue", "encode_item", "frame_of", "encode_frame",
-           "decode_frame"]
 
 # A frame: its length after this prefix, the number of items, then each item: its pickled
 # header's length and number of out-of-band buffers, each buffer's length, the header,

@@ -6,8 +6,6 @@ import asyncio
 import queue
 from typing import Any, List, Tuple
 
-__all__ = ["ThreadQueue", "thread_queue"]
-
 
 class ThreadQueue(queue.Queue):
     """A ``queue.Queue`` that a coroutine can also await, woken by ``put`` from any thread.

@@ -1,5 +1,6 @@
-"""Searches as coroutines over ``evaluate``: batched and continuous A*, rollouts, MCTS;
-``move_accuracy`` judges a player's moves on solver-labelled positions.
+"""Searches as coroutines over ``evaluate``: batched and continuous A*, rollouts, MCTS
+(PUCT and Gumbel, with tree reuse between moves); ``move_accuracy`` judges a player's
+moves on solver-labelled positions.
 
 Each search takes a problem, a start and ``evaluate`` (``asr.immediate(model)`` or the
 function that ``asr.serve(model)`` yields), awaits ``evaluate`` for its model calls, and
@@ -17,13 +18,13 @@ Example:
     ('goal_found', 14)
 """
 
-from async_search.search.accuracy import (MoveAccuracy, mcts_chooser, move_accuracy,
-                                          policy_chooser)
-from async_search.search.alphazero import MCTSResult, mcts
-from async_search.search.astar import batched_astar
+from async_search.search.accuracy import (MoveAccuracy, gumbel_chooser, mcts_chooser,
+                                          move_accuracy, policy_chooser)
+from async_search.search.astar import AStarResult, batched_astar
 from async_search.search.base import Status
 from async_search.search.continuous import continuous_astar
-from async_search.search.frontier import AStarResult
+from async_search.search.gumbel import GumbelResult, gumbel_mcts
+from async_search.search.puct import MCTSResult, mcts
 from async_search.search.rollout import (MultiRolloutResult, RolloutResult, multi_rollout,
                                          rollout_seeds, simple_rollout)
 
@@ -32,6 +33,7 @@ __all__ = [
     "batched_astar", "continuous_astar", "AStarResult",
     "simple_rollout", "multi_rollout", "rollout_seeds", "RolloutResult",
     "MultiRolloutResult",
-    "mcts", "MCTSResult",
+    "mcts", "MCTSResult", "gumbel_mcts", "GumbelResult",
     "move_accuracy", "MoveAccuracy", "policy_chooser", "mcts_chooser",
+    "gumbel_chooser",
 ]

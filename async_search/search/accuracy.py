@@ -4,7 +4,8 @@
 counts those among the position's optimal moves (solver labels, such as
 ``problems.connect_four_positions``). The choosers for a policy-value network:
 ``policy_chooser`` (the net alone: the legal move with the largest logit) and
-``mcts_chooser`` (``search.mcts`` at a fixed number of simulations, no root noise).
+``mcts_chooser`` (``search.mcts`` at a fixed number of simulations, no root noise) and
+``gumbel_chooser`` (``search.gumbel_mcts`` likewise, no Gumbel noise).
 An arena player fits too: ``lambda state: player.choose(game, state, rng)``.
 
 All positions are asked at once, so the requests of a network chooser batch when
@@ -33,12 +34,11 @@ import numpy as np
 
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
-from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
-from async_search.search.alphazero import mcts
+from async_search.search.base import check_evaluate, policy_logits_of
+from async_search.search.gumbel import gumbel_mcts
+from async_search.search.puct import mcts
 
-__all__ = ["LabelledPosition", "ChooseMove", "MoveAccuracy", "move_accuracy",
-           "policy_chooser", "mcts_chooser"]
 
 #: A move chooser: the move for a state, or an awaitable of it.
 ChooseMove = Callable[[State], Union[int, Awaitable[int]]]
@@ -140,23 +140,13 @@ def policy_chooser(game: Game, evaluate: Evaluate) -> Callable[[State], Awaitabl
     Raises (from the chooser):
         ModelOutputError: for outputs that are not ``(logits [1, num_actions], value)``.
     """
-    if not callable(evaluate):
-        raise ValueError(f"evaluate must be an awaitable callable such as "
-                         f"asr.immediate(model), got {evaluate!r}")
+    check_evaluate(evaluate)
     num_actions = int(game.num_actions)
 
     async def choose(state: State) -> int:
         legal = game.legal_actions(state)
         y = await evaluate(game.encode([state]))
-        if not (isinstance(y, (tuple, list)) and len(y) == 2):
-            raise ModelOutputError(f"a policy-value model must return the tuple "
-                                   f"(policy_logits [1, {num_actions}], value), got "
-                                   f"{type(y).__name__}")
-        logits = np.asarray(y[0], np.float64)
-        if logits.shape != (1, num_actions):
-            raise ModelOutputError(f"policy logits must have shape [1, {num_actions}], "
-                                   f"got {logits.shape}")
-        row = logits[0]
+        row = policy_logits_of(y, 1, num_actions)[0]
         return int(max(legal, key=lambda a: (row[a], -a)))
 
     return choose
@@ -183,9 +173,7 @@ def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
         >>> asyncio.run(choose(game.from_moves([0, 1, 0, 1, 0])))   # block column 0
         0
     """
-    if not callable(evaluate):
-        raise ValueError(f"evaluate must be an awaitable callable such as "
-                         f"asr.immediate(model), got {evaluate!r}")
+    check_evaluate(evaluate)
     num_simulations = check_int("num_simulations", num_simulations, minimum=1)
     num_parallel = check_int("num_parallel", num_parallel, minimum=1)
     c_puct = check_float("c_puct", c_puct, minimum=0.0, strict=True)
@@ -194,6 +182,48 @@ def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
         result = await mcts(game, state, evaluate, num_simulations=num_simulations,
                             num_parallel=num_parallel, c_puct=c_puct,
                             dirichlet_fraction=0.0)
+        return int(result.action)
+
+    return choose
+
+
+def gumbel_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 32,
+                   num_parallel: int = 8, max_num_considered_actions: int = 16,
+                   c_visit: float = 50.0, c_scale: float = 0.1
+                   ) -> Callable[[State], Awaitable[int]]:
+    """``search.gumbel_mcts`` without noise (``gumbel_scale=0``, deterministic): the
+    action Sequential Halving chooses.
+
+    Args:
+        game: the game.
+        evaluate: the policy-value network, as for ``search.gumbel_mcts``.
+        num_simulations: simulations per position (>= 1).
+        num_parallel: leaves in flight per tree (>= 1).
+        max_num_considered_actions: root actions considered (>= 1).
+        c_visit, c_scale: ``sigma``'s constants (>= 0).
+
+    Example:
+        >>> import asyncio, async_search as asr
+        >>> from async_search import problems
+        >>> game = problems.ConnectFour()
+        >>> choose = gumbel_chooser(game, asr.immediate(problems.pretrained("connect_four")),
+        ...                         num_simulations=16)
+        >>> asyncio.run(choose(game.from_moves([0, 1, 0, 1, 0])))   # block column 0
+        0
+    """
+    check_evaluate(evaluate)
+    num_simulations = check_int("num_simulations", num_simulations, minimum=1)
+    num_parallel = check_int("num_parallel", num_parallel, minimum=1)
+    max_considered = check_int("max_num_considered_actions", max_num_considered_actions,
+                               minimum=1)
+    c_visit = check_float("c_visit", c_visit, minimum=0.0)
+    c_scale = check_float("c_scale", c_scale, minimum=0.0)
+
+    async def choose(state: State) -> int:
+        result = await gumbel_mcts(game, state, evaluate, num_simulations=num_simulations,
+                                   max_num_considered_actions=max_considered,
+                                   num_parallel=num_parallel, c_visit=c_visit,
+                                   c_scale=c_scale, gumbel_scale=0.0)
         return int(result.action)
 
     return choose

@@ -2,14 +2,55 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional, Tuple
+
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import values_of
-from async_search.search.frontier import (AStarResult, astar_result, encode_keys,
-                                          expand_ids, new_frontier, pop_ids, record_ids)
+from async_search.search.base import Status, values_of
+from async_search.search.frontier import (Frontier, encode_keys, expand_ids, has_open_node,
+                                          new_frontier, path_to, pop_ids, record_ids)
 
-__all__ = ["batched_astar", "check_astar_arguments"]
+
+@dataclasses.dataclass(frozen=True)
+class AStarResult:
+    """What an A* search (batched or continuous) returns.
+
+    Equal results compare equal, so a run through a batching server can be checked
+    against a sequential run with ``==``.
+    """
+
+    status: Status
+    """GOAL_FOUND if a goal was reached (the cheapest one found, proven cheapest when
+    the frontier's priorities reached its cost), SPACE_EXHAUSTED if the open list ran
+    empty without a goal, BUDGET_EXHAUSTED if the evaluation budget ran out first."""
+    path: Optional[Tuple[State, ...]]
+    """The states from the start to the goal, both included; None without a goal."""
+    cost: Optional[float]
+    """The path's cost (the sum of its step costs, in the problem's units); None
+    without a goal."""
+    nodes_expanded: int
+    """Nodes popped from the open list and expanded."""
+    nodes_generated: int
+    """Distinct states generated (the start included)."""
+    evaluations: int
+    """States sent to the model (the budget counts these)."""
+    requests: int
+    """Calls to ``evaluate``, each one batch of states."""
+
+
+def astar_result(fr: Frontier) -> AStarResult:
+    """The result of a search that stopped with frontier ``fr``."""
+    if fr.goal is not None:
+        path, cost = path_to(fr, fr.state_of(fr.goal))
+        status = Status.GOAL_FOUND
+    else:
+        path, cost = None, None
+        status = Status.BUDGET_EXHAUSTED if has_open_node(fr) else Status.SPACE_EXHAUSTED
+    return AStarResult(status=status, path=path, cost=cost, nodes_expanded=fr.expanded,
+                       nodes_generated=len(fr.index) + len(fr.goals),
+                       evaluations=fr.evaluations, requests=fr.requests)
 
 
 def check_astar_arguments(problem: SearchProblem, start: State, *, budget: int,

@@ -1,15 +1,13 @@
-"""What every search shares: the Status of a result and reading outputs."""
+"""What every search shares: the Status of a result, the check of evaluate, outputs."""
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Tuple
 
 import numpy as np
 
 from async_search.errors import ModelOutputError
-
-__all__ = ["Status", "values_of"]
 
 
 class Status(str, enum.Enum):
@@ -21,6 +19,18 @@ class Status(str, enum.Enum):
     """The search spent its budget (evaluations, depth) without reaching a goal."""
     SPACE_EXHAUSTED = "space_exhausted"
     """Nothing was left to expand (the reachable space, or a rollout's dead end)."""
+
+
+def check_evaluate(evaluate: Any) -> None:
+    """Refuses an ``evaluate`` that cannot be called, before any search starts.
+
+    Raises:
+        ValueError: if ``evaluate`` is not callable (a model passed where
+            ``asr.immediate(model)`` was meant, for one).
+    """
+    if not callable(evaluate):
+        raise ValueError(f"evaluate must be an awaitable callable such as "
+                         f"asr.immediate(model), got {evaluate!r}")
 
 
 def values_of(y: Any, n: int, what: str) -> list:
@@ -57,3 +67,44 @@ def values_of(y: Any, n: int, what: str) -> list:
         bad = values[~np.isfinite(values)][:3]
         raise ModelOutputError(f"{what} must be finite, got {bad}")
     return values.tolist()
+
+
+def policy_logits_of(y: Any, n: int, num_actions: int) -> np.ndarray:
+    """The policy logits ``[n, num_actions]`` of a policy-value model's outputs ``y``,
+    the tuple ``(policy_logits [n, num_actions], value [n, 1])``.
+
+    Raises:
+        ModelOutputError: for outputs of another form, logits of another shape, or
+            logits that are not real numbers.
+    """
+    if not (isinstance(y, (tuple, list)) and len(y) == 2):
+        raise ModelOutputError(f"a policy-value model must return the tuple "
+                               f"(policy_logits [n, {num_actions}], value [n, 1]), got "
+                               f"{type(y).__name__}")
+    logits = np.asarray(y[0])
+    if logits.shape != (n, num_actions):
+        raise ModelOutputError(f"policy logits must have shape [{n}, {num_actions}], got "
+                               f"{logits.shape}")
+    if logits.dtype.kind not in "fiub":
+        raise ModelOutputError(f"policy logits must be real numbers, got dtype "
+                               f"{logits.dtype}")
+    return logits
+
+
+def split_policy_value(y: Any, n: int, num_actions: int) -> Tuple[np.ndarray, list]:
+    """A policy-value model's outputs for ``n`` states: ``(logits [n, num_actions],
+    values)``, the values as Python floats.
+
+    Raises:
+        ModelOutputError: unless ``y`` is the tuple ``(policy_logits [n, num_actions],
+            value [n, 1] or [n])`` of real logits and finite values in [-1, 1].
+    """
+    logits = policy_logits_of(y, n, num_actions)
+    values = values_of(y[1], n, "the policy-value model's value")
+    # Values are backed up as sums: one far outside [-1, 1] (say -1.7e308) overflows
+    # them to inf and then NaN, silently; it is a broken model, not a strong opinion.
+    if values and (min(values) < -1.0 or max(values) > 1.0):
+        bad = [v for v in values if not -1.0 <= v <= 1.0][:3]
+        raise ModelOutputError(f"the policy-value model's value must be in [-1, 1] (for "
+                               f"the player to move), got {bad}")
+    return logits, values

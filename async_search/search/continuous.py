@@ -20,13 +20,10 @@ import collections
 from async_search.base import Evaluate
 from async_search.checks import check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.astar import check_astar_arguments
+from async_search.search.astar import AStarResult, astar_result, check_astar_arguments
 from async_search.search.base import values_of
-from async_search.search.frontier import (AStarResult, astar_result, encode_keys,
-                                          expand_ids, has_open_node, new_frontier,
-                                          pop_ids, record_ids)
-
-__all__ = ["continuous_astar"]
+from async_search.search.frontier import (encode_keys, expand_ids, has_open_node,
+                                          new_frontier, pop_ids, record_ids)
 
 
 async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evaluate, *,

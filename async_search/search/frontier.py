@@ -15,7 +15,7 @@ found so far bounds the search, which ends once no open node has ``f`` below
 ``weight * goal_cost``. With weight 1 and an admissible heuristic, that makes the goal
 returned a cheapest one, even when many nodes are popped at once.
 
-How it is kept fast (issue 12; the order above is kept exactly):
+How it is kept fast (the order above is kept exactly):
 
 - Nodes are numbered as they are generated; a node's g and parent live in lists
   indexed by its id, its key in one dict, so most of the work of a step is done by a
@@ -43,11 +43,7 @@ import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from async_search.problems.base import CompactKeys, SearchProblem, State, compact_keys_of
-from async_search.search.base import Status
 
-__all__ = ["Frontier", "AStarResult", "new_frontier", "has_open_node", "pop_nodes",
-           "expand_nodes", "record_values", "path_to", "astar_result",
-           "pop_ids", "expand_ids", "encode_keys", "record_ids"]
 
 _INF = math.inf
 _ID_BITS = 32
@@ -125,33 +121,6 @@ class Frontier:
     def key_of(self, state: State) -> Any:
         """The key of a problem's state."""
         return state if self.compact is None else self.compact.key(state)
-
-
-@dataclasses.dataclass(frozen=True)
-class AStarResult:
-    """What an A* search (batched or continuous) returns.
-
-    Equal results compare equal, so a run through a batching server can be checked
-    against a sequential run with ``==``.
-    """
-
-    status: Status
-    """GOAL_FOUND if a goal was reached (the cheapest one found, proven cheapest when
-    the frontier's priorities reached its cost), SPACE_EXHAUSTED if the open list ran
-    empty without a goal, BUDGET_EXHAUSTED if the evaluation budget ran out first."""
-    path: Optional[Tuple[State, ...]]
-    """The states from the start to the goal, both included; None without a goal."""
-    cost: Optional[float]
-    """The path's cost (the sum of its step costs, in the problem's units); None
-    without a goal."""
-    nodes_expanded: int
-    """Nodes popped from the open list and expanded."""
-    nodes_generated: int
-    """Distinct states generated (the start included)."""
-    evaluations: int
-    """States sent to the model (the budget counts these)."""
-    requests: int
-    """Calls to ``evaluate``, each one batch of states."""
 
 
 def new_frontier(problem: SearchProblem, start: State, *, weight: float) -> Frontier:
@@ -562,19 +531,6 @@ def _path_to_key(fr: Frontier, key: Any) -> Tuple[Tuple[State, ...], float]:
         path.append(key)
         i = index[key]
     return tuple(fr.state_of(k) for k in reversed(path)), cost
-
-
-def astar_result(fr: Frontier) -> AStarResult:
-    """The result of a search that stopped with frontier ``fr``."""
-    if fr.goal is not None:
-        path, cost = _path_to_key(fr, fr.goal)
-        status = Status.GOAL_FOUND
-    else:
-        path, cost = None, None
-        status = Status.BUDGET_EXHAUSTED if has_open_node(fr) else Status.SPACE_EXHAUSTED
-    return AStarResult(status=status, path=path, cost=cost, nodes_expanded=fr.expanded,
-                       nodes_generated=len(fr.index) + len(fr.goals),
-                       evaluations=fr.evaluations, requests=fr.requests)
 
 
 def encode_keys(fr: Frontier, keys: List[Any]) -> Any:

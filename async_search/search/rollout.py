@@ -25,9 +25,6 @@ from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.base import Status, values_of
 
-__all__ = ["RolloutResult", "MultiRolloutResult", "simple_rollout", "multi_rollout",
-           "rollout_seeds", "Walk", "new_walk", "walk_candidates", "walk_step",
-           "softmax_sample", "best_rollout", "Seed"]
 
 Seed = Union[int, np.random.SeedSequence]
 

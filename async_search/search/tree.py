@@ -47,7 +47,6 @@ import numpy as np
 from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
 
-__all__ = ["Tree", "Path", "priors_from_logits", "LEAF", "PENDING", "TERMINAL", "EVALUATED"]
 
 # ``node_edges[node]`` is the range of a node's edge ids once it has edges (never empty:
 # a game that is not over has a legal move); before, one of these empty ranges, told
@@ -119,14 +118,18 @@ class Tree:
     to evaluate it, so ``1 + N = edge_seen1[edge into the node] - 2`` (for the root too,
     since its edge starts at 2).
 
+    ``node_value`` keeps the network's value of each evaluated node (for the player to
+    move there): Gumbel search mixes it into its completed Q-values, and a tree kept for
+    the next move (``search.reuse``) knows its new root's value without asking again.
+
     Args:
         game: the game (``Game``).
         state: the root position (not checked here; ``search.mcts`` checks it).
     """
 
     __slots__ = ("node_state", "node_edges", "edge_action", "edge_child", "edge_prior",
-                 "edge_value_sum", "edge_virtual", "edge_seen1", "edge_q", "_terminal",
-                 "_actions", "_logits", "_child", "_legal")
+                 "edge_value_sum", "edge_virtual", "edge_seen1", "edge_q", "node_value",
+                 "_terminal", "_actions", "_logits", "_child", "_legal")
 
     def __init__(self, game: Game, state: State):
         rules = getattr(game, "_mcts_rules", None)
@@ -143,6 +146,7 @@ class Tree:
         self.edge_virtual: List[int] = [0]
         self.edge_seen1: List[int] = [2]
         self.edge_q: List[float] = [0.0]
+        self.node_value: Dict[int, float] = {}
         # Kept only for the few nodes that need them:
         self._terminal: Dict[int, float] = {} if terminal is None else {0: terminal}
         self._actions: Dict[int, Tuple[int, ...]] = {0: actions} if actions else {}
@@ -211,12 +215,15 @@ class Tree:
 
     # -- growing ------------------------------------------------------------------------
 
-    def expand_root(self, logits: Sequence[float]) -> None:
+    def expand_root(self, logits: Sequence[float], value: Optional[float] = None) -> None:
         """Give the root its edges, with priors from the network's ``logits`` (one per
-        action of the game)."""
+        action of the game); ``value``, the network's value of the root, is kept in
+        ``node_value``."""
         if self.node_edges[0] is not LEAF:
             raise ValueError("the root is terminal or already expanded")
         self._logits[0] = logits
+        if value is not None:
+            self.node_value[0] = value
         self._make_edges(0)
 
     def _make_edges(self, node: int) -> range:
@@ -285,10 +292,9 @@ class Tree:
         the round early (the first descent always succeeds: nothing is pending yet).
         """
         node_edges, states = self.node_edges, self.node_state
-        child, action, prior = self.edge_child, self.edge_action, self.edge_prior
+        child, prior = self.edge_child, self.edge_prior
         value_sum, virtual = self.edge_value_sum, self.edge_virtual
         seen1, q = self.edge_seen1, self.edge_q
-        make_child, terminals, known = self._child, self._terminal, self._actions
         sqrt, minus_inf = math.sqrt, -math.inf
         if not node_edges[0]:
             raise ValueError("select_leaves needs an expanded root (expand_root)")
@@ -321,17 +327,8 @@ class Tree:
                 path.append(best)
                 into = best
                 parent, node = node, child[best]
-                if not node:
-                    node = child[best] = len(states)
-                    state, terminal, actions = make_child(states[parent], action[best])
-                    states.append(state)
-                    if terminal is None:
-                        node_edges.append(LEAF)
-                        if actions is not None:
-                            known[node] = actions
-                    else:
-                        node_edges.append(TERMINAL)
-                        terminals[node] = terminal
+                if not node:  # at most once a descent: a call costs little here
+                    node = self._add_child(parent, best)
             if edges is PENDING:
                 self._revert(path)
                 break
@@ -354,6 +351,78 @@ class Tree:
             seen1[e] = n1
             q[e] = (value_sum[e] - v) / (n1 - 1) if n1 > 1 else 0.0
 
+    def make_edges(self, node: int) -> range:
+        """The edge ids of an expanded node, made now if no descent passed through it
+        yet; ValueError for a node that is not expanded."""
+        edges = self.node_edges[node]
+        if edges is EVALUATED:
+            return self._make_edges(node)
+        if not edges:
+            raise ValueError(f"node {node} is not expanded")
+        return edges
+
+    def descend(self, choose: Callable[[int, range], int]
+                ) -> Optional[Tuple[Path, int, Optional[State]]]:
+        """One descent from the expanded root by another selection rule than PUCT.
+
+        At each expanded node the descent takes the edge ``choose(node, edges)`` (an
+        edge id in ``edges``, the node's edge range), adding a virtual visit to it as
+        ``select_leaves`` does, and creates the child it reaches if new. It stops at a
+        node that is not expanded: a new leaf (it becomes pending; its state is
+        returned for evaluation), a terminal node, or a leaf already pending in this
+        round, in which case the descent is undone and None returned.
+
+        Returns:
+            ``(path, leaf, state)``: the edges taken, the node reached, and the leaf's
+            state if it must be evaluated (else None). ``complete_leaves`` backs it up.
+        """
+        if not self.node_edges[0]:
+            raise ValueError("descend needs an expanded root (expand_root)")
+        node_edges, child = self.node_edges, self.edge_child
+        value_sum, virtual = self.edge_value_sum, self.edge_virtual
+        seen1, q = self.edge_seen1, self.edge_q
+        node = 0
+        seen1[0] += 1
+        path: Path = []
+        while True:
+            edges = node_edges[node]
+            if not edges:
+                if edges is not EVALUATED:
+                    break
+                edges = self._make_edges(node)
+            best = choose(node, edges)
+            v = virtual[best] + 1
+            virtual[best] = v
+            n1 = seen1[best] + 1
+            seen1[best] = n1
+            q[best] = (value_sum[best] - v) / (n1 - 1)
+            path.append(best)
+            parent, node = node, child[best]
+            if not node:
+                node = self._add_child(parent, best)
+        if edges is PENDING:
+            self._revert(path)
+            return None
+        if edges is LEAF:
+            node_edges[node] = PENDING
+            return path, node, self.node_state[node]
+        return path, node, None
+
+    def _add_child(self, parent: int, edge: int) -> int:
+        """Create the child that ``edge`` of ``parent`` leads to; its node id."""
+        node = self.edge_child[edge] = len(self.node_state)
+        state, terminal, actions = self._child(self.node_state[parent],
+                                               self.edge_action[edge])
+        self.node_state.append(state)
+        if terminal is None:
+            self.node_edges.append(LEAF)
+            if actions is not None:
+                self._actions[node] = actions
+        else:
+            self.node_edges.append(TERMINAL)
+            self._terminal[node] = terminal
+        return node
+
     def complete_leaves(self, paths: Sequence[Path], leaves: Sequence[int],
                         logits: Any, values: Sequence[float]) -> None:
         """Expand the evaluated leaves and back up every descent, in selection order.
@@ -364,6 +433,7 @@ class Tree:
         view of the player who took it, replacing its virtual loss.
         """
         node_edges, terminals, kept = self.node_edges, self._terminal, self._logits
+        node_value = self.node_value
         value_sum, virtual = self.edge_value_sum, self.edge_virtual
         seen1, q = self.edge_seen1, self.edge_q
         rows = logits.tolist() if logits is not None else []  # Python floats: cheaper
@@ -372,7 +442,7 @@ class Tree:
             if node_edges[leaf] is PENDING:
                 node_edges[leaf] = EVALUATED  # its edges wait for a descent through it
                 kept[leaf] = rows[j]
-                value = values[j]
+                value = node_value[leaf] = values[j]
                 j += 1
             else:
                 value = terminals[leaf]

@@ -37,8 +37,6 @@ from typing import Callable, Dict, List, Optional
 
 from async_search.checks import check_float, check_int
 
-__all__ = ["AutoBatchSize", "BatchSizeTuner"]
-
 
 @dataclasses.dataclass(frozen=True)
 class AutoBatchSize:

@@ -20,19 +20,18 @@ from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of
                                on_device, output_spec_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
 from async_search.checks import check_float, check_int
+from async_search.deadlines import check_timeout, expire_after
+from async_search.delivery import ResultDelivery
 from async_search.errors import (CloseTimeoutError, ModelOutputError, ServerClosedError,
                                  ServerCrashedError, describe)
+from async_search.requests import RequestChecker
 from async_search.servers.batch_size import AutoBatchSize, BatchSizeTuner
 from async_search.servers.buffers import BufferPool
-from async_search.servers.deadlines import check_timeout, expire_after
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.priority import PriorityEvaluate
-from async_search.servers.requests import RequestChecker
-from async_search.servers.responses import ResultDelivery
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
 from async_search.servers.workers import Workers, placement_of
 
-__all__ = ["BatchingServer"]
 
 _done = asyncio.Future.done  # a request done before its batch: cancelled or failed
 _DROPPED = "; a request not batched by then is dropped before the model runs"
@@ -217,7 +216,19 @@ class BatchingServer:
         the model has its rows discarded when they come.
 
         Example:
-            >>> # y = await evaluate(x, timeout=0.5)   # RequestTimeoutError after 0.5 s
+            >>> import async_search as asr
+            >>> from async_search.errors import RequestTimeoutError
+            >>> def slow_model(x):
+            ...     time.sleep(0.2)
+            ...     return x
+            >>> async def main():
+            ...     async with asr.serve(slow_model) as evaluate:
+            ...         try:
+            ...             await evaluate(np.zeros((1, 4)), timeout=0.05)
+            ...         except RequestTimeoutError:
+            ...             return "timed out"
+            >>> asyncio.run(main())
+            'timed out'
 
         Raises:
             InputSpecError: (a ValueError) when ``x`` does not fit the model's input;
@@ -321,7 +332,14 @@ class BatchingServer:
         they fill the batches, lower ones wait: strict priority, as in Triton).
 
         Example:
-            >>> # urgent = evaluate.at_priority(1); y = await urgent(x)
+            >>> import async_search as asr
+            >>> from async_search.models import MLP
+            >>> async def main():
+            ...     async with asr.serve(MLP((4,))) as evaluate:
+            ...         urgent = evaluate.at_priority(1)
+            ...         return (await urgent(np.zeros((2, 4), np.float32))).shape
+            >>> asyncio.run(main())
+            (2, 1)
 
         Raises:
             ValueError: when ``priority`` is not an integer, or the server was given a

@@ -8,8 +8,6 @@ import numpy as np
 
 from async_search import rows
 
-__all__ = ["BufferPool"]
-
 
 class BufferPool:
     """Buffers of ``capacity`` rows, one free list per element shape and dtype.

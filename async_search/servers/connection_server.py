@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import pickle
 from typing import Any, Callable, Deque, Dict, Hashable, List, Sequence, Set, Tuple, Union
 
@@ -47,93 +46,19 @@ import numpy as np
 
 from async_search.batchers import Batcher
 from async_search.checks import check_float
-from async_search.connections import Connection, ForkedConnection, Notice
+from async_search.connections import Connection, ForkedConnection
 from async_search.errors import ModelOutputError, ServerClosedError
 from async_search.queues import ClosedConnection
-from async_search.remote import pack_error, plain_outputs, round_trips
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
+from async_search.wire import (Control, ModelUpdate, VersionAck, VersionedRequest,
+                               VersionNotice, VersionSubscription, pack_error,
+                               plain_outputs, round_trips)
 
-__all__ = ["serve_connection", "ConnectionServer", "ModelUpdate", "VersionedRequest",
-           "VersionSubscription", "VersionNotice", "VersionAck", "ACK_TIMEOUT_S"]
 
 #: Seconds a swap waits for a subscribed client to acknowledge it before closing that
 #: client's stream of answers.
 ACK_TIMEOUT_S = 30.0
-
-
-class _Control:
-    """A message to the server itself, not a request for the model."""
-
-    __slots__ = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelUpdate(_Control):
-    """A message that swaps the served model (``BatchingServer.update_model``).
-
-    Attributes:
-        model: the new model (a callable), or weights for the current model's
-            ``with_weights(weights)``.
-        version: the new model's version, reported with every result it computes.
-
-    Example:
-        >>> # await fn(ModelUpdate(new_weights, 3))     # a client: answered 3 once swapped
-    """
-
-    model: Any
-    version: Hashable
-
-
-@dataclasses.dataclass(frozen=True)
-class VersionedRequest:
-    """A request whose answer carries the model version: ``(outputs, version)``.
-
-    Attributes:
-        x: the request, an array ``[n, ...]`` as for a plain request.
-
-    Example:
-        >>> # outputs, version = await fn(VersionedRequest(x))
-    """
-
-    x: np.ndarray
-
-    def __reduce__(self):  # one per message between processes: pickle it lean
-        return VersionedRequest, (self.x,)
-
-
-@dataclasses.dataclass(frozen=True)
-class VersionSubscription(_Control):
-    """A client asks to hear of every swap; answered with ``(version, swaps)``.
-
-    Example:
-        >>> # version, swaps = await fn(VersionSubscription())
-    """
-
-
-@dataclasses.dataclass(frozen=True)
-class VersionNotice(Notice):
-    """Sent to every subscribed client at each swap, outside the order of answers.
-
-    Attributes:
-        version: the version that answers every request received from now on.
-        swaps: how many swaps the server has made (this one included): a client keeps
-            the notice with the most.
-    """
-
-    version: Hashable
-    swaps: int
-
-
-@dataclasses.dataclass(frozen=True)
-class VersionAck(_Control):
-    """A client has learned the version of swap number ``swaps`` (answered with None).
-
-    Attributes:
-        swaps: the ``swaps`` of the notice acknowledged.
-    """
-
-    swaps: int
 
 
 async def serve_connection(model: Union[Any, BatchingServer],
@@ -154,12 +79,23 @@ async def serve_connection(model: Union[Any, BatchingServer],
             several, served together.
         policy, batcher: how batches are made (when a model is given).
         portable: make every answer travel to another process: an exception becomes a
-            ``remote.Failure`` (which always pickles), and outputs holding objects that
+            ``wire.Failure`` (which always pickles), and outputs holding objects that
             do not survive pickling fail with ModelOutputError.
 
     Example:
-        >>> # server_end, client_ends = forked_pipe(thread_queue, 4)
-        >>> # stats = await serve_connection(model, server_end)   # until clients close
+        >>> from async_search.connections import get_connected_functions
+        >>> from async_search.queues import local_queue
+        >>> async def main():
+        ...     fns, server_end = get_connected_functions(local_queue, 4, ordered=True)
+        ...     serving = asyncio.ensure_future(serve_connection(lambda x: 2 * x,
+        ...                                                      server_end))
+        ...     ys = await asyncio.gather(*(fn(np.ones((1, 3))) for fn in fns))
+        ...     for fn in fns:
+        ...         fn.connection.close()
+        ...     stats = await serving                 # until every client closed
+        ...     return ys[0].tolist(), stats["elements"]
+        >>> asyncio.run(main())
+        ([[2.0, 2.0, 2.0]], 4)
     """
     if isinstance(model, BatchingServer):
         await ConnectionServer(model, portable=portable).serve(connection)
@@ -204,9 +140,21 @@ class ConnectionServer:
             a client that has not acknowledged by then has its stream of answers closed.
 
     Example:
-        >>> # connections = ConnectionServer(server, portable=True)
-        >>> # serving = asyncio.ensure_future(connections.serve(server_ends))
-        >>> # await connections.update_model(new_weights, 3)  # every client knows 3
+        >>> from async_search.connections import get_connected_functions
+        >>> from async_search.queues import local_queue
+        >>> from async_search.servers.policy import DispatchPolicy
+        >>> async def main():
+        ...     (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+        ...     async with BatchingServer(lambda x: 2 * x, DispatchPolicy()) as server:
+        ...         connections = ConnectionServer(server, portable=True)
+        ...         serving = asyncio.ensure_future(connections.serve(server_end))
+        ...         await connections.update_model(lambda x: 3 * x, 3)
+        ...         y, version = await fn(VersionedRequest(np.ones((1, 2))))
+        ...         fn.connection.close()
+        ...         await serving
+        ...     return y.tolist(), version
+        >>> asyncio.run(main())
+        ([[3.0, 3.0]], 3)
     """
 
     def __init__(self, server: BatchingServer, *, portable: bool = False,
@@ -345,7 +293,7 @@ class ConnectionServer:
                 try:
                     if isinstance(message, VersionedRequest):
                         fut = evaluate.call_with_version(message.x)
-                    elif isinstance(message, _Control):
+                    elif isinstance(message, Control):
                         fut = self._control(connection, message, loop)
                     else:
                         fut = evaluate(message)
@@ -363,7 +311,7 @@ class ConnectionServer:
         except Exception:  # its transport is gone already
             pass
 
-    def _control(self, connection: Connection, message: _Control,
+    def _control(self, connection: Connection, message: Control,
                  loop: asyncio.AbstractEventLoop) -> asyncio.Future:
         fut = loop.create_future()
         if isinstance(message, VersionAck):
@@ -399,7 +347,7 @@ def _as_is(answer: Any) -> Any:
 
 
 def _portable(answer: Any) -> Any:
-    """``answer`` as something that loads in another process (see ``remote``)."""
+    """``answer`` as something that loads in another process (see ``wire``)."""
     if isinstance(answer, BaseException):
         return pack_error(answer)
     outputs, version = answer if isinstance(answer, tuple) and len(answer) == 2 else (

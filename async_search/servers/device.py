@@ -16,7 +16,6 @@ from typing import Any, Callable, Hashable, Tuple
 
 from async_search.errors import deliverable
 
-__all__ = ["DeviceThread", "InlineDevice", "STOP", "Done"]
 
 #: Called on the event loop with (token, outputs or None, error or None, seconds, version).
 Done = Callable[[Any, Any, BaseException | None, float, Hashable], None]

@@ -9,8 +9,6 @@ from typing import Union
 from async_search.checks import check_float, check_int, is_int
 from async_search.servers.batch_size import AutoBatchSize
 
-__all__ = ["DispatchPolicy", "Reason"]
-
 
 class Reason(str, enum.Enum):
     """Why a batch was sent to the model."""

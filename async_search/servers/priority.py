@@ -19,17 +19,23 @@ if TYPE_CHECKING:  # the server imports this module
 
     from async_search.servers.batching import BatchingServer
 
-__all__ = ["PriorityEvaluate"]
-
 
 class PriorityEvaluate:
     """``server``'s evaluate function for requests at ``priority`` (higher goes first).
 
     Example:
-        >>> # async with asr.serve(model) as evaluate:
-        >>> #     urgent = evaluate.at_priority(1)
-        >>> #     y = await urgent(x)              # batched before priority-0 requests
-        >>> #     y, version = await urgent.with_version(x)
+        >>> import asyncio
+        >>> import async_search as asr
+        >>> from async_search.models import MLP
+        >>> async def main():
+        ...     async with asr.serve(MLP((4,))) as evaluate:
+        ...         urgent = evaluate.at_priority(1)
+        ...         x = np.zeros((2, 4), np.float32)
+        ...         y = await urgent(x)              # batched before priority-0 requests
+        ...         y, version = await urgent.with_version(x)
+        ...         return y.shape, version
+        >>> asyncio.run(main())
+        ((2, 1), 0)
     """
 
     def __init__(self, server: "BatchingServer", priority: int):

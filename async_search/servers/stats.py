@@ -11,7 +11,6 @@ from typing import Deque, Dict, List, NamedTuple, Tuple
 from async_search.checks import check_int
 from async_search.servers.policy import Reason
 
-__all__ = ["ServingStats", "BatchRecord", "TIME_BUCKETS_S", "TRACE_SIZE"]
 
 #: How many BatchRecords a server keeps by default: the latest 10,000 batches (about
 #: 1.3 MB), so that a server that runs for days holds a bounded trace. A run that plots

@@ -9,8 +9,6 @@ from typing import Any, Callable, Hashable, List
 from async_search.base import on_device
 from async_search.servers.device import STOP, DeviceThread, Done, InlineDevice
 
-__all__ = ["Workers", "INLINE_BELOW_S", "PLACEMENTS", "placement_of"]
-
 
 #: ``model_thread="auto"`` runs a batch on the loop while the model's measured time per
 #: batch stays below this: under it, handing the batch to a thread and back costs more

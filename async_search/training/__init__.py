@@ -22,18 +22,19 @@ Example:
     <async_search.problems.policy_value.PolicyValueMLP object at ...>
 """
 
-from async_search.training.arena import (RANDOM_RATING, MatchResult, MCTSPlayer,
-                                         OnePlyPlayer, Player, PolicyPlayer, RandomPlayer,
-                                         UCTPlayer, elo_difference, fit_rating, gate,
-                                         play_match)
-from async_search.training.checkpoints import (Checkpoint, CheckpointError, load_checkpoint,
+from async_search.problems.checkpoints import (Checkpoint, CheckpointError, load_checkpoint,
                                                read_checkpoint, save_checkpoint)
+from async_search.problems.nets import (NetConfig, config_of, initial_weights, to_model,
+                                        weights_of)
+from async_search.training.arena import gate, play_match
 from async_search.training.commander import (Commander, CommanderConfig, IterationRecord,
                                              PhaseProgress)
 from async_search.training.davi import (Davi, DaviConfig, DaviRecord, bellman_targets,
                                         scrambled_states)
-from async_search.training.nets import (NetConfig, config_of, initial_weights, to_model,
-                                        weights_of)
+from async_search.training.players import (GumbelPlayer, MCTSPlayer, OnePlyPlayer, Player,
+                                           PolicyPlayer, RandomPlayer, UCTPlayer)
+from async_search.training.ratings import (RANDOM_RATING, MatchResult, elo_difference,
+                                           fit_rating)
 from async_search.training.replay import Minibatch, ReplayBuffer, mirror_columns
 from async_search.training.run_folder import RunFolder, SavedNet, SavedRun
 from async_search.training.selfplay import GameRecord, SelfPlayConfig, selfplay_game
@@ -47,7 +48,8 @@ __all__ = [
     "CheckpointError", "RunFolder", "SavedNet", "SavedRun",
     "Commander", "CommanderConfig", "IterationRecord", "PhaseProgress",
     "SelfPlayConfig", "GameRecord", "selfplay_game",
-    "Player", "RandomPlayer", "OnePlyPlayer", "UCTPlayer", "MCTSPlayer", "PolicyPlayer",
+    "Player", "RandomPlayer", "OnePlyPlayer", "UCTPlayer", "MCTSPlayer", "GumbelPlayer",
+    "PolicyPlayer",
     "MatchResult", "play_match", "gate", "elo_difference", "fit_rating", "RANDOM_RATING",
     "Davi", "DaviConfig", "DaviRecord", "scrambled_states", "bellman_targets",
 ]

@@ -7,8 +7,12 @@ Each iteration (the seed's loop, with its names):
    to the replay buffer, which is saved at once (a crash later loses no sample).
 2. **training**: ``train_steps`` minibatches, in a thread, so that the event loop (and
    any server in it) keeps running.
-3. **evaluation**: an arena of the candidate against the best (both MCTS, alternating
-   the first player from seeded random openings), and matches against fixed baselines.
+3. **evaluation**: an arena of the candidate against the best (both the evaluation
+   agent: PUCT or Gumbel search without noise, alternating the first player from seeded
+   random openings), matches against fixed baselines (one-ply, UCT-300 and optionally
+   UCT-1000), and the candidate's move accuracy on a subset of the solver-labelled
+   Connect Four positions (``problems.connect_four_positions``), the net alone and the
+   evaluation agent's search.
 4. **promotion**: when the arena score passes the gate, the candidate becomes the best,
    with a new version, and its weights are pushed to every server that is serving:
    the commander's own evaluation server and every run registered through ``on_servers``.
@@ -31,20 +35,23 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from async_search.problems.connect_four import ConnectFour
 from async_search.checks import check_float, check_int
-from async_search.training.arena import (MCTSPlayer, OnePlyPlayer, PolicyPlayer,
-                                         RandomPlayer, UCTPlayer, elo_difference, gate,
-                                         play_match)
 from async_search.errors import CheckpointError
-from async_search.training.run_folder import ENVELOPE, RunFolder, SavedNet
-from async_search.training.schema import config_from_json, record_from_json
-from async_search.training.nets import NetConfig
+from async_search.problems.connect_four import ConnectFour
+from async_search.problems.nets import NetConfig
+from async_search.schema import config_from_json, record_from_json
+from async_search.search.accuracy import (gumbel_chooser, mcts_chooser, move_accuracy,
+                                          policy_chooser)
+from async_search.training.arena import gate, play_match
+from async_search.training.players import (GumbelPlayer, MCTSPlayer, OnePlyPlayer,
+                                           PolicyPlayer, RandomPlayer, UCTPlayer)
+from async_search.training.ratings import elo_difference
 from async_search.training.replay import ReplayBuffer, mirror_columns
-from async_search.training.selfplay import SelfPlayConfig, selfplay_game
+from async_search.training.run_folder import (ENVELOPE, RunFolder, SavedNet,
+                                               check_same_config, resume_folder)
+from async_search.training.selfplay import POLICIES, SelfPlayConfig, selfplay_game
 from async_search.training.trainer import Trainer
 
-__all__ = ["CommanderConfig", "IterationRecord", "Commander", "PhaseProgress"]
 
 _TRAINER = "alphazero"  # a run folder's trainer: another trainer's run is refused
 
@@ -52,12 +59,19 @@ _TRAINER = "alphazero"  # a run folder's trainer: another trainer's run is refus
 _RANGES = {name: (0, None) for name in (
     "iteration", "samples", "buffer_size", "selfplay_s", "samples_per_s",
     "s_per_1000_samples", "policy_loss", "value_loss", "l2_loss", "total_loss", "train_s",
-    "best_version", "pushed_to", "eval_s", "iteration_s")}
-_RANGES.update(iteration=(1, None), arena_score=(0, 1), scores=(0, 1))
+    "best_version", "pushed_to", "eval_s", "iteration_s", "accuracy_s")}
+_RANGES.update(iteration=(1, None), arena_score=(0, 1), scores=(0, 1), accuracy=(0, 1))
+
+#: The solver-labelled sets of ``problems.connect_four_positions`` the accuracy is
+#: measured on, and the seed of the subset drawn from each (fixed, so that runs with
+#: other seeds are measured on the same positions).
+ACCURACY_STAGES = ("end", "middle")
+_ACCURACY_SUBSET_SEED = 0
 
 #: ``progress(phase, done, total)``: ``done`` units of ``phase`` finished since the last
 #: call (games, steps); ``total`` the phase's units. Phases: selfplay (positions
-#: evaluated, total 0: unknown), train (steps), arena and baselines (games).
+#: evaluated, total 0: unknown), train (steps), evaluate (arena and baseline games),
+#: accuracy (positions asked).
 PhaseProgress = Callable[[str, int, int], None]
 
 
@@ -80,6 +94,16 @@ class CommanderConfig:
         eval_c_puct, eval_num_parallel: the evaluation agent's PUCT constant and leaves
             in flight per round (fewer leaves in flight search better per simulation).
         uct_rollouts: rollouts per move of the UCT baseline.
+        strong_uct_rollouts, strong_uct_games: the stronger UCT baseline (UCT-1000) and
+            the games against it per iteration (0: none; about 1 s a game on a core).
+        eval_policy: the evaluation agent's search: ``"puct"`` (``MCTSPlayer``) or
+            ``"gumbel"`` (``GumbelPlayer``, no noise); both use ``eval_simulations``
+            and ``eval_num_parallel``.
+        eval_reuse_tree: the evaluation agent keeps its tree between its moves.
+        accuracy_positions: positions of each solver-labelled set (end game, middle
+            game; 200 each shipped) the candidate's move accuracy is measured on per
+            iteration, the net alone and the evaluation agent (0: none). The same
+            seeded subset every iteration and every run.
         backend, num_procs: where self-play runs (``run_searches``).
         max_batch_size: the servers' batch size.
         seed: seeds everything (weights, buffer, games).
@@ -111,14 +135,26 @@ class CommanderConfig:
     max_batch_size: int = 512
     seed: int = 0
     overlap: bool = False
+    strong_uct_rollouts: int = 1000
+    strong_uct_games: int = 0
+    eval_policy: str = "puct"
+    eval_reuse_tree: bool = False
+    accuracy_positions: int = 50
 
     def __post_init__(self):
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
                      "buffer_capacity", "arena_games", "eval_simulations", "uct_rollouts",
-                     "eval_num_parallel",
+                     "eval_num_parallel", "strong_uct_rollouts",
                      "num_procs", "max_batch_size"):
             check_int(name, getattr(self, name), minimum=1)
-        check_int("eval_games", self.eval_games, minimum=0)
+        for name in ("eval_games", "strong_uct_games", "accuracy_positions"):
+            check_int(name, getattr(self, name), minimum=0)
+        if self.eval_policy not in POLICIES:
+            raise ValueError(f"eval_policy must be one of {list(POLICIES)}, got "
+                             f"{self.eval_policy!r}")
+        if not isinstance(self.eval_reuse_tree, bool):
+            raise ValueError(f"eval_reuse_tree must be True or False, got "
+                             f"{self.eval_reuse_tree!r}")
         check_int("seed", self.seed, minimum=0)
         check_float("learning_rate", self.learning_rate, minimum=0.0, strict=True)
         check_float("l2", self.l2, minimum=0.0)
@@ -173,8 +209,10 @@ class IterationRecord:
     best_version: int
     """The version of the best net after this iteration (0: the untrained net)."""
     scores: Dict[str, float]
-    """The candidate's (MCTS) score against each baseline, and ``policy_vs_random``:
-    the net alone (greedy on its policy) against the random player."""
+    """The candidate's (evaluation agent's) score against each baseline (``one_ply``,
+    ``uct<rollouts>`` for UCT-300 and, with ``strong_uct_games``, UCT-1000), and
+    ``policy_vs_random``: the net alone (greedy on its policy) against the random
+    player."""
     elo: float
     """The candidate's Elo-style rating: the best's plus what the arena score implies;
     the untrained net is 0."""
@@ -182,7 +220,15 @@ class IterationRecord:
     """Server groups that received the promoted weights (the evaluation server, and a
     running self-play run in overlap mode); 0 without a promotion."""
     eval_s: float
+    """Seconds of the evaluation: the matches and the move accuracy."""
     iteration_s: float
+    accuracy: Dict[str, float]
+    """The candidate's move accuracy in [0, 1] on ``accuracy_positions`` positions of
+    each solver-labelled set: ``net_end``, ``net_middle`` (the net alone, greedy on its
+    policy) and ``mcts_end``, ``mcts_middle`` (the evaluation agent's search at
+    ``eval_simulations``, no noise); empty with ``accuracy_positions=0``."""
+    accuracy_s: float
+    """Seconds the move accuracy took (part of ``eval_s``)."""
 
 
 class Commander:
@@ -205,9 +251,13 @@ class Commander:
             whole.
 
     Example:
-        >>> # import asyncio
-        >>> # commander = Commander(CommanderConfig(iterations=2), save_dir="runs/c4")
-        >>> # records = asyncio.run(commander.run())
+        Two iterations of self-play, learning and arena, saved under ``runs/c4``
+        (minutes of training, so not run in the tests):
+
+        ```python
+        commander = Commander(CommanderConfig(iterations=2), save_dir="runs/c4")
+        records = asyncio.run(commander.run())
+        ```
     """
 
     def __init__(self, config: CommanderConfig, save_dir: str | None = None, *,
@@ -222,9 +272,7 @@ class Commander:
         self._folder = None if save_dir is None else RunFolder(save_dir, _TRAINER)
         self._exported: int | None = None  # the best version copied to save_dir/best
         if resume:
-            if self._folder is None or not self._folder.exists():
-                raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
-                                 f"is missing); start without resume")
+            self._folder = resume_folder(save_dir, _TRAINER)
             self._folder.clean()
             config = self._load(config)
         else:
@@ -270,10 +318,7 @@ class Commander:
             ValueError: no run is saved there, or it has other parameters.
             CheckpointError: ``state.json`` is damaged (named, with what is wrong).
         """
-        folder = RunFolder(save_dir, _TRAINER)
-        if not folder.exists():
-            raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
-                             f"is missing); start without resume")
+        folder = resume_folder(save_dir, _TRAINER)
         history, _, _, _ = _read_record(config, folder.load().fields, folder)
         return len(history)
 
@@ -371,39 +416,79 @@ class Commander:
                 self.remove_target(servers)
         return records, time.perf_counter() - start
 
+    def _agent(self, evaluate: Any, name: str) -> Any:
+        """The evaluation agent: ``eval_policy``'s search without noise."""
+        config = self.config
+        search = dict(simulations=config.eval_simulations,
+                      num_parallel=config.eval_num_parallel, name=name,
+                      reuse_tree=config.eval_reuse_tree)
+        if config.eval_policy == "gumbel":
+            return GumbelPlayer(evaluate, **search)
+        return MCTSPlayer(evaluate, c_puct=config.eval_c_puct, **search)
+
+    def _chooser(self, evaluate: Any) -> Any:
+        """The evaluation agent's search as a ``move_accuracy`` chooser."""
+        config = self.config
+        search = dict(num_simulations=config.eval_simulations,
+                      num_parallel=config.eval_num_parallel)
+        if config.eval_policy == "gumbel":
+            return gumbel_chooser(self.game, evaluate, **search)
+        return mcts_chooser(self.game, evaluate, c_puct=config.eval_c_puct, **search)
+
+    async def _accuracy(self, evaluate: Any) -> Dict[str, float]:
+        """Move accuracy of the net alone and of the evaluation agent on each
+        solver-labelled subset; the positions of a set are asked at once, so their
+        requests batch in the server."""
+        accuracy: Dict[str, float] = {}
+        n = self.config.accuracy_positions
+        if not n:
+            return accuracy
+        for stage, positions in accuracy_subsets(n).items():
+            for kind, choose in (("net", policy_chooser(self.game, evaluate)),
+                                 ("mcts", self._chooser(evaluate))):
+                result = await move_accuracy(choose, positions)
+                accuracy[f"{kind}_{stage}"] = result.accuracy
+                self._report("accuracy", len(positions), 2 * n * len(ACCURACY_STAGES))
+        return accuracy
+
     async def _evaluate(self, candidate: Any, iteration: int) -> tuple:
         import async_search as asr
 
         config = self.config
         game = self.game
-        sims = config.eval_simulations
         seed = config.seed * 100_003 + iteration
-        total = config.arena_games + 3 * config.eval_games
+        total = config.arena_games + 3 * config.eval_games + config.strong_uct_games
         tick = lambda: self._report("evaluate", 1, total)  # noqa: E731
         async with asr.serve(candidate, max_batch_size=config.max_batch_size) as ev_new, \
                 asr.serve(self.best, max_batch_size=config.max_batch_size) as ev_best:
             self.add_target(ev_best)
             try:
-                search = dict(simulations=sims, num_parallel=config.eval_num_parallel,
-                              c_puct=config.eval_c_puct)
-                agent = MCTSPlayer(ev_new, name="candidate", **search)
-                arena = await play_match(game, agent,
-                                         MCTSPlayer(ev_best, name="best", **search),
+                agent = self._agent(ev_new, "candidate")
+                arena = await play_match(game, agent, self._agent(ev_best, "best"),
                                          num_games=config.arena_games, seed=seed,
                                          opening_moves=2, on_game=tick)
                 scores: Dict[str, float] = {}
+                baselines = []
                 if config.eval_games:
-                    for name, opponent in (("one_ply", OnePlyPlayer()),
-                                           (f"uct{config.uct_rollouts}",
-                                            UCTPlayer(config.uct_rollouts))):
-                        result = await play_match(game, agent, opponent,
-                                                  num_games=config.eval_games, seed=seed,
-                                                  on_game=tick)
-                        scores[name] = result.score
+                    baselines += [("one_ply", OnePlyPlayer(), config.eval_games),
+                                  (f"uct{config.uct_rollouts}",
+                                   UCTPlayer(config.uct_rollouts), config.eval_games)]
+                if config.strong_uct_games:
+                    baselines.append((f"uct{config.strong_uct_rollouts}",
+                                      UCTPlayer(config.strong_uct_rollouts),
+                                      config.strong_uct_games))
+                for name, opponent, games in baselines:
+                    result = await play_match(game, agent, opponent, num_games=games,
+                                              seed=seed, on_game=tick)
+                    scores[name] = result.score
+                if config.eval_games:
                     result = await play_match(game, PolicyPlayer(ev_new), RandomPlayer(),
                                               num_games=config.eval_games, seed=seed,
                                               on_game=tick)
                     scores["policy_vs_random"] = result.score
+                t = time.perf_counter()
+                accuracy = await self._accuracy(ev_new)
+                accuracy_s = time.perf_counter() - t
                 promoted = gate(arena, threshold=config.gate_threshold,
                                 min_games=min(40, config.arena_games))
                 elo = self.best_elo + elo_difference(arena.score, arena.games)
@@ -414,7 +499,7 @@ class Commander:
                     pushed = await self.push(candidate, self.best_version)
             finally:
                 self.remove_target(ev_best)
-        return arena, scores, promoted, elo, pushed
+        return arena, scores, promoted, elo, pushed, accuracy, accuracy_s
 
     async def run_iteration(self) -> IterationRecord:
         """Runs one iteration and checkpoints it; returns its record."""
@@ -444,8 +529,8 @@ class Commander:
             candidate = self.trainer.model()
             train_s = time.perf_counter() - t
             t = time.perf_counter()
-            arena, scores, promoted, elo, pushed = await self._evaluate(candidate,
-                                                                        iteration)
+            arena, scores, promoted, elo, pushed, accuracy, accuracy_s = (
+                await self._evaluate(candidate, iteration))
             eval_s = time.perf_counter() - t
         except BaseException:
             await self._cancel_next_selfplay()
@@ -457,7 +542,8 @@ class Commander:
             policy_loss=losses.policy, value_loss=losses.value, l2_loss=losses.l2,
             total_loss=losses.total, train_s=train_s, arena_score=arena.score,
             promoted=promoted, best_version=self.best_version, scores=scores, elo=elo,
-            pushed_to=pushed, eval_s=eval_s, iteration_s=time.perf_counter() - start)
+            pushed_to=pushed, eval_s=eval_s, iteration_s=time.perf_counter() - start,
+            accuracy=accuracy, accuracy_s=accuracy_s)
         self.history.append(record)
         self._phase_done = None
         self._save_state()
@@ -507,12 +593,7 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
     file = folder.state_file
     stored = config_from_json(CommanderConfig, fields.raw("config"), file, "config",
                               nested={"selfplay": SelfPlayConfig})
-    if dataclasses.replace(stored, iterations=config.iterations) != config:
-        old, new = stored.to_json(), config.to_json()
-        differ = [k for k in old if k != "iterations" and old[k] != new[k]]
-        raise ValueError(f"cannot resume {folder.path!r} with other parameters "
-                         f"({', '.join(differ)} differ from the saved run); only "
-                         f"iterations may change")
+    check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)
                for i, r in enumerate(fields.list("history"))]
     for i, r in enumerate(history):
@@ -530,6 +611,21 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
     fields.exactly([*ENVELOPE, "config", "iteration", "phase_done", "best_version",
                     "best_elo", "history"])
     return history, phase_done, best_version, best_elo
+
+
+def accuracy_subsets(size: int) -> Dict[str, list]:
+    """``size`` positions of each solver-labelled Connect Four set (``ACCURACY_STAGES``;
+    all of a set if it has fewer), drawn with a fixed seed and kept in the set's order:
+    the same subset in every iteration and every run, and the positions of a smaller
+    size are among those of a larger one."""
+    from async_search.problems.solved_positions import connect_four_positions
+
+    subsets = {}
+    for stage in ACCURACY_STAGES:
+        positions = connect_four_positions(stage)
+        order = np.random.default_rng(_ACCURACY_SUBSET_SEED).permutation(len(positions))
+        subsets[stage] = [positions[i] for i in sorted(order[:size].tolist())]
+    return subsets
 
 
 class _ModelFactory:

@@ -19,16 +19,15 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.checks import check_float, check_int
 from async_search.errors import CheckpointError
-from async_search.training.nets import NetConfig
+from async_search.problems.nets import NetConfig
+from async_search.problems.sliding_puzzle import SlidingPuzzle
+from async_search.schema import config_from_json, record_from_json
 from async_search.training.replay import ReplayBuffer
-from async_search.training.run_folder import ENVELOPE, RunFolder, SavedNet
-from async_search.training.schema import config_from_json, record_from_json
+from async_search.training.run_folder import (ENVELOPE, RunFolder, SavedNet,
+                                               check_same_config, resume_folder)
 from async_search.training.trainer import Trainer
-
-__all__ = ["DaviConfig", "DaviRecord", "Davi", "scrambled_states", "bellman_targets"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,9 +185,17 @@ class Davi:
         FileWriteError: a save that failed: the previous commit is whole.
 
     Example:
-        >>> # davi = Davi(DaviConfig(rounds=10), save_dir="runs/davi")
-        >>> # records = davi.run()
-        >>> # h = davi.model()          # a LearnedHeuristic, NumPy
+        Two rounds on the 2x2 puzzle with a small net (a real run uses the defaults):
+
+        >>> config = DaviConfig(size=2, rounds=2, states_per_round=64, max_scramble=10,
+        ...                     train_steps=5, hidden_sizes=(16,), batch_size=32,
+        ...                     buffer_capacity=256)
+        >>> davi = Davi(config)          # save_dir="runs/davi" keeps it resumable
+        >>> records = davi.run()
+        >>> [r.round for r in records]
+        [1, 2]
+        >>> type(davi.model()).__name__  # NumPy
+        'LearnedHeuristic'
     """
 
     def __init__(self, config: DaviConfig, *, weights=None, save_dir: str | None = None,
@@ -201,9 +208,7 @@ class Davi:
             if weights is not None:
                 raise ValueError("Davi: a resumed run continues from its saved weights; "
                                  "pass no weights")
-            if self._folder is None or not self._folder.exists():
-                raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
-                                 f"is missing); start without resume")
+            self._folder = resume_folder(save_dir, _TRAINER)
             self._folder.clean()
             self._load(config)
             return
@@ -281,10 +286,7 @@ class Davi:
             ValueError: no run is saved there, or it has other parameters.
             CheckpointError: ``state.json`` is damaged (named, with what is wrong).
         """
-        folder = RunFolder(save_dir, _TRAINER)
-        if not folder.exists():
-            raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
-                             f"is missing); start without resume")
+        folder = resume_folder(save_dir, _TRAINER)
         history, _, _ = _read_record(config, folder.load().fields, folder)
         return len(history)
 
@@ -337,12 +339,7 @@ def _read_record(config: DaviConfig, fields, folder: RunFolder) -> tuple:
     """
     file = folder.state_file
     stored = config_from_json(DaviConfig, fields.raw("config"), file, "config")
-    if dataclasses.replace(stored, rounds=config.rounds) != config:
-        old, new = _config_json(stored), _config_json(config)
-        differ = [k for k in old if k != "rounds" and old[k] != new[k]]
-        raise ValueError(f"cannot resume {folder.path!r} with other parameters "
-                         f"({', '.join(differ)} differ from the saved run); only "
-                         f"rounds may change")
+    check_same_config(stored, config, "rounds", _config_json, folder)
     history = [record_from_json(DaviRecord, r, file, f"history[{i}]", _RANGES)
                for i, r in enumerate(fields.list("history"))]
     for i, r in enumerate(history):

@@ -19,9 +19,8 @@ import numpy as np
 from async_search.checks import check_int, is_int
 from async_search.errors import CheckpointError
 from async_search.files import write_file
-from async_search.training.schema import Fields
+from async_search.schema import Fields
 
-__all__ = ["ReplayBuffer", "Minibatch", "Augment", "mirror_columns"]
 
 #: A symmetry: ``(x, pi) -> (x', pi')`` for a minibatch; the value target is unchanged.
 Augment = Callable[[np.ndarray, np.ndarray | None], Tuple[np.ndarray, np.ndarray | None]]

@@ -17,7 +17,7 @@ Layout::
     best/            exports: copies of a committed checkpoint for load_checkpoint,
                      refreshed after each commit (never read back by the run)
 
-Every file read back is checked (``training.schema``): a damaged one raises a
+Every file read back is checked (``async_search.schema``): a damaged one raises a
 ``CheckpointError`` that names it and what is wrong with it.
 
 Example:
@@ -38,16 +38,15 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Dict, Mapping, Sequence
+from typing import Any, Callable, Dict, Mapping, Sequence
 
 from async_search.errors import CheckpointError
 from async_search.files import (folder_path, make_folder, remove_leftovers, remove_tree,
                                 write_json)
-from async_search.training.checkpoints import Checkpoint, read_checkpoint, save_checkpoint
+from async_search.problems.checkpoints import Checkpoint, read_checkpoint, save_checkpoint
+from async_search.schema import Fields, read_json
 from async_search.training.replay import Augment, ReplayBuffer
-from async_search.training.schema import Fields, read_json
 
-__all__ = ["RunFolder", "SavedNet", "SavedRun", "FORMAT", "STATE", "ENVELOPE"]
 
 FORMAT = "async_search.training_run/1"
 STATE = "state.json"
@@ -249,3 +248,40 @@ class RunFolder:
         except (CheckpointError, AttributeError, TypeError):
             return None
         return int(match[1]) if match and data.get("format") == FORMAT else None
+
+
+def resume_folder(save_dir: str | os.PathLike | None, trainer: str) -> RunFolder:
+    """The folder of the run of ``trainer`` saved in ``save_dir``, to resume it.
+
+    Raises:
+        ValueError: ``save_dir`` is None or holds no committed run (``state.json`` is
+            missing).
+    """
+    if save_dir is not None:
+        folder = RunFolder(save_dir, trainer)
+        if folder.exists():
+            return folder
+    raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
+                     f"is missing); start without resume")
+
+
+def check_same_config(stored: Any, config: Any, free: str,
+                      to_json: Callable[[Any], Dict[str, Any]], folder: RunFolder) -> None:
+    """Refuses to resume the run in ``folder``, saved with the config ``stored``, with a
+    ``config`` that differs from it in more than the field ``free`` (the run's length).
+
+    Args:
+        stored, config: dataclasses of one type, the saved run's and the new one.
+        free: the field that may change.
+        to_json: the config as a dict, whose keys name the fields that differ.
+        folder: the run's folder, named in the error.
+
+    Raises:
+        ValueError: naming the fields that differ.
+    """
+    if dataclasses.replace(stored, **{free: getattr(config, free)}) != config:
+        old, new = to_json(stored), to_json(config)
+        differ = [k for k in old if k != free and old[k] != new[k]]
+        raise ValueError(f"cannot resume {folder.path!r} with other parameters "
+                         f"({', '.join(differ)} differ from the saved run); only "
+                         f"{free} may change")

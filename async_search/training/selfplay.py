@@ -1,9 +1,12 @@
 """Self-play: one game of MCTS against itself, as training arrays.
 
-A game is a deterministic function of its id, the seed and the model's outputs (the
-Dirichlet noise and the sampled opening moves are seeded by both), so it is the same on
-every backend and in a resumed run. It is a plain coroutine over ``evaluate``: any
-number of games run concurrently and their requests batch in the server.
+Each move searches with PUCT (``search.mcts``, Dirichlet noise at the root, the policy
+target the visit distribution) or Gumbel AlphaZero (``search.gumbel_mcts``, Gumbel noise
+at the root, the policy target the improved policy). A game is a deterministic function
+of its id, the seed and the model's outputs (the noise and the sampled opening moves are
+seeded by both), so it is the same on every backend and in a resumed run. It is a plain
+coroutine over ``evaluate``: any number of games run concurrently and their requests
+batch in the server.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import numpy as np
 from async_search import search
 from async_search.checks import check_float, check_int
 
-__all__ = ["SelfPlayConfig", "GameRecord", "selfplay_game"]
+
+#: The searches self-play (and the evaluation agent) can use.
+POLICIES = ("puct", "gumbel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,11 +29,12 @@ class SelfPlayConfig:
     """How a self-play game searches and samples.
 
     Attributes:
-        simulations: MCTS simulations per move.
+        simulations: search simulations per move (Gumbel learns well with 16-32).
         num_parallel: leaves in flight per MCTS round (one request per round).
-        sampling_moves: the first moves are drawn in proportion to the visit counts
-            (temperature 1); later moves take the most visited action.
-        dirichlet_alpha: root noise concentration (AlphaZero used 0.3 for chess; about
+        sampling_moves: PUCT: the first moves are drawn in proportion to the visit
+            counts (temperature 1); later moves take the most visited action. Gumbel
+            ignores it: its root noise samples every move, as in the paper.
+        dirichlet_alpha: PUCT's root noise concentration (AlphaZero used 0.3 for chess; about
             10 / legal moves suits Connect Four).
         dirichlet_fraction: weight of the noise in the root prior.
         c_puct: PUCT's exploration constant.
@@ -36,6 +42,13 @@ class SelfPlayConfig:
             ``mixed``: the mean of z and the search's root value q, a less noisy target
             that speeds up early learning.
         seed: seeds every game's noise and sampling, with the game id.
+        policy: ``"puct"``: ``search.mcts``, the visit distribution as the policy
+            target; ``"gumbel"``: ``search.gumbel_mcts`` with its noise on, the move it
+            chooses played and its improved policy as the policy target.
+        reuse_tree: pass the subtree under each move played to the next move's search
+            (``reuse=``), so its statistics are not searched again.
+        max_num_considered_actions: Gumbel's ``k``: root actions sampled (>= 1).
+        c_visit, c_scale: Gumbel's ``sigma`` constants (>= 0).
     """
 
     simulations: int = 64
@@ -46,6 +59,11 @@ class SelfPlayConfig:
     c_puct: float = 1.5
     value_target: str = "outcome"
     seed: int = 0
+    policy: str = "puct"
+    reuse_tree: bool = False
+    max_num_considered_actions: int = 16
+    c_visit: float = 50.0
+    c_scale: float = 0.1
 
     def __post_init__(self):
         check_int("simulations", self.simulations, minimum=1)
@@ -58,6 +76,15 @@ class SelfPlayConfig:
         if self.value_target not in ("outcome", "mixed"):
             raise ValueError(f"value_target must be 'outcome' or 'mixed', got "
                              f"{self.value_target!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {list(POLICIES)}, got "
+                             f"{self.policy!r}")
+        if not isinstance(self.reuse_tree, bool):
+            raise ValueError(f"reuse_tree must be True or False, got {self.reuse_tree!r}")
+        check_int("max_num_considered_actions", self.max_num_considered_actions,
+                  minimum=1)
+        check_float("c_visit", self.c_visit, minimum=0.0)
+        check_float("c_scale", self.c_scale, minimum=0.0)
 
 
 class GameRecord(NamedTuple):
@@ -66,7 +93,8 @@ class GameRecord(NamedTuple):
     x: np.ndarray
     """float32 ``[n, *input_shape]``: each position, encoded for the player to move."""
     policy: np.ndarray
-    """float32 ``[n, num_actions]``: the root's visit distribution."""
+    """float32 ``[n, num_actions]``: the root's visit distribution (PUCT) or the
+    improved policy (Gumbel)."""
     value: np.ndarray
     """float32 ``[n]``: the game's result for the player to move (1, 0 or -1)."""
     moves: tuple
@@ -94,23 +122,37 @@ async def selfplay_game(game_id: int, evaluate: Any, *, game: Any,
     """
     rng = np.random.default_rng([config.seed, game_id])
     state = game.initial_state()
-    states, visits, moves, root_values = [], [], [], []
+    states, targets, moves, root_values = [], [], [], []
+    kept = None  # the subtree under the last move played (reuse_tree)
     while game.terminal_value(state) is None:
         move = len(moves)
-        r = await search.mcts(
-            game, state, evaluate, num_simulations=config.simulations,
-            num_parallel=config.num_parallel, c_puct=config.c_puct,
-            dirichlet_alpha=config.dirichlet_alpha,
-            dirichlet_fraction=config.dirichlet_fraction,
-            seed=int(rng.integers(2 ** 63)))
-        states.append(state)
-        visits.append(r.visit_counts)
-        root_values.append(r.root_value)
-        if move < config.sampling_moves:
-            counts = np.asarray(r.visit_counts, np.float64)
-            action = int(rng.choice(len(counts), p=counts / counts.sum()))
+        seed = int(rng.integers(2 ** 63))
+        if config.policy == "gumbel":
+            r = await search.gumbel_mcts(
+                game, state, evaluate, num_simulations=config.simulations,
+                max_num_considered_actions=config.max_num_considered_actions,
+                num_parallel=config.num_parallel, c_visit=config.c_visit,
+                c_scale=config.c_scale, seed=seed, reuse=kept,
+                keep_tree=config.reuse_tree)
+            # The Gumbel noise already sampled the move: no temperature on top.
+            target, action = r.policy, r.action
         else:
-            action = r.action
+            r = await search.mcts(
+                game, state, evaluate, num_simulations=config.simulations,
+                num_parallel=config.num_parallel, c_puct=config.c_puct,
+                dirichlet_alpha=config.dirichlet_alpha,
+                dirichlet_fraction=config.dirichlet_fraction, seed=seed, reuse=kept,
+                keep_tree=config.reuse_tree)
+            target = r.visit_counts
+            if move < config.sampling_moves:
+                counts = np.asarray(r.visit_counts, np.float64)
+                action = int(rng.choice(len(counts), p=counts / counts.sum()))
+            else:
+                action = r.action
+        states.append(state)
+        targets.append(target)
+        root_values.append(r.root_value)
+        kept = r.subtree(action) if config.reuse_tree else None
         moves.append(action)
         state = game.play(state, action)
     final = game.terminal_value(state)  # for the player to move at the end
@@ -120,5 +162,6 @@ async def selfplay_game(game_id: int, evaluate: Any, *, game: Any,
     if config.value_target == "mixed":
         value = (0.5 * (value + np.asarray(root_values, np.float64))).astype(np.float32)
     winner = int(game.winner(state)) if hasattr(game, "winner") else 0
-    return GameRecord(game.encode(states), np.asarray(visits, np.float32), value,
+    return GameRecord(game.encode(states), np.asarray(targets, np.float32), value,
                       tuple(moves), winner)
+

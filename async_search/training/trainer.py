@@ -4,7 +4,7 @@ Loss = cross-entropy of the policy logits against the visit distribution (policy
 nets) + squared error of the value + ``l2`` times the sum of squared kernel weights.
 Heuristic nets with ``residual=True`` fit ``target - manhattan``: the NumPy model adds
 the Manhattan distance back. After training, ``model()`` is the NumPy net on the exact
-grid (``training.nets.to_model``), which ``serve`` and the searches take, and
+grid (``problems.nets.to_model``), which ``serve`` and the searches take, and
 ``problems.tf_twin`` its TensorFlow twin.
 """
 
@@ -15,13 +15,11 @@ from typing import Any, Sequence, Tuple
 
 import numpy as np
 
-from async_search.problems.heuristics import ManhattanHeuristic
 from async_search.checks import check_float, check_int
-from async_search.training.nets import (NetConfig, Weights, check_weights, initial_weights,
+from async_search.problems.heuristics import ManhattanHeuristic
+from async_search.problems.nets import (NetConfig, Weights, check_weights, initial_weights,
                                         to_model)
 from async_search.training.replay import Minibatch, ReplayBuffer
-
-__all__ = ["Trainer", "LossTerms"]
 
 
 @dataclasses.dataclass(frozen=True)

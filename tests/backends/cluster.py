@@ -33,6 +33,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 #: Seconds a node may take to start (two cores, shared: Ray's start takes seconds).
 START_S = 90.0
+#: The head finds a node dead after about 5 s without an answer to its health checks
+#: (Ray's defaults take about 30 s, longer than a test's run lasts after a raylet is
+#: killed), and still outlasts the 3 s partition that must heal without a death.
+HEALTH_CHECKS = json.dumps({"health_check_period_ms": 1000,
+                            "health_check_timeout_ms": 1000,
+                            "health_check_failure_threshold": 5})
 
 
 class TwoNodeCluster:
@@ -104,7 +110,7 @@ class TwoNodeCluster:
         self._head = self._ray_start("head", [
             "--head", f"--node-ip-address={self.head_ip}", f"--port={self.port}",
             "--num-cpus=2", "--num-gpus=0", '--resources={"asr_head": 1}',
-            "--include-dashboard=false"])
+            "--include-dashboard=false", f"--system-config={HEALTH_CHECKS}"])
         self.start_worker()
 
     def start_worker(self) -> None:

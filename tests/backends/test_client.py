@@ -8,9 +8,8 @@ from async_search.base import TensorSpec
 from async_search.connections import pipe
 from async_search.errors import InputSpecError, ServerDiedError
 from async_search.queues import local_queue
-from async_search.remote import pack_error
-from async_search.servers import VersionedRequest
-from async_search.servers.connection_server import VersionSubscription
+from async_search.wire import pack_error
+from async_search.wire import VersionedRequest, VersionSubscription
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,7 +10,7 @@ import pytest
 
 import async_search as asr
 from async_search.backends import ModelServers
-from async_search.servers.cache import CachedEvaluate
+from async_search.routing.cache import CachedEvaluate
 from tests.backends import searches
 from tests.backends.searches import VersionModel
 

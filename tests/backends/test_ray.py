@@ -107,7 +107,7 @@ def _unreachable(address):
 @pytest.mark.parametrize("why", ["unreachable", "not listening"])
 def test_a_client_that_cannot_reach_the_socket_falls_back_on_actor_calls(why):
     from async_search.backends.ray_backend import _Client
-    from async_search.remote import arrived
+    from async_search.wire import arrived
 
     baseline = searches.baseline(searches.echo_sum, [4, 6, 3], searches.small_mlp())
     actor, spec, address = _server_actor()
@@ -140,7 +140,7 @@ async def test_stop_closes_a_direct_connection_its_client_left_open_in_bounded_t
     """A client task that ended without closing its socket (its worker process lives
     on) must not keep ``stop`` waiting: the server answers what it read and closes."""
     from async_search.connections import Connection, FifoConnectedFunction
-    from async_search.queues.ray_actor import connect_direct
+    from async_search.queues.ray_direct import connect_direct
 
     actor, spec, address = _server_actor(stop_wait_s=1.0)
     try:
@@ -166,7 +166,7 @@ async def test_a_direct_client_learns_from_ray_that_its_server_died():
     from async_search.backends.ray_backend import _watch
     from async_search.connections import Connection, FifoConnectedFunction
     from async_search.errors import ServerDiedError
-    from async_search.queues.ray_actor import DirectListener, connect_direct
+    from async_search.queues.ray_direct import DirectListener, connect_direct
 
     # A socket that stays open (its listener is in this process and never answers),
     # and a real actor that dies: only Ray can tell.

@@ -88,7 +88,9 @@ def test_a_node_lost_mid_run_with_retries_loses_no_search(cluster):
     head = node_of_ip(result, cluster.head_ip)
     assert worker in result["server_nodes"] and result["servers_died"] == 1
     lost = [c for c in result["clients"] if c["ended"].startswith("died")]
-    assert lost and all(c["node"] == worker for c in lost)
+    # A task whose worker was still starting (a loaded host) died before it said where
+    # it ran: its node is unknown (None), never the head.
+    assert lost and all(c["node"] in (worker, None) for c in lost)
     assert any("NodeDiedError" in c["ended"] or "WorkerCrashedError" in c["ended"]
                for c in lost)
     retried = [c for c in result["clients"] if c["attempt"] == 1]

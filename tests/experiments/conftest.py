@@ -4,17 +4,17 @@ import importlib.util
 
 import pytest
 
-from async_search.experiments import ModelParams, SearchParams
+from async_search.experiments import ModelConfig, SearchConfig
 
 #: A NumPy net small enough that tests spend their time on the machinery, not the model.
-TINY_MODEL = ModelParams(kind="numpy", hidden_sizes=(16,))
+TINY_MODEL = ModelConfig(kind="numpy", trained=False, hidden_sizes=(16,))
 
 
-def tiny_search(search="astar", **overrides) -> SearchParams:
+def tiny_search(search="astar", **overrides) -> SearchConfig:
     fields = dict(search=search, num_searches=3, gnn_budget=120, batch_size=4,
                   num_rollouts=2, rollout_depth=6, max_in_flight=8, scramble=30)
     fields.update(overrides)
-    return SearchParams(**fields)
+    return SearchConfig(**fields)
 
 
 def backend_available(name: str) -> bool:

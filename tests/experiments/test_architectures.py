@@ -3,17 +3,18 @@ import json
 
 import pytest
 
-from async_search.experiments import ModelParams
+from async_search.experiments import ModelConfig
 from async_search.experiments import architectures as arch
-from async_search.experiments.topologies import TopologyParams
+from async_search.experiments.topologies import TopologyConfig
+from async_search.training.selfplay import SelfPlayConfig
 
 pytestmark = pytest.mark.timeout(180)
 
-PARAMS = arch.SelfPlayParams(num_samples=40, simulations=8, num_parallel=4,
-                             games_per_client=2)
-TOPOLOGY = TopologyParams(num_clients=2, num_servers=2, cache_capacity=10_000,
+PARAMS = arch.SamplesConfig(num_samples=40, games_per_client=2,
+                            selfplay=SelfPlayConfig(simulations=8, num_parallel=4))
+TOPOLOGY = TopologyConfig(num_clients=2, num_servers=2, cache_capacity=10_000,
                           timeout_s=60)
-MODEL = ModelParams(kind="numpy", hidden_sizes=(16,))
+MODEL = ModelConfig(kind="numpy", trained=False, hidden_sizes=(16,))
 
 
 def _boom():
@@ -72,7 +73,7 @@ def test_bad_parameters_fail_before_any_process_starts():
     with pytest.raises(ValueError, match="architecture must be one of pipe, queue, client"):
         arch.run_architectures(["ring"], PARAMS, TOPOLOGY, MODEL, show_progress=False)
     with pytest.raises(ValueError, match="num_servers=10000 is more than"):
-        TopologyParams(num_servers=10_000).check()
+        TopologyConfig(num_servers=10_000)
 
 
 def _die(*args):

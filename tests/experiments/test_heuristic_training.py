@@ -14,14 +14,14 @@ pytest.importorskip("tensorflow")
 
 from async_search.errors import FileWriteError  # noqa: E402
 from async_search.experiments import heuristic_training  # noqa: E402
-from async_search.experiments.heuristic_training import (HeldOutParams,  # noqa: E402
+from async_search.experiments.heuristic_training import (HeldOutConfig,  # noqa: E402
                                                          run_heuristic_training)
 from async_search.training import DaviConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = DaviConfig(size=4, rounds=2, states_per_round=32, max_scramble=8, train_steps=2,
                     hidden_sizes=(8,), batch_size=16, buffer_capacity=64, seed=1)
-HELD_OUT = HeldOutParams(budget=40, buffer_size=4, max_batch_size=64)
+HELD_OUT = HeldOutConfig(budget=40, buffer_size=4, max_batch_size=64)
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ from async_search.experiments.plots import batch_frame  # noqa: E402
 from async_search.servers.stats import BatchRecord  # noqa: E402
 
 
-def run(name, group, sizes):
+def run(name, group, sizes, summary=None):
     trace = tuple(BatchRecord(0.01 * (i + 1), s, 0.004) for i, s in enumerate(sizes))
     return RunReport(name=name, group=group, backend="local", num_procs=1, num_servers=1,
                      search_time_s=0.1, elapsed_s=0.1, model_time_s=0.05,
                      fraction_in_model=0.5, batches=len(sizes), elements=sum(sizes),
                      mean_batch_size=sum(sizes) / len(sizes), std_batch_size=1.0,
-                     matches_baseline=None, trace=trace)
+                     matches_baseline=None, trace=trace, summary=summary or {})
 
 
 def test_batch_frame_accumulates_elements_and_model_time():
@@ -43,6 +43,16 @@ def test_plot_has_a_column_per_group_and_is_saved(tmp_path):
     assert labels == ["p1", "p2", "total time", "model time"]
     top_labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
     assert top_labels == ["p1 (mean 62.0)", "p2 (mean 32.0)"]
+    matplotlib.pyplot.close(fig)
+
+
+def test_the_time_legend_says_what_each_run_solved(tmp_path):
+    solved = {"searches": 8, "solved": 8, "mean_path_length": 63.25}
+    none = {"searches": 8, "solved": 0, "mean_path_length": None}
+    fig = plot_runs([run("p1", "procs", [60, 64] * 5, solved),
+                     run("p2", "procs", [30, 34] * 10, none)])
+    labels = [t.get_text() for t in fig.get_axes()[1].get_legend().get_texts()]
+    assert labels[:2] == ["p1: 8/8 solved, mean path 63.2", "p2: 0/8 solved"]
     matplotlib.pyplot.close(fig)
 
 

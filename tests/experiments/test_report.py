@@ -17,7 +17,8 @@ def report(name="async", backend="local", time_s=2.0, matches=True, **kw):
                   search_time_s=time_s, elapsed_s=time_s + 1, model_time_s=1.5,
                   fraction_in_model=0.75, batches=10, elements=640, mean_batch_size=64.0,
                   std_batch_size=3.5, matches_baseline=matches,
-                  summary={"searches": 2, "budget_exhausted": 2, "evaluations": 640},
+                  summary={"searches": 2, "solved": 1, "mean_path_length": 52.0,
+                           "goal_found": 1, "budget_exhausted": 1, "evaluations": 640},
                   trace=(BatchRecord(0.1, 64, 0.01),))
     fields.update(kw)
     return RunReport(**fields)
@@ -27,7 +28,8 @@ def test_a_report_prints_every_figure_in_the_prototypes_layout():
     text = format_report(report())
     for line in ("Finished async", "Total search time: 2.00 s", "Total model time : 1.50 s",
                  "Fraction in model: 75.00 %", "num_batches:  10", "num elements: 640",
-                 "size mean:    64.00", "size std:     3.50", "2 budget_exhausted",
+                 "size mean:    64.00", "size std:     3.50",
+                 "Results: 2 searches: 1 solved (mean path 52.0 moves), 1 budget_exhausted",
                  "equal the reference run's: yes", "start-up included"):
         assert line in text, line
 
@@ -42,12 +44,23 @@ def test_the_table_has_a_row_per_run_and_speedups_against_the_first():
                report("bad", time_s=8.0, matches=False)]
     lines = format_table(reports).splitlines()
     assert len(lines) == 2 + 3
-    assert lines[0].split()[:3] == ["run", "search", "s"]
+    assert lines[0].split()[:6] == ["run", "solved", "mean", "path", "search", "s"]
     assert lines[2].endswith("1.00x    ref") and lines[3].endswith("2.00x    yes")
     assert lines[4].endswith("0.50x     NO")
     md = format_table(reports, markdown=True).splitlines()
-    assert md[0].startswith("| run |") and md[1].startswith("|---|")
-    assert md[3].startswith("| async | 2.00 |")
+    assert md[0].startswith("| run | solved | mean path |") and md[1].startswith("|---|")
+    assert md[3].startswith("| async | 1/2 | 52.0 | 2.00 |")
+
+
+def test_the_table_and_report_show_solved_searches_and_their_mean_path_length():
+    none_solved = report(summary={"searches": 8, "solved": 0, "mean_path_length": None,
+                                  "budget_exhausted": 8})
+    mcts = report(summary={"searches": 8, "actions": [3] * 8, "evaluations": 64})
+    rows = format_table([report(), none_solved, mcts], markdown=True).splitlines()[2:]
+    assert [r.split(" | ")[1:3] for r in rows] == [["1/2", "52.0"], ["0/8", "-"],
+                                                  ["-", "-"]]
+    assert "Results: 8 searches: 0 solved, 8 budget_exhausted" in format_report(none_solved)
+    assert "Results: 8 searches: actions 3 3 3" in format_report(mcts)
 
 
 def test_save_json_writes_every_printed_figure(tmp_path):

@@ -1,14 +1,18 @@
+"""Slots of training's self-play games (the games themselves: tests/training)."""
+
 import asyncio
 
 import pytest
 
 import async_search as asr
 from async_search import problems
-from async_search.experiments.selfplay import (SelfPlayParams, play_game, play_slot,
-                                               samples_digest, slot_quota)
+from async_search.experiments.selfplay import (SamplesConfig, play_slot, samples_digest,
+                                               slot_quota)
+from async_search.training.selfplay import SelfPlayConfig, selfplay_game
 
-PARAMS = SelfPlayParams(num_samples=30, simulations=8, num_parallel=4,
-                        games_per_client=2, sampling_moves=4)
+CONFIG = SamplesConfig(num_samples=30, games_per_client=2,
+                       selfplay=SelfPlayConfig(simulations=8, num_parallel=4,
+                                               sampling_moves=4))
 
 
 @pytest.fixture(scope="module")
@@ -21,33 +25,28 @@ def net(game):
     return problems.PolicyValueMLP(game, hidden_sizes=(16,), seed=0)
 
 
-def test_a_game_is_deterministic_and_ends(game, net):
-    a = asyncio.run(play_game(game, asr.immediate(net), game_id=3, params=PARAMS))
-    b = asyncio.run(play_game(game, asr.immediate(net), game_id=3, params=PARAMS))
-    c = asyncio.run(play_game(game, asr.immediate(net), game_id=4, params=PARAMS))
-    assert a == b and a != c
-    assert 7 <= len(a) <= 42
-    assert a[0].state == game.initial_state()
-    assert all(sum(s.visit_counts) == PARAMS.simulations for s in a)
+def test_a_slot_plays_training_games_in_turn_until_its_quota(game, net):
+    records = asyncio.run(play_slot(game, asr.immediate(net), slot=1, num_slots=4,
+                                    config=CONFIG))
+    assert sum(len(r.moves) for r in records) >= slot_quota(CONFIG.num_samples, 4) == 8
+    # Game ids 1, 5, 9, ...: the slot's games are training's games of those ids.
+    first = asyncio.run(selfplay_game(1, asr.immediate(net), game=game,
+                                      config=CONFIG.selfplay))
+    assert records[0].moves == first.moves
+    assert records[0].x.tobytes() == first.x.tobytes()
 
 
-def test_outcomes_alternate_and_the_last_mover_won_or_drew(game, net):
-    samples = asyncio.run(play_game(game, asr.immediate(net), game_id=0, params=PARAMS))
-    outcomes = [s.outcome for s in samples]
-    assert outcomes[-1] in (1.0, 0.0)  # the last player to move won (or drew)
-    assert all(a == -b for a, b in zip(outcomes, outcomes[1:]))
-
-
-def test_a_slot_plays_until_its_quota(game, net):
-    samples = asyncio.run(play_slot(game, asr.immediate(net), slot=1, num_slots=4,
-                                    params=PARAMS))
-    assert len(samples) >= slot_quota(PARAMS.num_samples, 4) == 8
+def test_a_slot_reports_each_game_it_finishes(game, net):
+    seen = []
+    records = asyncio.run(play_slot(game, asr.immediate(net), slot=0, num_slots=4,
+                                    config=CONFIG, on_game=seen.append))
+    assert seen == [len(r.moves) for r in records]
 
 
 def test_batched_self_play_equals_the_baseline(game, net):
     async def slots(evaluate):
         return await asyncio.gather(*(play_slot(game, evaluate, slot=s, num_slots=2,
-                                                params=PARAMS) for s in range(2)))
+                                                config=CONFIG) for s in range(2)))
 
     async def served():
         async with asr.serve(net) as evaluate:
@@ -55,8 +54,14 @@ def test_batched_self_play_equals_the_baseline(game, net):
     baseline = asyncio.run(slots(asr.immediate(net)))
     assert samples_digest(asyncio.run(served()), 30) == samples_digest(baseline, 30)
     assert samples_digest(baseline, 30) != samples_digest(baseline, 29)
+    assert samples_digest(baseline, 30) != samples_digest(baseline[::-1], 30)
 
 
-def test_bad_params_are_refused():
-    with pytest.raises(ValueError, match="simulations must be an integer >= 1, got 0"):
-        SelfPlayParams(simulations=0).check()
+@pytest.mark.parametrize("fields, words", [
+    (dict(num_samples=0), "num_samples must be an integer >= 1, got 0"),
+    (dict(games_per_client=-1), "games_per_client must be an integer >= 1"),
+    (dict(selfplay={"simulations": 8}), "selfplay must be a training.SelfPlayConfig"),
+])
+def test_a_bad_samples_config_is_refused(fields, words):
+    with pytest.raises(ValueError, match=words):
+        SamplesConfig(**fields)

@@ -19,10 +19,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytestmark = pytest.mark.timeout(60)
 
 
+def default_signals() -> None:
+    """In the child before it starts Python: SIGINT and SIGTERM as a shell leaves them.
+    An ignored signal stays ignored across exec, and Python installs its Ctrl-C handler
+    only over a SIGINT that is not: a test run that ignores SIGINT (started in the
+    background, or by a test before) would otherwise hand the child no Ctrl-C path."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def run_script(body: str) -> list:
     run = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], cwd=ROOT,
                          capture_output=True, text=True, timeout=50,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env={**os.environ, "PYTHONPATH": ROOT},
+                         preexec_fn=default_signals)
     assert run.returncode == 0, run.stderr
     return run.stdout.split("\n")[:-1]
 

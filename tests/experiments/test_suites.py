@@ -83,11 +83,12 @@ def test_a_failing_run_is_reported_and_the_others_still_run(monkeypatch):
     assert [r.name for r in result.reports] == ["sync"]
 
 
-def test_a_bad_experiment_fails_before_anything_runs(monkeypatch):
-    monkeypatch.setattr(suites, "make_workload", None)  # would fail if reached
-    exp = Experiment("bad", tiny_search(gnn_budget=0), TINY_MODEL, default_runs())
+def test_a_bad_experiment_cannot_be_made():
+    # Checked when made: nothing can run it.
     with pytest.raises(ValueError, match="gnn_budget must be an integer >= 1, got 0"):
-        run_experiment(exp, show_progress=False)
+        Experiment("bad", tiny_search(gnn_budget=0), TINY_MODEL, default_runs())
+    with pytest.raises(ValueError, match="at least one run"):
+        Experiment("bad", tiny_search(), TINY_MODEL, ())
 
 
 @pytest.mark.timeout(240)

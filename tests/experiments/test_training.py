@@ -60,7 +60,7 @@ def test_a_complete_run_resumed_says_so_and_trains_nothing(tmp_path, quick):
     again, lines = train(tmp_path, resume=True)
     assert "already complete (1 of 1 iterations)" in lines[0]
     timing = {"selfplay_s", "samples_per_s", "s_per_1000_samples", "train_s", "eval_s",
-              "iteration_s"}
+              "iteration_s", "accuracy_s"}
     rows = [[{k: v for k, v in r.items() if k not in timing} for r in result["iterations"]]
             for result in (first, again)]
     assert rows[0] == rows[1]
@@ -118,3 +118,67 @@ except OSError as e:
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
     if target == "plot":  # the figures were saved first
         assert len(json.loads((tmp_path / "c4.json").read_text())["iterations"]) == 1
+
+
+# -- the table and the figure show the move accuracy and the stronger baseline --------------
+
+
+def record(iteration=1, scores=None, accuracy=None):
+    from async_search.training import IterationRecord
+    return IterationRecord(
+        iteration=iteration, samples=100, buffer_size=100, selfplay_s=1.0,
+        samples_per_s=100.0, s_per_1000_samples=10.0, policy_loss=1.9, value_loss=0.9,
+        l2_loss=0.01, total_loss=2.8, train_s=1.0, arena_score=0.5, promoted=False,
+        best_version=0, scores={"one_ply": 0.25, "uct300": 0.5, "uct1000": 0.125,
+                                "policy_vs_random": 0.75} if scores is None else scores,
+        elo=0.0, pushed_to=0, eval_s=2.0, iteration_s=4.0,
+        accuracy={"net_end": 0.31, "net_middle": 0.42, "mcts_end": 0.93,
+                  "mcts_middle": 0.84} if accuracy is None else accuracy, accuracy_s=0.5)
+
+
+def test_a_row_shows_both_uct_baselines_and_the_four_accuracies_under_their_header():
+    header = training.iteration_header().split()
+    cells = training.format_iteration(record()).split()
+    names = [name for name, _ in training._COLUMNS]
+    assert len(cells) == len(names) and len(training.iteration_header()) == len(
+        training.format_iteration(record()))
+    by_name = dict(zip(names, cells))
+    assert (by_name["uct"], by_name["uct1k"]) == ("0.50", "0.12")
+    assert [by_name[k] for k in ("net end", "net mid", "mcts end", "mcts mid")] == [
+        "0.31", "0.42", "0.93", "0.84"]
+    assert by_name["acc s"] == "0.5" and "uct1k" in header
+
+
+def test_a_row_without_the_figures_shows_nan():
+    row = dict(zip([n for n, _ in training._COLUMNS], training.format_iteration(
+        record(scores={"uct300": 0.5}, accuracy={})).split()))
+    assert (row["uct"], row["uct1k"], row["one-ply"]) == ("0.50", "nan", "nan")
+    assert row["net end"] == row["mcts mid"] == "nan"
+
+
+@pytest.mark.parametrize("accuracy", [None, {}])
+def test_the_figure_has_an_accuracy_panel(tmp_path, accuracy):
+    fig = training.plot_training([record(1, accuracy=accuracy), record(2, accuracy=accuracy)],
+                                 str(tmp_path / "t.png"))
+    panel = fig.axes[3]
+    assert panel.get_title() == "move accuracy on solved positions"
+    labels = panel.get_legend_handles_labels()[1]
+    if accuracy is None:
+        assert {"net alone, end game", "agent, middle game"} <= set(labels)
+    else:
+        assert not labels and "not measured" in panel.texts[0].get_text()
+    assert os.path.getsize(tmp_path / "t.png") > 1000
+
+
+def test_the_final_evaluation_plays_the_stronger_uct_when_asked():
+    import asyncio
+    from async_search.problems import PolicyValueMLP, ConnectFour
+
+    net = PolicyValueMLP(ConnectFour(), hidden_sizes=(8,), seed=0)
+    out = asyncio.run(training.evaluate_agent(net, games=2, simulations=2, uct_rollouts=4,
+                                              strong_uct_rollouts=8, strong_uct_games=1))
+    assert list(out) == ["mcts_vs_one_ply", "mcts_vs_uct4", "mcts_vs_uct8",
+                         "net_vs_random"]
+    assert sum(out["mcts_vs_uct8"][k] for k in ("wins", "draws", "losses")) == 1
+    assert "mcts_vs_uct8" not in asyncio.run(training.evaluate_agent(
+        net, games=1, simulations=2, uct_rollouts=4))

@@ -12,9 +12,9 @@ import pytest
 
 import async_search as asr
 from async_search.errors import CircuitOpenError, InputSpecError, RemoteError
-from async_search.servers.breaker import BreakerPolicy, BreakerState
-from async_search.servers.cache import CachedEvaluate
-from async_search.servers.router import Router
+from async_search.routing.breaker import BreakerPolicy, BreakerState
+from async_search.routing.cache import CachedEvaluate
+from async_search.routing.router import Router
 from tests.faults import faulty
 from tests.faults.faulty import Tally
 from tests.helpers import wait_until

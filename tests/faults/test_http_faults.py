@@ -28,9 +28,9 @@ import aiohttp
 import numpy as np
 import pytest
 
+from async_search.http.front import HttpFront, HttpLimits
+from async_search.http.repository import ModelSource, default_max_workers
 from async_search.models import MLP, with_spec
-from async_search.servers.http_front import HttpFront, HttpLimits
-from async_search.servers.repository import ModelSource, default_max_workers
 from tests.faults.faulty import Tally
 from benchmarks.http_load import read_until_closed  # the benchmark's reader, shared
 from tests.helpers import wait_until, within
@@ -400,7 +400,7 @@ async def test_more_idle_connections_than_files_do_not_exhaust_the_server_proces
 
 
 def _builtin_mlp():
-    from async_search.http import builtin_models
+    from async_search.http.__main__ import builtin_models
     return builtin_models()["mlp"]()
 
 
@@ -1078,6 +1078,71 @@ async def test_sigterm_drains_python_m_async_search_http():
     # The grace is the flag's value, not twice it (the report's answers, none, came 4 s
     # after the signal): a bound with room for a loaded machine, not a speed.
     assert last_answer_s < 2 * grace, last_answer_s
+
+
+async def test_sigterm_drains_the_http_and_grpc_fronts_within_one_grace():
+    """With --grpc-port both fronts drain at once: requests in progress on either get
+    their answer or their refusal within the one grace (they drained one after the
+    other, the gRPC front's grace and then the HTTP front's)."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from tritonclient.grpc import service_pb2_grpc
+
+    from async_search.http.grpc_tensors import pb
+
+    grace = 2.0
+    grpc_port = free_port()
+    server, port = _serve("--model", "tests.faults.test_http_faults:sleepy_model",
+                          "--max-batch-size", "1", "--shutdown-timeout", str(grace),
+                          "--grpc-port", str(grpc_port))
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
+    try:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        def infer(x):
+            message = pb.ModelInferRequest(model_name="sleepy_model")
+            message.inputs.add(name="input", datatype="FP32", shape=x.shape)
+            message.raw_input_contents.append(x.tobytes())
+            return stub.ModelInfer(message, timeout=3 * grace + 10)
+
+        await within(channel.channel_ready(), "the gRPC front", timeout=30)
+        rpcs = [asyncio.ensure_future(infer(X[k % 3:k % 3 + 1])) for k in range(10)]
+        sent = await send_requests(port, 10, b"/v2/models/sleepy_model/infer")
+        await asyncio.sleep(1.0)  # both kinds are queued behind the 0.4 s batches
+        reads = [asyncio.ensure_future(read_response(r, 3 * grace + 10))
+                 for r, _, _ in sent]
+        loop = asyncio.get_running_loop()
+        signalled = loop.time()
+        server.send_signal(signal.SIGTERM)
+        answers = await asyncio.gather(*reads)
+        outcomes = await asyncio.gather(*rpcs, return_exceptions=True)
+        last_answer_s = loop.time() - signalled
+        code = await asyncio.to_thread(server.wait, 3 * grace + 10)
+        exit_s = loop.time() - signalled
+    finally:
+        await channel.close()
+        if server.poll() is None:
+            server.kill()
+            server.wait(5)
+    tally = Tally()
+    for (_, writer, x), answer in zip(sent, answers):
+        count_answer(tally, answer, x)
+        writer.close()
+    tally.check(answered=tally.answered_exactly, failed=tally.failed_clearly)
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    assert all(o.code() == grpc.StatusCode.UNAVAILABLE for o in refused), refused
+    assert all(isinstance(o, (pb.ModelInferResponse, grpc.aio.AioRpcError))
+               for o in outcomes), outcomes
+    assert code == 0 and refused and tally.failed_clearly >= 1
+    # One grace, not two (4 s and more before): a bound with room for a loaded machine.
+    assert last_answer_s < 2 * grace, last_answer_s
+    assert exit_s < 2 * grace + 2, exit_s
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # -- what must keep holding: mutated binary-extension requests ---------------------------

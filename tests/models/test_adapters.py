@@ -17,7 +17,7 @@ import pytest
 import async_search as asr
 from async_search.base import DeviceModel
 from async_search.errors import DeviceNotFoundError, InputSpecError, ModelNotReadyError
-from async_search.servers import ModelRepository, ModelSource
+from async_search.http import ModelRepository, ModelSource
 from tests.helpers import wait_until, within
 from tests.models.frameworks import (SENTINEL, assert_close, inputs, pad_buffers, params,
                                      tolerance, weights)

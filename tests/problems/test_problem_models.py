@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from async_search import problems
 from async_search.problems import (ConnectFour, DepthHeuristic, ManhattanHeuristic,
                                    PolicyValueMLP, SlidingPuzzle, SyntheticGraph,
                                    heuristic_mlp)
@@ -132,13 +131,3 @@ def test_policy_value_net_gives_logits_per_action_and_values_in_unit_range():
     assert np.all(np.abs(value) <= 1) and len(np.unique(value)) > 1
     logits2, _ = PolicyValueMLP(game, hidden_sizes=(32,), seed=1)(x)
     assert not np.array_equal(logits, logits2)
-
-
-def test_public_names_match_all():
-    exported = set(problems.__all__)
-    public = {n for n in dir(problems) if not n.startswith("_")} - {
-        "base", "connect_four", "heuristics", "policy_value", "sliding_puzzle",
-        "synthetic_graph", "tf_nets", "annotations", "residual_nets", "residual_torch",
-        "residual_tf", "residual_jax", "connect_four_solver", "solved_positions"}
-    assert exported == public
-    assert all(hasattr(problems, n) for n in exported)

@@ -1,8 +1,9 @@
 """The pure A* core, driven without an event loop."""
 
 from async_search.search import Status
-from async_search.search.frontier import (astar_result, expand_nodes, has_open_node,
-                                          new_frontier, path_to, pop_nodes, record_values)
+from async_search.search.astar import astar_result
+from async_search.search.frontier import (expand_nodes, has_open_node, new_frontier, path_to,
+                                          pop_nodes, record_values)
 
 
 def drive(problem, start, *, buffer_size=1, weight=1.0, budget=10**9, trace=None):

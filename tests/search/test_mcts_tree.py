@@ -270,3 +270,55 @@ def test_expand_root_refuses_a_terminal_or_expanded_root():
         Tree(GAME, GAME.initial_state()).select_child(0, 1.25)
     with pytest.raises(ValueError, match="needs an expanded root"):
         Tree(GAME, GAME.initial_state()).select_leaves(1.25, 1)
+
+
+def puct_rule(tree):
+    """PUCT as a ``descend`` rule. The descent has already counted itself on the edge
+    into ``node`` (as in ``select_leaves``), so ``node_visits`` reads ``1 + N``."""
+    def rule(node, edges):
+        scale = 1.25 * math.sqrt(tree.node_visits(node))
+        return max(edges, key=lambda e: (tree.edge_q[e] + scale * tree.edge_prior[e]
+                                         / tree.edge_seen1[e], -e))
+
+    return rule
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_descend_with_the_puct_rule_builds_the_tree_of_select_leaves(k):
+    start = GAME.from_moves([3, 2, 3, 2, 4])
+    by_rounds = grow(rooted(start), 40, k)
+    by_descents = rooted(start)
+    for _ in range(40):
+        paths, leaves, states = [], [], []
+        for _ in range(k):
+            descent = by_descents.descend(puct_rule(by_descents))
+            if descent is None:
+                break
+            paths.append(descent[0])
+            leaves.append(descent[1])
+            if descent[2] is not None:
+                states.append(descent[2])
+        logits, values = hash_logits(states) if states else (None, [])
+        by_descents.complete_leaves(paths, leaves, logits, values)
+    for name in Tree.__slots__:
+        if name.startswith(("node_", "edge_")):
+            assert getattr(by_rounds, name) == getattr(by_descents, name), name
+
+
+def test_descend_reaching_a_pending_leaf_is_undone():
+    tree = Tree(Corridor(), 5)
+    tree.expand_root([0.0], 0.0)
+    path, leaf, state = tree.descend(lambda node, edges: edges.start)
+    assert state == 4 and tree.is_pending(leaf)
+    assert tree.descend(lambda node, edges: edges.start) is None
+    assert tree.virtual(0) == [1] and tree.node_visits(0) == 1
+
+
+def test_evaluated_nodes_keep_their_network_value():
+    tree = rooted()
+    tree.node_value[0] = 0.25
+    paths, leaves, _ = tree.select_leaves(1.25, 3)
+    tree.complete_leaves(paths, leaves, np.zeros((3, 7)), [0.5, 0.0, -0.5])
+    assert tree.node_value == {0: 0.25, leaves[0]: 0.5, leaves[1]: 0.0, leaves[2]: -0.5}
+    with pytest.raises(ValueError, match="not expanded"):
+        Tree(GAME, GAME.initial_state()).make_edges(0)

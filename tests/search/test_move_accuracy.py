@@ -9,8 +9,8 @@ import pytest
 import async_search as asr
 from async_search.errors import ModelOutputError
 from async_search.problems import ConnectFour, connect_four_positions, pretrained
-from async_search.search.accuracy import (LabelledPosition, MoveAccuracy, mcts_chooser,
-                                          move_accuracy, policy_chooser)
+from async_search.search.accuracy import (LabelledPosition, MoveAccuracy, gumbel_chooser,
+                                          mcts_chooser, move_accuracy, policy_chooser)
 
 GAME = ConnectFour()
 
@@ -178,3 +178,51 @@ async def test_mcts_chooser_is_mcts_without_root_noise(positions):
             assert await choose(p.state) == result.action
             actions.setdefault(c_puct, []).append(result.action)
     assert actions[0.25] != actions[8.0]  # c_puct matters on these positions
+
+
+# -- the Gumbel chooser ---------------------------------------------------------------------
+
+
+async def test_gumbel_takes_a_win_the_prior_ignores():
+    state = GAME.from_moves([0, 6, 0, 6, 0, 5])      # column 0 wins at once
+    # sigma(q) outweighs a prior gap of 2 nats, not an unbounded one: the improved
+    # policy is softmax(logits + sigma(q)).
+    choose = gumbel_chooser(GAME, fixed_logits([0, 0, 0, 0, 0, 0, 2]), num_simulations=64)
+    assert await choose(state) == 0
+    assert await policy_chooser(GAME, fixed_logits([0, 0, 0, 0, 0, 0, 2]))(state) == 6
+
+
+async def test_gumbel_chooser_is_gumbel_search_without_noise(positions):
+    from async_search.search import gumbel_mcts
+
+    evaluate = asr.immediate(pretrained("connect_four"))
+    actions = {}
+    for c_scale in (0.0, 1.0):
+        choose = gumbel_chooser(GAME, evaluate, num_simulations=16, num_parallel=4,
+                                c_scale=c_scale)
+        for p in positions:
+            result = await gumbel_mcts(GAME, p.state, evaluate, num_simulations=16,
+                                       num_parallel=4, c_scale=c_scale, gumbel_scale=0.0)
+            assert await choose(p.state) == result.action
+            actions.setdefault(c_scale, []).append(result.action)
+    assert actions[0.0] != actions[1.0]  # the values matter on these positions
+
+
+async def test_gumbel_scores_the_same_served_or_immediate(positions):
+    net = pretrained("connect_four")
+    searched = await move_accuracy(gumbel_chooser(GAME, asr.immediate(net),
+                                                  num_simulations=16), positions)
+    async with asr.serve(net, max_batch_size=256) as evaluate:
+        assert await asyncio.wait_for(move_accuracy(
+            gumbel_chooser(GAME, evaluate, num_simulations=16), positions), 60) == searched
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_simulations=0), "num_simulations"), (dict(num_parallel=0), "num_parallel"),
+    (dict(max_num_considered_actions=0), "max_num_considered_actions"),
+    (dict(c_visit=-1.0), "c_visit"), (dict(c_scale=-1.0), "c_scale")])
+def test_gumbel_chooser_checks_its_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gumbel_chooser(GAME, fixed_logits([0] * 7), **kwargs)
+    with pytest.raises(ValueError, match="evaluate"):
+        gumbel_chooser(GAME, None)

@@ -92,7 +92,7 @@ async def serve_rounds(total: int) -> dict:
 async def http_rounds(total: int) -> dict:
     import aiohttp
 
-    from async_search.servers.http_front import HttpFront
+    from async_search.http.front import HttpFront
 
     def body(data) -> bytes:
         return json.dumps({"inputs": [{"name": "input", "shape": [1, 4],

@@ -6,10 +6,10 @@ import pytest
 
 import async_search as asr
 from async_search.batchers import BatchSizeBatcher, CostBatcher
-from async_search.servers import BatchingServer
 from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
                                  ServerCrashedError)
 from async_search.models import MLP, with_spec
+from async_search.servers import BatchingServer
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -340,7 +340,7 @@ def test_invalid_policy_arguments_name_the_value():
 
 
 async def test_a_crash_while_delivering_fails_the_batch_instead_of_hanging(monkeypatch):
-    from async_search.servers.responses import ResultDelivery
+    from async_search.delivery import ResultDelivery
 
     def broken(self, popped, outputs, version):
         raise RuntimeError("injected delivery fault")

@@ -8,16 +8,17 @@ import numpy as np
 import pytest
 
 import async_search as asr
+from async_search.backends.client import CoalescingClient
 from async_search.connections import (FifoConnectedFunction, get_connected_functions,
                                       pipe)
-from async_search.backends.client import CoalescingClient
 from async_search.errors import ConnectionGoneError, ModelOutputError, ServerDiedError
 from async_search.models import MLP
 from async_search.queues import close_stream, local_queue, socket_queue, thread_queue
-from async_search.remote import Failure
 from async_search.servers import (BatchingServer, DispatchPolicy, ModelUpdate,
                                   VersionedRequest)
-from async_search.servers.connection_server import ConnectionServer, VersionSubscription
+from async_search.servers.connection_server import ConnectionServer
+from async_search.wire import Failure
+from async_search.wire import VersionSubscription
 from tests.helpers import WAIT_S, wait_until, within
 
 pytestmark = pytest.mark.timeout(60)

@@ -105,7 +105,7 @@ def _alphazero():
         arena_games=2, eval_games=0, eval_simulations=4, uct_rollouts=4,
         gate_threshold=0.0, max_batch_size=64, seed=3, backend="local", num_procs=1)
     timing = {"selfplay_s", "samples_per_s", "s_per_1000_samples", "train_s", "eval_s",
-              "iteration_s"}
+              "iteration_s", "accuracy_s"}
 
     def make(folder, resume):
         return Commander(config, folder, resume=resume)

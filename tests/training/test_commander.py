@@ -44,7 +44,7 @@ def same_run(a: Commander, b: Commander) -> None:
     np.testing.assert_array_equal(pa, pb)
     np.testing.assert_array_equal(za, zb)
     timing = ("selfplay_s", "samples_per_s", "s_per_1000_samples", "train_s", "eval_s",
-              "iteration_s")
+              "iteration_s", "accuracy_s")
 
     def strip(r):
         return {k: v for k, v in dataclasses.asdict(r).items() if k not in timing}
@@ -180,10 +180,106 @@ def test_overlap_plays_the_next_self_play_during_training_and_pushes_into_it(tmp
     assert commander.buffer.added == sum(r.samples for r in records)
 
 
+# -- Gumbel, tree reuse, move accuracy and the stronger baseline ---------------------------
+
+
+def test_each_iteration_measures_the_candidates_move_accuracy_on_fixed_subsets(tmp_path):
+    import async_search as asr
+    from async_search.problems import ConnectFour
+    from async_search.search.accuracy import mcts_chooser, move_accuracy, policy_chooser
+    from async_search.training.commander import accuracy_subsets
+
+    config = tiny(1, accuracy_positions=6, gate_threshold=1.0)  # no promotion
+    commander = Commander(config, str(tmp_path))
+    [record] = run(commander)
+    assert set(record.accuracy) == {"net_end", "net_middle", "mcts_end", "mcts_middle"}
+    assert 0 < record.accuracy_s <= record.eval_s
+    # The figures are the candidate's (the trained net, not the best, which it did not
+    # replace), on the same subsets a caller gets from accuracy_subsets.
+    game, ev = ConnectFour(), asr.immediate(commander.trainer.model())
+    for stage, positions in accuracy_subsets(6).items():
+        assert len(positions) == 6
+        net = asyncio.run(move_accuracy(policy_chooser(game, ev), positions))
+        searched = asyncio.run(move_accuracy(mcts_chooser(
+            game, ev, num_simulations=4, num_parallel=2, c_puct=config.eval_c_puct),
+            positions))
+        assert record.accuracy[f"net_{stage}"] == net.accuracy
+        assert record.accuracy[f"mcts_{stage}"] == searched.accuracy
+
+
+def test_accuracy_subsets_are_fixed_nested_and_capped_by_the_set():
+    from async_search.training.commander import accuracy_subsets
+
+    small, large = accuracy_subsets(5), accuracy_subsets(40)
+    assert accuracy_subsets(5) == small
+    for stage in ("end", "middle"):
+        assert len(small[stage]) == 5 and len(large[stage]) == 40
+        assert all(p in large[stage] for p in small[stage])
+        assert len({p.state for p in small[stage]}) == 5
+    assert len(accuracy_subsets(10_000)["end"]) == 200
+
+
+def test_no_accuracy_positions_measures_nothing(tmp_path):
+    [record] = run(Commander(tiny(1, accuracy_positions=0, eval_games=0), str(tmp_path)))
+    assert record.accuracy == {} and record.scores == {}
+
+
+def test_the_stronger_uct_baseline_is_played_when_asked(tmp_path):
+    config = tiny(1, strong_uct_games=2, strong_uct_rollouts=8, accuracy_positions=0)
+    [record] = run(Commander(config, str(tmp_path)))
+    assert set(record.scores) == {"one_ply", "uct4", "uct8", "policy_vs_random"}
+    # Only the stronger baseline: eval_games=0 leaves the others out.
+    [record] = run(Commander(dataclasses.replace(config, eval_games=0),
+                             str(tmp_path / "b")))
+    assert set(record.scores) == {"uct8"}
+
+
+def test_a_gumbel_run_with_tree_reuse_resumes_with_the_same_rows(tmp_path):
+    def gumbel(iterations):
+        return tiny(iterations, selfplay=SelfPlayConfig(
+            simulations=4, num_parallel=2, policy="gumbel", reuse_tree=True),
+            eval_policy="gumbel", eval_reuse_tree=True, accuracy_positions=4,
+            eval_games=1)
+
+    straight = Commander(gumbel(2), str(tmp_path / "a"))
+    records = run(straight)
+    assert all(set(r.accuracy) == {"net_end", "net_middle", "mcts_end", "mcts_middle"}
+               for r in records)
+    run(Commander(gumbel(1), str(tmp_path / "b")))
+    resumed = Commander(gumbel(2), str(tmp_path / "b"), resume=True)
+    assert resumed.config.selfplay.policy == "gumbel" and resumed.iteration == 1
+    run(resumed)
+    same_run(straight, resumed)
+
+
+def test_the_evaluation_agent_follows_eval_policy():
+    from async_search.training.players import GumbelPlayer, MCTSPlayer
+
+    puct = Commander(tiny(1))._agent(lambda x: x, "candidate")
+    gumbel = Commander(tiny(1, eval_policy="gumbel", eval_reuse_tree=True))._agent(
+        lambda x: x, "candidate")
+    assert type(puct) is MCTSPlayer and not puct.reuse_tree
+    assert type(gumbel) is GumbelPlayer and gumbel.reuse_tree
+    assert (gumbel.simulations, gumbel.num_parallel) == (4, tiny().eval_num_parallel)
+
+
+def test_resume_refuses_a_run_of_the_other_policy(tmp_path):
+    run(Commander(tiny(1, accuracy_positions=0, eval_games=0), str(tmp_path)))
+    other = tiny(1, accuracy_positions=0, eval_games=0, selfplay=SelfPlayConfig(
+        simulations=4, num_parallel=2, sampling_moves=4, policy="gumbel"))
+    with pytest.raises(ValueError, match="selfplay differ"):
+        Commander(other, str(tmp_path), resume=True)
+
+
 @pytest.mark.parametrize("field, value", [("iterations", 0), ("games_per_iteration", -1),
                                           ("train_steps", 0), ("arena_games", 0),
                                           ("gate_threshold", 1.5), ("backend", "gpu"),
-                                          ("learning_rate", 0.0), ("eval_games", -1)])
+                                          ("learning_rate", 0.0), ("eval_games", -1),
+                                          ("eval_policy", "alphazero"),
+                                          ("eval_reuse_tree", "yes"),
+                                          ("strong_uct_games", -1),
+                                          ("strong_uct_rollouts", 0),
+                                          ("accuracy_positions", -1)])
 def test_bad_parameters_are_refused_before_anything_runs(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{field: value})
@@ -275,7 +371,10 @@ def test_a_damaged_state_file_is_refused_naming_it(run_copy, damage, match):
 @pytest.mark.parametrize("path", [
     ("config",), ("iteration",), ("phase_done",), ("best_version",), ("best_elo",),
     ("history",), ("config", "selfplay"), ("config", "selfplay", "c_puct"),
-    ("config", "backend"), ("history", 0, "scores"), ("history", 0, "promoted")])
+    ("config", "backend"), ("history", 0, "scores"), ("history", 0, "promoted"),
+    ("history", 0, "accuracy"), ("history", 0, "accuracy_s"),
+    ("config", "accuracy_positions"), ("config", "eval_policy"),
+    ("config", "selfplay", "policy"), ("config", "selfplay", "reuse_tree")])
 def test_a_state_file_missing_a_field_is_refused_naming_it(run_copy, path):
     file = edit_state(run_copy, path, drop=True)
     assert_resume_refused(run_copy, file, "is missing")
@@ -287,7 +386,10 @@ def test_a_state_file_missing_a_field_is_refused_naming_it(run_copy, path):
     (("config", "selfplay"), 3), (("config", "selfplay", "value_target"), 1),
     (("history", 0), "row"), (("history", 0, "samples"), 1.5),
     (("history", 0, "scores"), [0.5]), (("history", 0, "promoted"), 1),
-    (("history", 0, "elo"), "high"), (("best_elo",), None)])
+    (("history", 0, "elo"), "high"), (("best_elo",), None),
+    (("history", 0, "accuracy"), [0.5]), (("history", 0, "accuracy"), {"net_end": "1"}),
+    (("config", "eval_reuse_tree"), "no"), (("config", "selfplay", "reuse_tree"), 1),
+    (("config", "selfplay", "policy"), 1)])
 def test_a_state_file_with_a_field_of_the_wrong_type_is_refused_naming_it(run_copy, path,
                                                                           value):
     file = edit_state(run_copy, path, value)
@@ -300,7 +402,10 @@ def test_a_state_file_with_a_field_of_the_wrong_type_is_refused_naming_it(run_co
     (("history", 0, "samples"), -1), (("history", 0, "iteration"), 2),
     (("history", 0, "best_version"), 5), (("config", "gate_threshold"), 2.0),
     (("config", "selfplay", "simulations"), 0), (("history", 0, "elo"), float("nan")),
-    (("history", 0, "extra"), 1)])
+    (("history", 0, "extra"), 1), (("history", 0, "accuracy"), {"net_end": 1.5}),
+    (("history", 0, "accuracy"), {"mcts_middle": -0.1}), (("history", 0, "accuracy_s"), -1),
+    (("config", "eval_policy"), "alphazero"), (("config", "selfplay", "policy"), "mcts"),
+    (("config", "accuracy_positions"), -2)])
 def test_a_state_file_with_a_number_out_of_range_is_refused_naming_it(run_copy, path,
                                                                       value):
     file = edit_state(run_copy, path, value)

@@ -12,9 +12,9 @@ import pytest
 from async_search.errors import CheckpointError
 
 from async_search.problems import LearnedHeuristic, ManhattanHeuristic, SlidingPuzzle
+from async_search.problems.nets import NetConfig
 from async_search.training.davi import (Davi, DaviConfig, DaviRecord, bellman_targets,
                                         scrambled_states)
-from async_search.training.nets import NetConfig
 from async_search.training.replay import ReplayBuffer
 
 PUZZLE = SlidingPuzzle(3)

@@ -135,3 +135,106 @@ def test_without_sampling_moves_and_noise_a_game_ignores_the_seed():
 def test_a_bad_self_play_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SelfPlayConfig(**{field: value})
+
+
+# -- Gumbel AlphaZero and tree reuse -------------------------------------------------------
+
+GUMBEL = SelfPlayConfig(simulations=8, num_parallel=4, policy="gumbel", seed=0)
+
+
+@pytest.fixture(scope="module")
+def gumbel_records():
+    return [play(i, GUMBEL) for i in range(4)]
+
+
+def test_a_gumbel_game_is_deterministic_and_differs_across_ids(gumbel_records):
+    for i, record in enumerate(gumbel_records):
+        assert_same_record(record, play(i, GUMBEL))
+    assert len({r.moves for r in gumbel_records}) == len(gumbel_records)
+
+
+def test_gumbel_policy_rows_are_the_improved_policy_on_legal_moves(gumbel_records):
+    for record in gumbel_records:
+        np.testing.assert_allclose(record.policy.sum(axis=1), 1.0, rtol=1e-5)
+        state = GAME.initial_state()
+        for row, move in zip(record.policy, record.moves):
+            legal = set(GAME.legal_actions(state))
+            assert all(p == 0 for a, p in enumerate(row) if a not in legal)
+            state = GAME.play(state, move)
+
+
+def test_a_gumbel_game_plays_the_searchs_action_and_targets_its_policy():
+    # Replays game 0 move by move with the same seeds: each move and row is the search's.
+    from async_search import search
+    record = play(0, GUMBEL)
+    rng = np.random.default_rng([GUMBEL.seed, 0])
+    state, ev = GAME.initial_state(), asr.immediate(NET)
+    for move, row in zip(record.moves, record.policy):
+        r = asyncio.run(search.gumbel_mcts(GAME, state, ev, num_simulations=8,
+                                           num_parallel=4, seed=int(rng.integers(2 ** 63))))
+        assert move == r.action
+        np.testing.assert_array_equal(row, np.asarray(r.policy, np.float32))
+        state = GAME.play(state, move)
+
+
+def test_gumbel_ignores_the_sampling_moves():
+    # The Gumbel noise samples every move: sampling_moves changes nothing.
+    import dataclasses
+    other = dataclasses.replace(GUMBEL, sampling_moves=0)
+    assert_same_record(play(1, GUMBEL), play(1, other))
+
+
+@pytest.mark.parametrize("policy", ["puct", "gumbel"])
+def test_reusing_the_tree_passes_the_subtree_of_the_move_played(policy, monkeypatch):
+    import dataclasses
+    from async_search import search
+    config = dataclasses.replace(CONFIG, policy=policy, reuse_tree=True)
+    name = {"puct": "mcts", "gumbel": "gumbel_mcts"}[policy]
+    real, calls = getattr(search, name), []
+
+    async def spy(game, state, evaluate, **kwargs):
+        calls.append((state, kwargs["reuse"], kwargs["keep_tree"]))
+        return await real(game, state, evaluate, **kwargs)
+
+    monkeypatch.setattr(search, name, spy)
+    record = play(2, config)
+    monkeypatch.undo()
+    assert len(calls) == len(record.moves) and calls[0][1] is None
+    assert all(keep for _, _, keep in calls)
+    reused = [(state, tree) for state, tree, _ in calls if tree is not None]
+    assert len(reused) > len(calls) // 2
+    assert all(tree.node_state[0] == state for state, tree in reused)
+    assert_same_record(record, play(2, config))  # still deterministic
+    if policy == "puct":  # visit counts: a reused subtree adds to the simulations
+        totals = record.policy.sum(axis=1)
+        assert totals[0] == 8 and (totals >= 8).all() and (totals > 8).any()
+
+
+@pytest.mark.parametrize("policy", ["puct", "gumbel"])
+def test_reused_games_through_serve_match_immediate_games(policy):
+    import dataclasses
+    config = dataclasses.replace(CONFIG, policy=policy, reuse_tree=True)
+
+    async def served():
+        async with asr.serve(NET, max_batch_size=64) as evaluate:
+            return await asyncio.gather(*(selfplay_game(i, evaluate, game=GAME,
+                                                        config=config) for i in range(4)))
+
+    for i, record in enumerate(asyncio.run(served())):
+        assert_same_record(record, play(i, config))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(policy="alphazero"), "policy must be one of"),
+    (dict(reuse_tree=1), "reuse_tree must be True or False"),
+    (dict(max_num_considered_actions=0), "max_num_considered_actions"),
+    (dict(c_visit=-1.0), "c_visit"),
+    (dict(c_scale=-0.5), "c_scale"),
+])
+def test_bad_gumbel_and_reuse_settings_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        SelfPlayConfig(**changes)
+
+
+def test_the_defaults_are_puct_without_reuse():
+    assert (CONFIG.policy, CONFIG.reuse_tree) == ("puct", False)

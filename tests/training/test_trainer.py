@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("tensorflow")
 
 from async_search import problems  # noqa: E402
-from async_search.training.nets import (NetConfig, initial_weights, to_model,  # noqa: E402
+from async_search.problems.nets import (NetConfig, initial_weights, to_model,  # noqa: E402
                                         weights_of)
 from async_search.training.replay import Minibatch, ReplayBuffer  # noqa: E402
 from async_search.training.trainer import LossTerms, Trainer  # noqa: E402

@@ -1,0 +1,83 @@
+"""What a run of searches returns: the results in the order of the starts, its stats,
+and the error that names every failed start."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+from async_search.backends.config import RunConfig
+from async_search.errors import SearchError
+from async_search.servers.stats import BatchRecord
+
+
+class SearchResults(list):
+    """The results of ``run_searches`` in the order of the starts, with ``stats``.
+
+    It is a list, so it compares equal to the list of results; ``stats`` is a dict:
+    backend, num_procs, num_servers, wall_time_s, the serving figures summed over the
+    servers (batches, elements, mean_batch_size, std_batch_size, model_time_s,
+    fraction_in_model: model time over wall time per server), ``servers`` (each
+    server's own stats) and ``trace`` (a BatchRecord per batch, ordered by time). The
+    process and Ray backends add ``clients``: a dict per attempt (``attempt``, its
+    ``starts``, ``worker``, ``node`` on Ray, how it ``ended``). The Ray backend adds
+    ``startup_s`` (starting the server actors and building their models, left out of
+    wall_time_s), ``servers_died``, ``servers_replaced``, ``server_nodes`` and
+    ``server_gpus`` (per server started), ``routers`` and ``transports`` (per client
+    task that finished).
+    """
+
+    def __init__(self, results: Sequence[Any], stats: dict):
+        super().__init__(results)
+        self.stats = stats
+
+
+def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
+                traces: List[List[BatchRecord]]) -> dict:
+    """The run's stats from each server's stats and trace (put on one clock: the
+    earliest server's start; perf_counter is one clock for the processes of a machine)."""
+    origin = min((s.get("started_at", 0.0) for s in servers), default=0.0)
+    trace = sorted((r._replace(finished_s=r.finished_s + s.get("started_at", 0.0) - origin)
+                    for s, t in zip(servers, traces) for r in t),
+                   key=lambda r: r.finished_s)
+    sizes = [r.size for r in trace]
+    batches = len(sizes)
+    mean = sum(sizes) / batches if batches else 0.0
+    std = (sum((s - mean) ** 2 for s in sizes) / batches) ** 0.5 if batches else 0.0
+    model_time = sum(s.get("model_time_s", 0.0) for s in servers)
+    return {
+        "backend": config.backend,
+        "num_procs": config.num_procs,
+        "num_servers": config.num_servers,
+        "wall_time_s": wall_time,
+        "batches": batches,
+        "elements": sum(sizes),
+        "mean_batch_size": mean,
+        "std_batch_size": std,
+        "model_time_s": model_time,
+        "fraction_in_model": (model_time / wall_time / max(len(servers), 1)
+                              if wall_time > 0 else 0.0),
+        "servers": servers,
+        "trace": trace,
+    }
+
+
+def raise_failures(failures: Dict[int, BaseException], total: int) -> None:
+    """Raises SearchError naming every failed start, chained to the first failure."""
+    if failures:
+        first = min(failures)
+        raise SearchError(f"{len(failures)} of {total} searches failed; the first, start "
+                          f"{first}: {failures[first]!r}; every failed start: "
+                          f"{sorted(failures)}", dict(sorted(failures.items()))
+                          ) from failures[first]
+
+
+def finish(results: List[Any], failures: Dict[int, BaseException],
+           config: RunConfig) -> List[Any]:
+    """The results in the order of the starts: with ``return_exceptions``, each failed
+    start holds its exception; else SearchError when any failed (``raise_failures``)."""
+    if config.return_exceptions:
+        for index, error in failures.items():
+            results[index] = error
+        return results
+    raise_failures(failures, len(results))
+    return results

@@ -1,0 +1,611 @@
+"""Pipes over QueueLike queues: the ends of a connection, and how a stream ends.
+
+These are the knossos prototype's connections, with its semantics exactly, plus
+awaiting, closing and notices (see the ``connections`` package for the lifecycle):
+
+- ``Connection``: one end of a pipe over two queues: ``send``, ``recv``, ``poll``,
+  ``num_waiting``, ``copy`` (another end on the same queues); ``await recv_async()``
+  when the queue can be awaited; ``close()`` ends the stream it sends on.
+- ``forked_pipe(queue_factory, n)``: ``(server, clients)``. The server receives bare
+  payloads from every client, and each of its ``send``s goes, in FIFO order, to the
+  client whose request it answers.
+- ``PassThroughConnection``: wraps a connection whose messages are ``(key, value)``:
+  receives values, and sends each response back with its key, in order. Several servers
+  can share one stream: give each ``PassThroughConnection(server.copy())``.
+- ``Notice``: a message a server sends outside the order of its answers (``notify``).
+
+    >>> from queue import Queue
+    >>> server, clients = forked_pipe(Queue, 2)
+    >>> clients[0].send(3); clients[1].send(5)
+    >>> [server.recv(), server.recv()]
+    [3, 5]
+    >>> server.send(9); server.send(25)
+    >>> clients[0].recv(), clients[1].recv()
+    (9, 25)
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Deque, Dict, Mapping, Optional, Set, Tuple
+
+from async_search.checks import check_int
+from async_search.queues import (END_OF_STREAM, ClosedConnection, QueueFactory, QueueLike,
+                                 close_stream, is_end, local_queue)
+
+
+def identity(x: Any) -> Any:
+    """``x``: the default preprocessing of a connected function."""
+    return x
+
+
+class Notice:
+    """A message a server sends to its clients outside the order of its answers
+    (``Connection.notify``): a connected function never matches one to a request, but
+    hands it to the callback given to ``listen``. Subclass it for each kind of notice.
+
+    Example:
+        >>> from async_search.connections import get_connected_functions
+        >>> class Hello(Notice): pass
+        >>> (fn,), server = get_connected_functions(local_queue, 1, ordered=True)
+        >>> seen = []; fn.listen(seen.append)
+        >>> server.notify(Hello()); n = fn.flush(); type(seen[0]).__name__
+        'Hello'
+    """
+
+
+def _ended(queue: QueueLike) -> ClosedConnection:
+    """Leaves the end marker in ``queue`` for every other reader; the error to raise."""
+    queue.put(END_OF_STREAM)
+    return ClosedConnection("the other end closed the stream")
+
+
+def _closed_here(what: str) -> ClosedConnection:
+    return ClosedConnection(f"cannot {what}: this end of the connection was closed "
+                            f"(close() was called), and nothing is sent after the end of "
+                            f"a stream")
+
+
+class _SendSide:
+    """Whether an end (and every copy of it) has closed the stream it sends on, and how
+    many servers answer on it now (``acquire``)."""
+
+    __slots__ = ("closed", "servers")
+
+    def __init__(self):
+        self.closed = False
+        self.servers = 0
+
+
+class Connection:
+    """One end of a pipe over two queues: ``send`` to the other end, ``recv`` from it.
+
+    Example:
+        >>> a, b = pipe()
+        >>> a.send("hi"); b.recv()
+        'hi'
+    """
+
+    def __init__(self, inbound: QueueLike, outbound: QueueLike):
+        self._inbound = inbound
+        self._outbound = outbound
+        self._send_side = _SendSide()
+        self._recv_ended = False  # this end has received the end of its stream
+
+    @property
+    def inbound(self) -> QueueLike:
+        """The queue this end receives from."""
+        return self._inbound
+
+    @property
+    def outbound(self) -> QueueLike:
+        """The queue this end sends to."""
+        return self._outbound
+
+    def num_waiting(self) -> int:
+        """How many messages are waiting to be received."""
+        return self._inbound.qsize()
+
+    def poll(self) -> bool:
+        """True when a message is waiting to be received."""
+        return self.num_waiting() > 0
+
+    @property
+    def closed(self) -> bool:
+        """True once this end (or a copy of it) closed the stream it sends on."""
+        return self._send_side.closed
+
+    @property
+    def sender(self) -> Any:
+        """Who sent the message ``recv`` returned last: a client's key on a forked
+        server end, None on other ends (they have one sender)."""
+        return None
+
+    def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        """Sends ``item`` to the other end.
+
+        Raises:
+            ClosedConnection: this end was closed (or the transport's other end is
+                gone).
+        """
+        if self._send_side.closed:
+            raise _closed_here("send")
+        self._outbound.put(item, block=block, timeout=timeout)
+
+    def notify(self, notice: "Notice", client: Any = None) -> None:
+        """Sends ``notice`` outside the order of answers (a client's connected function
+        hands it to its ``listen`` callback). ``client``: a forked server end's client
+        key (None: every client that has not closed); ignored on other ends.
+
+        Raises:
+            ClosedConnection: this end was closed.
+        """
+        self.send(notice)
+
+    def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        """The next message from the other end.
+
+        Raises:
+            queue.Empty: nothing arrived in time (or ``block`` is False).
+            ClosedConnection: the other end closed the stream (every later call too).
+        """
+        if self._recv_ended:
+            raise ClosedConnection("the other end closed the stream")
+        item = self._inbound.get(block=block, timeout=timeout)
+        if is_end(item):
+            self._recv_ended = True
+            raise _ended(self._inbound)
+        return item
+
+    @property
+    def awaitable(self) -> bool:
+        """True when ``recv_async`` can wait without polling."""
+        return hasattr(self._inbound, "get_async")
+
+    async def recv_async(self) -> Any:
+        """The next message from the other end, awaited in the running loop.
+
+        Raises:
+            ClosedConnection: the other end closed the stream.
+        """
+        if not self.awaitable:
+            raise TypeError(f"{type(self._inbound).__name__} cannot be awaited; use poll "
+                            f"and recv (or a connected function's flush)")
+        if self._recv_ended:
+            raise ClosedConnection("the other end closed the stream")
+        item = await self._inbound.get_async()
+        if is_end(item):
+            self._recv_ended = True
+            raise _ended(self._inbound)
+        return item
+
+    def close(self) -> None:
+        """Ends the stream this end sends on: the other end's ``recv`` raises
+        ClosedConnection once it has received everything sent before. Later sends
+        raise ClosedConnection; a second close does nothing."""
+        if self._send_side.closed:
+            return
+        self._send_side.closed = True
+        close_stream(self._outbound)
+
+    def acquire(self) -> None:
+        """A server answers on this end (or a copy of it) from now on: ``release``
+        closes the end once every server that acquired it has released it."""
+        self._send_side.servers += 1
+
+    def release(self) -> None:
+        """The server that acquired this end is done (its stream ended, its answers are
+        sent): the last one to release closes the end, so that its clients learn that
+        no answer can come."""
+        side = self._send_side
+        side.servers -= 1
+        if side.servers <= 0:
+            self.close()
+
+    def send_pending(self) -> None:
+        """Hands what was sent to the transport now, when the outbound queue holds puts
+        back to coalesce them (a socket queue sends a loop iteration's puts as one frame
+        at the end of the iteration); a no-op for other queues."""
+        send_pending = getattr(self._outbound, "send_pending", None)
+        if send_pending is not None:
+            send_pending()
+
+    async def drain(self) -> None:
+        """Returns once what was sent has left this process (for a queue that buffers
+        its puts, as a socket queue does until the end of the loop iteration)."""
+        drain = getattr(self._outbound, "drain", None)
+        if drain is not None:
+            await drain()
+
+    def close_unused_ends(self) -> "Connection":
+        """In a process that uses only this end, releases the socket ends it does not use
+        (a no-op for other queues), so that it learns when the other process is gone."""
+        for q, method in ((self._inbound, "reader_only"), (self._outbound, "writer_only")):
+            release = getattr(q, method, None)
+            if release is not None:
+                release()
+        return self
+
+    def copy(self) -> "Connection":
+        """Another end on the same queues (a plain connection keeps no state: itself)."""
+        return self
+
+
+class DelegatingConnection(Connection):
+    """A connection that delegates everything to ``conn``; a base for wrappers."""
+
+    def __init__(self, conn: Connection):
+        self._conn = conn
+
+    @property
+    def inbound(self) -> QueueLike:
+        return self._conn.inbound
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    @property
+    def sender(self) -> Any:
+        return self._conn.sender
+
+    def notify(self, notice: "Notice", client: Any = None) -> None:
+        self._conn.notify(notice, client)
+
+    def acquire(self) -> None:
+        self._conn.acquire()
+
+    def release(self) -> None:
+        self._conn.release()
+
+    @property
+    def outbound(self) -> QueueLike:
+        return self._conn.outbound
+
+    def num_waiting(self) -> int:
+        return self._conn.num_waiting()
+
+    def poll(self) -> bool:
+        return self._conn.poll()
+
+    def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        self._conn.send(item, block=block, timeout=timeout)
+
+    def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        return self._conn.recv(block=block, timeout=timeout)
+
+    @property
+    def awaitable(self) -> bool:
+        return self._conn.awaitable
+
+    async def recv_async(self) -> Any:
+        return await self._conn.recv_async()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def send_pending(self) -> None:
+        self._conn.send_pending()
+
+    async def drain(self) -> None:
+        await self._conn.drain()
+
+    def close_unused_ends(self) -> "Connection":
+        self._conn.close_unused_ends()
+        return self
+
+    def copy(self) -> "Connection":
+        return type(self)(self._conn.copy())
+
+
+class KeyedConnection(DelegatingConnection):
+    """A client's end of a forked pipe: ``send(item)`` sends ``(key, item)``."""
+
+    def __init__(self, key: Any, conn: Connection, *, _send_side: _SendSide | None = None):
+        super().__init__(conn)
+        self._key = key
+        self._send_side = _SendSide() if _send_side is None else _send_side
+
+    @property
+    def key(self) -> Any:
+        """The key that routes this end's responses back to it."""
+        return self._key
+
+    @property
+    def closed(self) -> bool:
+        return self._send_side.closed
+
+    def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        if self._send_side.closed:
+            raise _closed_here("send")
+        self._conn.send((self._key, item), block=block, timeout=timeout)
+
+    def notify(self, notice: "Notice", client: Any = None) -> None:
+        self.send(notice)
+
+    def close(self) -> None:
+        """Tells the server that this client sends nothing more (the server's stream
+        ends once every client has closed; this client's stream of answers, once each
+        of its requests is answered). A second close does nothing."""
+        if self._send_side.closed:
+            return
+        self._send_side.closed = True
+        self._conn.send((self._key, END_OF_STREAM))
+
+    def copy(self) -> "KeyedConnection":
+        return KeyedConnection(self._key, self._conn.copy(), _send_side=self._send_side)
+
+
+class ForkedConnection(Connection):
+    """The server's end of a forked pipe: one inbound queue, one outbound per client.
+
+    Inbound messages are ``(key, payload)``; ``recv`` returns the payload and remembers
+    the key, and each ``send`` goes to the key of the oldest unanswered ``recv``: answer
+    in the order received. ``copy()`` is another server end on the same queues with its
+    own order of keys. The stream ends (ClosedConnection) once every client has closed,
+    or once someone calls ``close_stream`` on the inbound queue. A client's stream of
+    answers ends once it has closed and each of its requests is answered (by this end or
+    a copy of it in this process). Copies sent to other processes each know only what
+    they received: once one is pickled, clients' streams are left open for the owner
+    to ``close()`` when every process is done.
+    """
+
+    def __init__(self, inbound: QueueLike, outbounds: Mapping[Any, QueueLike],
+                 closed: Set[Any] | None = None, *, _shared: "_Fork | None" = None):
+        self._inbound = inbound
+        self._outbounds = outbounds
+        self._outbound = None
+        self._keys: Deque[Any] = collections.deque()
+        self._recv_ended = False
+        self._sender: Any = None
+        self._fork = _Fork(closed) if _shared is None else _shared  # shared by copies
+        self._closed: Set[Any] = self._fork.closed
+        self._send_side = self._fork.send_side
+
+    def copy(self) -> "ForkedConnection":
+        return ForkedConnection(self._inbound, self._outbounds, _shared=self._fork)
+
+    def __getstate__(self) -> dict:
+        self._fork.crossed = True  # copies elsewhere answer what this one cannot see
+        return self.__dict__
+
+    def release(self) -> None:
+        """The server that acquired this end is done: nothing to close (each client's
+        stream of answers ends after its last answer)."""
+        self._send_side.servers -= 1
+
+    @property
+    def sender(self) -> Any:
+        return self._sender
+
+    @property
+    def clients(self) -> Tuple[Any, ...]:
+        """The keys of the clients that have not closed."""
+        return tuple(k for k in self._outbounds if k not in self._closed)
+
+    def on_client_closed(self, callback: Callable[[Any], None]) -> None:
+        """Calls ``callback(key)`` when client ``key`` closes its stream (in whichever
+        copy receives its end), for as long as this end and its copies live."""
+        self._fork.on_close.append(callback)
+
+    def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        """Sends the answer to the oldest message received and not answered yet.
+
+        Raises:
+            RuntimeError: no received message waits for an answer (more answers sent
+                than messages received).
+            ClosedConnection: this end was closed.
+        """
+        if self._send_side.closed:
+            raise _closed_here("send")
+        if not self._keys:
+            raise RuntimeError(
+                f"{type(self).__name__}.send: no received message is waiting for an "
+                f"answer (every message received has been answered); each send answers "
+                f"one message received, in order")
+        key = self._keys.popleft()
+        fork = self._fork
+        owed = fork.owed.get(key, 1) - 1
+        if owed:
+            fork.owed[key] = owed
+        else:
+            fork.owed.pop(key, None)
+        if key in fork.ended:  # that client was cut off (close_client): nobody reads
+            return
+        self._outbounds[key].put(item, block=block, timeout=timeout)
+        if not owed and key in self._closed and not fork.crossed:  # its last answer
+            self._end_client(key)
+
+    def notify(self, notice: "Notice", client: Any = None) -> None:
+        if self._send_side.closed:
+            raise _closed_here("notify")
+        for key in (self.clients if client is None else (client,)):
+            if key not in self._fork.ended:
+                self._outbounds[key].put(notice)
+
+    def close_client(self, key: Any) -> None:
+        """Ends client ``key``'s stream of answers now (what it is owed is dropped)."""
+        self._fork.owed.pop(key, None)
+        self._end_client(key)
+
+    def _end_client(self, key: Any) -> None:
+        if key not in self._fork.ended:
+            self._fork.ended.add(key)
+            close_stream(self._outbounds[key])
+
+    def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        while True:
+            value = self._accept(Connection.recv(self, block=block, timeout=timeout))
+            if value is not _SKIP:
+                return value
+
+    async def recv_async(self) -> Any:
+        while True:
+            value = self._accept(await Connection.recv_async(self))
+            if value is not _SKIP:
+                return value
+
+    def _accept(self, message: Tuple[Any, Any]) -> Any:
+        try:
+            key, value = message
+        except (TypeError, ValueError):
+            raise TypeError(f"a forked server end receives (key, payload) messages from "
+                            f"its clients' KeyedConnection ends, got "
+                            f"{type(message).__name__}") from None
+        if key not in self._outbounds:
+            raise KeyError(f"a message from an unknown client {key!r}; this server end "
+                           f"answers clients {list(self._outbounds)}")
+        fork = self._fork
+        if is_end(value):  # that client closed
+            if key not in self._closed:
+                self._closed.add(key)
+                if key not in fork.owed and not fork.crossed:  # nothing left to answer
+                    self._end_client(key)
+                for callback in list(fork.on_close):
+                    callback(key)
+                if len(self._closed) >= len(self._outbounds):
+                    close_stream(self._inbound)  # every copy, here or elsewhere, ends too
+            return _SKIP
+        self._keys.append(key)
+        fork.owed[key] = fork.owed.get(key, 0) + 1
+        self._sender = key
+        return value
+
+    def send_pending(self) -> None:
+        for q in self._outbounds.values():
+            send_pending = getattr(q, "send_pending", None)
+            if send_pending is not None:
+                send_pending()
+
+    def close(self) -> None:
+        """Ends every client's stream of responses (and this end's copies'); later sends
+        raise ClosedConnection. A second close does nothing."""
+        if self._send_side.closed:
+            return
+        self._send_side.closed = True
+        for key in self._outbounds:
+            self._end_client(key)
+
+    def close_unused_ends(self) -> "ForkedConnection":
+        release = getattr(self._inbound, "reader_only", None)
+        if release is not None:
+            release()
+        for q in self._outbounds.values():
+            release = getattr(q, "writer_only", None)
+            if release is not None:
+                release()
+        return self
+
+
+_SKIP = object()
+
+
+class _Fork:
+    """What the copies of a forked server end share: the clients that closed, the
+    answers each client is owed, the clients whose stream of answers has ended."""
+
+    __slots__ = ("closed", "owed", "ended", "send_side", "on_close", "crossed")
+
+    def __init__(self, closed: Set[Any] | None):
+        self.closed: Set[Any] = set() if closed is None else closed
+        self.owed: Dict[Any, int] = {}
+        self.ended: Set[Any] = set()
+        self.send_side = _SendSide()
+        self.on_close: list = []
+        self.crossed = False  # a copy went to another process
+
+    def __getstate__(self):
+        return {"closed": self.closed, "owed": {}, "ended": self.ended,
+                "send_side": self.send_side, "on_close": [], "crossed": True}
+
+    def __setstate__(self, state):
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+class PassThroughConnection(DelegatingConnection):
+    """Passes each message's key through a server: receives the values of ``(key,
+    value)`` messages, and sends each response as ``(key, response)``, keys taken in
+    the order received. Answer in the order received.
+
+    Example:
+        >>> a, b = pipe()
+        >>> server = PassThroughConnection(b)
+        >>> a.send(("k", 3)); server.recv()
+        3
+        >>> server.send(9); a.recv()
+        ('k', 9)
+    """
+
+    def __init__(self, conn: Connection):
+        super().__init__(conn)
+        self._metas: Deque[Any] = collections.deque()
+
+    def send(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        """Sends ``(key, item)``, the key of the oldest message not answered yet.
+
+        Raises:
+            RuntimeError: no received message waits for an answer.
+            ClosedConnection: this end was closed.
+        """
+        if not self._metas:
+            if self._conn.closed:
+                raise _closed_here("send")
+            raise RuntimeError(
+                f"{type(self).__name__}.send: no received message is waiting for an "
+                f"answer (every message received has been answered); each send answers "
+                f"one message received, in order")
+        self._conn.send((self._metas[0], item), block=block, timeout=timeout)
+        self._metas.popleft()
+
+    def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        return self._accept(self._conn.recv(block=block, timeout=timeout))
+
+    async def recv_async(self) -> Any:
+        return self._accept(await self._conn.recv_async())
+
+    def _accept(self, message: Any) -> Any:
+        try:
+            meta, value = message
+        except (TypeError, ValueError):
+            raise TypeError(f"a pass-through end receives (key, value) messages (an "
+                            f"UnorderedConnectedFunction's), got "
+                            f"{type(message).__name__}") from None
+        self._metas.append(meta)
+        return value
+
+    def copy(self) -> "PassThroughConnection":
+        return PassThroughConnection(self._conn.copy())
+
+
+def pipe(queue_factory: QueueFactory = local_queue, maxsize: int = 0,
+         ) -> Tuple[Connection, Connection]:
+    """Two connected ends: what one sends, the other receives.
+
+    Example:
+        >>> a, b = pipe()
+        >>> b.send(1); a.recv()
+        1
+    """
+    q0, q1 = queue_factory(maxsize), queue_factory(maxsize)
+    return Connection(q0, q1), Connection(q1, q0)
+
+
+def forked_pipe(queue_factory: QueueFactory = local_queue, num_branches: int = 1,
+                maxsize: int = 0) -> Tuple[ForkedConnection, Tuple[KeyedConnection, ...]]:
+    """``(server, clients)``: ``num_branches`` client ends feeding one server end
+    through one request queue; each client has its own response queue.
+
+    Example:
+        >>> server, (c0, c1) = forked_pipe(num_branches=2)
+        >>> c1.send(5); server.recv()
+        5
+        >>> server.send(25); c1.recv()
+        25
+    """
+    check_int("num_branches", num_branches, minimum=1)
+    root = queue_factory(maxsize)
+    branches = [queue_factory(maxsize) for _ in range(num_branches)]
+    forked = ForkedConnection(root, dict(enumerate(branches)))
+    keyed = tuple(KeyedConnection(i, Connection(q, root)) for i, q in enumerate(branches))
+    return forked, keyed

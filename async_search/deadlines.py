@@ -1,0 +1,99 @@
+"""Request deadlines: ``evaluate(x, timeout=...)``, as Triton's per-request timeout.
+
+Past its deadline a request fails with RequestTimeoutError (a TimeoutError). Where the
+request waits in a queue that drops done futures (a server's batcher), it is dropped
+before the model runs, as a cancelled request is: ``expire_after`` fails the future at
+the deadline. An evaluate function that only awaits others (a router, a cache) bounds
+the await instead: ``within_deadline`` cancels it at the deadline, which drops the
+requests it made that are not batched yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, Awaitable, Callable
+
+from async_search.checks import check_float
+from async_search.errors import RequestTimeoutError
+
+
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` as a float of seconds; ValueError unless it is a finite number > 0.
+
+    Example:
+        >>> check_timeout(0.5)
+        0.5
+    """
+    return check_float("timeout", timeout, minimum=0, strict=True)
+
+
+def expire_after(fut: asyncio.Future, timeout: float,
+                 on_expiry: Callable[[], None] | None = None, *, note: str = "") -> None:
+    """Fails ``fut`` with RequestTimeoutError ``timeout`` seconds from now unless it is
+    done by then (the message ends with ``note``; ``on_expiry`` is called). The timer
+    goes as soon as ``fut`` is done, so that nothing of the request outlives it.
+
+    Example:
+        >>> async def main():
+        ...     fut = asyncio.get_running_loop().create_future()
+        ...     expire_after(fut, 0.01)
+        ...     try:
+        ...         await fut
+        ...     except RequestTimeoutError:
+        ...         return "expired"
+        >>> asyncio.run(main())
+        'expired'
+    """
+    timer = fut.get_loop().call_later(timeout, _expire, fut, timeout, on_expiry, note)
+    fut.add_done_callback(functools.partial(_cancel_timer, timer))
+
+
+async def within_deadline(awaitable: Awaitable, timeout: float) -> Any:
+    """``await awaitable``, or RequestTimeoutError once ``timeout`` seconds have passed
+    (the awaitable is then cancelled). A TimeoutError the awaitable raises itself, or a
+    cancellation of the caller, goes on as it is.
+
+    Example:
+        >>> async def main():
+        ...     fast = await within_deadline(asyncio.sleep(0, "done"), 0.5)
+        ...     try:
+        ...         await within_deadline(asyncio.sleep(10), 0.01)
+        ...     except RequestTimeoutError:
+        ...         return fast, "timed out"
+        >>> asyncio.run(main())
+        ('done', 'timed out')
+    """
+    task = asyncio.ensure_future(awaitable)
+    expired = []
+
+    def expire() -> None:
+        expired.append(True)
+        task.cancel()
+
+    timer = task.get_loop().call_later(timeout, expire)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        cancelling = getattr(current, "cancelling", None)  # Python 3.11+
+        if not expired or not task.cancelled() or (cancelling is not None and
+                                                   cancelling()):
+            raise  # the caller was cancelled
+        raise RequestTimeoutError(
+            f"no answer within the request's timeout of {timeout:g} s") from None
+    finally:
+        timer.cancel()
+
+
+def _expire(fut: asyncio.Future, timeout: float, on_expiry: Callable[[], None] | None,
+            note: str) -> None:
+    if not fut.done():
+        fut.set_exception(RequestTimeoutError(
+            f"no answer within the request's timeout of {timeout:g} s{note}"))
+        if on_expiry is not None:
+            on_expiry()
+
+
+def _cancel_timer(timer: asyncio.TimerHandle, fut: asyncio.Future) -> None:
+    timer.cancel()

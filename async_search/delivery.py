@@ -1,0 +1,162 @@
+"""Result delivery: each batch's outputs sliced into its requests' futures."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Dict, Hashable, List
+
+import numpy as np
+
+from async_search import rows
+from async_search.base import BatchParts, Outputs
+from async_search.errors import ModelOutputError, deliverable
+from async_search.rows import OutputStructure
+
+
+_UNSET, _MIXED, _MISSING = object(), object(), object()
+
+
+class ResultDelivery:
+    """Delivers a batch's outputs into its requests' futures.
+
+    Batches may complete in any order (several workers), and a split request's pieces
+    may sit anywhere in a batch (``BatchParts.parts``): a request split across batches is
+    reassembled by the offsets of its pieces. Futures registered with
+    ``want_version`` also learn the model version that computed them.
+
+    Every batch's outputs must have the structure of ``empty_output`` (a declared output
+    spec) or, without it, of the first batch delivered: the same kind (array, tuple of
+    as many, dict of the same keys), trailing shapes and dtypes. A dtype of the same
+    kind (float64 for float32) is cast; any other difference fails that batch with
+    ModelOutputError, so that no output is sliced into the wrong callers. Nothing is
+    kept of a request once its future is done: when one batch of a split request
+    fails, the pieces from its other batches are dropped.
+    """
+
+    def __init__(self, empty_output: Outputs | None = None):
+        #: The output of a zero-element request; known once a spec or a batch shows it.
+        self.empty_output = empty_output
+        self._structure: OutputStructure | None = None
+        self._expected_from = "the first batch's"
+        if empty_output is not None:
+            self._structure = OutputStructure.of(empty_output)
+            self._expected_from = "the declared output spec"
+        self._partial: Dict[asyncio.Future, list] = {}  # -> [size, received, pieces]
+        self._versions: Dict[asyncio.Future, Hashable] = {}
+
+    @property
+    def held(self) -> int:
+        """Requests split across batches whose pieces are kept, waiting for the rest."""
+        return len(self._partial)
+
+    @property
+    def structure(self) -> OutputStructure | None:
+        """The structure every batch's outputs must have; None until it is known."""
+        return self._structure
+
+    def want_version(self, fut: asyncio.Future) -> None:
+        """Record the version that computes ``fut`` (read it with ``pop_version``)."""
+        self._versions[fut] = _UNSET
+
+    def pop_version(self, fut: asyncio.Future) -> Hashable:
+        """The version that computed ``fut``; None if its pieces (a request split across
+        batches while the model was swapped) came from different versions."""
+        version = self._versions.pop(fut, None)
+        return None if version is _UNSET or version is _MIXED else version
+
+    def deliver(self, popped: BatchParts, outputs: Outputs, version: Hashable,
+                ) -> Exception | None:
+        """Slices ``outputs`` into the futures of ``popped``; an error if it cannot."""
+        expected = self._structure
+        if type(outputs) is not np.ndarray:  # no subclass reaches a caller, or the
+            outputs = rows.plain(outputs)      # structure learnt from the first batch
+        try:
+            # One structure check per batch (never per request): a batch whose outputs
+            # changed kind, shape or dtype is never sliced as if it had not.
+            got = OutputStructure.of(outputs)
+            if expected is not None and got != expected:
+                # A batch of zero-element requests only gets the expected empty
+                # output: what a model makes of no rows at all is moot.
+                outputs = self.empty_output if not len(popped.batch) else (
+                    expected.conform(outputs, got, self._expected_from))
+            num_rows = rows.count(outputs)
+        except (ModelOutputError, TypeError) as e:
+            return e if isinstance(e, ModelOutputError) else ModelOutputError(
+                f"the model's outputs have no batch dimension: {e}")
+        size = len(popped.batch)
+        if num_rows != size:
+            return ModelOutputError(
+                f"the model returned {num_rows} rows for a batch of {size} elements: it "
+                f"must return one output row per input element")
+        if expected is None and size:  # the first batch with rows sets the structure
+            self._structure = got
+            if self.empty_output is None:  # copied: a view would keep this batch's
+                empty = rows.take(outputs, slice(0, 0))  # outputs alive for good
+                self.empty_output = rows.map_leaves(np.copy, empty) if isinstance(
+                    empty, (np.ndarray, tuple, dict)) else empty
+        tags, pieces = popped.tags, popped.pieces
+        if self._versions:
+            versions = self._versions
+            for fut in tags:
+                known = versions.get(fut, _MISSING)
+                if known is not _MISSING:
+                    versions[fut] = version if known is _UNSET or known == version else _MIXED
+        parts = popped.parts
+        if not parts and size == len(tags) and type(outputs) is np.ndarray and (
+                min(map(len, pieces)) == 1):
+            # Every request is one element: hand out row views made in C.
+            row_views = zip(tags, outputs[:, None])
+            while True:
+                try:
+                    for fut, row in row_views:
+                        fut.set_result(row)
+                    return None
+                except asyncio.InvalidStateError:  # a caller cancelled after batching
+                    continue
+        for i, (fut, out) in enumerate(zip(tags, rows.split(outputs, map(len, pieces)))):
+            part = parts.get(i) if parts else None
+            if part is not None:  # a piece of a request split across batches
+                self._add_piece(fut, part[1], part[0], out)
+            elif not fut.done():
+                fut.set_result(out)
+        return None
+
+    def fail(self, popped: BatchParts, error: BaseException) -> None:
+        """Fails every request of ``popped`` with ``error`` and drops what is kept of
+        them (pieces from other batches). An error a future cannot carry as it is
+        (StopIteration, CancelledError...) is wrapped (``errors.deliverable``)."""
+        error = deliverable(error)
+        partial = self._partial
+        for fut in popped.tags:
+            if partial:
+                partial.pop(fut, None)
+            if not fut.done():
+                fut.set_exception(error)
+
+    def forget(self, futures: List[asyncio.Future]) -> None:
+        """Drops what is kept of requests that failed before reaching a batch."""
+        for fut in futures:
+            self._partial.pop(fut, None)
+
+    def _forget_one(self, fut: asyncio.Future) -> None:
+        self._partial.pop(fut, None)
+
+    def _add_piece(self, fut: asyncio.Future, total: int, offset: int,
+                   piece: Outputs) -> None:
+        if fut.done():  # failed (another batch of it did) or cancelled: keep nothing
+            self._partial.pop(fut, None)
+            return
+        state = self._partial.get(fut)
+        if state is None:
+            state = self._partial[fut] = [total, 0, []]
+            # A request cancelled before its last piece comes (whose rest the batcher
+            # then drops) keeps nothing here either.
+            fut.add_done_callback(self._forget_one)
+        state[1] += rows.count(piece)
+        state[2].append((offset, piece))
+        if state[1] == state[0]:
+            del self._partial[fut]
+            if not fut.done():
+                ordered = [p for _, p in sorted(state[2], key=lambda item: item[0])]
+                fut.set_result(rows.concatenate(ordered))
+

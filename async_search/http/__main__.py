@@ -1,0 +1,178 @@
+"""``python -m async_search.http``: serve a model over HTTP with the KServe v2 protocol.
+
+    python -m async_search.http                      # the built-in seeded MLP as "mlp"
+    python -m async_search.http --model mlp --port 8000 --max-batch-size 256
+    python -m async_search.http --model mypackage.nets:make_net --name net
+
+``--model`` is a built-in name (``mlp``: 16 FP32 inputs, 4 outputs) or
+``module:function``, a function of no arguments that returns the model. The front binds
+127.0.0.1 unless ``--host`` says otherwise, and runs until SIGINT or SIGTERM; then it
+drains, as Triton and KServe do: readiness answers 503 at once, new connections are
+refused, bodies still arriving and new requests get a JSON 503 "the server is
+stopping", and every request in progress gets its answer within ``--shutdown-timeout``
+seconds or that 503 when they are up (a second signal ends them at once); then it
+drains the model's queue and exits 0.
+
+``--grpc-port PORT`` serves the same models with the KServe v2 gRPC protocol too
+(``grpc_front.GrpcFront``, the ``grpc`` extra), on the same host; both fronts drain
+at once, within the one grace.
+
+Limits (defaults in brackets; see ``HttpLimits``): ``--max-body-bytes`` [16 MiB],
+``--max-json-bytes`` [1 MiB: larger tensors go as binary], ``--max-connections`` [512,
+and at most half of ``ulimit -n``], ``--keepalive-timeout`` [5 s idle],
+``--read-timeout`` [30 s per body], ``--write-timeout`` [30 s: a client that takes no
+byte of its answer for that long is dropped], ``--max-unsent-bytes`` [256 MiB of answers
+that clients have not taken, in all: 503 beyond], ``--shutdown-timeout`` [5 s],
+``--offload-bytes``
+[256 KiB: JSON this large is parsed in ``--offload-workers`` [half the CPUs] processes],
+``--max-workers`` [4 per CPU: the most ``num_workers`` a load request may ask for].
+Load and unload are off unless ``--enable-repository`` or ``--repository-token TOKEN``
+(or the environment variable ASYNC_SEARCH_REPOSITORY_TOKEN) is given; with a token, they
+need the header ``Authorization: Bearer TOKEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+from typing import Callable, Sequence
+
+from async_search.event_loops import loop_factory
+from async_search.http.front import HttpFront, HttpLimits
+from async_search.http.repository import ModelSource
+
+
+_log = logging.getLogger("async_search.http")
+
+
+def builtin_models() -> dict:
+    """Built-in model name -> factory."""
+    from async_search.models import MLP
+
+    return {"mlp": lambda: MLP((16,), hidden_sizes=(64, 64), output_size=4, seed=0)}
+
+
+def _factory(spec: str) -> tuple[str, Callable]:
+    builtin = builtin_models()
+    if spec in builtin:
+        return spec, builtin[spec]
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise SystemExit(f"--model must be a built-in model {sorted(builtin)} or "
+                         f"module:function, got {spec!r}")
+    return attr, getattr(importlib.import_module(module), attr)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m async_search.http", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="mlp", help="built-in name or module:function")
+    p.add_argument("--name", help="the served name (default: the model's)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--grpc-port", type=int, default=None,
+                   help="serve gRPC (KServe v2) on this port too; 0 picks a free port")
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--max-delay", type=float, default=None)
+    p.add_argument("--pipeline-depth", type=int, default=2)
+    p.add_argument("--num-workers", type=int, default=1)
+    p.add_argument("--cache-capacity", type=int, default=0)
+    limits = HttpLimits()
+    p.add_argument("--max-body-bytes", type=int, default=16 * 2 ** 20)
+    p.add_argument("--max-json-bytes", type=int, default=limits.max_json_bytes,
+                   help="largest JSON part of an inference body; larger tensors go as "
+                        "binary tensors")
+    p.add_argument("--max-connections", type=int, default=limits.max_connections,
+                   help="open connections at once (never more than half of ulimit -n)")
+    p.add_argument("--keepalive-timeout", type=float, default=limits.keepalive_timeout,
+                   help="seconds a connection may stay open with no request in progress")
+    p.add_argument("--read-timeout", type=float, default=limits.read_timeout,
+                   help="seconds a request body may take to arrive")
+    p.add_argument("--write-timeout", type=float, default=limits.write_timeout,
+                   help="seconds a client may take no byte of its answer before its "
+                        "connection is dropped")
+    p.add_argument("--max-unsent-bytes", type=int, default=limits.max_unsent_bytes,
+                   help="bytes of answers that clients have not taken, over all "
+                        "connections; an answer beyond gets 503")
+    p.add_argument("--shutdown-timeout", type=float, default=limits.shutdown_timeout,
+                   help="seconds requests in progress get on SIGTERM before they are "
+                        "answered 503 (a second signal: at once)")
+    p.add_argument("--offload-bytes", type=int, default=limits.offload_bytes,
+                   help="JSON bodies this large are parsed in worker processes")
+    p.add_argument("--offload-workers", type=int, default=limits.offload_workers)
+    p.add_argument("--max-workers", type=int, default=None,
+                   help="the most num_workers a load request may ask for (default: 4 "
+                        "per CPU)")
+    p.add_argument("--enable-repository", "--enable_repository", action="store_true",
+                   help="serve load and unload to anyone who can connect")
+    p.add_argument("--repository-token", "--repository_token",
+                   default=os.environ.get("ASYNC_SEARCH_REPOSITORY_TOKEN"),
+                   help="serve load and unload to requests with 'Authorization: Bearer "
+                        "TOKEN' (default: $ASYNC_SEARCH_REPOSITORY_TOKEN)")
+    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto",
+                   help="event loop (auto: uvloop when installed)")
+    return p
+
+
+async def _serve_forever(args: argparse.Namespace) -> None:
+    name, factory = _factory(args.model)
+    source = ModelSource(factory, max_batch_size=args.max_batch_size,
+                         max_delay=args.max_delay, pipeline_depth=args.pipeline_depth,
+                         num_workers=args.num_workers, cache_capacity=args.cache_capacity)
+    try:
+        limits = HttpLimits(
+            max_json_bytes=args.max_json_bytes, max_connections=args.max_connections,
+            keepalive_timeout=args.keepalive_timeout, read_timeout=args.read_timeout,
+            shutdown_timeout=args.shutdown_timeout, write_timeout=args.write_timeout,
+            max_unsent_bytes=args.max_unsent_bytes, offload_bytes=args.offload_bytes,
+            offload_workers=args.offload_workers, max_workers=args.max_workers)
+    except ValueError as e:
+        raise SystemExit(f"python -m async_search.http: {e}") from None
+    front = HttpFront({args.name or name: source}, host=args.host, port=args.port,
+                      max_body_bytes=args.max_body_bytes, limits=limits,
+                      enable_repository=args.enable_repository,
+                      repository_token=args.repository_token or None)
+    stop = asyncio.Event()
+
+    def on_signal() -> None:  # the first drains, the next ends the drain's grace
+        if stop.is_set():
+            front.end_grace()
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    async with front, contextlib.AsyncExitStack() as grpc:
+        _log.warning("serving %r on %s", args.name or name, front.url)
+        if args.grpc_port is not None:  # the same repository: the same batches
+            from async_search.http.grpc_front import GrpcFront
+
+            grpc_front = await grpc.enter_async_context(GrpcFront(
+                front.repository, host=args.host, port=args.grpc_port,
+                max_message_bytes=args.max_body_bytes,
+                shutdown_timeout=limits.shutdown_timeout))
+            _log.warning("serving %r on grpc://%s", args.name or name, grpc_front.address)
+        await stop.wait()
+        _log.warning("stopping: requests in progress get %g s", limits.shutdown_timeout)
+        # Both fronts drain at once: the grace is the flag's, not one grace per front.
+        await asyncio.gather(grpc.aclose(), front.aclose())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(format="%(name)s: %(message)s")
+    try:
+        factory = loop_factory(args.loop != "asyncio", required=args.loop == "uvloop")
+    except ImportError:
+        raise SystemExit("--loop uvloop: uvloop is not installed") from None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_serve_forever(args))
+
+
+if __name__ == "__main__":
+    main()

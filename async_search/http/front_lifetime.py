@@ -1,0 +1,44 @@
+"""How a front's life ends, the same for the HTTP and the gRPC front.
+
+A front's ``__aenter__`` starts its parts in an ``AsyncExitStack``, each pushing its
+undoing, the drain last (so it runs first), and keeps the stack as ``_exit``. Leaving
+the context, or ``aclose`` before that, runs the stack once: a caller may drain several
+fronts at once (``asyncio.gather`` of their ``aclose``) before their contexts end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+class FrontLifetime:
+    """The exit of a front: ``aclose`` (and leaving the context) drains and stops it once.
+
+    Subclasses set ``_exit`` (None until entered) and fill it in ``__aenter__``.
+
+    Example:
+        >>> import asyncio
+        >>> class Front(FrontLifetime):
+        ...     async def __aenter__(self):
+        ...         self._exit = contextlib.AsyncExitStack()
+        ...         self._exit.callback(print, "drained")
+        ...         return self
+        >>> async def main():
+        ...     async with Front() as front:
+        ...         await front.aclose()  # drains now; leaving the context does nothing
+        >>> asyncio.run(main())
+        drained
+    """
+
+    _exit: contextlib.AsyncExitStack | None = None  #: What leaving the context closes.
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Drains and stops the front (what leaving its context does); a second call
+        does nothing, so a caller may drain several fronts at once before their
+        contexts end."""
+        exit_stack, self._exit = self._exit, None
+        if exit_stack is not None:
+            await exit_stack.aclose()

@@ -1,0 +1,302 @@
+"""A gRPC front that speaks the KServe v2 / Open Inference Protocol, with grpc.aio.
+
+The gRPC twin of ``http.front.HttpFront``: it serves a ``ModelRepository``
+(its own, or the very one an HTTP front serves, so that both protocols' requests join
+the same batches) through the protocol's ``inference.GRPCInferenceService``, with the
+stubs that ``tritonclient[grpc]`` ships. Methods served:
+
+    ServerLive, ServerReady, ServerMetadata    liveness, readiness, name and extensions
+    ModelReady, ModelMetadata                  a model's readiness, inputs and outputs
+    ModelInfer                                 inference: raw_input_contents (or typed
+                                               contents) in, raw_output_contents out
+
+Every other method of the service answers UNIMPLEMENTED (grpc's default). Errors are
+gRPC status codes with a message: INVALID_ARGUMENT for a request that breaks the
+protocol or does not fit the model (the HTTP front's 400), NOT_FOUND for an unknown
+model or version (404), UNAVAILABLE for a model that is not loaded, one whose servers
+are closed, and while the front stops (503), INTERNAL when the model raised (500),
+RESOURCE_EXHAUSTED past ``max_concurrent_rpcs`` or for a message over
+``max_message_bytes`` (grpc's own). No request, however malformed, ends the server.
+
+Stopping (leaving the ``async with``) drains as the HTTP front does: readiness turns
+false at once and new RPCs get UNAVAILABLE "the server is stopping"; every RPC in
+progress gets its answer within ``shutdown_timeout`` seconds, or UNAVAILABLE when the
+grace ends; then the server stops. A client's deadline cancels its RPC, and so its
+request, on the server too.
+
+Example:
+    Both fronts on one repository; clients connect with
+    ``GrpcRemoteEvaluate(grpc.address, "mlp")`` (network servers, so not run in the
+    tests):
+
+    ```python
+    async with HttpFront(models) as http, GrpcFront(http.repository) as grpc:
+        print(grpc.address)  # 127.0.0.1:PORT
+    ```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, Mapping
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from async_search.base import evaluate_with_version
+from async_search.checks import check_float, check_int
+from async_search.errors import (CircuitOpenError, InputSpecError, ModelNotFoundError,
+                                 ModelNotReadyError, ProtocolError, ServerClosedError)
+from async_search.http import kserve
+from async_search.http.front_lifetime import FrontLifetime
+from async_search.http.grpc_tensors import REFUSED_KEY, decode_request, encode_response, pb
+from async_search.http.repository import ModelRepository, ModelSource
+
+
+_STOPPING = "the server is stopping"
+# After the grace: how long grpc gets to write the last answers before it closes.
+_FLUSH_S = 0.5
+
+#: The status code of each error that is the request's or the repository's.
+_CODES = ((ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
+          (ModelNotReadyError, grpc.StatusCode.UNAVAILABLE),
+          (InputSpecError, grpc.StatusCode.INVALID_ARGUMENT))
+_HTTP_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+               413: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL,
+               503: grpc.StatusCode.UNAVAILABLE}
+
+
+def grpc_status(error: BaseException) -> grpc.StatusCode:
+    """The status code that answers ``error``: the gRPC twin of the HTTP status a
+    ``ProtocolError`` carries, the repository's errors' (unknown model or version
+    NOT_FOUND, not loaded UNAVAILABLE), INVALID_ARGUMENT for input that does not fit
+    the model, INTERNAL for anything else (the model failed)."""
+    if isinstance(error, ProtocolError):
+        return _HTTP_CODES.get(error.status, grpc.StatusCode.INVALID_ARGUMENT
+                               if 400 <= error.status < 500 else grpc.StatusCode.INTERNAL)
+    for kind, code in _CODES:
+        if isinstance(error, kind):
+            return code
+    if isinstance(error, (ServerClosedError, CircuitOpenError)):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.INTERNAL
+
+
+class _Refusal(Exception):
+    """What a handler answers instead of a response: a status code and a message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class GrpcFront(FrontLifetime):
+    """Serves models over gRPC with the KServe v2 protocol; an async context manager
+    that binds on entry and, on exit, drains and closes what it owns.
+
+    Args:
+        models: a ``ModelRepository`` (served as is: its owner closes it, as an
+            ``HttpFront``'s ``repository``), or name -> ``ModelSource`` or evaluate
+            function (the front makes and owns a repository).
+        host: the address to bind; 127.0.0.1 unless told otherwise.
+        port: the port; 0 picks a free one (read it from ``port`` once entered).
+        max_message_bytes: the largest request message; larger ones get
+            RESOURCE_EXHAUSTED (16 MiB, as the HTTP front's body limit). Answers may be
+            as large as the model makes them.
+        max_concurrent_rpcs: RPCs in progress at once; more get RESOURCE_EXHAUSTED.
+        shutdown_timeout: seconds the RPCs in progress get on exit before they are
+            answered UNAVAILABLE.
+
+    Example:
+        A front that makes and owns its repository (a network server, so not run in
+        the tests):
+
+        ```python
+        async with GrpcFront({"mlp": ModelSource(lambda: MLP((16,)))}) as front:
+            print(front.address)  # 127.0.0.1:PORT
+        ```
+    """
+
+    def __init__(self, models: ModelRepository | Mapping[str, ModelSource | Any], *,
+                 host: str = "127.0.0.1", port: int = 0,
+                 max_message_bytes: int = 16 * 2 ** 20, max_concurrent_rpcs: int = 1024,
+                 shutdown_timeout: float = 5.0):
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
+            raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+        self._models = models
+        self.host = host
+        self.port = port
+        self.max_message_bytes = check_int("max_message_bytes", max_message_bytes,
+                                           minimum=1)
+        self.max_concurrent_rpcs = check_int("max_concurrent_rpcs", max_concurrent_rpcs,
+                                             minimum=1)
+        self.shutdown_timeout = check_float("shutdown_timeout", shutdown_timeout,
+                                            minimum=0)
+        self.repository: ModelRepository | None = None
+        self._server: grpc.aio.Server | None = None
+        self._exit: contextlib.AsyncExitStack | None = None
+        self._closing = False
+        self._handling: set = set()  # tasks of the RPCs in progress
+        self._cut: set = set()       # tasks the drain cancelled: they answer UNAVAILABLE
+
+    @property
+    def address(self) -> str:
+        """``host:port``, what a gRPC client dials (IPv6 hosts in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def closing(self) -> bool:
+        """Whether the front is stopping (readiness is false from then on)."""
+        return self._closing
+
+    @property
+    def requests_in_progress(self) -> int:
+        """RPCs in the handlers now."""
+        return len(self._handling)
+
+    # -- lifetime ---------------------------------------------------------------------
+    async def __aenter__(self) -> "GrpcFront":
+        if self._exit is not None or self._server is not None:
+            raise RuntimeError("a GrpcFront can be entered once")
+        async with contextlib.AsyncExitStack() as stack:
+            if isinstance(self._models, ModelRepository):
+                self.repository = self._models  # its owner closes it
+            else:
+                self.repository = await stack.enter_async_context(
+                    ModelRepository(self._models))
+            self._server = grpc.aio.server(
+                options=[("grpc.max_receive_message_length", self.max_message_bytes),
+                         ("grpc.max_send_message_length", -1),
+                         ("grpc.so_reuseport", 0)],
+                maximum_concurrent_rpcs=self.max_concurrent_rpcs)
+            service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+                _Servicer(self), self._server)
+            try:
+                port = self._server.add_insecure_port(self.address)
+            except RuntimeError as e:  # grpc's way of saying the port is taken
+                raise OSError(f"the gRPC front cannot bind {self.address}: {e}") from None
+            if not port:
+                raise OSError(f"the gRPC front cannot bind {self.address}")
+            self.port = port
+            await self._server.start()
+            stack.push_async_callback(self._drain)
+            self._exit = stack.pop_all()
+        return self
+
+    async def _drain(self) -> None:
+        """Unready at once, new RPCs refused (UNAVAILABLE), the RPCs in progress
+        answered within ``shutdown_timeout`` or UNAVAILABLE when it ends; then grpc
+        stops, giving the last answers ``_FLUSH_S`` to be written."""
+        self._closing = True
+        if self._handling:
+            await asyncio.wait(list(self._handling), timeout=self.shutdown_timeout)
+        self._cut.update(self._handling)
+        for task in list(self._handling):
+            task.cancel()  # the handler answers UNAVAILABLE (the task is in _cut)
+        await self._server.stop(_FLUSH_S)
+
+    # -- what the handlers share ------------------------------------------------------
+    async def _answer(self, context: grpc.aio.ServicerContext, handler, *args,
+                      drained: bool = False):
+        """The reply of ``handler(*args)``; its errors become status codes. A
+        ``drained`` handler (inference) is refused while the front stops and is waited
+        for by the drain; the others (metadata, readiness) are answered throughout, as
+        the HTTP front answers its GETs."""
+        task = asyncio.current_task()
+        try:
+            if not drained:
+                return await handler(*args)
+            if self._closing:
+                raise _Refusal(grpc.StatusCode.UNAVAILABLE, _STOPPING)
+            self._handling.add(task)
+            try:
+                return await handler(*args)
+            finally:
+                self._handling.discard(task)
+        except asyncio.CancelledError:
+            if task not in self._cut:
+                raise  # the client went (or its deadline passed): nobody to answer
+            code, message = grpc.StatusCode.UNAVAILABLE, (
+                f"{_STOPPING}: the request did not finish within the shutdown grace of "
+                f"{self.shutdown_timeout:g} s")
+        except _Refusal as e:
+            code, message = e.code, str(e)
+        except Exception as e:  # noqa: BLE001 - a bad request must never end the server
+            code, message = grpc_status(e), str(e)
+            if code is grpc.StatusCode.INTERNAL and not isinstance(e, ProtocolError):
+                message = f"internal error: {type(e).__name__}: {e}"
+        refused = ((REFUSED_KEY, "1"),) if code is grpc.StatusCode.UNAVAILABLE else ()
+        # raises: grpc ends the RPC with the status
+        await context.abort(code, message, trailing_metadata=refused)
+
+    # -- the methods ------------------------------------------------------------------
+    async def server_ready(self) -> bool:
+        return not self._closing and any(
+            self.repository.entry(n).ready for n in self.repository.names)
+
+    async def model_metadata(self, name: str, version: str) -> "pb.ModelMetadataResponse":
+        metadata = self.repository.entry(name, version or None).metadata()
+        response = pb.ModelMetadataResponse(name=metadata["name"],
+                                            versions=metadata["versions"],
+                                            platform=metadata["platform"])
+        for kind in ("inputs", "outputs"):
+            for tensor in metadata[kind]:
+                getattr(response, kind).add(name=tensor["name"],
+                                            datatype=tensor["datatype"],
+                                            shape=tensor["shape"])
+        return response
+
+    async def model_ready(self, name: str, version: str) -> bool:
+        return self.repository.entry(name, version or None).ready
+
+    async def infer(self, request: "pb.ModelInferRequest") -> "pb.ModelInferResponse":
+        name, version = request.model_name, request.model_version or None
+        entry = self.repository.entry(name, version)
+        evaluate = self.repository.serving(name, version)
+        decoded = decode_request(request, max_elements=self.max_message_bytes)
+        x = kserve.input_array(decoded, entry.input_name, entry.input_spec)
+        try:
+            outputs, label = await evaluate_with_version(evaluate, x)
+        except (InputSpecError, ServerClosedError, CircuitOpenError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the model's failure, not the front's
+            raise _Refusal(grpc.StatusCode.INTERNAL,
+                           f"model {name!r} failed: {type(e).__name__}: {e}") from e
+        named = kserve.named_outputs(outputs, entry.output_names)
+        if not entry.outputs:
+            entry.outputs = kserve.output_metadata(named)
+        return encode_response(model_name=name, model_version=kserve.version_label(label),
+                               request_id=decoded.id, outputs=named,
+                               requested=decoded.outputs)
+
+
+class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The service's methods, each a thin call into the front."""
+
+    def __init__(self, front: GrpcFront):
+        self._front = front
+
+    async def ServerLive(self, request, context):  # noqa: N802 - the protocol's names
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):  # noqa: N802
+        return pb.ServerReadyResponse(ready=await self._front.server_ready())
+
+    async def ServerMetadata(self, request, context):  # noqa: N802
+        return pb.ServerMetadataResponse(name="async_search", version="0.1.0",
+                                         extensions=[])
+
+    async def ModelReady(self, request, context):  # noqa: N802
+        ready = await self._front._answer(context, self._front.model_ready,
+                                          request.name, request.version)
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def ModelMetadata(self, request, context):  # noqa: N802
+        return await self._front._answer(context, self._front.model_metadata,
+                                         request.name, request.version)
+
+    async def ModelInfer(self, request, context):  # noqa: N802
+        return await self._front._answer(context, self._front.infer, request,
+                                         drained=True)

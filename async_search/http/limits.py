@@ -1,0 +1,413 @@
+"""What keeps an HTTP front responsive under hostile or careless clients.
+
+- ``HttpLimits``: the bounds, with their defaults, in one frozen table.
+- ``ConnectionLimiter`` and ``LimitedSite``: a cap on open connections, enforced where
+  connections are accepted. At the cap, a new connection closes the connection that has
+  been idle longest (no request in progress: keep-alive, headers still trickling in, or
+  an answer the client is not taking); when every connection is busy it is answered
+  503 and closed at once. File descriptors stay bounded whatever clients do, and a
+  flood of idle connections cannot lock out a client with a real request.
+- Answers a client does not take: every byte of an answer that the socket has not
+  taken counts as unsent (a transport's write buffer has no low-water slack here), a
+  connection whose client takes no byte for ``write_timeout`` is dropped, and an answer
+  that would bring the unsent bytes of all connections over ``max_unsent_bytes`` is
+  refused with 503 before it is written. A client that never reads cannot pin the
+  server's memory: what it holds is bounded, and returned within ``write_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import os
+from typing import Any, Callable
+
+from aiohttp import web
+
+from async_search.http.error_responses import adopt
+from async_search.http.kserve import error_body
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpLimits:
+    """Bounds on what clients may hold or send; every one has a ``python -m
+    async_search.http`` flag of the same name.
+
+    Attributes:
+        max_json_bytes: the largest JSON part of an inference body (the whole body, or
+            the header of a binary-tensor body), 1 MiB; larger ones get 413. JSON costs
+            about 20 bytes and a microsecond of parsing per value: send large tensors
+            with the binary tensor extension, which is bounded by ``max_body_bytes``.
+            (Measured on 2 cores: with 3 clients sending JSON bodies near the bound
+            back to back, small requests' p99 stayed at 65 ms with 1 MiB; at 4 MiB
+            it was 170-270 ms, the parsing starving everything else of CPU.)
+        max_connections: open connections at once, 512, and never more than half the
+            process's open-file limit (``ulimit -n``), so that connections cannot use
+            up the descriptors the server needs for itself. At the cap the longest-idle
+            connection is closed for a new one; if none is idle the new one gets 503.
+        keepalive_timeout: seconds a connection may stay open with no request in
+            progress (between requests, or before its request line and headers have
+            all arrived), 5.0; then it is closed.
+        read_timeout: seconds a request's body may take to arrive, in all, 30.0; then
+            the request gets 408 and its connection is closed.
+        shutdown_timeout: seconds that requests in progress get to finish when the
+            front closes (SIGTERM), 5.0: each gets its answer within it or a 503 that
+            says the server is stopping. Bodies still arriving, and requests that
+            arrive meanwhile, get that 503 at once.
+        write_timeout: seconds a client may take no byte of an answer, 30.0; then its
+            connection is dropped (and the answer's memory returned). A slow client
+            that keeps taking bytes is not dropped.
+        max_unsent_bytes: the most bytes of answers that clients have not taken yet,
+            over all connections, 256 MiB; an answer that would go over is refused
+            with 503 (retry shortly) before it is written. An answer held for a client
+            counts with the copy of its unsent part in the socket's write buffer (and
+            twice its size when it is admitted), so the bound is on memory.
+        offload_bytes: JSON parts of at least this many bytes (256 KiB) are decoded in
+            a worker process; JSON responses of at least ``offload_bytes // 16`` values
+            are encoded there.
+        offload_workers: worker processes for that, half the CPUs (at least 1),
+            leaving the rest to the loop and the model; started on first use.
+        max_workers: the most ``num_workers`` a load request may ask for; None: 4 per
+            CPU (applies to the repository the front makes itself).
+    """
+
+    max_json_bytes: int = 2 ** 20
+    max_connections: int = 512
+    keepalive_timeout: float = 5.0
+    read_timeout: float = 30.0
+    shutdown_timeout: float = 5.0
+    write_timeout: float = 30.0
+    max_unsent_bytes: int = 256 * 2 ** 20
+    offload_bytes: int = 256 * 2 ** 10
+    offload_workers: int = dataclasses.field(
+        default_factory=lambda: max(1, (os.cpu_count() or 2) // 2))
+    max_workers: int | None = None
+
+    def __post_init__(self):
+        for name in ("max_json_bytes", "max_connections", "max_unsent_bytes",
+                     "offload_bytes", "offload_workers"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("keepalive_timeout", "read_timeout", "shutdown_timeout",
+                     "write_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value < float("inf")):
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.max_workers is not None and (type(self.max_workers) is not int or
+                                             self.max_workers < 1):
+            raise ValueError(f"max_workers must be an integer >= 1 or None, got "
+                             f"{self.max_workers!r}")
+
+
+_REFUSAL_BODY = error_body("the server has too many open connections and none is idle; "
+                           "retry shortly")
+_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+            % len(_REFUSAL_BODY)) + _REFUSAL_BODY
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: admitted by the limiter, then passed to aiohttp's handler."""
+
+    def __init__(self, handler: asyncio.Protocol, limiter: "ConnectionLimiter"):
+        if limiter.handler_class is not None:
+            adopt(handler, limiter.handler_class)
+        self.handler: asyncio.Protocol | None = handler
+        self.limiter = limiter
+        self.transport: asyncio.Transport | None = None
+        self.served = False  # has a request reached the front's handlers
+        self.answer_bytes = 0  # the size of the answer last written (see answering)
+        self._first_request: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        if not self.limiter.admit(self):
+            self.handler = None
+            transport.write(_REFUSAL)
+            transport.close()
+            return
+        # Every byte the socket does not take counts as unsent (pause at once, resume
+        # when all is out): the limiter then sees each connection that holds unsent
+        # answer bytes, and aiohttp's writer waits for the client before writing more.
+        try:
+            transport.set_write_buffer_limits(high=0)
+        except (AttributeError, NotImplementedError):  # pragma: no cover - odd loops
+            pass
+        # aiohttp's keep-alive timer covers the time between requests; this one covers
+        # a connection that never completes a first request, whatever aiohttp's version.
+        if self.limiter.first_request_timeout is not None:
+            self._first_request = asyncio.get_running_loop().call_later(
+                self.limiter.first_request_timeout, self._no_first_request)
+        self.handler.connection_made(transport)
+
+    def _no_first_request(self) -> None:
+        if not self.served and self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        if self._first_request is not None:
+            self._first_request.cancel()
+        handler, self.handler = self.handler, None
+        if handler is not None:
+            self.limiter.release(self)
+            handler.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.handler is not None:
+            self.handler.data_received(data)
+
+    def eof_received(self):
+        return self.handler.eof_received() if self.handler is not None else None
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.limiter.stalled(self)
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.limiter.flowing(self)
+            self.handler.resume_writing()
+
+
+def connection_cap(max_connections: int) -> int:
+    """``max_connections``, lowered to half the open-file limit where that is lower."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return max_connections
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return max_connections
+    return max(1, min(max_connections, soft // 2))
+
+
+class _Stall:
+    """A connection with unsent bytes: when its client last took some, how many were
+    left then, and the size of the answer it holds meanwhile (aiohttp keeps the whole
+    answer until the socket has taken its last byte)."""
+
+    __slots__ = ("since", "unsent", "answer")
+
+    def __init__(self, since: float, unsent: int, answer: int):
+        self.since = since
+        self.unsent = unsent
+        self.answer = answer
+
+
+class ConnectionLimiter:
+    """Counts open connections, knows which are idle, and enforces ``max_connections``,
+    ``write_timeout`` and ``max_unsent_bytes``.
+
+    The front marks a connection busy while a request is in its handlers (``busy`` and
+    ``idle``, keyed by the request's transport); every other open connection is idle.
+    A connection whose socket has not taken all of an answer is stalled until it has:
+    a stalled connection whose client takes no byte for ``write_timeout`` is dropped
+    (aborted: its unsent bytes are freed at once), and ``admit_answer`` refuses an
+    answer that would bring the unsent bytes of all connections over
+    ``max_unsent_bytes``.
+
+    Args:
+        max_connections: the cap.
+        first_request_timeout: seconds a new connection has to get its first request
+            to the front's handlers before it is closed (None: no limit).
+        write_timeout: seconds a client may take no byte of an answer before its
+            connection is dropped (None: no limit).
+        max_unsent_bytes: the bound of ``admit_answer`` (None: no bound).
+        handler_class: what aiohttp's handlers are retyped to
+            (``error_responses.error_handler_class``; None: left as they are).
+        on_event: called with ``"refused"``, ``"evicted"`` or ``"write_timeout"`` each
+            time a connection is refused at the cap or closed for that reason.
+
+    Attributes:
+        refused: connections answered 503 because every open one was busy.
+        evicted: idle connections closed to make room for a new one.
+        write_timeouts: connections dropped for taking no byte for ``write_timeout``.
+    """
+
+    def __init__(self, max_connections: int, first_request_timeout: float | None = None,
+                 *, write_timeout: float | None = None,
+                 max_unsent_bytes: int | None = None, handler_class: type | None = None,
+                 on_event: Callable[[str], None] | None = None):
+        self.max_connections = max_connections
+        self.first_request_timeout = first_request_timeout
+        self.write_timeout = write_timeout
+        self.max_unsent_bytes = max_unsent_bytes
+        self.handler_class = handler_class
+        self.refused = 0
+        self.evicted = 0
+        self.write_timeouts = 0
+        self._on_event = on_event
+        self._idle: collections.OrderedDict = collections.OrderedDict()  # oldest first
+        self._busy: dict = {}          # guard -> requests in progress on it
+        self._by_transport: dict = {}
+        self._stalled: dict = {}       # guard -> _Stall, while it holds unsent bytes
+        self._watch: asyncio.TimerHandle | None = None
+
+    @property
+    def open(self) -> int:
+        """Connections open now."""
+        return len(self._idle) + len(self._busy)
+
+    @property
+    def busy_connections(self) -> int:
+        """Open connections with a request in progress."""
+        return len(self._busy)
+
+    @property
+    def stalled_connections(self) -> int:
+        """Open connections holding bytes of an answer that their socket has not taken."""
+        return len(self._stalled)
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes held for answers that clients have not taken yet: each such answer,
+        and the copy of its unsent part in the socket's write buffer."""
+        return sum(stall.answer + _unsent(guard)
+                   for guard, stall in self._stalled.items())
+
+    def protocol_factory(self, make_handler: Callable[[], asyncio.Protocol]):
+        """A protocol factory for ``loop.create_server`` that guards ``make_handler``'s
+        protocols."""
+        return lambda: _Guarded(make_handler(), self)
+
+    def busy(self, transport: Any) -> Any:
+        """Mark the connection of ``transport`` busy; returns a token for ``idle``."""
+        guard = self._by_transport.get(transport)
+        if guard is not None:
+            guard.served = True
+            self._idle.pop(guard, None)
+            self._busy[guard] = self._busy.get(guard, 0) + 1
+        return guard
+
+    def idle(self, guard: Any) -> None:
+        """The request that ``busy`` returned ``guard`` for is done."""
+        count = self._busy.get(guard)
+        if count is None:
+            return
+        if count > 1:
+            self._busy[guard] = count - 1
+        else:
+            del self._busy[guard]
+            self._idle[guard] = None
+
+    def admit(self, guard: _Guarded) -> bool:
+        """Count a new connection in, closing the oldest idle ones to make room; False
+        (and counted as refused) when every open connection is busy."""
+        while self.open >= self.max_connections and self._idle:
+            oldest, _ = self._idle.popitem(last=False)
+            self._by_transport.pop(oldest.transport, None)
+            self._stalled.pop(oldest, None)
+            self.evicted += 1
+            self._event("evicted")
+            # Aborted, not closed: a close waits for unsent bytes that an idle client
+            # may never take, and would keep the descriptor and the bytes meanwhile.
+            oldest.transport.abort()  # its connection_lost comes later: uncounted now
+        if self.open >= self.max_connections:
+            self.refused += 1
+            self._event("refused")
+            return False
+        self._idle[guard] = None
+        self._by_transport[guard.transport] = guard
+        return True
+
+    def release(self, guard: _Guarded) -> None:
+        """Count a closed connection out."""
+        self._idle.pop(guard, None)
+        self._busy.pop(guard, None)
+        self._stalled.pop(guard, None)
+        if self._by_transport.get(guard.transport) is guard:
+            del self._by_transport[guard.transport]
+
+    # -- answers the clients have not taken ----------------------------------------
+    def admit_answer(self, size: int) -> bool:
+        """Whether an answer of ``size`` bytes may be written: the unsent bytes of every
+        connection, with twice ``size`` (the answer and a copy of it in a write buffer),
+        stay within ``max_unsent_bytes``."""
+        bound = self.max_unsent_bytes
+        if bound is None:
+            return True
+        return 2 * size <= bound and (not self._stalled or
+                                      self.unsent_bytes + 2 * size <= bound)
+
+    @staticmethod
+    def answering(guard: Any, size: int) -> None:
+        """The connection that ``busy`` returned ``guard`` for is about to be written an
+        answer of ``size`` bytes (held while its socket has not taken it all)."""
+        if guard is not None:
+            guard.answer_bytes = size
+
+    def stalled(self, guard: _Guarded) -> None:
+        """The socket of ``guard`` did not take all of an answer (writing paused)."""
+        if guard.transport is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._stalled[guard] = _Stall(loop.time(), _unsent(guard), guard.answer_bytes)
+        if self._watch is None and self.write_timeout is not None:
+            self._watch = loop.call_later(self._tick, self._check_writes)
+
+    def flowing(self, guard: _Guarded) -> None:
+        """The socket of ``guard`` took every byte (writing resumed)."""
+        self._stalled.pop(guard, None)
+        guard.answer_bytes = 0
+
+    @property
+    def _tick(self) -> float:
+        return max(0.02, min(1.0, self.write_timeout / 10))
+
+    def _check_writes(self) -> None:
+        """Drop each stalled connection whose client took no byte for write_timeout."""
+        self._watch = None
+        now = asyncio.get_running_loop().time()
+        for guard, stall in list(self._stalled.items()):
+            unsent = _unsent(guard)
+            if unsent < stall.unsent:  # the client took bytes since the last look
+                stall.since = now
+            stall.unsent = unsent
+            if now - stall.since >= self.write_timeout:
+                del self._stalled[guard]
+                self.write_timeouts += 1
+                self._event("write_timeout")
+                guard.transport.abort()  # frees the unsent bytes now; no close wait
+        if self._stalled:
+            self._watch = asyncio.get_running_loop().call_later(self._tick,
+                                                                self._check_writes)
+
+    def close(self) -> None:
+        """Stop watching writes (the front is closed)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def _event(self, kind: str) -> None:
+        if self._on_event is not None:
+            self._on_event(kind)
+
+
+def _unsent(guard: _Guarded) -> int:
+    return guard.transport.get_write_buffer_size() if guard.transport is not None else 0
+
+
+class LimitedSite(web.BaseSite):
+    """A TCP site whose connections pass through a ``ConnectionLimiter``."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
+                 limiter: ConnectionLimiter, backlog: int = 128):
+        super().__init__(runner, backlog=backlog)
+        self._host, self._port = host, port
+        self._limiter = limiter
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._limiter.protocol_factory(self._runner.server), self._host, self._port,
+            backlog=self._backlog)

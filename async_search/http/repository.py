@@ -1,0 +1,341 @@
+"""A repository of named models that can be loaded and unloaded while serving.
+
+Each name maps either to a ``ModelSource`` (a factory and serving options: loading
+starts a BatchingServer that the repository owns, unloading drains and closes it) or to
+an evaluate function that someone else serves (loading and unloading then only make it
+available or not: the repository never closes what it did not open). The HTTP front
+serves the repository; in-process searches can share the very same evaluate functions,
+so that their requests and the network's join the same batches.
+
+Load parameters are bounded: ``num_workers`` (device threads) must lie in
+[1, ``max_workers``], by default ``4 * os.cpu_count()``; a request beyond that is the
+caller's error (``LoadParametersError``), not a reason to start hundreds of threads.
+
+Errors are the repository's own (``errors.RepositoryError``): ``ModelNotFoundError``
+for an unknown name or version, ``ModelNotReadyError`` for a model not loaded,
+``ModelLoadError`` when a load fails, ``LoadParametersError`` for bad load parameters.
+The HTTP front maps them to statuses (404, 503, 500, 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+from typing import Any, Callable, Dict, List, Mapping, Tuple
+
+from async_search.base import TensorSpec, input_spec_of, output_spec_of, version_of
+from async_search.errors import (LoadParametersError, ModelLoadError, ModelNotFoundError,
+                                 ModelNotReadyError)
+from async_search.http.kserve import TensorMetadata, model_metadata, quoted, version_label
+from async_search.routing.cache import CachedEvaluate
+from async_search.servers.batching import BatchingServer
+from async_search.servers.policy import DispatchPolicy
+
+
+def default_max_workers() -> int:
+    """The default cap on ``num_workers`` in a load request: 4 per CPU."""
+    return 4 * (os.cpu_count() or 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """How a repository makes and serves a model when it is loaded.
+
+    Attributes:
+        factory: makes the model (``ndarray [n, ...] -> outputs``), called on each load.
+        max_batch_size, max_delay, pipeline_depth, num_workers, model_thread: as in
+            ``asr.serve``.
+        cache_capacity: > 0 puts a ``CachedEvaluate`` of that many elements in front.
+        load_on_start: load when the repository starts (else on a load request).
+        input_name: the name of the model's input tensor in the protocol.
+        output_names: names of its output tensors (default ``output``, or
+            ``output_0``, ... for a tuple; dict keys name themselves).
+
+    Example:
+        >>> from async_search.models import MLP
+        >>> ModelSource(lambda: MLP((16,), output_size=4), max_batch_size=128).num_workers
+        1
+    """
+
+    factory: Callable[[], Any]
+    max_batch_size: int = 256
+    max_delay: float | None = None
+    pipeline_depth: int = 2
+    num_workers: int = 1
+    model_thread: bool | str = "auto"
+    cache_capacity: int = 0
+    load_on_start: bool = True
+    input_name: str = "input"
+    output_names: Tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if not callable(self.factory):
+            raise TypeError(f"factory must be a zero-argument callable that makes the "
+                            f"model, got {type(self.factory).__name__}")
+        DispatchPolicy(self.max_batch_size, self.max_delay, self.pipeline_depth)
+        if not isinstance(self.cache_capacity, int) or self.cache_capacity < 0:
+            raise ValueError(f"cache_capacity must be an integer >= 0, got "
+                             f"{self.cache_capacity!r}")
+
+
+def find_spec(evaluate: Any, which: str = "input") -> TensorSpec | None:
+    """The input (or output) spec behind an evaluate function, through caches and
+    routers: its own ``input_spec``, its model's, or that of what it wraps."""
+    spec_of = input_spec_of if which == "input" else output_spec_of
+    seen = set()
+    while evaluate is not None and id(evaluate) not in seen:
+        seen.add(id(evaluate))
+        spec = spec_of(evaluate)
+        if isinstance(spec, TensorSpec):
+            return spec
+        model = getattr(evaluate, "model", None)
+        spec = spec_of(model) if model is not None else None
+        if isinstance(spec, TensorSpec):
+            return spec
+        inner = getattr(evaluate, "evaluate", None)
+        if inner is None:
+            servers = getattr(evaluate, "servers", None)
+            inner = next(iter(servers.values()), None) if isinstance(servers, Mapping) \
+                else None
+        evaluate = inner
+    return None
+
+
+class ModelEntry:
+    """One named model: what serves it now (None when unloaded) and its signature."""
+
+    def __init__(self, name: str, source: ModelSource | None, evaluate: Any = None):
+        self.name = name
+        self.source = source
+        self.evaluate: Any = evaluate      # what requests go to; None when unloaded
+        self.external = evaluate           # served by its owner, when not from a source
+        self.server: BatchingServer | None = None  # owned, when made from a source
+        self.closer: contextlib.AsyncExitStack | None = None  # closes what it owns
+        self.input_name = source.input_name if source else "input"
+        self.output_names = source.output_names if source else None
+        self.outputs: Tuple[TensorMetadata, ...] = ()  # learned from the first response
+        self.lock = asyncio.Lock()
+        self.reason = ""  # why the last load failed
+
+    @property
+    def ready(self) -> bool:
+        return self.evaluate is not None
+
+    @property
+    def version(self) -> str:
+        """The version of the model now serving, as the protocol spells it
+        (``kserve.version_label``); empty when unloaded or unknown."""
+        return version_label(version_of(self.evaluate)) if self.evaluate is not None \
+            else ""
+
+    @property
+    def input_spec(self) -> TensorSpec | None:
+        return find_spec(self.evaluate, "input")
+
+    @property
+    def output_spec(self) -> TensorSpec | None:
+        return find_spec(self.evaluate, "output")
+
+    def metadata(self) -> Mapping[str, Any]:
+        """The model metadata, as the protocol's JSON spells it (``kserve.model_metadata``):
+        what the HTTP and the gRPC fronts answer."""
+        spec, out_spec = self.input_spec, self.output_spec
+        inputs = [TensorMetadata.of_spec(self.input_name, spec)] if spec else [
+            TensorMetadata(self.input_name, "", (-1,))]
+        if out_spec is not None:
+            name = self.output_names[0] if self.output_names else "output"
+            outputs = (TensorMetadata.of_spec(name, out_spec),)
+        else:
+            outputs = self.outputs
+        # "": a function that reports no version has none to list
+        versions = [self.version] if self.ready and self.version else []
+        return model_metadata(self.name, versions, inputs, outputs)
+
+
+class ModelRepository:
+    """Named models, loaded and unloaded while serving; owns the servers it starts.
+
+    Use it as an async context manager: on entry it loads every source marked
+    ``load_on_start``; on exit it drains and closes the servers it started.
+
+    Args:
+        models: name -> ``ModelSource`` (served and owned by the repository) or an
+            evaluate function (served by its owner; made available or not).
+        max_workers: the most ``num_workers`` a load request may ask for;
+            ``default_max_workers()`` (4 per CPU) when None.
+
+    Example:
+        >>> import numpy as np
+        >>> from async_search.models import MLP
+        >>> async def main():
+        ...     async with ModelRepository({"mlp": ModelSource(lambda: MLP((4,)))}) as repo:
+        ...         y = await repo.entry("mlp").evaluate(np.zeros((2, 4), np.float32))
+        ...         await repo.unload("mlp")
+        ...         return y.shape, repo.entry("mlp").ready
+        >>> asyncio.run(main())
+        ((2, 1), False)
+    """
+
+    def __init__(self, models: Mapping[str, ModelSource | Any], *,
+                 max_workers: int | None = None):
+        if max_workers is None:
+            max_workers = default_max_workers()
+        if type(max_workers) is not int or max_workers < 1:
+            raise ValueError(f"max_workers must be an integer >= 1, got {max_workers!r}")
+        self.max_workers = max_workers
+        self._entries: Dict[str, ModelEntry] = {}
+        for name, model in models.items():
+            if not isinstance(name, str) or not name or "/" in name:
+                raise ValueError(f"model names must be non-empty strings without '/', "
+                                 f"got {name!r}")
+            if isinstance(model, ModelSource):
+                self._entries[name] = ModelEntry(name, model)
+            elif callable(model):
+                self._entries[name] = ModelEntry(name, None, model)
+            else:
+                raise TypeError(f"model {name!r} must be a ModelSource or an evaluate "
+                                f"function, got {type(model).__name__}")
+
+    @property
+    def names(self) -> List[str]:
+        return list(self._entries)
+
+    def entry(self, name: str, version: str | None = None) -> ModelEntry:
+        """The entry of ``name``; with ``version`` (as the protocol spells it), only
+        while that version is the one serving (or the model is not loaded).
+
+        Raises:
+            ModelNotFoundError: for an unknown name, or another version than the one
+                serving.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ModelNotFoundError(f"unknown model {quoted(name)}; served models: "
+                                     f"{self.names}")
+        if version is not None and entry.ready and version != entry.version:
+            raise ModelNotFoundError(f"model {name!r} has no version {quoted(version)}: it "
+                                     f"serves version {entry.version!r}")
+        return entry
+
+    def serving(self, name: str, version: str | None = None) -> Any:
+        """The evaluate function that serves ``name`` (``version``) now.
+
+        Raises:
+            ModelNotFoundError: as ``entry``.
+            ModelNotReadyError: when the model is not loaded.
+        """
+        evaluate = self.entry(name, version).evaluate
+        if evaluate is None:
+            raise ModelNotReadyError(f"model {name!r} is not loaded: load it with POST "
+                                     f"/v2/repository/models/{name}/load")
+        return evaluate
+
+    async def __aenter__(self) -> "ModelRepository":
+        try:
+            for entry in self._entries.values():
+                if entry.source is not None and entry.source.load_on_start:
+                    await self.load(entry.name)
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Unload every model the repository serves itself."""
+        for entry in self._entries.values():
+            if entry.closer is not None:
+                await self.unload(entry.name)
+
+    async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Load ``name`` (a no-op when loaded); ``parameters`` may set ``num_workers``
+        (an integer in [1, ``max_workers``]).
+
+        Raises:
+            ModelNotFoundError: for an unknown model.
+            LoadParametersError: for bad parameters.
+            ModelLoadError: when the factory or the server fails to start.
+        """
+        entry = self.entry(name)
+        workers = _load_parameters(parameters, self.max_workers)
+        async with entry.lock:
+            if entry.evaluate is None:
+                if entry.source is None:
+                    entry.evaluate = entry.external
+                else:
+                    await self._start(entry)
+            if workers is not None:
+                await _set_workers(entry, workers)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``: new requests are refused at once; those in flight get
+        their results (a server the repository started is drained and closed)."""
+        entry = self.entry(name)
+        async with entry.lock:
+            closer, entry.closer, entry.server = entry.closer, None, None
+            entry.evaluate = None
+            if closer is not None:
+                await closer.aclose()  # drains the server's requests, then closes it
+
+    async def _start(self, entry: ModelEntry) -> None:
+        source = entry.source
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                model = source.factory()
+                server = await stack.enter_async_context(BatchingServer(
+                    model, DispatchPolicy(source.max_batch_size, source.max_delay,
+                                          source.pipeline_depth),
+                    model_thread=source.model_thread, num_workers=source.num_workers))
+                evaluate = CachedEvaluate(server, capacity=source.cache_capacity) if (
+                    source.cache_capacity) else server
+            except Exception as e:  # the stack closes a server that did start
+                entry.reason = f"{type(e).__name__}: {e}"
+                raise ModelLoadError(f"loading model {entry.name!r} failed: "
+                                     f"{entry.reason}") from e
+            entry.closer = stack.pop_all()  # the server outlives this call: unload
+        entry.reason = ""
+        entry.server = server
+        entry.outputs = ()
+        entry.evaluate = evaluate
+
+    def index(self) -> List[dict]:
+        """Each model's name, version, state (READY or UNAVAILABLE) and reason."""
+        return [{"name": e.name, "version": e.version,
+                 "state": "READY" if e.ready else "UNAVAILABLE", "reason": e.reason}
+                for e in self._entries.values()]
+
+
+def _load_parameters(parameters: Mapping[str, Any] | None,
+                     max_workers: int) -> int | None:
+    if not parameters:
+        return None
+    if not isinstance(parameters, Mapping):
+        raise LoadParametersError(f"load parameters must be a JSON object, got "
+                                  f"{type(parameters).__name__}")
+    unknown = sorted(str(k)[:40] for k in set(parameters) - {"num_workers"})
+    if unknown:
+        raise LoadParametersError(f"unknown load parameters {unknown[:10]}: the only "
+                                  f"load parameter is num_workers")
+    if "num_workers" not in parameters:
+        return None
+    workers = parameters["num_workers"]
+    if type(workers) is not int or not 1 <= workers <= max_workers:
+        raise LoadParametersError(f"num_workers must be an integer in [1, {max_workers}] "
+                                  f"(the repository's max_workers), got "
+                                  f"{str(workers)[:40]}")
+    return workers
+
+
+async def _set_workers(entry: ModelEntry, workers: int) -> None:
+    server = entry.server if entry.server is not None else entry.evaluate
+    if not hasattr(server, "add_worker"):
+        raise LoadParametersError(f"model {entry.name!r} cannot change its number of "
+                                  f"workers")
+    while server.num_workers < workers:
+        await server.add_worker()
+    while server.num_workers > workers:
+        await server.remove_worker()

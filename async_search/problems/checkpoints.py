@@ -1,0 +1,216 @@
+"""Checkpoints: a net's weights (npz) and its config and metadata (JSON), versioned.
+
+A checkpoint is a folder holding ``config.json`` (the format version, the ``NetConfig``,
+the caller's metadata, and the name and SHA-256 of the weights file) and the weights
+file it names, ``weights-<digest>.npz`` (the ``(w, b)`` layers as ``w0, b0, w1, ...``,
+dtypes kept, so a round trip is bitwise). Saving over a checkpoint writes the new
+weights file beside the old one, then replaces ``config.json`` in one atomic step
+(``files.write_file``), then removes the old weights: the folder is never absent under
+its name, and holds either the old checkpoint or the new one, whole. Loading checks the
+format, every field, the digest and the layer shapes, and names the file and the
+problem when any is off. Checkpoints of format 1 (``weights.npz``) still load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import zipfile
+from typing import Any, Dict
+
+import numpy as np
+
+from async_search.errors import CheckpointError
+from async_search.files import (folder_path, is_leftover, make_folder, remove_tree,
+                                write_file)
+from async_search.problems.nets import (NetConfig, Weights, check_weights, config_of,
+                                        to_model, weights_of)
+
+
+FORMAT = "async_search.checkpoint/2"
+_FORMAT_1 = "async_search.checkpoint/1"  # weights always in weights.npz
+_CONFIG, _WEIGHTS_1 = "config.json", "weights.npz"
+_WEIGHTS = re.compile(r"^weights-[0-9a-f]{16}\.npz$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint holds."""
+
+    config: NetConfig
+    """The net's configuration."""
+    weights: Weights
+    """The ``(w, b)`` layers as saved (bitwise)."""
+    metadata: Dict[str, Any]
+    """The caller's JSON metadata (iteration, scores, ...)."""
+
+    def model(self) -> Any:
+        """The NumPy model (``problems.nets.to_model``)."""
+        return to_model(self.config, self.weights)
+
+
+def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
+                    metadata: Dict[str, Any] | None = None) -> str:
+    """Saves ``model`` (a model ``to_model`` made, or its ``(w, b)`` layers) to the
+    folder ``path``, replacing what was there atomically. Returns the path (without a
+    trailing separator).
+
+    ``config`` is the net's ``NetConfig`` or its JSON dict; None reads it from the model
+    (it must then be a model, not bare layers).
+
+    Raises:
+        ValueError: weights that do not fit the config, or metadata that is not JSON;
+            nothing is written then.
+        FileWriteError: naming the file that could not be written; the checkpoint that
+            was there is whole.
+
+    Example:
+        >>> import tempfile
+        >>> from async_search.problems.nets import NetConfig, initial_weights
+        >>> config = NetConfig("policy_value", "connect_four", (8,))
+        >>> path = save_checkpoint(tempfile.mkdtemp() + "/ckpt",
+        ...                        initial_weights(config, 0), config, {"iteration": 0})
+        >>> read_checkpoint(path).metadata
+        {'iteration': 0}
+    """
+    path = folder_path(path)
+    bare = isinstance(model, (list, tuple))
+    if bare and config is None:
+        raise ValueError("save_checkpoint: bare (w, b) layers need their NetConfig")
+    config = config_of(None if bare else model, config)
+    weights = model if bare else weights_of(model)
+    check_weights(config, weights)
+    buffer = io.BytesIO()
+    arrays = {}
+    for i, (w, b) in enumerate(weights):
+        arrays[f"w{i}"], arrays[f"b{i}"] = np.asarray(w), np.asarray(b)
+    np.savez(buffer, **arrays)
+    data = buffer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    weights_file = f"weights-{digest[:16]}.npz"
+    header = {"format": FORMAT, "config": config.to_json(),
+              "metadata": metadata if metadata is not None else {},
+              "weights_file": weights_file, "weights_sha256": digest,
+              "layers": len(weights)}
+    try:  # refuses non-JSON metadata (and NaN, which strict JSON readers reject) early
+        text = json.dumps(header, indent=1, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"save_checkpoint({path!r}): metadata must be JSON (strings, "
+                         f"finite numbers, lists, dicts): {e}") from e
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError(f"save_checkpoint({path!r}): a file has that name; a checkpoint "
+                         f"is a folder (remove the file or choose another path)")
+    make_folder(path)
+    write_file(os.path.join(path, weights_file), data)
+    write_file(os.path.join(path, _CONFIG), text)  # the commit: names the new weights
+    for name in sorted(os.listdir(path)):  # the old weights, and interrupted writes
+        if (name != weights_file and (name == _WEIGHTS_1 or _WEIGHTS.match(name))
+                or is_leftover(name)):
+            remove_tree(os.path.join(path, name))
+    parent = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    for name in sorted(os.listdir(parent)):  # this name's, from older versions' saves
+        if name.startswith(base + ".") and is_leftover(name) and (
+                name.rsplit("-", 1)[0] in (f"{base}.tmp", f"{base}.old")):
+            remove_tree(os.path.join(parent, name))
+    return path
+
+
+def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """The config, weights and metadata of the checkpoint at ``path``.
+
+    Raises:
+        CheckpointError: naming the file and what is wrong with it.
+    """
+    from async_search.schema import Fields, read_json
+
+    path = folder_path(path)
+    config_file = os.path.join(path, _CONFIG)
+    if not os.path.isfile(config_file):
+        raise CheckpointError(f"checkpoint {path!r}: {config_file!r} is missing (is it a "
+                              f"checkpoint folder written by save_checkpoint?)")
+    header = read_json(config_file)
+    got = header.get("format") if isinstance(header, dict) else None
+    if got not in (FORMAT, _FORMAT_1):
+        shown = got if isinstance(header, dict) else f"a JSON {type(header).__name__}"
+        raise CheckpointError(f"checkpoint {config_file!r} has format {shown!r}; this "
+                              f"version of async_search reads {FORMAT!r} (and "
+                              f"{_FORMAT_1!r})")
+    fields = Fields(header, config_file)
+    try:
+        config = NetConfig.from_json(_net_config(fields))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {config_file!r} has an invalid net config: "
+                              f"{e}") from e
+    metadata = fields.object("metadata").data
+    layers = fields.int("layers", minimum=1)
+    if layers != len(config.layer_shapes):
+        raise fields.error(f"says {layers} layers; its net config has "
+                           f"{len(config.layer_shapes)}", "layers")
+    digest = fields.str("weights_sha256", pattern=_SHA256.pattern)
+    name = (fields.str("weights_file", pattern=_WEIGHTS.pattern) if got == FORMAT
+            else _WEIGHTS_1)
+    fields.exactly(["format", "config", "metadata", "layers", "weights_sha256"]
+                   + (["weights_file"] if got == FORMAT else []))
+    weights_file = os.path.join(path, name)
+    try:
+        with open(weights_file, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path!r}: {weights_file!r}, which {_CONFIG} "
+                              f"names, is missing") from None
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: {e}") from e
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise CheckpointError(f"checkpoint {weights_file!r} does not match the digest in "
+                              f"{_CONFIG} (truncated or corrupt)")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            want = {f"{kind}{i}" for i in range(layers) for kind in "wb"}
+            if set(arrays.files) != want:
+                raise ValueError(f"it holds arrays {sorted(arrays.files)}, expected "
+                                 f"{sorted(want)}")
+            weights = [(arrays[f"w{i}"], arrays[f"b{i}"]) for i in range(layers)]
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
+        raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: {e}") from e
+    try:
+        check_weights(config, weights)
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {weights_file!r}: {e}") from e
+    return Checkpoint(config, weights, metadata)
+
+
+def _net_config(fields: Any) -> Dict[str, Any]:
+    """The ``config`` field, its fields typed (NetConfig itself converts them)."""
+    net = fields.object("config")
+    out = {"kind": net.str("kind"), "problem": net.str("problem"),
+           "hidden_sizes": net.list("hidden_sizes")}
+    for i, width in enumerate(out["hidden_sizes"]):
+        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+            raise net.error(f"must be integer widths >= 1, got {width!r} at {i}",
+                            "hidden_sizes")
+    if "size" in net.data:
+        out["size"] = net.int("size", minimum=2)
+    if "residual" in net.data:
+        out["residual"] = net.bool("residual")
+    net.exactly(["kind", "problem", "hidden_sizes", "size", "residual"])
+    return out
+
+
+def load_checkpoint(path: str | os.PathLike) -> Any:
+    """The NumPy model saved at ``path`` (``read_checkpoint(path).model()``); the model
+    carries ``checkpoint_metadata`` and ``net_config`` attributes.
+
+    Raises:
+        CheckpointError: naming the file and what is wrong with it.
+    """
+    checkpoint = read_checkpoint(path)
+    model = checkpoint.model()
+    model.checkpoint_metadata = checkpoint.metadata
+    model.net_config = checkpoint.config
+    return model

@@ -1,0 +1,180 @@
+"""What a trained net is: its configuration, and the NumPy model its weights make.
+
+A ``NetConfig`` names the problem, the kind of net and its layer widths; with a list of
+``(w, b)`` layers it makes the model that ``serve`` and the searches take (``to_model``).
+Checkpoints store exactly these two things, so the config must round-trip through JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from async_search.checks import is_int
+from async_search.models import MLP
+from async_search.problems.connect_four import ConnectFour
+from async_search.problems.heuristics import LearnedHeuristic
+from async_search.problems.policy_value import PolicyValueMLP
+from async_search.problems.sliding_puzzle import SlidingPuzzle
+
+
+#: ``[(w [fan_in, fan_out], b [fan_out]), ...]``, input layer first.
+Weights = List[Tuple[np.ndarray, np.ndarray]]
+
+KINDS = ("policy_value", "heuristic")
+PROBLEMS = ("connect_four", "sliding_puzzle")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetConfig:
+    """A trainable net: what it is for and its shape.
+
+    Attributes:
+        kind: ``policy_value`` (outputs ``(logits [n, A], value [n, 1])``) or
+            ``heuristic`` (outputs a cost to go ``[n, 1]``).
+        problem: ``connect_four`` or ``sliding_puzzle``.
+        hidden_sizes: widths of the ReLU hidden layers.
+        size: the sliding puzzle's side (4: the 15-puzzle); ignored for games.
+        residual: heuristic nets: learn a correction added to the Manhattan distance.
+
+    Example:
+        >>> config = NetConfig("policy_value", "connect_four", (64,))
+        >>> NetConfig.from_json(config.to_json()) == config
+        True
+    """
+
+    kind: str
+    problem: str
+    hidden_sizes: Tuple[int, ...] = (256, 256)
+    size: int = 4
+    residual: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+        if self.kind not in KINDS:
+            raise ValueError(f"NetConfig.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.problem not in PROBLEMS:
+            raise ValueError(f"NetConfig.problem must be one of {PROBLEMS}, got "
+                             f"{self.problem!r}")
+        if (self.kind == "policy_value") != (self.problem == "connect_four"):
+            raise ValueError(f"a {self.kind} net does not fit {self.problem}: connect_four "
+                             f"takes policy_value nets, sliding_puzzle heuristic nets")
+        if not self.hidden_sizes or not all(is_int(h) and h >= 1
+                                            for h in self.hidden_sizes):
+            raise ValueError(f"NetConfig.hidden_sizes must be integer widths >= 1, got "
+                             f"{self.hidden_sizes}")
+
+    def make_problem(self) -> Any:
+        """The game or puzzle the net is for."""
+        return ConnectFour() if self.problem == "connect_four" else SlidingPuzzle(self.size)
+
+    @property
+    def input_shape(self) -> Tuple[int, ...]:
+        return tuple(self.make_problem().input_spec.shape)
+
+    @property
+    def num_actions(self) -> int | None:
+        return ConnectFour.num_actions if self.kind == "policy_value" else None
+
+    @property
+    def output_size(self) -> int:
+        return self.num_actions + 1 if self.kind == "policy_value" else 1
+
+    @property
+    def layer_shapes(self) -> List[Tuple[int, int]]:
+        sizes = [int(np.prod(self.input_shape)), *self.hidden_sizes, self.output_size]
+        return list(zip(sizes[:-1], sizes[1:]))
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "problem": self.problem,
+                "hidden_sizes": list(self.hidden_sizes), "size": self.size,
+                "residual": self.residual}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "NetConfig":
+        return cls(data["kind"], data["problem"], tuple(data["hidden_sizes"]),
+                   int(data.get("size", 4)), bool(data.get("residual", True)))
+
+
+def initial_weights(config: NetConfig, seed: int) -> Weights:
+    """Glorot-uniform weights and zero biases, seeded (float32)."""
+    rng = np.random.default_rng(seed)
+    layers = []
+    for fan_in, fan_out in config.layer_shapes:
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        layers.append((rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32),
+                       np.zeros(fan_out, np.float32)))
+    return layers
+
+
+def check_weights(config: NetConfig, weights: Sequence[Tuple[np.ndarray, np.ndarray]]
+                  ) -> Weights:
+    """``weights`` as float32 arrays; ValueError unless they fit ``config``'s layers."""
+    want = config.layer_shapes
+    got = [(tuple(np.shape(w)), tuple(np.shape(b))) for w, b in weights]
+    if got != [((i, o), (o,)) for i, o in want]:
+        raise ValueError(f"weights do not fit {config}: expected layers "
+                         f"{[((i, o), (o,)) for i, o in want]}, got {got}")
+    out = [(np.asarray(w, np.float32), np.asarray(b, np.float32)) for w, b in weights]
+    if not all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in out):
+        raise ValueError("weights must be finite (training diverged?)")
+    return out
+
+
+def to_model(config: NetConfig, weights: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Any:
+    """The NumPy model (``PolicyValueMLP`` or ``LearnedHeuristic``) with ``weights``
+    rounded onto ``models.MLP``'s exact grid, so its rows are batch-independent."""
+    weights = check_weights(config, weights)
+    problem = config.make_problem()
+    if config.kind == "policy_value":
+        net = PolicyValueMLP(problem, hidden_sizes=config.hidden_sizes, seed=0)
+        return net.with_weights(weights)
+    mlp = MLP(problem.input_spec.shape, config.hidden_sizes, 1, seed=0).with_weights(weights)
+    return LearnedHeuristic(problem, mlp, residual=config.residual)
+
+
+def weights_of(model: Any) -> Weights:
+    """The ``(w, b)`` layers of a model that ``to_model`` made."""
+    if isinstance(model, PolicyValueMLP):
+        return [(w, b) for w, b in model.body.weights]
+    if isinstance(model, LearnedHeuristic):
+        return [(w, b) for w, b in model.mlp.weights]
+    if isinstance(model, MLP):
+        return [(w, b) for w, b in model.weights]
+    raise TypeError(f"cannot read weights from a {type(model).__name__}; expected a "
+                    f"PolicyValueMLP, LearnedHeuristic or models.MLP")
+
+
+def config_of(model: Any, config: Any = None) -> NetConfig:
+    """The ``NetConfig`` of ``model``: ``config`` itself, or its JSON dict, or (None)
+    read from the model (a ``PolicyValueMLP`` for Connect Four, a ``LearnedHeuristic``,
+    or a model ``load_checkpoint`` returned).
+
+    Raises:
+        ValueError: when no config is given and the model does not say what it is for.
+    """
+    if isinstance(config, NetConfig):
+        return config
+    if isinstance(config, dict):
+        try:
+            return NetConfig.from_json(config)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"config must be a NetConfig or its JSON (kind, problem, "
+                             f"hidden_sizes, ...), got {config!r}: {e}") from e
+    if config is not None:
+        raise ValueError(f"config must be a NetConfig, its JSON dict, or None (read "
+                         f"from the model), got {type(config).__name__}")
+    known = getattr(model, "net_config", None)
+    if isinstance(known, NetConfig):
+        return known
+    if isinstance(model, PolicyValueMLP) and tuple(
+            model.input_spec.shape) == tuple(ConnectFour().input_spec.shape):
+        return NetConfig("policy_value", "connect_four", model.hidden_sizes)
+    if isinstance(model, LearnedHeuristic):
+        hidden = tuple(w.shape[1] for w, _ in model.mlp.weights[:-1])
+        return NetConfig("heuristic", "sliding_puzzle", hidden, model.puzzle.size,
+                         model.residual)
+    raise ValueError(f"cannot tell what a {type(model).__name__} is for: pass its "
+                     f"NetConfig (kind, problem, hidden_sizes)")

@@ -1,0 +1,80 @@
+"""Trained models shipped in the package, and the published 15-puzzle instances.
+
+``pretrained(name)`` loads a checkpoint committed under ``problems/pretrained/`` (written
+by ``python main.py --train ...``; docs/training.md says how each was trained, and
+docs/benchmarks.md what it scores). ``korf100()`` gives Korf's 100 random 15-puzzle
+instances with their optimal solution lengths (Korf 1985), for held-out evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, List, NamedTuple
+
+from async_search.problems.checkpoints import load_checkpoint
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: Name -> what it is. ``pretrained(name)`` accepts exactly these names.
+PRETRAINED = {
+    "connect_four": "AlphaZero policy-value MLP for Connect Four (PolicyValueMLP)",
+    "15-puzzle": "DAVI cost-to-go heuristic for the 15-puzzle (LearnedHeuristic)",
+}
+
+
+def pretrained_path(name: str) -> str:
+    """The checkpoint folder of a shipped model; ValueError listing the known names."""
+    if not isinstance(name, str) or name not in PRETRAINED:
+        known = ", ".join(repr(n) for n in PRETRAINED)
+        raise ValueError(f"no pretrained model named {name!r}; known: {known}")
+    return os.path.join(_HERE, "pretrained", name)
+
+
+def pretrained(name: str) -> Any:
+    """A trained NumPy model shipped with the package.
+
+    ``"connect_four"``: a ``PolicyValueMLP`` giving ``(logits [n, 7], value [n, 1])``;
+    ``"15-puzzle"``: a ``LearnedHeuristic`` giving costs to go ``[n, 1]``. Both are on
+    the exact grid of ``models.MLP`` (batch-independent rows); ``problems.tf_twin``
+    gives their TensorFlow twins. The model's ``checkpoint_metadata`` says how it was
+    trained.
+
+    Raises:
+        ValueError: for an unknown name (the message lists the known ones), or a
+            missing or corrupt checkpoint (``CheckpointError``).
+
+    Example:
+        >>> from async_search import problems
+        >>> net = problems.pretrained("connect_four")
+        >>> game = problems.ConnectFour()
+        >>> logits, value = net(game.encode([game.initial_state()]))
+        >>> logits.shape, value.shape
+        ((1, 7), (1, 1))
+    """
+    return load_checkpoint(pretrained_path(name))
+
+
+class KorfInstance(NamedTuple):
+    """One of Korf's 100 instances, in this project's convention (goal 1..15, blank)."""
+
+    id: int
+    state: bytes
+    """The start, for ``SlidingPuzzle(4)``."""
+    optimal: int
+    """The optimal solution length in moves (Korf 1985)."""
+
+
+def korf100() -> List[KorfInstance]:
+    """Korf's 100 random 15-puzzle instances with their optimal solution lengths.
+
+    Example:
+        >>> instances = korf100()
+        >>> len(instances), instances[0].optimal
+        (100, 57)
+    """
+    with open(os.path.join(_HERE, "data", "korf100.json")) as f:
+        data = json.load(f)
+    return [KorfInstance(int(i["id"]), bytes(i["state"]), int(i["optimal"]))
+            for i in data["instances"]]

@@ -1,0 +1,90 @@
+"""Checking a request against the model's input spec, at the moment it is made.
+
+Every entry point that takes a request (``serve``, ``immediate``, the clients of every
+backend, the Router, the cache) passes it through here, so that what is batched is a
+plain ndarray of the spec's dtype: an ndarray subclass keeps its own arithmetic
+(``np.matrix`` makes ``x * x`` a matrix product, a masked array masks), and joined with
+batch-mates it would turn their answers into its kind too.
+
+    >>> check = RequestChecker(None)
+    >>> x = check(np.ma.masked_array(np.ones((2, 3), np.float32), mask=False))
+    >>> type(x).__name__, x.dtype
+    ('ndarray', dtype('float32'))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from async_search.base import TensorSpec
+from async_search.errors import InputSpecError
+
+
+def plain_array(x: Any) -> Any:
+    """``x`` as a plain ndarray when it is an ndarray subclass (a view of its data, as
+    ``np.asarray`` gives); anything else unchanged (the checks that follow refuse it).
+
+    Example:
+        >>> type(plain_array(np.matrix([[1, 2]]))).__name__
+        'ndarray'
+    """
+    if type(x) is np.ndarray or not isinstance(x, np.ndarray):
+        return x
+    return np.asarray(x)
+
+
+def _native(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in this machine's byte order (itself when it already is)."""
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
+class RequestChecker:
+    """Checks requests against an input spec; without one, learns it from the first.
+
+    Calling the checker returns the request as a plain ndarray of the spec's dtype when
+    it fits: the request itself when it already is one; an ndarray subclass as a plain
+    view of its data (``np.asarray``); an array of the spec's dtype in the other byte
+    order as a copy in the spec's (the same values). Anything else raises InputSpecError
+    (a ValueError) naming the expected and the given shape or dtype. A spec learnt from
+    a first request has that request's dtype in this machine's byte order.
+    """
+
+    def __init__(self, spec: TensorSpec | None):
+        self.spec = spec
+        # Plain attributes so that a server can inline the common case.
+        self.shape = spec.shape if spec is not None else None
+        self.dtype = spec.dtype if spec is not None else None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        # The common case costs a type check and two comparisons.
+        if type(x) is np.ndarray and x.shape[1:] == self.shape and x.dtype == self.dtype \
+                and x.ndim:
+            return x
+        return self._slow_check(x)
+
+    def _slow_check(self, x) -> np.ndarray:
+        if not isinstance(x, np.ndarray):
+            expected = self.spec.describe() if self.spec else "a NumPy array [n, ...]"
+            raise InputSpecError(
+                f"a request must be a NumPy array {expected}, got {type(x).__name__}")
+        if x.ndim == 0:
+            raise InputSpecError(
+                "a request must have a batch dimension [n, ...], got a 0-d array")
+        x = plain_array(x)
+        if self.spec is None:
+            self.spec = TensorSpec(x.shape[1:], _native(x.dtype))
+            self.shape, self.dtype = self.spec.shape, self.spec.dtype
+        given = f"[{', '.join(map(str, x.shape))}] {x.dtype}"
+        if x.shape[1:] != self.shape:
+            raise InputSpecError(
+                f"request shape does not match the model's input: expected "
+                f"{self.spec.describe()}, given {given}")
+        if x.dtype != self.dtype:
+            if _native(x.dtype) != _native(self.dtype):
+                raise InputSpecError(
+                    f"request dtype does not match the model's input: expected "
+                    f"{self.spec.describe()}, given {given}")
+            x = x.astype(self.dtype)  # the same values in the spec's byte order
+        return x

@@ -1,0 +1,109 @@
+"""Consistent hashing with virtual nodes: which node owns a key, stable as nodes change.
+
+Each node owns many points on a ring of 64-bit hashes; a key belongs to the node of the
+first point at or after the key's hash (wrapping around). Adding or removing one of N
+nodes moves only about 1/N of the keys, all to or from that node. The router's
+``ConsistentHash`` policy uses a ring to send each element to the same server (and that
+server's cache) every time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from typing import Collection, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+
+def _hash(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class HashRing:
+    """Consistent hashing with virtual nodes: each node owns many points on a ring.
+
+    A key belongs to the node of the first point at or after the key's hash (wrapping
+    around). With ``virtual_nodes`` points per node the keys spread evenly, and a node
+    that joins or leaves takes or gives only its own share.
+
+    Args:
+        nodes: the nodes on the ring at first.
+        virtual_nodes: points per node on the ring.
+
+    Example:
+        >>> ring = HashRing(["a", "b", "c"], virtual_nodes=64)
+        >>> ring.node_for(b"some element") in {"a", "b", "c"}
+        True
+        >>> ring.node_for(b"x", among={"b"})
+        'b'
+    """
+
+    def __init__(self, nodes: Sequence[str] = (), *, virtual_nodes: int = 128):
+        if not isinstance(virtual_nodes, int) or isinstance(virtual_nodes, bool) or (
+                virtual_nodes < 1):
+            raise ValueError(
+                f"virtual_nodes must be an integer >= 1, got {virtual_nodes!r}")
+        self.virtual_nodes = virtual_nodes
+        self._nodes: List[str] = []
+        self._points = np.empty(0, np.uint64)
+        self._owners: List[str] = []
+        self._subrings: Dict[frozenset, Tuple[np.ndarray, List[str]]] = {}
+        for node in nodes:
+            self.add(node)
+
+    @property
+    def nodes(self) -> Tuple[str, ...]:
+        """The nodes on the ring, in the order they joined."""
+        return tuple(self._nodes)
+
+    def add(self, node: str) -> None:
+        """Give ``node`` its points on the ring."""
+        if node in self._nodes:
+            raise ValueError(f"node {node!r} is already on the ring")
+        self._nodes.append(node)
+        self._rebuild()
+
+    def remove(self, node: str) -> None:
+        """Take ``node``'s points off the ring: its keys go to their next node."""
+        if node not in self._nodes:
+            raise KeyError(f"node {node!r} is not on the ring; nodes: {self._nodes}")
+        self._nodes.remove(node)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        points = [(_hash(f"{node}#{i}".encode()), node)
+                  for node in self._nodes for i in range(self.virtual_nodes)]
+        points.sort()
+        self._points = np.array([p for p, _ in points], np.uint64)
+        self._owners = [n for _, n in points]
+        self._subrings = {}
+
+    def _ring(self, among: Collection[str] | None) -> Tuple[np.ndarray, List[str]]:
+        if among is None or len(among) == len(self._nodes):
+            return self._points, self._owners
+        key = frozenset(among)
+        ring = self._subrings.get(key)
+        if ring is None:
+            keep = [i for i, n in enumerate(self._owners) if n in key]
+            ring = self._subrings[key] = (self._points[keep],
+                                          [self._owners[i] for i in keep])
+        return ring
+
+    def node_for(self, key: bytes, among: Collection[str] | None = None) -> str:
+        """The node that owns ``key``; with ``among``, the first such node clockwise."""
+        points, owners = self._ring(among)
+        if not owners:
+            raise LookupError(f"no node on the ring among {sorted(among or [])}")
+        i = bisect.bisect_left(points, _hash(key))
+        return owners[i % len(owners)]
+
+    def nodes_for(self, keys: Sequence[bytes], among: Collection[str] | None = None,
+                  ) -> List[str]:
+        """``node_for`` of many keys, with one vectorised search of the ring."""
+        points, owners = self._ring(among)
+        if not owners:
+            raise LookupError(f"no node on the ring among {sorted(among or [])}")
+        hashes = np.fromiter((_hash(k) for k in keys), np.uint64, len(keys))
+        index = np.searchsorted(points, hashes) % len(owners)
+        return [owners[i] for i in index.tolist()]

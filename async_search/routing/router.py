@@ -1,0 +1,404 @@
+"""Routing across several servers: round robin, least outstanding, consistent hashing.
+
+A ``Router`` is an evaluate function over several evaluate functions (BatchingServers,
+connected clients of servers in other processes, plain ``async def`` functions that
+raise ``ServerDiedError`` once their server is gone: anything with the call shape). Each
+server has a circuit breaker; requests go around servers whose breaker is open and fail
+over to another server when one fails; when every breaker is open, callers get
+``CircuitOpenError`` at once instead of waiting. Only server failures count toward a
+breaker and fail over: a caller's bad input (InputSpecError, or a ValueError or
+TypeError the model raised for it; ``breaker.counts_against_server``) goes back to that
+caller alone, is not sent to another server, and leaves every breaker as it was.
+
+Consistent hashing routes each *element* by its bytes (on a ``hash_ring.HashRing``), so
+that an element always goes to the same server (and that server's cache); adding or
+removing one of N servers moves only about 1/N of the elements. A request whose
+elements go to several servers is sent as one part per server, each a task the router
+holds until it ends; when one part fails for good, the others are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Protocol,
+                    Sequence, Set, Tuple)
+
+import numpy as np
+
+from async_search import rows
+from async_search.base import (Outputs, Versioned, evaluate_with_version, same_version,
+                               version_of)
+from async_search.deadlines import check_timeout, within_deadline
+from async_search.errors import InputSpecError
+from async_search.requests import plain_array
+from async_search.routing.breaker import (BreakerPolicy, CircuitBreaker, CircuitOpenError,
+                                          counts_against_server)
+from async_search.routing.cache import labels_answers, reports_swaps, swap_token
+from async_search.routing.hash_ring import HashRing
+
+
+class RoutingPolicy(Protocol):
+    """Chooses servers for a request.
+
+    ``assign`` gets the request ``x[n, ...]``, the servers that may take it now (in the
+    router's order, breakers allowing), every server of the router, and the requests
+    outstanding per server. It returns one server name for the whole request, or a list
+    of ``n`` names, one per element.
+    """
+
+    def assign(self, x: np.ndarray, candidates: Sequence[str], servers: Sequence[str],
+               outstanding: Mapping[str, int]) -> str | Sequence[str]: ...
+
+
+class RoundRobin:
+    """Each request goes to the next server in turn."""
+
+    def __init__(self):
+        self._turn = itertools.count()
+
+    def assign(self, x, candidates, servers, outstanding) -> str:
+        return candidates[next(self._turn) % len(candidates)]
+
+
+class LeastOutstanding:
+    """Each request goes to the server with the fewest requests in flight (ties in turn)."""
+
+    def __init__(self):
+        self._turn = itertools.count()
+
+    def assign(self, x, candidates, servers, outstanding) -> str:
+        start = next(self._turn) % len(candidates)
+        best, fewest = None, None
+        for name in itertools.chain(candidates[start:], candidates[:start]):
+            load = outstanding[name]
+            if fewest is None or load < fewest:
+                best, fewest = name, load
+        return best
+
+
+class ConsistentHash:
+    """Each element goes to the server that owns its bytes on a hash ring.
+
+    Args:
+        virtual_nodes: points per server on the ring.
+    """
+
+    def __init__(self, *, virtual_nodes: int = 128):
+        self.ring = HashRing(virtual_nodes=virtual_nodes)
+        self._servers: Tuple[str, ...] = ()
+
+    def assign(self, x, candidates, servers, outstanding) -> str | List[str]:
+        if tuple(servers) != self._servers:
+            self._sync(servers)
+        among = candidates if len(candidates) < len(servers) else None
+        if len(x) == 1:
+            return self.ring.node_for(x.tobytes(), among)
+        return self.ring.nodes_for(rows.row_keys(x), among)
+
+    def _sync(self, servers: Sequence[str]) -> None:
+        for gone in set(self.ring.nodes) - set(servers):
+            self.ring.remove(gone)
+        for name in servers:
+            if name not in self.ring.nodes:
+                self.ring.add(name)
+        self._servers = tuple(servers)
+
+
+_POLICIES = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding,
+             "consistent_hash": ConsistentHash}
+
+#: The swap token a server that reports no version stands for.
+_UNVERSIONED = ("unversioned server",)
+
+
+class _ServerFailed(Exception):
+    def __init__(self, name: str, error: BaseException):
+        self.name, self.error = name, error
+
+
+class Router:
+    """An evaluate function that spreads requests over several servers.
+
+    ``await router(x)`` sends ``x`` (or, with consistent hashing, each element of it) to
+    a server chosen by ``policy`` among those whose breaker admits requests, and returns
+    the outputs in order. A server failure counts against its breaker and, with
+    ``failover``, the request goes to another server; after every server failed it, the
+    caller gets the last error. When every breaker is open the caller gets
+    ``CircuitOpenError`` at once.
+
+    The rule (``is_failure``, by default ``breaker.counts_against_server``): a caller's
+    bad input is the caller's failure, never the server's. InputSpecError, and any
+    ValueError or TypeError (the model rejected its input; also when raised in another
+    process and carried as a RemoteError), reach the caller at once: no breaker counts
+    them and they are not sent to another server (a poison request would fail there
+    too). Timeouts, crashes, dead or closed servers, ModelOutputError and every other
+    exception count, once per failed call to the server: the requests of one batch
+    (or of one message to another process) that failed with one exception count as one
+    failure (see ``breaker``).
+
+    A server may be any evaluate function: a BatchingServer, a connected client, or a
+    plain ``async def`` that raises ``ServerDiedError`` when its server is gone (that
+    counts against its breaker and the request fails over like any server failure).
+
+    Args:
+        servers: name -> evaluate function (a BatchingServer, a connected client, ...).
+        policy: "round_robin", "least_outstanding", "consistent_hash", or a
+            ``RoutingPolicy``.
+        breaker: the policy of every server's circuit breaker.
+        clock: the breakers' clock (seconds); inject a fake one in tests.
+        failover: send a failed request (or the failed part of it) to another server.
+        is_failure: which errors count against a server and fail over (default:
+            ``counts_against_server``: all but a caller's error and cancellation).
+
+    Example:
+        >>> import async_search as asr
+        >>> from async_search.models import MLP
+        >>> async def main():
+        ...     model = MLP((4,))
+        ...     async with asr.serve(model) as a, asr.serve(model) as b:
+        ...         evaluate = Router({"a": a, "b": b}, policy="consistent_hash")
+        ...         y = await evaluate(np.zeros((3, 4), np.float32))
+        ...         return y.shape, a.stats["elements"] + b.stats["elements"]
+        >>> asyncio.run(main())
+        ((3, 1), 3)
+    """
+
+    def __init__(self, servers: Mapping[str, Any], *,
+                 policy: str | RoutingPolicy = "round_robin",
+                 breaker: BreakerPolicy = BreakerPolicy(),
+                 clock: Callable[[], float] = time.monotonic, failover: bool = True,
+                 is_failure: Callable[[BaseException], bool] = counts_against_server):
+        if isinstance(policy, str):
+            if policy not in _POLICIES:
+                raise ValueError(f"unknown routing policy {policy!r}: use one of "
+                                 f"{sorted(_POLICIES)} or a RoutingPolicy object")
+            policy = _POLICIES[policy]()
+        self.policy = policy
+        self.breaker_policy = breaker
+        self.failover = failover
+        self._clock = clock
+        self._is_failure = is_failure
+        self._servers: Dict[str, Any] = {}
+        self._names: Tuple[str, ...] = ()
+        self.breakers: Dict[str, CircuitBreaker] = {}
+        self.outstanding: Dict[str, int] = {}
+        self._requests: Dict[str, int] = {}
+        self._failures: Dict[str, int] = {}
+        self._rejected = 0
+        self._tasks: Set[asyncio.Task] = set()  # the parts of split requests, in flight
+        for name, evaluate in servers.items():
+            self.add_server(name, evaluate)
+
+    # -- membership -------------------------------------------------------------------
+    @property
+    def servers(self) -> Mapping[str, Any]:
+        """name -> evaluate function, in the router's order."""
+        return dict(self._servers)
+
+    def add_server(self, name: str, evaluate: Any) -> None:
+        """Route to ``evaluate`` as well, with a fresh (closed) breaker."""
+        if name in self._servers:
+            raise ValueError(f"a server named {name!r} is already routed to: remove it "
+                             f"first or pick another name")
+        if not callable(evaluate):
+            raise TypeError(f"server {name!r} must be an evaluate function, got "
+                            f"{type(evaluate).__name__}")
+        self._servers[name] = evaluate
+        self._names = tuple(self._servers)
+        self.breakers[name] = CircuitBreaker(self.breaker_policy, clock=self._clock)
+        self.outstanding.setdefault(name, 0)  # requests from before a removal count
+        self._requests[name] = 0
+        self._failures[name] = 0
+
+    def remove_server(self, name: str) -> Any:
+        """Stop routing new requests to ``name`` (its requests in flight finish)."""
+        if name not in self._servers:
+            raise KeyError(f"no server named {name!r}; servers: {list(self._names)}")
+        evaluate = self._servers.pop(name)
+        self._names = tuple(self._servers)
+        del self.breakers[name], self._requests[name], self._failures[name]
+        if not self.outstanding[name]:
+            del self.outstanding[name]
+        return evaluate
+
+    # -- the evaluate function --------------------------------------------------------
+    async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
+        """The outputs for ``x``, from the servers the policy picks. ``timeout``: the
+        request's deadline, failover included: past it RequestTimeoutError, and what
+        it sent that is not batched yet is dropped (cancelled)."""
+        if timeout is None:
+            outputs, _ = await self._route(x, frozenset(), False, None)
+        else:
+            timeout = check_timeout(timeout)
+            outputs, _ = await within_deadline(self._route(x, frozenset(), False, None),
+                                               timeout)
+        return outputs
+
+    async def with_version(self, x: np.ndarray, timeout: float | None = None,
+                           ) -> Tuple[Outputs, Hashable]:
+        """``(outputs, version)``; the version is None when parts of the request were
+        computed by different versions (a swap happened while it was served);
+        ``timeout`` as for a call."""
+        if timeout is None:
+            return await self._route(x, frozenset(), True, None)
+        timeout = check_timeout(timeout)
+        return await within_deadline(self._route(x, frozenset(), True, None), timeout)
+
+    async def _route(self, x, tried: frozenset, want_version: bool,
+                     last: _ServerFailed | None) -> Tuple[Outputs, Hashable]:
+        if type(x) is not np.ndarray:
+            x = plain_array(x)  # a subclass's arithmetic never reaches a policy or server
+        if not isinstance(x, np.ndarray) or x.ndim == 0:
+            raise InputSpecError(f"a request must be a NumPy array [n, ...] with a batch "
+                                 f"dimension, got {type(x).__name__} {np.shape(x)}")
+        candidates = [n for n in self._names
+                      if n not in tried and self.breakers[n].available()]
+        if not candidates:
+            if last is not None:
+                raise last.error
+            self._rejected += 1
+            raise CircuitOpenError(self._no_server_message())
+        choice = self.policy.assign(x, candidates, self._names, self.outstanding)
+        if isinstance(choice, str):
+            return await self._send_or_fail_over(choice, x, tried, want_version)
+        choice = np.asarray(choice)
+        names = np.unique(choice)
+        if len(names) <= 1:  # one server, or no element at all (any server answers it)
+            name = str(names[0]) if len(names) else candidates[0]
+            return await self._send_or_fail_over(name, x, tried, want_version)
+        indices = [np.flatnonzero(choice == name) for name in names]
+        parts = [self._start(self._send_or_fail_over(str(name), x[index], tried,
+                                                     want_version))
+                 for name, index in zip(names, indices)]
+        try:
+            results = await asyncio.gather(*parts)
+        except BaseException:
+            for part in parts:  # the request failed (or its caller left): drop the rest
+                part.cancel()
+            raise
+        return (rows.assemble([r[0] for r in results], indices, len(x)),
+                same_version([r[1] for r in results]))
+
+    def _start(self, coro: Awaitable) -> asyncio.Task:
+        """A task the router keeps a reference to until it ends (the loop holds tasks
+        only weakly: an unreferenced one may be collected mid-flight)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _send_or_fail_over(self, name: str, x, tried: frozenset, want_version: bool):
+        try:
+            return await self._send(name, x, want_version)
+        except _ServerFailed as failed:
+            if not self.failover:
+                raise failed.error from None
+            return await self._route(x, tried | {name}, want_version, failed)
+
+    async def _send(self, name: str, x, want_version: bool):
+        breaker = self.breakers[name]
+        permit = breaker.try_acquire()
+        if permit is None:  # a part of a split request started after another request
+            # took the half-open breaker's last probe: route that part elsewhere
+            raise _ServerFailed(name, CircuitOpenError(
+                f"server {name!r}: its circuit breaker admits no more requests now"))
+        evaluate = self._servers[name]
+        self.outstanding[name] += 1
+        self._requests[name] += 1
+        try:
+            if want_version:
+                result = await evaluate_with_version(evaluate, x)
+            else:
+                result = (await evaluate(x), None)
+        except BaseException as e:
+            if isinstance(e, Exception) and self._is_failure(e):
+                breaker.record(permit, ok=False, error=e)  # a batch's requests: once
+                if name in self._failures:
+                    self._failures[name] += 1
+                raise _ServerFailed(name, e) from e
+            breaker.release(permit)
+            raise
+        else:
+            breaker.record(permit, ok=True)
+            return result
+        finally:
+            self.outstanding[name] -= 1
+            if self.outstanding[name] == 0 and name not in self._servers:
+                del self.outstanding[name]
+
+    def _no_server_message(self) -> str:
+        if not self._names:
+            return "the router has no servers: add one with add_server(name, evaluate)"
+        states = ", ".join(f"{n}: {self.breakers[n].state.value}" for n in self._names)
+        return (f"every server's circuit breaker is open ({states}); a breaker admits a "
+                f"probe {self.breaker_policy.reset_timeout} s after it opened")
+
+    # -- versions ---------------------------------------------------------------------
+    @property
+    def swap_token(self) -> tuple | None:
+        """What identifies the models behind the router beyond their labels: each
+        server's ``cache.swap_token`` (its model object, or a client's token), so that a
+        cache in front sees every swap, even one that keeps the label. None while a
+        server does not know its version yet (a client before its server's first
+        word). A server that reports no version at all stands for one constant: its
+        answers are labelled None (unknown), and a cache never stores those.
+
+        Raises:
+            TypeError: a server labels its answers (``with_version`` or ``version``)
+                but has no ``swap_token`` (nothing says when its labels stop meaning
+                one model), or no server reports a version (nothing could be cached).
+        """
+        tokens = []
+        for name, evaluate in self._servers.items():
+            if reports_swaps(evaluate):
+                token = swap_token(evaluate)
+                if token is None:
+                    return None
+                tokens.append(token)
+            elif labels_answers(evaluate):
+                raise TypeError(
+                    f"server {name!r} ({type(evaluate).__name__}) labels its answers with "
+                    f"a version but reports no swap_token: a cache in front of the router "
+                    f"cannot tell when its model changes; give it a swap_token (an object "
+                    f"that changes at every swap)")
+            else:
+                tokens.append(_UNVERSIONED)
+        if tokens and all(t is _UNVERSIONED for t in tokens):
+            raise TypeError(
+                f"no server of the router reports a model version "
+                f"({', '.join(self._names)}): a cache in front could not tell when a "
+                f"model changes; serve them with asr.serve, or pass fixed_model=True "
+                f"to the cache if their models never change")
+        return tuple(tokens)
+
+    @property
+    def version(self) -> Hashable:
+        """The model version of the servers that declare one, when they agree; else
+        None."""
+        versions = [version_of(e) for e in self._servers.values()
+                    if isinstance(e, Versioned)]
+        return same_version(versions) if versions else None
+
+    def update_model(self, model_or_weights: Any, version: Hashable) -> None:
+        """``update_model`` on every server (each swaps between its own batches)."""
+        for name, evaluate in self._servers.items():
+            update = getattr(evaluate, "update_model", None)
+            if update is None:
+                raise TypeError(f"server {name!r} ({type(evaluate).__name__}) has no "
+                                f"update_model: serve it with asr.serve")
+            update(model_or_weights, version)
+
+    @property
+    def stats(self) -> dict:
+        """Per server: requests, failures, outstanding and its breaker's stats;
+        rejected (requests refused because every breaker was open); and parts_in_flight
+        (parts of split requests being served now)."""
+        return {
+            "servers": {n: {"requests": self._requests[n], "failures": self._failures[n],
+                            "outstanding": self.outstanding[n],
+                            "breaker": self.breakers[n].stats} for n in self._names},
+            "rejected": self._rejected,
+            "parts_in_flight": len(self._tasks),
+        }

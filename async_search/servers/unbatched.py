@@ -1,0 +1,133 @@
+"""The synchronous baseline: every request is its own batch, run on the spot."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Hashable, List, Tuple
+
+import numpy as np
+
+from async_search import rows
+from async_search.base import Outputs, first_version, input_spec_of
+from async_search.deadlines import check_timeout
+from async_search.errors import RequestTimeoutError
+from async_search.requests import RequestChecker
+from async_search.servers.policy import Reason
+from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
+
+
+class Immediate:
+    """Calls the model directly with each request as its batch, on the event loop.
+
+    It has the call shape of ``serve``'s evaluate and checks requests the same way, so a
+    search runs unchanged against it; it is what batched serving is measured against.
+    It measures itself as a BatchingServer does: the same ``stats`` keys, a ``trace``
+    of BatchRecord and an ``on_batch`` callback, so that runs read either the same way.
+
+    Args:
+        model: ``ndarray [n, ...] -> outputs [n, ...]``; its ``input_spec``, if
+            declared, checks requests.
+        on_batch: called with a ``BatchRecord(finished_s, size, model_s)`` after each
+            model call (a progress bar, say); ``trace`` keeps the latest of them.
+        trace_size: how many of the latest model calls ``trace`` keeps (default
+            ``stats.TRACE_SIZE``); None keeps every one, 0 none.
+    """
+
+    def __init__(self, model: Any, *,
+                 on_batch: Callable[[BatchRecord], None] | None = None,
+                 trace_size: int | None = TRACE_SIZE):
+        if on_batch is not None and not callable(on_batch):
+            raise TypeError(f"on_batch must be callable or None, got "
+                            f"{type(on_batch).__name__}")
+        self.model = model
+        self._on_batch = on_batch
+        self._check = RequestChecker(input_spec_of(model))
+        self._stats = ServingStats(trace_size)
+
+    async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
+        """``model(x)``, now. ``timeout``: as a server's, the request's deadline; the
+        model runs at once, on the caller's loop, so the deadline cannot drop it, but
+        outputs that come past it are discarded: RequestTimeoutError, as from a
+        server."""
+        x = self._check(x)
+        if timeout is not None:
+            timeout = check_timeout(timeout)
+        # One request, one batch, sent at once: no queue wait, and it leaves as soon as
+        # it is made (a BatchingServer's IDLE reason: nothing else was waiting).
+        self._stats.record_dispatch(len(x), Reason.IDLE, 0.0, requests=1)
+        start = time.perf_counter()
+        try:
+            y = self.model(x)
+        except BaseException:
+            self._record(len(x), time.perf_counter() - start, failed=True)
+            raise
+        seconds = time.perf_counter() - start
+        self._record(len(x), seconds, failed=False)
+        if timeout is not None and seconds > timeout:
+            self._stats.timed_out += 1
+            raise RequestTimeoutError(f"the model took {seconds:.3g} s, past the "
+                                      f"request's timeout of {timeout:g} s")
+        return y if type(y) is np.ndarray else rows.plain(y)  # as a server delivers it
+
+    async def with_version(self, x: np.ndarray, timeout: float | None = None,
+                           ) -> Tuple[Outputs, Hashable]:
+        """``(outputs, version)``, as a BatchingServer's."""
+        return await self(x, timeout), self.version
+
+    def _record(self, size: int, seconds: float, failed: bool) -> None:
+        record = self._stats.record_model(size, seconds, failed)
+        if self._on_batch is not None:
+            self._on_batch(record)
+
+    @property
+    def version(self) -> Hashable:
+        """The model's version: its own ``version``, or 0 (as a server reports it)."""
+        return first_version(self.model)
+
+    @property
+    def stats(self) -> dict:
+        """The keys of ``BatchingServer.stats``: batches, elements, mean_batch_size,
+        model_time_s, wall_time_s, fraction_in_model, batch_size_histogram, reasons,
+        queue wait (always 0), failed_batches, workers (1), version, buffers_allocated
+        and buffers_reused (0: the request is the batch), model_placement (``loop``:
+        the model runs in the caller's loop), batches_on_loop and batches_in_thread."""
+        stats = self._stats.as_dict()
+        stats["workers"] = 1
+        stats["version"] = self.version
+        stats["buffers_allocated"] = 0
+        stats["buffers_reused"] = 0
+        stats["model_placement"] = "loop"
+        stats["batches_on_loop"] = stats["batches"]
+        stats["batches_in_thread"] = 0
+        return stats
+
+    @property
+    def trace(self) -> List[BatchRecord]:
+        """A BatchRecord (finished_s, size, model_s) for each of the latest
+        ``trace_size`` model calls, in order."""
+        return list(self._stats.trace)
+
+
+def immediate(model: Any, *,
+              on_batch: Callable[[BatchRecord], None] | None = None,
+              trace_size: int | None = TRACE_SIZE) -> Immediate:
+    """An evaluate function with no batching: ``await ev(x)`` is ``model(x)``.
+
+    Args:
+        model: ``ndarray [n, ...] -> outputs [n, ...]``.
+        on_batch: called with a ``BatchRecord`` after each model call, as ``serve``'s.
+        trace_size: how many of the latest model calls ``trace`` keeps (default
+            10,000); None keeps every one (a run that plots them all), 0 none.
+
+    Example:
+        >>> from async_search.models import MLP
+        >>> ev = immediate(MLP((4,), output_size=1))
+        >>> import asyncio
+        >>> async def main():
+        ...     return await ev(np.zeros((2, 4), np.float32))
+        >>> asyncio.run(main()).shape
+        (2, 1)
+        >>> ev.stats["batches"], len(ev.trace)
+        (1, 1)
+    """
+    return Immediate(model, on_batch=on_batch, trace_size=trace_size)

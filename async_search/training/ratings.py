@@ -1,0 +1,144 @@
+"""Ratings: a match's score, the Elo difference it implies, and a fitted rating.
+
+``MatchResult`` is a match's outcome from the first-named player's view;
+``elo_difference`` turns a score into a rating difference and ``fit_rating`` fits a
+player's rating from matches against rated opponents, on a scale anchored at the random
+player (``RANDOM_RATING``).
+
+Example:
+    >>> round(elo_difference(MatchResult(wins=76, draws=0, losses=24).score))
+    200
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence, Tuple
+
+from async_search.checks import check_float, check_int
+
+#: The rating of ``RandomPlayer``: the anchor of every rating reported.
+RANDOM_RATING = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchResult:
+    """The outcome of a match, from the first-named player's point of view."""
+
+    wins: int
+    """Games the player won."""
+    draws: int
+    """Games drawn."""
+    losses: int
+    """Games the player lost (the opponent won)."""
+
+    def __post_init__(self):
+        for field in ("wins", "draws", "losses"):
+            check_int(field, getattr(self, field), minimum=0)
+        if self.games < 1:
+            raise ValueError("a MatchResult needs at least one game, got wins=0, "
+                             "draws=0, losses=0")
+
+    @property
+    def games(self) -> int:
+        """Games played: ``wins + draws + losses``."""
+        return self.wins + self.draws + self.losses
+
+    @property
+    def score(self) -> float:
+        """``(wins + 0.5 * draws) / games``, in [0, 1]."""
+        return (self.wins + 0.5 * self.draws) / self.games
+
+    def describe(self) -> str:
+        """One line, e.g. ``"+24 =6 -10 of 40: score 0.675, Elo +127"``."""
+        elo = elo_difference(self.score, self.games)
+        return (f"+{self.wins} ={self.draws} -{self.losses} of {self.games}: "
+                f"score {self.score:.3f}, Elo {elo:+.0f}")
+
+
+def elo_difference(score: float, games: Optional[int] = None) -> float:
+    """The rating difference implied by an expected score: ``-400 log10(1/score - 1)``.
+
+    A score of 0 or 1 has no finite difference; it is clipped to
+    ``[0.5 / games, 1 - 0.5 / games]`` when ``games`` is given (half a game's doubt),
+    else to ``[1e-3, 1 - 1e-3]``.
+
+    Args:
+        score: the expected score in [0, 1].
+        games: the games behind the score (>= 1), or None.
+
+    Example:
+        >>> round(elo_difference(0.76))
+        200
+    """
+    score = check_float("score", score, minimum=0.0)
+    if score > 1.0:
+        raise ValueError(f"score must be in [0, 1], got {score!r}")
+    if games is None:
+        low = 1e-3
+    else:
+        low = 0.5 / check_int("games", games, minimum=1)
+    score = min(max(score, low), 1.0 - low)
+    if score == 0.5:
+        return 0.0
+    return -400.0 * math.log10(1.0 / score - 1.0)
+
+
+def _expected(rating: float, opponent: float) -> float:
+    return 1.0 / (1.0 + 10.0 ** ((opponent - rating) / 400.0))
+
+
+def fit_rating(results: Sequence[Tuple[float, MatchResult]]) -> float:
+    """The maximum-likelihood rating of a player from matches against rated opponents.
+
+    Logistic Elo model: against an opponent rated ``r`` a player rated ``R`` scores
+    ``1 / (1 + 10 ** ((r - R) / 400))`` per game. A weak prior, half a virtual draw
+    against each opponent, keeps the answer finite for all wins or all losses. The
+    log-likelihood is concave in ``R``; its derivative's root is found by bisection.
+
+    Args:
+        results: ``(opponent_rating, result)`` pairs, results from the player's view.
+
+    Returns:
+        The rating, on the opponents' scale (``RANDOM_RATING`` anchors this module's).
+
+    Example:
+        >>> round(fit_rating([(0.0, MatchResult(wins=76, draws=0, losses=24))]))
+        199
+    """
+    pairs = []
+    for item in results:
+        if not (isinstance(item, tuple) and len(item) == 2
+                and isinstance(item[1], MatchResult)):
+            raise ValueError(f"results must hold (opponent_rating, MatchResult) pairs, "
+                             f"got {item!r}")
+        rating = float(item[0])
+        if not math.isfinite(rating):
+            raise ValueError(f"opponent ratings must be finite, got {item[0]!r}")
+        r = item[1]
+        # Half a virtual draw: a quarter of a win and a quarter of a loss.
+        pairs.append((rating, r.wins + 0.5 * r.draws + 0.25, r.games + 0.5))
+    if not pairs:
+        raise ValueError("results must hold at least one (opponent_rating, MatchResult) "
+                         "pair, got none")
+
+    def slope(rating: float) -> float:  # the log-likelihood's derivative, up to ln10/400
+        return sum(points - games * _expected(rating, opponent)
+                   for opponent, points, games in pairs)
+
+    low = min(p[0] for p in pairs) - 400.0
+    high = max(p[0] for p in pairs) + 400.0
+    while slope(low) < 0:
+        low -= 2 * (high - low)
+    while slope(high) > 0:
+        high += 2 * (high - low)
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        if mid in (low, high):
+            break
+        if slope(mid) > 0:
+            low = mid
+        else:
+            high = mid
+    return 0.5 * (low + high)

@@ -1,0 +1,273 @@
+"""What crosses a connection: the messages a client sends and the failures that come back.
+
+Outbound, beside plain requests (an array ``[n, ...]``), a client may send:
+
+- ``VersionedRequest(x)``: answered with ``(outputs, version)``;
+- ``ModelUpdate(model, version)``: swaps the served model, answered with ``version``;
+- ``VersionSubscription()``: answered with ``(version, swaps)``; from then on each swap
+  sends the client a ``VersionNotice(version, swaps)``, which it acknowledges with
+  ``VersionAck(swaps)``.
+
+Messages to the server itself (not requests for the model) are ``Control`` messages.
+
+Example (each message's answer, from a doubling model served over a connection):
+    >>> import asyncio
+    >>> import async_search as asr
+    >>> from async_search.connections import get_connected_functions
+    >>> from async_search.queues import local_queue
+    >>> async def main():
+    ...     (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+    ...     serving = asyncio.ensure_future(
+    ...         asr.serve_connection(lambda x: 2 * x, server_end))
+    ...     outputs, version = await fn(VersionedRequest(np.ones((1, 2))))
+    ...     swapped = await fn(ModelUpdate(lambda x: 3 * x, 3))  # once swapped
+    ...     y = await fn(np.ones((1, 2)))
+    ...     subscribed = await fn(VersionSubscription())     # (version, swaps)
+    ...     fn.connection.close()               # serving ends with its last client
+    ...     await serving
+    ...     return outputs.tolist(), version, swapped, y.tolist(), subscribed
+    >>> asyncio.run(main())
+    ([[2.0, 2.0]], 0, 3, [[3.0, 3.0]], (3, 1))
+
+On the way back, a result or an exception travels from the process that made it to the
+one that waits for it. Not every object can: an exception may not pickle (it holds a
+lock, a generator, a lambda), or its pickle may not load (a custom exception whose
+``__init__`` takes arguments it does not pass to ``Exception``). An object that fails on
+the way would leave its waiter hanging or fail the wrong request, so everything is
+checked where it is made, by dumping *and* loading it:
+
+- ``pack(value)`` pickles one value for the trip, or says why it cannot make it;
+- ``pack_error(error)`` wraps an exception with its formatted traceback (text), as itself
+  when it round-trips, else as a ``RemoteError`` built from its type name, message and
+  traceback (always transportable);
+- ``unpack_error(failure, where)`` is the receiving side: the exception, with the remote
+  traceback as ``remote_traceback`` and as its ``__cause__`` (printed with it), and a
+  note saying where it was raised (which start).
+
+Example:
+    >>> failure = pack_error(ValueError("bad"))
+    >>> error = unpack_error(pickle.loads(pickle.dumps(failure)), "start 3")
+    >>> type(error).__name__, error.__notes__, "ValueError: bad" in error.remote_traceback
+    ('ValueError', ['start 3'], True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import traceback
+from typing import Any, Callable, Hashable, Tuple
+
+import numpy as np
+
+from async_search import rows
+from async_search.connections import Notice
+from async_search.errors import RemoteError, RemoteTraceback, SearchError
+
+__all__ = ["Control", "ModelUpdate", "VersionedRequest", "VersionSubscription",
+           "VersionNotice", "VersionAck", "Failure", "pack", "unpack", "pack_error",
+           "unpack_error", "round_trips", "remote_error", "plain_outputs", "arrived",
+           "Dumps", "Loads"]
+
+Dumps = Callable[[Any], bytes]
+Loads = Callable[[bytes], Any]
+
+
+# -- outbound: what a client asks of a server ----------------------------------------
+class Control:
+    """A message to the server itself, not a request for the model."""
+
+    __slots__ = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelUpdate(Control):
+    """A message that swaps the served model (``BatchingServer.update_model``).
+
+    Attributes:
+        model: the new model (a callable), or weights for the current model's
+            ``with_weights(weights)``.
+        version: the new model's version, reported with every result it computes.
+
+    Example: see the module's.
+    """
+
+    model: Any
+    version: Hashable
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionedRequest:
+    """A request whose answer carries the model version: ``(outputs, version)``.
+
+    Attributes:
+        x: the request, an array ``[n, ...]`` as for a plain request.
+
+    Example: see the module's.
+    """
+
+    x: np.ndarray
+
+    def __reduce__(self):  # one per message between processes: pickle it lean
+        return VersionedRequest, (self.x,)
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionSubscription(Control):
+    """A client asks to hear of every swap; answered with ``(version, swaps)``.
+
+    Example: see the module's.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionNotice(Notice):
+    """Sent to every subscribed client at each swap, outside the order of answers.
+
+    Attributes:
+        version: the version that answers every request received from now on.
+        swaps: how many swaps the server has made (this one included): a client keeps
+            the notice with the most.
+    """
+
+    version: Hashable
+    swaps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionAck(Control):
+    """A client has learned the version of swap number ``swaps`` (answered with None).
+
+    Attributes:
+        swaps: the ``swaps`` of the notice acknowledged.
+    """
+
+    swaps: int
+
+
+# -- the way back: results and failures that always load ------------------------------
+
+
+class Failure:
+    """An exception on its way to another process: the exception (itself, or a
+    ``RemoteError`` standing for it) and its traceback where it was raised, as text."""
+
+    __slots__ = ("error", "traceback")
+
+    def __init__(self, error: BaseException, traceback_text: str):
+        self.error = error
+        self.traceback = traceback_text
+
+    def __reduce__(self):
+        return (Failure, (self.error, self.traceback))
+
+    def __repr__(self) -> str:
+        return f"Failure({self.error!r})"
+
+
+def round_trips(obj: Any, dumps: Dumps = pickle.dumps, loads: Loads = pickle.loads,
+                ) -> Tuple[bool, BaseException | None]:
+    """Whether ``obj`` pickles and its pickle loads again; and the error if not."""
+    try:
+        loads(dumps(obj))
+    except Exception as e:
+        return False, e
+    return True, None
+
+
+def _format(error: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(error))
+    except Exception:  # a broken __str__ or __repr__ must not stop the report
+        return f"{type(error).__qualname__} (its traceback could not be formatted)\n"
+
+
+def _describe(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:
+        return "(its message could not be formatted)"
+
+
+def remote_error(error: BaseException, traceback_text: str | None = None) -> RemoteError:
+    """A ``RemoteError`` standing for ``error``: its type name, message, traceback."""
+    cls = type(error)
+    return RemoteError(f"{cls.__module__}.{cls.__qualname__}", _describe(error),
+                       _format(error) if traceback_text is None else traceback_text,
+                       tuple(f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__))
+
+
+def pack_error(error: BaseException, dumps: Dumps = pickle.dumps,
+               loads: Loads = pickle.loads) -> Failure:
+    """``error`` ready to travel: itself if it round-trips, else a RemoteError; with its
+    traceback as text either way."""
+    text = _format(error)
+    ok, _ = round_trips(error, dumps, loads)
+    return Failure(error if ok else remote_error(error, text), text)
+
+
+def unpack_error(failure: Any, where: str | None = None) -> BaseException:
+    """The exception a ``Failure`` carried, with ``remote_traceback`` (text) set, the
+    remote traceback as ``__cause__`` (when it has none) and a note ``where``; anything
+    else that is an exception is returned with the note only."""
+    if isinstance(failure, Failure):
+        error, text = failure.error, failure.traceback
+        try:
+            error.remote_traceback = text
+        except Exception:  # an exception type that refuses attributes
+            error = remote_error(error, text)
+            error.remote_traceback = text
+        if error.__cause__ is None:
+            error.__cause__ = RemoteTraceback(text)
+    else:
+        error = failure
+    if where is not None:
+        error.add_note(where)
+    return error
+
+
+def pack(value: Any, dumps: Dumps = pickle.dumps, loads: Loads = pickle.loads,
+         ) -> Tuple[bool, bytes]:
+    """``(True, pickle)`` of ``value`` checked to load again; else ``(False, pickle of a
+    Failure)`` saying why it cannot travel (a RemoteError standing for the pickling or
+    loading error, naming the value's type)."""
+    try:
+        data = dumps(value)
+        loads(data)
+        return True, data
+    except Exception as e:
+        text = _format(e)
+        error = RemoteError(
+            "TypeError", f"a {type(value).__module__}.{type(value).__qualname__} cannot "
+            f"be sent to another process: {type(e).__name__}: {_describe(e)}", text,
+            ("builtins.TypeError", "builtins.Exception", "builtins.BaseException",
+             "builtins.object"))
+        return False, dumps(Failure(error, text))
+
+
+def unpack(data: bytes, loads: Loads = pickle.loads) -> Any:
+    """The value ``pack`` pickled (a Failure when it could not travel)."""
+    return loads(data)
+
+
+def plain_outputs(outputs: Any, version: Any) -> bool:
+    """Whether model outputs are arrays without Python objects (or a tuple or dict of
+    them) and ``version`` a simple label: such answers always travel, unchecked."""
+    if not isinstance(version, (int, float, str, bytes, type(None))):
+        return False
+    return rows.holds_no_objects(outputs)
+
+
+def arrived(index: int, is_result: bool, payload: bytes, where: str,
+            loads: Loads = pickle.loads) -> Tuple[int, bool, Any]:
+    """One start's outcome as a client reported it (``pack`` or ``pack_error``):
+    ``(index, ok, result or error)``; a failure names its start and carries the
+    client's traceback."""
+    try:
+        value = loads(payload)
+    except Exception as e:  # checked by the client, so not expected: still, say so
+        return index, False, SearchError(
+            f"the outcome of start {index} from {where} could not be read: {e!r}")
+    if is_result:
+        return index, True, value
+    return index, False, unpack_error(value, f"in the search of start {index}, in {where}")

@@ -1,0 +1,237 @@
+"""connections.pipes: the knossos prototype's pipes, forked pipes and pass-through keys
+(with ``queue.Queue`` and the awaitable queues), and how a stream ends when its ends
+close."""
+
+import asyncio
+import pickle
+import queue
+import threading
+
+import pytest
+
+from async_search.connections import (Connection, ForkedConnection, KeyedConnection,
+                                      PassThroughConnection, forked_pipe,
+                                      get_connected_functions, pipe)
+from async_search.errors import ServerDiedError
+from async_search.queues import (END_OF_STREAM, ClosedConnection, close_stream, local_queue,
+                                 thread_queue)
+from tests.connections.common import FACTORIES, recv
+from tests.helpers import WAIT_S, within
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_pipe_carries_objects_both_ways_with_poll_and_num_waiting(factory):
+    a, b = pipe(factory)
+    assert isinstance(a, Connection) and not a.poll() and a.num_waiting() == 0
+    a.send(1)
+    a.send({"two": 2})
+    b.send("back")
+    assert b.poll() and b.num_waiting() == 2
+    assert recv(b) == 1 and recv(b) == {"two": 2}
+    assert not b.poll() and b.num_waiting() == 0
+    assert a.poll() and recv(a) == "back" and not a.poll()
+
+
+def test_pipe_recv_without_a_message_raises_empty():
+    a, _ = pipe(queue.Queue)
+    with pytest.raises(queue.Empty):
+        a.recv(block=False)
+    with pytest.raises(queue.Empty):
+        a.recv(timeout=0.01)
+
+
+def test_pipe_maxsize_bounds_each_queue():
+    a, b = pipe(queue.Queue, maxsize=1)
+    a.send(1)
+    with pytest.raises(queue.Full):
+        a.send(2, block=False)
+    b.send(3, block=False)  # the other direction has its own bound
+    assert recv(b) == 1 and recv(a) == 3
+
+
+def test_design_contract_forked_pipe_answers_its_client():
+    for queue_factory in (queue.Queue, local_queue, thread_queue):
+        server, clients = forked_pipe(queue_factory, 2)
+        clients[0].send(3)
+        assert server.recv() == 3
+        server.send(9)
+        assert clients[0].recv() == 9
+        assert not clients[1].poll()
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_forked_pipe_routes_answers_to_their_clients_in_fifo_order(factory):
+    server, clients = forked_pipe(factory, 3)
+    assert isinstance(server, ForkedConnection) and len(clients) == 3
+    assert all(isinstance(c, KeyedConnection) for c in clients)
+    assert [c.key for c in clients] == [0, 1, 2]
+    sends = [(2, "a"), (0, "b"), (2, "c"), (1, "d"), (0, "e"), (2, "f")]
+    for i, payload in sends:
+        clients[i].send(payload)
+    assert server.num_waiting() == len(sends)
+    received = [recv(server) for _ in sends]
+    assert received == [p for _, p in sends]  # bare payloads, in arrival order
+    for payload in received:
+        server.send(payload.upper())
+    assert [recv(clients[0]) for _ in range(2)] == ["B", "E"]
+    assert [recv(clients[1])] == ["D"]
+    assert [recv(clients[2]) for _ in range(3)] == ["A", "C", "F"]
+    assert not any(c.poll() for c in clients)
+
+
+def test_forked_pipe_answers_interleaved_with_requests_still_route_in_order():
+    server, (c0, c1) = forked_pipe(queue.Queue, 2)
+    c0.send(1)
+    c1.send(2)
+    assert recv(server) == 1
+    server.send(10)  # answers c0 while c1's request is still queued
+    c0.send(3)
+    assert recv(server) == 2 and recv(server) == 3
+    server.send(20)
+    server.send(30)
+    assert [recv(c0), recv(c0), recv(c1)] == [10, 30, 20]
+
+
+@pytest.mark.parametrize("num_branches", [0, -1, 1.5, True, "2"])
+def test_forked_pipe_refuses_a_bad_number_of_branches(num_branches):
+    with pytest.raises(ValueError, match="num_branches"):
+        forked_pipe(queue.Queue, num_branches)
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_pass_through_connection_keeps_the_keys_of_its_messages(factory):
+    client, server_end = pipe(factory)
+    server = PassThroughConnection(server_end)
+    for key, value in (("k1", 1), (("tuple", "key"), 2), (None, 3)):
+        client.send((key, value))
+    assert [recv(server) for _ in range(3)] == [1, 2, 3]
+    for response in ("one", "two", "three"):
+        server.send(response)
+    assert [recv(client) for _ in range(3)] == [
+        ("k1", "one"), (("tuple", "key"), "two"), (None, "three")]
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_end_of_stream_is_sticky_for_every_reader_of_a_queue(factory):
+    a, b = pipe(factory)
+    readers = [b, Connection(b.inbound, b.outbound)]
+    a.send("x")
+    a.close()
+    assert recv(readers[1]) == "x"
+    for reader in readers + readers:
+        with pytest.raises(ClosedConnection):
+            recv(reader)
+
+
+async def test_recv_async_raises_closed_connection_for_every_waiting_reader():
+    a, b = pipe(local_queue)
+    readers = [asyncio.ensure_future(b.recv_async()) for _ in range(2)]
+    await asyncio.sleep(0)
+    a.close()
+    for reader in readers:
+        with pytest.raises(ClosedConnection):
+            await within(reader, "the end of the stream")
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_forked_server_ends_only_after_every_client_closed(factory):
+    server, clients = forked_pipe(factory, 3)
+    clients[0].send("a")
+    clients[0].close()
+    clients[1].send("b")
+    clients[2].close()
+    assert recv(server) == "a" and recv(server) == "b"
+    server.send("A")
+    with pytest.raises(queue.Empty):  # client 1 may still send
+        server.recv(block=False)
+    clients[1].send("c")
+    assert recv(server) == "c"
+    clients[1].close()
+    copy = server.copy()
+    for conn in (server, copy, server):
+        with pytest.raises(ClosedConnection):
+            recv(conn)
+    assert recv(clients[0]) == "A"
+
+
+async def test_forked_server_recv_async_ends_after_every_client_closed():
+    server, clients = forked_pipe(thread_queue, 2)
+
+    async def take_all():
+        taken = []
+        with pytest.raises(ClosedConnection):
+            while True:
+                taken.append(await server.recv_async())
+        return taken
+
+    taking = asyncio.ensure_future(take_all())
+    clients[0].send(1)
+    clients[0].close()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not taking.done()
+    thread = threading.Thread(target=lambda: (clients[1].send(2), clients[1].close()))
+    thread.start()
+    assert await within(taking, "the end of the forked stream") == [1, 2]
+    thread.join(WAIT_S)
+
+
+def test_a_client_closing_twice_does_not_end_the_others_stream():
+    server, (c0, c1) = forked_pipe(queue.Queue, 2)
+    c0.close()
+    c0.close()
+    c1.send(1)
+    assert recv(server) == 1
+    with pytest.raises(queue.Empty):
+        server.recv(block=False)
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_close_stream_on_the_inbound_ends_every_copy_of_a_server(factory):
+    server, clients = forked_pipe(factory, 2)
+    copies = [server, server.copy(), PassThroughConnection(server.copy())]
+    clients[0].send(("k", "x"))
+    close_stream(server.inbound)
+    assert recv(copies[2]) == "x"
+    for conn in copies:
+        with pytest.raises(ClosedConnection):
+            recv(conn)
+
+
+def test_forked_server_close_ends_every_clients_stream():
+    server, clients = forked_pipe(queue.Queue, 2)
+    clients[1].send(5)
+    assert recv(server) == 5
+    server.send(25)
+    server.close()
+    assert recv(clients[1]) == 25
+    for client in clients:
+        with pytest.raises(ClosedConnection):
+            recv(client)
+
+
+def test_end_of_stream_survives_pickling():
+    assert pickle.loads(pickle.dumps(END_OF_STREAM)) is END_OF_STREAM
+
+
+@pytest.mark.parametrize("factory", [local_queue, thread_queue])
+@pytest.mark.parametrize("num_fns", [1, 2])
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
+async def test_pending_futures_fail_with_server_died_when_the_responses_stream_closes(
+        factory, num_fns, ordered):
+    fns, server = get_connected_functions(factory, num_fns, ordered)
+    answered = fns[0]("first")
+    pending = [fn(i) for i, fn in enumerate(fns)]
+    assert await within(server.recv_async(), "a request") == "first"
+    server.send("answer")
+    server.close()  # every client's stream of responses ends
+    assert await within(answered, "the answer sent before closing") == "answer"
+    for fut in pending:
+        with pytest.raises(ServerDiedError, match="closed"):
+            await within(fut, "the failure")
+    for fn in fns:
+        assert isinstance(fn.error, ServerDiedError)
+        with pytest.raises(ServerDiedError):  # later calls fail at once
+            fn("later")

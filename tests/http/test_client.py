@@ -1,0 +1,369 @@
+"""RemoteEvaluate against the project's own KServe v2 front, a proxy that drops
+connections, and KServe's Python model server (a peer no one here wrote)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiohttp")
+
+import async_search as asr  # noqa: E402
+from async_search import problems, search  # noqa: E402
+from async_search.errors import (InputSpecError, ModelNotFoundError,  # noqa: E402
+                                 ModelOutputError, ProtocolError, RemoteError,
+                                 RequestTimeoutError, ServerClosedError,
+                                 ServerDiedError)
+from async_search.http.client import RemoteEvaluate  # noqa: E402
+from async_search.http.front import HttpFront  # noqa: E402
+from async_search.http.repository import ModelSource  # noqa: E402
+from async_search.models import MLP  # noqa: E402
+from tests.http.served_models import MODEL, X, Gated, Raising  # noqa: E402
+from tests.helpers import wait_until, within  # noqa: E402
+from tests.kserve_peer import W, kserve_model_server, needs_kserve  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+OTHER = MLP((16,), hidden_sizes=(32,), output_size=4, seed=1)
+
+
+def front(model=MODEL, **options):
+    return HttpFront({"mlp": ModelSource(lambda: model, model_thread=True)}, **options)
+
+
+
+
+
+
+class DroppingProxy:
+    """A TCP proxy to a front that drops the connection of the next ``drops`` inference
+    requests: before the server sees them (``mode="request"``), or after it answered,
+    the answer lost (``mode="answer"``). ``drops=-1`` drops every one."""
+
+    def __init__(self, port: int, drops: int, mode: str = "request"):
+        self.target, self.drops, self.mode = port, drops, mode
+        self.dropped = 0
+        self._server = None
+        self._tasks = set()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self):
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    def _drop_now(self, chunk: bytes) -> bool:
+        if not chunk.startswith(b"POST") or self.drops == 0:
+            return False
+        self.drops -= 1 if self.drops > 0 else 0
+        self.dropped += 1
+        return True
+
+    async def _connection(self, reader, writer):
+        self._tasks.add(asyncio.current_task())
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        lose_answer = asyncio.Event()
+
+        async def upstream():
+            while chunk := await reader.read(1 << 16):
+                if self._drop_now(chunk):
+                    if self.mode == "request":
+                        return
+                    lose_answer.set()
+                up_writer.write(chunk)
+                await up_writer.drain()
+
+        async def downstream():
+            while chunk := await up_reader.read(1 << 16):
+                if lose_answer.is_set():
+                    return
+                writer.write(chunk)
+                await writer.drain()
+
+        try:
+            ways = [asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())]
+            await asyncio.wait(ways, return_when=asyncio.FIRST_COMPLETED)
+            for way in ways:
+                way.cancel()
+        finally:
+            writer.close()
+            up_writer.close()
+            self._tasks.discard(asyncio.current_task())
+
+
+# -- answers ---------------------------------------------------------------------------
+async def test_requests_of_one_iteration_travel_in_one_http_request_with_equal_answers():
+    async with front() as f, RemoteEvaluate(f.url, "mlp") as evaluate:
+        assert evaluate.input_spec == MODEL.input_spec and evaluate.version == "0"
+        ys = await within(asyncio.gather(*(evaluate(X[i:i + 1]) for i in range(5)),
+                                         evaluate(X), evaluate(X[:0])), "answers")
+        stats = evaluate.stats
+    for i in range(5):
+        np.testing.assert_array_equal(ys[i], MODEL(X[i:i + 1]))
+    np.testing.assert_array_equal(ys[5], MODEL(X))
+    assert ys[6].shape == (0, 4) and ys[6].dtype == np.float32
+    assert stats["http_requests"] == 1 and stats["requests"] == 7
+    assert stats["elements"] == 10
+    ys[5][0, 0] = 99.0  # answers are the caller's own arrays, writable
+
+
+async def test_searches_over_http_equal_searches_run_with_immediate():
+    puzzle = problems.SlidingPuzzle(4)
+    heuristic = problems.pretrained("15-puzzle")
+    starts = [puzzle.scramble(30, seed=s) for s in range(12)]
+    game = problems.ConnectFour()
+    net = problems.pretrained("connect_four")  # two outputs: a tuple
+
+    def astar(start, evaluate):
+        return search.batched_astar(puzzle, start, evaluate, budget=300, buffer_size=4)
+
+    def mcts(evaluate, seed):
+        return search.mcts(game, game.initial_state(), evaluate, num_simulations=48,
+                           num_parallel=8, seed=seed)
+
+    expected = [await astar(s, asr.immediate(heuristic)) for s in starts]
+    expected_mcts = [await mcts(asr.immediate(net), seed) for seed in range(4)]
+    models = {"h": ModelSource(lambda: heuristic), "net": ModelSource(lambda: net)}
+    async with HttpFront(models) as f, RemoteEvaluate(f.url, "h") as h, \
+            RemoteEvaluate(f.url, "net") as pv:
+        got = await within(asyncio.gather(*(astar(s, h) for s in starts)), "A*", timeout=60)
+        got_mcts = await within(asyncio.gather(*(mcts(pv, seed) for seed in range(4))),
+                                "MCTS", timeout=60)
+        assert h.stats["mean_requests_per_http_request"] > 2  # coalesced
+    assert got == expected
+    assert got_mcts == expected_mcts
+
+
+async def test_requests_made_while_every_connection_is_busy_leave_together():
+    model = Gated()
+    async with front(model) as f, RemoteEvaluate(f.url, "mlp", max_connections=1) as ev:
+        first = ev(X[:1])
+        assert await within(asyncio.to_thread(model.started.wait, 10), "first batch")
+        later = []
+        for i in range(1, 5):  # four loop iterations, one request each
+            later.append(ev(X[i:i + 1]))
+            await asyncio.sleep(0)
+        assert ev.stats["http_requests"] == 1 and ev.num_in_flight == 1
+        model.gate.set()
+        ys = await within(asyncio.gather(first, *later), "answers")
+        stats = ev.stats
+    assert stats["http_requests"] == 2  # the four waited and left as one
+    for i, y in enumerate(ys):
+        np.testing.assert_array_equal(y, MODEL(X[i:i + 1]))
+
+
+async def test_a_request_cancelled_before_it_leaves_is_not_sent():
+    async with front() as f, RemoteEvaluate(f.url, "mlp") as ev:
+        dropped, kept = ev(X[:2]), ev(X[2:3])
+        dropped.cancel()
+        y = await within(kept, "the kept request")
+        stats = ev.stats
+    np.testing.assert_array_equal(y, MODEL(X[2:3]))
+    assert stats["requests"] == 1 and stats["elements"] == 1
+
+
+# -- versions --------------------------------------------------------------------------
+async def test_the_version_follows_model_version_and_a_cache_in_front_sees_the_swap():
+    async with front() as f, RemoteEvaluate(f.url, "mlp") as ev:
+        cached = asr.CachedEvaluate(ev, capacity=100)  # accepted: it reports swaps
+        token = ev.swap_token
+        assert ev.version == "0" and token is not None
+        y, version = await within(ev.with_version(X[:2]), "first answer")
+        assert version == "0" and ev.swap_token is token
+        np.testing.assert_array_equal(await cached(X[:1]), MODEL(X[:1]))
+        np.testing.assert_array_equal(await cached(X[:1]), MODEL(X[:1]))
+        assert cached.stats["hits"] == 1
+        f.repository.entry("mlp").server.update_model(OTHER, version=7)
+        y, version = await within(ev.with_version(X[1:3]), "answer of the new model")
+        np.testing.assert_array_equal(y, OTHER(X[1:3]))
+        assert version == "7" and ev.version == "7" and ev.swap_token is not token
+        # the cache learnt of the swap from that answer: no result of the old model
+        np.testing.assert_array_equal(await cached(X[:1]), OTHER(X[:1]))
+        assert cached.stats["invalidations"] == 1
+
+
+async def test_retries_ride_over_an_unload_until_the_model_is_loaded_again():
+    async with front(enable_repository=True) as f, RemoteEvaluate(
+            f.url, "mlp", retries=30, backoff_s=0.01) as ev:
+        await f.repository.unload("mlp")
+        fut = ev(X)
+        await wait_until(lambda: ev.stats["retries"] >= 2, "503s are retried")
+        await f.repository.load("mlp")
+        y, version = await within(ev.with_version(X[:1]), "after the load")
+        np.testing.assert_array_equal(await within(fut, "the retried request"), MODEL(X))
+    np.testing.assert_array_equal(y, MODEL(X[:1]))
+    assert version == "0"  # a reloaded model starts again at version 0 (the front's)
+
+
+# -- faults ----------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["request", "answer"])
+async def test_a_dropped_connection_is_retried_and_answered(mode):
+    async with front() as f, DroppingProxy(f.port, drops=2, mode=mode) as proxy, \
+            RemoteEvaluate(proxy.url, "mlp", backoff_s=0.01) as ev:
+        ys = await within(asyncio.gather(ev(X[:2]), ev(X[2:])), "answers")
+        stats = ev.stats
+    assert proxy.dropped == 2 and stats["retries"] == 2
+    np.testing.assert_array_equal(np.concatenate(ys), MODEL(X))
+
+
+async def test_when_every_attempt_is_dropped_the_error_names_the_server():
+    async with front() as f, DroppingProxy(f.port, drops=-1) as proxy, \
+            RemoteEvaluate(proxy.url, "mlp", retries=2, backoff_s=0.01) as ev:
+        with pytest.raises(ServerDiedError, match=f"127.0.0.1:{proxy.port}/v2/models/mlp"):
+            await within(ev(X), "failure")
+        assert ev.stats["http_requests"] == 3 and ev.stats["failed_http_requests"] == 1
+        assert proxy.dropped == 3
+
+
+async def test_a_request_past_its_deadline_fails_with_timeout_error():
+    model = Gated()
+    async with front(model) as f, RemoteEvaluate(f.url, "mlp", timeout=0.3) as ev:
+        with pytest.raises(RequestTimeoutError, match="deadline of 0.3 s"):
+            await asyncio.wait_for(ev(X), 5)  # (within() would rename it)
+        model.gate.set()
+
+
+async def test_a_request_timeout_fails_that_request_alone_and_drops_it_if_unsent():
+    model = Gated()
+    async with front(model) as f, RemoteEvaluate(f.url, "mlp", max_connections=1) as ev:
+        sent_short, sent_long = ev(X[:1], timeout=0.2), ev(X[1:2])
+        assert await within(asyncio.to_thread(model.started.wait, 10), "first batch")
+        waiting_short, waiting_long = ev(X[2:3], timeout=0.2), ev(X[3:4])
+        for fut in (sent_short, waiting_short):
+            with pytest.raises(RequestTimeoutError, match="request's timeout of 0.2 s"):
+                await asyncio.wait_for(fut, 5)
+        model.gate.set()
+        ys = await within(asyncio.gather(sent_long, waiting_long), "the others")
+        stats = ev.stats
+    np.testing.assert_array_equal(np.concatenate(ys), MODEL(X[[1, 3]]))
+    assert stats["requests"] == 3  # the expired request that waited was never sent
+    with pytest.raises(ValueError, match="timeout must be a finite number > 0"):
+        ev(X, timeout=0)
+
+
+async def test_the_deadline_bounds_the_retries():
+    async with front() as f, DroppingProxy(f.port, drops=-1) as proxy, \
+            RemoteEvaluate(proxy.url, "mlp", timeout=0.5, retries=10_000,
+                           backoff_s=0.01) as ev:
+        with pytest.raises(RequestTimeoutError, match="last attempt failed: .*could not"):
+            await asyncio.wait_for(ev(X), 5)  # (within() would rename it)
+        assert ev.stats["retries"] >= 1
+
+
+async def test_bad_input_is_refused_with_input_spec_error_and_nothing_is_sent():
+    async with front() as f, RemoteEvaluate(f.url, "mlp") as ev:
+        for bad in (X[:, :8], X.astype(np.float64), X.tolist(), np.float32(1.0),
+                    np.zeros((2, 16), np.int32)):
+            with pytest.raises(InputSpecError, match="16"):
+                ev(bad)
+        # a subclass or the other byte order is the same values, as a plain array
+        y = await within(ev(np.ma.masked_array(X[:1], mask=False)), "subclass")
+        z = await within(ev(X.astype(X.dtype.newbyteorder())), "swapped bytes")
+        assert ev.stats["requests"] == 2
+    assert type(y) is np.ndarray
+    np.testing.assert_array_equal(y, MODEL(X[:1]))
+    np.testing.assert_array_equal(z, MODEL(X))
+
+
+async def test_what_the_server_answers_becomes_the_matching_error():
+    with pytest.raises(ModelNotFoundError, match="unknown model 'nope'"):
+        async with front() as f, RemoteEvaluate(f.url, "nope"):
+            pass
+    async with HttpFront({"bad": ModelSource(Raising, model_thread=True)}) as f:
+        async with RemoteEvaluate(f.url, "bad") as ev:
+            with pytest.raises(RemoteError, match="HTTP 500.*the model broke"):
+                await within(ev(X), "500")
+        async with RemoteEvaluate(f.url, "bad", input_spec=asr.TensorSpec(
+                (8,), np.float32)) as ev:  # a spec the server does not take: its 400
+            with pytest.raises(ProtocolError, match="answered 400") as info:
+                await within(ev(X[:, :8]), "400")
+            assert info.value.status == 400
+    async with front(enable_repository=True) as f, RemoteEvaluate(
+            f.url, "mlp", retries=1, backoff_s=0.01) as ev:
+        await f.repository.unload("mlp")
+        with pytest.raises(ServerClosedError, match="answered 503: model 'mlp' is not"):
+            await within(ev(X), "503")
+
+
+async def test_closing_fails_what_waits_and_later_calls():
+    model = Gated()
+    async with front(model) as f:
+        ev = RemoteEvaluate(f.url, "mlp", max_connections=1)
+        async with ev:
+            sent = ev(X[:1])
+            assert await within(asyncio.to_thread(model.started.wait, 10), "sent")
+            waiting = ev(X[1:2])
+        for fut in (sent, waiting):
+            with pytest.raises(ServerClosedError, match="was closed"):
+                await within(fut, "closed")
+        with pytest.raises(ServerClosedError, match="not open"):
+            ev(X)
+        model.gate.set()
+
+
+def test_arguments_are_checked_when_made():
+    with pytest.raises(ValueError, match="url must be"):
+        RemoteEvaluate("127.0.0.1:8000", "mlp")
+    with pytest.raises(ValueError, match="model_name must be"):
+        RemoteEvaluate("http://h:1", "a/b")
+    with pytest.raises(ValueError, match="timeout must be"):
+        RemoteEvaluate("http://h:1", "mlp", timeout=0)
+    with pytest.raises(ValueError, match="retries must be an integer >= 0, got True"):
+        RemoteEvaluate("http://h:1", "mlp", retries=True)
+
+
+async def test_an_answer_that_is_not_the_protocol_s_is_a_model_output_error():
+    from aiohttp import web
+
+    async def metadata(request):
+        return web.json_response({"name": "m", "versions": ["1"], "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [-1, 16]}]})
+
+    async def infer(request):
+        return web.Response(body=b'{"model_name": "m", "outputs": [{"name": "y", '
+                                 b'"datatype": "FP32", "shape": [2, 4], '
+                                 b'"parameters": {"binary_data_size": 4096}}]}',
+                            headers={"Inference-Header-Content-Length": "100"})
+
+    app = web.Application()
+    app.router.add_get("/v2/models/m", metadata)
+    app.router.add_post("/v2/models/m/infer", infer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with RemoteEvaluate(url, "m") as ev:
+            with pytest.raises(ModelOutputError, match="not the protocol's"):
+                await within(ev(X[:2]), "bad answer")
+    finally:
+        await runner.cleanup()
+
+
+# -- KServe's own model server ---------------------------------------------------------
+@needs_kserve
+async def test_kserve_model_server_answers_like_the_model(tmp_path):
+    with kserve_model_server(tmp_path) as (port, _):
+        async with RemoteEvaluate(f"http://127.0.0.1:{port}", "linear", timeout=60,
+                                  retries=40, backoff_s=0.1) as ev:
+            assert ev.input_spec == asr.TensorSpec((16,), np.float32)
+            ys = await within(asyncio.gather(*(ev(X[i:i + 1]) for i in range(5))),
+                              "KServe's answers", timeout=30)
+            y, version = await within(ev.with_version(X), "with version", timeout=30)
+            assert ev.stats["http_requests"] == 2
+            assert version is None and ev.swap_token is None  # KServe reports none
+            cached = asr.CachedEvaluate(ev)  # accepted; passes requests through
+            np.testing.assert_array_equal(await within(cached(X), "cached"), X @ W)
+    np.testing.assert_array_equal(np.concatenate(ys), X @ W)
+    np.testing.assert_array_equal(y, X @ W)

@@ -1,0 +1,474 @@
+import asyncio
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import aiohttp
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.http.front import HttpFront
+from async_search.http.repository import ModelSource
+from async_search.models import MLP, with_spec
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = MLP((16,), hidden_sizes=(32,), output_size=4, seed=0)
+X = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+
+
+def infer_body(x, name="input", datatype="FP32"):
+    return json.dumps({"inputs": [{"name": name, "shape": list(x.shape),
+                                   "datatype": datatype,
+                                   "data": x.ravel().tolist()}]}).encode()
+
+
+async def in_thread(fn, *args):
+    return await asyncio.wait_for(asyncio.to_thread(fn, *args), 30)
+
+
+async def post(session, url, data, headers=None):
+    async with session.post(url, data=data, headers=headers) as resp:
+        return resp.status, await resp.read()
+
+
+def triton_session(port):
+    """Everything tritonclient does against the front, in one synchronous call."""
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+
+    client = th.InferenceServerClient(url=f"127.0.0.1:{port}")
+    try:
+        report = {"live": client.is_server_live(), "ready": client.is_server_ready(),
+                  "model_ready": client.is_model_ready("mlp"),
+                  "metadata": client.get_model_metadata("mlp"), "outputs": []}
+        for binary_in, binary_out in [(False, False), (True, True), (True, False),
+                                      (False, True)]:
+            tensor = th.InferInput("input", list(X.shape), "FP32")
+            tensor.set_data_from_numpy(X, binary_data=binary_in)
+            result = client.infer("mlp", [tensor], request_id="r7", outputs=[
+                th.InferRequestedOutput("output", binary_data=binary_out)])
+            report["outputs"].append(result.as_numpy("output"))
+            report["id"] = result.get_response()["id"]
+        result = client.infer("mlp", [tensor])  # no outputs named: all, as binary
+        report["outputs"].append(result.as_numpy("output"))
+        bad = th.InferInput("input", [2, 8], "FP32")
+        bad.set_data_from_numpy(np.zeros((2, 8), np.float32))
+        try:
+            client.infer("mlp", [bad])
+        except InferenceServerException as e:
+            report["bad"] = (e.status(), e.message())
+        return report
+    finally:
+        client.close()
+
+
+async def test_tritonclient_runs_inference_with_json_and_binary_tensors():
+    async with HttpFront({"mlp": ModelSource(lambda: MODEL)}) as front:
+        report = await in_thread(triton_session, front.port)
+    assert report["live"] and report["ready"] and report["model_ready"]
+    assert report["metadata"]["inputs"] == [
+        {"name": "input", "datatype": "FP32", "shape": [-1, 16]}]
+    assert report["metadata"]["outputs"] == [
+        {"name": "output", "datatype": "FP32", "shape": [-1, 4]}]
+    assert len(report["outputs"]) == 5
+    for y in report["outputs"]:
+        np.testing.assert_array_equal(y, MODEL(X))
+    assert report["id"] == "r7"
+    status, message = report["bad"]
+    assert status == "400" and "the model takes shape [-1, 16]" in message
+
+
+def load_cycle(port):
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+
+    client = th.InferenceServerClient(url=f"127.0.0.1:{port}")
+    tensor = th.InferInput("input", list(X.shape), "FP32")
+    tensor.set_data_from_numpy(X)
+    try:
+        client.unload_model("mlp")
+        report = {"ready_after_unload": client.is_model_ready("mlp")}
+        try:
+            client.infer("mlp", [tensor])
+        except InferenceServerException as e:
+            report["unloaded_infer"] = (e.status(), e.message())
+        client.load_model("mlp")
+        report["ready_after_load"] = client.is_model_ready("mlp")
+        report["output"] = client.infer("mlp", [tensor]).as_numpy("output")
+        return report
+    finally:
+        client.close()
+
+
+async def test_models_are_unloaded_and_loaded_while_serving():
+    async with HttpFront({"mlp": ModelSource(lambda: MODEL)},
+                         enable_repository=True) as front:
+        first = front.repository.entry("mlp").server
+        report = await in_thread(load_cycle, front.port)
+        second = front.repository.entry("mlp").server
+        assert second is not None and second is not first
+        async with aiohttp.ClientSession() as s:
+            status, payload = await post(
+                s, f"{front.url}/v2/repository/models/mlp/load",
+                json.dumps({"parameters": {"num_workers": 2}}))
+            assert status == 200 and second.num_workers == 2
+            status, payload = await post(
+                s, f"{front.url}/v2/repository/models/mlp/load",
+                json.dumps({"parameters": {"workers": 2}}))
+            assert status == 400 and b"unknown load parameters ['workers']" in payload
+            status, payload = await post(s, f"{front.url}/v2/repository/index", b"")
+            assert json.loads(payload) == [
+                {"name": "mlp", "version": "0", "state": "READY", "reason": ""}]
+    assert first._closed  # the unloaded server was drained and closed
+    assert report["ready_after_unload"] is False and report["ready_after_load"] is True
+    assert report["unloaded_infer"][0] == "503"
+    assert "is not loaded" in report["unloaded_infer"][1]
+    np.testing.assert_array_equal(report["output"], MODEL(X))
+
+
+class Gated:
+    """The model blocks its device thread on the first batch until the test opens it."""
+
+    input_spec = MODEL.input_spec
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.batches = []
+
+    def __call__(self, x):
+        self.started.set()
+        assert self.gate.wait(10)
+        self.batches.append(len(x))
+        return MODEL(x)
+
+
+class Counting:
+    """Counts the requests the front makes, then passes them on."""
+
+    def __init__(self, evaluate):
+        self.evaluate = evaluate
+        self.calls = 0
+
+    async def with_version(self, x):
+        self.calls += 1
+        return await self.evaluate.with_version(x)
+
+    def __call__(self, x):
+        return self.evaluate(x)
+
+
+async def test_http_requests_join_the_same_batches_as_in_process_requests():
+    model = Gated()
+    async with asr.serve(model, max_batch_size=64, pipeline_depth=1) as evaluate:
+        counting = Counting(evaluate)
+        async with HttpFront({"mlp": counting}) as front, aiohttp.ClientSession() as s:
+            blocker = asyncio.ensure_future(evaluate(X[:1]))  # holds the device
+            assert await in_thread(model.started.wait, 10)
+            url = f"{front.url}/v2/models/mlp/infer"
+            remote = [asyncio.ensure_future(post(s, url, infer_body(X[i % 5:i % 5 + 1])))
+                      for i in range(8)]
+            local = [asyncio.ensure_future(evaluate(X[i % 5:i % 5 + 1]))
+                     for i in range(8)]
+            await wait_until(lambda: counting.calls == 8,
+                             "all eight HTTP requests reach the server")
+            model.gate.set()
+            answers = await asyncio.wait_for(asyncio.gather(*remote), 10)
+            await asyncio.wait_for(asyncio.gather(blocker, *local), 10)
+    assert model.batches == [1, 16]  # eight from the network, eight from this loop
+    for i, (status, payload) in enumerate(answers):
+        assert status == 200
+        y = json.loads(payload)["outputs"][0]["data"]
+        np.testing.assert_array_equal(np.float32(y), MODEL(X[i % 5:i % 5 + 1]).ravel())
+
+
+def raw_http(port, request: bytes, close_early=False) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        if close_early:
+            sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except (ConnectionResetError, socket.timeout):
+            pass
+        return b"".join(chunks)
+
+
+def header(payload, **params):
+    return json.dumps({"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
+                                   "parameters": params}]}).encode()
+
+
+async def test_bad_requests_get_4xx_errors_and_the_server_keeps_serving():
+    good = infer_body(X[:2])
+    h = header(None, binary_data_size=64)
+    as_strings = json.loads(good)
+    as_strings["inputs"][0]["data"][3] = "1"  # a number sent as a string: not a number
+    as_strings["inputs"][0]["data"][5] = "NaN"  # the documented spelling: taken
+    cases = [
+        ("/v2/models/mlp/infer", json.dumps(as_strings).encode(), {}, 400,
+         "input 'input' 'data' element [3] holds the string '1'"),
+        ("/v2/models/mlp/infer", b"{not json", {}, 400, "not valid JSON"),
+        ("/v2/models/mlp/infer", b'{"inputs": 3}', {}, 400, "must have 'inputs'"),
+        ("/v2/models/mlp/infer", infer_body(X[:2, :8]), {}, 400, "[-1, 16]"),
+        ("/v2/models/mlp/infer", infer_body(X[:2].astype(np.float64), datatype="FP64"),
+         {}, 400, "has datatype FP64"),
+        ("/v2/models/mlp/infer", infer_body(X[:2], name="x"), {}, 400, "unknown input"),
+        ("/v2/models/mlp/infer", h + X[:1].tobytes()[:30],
+         {"Inference-Header-Content-Length": str(len(h))}, 400, "truncated"),
+        ("/v2/models/mlp/infer", good, {"Inference-Header-Content-Length": "-3"}, 400,
+         "Inference-Header-Content-Length is -3"),
+        ("/v2/models/nope/infer", good, {}, 404, "unknown model 'nope'"),
+        ("/v2/models/mlp/versions/7/infer", good, {}, 404, "has no version '7'"),
+        ("/v2/nowhere", good, {}, 404, "Not Found"),
+        ("/v2/models/mlp/infer", b"x" * 5000, {}, 413, "over the front's limit of 4096"),
+        ("/v2/repository/models/mlp/load", b"[1]", {}, 400, "must be a JSON object"),
+    ]
+    async with HttpFront({"mlp": ModelSource(lambda: MODEL)}, max_body_bytes=4096,
+                         enable_repository=True) as front:
+        async with aiohttp.ClientSession() as s:
+            for path, data, headers, status, message in cases:
+                got, payload = await post(s, front.url + path, data, headers)
+                assert got == status, (path, payload)
+                assert message in json.loads(payload)["error"], payload
+                got, payload = await post(s, f"{front.url}/v2/models/mlp/infer", good)
+                assert got == 200
+            async def chunks():  # no Content-Length: the limit holds while reading
+                for _ in range(10):
+                    yield b" " * 1000
+            got, payload = await post(s, f"{front.url}/v2/models/mlp/infer", chunks())
+            assert got == 413 and "limit of 4096 bytes" in json.loads(payload)["error"]
+            async with s.get(f"{front.url}/v2/models/mlp/infer") as resp:
+                assert resp.status == 405 and "error" in json.loads(await resp.read())
+        # A body cut off by the client, and a request that is not HTTP at all.
+        cut = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n"
+               b"\r\n" + good[:100])
+        await in_thread(raw_http, front.port, cut, True)
+        answer = await in_thread(raw_http, front.port, b"\x16\x03\x01garbage\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0]
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"Content-Type: application/json" in head and b"garbage" not in body
+        assert json.loads(body)["error"]  # "...not TLS" from aiohttp 3.10 on
+        async with aiohttp.ClientSession() as s:
+            got, payload = await post(s, f"{front.url}/v2/models/mlp/infer", good)
+            assert got == 200
+            np.testing.assert_array_equal(
+                np.float32(json.loads(payload)["outputs"][0]["data"]), MODEL(X[:2]).ravel())
+
+
+async def test_a_model_that_raises_gets_500_and_the_next_request_is_served():
+    calls = []
+
+    def flaky(x):
+        calls.append(len(x))
+        if len(calls) == 1:
+            raise FloatingPointError("overflow in layer 3")
+        return x[:, :2] * 2
+
+    model = with_spec(flaky, (16,), np.float32)
+    async with HttpFront({"f": ModelSource(lambda: model)}) as front, \
+            aiohttp.ClientSession() as s:
+        url = f"{front.url}/v2/models/f/infer"
+        status, payload = await post(s, url, infer_body(X[:1]))
+        assert status == 500
+        assert json.loads(payload) == {
+            "error": "model 'f' failed: FloatingPointError: overflow in layer 3"}
+        status, payload = await post(s, url, infer_body(X[:1]))
+        assert status == 200
+
+
+async def test_versions_appear_in_responses_routes_and_metrics():
+    async with asr.serve(MODEL) as evaluate, HttpFront({"mlp": evaluate}) as front, \
+            aiohttp.ClientSession() as s:
+        status, payload = await post(s, f"{front.url}/v2/models/mlp/versions/0/infer",
+                                     infer_body(X[:1]))
+        assert status == 200 and json.loads(payload)["model_version"] == "0"
+        new = MLP((16,), hidden_sizes=(32,), output_size=4, seed=1)
+        evaluate.update_model(new, 1)
+        status, payload = await post(s, f"{front.url}/v2/models/mlp/infer",
+                                     infer_body(X[:1]))
+        response = json.loads(payload)
+        assert response["model_version"] == "1"
+        np.testing.assert_array_equal(np.float32(response["outputs"][0]["data"]),
+                                      new(X[:1]).ravel())
+        status, _ = await post(s, f"{front.url}/v2/models/mlp/versions/0/infer",
+                               infer_body(X[:1]))
+        assert status == 404
+        async with s.get(f"{front.url}/v2/models/mlp") as resp:
+            assert json.loads(await resp.read())["versions"] == ["1"]
+        async with s.get(f"{front.url}/metrics") as resp:
+            text = (await resp.read()).decode()
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        assert 'async_search_http_requests_total{code="200",model="mlp",version="1"} 1.0' \
+            in text
+        assert 'async_search_model_version_info{model="mlp",server="",version="1"} 1.0' \
+            in text
+
+
+async def test_a_function_that_reports_no_version_is_served_with_an_empty_version():
+    async def plain(x):  # no version, no with_version: the version is unknown
+        return MODEL(x)
+
+    async with HttpFront({"f": plain}) as front, aiohttp.ClientSession() as s:
+        status, payload = await post(s, f"{front.url}/v2/models/f/infer",
+                                     infer_body(X[:1]))
+        assert status == 200 and json.loads(payload)["model_version"] == ""
+        status, payload = await post(s, f"{front.url}/v2/models/f/versions/0/infer",
+                                     infer_body(X[:1]))
+        assert status == 404 and "has no version '0'" in json.loads(payload)["error"]
+        async with s.get(f"{front.url}/v2/models/f") as resp:
+            assert json.loads(await resp.read())["versions"] == []
+
+
+def test_every_repository_error_has_one_status():
+    from aiohttp import web
+
+    from async_search import errors
+    from async_search.http.front import http_status
+
+    assert http_status(errors.ModelNotFoundError("x")) == 404
+    assert http_status(errors.ModelNotReadyError("x")) == 503
+    assert http_status(errors.LoadParametersError("x")) == 400
+    assert http_status(errors.ModelLoadError("x")) == 500
+    assert http_status(errors.ProtocolError("x", status=413)) == 413
+    assert http_status(web.HTTPNotFound()) == 404
+    assert http_status(RuntimeError("x")) is None  # the front's own failure: a 500
+
+
+async def test_binds_localhost_by_default():
+    async with HttpFront({"mlp": ModelSource(lambda: MODEL)}) as front:
+        assert front.host == "127.0.0.1" and front.url.startswith("http://127.0.0.1:")
+        assert front.addresses == [("127.0.0.1", front.port)]
+
+
+def test_python_m_async_search_http_serves_the_builtin_mlp():
+    server = subprocess.Popen([sys.executable, "-m", "async_search.http", "--port", "0"],
+                              stderr=subprocess.PIPE, env={**os.environ})
+    try:
+        line = b""
+        for _ in range(50):
+            line = server.stderr.readline()
+            if b"serving" in line or not line:
+                break
+        match = re.search(rb"http://127\.0\.0\.1:(\d+)", line)
+        assert match, line
+        port = int(match.group(1))
+        answer = raw_http(port, b"GET /v2/models/mlp HTTP/1.1\r\nHost: x\r\n"
+                                b"Connection: close\r\n\r\n")
+        metadata = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert metadata["inputs"] == [{"name": "input", "datatype": "FP32",
+                                       "shape": [-1, 16]}]
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(10) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(5)
+
+
+async def test_codec_pool_runs_calls_in_other_processes_and_replaces_dead_ones():
+    import time
+
+    from async_search.http import kserve
+    from async_search.http.codec_pool import CodecPool
+    from async_search.errors import ProtocolError
+
+    pool = CodecPool(1)
+    try:
+        pid = await pool.run(os.getpid)
+        assert pid != os.getpid()
+        with pytest.raises(ProtocolError, match="not valid JSON") as info:
+            await pool.run(kserve.decode_request, b"{")
+        assert info.value.status == 400
+        slow = asyncio.ensure_future(pool.run(time.sleep, 0.3))
+        await wait_until(lambda: not pool._idle, "the worker takes the slow call")
+        slow.cancel()  # the worker finishes that call before it takes the next
+        assert await pool.run(os.getpid) == pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ProtocolError, match="codec worker process failed") as info:
+            await pool.run(os.getpid)
+        assert info.value.status == 503
+        assert await pool.run(os.getpid) not in (pid, os.getpid())
+    finally:
+        await pool.aclose(5)
+    with pytest.raises(ProtocolError, match="shutting down"):
+        await pool.run(os.getpid)
+
+
+def test_limits_are_validated_and_every_one_has_a_flag():
+    from async_search.http.__main__ import _parser
+    from async_search.http.front import HttpLimits
+
+    with pytest.raises(ValueError, match="max_connections must be an integer >= 1, "
+                                         "got 0"):
+        HttpLimits(max_connections=0)
+    with pytest.raises(ValueError, match="read_timeout must be a number of seconds > 0"):
+        HttpLimits(read_timeout=float("inf"))
+    with pytest.raises(ValueError, match="max_workers must be an integer >= 1 or None"):
+        HttpLimits(max_workers=0)
+    with pytest.raises(ValueError, match="write_timeout must be a number of seconds > 0"):
+        HttpLimits(write_timeout=0)
+    with pytest.raises(ValueError, match="max_unsent_bytes must be an integer >= 1"):
+        HttpLimits(max_unsent_bytes=True)
+    args = _parser().parse_args(["--max-json-bytes", "1000", "--max-connections", "9",
+                                 "--keepalive-timeout", "2", "--read-timeout", "3",
+                                 "--shutdown-timeout", "4", "--offload-bytes", "5",
+                                 "--offload-workers", "1", "--max-workers", "6",
+                                 "--write-timeout", "7", "--max-unsent-bytes", "8",
+                                 "--enable_repository", "--repository_token", "t"])
+    for field in dataclasses.fields(HttpLimits):
+        assert getattr(args, field.name) is not None, field.name
+    assert (args.write_timeout, args.max_unsent_bytes) == (7, 8)
+    assert args.enable_repository and args.repository_token == "t"
+    defaults = _parser().parse_args([])
+    assert not defaults.enable_repository and defaults.host == "127.0.0.1"
+    assert defaults.max_connections == HttpLimits().max_connections
+
+
+async def test_server_metadata_lists_the_repository_only_when_it_is_on():
+    for kwargs, listed in [({}, False), ({"enable_repository": True}, True),
+                           ({"repository_token": "t"}, True)]:
+        async with HttpFront({"mlp": ModelSource(lambda: MODEL)}, **kwargs) as front, \
+                aiohttp.ClientSession() as s:
+            async with s.get(f"{front.url}/v2") as resp:
+                extensions = json.loads(await resp.read())["extensions"]
+        assert ("model_repository" in extensions) == listed
+        assert "binary_tensor_data" in extensions
+
+
+def test_the_connection_cap_stays_under_half_the_file_limit():
+    import resource
+
+    from async_search.http.limits import connection_cap
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert connection_cap(10 ** 9) == (10 ** 9 if soft == resource.RLIM_INFINITY
+                                       else soft // 2)
+    assert connection_cap(3) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_resident_memory_stays_flat_over_100000_http_requests():
+    """100,000 requests through the HTTP front (JSON, binary tensors, 400s for numbers
+    sent as strings, a metrics scrape now and then): resident memory after the
+    warm-up rounds stays within 5 %. About 20 s on two busy cores."""
+    from tests.servers.resident_memory import assert_flat, resident_memory_of
+
+    report = resident_memory_of("http", 100_000)
+    assert report["statuses"] == {"200": 90_000, "400": 10_000}
+    assert_flat(report["rss_mib"])

@@ -1,0 +1,275 @@
+"""GrpcRemoteEvaluate against the project's gRPC front and KServe's model server with
+gRPC on: the same answers, coalescing, versions, deadlines, retries and errors as the
+HTTP client's."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+pytest.importorskip("grpc")
+pytest.importorskip("tritonclient.grpc")
+
+import async_search as asr  # noqa: E402
+from async_search import problems, search  # noqa: E402
+from async_search.errors import (InputSpecError, ModelNotFoundError,  # noqa: E402
+                                 ProtocolError, RemoteError, RequestTimeoutError,
+                                 ServerClosedError, ServerDiedError)
+from async_search.http.grpc_client import GrpcRemoteEvaluate  # noqa: E402
+from async_search.http.grpc_front import GrpcFront  # noqa: E402
+from async_search.http.repository import ModelSource  # noqa: E402
+from async_search.models import MLP  # noqa: E402
+from tests.helpers import wait_until, within  # noqa: E402
+from tests.kserve_peer import W, kserve_model_server, needs_kserve  # noqa: E402
+from tests.http.test_grpc_front import Gated, Raising  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = MLP((16,), hidden_sizes=(32,), output_size=4, seed=0)
+OTHER = MLP((16,), hidden_sizes=(32,), output_size=4, seed=1)
+X = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+
+
+def front(model=MODEL, **options):
+    return GrpcFront({"mlp": ModelSource(lambda: model, model_thread=True)}, **options)
+
+
+# -- answers ---------------------------------------------------------------------------
+async def test_requests_of_one_iteration_travel_in_one_rpc_with_equal_answers():
+    async with front() as f, GrpcRemoteEvaluate(f.address, "mlp") as evaluate:
+        assert evaluate.input_spec == MODEL.input_spec and evaluate.version == "0"
+        ys = await within(asyncio.gather(*(evaluate(X[i:i + 1]) for i in range(5)),
+                                         evaluate(X), evaluate(X[:0])), "answers")
+        stats = evaluate.stats
+    for i in range(5):
+        np.testing.assert_array_equal(ys[i], MODEL(X[i:i + 1]))
+    np.testing.assert_array_equal(ys[5], MODEL(X))
+    assert ys[6].shape == (0, 4) and ys[6].dtype == np.float32
+    assert stats["rpcs"] == 1 and stats["requests"] == 7 and stats["elements"] == 10
+    assert stats["mean_requests_per_rpc"] == 7
+    ys[5][0, 0] = 99.0  # answers are the caller's own arrays, writable
+
+
+async def test_searches_over_grpc_equal_searches_run_with_immediate():
+    puzzle = problems.SlidingPuzzle(4)
+    heuristic = problems.pretrained("15-puzzle")
+    starts = [puzzle.scramble(30, seed=s) for s in range(12)]
+    game = problems.ConnectFour()
+    net = problems.pretrained("connect_four")  # two outputs: a tuple
+
+    def astar(start, evaluate):
+        return search.batched_astar(puzzle, start, evaluate, budget=300, buffer_size=4)
+
+    def mcts(evaluate, seed):
+        return search.mcts(game, game.initial_state(), evaluate, num_simulations=48,
+                           num_parallel=8, seed=seed)
+
+    expected = [await astar(s, asr.immediate(heuristic)) for s in starts]
+    expected_mcts = [await mcts(asr.immediate(net), seed) for seed in range(4)]
+    models = {"h": ModelSource(lambda: heuristic), "net": ModelSource(lambda: net)}
+    async with GrpcFront(models) as f, GrpcRemoteEvaluate(f.address, "h") as h, \
+            GrpcRemoteEvaluate(f.address, "net") as pv:
+        got = await within(asyncio.gather(*(astar(s, h) for s in starts)), "A*", timeout=60)
+        got_mcts = await within(asyncio.gather(*(mcts(pv, seed) for seed in range(4))),
+                                "MCTS", timeout=60)
+        assert h.stats["mean_requests_per_rpc"] > 2  # coalesced
+    assert got == expected
+    assert got_mcts == expected_mcts
+
+
+async def test_requests_made_while_every_rpc_slot_is_busy_leave_together():
+    model = Gated()
+    async with front(model) as f, GrpcRemoteEvaluate(f.address, "mlp",
+                                                     max_connections=1) as ev:
+        first = ev(X[:1])
+        assert await within(asyncio.to_thread(model.started.wait, 10), "first batch")
+        later = []
+        for i in range(1, 5):  # four loop iterations, one request each
+            later.append(ev(X[i:i + 1]))
+            await asyncio.sleep(0)
+        assert ev.stats["rpcs"] == 1 and ev.num_in_flight == 1
+        model.gate.set()
+        ys = await within(asyncio.gather(first, *later), "answers")
+        stats = ev.stats
+    assert stats["rpcs"] == 2  # the four waited and left as one
+    for i, y in enumerate(ys):
+        np.testing.assert_array_equal(y, MODEL(X[i:i + 1]))
+
+
+# -- versions --------------------------------------------------------------------------
+async def test_the_version_follows_model_version_and_a_cache_in_front_sees_the_swap():
+    async with front() as f, GrpcRemoteEvaluate(f.address, "mlp") as ev:
+        cached = asr.CachedEvaluate(ev, capacity=100)
+        token = ev.swap_token
+        np.testing.assert_array_equal(await cached(X[:1]), MODEL(X[:1]))
+        f.repository.entry("mlp").server.update_model(OTHER, version=7)
+        y, version = await within(ev.with_version(X[1:3]), "answer of the new model")
+        np.testing.assert_array_equal(y, OTHER(X[1:3]))
+        assert version == "7" and ev.version == "7" and ev.swap_token is not token
+        np.testing.assert_array_equal(await cached(X[:1]), OTHER(X[:1]))
+        assert cached.stats["invalidations"] == 1
+    async with front() as f, GrpcRemoteEvaluate(f.address, "mlp",
+                                                model_version="0") as ev:
+        np.testing.assert_array_equal(await within(ev(X), "version 0"), MODEL(X))
+        f.repository.entry("mlp").server.update_model(OTHER, version=1)
+        with pytest.raises(ModelNotFoundError, match="has no version '0'"):
+            await within(ev(X), "version 0 is gone")
+
+
+async def test_retries_ride_over_an_unload_until_the_model_is_loaded_again():
+    async with front() as f, GrpcRemoteEvaluate(f.address, "mlp", retries=30,
+                                                backoff_s=0.01) as ev:
+        await f.repository.unload("mlp")
+        fut = ev(X)
+        await wait_until(lambda: ev.stats["retries"] >= 2, "UNAVAILABLE is retried")
+        await f.repository.load("mlp")
+        np.testing.assert_array_equal(await within(fut, "the retried request"), MODEL(X))
+
+
+# -- faults ----------------------------------------------------------------------------
+async def test_a_request_past_its_deadline_fails_with_timeout_error():
+    model = Gated()
+    async with front(model) as f, GrpcRemoteEvaluate(f.address, "mlp", timeout=0.3) as ev:
+        with pytest.raises(RequestTimeoutError, match="deadline of 0.3 s"):
+            await asyncio.wait_for(ev(X), 5)  # (within() would rename it)
+        short = ev(X[:1], timeout=0.1)
+        with pytest.raises(RequestTimeoutError, match="request's timeout of 0.1 s"):
+            await asyncio.wait_for(short, 5)
+        model.gate.set()
+
+
+async def test_a_stopped_server_is_a_server_died_error_after_the_retries():
+    async with front() as f:
+        address = f.address
+        ev = GrpcRemoteEvaluate(address, "mlp", retries=2, backoff_s=0.01)
+        await ev.__aenter__()
+    try:
+        with pytest.raises(ServerDiedError, match=f"{address}.*could not be reached"):
+            await within(ev(X), "failure")
+        assert ev.stats["rpcs"] == 3 and ev.stats["failed_rpcs"] == 1
+    finally:
+        await ev.aclose()
+    with pytest.raises(ServerDiedError, match="could not be reached"):
+        async with GrpcRemoteEvaluate(address, "mlp", retries=1, backoff_s=0.01):
+            pass
+
+
+async def test_a_stopping_server_s_refusal_is_a_server_closed_error():
+    model = Gated()
+    f = front(model, shutdown_timeout=10)
+    async with f, GrpcRemoteEvaluate(f.address, "mlp", retries=1, backoff_s=0.01) as ev:
+        in_progress = ev(X[:1])
+        assert await within(asyncio.to_thread(model.started.wait, 10), "a batch")
+        exiting = asyncio.ensure_future(f.__aexit__(None, None, None))
+        await wait_until(lambda: f.closing, "the drain began")
+        with pytest.raises(ServerClosedError, match="UNAVAILABLE: the server is stopping"):
+            await within(ev(X[1:]), "refused")
+        model.gate.set()
+        np.testing.assert_array_equal(await within(in_progress, "answered"),
+                                      MODEL(X[:1]))
+        await within(exiting, "the exit")
+
+
+async def test_bad_input_is_refused_with_input_spec_error_and_nothing_is_sent():
+    async with front() as f, GrpcRemoteEvaluate(f.address, "mlp") as ev:
+        for bad in (X[:, :8], X.astype(np.float64), X.tolist(), np.float32(1.0)):
+            with pytest.raises(InputSpecError, match="16"):
+                ev(bad)
+        z = await within(ev(X.astype(X.dtype.newbyteorder())), "swapped bytes")
+        assert ev.stats["requests"] == 1
+    np.testing.assert_array_equal(z, MODEL(X))
+
+
+async def test_what_the_server_answers_becomes_the_matching_error():
+    with pytest.raises(ModelNotFoundError, match="NOT_FOUND: unknown model 'nope'"):
+        async with front() as f, GrpcRemoteEvaluate(f.address, "nope"):
+            pass
+    async with GrpcFront({"bad": ModelSource(Raising, model_thread=True)}) as f:
+        async with GrpcRemoteEvaluate(f.address, "bad") as ev:
+            with pytest.raises(RemoteError, match="gRPC INTERNAL.*the model broke"):
+                await within(ev(X), "INTERNAL")
+        async with GrpcRemoteEvaluate(f.address, "bad", input_spec=asr.TensorSpec(
+                (8,), np.float32)) as ev:  # a spec the server does not take
+            with pytest.raises(ProtocolError, match="INVALID_ARGUMENT") as info:
+                await within(ev(X[:, :8]), "INVALID_ARGUMENT")
+            assert info.value.status == 400
+    async with front() as f, GrpcRemoteEvaluate(f.address, "mlp", retries=1,
+                                                backoff_s=0.01) as ev:
+        await f.repository.unload("mlp")
+        with pytest.raises(ServerClosedError, match="UNAVAILABLE: model 'mlp' is not"):
+            await within(ev(X), "UNAVAILABLE")
+
+
+async def test_closing_fails_what_waits_and_later_calls():
+    model = Gated()
+    async with front(model) as f:
+        ev = GrpcRemoteEvaluate(f.address, "mlp", max_connections=1)
+        async with ev:
+            sent = ev(X[:1])
+            assert await within(asyncio.to_thread(model.started.wait, 10), "sent")
+            waiting = ev(X[1:2])
+        for fut in (sent, waiting):
+            with pytest.raises(ServerClosedError, match="GrpcRemoteEvaluate .* was closed"):
+                await within(fut, "closed")
+        with pytest.raises(ServerClosedError, match="not open"):
+            ev(X)
+        model.gate.set()
+
+
+def test_arguments_are_checked_when_made():
+    for bad in ("http://h:1", "", None, "grpc://h:1"):
+        with pytest.raises(ValueError, match="target must be a gRPC address"):
+            GrpcRemoteEvaluate(bad, "mlp")
+    with pytest.raises(ValueError, match="model_name must be"):
+        GrpcRemoteEvaluate("h:1", "a/b")
+    with pytest.raises(ValueError, match="retries must be an integer >= 0"):
+        GrpcRemoteEvaluate("h:1", "mlp", retries=-1)
+
+
+# -- KServe's own model server, gRPC on ------------------------------------------------
+@needs_kserve
+async def test_kserve_model_server_answers_over_grpc_like_the_model(tmp_path):
+    with kserve_model_server(tmp_path, grpc=True) as (_, grpc_port):
+        async with GrpcRemoteEvaluate(f"127.0.0.1:{grpc_port}", "linear", timeout=60,
+                                      retries=40, backoff_s=0.1) as ev:
+            assert ev.input_spec == asr.TensorSpec((16,), np.float32)
+            ys = await within(asyncio.gather(*(ev(X[i:i + 1]) for i in range(5))),
+                              "KServe's answers", timeout=30)
+            y, version = await within(ev.with_version(X), "with version", timeout=30)
+            assert ev.stats["rpcs"] == 2
+            with pytest.raises(InputSpecError):
+                ev(X[:, :8])
+    np.testing.assert_array_equal(np.concatenate(ys), X @ W)
+    np.testing.assert_array_equal(y, X @ W)
+
+
+async def test_an_answer_that_is_not_the_protocol_s_is_a_model_output_error():
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    from async_search.errors import ModelOutputError
+    from async_search.http.grpc_tensors import pb
+
+    class Truncating(service_pb2_grpc.GRPCInferenceServiceServicer):
+        async def ModelMetadata(self, request, context):  # noqa: N802
+            metadata = pb.ModelMetadataResponse(name="m", versions=["1"])
+            metadata.inputs.add(name="x", datatype="FP32", shape=[-1, 16])
+            return metadata
+
+        async def ModelInfer(self, request, context):  # noqa: N802
+            response = pb.ModelInferResponse(model_name="m")
+            response.outputs.add(name="y", datatype="FP32", shape=[2, 4])
+            response.raw_output_contents.append(b"\0" * 12)  # 32 bytes are due
+            return response
+
+    server = grpc.aio.server()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Truncating(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with GrpcRemoteEvaluate(f"127.0.0.1:{port}", "m") as ev:
+            assert ev.version == "1"
+            with pytest.raises(ModelOutputError, match="not the protocol's: .*12 bytes"):
+                await within(ev(X[:2]), "bad answer")
+    finally:
+        await server.stop(None)

@@ -1,0 +1,240 @@
+"""The gRPC front: the protocol's methods, its status codes for every failure, its
+drain, and tritonclient's own gRPC client as a peer that no one here wrote."""
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("aiohttp")
+
+import tritonclient.grpc.aio as triton  # noqa: E402
+from tritonclient.grpc import service_pb2_grpc  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from async_search.http.front import HttpFront  # noqa: E402
+from async_search.http.grpc_front import GrpcFront  # noqa: E402
+from async_search.http.grpc_tensors import REFUSED_KEY, pb  # noqa: E402
+from async_search.http.repository import ModelSource  # noqa: E402
+from tests.http.served_models import MODEL, X, Gated, Raising  # noqa: E402
+from tests.helpers import wait_until, within  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+Code = grpc.StatusCode
+
+
+
+
+
+
+def front(model=MODEL, **options):
+    return GrpcFront({"mlp": ModelSource(lambda: model, model_thread=True)}, **options)
+
+
+def infer_request(x, name="mlp", input_name="input", version=""):
+    message = pb.ModelInferRequest(model_name=name, model_version=version)
+    message.inputs.add(name=input_name, datatype="FP32" if x.dtype == np.float32 else
+                       "FP64", shape=x.shape)
+    message.raw_input_contents.append(x.tobytes())
+    return message
+
+
+async def status_of(call) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await within(call, "the status")
+    return info.value
+
+
+# -- tritonclient's client as a peer ---------------------------------------------------
+async def test_tritonclient_s_grpc_client_gets_the_model_s_answers():
+    async with front() as f:
+        client = triton.InferenceServerClient(f.address)
+        try:
+            assert await client.is_server_live() and await client.is_server_ready()
+            assert await client.is_model_ready("mlp")
+            assert (await client.get_server_metadata()).name == "async_search"
+            metadata = await client.get_model_metadata("mlp", as_json=True)
+            assert metadata["inputs"] == [{"name": "input", "datatype": "FP32",
+                                           "shape": ["-1", "16"]}]
+            assert metadata["versions"] == ["0"]
+            tensor = triton.InferInput("input", list(X.shape), "FP32")
+            tensor.set_data_from_numpy(X)
+            result = await within(client.infer("mlp", [tensor], request_id="r7"),
+                                  "tritonclient's answer")
+            np.testing.assert_array_equal(result.as_numpy("output"), MODEL(X))
+            assert result.get_response().id == "r7"
+            assert result.get_response().model_version == "0"
+            with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+                await client.get_model_metadata("nope")
+        finally:
+            await client.close()
+
+
+# -- status codes ----------------------------------------------------------------------
+async def test_every_failure_is_a_status_code_with_a_message():
+    models = {"mlp": ModelSource(lambda: MODEL), "bad": ModelSource(Raising,
+                                                                    model_thread=True)}
+    async with GrpcFront(models) as f, grpc.aio.insecure_channel(f.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        cases = [
+            (infer_request(X[:, :8]), Code.INVALID_ARGUMENT, r"shape \[5, 8\]; the model "
+                                                             r"takes shape \[-1, 16\]"),
+            (infer_request(X.astype(np.float64)), Code.INVALID_ARGUMENT, "datatype FP64"),
+            (infer_request(X, input_name="x"), Code.INVALID_ARGUMENT, "unknown input 'x'"),
+            (pb.ModelInferRequest(model_name="mlp"), Code.INVALID_ARGUMENT,
+             "must have 'inputs'"),
+            (infer_request(X, name="nope"), Code.NOT_FOUND, "unknown model 'nope'"),
+            (infer_request(X, version="9"), Code.NOT_FOUND, "has no version '9'"),
+            (infer_request(X, name="bad"), Code.INTERNAL, "the model broke"),
+        ]
+        for message, code, match in cases:
+            error = await status_of(stub.ModelInfer(message))
+            assert error.code() == code and re.search(match, error.details()), (
+                code, error.details())
+        error = await status_of(stub.ModelMetadata(pb.ModelMetadataRequest(name="x")))
+        assert error.code() == Code.NOT_FOUND
+        # the server lives on: the next request gets its answer
+        answer = await within(stub.ModelInfer(infer_request(X)), "an answer")
+        np.testing.assert_array_equal(
+            np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(5, 4),
+            MODEL(X))
+        await f.repository.unload("mlp")
+        error = await status_of(stub.ModelInfer(infer_request(X)))
+        assert error.code() == Code.UNAVAILABLE and "is not loaded" in error.details()
+        assert (REFUSED_KEY, "1") in tuple(error.trailing_metadata())
+        assert not (await stub.ModelReady(pb.ModelReadyRequest(name="mlp"))).ready
+
+
+async def test_a_message_over_the_limit_is_refused_and_nothing_else_is():
+    async with front(max_message_bytes=4096) as f, \
+            grpc.aio.insecure_channel(f.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        error = await status_of(stub.ModelInfer(infer_request(np.zeros((100, 16),
+                                                                       np.float32))))
+        assert error.code() == Code.RESOURCE_EXHAUSTED
+        assert len((await stub.ModelInfer(infer_request(X))).raw_output_contents[0]) == 80
+
+
+async def test_a_client_s_deadline_cancels_its_request_on_the_server():
+    model = Gated()
+    async with front(model) as f, grpc.aio.insecure_channel(f.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        first = asyncio.ensure_future(stub.ModelInfer(infer_request(X[:1])))
+        assert await within(asyncio.to_thread(model.started.wait, 10), "first batch")
+        error = await status_of(stub.ModelInfer(infer_request(X[1:]), timeout=0.2))
+        assert error.code() == Code.DEADLINE_EXCEEDED
+        await wait_until(lambda: f.requests_in_progress == 1,
+                         "the expired request left the handlers")
+        model.gate.set()
+        assert len((await within(first, "first")).raw_output_contents) == 1
+
+
+# -- the drain -------------------------------------------------------------------------
+async def test_stopping_answers_what_is_in_progress_and_refuses_what_comes():
+    model = Gated()
+    f = front(model, shutdown_timeout=10)
+    async with f:
+        channel = grpc.aio.insecure_channel(f.address)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        in_progress = asyncio.ensure_future(stub.ModelInfer(infer_request(X[:2])))
+        assert await within(asyncio.to_thread(model.started.wait, 10), "a batch")
+        exiting = asyncio.ensure_future(f.__aexit__(None, None, None))
+        await asyncio.sleep(0.2)
+        assert f.closing and not (await stub.ServerReady(pb.ServerReadyRequest())).ready
+        error = await status_of(stub.ModelInfer(infer_request(X)))
+        assert error.code() == Code.UNAVAILABLE and "stopping" in error.details()
+        assert (REFUSED_KEY, "1") in tuple(error.trailing_metadata())
+        # metadata and a model's readiness are answered throughout, as HTTP's GETs
+        assert (await stub.ModelReady(pb.ModelReadyRequest(name="mlp"))).ready
+        assert (await stub.ModelMetadata(pb.ModelMetadataRequest(name="mlp"))).inputs
+        model.gate.set()
+        answer = await within(in_progress, "the answer in progress")
+        await within(exiting, "the exit")
+        await channel.close()
+    np.testing.assert_array_equal(
+        np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(2, 4),
+        MODEL(X[:2]))
+
+
+async def test_what_outlasts_the_grace_is_answered_unavailable():
+    model = Gated()
+    f = front(model, shutdown_timeout=0.3)
+    async with f:
+        channel = grpc.aio.insecure_channel(f.address)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stuck = asyncio.ensure_future(stub.ModelInfer(infer_request(X[:2])))
+        assert await within(asyncio.to_thread(model.started.wait, 10), "a batch")
+        exiting = asyncio.ensure_future(f.__aexit__(None, None, None))
+        error = await status_of(stuck)
+        assert error.code() == Code.UNAVAILABLE
+        assert "shutdown grace of 0.3 s" in error.details()
+        model.gate.set()
+        await within(exiting, "the exit")
+        await channel.close()
+
+
+# -- beside the HTTP front -------------------------------------------------------------
+async def test_http_and_grpc_requests_join_the_same_batches():
+    from async_search.http.client import RemoteEvaluate
+
+    model = Gated()
+    source = ModelSource(lambda: model, model_thread=True, pipeline_depth=1)
+    async with HttpFront({"mlp": source}) as http, GrpcFront(http.repository) as g, \
+            grpc.aio.insecure_channel(g.address) as channel, \
+            RemoteEvaluate(http.url, "mlp") as over_http:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        first = asyncio.ensure_future(stub.ModelInfer(infer_request(X[:1])))
+        assert await within(asyncio.to_thread(model.started.wait, 10), "first batch")
+        by_grpc = [asyncio.ensure_future(stub.ModelInfer(infer_request(X[i:i + 1])))
+                   for i in (1, 2)]
+        by_http = [over_http(X[i:i + 1]) for i in (3, 4)]
+        await asyncio.sleep(0.3)  # all four wait behind the first batch
+        model.gate.set()
+        answers = await within(asyncio.gather(first, *by_grpc), "gRPC answers")
+        ys = await within(asyncio.gather(*by_http), "HTTP answers")
+        stats = http.repository.entry("mlp").server.stats
+    assert stats["batches"] == 2 and stats["elements"] == 5
+    for i, answer in enumerate(answers):
+        np.testing.assert_array_equal(
+            np.frombuffer(answer.raw_output_contents[0], np.float32), MODEL(X[i:i + 1])[0])
+    np.testing.assert_array_equal(np.concatenate(ys), MODEL(X[3:]))
+
+
+def test_python_m_async_search_http_serves_grpc_with_grpc_port():
+    server = subprocess.Popen([sys.executable, "-m", "async_search.http", "--port", "0",
+                               "--grpc-port", "0"], stderr=subprocess.PIPE)
+    try:
+        lines = [server.stderr.readline().decode() for _ in range(2)]
+        match = re.search(r"grpc://(127\.0\.0\.1:\d+)", "".join(lines))
+        assert match, lines
+        client = __import__("tritonclient.grpc", fromlist=["InferenceServerClient"])
+        sync = client.InferenceServerClient(match.group(1))
+        x = np.ones((3, 16), np.float32)
+        tensor = client.InferInput("input", [3, 16], "FP32")
+        tensor.set_data_from_numpy(x)
+        y = sync.infer("mlp", [tensor], client_timeout=30).as_numpy("output")
+        sync.close()
+        assert y.shape == (3, 4)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(5)
+        server.stderr.close()
+
+
+def test_arguments_are_checked_when_made():
+    with pytest.raises(ValueError, match="port must be"):
+        GrpcFront({}, port=70000)
+    with pytest.raises(ValueError, match="max_message_bytes must be"):
+        GrpcFront({}, max_message_bytes=0)
+    with pytest.raises(ValueError, match="shutdown_timeout must be"):
+        GrpcFront({}, shutdown_timeout=-1)

@@ -1,0 +1,172 @@
+import asyncio
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.errors import (LoadParametersError, ModelLoadError, ModelNotFoundError,
+                                 ModelNotReadyError, RepositoryError)
+from async_search.http.repository import (ModelRepository, ModelSource,
+                                             default_max_workers, find_spec)
+from async_search.models import MLP
+from async_search.routing.cache import CachedEvaluate
+from async_search.routing.router import Router
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = MLP((4,), hidden_sizes=(8,), output_size=2, seed=0)
+X = np.ones((3, 4), np.float32)
+
+
+async def test_sources_are_loaded_on_entry_and_closed_on_exit():
+    made = []
+
+    def factory():
+        made.append(1)
+        return MODEL
+
+    async with ModelRepository({"a": ModelSource(factory),
+                                "b": ModelSource(factory, load_on_start=False)}) as repo:
+        assert repo.entry("a").ready and not repo.entry("b").ready and len(made) == 1
+        server = repo.entry("a").server
+        np.testing.assert_array_equal(await repo.entry("a").evaluate(X), MODEL(X))
+        await repo.load("b")
+        assert repo.entry("b").ready and len(made) == 2
+        await repo.load("b")  # loaded: a no-op
+        assert len(made) == 2
+    assert server._closed and repo.entry("b").server is None
+
+
+async def test_unload_drains_requests_in_flight():
+    gate, started = threading.Event(), threading.Event()
+
+    class Slow:
+        input_spec = MODEL.input_spec
+
+        def __call__(self, x):
+            started.set()
+            assert gate.wait(10)
+            return MODEL(x)
+
+    async with ModelRepository({"m": ModelSource(Slow)}) as repo:
+        pending = asyncio.ensure_future(repo.entry("m").evaluate(X))
+        await wait_until(started.is_set, "the request is in the model")
+        unloading = asyncio.ensure_future(repo.unload("m"))
+        await wait_until(lambda: not repo.entry("m").ready, "the unload begins")
+        for _ in range(10):  # room for an unload that does not wait to finish
+            await asyncio.sleep(0)
+        assert not unloading.done()  # it waits for the request in the model
+        gate.set()
+        await asyncio.wait_for(unloading, 10)
+        np.testing.assert_array_equal(await pending, MODEL(X))
+
+
+async def test_an_evaluate_served_elsewhere_is_made_unavailable_not_closed():
+    async with asr.serve(MODEL) as evaluate:
+        async with ModelRepository({"m": evaluate}) as repo:
+            await repo.unload("m")
+            assert not repo.entry("m").ready
+            await repo.load("m")
+            assert repo.entry("m").evaluate is evaluate
+        np.testing.assert_array_equal(await evaluate(X), MODEL(X))  # still serving
+
+
+async def test_load_errors_say_what_went_wrong():
+    def broken():
+        raise OSError("weights file missing")
+
+    async with ModelRepository({"m": ModelSource(broken, load_on_start=False),
+                                "ok": ModelSource(lambda: MODEL)}) as repo:
+        with pytest.raises(ModelLoadError, match="loading model 'm' failed: OSError: "
+                                                 "weights file missing") as info:
+            await repo.load("m")
+        assert isinstance(info.value.__cause__, OSError)
+        assert repo.index()[0] == {"name": "m", "version": "", "state": "UNAVAILABLE",
+                                   "reason": "OSError: weights file missing"}
+        with pytest.raises(ModelNotFoundError, match="unknown model 'x'"):
+            await repo.load("x")
+        with pytest.raises(LoadParametersError, match=r"num_workers must be an integer in "
+                                                      r"\[1, \d+\]"):
+            await repo.load("ok", {"num_workers": 0})
+        await repo.load("ok", {"num_workers": 3})
+        assert repo.entry("ok").server.num_workers == 3
+        await repo.load("ok", {"num_workers": 1})
+        assert repo.entry("ok").server.num_workers == 1
+
+
+async def test_load_parameters_are_bounded_by_max_workers():
+    async with ModelRepository({"m": ModelSource(lambda: MODEL)}, max_workers=3) as repo:
+        for workers in (4, 300, 0, None, 2.0, "2", True):
+            with pytest.raises(LoadParametersError, match=r"num_workers must be an integer "
+                                                          r"in \[1, 3\]"):
+                await repo.load("m", {"num_workers": workers})
+        with pytest.raises(LoadParametersError, match="unknown load parameters"):
+            await repo.load("m", {"num_workers": 2, "threads": 9})
+        assert repo.entry("m").server.num_workers == 1
+        await repo.load("m", {"num_workers": 3})
+        assert repo.entry("m").server.num_workers == 3
+    assert ModelRepository({}).max_workers == default_max_workers() == 4 * (
+        os.cpu_count() or 1)
+    with pytest.raises(ValueError, match="max_workers must be an integer >= 1"):
+        ModelRepository({}, max_workers=0)
+
+
+async def test_cache_capacity_puts_a_cache_in_front():
+    async with ModelRepository({"m": ModelSource(lambda: MODEL, cache_capacity=10)}) as r:
+        evaluate = r.entry("m").evaluate
+        assert isinstance(evaluate, CachedEvaluate)
+        await evaluate(X)
+        assert evaluate.stats["deduplicated"] == 2  # three equal rows, computed once
+
+
+async def test_specs_are_found_through_caches_and_routers():
+    async with asr.serve(MODEL) as a:
+        stacked = CachedEvaluate(Router({"a": a}), capacity=4)
+        assert find_spec(stacked) == MODEL.input_spec
+        assert find_spec(stacked, "output") == MODEL.output_spec
+    assert find_spec(lambda x: x) is None
+
+
+def test_bad_names_and_models_are_refused():
+    with pytest.raises(ValueError, match="without '/'"):
+        ModelRepository({"a/b": ModelSource(lambda: MODEL)})
+    with pytest.raises(TypeError, match="must be a ModelSource or an evaluate function"):
+        ModelRepository({"a": 3})
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1"):
+        ModelSource(lambda: MODEL, max_batch_size=0)
+
+
+async def test_unknown_names_and_versions_and_unloaded_models_raise_the_repository_errors():
+    async with asr.serve(MODEL) as evaluate:
+        async with ModelRepository({"m": evaluate,
+                                    "later": ModelSource(lambda: MODEL,
+                                                         load_on_start=False)}) as repo:
+            assert repo.serving("m") is evaluate and repo.serving("m", "0") is evaluate
+            assert repo.entry("m").version == "0"  # the server's first version
+            with pytest.raises(ModelNotFoundError, match="unknown model 'x'"):
+                repo.serving("x")
+            with pytest.raises(ModelNotFoundError, match=r"model 'm' has no version '7': "
+                                                         r"it serves version '0'"):
+                repo.entry("m", "7")
+            with pytest.raises(ModelNotReadyError, match="model 'later' is not loaded"):
+                repo.serving("later")
+            await repo.unload("m")
+            with pytest.raises(ModelNotReadyError):
+                repo.serving("m")
+            for error in (ModelNotFoundError, ModelNotReadyError, ModelLoadError,
+                          LoadParametersError):
+                assert issubclass(error, RepositoryError)
+
+
+async def test_a_function_that_reports_no_version_has_an_empty_protocol_version():
+    async def plain(x):
+        return MODEL(x)
+
+    async with ModelRepository({"p": plain}) as repo:
+        assert repo.entry("p").version == ""
+        assert repo.index() == [{"name": "p", "version": "", "state": "READY",
+                                 "reason": ""}]
+

@@ -1,0 +1,481 @@
+"""Checkpoints: bitwise round trips, atomic replacement, and clear refusals."""
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from async_search.problems import (ConnectFour, LearnedHeuristic, PolicyValueMLP,
+                                   SlidingPuzzle)
+from async_search.problems.checkpoints import (FORMAT, CheckpointError, load_checkpoint,
+                                               read_checkpoint, save_checkpoint)
+from async_search.problems.nets import NetConfig, initial_weights, to_model, weights_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+POLICY_VALUE = NetConfig("policy_value", "connect_four", (16,))
+HEURISTIC = NetConfig("heuristic", "sliding_puzzle", (16,), size=3)
+METADATA = {"iteration": 3, "elo": 12.5, "note": "gated", "scores": [1, 0.5, None],
+            "nested": {"a": True}}
+
+
+def trained_looking_weights(config, seed):
+    """Off-grid float32 weights with non-zero biases, as a trainer leaves them."""
+    rng = np.random.default_rng(seed)
+    return [(w, rng.normal(0, 0.1, b.shape).astype(np.float32))
+            for w, b in initial_weights(config, seed)]
+
+
+def connect_four_positions(count, seed=0):
+    game = ConnectFour()
+    rng = np.random.default_rng(seed)
+    states = []
+    while len(states) < count:
+        state = game.initial_state()
+        for _ in range(int(rng.integers(0, 30))):
+            legal = game.legal_actions(state)
+            if not legal:
+                break
+            state = game.play(state, legal[int(rng.integers(len(legal)))])
+        states.append(state)
+    return game.encode(states)
+
+
+def puzzle_positions(count):
+    puzzle = SlidingPuzzle(3)
+    return puzzle.encode([puzzle.scramble(5 + i, seed=i) for i in range(count)])
+
+
+def assert_weights_bitwise_equal(got, want):
+    assert len(got) == len(want)
+    for (w, b), (w0, b0) in zip(got, want):
+        for a, a0 in ((w, w0), (b, b0)):
+            assert a.dtype == np.asarray(a0).dtype and a.shape == np.shape(a0)
+            assert a.tobytes() == np.asarray(a0).tobytes()
+
+
+def outputs(model, x):
+    y = model(x)
+    return y if isinstance(y, tuple) else (y,)
+
+
+@pytest.mark.parametrize("config, positions, kind", [
+    (POLICY_VALUE, lambda: connect_four_positions(40), PolicyValueMLP),
+    (HEURISTIC, lambda: puzzle_positions(40), LearnedHeuristic),
+])
+def test_a_checkpoint_round_trips_weights_outputs_and_metadata_bitwise(
+        tmp_path, config, positions, kind):
+    weights = trained_looking_weights(config, seed=1)
+    path = save_checkpoint(tmp_path / "ckpt", weights, config, METADATA)
+    assert path == str(tmp_path / "ckpt")
+    checkpoint = read_checkpoint(path)
+    assert checkpoint.config == config
+    assert checkpoint.metadata == METADATA
+    assert_weights_bitwise_equal(checkpoint.weights, weights)
+
+    model = load_checkpoint(path)
+    assert isinstance(model, kind)
+    assert model.checkpoint_metadata == METADATA and model.net_config == config
+    x = positions()
+    for got, want in zip(outputs(model, x), outputs(to_model(config, weights), x)):
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("config", [POLICY_VALUE, HEURISTIC])
+def test_saving_a_model_round_trips_its_grid_weights_and_outputs(tmp_path, config):
+    model = to_model(config, trained_looking_weights(config, seed=2))
+    save_checkpoint(tmp_path / "m", model, config)
+    loaded = load_checkpoint(tmp_path / "m")
+    assert_weights_bitwise_equal(weights_of(loaded), weights_of(model))
+    assert loaded.checkpoint_metadata == {}
+    x = connect_four_positions(25) if config is POLICY_VALUE else puzzle_positions(25)
+    for got, want in zip(outputs(loaded, x), outputs(model, x)):
+        assert got.tobytes() == want.tobytes()
+
+
+def test_other_dtypes_are_kept_as_saved(tmp_path):
+    weights = [(w.astype(np.float64), b.astype(np.float64))
+               for w, b in initial_weights(POLICY_VALUE, 0)]
+    save_checkpoint(tmp_path / "c", weights, POLICY_VALUE)
+    assert_weights_bitwise_equal(read_checkpoint(tmp_path / "c").weights, weights)
+
+
+def weights_file(path):
+    """The weights file the checkpoint's config.json names."""
+    return path / json.loads((path / "config.json").read_text())["weights_file"]
+
+
+def test_saving_over_an_existing_checkpoint_replaces_it(tmp_path):
+    path = tmp_path / "ckpt"
+    first = trained_looking_weights(POLICY_VALUE, 1)
+    second = trained_looking_weights(POLICY_VALUE, 2)
+    save_checkpoint(path, first, POLICY_VALUE, {"iteration": 1})
+    save_checkpoint(path, second, POLICY_VALUE, {"iteration": 2})
+    checkpoint = read_checkpoint(path)
+    assert checkpoint.metadata == {"iteration": 2}
+    assert_weights_bitwise_equal(checkpoint.weights, second)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # no temporary or old folder left
+    assert sorted(os.listdir(path)) == ["config.json", weights_file(path).name]
+    assert re.fullmatch(r"weights-[0-9a-f]{16}\.npz", weights_file(path).name)
+
+
+def test_a_trailing_separator_names_the_same_folder(tmp_path):
+    path = save_checkpoint(f"{tmp_path / 'ckpt'}{os.sep}", initial_weights(HEURISTIC, 0),
+                           HEURISTIC, {"n": 1})
+    assert path == str(tmp_path / "ckpt")
+    save_checkpoint(f"{path}{os.sep}", initial_weights(HEURISTIC, 1), HEURISTIC, {"n": 2})
+    assert read_checkpoint(f"{path}{os.sep}").metadata == {"n": 2}
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    assert sorted(os.listdir(path)) == ["config.json", weights_file(tmp_path / "ckpt").name]
+
+
+def test_a_checkpoint_of_format_1_loads_and_is_replaced_by_the_current_format(tmp_path):
+    path = tmp_path / "old"
+    save_checkpoint(path, initial_weights(HEURISTIC, 0), HEURISTIC, {"v": 1})
+    header = json.loads((path / "config.json").read_text())
+    weights_file(path).rename(path / "weights.npz")
+    header["format"] = "async_search.checkpoint/1"
+    del header["weights_file"]
+    (path / "config.json").write_text(json.dumps(header))
+    assert read_checkpoint(path).metadata == {"v": 1}
+    save_checkpoint(path, initial_weights(HEURISTIC, 1), HEURISTIC, {"v": 2})
+    assert read_checkpoint(path).metadata == {"v": 2}
+    assert "weights.npz" not in os.listdir(path) and len(os.listdir(path)) == 2
+
+
+def test_the_shipped_checkpoints_still_load():
+    from async_search import problems
+
+    assert problems.pretrained("connect_four").net_config.problem == "connect_four"
+
+
+def test_a_file_in_the_way_is_refused_and_left_alone(tmp_path):
+    (tmp_path / "ckpt").write_text("mine")
+    with pytest.raises(ValueError, match="a file has that name"):
+        save_checkpoint(tmp_path / "ckpt", initial_weights(HEURISTIC, 0), HEURISTIC)
+    assert (tmp_path / "ckpt").read_text() == "mine"
+
+
+def test_saving_weights_that_do_not_fit_the_config_raises_value_error(tmp_path):
+    with pytest.raises(ValueError, match="do not fit"):
+        save_checkpoint(tmp_path / "c", initial_weights(POLICY_VALUE, 0), HEURISTIC)
+    assert not (tmp_path / "c").exists()
+
+
+def test_non_json_metadata_is_refused_at_save_and_the_previous_checkpoint_stays(tmp_path):
+    path = tmp_path / "ckpt"
+    weights = trained_looking_weights(HEURISTIC, 1)
+    save_checkpoint(path, weights, HEURISTIC, {"iteration": 1})
+    with pytest.raises(ValueError, match="metadata must be JSON"):
+        save_checkpoint(path, trained_looking_weights(HEURISTIC, 2), HEURISTIC,
+                        {"iteration": 2, "when": object()})
+    with pytest.raises(ValueError, match="metadata must be JSON"):
+        save_checkpoint(path, trained_looking_weights(HEURISTIC, 2), HEURISTIC,
+                        {"loss": float("nan")})
+    checkpoint = read_checkpoint(path)
+    assert checkpoint.metadata == {"iteration": 1}
+    assert_weights_bitwise_equal(checkpoint.weights, weights)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+# -- a kill or a full disk during a save ---------------------------------------------------
+
+
+def test_a_save_killed_at_any_file_operation_leaves_the_old_or_the_new_checkpoint(
+        tmp_path):
+    from tests.training.kill_points import Recorder
+
+    path = tmp_path / "ckpt"
+    old, new = trained_looking_weights(HEURISTIC, 1), trained_looking_weights(HEURISTIC, 2)
+    save_checkpoint(path, old, HEURISTIC, {"v": 1})
+    pristine = tmp_path / "pristine"
+    shutil.copytree(path, pristine)
+    shutil.copytree(path, tmp_path / "count")
+    recorder = Recorder()
+    try:
+        recorder.arm()
+        save_checkpoint(tmp_path / "count", new, HEURISTIC, {"v": 2})
+        recorder.armed = False
+        ops = list(recorder.ops)
+        kill_each(recorder, ops, path, pristine, old, new)
+    finally:
+        recorder.uninstall()
+
+
+def kill_each(recorder, ops, path, pristine, old, new):
+    """Saves ``new`` over ``old`` in a child killed at each of ``ops`` in turn."""
+
+    def save_in_child(kill_at):
+        pid = os.fork()
+        if pid == 0:  # never returns into pytest
+            try:
+                recorder.arm(kill_at)
+                save_checkpoint(path, new, HEURISTIC, {"v": 2})
+            finally:
+                os._exit(0)
+        return os.waitpid(pid, 0)[1]
+
+    assert {op.split()[0] for op in ops} >= {"open", "write", "fsync", "replace", "unlink"}
+    seen = set()
+    for kill_at in range(1, len(ops) + 1):
+        status = save_in_child(kill_at)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        checkpoint = read_checkpoint(path)  # never absent, never a mix
+        seen.add(checkpoint.metadata["v"])
+        assert_weights_bitwise_equal(checkpoint.weights, old if checkpoint.metadata["v"] == 1
+                                     else new)
+        save_checkpoint(path, new, HEURISTIC, {"v": 2})  # cleans what the kill left
+        assert sorted(os.listdir(path)) == ["config.json", weights_file(path).name]
+        shutil.rmtree(path)
+        shutil.copytree(pristine, path)
+    assert seen == {1, 2}
+
+
+def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpoint(
+        tmp_path):
+    path = tmp_path / "ckpt"
+    weights = trained_looking_weights(POLICY_VALUE, 1)
+    save_checkpoint(path, weights, POLICY_VALUE, {"iteration": 1})
+    out = run_with_file_size_limit(f"""
+from async_search.training import save_checkpoint
+from tests.problems.test_checkpoints import POLICY_VALUE, trained_looking_weights
+save_checkpoint({str(path)!r}, trained_looking_weights(POLICY_VALUE, 2), POLICY_VALUE)
+""")
+    assert out.startswith("FileWriteError 27 cannot write"), out
+    assert str(path) in out and "File too large" in out and ".tmp-" in out
+    checkpoint = read_checkpoint(path)
+    assert checkpoint.metadata == {"iteration": 1}
+    assert_weights_bitwise_equal(checkpoint.weights, weights)
+    assert sorted(os.listdir(path)) == ["config.json", weights_file(path).name]
+
+
+def run_with_file_size_limit(code: str, limit: int = 1000) -> str:
+    """Runs ``code`` in a child whose files may not grow past ``limit`` bytes (SIGXFSZ
+    ignored, so a write fails with EFBIG as on a full disk); returns what it printed:
+    ``ErrorType errno message`` for the error it raised."""
+    script = (f"import resource, signal, sys\nsys.path.insert(0, {ROOT!r})\n"
+              f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+              f"try:\n" + "".join(f"    {line}\n" for line in code.strip().splitlines())
+              + "except OSError as e:\n    print(type(e).__name__, e.errno, e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+# -- refusals: every file damaged every way -----------------------------------------------
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, trained_looking_weights(POLICY_VALUE, 3), POLICY_VALUE, METADATA)
+    return path
+
+
+def assert_refused_naming(path, file, match=None):
+    with pytest.raises(CheckpointError, match=match) as info:
+        read_checkpoint(path)
+    assert isinstance(info.value, ValueError)
+    assert str(file) in str(info.value)
+    assert "\n" not in str(info.value)
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path)
+
+
+BYTES_DAMAGE = {
+    "truncated": lambda b: b[: len(b) // 2],
+    "empty": lambda b: b"",
+    "random bytes": lambda b: np.random.default_rng(1).bytes(max(len(b), 64)),
+    "not utf-8": lambda b: b"\xff\xfe\x00" + b[3:],
+    "flipped bytes": lambda b: b[:len(b) // 2] + bytes(x ^ 0xFF for x in b[len(b) // 2:
+                                                                         len(b) // 2 + 8])
+    + b[len(b) // 2 + 8:],
+}
+
+
+@pytest.mark.parametrize("how", sorted(BYTES_DAMAGE))
+def test_a_damaged_config_file_is_refused_naming_it(checkpoint, how):
+    file = checkpoint / "config.json"
+    file.write_bytes(BYTES_DAMAGE[how](file.read_bytes()))
+    assert_refused_naming(checkpoint, file,
+                          match="not valid JSON|empty|not UTF-8|format|digest|field")
+
+
+@pytest.mark.parametrize("how", sorted(BYTES_DAMAGE))
+def test_a_damaged_weights_file_is_refused_naming_it(checkpoint, how):
+    file = weights_file(checkpoint)
+    file.write_bytes(BYTES_DAMAGE[how](file.read_bytes()))
+    assert_refused_naming(checkpoint, file, match="digest")
+
+
+def edit_header(checkpoint, change):
+    file = checkpoint / "config.json"
+    header = json.loads(file.read_text())
+    change(header)
+    file.write_text(json.dumps(header))
+    return file
+
+
+@pytest.mark.parametrize("header", [{"format": "async_search.checkpoint/0"}, {}, [1, 2],
+                                    {"format": None}])
+def test_a_config_of_another_format_is_refused_naming_it(checkpoint, header):
+    file = checkpoint / "config.json"
+    if isinstance(header, dict) and header:
+        real = json.loads(file.read_text())
+        real.update(header)
+        header = real
+    file.write_text(json.dumps(header))
+    assert_refused_naming(checkpoint, file, match=FORMAT)
+
+
+FIELDS = ["config", "metadata", "layers", "weights_sha256", "weights_file"]
+
+
+@pytest.mark.parametrize("field", FIELDS + ["config.kind", "config.problem",
+                                            "config.hidden_sizes"])
+def test_a_config_file_missing_a_field_is_refused_naming_the_field(checkpoint, field):
+    def drop(header):
+        node = header
+        *parents, key = field.split(".")
+        for part in parents:
+            node = node[part]
+        del node[key]
+    file = edit_header(checkpoint, drop)
+    assert_refused_naming(checkpoint, file, match=rf"'{field}' is missing")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("config", [1]), ("metadata", "notes"), ("layers", "2"), ("layers", True),
+    ("weights_sha256", 12), ("weights_file", ["w.npz"]), ("config.hidden_sizes", 16),
+    ("config.residual", "yes"), ("config.size", 4.5), ("config.kind", 3),
+])
+def test_a_config_file_with_a_field_of_the_wrong_type_is_refused_naming_it(
+        checkpoint, field, value):
+    def put(header):
+        node = header
+        *parents, key = field.split(".")
+        for part in parents:
+            node = node[part]
+        node[key] = value
+    file = edit_header(checkpoint, put)
+    assert_refused_naming(checkpoint, file, match=rf"'{field}' must be")
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("layers", 0, "'layers' must be an integer >= 1"),
+    ("layers", 7, "says 7 layers"),
+    ("config.hidden_sizes", [0], "widths >= 1"),
+    ("config.size", 1, "'config.size' must be an integer >= 2"),
+    ("weights_sha256", "0" * 63, "'weights_sha256' must be a string matching"),
+    ("weights_file", "../../etc/passwd", "'weights_file' must be a string matching"),
+])
+def test_a_config_file_with_a_number_or_name_out_of_range_is_refused_naming_it(
+        checkpoint, field, value, match):
+    def put(header):
+        node = header
+        *parents, key = field.split(".")
+        for part in parents:
+            node = node[part]
+        node[key] = value
+    file = edit_header(checkpoint, put)
+    assert_refused_naming(checkpoint, file, match=match)
+
+
+def test_a_config_file_with_an_unknown_field_is_refused_naming_it(checkpoint):
+    file = edit_header(checkpoint, lambda h: h.update(extra=1))
+    assert_refused_naming(checkpoint, file, match="unknown fields")
+
+
+def test_an_invalid_net_config_is_refused_naming_the_config_file(checkpoint):
+    file = edit_header(checkpoint, lambda h: h["config"].update(kind="value_only"))
+    assert_refused_naming(checkpoint, file, match="invalid net config")
+
+
+def test_a_config_that_does_not_fit_the_weights_is_refused_naming_the_weights(checkpoint):
+    # The digest still matches the weights.
+    edit_header(checkpoint, lambda h: h["config"].update(hidden_sizes=[32]))
+    assert_refused_naming(checkpoint, weights_file(checkpoint), match="do not fit")
+
+
+@pytest.mark.parametrize("arrays", [{"w0": np.zeros(3)}, "extra"])
+def test_a_weights_file_with_other_arrays_is_refused_naming_it(checkpoint, arrays):
+    file = weights_file(checkpoint)
+    if arrays == "extra":
+        with np.load(file) as data:
+            arrays = {**data, "w9": np.zeros(2)}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    file.write_bytes(buffer.getvalue())
+    edit_header(checkpoint, lambda h: h.update(
+        weights_sha256=hashlib.sha256(buffer.getvalue()).hexdigest()))
+    assert_refused_naming(checkpoint, file, match="holds arrays")
+
+
+def test_non_finite_weights_on_disk_are_refused_naming_the_file(checkpoint):
+    file = weights_file(checkpoint)
+    with np.load(file) as data:
+        arrays = dict(data)
+    arrays["b0"] = arrays["b0"].copy()
+    arrays["b0"][0] = np.inf
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    file.write_bytes(buffer.getvalue())
+    edit_header(checkpoint, lambda h: h.update(
+        weights_sha256=hashlib.sha256(buffer.getvalue()).hexdigest()))
+    assert_refused_naming(checkpoint, file, match="finite")
+
+
+def test_a_missing_config_file_is_refused_naming_it(checkpoint):
+    (checkpoint / "config.json").unlink()
+    assert_refused_naming(checkpoint, checkpoint / "config.json", match="missing")
+
+
+def test_a_missing_weights_file_is_refused_naming_it(checkpoint):
+    file = weights_file(checkpoint)
+    file.unlink()
+    assert_refused_naming(checkpoint, file, match="missing")
+
+
+def test_a_missing_folder_is_refused_naming_it(tmp_path):
+    path = tmp_path / "never-saved"
+    assert_refused_naming(path, path, match="missing")
+
+
+def test_non_finite_weights_are_refused_at_save(tmp_path):
+    weights = trained_looking_weights(POLICY_VALUE, 4)
+    weights[0][0][0, 0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        save_checkpoint(tmp_path / "nan", weights, POLICY_VALUE)
+    assert not (tmp_path / "nan").exists()
+
+
+def test_the_config_may_be_a_json_dict_or_read_from_the_model(tmp_path):
+    from async_search import problems
+    from async_search.training import config_of, load_checkpoint
+
+    net = problems.pretrained("connect_four")
+    for i, config in enumerate((None, net.net_config.to_json())):
+        path = save_checkpoint(tmp_path / f"c{i}", net, config, {"i": i})
+        again = load_checkpoint(path)
+        game = problems.ConnectFour()
+        x = game.encode([game.initial_state(), game.from_moves([3, 2])])
+        assert again(x)[0].tobytes() == net(x)[0].tobytes()
+    fresh = problems.PolicyValueMLP(problems.ConnectFour(), hidden_sizes=(8,), seed=1)
+    assert config_of(fresh).hidden_sizes == (8,)
+    h = problems.pretrained("15-puzzle")
+    assert config_of(h) == h.net_config
+    with pytest.raises(ValueError, match="cannot tell"):
+        save_checkpoint(tmp_path / "x", problems.heuristic_mlp(problems.SlidingPuzzle(3)))
+    with pytest.raises(ValueError, match="need their NetConfig"):
+        save_checkpoint(tmp_path / "y", initial_weights(HEURISTIC, 0))
+    with pytest.raises(ValueError, match="config must be"):
+        save_checkpoint(tmp_path / "z", net, {"hidden": 3})

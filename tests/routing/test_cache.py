@@ -1,0 +1,438 @@
+import asyncio
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import async_search as asr
+from async_search.errors import InputSpecError
+from async_search.models import MLP
+from async_search.routing.cache import CachedEvaluate
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = MLP((4,), hidden_sizes=(8,), output_size=2, seed=3)
+
+
+class Recorder:
+    """An evaluate function over MODEL that records requests; may wait on a gate."""
+
+    def __init__(self, outputs="array", version=0):
+        self.requests = []
+        self.gate: asyncio.Event | None = None
+        self.version = version  # a swap: a new swap_token too
+        self.failing = None
+        self.outputs = outputs
+        self.version_at_finish = False
+        self.reports_finish_version = False
+
+    async def with_version(self, x):
+        sent = self.version
+        self.requests.append(x.copy())
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failing is not None:
+            raise self.failing
+        # Computed by the version current when sent, or when finished; reported as the
+        # version when finished with reports_finish_version (as a request split across
+        # batches during a swap is: partly computed by the old model).
+        computed = self.version if self.version_at_finish else sent
+        reported = self.version if self.reports_finish_version else computed
+        y = MODEL(x) + computed
+        if self.outputs == "tuple":
+            return (y, y.sum(axis=1)), reported
+        if self.outputs == "dict":
+            return {"policy": y, "value": y.sum(axis=1)}, reported
+        return y, reported
+
+    async def __call__(self, x):
+        return (await self.with_version(x))[0]
+
+    @property
+    def version(self):
+        return self._version
+
+    @version.setter
+    def version(self, version):
+        self._version = version
+        self.swap_token = object()
+
+    @property
+    def elements(self):
+        return sum(len(r) for r in self.requests)
+
+
+async def settle():
+    """Lets every task that is ready run until it waits (a few loop iterations)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def pool(n=10, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, 4)).astype(np.float32)
+
+
+async def test_hits_are_served_from_the_table_and_misses_sent_as_one_request():
+    inner = Recorder()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    np.testing.assert_array_equal(await cached(xs[:6]), MODEL(xs[:6]))
+    y = await cached(xs[[5, 7, 0, 8, 5]])  # 5 and 0 are cached; 7, 8 are sent once
+    np.testing.assert_array_equal(y, MODEL(xs[[5, 7, 0, 8, 5]]))
+    assert [len(r) for r in inner.requests] == [6, 2]
+    np.testing.assert_array_equal(inner.requests[1], xs[[7, 8]])
+    stats = cached.stats
+    assert (stats["hits"], stats["misses"], stats["deduplicated"]) == (3, 8, 0)
+    assert stats["hit_rate"] == pytest.approx(3 / 11)
+    assert stats["entries"] == 8
+
+
+async def test_identical_elements_in_flight_are_computed_once():
+    inner = Recorder()
+    inner.gate = asyncio.Event()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    first = asyncio.ensure_future(cached(xs[:4]))
+    await wait_until(lambda: len(inner.requests) == 1, "the first request is sent")
+    second = asyncio.ensure_future(cached(xs[[3, 2, 9, 9]]))  # 3, 2 are in flight
+    await wait_until(lambda: len(inner.requests) == 2, "the second request is sent")
+    assert [len(r) for r in inner.requests] == [4, 1]  # only 9 is sent, once
+    inner.gate.set()
+    y1, y2 = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    np.testing.assert_array_equal(y1, MODEL(xs[:4]))
+    np.testing.assert_array_equal(y2, MODEL(xs[[3, 2, 9, 9]]))
+    assert cached.stats["deduplicated"] == 3
+
+
+@pytest.mark.parametrize("outputs", ["tuple", "dict"])
+async def test_tuple_and_dict_outputs_are_assembled_in_order(outputs):
+    cached = CachedEvaluate(Recorder(outputs), capacity=100)
+    xs = pool()
+    await cached(xs[:3])
+    y = await cached(xs[[2, 4, 0]])
+    want = MODEL(xs[[2, 4, 0]])
+    if outputs == "tuple":
+        np.testing.assert_array_equal(y[0], want)
+        np.testing.assert_array_equal(y[1], want.sum(axis=1))
+    else:
+        np.testing.assert_array_equal(y["policy"], want)
+        np.testing.assert_array_equal(y["value"], want.sum(axis=1))
+
+
+async def test_least_recently_used_elements_are_evicted_first():
+    inner = Recorder()
+    cached = CachedEvaluate(inner, capacity=3)
+    xs = pool()
+    await cached(xs[:3])       # table: 0 1 2
+    await cached(xs[[0]])      # 0 is used: 1 is now the oldest
+    await cached(xs[[5]])      # evicts 1
+    assert cached.stats["evictions"] == 1 and len(cached) == 3
+    sent = inner.elements
+    await cached(xs[[0, 2, 5]])
+    assert inner.elements == sent  # all hits
+    await cached(xs[[1]])
+    assert inner.elements == sent + 1
+
+
+async def test_changing_the_returned_outputs_does_not_change_the_table():
+    cached = CachedEvaluate(Recorder(), capacity=10)
+    xs = pool()
+    y = await cached(xs[:2])
+    y[:] = 0
+    z = await cached(xs[:2])
+    z[:] = 1
+    np.testing.assert_array_equal(await cached(xs[:2]), MODEL(xs[:2]))
+
+
+async def test_no_result_of_an_old_version_is_served_after_a_swap():
+    inner = Recorder()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    await cached(xs[:5])
+    inner.version = 1
+    y, version = await cached.with_version(xs[:5])
+    assert version == 1
+    np.testing.assert_array_equal(y, MODEL(xs[:5]) + 1)
+    assert cached.stats["invalidations"] == 1
+
+
+async def test_a_result_that_lands_after_a_swap_is_not_stored():
+    inner = Recorder()
+    inner.gate = asyncio.Event()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    pending = asyncio.ensure_future(cached(xs[:2]))  # computed by version 0 ...
+    await wait_until(lambda: len(inner.requests) == 1, "the first request is sent")
+    inner.version = 1                                # ... which is then replaced
+    late = asyncio.ensure_future(cached(xs[:2]))     # must not join the old request
+    await wait_until(lambda: len(inner.requests) == 2, "the late request is sent")
+    inner.gate.set()
+    old, new = await asyncio.wait_for(asyncio.gather(pending, late), 5)
+    np.testing.assert_array_equal(old, MODEL(xs[:2]))
+    np.testing.assert_array_equal(new, MODEL(xs[:2]) + 1)
+    np.testing.assert_array_equal(await cached(xs[:2]), MODEL(xs[:2]) + 1)
+
+
+async def test_parts_of_different_versions_are_looked_up_again():
+    inner = Recorder()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    await cached(xs[:1])  # element 0 cached under version 0
+    inner.gate = asyncio.Event()
+    inner.version_at_finish = True  # like a request dispatched after a swap
+    mixed = asyncio.ensure_future(cached.with_version(xs[:2]))  # hit 0, send 1
+    await wait_until(lambda: len(inner.requests) == 2, "the miss is sent")
+    inner.version = 1
+    inner.gate.set()
+    y, version = await asyncio.wait_for(mixed, 5)
+    assert version == 1
+    np.testing.assert_array_equal(y, MODEL(xs[:2]) + 1)  # not a v0 row beside a v1 row
+    assert cached.stats["retries"] == 1
+
+
+async def test_a_result_sent_before_a_swap_is_not_stored_whatever_version_it_reports():
+    inner = Recorder()
+    inner.gate = asyncio.Event()
+    inner.reports_finish_version = True
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    pending = asyncio.ensure_future(cached(xs[:2]))
+    await wait_until(lambda: len(inner.requests) == 1, "the request is sent")
+    inner.version = 1
+    inner.gate.set()
+    await asyncio.wait_for(pending, 5)  # old rows that say "version 1"
+    inner.reports_finish_version = False
+    inner.gate = None
+    np.testing.assert_array_equal(await cached(xs[:2]), MODEL(xs[:2]) + 1)
+    assert inner.elements == 4
+
+
+async def test_a_failure_reaches_every_caller_waiting_on_it_and_is_not_stored():
+    inner = Recorder()
+    inner.gate = asyncio.Event()
+    inner.failing = RuntimeError("model exploded")
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    a = asyncio.ensure_future(cached(xs[:2]))
+    await wait_until(lambda: len(inner.requests) == 1, "a's request is sent")
+    b = asyncio.ensure_future(cached(xs[1:3]))  # joins a's element 1, sends element 2
+    await wait_until(lambda: len(inner.requests) == 2, "b's miss is sent")
+    inner.gate.set()
+    results = await asyncio.wait_for(asyncio.gather(a, b, return_exceptions=True), 5)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    inner.failing = None
+    np.testing.assert_array_equal(await cached(xs[:3]), MODEL(xs[:3]))
+    assert len(inner.requests) == 3
+
+
+async def test_a_cancelled_caller_leaves_the_joined_caller_its_result():
+    inner = Recorder()
+    inner.gate = asyncio.Event()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    first = asyncio.ensure_future(cached(xs[:2]))
+    await wait_until(lambda: len(inner.requests) == 1, "the first request is sent")
+    second = asyncio.ensure_future(cached(xs[:2]))
+    await settle()  # second joins the first's request (nothing to observe: no send)
+    first.cancel()
+    await settle()
+    inner.gate.set()
+    np.testing.assert_array_equal(await asyncio.wait_for(second, 5), MODEL(xs[:2]))
+    assert len(inner.requests) == 1
+
+
+async def test_bad_requests_reach_the_server_and_fail_as_there():
+    async with asr.serve(MODEL) as evaluate:
+        cached = CachedEvaluate(evaluate, capacity=10)
+        np.testing.assert_array_equal(await cached(pool()[:2]), MODEL(pool()[:2]))
+        # Same bytes as a cached float32 element, as int32: must not be a hit.
+        with pytest.raises(InputSpecError, match=r"expected \[n, 4\] float32"):
+            await cached(pool()[:1].view(np.int32))
+        with pytest.raises(InputSpecError, match="must be a NumPy array"):
+            await cached([[1.0, 2.0, 3.0, 4.0]])
+
+
+async def test_a_central_cache_in_front_of_a_server_serves_many_searches():
+    async with asr.serve(MODEL, max_batch_size=64) as evaluate:
+        cached = CachedEvaluate(evaluate, capacity=1000)
+        xs = pool(20)
+
+        async def search(seed):
+            rng = np.random.default_rng(seed)
+            for _ in range(20):
+                idx = rng.integers(0, 20, 3)
+                np.testing.assert_array_equal(await cached(xs[idx]), MODEL(xs[idx]))
+
+        await asyncio.wait_for(asyncio.gather(*(search(s) for s in range(32))), 20)
+        assert evaluate.stats["elements"] == 20  # each distinct element computed once
+        assert cached.stats["hit_rate"] > 0.9
+
+
+async def test_a_sender_changing_its_outputs_does_not_change_a_joiners():
+    inner = Recorder()
+    inner.gate = asyncio.Event()
+    cached = CachedEvaluate(inner, capacity=0)
+    xs = pool()
+
+    async def sender():
+        y = await cached(xs[:2])
+        y[:] = -1  # its own outputs: it may
+        return y
+
+    first = asyncio.ensure_future(sender())
+    await wait_until(lambda: len(inner.requests) == 1, "the sender's request is sent")
+    second = asyncio.ensure_future(cached(xs[:2]))
+    await settle()
+    inner.gate.set()
+    _, joined = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    np.testing.assert_array_equal(joined, MODEL(xs[:2]))
+
+
+async def test_capacity_zero_only_merges_elements_in_flight():
+    inner = Recorder()
+    cached = CachedEvaluate(inner, capacity=0)
+    xs = pool()
+    await asyncio.gather(cached(xs[:3]), cached(xs[:3]))
+    await cached(xs[:3])
+    assert [len(r) for r in inner.requests] == [3, 3]
+    assert len(cached) == 0
+    with pytest.raises(ValueError, match="capacity must be an integer >= 0"):
+        CachedEvaluate(inner, capacity=-1)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.integers(0, 7), min_size=1, max_size=6), min_size=1,
+                max_size=12),
+       st.integers(0, 6))
+def test_outputs_always_equal_the_models(requests, capacity):
+    xs = pool(8, seed=5)
+
+    async def run():
+        inner = Recorder()
+        cached = CachedEvaluate(inner, capacity=capacity)
+        ys = await asyncio.gather(*(cached(xs[r]) for r in requests))
+        for r, y in zip(requests, ys):
+            np.testing.assert_array_equal(y, MODEL(xs[r]))
+        assert inner.elements <= sum(map(len, requests))
+        assert len(cached) <= capacity
+        # Concurrent requests send each distinct element once.
+        assert inner.elements == len({i for r in requests for i in r})
+
+    asyncio.run(run())
+
+
+# -- what the wrapped function must report ------------------------------------------------
+class LabelsWithoutToken:
+    """The shape of a process client before: answers labelled 0, no version, no token."""
+
+    async def with_version(self, x):
+        return MODEL(x), 0
+
+    async def __call__(self, x):
+        return MODEL(x)
+
+
+async def plain(x):
+    return MODEL(x)
+
+
+@pytest.mark.parametrize("evaluate, missing", [
+    (plain, "no version and no swap_token"),
+    (LabelsWithoutToken(), "no version and no swap_token"),
+    (lambda x: x, "no version and no swap_token"),
+])
+def test_a_function_that_cannot_say_which_model_answers_is_refused(evaluate, missing):
+    with pytest.raises(TypeError, match=f"must know which model answers .*{missing}.*"
+                                        f"fixed_model=True"):
+        CachedEvaluate(evaluate)
+
+
+def test_an_object_with_a_version_but_no_swap_token_is_refused():
+    class VersionOnly:
+        version = 3
+
+        async def __call__(self, x):
+            return MODEL(x)
+
+    with pytest.raises(TypeError, match="reports no swap_token"):
+        CachedEvaluate(VersionOnly())
+    with pytest.raises(TypeError, match="fixed_model must be True or False"):
+        CachedEvaluate(plain, fixed_model=1)
+
+
+async def test_a_fixed_model_is_cached_without_versions():
+    calls = []
+
+    async def counted(x):
+        calls.append(len(x))
+        return MODEL(x)
+
+    cached = CachedEvaluate(counted, capacity=10, fixed_model=True)
+    xs = pool()
+    for _ in range(3):
+        np.testing.assert_array_equal(await cached(xs[:3]), MODEL(xs[:3]))
+    y, version = await cached.with_version(xs[:3])
+    assert calls == [3] and version is None and cached.version is None
+    assert cached.stats["hits"] == 9
+
+
+class Unknown(Recorder):
+    """A function that does not know its version yet (a client before its server's
+    first word): swap_token None."""
+
+    def __init__(self):
+        super().__init__()
+        self.swap_token = None
+
+    def learn(self, version):
+        self.version = version  # renews the token: now known
+
+
+async def test_while_the_version_is_unknown_every_request_goes_straight_through():
+    inner = Unknown()
+    inner.gate = asyncio.Event()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    first = asyncio.ensure_future(cached(xs[:2]))
+    await wait_until(lambda: len(inner.requests) == 1, "the first request is sent")
+    second = asyncio.ensure_future(cached(xs[:2]))  # no join: nothing vouches for it
+    await wait_until(lambda: len(inner.requests) == 2, "the second request is sent")
+    inner.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    await cached(xs[:2])
+    assert len(inner.requests) == 3 and len(cached) == 0  # nothing stored, no hit
+    inner.learn(0)
+    await cached(xs[:2])
+    await cached(xs[:2])
+    assert len(inner.requests) == 4 and cached.stats["hits"] == 2
+
+
+class LabelsNone(Recorder):
+    """Reports a version and a token, but labels every answer None (unknown)."""
+
+    async def with_version(self, x):
+        return (await super().with_version(x))[0], None
+
+
+async def test_results_labelled_with_an_unknown_version_are_never_stored():
+    inner = LabelsNone()
+    cached = CachedEvaluate(inner, capacity=100)
+    xs = pool()
+    for _ in range(3):
+        np.testing.assert_array_equal(await cached(xs[:2]), MODEL(xs[:2]))
+    assert len(inner.requests) == 3 and cached.stats["hits"] == 0
+
+
+async def test_a_cache_reports_a_new_swap_token_at_each_swap_so_caches_stack():
+    inner = Recorder()
+    inner_cache = CachedEvaluate(inner, capacity=100)
+    outer = CachedEvaluate(inner_cache, capacity=100)
+    xs = pool()
+    token = outer.evaluate.swap_token
+    np.testing.assert_array_equal(await outer(xs[:2]), MODEL(xs[:2]))
+    assert inner_cache.swap_token is token  # no swap: the same generation
+    inner.version = 0  # the same label, a new model
+    assert inner_cache.swap_token is not token
+    np.testing.assert_array_equal(await outer(xs[:2]), MODEL(xs[:2]))
+    assert outer.stats["invalidations"] == 1 and len(inner.requests) == 2

@@ -1,0 +1,69 @@
+import collections
+
+import numpy as np
+import pytest
+
+from async_search.routing.hash_ring import HashRing
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def elements(n, seed=0, width=3):
+    return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
+
+
+KEYS = [k.tobytes() for k in elements(5000, seed=1)]
+
+
+def owners(ring):
+    return dict(zip(KEYS, ring.nodes_for(KEYS)))
+
+
+def test_ring_spreads_keys_evenly_and_agrees_with_single_lookups():
+    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
+    placed = owners(ring)
+    shares = collections.Counter(placed.values())
+    assert set(shares) == {"a", "b", "c", "d"}
+    assert all(0.17 < n / len(KEYS) < 0.33 for n in shares.values()), shares
+    assert all(ring.node_for(k) == placed[k] for k in KEYS[:200])
+
+
+def test_adding_a_server_moves_about_one_nth_of_the_keys_all_to_it():
+    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
+    before = owners(ring)
+    ring.add("e")
+    after = owners(ring)
+    moved = [k for k in KEYS if before[k] != after[k]]
+    assert 0.12 < len(moved) / len(KEYS) < 0.28  # about 1/5
+    assert all(after[k] == "e" for k in moved)
+
+
+def test_removing_a_server_moves_only_its_keys():
+    ring = HashRing(["a", "b", "c", "d"], virtual_nodes=128)
+    before = owners(ring)
+    ring.remove("c")
+    after = owners(ring)
+    moved = [k for k in KEYS if before[k] != after[k]]
+    assert set(moved) == {k for k in KEYS if before[k] == "c"}
+    assert 0.15 < len(moved) / len(KEYS) < 0.35  # about 1/4
+
+
+def test_excluding_a_node_reassigns_only_its_keys():
+    ring = HashRing(["a", "b", "c"], virtual_nodes=64)
+    full = owners(ring)
+    partial = dict(zip(KEYS, ring.nodes_for(KEYS, among={"a", "c"})))
+    assert all(partial[k] == full[k] for k in KEYS if full[k] != "b")
+    assert "b" not in partial.values()
+
+
+def test_a_ring_refuses_a_bad_size_a_second_copy_and_an_unknown_node():
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="virtual_nodes must be an integer >= 1"):
+            HashRing(virtual_nodes=bad)
+    ring = HashRing(["a"])
+    with pytest.raises(ValueError, match="already on the ring"):
+        ring.add("a")
+    with pytest.raises(KeyError, match="not on the ring"):
+        ring.remove("b")
+    with pytest.raises(LookupError, match="no node on the ring"):
+        HashRing().node_for(b"x")

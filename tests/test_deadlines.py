@@ -1,0 +1,112 @@
+"""Request deadlines: the helpers, and the evaluate functions that only await others (a
+router, a cache). A server's own deadlines are tested with the server
+(test_batching.py), a client's with the client (test_client.py)."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import async_search as asr
+from async_search.deadlines import check_timeout, expire_after, within_deadline
+from async_search.errors import RequestTimeoutError
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Gated:
+    """``x + 1``, each batch held until the test opens the gate; records what ran."""
+
+    def __init__(self):
+        self.input_spec = asr.TensorSpec((1,), np.float32)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.seen = []
+
+    def __call__(self, x):
+        self.started.set()
+        assert self.gate.wait(10), "the test never opened the gate"
+        self.seen.append(x.copy())
+        return x + 1.0
+
+
+async def test_expire_after_fails_the_future_at_its_deadline_and_not_after_it_is_done():
+    loop = asyncio.get_running_loop()
+    expired = []
+    late, answered = loop.create_future(), loop.create_future()
+    expire_after(late, 0.01, lambda: expired.append(1), note="; dropped")
+    expire_after(answered, 0.01, lambda: expired.append(2))
+    answered.set_result(7)
+    with pytest.raises(RequestTimeoutError, match="timeout of 0.01 s; dropped$"):
+        await asyncio.wait_for(late, 5)
+    assert answered.result() == 7 and expired == [1]
+    assert not [h for h in loop._scheduled if not h.cancelled()]
+
+
+async def test_within_deadline_times_out_only_its_own_deadline():
+    async def slow(result, seconds=10.0):
+        await asyncio.sleep(seconds)
+        return result
+
+    async def raises_timeout():
+        raise TimeoutError("the awaitable's own")
+
+    assert await within_deadline(slow(3, 0), 5) == 3
+    inner = asyncio.ensure_future(slow(4))
+    with pytest.raises(RequestTimeoutError, match="timeout of 0.02 s"):
+        await within_deadline(inner, 0.02)
+    assert inner.cancelled()  # what it awaited is dropped
+    with pytest.raises(TimeoutError, match="the awaitable's own") as info:
+        await within_deadline(raises_timeout(), 5)
+    assert type(info.value) is TimeoutError
+    # The caller cancelled: a cancellation, not a timeout.
+    caller = asyncio.ensure_future(within_deadline(slow(5), 5))
+    await asyncio.sleep(0)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    for bad in (0, -1, float("inf"), True, None):
+        with pytest.raises(ValueError, match="timeout must be a finite number > 0"):
+            check_timeout(bad)
+
+
+async def test_a_routed_request_past_its_deadline_is_dropped_and_counts_against_no_one():
+    model = Gated()
+    async with asr.serve(model, max_batch_size=4, pipeline_depth=1) as a:
+        router = asr.Router({"a": a})
+        first = asyncio.ensure_future(router(np.zeros((1, 1), np.float32)))
+        await asyncio.to_thread(model.started.wait, 5)  # the model holds a batch
+        with pytest.raises(RequestTimeoutError):
+            await router(np.full((1, 1), 7, np.float32), timeout=0.05)
+        with pytest.raises(RequestTimeoutError):
+            await router.with_version(np.full((1, 1), 8, np.float32), timeout=0.05)
+        model.gate.set()
+        assert (await asyncio.wait_for(first, 10)).tolist() == [[1.0]]
+        y, version = await router.with_version(np.ones((1, 1), np.float32), timeout=30)
+        stats = router.stats["servers"]["a"]
+    assert (y.tolist(), version) == ([[2.0]], 0)
+    seen = np.concatenate(model.seen).ravel().tolist()
+    assert 7.0 not in seen and 8.0 not in seen  # dropped before the model ran
+    assert stats["failures"] == 0 and stats["breaker"]["state"] == "closed"
+    with pytest.raises(ValueError, match="timeout must be"):
+        await router(np.ones((1, 1), np.float32), timeout=-1)
+
+
+async def test_a_cached_request_past_its_deadline_fails_and_its_rows_are_kept():
+    model = Gated()
+    async with asr.serve(model, max_batch_size=4) as evaluate:
+        cache = asr.CachedEvaluate(evaluate)
+        x = np.full((1, 1), 7, np.float32)
+        with pytest.raises(RequestTimeoutError):
+            await cache(x, timeout=0.05)  # the model holds its batch
+        model.gate.set()
+        await wait_until(lambda: len(cache), "the late rows are kept in the table")
+        assert (await cache(x, timeout=30)).tolist() == [[8.0]]  # a hit
+        y, version = await cache.with_version(x, timeout=30)
+        stats = cache.stats
+    assert (y.tolist(), version) == ([[8.0]], 0)
+    assert stats["hits"] == 2 and len(model.seen) == 1
+    with pytest.raises(ValueError, match="timeout must be"):
+        await cache(x, timeout=0)

@@ -1,0 +1,183 @@
+"""The request check at every in-process entry point: no array makes a wrong answer.
+
+Every odd request (an ndarray subclass, strides, views, byte orders, dtypes, shapes,
+lists, scalars) made beside healthy ones in one loop iteration is answered exactly as
+the model answers ``np.asarray(x)`` alone, or refused with InputSpecError; the healthy
+ones are exact. The process backend's client is held to the same in
+``tests/backends/test_client.py``.
+"""
+
+import asyncio
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import async_search as asr
+from async_search.base import TensorSpec
+from async_search.errors import InputSpecError
+from async_search.requests import RequestChecker, plain_array
+from async_search.routing.cache import CachedEvaluate
+from async_search.routing.router import Router
+from tests import odd_arrays
+
+pytestmark = pytest.mark.timeout(120)
+
+descriptions = st.tuples(st.sampled_from(odd_arrays.KINDS), st.integers(0, 5),
+                         st.integers(0, 1000))
+cases = st.lists(descriptions, min_size=1, max_size=6)
+healthy_seeds = st.lists(st.integers(0, 50), min_size=1, max_size=4)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+# -- the checker ------------------------------------------------------------------------
+
+def test_a_subclass_that_fits_becomes_a_plain_view_of_its_data():
+    check = RequestChecker(TensorSpec((2,), np.float32))
+    m = np.matrix([[1.0, 2.0]], np.float32)
+    x = check(m)
+    assert type(x) is np.ndarray and np.shares_memory(x, m)
+    masked = np.ma.masked_array(np.ones((3, 2), np.float32), mask=True)
+    assert type(check(masked)) is np.ndarray
+
+
+def test_the_other_byte_order_is_answered_in_the_specs():
+    check = RequestChecker(TensorSpec((2,), np.float32))
+    x = check(np.array([[1.5, -2.0]], ">f4"))
+    assert x.dtype == np.dtype(np.float32) and x.dtype.isnative
+    assert x.tolist() == [[1.5, -2.0]]
+
+
+def test_a_spec_learnt_from_a_byte_swapped_first_request_is_native():
+    check = RequestChecker(None)
+    x = check(np.array([[1.0]], ">f8"))
+    assert check.spec == TensorSpec((1,), np.float64) and x.dtype.isnative
+    assert check(np.array([[2.0]])).tolist() == [[2.0]]
+
+
+@pytest.mark.parametrize("bad", [np.zeros((1, 2), np.float64), np.zeros((1, 3), np.float32),
+                                 [[1.0, 2.0]], np.float32(1), np.zeros(())])
+def test_what_does_not_fit_is_refused_naming_the_spec(bad):
+    with pytest.raises(InputSpecError):
+        RequestChecker(TensorSpec((2,), np.float32))(bad)
+
+
+def test_plain_array_leaves_plain_arrays_and_non_arrays_alone():
+    x = np.zeros((1, 2))
+    assert plain_array(x) is x
+    assert plain_array([1]) == [1]
+
+
+# -- every in-process entry point -------------------------------------------------------
+
+async def _through_serve(case, seeds):
+    async with asr.serve(odd_arrays.square_plus_one(), max_batch_size=8) as evaluate:
+        return await odd_arrays.ask_all(evaluate, case, seeds)
+
+
+async def _through_immediate(case, seeds):
+    return await odd_arrays.ask_all(asr.immediate(odd_arrays.square_plus_one()), case, seeds)
+
+
+async def _through_router(case, seeds):
+    model = odd_arrays.square_plus_one()
+    async with asr.serve(model, max_batch_size=4) as a, asr.serve(model, max_batch_size=4) as b:
+        router = Router({"a": a, "b": b}, policy="consistent_hash")
+        return await odd_arrays.ask_all(router, case, seeds)
+
+
+async def _through_cache(case, seeds):
+    async with asr.serve(odd_arrays.square_plus_one(), max_batch_size=8) as evaluate:
+        cached = CachedEvaluate(evaluate, capacity=64)
+        await cached(odd_arrays.healthy(0))  # the cache's spec is known
+        return await odd_arrays.ask_all(cached, case, seeds)
+
+
+async def _through_unspecified_server(case, seeds):
+    # No input spec: the server learns it from the first request, a healthy one.
+    model = odd_arrays.square_plus_one_fn
+    async with asr.serve(model, max_batch_size=8) as evaluate:
+        await evaluate(odd_arrays.healthy(0))
+        return await odd_arrays.ask_all(evaluate, case, seeds)
+
+
+ENTRY_POINTS = {"serve": _through_serve, "immediate": _through_immediate,
+                "router": _through_router, "cache": _through_cache,
+                "unspecified_serve": _through_unspecified_server}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases, seeds=healthy_seeds)
+def test_an_odd_request_is_answered_as_its_plain_array_or_refused_and_harms_no_one(
+        entry, case, seeds):
+    odd_out, good_out = run(ENTRY_POINTS[entry](case, seeds))
+    odd_arrays.check_outcomes(case, seeds, odd_out, good_out)
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize("kind", odd_arrays.KINDS)
+def test_each_kind_alone_in_its_batch(entry, kind):
+    # Alone in its batch is where a subclass reached the model as itself.
+    case = [(kind, 3, 7)]
+    odd_out, good_out = run(ENTRY_POINTS[entry](case, []))
+    odd_arrays.check_outcomes(case, [], odd_out, good_out)
+
+
+def test_a_matrix_alone_is_squared_elementwise():
+    m = np.matrix(np.arange(1, 17, dtype=np.float32).reshape(4, 4))
+
+    async def main():
+        async with asr.serve(odd_arrays.square_plus_one(), max_batch_size=8) as evaluate:
+            return await evaluate(m)
+
+    y = run(main())
+    assert type(y) is np.ndarray
+    assert y[0].tolist() == [2.0, 5.0, 10.0, 17.0]
+
+
+def test_a_masked_first_request_does_not_change_later_answers_dtype():
+    # A server without an output spec learns the output structure from its first batch.
+    def model(x):
+        return x * x
+
+    masked = np.ma.masked_array(np.arange(8, dtype=np.float32).reshape(2, 4),
+                                mask=[[1, 0, 0, 0], [0, 0, 0, 0]])
+
+    async def main():
+        async with asr.serve(model, max_batch_size=8) as evaluate:
+            first = await evaluate(masked)
+            later = await evaluate(np.ones((1, 4), np.float32))
+        return first, later
+
+    first, later = run(main())
+    assert type(first) is np.ndarray and first.dtype == np.float32
+    np.testing.assert_array_equal(first, np.asarray(masked) ** 2)
+    assert later.dtype == np.float32 and type(later) is np.ndarray
+
+
+@pytest.mark.parametrize("outputs", ["matrix", "masked", "tuple_of_masked"])
+def test_subclass_outputs_reach_callers_as_plain_arrays(outputs):
+    def model(x):
+        y = x * 2
+        if outputs == "matrix":
+            return np.asmatrix(y)
+        if outputs == "masked":
+            return np.ma.masked_array(y, mask=False)
+        return np.ma.masked_array(y, mask=False), y[:, 0]
+
+    x = np.ones((2, 2), np.float32)
+
+    async def main():
+        async with asr.serve(model, max_batch_size=8) as evaluate:
+            served = await evaluate(x)
+        return served, await asr.immediate(model)(x)
+
+    for got in run(main()):
+        leaves = got if isinstance(got, tuple) else (got,)
+        assert all(type(leaf) is np.ndarray for leaf in leaves)
+        np.testing.assert_array_equal(leaves[0], x * 2)

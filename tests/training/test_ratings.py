@@ -1,0 +1,63 @@
+"""Ratings: match scores, Elo differences and fitted ratings."""
+
+import math
+
+import pytest
+
+from async_search.training.ratings import (RANDOM_RATING, MatchResult, elo_difference,
+                                           fit_rating)
+
+
+def test_match_result_counts_and_score():
+    result = MatchResult(wins=24, draws=6, losses=10)
+    assert (result.games, result.score) == (40, 0.675)
+    assert result.describe() == "+24 =6 -10 of 40: score 0.675, Elo +127"
+    with pytest.raises(ValueError, match="wins"):
+        MatchResult(wins=-1, draws=0, losses=3)
+    with pytest.raises(ValueError, match="at least one game"):
+        MatchResult(0, 0, 0)
+    with pytest.raises(Exception):
+        result.wins = 3  # frozen
+
+
+def test_elo_difference():
+    assert elo_difference(0.5) == 0.0
+    assert elo_difference(0.76) == pytest.approx(200.0, abs=1.0)
+    assert elo_difference(0.3) == pytest.approx(-elo_difference(0.7), abs=1e-9)
+    assert elo_difference(1.0) == pytest.approx(elo_difference(1 - 1e-3))
+    assert elo_difference(0.0) == pytest.approx(-elo_difference(1.0))
+    assert elo_difference(1.0, games=40) == pytest.approx(elo_difference(1 - 1 / 80))
+    assert elo_difference(0.0, games=40) == pytest.approx(-elo_difference(1.0, 40))
+    assert elo_difference(1.0, games=1) == 0.0
+    for bad in (dict(score=1.2), dict(score=-0.1), dict(score=0.5, games=0)):
+        with pytest.raises(ValueError):
+            elo_difference(**bad)
+
+
+def test_fit_rating_recovers_a_known_rating():
+    true, games = 300.0, 4000
+    results = []
+    for opponent in (RANDOM_RATING, 200.0, 400.0, 600.0):
+        expected = 1 / (1 + 10 ** ((opponent - true) / 400))
+        wins = round(expected * games)
+        results.append((opponent, MatchResult(wins=wins, draws=0, losses=games - wins)))
+    assert fit_rating(results) == pytest.approx(true, abs=3.0)
+    # Draws count half: the same scores as draws give the same rating.
+    one = fit_rating([(100.0, MatchResult(30, 0, 10))])
+    assert fit_rating([(100.0, MatchResult(20, 20, 0))]) == pytest.approx(one)
+    assert one == pytest.approx(100.0 + elo_difference(30.25 / 40.5), abs=1e-6)
+
+
+def test_fit_rating_is_finite_for_all_wins_and_all_losses():
+    high = fit_rating([(0.0, MatchResult(40, 0, 0))])
+    low = fit_rating([(0.0, MatchResult(0, 0, 40))])
+    assert math.isfinite(high) and math.isfinite(low)
+    assert high > 400 and low == pytest.approx(-high)
+    assert fit_rating([(0.0, MatchResult(10, 0, 0))]) < high
+
+
+@pytest.mark.parametrize("results", [[], [(0.0, 0.5)], [(math.inf, MatchResult(1, 0, 1))],
+                                     [0.0]])
+def test_fit_rating_rejects_bad_results(results):
+    with pytest.raises(ValueError):
+        fit_rating(results)
