@@ -260,6 +260,18 @@ async def test_the_deadline_bounds_the_retries():
         assert ev.stats["retries"] >= 1
 
 
+async def test_a_deadline_that_cuts_an_attempt_short_still_names_the_failure_before_it():
+    model = Gated()  # the retry reaches a model that never answers
+    async with front(model) as f, DroppingProxy(f.port, drops=1) as proxy, \
+            RemoteEvaluate(proxy.url, "mlp", timeout=0.5, retries=3,
+                           backoff_s=0.01) as ev:
+        with pytest.raises(RequestTimeoutError,
+                           match=r"\(2 attempts\); the last attempt failed: .*could not"):
+            await asyncio.wait_for(ev(X), 5)
+        model.gate.set()
+    assert proxy.dropped == 1
+
+
 async def test_bad_input_is_refused_with_input_spec_error_and_nothing_is_sent():
     async with front() as f, RemoteEvaluate(f.url, "mlp") as ev:
         for bad in (X[:, :8], X.astype(np.float64), X.tolist(), np.float32(1.0),
