@@ -64,11 +64,13 @@ async def _solve_all(model: Any, starts: List[bytes], params: HeldOutConfig,
 
 
 def evaluate_heuristic(model: Any, params: HeldOutConfig, *,
-                       on_done: Callable[[], None] | None = None) -> Dict[str, Any]:
-    """Batch-weighted A* on Korf's 100 with ``model``: counts and means."""
+                       on_done: Callable[[], None] | None = None,
+                       limit: int | None = None) -> Dict[str, Any]:
+    """Batch-weighted A* on Korf's 100 (the first ``limit`` of them, when given) with
+    ``model``: counts and means."""
     from async_search import problems
 
-    instances = problems.korf100()
+    instances = problems.korf100()[:limit]
     start = time.perf_counter()
     results = asyncio.run(_solve_all(model, [i.state for i in instances], params, on_done))
     seconds = time.perf_counter() - start

@@ -1,0 +1,102 @@
+"""The shipped 15-puzzle heuristic and Manhattan on all of Korf's 100, at several weights.
+
+For each heuristic (``--heuristics``: the shipped DAVI net ``learned``, ``manhattan``)
+and each weight of the path cost in A*'s priority ``weight * g + h`` (``--weights``),
+batch-weighted A* runs on Korf's 100 random instances (optimal lengths known, mean
+53.05), all 100 searches at once through one ``asr.serve``, each within ``--budget``
+model evaluations. Per heuristic and weight the report gives: solved, the mean length
+of the solutions against the mean optimal length of the instances solved (and the
+ratio), optimal solutions found, mean expansions and evaluations, and seconds.
+
+DeepCubeA's published 15-puzzle figures sit beside them for reference
+(``DEEPCUBEA``): they are on 500 random states of its own, not Korf's 100, with a much
+larger net and search, so they are an anchor, not a like-for-like comparison.
+
+Progress goes to stderr; one JSON object to stdout and to ``--out``.
+
+Usage: python benchmarks/korf100.py [--weights 0.6 0.8 1.0] [--budget 150000]
+[--heuristics learned manhattan] [--instances 100] [--out results/benchmarks/korf100.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+
+from async_search import problems
+from async_search.experiments.heuristic_training import HeldOutConfig, evaluate_heuristic
+from async_search.files import write_json
+
+#: DeepCubeA (Agostinelli et al., Nature Machine Intelligence 2019, Table 1): the
+#: 15-puzzle, 500 random test states, batch-weighted A* with its learned heuristic.
+DEEPCUBEA = {"source": "Agostinelli et al. 2019, Table 1 (500 random states, not Korf's 100)",
+             "mean_length": 52.02, "optimal_fraction": 0.994}
+
+
+def heuristic(name: str):
+    if name == "learned":
+        return problems.pretrained("15-puzzle")
+    return problems.ManhattanHeuristic(problems.SlidingPuzzle(4))
+
+
+def summary(result: dict) -> dict:
+    """The report's row: the figures of ``evaluate_heuristic`` without the instances."""
+    row = {k: v for k, v in result.items() if k != "per_instance"}
+    if result["mean_length"] is not None:
+        row["length_over_optimal"] = round(
+            result["mean_length"] / result["mean_optimal_of_solved"], 4)
+    row["unsolved_ids"] = [p["id"] for p in result["per_instance"]
+                           if p["status"] != "goal_found"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", nargs="+", type=float, default=[0.6, 0.8, 1.0])
+    parser.add_argument("--budget", type=int, default=150_000,
+                        help="model evaluations each search may spend")
+    parser.add_argument("--buffer_size", type=int, default=16,
+                        help="nodes each A* step expands (one request)")
+    parser.add_argument("--heuristics", nargs="+", default=["learned", "manhattan"],
+                        choices=["learned", "manhattan"])
+    parser.add_argument("--instances", type=int, default=100,
+                        help="the first N of Korf's 100 (a quick look: fewer)")
+    parser.add_argument("--out", default="results/benchmarks/korf100.json")
+    args = parser.parse_args()
+    report = {
+        "workload": vars(args),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "deepcubea_published": DEEPCUBEA,
+        "runs": {},
+    }
+    for name in args.heuristics:
+        model = heuristic(name)
+        for weight in args.weights:
+            config = HeldOutConfig(weight=weight, budget=args.budget,
+                                   buffer_size=args.buffer_size)
+            done = [0]
+
+            def tick() -> None:
+                done[0] += 1
+                if done[0] % 10 == 0 or done[0] == args.instances:
+                    print(f"{name} weight {weight}: {done[0]}/{args.instances}",
+                          file=sys.stderr, flush=True)
+
+            result = evaluate_heuristic(model, config, on_done=tick,
+                                        limit=args.instances)
+            row = summary(result)
+            report["runs"][f"{name}@{weight:g}"] = row
+            print(f"{name} weight {weight:g}: solved {row['solved']}/{row['instances']}, "
+                  f"length/optimal {row.get('length_over_optimal')}, optimal found "
+                  f"{row['optimal_found']}, mean expansions {row['mean_expansions']:.0f}, "
+                  f"{row['seconds']:.1f} s", file=sys.stderr, flush=True)
+    write_json(args.out, report)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
