@@ -87,6 +87,8 @@ class PaddedBatches:
         self.input_spec = input_spec
         self.sizes = tuple(sizes)
         self.largest = self.sizes[-1]
+        self._sizes = frozenset(self.sizes)  # the batch lengths that may go as they are
+        self._dtype, self._shape = input_spec.dtype, input_spec.shape
         self._allocate = allocate or (lambda shape, dtype: np.zeros(shape, dtype))
         self._buffers: Dict[int, np.ndarray] = {}
         self._written: Dict[int, int] = {}  # size -> rows the last batch wrote
@@ -117,11 +119,12 @@ class PaddedBatches:
         the caller must then not hand out outputs that share its memory.
         """
         n = len(batch)
+        if not copy and n in self._sizes and type(batch) is np.ndarray:
+            flags = batch.flags
+            if flags.c_contiguous and flags.writeable and batch.dtype == self._dtype \
+                    and batch.shape[1:] == self._shape:
+                return batch, n
         size = self.bucket(max(n, 1))
-        if not copy and n == size and type(batch) is np.ndarray \
-                and batch.dtype == self.input_spec.dtype and batch.flags.c_contiguous \
-                and batch.flags.writeable and batch.shape[1:] == self.input_spec.shape:
-            return batch, size
         buffer = self.buffer(size)
         buffer[:n] = batch
         written = self._written[size]
