@@ -15,7 +15,8 @@ larger net and search, so they are an anchor, not a like-for-like comparison.
 Progress goes to stderr; one JSON object to stdout and to ``--out``.
 
 Usage: python benchmarks/korf100.py [--weights 0.6 0.8 1.0] [--budget 150000]
-[--heuristics learned manhattan] [--instances 100] [--out results/benchmarks/korf100.json]
+[--heuristics learned manhattan] [--instances 100] [--ids 14 17 ...]
+[--out results/benchmarks/korf100.json]
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def main() -> None:
                         choices=["learned", "manhattan"])
     parser.add_argument("--instances", type=int, default=100,
                         help="the first N of Korf's 100 (a quick look: fewer)")
+    parser.add_argument("--ids", nargs="+", type=int, default=None,
+                        help="only the instances of these numbers (1-100)")
     parser.add_argument("--out", default="results/benchmarks/korf100.json")
     args = parser.parse_args()
     report = {
@@ -82,12 +85,12 @@ def main() -> None:
 
             def tick() -> None:
                 done[0] += 1
-                if done[0] % 10 == 0 or done[0] == args.instances:
+                if done[0] % 10 == 0:
                     print(f"{name} weight {weight}: {done[0]}/{args.instances}",
                           file=sys.stderr, flush=True)
 
             result = evaluate_heuristic(model, config, on_done=tick,
-                                        limit=args.instances)
+                                        limit=args.instances, ids=args.ids)
             row = summary(result)
             report["runs"][f"{name}@{weight:g}"] = row
             print(f"{name} weight {weight:g}: solved {row['solved']}/{row['instances']}, "

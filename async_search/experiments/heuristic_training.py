@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Sequence
 
 import numpy as np
 
@@ -65,12 +65,15 @@ async def _solve_all(model: Any, starts: List[bytes], params: HeldOutConfig,
 
 def evaluate_heuristic(model: Any, params: HeldOutConfig, *,
                        on_done: Callable[[], None] | None = None,
-                       limit: int | None = None) -> Dict[str, Any]:
-    """Batch-weighted A* on Korf's 100 (the first ``limit`` of them, when given) with
-    ``model``: counts and means."""
+                       limit: int | None = None,
+                       ids: Sequence[int] | None = None) -> Dict[str, Any]:
+    """Batch-weighted A* on Korf's 100 with ``model``: counts and means. ``ids`` keeps
+    the instances of those numbers (1-100), and ``limit`` the first ``limit`` of what is
+    kept, for a quick look."""
     from async_search import problems
 
-    instances = problems.korf100()[:limit]
+    wanted = None if ids is None else set(ids)
+    instances = [i for i in problems.korf100() if wanted is None or i.id in wanted][:limit]
     start = time.perf_counter()
     results = asyncio.run(_solve_all(model, [i.state for i in instances], params, on_done))
     seconds = time.perf_counter() - start

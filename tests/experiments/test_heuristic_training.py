@@ -128,3 +128,17 @@ def canned_comparison(model, params, show_progress=True):
                    "per_instance": [{"id": 1, "optimal": 50, "status": "budget_exhausted",
                                      "cost": None, "expansions": 1}]}
             for name in ("manhattan", "learned")}
+
+
+def test_evaluate_heuristic_runs_the_instances_asked_for_in_korfs_order():
+    from async_search import problems
+
+    manhattan = problems.ManhattanHeuristic(problems.SlidingPuzzle(4))
+    picked = heuristic_training.evaluate_heuristic(manhattan, HELD_OUT, ids=[7, 3, 99])
+    assert [p["id"] for p in picked["per_instance"]] == [3, 7, 99]
+    assert [p["optimal"] for p in picked["per_instance"]] == [
+        i.optimal for i in problems.korf100() if i.id in (3, 7, 99)]
+    first = heuristic_training.evaluate_heuristic(manhattan, HELD_OUT, ids=[7, 3, 99],
+                                                  limit=2)
+    assert picked["instances"] == 3 and first["instances"] == 2
+    assert [p["id"] for p in first["per_instance"]] == [3, 7]
