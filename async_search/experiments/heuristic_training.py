@@ -69,11 +69,22 @@ def evaluate_heuristic(model: Any, params: HeldOutConfig, *,
                        ids: Sequence[int] | None = None) -> Dict[str, Any]:
     """Batch-weighted A* on Korf's 100 with ``model``: counts and means. ``ids`` keeps
     the instances of those numbers (1-100), and ``limit`` the first ``limit`` of what is
-    kept, for a quick look."""
+    kept, for a quick look.
+
+    Raises:
+        ValueError: an id that is not one of Korf's 100, or a ``limit`` below 1.
+    """
     from async_search import problems
 
-    wanted = None if ids is None else set(ids)
-    instances = [i for i in problems.korf100() if wanted is None or i.id in wanted][:limit]
+    instances = problems.korf100()
+    if ids is not None:
+        wanted = {check_int("ids[]", i) for i in ids}
+        unknown = sorted(wanted - {i.id for i in instances})
+        if unknown:
+            raise ValueError(f"no Korf instance numbered {unknown}: they are 1-100")
+        instances = [i for i in instances if i.id in wanted]
+    if limit is not None:
+        instances = instances[:check_int("limit", limit, minimum=1)]
     start = time.perf_counter()
     results = asyncio.run(_solve_all(model, [i.state for i in instances], params, on_done))
     seconds = time.perf_counter() - start

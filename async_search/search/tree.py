@@ -81,7 +81,7 @@ def priors_from_logits(actions: Sequence[int], logits: Sequence[float]) -> List[
 
 def _generic_rules(game: Game) -> Tuple[Callable, Callable]:
     """``(child, legal)`` from the ``Game`` protocol, as ``ConnectFour._mcts_rules``."""
-    play, legal_actions, terminal_value = game.play, game.legal_actions, game.terminal_value
+    play, legal_actions = game.play, game.legal_actions
 
     def child(state: State, action: int) -> Tuple[State, Optional[float], Tuple[int, ...]]:
         new = play(state, action)

@@ -142,3 +142,15 @@ def test_evaluate_heuristic_runs_the_instances_asked_for_in_korfs_order():
                                                   limit=2)
     assert picked["instances"] == 3 and first["instances"] == 2
     assert [p["id"] for p in first["per_instance"]] == [3, 7]
+
+
+@pytest.mark.parametrize("bad, match", [({"ids": [0]}, "numbered \\[0\\]"),
+                                        ({"ids": [101, 3]}, "numbered \\[101\\]"),
+                                        ({"ids": ["3"]}, "ids"),
+                                        ({"limit": 0}, "limit")])
+def test_evaluate_heuristic_refuses_instances_it_does_not_have(bad, match):
+    from async_search import problems
+
+    manhattan = problems.ManhattanHeuristic(problems.SlidingPuzzle(4))
+    with pytest.raises((ValueError, TypeError), match=match):
+        heuristic_training.evaluate_heuristic(manhattan, HELD_OUT, **bad)

@@ -1,6 +1,7 @@
 """The models the front and client tests serve: an MLP, one that waits on a gate, one
 that raises."""
 
+import asyncio
 import threading
 
 import numpy as np
@@ -31,3 +32,47 @@ class Raising:
 
     def __call__(self, x):
         raise RuntimeError("the model broke")
+
+
+class SearchWorkload:
+    """A* with the shipped 15-puzzle heuristic and MCTS with the shipped Connect Four
+    net (two outputs): what a remote client must answer exactly as ``immediate`` does.
+    ``models`` are the sources a front serves them from, as "h" and "net"."""
+
+    def __init__(self):
+        from async_search import problems
+        from async_search.http.repository import ModelSource
+
+        self.puzzle = problems.SlidingPuzzle(4)
+        self.heuristic = problems.pretrained("15-puzzle")
+        self.starts = [self.puzzle.scramble(30, seed=s) for s in range(12)]
+        self.game = problems.ConnectFour()
+        self.net = problems.pretrained("connect_four")
+        self.models = {"h": ModelSource(lambda: self.heuristic),
+                       "net": ModelSource(lambda: self.net)}
+
+    def astar(self, start, evaluate):
+        from async_search import search
+        return search.batched_astar(self.puzzle, start, evaluate, budget=300,
+                                    buffer_size=4)
+
+    def mcts(self, evaluate, seed):
+        from async_search import search
+        return search.mcts(self.game, self.game.initial_state(), evaluate,
+                           num_simulations=48, num_parallel=8, seed=seed)
+
+    async def expected(self):
+        """The results with ``immediate``: A* per start, then MCTS per seed."""
+        import async_search as asr
+        astar = [await self.astar(s, asr.immediate(self.heuristic)) for s in self.starts]
+        mcts = [await self.mcts(asr.immediate(self.net), seed) for seed in range(4)]
+        return astar, mcts
+
+    async def run(self, heuristic_evaluate, net_evaluate):
+        """The same searches, all at once, through the two remote evaluate functions."""
+        from tests.helpers import within
+        astar = await within(asyncio.gather(*(self.astar(s, heuristic_evaluate)
+                                              for s in self.starts)), "A*", timeout=60)
+        mcts = await within(asyncio.gather(*(self.mcts(net_evaluate, seed)
+                                             for seed in range(4))), "MCTS", timeout=60)
+        return astar, mcts

@@ -9,7 +9,6 @@ import pytest
 pytest.importorskip("aiohttp")
 
 import async_search as asr  # noqa: E402
-from async_search import problems, search  # noqa: E402
 from async_search.errors import (InputSpecError, ModelNotFoundError,  # noqa: E402
                                  ModelOutputError, ProtocolError, RemoteError,
                                  RequestTimeoutError, ServerClosedError,
@@ -18,7 +17,7 @@ from async_search.http.client import RemoteEvaluate  # noqa: E402
 from async_search.http.front import HttpFront  # noqa: E402
 from async_search.http.repository import ModelSource  # noqa: E402
 from async_search.models import MLP  # noqa: E402
-from tests.http.served_models import MODEL, X, Gated, Raising  # noqa: E402
+from tests.http.served_models import MODEL, X, Gated, Raising, SearchWorkload  # noqa: E402
 from tests.helpers import wait_until, within  # noqa: E402
 from tests.kserve_peer import W, kserve_model_server, needs_kserve  # noqa: E402
 
@@ -118,27 +117,11 @@ async def test_requests_of_one_iteration_travel_in_one_http_request_with_equal_a
 
 
 async def test_searches_over_http_equal_searches_run_with_immediate():
-    puzzle = problems.SlidingPuzzle(4)
-    heuristic = problems.pretrained("15-puzzle")
-    starts = [puzzle.scramble(30, seed=s) for s in range(12)]
-    game = problems.ConnectFour()
-    net = problems.pretrained("connect_four")  # two outputs: a tuple
-
-    def astar(start, evaluate):
-        return search.batched_astar(puzzle, start, evaluate, budget=300, buffer_size=4)
-
-    def mcts(evaluate, seed):
-        return search.mcts(game, game.initial_state(), evaluate, num_simulations=48,
-                           num_parallel=8, seed=seed)
-
-    expected = [await astar(s, asr.immediate(heuristic)) for s in starts]
-    expected_mcts = [await mcts(asr.immediate(net), seed) for seed in range(4)]
-    models = {"h": ModelSource(lambda: heuristic), "net": ModelSource(lambda: net)}
-    async with HttpFront(models) as f, RemoteEvaluate(f.url, "h") as h, \
+    work = SearchWorkload()
+    expected, expected_mcts = await work.expected()
+    async with HttpFront(work.models) as f, RemoteEvaluate(f.url, "h") as h, \
             RemoteEvaluate(f.url, "net") as pv:
-        got = await within(asyncio.gather(*(astar(s, h) for s in starts)), "A*", timeout=60)
-        got_mcts = await within(asyncio.gather(*(mcts(pv, seed) for seed in range(4))),
-                                "MCTS", timeout=60)
+        got, got_mcts = await work.run(h, pv)
         assert h.stats["mean_requests_per_http_request"] > 2  # coalesced
     assert got == expected
     assert got_mcts == expected_mcts

@@ -11,7 +11,6 @@ pytest.importorskip("grpc")
 pytest.importorskip("tritonclient.grpc")
 
 import async_search as asr  # noqa: E402
-from async_search import problems, search  # noqa: E402
 from async_search.errors import (InputSpecError, ModelNotFoundError,  # noqa: E402
                                  ProtocolError, RemoteError, RequestTimeoutError,
                                  ServerClosedError, ServerDiedError)
@@ -21,6 +20,7 @@ from async_search.http.repository import ModelSource  # noqa: E402
 from async_search.models import MLP  # noqa: E402
 from tests.helpers import wait_until, within  # noqa: E402
 from tests.kserve_peer import W, kserve_model_server, needs_kserve  # noqa: E402
+from tests.http.served_models import SearchWorkload  # noqa: E402
 from tests.http.test_grpc_front import Gated, Raising  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,27 +51,11 @@ async def test_requests_of_one_iteration_travel_in_one_rpc_with_equal_answers():
 
 
 async def test_searches_over_grpc_equal_searches_run_with_immediate():
-    puzzle = problems.SlidingPuzzle(4)
-    heuristic = problems.pretrained("15-puzzle")
-    starts = [puzzle.scramble(30, seed=s) for s in range(12)]
-    game = problems.ConnectFour()
-    net = problems.pretrained("connect_four")  # two outputs: a tuple
-
-    def astar(start, evaluate):
-        return search.batched_astar(puzzle, start, evaluate, budget=300, buffer_size=4)
-
-    def mcts(evaluate, seed):
-        return search.mcts(game, game.initial_state(), evaluate, num_simulations=48,
-                           num_parallel=8, seed=seed)
-
-    expected = [await astar(s, asr.immediate(heuristic)) for s in starts]
-    expected_mcts = [await mcts(asr.immediate(net), seed) for seed in range(4)]
-    models = {"h": ModelSource(lambda: heuristic), "net": ModelSource(lambda: net)}
-    async with GrpcFront(models) as f, GrpcRemoteEvaluate(f.address, "h") as h, \
+    work = SearchWorkload()
+    expected, expected_mcts = await work.expected()
+    async with GrpcFront(work.models) as f, GrpcRemoteEvaluate(f.address, "h") as h, \
             GrpcRemoteEvaluate(f.address, "net") as pv:
-        got = await within(asyncio.gather(*(astar(s, h) for s in starts)), "A*", timeout=60)
-        got_mcts = await within(asyncio.gather(*(mcts(pv, seed) for seed in range(4))),
-                                "MCTS", timeout=60)
+        got, got_mcts = await work.run(h, pv)
         assert h.stats["mean_requests_per_rpc"] > 2  # coalesced
     assert got == expected
     assert got_mcts == expected_mcts
