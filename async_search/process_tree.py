@@ -194,6 +194,10 @@ def starting_children() -> Iterator[None]:
     (their parent ends them), and SIGINT and SIGTERM are held here until the block
     ends. Outside the main thread it does nothing.
 
+    multiprocessing's resource tracker is started first, if it is not running yet: the
+    start of a spawned process starts it on first use, and unblocks SIGINT in this
+    thread as it does, so the first child would be born hearing Ctrl-C.
+
     Example:
         >>> with starting_children():
         ...     pass
@@ -202,6 +206,7 @@ def starting_children() -> Iterator[None]:
             or not hasattr(signal, "pthread_sigmask")):
         yield
         return
+    _start_resource_tracker()
     held: List[int] = []
     stops = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.getsignal(s) for s in stops}
@@ -218,3 +223,15 @@ def starting_children() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, masked)  # one pending arrives now
         for s in dict.fromkeys(held):  # once each, in the order they came
             signal.raise_signal(s)
+
+
+def _start_resource_tracker() -> None:
+    """Starts multiprocessing's resource tracker unless it runs (POSIX; cheap if it does)."""
+    if os.name != "posix":
+        return
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    except Exception:  # no tracker here (an odd platform): nothing to unblock either
+        pass

@@ -176,3 +176,36 @@ def test_starting_children_holds_a_stop_and_starts_children_deaf_to_ctrl_c(tmp_p
     assert run.stdout.split("\n")[:3] == ["held", "delivered after the block",
                                           "child alive after Ctrl-C: True"], run.stderr
     assert "Traceback" not in run.stderr
+
+
+#: The first spawned child of a fresh interpreter: nothing (no Event, no Lock) has
+#: started multiprocessing's resource tracker before it.
+FIRST_CHILD = textwrap.dedent("""
+    import multiprocessing, signal
+    from async_search.process_tree import starting_children
+
+    def child(conn):
+        conn.send(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(2):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=child, args=(theirs,))
+            with starting_children():
+                p.start()
+            print(mine.recv(), flush=True)
+            p.join(30)
+""")
+
+
+def test_the_first_spawned_child_is_born_deaf_to_ctrl_c_too(tmp_path):
+    # Starting the resource tracker (which a spawn does on first use) unblocks SIGINT in
+    # the starting thread: the first child was born hearing Ctrl-C, and one that got it
+    # while importing died with "Fatal Python error" on the terminal.
+    script = tmp_path / "first.py"
+    script.write_text(FIRST_CHILD)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert run.stdout.split() == ["True", "True"], run.stderr
