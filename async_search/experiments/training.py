@@ -160,15 +160,13 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
                          va="bottom", ha="right")
     axes[1].set_ylim(-0.02, 1.02)
     axes[1].set_title("candidate's score (1 = all won)")
-    phases = df.melt(id_vars="iteration", value_vars=["selfplay_s", "train_s", "eval_s"],
-                     var_name="phase", value_name="seconds")
-    phases["phase"] = phases["phase"].map({"selfplay_s": "self-play", "train_s": "training",
-                                           "eval_s": "evaluation"})
-    sns.barplot(data=phases, x="iteration", y="seconds", hue="phase", ax=axes[2])
-    axes[2].set_title("seconds per phase")
-    every = max(1, len(records) // 8)  # bar plots label every category: thin them
-    for i, label in enumerate(axes[2].get_xticklabels()):
-        label.set_visible(i % every == 0 or i == len(records) - 1)
+    # Grouped bars on a numeric axis (seaborn's barplot makes the iterations categories,
+    # labels every one of them, and has matplotlib log a line about it).
+    width = 0.27
+    for k, (column, phase) in enumerate((("selfplay_s", "self-play"), ("train_s", "training"),
+                                          ("eval_s", "evaluation"))):
+        axes[2].bar(df["iteration"] + (k - 1) * width, df[column], width, label=phase)
+    axes[2].set(title="seconds per phase", xlabel="iteration", ylabel="seconds")
     _plot_accuracy(records, axes[3])
     sns.lineplot(data=df, x="iteration", y="elo", marker="o", ax=axes[4], label="candidate")
     best = df.assign(best=df["elo"].where(df["promoted"]).ffill().fillna(0.0))

@@ -170,6 +170,20 @@ def test_the_figure_has_an_accuracy_panel(tmp_path, accuracy):
     assert os.path.getsize(tmp_path / "t.png") > 1000
 
 
+def test_the_phase_panel_is_grouped_bars_on_the_iteration_axis(tmp_path, caplog):
+    # Seaborn's barplot made the iterations categories, and matplotlib logged an INFO
+    # line about it under main.py's training table.
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        fig = training.plot_training([record(i) for i in (1, 2, 3)], str(tmp_path / "t.png"))
+    panel = fig.axes[2]
+    assert panel.get_legend_handles_labels()[1] == ["self-play", "training", "evaluation"]
+    centres = sorted(round(p.get_x() + p.get_width() / 2, 2) for p in panel.patches)
+    assert centres == sorted(round(i + d, 2) for i in (1, 2, 3) for d in (-0.27, 0, 0.27))
+    assert not [r for r in caplog.records if r.name.startswith("matplotlib.category")]
+
+
 def test_the_final_evaluation_plays_the_stronger_uct_when_asked():
     import asyncio
     from async_search.problems import PolicyValueMLP, ConnectFour
