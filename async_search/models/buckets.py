@@ -121,7 +121,9 @@ class PaddedBatches:
         n = len(batch)
         if not copy and n in self._sizes and type(batch) is np.ndarray:
             flags = batch.flags
-            if flags.c_contiguous and flags.writeable and batch.dtype == self._dtype \
+            dtype = batch.dtype
+            if flags.c_contiguous and flags.writeable and (
+                    dtype is self._dtype or dtype == self._dtype) \
                     and batch.shape[1:] == self._shape:
                 return batch, n
         size = self.bucket(max(n, 1))

@@ -393,11 +393,19 @@ def _host_dtype(torch: Any, dtype: Any) -> Any:
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
+#: NumPy's float16 (a singleton: an identity test is the cheapest check of a batch).
+_FLOAT16 = np.dtype(np.float16)
+
+
 def _host_rows(torch: Any, tensor: Any, n: int, source: np.ndarray) -> np.ndarray:
-    """The first ``n`` rows of a CPU output, as the caller's own array."""
-    if tensor.dtype in (torch.bfloat16, torch.float16):
-        tensor = tensor.float()
-    out = tensor.numpy()
+    """The first ``n`` rows of a CPU output, as the caller's own array; reduced floats
+    come back as float32."""
+    try:
+        out = tensor.numpy()
+    except TypeError:  # bfloat16, which NumPy lacks (checked here, not per batch)
+        out = tensor.float().numpy()
+    if out.dtype is _FLOAT16:
+        out = out.astype(np.float32)
     if len(out) != n:
         out = out[:n]  # a NumPy slice: a tenth of the cost of slicing the tensor
     # A net may return (a view of) its input, which is a reused buffer or the batch

@@ -103,6 +103,22 @@ def test_reduced_precision_returns_float32_close_to_float32(precision):
     assert not np.array_equal(y, direct(net, x)), "computed in float32 after all"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_module_that_returns_reduced_floats_itself_gives_float32_arrays(dtype):
+    # No precision option: the module casts its own outputs (NumPy has no bfloat16).
+    class Halving(torch.nn.Module):
+        def forward(self, x):
+            return {"value": x[:, :1].to(dtype), "same": x.to(dtype)}
+
+    model = TorchModel(Halving(), input_spec=SPEC, device="cpu", max_batch_size=8)
+    x = rows(3)
+    out = model(x)
+    for leaf in out.values():
+        assert leaf.dtype == np.float32 and len(leaf) == 3
+    np.testing.assert_allclose(out["same"], x, rtol=1e-2, atol=1e-2)
+    assert not np.shares_memory(out["same"], x)
+
+
 def test_options_are_checked_at_construction():
     with pytest.raises(ValueError, match="precision must be one of"):
         TorchModel(mlp(), input_spec=SPEC, device="cpu", precision="float8")
