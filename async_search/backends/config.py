@@ -28,8 +28,9 @@ class RayPlacement:
 
     Attributes:
         spread_clients: True (default): the client tasks are spread over the nodes
-            (Ray's ``SPREAD`` strategy), so the searches use every node; False: Ray's
-            default, which fills the driver's node first.
+            (round robin over the live nodes, soft, for first attempts; Ray's
+            ``SPREAD`` for retries and with ``client_resources``), so the searches use
+            every node; False: Ray's default, which fills the driver's node first.
         spread_servers: the same for the server actors (spread, a lost node takes at
             most its share of the servers with it). Servers spread over several GPUs
             by a placement group (``gpu_placement``) keep that placement.

@@ -249,8 +249,25 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
             client_task, task_options = ray.remote(_client_task), _task_options(
                 ray, config, num_shares)
 
-            def task(name: str):
-                return client_task.options(name=name, **task_options)
+            # First attempts go round robin over the live nodes (soft: a node that is
+            # full or gone passes its task on); Ray's SPREAD alone put all of four
+            # clients on one of two nodes now and then. Retries keep SPREAD, which
+            # avoids a node that failed.
+            round_robin = (config.placement.spread_clients
+                           and not config.placement.client_resources)
+            nodes = (sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+                     if round_robin else [])
+
+            def task(name: str, key: int):
+                options = task_options
+                if len(nodes) > 1 and key < num_shares:
+                    from ray.util.scheduling_strategies import (
+                        NodeAffinitySchedulingStrategy)
+
+                    options = {**task_options, "scheduling_strategy":
+                               NodeAffinitySchedulingStrategy(nodes[key % len(nodes)],
+                                                              soft=True)}
+                return client_task.options(name=name, **options)
 
             labels = itertools.count()
             run_id = uuid.uuid4().hex[:8]
@@ -552,6 +569,15 @@ class _ServerPool:
         for server, final in zip(live, finals):  # Ray's answer, before the watch's
             if isinstance(final, died) and not isinstance(final, unavailable):
                 server.died = True
+        # A server Ray could not reach: its node may have just died, and Ray says so of
+        # its actors a moment later. Its word is awaited for a while (bounded), so that
+        # the run's servers_died does not depend on how soon after the loss it ended.
+        unreachable = [s.watch for s, final in zip(live, finals)
+                       if isinstance(final, unavailable) and not s.watch.done()]
+        if unreachable:
+            left = deadlines.run_left()
+            await asyncio.wait(unreachable, timeout=_PROBE_S if left is None
+                               else max(0.0, min(_PROBE_S, left)))
         return [f for f in finals if not isinstance(f, BaseException)]
 
     def kill(self) -> None:
@@ -594,7 +620,7 @@ class _ClientTask:
         self.name = f"client task {label}"
         # Ray names the worker process after its task (``ray::<name>``) while it runs.
         self._title = f"ray::{CLIENT_NAME_PREFIX}{label}"
-        self._stream = task(f"{CLIENT_NAME_PREFIX}{label}").remote(
+        self._stream = task(f"{CLIENT_NAME_PREFIX}{label}", key).remote(
             search_fn, starts,
                                    [s.actor for s in servers],
                                    [s.address for s in servers], key, spec,

@@ -18,6 +18,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 #: Slow searches long enough for a fault to land mid-run: 30 requests 0.05 s apart.
 SLOW = {"search": "slow_echo_sum", "starts": [30] * 8}
+#: Twice as long, and the raylet killed later (120 of 480 elements): the worker node's
+#: client tasks, slower to start than the head's, are surely running when it dies
+#: (killed at 40 of 240, they had sometimes not started, were scheduled again on the
+#: head, and no task died).
+LONGER = {"search": "slow_echo_sum", "starts": [60] * 8}
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +84,9 @@ def test_a_node_lost_mid_run_with_retries_loses_no_search(cluster):
     other clients fail over to the surviving server, and ``retries=1`` runs the lost
     tasks' unfinished starts again on the head node."""
     result = cluster.run_driver({
-        **SLOW, "options": {"num_procs": 4, "num_servers": 2, "retries": 1,
-                            "placement": {"server_gpus": "none"}},
-        "fault": {"kind": "kill", "pid": cluster.worker_raylet(), "after_elements": 40}})
+        **LONGER, "options": {"num_procs": 4, "num_servers": 2, "retries": 1,
+                              "placement": {"server_gpus": "none"}},
+        "fault": {"kind": "kill", "pid": cluster.worker_raylet(), "after_elements": 120}})
     assert result["injected"] and result["injected"][0]["kind"] == "kill"
     assert result["equal"], result["failures"]
     worker = node_of_ip(result, cluster.worker_ip)
@@ -90,7 +95,7 @@ def test_a_node_lost_mid_run_with_retries_loses_no_search(cluster):
     lost = [c for c in result["clients"] if c["ended"].startswith("died")]
     # A task whose worker was still starting (a loaded host) died before it said where
     # it ran: its node is unknown (None), never the head.
-    assert lost and all(c["node"] in (worker, None) for c in lost)
+    assert lost and all(c["node"] in (worker, None) for c in lost), result["clients"]
     assert any("NodeDiedError" in c["ended"] or "WorkerCrashedError" in c["ended"]
                for c in lost)
     retried = [c for c in result["clients"] if c["attempt"] == 1]
