@@ -253,21 +253,21 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
             # full or gone passes its task on); Ray's SPREAD alone put all of four
             # clients on one of two nodes now and then. Retries keep SPREAD, which
             # avoids a node that failed.
-            round_robin = (config.placement.spread_clients
-                           and not config.placement.client_resources)
-            nodes = (sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
-                     if round_robin else [])
-
-            def task(name: str, key: int):
-                options = task_options
-                if len(nodes) > 1 and key < num_shares:
+            placements = []  # per share: a soft affinity for one of the live nodes
+            if config.placement.spread_clients and not config.placement.client_resources:
+                nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+                if len(nodes) > 1:
                     from ray.util.scheduling_strategies import (
                         NodeAffinitySchedulingStrategy)
 
-                    options = {**task_options, "scheduling_strategy":
-                               NodeAffinitySchedulingStrategy(nodes[key % len(nodes)],
-                                                              soft=True)}
-                return client_task.options(name=name, **options)
+                    placements = [NodeAffinitySchedulingStrategy(
+                        nodes[k % len(nodes)], soft=True) for k in range(num_shares)]
+
+            def task(name: str, key: int):
+                if key < len(placements):  # a first attempt
+                    return client_task.options(name=name, **{
+                        **task_options, "scheduling_strategy": placements[key]})
+                return client_task.options(name=name, **task_options)
 
             labels = itertools.count()
             run_id = uuid.uuid4().hex[:8]
