@@ -149,11 +149,21 @@ def main() -> None:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             parser.error(f"--run takes NAME=PATH, got {item!r}")
-        with open(path) as f:
-            runs[name] = json.load(f)
-        if not runs[name].get("iterations"):
-            parser.error(f"{path} holds no iterations")
-    named = {name: curves(run, args.window) for name, run in runs.items()}
+        try:
+            with open(path) as f:
+                runs[name] = json.load(f)
+        except (OSError, ValueError) as e:
+            parser.error(f"cannot read {path}: {e}")
+        if not isinstance(runs[name], dict) or not runs[name].get("iterations"):
+            parser.error(f"{path} holds no iterations (not the JSON of main.py --train "
+                         f"connect_four?)")
+    named = {}
+    for name, run in runs.items():
+        try:
+            named[name] = curves(run, args.window)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            parser.error(f"run {name!r} is not the JSON of main.py --train connect_four: "
+                         f"{type(e).__name__}: {e}")
     equal = min(c["minutes"][-1] for c in named.values())
     report = {
         "runs": {name: {"command": run.get("command"),

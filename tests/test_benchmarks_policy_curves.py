@@ -66,3 +66,16 @@ def test_a_run_given_without_a_name_is_refused(tmp_path):
                            str(tmp_path / "x.json")], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "NAME=PATH" in done.stderr
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"iterations": []}',
+                                  '{"config": {}, "iterations": [{"iteration_s": 1}]}'])
+def test_a_file_that_is_not_a_training_run_is_one_line_naming_it(tmp_path, text):
+    path = tmp_path / "run.json"
+    path.write_text(text)
+    done = subprocess.run([sys.executable, "benchmarks/policy_curves.py", "--run",
+                           f"a={path}", "--out", str(tmp_path / "o.json")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert str(path) in done.stderr or "run 'a'" in done.stderr
+    assert not (tmp_path / "o.json").exists()
