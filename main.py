@@ -106,6 +106,12 @@ flags.DEFINE_bool("untrained", False, "Guide the searches with an untrained net,
 flags.DEFINE_list("hidden_sizes", ["256", "256"], "Widths of the network's hidden "
                   "layers: the untrained net's (--untrained), and the net --train "
                   "trains.")
+flags.DEFINE_enum("net", "mlp", ["mlp", "conv", "residual"], "--train connect_four: the "
+                  "policy-value net: an MLP of --hidden_sizes, or a convolutional net "
+                  "(a 3x3 stem, --blocks plain or residual blocks of two 3x3 "
+                  "convolutions, --channels wide, AlphaZero's heads).")
+flags.DEFINE_integer("channels", 16, "--net conv|residual: convolution channels.")
+flags.DEFINE_integer("blocks", 2, "--net conv|residual: blocks of two 3x3 convolutions.")
 
 # -- serving and placement --------------------------------------------------------------
 flags.DEFINE_integer("max_batch_size", None, "Most elements per batch (default 256; "
@@ -227,6 +233,15 @@ _check("backends", lambda v: bool(v) and set(v) <= {"local", "process", "ray"},
        "a comma-separated subset of local,process,ray")
 _check("hidden_sizes", lambda v: bool(v) and all(int(w) >= 1 for w in v),
        "comma-separated integers >= 1 (layer widths)")
+_check("channels", lambda v: v >= 1, "an integer >= 1")
+_check("blocks", lambda v: v >= 0, "an integer >= 0")
+
+
+@flags.multi_flags_validator(["net", "train"], message="--net conv|residual trains a "
+                             "Connect Four policy-value net: use it with --train "
+                             "connect_four (the 15-puzzle heuristic is an MLP)")
+def _net_fits(v) -> bool:
+    return v["net"] == "mlp" or v["train"] == "connect_four"
 
 
 @flags.multi_flags_validator(["continuous", "multi_server", "architecture", "train"],
@@ -486,6 +501,7 @@ def build_training():
             strong_uct_games=FLAGS.strong_uct_games,
             train_steps=FLAGS.train_steps or defaults.train_steps,
             hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
+            architecture=FLAGS.net, channels=FLAGS.channels, blocks=FLAGS.blocks,
             eval_games=FLAGS.eval_games, uct_rollouts=FLAGS.uct_rollouts,
             backend=FLAGS.backend,
             num_procs=FLAGS.num_procs if FLAGS.backend != "local" else 1,
@@ -547,7 +563,8 @@ def _run_training(plan) -> int:
 
         search = {"puct": "MCTS", "gumbel": "Gumbel MCTS"}[config.selfplay.policy]
         reuse = ", tree reuse" if config.selfplay.reuse_tree else ""
-        print(f"--train connect_four: {config.iterations} iterations of "
+        print(f"--train connect_four: a {config.net.describe()} policy-value net, "
+              f"{config.iterations} iterations of "
               f"{config.games_per_iteration} self-play games ({search}, "
               f"{config.selfplay.simulations} simulations{reuse}), {config.train_steps} "
               f"training steps, arena of {config.arena_games} games (promote at "

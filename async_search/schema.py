@@ -210,11 +210,13 @@ def record_from_json(cls: Type[_T], data: Any, file: str, where: str,
 
 
 def config_from_json(cls: Type[_T], data: Any, file: str, where: str,
-                     nested: Dict[str, type] | None = None) -> _T:
+                     nested: Dict[str, type] | None = None,
+                     added: Iterable[str] = ()) -> _T:
     """A frozen config dataclass (``CommanderConfig``, ``DaviConfig``...) from its JSON
     object: every field present and no other, booleans and strings of their type, lists
     for tuples, and the class's own checks (ranges) passed; ``nested`` maps a field to
-    the config class of its object.
+    the config class of its object; the fields in ``added`` (added by a later version)
+    may be absent, and then take their defaults.
 
     Raises:
         CheckpointError: naming the file, the config and the field or the check.
@@ -222,8 +224,11 @@ def config_from_json(cls: Type[_T], data: Any, file: str, where: str,
     fields = Fields(data, file, where)
     hints = typing.get_type_hints(cls)
     values = {}
+    added = set(added)
     for field in dataclasses.fields(cls):
         hint = hints[field.name]
+        if field.name in added and field.name not in fields.data:
+            continue  # an earlier version's file: the default
         if nested and field.name in nested:
             values[field.name] = config_from_json(
                 nested[field.name], fields.raw(field.name), file,

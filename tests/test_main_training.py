@@ -155,3 +155,31 @@ def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(
     again = main(*TINY_C4, "--resume", "--save_dir", str(tmp_path / "run"),
                  "--save_path", str(tmp_path / "p.png"))
     assert again.returncode == 2 and "selfplay" in error_lines(again)[0]
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--train", "sliding_puzzle", "--net", "residual"], "--net"),
+    (["--train", "connect_four", "--net", "residual", "--channels", "0"], "channels"),
+    (["--train", "connect_four", "--net", "conv", "--blocks", "-1"], "blocks"),
+])
+def test_a_net_that_does_not_fit_is_one_line_and_exit_2(tmp_path, args, match):
+    out = main(*args, "--save_dir", str(tmp_path / "run"), "--save_path",
+               str(tmp_path / "p.png"))
+    assert out.returncode == 2
+    lines = error_lines(out)
+    assert len(lines) == 1 and match in lines[0], out.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_train_connect_four_with_a_residual_net_trains_and_saves_it(tmp_path):
+    out = main("--train", "connect_four", "--net", "residual", "--channels", "4",
+               "--blocks", "1", "--iterations", "1", "--games_per_iteration", "4",
+               "--train_steps", "4", "--simulations", "4", "--eval_games", "2",
+               "--strong_uct_games", "0", "--final_games", "2", "--accuracy_positions",
+               "2", "--uct_rollouts", "4", "--noprogress",
+               "--save_dir", str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "a residual 4x1 policy-value net" in out.stdout
+    config = json.load(open(tmp_path / "run" / "best" / "config.json"))["config"]
+    assert (config["architecture"], config["channels"], config["blocks"]) == (
+        "residual", 4, 1)

@@ -10,7 +10,9 @@ Models: ``ManhattanHeuristic`` and ``DepthHeuristic`` (exact, admissible),
 built; ``tf_twin`` makes the twin of any of them, trained or not). Residual nets of
 the published shapes: ``PolicyValueResNet`` (AlphaZero) and ``CostToGoResNet``
 (DeepCubeA), NumPy weights and reference, built in PyTorch (``torch_resnet``),
-TensorFlow (``keras_resnet``) and JAX (``jax_resnet``). Trained models:
+TensorFlow (``keras_resnet``) and JAX (``jax_resnet``). ``PolicyValueConvNet``: the
+small convolutional (plain or residual) policy-value net that the trainer trains, in
+NumPy with exact rows. Trained models:
 ``pretrained("connect_four")`` and ``pretrained("15-puzzle")`` (a ``LearnedHeuristic``);
 ``korf100()`` gives the published 15-puzzle instances with optimal lengths. A problem may
 offer ``compact_keys()`` (a ``CompactKeys``) for A* to search on compact keys. Every model's output for an element is bitwise independent of its batch-mates.
@@ -27,6 +29,7 @@ Example:
 from async_search.problems.base import CompactKeys, Game, SearchProblem, State
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
 from async_search.problems.connect_four_solver import ConnectFourSolver
+from async_search.problems.conv_nets import PolicyValueConvNet
 from async_search.problems.heuristics import (DepthHeuristic, LearnedHeuristic,
                                               ManhattanHeuristic, heuristic_mlp)
 from async_search.problems.policy_value import PolicyValueMLP
@@ -50,5 +53,5 @@ __all__ = [
     "heuristic_tf_net", "policy_value_tf_net", "tf_twin", "LearnedHeuristic",
     "pretrained", "PRETRAINED", "korf100", "KorfInstance",
     "PolicyValueResNet", "CostToGoResNet", "ResNetWeights", "torch_resnet",
-    "torch_resnet_weights", "keras_resnet", "jax_resnet",
+    "torch_resnet_weights", "keras_resnet", "jax_resnet", "PolicyValueConvNet",
 ]

@@ -2,8 +2,9 @@
 
 A checkpoint is a folder holding ``config.json`` (the format version, the ``NetConfig``,
 the caller's metadata, and the name and SHA-256 of the weights file) and the weights
-file it names, ``weights-<digest>.npz`` (the ``(w, b)`` layers as ``w0, b0, w1, ...``,
-dtypes kept, so a round trip is bitwise). Saving over a checkpoint writes the new
+file it names, ``weights-<digest>.npz`` (an MLP's ``(w, b)`` layers as ``w0, b0, w1,
+...``, a convolutional net's arrays by their names; dtypes kept, so a round trip is
+bitwise). Saving over a checkpoint writes the new
 weights file beside the old one, then replaces ``config.json`` in one atomic step
 (``files.write_file``), then removes the old weights: the folder is never absent under
 its name, and holds either the old checkpoint or the new one, whole. Loading checks the
@@ -45,7 +46,7 @@ class Checkpoint:
     config: NetConfig
     """The net's configuration."""
     weights: Weights
-    """The ``(w, b)`` layers as saved (bitwise)."""
+    """The ``(w, b)`` layers (an MLP) or named arrays as saved (bitwise)."""
     metadata: Dict[str, Any]
     """The caller's JSON metadata (iteration, scores, ...)."""
 
@@ -79,16 +80,20 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
         {'iteration': 0}
     """
     path = folder_path(path)
-    bare = isinstance(model, (list, tuple))
+    bare = isinstance(model, (list, tuple, dict))
     if bare and config is None:
-        raise ValueError("save_checkpoint: bare (w, b) layers need their NetConfig")
+        raise ValueError("save_checkpoint: bare weights ((w, b) layers or named arrays) "
+                         "need their NetConfig")
     config = config_of(None if bare else model, config)
     weights = model if bare else weights_of(model)
     check_weights(config, weights)
     buffer = io.BytesIO()
     arrays = {}
-    for i, (w, b) in enumerate(weights):
-        arrays[f"w{i}"], arrays[f"b{i}"] = np.asarray(w), np.asarray(b)
+    if config.convolutional:
+        arrays = {name: np.asarray(weights[name]) for name in config.conv_shapes}
+    else:
+        for i, (w, b) in enumerate(weights):
+            arrays[f"w{i}"], arrays[f"b{i}"] = np.asarray(w), np.asarray(b)
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
     digest = hashlib.sha256(data).hexdigest()
@@ -149,9 +154,10 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                               f"{e}") from e
     metadata = fields.object("metadata").data
     layers = fields.int("layers", minimum=1)
-    if layers != len(config.layer_shapes):
-        raise fields.error(f"says {layers} layers; its net config has "
-                           f"{len(config.layer_shapes)}", "layers")
+    expected = len(config.conv_shapes if config.convolutional else config.layer_shapes)
+    if layers != expected:
+        raise fields.error(f"says {layers} layers; its net config has {expected}",
+                           "layers")
     digest = fields.str("weights_sha256", pattern=_SHA256.pattern)
     name = (fields.str("weights_file", pattern=_WEIGHTS.pattern) if got == FORMAT
             else _WEIGHTS_1)
@@ -171,11 +177,14 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                               f"{_CONFIG} (truncated or corrupt)")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-            want = {f"{kind}{i}" for i in range(layers) for kind in "wb"}
+            want = (set(config.conv_shapes) if config.convolutional
+                    else {f"{kind}{i}" for i in range(layers) for kind in "wb"})
             if set(arrays.files) != want:
                 raise ValueError(f"it holds arrays {sorted(arrays.files)}, expected "
                                  f"{sorted(want)}")
-            weights = [(arrays[f"w{i}"], arrays[f"b{i}"]) for i in range(layers)]
+            weights = ({name: arrays[name] for name in config.conv_shapes}
+                       if config.convolutional else
+                       [(arrays[f"w{i}"], arrays[f"b{i}"]) for i in range(layers)])
     except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
         raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: {e}") from e
     try:
@@ -198,7 +207,13 @@ def _net_config(fields: Any) -> Dict[str, Any]:
         out["size"] = net.int("size", minimum=2)
     if "residual" in net.data:
         out["residual"] = net.bool("residual")
-    net.exactly(["kind", "problem", "hidden_sizes", "size", "residual"])
+    if "architecture" in net.data:
+        out["architecture"] = net.str("architecture")
+    for name, minimum in (("channels", 1), ("blocks", 0), ("value_hidden", 1)):
+        if name in net.data:
+            out[name] = net.int(name, minimum=minimum)
+    net.exactly(["kind", "problem", "hidden_sizes", "size", "residual", "architecture",
+                 "channels", "blocks", "value_hidden"])
     return out
 
 

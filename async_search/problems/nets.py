@@ -1,30 +1,38 @@
 """What a trained net is: its configuration, and the NumPy model its weights make.
 
-A ``NetConfig`` names the problem, the kind of net and its layer widths; with a list of
-``(w, b)`` layers it makes the model that ``serve`` and the searches take (``to_model``).
-Checkpoints store exactly these two things, so the config must round-trip through JSON.
+A ``NetConfig`` names the problem, the kind of net and its architecture; with its
+weights it makes the model that ``serve`` and the searches take (``to_model``). An MLP's
+weights are a list of ``(w, b)`` layers; a convolutional net's (``architecture`` conv or
+residual, ``problems.conv_nets``) a dict of named arrays. Checkpoints store exactly
+these two things, so the config must round-trip through JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 
 from async_search.checks import is_int
 from async_search.models import MLP
 from async_search.problems.connect_four import ConnectFour
+from async_search.problems.conv_nets import (ConvWeights, PolicyValueConvNet,
+                                             conv_weight_shapes, initial_conv_weights)
 from async_search.problems.heuristics import LearnedHeuristic
 from async_search.problems.policy_value import PolicyValueMLP
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 
 
-#: ``[(w [fan_in, fan_out], b [fan_out]), ...]``, input layer first.
-Weights = List[Tuple[np.ndarray, np.ndarray]]
+#: An MLP's ``[(w [fan_in, fan_out], b [fan_out]), ...]``, input layer first, or a
+#: convolutional net's named arrays (``conv_nets.ConvWeights``).
+Weights = Union[List[Tuple[np.ndarray, np.ndarray]], ConvWeights]
 
 KINDS = ("policy_value", "heuristic")
 PROBLEMS = ("connect_four", "sliding_puzzle")
+#: ``mlp``: dense layers; ``conv`` and ``residual``: ``conv_nets.PolicyValueConvNet``
+#: with plain or residual blocks (policy-value nets of board games).
+ARCHITECTURES = ("mlp", "conv", "residual")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,14 +43,22 @@ class NetConfig:
         kind: ``policy_value`` (outputs ``(logits [n, A], value [n, 1])``) or
             ``heuristic`` (outputs a cost to go ``[n, 1]``).
         problem: ``connect_four`` or ``sliding_puzzle``.
-        hidden_sizes: widths of the ReLU hidden layers.
+        hidden_sizes: widths of the ReLU hidden layers (``mlp``).
         size: the sliding puzzle's side (4: the 15-puzzle); ignored for games.
         residual: heuristic nets: learn a correction added to the Manhattan distance.
+        architecture: ``mlp``, or ``conv`` / ``residual`` (policy-value nets only): a
+            3x3 convolution stem and ``blocks`` plain or residual blocks of two 3x3
+            convolutions, ``channels`` wide, with AlphaZero's heads
+            (``problems.conv_nets``).
+        channels, blocks, value_hidden: the convolutional net's sizes.
 
     Example:
         >>> config = NetConfig("policy_value", "connect_four", (64,))
         >>> NetConfig.from_json(config.to_json()) == config
         True
+        >>> NetConfig("policy_value", "connect_four", architecture="residual",
+        ...           channels=16, blocks=2).describe()
+        'residual 16x2'
     """
 
     kind: str
@@ -50,6 +66,10 @@ class NetConfig:
     hidden_sizes: Tuple[int, ...] = (256, 256)
     size: int = 4
     residual: bool = True
+    architecture: str = "mlp"
+    channels: int = 16
+    blocks: int = 2
+    value_hidden: int = 64
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
@@ -65,6 +85,28 @@ class NetConfig:
                                             for h in self.hidden_sizes):
             raise ValueError(f"NetConfig.hidden_sizes must be integer widths >= 1, got "
                              f"{self.hidden_sizes}")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"NetConfig.architecture must be one of {ARCHITECTURES}, got "
+                             f"{self.architecture!r}")
+        if self.architecture != "mlp" and self.kind != "policy_value":
+            raise ValueError(f"a {self.architecture} net is a policy-value net for "
+                             f"connect_four; {self.problem} takes an mlp")
+        for name, minimum in (("channels", 1), ("blocks", 0), ("value_hidden", 1)):
+            value = getattr(self, name)
+            if not is_int(value) or value < minimum:
+                raise ValueError(f"NetConfig.{name} must be an integer >= {minimum}, got "
+                                 f"{value!r}")
+            object.__setattr__(self, name, int(value))
+
+    @property
+    def convolutional(self) -> bool:
+        return self.architecture != "mlp"
+
+    def describe(self) -> str:
+        """A short name: ``mlp 256x256`` or ``residual 16x2`` (channels x blocks)."""
+        if self.convolutional:
+            return f"{self.architecture} {self.channels}x{self.blocks}"
+        return "mlp " + "x".join(str(h) for h in self.hidden_sizes)
 
     def make_problem(self) -> Any:
         """The game or puzzle the net is for."""
@@ -84,22 +126,40 @@ class NetConfig:
 
     @property
     def layer_shapes(self) -> List[Tuple[int, int]]:
+        """An MLP's ``(fan_in, fan_out)`` per layer."""
         sizes = [int(np.prod(self.input_shape)), *self.hidden_sizes, self.output_size]
         return list(zip(sizes[:-1], sizes[1:]))
 
+    @property
+    def conv_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """A convolutional net's weight names and shapes (``conv_nets``)."""
+        return conv_weight_shapes(*self.input_shape, self.num_actions,
+                                  channels=self.channels, blocks=self.blocks,
+                                  value_hidden=self.value_hidden)
+
     def to_json(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "problem": self.problem,
+        data = {"kind": self.kind, "problem": self.problem,
                 "hidden_sizes": list(self.hidden_sizes), "size": self.size,
                 "residual": self.residual}
+        if self.convolutional:  # an MLP's JSON stays as earlier versions wrote it
+            data.update(architecture=self.architecture, channels=self.channels,
+                        blocks=self.blocks, value_hidden=self.value_hidden)
+        return data
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "NetConfig":
         return cls(data["kind"], data["problem"], tuple(data["hidden_sizes"]),
-                   int(data.get("size", 4)), bool(data.get("residual", True)))
+                   int(data.get("size", 4)), bool(data.get("residual", True)),
+                   str(data.get("architecture", "mlp")), data.get("channels", 16),
+                   data.get("blocks", 2), data.get("value_hidden", 64))
 
 
 def initial_weights(config: NetConfig, seed: int) -> Weights:
-    """Glorot-uniform weights and zero biases, seeded (float32)."""
+    """Glorot-uniform weights and zero biases, seeded (float32); a convolutional net's
+    are ``conv_nets.initial_conv_weights``."""
+    if config.convolutional:
+        return initial_conv_weights(config.conv_shapes, seed,
+                                    residual=config.architecture == "residual")
     rng = np.random.default_rng(seed)
     layers = []
     for fan_in, fan_out in config.layer_shapes:
@@ -109,9 +169,13 @@ def initial_weights(config: NetConfig, seed: int) -> Weights:
     return layers
 
 
-def check_weights(config: NetConfig, weights: Sequence[Tuple[np.ndarray, np.ndarray]]
-                  ) -> Weights:
+def check_weights(config: NetConfig, weights: Any) -> Weights:
     """``weights`` as float32 arrays; ValueError unless they fit ``config``'s layers."""
+    if config.convolutional:
+        return _check_conv_weights(config, weights)
+    if isinstance(weights, Mapping):
+        raise ValueError(f"weights do not fit {config}: an mlp takes a list of (w, b) "
+                         f"layers, got named arrays")
     want = config.layer_shapes
     got = [(tuple(np.shape(w)), tuple(np.shape(b))) for w, b in weights]
     if got != [((i, o), (o,)) for i, o in want]:
@@ -123,11 +187,36 @@ def check_weights(config: NetConfig, weights: Sequence[Tuple[np.ndarray, np.ndar
     return out
 
 
-def to_model(config: NetConfig, weights: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Any:
-    """The NumPy model (``PolicyValueMLP`` or ``LearnedHeuristic``) with ``weights``
-    rounded onto ``models.MLP``'s exact grid, so its rows are batch-independent."""
+def _check_conv_weights(config: NetConfig, weights: Any) -> ConvWeights:
+    want = config.conv_shapes
+    if not isinstance(weights, Mapping):
+        raise ValueError(f"weights do not fit {config}: a {config.architecture} net takes "
+                         f"named arrays, got a {type(weights).__name__}")
+    missing = [name for name in want if name not in weights]
+    unexpected = sorted(str(name) for name in weights if name not in want)
+    wrong = [f"{name} {tuple(np.shape(weights[name]))} (expected {shape})"
+             for name, shape in want.items()
+             if name in weights and tuple(np.shape(weights[name])) != shape]
+    if missing or unexpected or wrong:
+        raise ValueError(f"weights do not fit {config}: missing {missing[:4]}, unexpected "
+                         f"{unexpected[:4]}, misshapen {wrong[:4]}")
+    out = {name: np.asarray(weights[name], np.float32) for name in want}
+    if not all(np.isfinite(w).all() for w in out.values()):
+        raise ValueError("weights must be finite (training diverged?)")
+    return out
+
+
+def to_model(config: NetConfig, weights: Any) -> Any:
+    """The NumPy model (``PolicyValueMLP``, ``LearnedHeuristic`` or
+    ``PolicyValueConvNet``) with ``weights`` rounded onto ``models.MLP``'s exact grid,
+    so its rows are batch-independent."""
     weights = check_weights(config, weights)
     problem = config.make_problem()
+    if config.convolutional:
+        net = PolicyValueConvNet(problem, channels=config.channels, blocks=config.blocks,
+                                 value_hidden=config.value_hidden,
+                                 residual=config.architecture == "residual")
+        return net.with_weights(weights)
     if config.kind == "policy_value":
         net = PolicyValueMLP(problem, hidden_sizes=config.hidden_sizes, seed=0)
         return net.with_weights(weights)
@@ -143,8 +232,10 @@ def weights_of(model: Any) -> Weights:
         return [(w, b) for w, b in model.mlp.weights]
     if isinstance(model, MLP):
         return [(w, b) for w, b in model.weights]
+    if isinstance(model, PolicyValueConvNet):
+        return dict(model.weights)
     raise TypeError(f"cannot read weights from a {type(model).__name__}; expected a "
-                    f"PolicyValueMLP, LearnedHeuristic or models.MLP")
+                    f"PolicyValueMLP, LearnedHeuristic, PolicyValueConvNet or models.MLP")
 
 
 def config_of(model: Any, config: Any = None) -> NetConfig:
@@ -172,6 +263,12 @@ def config_of(model: Any, config: Any = None) -> NetConfig:
     if isinstance(model, PolicyValueMLP) and tuple(
             model.input_spec.shape) == tuple(ConnectFour().input_spec.shape):
         return NetConfig("policy_value", "connect_four", model.hidden_sizes)
+    if isinstance(model, PolicyValueConvNet) and tuple(
+            model.input_spec.shape) == tuple(ConnectFour().input_spec.shape):
+        return NetConfig("policy_value", "connect_four",
+                         architecture="residual" if model.residual else "conv",
+                         channels=model.channels, blocks=model.blocks,
+                         value_hidden=model.value_hidden)
     if isinstance(model, LearnedHeuristic):
         hidden = tuple(w.shape[1] for w, _ in model.mlp.weights[:-1])
         return NetConfig("heuristic", "sliding_puzzle", hidden, model.puzzle.size,

@@ -87,6 +87,10 @@ class CommanderConfig:
         batch_size, learning_rate, l2: the trainer's.
         buffer_capacity: replay buffer size (samples).
         hidden_sizes: the policy-value MLP's hidden widths.
+        architecture: the net: ``mlp`` (``hidden_sizes``), or ``conv`` / ``residual``
+            (``problems.conv_nets``: ``blocks`` plain or residual blocks of two 3x3
+            convolutions, ``channels`` wide, ``value_hidden`` in the value head).
+        channels, blocks, value_hidden: the convolutional net's sizes.
         arena_games: candidate-against-best games per iteration (>= 40 for the gate).
         gate_threshold: the arena score that promotes the candidate.
         eval_games: games against each baseline per iteration (0: none).
@@ -140,6 +144,10 @@ class CommanderConfig:
     eval_policy: str = "puct"
     eval_reuse_tree: bool = False
     accuracy_positions: int = 50
+    architecture: str = "mlp"
+    channels: int = 16
+    blocks: int = 2
+    value_hidden: int = 64
 
     def __post_init__(self):
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
@@ -167,10 +175,13 @@ class CommanderConfig:
         if self.selfplay.seed != self.seed:
             object.__setattr__(self, "selfplay",
                                dataclasses.replace(self.selfplay, seed=self.seed))
+        self.net  # checks the net's fields (NetConfig's ValueError)
 
     @property
     def net(self) -> NetConfig:
-        return NetConfig("policy_value", "connect_four", self.hidden_sizes)
+        return NetConfig("policy_value", "connect_four", self.hidden_sizes,
+                         architecture=self.architecture, channels=self.channels,
+                         blocks=self.blocks, value_hidden=self.value_hidden)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -592,7 +603,9 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
     """
     file = folder.state_file
     stored = config_from_json(CommanderConfig, fields.raw("config"), file, "config",
-                              nested={"selfplay": SelfPlayConfig})
+                              nested={"selfplay": SelfPlayConfig},
+                              added=("architecture", "channels", "blocks",
+                                     "value_hidden"))
     check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)
                for i, r in enumerate(fields.list("history"))]

@@ -1,17 +1,18 @@
-"""The trainer: a Keras MLP fitted to replay-buffer minibatches with one loss.
+"""The trainer: a Keras net (an MLP, or a convolutional net for Connect Four) fitted to
+replay-buffer minibatches with one loss.
 
 Loss = cross-entropy of the policy logits against the visit distribution (policy-value
 nets) + squared error of the value + ``l2`` times the sum of squared kernel weights.
 Heuristic nets with ``residual=True`` fit ``target - manhattan``: the NumPy model adds
 the Manhattan distance back. After training, ``model()`` is the NumPy net on the exact
-grid (``problems.nets.to_model``), which ``serve`` and the searches take, and
-``problems.tf_twin`` its TensorFlow twin.
+grid (``problems.nets.to_model``), which ``serve`` and the searches take, and, for the
+MLPs, ``problems.tf_twin`` its TensorFlow twin.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence, Tuple
+from typing import Any, Tuple
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from async_search.checks import check_float, check_int
 from async_search.problems.heuristics import ManhattanHeuristic
 from async_search.problems.nets import (NetConfig, Weights, check_weights, initial_weights,
                                         to_model)
+from async_search.training.keras_nets import KerasNet
 from async_search.training.replay import Minibatch, ReplayBuffer
 
 
@@ -46,7 +48,8 @@ class Trainer:
 
     Args:
         config: the net (``NetConfig``).
-        weights: initial ``(w, b)`` layers; default Glorot-uniform from ``seed``.
+        weights: initial weights (``(w, b)`` layers, or a convolutional net's named
+            arrays); default ``problems.nets.initial_weights`` from ``seed``.
         learning_rate: Adam's step size (> 0).
         l2: weight of the L2 penalty on kernels (>= 0).
         batch_size: minibatch size (>= 1).
@@ -64,7 +67,7 @@ class Trainer:
         2
     """
 
-    def __init__(self, config: NetConfig, *, weights: Sequence[Tuple[Any, Any]] | None = None,
+    def __init__(self, config: NetConfig, *, weights: Weights | None = None,
                  learning_rate: float = 1e-3, l2: float = 1e-4, batch_size: int = 256,
                  value_weight: float = 1.0, seed: int = 0):
         try:
@@ -85,11 +88,8 @@ class Trainer:
                                 initial_weights(config, check_int("seed", seed, minimum=0)))
         self._base = (ManhattanHeuristic(config.make_problem())
                       if config.kind == "heuristic" and config.residual else None)
-        layers = [tf.keras.Input((int(np.prod(config.input_shape)),))]
-        last = len(config.layer_shapes) - 1
-        for i, (_, width) in enumerate(config.layer_shapes):
-            layers.append(tf.keras.layers.Dense(width, activation=None if i == last else "relu"))
-        self.keras_model = tf.keras.Sequential(layers)
+        self._net = KerasNet(tf, config)
+        self.keras_model = self._net.model
         self.set_weights(weights)
         self.optimizer = tf.keras.optimizers.Adam(self.learning_rate)
         self.optimizer.build(self.keras_model.trainable_variables)
@@ -102,16 +102,12 @@ class Trainer:
 
     @property
     def weights(self) -> Weights:
-        """The current ``(w, b)`` layers, float32 copies."""
-        return [(layer.kernel.numpy().copy(), layer.bias.numpy().copy())
-                for layer in self.keras_model.layers]
+        """The current weights (``(w, b)`` layers or named arrays), float32 copies."""
+        return self._net.weights
 
-    def set_weights(self, weights: Sequence[Tuple[Any, Any]]) -> None:
+    def set_weights(self, weights: Weights) -> None:
         """Replaces the weights (shapes must fit the config)."""
-        for layer, (w, b) in zip(self.keras_model.layers,
-                                 check_weights(self.config, weights)):
-            layer.kernel.assign(w)
-            layer.bias.assign(b)
+        self._net.set_weights(check_weights(self.config, weights))
 
     def reset_optimizer(self) -> None:
         """Zeroes Adam's moments and step count: as if the optimizer were new (the
@@ -129,7 +125,8 @@ class Trainer:
 
     def _targets(self, batch: Minibatch) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = len(batch.x)
-        x = batch.x.reshape(n, -1)
+        x = (batch.x.astype(np.float32) if self.config.convolutional
+             else batch.x.reshape(n, -1))
         value = batch.value.astype(np.float32)
         if self._base is not None:
             value = value - self._base(batch.x)[:, 0]
@@ -153,8 +150,8 @@ class Trainer:
             predicted = out[:, 0]
             policy_loss = tf.constant(0.0)
         value_loss = tf.reduce_mean(tf.square(predicted - value))
-        l2 = self.l2 * tf.add_n([tf.reduce_sum(tf.square(layer.kernel))
-                                 for layer in self.keras_model.layers])
+        l2 = self.l2 * tf.add_n([tf.reduce_sum(tf.square(kernel))
+                                 for kernel in self._net.kernels])
         return policy_loss, value_loss, l2
 
     def _train_step(self, x, policy, value):

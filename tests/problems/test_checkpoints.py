@@ -479,3 +479,73 @@ def test_the_config_may_be_a_json_dict_or_read_from_the_model(tmp_path):
         save_checkpoint(tmp_path / "y", initial_weights(HEURISTIC, 0))
     with pytest.raises(ValueError, match="config must be"):
         save_checkpoint(tmp_path / "z", net, {"hidden": 3})
+
+
+# -- convolutional nets -------------------------------------------------------------------
+
+RESIDUAL = NetConfig("policy_value", "connect_four", architecture="residual", channels=4,
+                     blocks=1, value_hidden=8)
+
+
+def trained_looking_conv_weights(config, seed):
+    rng = np.random.default_rng(seed)
+    return {name: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32)
+            for name, w in initial_weights(config, seed).items()}
+
+
+@pytest.mark.parametrize("architecture", ["conv", "residual"])
+def test_a_convolutional_checkpoint_round_trips_weights_and_outputs_bitwise(tmp_path,
+                                                                           architecture):
+    config = NetConfig("policy_value", "connect_four", architecture=architecture,
+                       channels=4, blocks=2, value_hidden=8)
+    weights = trained_looking_conv_weights(config, 1)
+    path = save_checkpoint(tmp_path / "ckpt", weights, config, METADATA)
+    saved = read_checkpoint(path)
+    assert saved.config == config and saved.metadata == METADATA
+    assert sorted(saved.weights) == sorted(weights)
+    for name, w in weights.items():
+        assert saved.weights[name].tobytes() == w.tobytes()
+    x = connect_four_positions(30, 1)
+    model = load_checkpoint(path)
+    for got, want in zip(model(x), to_model(config, weights)(x)):
+        assert got.tobytes() == want.tobytes()
+    again = save_checkpoint(tmp_path / "again", model)  # its config read from the model
+    assert read_checkpoint(again).config == config
+
+
+def test_a_convolutional_net_refuses_an_mlps_layers_and_the_other_way(tmp_path):
+    with pytest.raises(ValueError, match="named arrays"):
+        save_checkpoint(tmp_path / "a", trained_looking_weights(POLICY_VALUE, 0), RESIDUAL)
+    with pytest.raises(ValueError, match="named arrays"):
+        save_checkpoint(tmp_path / "b", trained_looking_conv_weights(RESIDUAL, 0),
+                        POLICY_VALUE)
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+
+
+def test_a_convolutional_checkpoint_missing_an_array_is_refused_naming_it(tmp_path):
+    path = save_checkpoint(tmp_path / "ckpt", trained_looking_conv_weights(RESIDUAL, 0),
+                           RESIDUAL)
+    file = weights_file(path_obj := tmp_path / "ckpt")
+    with np.load(file) as data:
+        arrays = {k: v for k, v in data.items() if k != "stem.bias"}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    file.write_bytes(buffer.getvalue())
+    edit_header(path_obj, lambda h: h.update(
+        weights_sha256=hashlib.sha256(buffer.getvalue()).hexdigest()))
+    assert path == str(path_obj)
+    assert_refused_naming(path_obj, file, match="holds arrays")
+
+
+def test_a_convolutional_config_with_a_bad_size_is_refused_naming_the_config_file(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", trained_looking_conv_weights(RESIDUAL, 0), RESIDUAL)
+    file = edit_header(tmp_path / "ckpt", lambda h: h["config"].update(channels=0))
+    assert_refused_naming(tmp_path / "ckpt", file, match="channels")
+
+
+def test_an_mlps_config_json_is_written_as_before_the_architectures_existed(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", trained_looking_weights(POLICY_VALUE, 0),
+                    POLICY_VALUE)
+    header = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert sorted(header["config"]) == ["hidden_sizes", "kind", "problem", "residual",
+                                        "size"]

@@ -443,3 +443,53 @@ def test_a_buffer_or_net_of_another_run_is_refused_naming_it(run_copy):
     with pytest.raises(CheckpointError, match="not this run's") as info:
         Commander(tiny(1), str(run_copy), resume=True)
     assert "latest" in str(info.value)
+
+
+# -- convolutional nets -------------------------------------------------------------------
+
+
+def same_weights(a, b) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+@pytest.mark.parametrize("architecture", ["conv", "residual"])
+def test_a_convolutional_run_trains_saves_and_resumes_with_the_same_rows(tmp_path,
+                                                                        architecture):
+    conv = dict(architecture=architecture, channels=4, blocks=1, value_hidden=8)
+    straight = Commander(tiny(2, **conv), str(tmp_path / "a"))
+    run(straight)
+    first = Commander(tiny(1, **conv), str(tmp_path / "b"))
+    run(first)
+    resumed = Commander(tiny(2, **conv), str(tmp_path / "b"), resume=True)
+    run(resumed)
+    same_weights(straight.trainer.weights, resumed.trainer.weights)
+    np.testing.assert_array_equal(straight.buffer.arrays()[0], resumed.buffer.arrays()[0])
+    assert ([r.arena_score for r in straight.history]
+            == [r.arena_score for r in resumed.history])
+    best = read_checkpoint(tmp_path / "b" / "best")
+    assert best.config.architecture == architecture and best.config.channels == 4
+    assert type(best.model()).__name__ == "PolicyValueConvNet"
+    with pytest.raises(ValueError, match="architecture"):  # a resume may not change it
+        Commander(tiny(3, **{**conv, "architecture": "mlp"}), str(tmp_path / "b"),
+                  resume=True)
+
+
+def test_a_run_saved_before_the_net_architectures_existed_resumes_as_an_mlp(run_copy):
+    state = json.loads((run_copy / "state.json").read_text())
+    for name in ("architecture", "channels", "blocks", "value_hidden"):
+        del state["config"][name]
+    (run_copy / "state.json").write_text(json.dumps(state))
+    resumed = Commander(tiny(2), str(run_copy), resume=True)
+    assert resumed.iteration == 1 and resumed.config.net.architecture == "mlp"
+    run(resumed)
+    assert resumed.iteration == 2
+
+
+@pytest.mark.parametrize("field,value", [("architecture", "transformer"),
+                                         ("channels", 0), ("blocks", -1),
+                                         ("value_hidden", 0)])
+def test_bad_net_parameters_are_refused_before_anything_runs(field, value):
+    with pytest.raises(ValueError, match=field):
+        tiny(**{"architecture": "residual", field: value})

@@ -365,3 +365,82 @@ def test_net_config_shapes():
     assert H.layer_shapes == [(81, 16), (16, 1)]
     assert isinstance(H.make_problem(), problems.SlidingPuzzle)
     assert H.make_problem().size == 3
+
+
+# -- convolutional nets ---------------------------------------------------------------------
+
+RESIDUAL = NetConfig("policy_value", "connect_four", architecture="residual", channels=8,
+                     blocks=1, value_hidden=16)
+
+
+@pytest.mark.parametrize("architecture", ["conv", "residual"])
+def test_a_convolutional_nets_loss_falls_well_below_its_start(architecture):
+    config = NetConfig("policy_value", "connect_four", architecture=architecture,
+                       channels=8, blocks=1, value_hidden=16)
+    buf = game_buffer()
+    data = buf.arrays()
+    trainer = Trainer(config, batch_size=32, learning_rate=3e-3, seed=0)
+    first = trainer.loss(data)
+    trainer.train_steps(buf, 200)
+    last = trainer.loss(data)
+    assert last.total < 0.6 * first.total
+    assert last.policy < first.policy and last.value < first.value
+
+
+def test_a_convolutional_trainers_model_is_the_numpy_net_of_its_weights():
+    trainer = Trainer(RESIDUAL, batch_size=16, seed=1)
+    trainer.train_steps(game_buffer(), 20)
+    model = trainer.model()
+    assert isinstance(model, problems.PolicyValueConvNet)
+    x = positions(20, 5)
+    for got, want in zip(model(x), to_model(RESIDUAL, trainer.weights)(x)):
+        assert got.tobytes() == want.tobytes()
+    again = Trainer(RESIDUAL, weights=weights_of(model))
+    for name, w in trainer.weights.items():
+        assert again.weights[name].tobytes() == w.tobytes()
+
+
+def test_a_convolutional_nets_l2_term_covers_its_kernels_only():
+    trainer = Trainer(RESIDUAL, l2=1e-3, seed=2)
+    weights = trainer.weights
+    want = 1e-3 * sum(float(np.square(w.astype(np.float64)).sum())
+                      for name, w in weights.items() if name.endswith(".weight"))
+    rng = np.random.default_rng(0)
+    terms = trainer.loss(Minibatch(positions(4), rng.dirichlet(np.ones(7), 4),
+                                   np.zeros(4, np.float32)))
+    assert terms.l2 == pytest.approx(want, rel=1e-5)
+
+
+def test_a_convolutional_trainer_refuses_an_mlps_weights():
+    with pytest.raises(ValueError, match="named arrays"):
+        Trainer(RESIDUAL, weights=initial_weights(PV, 0))
+
+
+def test_net_configs_of_every_architecture_round_trip_through_json():
+    for config in (PV, H, RESIDUAL, NetConfig("policy_value", "connect_four",
+                                              architecture="conv", blocks=0)):
+        assert NetConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    assert "architecture" not in PV.to_json()  # an MLP's JSON is as it was
+    assert RESIDUAL.describe() == "residual 8x1" and PV.describe() == "mlp 16"
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(architecture="transformer"), "architecture"),
+    (dict(architecture="residual", channels=0), "channels"),
+    (dict(architecture="conv", blocks=-1), "blocks"),
+    (dict(architecture="conv", value_hidden=1.5), "value_hidden"),
+])
+def test_bad_net_configs_are_refused(changes, match):
+    with pytest.raises(ValueError, match=match):
+        NetConfig("policy_value", "connect_four", **changes)
+
+
+def test_a_convolutional_heuristic_is_refused():
+    with pytest.raises(ValueError, match="mlp"):
+        NetConfig("heuristic", "sliding_puzzle", architecture="residual")
+
+
+def test_the_config_of_a_convolutional_model_is_read_from_it():
+    from async_search.problems.nets import config_of
+    model = to_model(RESIDUAL, initial_weights(RESIDUAL, 0))
+    assert config_of(model) == RESIDUAL

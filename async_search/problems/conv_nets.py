@@ -1,0 +1,210 @@
+"""A small convolutional policy-value net for board games, trainable by the project's
+trainer and served in NumPy with rows exact whatever the batch.
+
+The net (``PolicyValueConvNet``): a 3x3 convolution stem, ``blocks`` blocks of two 3x3
+convolutions (residual blocks, ``h = relu(h + conv(relu(conv(h))))``, or plain ones,
+``h = relu(conv(relu(conv(h))))``), a policy head (1x1 convolution to 2 planes, dense to
+the logits) and a value head (1x1 convolution to 1 plane, dense ``value_hidden``, dense
+to one value), ReLU, biases and no batch norm. AlphaZero's shape, small enough to train
+on two cores in half an hour.
+
+Its rows are exact as ``models.MLP``'s are: weights on multiples of ``WEIGHT_QUANTUM``
+and activations on the grid of ``GRID_SCALE`` within ``GRID_BOUND``, in float64, where
+every product and partial sum is exact. So a row's outputs are bitwise the same whatever
+its batch-mates, and self-play is a deterministic function of the seed, as with the MLP.
+The value is the last output clipped to [-1, 1], as ``PolicyValueMLP``'s (a piecewise-
+linear squashing keeps rows exact; the trainer fits the raw output).
+
+Weights are a dict of float32 arrays named and laid out as a PyTorch ``state_dict``
+(convolutions ``[out, in, kh, kw]``, dense layers ``[out, in]``).
+
+Example:
+    >>> from async_search.problems import ConnectFour
+    >>> game = ConnectFour()
+    >>> net = PolicyValueConvNet(game, channels=8, blocks=1, seed=0)
+    >>> logits, value = net(game.encode([game.initial_state()]))
+    >>> logits.shape, value.shape
+    ((1, 7), (1, 1))
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import numpy as np
+
+from async_search.base import TensorSpec
+from async_search.checks import check_int
+from async_search.models.numpy_models import GRID_BOUND, GRID_SCALE, WEIGHT_QUANTUM
+from async_search.problems.base import Game
+
+
+#: name -> float32 array, laid out as a PyTorch ``state_dict``.
+ConvWeights = Dict[str, np.ndarray]
+
+
+def conv_weight_shapes(planes: int, rows: int, columns: int, num_actions: int, *,
+                       channels: int, blocks: int, value_hidden: int
+                       ) -> Dict[str, Tuple[int, ...]]:
+    """The name and shape of every weight of a ``PolicyValueConvNet``, in order."""
+    cells = rows * columns
+    shapes: Dict[str, Tuple[int, ...]] = {
+        "stem.weight": (channels, planes, 3, 3), "stem.bias": (channels,)}
+    for b in range(blocks):
+        for i in (1, 2):
+            shapes[f"blocks.{b}.conv{i}.weight"] = (channels, channels, 3, 3)
+            shapes[f"blocks.{b}.conv{i}.bias"] = (channels,)
+    shapes.update({
+        "policy.conv.weight": (2, channels, 1, 1), "policy.conv.bias": (2,),
+        "policy.fc.weight": (num_actions, 2 * cells), "policy.fc.bias": (num_actions,),
+        "value.conv.weight": (1, channels, 1, 1), "value.conv.bias": (1,),
+        "value.fc1.weight": (value_hidden, cells), "value.fc1.bias": (value_hidden,),
+        "value.fc2.weight": (1, value_hidden), "value.fc2.bias": (1,)})
+    return shapes
+
+
+def initial_conv_weights(shapes: Dict[str, Tuple[int, ...]], seed: int, *,
+                         residual: bool = True) -> ConvWeights:
+    """He-normal kernels and zero biases, seeded (float32). In a residual net the second
+    convolution of each block starts at a tenth of its scale, so that the sum of the
+    blocks does not grow with their number; a plain net keeps the full scale, so that
+    its signal does not shrink block by block."""
+    rng = np.random.default_rng(seed)
+    weights: ConvWeights = {}
+    for name, shape in shapes.items():
+        if name.endswith(".bias"):
+            weights[name] = np.zeros(shape, np.float32)
+            continue
+        fan_in = int(np.prod(shape[1:]))
+        gain = 1.0 if name in ("policy.fc.weight", "value.fc2.weight") else 2.0
+        scale = 0.1 if residual and name.endswith("conv2.weight") else 1.0
+        weights[name] = (rng.standard_normal(shape) * scale * np.sqrt(gain / fan_in)
+                         ).astype(np.float32)
+    return weights
+
+
+def _on_grid(x: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(x * GRID_SCALE), -GRID_BOUND * GRID_SCALE,
+                   GRID_BOUND * GRID_SCALE) / GRID_SCALE
+
+
+def _quantized(w: np.ndarray) -> np.ndarray:
+    return np.round(np.asarray(w, np.float64) / WEIGHT_QUANTUM) * WEIGHT_QUANTUM
+
+
+class PolicyValueConvNet:
+    """A convolutional (residual or plain) policy-value net for a board game, in NumPy,
+    with rows exact whatever the batch.
+
+    Args:
+        game: gives the input planes (``game.input_spec.shape`` is ``(planes, rows,
+            columns)``) and ``game.num_actions``.
+        channels: the width of the stem and of every block.
+        blocks: blocks of two 3x3 convolutions (0: the stem and the heads only).
+        value_hidden: the hidden width of the value head.
+        residual: residual blocks (True) or plain ones.
+        seed: seeds the weights (``initial_conv_weights``).
+
+    Raises:
+        ValueError: a size below 1 (blocks below 0), or a game whose input is not planes.
+
+    Example:
+        >>> from async_search.problems import ConnectFour
+        >>> net = PolicyValueConvNet(ConnectFour(), channels=8, blocks=1)
+        >>> net.weights["stem.weight"].shape
+        (8, 2, 3, 3)
+    """
+
+    def __init__(self, game: Game, *, channels: int = 32, blocks: int = 1,
+                 value_hidden: int = 64, residual: bool = True, seed: int = 0):
+        shape = tuple(game.input_spec.shape)
+        if len(shape) != 3:
+            raise ValueError(f"PolicyValueConvNet takes a game encoded as planes "
+                             f"[planes, rows, columns], got input shape {shape}")
+        self.channels = check_int("channels", channels, minimum=1)
+        self.blocks = check_int("blocks", blocks, minimum=0)
+        self.value_hidden = check_int("value_hidden", value_hidden, minimum=1)
+        self.residual = bool(residual)
+        self.num_actions = check_int("num_actions", game.num_actions, minimum=1)
+        self.input_spec = TensorSpec(shape, np.float32)
+        self.planes, self.rows, self.columns = shape
+        self.shapes = conv_weight_shapes(*shape, self.num_actions, channels=channels,
+                                         blocks=blocks, value_hidden=value_hidden)
+        self._set(initial_conv_weights(self.shapes, check_int("seed", seed, minimum=0),
+                                       residual=self.residual))
+
+    def _set(self, weights: ConvWeights) -> None:
+        self.weights = {name: np.asarray(weights[name], np.float32) for name in self.shapes}
+        q = {name: _quantized(w) for name, w in self.weights.items()}
+        # 3x3 kernels as 9 taps of [in, out] matrices; 1x1 and dense ones as [in, out].
+        self._taps: Dict[str, np.ndarray] = {}
+        self._mats: Dict[str, np.ndarray] = {}
+        for name, w in q.items():
+            if not name.endswith(".weight"):
+                continue
+            layer = name[:-len(".weight")]
+            if w.ndim == 4 and w.shape[-1] == 3:
+                self._taps[layer] = np.ascontiguousarray(  # [9 * in, out], tap-major
+                    w.transpose(2, 3, 1, 0).reshape(-1, w.shape[0]))
+            else:
+                self._mats[layer] = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+        self._bias = {name[:-len(".bias")]: w for name, w in q.items()
+                      if name.endswith(".bias")}
+
+    def with_weights(self, weights: ConvWeights) -> "PolicyValueConvNet":
+        """A copy with other weights of the same names and shapes (trained ones); they
+        are rounded onto the exact grid when used, and kept as given in ``weights``.
+
+        Raises:
+            ValueError: a missing or unexpected name, or a shape that does not fit.
+        """
+        given = dict(weights)
+        missing = [n for n in self.shapes if n not in given]
+        unexpected = sorted(set(given) - set(self.shapes))
+        if missing or unexpected:
+            raise ValueError(f"PolicyValueConvNet.with_weights: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        for name, shape in self.shapes.items():
+            if np.shape(given[name]) != shape:
+                raise ValueError(f"PolicyValueConvNet.with_weights: {name!r} has shape "
+                                 f"{np.shape(given[name])}, the net's has {shape}")
+        copy = object.__new__(PolicyValueConvNet)
+        copy.__dict__.update(self.__dict__)
+        copy._set(given)
+        return copy
+
+    # -- the forward pass: every intermediate on the grid ---------------------------------
+
+    def _conv3(self, h: np.ndarray, layer: str) -> np.ndarray:
+        """A 'same' 3x3 convolution of ``h [n, rows, columns, in]`` plus bias, on the
+        grid: the nine shifted windows side by side, times the taps, in one matrix
+        product (every product and partial sum exact)."""
+        n, rows, columns, channels = h.shape
+        padded = np.zeros((n, rows + 2, columns + 2, channels))
+        padded[:, 1:-1, 1:-1] = h
+        windows = np.empty((n, rows, columns, 9, channels))
+        for k in range(9):
+            i, j = divmod(k, 3)
+            windows[:, :, :, k] = padded[:, i:i + rows, j:j + columns]
+        out = windows.reshape(n * rows * columns, 9 * channels) @ self._taps[layer]
+        out += self._bias[layer]
+        return _on_grid(out.reshape(n, rows, columns, -1))
+
+    def _head_planes(self, h: np.ndarray, layer: str) -> np.ndarray:
+        """A 1x1 convolution and ReLU, flattened channels first (PyTorch's order)."""
+        planes = _on_grid(np.maximum(h @ self._mats[layer] + self._bias[layer], 0.0))
+        return planes.transpose(0, 3, 1, 2).reshape(len(h), -1)
+
+    def __call__(self, batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        x = np.asarray(batch, np.float64).reshape(len(batch), *self.input_spec.shape)
+        h = np.maximum(self._conv3(_on_grid(x.transpose(0, 2, 3, 1)), "stem"), 0.0)
+        for b in range(self.blocks):
+            y = np.maximum(self._conv3(h, f"blocks.{b}.conv1"), 0.0)
+            y = self._conv3(y, f"blocks.{b}.conv2")
+            h = _on_grid(np.maximum(h + y if self.residual else y, 0.0))
+        p = self._head_planes(h, "policy.conv")
+        logits = p @ self._mats["policy.fc"] + self._bias["policy.fc"]
+        v = self._head_planes(h, "value.conv")
+        v = _on_grid(np.maximum(v @ self._mats["value.fc1"] + self._bias["value.fc1"], 0.0))
+        value = v @ self._mats["value.fc2"] + self._bias["value.fc2"]
+        return logits.astype(np.float32), np.clip(value, -1.0, 1.0).astype(np.float32)

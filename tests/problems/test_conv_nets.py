@@ -1,0 +1,144 @@
+"""The convolutional policy-value net in NumPy: exact rows, its weights, its errors."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from async_search import problems
+from async_search.problems.conv_nets import (PolicyValueConvNet, conv_weight_shapes,
+                                             initial_conv_weights)
+from async_search.problems.residual_nets import _conv2d
+
+GAME = problems.ConnectFour()
+
+
+def boards(count, seed=0):
+    """Encoded positions of random games (terminal ones included)."""
+    rng = np.random.default_rng(seed)
+    states = []
+    for _ in range(count):
+        state = GAME.initial_state()
+        for _ in range(int(rng.integers(0, 35))):
+            legal = GAME.legal_actions(state)
+            if not legal:
+                break
+            state = GAME.play(state, legal[int(rng.integers(len(legal)))])
+        states.append(state)
+    return GAME.encode(states)
+
+
+def big_weights(net, seed, scale=3.0):
+    """Weights large enough that activations leave the grid's small values."""
+    rng = np.random.default_rng(seed)
+    return {name: (w + rng.standard_normal(w.shape) * 0.1) * scale
+            for name, w in net.weights.items()}
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), residual=st.booleans(), blocks=st.integers(0, 2),
+       split=st.integers(1, 40))
+def test_a_rows_outputs_do_not_depend_on_its_batch_mates(seed, residual, blocks, split):
+    net = PolicyValueConvNet(GAME, channels=6, blocks=blocks, value_hidden=8,
+                             residual=residual, seed=seed)
+    net = net.with_weights(big_weights(net, seed))
+    x = boards(41, seed)
+    logits, value = net(x)
+    for part in (slice(0, split), slice(split, 41), slice(split, split + 1)):
+        part_logits, part_value = net(x[part])
+        assert np.array_equal(part_logits, logits[part])
+        assert np.array_equal(part_value, value[part])
+
+
+def reference(net, x):
+    """The same net in float64 without the grid: convolutions by NumPy's einsum."""
+    w = {name: v.astype(np.float64) for name, v in net.weights.items()}
+
+    def conv(h, name):
+        return _conv2d(h, w[f"{name}.weight"]) + w[f"{name}.bias"][None, :, None, None]
+
+    def dense(h, name):
+        return h @ w[f"{name}.weight"].T + w[f"{name}.bias"]
+
+    h = np.maximum(conv(x.astype(np.float64), "stem"), 0)
+    for b in range(net.blocks):
+        y = np.maximum(conv(h, f"blocks.{b}.conv1"), 0)
+        y = conv(y, f"blocks.{b}.conv2")
+        h = np.maximum(h + y if net.residual else y, 0)
+    p = np.maximum(conv(h, "policy.conv"), 0).reshape(len(x), -1)
+    v = np.maximum(conv(h, "value.conv"), 0).reshape(len(x), -1)
+    v = np.maximum(dense(v, "value.fc1"), 0)
+    return dense(p, "policy.fc"), np.clip(dense(v, "value.fc2"), -1, 1)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_outputs_equal_the_unrounded_net_within_the_grids_rounding(residual):
+    net = PolicyValueConvNet(GAME, channels=8, blocks=2, value_hidden=16,
+                             residual=residual, seed=3)
+    x = boards(30, 3)
+    logits, value = net(x)
+    want_logits, want_value = reference(net, x)
+    assert logits.dtype == value.dtype == np.float32
+    assert logits.shape == (30, 7) and value.shape == (30, 1)
+    assert np.abs(logits - want_logits).max() < 0.05
+    assert np.abs(value - want_value).max() < 0.05
+    assert np.abs(logits).max() > 0.1  # not a vacuous comparison of zeros
+
+
+def test_residual_and_plain_blocks_compute_different_nets():
+    plain = PolicyValueConvNet(GAME, channels=8, blocks=1, residual=False, seed=1)
+    residual = PolicyValueConvNet(GAME, channels=8, blocks=1, residual=True, seed=1)
+    x = boards(10, 1)
+    assert not np.array_equal(plain(x)[0], residual(x)[0])
+
+
+def test_the_value_is_clipped_to_minus_one_one():
+    net = PolicyValueConvNet(GAME, channels=4, blocks=0, seed=0)
+    weights = dict(net.weights)
+    weights["value.fc2.bias"] = np.array([5.0], np.float32)
+    assert (net.with_weights(weights)(boards(5))[1] == 1.0).all()
+
+
+def test_weights_are_seeded_named_and_shaped_as_a_state_dict():
+    shapes = conv_weight_shapes(2, 6, 7, 7, channels=8, blocks=1, value_hidden=16)
+    assert shapes["stem.weight"] == (8, 2, 3, 3)
+    assert shapes["blocks.0.conv2.weight"] == (8, 8, 3, 3)
+    assert shapes["policy.fc.weight"] == (7, 84)
+    assert shapes["value.fc1.weight"] == (16, 42)
+    a, b = initial_conv_weights(shapes, 5), initial_conv_weights(shapes, 5)
+    assert all(np.array_equal(a[n], b[n]) for n in shapes)
+    assert not np.array_equal(a["stem.weight"], initial_conv_weights(shapes, 6)["stem.weight"])
+    assert all(a[n].dtype == np.float32 and a[n].shape == s for n, s in shapes.items())
+    assert not a["stem.bias"].any()
+    plain = initial_conv_weights(shapes, 5, residual=False)
+    assert np.allclose(plain["blocks.0.conv2.weight"], a["blocks.0.conv2.weight"] * 10)
+    assert np.array_equal(plain["blocks.0.conv1.weight"], a["blocks.0.conv1.weight"])
+
+
+def test_with_weights_keeps_the_given_weights_and_leaves_the_original_alone():
+    net = PolicyValueConvNet(GAME, channels=4, blocks=1, seed=0)
+    before = net(boards(4))[0]
+    other = net.with_weights(big_weights(net, 1))
+    assert np.array_equal(net(boards(4))[0], before)
+    assert not np.array_equal(other(boards(4))[0], before)
+    assert np.array_equal(other.weights["stem.weight"],
+                          big_weights(net, 1)["stem.weight"].astype(np.float32))
+
+
+def test_with_weights_refuses_missing_unexpected_and_misshapen_arrays():
+    net = PolicyValueConvNet(GAME, channels=4, blocks=1, seed=0)
+    weights = dict(net.weights)
+    with pytest.raises(ValueError, match="missing.*stem.bias"):
+        net.with_weights({k: v for k, v in weights.items() if k != "stem.bias"})
+    with pytest.raises(ValueError, match="unexpected.*extra"):
+        net.with_weights({**weights, "extra": np.zeros(1)})
+    with pytest.raises(ValueError, match="'stem.weight' has shape"):
+        net.with_weights({**weights, "stem.weight": np.zeros((4, 2, 1, 1))})
+
+
+def test_bad_sizes_and_inputs_that_are_not_planes_are_refused():
+    with pytest.raises(ValueError, match="channels"):
+        PolicyValueConvNet(GAME, channels=0)
+    with pytest.raises(ValueError, match="blocks"):
+        PolicyValueConvNet(GAME, blocks=-1)
+    with pytest.raises(ValueError, match="planes"):
+        PolicyValueConvNet(problems.SlidingPuzzle(3))
