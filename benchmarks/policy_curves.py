@@ -60,6 +60,22 @@ def curves(run: Dict[str, Any], window: int) -> Dict[str, List[float]]:
     return out
 
 
+def net_of(config: Dict[str, Any]) -> str:
+    """The run's net in short (``mlp 256x256``, ``residual 16x2``); runs saved before
+    the architectures existed trained MLPs."""
+    architecture = config.get("architecture", "mlp")
+    if architecture == "mlp":
+        return "mlp " + "x".join(str(h) for h in config.get("hidden_sizes", []))
+    return f"{architecture} {config.get('channels')}x{config.get('blocks')}"
+
+
+def run_label(name: str, run: Dict[str, Any]) -> str:
+    """``name (net, N simulations)``; the net left out when the name is the net."""
+    net = net_of(run["config"])
+    simulations = run["config"]["selfplay"]["simulations"]
+    return f"{name} ({'' if net == name else net + ', '}{simulations} simulations)"
+
+
 def at_minutes(curve: Dict[str, List[float]], minutes: float) -> Dict[str, Any]:
     """Each figure at the last iteration that ended by ``minutes``."""
     done = [i for i, m in enumerate(curve["minutes"]) if m <= minutes + 1e-9]
@@ -169,6 +185,7 @@ def main() -> None:
         "runs": {name: {"command": run.get("command"),
                         "policy": run["config"]["selfplay"].get("policy", "puct"),
                         "simulations": run["config"]["selfplay"]["simulations"],
+                        "net": net_of(run["config"]),
                         "iterations": len(run["iterations"]),
                         "training_min": round(named[name]["minutes"][-1], 2),
                         "final_evaluation": run.get("final_evaluation", {}).get("trained"),
@@ -182,8 +199,7 @@ def main() -> None:
     finals = {name: run.get("final_evaluation", {}).get("trained")
               for name, run in runs.items()}
     plot(named, finals, png, "Connect Four AlphaZero runs against wall time (2 cores): "
-         + ", ".join(f"{n} ({r['config']['selfplay']['simulations']} simulations)"
-                     for n, r in runs.items()), args.window)
+         + ", ".join(run_label(n, r) for n, r in runs.items()), args.window)
     report["png"] = png
     json.dump({k: v for k, v in report.items()}, sys.stdout, indent=1)
     print()

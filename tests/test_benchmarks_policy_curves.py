@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmarks.policy_curves import ROOT, at_minutes, curves
+from benchmarks.policy_curves import ROOT, at_minutes, curves, net_of, run_label
 
 
 def run_json(policy: str, iteration_s, uct300, elo=None) -> dict:
@@ -19,7 +19,8 @@ def run_json(policy: str, iteration_s, uct300, elo=None) -> dict:
                           "mcts_middle": 0.8}}
             for i, (s, u) in enumerate(zip(iteration_s, uct300))]
     return {"command": f"python main.py --train connect_four --policy {policy}",
-            "config": {"eval_games": 20, "selfplay": {"policy": policy, "simulations": 16}},
+            "config": {"eval_games": 20, "hidden_sizes": [64],
+                       "selfplay": {"policy": policy, "simulations": 16}},
             "iterations": rows,
             "final_evaluation": {"trained": {"mcts_vs_uct300": {"score": 0.5}}}}
 
@@ -44,6 +45,15 @@ def test_at_minutes_takes_the_last_iteration_ended_by_then():
     assert at_minutes(c, 0.5)["iteration"] == 1  # none ended yet: the first
 
 
+def test_a_runs_net_is_named_from_its_config_and_older_runs_are_mlps():
+    assert net_of({"hidden_sizes": [256, 256]}) == "mlp 256x256"
+    assert net_of({"hidden_sizes": [256, 256], "architecture": "residual", "channels": 16,
+                   "blocks": 2}) == "residual 16x2"
+    run = run_json("puct", [60], [0.5])
+    assert run_label("puct", run) == "puct (mlp 64, 16 simulations)"
+    assert run_label("mlp 64", run) == "mlp 64 (16 simulations)"
+
+
 def test_the_script_writes_json_and_figure_at_equal_time(tmp_path):
     for name, seconds in (("puct", [60, 60, 60]), ("gumbel", [90, 90, 90])):
         (tmp_path / f"{name}.json").write_text(json.dumps(
@@ -58,6 +68,7 @@ def test_the_script_writes_json_and_figure_at_equal_time(tmp_path):
     assert report["equal_time_min"] == 3.0
     assert report["runs"]["gumbel"]["at_equal_time"]["iteration"] == 2
     assert report["runs"]["puct"]["at_equal_time"]["iteration"] == 3
+    assert report["runs"]["puct"]["net"] == "mlp 64"
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 

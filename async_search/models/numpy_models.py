@@ -50,9 +50,15 @@ GRID_BOUND = 256.0
 WEIGHT_QUANTUM = 2.0 ** -10
 
 
-def _on_grid(x: np.ndarray) -> np.ndarray:
+def on_grid(x: np.ndarray) -> np.ndarray:
+    """Activations (float64) rounded onto the grid and clipped to its bound."""
     return np.clip(np.round(x * GRID_SCALE), -GRID_BOUND * GRID_SCALE,
                    GRID_BOUND * GRID_SCALE) / GRID_SCALE
+
+
+def on_weight_grid(w: np.ndarray) -> np.ndarray:
+    """Weights as float64 multiples of ``WEIGHT_QUANTUM``."""
+    return np.round(np.asarray(w, np.float64) / WEIGHT_QUANTUM) * WEIGHT_QUANTUM
 
 
 class MLP:
@@ -100,19 +106,16 @@ class MLP:
                 for (w, b), (w0, b0) in zip(weights, self.weights)):
             raise ValueError("with_weights needs (w, b) layers shaped like the model's: "
                              f"{[(w.shape, b.shape) for w, b in self.weights]}")
-        quantum = WEIGHT_QUANTUM
         copy = object.__new__(MLP)
         copy.__dict__.update(self.__dict__)
-        copy.weights = [(np.round(np.asarray(w, np.float64) / quantum) * quantum,
-                         np.round(np.asarray(b, np.float64) / quantum) * quantum)
-                        for w, b in weights]
+        copy.weights = [(on_weight_grid(w), on_weight_grid(b)) for w, b in weights]
         return copy
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        h = _on_grid(np.asarray(batch, np.float64).reshape(len(batch), self._in_features))
+        h = on_grid(np.asarray(batch, np.float64).reshape(len(batch), self._in_features))
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(self.weights):
             h = h @ w + b
             if i < last:
-                h = _on_grid(np.maximum(h, 0.0))
+                h = on_grid(np.maximum(h, 0.0))
         return h.astype(self.output_spec.dtype)

@@ -9,7 +9,8 @@ to one value), ReLU, biases and no batch norm. AlphaZero's shape, small enough t
 on two cores in half an hour.
 
 Its rows are exact as ``models.MLP``'s are: weights on multiples of ``WEIGHT_QUANTUM``
-and activations on the grid of ``GRID_SCALE`` within ``GRID_BOUND``, in float64, where
+and activations on the grid of ``GRID_SCALE`` within ``GRID_BOUND`` (constants of
+``models.numpy_models``), in float64, where
 every product and partial sum is exact. So a row's outputs are bitwise the same whatever
 its batch-mates, and self-play is a deterministic function of the seed, as with the MLP.
 The value is the last output clipped to [-1, 1], as ``PolicyValueMLP``'s (a piecewise-
@@ -35,7 +36,7 @@ import numpy as np
 
 from async_search.base import TensorSpec
 from async_search.checks import check_int
-from async_search.models.numpy_models import GRID_BOUND, GRID_SCALE, WEIGHT_QUANTUM
+from async_search.models.numpy_models import on_grid, on_weight_grid
 from async_search.problems.base import Game
 
 
@@ -83,15 +84,6 @@ def initial_conv_weights(shapes: Dict[str, Tuple[int, ...]], seed: int, *,
     return weights
 
 
-def _on_grid(x: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(x * GRID_SCALE), -GRID_BOUND * GRID_SCALE,
-                   GRID_BOUND * GRID_SCALE) / GRID_SCALE
-
-
-def _quantized(w: np.ndarray) -> np.ndarray:
-    return np.round(np.asarray(w, np.float64) / WEIGHT_QUANTUM) * WEIGHT_QUANTUM
-
-
 class PolicyValueConvNet:
     """A convolutional (residual or plain) policy-value net for a board game, in NumPy,
     with rows exact whatever the batch.
@@ -115,7 +107,7 @@ class PolicyValueConvNet:
         (8, 2, 3, 3)
     """
 
-    def __init__(self, game: Game, *, channels: int = 32, blocks: int = 1,
+    def __init__(self, game: Game, *, channels: int = 16, blocks: int = 2,
                  value_hidden: int = 64, residual: bool = True, seed: int = 0):
         shape = tuple(game.input_spec.shape)
         if len(shape) != 3:
@@ -135,8 +127,8 @@ class PolicyValueConvNet:
 
     def _set(self, weights: ConvWeights) -> None:
         self.weights = {name: np.asarray(weights[name], np.float32) for name in self.shapes}
-        q = {name: _quantized(w) for name, w in self.weights.items()}
-        # 3x3 kernels as 9 taps of [in, out] matrices; 1x1 and dense ones as [in, out].
+        q = {name: on_weight_grid(w) for name, w in self.weights.items()}
+        # 3x3 kernels as [9 * in, out] (the taps stacked); 1x1 and dense ones as [in, out].
         self._taps: Dict[str, np.ndarray] = {}
         self._mats: Dict[str, np.ndarray] = {}
         for name, w in q.items():
@@ -186,25 +178,29 @@ class PolicyValueConvNet:
         for k in range(9):
             i, j = divmod(k, 3)
             windows[:, :, :, k] = padded[:, i:i + rows, j:j + columns]
-        out = windows.reshape(n * rows * columns, 9 * channels) @ self._taps[layer]
+        taps = self._taps[layer]
+        out = windows.reshape(n * rows * columns, 9 * channels) @ taps
         out += self._bias[layer]
-        return _on_grid(out.reshape(n, rows, columns, -1))
+        return on_grid(out.reshape(n, rows, columns, taps.shape[1]))
 
     def _head_planes(self, h: np.ndarray, layer: str) -> np.ndarray:
         """A 1x1 convolution and ReLU, flattened channels first (PyTorch's order)."""
-        planes = _on_grid(np.maximum(h @ self._mats[layer] + self._bias[layer], 0.0))
-        return planes.transpose(0, 3, 1, 2).reshape(len(h), -1)
+        n, rows, columns, channels = h.shape
+        mat = self._mats[layer]
+        planes = h.reshape(n * rows * columns, channels) @ mat + self._bias[layer]
+        planes = on_grid(np.maximum(planes, 0.0)).reshape(n, rows, columns, mat.shape[1])
+        return planes.transpose(0, 3, 1, 2).reshape(n, mat.shape[1] * rows * columns)
 
     def __call__(self, batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         x = np.asarray(batch, np.float64).reshape(len(batch), *self.input_spec.shape)
-        h = np.maximum(self._conv3(_on_grid(x.transpose(0, 2, 3, 1)), "stem"), 0.0)
+        h = np.maximum(self._conv3(on_grid(x.transpose(0, 2, 3, 1)), "stem"), 0.0)
         for b in range(self.blocks):
             y = np.maximum(self._conv3(h, f"blocks.{b}.conv1"), 0.0)
             y = self._conv3(y, f"blocks.{b}.conv2")
-            h = _on_grid(np.maximum(h + y if self.residual else y, 0.0))
+            h = on_grid(np.maximum(h + y if self.residual else y, 0.0))
         p = self._head_planes(h, "policy.conv")
         logits = p @ self._mats["policy.fc"] + self._bias["policy.fc"]
         v = self._head_planes(h, "value.conv")
-        v = _on_grid(np.maximum(v @ self._mats["value.fc1"] + self._bias["value.fc1"], 0.0))
+        v = on_grid(np.maximum(v @ self._mats["value.fc1"] + self._bias["value.fc1"], 0.0))
         value = v @ self._mats["value.fc2"] + self._bias["value.fc2"]
         return logits.astype(np.float32), np.clip(value, -1.0, 1.0).astype(np.float32)

@@ -84,6 +84,12 @@ def test_outputs_equal_the_unrounded_net_within_the_grids_rounding(residual):
     assert np.abs(logits).max() > 0.1  # not a vacuous comparison of zeros
 
 
+def test_an_empty_batch_gives_empty_outputs():
+    logits, value = PolicyValueConvNet(GAME, channels=4, blocks=1)(boards(0))
+    assert logits.shape == (0, 7) and value.shape == (0, 1)
+    assert logits.dtype == value.dtype == np.float32
+
+
 def test_residual_and_plain_blocks_compute_different_nets():
     plain = PolicyValueConvNet(GAME, channels=8, blocks=1, residual=False, seed=1)
     residual = PolicyValueConvNet(GAME, channels=8, blocks=1, residual=True, seed=1)
