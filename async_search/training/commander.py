@@ -175,7 +175,7 @@ class CommanderConfig:
         if self.selfplay.seed != self.seed:
             object.__setattr__(self, "selfplay",
                                dataclasses.replace(self.selfplay, seed=self.seed))
-        self.net  # checks the net's fields (NetConfig's ValueError)
+        _ = self.net  # NetConfig checks the net's fields (ValueError)
 
     @property
     def net(self) -> NetConfig:
