@@ -126,3 +126,16 @@ class Game(Protocol):
 
     def encode(self, states: Sequence[State]) -> np.ndarray:
         """The network input for ``states``: ``[len(states), *input_spec.shape]``."""
+
+
+def board_planes(game: Game, owner: str) -> Tuple[int, int, int]:
+    """``(planes, rows, columns)``: the input of a game encoded as planes.
+
+    Raises:
+        ValueError: naming ``owner`` (the net that needs planes), for any other input.
+    """
+    shape = tuple(game.input_spec.shape)
+    if len(shape) != 3:
+        raise ValueError(f"{owner} takes a game encoded as planes [planes, rows, "
+                         f"columns], got input shape {shape}")
+    return shape

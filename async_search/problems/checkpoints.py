@@ -87,13 +87,12 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
     config = config_of(None if bare else model, config)
     weights = model if bare else weights_of(model)
     check_weights(config, weights)
-    buffer = io.BytesIO()
-    arrays = {}
-    if config.convolutional:
+    if config.convolutional:  # by name; an MLP's layers as w0, b0, w1, ...
         arrays = {name: np.asarray(weights[name]) for name in config.conv_shapes}
     else:
-        for i, (w, b) in enumerate(weights):
-            arrays[f"w{i}"], arrays[f"b{i}"] = np.asarray(w), np.asarray(b)
+        arrays = {f"{kind}{i}": np.asarray(a) for i, layer in enumerate(weights)
+                  for kind, a in zip("wb", layer)}
+    buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
     digest = hashlib.sha256(data).hexdigest()

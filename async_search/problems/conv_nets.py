@@ -37,7 +37,8 @@ import numpy as np
 from async_search.base import TensorSpec
 from async_search.checks import check_int
 from async_search.models.numpy_models import on_grid, on_weight_grid
-from async_search.problems.base import Game
+from async_search.problems.base import Game, board_planes
+from async_search.problems.residual_nets import with_named_weights
 
 
 #: name -> float32 array, laid out as a PyTorch ``state_dict``.
@@ -109,10 +110,7 @@ class PolicyValueConvNet:
 
     def __init__(self, game: Game, *, channels: int = 16, blocks: int = 2,
                  value_hidden: int = 64, residual: bool = True, seed: int = 0):
-        shape = tuple(game.input_spec.shape)
-        if len(shape) != 3:
-            raise ValueError(f"PolicyValueConvNet takes a game encoded as planes "
-                             f"[planes, rows, columns], got input shape {shape}")
+        shape = board_planes(game, "PolicyValueConvNet")
         self.channels = check_int("channels", channels, minimum=1)
         self.blocks = check_int("blocks", blocks, minimum=0)
         self.value_hidden = check_int("value_hidden", value_hidden, minimum=1)
@@ -145,24 +143,13 @@ class PolicyValueConvNet:
 
     def with_weights(self, weights: ConvWeights) -> "PolicyValueConvNet":
         """A copy with other weights of the same names and shapes (trained ones); they
-        are rounded onto the exact grid when used, and kept as given in ``weights``.
+        are rounded onto the exact grid when used, and kept as float32 in ``weights``.
 
         Raises:
             ValueError: a missing or unexpected name, or a shape that does not fit.
         """
-        given = dict(weights)
-        missing = [n for n in self.shapes if n not in given]
-        unexpected = sorted(set(given) - set(self.shapes))
-        if missing or unexpected:
-            raise ValueError(f"PolicyValueConvNet.with_weights: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
-        for name, shape in self.shapes.items():
-            if np.shape(given[name]) != shape:
-                raise ValueError(f"PolicyValueConvNet.with_weights: {name!r} has shape "
-                                 f"{np.shape(given[name])}, the net's has {shape}")
-        copy = object.__new__(PolicyValueConvNet)
-        copy.__dict__.update(self.__dict__)
-        copy._set(given)
+        copy = with_named_weights(self, weights)
+        copy._set(copy.weights)
         return copy
 
     # -- the forward pass: every intermediate on the grid ---------------------------------

@@ -47,7 +47,7 @@ import numpy as np
 
 from async_search.base import TensorSpec
 from async_search.checks import check_int
-from async_search.problems.base import Game, SearchProblem
+from async_search.problems.base import Game, SearchProblem, board_planes
 
 
 #: name -> float32 array, laid out as a PyTorch ``state_dict``.
@@ -84,10 +84,7 @@ class PolicyValueResNet:
 
     def __init__(self, game: Game, *, channels: int = 32, blocks: int = 2,
                  value_hidden: int = 64, seed: int = 0):
-        shape = tuple(game.input_spec.shape)
-        if len(shape) != 3:
-            raise ValueError(f"PolicyValueResNet takes a game encoded as planes "
-                             f"[planes, rows, columns], got input shape {shape}")
+        shape = board_planes(game, "PolicyValueResNet")
         self.channels = check_int("channels", channels, minimum=1)
         self.blocks = check_int("blocks", blocks, minimum=0)
         self.value_hidden = check_int("value_hidden", value_hidden, minimum=1)
@@ -120,7 +117,7 @@ class PolicyValueResNet:
     def with_weights(self, weights: ResNetWeights) -> "PolicyValueResNet":
         """A copy with other weights of the same names and shapes (trained ones, or
         another framework's, as a ``state_dict`` of arrays)."""
-        return _with_weights(self, weights)
+        return with_named_weights(self, weights)
 
     def __call__(self, batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         w = self.weights
@@ -190,7 +187,7 @@ class CostToGoResNet:
 
     def with_weights(self, weights: ResNetWeights) -> "CostToGoResNet":
         """A copy with other weights of the same names and shapes."""
-        return _with_weights(self, weights)
+        return with_named_weights(self, weights)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         w = self.weights
@@ -230,10 +227,13 @@ def _identity_batch_norm(weights: ResNetWeights, name: str, size: int) -> None:
         weights[f"{name}.{part}"] = np.full(size, value, np.float32)
 
 
-def _with_weights(net, weights: ResNetWeights):
+def with_named_weights(net, weights: ResNetWeights):
+    """A copy of ``net`` (a net whose ``weights`` are a dict of named arrays) with other
+    arrays of the same names and shapes, as float32; ValueError naming the first
+    missing, unexpected or misshapen one."""
     given = {name: np.asarray(value) for name, value in weights.items()}
     missing = sorted(set(net.weights) - set(given))
-    unexpected = sorted(set(given) - set(net.weights))
+    unexpected = sorted((str(name) for name in set(given) - set(net.weights)))
     if missing or unexpected:
         raise ValueError(f"{type(net).__name__}.with_weights: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")

@@ -125,7 +125,8 @@ class Trainer:
 
     def _targets(self, batch: Minibatch) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = len(batch.x)
-        x = (batch.x.astype(np.float32) if self.config.convolutional
+        # A convolutional net takes the planes as they are (no copy when float32).
+        x = (np.asarray(batch.x, np.float32) if self.config.convolutional
              else batch.x.reshape(n, -1))
         value = batch.value.astype(np.float32)
         if self._base is not None:

@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from async_search.problems import (ConnectFour, LearnedHeuristic, PolicyValueMLP,
-                                   SlidingPuzzle)
+from async_search.problems import LearnedHeuristic, PolicyValueMLP, SlidingPuzzle
 from async_search.problems.checkpoints import (FORMAT, CheckpointError, load_checkpoint,
                                                read_checkpoint, save_checkpoint)
 from async_search.problems.nets import NetConfig, initial_weights, to_model, weights_of
+from tests.game_positions import connect_four_positions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 POLICY_VALUE = NetConfig("policy_value", "connect_four", (16,))
@@ -31,21 +31,6 @@ def trained_looking_weights(config, seed):
     rng = np.random.default_rng(seed)
     return [(w, rng.normal(0, 0.1, b.shape).astype(np.float32))
             for w, b in initial_weights(config, seed)]
-
-
-def connect_four_positions(count, seed=0):
-    game = ConnectFour()
-    rng = np.random.default_rng(seed)
-    states = []
-    while len(states) < count:
-        state = game.initial_state()
-        for _ in range(int(rng.integers(0, 30))):
-            legal = game.legal_actions(state)
-            if not legal:
-                break
-            state = game.play(state, legal[int(rng.integers(len(legal)))])
-        states.append(state)
-    return game.encode(states)
 
 
 def puzzle_positions(count):

@@ -8,23 +8,14 @@ from async_search import problems
 from async_search.problems.conv_nets import (PolicyValueConvNet, conv_weight_shapes,
                                              initial_conv_weights)
 from async_search.problems.residual_nets import _conv2d
+from tests.game_positions import connect_four_positions
 
 GAME = problems.ConnectFour()
 
 
 def boards(count, seed=0):
-    """Encoded positions of random games (terminal ones included)."""
-    rng = np.random.default_rng(seed)
-    states = []
-    for _ in range(count):
-        state = GAME.initial_state()
-        for _ in range(int(rng.integers(0, 35))):
-            legal = GAME.legal_actions(state)
-            if not legal:
-                break
-            state = GAME.play(state, legal[int(rng.integers(len(legal)))])
-        states.append(state)
-    return GAME.encode(states)
+    """Encoded positions of random games, up to 35 moves (terminal ones included)."""
+    return connect_four_positions(count, seed, max_moves=35)
 
 
 def big_weights(net, seed, scale=3.0):

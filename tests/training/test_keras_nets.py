@@ -5,25 +5,12 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from async_search import problems  # noqa: E402
 from async_search.problems.nets import NetConfig, initial_weights, to_model  # noqa: E402
 from async_search.training.keras_nets import KerasNet  # noqa: E402
-
-GAME = problems.ConnectFour()
-
+from tests.game_positions import connect_four_positions  # noqa: E402
 
 def positions(count, seed=0):
-    rng = np.random.default_rng(seed)
-    states = []
-    for _ in range(count):
-        state = GAME.initial_state()
-        for _ in range(int(rng.integers(0, 35))):
-            legal = GAME.legal_actions(state)
-            if not legal:
-                break
-            state = GAME.play(state, legal[int(rng.integers(len(legal)))])
-        states.append(state)
-    return GAME.encode(states)
+    return connect_four_positions(count, seed, max_moves=35)
 
 
 def perturbed(config, seed):

@@ -13,6 +13,7 @@ from async_search.problems.nets import (NetConfig, initial_weights, to_model,  #
                                         weights_of)
 from async_search.training.replay import Minibatch, ReplayBuffer  # noqa: E402
 from async_search.training.trainer import LossTerms, Trainer  # noqa: E402
+from tests.game_positions import connect_four_positions  # noqa: E402
 
 GAME = problems.ConnectFour()
 PUZZLE = problems.SlidingPuzzle(3)
@@ -20,19 +21,7 @@ PV = NetConfig("policy_value", "connect_four", (16,))
 H = NetConfig("heuristic", "sliding_puzzle", (16,), size=3)
 
 
-def positions(count, seed=0):
-    """Encoded Connect Four positions from random games (terminal ones included)."""
-    rng = np.random.default_rng(seed)
-    states = []
-    while len(states) < count:
-        state = GAME.initial_state()
-        for _ in range(int(rng.integers(0, 30))):
-            legal = GAME.legal_actions(state)
-            if not legal:
-                break
-            state = GAME.play(state, legal[int(rng.integers(len(legal)))])
-        states.append(state)
-    return GAME.encode(states)
+positions = connect_four_positions  # encoded, from random games (terminal ones included)
 
 
 def game_buffer(count=64, seed=0):
