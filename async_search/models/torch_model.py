@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
+from importlib.util import find_spec
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
@@ -68,12 +70,17 @@ class TorchModel(OwnWeightsModel):
         precision: None, ``"bfloat16"`` or ``"float16"`` (``PRECISIONS``).
         cuda_graphs: capture and replay a CUDA graph per bucket (CUDA devices only).
         compile: ``torch.compile`` the module: True, or a dict of its keyword arguments
-            (``{"mode": "max-autotune"}``). Not together with ``cuda_graphs``.
+            (``{"mode": "max-autotune"}``). Not together with ``cuda_graphs``. A build
+            of PyTorch that ships Triton loads it to compile, and Triton loaded after
+            TensorFlow in one process aborts it (their LLVMs clash): that case raises
+            ``RuntimeError`` instead (import ``triton`` before ``tensorflow``, or compile
+            in a process without TensorFlow).
         batch_tolerance: overrides the default above.
 
     Raises:
         DeviceNotFoundError: ``device`` does not exist on this machine.
         ValueError: an option out of range, or ``cuda_graphs`` off CUDA.
+        RuntimeError: ``compile`` where loading Triton would abort the process.
 
     Example:
         >>> import torch
@@ -248,6 +255,11 @@ class _Runner:
         self.cuda_graphs = model.cuda_graphs
         self.forward = self.module
         if model.compile:
+            if _triton_would_follow_tensorflow():
+                raise RuntimeError(
+                    "TorchModel(compile=...): torch.compile would load Triton after "
+                    "TensorFlow, and their LLVMs abort the process together; import "
+                    "triton before tensorflow, or compile in a process without TensorFlow")
             options = dict(model.compile) if isinstance(model.compile, Mapping) else {}
             self.forward = torch.compile(self.module, **options)
         self.precision = (None if model.precision is None
@@ -391,6 +403,13 @@ def _host_dtype(torch: Any, dtype: Any) -> Any:
     """The dtype an output comes back in: reduced floats as float32 (NumPy has no
     bfloat16, and a caller of a float32 net expects float32)."""
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _triton_would_follow_tensorflow() -> bool:
+    """Whether compiling now would load Triton (installed, not yet loaded) after
+    TensorFlow: both register LLVM's command-line options, and LLVM aborts."""
+    return ("tensorflow" in sys.modules and "triton" not in sys.modules
+            and find_spec("triton") is not None)
 
 
 #: NumPy's float16 (a singleton: an identity test is the cheapest check of a batch).

@@ -1,6 +1,10 @@
 """TorchModel beyond the shared adapter suite: outputs, options, weights; the CUDA paths
 run only where PyTorch sees a GPU (skipped with the reason elsewhere)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -165,8 +169,7 @@ def test_weights_are_checked_and_staged_when_given():
         model.with_weights([1, 2])
 
 
-@pytest.mark.slow
-def test_compile_gives_the_eager_outputs_and_sees_new_weights():
+def check_compile_gives_the_eager_outputs_and_sees_new_weights():
     net = mlp()
     model = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(2, 4), compile=True)
     x = rows(3)
@@ -174,6 +177,32 @@ def test_compile_gives_the_eager_outputs_and_sees_new_weights():
     updated = model.with_weights(mlp(1).state_dict())  # copied into the same parameters
     np.testing.assert_allclose(updated(x), direct(mlp(1), x), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_compile_gives_the_eager_outputs_and_sees_new_weights():
+    # In a fresh interpreter: this one may hold TensorFlow, after which a PyTorch
+    # build that ships Triton cannot compile (see the test below).
+    script = ("import sys; sys.path.insert(0, {root!r}); "
+              "from tests.models.test_torch_model import "
+              "check_compile_gives_the_eager_outputs_and_sees_new_weights as check; "
+              "check(); assert 'tensorflow' not in sys.modules; print('checked')")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", script.format(root=root)], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-3000:]
+
+
+def test_compile_after_tensorflow_with_triton_installed_raises_instead_of_aborting(
+        monkeypatch):
+    from async_search.models import torch_model
+
+    monkeypatch.setitem(sys.modules, "tensorflow", sys.modules.get("tensorflow", object()))
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.setattr(torch_model, "find_spec", lambda name: object())  # installed
+    with pytest.raises(RuntimeError, match="Triton after TensorFlow"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", batch_sizes=(2,), compile=True)
+    TorchModel(mlp(), input_spec=SPEC, device="cpu", batch_sizes=(2,))  # no compile: fine
 
 
 # -- CUDA only ----------------------------------------------------------------------------
