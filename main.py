@@ -164,6 +164,9 @@ flags.DEFINE_enum("policy", "puct", ["puct", "gumbel"], "--train connect_four: t
                   "search of self-play and of the evaluation agent: AlphaZero's PUCT "
                   "(visit counts as the policy target) or Gumbel AlphaZero (the improved "
                   "policy as the target; it learns well with --simulations 16-32).")
+flags.DEFINE_float("gate_threshold", None, "--train connect_four: the arena score against "
+                   "the best net that promotes a candidate to play self-play (default "
+                   "0.55, AlphaGo Zero's gate; 0: every candidate, as AlphaZero).")
 flags.DEFINE_bool("reuse_tree", False, "--train connect_four: keep the subtree under "
                   "each move played for the next move's search, in self-play and in the "
                   "evaluation agent's games.")
@@ -227,6 +230,7 @@ for _name in ("scramble", "seed", "cache_capacity", "eval_games", "accuracy_posi
     _check(_name, lambda v: v >= 0, "an integer >= 0")
 _check("max_batch_size", lambda v: v is None or v >= 1, "an integer >= 1 (elements)")
 _check("weight", lambda v: v >= 0, "a number >= 0 (the weight of the path cost)")
+_check("gate_threshold", lambda v: v is None or 0 <= v <= 1, "an arena score in [0, 1]")
 _check("max_delay", lambda v: v is None or v >= 0, "a number of seconds >= 0")
 _check("total_gpu_frac", lambda v: v is None or 0 < v <= 1, "a fraction in (0, 1]")
 _check("backends", lambda v: bool(v) and set(v) <= {"local", "process", "ray"},
@@ -506,7 +510,9 @@ def build_training():
             backend=FLAGS.backend,
             num_procs=FLAGS.num_procs if FLAGS.backend != "local" else 1,
             max_batch_size=FLAGS.max_batch_size or defaults.max_batch_size,
-            seed=FLAGS.seed, overlap=FLAGS.overlap)
+            seed=FLAGS.seed, overlap=FLAGS.overlap,
+            gate_threshold=(defaults.gate_threshold if FLAGS.gate_threshold is None
+                            else FLAGS.gate_threshold))
         if FLAGS.resume:
             from async_search.training import Commander
             _check_resume(Commander, config, save_dir)

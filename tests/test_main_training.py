@@ -161,14 +161,27 @@ def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(
     (["--train", "sliding_puzzle", "--net", "residual"], "--net"),
     (["--train", "connect_four", "--net", "residual", "--channels", "0"], "channels"),
     (["--train", "connect_four", "--net", "conv", "--blocks", "-1"], "blocks"),
+    (["--train", "connect_four", "--gate_threshold", "1.5"], "--gate_threshold"),
+    (["--train", "connect_four", "--gate_threshold", "-0.1"], "--gate_threshold"),
 ])
-def test_a_net_that_does_not_fit_is_one_line_and_exit_2(tmp_path, args, match):
+def test_a_training_flag_out_of_range_is_one_line_and_exit_2(tmp_path, args, match):
     out = main(*args, "--save_dir", str(tmp_path / "run"), "--save_path",
                str(tmp_path / "p.png"))
     assert out.returncode == 2
     lines = error_lines(out)
     assert len(lines) == 1 and match in lines[0], out.stderr[-2000:]
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_gate_threshold_zero_promotes_every_candidate(tmp_path):
+    out = main(*TINY_C4, "--iterations", "2", "--gate_threshold", "0", "--save_dir",
+               str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "(promote at 0.0)" in out.stdout
+    data = json.load(open(tmp_path / "p.json"))
+    assert data["config"]["gate_threshold"] == 0.0
+    assert [(r["promoted"], r["best_version"]) for r in data["iterations"]] == [
+        (True, 1), (True, 2)]
 
 
 def test_train_connect_four_with_a_residual_net_trains_and_saves_it(tmp_path):
