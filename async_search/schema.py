@@ -215,8 +215,9 @@ def config_from_json(cls: Type[_T], data: Any, file: str, where: str,
     """A frozen config dataclass (``CommanderConfig``, ``DaviConfig``...) from its JSON
     object: every field present and no other, booleans and strings of their type, lists
     for tuples, and the class's own checks (ranges) passed; ``nested`` maps a field to
-    the config class of its object; the fields in ``added`` (added by a later version)
-    may be absent, and then take their defaults.
+    the config class of its object; the fields in ``added`` (added by a later version;
+    ``"selfplay.x"`` names field ``x`` of the nested ``selfplay``) may be absent, and
+    then take their defaults.
 
     Raises:
         CheckpointError: naming the file, the config and the field or the check.
@@ -230,9 +231,11 @@ def config_from_json(cls: Type[_T], data: Any, file: str, where: str,
         if field.name in added and field.name not in fields.data:
             continue  # an earlier version's file: the default
         if nested and field.name in nested:
+            prefix = f"{field.name}."
             values[field.name] = config_from_json(
                 nested[field.name], fields.raw(field.name), file,
-                f"{where}.{field.name}")
+                f"{where}.{field.name}",
+                added=[a[len(prefix):] for a in added if a.startswith(prefix)])
         elif hint is bool:
             values[field.name] = fields.bool(field.name)
         elif hint is str:

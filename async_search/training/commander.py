@@ -605,7 +605,7 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
     stored = config_from_json(CommanderConfig, fields.raw("config"), file, "config",
                               nested={"selfplay": SelfPlayConfig},
                               added=("architecture", "channels", "blocks",
-                                     "value_hidden"))
+                                     "value_hidden", "selfplay.random_opening_moves"))
     check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)
                for i, r in enumerate(fields.list("history"))]

@@ -49,6 +49,11 @@ class SelfPlayConfig:
             (``reuse=``), so its statistics are not searched again.
         max_num_considered_actions: Gumbel's ``k``: root actions sampled (>= 1).
         c_visit, c_scale: Gumbel's ``sigma`` constants (>= 0).
+        random_opening_moves: each game starts after a number of uniformly random
+            moves drawn uniformly from 0..this (never a move that ends the game), so
+            that the net also learns from the unbalanced, threat-rich positions its
+            own games seldom reach; the opening's positions are not samples. 0: every
+            game from the empty board.
     """
 
     simulations: int = 64
@@ -64,6 +69,7 @@ class SelfPlayConfig:
     max_num_considered_actions: int = 16
     c_visit: float = 50.0
     c_scale: float = 0.1
+    random_opening_moves: int = 0
 
     def __post_init__(self):
         check_int("simulations", self.simulations, minimum=1)
@@ -85,6 +91,7 @@ class SelfPlayConfig:
                   minimum=1)
         check_float("c_visit", self.c_visit, minimum=0.0)
         check_float("c_scale", self.c_scale, minimum=0.0)
+        check_int("random_opening_moves", self.random_opening_moves, minimum=0)
 
 
 class GameRecord(NamedTuple):
@@ -98,9 +105,13 @@ class GameRecord(NamedTuple):
     value: np.ndarray
     """float32 ``[n]``: the game's result for the player to move (1, 0 or -1)."""
     moves: tuple
-    """The actions played, in order."""
+    """The actions searched and played, in order, one per position (after
+    ``opening``)."""
     winner: int
     """+1 if the first player won, -1 the second, 0 a draw."""
+    opening: tuple = ()
+    """The random moves played from the initial state before the first position
+    (``SelfPlayConfig.random_opening_moves``): the game is ``opening + moves``."""
 
 
 async def selfplay_game(game_id: int, evaluate: Any, *, game: Any,
@@ -121,7 +132,8 @@ async def selfplay_game(game_id: int, evaluate: Any, *, game: Any,
         True
     """
     rng = np.random.default_rng([config.seed, game_id])
-    state = game.initial_state()
+    state, opening = random_opening(game, config.random_opening_moves,
+                                    np.random.default_rng([config.seed, game_id, 1]))
     states, targets, moves, root_values = [], [], [], []
     kept = None  # the subtree under the last move played (reuse_tree)
     while game.terminal_value(state) is None:
@@ -163,5 +175,30 @@ async def selfplay_game(game_id: int, evaluate: Any, *, game: Any,
         value = (0.5 * (value + np.asarray(root_values, np.float64))).astype(np.float32)
     winner = int(game.winner(state)) if hasattr(game, "winner") else 0
     return GameRecord(game.encode(states), np.asarray(targets, np.float32), value,
-                      tuple(moves), winner)
+                      tuple(moves), winner, opening)
+
+
+def random_opening(game: Any, most: int, rng: np.random.Generator) -> tuple:
+    """``(state, moves)``: the state after a number of uniformly random moves drawn
+    uniformly from ``0..most``, each among the legal moves that do not end the game
+    (the opening stops early where every move would); ``most=0`` draws nothing.
+
+        >>> from async_search import problems
+        >>> state, moves = random_opening(problems.ConnectFour(), 6,
+        ...                               np.random.default_rng(0))
+        >>> len(moves) <= 6 and state == problems.ConnectFour().from_moves(moves)
+        True
+    """
+    state, moves = game.initial_state(), []
+    if most == 0:
+        return state, ()
+    for _ in range(int(rng.integers(most + 1))):
+        open_moves = [a for a in game.legal_actions(state)
+                      if game.terminal_value(game.play(state, a)) is None]
+        if not open_moves:
+            break
+        action = int(open_moves[int(rng.integers(len(open_moves)))])
+        moves.append(action)
+        state = game.play(state, action)
+    return state, tuple(moves)
 

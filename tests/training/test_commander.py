@@ -487,6 +487,32 @@ def test_a_run_saved_before_the_net_architectures_existed_resumes_as_an_mlp(run_
     assert resumed.iteration == 2
 
 
+def test_a_run_saved_before_random_openings_existed_resumes_without_them(run_copy):
+    state = json.loads((run_copy / "state.json").read_text())
+    del state["config"]["selfplay"]["random_opening_moves"]
+    (run_copy / "state.json").write_text(json.dumps(state))
+    resumed = Commander(tiny(2), str(run_copy), resume=True)
+    assert resumed.config.selfplay.random_opening_moves == 0
+    run(resumed)
+    assert resumed.iteration == 2
+
+
+def test_a_run_with_random_openings_resumes_with_the_same_rows(tmp_path):
+    def config(iterations):
+        c = tiny(iterations)
+        return dataclasses.replace(c, selfplay=dataclasses.replace(
+            c.selfplay, random_opening_moves=10))
+
+    straight = Commander(config(2), str(tmp_path / "a"))
+    run(straight)
+    run(Commander(config(1), str(tmp_path / "b")))
+    resumed = Commander(config(2), str(tmp_path / "b"), resume=True)
+    run(resumed)
+    np.testing.assert_array_equal(straight.buffer.arrays()[0], resumed.buffer.arrays()[0])
+    with pytest.raises(ValueError, match="selfplay"):  # a resume may not change it
+        Commander(tiny(3), str(tmp_path / "b"), resume=True)
+
+
 @pytest.mark.parametrize("field,value", [("architecture", "transformer"),
                                          ("channels", 0), ("blocks", -1),
                                          ("value_hidden", 0)])

@@ -9,7 +9,8 @@ import pytest
 import async_search as asr
 from async_search import problems
 from async_search.training.replay import ReplayBuffer
-from async_search.training.selfplay import GameRecord, SelfPlayConfig, selfplay_game
+from async_search.training.selfplay import (GameRecord, SelfPlayConfig, random_opening,
+                                           selfplay_game)
 
 GAME = problems.ConnectFour()
 NET = problems.PolicyValueMLP(GAME, hidden_sizes=(16,), seed=0)
@@ -131,6 +132,8 @@ def test_without_sampling_moves_and_noise_a_game_ignores_the_seed():
     ("simulations", 0), ("simulations", 2.5), ("num_parallel", 0), ("sampling_moves", -1),
     ("dirichlet_alpha", 0.0), ("dirichlet_fraction", -0.1),
     ("dirichlet_fraction", float("nan")), ("c_puct", 0.0), ("seed", -1),
+    ("random_opening_moves", -1), ("random_opening_moves", 2.0),
+    ("random_opening_moves", True),
 ])
 def test_a_bad_self_play_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -238,3 +241,69 @@ def test_bad_gumbel_and_reuse_settings_are_refused(changes, message):
 
 def test_the_defaults_are_puct_without_reuse():
     assert (CONFIG.policy, CONFIG.reuse_tree) == ("puct", False)
+
+
+# -- random openings -----------------------------------------------------------------------
+
+OPENING = SelfPlayConfig(simulations=8, num_parallel=4, sampling_moves=4, seed=0,
+                         random_opening_moves=12)
+
+
+@pytest.fixture(scope="module")
+def opening_records():
+    return [play(i, OPENING) for i in range(12)]
+
+
+def test_without_random_openings_games_start_from_the_empty_board(records):
+    assert all(r.opening == () for r in records)
+
+
+def test_random_openings_have_0_to_n_moves_and_differ_across_games(opening_records):
+    lengths = [len(r.opening) for r in opening_records]
+    assert all(0 <= n <= 12 for n in lengths)
+    assert len(set(lengths)) > 3
+    assert len({r.opening for r in opening_records}) > 6
+
+
+def test_samples_start_after_the_opening(opening_records):
+    for r in opening_records:
+        game = r.opening + r.moves
+        states = [GAME.from_moves(game[:i]) for i in range(len(r.opening), len(game))]
+        np.testing.assert_array_equal(r.x, GAME.encode(states))
+        assert len(r.x) == len(r.moves) == len(r.policy) == len(r.value)
+        assert GAME.is_terminal(GAME.from_moves(game))
+        assert r.value[-1] == 1.0 if r.winner else r.value[-1] == 0.0
+
+
+def test_a_game_with_an_opening_is_deterministic_for_its_id_and_seed(opening_records):
+    again = play(5, OPENING)
+    assert_same_record(again, opening_records[5])
+    assert again.opening == opening_records[5].opening
+
+
+def test_a_random_opening_never_ends_the_game():
+    # 40 random moves reach boards where some moves would win at once.
+    for seed in range(50):
+        state, moves = random_opening(GAME, 40, np.random.default_rng(seed))
+        assert state == GAME.from_moves(moves) and len(moves) <= 40
+        assert not GAME.is_terminal(state)
+
+
+def test_a_random_opening_stops_where_every_move_would_end_the_game():
+    class OneMoveGame:
+        """A stand-in where the only legal move ends the game."""
+
+        def initial_state(self):
+            return 0
+
+        def legal_actions(self, state):
+            return [0]
+
+        def play(self, state, action):
+            return state + 1
+
+        def terminal_value(self, state):
+            return -1.0 if state >= 1 else None
+
+    for seed in range(5):
+        assert random_opening(OneMoveGame(), 8, np.random.default_rng(seed)) == (0, ())
