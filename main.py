@@ -136,7 +136,7 @@ flags.DEFINE_integer("cache_capacity", 100_000, "Entries of each result cache (0
 
 # -- training (--train) ----------------------------------------------------------------
 flags.DEFINE_integer("iterations", None, "--train connect_four: AlphaZero iterations "
-                     "(default 32); sliding_puzzle: DAVI rounds (default 60).")
+                     "(default 32); sliding_puzzle: DAVI rounds (default 250).")
 flags.DEFINE_integer("games_per_iteration", 300, "--train connect_four: self-play games "
                      "per iteration, played concurrently.")
 flags.DEFINE_integer("train_steps", None, "Optimizer steps per iteration (default 1000) "
@@ -167,6 +167,9 @@ flags.DEFINE_enum("policy", "puct", ["puct", "gumbel"], "--train connect_four: t
 flags.DEFINE_float("gate_threshold", None, "--train connect_four: the arena score against "
                    "the best net that promotes a candidate to play self-play (default "
                    "0.55, AlphaGo Zero's gate; 0: every candidate, as AlphaZero).")
+flags.DEFINE_integer("random_opening_moves", 0, "--train connect_four: each self-play "
+                     "game starts after 0..N uniformly random moves (diverse, unbalanced "
+                     "positions; the opening's positions are not samples). 0: none.")
 flags.DEFINE_bool("reuse_tree", False, "--train connect_four: keep the subtree under "
                   "each move played for the next move's search, in self-play and in the "
                   "evaluation agent's games.")
@@ -226,7 +229,7 @@ def _check(name: str, ok, accepts: str) -> None:
 for _name, _what in _POSITIVE.items():
     _check(_name, lambda v: v is None or v >= 1, f"an integer >= 1 ({_what})")
 for _name in ("scramble", "seed", "cache_capacity", "eval_games", "accuracy_positions",
-              "strong_uct_games"):
+              "strong_uct_games", "random_opening_moves"):
     _check(_name, lambda v: v >= 0, "an integer >= 0")
 _check("max_batch_size", lambda v: v is None or v >= 1, "an integer >= 1 (elements)")
 _check("weight", lambda v: v >= 0, "a number >= 0 (the weight of the path cost)")
@@ -498,7 +501,8 @@ def build_training():
             games_per_iteration=FLAGS.games_per_iteration,
             selfplay=dataclasses.replace(defaults.selfplay, simulations=FLAGS.simulations,
                                          value_target=FLAGS.value_target,
-                                         policy=FLAGS.policy, reuse_tree=FLAGS.reuse_tree),
+                                         policy=FLAGS.policy, reuse_tree=FLAGS.reuse_tree,
+                                         random_opening_moves=FLAGS.random_opening_moves),
             eval_policy=FLAGS.policy, eval_reuse_tree=FLAGS.reuse_tree,
             accuracy_positions=FLAGS.accuracy_positions,
             strong_uct_rollouts=FLAGS.strong_uct_rollouts,
@@ -569,6 +573,8 @@ def _run_training(plan) -> int:
 
         search = {"puct": "MCTS", "gumbel": "Gumbel MCTS"}[config.selfplay.policy]
         reuse = ", tree reuse" if config.selfplay.reuse_tree else ""
+        if config.selfplay.random_opening_moves:
+            reuse += f", after 0-{config.selfplay.random_opening_moves} random moves"
         print(f"--train connect_four: a {config.net.describe()} policy-value net, "
               f"{config.iterations} iterations of "
               f"{config.games_per_iteration} self-play games ({search}, "

@@ -163,6 +163,7 @@ def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(
     (["--train", "connect_four", "--net", "conv", "--blocks", "-1"], "blocks"),
     (["--train", "connect_four", "--gate_threshold", "1.5"], "--gate_threshold"),
     (["--train", "connect_four", "--gate_threshold", "-0.1"], "--gate_threshold"),
+    (["--train", "connect_four", "--random_opening_moves", "-1"], "--random_opening_moves"),
 ])
 def test_a_training_flag_out_of_range_is_one_line_and_exit_2(tmp_path, args, match):
     out = main(*args, "--save_dir", str(tmp_path / "run"), "--save_path",
@@ -182,6 +183,15 @@ def test_gate_threshold_zero_promotes_every_candidate(tmp_path):
     assert data["config"]["gate_threshold"] == 0.0
     assert [(r["promoted"], r["best_version"]) for r in data["iterations"]] == [
         (True, 1), (True, 2)]
+
+
+def test_random_openings_reach_self_play_and_are_printed(tmp_path):
+    out = main(*TINY_C4, "--random_opening_moves", "6", "--save_dir",
+               str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "after 0-6 random moves" in out.stdout
+    data = json.load(open(tmp_path / "p.json"))
+    assert data["config"]["selfplay"]["random_opening_moves"] == 6
 
 
 def test_train_connect_four_with_a_residual_net_trains_and_saves_it(tmp_path):
