@@ -48,7 +48,7 @@ class DaviConfig:
     """
 
     size: int = 4
-    rounds: int = 60
+    rounds: int = 250
     states_per_round: int = 20_000
     max_scramble: int = 300
     train_steps: int = 300
