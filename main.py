@@ -136,7 +136,7 @@ flags.DEFINE_integer("cache_capacity", 100_000, "Entries of each result cache (0
 
 # -- training (--train) ----------------------------------------------------------------
 flags.DEFINE_integer("iterations", None, "--train connect_four: AlphaZero iterations "
-                     "(default 32); sliding_puzzle: DAVI rounds (default 250).")
+                     "(default 50); sliding_puzzle: DAVI rounds (default 250).")
 flags.DEFINE_integer("games_per_iteration", 300, "--train connect_four: self-play games "
                      "per iteration, played concurrently.")
 flags.DEFINE_integer("train_steps", None, "Optimizer steps per iteration (default 1000) "
@@ -166,7 +166,7 @@ flags.DEFINE_enum("policy", "puct", ["puct", "gumbel"], "--train connect_four: t
                   "policy as the target; it learns well with --simulations 16-32).")
 flags.DEFINE_float("gate_threshold", None, "--train connect_four: the arena score against "
                    "the best net that promotes a candidate to play self-play (default "
-                   "0.55, AlphaGo Zero's gate; 0: every candidate, as AlphaZero).")
+                   "0: every candidate, as AlphaZero; 0.55: AlphaGo Zero's gate).")
 flags.DEFINE_integer("random_opening_moves", 0, "--train connect_four: each self-play "
                      "game starts after 0..N uniformly random moves (diverse, unbalanced "
                      "positions; the opening's positions are not samples). 0: none.")

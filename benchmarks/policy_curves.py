@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from typing import Any, Dict, List
 
 import numpy as np
@@ -141,7 +142,8 @@ def plot(named: Dict[str, Dict[str, List[float]]], finals: Dict[str, Any], path:
               ylabel="score", ylim=(0, 1.05))
     final.legend(fontsize=7)
     final.grid(alpha=0.3, axis="y")
-    fig.suptitle(title)
+    # Many runs make a long title: wrap it to the figure's width rather than clip it.
+    fig.suptitle("\n".join(textwrap.wrap(title, width=180)))
     fig.tight_layout()
     write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)

@@ -92,7 +92,10 @@ class CommanderConfig:
             convolutions, ``channels`` wide, ``value_hidden`` in the value head).
         channels, blocks, value_hidden: the convolutional net's sizes.
         arena_games: candidate-against-best games per iteration (>= 40 for the gate).
-        gate_threshold: the arena score that promotes the candidate.
+        gate_threshold: the arena score that promotes the candidate to self-play and
+            to ``best``: 0 (the default) promotes every candidate, as AlphaZero does,
+            so self-play always plays the newest net and the arena only rates it;
+            0.55 is AlphaGo Zero's gate.
         eval_games: games against each baseline per iteration (0: none).
         eval_simulations: MCTS simulations of the agent in the arena and evaluations.
         eval_c_puct, eval_num_parallel: the evaluation agent's PUCT constant and leaves
@@ -118,7 +121,7 @@ class CommanderConfig:
             deterministic function of the seed (resume still loses no saved sample).
     """
 
-    iterations: int = 32
+    iterations: int = 50
     games_per_iteration: int = 300
     selfplay: SelfPlayConfig = SelfPlayConfig(value_target="mixed")
     train_steps: int = 1000
@@ -128,7 +131,7 @@ class CommanderConfig:
     buffer_capacity: int = 200_000
     hidden_sizes: tuple = (256, 256)
     arena_games: int = 40
-    gate_threshold: float = 0.55
+    gate_threshold: float = 0.0
     eval_games: int = 20
     eval_simulations: int = 100
     eval_c_puct: float = 2.0
