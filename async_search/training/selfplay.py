@@ -91,7 +91,9 @@ class SelfPlayConfig:
                   minimum=1)
         check_float("c_visit", self.c_visit, minimum=0.0)
         check_float("c_scale", self.c_scale, minimum=0.0)
-        check_int("random_opening_moves", self.random_opening_moves, minimum=0)
+        # Capped so that drawing the opening's length never overflows NumPy's int64.
+        check_int("random_opening_moves", self.random_opening_moves, minimum=0,
+                  maximum=2 ** 31 - 1)
 
 
 class GameRecord(NamedTuple):
@@ -190,8 +192,6 @@ def random_opening(game: Any, most: int, rng: np.random.Generator) -> tuple:
         True
     """
     state, moves = game.initial_state(), []
-    if most == 0:
-        return state, ()
     for _ in range(int(rng.integers(most + 1))):
         open_moves = [a for a in game.legal_actions(state)
                       if game.terminal_value(game.play(state, a)) is None]

@@ -133,7 +133,7 @@ def test_without_sampling_moves_and_noise_a_game_ignores_the_seed():
     ("dirichlet_alpha", 0.0), ("dirichlet_fraction", -0.1),
     ("dirichlet_fraction", float("nan")), ("c_puct", 0.0), ("seed", -1),
     ("random_opening_moves", -1), ("random_opening_moves", 2.0),
-    ("random_opening_moves", True),
+    ("random_opening_moves", True), ("random_opening_moves", 2 ** 31),
 ])
 def test_a_bad_self_play_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
