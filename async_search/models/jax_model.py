@@ -27,7 +27,10 @@ class JaxModel(BucketedModel):
     the largest size. The parameters live on the device (``jax.device_put``);
     ``with_weights`` (what ``update_model`` calls) replaces them without compiling
     again, as long as their shapes and dtypes stay. Outputs come back read-only, as JAX
-    gives them.
+    gives them. A batch that fills a bucket already compiled, of the spec's dtype, goes
+    to the jitted function as it is, in one call frame and without the adapter's lock
+    (jit copies it): the usual batch of a busy server costs little more than calling
+    JAX directly (``benchmarks/adapters.py``).
 
     ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
     (relative and absolute, as in ``np.allclose(a, b, rtol=t, atol=t)``): XLA orders
@@ -98,6 +101,25 @@ class JaxModel(BucketedModel):
         # event loop): the device thread sets _params before it clears _staged.
         staged = self._staged
         return self._params if staged is None else staged
+
+    def __call__(self, batch: np.ndarray) -> Outputs:
+        # The usual batch, in one frame and without the lock: an ndarray of the spec's
+        # dtype whose shape fills a bucket already compiled, on a model whose parameters
+        # are placed, goes to the jitted function as it is (jit copies it; no host
+        # buffer is written). The device thread sets _params before it clears _staged.
+        # Anything else takes the padded path.
+        shared = self._shared
+        if (type(batch) is np.ndarray and batch.shape in shared.compiled
+                and batch.dtype is shared.dtype and self._staged is None):
+            out = shared.jitted(self._params, batch)
+            n = len(batch)
+            if type(out) is shared.array_type:
+                array = np.asarray(out)
+                if len(array) == n and not (shared.aliases_inputs
+                                            and np.may_share_memory(array, batch)):
+                    return array
+            return rows.map_leaves(lambda a: _host_rows(a, n, batch), out)
+        return BucketedModel.__call__(self, batch)
 
     def _run(self, batch: np.ndarray) -> Outputs:
         shared = self._shared
@@ -206,12 +228,19 @@ class _Compiled:
         self.device = model.device
         self.lock = threading.Lock()
         self.trace_count = 0
+        #: The batch shapes of the buckets compiled, whose exact batches may skip the
+        #: lock (``JaxModel.__call__``); none without parameters (their device is a
+        #: context).
+        self.compiled: set = set()
+        self.dtype = model.input_spec.dtype
+        self.array_type = type(jax.device_put(np.zeros(1, np.float32), model.device))
+        self.aliases_inputs = _jit_aliases_host_inputs(jax, model.device)
 
         def traced(params: Any, x: Any) -> Any:
             self.trace_count += 1  # runs once per trace, never per call
             return apply_fn(params, x)
 
-        self._jitted = jax.jit(traced)  # compiled once per bucket shape, then cached
+        self.jitted = jax.jit(traced)  # compiled once per bucket shape, then cached
         self.padded = PaddedBatches(model.input_spec, model.batch_sizes)
 
     def run(self, params: Any, batch: np.ndarray) -> Outputs:
@@ -221,11 +250,26 @@ class _Compiled:
         # the parameters (committed there by device_put), faster than a device_put of
         # its own (on the CPU: about 33 us against 70 us a call for a batch of one).
         if self.has_params:
-            out = self._jitted(params, buffer)
+            out = self.jitted(params, buffer)
+            self.compiled.add(buffer.shape)
         else:  # nothing commits the computation to the device: say which (about 1 us)
             with self.jax.default_device(self.device):
-                out = self._jitted(params, buffer)
+                out = self.jitted(params, buffer)
         return rows.map_leaves(lambda a: _host_rows(a, n, buffer), out)
+
+
+def _jit_aliases_host_inputs(jax: Any, device: Any) -> bool:
+    """Whether a jitted function that returns its input, given a host array, hands back
+    the array's own memory on ``device``: then outputs must be checked for sharing the
+    caller's batch. JAX 0.10 copies host arguments of jit, on the CPU too (where
+    ``device_put`` of an aligned array shares it), so this is False there: the probe,
+    one array aligned to a page, keeps the check for a JAX that would not copy."""
+    raw = np.zeros(2048, np.float32)
+    start = (-raw.ctypes.data % 4096) // raw.itemsize
+    probe = raw[start:start + 1024]
+    with jax.default_device(device):
+        out = np.asarray(jax.jit(lambda x: x)(probe))
+    return bool(np.may_share_memory(out, probe))
 
 
 def _host_rows(array: Any, n: int, source: np.ndarray) -> np.ndarray:

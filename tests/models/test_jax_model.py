@@ -76,6 +76,37 @@ def test_outputs_are_the_callers_own_even_when_the_function_returns_its_input():
     np.testing.assert_array_equal(y, rows(4))
 
 
+def test_a_batch_that_fills_a_compiled_bucket_computes_alike_whatever_its_layout():
+    # Once a bucket is compiled, its exact batches skip the padding: a strided, Fortran
+    # or read-only one goes to jit as it is, another dtype through the padded path.
+    model = JaxModel(apply, params(), input_spec=SPEC, batch_sizes=(4,))
+    x = rows(8)
+    model(x[:3])  # compiles the bucket
+    read_only = x[:4].copy()
+    read_only.flags.writeable = False
+    for batch in (x[:4], x[::2], np.asfortranarray(x[:4]), read_only,
+                  x[:4].astype(np.float64)):
+        np.testing.assert_allclose(model(batch), reference(params(), batch.astype(np.float32)),
+                                   rtol=1e-5, atol=1e-5)
+    assert model.trace_count == 1
+    pair = JaxModel(lambda p, x: (x @ p["w"], x.sum(axis=1)), params(), input_spec=SPEC,
+                    batch_sizes=(4,))
+    for _ in range(2):  # compiled, then exact
+        first, second = pair(x[:4])
+        np.testing.assert_allclose(first, x[:4] @ params()["w"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(second, x[:4].sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_exact_batches_after_an_update_see_the_new_weights_and_the_old_model_its_own():
+    model = JaxModel(apply, params(), input_spec=SPEC, batch_sizes=(4,))
+    x = rows(4)
+    model(x)
+    updated = model.with_weights(params(1))
+    for _ in range(2):  # the update's first batch places the weights, then exact ones
+        np.testing.assert_allclose(updated(x), reference(params(1), x), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(model(x), reference(params(), x), rtol=1e-5, atol=1e-5)
+
+
 def test_params_are_checked_and_copied_when_staged():
     model = JaxModel(apply, params(), input_spec=SPEC)
     new = params(1)
