@@ -118,7 +118,8 @@ class JaxModel(BucketedModel):
                 if len(array) == n and not (shared.aliases_inputs
                                             and np.may_share_memory(array, batch)):
                     return array
-            return rows.map_leaves(lambda a: _host_rows(a, n, batch), out)
+            source = batch if shared.aliases_inputs else None
+            return rows.map_leaves(lambda a: _host_rows(a, n, source), out)
         return BucketedModel.__call__(self, batch)
 
     def _run(self, batch: np.ndarray) -> Outputs:
@@ -255,7 +256,8 @@ class _Compiled:
         else:  # nothing commits the computation to the device: say which (about 1 us)
             with self.jax.default_device(self.device):
                 out = self.jitted(params, buffer)
-        return rows.map_leaves(lambda a: _host_rows(a, n, buffer), out)
+        source = buffer if self.aliases_inputs else None
+        return rows.map_leaves(lambda a: _host_rows(a, n, source), out)
 
 
 def _jit_aliases_host_inputs(jax: Any, device: Any) -> bool:
@@ -272,13 +274,16 @@ def _jit_aliases_host_inputs(jax: Any, device: Any) -> bool:
     return bool(np.may_share_memory(out, probe))
 
 
-def _host_rows(array: Any, n: int, source: np.ndarray) -> np.ndarray:
+def _host_rows(array: Any, n: int, source: np.ndarray | None) -> np.ndarray:
     """The first ``n`` rows of an output (read-only, as JAX gives them, like the
-    result cache's), waiting for them."""
+    result cache's), waiting for them; copied where they share ``source``'s memory
+    (None: this JAX never hands input memory back, ``_jit_aliases_host_inputs``)."""
     out = np.asarray(array)
     if len(out) != n:
         out = out[:n]
-    # JAX may hand an input back as an output, and on the CPU its memory could be the
-    # reused buffer or the batch the server reuses: then the rows are copied out. (JAX
-    # 0.10 copies host inputs, so this has not happened here: a guard, not a path.)
-    return out.copy() if np.may_share_memory(out, source) else out
+    # A JAX that hands an input back as an output could give the reused buffer or the
+    # batch the server reuses: then the rows are copied out (JAX 0.10 copies host
+    # inputs of jit, so the probe turns this off: 2-3 us a call on a fresh output).
+    if source is not None and np.may_share_memory(out, source):
+        return out.copy()
+    return out

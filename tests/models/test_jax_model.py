@@ -145,3 +145,14 @@ def test_gpu_is_the_default_and_agrees_with_the_cpu():
     np.testing.assert_allclose(model(x), reference(params(), x), rtol=1e-2, atol=1e-2)
     copy = model.with_weights(params(1)).on_device("cpu")
     np.testing.assert_allclose(copy(x), reference(params(1), x), rtol=1e-4, atol=1e-4)
+
+
+def test_host_rows_are_copied_only_where_they_share_the_batch():
+    # Where JAX's jit handed the input's memory back (_jit_aliases_host_inputs), the
+    # rows are copied out of the buffer that the adapter or the server reuses.
+    from async_search.models.jax_model import _host_rows, _jit_aliases_host_inputs
+    batch = rows(4)
+    shared = _host_rows(batch, 3, batch)
+    assert shared.shape == (3, 6) and not np.may_share_memory(shared, batch)
+    assert np.may_share_memory(_host_rows(batch, 3, None), batch)
+    assert isinstance(_jit_aliases_host_inputs(jax, jax.devices("cpu")[0]), bool)
