@@ -13,7 +13,11 @@ Three parts, one JSON object (printed, and written to --out):
   where each player picks an optimal move: a uniformly random legal move (its expected
   value, exact, and one seeded run), the shipped net alone (policy argmax), and MCTS at
   --simulations (no root noise) with the shipped net for each of --agents (leaves in
-  flight and c_puct); with the seconds each took through one ``asr.serve``.
+  flight and c_puct); with the seconds each took through one ``asr.serve``. Each
+  player's figure is split too: ``*_not_lost`` over the won or drawn positions (where a
+  move can give the outcome away: the issue's "optimal-outcome move"), ``*_lost`` over
+  the lost ones (where only the moves that lose latest count, and every move keeps the
+  outcome).
 
 Progress goes to stderr; the JSON to stdout and --out.
 
@@ -110,6 +114,24 @@ def labelling(write: bool):
     return out
 
 
+def by_outcome(result, ps) -> dict:
+    """``result``'s accuracy over the won or drawn positions of ``ps`` (``not_lost``)
+    and over the lost ones (``lost``); None for a subset without positions."""
+    wrong = set(result.mistakes)
+    out = {}
+    for name, keep in (("not_lost", lambda p: p.score >= 0), ("lost", lambda p: p.score < 0)):
+        kept = [i for i, p in enumerate(ps) if keep(p)]
+        out[name] = (round(sum(i not in wrong for i in kept) / len(kept), 3) if kept
+                     else None)
+    return out
+
+
+def record(row: dict, name: str, result, ps) -> None:
+    row[name] = result.accuracy
+    for subset, accuracy in by_outcome(result, ps).items():
+        row[f"{name}_{subset}"] = accuracy
+
+
 async def accuracies(simulations, agents, seed):
     net = problems.pretrained("connect_four")
     rows = []
@@ -118,6 +140,7 @@ async def accuracies(simulations, agents, seed):
             for source in (None, *sorted(positions_module.MOVERS)):
                 ps = problems.connect_four_positions(stage, source=source)
                 row = {"stage": stage, "source": source or "both", "positions": len(ps),
+                       "positions_not_lost": sum(p.score >= 0 for p in ps),
                        "random_expected": round(float(np.mean(
                            [len(p.optimal_moves) / len(GAME.legal_actions(p.state))
                             for p in ps])), 3)}
@@ -125,15 +148,15 @@ async def accuracies(simulations, agents, seed):
                 row[f"random_seed{seed}"] = (await move_accuracy(
                     lambda s: positions_module.random_move(GAME, s, rng), ps)).accuracy
                 start = time.perf_counter()
-                row["net"] = (await move_accuracy(policy_chooser(GAME, evaluate),
-                                                  ps)).accuracy
+                record(row, "net", await move_accuracy(policy_chooser(GAME, evaluate),
+                                                       ps), ps)
                 row["net_s"] = round(time.perf_counter() - start, 2)
                 for num_parallel, c_puct in agents:
                     name = f"mcts{simulations}_leaves{num_parallel}_c{c_puct}"
                     chooser = mcts_chooser(GAME, evaluate, num_simulations=simulations,
                                            num_parallel=num_parallel, c_puct=c_puct)
                     start = time.perf_counter()
-                    row[name] = (await move_accuracy(chooser, ps)).accuracy
+                    record(row, name, await move_accuracy(chooser, ps), ps)
                     row[name + "_s"] = round(time.perf_counter() - start, 2)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
