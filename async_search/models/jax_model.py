@@ -113,12 +113,11 @@ class JaxModel(BucketedModel):
                 and batch.dtype is shared.dtype and self._staged is None):
             out = shared.jitted(self._params, batch)
             n = len(batch)
-            if type(out) is shared.array_type:
+            if type(out) is shared.array_type and not shared.aliases_inputs:
                 array = np.asarray(out)
-                if len(array) == n and not (shared.aliases_inputs
-                                            and np.may_share_memory(array, batch)):
+                if len(array) == n:
                     return array
-            source = batch if shared.aliases_inputs else None
+            source = batch if shared.aliases_inputs else None  # _host_rows guards it
             return rows.map_leaves(lambda a: _host_rows(a, n, source), out)
         return BucketedModel.__call__(self, batch)
 
