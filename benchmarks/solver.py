@@ -13,7 +13,7 @@ Three parts, one JSON object (printed, and written to --out):
   where each player picks an optimal move: a uniformly random legal move (its expected
   value, exact, and one seeded run), the shipped net alone (policy argmax), and MCTS at
   --simulations (no root noise) with the shipped net for each of --agents (leaves in
-  flight and c_puct); with the seconds each took through one ``asr.serve``. Each
+  flight, c_puct, and whether it proves values: ``search.mcts``'s ``solve``); with the seconds each took through one ``asr.serve``. Each
   player's figure is split too: ``*_not_lost`` over the won or drawn positions (where a
   move can give the outcome away: the issue's "optimal-outcome move"), ``*_lost`` over
   the lost ones (where only the moves that lose latest count, and every move keeps the
@@ -22,7 +22,7 @@ Three parts, one JSON object (printed, and written to --out):
 Progress goes to stderr; the JSON to stdout and --out.
 
 Usage: python benchmarks/solver.py [--stones 10,12,...] [--per_depth 6]
-[--simulations 100] [--agents 8:1.25,1:1.5,2:2.0] [--write_positions] [--skip_times]
+[--simulations 100] [--agents 8:1.25,1:1.5,1:1.5:solve] [--write_positions] [--skip_times]
 [--out PATH]
 """
 
@@ -151,10 +151,12 @@ async def accuracies(simulations, agents, seed):
                 record(row, "net", await move_accuracy(policy_chooser(GAME, evaluate),
                                                        ps), ps)
                 row["net_s"] = round(time.perf_counter() - start, 2)
-                for num_parallel, c_puct in agents:
-                    name = f"mcts{simulations}_leaves{num_parallel}_c{c_puct}"
+                for num_parallel, c_puct, solve in agents:
+                    name = (f"mcts{simulations}_leaves{num_parallel}_c{c_puct}"
+                            + ("_solve" if solve else ""))
                     chooser = mcts_chooser(GAME, evaluate, num_simulations=simulations,
-                                           num_parallel=num_parallel, c_puct=c_puct)
+                                           num_parallel=num_parallel, c_puct=c_puct,
+                                           solve=solve)
                     start = time.perf_counter()
                     record(row, name, await move_accuracy(chooser, ps), ps)
                     row[name + "_s"] = round(time.perf_counter() - start, 2)
@@ -163,13 +165,22 @@ async def accuracies(simulations, agents, seed):
     return rows
 
 
+def parse_agent(text: str):
+    """``"1:1.5"`` or ``"1:1.5:solve"`` -> ``(num_parallel, c_puct, solve)``."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "solve"):
+        raise SystemExit(f"--agents: {text!r} is not leaves:c_puct[:solve]")
+    return int(parts[0]), float(parts[1]), len(parts) == 3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stones", default="10,12,14,16,18,20,22,24,28,32,36")
     parser.add_argument("--per_depth", type=int, default=6)
     parser.add_argument("--simulations", type=int, default=100)
-    parser.add_argument("--agents", default="8:1.25,1:1.5,2:2.0",
-                        help="MCTS agents as leaves_in_flight:c_puct, comma-separated "
+    parser.add_argument("--agents", default="8:1.25,1:1.5,1:1.5:solve",
+                        help="MCTS agents as leaves_in_flight:c_puct[:solve], "
+                             "comma-separated; ':solve' proves values (MCTS-Solver) "
                              "(search.mcts's defaults; docs/benchmarks.md's evaluation "
                              "agent; the training arena's)")
     parser.add_argument("--seed", type=int, default=0, help="the random mover's seed")
@@ -185,8 +196,7 @@ def main() -> None:
         result["solve_times"] = solve_times([int(s) for s in args.stones.split(",")],
                                             args.per_depth)
     result["labelling"] = labelling(args.write_positions)
-    agents = [(int(a.split(":")[0]), float(a.split(":")[1]))
-              for a in args.agents.split(",")]
+    agents = [parse_agent(a) for a in args.agents.split(",")]
     result["move_accuracy"] = asyncio.run(accuracies(args.simulations, agents, args.seed))
     text = json.dumps(result, indent=1)
     print(text)

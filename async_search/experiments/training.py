@@ -96,13 +96,14 @@ async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollou
                          num_parallel: int = FINAL_AGENT["num_parallel"], seed: int = 12345,
                          on_game: Callable[[], None] | None = None,
                          max_batch_size: int = 512, strong_uct_rollouts: int = 1000,
-                         strong_uct_games: int = 0) -> Dict[str, Any]:
+                         strong_uct_games: int = 0, solve: bool = False) -> Dict[str, Any]:
     """The goal's evaluation of a policy-value net on Connect Four: MCTS with
     ``simulations`` and no noise against one-ply and UCT(``uct_rollouts``), and the net
     alone (greedy on its policy) against random; ``games`` each, first player
     alternating; with ``strong_uct_games``, that many games of the MCTS agent against
-    UCT(``strong_uct_rollouts``) too (about 1 s a game on one core). Returns each
-    match's wins, draws, losses and score."""
+    UCT(``strong_uct_rollouts``) too (about 1 s a game on one core); ``solve``: the
+    MCTS agent proves values (``search.mcts``'s ``solve``). Returns each match's wins,
+    draws, losses and score."""
     import async_search as asr
     from async_search.problems import ConnectFour
     from async_search.training import (MCTSPlayer, OnePlyPlayer, PolicyPlayer,
@@ -112,7 +113,7 @@ async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollou
     out: Dict[str, Any] = {}
     async with asr.serve(model, max_batch_size=max_batch_size) as evaluate:
         agent = MCTSPlayer(evaluate, simulations=simulations, c_puct=c_puct,
-                           num_parallel=num_parallel, name="agent")
+                           num_parallel=num_parallel, name="agent", solve=solve)
         matches = {"mcts_vs_one_ply": (agent, OnePlyPlayer(), games),
                    f"mcts_vs_uct{uct_rollouts}": (agent, UCTPlayer(uct_rollouts), games)}
         if strong_uct_games:

@@ -153,7 +153,7 @@ def policy_chooser(game: Game, evaluate: Evaluate) -> Callable[[State], Awaitabl
 
 
 def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
-                 num_parallel: int = 8, c_puct: float = 1.25
+                 num_parallel: int = 8, c_puct: float = 1.25, solve: bool = False
                  ) -> Callable[[State], Awaitable[int]]:
     """``search.mcts`` without root noise (deterministic): its most visited action.
 
@@ -163,6 +163,7 @@ def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
         num_simulations: simulations per position (>= 1).
         num_parallel: leaves in flight per tree (>= 1).
         c_puct: PUCT's exploration constant (> 0).
+        solve: prove values as the search goes (``search.mcts``'s ``solve``).
 
     Example:
         >>> import asyncio, async_search as asr
@@ -181,7 +182,7 @@ def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
     async def choose(state: State) -> int:
         result = await mcts(game, state, evaluate, num_simulations=num_simulations,
                             num_parallel=num_parallel, c_puct=c_puct,
-                            dirichlet_fraction=0.0)
+                            dirichlet_fraction=0.0, solve=solve)
         return int(result.action)
 
     return choose

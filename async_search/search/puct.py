@@ -9,6 +9,7 @@ outside that range raises ModelOutputError: it would overflow the backed-up sums
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, Tuple
 
 import numpy as np
@@ -27,7 +28,9 @@ class MCTSResult:
     (``game.num_actions``), zero for illegal actions."""
 
     action: int
-    """The most visited action (ties go to the lowest action)."""
+    """The most visited action (ties go to the lowest action); with ``solve=True``, a
+    proved win first (the quickest), and never a proved loss while a move is not one
+    (where every move is proved, the best value, and among losses the latest)."""
     visit_counts: Tuple[int, ...]
     """Visits of each root action; they sum to ``num_simulations`` (plus
     ``reused_visits``)."""
@@ -53,6 +56,9 @@ class MCTSResult:
     reused_visits: int = 0
     """Root visits carried over from ``reuse`` (0 without it): ``visit_counts`` sum to
     ``num_simulations + reused_visits``, and the root was not evaluated again."""
+    solved_value: Optional[float] = None
+    """The root's exact value for the player to move where ``solve=True`` proved it
+    (one of its moves proved a win, or every move proved), else None."""
     tree: Optional[Tree] = dataclasses.field(default=None, repr=False, compare=False)
     """The search tree with ``keep_tree=True``, else None; ``subtree`` reads it."""
 
@@ -65,7 +71,8 @@ class MCTSResult:
 async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations: int,
                num_parallel: int = 8, c_puct: float = 1.25, dirichlet_alpha: float = 0.3,
                dirichlet_fraction: float = 0.25, seed: int = 0,
-               reuse: Optional[Tree] = None, keep_tree: bool = False) -> MCTSResult:
+               reuse: Optional[Tree] = None, keep_tree: bool = False,
+               solve: bool = False) -> MCTSResult:
     """AlphaZero-style PUCT search from ``state`` with up to ``num_parallel`` leaves in
     flight.
 
@@ -95,6 +102,10 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
             statistics (copied, not changed) without evaluating the root again; fresh
             root noise is mixed into its priors. None: a new tree.
         keep_tree: keep the tree in the result (``result.subtree``), for ``reuse``.
+        solve: prove values as the search goes (MCTS-Solver, ``Tree.prove``): a node
+            whose value the terminal positions below it settle becomes terminal, so
+            simulations stop being spent on it, and the chosen action follows the
+            proofs (``MCTSResult.action``). Off by default: AlphaZero's search.
 
     Returns:
         An ``MCTSResult``: the chosen action, visit counts, values, counts.
@@ -126,7 +137,11 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
         raise ValueError(f"dirichlet_fraction must be in [0, 1], got "
                          f"{dirichlet_fraction!r}")
     seed = check_int("seed", seed, minimum=0)
+    if not isinstance(solve, bool):
+        raise ValueError(f"solve must be a bool, got {solve!r}")
     tree, evaluations = await start_search(game, state, evaluate, reuse, keep_tree)
+    if solve:
+        tree.prove()
     requests = evaluations
     num_actions = int(game.num_actions)
     encode = game.encode
@@ -157,10 +172,34 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
         action_values[a] = w / n if n else 0.0
         root_prior[a] = p
     action = max(range(num_actions), key=lambda a: (visit_counts[a], -a))
+    solved_value = None
+    if solve:
+        action, solved_value = _choose_by_proofs(tree, visit_counts)
     root_value = (network_value + sum(value_sums)) / (1 + reused + simulations)
     return MCTSResult(action=action, visit_counts=tuple(visit_counts),
                       action_values=tuple(action_values), root_prior=tuple(root_prior),
                       root_value=root_value, network_value=network_value,
                       num_simulations=simulations, tree_size=tree.num_nodes,
                       evaluations=evaluations, requests=requests, reused_visits=reused,
-                      tree=tree if keep_tree else None)
+                      solved_value=solved_value, tree=tree if keep_tree else None)
+
+
+def _choose_by_proofs(tree: Tree, visit_counts) -> Tuple[int, Optional[float]]:
+    """The action and the root's solved value (or None) of a proving search."""
+    proved = {}  # action -> (value for the root's player, plies to the end)
+    for e in tree.edges(0):
+        child = tree.edge_child[e]
+        proof = tree.proof(child) if child else None
+        if proof is not None:
+            proved[tree.edge_action[e]] = (-proof[0], proof[1] + 1)
+    actions = tree.actions(0)
+    best = max((value for value, _ in proved.values()), default=-math.inf)
+    if best >= 1.0 or len(proved) == len(actions):
+        # Settled: the best value; the quickest win, or the latest loss or draw.
+        sign = 1 if best > 0 else -1
+        chosen = max((a for a in proved if proved[a][0] == best),
+                     key=lambda a: (-sign * proved[a][1], visit_counts[a], -a))
+        return chosen, best
+    # Not settled: the most visited action that is not a proved loss.
+    open_actions = [a for a in actions if not (a in proved and proved[a][0] <= -1.0)]
+    return max(open_actions, key=lambda a: (visit_counts[a], -a)), None

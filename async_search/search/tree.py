@@ -129,7 +129,7 @@ class Tree:
 
     __slots__ = ("node_state", "node_edges", "edge_action", "edge_child", "edge_prior",
                  "edge_value_sum", "edge_virtual", "edge_seen1", "edge_q", "node_value",
-                 "_terminal", "_actions", "_logits", "_child", "_legal")
+                 "_terminal", "_actions", "_logits", "_child", "_legal", "_proofs")
 
     def __init__(self, game: Game, state: State):
         rules = getattr(game, "_mcts_rules", None)
@@ -151,6 +151,8 @@ class Tree:
         self._terminal: Dict[int, float] = {} if terminal is None else {0: terminal}
         self._actions: Dict[int, Tuple[int, ...]] = {0: actions} if actions else {}
         self._logits: Dict[int, Sequence[float]] = {}
+        # Plies to the game's end under each proof (``prove``); None: not proving.
+        self._proofs: Optional[Dict[int, int]] = None
 
     # -- reading ------------------------------------------------------------------------
 
@@ -166,6 +168,15 @@ class Tree:
     def terminal_value(self, node: int) -> Optional[float]:
         """The value for the player to move at a terminal node; None for the others."""
         return self._terminal.get(node)
+
+    def proof(self, node: int) -> Optional[Tuple[float, int]]:
+        """``(value, plies)`` of a node whose value is exact: a terminal node (0 plies),
+        or one a proving search (``prove``) solved, with the plies to the game's end
+        under best play as far as the proof goes; None for the others."""
+        value = self._terminal.get(node)
+        if value is None:
+            return None
+        return value, (self._proofs or {}).get(node, 0)
 
     def is_expanded(self, node: int) -> bool:
         """Whether the node was evaluated (so that a descent goes through it)."""
@@ -449,6 +460,7 @@ class Tree:
         value_sum, virtual = self.edge_value_sum, self.edge_virtual
         seen1, q = self.edge_seen1, self.edge_q
         rows = logits.tolist() if logits is not None else []  # Python floats: cheaper
+        proving = self._proofs is not None
         j = 0
         for path, leaf in zip(paths, leaves):
             if node_edges[leaf] is PENDING:
@@ -465,3 +477,55 @@ class Tree:
                 w = value_sum[e] + value
                 value_sum[e] = w
                 q[e] = (w - v) / (seen1[e] - 1)
+            if proving and leaf in terminals:
+                self._prove_up(path)
+
+    # -- proofs (MCTS-Solver) -------------------------------------------------------------
+
+    def prove(self) -> None:
+        """Turn proving on (MCTS-Solver, Winands et al. 2008): a descent that ends on a
+        terminal node then solves the nodes above it that it settles.
+
+        A node is solved when a child's exact value is the worst possible for the child's
+        player (-1: the node's player wins by moving there), or when every legal action
+        has a child with an exact value (the node's value is the best of them). A solved
+        node below the root becomes terminal: descents stop there and back up its exact
+        value, and the edge into it is revalued as if every past visit had known it.
+        The root keeps its edges; ``proof`` reads what is known of its children.
+        """
+        if self._proofs is None:
+            self._proofs = {}
+
+    def _prove_up(self, path: Path) -> None:
+        """Solve what the descent along ``path`` (ending on a terminal node) settles,
+        from the leaf's parent toward the root."""
+        child, node_edges, terminals = self.edge_child, self.node_edges, self._terminal
+        proofs = self._proofs
+        value_sum, virtual, seen1, q = (self.edge_value_sum, self.edge_virtual,
+                                        self.edge_seen1, self.edge_q)
+        for i in range(len(path) - 1, 0, -1):
+            node = child[path[i - 1]]
+            edges = node_edges[node]
+            if not edges:  # already solved by an earlier descent of this round
+                return
+            best, plies, complete = -math.inf, 0, True
+            for e in edges:
+                c = child[e]
+                value = terminals.get(c) if c else None
+                if value is None:
+                    complete = False
+                    continue
+                value, depth = -value, proofs.get(c, 0) + 1
+                # The best value; among equals, the quickest win or the latest loss.
+                if value > best or (value == best and (depth < plies if value > 0
+                                                       else depth > plies)):
+                    best, plies = value, depth
+            if not (best >= 1.0 or complete):
+                return
+            node_edges[node] = TERMINAL
+            terminals[node] = best
+            proofs[node] = plies
+            into = path[i - 1]
+            seen = seen1[into] - 1
+            w = value_sum[into] = -best * (seen - virtual[into])
+            q[into] = (w - virtual[into]) / seen

@@ -384,6 +384,7 @@ class MCTSPlayer(_TreeSearchPlayer):
         reuse_tree: keep the tree through the move played and the opponent's reply
             (``KeptTrees``): the next search starts from the subtree of the position
             reached, when the search had explored it.
+        solve: prove values as the search goes (``search.mcts``'s ``solve``).
 
     Example:
         >>> import asyncio, async_search as asr
@@ -396,19 +397,24 @@ class MCTSPlayer(_TreeSearchPlayer):
     """
 
     def __init__(self, evaluate: Evaluate, simulations: int = 100, num_parallel: int = 8,
-                 c_puct: float = 1.25, name: str = "mcts", reuse_tree: bool = False):
+                 c_puct: float = 1.25, name: str = "mcts", reuse_tree: bool = False,
+                 solve: bool = False):
         super().__init__(evaluate, simulations, num_parallel, name, reuse_tree)
         self.c_puct = check_float("c_puct", c_puct, minimum=0.0, strict=True)
+        if not isinstance(solve, bool):
+            raise ValueError(f"solve must be a bool, got {solve!r}")
+        self.solve = solve
 
     def __repr__(self) -> str:
         return (f"MCTSPlayer(simulations={self.simulations}, "
                 f"num_parallel={self.num_parallel}, c_puct={self.c_puct}, "
-                f"name={self.name!r}, reuse_tree={self.reuse_tree})")
+                f"name={self.name!r}, reuse_tree={self.reuse_tree}, solve={self.solve})")
 
     async def _search(self, game: Game, state: State, reuse: Optional[Tree]) -> Any:
         return await mcts(game, state, self.evaluate, num_simulations=self.simulations,
                           num_parallel=self.num_parallel, c_puct=self.c_puct,
-                          dirichlet_fraction=0.0, reuse=reuse, keep_tree=self.reuse_tree)
+                          dirichlet_fraction=0.0, reuse=reuse, keep_tree=self.reuse_tree,
+                          solve=self.solve)
 
 
 class GumbelPlayer(_TreeSearchPlayer):

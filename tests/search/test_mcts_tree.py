@@ -322,3 +322,99 @@ def test_evaluated_nodes_keep_their_network_value():
     assert tree.node_value == {0: 0.25, leaves[0]: 0.5, leaves[1]: 0.0, leaves[2]: -0.5}
     with pytest.raises(ValueError, match="not expanded"):
         Tree(GAME, GAME.initial_state()).make_edges(0)
+
+
+# -- proofs (Tree.prove, MCTS-Solver) ----------------------------------------------------
+
+BLOCK_AT_3 = GAME.from_moves([0, 6, 1, 6, 2])  # O to move must block X's row at 3
+OPEN_THREE = GAME.from_moves([1, 1, 2, 2])  # X to move: X at 3 threatens both 0 and 4
+
+
+def descend_to(tree, actions):
+    """Descents along ``actions`` from the root, each completed at once (new nodes
+    evaluated with uniform logits and value 0), until one ends at the end of
+    ``actions`` or on a terminal node; the node it ended on."""
+    while True:
+        taken = []
+
+        def rule(node, edges):
+            edge = edges[tree.actions(node).index(actions[len(taken)])]
+            taken.append(edge)
+            return edge
+        path, leaf, state = tree.descend(rule)
+        tree.complete_leaves([path], [leaf], None if state is None else np.zeros((1, 7)),
+                             [] if state is None else [0.0])
+        if state is None or len(path) == len(actions):
+            return leaf
+
+
+def test_without_prove_a_win_below_the_root_solves_nothing():
+    tree = rooted(BLOCK_AT_3)
+    leaf = descend_to(tree, [6, 3])  # O does not block: X wins at 3
+    assert tree.terminal_value(leaf) == -1.0
+    child = tree.edge_child[tree.edges(0)[6]]
+    assert tree.status(child) == "EDGES" and tree.proof(child) is None
+    assert tree.value_sums(0)[6] == -1.0 and tree.visits(0)[6] == 2
+
+
+def test_a_win_one_move_away_solves_the_node_above_it():
+    tree = rooted(BLOCK_AT_3)
+    tree.prove()
+    descend_to(tree, [6])  # O's move 6, valued 0 by the network
+    into = tree.edges(0)[6]
+    assert tree.value_sums(0)[6] == 0.0
+    leaf = descend_to(tree, [6, 3])  # then X wins at 3
+    child = tree.edge_child[into]
+    assert tree.proof(leaf) == (-1.0, 0)
+    assert tree.status(child) == "TERMINAL" and tree.proof(child) == (1.0, 1)
+    # The edge into it is revalued as if every visit had known: two losses for O.
+    assert tree.visits(0)[6] == 2 and tree.value_sums(0)[6] == -2.0
+    assert tree.edge_q[into] == -1.0
+    # Descents now stop there and back up its exact value.
+    assert descend_to(tree, [6]) == child
+    assert tree.value_sums(0)[6] == -3.0 and tree.num_nodes == 3
+
+
+def test_a_node_whose_every_move_loses_is_solved_as_a_loss_two_plies_from_the_end():
+    tree = rooted(OPEN_THREE)
+    tree.prove()
+    descend_to(tree, [3])  # X: 1, 2, 3 in the bottom row, open at 0 and 4
+    node = tree.edge_child[tree.edges(0)[3]]
+    for reply in range(7):
+        descend_to(tree, [3, reply, 4 if reply == 0 else 0])  # X wins where O is not
+        if reply == 0:
+            edges = tree.node_edges[node]  # made by the first descent through it
+        assert tree.proof(tree.edge_child[edges[reply]]) == (1.0, 1)
+        assert tree.proof(node) == ((-1.0, 2) if reply == 6 else None)
+    assert tree.status(node) == "TERMINAL"
+    # X's move 3 wins, by every one of its 15 visits; the root is never a solved node.
+    assert tree.visits(0)[3] == 15 and tree.value_sums(0)[3] == 15.0
+    assert tree.proof(0) is None
+
+
+def test_proved_values_agree_with_the_solver():
+    import asyncio
+
+    import async_search as asr
+    from async_search import search
+    from async_search.problems import PolicyValueMLP, connect_four_positions
+    from async_search.problems.connect_four_solver import ConnectFourSolver
+
+    solver = ConnectFourSolver()
+    evaluate = asr.immediate(PolicyValueMLP(GAME, hidden_sizes=(16,), seed=0))
+    solved = 0
+    for p in connect_four_positions("end")[::5]:
+        result = asyncio.run(search.mcts(GAME, p.state, evaluate, num_simulations=200,
+                                         dirichlet_fraction=0.0, solve=True,
+                                         keep_tree=True))
+        tree = result.tree
+        for node in range(1, tree.num_nodes):
+            proof = tree.proof(node)
+            if proof is not None and proof[1] > 0:  # solved, not a terminal position
+                assert np.sign(proof[0]) == np.sign(solver.solve(tree.node_state[node]))
+                solved += 1
+        if result.solved_value is not None:
+            assert np.sign(result.solved_value) == np.sign(p.score)
+            if result.solved_value > 0:
+                assert result.action in p.optimal_moves
+    assert solved > 50

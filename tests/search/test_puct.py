@@ -231,3 +231,46 @@ async def test_integer_values_are_read_as_floats():
     free = await run(evaluate=asr.immediate(
         lambda x: (np.zeros((len(x), 7), np.float32), np.zeros((len(x), 1), np.float32))))
     assert result == free and type(result.network_value) is float
+
+
+# -- solve=True (MCTS-Solver) ------------------------------------------------------------
+
+
+async def test_solve_takes_a_win_one_move_away_and_reports_the_root_solved():
+    result = await run(WIN_AT_3, num_simulations=64, dirichlet_fraction=0.0, solve=True)
+    assert result.action == 3 and result.solved_value == 1.0
+    plain = await run(WIN_AT_3, num_simulations=64, dirichlet_fraction=0.0)
+    assert plain.solved_value is None
+
+
+async def test_solve_never_plays_a_proved_loss_while_another_move_is_open():
+    result = await run(BLOCK_AT_3, num_simulations=200, dirichlet_fraction=0.0,
+                       solve=True, keep_tree=True)
+    tree = result.tree
+    lost = [a for e, a in zip(tree.edges(0), tree.actions(0))
+            if tree.edge_child[e] and tree.proof(tree.edge_child[e]) == (1.0, 1)]
+    assert len(lost) == 6 and 3 not in lost  # each move but the block: X wins at 3
+    assert result.action == 3 and result.solved_value is None
+    assert result.subtree(lost[0]) is None  # a solved child has nothing to keep
+
+
+async def test_solve_in_a_lost_position_reports_the_loss():
+    state = GAME.from_moves([1, 1, 2, 2, 3])  # X threatens 0 and 4: O cannot block both
+    result = await run(state, num_simulations=200, dirichlet_fraction=0.0, solve=True)
+    assert result.solved_value == -1.0 and result.action in GAME.legal_actions(state)
+
+
+async def test_a_solving_tree_kept_for_reuse_keeps_its_proofs():
+    result = await run(GAME.from_moves([3, 3, 2, 4, 4]), num_simulations=200,
+                       dirichlet_fraction=0.0, solve=True, keep_tree=True)
+    kept = result.subtree(result.action)
+    assert kept is not None and kept._proofs is not None
+    state = GAME.play(GAME.from_moves([3, 3, 2, 4, 4]), result.action)
+    again = await run(state, num_simulations=32, reuse=kept, solve=True)
+    assert sum(again.visit_counts) == 32 + again.reused_visits
+
+
+@pytest.mark.parametrize("solve", [1, "yes", None])
+async def test_solve_must_be_a_bool(solve):
+    with pytest.raises(ValueError, match="solve must be a bool"):
+        await run(solve=solve)
