@@ -173,6 +173,10 @@ flags.DEFINE_integer("random_opening_moves", 0, "--train connect_four: each self
 flags.DEFINE_bool("reuse_tree", False, "--train connect_four: keep the subtree under "
                   "each move played for the next move's search, in self-play and in the "
                   "evaluation agent's games.")
+flags.DEFINE_bool("solve", False, "--train connect_four: MCTS proves values as it "
+                  "searches (MCTS-Solver: search.mcts's solve), in self-play and in the "
+                  "evaluation agent; positions the terminal ones below settle are not "
+                  "searched again.")
 flags.DEFINE_integer("accuracy_positions", 50, "--train connect_four: solver-labelled "
                      "positions of each set (end game, middle game; 200 each) on which "
                      "the candidate's move accuracy is measured per iteration, the net "
@@ -502,8 +506,10 @@ def build_training():
             selfplay=dataclasses.replace(defaults.selfplay, simulations=FLAGS.simulations,
                                          value_target=FLAGS.value_target,
                                          policy=FLAGS.policy, reuse_tree=FLAGS.reuse_tree,
-                                         random_opening_moves=FLAGS.random_opening_moves),
+                                         random_opening_moves=FLAGS.random_opening_moves,
+                                         solve=FLAGS.solve),
             eval_policy=FLAGS.policy, eval_reuse_tree=FLAGS.reuse_tree,
+            eval_solve=FLAGS.solve,
             accuracy_positions=FLAGS.accuracy_positions,
             strong_uct_rollouts=FLAGS.strong_uct_rollouts,
             strong_uct_games=FLAGS.strong_uct_games,
@@ -575,6 +581,8 @@ def _run_training(plan) -> int:
         reuse = ", tree reuse" if config.selfplay.reuse_tree else ""
         if config.selfplay.random_opening_moves:
             reuse += f", after 0-{config.selfplay.random_opening_moves} random moves"
+        if config.selfplay.solve:
+            reuse += ", proving values"
         print(f"--train connect_four: a {config.net.describe()} policy-value net, "
               f"{config.iterations} iterations of "
               f"{config.games_per_iteration} self-play games ({search}, "
@@ -593,7 +601,7 @@ def _run_training(plan) -> int:
             final_strong_uct_games=FLAGS.final_games if config.strong_uct_games else 0)
         print()
         print(format_final(result["final_evaluation"], FLAGS.final_games,
-                           config.eval_simulations))
+                           config.eval_simulations, solve=config.eval_solve))
         print(f"\nBest net: version {result['best_version']}, checkpoint "
               f"{os.path.join(save_dir, 'best')}")
     else:

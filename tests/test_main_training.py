@@ -185,13 +185,17 @@ def test_gate_threshold_zero_promotes_every_candidate(tmp_path):
         (True, 1), (True, 2)]
 
 
-def test_random_openings_reach_self_play_and_are_printed(tmp_path):
-    out = main(*TINY_C4, "--random_opening_moves", "6", "--save_dir",
+def test_random_openings_and_solve_reach_self_play_and_the_agent_and_are_printed(
+        tmp_path):
+    out = main(*TINY_C4, "--random_opening_moves", "6", "--solve", "--save_dir",
                str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "after 0-6 random moves" in out.stdout
+    assert "after 0-6 random moves, proving values)" in out.stdout
+    assert "1 leaves per round, proving values)" in out.stdout  # the final evaluation
     data = json.load(open(tmp_path / "p.json"))
-    assert data["config"]["selfplay"]["random_opening_moves"] == 6
+    config = data["config"]
+    assert config["selfplay"]["random_opening_moves"] == 6
+    assert config["selfplay"]["solve"] and config["eval_solve"]
 
 
 def test_train_connect_four_with_a_residual_net_trains_and_saves_it(tmp_path):

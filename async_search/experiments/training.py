@@ -251,7 +251,7 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
                 model, games=final_games, simulations=final_simulations,
                 uct_rollouts=config.uct_rollouts,
                 strong_uct_rollouts=config.strong_uct_rollouts,
-                strong_uct_games=final_strong_uct_games,
+                strong_uct_games=final_strong_uct_games, solve=config.eval_solve,
                 on_game=(lambda: update(1)) if update else None))
     eval_s = time.perf_counter() - t
     if save_dir is not None:  # the best checkpoint says how it was made and what it scores
@@ -279,13 +279,16 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
 
 def format_final(final: Dict[str, Any], games: int, simulations: int,
                  c_puct: float = FINAL_AGENT["c_puct"],
-                 num_parallel: int = FINAL_AGENT["num_parallel"]) -> str:
-    """The final evaluation table: untrained against trained, per match."""
+                 num_parallel: int = FINAL_AGENT["num_parallel"], solve: bool = False
+                 ) -> str:
+    """The final evaluation table: untrained against trained, per match; ``solve``: the
+    agent proved values (``search.mcts``'s ``solve``)."""
     names = list(final["trained"])
     lines = [f"Final evaluation, {games} games each (see W-D-L), first player "
              f"alternating; agent = "
              f"MCTS with {simulations} simulations, no noise (c_puct {c_puct}, "
-             f"{num_parallel} leaves per round); net = greedy on its policy",
+             f"{num_parallel} leaves per round{', proving values' if solve else ''}); "
+             f"net = greedy on its policy",
              f"{'match':<22}{'untrained':>12}{'trained':>12}   trained W-D-L"]
     for name in names:
         u, t = final["untrained"][name], final["trained"][name]

@@ -107,6 +107,8 @@ class CommanderConfig:
             ``"gumbel"`` (``GumbelPlayer``, no noise); both use ``eval_simulations``
             and ``eval_num_parallel``.
         eval_reuse_tree: the evaluation agent keeps its tree between its moves.
+        eval_solve: the evaluation agent (PUCT) proves values as it searches
+            (``search.mcts``'s ``solve``).
         accuracy_positions: positions of each solver-labelled set (end game, middle
             game; 200 each shipped) the candidate's move accuracy is measured on per
             iteration, the net alone and the evaluation agent (0: none). The same
@@ -146,6 +148,7 @@ class CommanderConfig:
     strong_uct_games: int = 0
     eval_policy: str = "puct"
     eval_reuse_tree: bool = False
+    eval_solve: bool = False
     accuracy_positions: int = 50
     architecture: str = "mlp"
     channels: int = 16
@@ -163,6 +166,8 @@ class CommanderConfig:
         if self.eval_policy not in POLICIES:
             raise ValueError(f"eval_policy must be one of {list(POLICIES)}, got "
                              f"{self.eval_policy!r}")
+        if not isinstance(self.eval_solve, bool):
+            raise ValueError(f"eval_solve must be True or False, got {self.eval_solve!r}")
         if not isinstance(self.eval_reuse_tree, bool):
             raise ValueError(f"eval_reuse_tree must be True or False, got "
                              f"{self.eval_reuse_tree!r}")
@@ -438,7 +443,8 @@ class Commander:
                       reuse_tree=config.eval_reuse_tree)
         if config.eval_policy == "gumbel":
             return GumbelPlayer(evaluate, **search)
-        return MCTSPlayer(evaluate, c_puct=config.eval_c_puct, **search)
+        return MCTSPlayer(evaluate, c_puct=config.eval_c_puct, solve=config.eval_solve,
+                          **search)
 
     def _chooser(self, evaluate: Any) -> Any:
         """The evaluation agent's search as a ``move_accuracy`` chooser."""
@@ -447,7 +453,8 @@ class Commander:
                       num_parallel=config.eval_num_parallel)
         if config.eval_policy == "gumbel":
             return gumbel_chooser(self.game, evaluate, **search)
-        return mcts_chooser(self.game, evaluate, c_puct=config.eval_c_puct, **search)
+        return mcts_chooser(self.game, evaluate, c_puct=config.eval_c_puct,
+                            solve=config.eval_solve, **search)
 
     async def _accuracy(self, evaluate: Any) -> Dict[str, float]:
         """Move accuracy of the net alone and of the evaluation agent on each
@@ -608,7 +615,8 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
     stored = config_from_json(CommanderConfig, fields.raw("config"), file, "config",
                               nested={"selfplay": SelfPlayConfig},
                               added=("architecture", "channels", "blocks",
-                                     "value_hidden", "selfplay.random_opening_moves"))
+                                     "value_hidden", "selfplay.random_opening_moves",
+                                     "eval_solve", "selfplay.solve"))
     check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)
                for i, r in enumerate(fields.list("history"))]

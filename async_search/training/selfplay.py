@@ -54,6 +54,9 @@ class SelfPlayConfig:
             that the net also learns from the unbalanced, threat-rich positions its
             own games seldom reach; the opening's positions are not samples. 0: every
             game from the empty board.
+        solve: PUCT proves values as it searches (``search.mcts``'s ``solve``): near
+            the end of a game, simulations stop at solved positions, and the visit
+            targets follow the proofs. Gumbel ignores it.
     """
 
     simulations: int = 64
@@ -70,6 +73,7 @@ class SelfPlayConfig:
     c_visit: float = 50.0
     c_scale: float = 0.1
     random_opening_moves: int = 0
+    solve: bool = False
 
     def __post_init__(self):
         check_int("simulations", self.simulations, minimum=1)
@@ -87,6 +91,8 @@ class SelfPlayConfig:
                              f"{self.policy!r}")
         if not isinstance(self.reuse_tree, bool):
             raise ValueError(f"reuse_tree must be True or False, got {self.reuse_tree!r}")
+        if not isinstance(self.solve, bool):
+            raise ValueError(f"solve must be True or False, got {self.solve!r}")
         check_int("max_num_considered_actions", self.max_num_considered_actions,
                   minimum=1)
         check_float("c_visit", self.c_visit, minimum=0.0)
@@ -156,7 +162,7 @@ async def selfplay_game(game_id: int, evaluate: Any, *, game: Any,
                 num_parallel=config.num_parallel, c_puct=config.c_puct,
                 dirichlet_alpha=config.dirichlet_alpha,
                 dirichlet_fraction=config.dirichlet_fraction, seed=seed, reuse=kept,
-                keep_tree=config.reuse_tree)
+                keep_tree=config.reuse_tree, solve=config.solve)
             target = r.visit_counts
             if move < config.sampling_moves:
                 counts = np.asarray(r.visit_counts, np.float64)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -263,6 +264,31 @@ def test_the_evaluation_agent_follows_eval_policy():
     assert (gumbel.simulations, gumbel.num_parallel) == (4, tiny().eval_num_parallel)
 
 
+def test_the_evaluation_agent_and_its_accuracy_chooser_prove_values_with_eval_solve(
+        monkeypatch):
+    from async_search.problems import ConnectFour
+
+    agent = Commander(tiny(1, eval_solve=True))._agent(lambda x: x, "candidate")
+    assert agent.solve and not Commander(tiny(1))._agent(lambda x: x, "c").solve
+    seen = []
+
+    async def fake_mcts(*args, **kwargs):
+        seen.append(kwargs["solve"])
+        return types.SimpleNamespace(action=0)
+    monkeypatch.setattr("async_search.search.accuracy.mcts", fake_mcts)
+    choose = Commander(tiny(1, eval_solve=True))._chooser(lambda x: x)
+    asyncio.run(choose(ConnectFour().initial_state()))
+    assert seen == [True]
+
+
+def test_a_run_saved_before_solve_existed_resumes_without_it(run_copy):
+    state = json.loads((run_copy / "state.json").read_text())
+    del state["config"]["eval_solve"], state["config"]["selfplay"]["solve"]
+    (run_copy / "state.json").write_text(json.dumps(state))
+    resumed = Commander(tiny(2), str(run_copy), resume=True)
+    assert not resumed.config.eval_solve and not resumed.config.selfplay.solve
+
+
 def test_resume_refuses_a_run_of_the_other_policy(tmp_path):
     run(Commander(tiny(1, accuracy_positions=0, eval_games=0), str(tmp_path)))
     other = tiny(1, accuracy_positions=0, eval_games=0, selfplay=SelfPlayConfig(
@@ -277,6 +303,7 @@ def test_resume_refuses_a_run_of_the_other_policy(tmp_path):
                                           ("learning_rate", 0.0), ("eval_games", -1),
                                           ("eval_policy", "alphazero"),
                                           ("eval_reuse_tree", "yes"),
+                                          ("eval_solve", 1),
                                           ("strong_uct_games", -1),
                                           ("strong_uct_rollouts", 0),
                                           ("accuracy_positions", -1)])
@@ -389,6 +416,7 @@ def test_a_state_file_missing_a_field_is_refused_naming_it(run_copy, path):
     (("history", 0, "elo"), "high"), (("best_elo",), None),
     (("history", 0, "accuracy"), [0.5]), (("history", 0, "accuracy"), {"net_end": "1"}),
     (("config", "eval_reuse_tree"), "no"), (("config", "selfplay", "reuse_tree"), 1),
+    (("config", "eval_solve"), "no"), (("config", "selfplay", "solve"), 1),
     (("config", "selfplay", "policy"), 1)])
 def test_a_state_file_with_a_field_of_the_wrong_type_is_refused_naming_it(run_copy, path,
                                                                           value):

@@ -134,10 +134,29 @@ def test_without_sampling_moves_and_noise_a_game_ignores_the_seed():
     ("dirichlet_fraction", float("nan")), ("c_puct", 0.0), ("seed", -1),
     ("random_opening_moves", -1), ("random_opening_moves", 2.0),
     ("random_opening_moves", True), ("random_opening_moves", 2 ** 31),
+    ("solve", 1), ("solve", "yes"),
 ])
 def test_a_bad_self_play_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SelfPlayConfig(**{field: value})
+
+
+def test_solve_makes_every_search_of_a_game_prove_values(monkeypatch):
+    from async_search import search
+
+    seen = []
+    real = search.mcts
+
+    async def spy(*args, **kwargs):
+        seen.append(kwargs["solve"])
+        return await real(*args, **kwargs)
+    monkeypatch.setattr(search, "mcts", spy)
+    record = play(0, SelfPlayConfig(simulations=16, num_parallel=4, seed=0, solve=True))
+    assert seen == [True] * len(record.moves)
+    assert np.array_equal(record.policy.sum(axis=1), [16.0] * len(record.moves))
+    seen.clear()
+    play(0, SelfPlayConfig(simulations=16, num_parallel=4, seed=0))
+    assert seen and not any(seen)
 
 
 # -- Gumbel AlphaZero and tree reuse -------------------------------------------------------
