@@ -188,8 +188,8 @@ def _copy_below(tree: Tree, root: int, into: int) -> Tree:
     new.node_value = {new_id[n]: v for n, v in tree.node_value.items() if n in new_id}
     new._terminal = {new_id[n]: v for n, v in tree._terminal.items() if n in new_id}
     new._actions = {new_id[n]: a for n, a in tree._actions.items() if n in new_id}
-    new._proofs = (None if tree._proofs is None else
-                   {new_id[n]: p for n, p in tree._proofs.items() if n in new_id})
+    new._proofs = {new_id[n]: p for n, p in tree._proofs.items() if n in new_id}
+    new._proving = False  # the next search decides (search.mcts's solve)
     # Rows are never changed, only popped when a node's edges are made: sharing is safe.
     new._logits = {new_id[n]: r for n, r in tree._logits.items() if n in new_id}
     return new

@@ -129,7 +129,8 @@ class Tree:
 
     __slots__ = ("node_state", "node_edges", "edge_action", "edge_child", "edge_prior",
                  "edge_value_sum", "edge_virtual", "edge_seen1", "edge_q", "node_value",
-                 "_terminal", "_actions", "_logits", "_child", "_legal", "_proofs")
+                 "_terminal", "_actions", "_logits", "_child", "_legal", "_proofs",
+                 "_proving")
 
     def __init__(self, game: Game, state: State):
         rules = getattr(game, "_mcts_rules", None)
@@ -151,8 +152,9 @@ class Tree:
         self._terminal: Dict[int, float] = {} if terminal is None else {0: terminal}
         self._actions: Dict[int, Tuple[int, ...]] = {0: actions} if actions else {}
         self._logits: Dict[int, Sequence[float]] = {}
-        # Plies to the game's end under each proof (``prove``); None: not proving.
-        self._proofs: Optional[Dict[int, int]] = None
+        # Plies to the game's end under each node solved by a proof (``prove``).
+        self._proofs: Dict[int, int] = {}
+        self._proving = False
 
     # -- reading ------------------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class Tree:
         value = self._terminal.get(node)
         if value is None:
             return None
-        return value, (self._proofs or {}).get(node, 0)
+        return value, self._proofs.get(node, 0)
 
     def is_expanded(self, node: int) -> bool:
         """Whether the node was evaluated (so that a descent goes through it)."""
@@ -460,7 +462,7 @@ class Tree:
         value_sum, virtual = self.edge_value_sum, self.edge_virtual
         seen1, q = self.edge_seen1, self.edge_q
         rows = logits.tolist() if logits is not None else []  # Python floats: cheaper
-        proving = self._proofs is not None
+        proving = self._proving
         j = 0
         for path, leaf in zip(paths, leaves):
             if node_edges[leaf] is PENDING:
@@ -492,9 +494,10 @@ class Tree:
         node below the root becomes terminal: descents stop there and back up its exact
         value, and the edge into it is revalued as if every past visit had known it.
         The root keeps its edges; ``proof`` reads what is known of its children.
+        A copy of the tree (``search.reuse``) keeps the solved nodes, not proving: its
+        next search turns it on again.
         """
-        if self._proofs is None:
-            self._proofs = {}
+        self._proving = True
 
     def _prove_up(self, path: Path) -> None:
         """Solve what the descent along ``path`` (ending on a terminal node) settles,

@@ -261,13 +261,30 @@ async def test_solve_in_a_lost_position_reports_the_loss():
 
 
 async def test_a_solving_tree_kept_for_reuse_keeps_its_proofs():
-    result = await run(GAME.from_moves([3, 3, 2, 4, 4]), num_simulations=200,
+    result = await run(GAME.from_moves([3, 2, 3, 2, 4, 4, 1]), num_simulations=200,
                        dirichlet_fraction=0.0, solve=True, keep_tree=True)
     kept = result.subtree(result.action)
-    assert kept is not None and kept._proofs is not None
-    state = GAME.play(GAME.from_moves([3, 3, 2, 4, 4]), result.action)
-    again = await run(state, num_simulations=32, reuse=kept, solve=True)
+    solved = [n for n in range(kept.num_nodes) if kept.proof(n) and kept.proof(n)[1]]
+    assert solved  # nodes solved below the move played, with their plies
+    state = GAME.play(GAME.from_moves([3, 2, 3, 2, 4, 4, 1]), result.action)
+    again = await run(state, num_simulations=32, reuse=kept, solve=True, keep_tree=True)
     assert sum(again.visit_counts) == 32 + again.reused_visits
+    assert all(again.tree.proof(n) == kept.proof(n) for n in solved)  # same numbering
+
+
+async def test_a_solving_tree_reused_without_solve_proves_nothing_more():
+    start = GAME.from_moves([3, 2, 3, 2, 4, 4, 1])
+    result = await run(start, num_simulations=200, dirichlet_fraction=0.0, solve=True,
+                       keep_tree=True)
+    kept = result.subtree(result.action)
+    state = GAME.play(start, result.action)
+    plain = await run(state, num_simulations=200, reuse=kept, keep_tree=True)
+    fresh = await run(state, num_simulations=200, reuse=kept, keep_tree=True,
+                      solve=True)
+    count = [sum(1 for n in range(r.tree.num_nodes)
+                 if r.tree.proof(n) and r.tree.proof(n)[1]) for r in (plain, fresh)]
+    assert count[0] == sum(1 for n in range(kept.num_nodes)
+                           if kept.proof(n) and kept.proof(n)[1]) < count[1]
 
 
 @pytest.mark.parametrize("solve", [1, "yes", None])
