@@ -4,7 +4,9 @@ a child process serving ``x @ W`` as "linear" over HTTP and, when asked, gRPC.
 kserve pins protobuf<7, psutil<6 and pandas<3, so it runs in a python of its own:
 ``$ASYNC_SEARCH_KSERVE_PYTHON`` (.ci/run makes ``.venv-kserve`` with ``pip install
 kserve``), else this python when it has kserve; tests that need it are skipped only
-when there is neither.
+when there is neither. Where ``$ASYNC_SEARCH_KSERVE_READY`` names a file, kserve is still
+being installed (in the background, by .ci/run) until that file holds the install's exit
+status: the peer waits for it.
 """
 
 import contextlib
@@ -14,11 +16,12 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
 
-__all__ = ["W", "kserve_model_server", "kserve_python", "needs_kserve"]
+__all__ = ["W", "kserve_model_server", "kserve_python", "needs_kserve", "wait_for_install"]
 
 KSERVE_SERVER = textwrap.dedent('''
     import sys
@@ -69,6 +72,31 @@ needs_kserve = pytest.mark.skipif(
            ".venv-kserve with 'pip install kserve'), or install kserve here")
 
 
+#: How long the peer waits for kserve's background install (.ci/run) to finish.
+INSTALL_WAIT_S = 100.0
+
+
+def wait_for_install(marker: str | None = None, timeout: float = INSTALL_WAIT_S) -> None:
+    """Returns once kserve's background install has succeeded: at once when no
+    install is announced (``$ASYNC_SEARCH_KSERVE_READY`` unset); fails the test, with
+    the install's log, when it failed or did not end within ``timeout``."""
+    marker = marker or os.environ.get("ASYNC_SEARCH_KSERVE_READY")
+    if not marker:
+        return
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(marker):
+        if time.monotonic() > deadline:
+            pytest.fail(f"kserve's install did not finish within {timeout:.0f} s "
+                        f"(no {marker})")
+        time.sleep(0.5)
+    with open(marker) as f:
+        status = f.read().strip()
+    if status != "0":
+        log = os.path.join(os.path.dirname(marker), "install.log")
+        text = open(log, errors="replace").read()[-3000:] if os.path.exists(log) else ""
+        pytest.fail(f"kserve's install failed (exit status {status}):\n{text}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,6 +107,7 @@ def free_port() -> int:
 def kserve_model_server(tmp_path, grpc: bool = False):
     """KServe's ModelServer serving ``x @ W`` as "linear", in a child process of its own
     python; yields its HTTP and gRPC ports (gRPC 0: off). Its log is in the failure."""
+    wait_for_install()
     script = tmp_path / "kserve_linear.py"
     script.write_text(KSERVE_SERVER)
     log = tmp_path / "kserve.log"
