@@ -1,6 +1,6 @@
 """MCTS with and without proving values (``search.mcts``'s ``solve``), same net, same games.
 
-The shipped Connect Four net's evaluation agent (``experiments.training.FINAL_AGENT``:
+The shipped Connect Four net's (or --checkpoint's) evaluation agent (``experiments.training.FINAL_AGENT``:
 MCTS with --simulations, one leaf in flight, no noise) plays one-ply, UCT with --uct
 rollouts and UCT with --strong_uct rollouts, --games each, first player alternating,
 once as AlphaZero's search and once with ``solve=True`` (MCTS-Solver). The matches are
@@ -9,7 +9,7 @@ seeded alike, so the two agents meet the same opponents' moves until they differ
 Prints one JSON object and writes it to --out.
 
 Usage: python benchmarks/solve_strength.py [--games 40] [--simulations 100]
-[--uct 300] [--strong_uct 1000] [--out PATH]
+[--uct 300] [--strong_uct 1000] [--checkpoint DIR] [--out PATH]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 
 from async_search import problems
 from async_search.experiments.training import evaluate_agent
+from async_search.problems.checkpoints import load_checkpoint
 
 
 def main() -> None:
@@ -33,10 +34,14 @@ def main() -> None:
     parser.add_argument("--uct", type=int, default=300)
     parser.add_argument("--strong_uct", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--checkpoint", default=None,
+                        help="a Connect Four checkpoint folder (a run's 'best'); "
+                             "default: the shipped net")
     parser.add_argument("--out", default=os.path.join("results", "benchmarks",
                                                       "solve_strength.json"))
     args = parser.parse_args()
-    net = problems.pretrained("connect_four")
+    net = (problems.pretrained("connect_four") if args.checkpoint is None
+           else load_checkpoint(args.checkpoint))
     result = {"workload": vars(args), "python": platform.python_version(),
               "machine": platform.machine(), "agents": {}}
     for solve in (False, True):

@@ -22,7 +22,8 @@ Three parts, one JSON object (printed, and written to --out):
 Progress goes to stderr; the JSON to stdout and --out.
 
 Usage: python benchmarks/solver.py [--stones 10,12,...] [--per_depth 6]
-[--simulations 100] [--agents 8:1.25,1:1.5,1:1.5:solve] [--write_positions] [--skip_times]
+[--simulations 100] [--agents 8:1.25,1:1.5,1:1.5:solve] [--checkpoint DIR]
+[--write_positions] [--skip_times]
 [--out PATH]
 """
 
@@ -42,6 +43,7 @@ import numpy as np
 import async_search as asr
 from async_search import problems
 from async_search.problems import solved_positions as positions_module
+from async_search.problems.checkpoints import load_checkpoint
 from async_search.problems.connect_four_solver import ConnectFourSolver
 from async_search.search.accuracy import mcts_chooser, move_accuracy, policy_chooser
 
@@ -132,8 +134,9 @@ def record(row: dict, name: str, result, ps) -> None:
         row[f"{name}_{subset}"] = accuracy
 
 
-async def accuracies(simulations, agents, seed):
-    net = problems.pretrained("connect_four")
+async def accuracies(simulations, agents, seed, checkpoint=None):
+    net = (problems.pretrained("connect_four") if checkpoint is None
+           else load_checkpoint(checkpoint))
     rows = []
     async with asr.serve(net, max_batch_size=2048) as evaluate:
         for stage in positions_module.STAGES:
@@ -184,6 +187,9 @@ def main() -> None:
                              "(search.mcts's defaults; docs/benchmarks.md's evaluation "
                              "agent; the training arena's)")
     parser.add_argument("--seed", type=int, default=0, help="the random mover's seed")
+    parser.add_argument("--checkpoint", default=None,
+                        help="a Connect Four checkpoint folder (a run's 'best'); "
+                             "default: the shipped net")
     parser.add_argument("--write_positions", action="store_true",
                         help="rewrite the package's connect_four_positions.json")
     parser.add_argument("--skip_times", action="store_true")
@@ -197,7 +203,8 @@ def main() -> None:
                                             args.per_depth)
     result["labelling"] = labelling(args.write_positions)
     agents = [parse_agent(a) for a in args.agents.split(",")]
-    result["move_accuracy"] = asyncio.run(accuracies(args.simulations, agents, args.seed))
+    result["move_accuracy"] = asyncio.run(accuracies(args.simulations, agents, args.seed,
+                                                     args.checkpoint))
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
