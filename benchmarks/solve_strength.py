@@ -24,6 +24,7 @@ import time
 
 from async_search import problems
 from async_search.experiments.training import evaluate_agent
+from async_search.files import write_json
 from async_search.problems.checkpoints import load_checkpoint
 
 
@@ -53,11 +54,9 @@ def main() -> None:
         out["seconds"] = round(time.perf_counter() - start, 1)
         result["agents"]["solve" if solve else "plain"] = out
         print(json.dumps({"solve": solve, **out}), file=sys.stderr, flush=True)
-    text = json.dumps(result, indent=1)
-    print(text)
+    print(json.dumps(result, indent=1))
     if args.out:
-        from async_search.files import write_file
-        write_file(args.out, text + "\n")
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":
