@@ -171,10 +171,11 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
         visit_counts[a] = n
         action_values[a] = w / n if n else 0.0
         root_prior[a] = p
-    action = max(range(num_actions), key=lambda a: (visit_counts[a], -a))
-    solved_value = None
     if solve:
         action, solved_value = _choose_by_proofs(tree, visit_counts)
+    else:
+        action = max(range(num_actions), key=lambda a: (visit_counts[a], -a))
+        solved_value = None
     root_value = (network_value + sum(value_sums)) / (1 + reused + simulations)
     return MCTSResult(action=action, visit_counts=tuple(visit_counts),
                       action_values=tuple(action_values), root_prior=tuple(root_prior),
