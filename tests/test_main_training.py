@@ -159,6 +159,7 @@ def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(
 
 @pytest.mark.parametrize("args,match", [
     (["--train", "sliding_puzzle", "--net", "residual"], "--net"),
+    (["--train", "sliding_puzzle", "--features", "threats"], "--features"),
     (["--train", "connect_four", "--net", "residual", "--channels", "0"], "channels"),
     (["--train", "connect_four", "--net", "conv", "--blocks", "-1"], "blocks"),
     (["--train", "connect_four", "--gate_threshold", "1.5"], "--gate_threshold"),
@@ -198,15 +199,16 @@ def test_random_openings_and_solve_reach_self_play_and_the_agent_and_are_printed
     assert config["selfplay"]["solve"] and config["eval_solve"]
 
 
-def test_train_connect_four_with_a_residual_net_trains_and_saves_it(tmp_path):
+def test_train_connect_four_with_a_residual_net_on_threats_trains_and_saves_it(tmp_path):
     out = main("--train", "connect_four", "--net", "residual", "--channels", "4",
-               "--blocks", "1", "--iterations", "1", "--games_per_iteration", "4",
+               "--blocks", "1", "--features", "threats",
+               "--iterations", "1", "--games_per_iteration", "4",
                "--train_steps", "4", "--simulations", "4", "--eval_games", "2",
                "--strong_uct_games", "0", "--final_games", "2", "--accuracy_positions",
                "2", "--uct_rollouts", "4", "--noprogress",
                "--save_dir", str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "a residual 4x1 policy-value net" in out.stdout
+    assert "a residual 4x1 + threats policy-value net" in out.stdout
     config = json.load(open(tmp_path / "run" / "best" / "config.json"))["config"]
-    assert (config["architecture"], config["channels"], config["blocks"]) == (
-        "residual", 4, 1)
+    assert (config["architecture"], config["channels"], config["blocks"],
+            config["features"]) == ("residual", 4, 1, "threats")

@@ -12,7 +12,8 @@ the published shapes: ``PolicyValueResNet`` (AlphaZero) and ``CostToGoResNet``
 (DeepCubeA), NumPy weights and reference, built in PyTorch (``torch_resnet``),
 TensorFlow (``keras_resnet``) and JAX (``jax_resnet``). ``PolicyValueConvNet``: the
 small convolutional (plain or residual) policy-value net that the trainer trains, in
-NumPy with exact rows. Trained models:
+NumPy with exact rows. ``threat_planes``: Connect Four's planes and the cells where each
+side would make four; ``FeaturedNet`` serves a net whose body reads them. Trained models:
 ``pretrained("connect_four")`` and ``pretrained("15-puzzle")`` (a ``LearnedHeuristic``);
 ``korf100()`` gives the published 15-puzzle instances with optimal lengths. A problem may
 offer ``compact_keys()`` (a ``CompactKeys``) for A* to search on compact keys. Every model's output for an element is bitwise independent of its batch-mates.
@@ -43,6 +44,7 @@ from async_search.problems.residual_torch import torch_resnet, torch_resnet_weig
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.problems.solved_positions import SolvedPosition, connect_four_positions
 from async_search.problems.synthetic_graph import SyntheticGraph
+from async_search.problems.connect_four_threats import FeaturedNet, threat_planes
 from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net, tf_twin
 
 __all__ = [
@@ -54,4 +56,5 @@ __all__ = [
     "pretrained", "PRETRAINED", "korf100", "KorfInstance",
     "PolicyValueResNet", "CostToGoResNet", "ResNetWeights", "torch_resnet",
     "torch_resnet_weights", "keras_resnet", "jax_resnet", "PolicyValueConvNet",
+    "threat_planes", "FeaturedNet",
 ]

@@ -10,10 +10,11 @@ these two things, so the config must round-trip through JSON.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple, Union
 
 import numpy as np
 
+from async_search.base import TensorSpec
 from async_search.checks import is_int
 from async_search.models import MLP
 from async_search.problems.connect_four import ConnectFour
@@ -22,6 +23,8 @@ from async_search.problems.conv_nets import (ConvWeights, PolicyValueConvNet,
 from async_search.problems.heuristics import LearnedHeuristic
 from async_search.problems.policy_value import PolicyValueMLP
 from async_search.problems.sliding_puzzle import SlidingPuzzle
+from async_search.problems.connect_four_threats import (THREAT_PLANES, FeaturedNet,
+                                                        threat_planes)
 
 
 #: An MLP's ``[(w [fan_in, fan_out], b [fan_out]), ...]``, input layer first, or a
@@ -33,6 +36,10 @@ PROBLEMS = ("connect_four", "sliding_puzzle")
 #: ``mlp``: dense layers; ``conv`` and ``residual``: ``conv_nets.PolicyValueConvNet``
 #: with plain or residual blocks (policy-value nets of board games).
 ARCHITECTURES = ("mlp", "conv", "residual")
+#: What the net's body reads: ``planes``, the game's encoding as it is; ``threats``
+#: (Connect Four), those planes and the cells where each player would make four
+#: (``problems.connect_four_threats``).
+FEATURES = ("planes", "threats")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +58,10 @@ class NetConfig:
             convolutions, ``channels`` wide, with AlphaZero's heads
             (``problems.conv_nets``).
         channels, blocks, value_hidden: the convolutional net's sizes.
+        features: what the body reads: ``planes`` (the game's encoding) or ``threats``
+            (Connect Four: the planes and the threat planes of
+            ``problems.connect_four_threats``, added inside the net, so the model still
+            takes the game's encoding).
 
     Example:
         >>> config = NetConfig("policy_value", "connect_four", (64,))
@@ -70,6 +81,7 @@ class NetConfig:
     channels: int = 16
     blocks: int = 2
     value_hidden: int = 64
+    features: str = "planes"
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
@@ -97,6 +109,12 @@ class NetConfig:
                 raise ValueError(f"NetConfig.{name} must be an integer >= {minimum}, got "
                                  f"{value!r}")
             object.__setattr__(self, name, int(value))
+        if self.features not in FEATURES:
+            raise ValueError(f"NetConfig.features must be one of {FEATURES}, got "
+                             f"{self.features!r}")
+        if self.features != "planes" and self.problem != "connect_four":
+            raise ValueError(f"features={self.features!r} are Connect Four's; "
+                             f"{self.problem} takes features='planes'")
 
     @property
     def convolutional(self) -> bool:
@@ -105,8 +123,10 @@ class NetConfig:
     def describe(self) -> str:
         """A short name: ``mlp 256x256`` or ``residual 16x2`` (channels x blocks)."""
         if self.convolutional:
-            return f"{self.architecture} {self.channels}x{self.blocks}"
-        return "mlp " + "x".join(str(h) for h in self.hidden_sizes)
+            name = f"{self.architecture} {self.channels}x{self.blocks}"
+        else:
+            name = "mlp " + "x".join(str(h) for h in self.hidden_sizes)
+        return name if self.features == "planes" else f"{name} + {self.features}"
 
     def make_problem(self) -> Any:
         """The game or puzzle the net is for."""
@@ -115,6 +135,18 @@ class NetConfig:
     @property
     def input_shape(self) -> Tuple[int, ...]:
         return tuple(self.make_problem().input_spec.shape)
+
+    @property
+    def body_input_shape(self) -> Tuple[int, ...]:
+        """What the net's body reads: ``input_shape``, or with threat planes
+        ``[4, 6, 7]``."""
+        if self.features == "threats":
+            return (THREAT_PLANES, *self.input_shape[1:])
+        return self.input_shape
+
+    def featurize(self, x: np.ndarray) -> np.ndarray:
+        """The body's input for a batch of the game's encoding ``x``."""
+        return threat_planes(x) if self.features == "threats" else x
 
     @property
     def num_actions(self) -> int | None:
@@ -127,13 +159,14 @@ class NetConfig:
     @property
     def layer_shapes(self) -> List[Tuple[int, int]]:
         """An MLP's ``(fan_in, fan_out)`` per layer."""
-        sizes = [int(np.prod(self.input_shape)), *self.hidden_sizes, self.output_size]
+        sizes = [int(np.prod(self.body_input_shape)), *self.hidden_sizes,
+                 self.output_size]
         return list(zip(sizes[:-1], sizes[1:]))
 
     @property
     def conv_shapes(self) -> Dict[str, Tuple[int, ...]]:
         """A convolutional net's weight names and shapes (``conv_nets``)."""
-        return conv_weight_shapes(*self.input_shape, self.num_actions,
+        return conv_weight_shapes(*self.body_input_shape, self.num_actions,
                                   channels=self.channels, blocks=self.blocks,
                                   value_hidden=self.value_hidden)
 
@@ -144,6 +177,8 @@ class NetConfig:
         if self.convolutional:  # an MLP's JSON stays as earlier versions wrote it
             data.update(architecture=self.architecture, channels=self.channels,
                         blocks=self.blocks, value_hidden=self.value_hidden)
+        if self.features != "planes":  # nor does a net on the planes alone
+            data["features"] = self.features
         return data
 
     @classmethod
@@ -151,7 +186,15 @@ class NetConfig:
         return cls(data["kind"], data["problem"], tuple(data["hidden_sizes"]),
                    int(data.get("size", 4)), bool(data.get("residual", True)),
                    str(data.get("architecture", "mlp")), data.get("channels", 16),
-                   data.get("blocks", 2), data.get("value_hidden", 64))
+                   data.get("blocks", 2), data.get("value_hidden", 64),
+                   str(data.get("features", "planes")))
+
+
+class _BodyInput(NamedTuple):
+    """What a net's body is built for when it reads more than the game's planes."""
+
+    input_spec: TensorSpec
+    num_actions: int
 
 
 def initial_weights(config: NetConfig, seed: int) -> Weights:
@@ -212,20 +255,27 @@ def to_model(config: NetConfig, weights: Any) -> Any:
     so its rows are batch-independent."""
     weights = check_weights(config, weights)
     problem = config.make_problem()
-    if config.convolutional:
-        net = PolicyValueConvNet(problem, channels=config.channels, blocks=config.blocks,
-                                 value_hidden=config.value_hidden,
-                                 residual=config.architecture == "residual")
-        return net.with_weights(weights)
     if config.kind == "policy_value":
-        net = PolicyValueMLP(problem, hidden_sizes=config.hidden_sizes, seed=0)
-        return net.with_weights(weights)
+        body_game = problem if config.features == "planes" else _BodyInput(
+            TensorSpec(config.body_input_shape, np.float32), problem.num_actions)
+        if config.convolutional:
+            net = PolicyValueConvNet(body_game, channels=config.channels,
+                                     blocks=config.blocks, value_hidden=config.value_hidden,
+                                     residual=config.architecture == "residual")
+        else:
+            net = PolicyValueMLP(body_game, hidden_sizes=config.hidden_sizes, seed=0)
+        net = net.with_weights(weights)
+        if config.features == "planes":
+            return net
+        return FeaturedNet(net, problem.input_spec, config)
     mlp = MLP(problem.input_spec.shape, config.hidden_sizes, 1, seed=0).with_weights(weights)
     return LearnedHeuristic(problem, mlp, residual=config.residual)
 
 
 def weights_of(model: Any) -> Weights:
     """The ``(w, b)`` layers of a model that ``to_model`` made."""
+    if isinstance(model, FeaturedNet):
+        return weights_of(model.body)
     if isinstance(model, PolicyValueMLP):
         return [(w, b) for w, b in model.body.weights]
     if isinstance(model, LearnedHeuristic):

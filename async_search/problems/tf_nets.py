@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 from async_search.models import TensorFlowModel
 from async_search.models import GRID_BOUND, GRID_SCALE
 from async_search.problems.base import Game, SearchProblem
+from async_search.problems.connect_four_threats import (COLUMNS, LINE_CELLS, ROWS,
+                                                        FeaturedNet)
 from async_search.problems.heuristics import heuristic_mlp
 from async_search.problems.policy_value import PolicyValueMLP
 
@@ -48,6 +50,22 @@ def _grid_forward(tf: Any, weights: Sequence[tuple]) -> Callable[[Any], Any]:
         return tf.cast(h, tf.float32)
 
     return forward
+
+
+def _threat_planes(tf: Any, x: Any) -> Any:
+    """``connect_four_threats.threat_planes`` in TensorFlow: the same cells, the same
+    bits (counts of stones are exact in any arithmetic)."""
+    stones = tf.cast(x > 0, tf.int32)                    # [n, 2, rows, columns]
+    near = tf.zeros_like(stones)
+    for cells in LINE_CELLS:
+        count = tf.add_n([stones[:, :, r, c] for r, c in cells])
+        three = tf.cast((count == 3) & (tf.reverse(count, [1]) == 0), tf.int32)
+        for r, c in cells:  # back onto the board, at the k-th cell of each line
+            near += tf.pad(three, [[0, 0], [0, 0], [r.start, ROWS - r.stop],
+                                   [c.start, COLUMNS - c.stop]])
+    empty = tf.expand_dims(stones[:, 0] + stones[:, 1] == 0, 1)
+    threats = tf.cast((near > 0) & empty, tf.float32)
+    return tf.concat([tf.cast(x, tf.float32), threats], axis=1)
 
 
 def heuristic_tf_net(problem: SearchProblem, *, hidden_sizes: Sequence[int] = (64,),
@@ -116,7 +134,8 @@ def tf_twin(model: Any, *, max_batch_size: int = 1024,
             jit_compile: bool = False) -> TensorFlowModel:
     """The TensorFlow twin of a NumPy net (seeded or trained): bitwise the same outputs.
 
-    Takes a ``models.MLP``, a ``PolicyValueMLP`` or a ``LearnedHeuristic`` (what
+    Takes a ``models.MLP``, a ``PolicyValueMLP`` (also one that reads Connect Four's
+    threat planes, a ``FeaturedNet``) or a ``LearnedHeuristic`` (what
     ``training.Trainer.model()`` and ``problems.pretrained`` return) and returns a
     ``TensorFlowModel`` that computes the same forward pass on the same exact grid, so
     serving the twin on an accelerator gives the searches the same results.
@@ -136,6 +155,15 @@ def tf_twin(model: Any, *, max_batch_size: int = 1024,
 
     options = dict(max_batch_size=max_batch_size, batch_sizes=batch_sizes,
                    jit_compile=jit_compile)
+    if isinstance(model, FeaturedNet) and isinstance(model.body, PolicyValueMLP):
+        body = _grid_forward(tf, model.body.body.weights)
+        num_actions = model.body.num_actions
+
+        def forward(x):
+            out = body(_threat_planes(tf, x))
+            return out[:, :num_actions], tf.clip_by_value(out[:, num_actions:], -1.0, 1.0)
+
+        return TensorFlowModel(forward, model.input_spec, **options)
     if isinstance(model, PolicyValueMLP):
         body = _grid_forward(tf, model.body.weights)
         num_actions = model.num_actions
@@ -159,5 +187,8 @@ def tf_twin(model: Any, *, max_batch_size: int = 1024,
         return TensorFlowModel(forward, model.input_spec, **options)
     if isinstance(model, MLP):
         return TensorFlowModel(_grid_forward(tf, model.weights), model.input_spec, **options)
-    raise TypeError(f"tf_twin takes a models.MLP, PolicyValueMLP or LearnedHeuristic, got "
-                    f"{type(model).__name__}")
+    what = type(model).__name__
+    if isinstance(model, FeaturedNet):
+        what += f" of a {type(model.body).__name__}"
+    raise TypeError(f"tf_twin takes a models.MLP, PolicyValueMLP (threat planes or not) "
+                    f"or LearnedHeuristic, got {what}")

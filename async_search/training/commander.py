@@ -91,6 +91,8 @@ class CommanderConfig:
             (``problems.conv_nets``: ``blocks`` plain or residual blocks of two 3x3
             convolutions, ``channels`` wide, ``value_hidden`` in the value head).
         channels, blocks, value_hidden: the convolutional net's sizes.
+        features: what the net reads (``NetConfig.features``): ``planes``, or
+            ``threats`` (also the cells where each player would make four at once).
         arena_games: candidate-against-best games per iteration (>= 40 for the gate).
         gate_threshold: the arena score that promotes the candidate to self-play and
             to ``best``: 0 (the default) promotes every candidate, as AlphaZero does,
@@ -154,6 +156,7 @@ class CommanderConfig:
     channels: int = 16
     blocks: int = 2
     value_hidden: int = 64
+    features: str = "planes"
 
     def __post_init__(self):
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
@@ -189,7 +192,8 @@ class CommanderConfig:
     def net(self) -> NetConfig:
         return NetConfig("policy_value", "connect_four", self.hidden_sizes,
                          architecture=self.architecture, channels=self.channels,
-                         blocks=self.blocks, value_hidden=self.value_hidden)
+                         blocks=self.blocks, value_hidden=self.value_hidden,
+                         features=self.features)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -616,7 +620,7 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
                               nested={"selfplay": SelfPlayConfig},
                               added=("architecture", "channels", "blocks",
                                      "value_hidden", "selfplay.random_opening_moves",
-                                     "eval_solve", "selfplay.solve"))
+                                     "eval_solve", "selfplay.solve", "features"))
     check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)
                for i, r in enumerate(fields.list("history"))]

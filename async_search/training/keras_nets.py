@@ -27,7 +27,7 @@ class KerasNet:
         config: the net.
 
     Attributes:
-        model: the Keras model (a float32 batch ``[n, *config.input_shape]`` in, one
+        model: the Keras model (a float32 batch ``[n, *config.body_input_shape]`` in, one
             float32 ``[n, config.output_size]`` array out).
         kernels: the weight matrices and convolution kernels the L2 penalty covers.
     """
@@ -45,7 +45,7 @@ class KerasNet:
             self._layers = [keras.layers.Dense(width, activation="relu")
                             for width in widths[:-1]] + [keras.layers.Dense(widths[-1])]
             self.model = keras.Sequential(
-                [keras.Input((int(np.prod(config.input_shape)),)), *self._layers])
+                [keras.Input((int(np.prod(config.body_input_shape)),)), *self._layers])
         self.kernels = [layer.kernel for layer in
                         (*self._layers, *self._conv.values(), *self._dense.values())]
 
@@ -64,7 +64,7 @@ class KerasNet:
         def flat_planes(h: Any) -> Any:  # NHWC -> NCHW, flattened: the NumPy net's order
             return layers.Flatten()(layers.Permute((3, 1, 2))(h))
 
-        inputs = keras.Input(config.input_shape, dtype="float32")
+        inputs = keras.Input(config.body_input_shape, dtype="float32")
         h = conv("stem", layers.Permute((2, 3, 1))(inputs), config.channels, 3, True)
         for b in range(config.blocks):
             y = conv(f"blocks.{b}.conv1", h, config.channels, 3, True)

@@ -126,8 +126,8 @@ class Trainer:
     def _targets(self, batch: Minibatch) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = len(batch.x)
         # A convolutional net takes the planes as they are (no copy when float32).
-        x = (np.asarray(batch.x, np.float32) if self.config.convolutional
-             else batch.x.reshape(n, -1))
+        x = self.config.featurize(batch.x)
+        x = np.asarray(x, np.float32) if self.config.convolutional else x.reshape(n, -1)
         value = batch.value.astype(np.float32)
         if self._base is not None:
             value = value - self._base(batch.x)[:, 0]

@@ -482,10 +482,13 @@ def same_weights(a, b) -> None:
         np.testing.assert_array_equal(a[name], b[name])
 
 
-@pytest.mark.parametrize("architecture", ["conv", "residual"])
-def test_a_convolutional_run_trains_saves_and_resumes_with_the_same_rows(tmp_path,
-                                                                        architecture):
-    conv = dict(architecture=architecture, channels=4, blocks=1, value_hidden=8)
+@pytest.mark.parametrize("architecture,features", [("conv", "planes"),
+                                                   ("residual", "planes"),
+                                                   ("residual", "threats")])
+def test_a_convolutional_run_trains_saves_and_resumes_with_the_same_rows(
+        tmp_path, architecture, features):
+    conv = dict(architecture=architecture, channels=4, blocks=1, value_hidden=8,
+                features=features)
     straight = Commander(tiny(2, **conv), str(tmp_path / "a"))
     run(straight)
     first = Commander(tiny(1, **conv), str(tmp_path / "b"))
@@ -498,19 +501,29 @@ def test_a_convolutional_run_trains_saves_and_resumes_with_the_same_rows(tmp_pat
             == [r.arena_score for r in resumed.history])
     best = read_checkpoint(tmp_path / "b" / "best")
     assert best.config.architecture == architecture and best.config.channels == 4
-    assert type(best.model()).__name__ == "PolicyValueConvNet"
+    assert best.config.features == features
+    model = best.model()
+    body = model.body if features == "threats" else model
+    assert type(body).__name__ == "PolicyValueConvNet"
+    assert type(model).__name__ == ("FeaturedNet" if features == "threats"
+                                    else "PolicyValueConvNet")
     with pytest.raises(ValueError, match="architecture"):  # a resume may not change it
         Commander(tiny(3, **{**conv, "architecture": "mlp"}), str(tmp_path / "b"),
+                  resume=True)
+    other = "planes" if features == "threats" else "threats"
+    with pytest.raises(ValueError, match="features"):
+        Commander(tiny(3, **{**conv, "features": other}), str(tmp_path / "b"),
                   resume=True)
 
 
 def test_a_run_saved_before_the_net_architectures_existed_resumes_as_an_mlp(run_copy):
     state = json.loads((run_copy / "state.json").read_text())
-    for name in ("architecture", "channels", "blocks", "value_hidden"):
+    for name in ("architecture", "channels", "blocks", "value_hidden", "features"):
         del state["config"][name]
     (run_copy / "state.json").write_text(json.dumps(state))
     resumed = Commander(tiny(2), str(run_copy), resume=True)
     assert resumed.iteration == 1 and resumed.config.net.architecture == "mlp"
+    assert resumed.config.net.features == "planes"
     run(resumed)
     assert resumed.iteration == 2
 
@@ -543,7 +556,7 @@ def test_a_run_with_random_openings_resumes_with_the_same_rows(tmp_path):
 
 @pytest.mark.parametrize("field,value", [("architecture", "transformer"),
                                          ("channels", 0), ("blocks", -1),
-                                         ("value_hidden", 0)])
+                                         ("value_hidden", 0), ("features", "lines")])
 def test_bad_net_parameters_are_refused_before_anything_runs(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{"architecture": "residual", field: value})

@@ -8,32 +8,26 @@ tf = pytest.importorskip("tensorflow")
 from async_search.problems.nets import NetConfig, initial_weights, to_model  # noqa: E402
 from async_search.training.keras_nets import KerasNet  # noqa: E402
 from tests.game_positions import connect_four_positions  # noqa: E402
+from tests.net_weights import perturbed_weights  # noqa: E402
 
 def positions(count, seed=0):
     return connect_four_positions(count, seed, max_moves=35)
-
-
-def perturbed(config, seed):
-    """Off-grid weights with non-zero biases, as training leaves them."""
-    rng = np.random.default_rng(seed)
-    weights = initial_weights(config, seed)
-    if config.convolutional:
-        return {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32)
-                for n, w in weights.items()}
-    return [(w, rng.normal(0, 0.1, b.shape).astype(np.float32)) for w, b in weights]
 
 
 CONFIGS = [NetConfig("policy_value", "connect_four", (16, 8)),
            NetConfig("policy_value", "connect_four", architecture="conv", channels=4,
                      blocks=2, value_hidden=8),
            NetConfig("policy_value", "connect_four", architecture="residual", channels=5,
-                     blocks=1, value_hidden=6)]
+                     blocks=1, value_hidden=6),
+           NetConfig("policy_value", "connect_four", (16, 8), features="threats"),
+           NetConfig("policy_value", "connect_four", architecture="residual", channels=5,
+                     blocks=1, value_hidden=6, features="threats")]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.describe())
 def test_weights_set_are_the_weights_read_back_bitwise(config):
     net = KerasNet(tf, config)
-    weights = perturbed(config, 2)
+    weights = perturbed_weights(config, 2)
     net.set_weights(weights)
     got = net.weights
     if config.convolutional:
@@ -48,10 +42,11 @@ def test_weights_set_are_the_weights_read_back_bitwise(config):
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.describe())
 def test_the_keras_net_computes_what_the_numpy_net_serves_up_to_its_grid(config):
     net = KerasNet(tf, config)
-    weights = perturbed(config, 4)
+    weights = perturbed_weights(config, 4)
     net.set_weights(weights)
     x = positions(40, 4)
-    keras_in = x if config.convolutional else x.reshape(len(x), -1)
+    keras_in = config.featurize(x)  # the trainer adds the threat planes, if any
+    keras_in = keras_in if config.convolutional else keras_in.reshape(len(x), -1)
     out = net.model(keras_in).numpy()
     assert out.shape == (40, config.output_size)
     logits, value = to_model(config, weights)(x)
