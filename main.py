@@ -110,9 +110,9 @@ flags.DEFINE_enum("net", "mlp", ["mlp", "conv", "residual"], "--train connect_fo
                   "policy-value net: an MLP of --hidden_sizes, or a convolutional net "
                   "(a 3x3 stem, --blocks plain or residual blocks of two 3x3 "
                   "convolutions, --channels wide, AlphaZero's heads).")
-flags.DEFINE_enum("features", "planes", ["planes", "threats"], "--train connect_four: "
-                  "what the net reads: the board's planes, or also the cells where each "
-                  "player would make four at once (problems.connect_four_threats).")
+flags.DEFINE_enum("features", None, ["planes", "threats"], "--train connect_four: what "
+                  "the net reads: the board's planes, or also the cells where each player "
+                  "would make four at once (problems.connect_four_threats; the default).")
 flags.DEFINE_integer("channels", 16, "--net conv|residual: convolution channels.")
 flags.DEFINE_integer("blocks", 2, "--net conv|residual: blocks of two 3x3 convolutions.")
 
@@ -258,10 +258,10 @@ def _net_fits(v) -> bool:
     return v["net"] == "mlp" or v["train"] == "connect_four"
 
 
-@flags.multi_flags_validator(["features", "train"], message="--features threats are "
-                             "Connect Four's: use it with --train connect_four")
+@flags.multi_flags_validator(["features", "train"], message="--features is Connect "
+                             "Four's: use it with --train connect_four")
 def _features_fit(v) -> bool:
-    return v["features"] == "planes" or v["train"] == "connect_four"
+    return v["features"] is None or v["train"] == "connect_four"
 
 
 @flags.multi_flags_validator(["continuous", "multi_server", "architecture", "train"],
@@ -525,7 +525,7 @@ def build_training():
             train_steps=FLAGS.train_steps or defaults.train_steps,
             hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
             architecture=FLAGS.net, channels=FLAGS.channels, blocks=FLAGS.blocks,
-            features=FLAGS.features,
+            features=FLAGS.features or defaults.features,
             eval_games=FLAGS.eval_games, uct_rollouts=FLAGS.uct_rollouts,
             backend=FLAGS.backend,
             num_procs=FLAGS.num_procs if FLAGS.backend != "local" else 1,

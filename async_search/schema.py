@@ -211,13 +211,15 @@ def record_from_json(cls: Type[_T], data: Any, file: str, where: str,
 
 def config_from_json(cls: Type[_T], data: Any, file: str, where: str,
                      nested: Dict[str, type] | None = None,
-                     added: Iterable[str] = ()) -> _T:
+                     added: Iterable[str] = (),
+                     earlier: Dict[str, Any] | None = None) -> _T:
     """A frozen config dataclass (``CommanderConfig``, ``DaviConfig``...) from its JSON
     object: every field present and no other, booleans and strings of their type, lists
     for tuples, and the class's own checks (ranges) passed; ``nested`` maps a field to
     the config class of its object; the fields in ``added`` (added by a later version;
     ``"selfplay.x"`` names field ``x`` of the nested ``selfplay``) may be absent, and
-    then take their defaults.
+    then take their defaults, or the value in ``earlier`` (a top-level field whose
+    default changed when it was added: the value that files without it meant).
 
     Raises:
         CheckpointError: naming the file, the config and the field or the check.
@@ -229,6 +231,8 @@ def config_from_json(cls: Type[_T], data: Any, file: str, where: str,
     for field in dataclasses.fields(cls):
         hint = hints[field.name]
         if field.name in added and field.name not in fields.data:
+            if earlier and field.name in earlier:  # what that version did
+                values[field.name] = earlier[field.name]
             continue  # an earlier version's file: the default
         if nested and field.name in nested:
             prefix = f"{field.name}."

@@ -91,8 +91,9 @@ class CommanderConfig:
             (``problems.conv_nets``: ``blocks`` plain or residual blocks of two 3x3
             convolutions, ``channels`` wide, ``value_hidden`` in the value head).
         channels, blocks, value_hidden: the convolutional net's sizes.
-        features: what the net reads (``NetConfig.features``): ``planes``, or
-            ``threats`` (also the cells where each player would make four at once).
+        features: what the net reads (``NetConfig.features``): ``threats`` (the
+            stones and the cells where each player would make four at once), or
+            ``planes`` (the stones alone; runs saved before this field existed).
         arena_games: candidate-against-best games per iteration (>= 40 for the gate).
         gate_threshold: the arena score that promotes the candidate to self-play and
             to ``best``: 0 (the default) promotes every candidate, as AlphaZero does,
@@ -156,7 +157,7 @@ class CommanderConfig:
     channels: int = 16
     blocks: int = 2
     value_hidden: int = 64
-    features: str = "planes"
+    features: str = "threats"
 
     def __post_init__(self):
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
@@ -620,7 +621,8 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
                               nested={"selfplay": SelfPlayConfig},
                               added=("architecture", "channels", "blocks",
                                      "value_hidden", "selfplay.random_opening_moves",
-                                     "eval_solve", "selfplay.solve", "features"))
+                                     "eval_solve", "selfplay.solve", "features"),
+                              earlier={"features": "planes"})
     check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)
                for i, r in enumerate(fields.list("history"))]

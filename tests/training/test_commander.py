@@ -516,12 +516,17 @@ def test_a_convolutional_run_trains_saves_and_resumes_with_the_same_rows(
                   resume=True)
 
 
-def test_a_run_saved_before_the_net_architectures_existed_resumes_as_an_mlp(run_copy):
+def test_a_run_saved_before_the_net_architectures_existed_resumes_as_an_mlp(tmp_path):
+    run_copy = tmp_path / "old"  # what those runs trained: an MLP on the stones alone
+    run(Commander(tiny(1, features="planes"), str(run_copy)))
     state = json.loads((run_copy / "state.json").read_text())
     for name in ("architecture", "channels", "blocks", "value_hidden", "features"):
         del state["config"][name]
     (run_copy / "state.json").write_text(json.dumps(state))
-    resumed = Commander(tiny(2), str(run_copy), resume=True)
+    # Those runs read the stones alone: resumed as such, not with today's threat planes.
+    with pytest.raises(ValueError, match="features"):
+        Commander(tiny(2), str(run_copy), resume=True)
+    resumed = Commander(tiny(2, features="planes"), str(run_copy), resume=True)
     assert resumed.iteration == 1 and resumed.config.net.architecture == "mlp"
     assert resumed.config.net.features == "planes"
     run(resumed)
