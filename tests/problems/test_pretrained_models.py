@@ -66,9 +66,12 @@ def test_every_known_name_has_a_folder_under_the_package():
 
 def test_pretrained_connect_four_loads_a_policy_value_net_with_game_shaped_outputs():
     net = problems.pretrained("connect_four")
-    assert isinstance(net, problems.PolicyValueMLP)
+    # An MLP that also reads the threat planes (the default of --train connect_four).
+    assert isinstance(net, problems.FeaturedNet)
+    assert isinstance(net.body, problems.PolicyValueMLP)
+    assert net.input_spec == problems.ConnectFour().input_spec
     assert isinstance(net.checkpoint_metadata, dict)
-    assert net.net_config.kind == "policy_value"
+    assert net.net_config.kind == "policy_value" and net.net_config.features == "threats"
     game = problems.ConnectFour()
     states = [game.initial_state(), game.from_moves([3, 3, 2]),
               game.from_moves([0, 1, 0, 1, 0, 1])]
