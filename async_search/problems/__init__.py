@@ -30,6 +30,7 @@ Example:
 from async_search.problems.base import CompactKeys, Game, SearchProblem, State
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
 from async_search.problems.connect_four_solver import ConnectFourSolver
+from async_search.problems.connect_four_threats import FeaturedNet, threat_planes
 from async_search.problems.conv_nets import PolicyValueConvNet
 from async_search.problems.heuristics import (DepthHeuristic, LearnedHeuristic,
                                               ManhattanHeuristic, heuristic_mlp)
@@ -44,7 +45,6 @@ from async_search.problems.residual_torch import torch_resnet, torch_resnet_weig
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.problems.solved_positions import SolvedPosition, connect_four_positions
 from async_search.problems.synthetic_graph import SyntheticGraph
-from async_search.problems.connect_four_threats import FeaturedNet, threat_planes
 from async_search.problems.tf_nets import heuristic_tf_net, policy_value_tf_net, tf_twin
 
 __all__ = [

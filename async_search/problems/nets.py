@@ -18,13 +18,13 @@ from async_search.base import TensorSpec
 from async_search.checks import is_int
 from async_search.models import MLP
 from async_search.problems.connect_four import ConnectFour
+from async_search.problems.connect_four_threats import (THREAT_PLANES, FeaturedNet,
+                                                        threat_planes)
 from async_search.problems.conv_nets import (ConvWeights, PolicyValueConvNet,
                                              conv_weight_shapes, initial_conv_weights)
 from async_search.problems.heuristics import LearnedHeuristic
 from async_search.problems.policy_value import PolicyValueMLP
 from async_search.problems.sliding_puzzle import SlidingPuzzle
-from async_search.problems.connect_four_threats import (THREAT_PLANES, FeaturedNet,
-                                                        threat_planes)
 
 
 #: An MLP's ``[(w [fan_in, fan_out], b [fan_out]), ...]``, input layer first, or a
