@@ -21,6 +21,7 @@ Usage: python benchmarks/net_inputs.py [--positions 8000] [--steps 3000]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -29,12 +30,14 @@ import time
 
 import numpy as np
 
+import async_search as asr
 from async_search.files import write_json
 from async_search.problems import ConnectFour
 from async_search.problems.connect_four_solver import ConnectFourSolver, outcome
 from async_search.problems.nets import NetConfig
 from async_search.problems.solved_positions import (connect_four_positions,
                                                     generate_positions)
+from async_search.search.accuracy import move_accuracy, policy_chooser
 from async_search.training import ReplayBuffer, Trainer, mirror_columns
 
 GAME = ConnectFour()
@@ -60,13 +63,10 @@ def labelled(positions) -> tuple:
 
 
 def net_accuracy(model, positions) -> float:
-    """The fraction of ``positions`` where the policy's best legal move is optimal."""
-    logits, _ = model(GAME.encode([p.state for p in positions]))
-    right = 0
-    for row, p in zip(logits, positions):
-        legal = GAME.legal_actions(p.state)
-        right += legal[int(np.argmax(row[list(legal)]))] in p.optimal_moves
-    return right / len(positions)
+    """The fraction of ``positions`` where the policy's best legal move is optimal
+    (``search.accuracy``'s net-alone chooser)."""
+    choose = policy_chooser(GAME, asr.immediate(model))
+    return asyncio.run(move_accuracy(choose, positions)).accuracy
 
 
 def training_positions(args: argparse.Namespace) -> list:
