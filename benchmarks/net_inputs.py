@@ -5,7 +5,8 @@ Training positions are end-game positions (--stones, 28 to 37 by default) from r
 and self-play-like games (``problems.generate_positions``, seeded by --seed, none of
 them in the shipped test sets), each labelled by the solver: the policy target is
 uniform over the optimal moves, the value target the outcome (+1, 0, -1). Each net of
---nets (``architecture[:features]``: ``mlp``, ``mlp:threats``, ``residual``, ...) is
+--nets (``architecture[:features[:sizes]]``: ``mlp``, ``mlp:threats``, ``residual``,
+``residual:threats:8x1`` (8 channels, 1 block), ``mlp:threats:512x512``, ...) is
 trained by the project's trainer for --steps minibatches with the left-right mirror,
 and judged, the net alone (argmax of its policy over the legal moves), on the shipped
 end-game and middle-game sets (``problems.connect_four_positions``) and on its own
@@ -44,11 +45,26 @@ GAME = ConnectFour()
 
 
 def parse_net(spec: str, args: argparse.Namespace) -> NetConfig:
-    """``architecture[:features]`` as a NetConfig of the sizes in ``args``."""
-    architecture, _, features = spec.partition(":")
-    return NetConfig("policy_value", "connect_four", tuple(args.hidden_sizes),
-                     architecture=architecture, channels=args.channels,
-                     blocks=args.blocks, features=features or "planes")
+    """``architecture[:features[:sizes]]`` as a NetConfig. ``sizes`` (``512x512`` for an
+    MLP's hidden widths, ``8x1`` for a convolutional net's channels x blocks) defaults
+    to --hidden_sizes, or --channels and --blocks."""
+    architecture, _, rest = spec.partition(":")
+    features, _, sizes = rest.partition(":")
+    try:
+        numbers = tuple(int(size) for size in sizes.split("x")) if sizes else ()
+    except ValueError:
+        raise ValueError(f"--nets: sizes in {spec!r} are not integers like 512x512 "
+                         "or 8x1") from None
+    hidden, channels, blocks = tuple(args.hidden_sizes), args.channels, args.blocks
+    if numbers and architecture == "mlp":
+        hidden = numbers
+    elif numbers:
+        if len(numbers) != 2:
+            raise ValueError(f"--nets: a convolutional net's sizes are CHANNELSxBLOCKS, "
+                             f"got {sizes!r} in {spec!r}")
+        channels, blocks = numbers
+    return NetConfig("policy_value", "connect_four", hidden, architecture=architecture,
+                     channels=channels, blocks=blocks, features=features or "planes")
 
 
 def labelled(positions) -> tuple:
@@ -95,7 +111,10 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join("results", "benchmarks",
                                                       "net_inputs.json"))
     args = parser.parse_args()
-    configs = [parse_net(spec, args) for spec in args.nets.split(",")]  # checked first
+    try:  # every net checked before any work
+        configs = [parse_net(spec, args) for spec in args.nets.split(",")]
+    except ValueError as error:
+        parser.error(str(error))
     start = time.perf_counter()
     train = training_positions(args)
     label_s = time.perf_counter() - start
