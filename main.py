@@ -14,7 +14,8 @@ Each run prints its search time, model time, fraction in the model and batch siz
 a progress bar over model evaluations while it runs; every run's results are checked
 against the baseline's. The plot goes to --save_path, the figures to a JSON beside it.
 Bad flags stop the script before anything runs, with one line naming the flag and what
-it accepts, and exit status 2; so does an output path that cannot be written (each
+it accepts, and exit status 2; so do a flag the chosen experiment would not read (it
+says which experiments read it) and an output path that cannot be written (each
 output's folder is made and written to before any work). Ctrl-C and SIGTERM stop a run
 with one line that says what had finished and what was saved, exit status 130 and 143
 (``-v 1`` adds the traceback), and leave none of its processes, Ray's included.
@@ -121,7 +122,8 @@ flags.DEFINE_integer("max_batch_size", None, "Most elements per batch (default 2
                      "1024 with --continuous).")
 flags.DEFINE_float("max_delay", None, "Seconds a partial batch may wait for company "
                    "(default: none, batches leave as soon as the model is free).")
-flags.DEFINE_integer("num_procs", 2, "Client processes (--multi_server, --architecture).")
+flags.DEFINE_integer("num_procs", 2, "Client processes (--multi_server, --architecture; "
+                     "--train connect_four: self-play workers).")
 flags.DEFINE_integer("num_servers", 2, "Model servers (--multi_server, --architecture).")
 flags.DEFINE_float("total_gpu_frac", 0.6, "GPU fraction shared among the Ray servers when "
                    "a GPU exists (--multi_server).")
@@ -698,11 +700,34 @@ def _outputs(plan) -> tuple:
     return [json_path_for(png), png], None
 
 
+def check_flag_scope() -> None:
+    """Raises ValueError (one line) for a flag given on the command line that the chosen
+    experiment would not read (``experiments.flag_scope``): a flag that does nothing
+    is a mistake to point out, not to ignore."""
+    from async_search.experiments import flag_scope
+
+    if FLAGS.train:
+        experiment = f"train {FLAGS.train}"
+    elif FLAGS.architecture:
+        experiment = flag_scope.ARCHITECTURE
+    else:
+        experiment = ("continuous" if FLAGS.continuous else "multi_server"
+                      if FLAGS.multi_server else "default")
+    choice = flag_scope.Choice(experiment,
+                               search="continuous" if FLAGS.continuous else FLAGS.search,
+                               untrained=FLAGS.untrained, net=FLAGS.net)
+    unread = flag_scope.out_of_scope(
+        [name for name in flag_scope.SCOPES if FLAGS[name].present], choice)
+    if unread:
+        raise ValueError("; ".join(unread))
+
+
 def _check_and_run(done: Done) -> int:
     """Checks every parameter and output path (exit 2 before any work), then runs."""
     import matplotlib
     matplotlib.use("Agg")  # files only: no display needed
     try:  # every parameter is checked here, before anything runs
+        check_flag_scope()
         if FLAGS.train:
             plan = build_training()
         elif FLAGS.architecture:

@@ -97,6 +97,12 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--train=connect_four", "--backend=gpu"], "--backend"),
     (["--train=sliding_puzzle", "--weight=-1"], "--weight must be a number >= 0"),
     (["--train=connect_four", "--continuous"], "separate experiments"),
+    # a flag the chosen experiment would not read (experiments.flag_scope)
+    (["--iterations=3"], "--iterations does not apply to the default experiment"),
+    (["--train=connect_four", "--model=tf"], "--model does not apply to --train"),
+    (["--search=mcts", "--scramble=5"], "--scramble does not apply to --search mcts"),
+    (["--hidden_sizes=64"], "--hidden_sizes sizes the untrained net"),
+    (["--train=connect_four", "--blocks=1"], "--blocks sizes a convolutional net"),
 ])
 def test_bad_flags_are_one_line_and_exit_status_2(tmp_path, args, names):
     save = tmp_path / "never.png"
@@ -178,6 +184,48 @@ def test_flags_build_the_experiments_they_name(monkeypatch):
         assert exp.model.kind == "numpy" and exp.search.weight == 1.0
         parse("--save_path=/tmp/x.png", "--continuous")
         assert main.save_path("continuous") == "/tmp/x.png"
+    finally:
+        main.FLAGS.unparse_flags()
+
+
+def test_every_flag_of_main_py_has_a_scope(monkeypatch):
+    monkeypatch.syspath_prepend(ROOT)
+    import main
+    from async_search.experiments import flag_scope
+
+    own = {flag.name for flag in main.FLAGS.get_key_flags_for_module(main)}
+    assert own and own <= set(flag_scope.SCOPES) | flag_scope.ALWAYS, (
+        own - set(flag_scope.SCOPES) - flag_scope.ALWAYS)
+
+
+def documented_commands():
+    """The ``python main.py ...`` command lines of the README, docs and main.py."""
+    import glob
+    import re
+    import shlex
+
+    found = {}
+    for path in ["README.md", "main.py", *glob.glob(os.path.join(ROOT, "docs", "*.md"))]:
+        with open(os.path.join(ROOT, path)) as f:
+            for m in re.finditer(r"python3? main\.py( --[^`#\n|)]*)?(?=[`#\n|)])", f.read()):
+                args = shlex.split(m.group(1) or "")
+                # skip placeholders ("--train ...") and lines that wrap mid-command
+                if not {"...", "--helpshort"} & set(args) and args[-1:] != ["--seed"]:
+                    found[" ".join(args)] = args
+    return list(found.values())
+
+
+def test_every_documented_command_passes_the_flag_checks(monkeypatch):
+    monkeypatch.syspath_prepend(ROOT)
+    import main
+
+    commands = documented_commands()
+    assert len(commands) >= 10 and [] in commands  # the plain `python main.py`
+    try:
+        for args in commands:
+            main.FLAGS.unparse_flags()
+            main.FLAGS(["main.py", *args])
+            main.check_flag_scope()
     finally:
         main.FLAGS.unparse_flags()
 
