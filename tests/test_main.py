@@ -114,6 +114,22 @@ def test_bad_flags_are_one_line_and_exit_status_2(tmp_path, args, names):
     assert run.stdout == "" and not save.exists()  # nothing ran
 
 
+def tiny_flags_for(experiment: str) -> list:
+    """Tiny settings that the experiment chosen by ``experiment`` (its first flag) reads:
+    main.py refuses a flag the chosen experiment would not read."""
+    if experiment == "--train=connect_four":
+        return TINY_TRAIN[1:]
+    if experiment == "--train=sliding_puzzle":
+        return ["--iterations=1", "--train_steps=2", "--hidden_sizes=8", "--gnn_budget=20",
+                "--noprogress"]
+    if experiment.startswith("--architecture"):
+        return ["--model=numpy", "--untrained", "--hidden_sizes=16", "--num_samples=20",
+                "--noprogress"]
+    if experiment == "--continuous":
+        return [flag for flag in TINY if not flag.startswith("--num_searches")]
+    return TINY
+
+
 @pytest.mark.parametrize("args", [
     ["--save_path={file}/x/r.png"],                                    # the searches
     ["--continuous", "--save_path={file}/x/c.png"],
@@ -131,8 +147,7 @@ def test_an_output_that_cannot_be_written_stops_before_any_work(tmp_path, args):
     file = tmp_path / "run.json"
     file.write_text("{}")
     args = [a.format(file=file, tmp=tmp_path) for a in args]
-    tiny = TINY_TRAIN[1:] if args[0].startswith("--train") else TINY
-    run = main_py(*args, *tiny, timeout=120)
+    run = main_py(*args, *tiny_flags_for(args[0]), timeout=120)
     assert run.returncode == 2, run.stderr[-2000:]
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("main.py: error: --save_"), lines
