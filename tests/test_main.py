@@ -214,7 +214,8 @@ def test_every_flag_of_main_py_has_a_scope(monkeypatch):
 
 
 def documented_commands():
-    """The ``python main.py ...`` command lines of the README, docs and main.py."""
+    """The ``python main.py ...`` command lines of the README, docs and main.py: inline
+    code spans (which may wrap across lines) and lines of code blocks."""
     import glob
     import re
     import shlex
@@ -222,11 +223,15 @@ def documented_commands():
     found = {}
     for path in ["README.md", "main.py", *glob.glob(os.path.join(ROOT, "docs", "*.md"))]:
         with open(os.path.join(ROOT, path)) as f:
-            for m in re.finditer(r"python3? main\.py( --[^`#\n|)]*)?(?=[`#\n|)])", f.read()):
-                args = shlex.split(m.group(1) or "")
-                # skip placeholders ("--train ...") and lines that wrap mid-command
-                if not {"...", "--helpshort"} & set(args) and args[-1:] != ["--seed"]:
-                    found[" ".join(args)] = args
+            text = f.read()
+        commands = [m.group(1) for m in re.finditer(r"`(python3? main\.py[^`]*)`", text)]
+        commands += [m.group(1) for m in re.finditer(
+            r"^\s*(?:\$ )?(python3? main\.py[^#\n]*)", text, re.MULTILINE)]
+        for command in commands:
+            # placeholders ("--train ...", "--seed 0|1|2") are not commands to run
+            if not any(mark in command for mark in ("...", "|", "--helpshort")):
+                args = shlex.split(" ".join(command.split()[2:]))
+                found[" ".join(args)] = args
     return list(found.values())
 
 
