@@ -62,7 +62,7 @@ def _scope(*experiments: str, searches: Iterable[str] | None = None,
                  untrained_only, conv_only)
 
 
-_C4_TRAINING = ("iterations", "games_per_iteration", "backend", "value_target", "overlap",
+_C4_TRAINING = ("games_per_iteration", "backend", "value_target", "overlap",
                 "eval_games", "final_games", "uct_rollouts", "policy", "gate_threshold",
                 "random_opening_moves", "reuse_tree", "solve", "accuracy_positions",
                 "strong_uct_rollouts", "strong_uct_games", "net", "features")
@@ -95,12 +95,12 @@ SCOPES: Dict[str, Scope] = {
     "games_per_client": _scope(ARCHITECTURE),
     "cache_capacity": _scope(ARCHITECTURE),
     "simulations": _scope(ARCHITECTURE, TRAIN_C4),
+    "iterations": _scope(*_TRAIN),
     "train_steps": _scope(*_TRAIN),
     "save_dir": _scope(*_TRAIN),
     "resume": _scope(*_TRAIN),
     **{name: _scope(TRAIN_C4) for name in _C4_TRAINING},
 }
-SCOPES["iterations"] = _scope(*_TRAIN)
 
 
 def _join(names: List[str]) -> str:
