@@ -253,19 +253,6 @@ _check("channels", lambda v: v >= 1, "an integer >= 1")
 _check("blocks", lambda v: v >= 0, "an integer >= 0")
 
 
-@flags.multi_flags_validator(["net", "train"], message="--net conv|residual trains a "
-                             "Connect Four policy-value net: use it with --train "
-                             "connect_four (the 15-puzzle heuristic is an MLP)")
-def _net_fits(v) -> bool:
-    return v["net"] == "mlp" or v["train"] == "connect_four"
-
-
-@flags.multi_flags_validator(["features", "train"], message="--features is Connect "
-                             "Four's: use it with --train connect_four")
-def _features_fit(v) -> bool:
-    return v["features"] is None or v["train"] == "connect_four"
-
-
 @flags.multi_flags_validator(["continuous", "multi_server", "architecture", "train"],
                              message="choose one experiment")
 def _one_experiment(v) -> bool:

@@ -47,19 +47,21 @@ class Choice:
 @dataclass(frozen=True)
 class Scope:
     """Where a flag is read: these experiments; within the searches experiments, only
-    these searches (None: all of them); and ``untrained_only``/``conv_only``: only with
-    --untrained outside training, only with --net conv|residual."""
+    these searches (None: all of them); and ``untrained_only``/``conv_only``/``mlp_only``:
+    only with --untrained outside training, only with --net conv|residual, not with it."""
 
     experiments: FrozenSet[str]
     searches: Optional[FrozenSet[str]] = None
     untrained_only: bool = False
     conv_only: bool = False
+    mlp_only: bool = False
 
 
 def _scope(*experiments: str, searches: Iterable[str] | None = None,
-           untrained_only: bool = False, conv_only: bool = False) -> Scope:
+           untrained_only: bool = False, conv_only: bool = False,
+           mlp_only: bool = False) -> Scope:
     return Scope(frozenset(experiments), None if searches is None else frozenset(searches),
-                 untrained_only, conv_only)
+                 untrained_only, conv_only, mlp_only)
 
 
 _C4_TRAINING = ("games_per_iteration", "backend", "value_target", "overlap",
@@ -68,7 +70,7 @@ _C4_TRAINING = ("games_per_iteration", "backend", "value_target", "overlap",
                 "strong_uct_rollouts", "strong_uct_games", "net", "features")
 
 SCOPES: Dict[str, Scope] = {
-    "search": _scope(DEFAULT, CONTINUOUS, MULTI_SERVER),
+    "search": _scope(*_SEARCHES),
     "backends": _scope(DEFAULT),
     "skip_sync": _scope(*_SEARCHES),
     "num_searches": _scope(*_SEARCHES, searches=("astar", "rollout", "mcts")),
@@ -81,7 +83,8 @@ SCOPES: Dict[str, Scope] = {
     "weight": _scope(*_SEARCHES, TRAIN_PUZZLE, searches=("astar", "continuous")),
     "model": _scope(*_SEARCHES, ARCHITECTURE),
     "untrained": _scope(*_SEARCHES, ARCHITECTURE),
-    "hidden_sizes": _scope(*_SEARCHES, ARCHITECTURE, *_TRAIN, untrained_only=True),
+    "hidden_sizes": _scope(*_SEARCHES, ARCHITECTURE, *_TRAIN, untrained_only=True,
+                           mlp_only=True),
     "channels": _scope(TRAIN_C4, conv_only=True),
     "blocks": _scope(TRAIN_C4, conv_only=True),
     "max_batch_size": _scope(*_SEARCHES, ARCHITECTURE, *_TRAIN),
@@ -133,7 +136,7 @@ def why_unread(name: str, choice: Choice) -> Optional[str]:
     if scope.untrained_only and choice.experiment not in _TRAIN and not choice.untrained:
         return (f"{flag} sizes the untrained net: add --untrained (the trained net "
                 f"shipped in the package has its own sizes)")
-    if name == "hidden_sizes" and choice.experiment == TRAIN_C4 and choice.net != "mlp":
+    if scope.mlp_only and choice.net != "mlp":
         return (f"{flag} sizes an MLP: --net {choice.net} is sized by --channels and "
                 f"--blocks")
     if scope.conv_only and choice.net == "mlp":
