@@ -42,6 +42,8 @@ from async_search.search.accuracy import move_accuracy, policy_chooser
 from async_search.training import ReplayBuffer, Trainer, mirror_columns
 
 GAME = ConnectFour()
+#: The largest net --nets may name: a typo in a size must not cost the labelling first.
+MAX_WEIGHTS = 20_000_000
 
 
 def parse_net(spec: str, args: argparse.Namespace) -> NetConfig:
@@ -63,8 +65,15 @@ def parse_net(spec: str, args: argparse.Namespace) -> NetConfig:
             raise ValueError(f"--nets: a convolutional net's sizes are CHANNELSxBLOCKS, "
                              f"got {sizes!r} in {spec!r}")
         channels, blocks = numbers
-    return NetConfig("policy_value", "connect_four", hidden, architecture=architecture,
-                     channels=channels, blocks=blocks, features=features or "planes")
+    config = NetConfig("policy_value", "connect_four", hidden, architecture=architecture,
+                       channels=channels, blocks=blocks, features=features or "planes")
+    shapes = (config.conv_shapes.values() if config.convolutional
+              else [(i, o) for i, o in config.layer_shapes])
+    weights = sum(int(np.prod(shape, dtype=np.float64)) for shape in shapes)
+    if weights > MAX_WEIGHTS:
+        raise ValueError(f"--nets: {spec!r} has {weights:,} weights, more than this "
+                         f"script trains ({MAX_WEIGHTS:,})")
+    return config
 
 
 def labelled(positions) -> tuple:

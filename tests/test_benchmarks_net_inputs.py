@@ -66,9 +66,10 @@ def test_a_spec_names_an_mlps_widths_or_a_conv_nets_channels_and_blocks():
 
 
 @pytest.mark.parametrize("spec", ["residual:threats:8", "residual:threats:8x1x2",
-                                  "mlp:threats:wide", "mlp:planes:0"])
+                                  "mlp:threats:wide", "mlp:planes:0",
+                                  "mlp:threats:99999999999x2", "residual::4096x64"])
 def test_malformed_sizes_are_refused_by_name(spec):
-    with pytest.raises(ValueError, match=r"sizes|hidden|NetConfig"):
+    with pytest.raises(ValueError, match=r"sizes|hidden|NetConfig|weights"):
         net_inputs.parse_net(spec, DEFAULTS)
 
 
