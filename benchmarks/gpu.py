@@ -42,8 +42,10 @@ with the median nodes/s (with every round's and their range; the ratios to the p
 taken round by round). Every run reports ``nodes_per_s`` (expansions for A*,
 simulations for MCTS), ``mean_batch``, ``device_busy_fraction`` (the time the device
 computes over the run's wall time: CUDA events recorded on the adapter's stream around
-the module's forward pass of each batch, so copies and launch gaps do not count; on a
-CPU, the time in the module's forward pass) and ``vs_ceiling``: the run's elements/s
+each batch's graph replay, or its forward pass with ``--eager``, so copies do not count;
+in an eager pass the gaps between the layers' launches fall inside the events and count
+as busy, which flatters a small net; on a CPU, the time in the module's forward pass;
+with ``--framework jax``, not measured) and ``vs_ceiling``: the run's elements/s
 over the model alone at the run's batch sizes (each batch's on-device time read off the ceiling, linearly
 between bucket sizes; so padding, copies and idle time all count against it).
 ``vs_ceiling_with_copies`` is the same against the adapter alone at the padded size.
@@ -57,6 +59,12 @@ On a CPU PyTorch runs on one thread (``--torch-threads``). ``goals`` reads the i
 goals off the runs: the busiest in-process run (device busy >= 0.9 and vs_ceiling >=
 0.9), serve against the hand-written batcher (>= 2x), and the process backend's scaling
 efficiency (nodes/s over k times one client's).
+
+``--framework jax`` serves the same nets through ``models.JaxModel`` instead (no
+PyTorch peer then). ``--workloads`` and ``--sections`` pick a part of the run; the
+report is rewritten after every run (``"partial": true`` with ``rounds_so_far``), so a
+run stopped at a time limit leaves what it measured. ``benchmarks/gpu_session/`` holds
+the scripts of the H200 run behind ``results/benchmarks/gpu.json``.
 
 Usage: PYTHONPATH=. python3 benchmarks/gpu.py [--smoke] [--channels 128 --blocks 10]
 """
@@ -90,6 +98,9 @@ from async_search import problems, search  # noqa: E402
 from async_search.files import write_file  # noqa: E402
 
 PUZZLE = problems.SlidingPuzzle(4)
+#: The runs a report can hold (``--sections``); the ceiling is always measured.
+SECTIONS = ("in_process", "handwritten_torch", "max_batch_size", "multi_device",
+            "process_backend", "mctx")
 GAME = problems.ConnectFour()
 
 
@@ -178,6 +189,53 @@ def timed_module(torch: Any, module: Any, timer: ForwardTimer) -> Any:
     return Timed()
 
 
+class TimedReplay:
+    """A captured CUDA graph whose replays ``timer`` times: CUDA events on the stream
+    the adapter replays on, around the replay (as ``timed_module`` around a forward
+    pass)."""
+
+    def __init__(self, graph: Any, timer: ForwardTimer):
+        self.graph = graph
+        self.timer = timer
+
+    def replay(self) -> None:
+        torch = self.timer.torch
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.graph.replay()
+        end.record()
+        self.timer.events.append((start, end))
+
+
+def time_graph_replays(model: Any, timer: ForwardTimer) -> None:
+    """Makes ``model``'s graph replays timed by ``timer`` (the benchmark reaching into
+    the adapter: its graphs are captured and replayed in ``_Runner._graph``)."""
+    runner = model._runner
+    capture = runner._graph
+
+    def timed(size: int, x: Any) -> Any:
+        captured = capture(size, x)
+        return None if captured is None else (TimedReplay(captured[0], timer), captured[1])
+
+    runner._graph = timed
+
+
+def channels_last(torch: Any, module: Any) -> Any:
+    """``module`` with its weights and each input in channels-last memory (NHWC), which
+    tensor cores prefer for convolutions."""
+
+    class ChannelsLast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module.to(memory_format=torch.channels_last)
+
+        def forward(self, x):
+            return self.inner(x.contiguous(memory_format=torch.channels_last))
+
+    return ChannelsLast().eval()
+
+
 class Served:
     """One net on the device: the adapter (warmed up on every bucket), its timer, the
     raw module for the ceiling and the peer, and the ceiling once measured."""
@@ -193,15 +251,21 @@ class Served:
         self.cuda = device.type == "cuda"
         self.precision = args.precision
         self.module = problems.torch_resnet(net).to(device).eval()
+        if args.channels_last and len(net.input_spec.shape) == 3:  # convolutional nets
+            self.module = channels_last(torch, self.module)
         # --compile compiles the net itself (the timer's events stay outside the graph).
         self.forward = torch.compile(self.module) if args.compile else self.module
         self.timer = ForwardTimer(torch, self.cuda)
-        # Replayed CUDA graphs run no forward pass to time: no busy fraction then.
-        self.timed = not args.cuda_graphs
+        self.timed = True
+        # TorchModel's default on CUDA: a CUDA graph per bucket (--eager: none; a
+        # compiled net: none either, since the benchmark compiled it itself).
+        graphs = False if (args.eager or args.compile) else None
         self.model = TorchModel(timed_module(torch, self.forward, self.timer),
                                 input_spec=net.input_spec, device=device,
                                 max_batch_size=args.max_batch_size,
-                                precision=args.precision, cuda_graphs=args.cuda_graphs)
+                                precision=args.precision, cuda_graphs=graphs)
+        if self.model.cuda_graphs:  # replays run no forward pass: time the replays
+            time_graph_replays(self.model, self.timer)
         self.sizes = self.model.batch_sizes
         self.ceiling: Dict[int, Dict[str, Dict[str, float]]] = {}
         for size in self.sizes:  # cudnn picks its algorithms per shape here
@@ -214,10 +278,143 @@ class Served:
         """The adapter's reduced precision, for the model alone too."""
         if self.precision is None:
             return contextlib.nullcontext()
-        return self.torch.autocast(self.device.type, getattr(self.torch, self.precision))
+        # No cast cache, as in TorchModel: a CUDA graph's capture refuses it.
+        return self.torch.autocast(self.device.type, getattr(self.torch, self.precision),
+                                   cache_enabled=False)
 
     def parameters(self) -> int:
         return int(sum(p.numel() for p in self.module.parameters()))
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def on_device_seconds(self, x_host: np.ndarray, min_s: float) -> float:
+        """The module alone on a batch already on the device: CUDA events around a loop
+        of calls on a GPU (the device's own clock), wall time on a CPU."""
+        torch = self.torch
+        x_device = torch.from_numpy(x_host).to(self.device)
+
+        def on_device():
+            with torch.inference_mode(), self.autocast():
+                self.forward(x_device)
+
+        if not self.cuda:
+            return timed_calls(on_device, self.sync, min_s)
+        if self.model.cuda_graphs:  # the adapter replays graphs: so does its ceiling
+            on_device = self.captured(x_device)
+        on_device()
+        torch.cuda.synchronize()
+        calls = max(3, int(min_s / max(timed_calls(on_device, self.sync, 0.0, 3), 1e-6)))
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        for _ in range(calls):
+            on_device()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+
+    def captured(self, x_device: Any) -> Callable[[], None]:
+        """A CUDA graph of the module on ``x_device``'s shape: its replay."""
+        torch = self.torch
+        stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(stream), torch.inference_mode(), self.autocast():
+            for _ in range(3):  # warm-up before capture, as CUDA graphs require
+                self.forward(x_device)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), self.autocast(), torch.cuda.graph(graph, stream=stream):
+            self.forward(x_device)
+        return graph.replay
+
+    def rows_alone_and_among(self, x: np.ndarray, size: int) -> tuple:
+        """The adapter's outputs for ``x``'s rows one at a time and among random
+        batch-mates filling a batch of ``size``: how far a row depends on them."""
+        return rows_alone_and_among(self.model, x, size)
+
+
+class JaxServed:
+    """The same net in JAX through ``models.JaxModel`` (``problems.jax_resnet``), on
+    JAX's default device. JAX gives no per-batch device events here, so its runs report
+    no ``device_busy_fraction``; ``fraction_in_model`` (the server's time in the
+    adapter's call, copies included) stands in for it."""
+
+    def __init__(self, name: str, net: Any, args: argparse.Namespace):
+        import jax
+        from async_search.models import JaxModel
+
+        self.name = name
+        self.net = net
+        self.jax = jax
+        apply_fn, params = problems.jax_resnet(net)
+        self.model = JaxModel(apply_fn, params, input_spec=net.input_spec,
+                              max_batch_size=args.max_batch_size)
+        self.device = self.model.device
+        self.cuda = self.device.platform == "gpu"
+        self.timer = ForwardTimer(None, cuda=False)  # never fed: JAX's runs are untimed
+        self.timed = False
+        self.sizes = self.model.batch_sizes
+        self.ceiling: Dict[int, Dict[str, Dict[str, float]]] = {}
+        self._apply = jax.jit(apply_fn)
+        self._params = jax.device_put(params, self.device)
+        self._leaves = jax.tree.leaves(params)
+        for size in self.sizes:  # one compilation per bucket, here rather than in a run
+            self.model(np.zeros(net.input_spec.batch_shape(size), np.float32))
+
+    def factory(self) -> Any:
+        return self.model
+
+    def parameters(self) -> int:
+        return int(sum(np.size(leaf) for leaf in self._leaves))
+
+    def sync(self) -> None:
+        """Nothing: the adapter's NumPy outputs are ready when it returns."""
+
+    def on_device_seconds(self, x_host: np.ndarray, min_s: float) -> float:
+        jax = self.jax
+        x_device = jax.device_put(x_host, self.device)
+        return timed_calls(
+            lambda: jax.block_until_ready(self._apply(self._params, x_device)),
+            self.sync, min_s)
+
+    def rows_alone_and_among(self, x: np.ndarray, size: int) -> tuple:
+        return rows_alone_and_among(self.model, x, size)
+
+
+def rows_alone_and_among(model: Any, x: np.ndarray, size: int) -> tuple:
+    """``model``'s outputs for each row of ``x`` alone, and for the same rows as the
+    first rows of one batch of ``size`` whose other rows are random."""
+    rng = np.random.default_rng(1)
+    alone = [model(x[i:i + 1]) for i in range(len(x))]
+    mates = (rng.random((size - len(x),) + x.shape[1:]) < 0.2).astype(x.dtype)
+    among = model(np.concatenate([x, mates]))
+    return alone, among
+
+
+def batch_dependence(served: Any, rows: int = 8) -> dict:
+    """How far a row's outputs move with its batch-mates, per bucket size: the largest
+    absolute difference between a row computed alone and among random rows, and that
+    over the outputs' largest magnitude. The adapter's ``batch_tolerance`` documents
+    the bound; this is the measurement."""
+    rng = np.random.default_rng(2)
+    x = (rng.random(served.net.input_spec.batch_shape(rows)) < 0.2).astype(np.float32)
+    out: Dict[str, Any] = {}
+    for size in served.sizes:
+        if size < rows:
+            continue
+        alone, among = served.rows_alone_and_among(x, size)
+        worst = scale = 0.0
+        for i, row in enumerate(alone):
+            parts = row if isinstance(row, (tuple, list)) else (row,)
+            batch_parts = among if isinstance(among, (tuple, list)) else (among,)
+            for a, b in zip(parts, batch_parts):
+                a, b = np.asarray(a, np.float64)[0], np.asarray(b, np.float64)[i]
+                worst = max(worst, float(np.max(np.abs(a - b))))
+                scale = max(scale, float(np.max(np.abs(a))))
+        out[str(size)] = {"max_abs": worst, "max_rel": worst / max(scale, 1e-12)}
+    tolerance = getattr(served.model, "batch_tolerance", None)
+    return {"per_batch_size": out, "adapter_batch_tolerance": tolerance,
+            "worst_max_abs": max((v["max_abs"] for v in out.values()), default=0.0)}
 
 
 # -- the ceiling ---------------------------------------------------------------------------
@@ -235,35 +432,15 @@ def timed_calls(call: Callable[[], Any], sync: Callable[[], None], min_s: float,
     return (time.perf_counter() - began) / calls
 
 
-def measure_ceiling(served: Served, min_s: float) -> dict:
+def measure_ceiling(served: Any, min_s: float) -> dict:
     """Times the model alone at every bucket size into ``served.ceiling``; measured
     again (after the runs), each figure keeps the faster time: the model at its best."""
-    torch = served.torch
-    sync = torch.cuda.synchronize if served.cuda else (lambda: None)
     rng = np.random.default_rng(0)
     out = {}
     for size in served.sizes:
         x_host = (rng.random(served.net.input_spec.batch_shape(size)) < 0.2).astype(np.float32)
-        x_device = torch.from_numpy(x_host).to(served.device)
-
-        def on_device():
-            with torch.inference_mode(), served.autocast():
-                served.forward(x_device)
-
-        if served.cuda:  # CUDA events around a loop of calls: the device's own clock
-            on_device()
-            torch.cuda.synchronize()
-            calls = max(3, int(min_s / max(timed_calls(on_device, sync, 0.0, 3), 1e-6)))
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            for _ in range(calls):
-                on_device()
-            end.record()
-            torch.cuda.synchronize()
-            device_s = start.elapsed_time(end) / 1e3 / calls
-        else:
-            device_s = timed_calls(on_device, sync, min_s)
-        copies_s = timed_calls(lambda: served.model(x_host), sync, min_s)
+        device_s = served.on_device_seconds(x_host, min_s)
+        copies_s = timed_calls(lambda: served.model(x_host), served.sync, min_s)
         before = served.ceiling.get(size)
         if before is not None:
             device_s = min(device_s, before["on_device"])
@@ -590,12 +767,18 @@ def goals(report: dict) -> dict:
     out = {}
     for name, runs in report["runs"].items():
         inside = list(runs.get("in_process", {}).values())
-        best = max(inside, key=lambda r: r["device_busy_fraction"] or 0.0, default=None)
+        # Without device events (JAX) the busiest run is the one nearest the ceiling,
+        # and whether the device was busy enough is not known.
+        timed = any(r["device_busy_fraction"] is not None for r in inside)
+        best = max(inside, key=lambda r: (r["device_busy_fraction"] or 0.0) if timed
+                   else r["vs_ceiling"], default=None)
         entry = {}
         if best is not None:
-            entry["busiest_run"] = {k: best[k] for k in (
-                "searches", "device_busy_fraction", "vs_ceiling", "mean_batch")}
-            entry["busy_goal_met"] = ((best["device_busy_fraction"] or 0.0) >= 0.9
+            entry["busiest_run"] = {k: best.get(k) for k in (
+                "searches", "device_busy_fraction", "fraction_in_model", "vs_ceiling",
+                "mean_batch")}
+            entry["busy_goal_met"] = (None if not timed else
+                                      (best["device_busy_fraction"] or 0.0) >= 0.9
                                       and best["vs_ceiling"] >= 0.9)
         peer = runs.get("handwritten_torch", {})
         ratios = {}  # per concurrency: serve's nodes/s over the peer's, round by round
@@ -633,31 +816,72 @@ async def auto_accepted(served: Served) -> str | None:
     return None
 
 
+def served_nets(args: argparse.Namespace, torch: Any, device: Any) -> Dict[str, tuple]:
+    """``{workload: (search kind, served net)}`` for ``--workloads``, in their order."""
+    made = {}
+    for workload in args.workloads:
+        if workload == "mcts":
+            net = problems.PolicyValueResNet(GAME, channels=args.channels, blocks=args.blocks,
+                                             value_hidden=args.value_hidden, seed=0)
+            name, key = "policy_value", "mcts_connect_four"
+        else:
+            net = problems.CostToGoResNet(PUZZLE, first_width=args.first_width,
+                                          width=args.width, blocks=args.dense_blocks, seed=0)
+            name, key = "cost_to_go", "astar_15_puzzle"
+        served = (JaxServed(name, net, args) if args.framework == "jax" else
+                  Served(name, net, device, args, torch))
+        made[key] = (workload, served)
+    return made
+
+
+class PartialReport:
+    """Writes the report, with every round measured so far, after each measurement: a
+    run stopped at a time limit still leaves its figures behind."""
+
+    def __init__(self, report: dict, out: str | None):
+        self.report = report
+        self.out = out
+        self.rounds: Dict[str, Dict[str, Dict[str, List[dict]]]] = {}
+
+    def add(self, workload: str, section: str, key: str, record: dict) -> None:
+        shown = {k: v for k, v in record.items() if k != "sizes"}
+        self.rounds.setdefault(workload, {}).setdefault(section, {}).setdefault(
+            key, []).append(shown)
+        self.write()
+
+    def write(self) -> None:
+        if self.out:
+            text = json.dumps({**self.report, "partial": True, "rounds_so_far": self.rounds},
+                              indent=1)
+            write_file(self.out, text + "\n")
+
+
 async def bench(args: argparse.Namespace, torch: Any, device: Any, report: dict) -> None:
     cuda = device.type == "cuda"
-    pv_net = problems.PolicyValueResNet(GAME, channels=args.channels, blocks=args.blocks,
-                                        value_hidden=args.value_hidden, seed=0)
-    h_net = problems.CostToGoResNet(PUZZLE, first_width=args.first_width, width=args.width,
-                                    blocks=args.dense_blocks, seed=0)
-    nets = {"astar_15_puzzle": ("astar", Served("cost_to_go", h_net, device, args, torch)),
-            "mcts_connect_four": ("mcts", Served("policy_value", pv_net, device, args,
-                                                 torch))}
+    nets = served_nets(args, torch, device)
+    partial = PartialReport(report, args.out)
     report["nets"] = {
         served.name: {"class": type(served.net).__name__, **served.net.sizes,
-                      "parameters": served.parameters(), "buckets": list(served.sizes)}
+                      "parameters": served.parameters(), "buckets": list(served.sizes),
+                      "framework": args.framework, "device": str(served.device)}
         for _, served in nets.values()}
     report["ceiling"] = {}
+    report["batch_dependence"] = {}
     for _, served in nets.values():
         report["ceiling"][served.name] = measure_ceiling(served, args.min_s)
+        report["batch_dependence"][served.name] = batch_dependence(served)
         progress(f"ceiling {served.name} done")
+        partial.write()
+    sections = set(args.sections)
     fallbacks = report["fallbacks"]
-    auto_missing = await auto_accepted(nets["astar_15_puzzle"][1])
+    auto_missing = await auto_accepted(next(iter(nets.values()))[1])
     if auto_missing:
         fallbacks.append(f"FALLBACK max_batch_size: {auto_missing}; fixed sizes only")
     many_gpus = cuda and torch.cuda.device_count() > 1
     if many_gpus and not serve_takes("devices"):
         fallbacks.append("FALLBACK multi_device: serve(devices=...) is not in this tree "
                          "yet; one GPU used")
+    peer = "handwritten_torch" in sections and args.framework == "torch"
     for name, (kind, served) in nets.items():
         work = Workload(kind, served, args)
         measured: Dict[tuple, List[dict]] = {}
@@ -665,30 +889,33 @@ async def bench(args: argparse.Namespace, torch: Any, device: Any, report: dict)
         async def measure(section: str, key: Any, run: Callable[[], Any]) -> None:
             record = await run()
             measured.setdefault((section, str(key)), []).append(record)
+            partial.add(name, section, str(key), record)
             progress(f"{name} {section} {key}: {record['nodes_per_s']}/s")
 
         # Rounds: every variant once a round, in turn, so that the machine's spells of
         # load touch them all; each figure is the round with the median nodes/s.
         for _ in range(args.rounds):
             for n in sorted(set(args.concurrency) | set(args.peer_concurrency)):
-                if n in args.concurrency:
+                if n in args.concurrency and "in_process" in sections:
                     await measure("in_process", n, lambda: in_process(work, n))
-                if n in args.peer_concurrency:
+                if n in args.peer_concurrency and peer:
                     await measure("handwritten_torch", n, lambda: handwritten(work, n))
-            for size in args.fixed_batch_sizes + ([] if auto_missing else ["auto"]):
-                await measure("max_batch_size", size, lambda: in_process(
-                    work, args.auto_searches, max_batch_size=size))
-            if many_gpus and serve_takes("devices"):
+            if "max_batch_size" in sections:
+                for size in args.fixed_batch_sizes + ([] if auto_missing else ["auto"]):
+                    await measure("max_batch_size", size, lambda: in_process(
+                        work, args.auto_searches, max_batch_size=size))
+            if many_gpus and serve_takes("devices") and "multi_device" in sections:
                 devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
                 await measure("multi_device", ",".join(devices), lambda: in_process(
                     work, max(args.concurrency), devices=devices))
-            for k in args.clients:
-                await measure("process_backend", k, lambda: process_backend(work, k))
+            if "process_backend" in sections:
+                for k in args.clients:
+                    await measure("process_backend", k, lambda: process_backend(work, k))
         runs: Dict[str, Any] = {"in_process": {}, "handwritten_torch": {},
                                 "process_backend": {}, "max_batch_size": {}}
         for (section, key), records in measured.items():
             runs.setdefault(section, {})[key] = median_record(records)
-        if auto_missing:
+        if auto_missing and "max_batch_size" in sections:
             runs["max_batch_size"]["auto"] = {"skipped": auto_missing}
         if many_gpus and not serve_takes("devices"):
             runs["multi_device"] = {"skipped": "serve(devices=...) is not in this tree yet"}
@@ -700,15 +927,16 @@ async def bench(args: argparse.Namespace, torch: Any, device: Any, report: dict)
             for record in section.values():
                 if isinstance(record, dict) and "sizes" in record:
                     refresh_vs_ceiling(served, record)
-        if kind == "mcts":
+        if kind == "mcts" and "mctx" in sections:
             missing = [m for m in ("jax", "mctx") if importlib.util.find_spec(m) is None]
             if missing:
                 runs["mctx"] = {"skipped": f"not importable here: {', '.join(missing)}"}
             elif args.no_mctx:
                 runs["mctx"] = {"skipped": "--no-mctx"}
             else:
-                runs["mctx"] = mctx_peer(pv_net, args)
+                runs["mctx"] = mctx_peer(served.net, args)
                 progress(f"mctx: {runs['mctx']['nodes_per_s']}/s")
+        partial.write()
 
 
 def refresh_vs_ceiling(served: Served, record: dict) -> None:
@@ -784,10 +1012,12 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                    help="seconds of calls per ceiling measurement (default 0.5, smoke 0.2)")
     p.add_argument("--precision", choices=("bfloat16", "float16"), default=None,
                    help="TorchModel's reduced precision (and the ceiling's); off by default")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="TorchModel captures a CUDA graph per bucket (the device's busy "
-                        "time is then not measured)")
+    p.add_argument("--eager", action="store_true",
+                   help="TorchModel without CUDA graphs (its default on CUDA captures one "
+                        "per bucket)")
     p.add_argument("--compile", action="store_true", help="torch.compile the net")
+    p.add_argument("--channels-last", action="store_true",
+                   help="the convolutional net in channels-last memory (NHWC)")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="PyTorch's intra-op threads (GPU: its default; CPU 1, which leaves "
                         "a core to the searches, and on a loaded 2-core machine a second "
@@ -795,8 +1025,27 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of every variant in turn; figures are the median round's "
                         "(default 3 on a CPU, 2 on a GPU, 1 for --smoke)")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval for this process (Python's default 0.005 s): "
+                        "how soon the device thread gets the GIL back from the searches")
+    p.add_argument("--framework", choices=("torch", "jax"), default="torch",
+                   help="the adapter serving the nets: TorchModel, or JaxModel on JAX's "
+                        "default device (no device busy time then, and no PyTorch peer)")
+    p.add_argument("--workloads", type=str, default="astar,mcts",
+                   help="which searches, in this order: astar (the 15-puzzle), mcts "
+                        "(Connect Four)")
+    p.add_argument("--sections", type=str, default=",".join(SECTIONS),
+                   help=f"which runs, of {','.join(SECTIONS)} (the ceiling always)")
     p.add_argument("--out", default=None, help="where to write the JSON")
     args = p.parse_args(argv)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.sections = [w for w in args.sections.split(",") if w]
+    for flag, given, allowed in (("--workloads", args.workloads, ("astar", "mcts")),
+                                 ("--sections", args.sections, SECTIONS)):
+        wrong = [w for w in given if w not in allowed]
+        if wrong or not given or len(set(given)) != len(given):
+            p.error(f"{flag} takes a comma-separated list of {', '.join(allowed)} "
+                    f"(each once), not {','.join(given) or 'nothing'}")
 
     def pick(name: str, gpu: Any, cpu: Any, smoke: Any = None) -> None:
         if getattr(args, name) is None:
@@ -854,6 +1103,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         torch.backends.cudnn.benchmark = True  # the buckets repeat a few shapes
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     report: Dict[str, Any] = {
         "benchmark": "benchmarks/gpu.py",
         "smoke": args.smoke,

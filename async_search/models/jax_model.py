@@ -36,8 +36,10 @@ class JaxModel(BucketedModel):
     (relative and absolute, as in ``np.allclose(a, b, rtol=t, atol=t)``): XLA orders
     float sums differently for different batch sizes. Default 1e-4 on the CPU (measured:
     up to about 1e-6 of the outputs' scale on an MLP); 1e-2 on a GPU (float32 matrix
-    products use TF32 there by default) and 5e-2 on a TPU (bfloat16 passes): estimates,
-    not measured here. Give your own when you have measured.
+    products use TF32 there by default; measured on an H200 with the residual nets of
+    ``benchmarks/gpu.py``: rows moved by at most 1.0e-3 and 2.2e-3 of the outputs'
+    largest magnitude) and 5e-2 on a TPU (bfloat16 passes: an estimate, not measured).
+    Give your own when you have measured.
 
     On a CPU with few cores, JAX's asynchronous dispatch costs tens of microseconds a
     call; ``jax.config.update("jax_cpu_enable_async_dispatch", False)``, before JAX

@@ -240,7 +240,12 @@ def test_on_device_makes_an_independent_copy(framework):
     cpu = {"torch": "cpu", "jax": "cpu", "tensorflow": "/CPU:0"}[framework.name]
     assert isinstance(model, DeviceModel)  # what serve(devices=[...]) takes
     copy = asr.base.on_device(model, cpu)
-    assert copy.batch_tolerance == model.batch_tolerance
+    # The copy's tolerance is its own device's default (the model's may be a GPU's)...
+    assert copy.batch_tolerance == framework.make(old, max_batch_size=MAX,
+                                                  device=cpu).batch_tolerance
+    # ...and one given to the model goes with the copy.
+    given = framework.make(old, max_batch_size=MAX, batch_tolerance=0.25)
+    assert asr.base.on_device(given, cpu).batch_tolerance == 0.25
     model.with_weights(framework.update(new))(x)  # the original's net gets new weights
     assert_close(copy(x), framework.direct(old, x), tol)
     assert_close(model(x), framework.direct(old, x), tol)  # and the old ones back

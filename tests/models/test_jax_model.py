@@ -46,13 +46,14 @@ def rows(n, seed=0):
 
 def test_compiled_once_per_bucket_and_never_again_on_new_weights():
     model = JaxModel(apply, params(), input_spec=SPEC, max_batch_size=16)
+    tol = model.batch_tolerance  # on a GPU, float32 products use TF32: 1e-3 off NumPy
     for n in (1, 3, 4, 5, 9, 16, 40, 2, 7):
         np.testing.assert_allclose(model(rows(n, n)), reference(params(), rows(n, n)),
-                                   rtol=1e-5, atol=1e-5)
+                                   rtol=tol, atol=tol)
     assert model.trace_count == 5  # buckets 1, 2, 4, 8, 16
     updated = model.with_weights(params(1))
     np.testing.assert_allclose(updated(rows(9)), reference(params(1), rows(9)),
-                               rtol=1e-5, atol=1e-5)
+                               rtol=tol, atol=tol)
     assert updated.trace_count == 5
 
 

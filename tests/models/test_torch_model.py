@@ -136,6 +136,14 @@ def test_options_are_checked_at_construction():
         TorchModel(mlp(), input_spec=SPEC, device="cuda:7")
 
 
+def test_cuda_graphs_are_the_default_on_cuda_only_and_checked():
+    assert TorchModel(mlp(), input_spec=SPEC, device="cpu").cuda_graphs is False
+    assert TorchModel(mlp(), input_spec=SPEC, device="cpu", cuda_graphs=False
+                      ).cuda_graphs is False
+    with pytest.raises(TypeError, match="cuda_graphs must be None, True or False"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", cuda_graphs="yes")
+
+
 def test_integer_inputs_reach_the_module_in_their_dtype():
     class Boards(torch.nn.Module):
         def forward(self, x):
@@ -231,6 +239,47 @@ def test_cuda_graphs_replay_per_bucket_and_keep_their_graph_across_updates():
     np.testing.assert_allclose(updated(x), direct(mlp(1), x), rtol=1e-2, atol=1e-2)
     assert model._runner._graphs == graphs  # the same captured graph, new weights
     np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+
+
+@needs_cuda
+def test_cuda_graphs_are_on_by_default_on_cuda_and_off_when_compiled_or_copied_to_the_cpu():
+    model = TorchModel(mlp(), input_spec=SPEC, max_batch_size=8)
+    assert model.cuda_graphs
+    x = rows(3)
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+    assert set(model._runner._graphs) == {4}
+    assert not model.on_device("cpu").cuda_graphs
+    assert model.on_device("cuda:0").cuda_graphs
+
+
+class Syncing(torch.nn.Module):
+    """A module that reads a value back to the host mid-pass: no CUDA graph holds it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = mlp()
+
+    def forward(self, x):
+        out = self.inner(x)
+        return out * (1.0 if out.abs().sum().item() >= 0 else -1.0)
+
+
+@needs_cuda
+def test_a_module_that_cannot_be_captured_runs_eagerly_with_a_warning(caplog):
+    model = TorchModel(Syncing(), input_spec=SPEC, max_batch_size=8)
+    x = rows(5)
+    with caplog.at_level("WARNING", logger="async_search.models"):
+        np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+    assert "cannot be captured in a CUDA graph" in caplog.text
+    assert not model.cuda_graphs
+    np.testing.assert_allclose(model(rows(2)), direct(mlp(), rows(2)), rtol=1e-2, atol=1e-2)
+
+
+@needs_cuda
+def test_cuda_graphs_true_refuses_a_module_that_cannot_be_captured():
+    model = TorchModel(Syncing(), input_spec=SPEC, max_batch_size=8, cuda_graphs=True)
+    with pytest.raises(RuntimeError, match="cannot be captured"):
+        model(rows(5))
 
 
 @needs_cuda
