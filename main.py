@@ -252,6 +252,48 @@ _check("hidden_sizes", lambda v: bool(v) and all(int(w) >= 1 for w in v),
 _check("channels", lambda v: v >= 1, "an integer >= 1")
 _check("blocks", lambda v: v >= 0, "an integer >= 0")
 
+#: The most weights a net that main.py builds may have (200 MB in float32): a typo such
+#: as --hidden_sizes 99999999999 gets a clear refusal, not a memory error minutes later.
+MAX_NET_WEIGHTS = 50_000_000
+
+
+def _mlp_weights(widths) -> int:
+    """About how many weights an MLP of these hidden widths has (inputs of at most 256
+    features, as the problems encode them, and a few outputs)."""
+    sizes = [256] + [int(w) for w in widths] + [8]
+    return sum(a * b for a, b in zip(sizes, sizes[1:]))
+
+
+def _conv_weights(channels: int, blocks: int) -> int:
+    """About how many weights a convolutional policy-value net has: a 3x3 stem, blocks
+    of two 3x3 convolutions, heads over the 42 cells."""
+    return 9 * channels * (4 + 2 * blocks * channels) + channels * 42 * 9
+
+
+def _at_most_max_weights(flag: str, value: str, weights: int) -> bool:
+    if weights > MAX_NET_WEIGHTS:
+        raise flags.ValidationError(
+            f"{flag} {value}: a net of about {weights:,} weights; main.py builds nets of "
+            f"at most {MAX_NET_WEIGHTS:,}")
+    return True
+
+
+@flags.validator("hidden_sizes", message="")
+def _hidden_sizes_fit(v) -> bool:
+    try:
+        weights = _mlp_weights(v)
+    except (TypeError, ValueError):  # not integers: the check above says so
+        return True
+    return _at_most_max_weights("--hidden_sizes", ",".join(v), weights)
+
+
+@flags.multi_flags_validator(["channels", "blocks"], message="")
+def _conv_net_fits(v) -> bool:
+    if v["channels"] is None or v["blocks"] is None:
+        return True
+    return _at_most_max_weights("--channels, --blocks", f"{v['channels']}, {v['blocks']}",
+                                _conv_weights(v["channels"], v["blocks"]))
+
 
 @flags.multi_flags_validator(["continuous", "multi_server", "architecture", "train"],
                              message="choose one experiment")

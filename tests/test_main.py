@@ -97,6 +97,11 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--train=connect_four", "--backend=gpu"], "--backend"),
     (["--train=sliding_puzzle", "--weight=-1"], "--weight must be a number >= 0"),
     (["--train=connect_four", "--continuous"], "separate experiments"),
+    # a net too large to build: refused before any allocation
+    (["--train=connect_four", "--hidden_sizes=99999999999"],
+     "--hidden_sizes 99999999999: a net of about"),
+    (["--train=connect_four", "--net=residual", "--channels=100000"],
+     "main.py builds nets of at most 50,000,000"),
     # a flag the chosen experiment would not read (experiments.flag_scope)
     (["--iterations=3"], "--iterations does not apply to the default experiment"),
     (["--train=connect_four", "--model=tf"], "--model does not apply to --train"),
