@@ -1,0 +1,108 @@
+"""benchmarks/gpu.py and its GPU session's summary: the parts that need no GPU."""
+
+import json
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu_session"))
+
+import gpu  # noqa: E402
+import summarize  # noqa: E402
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--workloads", "mcts,chess"), ("--workloads", ""), ("--workloads", "mcts,mcts"),
+    ("--sections", "in_process,profile"),
+])
+def test_workloads_and_sections_outside_their_lists_are_refused(flag, value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu.parse_args([flag, value], cuda=False)
+    assert stop.value.code == 2
+    assert f"{flag} takes a comma-separated list of" in capsys.readouterr().err
+
+
+def test_workloads_keep_their_order_and_sections_default_to_all():
+    args = gpu.parse_args(["--workloads", "mcts,astar", "--smoke"], cuda=False)
+    assert args.workloads == ["mcts", "astar"]
+    assert args.sections == list(gpu.SECTIONS)
+    assert args.framework == "torch" and not args.eager
+
+
+def test_the_report_is_rewritten_after_each_run_without_batch_sizes(tmp_path):
+    out = tmp_path / "gpu.json"
+    report = {"benchmark": "benchmarks/gpu.py", "runs": {}}
+    partial = gpu.PartialReport(report, str(out))
+    partial.add("mcts_connect_four", "in_process", "64",
+                {"nodes_per_s": 10.0, "sizes": [3, 4]})
+    partial.add("mcts_connect_four", "in_process", "64", {"nodes_per_s": 12.0, "sizes": [5]})
+    written = json.loads(out.read_text())
+    assert written["partial"] is True
+    assert written["rounds_so_far"]["mcts_connect_four"]["in_process"]["64"] == [
+        {"nodes_per_s": 10.0}, {"nodes_per_s": 12.0}]
+    assert "partial" not in report  # the final report is the caller's, whole
+
+
+class RowMixing:
+    """A model whose row i moves by ``shift`` times the mean of its batch: a row's
+    outputs depend on its batch-mates by a known amount."""
+
+    batch_tolerance = 0.5
+
+    def __init__(self, shift):
+        self.shift = shift
+
+    def __call__(self, x):
+        return x.sum(axis=1, keepdims=True) + self.shift * x.mean()
+
+
+def served_with(model):
+    spec = types.SimpleNamespace(batch_shape=lambda n: (n, 4))
+    return types.SimpleNamespace(
+        net=types.SimpleNamespace(input_spec=spec), sizes=[4, 8, 16, 32], model=model,
+        rows_alone_and_among=lambda x, size: gpu.rows_alone_and_among(model, x, size))
+
+
+def test_batch_dependence_is_zero_for_independent_rows_and_seen_otherwise():
+    alone = gpu.batch_dependence(served_with(RowMixing(0.0)), rows=8)
+    assert set(alone["per_batch_size"]) == {"8", "16", "32"}  # 4 holds fewer than 8 rows
+    assert alone["worst_max_abs"] == 0.0
+    assert alone["adapter_batch_tolerance"] == 0.5
+    mixing = gpu.batch_dependence(served_with(RowMixing(1.0)), rows=8)
+    assert mixing["worst_max_abs"] > 0.01
+    assert all(0 < v["max_rel"] < 1 for v in mixing["per_batch_size"].values())
+
+
+def test_rows_alone_and_among_put_the_rows_first_in_a_full_batch():
+    seen = []
+
+    def model(x):
+        seen.append(x.shape)
+        return x[:, :1]
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    alone, among = gpu.rows_alone_and_among(model, x, 8)
+    assert seen == [(1, 4), (1, 4), (8, 4)]
+    np.testing.assert_array_equal(among[:2], x[:, :1])
+    np.testing.assert_array_equal(np.concatenate(alone), x[:, :1])
+
+
+def test_the_h200_summary_reads_the_committed_reports():
+    summary = summarize.summarize(os.path.join(ROOT, "results", "benchmarks", "gpu_h200"))
+    assert summary["machine"]["gpu"].endswith("NVIDIA H200")
+    assert summary["machine"]["cpu_cores"] == 16
+    mcts = summary["ratios"]["mcts_connect_four"]
+    # serve at 1024 searches (13,689/s, eager) against the hand-written batcher (27,675/s)
+    assert mcts["vs_handwritten_same_concurrency_eager"]["1024"] == pytest.approx(0.49)
+    assert mcts["vs_handwritten_same_concurrency_cuda_graphs"]["1024"] == pytest.approx(1.35)
+    assert mcts["best_vs_best_handwritten"]["ours"] == "b_mcts_graphs process_backend 14"
+    astar = summary["ratios"]["astar_15_puzzle"]
+    assert astar["scaling_efficiency_torch_eager"]["2"] == pytest.approx(0.98)
+    graphs = summary["ceiling"]["policy_value"]["torch_cuda_graphs"]["1"]
+    assert graphs["with_copies_ms"] < 0.5 < summary["ceiling"]["policy_value"][
+        "torch_eager"]["1"]["with_copies_ms"]
