@@ -1038,6 +1038,8 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                    help=f"which runs, of {','.join(SECTIONS)} (the ceiling always)")
     p.add_argument("--out", default=None, help="where to write the JSON")
     args = p.parse_args(argv)
+    if args.switch_interval is not None and not args.switch_interval > 0:
+        p.error(f"--switch-interval takes seconds > 0, not {args.switch_interval}")
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.sections = [w for w in args.sections.split(",") if w]
     for flag, given, allowed in (("--workloads", args.workloads, ("astar", "mcts")),

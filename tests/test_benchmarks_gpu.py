@@ -18,13 +18,14 @@ import summarize  # noqa: E402
 
 @pytest.mark.parametrize("flag, value", [
     ("--workloads", "mcts,chess"), ("--workloads", ""), ("--workloads", "mcts,mcts"),
-    ("--sections", "in_process,profile"),
+    ("--sections", "in_process,profile"), ("--switch-interval", "0"),
+    ("--switch-interval", "-1"),
 ])
 def test_workloads_and_sections_outside_their_lists_are_refused(flag, value, capsys):
     with pytest.raises(SystemExit) as stop:
         gpu.parse_args([flag, value], cuda=False)
     assert stop.value.code == 2
-    assert f"{flag} takes a comma-separated list of" in capsys.readouterr().err
+    assert f"{flag} takes " in capsys.readouterr().err
 
 
 def test_workloads_keep_their_order_and_sections_default_to_all():

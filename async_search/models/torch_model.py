@@ -121,8 +121,9 @@ class TorchModel(OwnWeightsModel):
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
         self.precision = precision
         self.compile = compile
-        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        if cuda_graphs is not None and not isinstance(cuda_graphs, (bool, np.bool_)):
             raise TypeError(f"cuda_graphs must be None, True or False, got {cuda_graphs!r}")
+        cuda_graphs = None if cuda_graphs is None else bool(cuda_graphs)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs needs a CUDA device, got {self.device}")
         if cuda_graphs and compile:

@@ -142,6 +142,10 @@ def test_cuda_graphs_are_the_default_on_cuda_only_and_checked():
                       ).cuda_graphs is False
     with pytest.raises(TypeError, match="cuda_graphs must be None, True or False"):
         TorchModel(mlp(), input_spec=SPEC, device="cpu", cuda_graphs="yes")
+    assert TorchModel(mlp(), input_spec=SPEC, device="cpu",
+                      cuda_graphs=np.bool_(False)).cuda_graphs is False
+    with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", cuda_graphs=np.bool_(True))
 
 
 def test_integer_inputs_reach_the_module_in_their_dtype():
