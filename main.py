@@ -257,17 +257,15 @@ _check("blocks", lambda v: v >= 0, "an integer >= 0")
 MAX_NET_WEIGHTS = 50_000_000
 
 
-def _mlp_weights(widths) -> int:
-    """About how many weights an MLP of these hidden widths has (inputs of at most 256
-    features, as the problems encode them, and a few outputs)."""
-    sizes = [256] + [int(w) for w in widths] + [8]
-    return sum(a * b for a, b in zip(sizes, sizes[1:]))
+def _net_weights(**sizes) -> int:
+    """The weights of the largest net main.py would build with these sizes: Connect
+    Four's policy-value net (threat planes) or, for an MLP, the 15-puzzle heuristic."""
+    from async_search.problems.nets import NetConfig
 
-
-def _conv_weights(channels: int, blocks: int) -> int:
-    """About how many weights a convolutional policy-value net has: a 3x3 stem, blocks
-    of two 3x3 convolutions, heads over the 42 cells."""
-    return 9 * channels * (4 + 2 * blocks * channels) + channels * 42 * 9
+    configs = [NetConfig("policy_value", "connect_four", features="threats", **sizes)]
+    if sizes.get("architecture", "mlp") == "mlp":
+        configs.append(NetConfig("heuristic", "sliding_puzzle", **sizes))
+    return max(config.parameter_count for config in configs)
 
 
 def _at_most_max_weights(flag: str, value: str, weights: int) -> bool:
@@ -281,18 +279,21 @@ def _at_most_max_weights(flag: str, value: str, weights: int) -> bool:
 @flags.validator("hidden_sizes", message="")
 def _hidden_sizes_fit(v) -> bool:
     try:
-        weights = _mlp_weights(v)
-    except (TypeError, ValueError):  # not integers: the check above says so
+        weights = _net_weights(hidden_sizes=tuple(int(w) for w in v))
+    except (TypeError, ValueError):  # not integers >= 1: the check above says so
         return True
     return _at_most_max_weights("--hidden_sizes", ",".join(v), weights)
 
 
 @flags.multi_flags_validator(["channels", "blocks"], message="")
 def _conv_net_fits(v) -> bool:
-    if v["channels"] is None or v["blocks"] is None:
+    try:
+        weights = _net_weights(architecture="residual", channels=v["channels"],
+                               blocks=v["blocks"])
+    except (TypeError, ValueError):  # out of range: the checks above say so
         return True
     return _at_most_max_weights("--channels, --blocks", f"{v['channels']}, {v['blocks']}",
-                                _conv_weights(v["channels"], v["blocks"]))
+                                weights)
 
 
 @flags.multi_flags_validator(["continuous", "multi_server", "architecture", "train"],

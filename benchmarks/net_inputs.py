@@ -67,9 +67,7 @@ def parse_net(spec: str, args: argparse.Namespace) -> NetConfig:
         channels, blocks = numbers
     config = NetConfig("policy_value", "connect_four", hidden, architecture=architecture,
                        channels=channels, blocks=blocks, features=features or "planes")
-    shapes = (config.conv_shapes.values() if config.convolutional
-              else [(i, o) for i, o in config.layer_shapes])
-    weights = sum(int(np.prod(shape, dtype=np.float64)) for shape in shapes)
+    weights = config.parameter_count
     if weights > MAX_WEIGHTS:
         raise ValueError(f"--nets: {spec!r} has {weights:,} weights, more than this "
                          f"script trains ({MAX_WEIGHTS:,})")

@@ -10,6 +10,7 @@ these two things, so the config must round-trip through JSON.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple, Union
 
 import numpy as np
@@ -162,6 +163,14 @@ class NetConfig:
         sizes = [int(np.prod(self.body_input_shape)), *self.hidden_sizes,
                  self.output_size]
         return list(zip(sizes[:-1], sizes[1:]))
+
+    @property
+    def parameter_count(self) -> int:
+        """How many numbers the net's weights and biases hold, in Python integers: exact
+        for any sizes, before anything is allocated."""
+        if self.convolutional:
+            return sum(math.prod(shape) for shape in self.conv_shapes.values())
+        return sum(fan_in * fan_out + fan_out for fan_in, fan_out in self.layer_shapes)
 
     @property
     def conv_shapes(self) -> Dict[str, Tuple[int, ...]]:

@@ -139,3 +139,25 @@ def test_bad_sizes_and_inputs_that_are_not_planes_are_refused():
         PolicyValueConvNet(GAME, blocks=-1)
     with pytest.raises(ValueError, match="planes"):
         PolicyValueConvNet(problems.SlidingPuzzle(3))
+
+
+@pytest.mark.parametrize("sizes", [
+    dict(hidden_sizes=(64,)), dict(hidden_sizes=(32, 16), features="threats"),
+    dict(architecture="conv", channels=4, blocks=1),
+    dict(architecture="residual", channels=8, blocks=2, features="threats"),
+])
+def test_parameter_count_counts_what_the_net_is_made_with(sizes):
+    from async_search.problems.nets import NetConfig, initial_weights
+
+    config = NetConfig("policy_value", "connect_four", **sizes)
+    weights = initial_weights(config, seed=0)
+    arrays = (weights.values() if isinstance(weights, dict)
+              else [a for layer in weights for a in layer])
+    assert config.parameter_count == sum(np.size(a) for a in arrays)
+
+
+def test_parameter_count_of_a_typo_sized_net_is_exact_and_allocates_nothing():
+    from async_search.problems.nets import NetConfig
+
+    config = NetConfig("heuristic", "sliding_puzzle", hidden_sizes=(99999999999,))
+    assert config.parameter_count == 256 * 99999999999 + 99999999999 + 99999999999 + 1
