@@ -327,11 +327,6 @@ class Served:
             self.forward(x_device)
         return graph.replay
 
-    def rows_alone_and_among(self, x: np.ndarray, size: int) -> tuple:
-        """The adapter's outputs for ``x``'s rows one at a time and among random
-        batch-mates filling a batch of ``size``: how far a row depends on them."""
-        return rows_alone_and_among(self.model, x, size)
-
 
 class JaxServed:
     """The same net in JAX through ``models.JaxModel`` (``problems.jax_resnet``), on
@@ -377,9 +372,6 @@ class JaxServed:
             lambda: jax.block_until_ready(self._apply(self._params, x_device)),
             self.sync, min_s)
 
-    def rows_alone_and_among(self, x: np.ndarray, size: int) -> tuple:
-        return rows_alone_and_among(self.model, x, size)
-
 
 def rows_alone_and_among(model: Any, x: np.ndarray, size: int) -> tuple:
     """``model``'s outputs for each row of ``x`` alone, and for the same rows as the
@@ -402,7 +394,7 @@ def batch_dependence(served: Any, rows: int = 8) -> dict:
     for size in served.sizes:
         if size < rows:
             continue
-        alone, among = served.rows_alone_and_among(x, size)
+        alone, among = rows_alone_and_among(served.model, x, size)
         worst = scale = 0.0
         for i, row in enumerate(alone):
             parts = row if isinstance(row, (tuple, list)) else (row,)

@@ -65,8 +65,7 @@ class RowMixing:
 def served_with(model):
     spec = types.SimpleNamespace(batch_shape=lambda n: (n, 4))
     return types.SimpleNamespace(
-        net=types.SimpleNamespace(input_spec=spec), sizes=[4, 8, 16, 32], model=model,
-        rows_alone_and_among=lambda x, size: gpu.rows_alone_and_among(model, x, size))
+        net=types.SimpleNamespace(input_spec=spec), sizes=[4, 8, 16, 32], model=model)
 
 
 def test_batch_dependence_is_zero_for_independent_rows_and_seen_otherwise():

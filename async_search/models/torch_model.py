@@ -131,8 +131,6 @@ class TorchModel(OwnWeightsModel):
                              "captures graphs itself with mode='reduce-overhead'")
         #: Whether graphs are required (True), tried with an eager fallback (None) or off.
         self._graphs_option = cuda_graphs
-        self._graphs_wanted = (bool(cuda_graphs) if cuda_graphs is not None
-                               else self.device.type == "cuda" and not compile)
         self._given_tolerance = batch_tolerance
         self.batch_tolerance = (
             _default_tolerance(torch, self.device, precision) if batch_tolerance is None
@@ -279,8 +277,9 @@ class _Runner:
         self._device_in: Dict[int, Any] = {}  # CUDA: size -> input tensor on the device
         self._host_out: Dict[int, Tuple[list, list]] = {}  # CUDA: size -> pinned outputs
         self._graphs: Dict[int, Tuple[Any, Any]] = {}  # size -> (CUDA graph, its outputs)
-        self.cuda_graphs = model._graphs_wanted
-        self.graphs_required = model._graphs_option is True
+        option = model._graphs_option
+        self.cuda_graphs = (self.cuda and not model.compile) if option is None else option
+        self.graphs_required = option is True
         self.forward = self.module
         if model.compile:
             if _triton_would_follow_tensorflow():
