@@ -1069,7 +1069,18 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
         args.rounds = 1 if args.smoke else (2 if cuda else 3)
 
     def numbers(text: str | None, default: Sequence[int]) -> List[int]:
-        return sorted({int(t) for t in text.split(",") if t}) if text else list(default)
+        if not text:
+            return list(default)
+        try:
+            found = sorted({int(t) for t in text.split(",") if t})
+        except ValueError:
+            found = []
+        if not found or found[0] < 1:
+            p.error(f"expected comma-separated integers >= 1, got {text!r}")
+        return found
+
+    if args.rounds < 1:
+        p.error(f"--rounds takes an integer >= 1, not {args.rounds}")
 
     args.concurrency = numbers(args.concurrency, (1, 64, 256) if args.smoke else
                                (1, 64, 256, 1024, 4096))

@@ -28,6 +28,17 @@ def test_workloads_and_sections_outside_their_lists_are_refused(flag, value, cap
     assert f"{flag} takes " in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, value", [
+    ("--concurrency", "64,many"), ("--clients", "0,2"), ("--fixed-batch-sizes", "-4"),
+    ("--rounds", "0"),
+])
+def test_counts_that_are_not_positive_integers_are_refused(flag, value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu.parse_args([flag, value], cuda=False)
+    assert stop.value.code == 2
+    assert value in capsys.readouterr().err
+
+
 def test_workloads_keep_their_order_and_sections_default_to_all():
     args = gpu.parse_args(["--workloads", "mcts,astar", "--smoke"], cuda=False)
     assert args.workloads == ["mcts", "astar"]
