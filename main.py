@@ -116,6 +116,8 @@ flags.DEFINE_enum("features", None, ["planes", "threats"], "--train connect_four
                   "would make four at once (problems.connect_four_threats; the default).")
 flags.DEFINE_integer("channels", 16, "--net conv|residual: convolution channels.")
 flags.DEFINE_integer("blocks", 2, "--net conv|residual: blocks of two 3x3 convolutions.")
+flags.DEFINE_integer("value_planes", 1, "--net conv|residual: planes the value head reads "
+                     "(AlphaZero's 1 squeezes a narrow trunk's board into one plane).")
 
 # -- serving and placement --------------------------------------------------------------
 flags.DEFINE_integer("max_batch_size", None, "Most elements per batch (default 256; "
@@ -251,6 +253,7 @@ _check("hidden_sizes", lambda v: bool(v) and all(int(w) >= 1 for w in v),
        "comma-separated integers >= 1 (layer widths)")
 _check("channels", lambda v: v >= 1, "an integer >= 1")
 _check("blocks", lambda v: v >= 0, "an integer >= 0")
+_check("value_planes", lambda v: v >= 1, "an integer >= 1")
 
 #: The most weights a net that main.py builds may have (200 MB in float32): a typo such
 #: as --hidden_sizes 99999999999 gets a clear refusal, not a memory error minutes later.
@@ -285,14 +288,15 @@ def _hidden_sizes_fit(v) -> bool:
     return _at_most_max_weights("--hidden_sizes", ",".join(v), weights)
 
 
-@flags.multi_flags_validator(["channels", "blocks"], message="")
+@flags.multi_flags_validator(["channels", "blocks", "value_planes"], message="")
 def _conv_net_fits(v) -> bool:
     try:
         weights = _net_weights(architecture="residual", channels=v["channels"],
-                               blocks=v["blocks"])
+                               blocks=v["blocks"], value_planes=v["value_planes"])
     except (TypeError, ValueError):  # out of range: the checks above say so
         return True
-    return _at_most_max_weights("--channels, --blocks", f"{v['channels']}, {v['blocks']}",
+    return _at_most_max_weights("--channels, --blocks, --value_planes",
+                                f"{v['channels']}, {v['blocks']}, {v['value_planes']}",
                                 weights)
 
 
@@ -557,6 +561,7 @@ def build_training():
             train_steps=FLAGS.train_steps or defaults.train_steps,
             hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
             architecture=FLAGS.net, channels=FLAGS.channels, blocks=FLAGS.blocks,
+            value_planes=FLAGS.value_planes,
             features=FLAGS.features or defaults.features,
             eval_games=FLAGS.eval_games, uct_rollouts=FLAGS.uct_rollouts,
             backend=FLAGS.backend,

@@ -108,6 +108,8 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--search=mcts", "--scramble=5"], "--scramble does not apply to --search mcts"),
     (["--hidden_sizes=64"], "--hidden_sizes sizes the untrained net"),
     (["--train=connect_four", "--blocks=1"], "--blocks sizes a convolutional net"),
+    (["--train=connect_four", "--value_planes=4"],
+     "--value_planes sizes a convolutional net"),
 ])
 def test_bad_flags_are_one_line_and_exit_status_2(tmp_path, args, names):
     save = tmp_path / "never.png"

@@ -162,6 +162,8 @@ def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(
     (["--train", "sliding_puzzle", "--features", "threats"], "--features"),
     (["--train", "connect_four", "--net", "residual", "--channels", "0"], "channels"),
     (["--train", "connect_four", "--net", "conv", "--blocks", "-1"], "blocks"),
+    (["--train", "connect_four", "--net", "residual", "--value_planes", "0"],
+     "--value_planes"),
     (["--train", "connect_four", "--gate_threshold", "1.5"], "--gate_threshold"),
     (["--train", "connect_four", "--gate_threshold", "-0.1"], "--gate_threshold"),
     (["--train", "connect_four", "--random_opening_moves", "-1"], "--random_opening_moves"),
@@ -201,14 +203,14 @@ def test_random_openings_and_solve_reach_self_play_and_the_agent_and_are_printed
 
 def test_train_connect_four_with_a_residual_net_on_threats_trains_and_saves_it(tmp_path):
     out = main("--train", "connect_four", "--net", "residual", "--channels", "4",
-               "--blocks", "1", "--features", "threats",
+               "--blocks", "1", "--features", "threats", "--value_planes", "2",
                "--iterations", "1", "--games_per_iteration", "4",
                "--train_steps", "4", "--simulations", "4", "--eval_games", "2",
                "--strong_uct_games", "0", "--final_games", "2", "--accuracy_positions",
                "2", "--uct_rollouts", "4", "--noprogress",
                "--save_dir", str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "a residual 4x1 + threats policy-value net" in out.stdout
+    assert "a residual 4x1 (value 2 planes) + threats policy-value net" in out.stdout
     config = json.load(open(tmp_path / "run" / "best" / "config.json"))["config"]
     assert (config["architecture"], config["channels"], config["blocks"],
-            config["features"]) == ("residual", 4, 1, "threats")
+            config["features"], config["value_planes"]) == ("residual", 4, 1, "threats", 2)

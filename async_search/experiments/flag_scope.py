@@ -87,6 +87,7 @@ SCOPES: Dict[str, Scope] = {
                            mlp_only=True),
     "channels": _scope(TRAIN_C4, conv_only=True),
     "blocks": _scope(TRAIN_C4, conv_only=True),
+    "value_planes": _scope(TRAIN_C4, conv_only=True),
     "max_batch_size": _scope(*_SEARCHES, ARCHITECTURE, *_TRAIN),
     "max_delay": _scope(*_SEARCHES, ARCHITECTURE),
     "num_procs": _scope(MULTI_SERVER, ARCHITECTURE, TRAIN_C4),

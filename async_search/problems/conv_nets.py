@@ -4,9 +4,9 @@ trainer and served in NumPy with rows exact whatever the batch.
 The net (``PolicyValueConvNet``): a 3x3 convolution stem, ``blocks`` blocks of two 3x3
 convolutions (residual blocks, ``h = relu(h + conv(relu(conv(h))))``, or plain ones,
 ``h = relu(conv(relu(conv(h))))``), a policy head (1x1 convolution to 2 planes, dense to
-the logits) and a value head (1x1 convolution to 1 plane, dense ``value_hidden``, dense
-to one value), ReLU, biases and no batch norm. AlphaZero's shape, small enough to train
-on two cores in half an hour.
+the logits) and a value head (1x1 convolution to ``value_planes`` planes, dense
+``value_hidden``, dense to one value), ReLU, biases and no batch norm. AlphaZero's shape
+(whose value head reads 1 plane), small enough to train on two cores in half an hour.
 
 Its rows are exact as ``models.MLP``'s are: weights on multiples of ``WEIGHT_QUANTUM``
 and activations on the grid of ``GRID_SCALE`` within ``GRID_BOUND`` (constants of
@@ -46,8 +46,8 @@ ConvWeights = Dict[str, np.ndarray]
 
 
 def conv_weight_shapes(planes: int, rows: int, columns: int, num_actions: int, *,
-                       channels: int, blocks: int, value_hidden: int
-                       ) -> Dict[str, Tuple[int, ...]]:
+                       channels: int, blocks: int, value_hidden: int,
+                       value_planes: int = 1) -> Dict[str, Tuple[int, ...]]:
     """The name and shape of every weight of a ``PolicyValueConvNet``, in order."""
     cells = rows * columns
     shapes: Dict[str, Tuple[int, ...]] = {
@@ -59,8 +59,10 @@ def conv_weight_shapes(planes: int, rows: int, columns: int, num_actions: int, *
     shapes.update({
         "policy.conv.weight": (2, channels, 1, 1), "policy.conv.bias": (2,),
         "policy.fc.weight": (num_actions, 2 * cells), "policy.fc.bias": (num_actions,),
-        "value.conv.weight": (1, channels, 1, 1), "value.conv.bias": (1,),
-        "value.fc1.weight": (value_hidden, cells), "value.fc1.bias": (value_hidden,),
+        "value.conv.weight": (value_planes, channels, 1, 1),
+        "value.conv.bias": (value_planes,),
+        "value.fc1.weight": (value_hidden, value_planes * cells),
+        "value.fc1.bias": (value_hidden,),
         "value.fc2.weight": (1, value_hidden), "value.fc2.bias": (1,)})
     return shapes
 
@@ -95,6 +97,8 @@ class PolicyValueConvNet:
         channels: the width of the stem and of every block.
         blocks: blocks of two 3x3 convolutions (0: the stem and the heads only).
         value_hidden: the hidden width of the value head.
+        value_planes: the planes the value head's 1x1 convolution makes (AlphaZero: 1;
+            a narrow trunk loses what the value needs in one plane).
         residual: residual blocks (True) or plain ones.
         seed: seeds the weights (``initial_conv_weights``).
 
@@ -109,17 +113,20 @@ class PolicyValueConvNet:
     """
 
     def __init__(self, game: Game, *, channels: int = 16, blocks: int = 2,
-                 value_hidden: int = 64, residual: bool = True, seed: int = 0):
+                 value_hidden: int = 64, value_planes: int = 1, residual: bool = True,
+                 seed: int = 0):
         shape = board_planes(game, "PolicyValueConvNet")
         self.channels = check_int("channels", channels, minimum=1)
         self.blocks = check_int("blocks", blocks, minimum=0)
         self.value_hidden = check_int("value_hidden", value_hidden, minimum=1)
+        self.value_planes = check_int("value_planes", value_planes, minimum=1)
         self.residual = bool(residual)
         self.num_actions = check_int("num_actions", game.num_actions, minimum=1)
         self.input_spec = TensorSpec(shape, np.float32)
         self.planes, self.rows, self.columns = shape
         self.shapes = conv_weight_shapes(*shape, self.num_actions, channels=channels,
-                                         blocks=blocks, value_hidden=value_hidden)
+                                         blocks=blocks, value_hidden=value_hidden,
+                                         value_planes=self.value_planes)
         self._set(initial_conv_weights(self.shapes, check_int("seed", seed, minimum=0),
                                        residual=self.residual))
 

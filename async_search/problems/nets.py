@@ -59,6 +59,7 @@ class NetConfig:
             convolutions, ``channels`` wide, with AlphaZero's heads
             (``problems.conv_nets``).
         channels, blocks, value_hidden: the convolutional net's sizes.
+        value_planes: the planes of the convolutional net's value head (AlphaZero: 1).
         features: what the body reads: ``planes`` (the game's encoding) or ``threats``
             (Connect Four: the planes and the threat planes of
             ``problems.connect_four_threats``, added inside the net, so the model still
@@ -83,6 +84,7 @@ class NetConfig:
     blocks: int = 2
     value_hidden: int = 64
     features: str = "planes"
+    value_planes: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
@@ -104,7 +106,8 @@ class NetConfig:
         if self.architecture != "mlp" and self.kind != "policy_value":
             raise ValueError(f"a {self.architecture} net is a policy-value net for "
                              f"connect_four; {self.problem} takes an mlp")
-        for name, minimum in (("channels", 1), ("blocks", 0), ("value_hidden", 1)):
+        for name, minimum in (("channels", 1), ("blocks", 0), ("value_hidden", 1),
+                              ("value_planes", 1)):
             value = getattr(self, name)
             if not is_int(value) or value < minimum:
                 raise ValueError(f"NetConfig.{name} must be an integer >= {minimum}, got "
@@ -125,6 +128,8 @@ class NetConfig:
         """A short name: ``mlp 256x256`` or ``residual 16x2`` (channels x blocks)."""
         if self.convolutional:
             name = f"{self.architecture} {self.channels}x{self.blocks}"
+            if self.value_planes != 1:
+                name += f" (value {self.value_planes} planes)"
         else:
             name = "mlp " + "x".join(str(h) for h in self.hidden_sizes)
         return name if self.features == "planes" else f"{name} + {self.features}"
@@ -177,7 +182,8 @@ class NetConfig:
         """A convolutional net's weight names and shapes (``conv_nets``)."""
         return conv_weight_shapes(*self.body_input_shape, self.num_actions,
                                   channels=self.channels, blocks=self.blocks,
-                                  value_hidden=self.value_hidden)
+                                  value_hidden=self.value_hidden,
+                                  value_planes=self.value_planes)
 
     def to_json(self) -> Dict[str, Any]:
         data = {"kind": self.kind, "problem": self.problem,
@@ -186,6 +192,8 @@ class NetConfig:
         if self.convolutional:  # an MLP's JSON stays as earlier versions wrote it
             data.update(architecture=self.architecture, channels=self.channels,
                         blocks=self.blocks, value_hidden=self.value_hidden)
+            if self.value_planes != 1:  # nor does AlphaZero's one-plane value head
+                data["value_planes"] = self.value_planes
         if self.features != "planes":  # nor does a net on the planes alone
             data["features"] = self.features
         return data
@@ -196,7 +204,7 @@ class NetConfig:
                    int(data.get("size", 4)), bool(data.get("residual", True)),
                    str(data.get("architecture", "mlp")), data.get("channels", 16),
                    data.get("blocks", 2), data.get("value_hidden", 64),
-                   str(data.get("features", "planes")))
+                   str(data.get("features", "planes")), data.get("value_planes", 1))
 
 
 class _BodyInput(NamedTuple):
@@ -270,6 +278,7 @@ def to_model(config: NetConfig, weights: Any) -> Any:
         if config.convolutional:
             net = PolicyValueConvNet(body_game, channels=config.channels,
                                      blocks=config.blocks, value_hidden=config.value_hidden,
+                                     value_planes=config.value_planes,
                                      residual=config.architecture == "residual")
         else:
             net = PolicyValueMLP(body_game, hidden_sizes=config.hidden_sizes, seed=0)
@@ -327,7 +336,8 @@ def config_of(model: Any, config: Any = None) -> NetConfig:
         return NetConfig("policy_value", "connect_four",
                          architecture="residual" if model.residual else "conv",
                          channels=model.channels, blocks=model.blocks,
-                         value_hidden=model.value_hidden)
+                         value_hidden=model.value_hidden,
+                         value_planes=model.value_planes)
     if isinstance(model, LearnedHeuristic):
         hidden = tuple(w.shape[1] for w, _ in model.mlp.weights[:-1])
         return NetConfig("heuristic", "sliding_puzzle", hidden, model.puzzle.size,

@@ -91,6 +91,8 @@ class CommanderConfig:
             (``problems.conv_nets``: ``blocks`` plain or residual blocks of two 3x3
             convolutions, ``channels`` wide, ``value_hidden`` in the value head).
         channels, blocks, value_hidden: the convolutional net's sizes.
+        value_planes: the planes of the convolutional net's value head
+            (``NetConfig.value_planes``).
         features: what the net reads (``NetConfig.features``): ``threats`` (the
             stones and the cells where each player would make four at once), or
             ``planes`` (the stones alone; runs saved before this field existed).
@@ -158,6 +160,7 @@ class CommanderConfig:
     blocks: int = 2
     value_hidden: int = 64
     features: str = "threats"
+    value_planes: int = 1
 
     def __post_init__(self):
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
@@ -194,7 +197,7 @@ class CommanderConfig:
         return NetConfig("policy_value", "connect_four", self.hidden_sizes,
                          architecture=self.architecture, channels=self.channels,
                          blocks=self.blocks, value_hidden=self.value_hidden,
-                         features=self.features)
+                         features=self.features, value_planes=self.value_planes)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -621,7 +624,8 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
                               nested={"selfplay": SelfPlayConfig},
                               added=("architecture", "channels", "blocks",
                                      "value_hidden", "selfplay.random_opening_moves",
-                                     "eval_solve", "selfplay.solve", "features"),
+                                     "eval_solve", "selfplay.solve", "features",
+                                     "value_planes"),
                               earlier={"features": "planes"})
     check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)

@@ -73,7 +73,7 @@ class KerasNet:
                               else y)
         p = flat_planes(conv("policy.conv", h, 2, 1, True))
         logits = dense("policy.fc", p, config.num_actions, False)
-        v = flat_planes(conv("value.conv", h, 1, 1, True))
+        v = flat_planes(conv("value.conv", h, config.value_planes, 1, True))
         v = dense("value.fc1", v, config.value_hidden, True)
         value = dense("value.fc2", v, 1, False)
         return keras.Model(inputs, layers.Concatenate()([logits, value]))

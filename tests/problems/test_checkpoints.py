@@ -1,5 +1,6 @@
 """Checkpoints: bitwise round trips, atomic replacement, and clear refusals."""
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -478,11 +479,12 @@ def trained_looking_conv_weights(config, seed):
             for name, w in initial_weights(config, seed).items()}
 
 
-@pytest.mark.parametrize("architecture", ["conv", "residual"])
-def test_a_convolutional_checkpoint_round_trips_weights_and_outputs_bitwise(tmp_path,
-                                                                           architecture):
+@pytest.mark.parametrize("architecture,value_planes", [("conv", 1), ("residual", 1),
+                                                       ("residual", 3)])
+def test_a_convolutional_checkpoint_round_trips_weights_and_outputs_bitwise(
+        tmp_path, architecture, value_planes):
     config = NetConfig("policy_value", "connect_four", architecture=architecture,
-                       channels=4, blocks=2, value_hidden=8)
+                       channels=4, blocks=2, value_hidden=8, value_planes=value_planes)
     weights = trained_looking_conv_weights(config, 1)
     path = save_checkpoint(tmp_path / "ckpt", weights, config, METADATA)
     saved = read_checkpoint(path)
@@ -522,10 +524,25 @@ def test_a_convolutional_checkpoint_missing_an_array_is_refused_naming_it(tmp_pa
     assert_refused_naming(path_obj, file, match="holds arrays")
 
 
-def test_a_convolutional_config_with_a_bad_size_is_refused_naming_the_config_file(tmp_path):
+@pytest.mark.parametrize("field,value", [("channels", 0), ("value_planes", 0),
+                                         ("value_planes", 2.5)])
+def test_a_convolutional_config_with_a_bad_size_is_refused_naming_the_config_file(
+        tmp_path, field, value):
     save_checkpoint(tmp_path / "ckpt", trained_looking_conv_weights(RESIDUAL, 0), RESIDUAL)
-    file = edit_header(tmp_path / "ckpt", lambda h: h["config"].update(channels=0))
-    assert_refused_naming(tmp_path / "ckpt", file, match="channels")
+    file = edit_header(tmp_path / "ckpt", lambda h: h["config"].update({field: value}))
+    assert_refused_naming(tmp_path / "ckpt", file, match=field)
+
+
+def test_a_one_plane_value_head_is_written_as_before_value_planes_existed(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", trained_looking_conv_weights(RESIDUAL, 0), RESIDUAL)
+    header = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert "value_planes" not in header["config"]  # checkpoints of earlier versions load
+    wide = dataclasses.replace(RESIDUAL, value_planes=4)
+    save_checkpoint(tmp_path / "wide", trained_looking_conv_weights(wide, 0), wide)
+    header = json.loads((tmp_path / "wide" / "config.json").read_text())
+    assert header["config"]["value_planes"] == 4
+    assert read_checkpoint(tmp_path / "wide").config == wide
+    assert wide.describe() == "residual 4x1 (value 4 planes)"
 
 
 def test_an_mlps_config_json_is_written_as_before_the_architectures_existed(tmp_path):

@@ -132,7 +132,28 @@ def test_with_weights_refuses_missing_unexpected_and_misshapen_arrays():
         net.with_weights({**weights, "stem.weight": np.zeros((4, 2, 1, 1))})
 
 
+def test_a_value_head_of_several_planes_reads_each_of_them():
+    shapes = conv_weight_shapes(2, 6, 7, 7, channels=8, blocks=1, value_hidden=16,
+                                value_planes=3)
+    assert shapes["value.conv.weight"] == (3, 8, 1, 1)
+    assert shapes["value.fc1.weight"] == (16, 3 * 42)
+    net = PolicyValueConvNet(GAME, channels=8, blocks=1, value_hidden=16, value_planes=3,
+                             seed=2)
+    assert net.value_planes == 3 and list(net.weights) == list(shapes)
+    x = boards(20)
+    logits, value = net(x)
+    assert logits.shape == (20, 7) and value.shape == (len(x), 1)
+    # Each plane reaches the value: silencing the third changes it, not the logits.
+    weights = dict(net.weights)
+    weights["value.fc1.weight"] = weights["value.fc1.weight"].copy()
+    weights["value.fc1.weight"][:, 2 * 42:] = 0.0
+    logits2, value2 = net.with_weights(weights)(x)
+    assert np.array_equal(logits, logits2) and not np.array_equal(value, value2)
+
+
 def test_bad_sizes_and_inputs_that_are_not_planes_are_refused():
+    with pytest.raises(ValueError, match="value_planes"):
+        PolicyValueConvNet(GAME, value_planes=0)
     with pytest.raises(ValueError, match="channels"):
         PolicyValueConvNet(GAME, channels=0)
     with pytest.raises(ValueError, match="blocks"):

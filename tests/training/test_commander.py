@@ -520,7 +520,8 @@ def test_a_run_saved_before_the_net_architectures_existed_resumes_as_an_mlp(tmp_
     run_copy = tmp_path / "old"  # what those runs trained: an MLP on the stones alone
     run(Commander(tiny(1, features="planes"), str(run_copy)))
     state = json.loads((run_copy / "state.json").read_text())
-    for name in ("architecture", "channels", "blocks", "value_hidden", "features"):
+    for name in ("architecture", "channels", "blocks", "value_hidden", "features",
+                 "value_planes"):
         del state["config"][name]
     (run_copy / "state.json").write_text(json.dumps(state))
     # Those runs read the stones alone: resumed as such, not with today's threat planes.
@@ -561,7 +562,8 @@ def test_a_run_with_random_openings_resumes_with_the_same_rows(tmp_path):
 
 @pytest.mark.parametrize("field,value", [("architecture", "transformer"),
                                          ("channels", 0), ("blocks", -1),
-                                         ("value_hidden", 0), ("features", "lines")])
+                                         ("value_hidden", 0), ("features", "lines"),
+                                         ("value_planes", 0)])
 def test_bad_net_parameters_are_refused_before_anything_runs(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{"architecture": "residual", field: value})

@@ -21,7 +21,9 @@ CONFIGS = [NetConfig("policy_value", "connect_four", (16, 8)),
                      blocks=1, value_hidden=6),
            NetConfig("policy_value", "connect_four", (16, 8), features="threats"),
            NetConfig("policy_value", "connect_four", architecture="residual", channels=5,
-                     blocks=1, value_hidden=6, features="threats")]
+                     blocks=1, value_hidden=6, features="threats"),
+           NetConfig("policy_value", "connect_four", architecture="residual", channels=5,
+                     blocks=1, value_hidden=6, features="threats", value_planes=3)]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.describe())
