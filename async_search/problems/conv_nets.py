@@ -159,6 +159,14 @@ class PolicyValueConvNet:
         copy._set(copy.weights)
         return copy
 
+    def grid_layers(self) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray],
+                                   Dict[str, np.ndarray]]:
+        """The weights on the grid as the forward pass uses them (float64): ``(taps,
+        matrices, biases)`` by layer name; 3x3 kernels as ``[9 * in, out]`` (tap-major),
+        1x1 and dense ones as ``[in, out]``. What a twin in another framework computes
+        with (``problems.tf_twin``)."""
+        return dict(self._taps), dict(self._mats), dict(self._bias)
+
     # -- the forward pass: every intermediate on the grid ---------------------------------
 
     def _conv3(self, h: np.ndarray, layer: str) -> np.ndarray:

@@ -20,6 +20,7 @@ from async_search.models import GRID_BOUND, GRID_SCALE
 from async_search.problems.base import Game, SearchProblem
 from async_search.problems.connect_four_threats import (COLUMNS, LINE_CELLS, ROWS,
                                                         FeaturedNet)
+from async_search.problems.conv_nets import PolicyValueConvNet
 from async_search.problems.heuristics import heuristic_mlp
 from async_search.problems.policy_value import PolicyValueMLP
 
@@ -30,15 +31,19 @@ _SCALE = GRID_SCALE
 _BOUND = GRID_BOUND
 
 
+def _on_grid(tf: Any, h: Any) -> Any:
+    # tf.round, like np.round, rounds half to even.
+    return tf.clip_by_value(tf.round(h * _SCALE), -_BOUND * _SCALE,
+                            _BOUND * _SCALE) / _SCALE
+
+
 def _grid_forward(tf: Any, weights: Sequence[tuple]) -> Callable[[Any], Any]:
     """A TensorFlow function computing ``models.MLP``'s forward pass for ``weights``."""
     layers = [(tf.constant(w, tf.float64), tf.constant(b, tf.float64)) for w, b in weights]
     last = len(layers) - 1
 
     def on_grid(h):
-        # tf.round, like np.round, rounds half to even.
-        return tf.clip_by_value(tf.round(h * _SCALE), -_BOUND * _SCALE,
-                                _BOUND * _SCALE) / _SCALE
+        return _on_grid(tf, h)
 
     def forward(x):
         h = tf.reshape(tf.cast(x, tf.float64), [tf.shape(x)[0], -1])
@@ -48,6 +53,46 @@ def _grid_forward(tf: Any, weights: Sequence[tuple]) -> Callable[[Any], Any]:
             if i < last:
                 h = on_grid(tf.nn.relu(h))
         return tf.cast(h, tf.float32)
+
+    return forward
+
+
+def _conv_grid_forward(tf: Any, net: PolicyValueConvNet) -> Callable[[Any], Any]:
+    """A TensorFlow function computing ``PolicyValueConvNet``'s forward pass, step for
+    step (the nine shifted windows times the taps, as one matrix product per 3x3
+    convolution), so that every intermediate is the NumPy net's, bit for bit."""
+    taps, mats, bias = ({name: tf.constant(w, tf.float64) for name, w in layers.items()}
+                        for layers in net.grid_layers())
+    rows, columns = net.rows, net.columns
+
+    def conv3(h, layer):
+        n, channels = tf.shape(h)[0], h.shape[-1]
+        padded = tf.pad(h, [[0, 0], [1, 1], [1, 1], [0, 0]])
+        windows = tf.stack([padded[:, i:i + rows, j:j + columns]
+                            for i in range(3) for j in range(3)], axis=3)
+        out = tf.matmul(tf.reshape(windows, [-1, 9 * channels]), taps[layer]) + bias[layer]
+        return _on_grid(tf, tf.reshape(out, [n, rows, columns, taps[layer].shape[1]]))
+
+    def head_planes(h, layer):  # a 1x1 convolution and ReLU, flattened channels first
+        n, channels = tf.shape(h)[0], h.shape[-1]
+        planes = tf.matmul(tf.reshape(h, [-1, channels]), mats[layer]) + bias[layer]
+        planes = tf.reshape(_on_grid(tf, tf.nn.relu(planes)),
+                            [n, rows, columns, mats[layer].shape[1]])
+        return tf.reshape(tf.transpose(planes, [0, 3, 1, 2]), [n, -1])
+
+    def forward(x):
+        x = tf.reshape(tf.cast(x, tf.float64), [tf.shape(x)[0], *net.input_spec.shape])
+        h = tf.nn.relu(conv3(_on_grid(tf, tf.transpose(x, [0, 2, 3, 1])), "stem"))
+        for b in range(net.blocks):
+            y = conv3(tf.nn.relu(conv3(h, f"blocks.{b}.conv1")), f"blocks.{b}.conv2")
+            h = _on_grid(tf, tf.nn.relu(h + y if net.residual else y))
+        logits = tf.matmul(head_planes(h, "policy.conv"), mats["policy.fc"]) + bias[
+            "policy.fc"]
+        v = head_planes(h, "value.conv")
+        v = _on_grid(tf, tf.nn.relu(tf.matmul(v, mats["value.fc1"]) + bias["value.fc1"]))
+        value = tf.matmul(v, mats["value.fc2"]) + bias["value.fc2"]
+        return (tf.cast(logits, tf.float32),
+                tf.cast(tf.clip_by_value(value, -1.0, 1.0), tf.float32))
 
     return forward
 
@@ -134,8 +179,9 @@ def tf_twin(model: Any, *, max_batch_size: int = 1024,
             jit_compile: bool = False) -> TensorFlowModel:
     """The TensorFlow twin of a NumPy net (seeded or trained): bitwise the same outputs.
 
-    Takes a ``models.MLP``, a ``PolicyValueMLP`` (also one that reads Connect Four's
-    threat planes, a ``FeaturedNet``) or a ``LearnedHeuristic`` (what
+    Takes a ``models.MLP``, a ``PolicyValueMLP`` or ``PolicyValueConvNet`` (also one
+    that reads Connect Four's threat planes, a ``FeaturedNet``) or a
+    ``LearnedHeuristic`` (what
     ``training.Trainer.model()`` and ``problems.pretrained`` return) and returns a
     ``TensorFlowModel`` that computes the same forward pass on the same exact grid, so
     serving the twin on an accelerator gives the searches the same results.
@@ -155,6 +201,12 @@ def tf_twin(model: Any, *, max_batch_size: int = 1024,
 
     options = dict(max_batch_size=max_batch_size, batch_sizes=batch_sizes,
                    jit_compile=jit_compile)
+    if isinstance(model, FeaturedNet) and isinstance(model.body, PolicyValueConvNet):
+        body = _conv_grid_forward(tf, model.body)
+        return TensorFlowModel(lambda x: body(_threat_planes(tf, x)), model.input_spec,
+                               **options)
+    if isinstance(model, PolicyValueConvNet):
+        return TensorFlowModel(_conv_grid_forward(tf, model), model.input_spec, **options)
     if isinstance(model, FeaturedNet) and isinstance(model.body, PolicyValueMLP):
         body = _grid_forward(tf, model.body.body.weights)
         num_actions = model.body.num_actions
@@ -190,5 +242,5 @@ def tf_twin(model: Any, *, max_batch_size: int = 1024,
     what = type(model).__name__
     if isinstance(model, FeaturedNet):
         what += f" of a {type(model.body).__name__}"
-    raise TypeError(f"tf_twin takes a models.MLP, PolicyValueMLP (threat planes or not) "
-                    f"or LearnedHeuristic, got {what}")
+    raise TypeError(f"tf_twin takes a models.MLP, PolicyValueMLP or PolicyValueConvNet "
+                    f"(threat planes or not) or LearnedHeuristic, got {what}")

@@ -46,3 +46,32 @@ def test_tf_policy_value_net_equals_numpy_net_bitwise():
         assert tf_logits.tobytes() == logits[:n].tobytes()
         assert tf_value.tobytes() == value[:n].tobytes()
     assert np.all(np.abs(value) <= 1)
+
+
+@pytest.mark.parametrize("architecture,features,value_planes", [
+    ("residual", "threats", 8), ("residual", "planes", 1), ("conv", "threats", 1)])
+def test_the_tf_twin_of_a_convolutional_net_is_bitwise_equal_whatever_the_batch(
+        architecture, features, value_planes):
+    from async_search.problems.nets import NetConfig, initial_weights, to_model
+    from tests.game_positions import connect_four_positions
+
+    config = NetConfig("policy_value", "connect_four", architecture=architecture,
+                       channels=6, blocks=2, value_hidden=8, features=features,
+                       value_planes=value_planes)
+    rng = np.random.default_rng(3)  # large enough that activations reach the grid's bound
+    weights = {name: ((w + rng.standard_normal(w.shape) * 0.1) * 3).astype(np.float32)
+               for name, w in initial_weights(config, 3).items()}
+    net = to_model(config, weights)
+    twin = tf_nets.tf_twin(net, max_batch_size=32)
+    x = connect_four_positions(45, 2, max_moves=35)
+    logits, value = net(x)
+    assert np.abs(logits).max() > 1.0 and 0 < np.abs(value).max() <= 1.0
+    for n in (1, 3, 17, 45):  # padded to 1, 4, 32, and chunked by 32
+        tf_logits, tf_value = twin(x[:n])
+        assert tf_logits.tobytes() == logits[:n].tobytes()
+        assert tf_value.tobytes() == value[:n].tobytes()
+
+
+def test_tf_twin_refuses_what_it_cannot_twin_naming_it():
+    with pytest.raises(TypeError, match="PolicyValueConvNet"):
+        tf_nets.tf_twin(lambda x: x)
