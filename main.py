@@ -143,7 +143,8 @@ flags.DEFINE_integer("cache_capacity", 100_000, "Entries of each result cache (0
 
 # -- training (--train) ----------------------------------------------------------------
 flags.DEFINE_integer("iterations", None, "--train connect_four: AlphaZero iterations "
-                     "(default 50); sliding_puzzle: DAVI rounds (default 250).")
+                     "(default: about half an hour on 2 cores, 50 for --net mlp, 14 for "
+                     "conv or residual); sliding_puzzle: DAVI rounds (default 250).")
 flags.DEFINE_integer("games_per_iteration", 300, "--train connect_four: self-play games "
                      "per iteration, played concurrently.")
 flags.DEFINE_integer("train_steps", None, "Optimizer steps per iteration (default 1000) "
@@ -258,6 +259,11 @@ _check("value_planes", lambda v: v >= 1, "an integer >= 1")
 #: The most weights a net that main.py builds may have (200 MB in float32): a typo such
 #: as --hidden_sizes 99999999999 gets a clear refusal, not a memory error minutes later.
 MAX_NET_WEIGHTS = 50_000_000
+
+#: --train connect_four's iterations by --net when --iterations is not given: what fits
+#: half an hour on 2 cores (measured: 50 of the 256x256 MLP, 14 of a residual 16x1, whose
+#: iterations cost about 3.5x as much; docs/benchmarks.md#training-runs).
+HALF_HOUR_ITERATIONS = {"mlp": 50, "conv": 14, "residual": 14}
 
 
 def _net_weights(**sizes) -> int:
@@ -546,7 +552,7 @@ def build_training():
 
         defaults = CommanderConfig()
         config = CommanderConfig(
-            iterations=FLAGS.iterations or defaults.iterations,
+            iterations=FLAGS.iterations or HALF_HOUR_ITERATIONS[FLAGS.net],
             games_per_iteration=FLAGS.games_per_iteration,
             selfplay=dataclasses.replace(defaults.selfplay, simulations=FLAGS.simulations,
                                          value_target=FLAGS.value_target,

@@ -210,6 +210,31 @@ def test_flags_build_the_experiments_they_name(monkeypatch):
         main.FLAGS.unparse_flags()
 
 
+def test_train_connect_four_runs_the_half_hour_of_iterations_of_the_net_chosen(
+        monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(ROOT)
+    import main
+    from async_search.training import CommanderConfig
+
+    assert main.HALF_HOUR_ITERATIONS["mlp"] == CommanderConfig().iterations
+    try:
+        for net in main.FLAGS["net"].parser.enum_values:  # every --net has its half hour
+            main.FLAGS.unparse_flags()
+            main.FLAGS(["main.py", "--train=connect_four", f"--net={net}",
+                        f"--save_dir={tmp_path}"])
+            config = main.build_training()[0]
+            assert config.iterations == main.HALF_HOUR_ITERATIONS[net]
+            assert config.architecture == net
+        assert main.HALF_HOUR_ITERATIONS["residual"] < main.HALF_HOUR_ITERATIONS["mlp"]
+        main.FLAGS.unparse_flags()
+        main.FLAGS(["main.py", "--train=connect_four", "--net=residual", "--iterations=3",
+                    "--value_planes=8", f"--save_dir={tmp_path}"])
+        config = main.build_training()[0]
+        assert config.iterations == 3 and config.net.value_planes == 8
+    finally:
+        main.FLAGS.unparse_flags()
+
+
 def test_every_flag_of_main_py_has_a_scope(monkeypatch):
     monkeypatch.syspath_prepend(ROOT)
     import main
