@@ -171,8 +171,21 @@ def test_the_tf_twin_of_a_featured_mlp_is_bitwise_equal_whatever_the_batch():
             assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
 
 
-def test_tf_twin_refuses_a_featured_convolutional_net_naming_it():
+def test_the_tf_twin_of_a_featured_convolutional_net_is_bitwise_equal():
     pytest.importorskip("tensorflow")
     from async_search.problems import tf_twin
-    with pytest.raises(TypeError, match="FeaturedNet of a PolicyValueConvNet"):
-        tf_twin(to_model(CONFIGS[1], initial_weights(CONFIGS[1], 0)))
+    model = to_model(CONFIGS[1], perturbed_weights(CONFIGS[1], 6))
+    twin = tf_twin(model, max_batch_size=64)
+    x = GAME.encode(random_states(70, 6))
+    for n in (1, 5, 64):
+        for got, want in zip(twin(x[:n]), model(x[:n])):
+            assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
+
+
+def test_tf_twin_refuses_a_featured_net_of_a_body_it_cannot_twin_naming_it():
+    pytest.importorskip("tensorflow")
+    from async_search.problems import tf_twin
+    model = to_model(CONFIGS[1], initial_weights(CONFIGS[1], 0))
+    model.body = lambda x: x
+    with pytest.raises(TypeError, match="FeaturedNet of a function"):
+        tf_twin(model)
