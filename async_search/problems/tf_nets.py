@@ -42,16 +42,13 @@ def _grid_forward(tf: Any, weights: Sequence[tuple]) -> Callable[[Any], Any]:
     layers = [(tf.constant(w, tf.float64), tf.constant(b, tf.float64)) for w, b in weights]
     last = len(layers) - 1
 
-    def on_grid(h):
-        return _on_grid(tf, h)
-
     def forward(x):
         h = tf.reshape(tf.cast(x, tf.float64), [tf.shape(x)[0], -1])
-        h = on_grid(h)
+        h = _on_grid(tf, h)
         for i, (w, b) in enumerate(layers):
             h = tf.matmul(h, w) + b
             if i < last:
-                h = on_grid(tf.nn.relu(h))
+                h = _on_grid(tf, tf.nn.relu(h))
         return tf.cast(h, tf.float32)
 
     return forward

@@ -5,8 +5,8 @@ Loss = cross-entropy of the policy logits against the visit distribution (policy
 nets) + squared error of the value + ``l2`` times the sum of squared kernel weights.
 Heuristic nets with ``residual=True`` fit ``target - manhattan``: the NumPy model adds
 the Manhattan distance back. After training, ``model()`` is the NumPy net on the exact
-grid (``problems.nets.to_model``), which ``serve`` and the searches take, and, for the
-MLPs, ``problems.tf_twin`` its TensorFlow twin.
+grid (``problems.nets.to_model``), which ``serve`` and the searches take, and
+``problems.tf_twin`` its TensorFlow twin.
 """
 
 from __future__ import annotations
