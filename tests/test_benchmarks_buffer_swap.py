@@ -36,21 +36,28 @@ def buffer_file(path, value, seed=0):
     return str(path)
 
 
-def test_training_on_a_buffer_moves_the_value_toward_its_targets(tmp_path):
+def test_training_on_a_buffer_moves_the_value_toward_its_targets(tmp_path, monkeypatch):
+    import benchmarks.buffer_swap as buffer_swap
+
     ckpt = checkpoint(tmp_path / "net")
     x = ConnectFour().encode([ConnectFour().initial_state()])
     before = read_checkpoint(ckpt).model()(x)[1][0, 0]
     for target in (0.9, -0.9):
         trainer, buffer, losses = train_on(ckpt, buffer_file(tmp_path / f"{target}.npz",
                                                              target),
-                                           steps=300, from_scratch=False)
-        assert len(buffer) == 64 and [loss.steps for loss in losses] == [300]
+                                           steps=150, from_scratch=False)
+        assert len(buffer) == 64 and [loss.steps for loss in losses] == [150]
         after = trainer.model()(x)[1][0, 0]
         assert abs(after - target) < abs(before - target)
-    trainer, _, losses = train_on(ckpt, buffer_file(tmp_path / "b.npz", 0.5), steps=1010,
+    monkeypatch.setattr(buffer_swap, "STEPS_PER_RESET", 4)  # Adam reset every 4 steps
+    trainer, _, losses = train_on(ckpt, buffer_file(tmp_path / "b.npz", 0.5), steps=10,
                                   from_scratch=True)
-    assert [loss.steps for loss in losses] == [1000, 10]  # Adam reset each 1000
-    assert trainer.steps_taken == 1010
+    assert [loss.steps for loss in losses] == [4, 4, 2] and trainer.steps_taken == 10
+    # From the config's initial (seed 0) weights, not the file's (seed 3): ten Adam steps
+    # of 1e-3 move a weight by about 0.01 at most.
+    stem = trainer.weights["stem.weight"]
+    assert np.abs(stem - initial_weights(CONFIG, 0)["stem.weight"]).max() < 0.02
+    assert np.abs(stem - initial_weights(CONFIG, 3)["stem.weight"]).max() > 0.1
 
 
 def test_the_script_trains_and_plays_once_per_buffer_and_writes_the_json(tmp_path):

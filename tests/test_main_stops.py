@@ -9,6 +9,7 @@ inherits, Ray's included) is alive a few seconds later. Every wait is bounded.
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -258,7 +259,10 @@ def test_sigterm_while_ray_starts_leaves_none_of_its_processes(main_py, tmp_path
         time.sleep(0.005)
     run.terminate()
     line = check_stopped(run, 143, "SIGTERM")
-    assert "0 of 2 runs finished" in line
+    # Mostly ray x1's start; on a loaded host the first "ray::" process can show only
+    # once ray x1 is done (seen under CI plus two training jobs), and the signal then
+    # lands in ray x2's start: a Ray start either way, and the run must not finish.
+    assert re.search(r"\b[01] of 2 runs finished", line), line
 
 
 def test_ctrl_c_while_searches_run_on_ray_leaves_none_of_its_processes(main_py,
