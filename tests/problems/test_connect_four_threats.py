@@ -160,21 +160,11 @@ def test_unknown_features_or_threats_for_the_puzzle_are_refused(kwargs, match):
         NetConfig(**kwargs)
 
 
-def test_the_tf_twin_of_a_featured_mlp_is_bitwise_equal_whatever_the_batch():
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=lambda c: c.describe())
+def test_the_tf_twin_of_a_featured_net_is_bitwise_equal_whatever_the_batch(config):
     pytest.importorskip("tensorflow")
     from async_search.problems import tf_twin
-    model = to_model(CONFIGS[0], perturbed_weights(CONFIGS[0], 6))
-    twin = tf_twin(model, max_batch_size=64)
-    x = GAME.encode(random_states(70, 6))
-    for n in (1, 5, 64):
-        for got, want in zip(twin(x[:n]), model(x[:n])):
-            assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
-
-
-def test_the_tf_twin_of_a_featured_convolutional_net_is_bitwise_equal():
-    pytest.importorskip("tensorflow")
-    from async_search.problems import tf_twin
-    model = to_model(CONFIGS[1], perturbed_weights(CONFIGS[1], 6))
+    model = to_model(config, perturbed_weights(config, 6))
     twin = tf_twin(model, max_batch_size=64)
     x = GAME.encode(random_states(70, 6))
     for n in (1, 5, 64):
