@@ -89,8 +89,11 @@ def main() -> None:
                               "machine": platform.machine(), "runs": []}
     for i, path in enumerate(args.buffer):
         start = time.perf_counter()
-        trainer, buffer, losses = train_on(args.checkpoint, path, steps=args.steps,
-                                           from_scratch=args.from_scratch)
+        try:
+            trainer, buffer, losses = train_on(args.checkpoint, path, steps=args.steps,
+                                               from_scratch=args.from_scratch)
+        except ValueError as e:  # CheckpointError: a damaged checkpoint or buffer, named
+            parser.error(str(e))
         train_s = time.perf_counter() - start
         if args.save_dir:
             from async_search.training import save_checkpoint

@@ -99,7 +99,10 @@ def main() -> None:
             parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
     if any(seed < 0 for seed in args.seeds):
         parser.error(f"--seeds must be integers >= 0, got {args.seeds}")
-    a, b = load(args.a), load(args.b)
+    try:
+        a, b = load(args.a), load(args.b)
+    except ValueError as e:  # CheckpointError: a damaged or missing checkpoint, named
+        parser.error(str(e))
     agents = {"a": a, "b": b, "policy_a_value_b": SwappedHeads(a, b),
               "policy_b_value_a": SwappedHeads(b, a)}
     result: Dict[str, Any] = {"workload": vars(args), "python": platform.python_version(),

@@ -82,9 +82,14 @@ def test_the_script_trains_and_plays_once_per_buffer_and_writes_the_json(tmp_pat
 
 
 @pytest.mark.parametrize("args,match", [(["--steps", "0"], "--steps"),
-                                        (["--buffer", "/no/such.npz"], "no such file")])
+                                        (["--buffer", "/no/such.npz"], "no such file"),
+                                        (["--buffer", "BAD"], "not a replay buffer"),
+                                        (["--checkpoint", "/no/such"], "/no/such")])
 def test_bad_arguments_are_refused_in_one_line(tmp_path, args, match):
-    base = ["--checkpoint", str(tmp_path), "--buffer", buffer_file(tmp_path / "a.npz", 0)]
+    (tmp_path / "bad.npz").write_text("garbage")
+    args = [str(tmp_path / "bad.npz") if a == "BAD" else a for a in args]
+    base = ["--checkpoint", checkpoint(tmp_path / "net"), "--buffer",
+            buffer_file(tmp_path / "a.npz", 0)]
     done = subprocess.run([sys.executable, "benchmarks/buffer_swap.py", *base, *args,
                            "--out", ""], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": ROOT})

@@ -61,7 +61,8 @@ def test_the_script_plays_four_agents_on_every_seed_and_writes_the_json(tmp_path
 
 
 @pytest.mark.parametrize("args,match", [(["--games", "0"], "--games"),
-                                        (["--seeds", "-1"], "--seeds")])
+                                        (["--seeds", "-1"], "--seeds"),
+                                        (["--b", "/no/such"], "/no/such")])
 def test_bad_counts_are_refused_in_one_line(args, match):
     done = run_script("--a", "shipped", *args, "--out", "")
     assert done.returncode == 2 and match in done.stderr.strip().splitlines()[-1]
