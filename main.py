@@ -172,6 +172,11 @@ flags.DEFINE_enum("policy", "puct", ["puct", "gumbel"], "--train connect_four: t
                   "search of self-play and of the evaluation agent: AlphaZero's PUCT "
                   "(visit counts as the policy target) or Gumbel AlphaZero (the improved "
                   "policy as the target; it learns well with --simulations 16-32).")
+flags.DEFINE_enum("policy_target", "visits", ["visits", "improved"], "--train "
+                  "connect_four --policy puct: the policy target: the root's visit "
+                  "counts (AlphaZero), or its improved policy from the completed "
+                  "Q-values (Gumbel AlphaZero's target; the moves still follow the "
+                  "visits).")
 flags.DEFINE_float("gate_threshold", None, "--train connect_four: the arena score against "
                    "the best net that promotes a candidate to play self-play (default "
                    "0: every candidate, as AlphaZero; 0.55: AlphaGo Zero's gate).")
@@ -324,6 +329,14 @@ def _continuous_is_astar(v) -> bool:
     if v["continuous"] and v["search"] != "astar":
         raise flags.ValidationError(f"--continuous runs continuous A*; it takes no "
                                     f"--search={v['search']}")
+    return True
+
+
+@flags.multi_flags_validator(["policy", "policy_target"], message="")
+def _improved_target_is_puct(v) -> bool:
+    if v["policy"] == "gumbel" and v["policy_target"] != "visits":
+        raise flags.ValidationError("--policy_target is PUCT's: --policy gumbel's target "
+                                    "is always its improved policy")
     return True
 
 
@@ -558,7 +571,8 @@ def build_training():
                                          value_target=FLAGS.value_target,
                                          policy=FLAGS.policy, reuse_tree=FLAGS.reuse_tree,
                                          random_opening_moves=FLAGS.random_opening_moves,
-                                         solve=FLAGS.solve),
+                                         solve=FLAGS.solve,
+                                         policy_target=FLAGS.policy_target),
             eval_policy=FLAGS.policy, eval_reuse_tree=FLAGS.reuse_tree,
             eval_solve=FLAGS.solve,
             accuracy_positions=FLAGS.accuracy_positions,
@@ -636,6 +650,8 @@ def _run_training(plan) -> int:
             reuse += f", after 0-{config.selfplay.random_opening_moves} random moves"
         if config.selfplay.solve:
             reuse += ", proving values"
+        if config.selfplay.policy == "puct" and config.selfplay.policy_target == "improved":
+            reuse += ", the improved policy as the target"
         print(f"--train connect_four: a {config.net.describe()} policy-value net, "
               f"{config.iterations} iterations of "
               f"{config.games_per_iteration} self-play games ({search}, "

@@ -110,6 +110,9 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--train=connect_four", "--blocks=1"], "--blocks sizes a convolutional net"),
     (["--train=connect_four", "--value_planes=4"],
      "--value_planes sizes a convolutional net"),
+    (["--train=connect_four", "--policy=gumbel", "--policy_target=improved"],
+     "--policy_target is PUCT's"),
+    (["--policy_target=improved"], "--policy_target does not apply to the default"),
 ])
 def test_bad_flags_are_one_line_and_exit_status_2(tmp_path, args, names):
     save = tmp_path / "never.png"

@@ -67,7 +67,8 @@ def _scope(*experiments: str, searches: Iterable[str] | None = None,
 _C4_TRAINING = ("games_per_iteration", "backend", "value_target", "overlap",
                 "eval_games", "final_games", "uct_rollouts", "policy", "gate_threshold",
                 "random_opening_moves", "reuse_tree", "solve", "accuracy_positions",
-                "strong_uct_rollouts", "strong_uct_games", "net", "features")
+                "strong_uct_rollouts", "strong_uct_games", "net", "features",
+                "policy_target")
 
 SCOPES: Dict[str, Scope] = {
     "search": _scope(*_SEARCHES),

@@ -11,6 +11,9 @@ for the player to move at the node):
 - ``sigma(q) = (c_visit + max_b N(b)) * c_scale * q`` on a completed Q normalised to
   [0, 1] by the smallest and largest value the search has seen (``ValueBounds``);
 - the improved policy is ``softmax(logits + sigma(completed Q))``;
+- a search that did not use ``sigma`` (PUCT) still yields the improved policy at its
+  root (``root_improved_policy``), with Q normalised by the root's own completed values
+  (mctx's ``qtransform_completed_by_mix_value``);
 - below the root the search takes ``argmax_a pi'(a) - N(a) / (1 + sum_b N(b))``, the
   action whose visits lag furthest behind the improved policy (deterministic).
 
@@ -127,3 +130,35 @@ def select_by_visit_deficit(policy: Sequence[float], visits: Sequence[int]) -> i
         if score > best_score:
             best, best_score = i, score
     return best
+
+
+def root_improved_policy(priors: Sequence[float], visits: Sequence[int],
+                         action_values: Sequence[float], value: float, *,
+                         c_visit: float = 50.0, c_scale: float = 0.1) -> List[float]:
+    """The improved policy at a searched root: ``softmax(log(priors) + sigma(completed
+    Q))`` over its legal actions, Q normalised to [0, 1] by the smallest and largest
+    completed Q (mctx's ``qtransform_completed_by_mix_value``).
+
+    Any search that counts visits and mean values at the root gives it, so a PUCT
+    search's policy target can be the improved policy instead of its visit counts.
+
+    Args:
+        priors: the network's prior of each legal action (before any root noise).
+        visits: each action's completed visits.
+        action_values: each action's mean value for the player to move (read where
+            visited).
+        value: the network's value of the root.
+        c_visit, c_scale: ``sigma``'s constants.
+
+    Example:
+        >>> p = root_improved_policy([0.5, 0.5], [3, 1], [0.5, -0.5], 0.0)
+        >>> [round(x, 4) for x in p]     # sigma = (50 + 3) * 0.1 * [1, 0]
+        [0.995, 0.005]
+    """
+    sums = [q * n for q, n in zip(action_values, visits)]
+    v_mix = mixed_value(value, priors, visits, sums)
+    q = completed_values(sums, visits, v_mix)
+    bounds = ValueBounds()
+    for x in q:
+        bounds.add(x)
+    return improved_policy(log_priors(priors), sigma(q, visits, bounds, c_visit, c_scale))

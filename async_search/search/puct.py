@@ -56,6 +56,10 @@ class MCTSResult:
     reused_visits: int = 0
     """Root visits carried over from ``reuse`` (0 without it): ``visit_counts`` sum to
     ``num_simulations + reused_visits``, and the root was not evaluated again."""
+    network_prior: Tuple[float, ...] = ()
+    """The network's prior of each root action, before the Dirichlet noise that
+    ``root_prior`` has; with the visits and ``action_values``, what
+    ``completed_q.root_improved_policy`` reads."""
     solved_value: Optional[float] = None
     """The root's exact value for the player to move where ``solve=True`` proved it
     (one of its moves proved a win, or every move proved), else None."""
@@ -146,6 +150,7 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
     num_actions = int(game.num_actions)
     encode = game.encode
     reused = tree.node_visits(0)
+    network_prior = tree.priors(0)
     tree.add_exploration_noise(np.random.default_rng(seed), dirichlet_alpha,
                                dirichlet_fraction)
     network_value = tree.node_value[0]
@@ -166,11 +171,14 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
     visit_counts = [0] * num_actions
     action_values = [0.0] * num_actions
     root_prior = [0.0] * num_actions
+    clean_prior = [0.0] * num_actions
     value_sums = tree.value_sums(0)
-    for a, n, w, p in zip(tree.actions(0), tree.visits(0), value_sums, tree.priors(0)):
+    for a, n, w, p, p0 in zip(tree.actions(0), tree.visits(0), value_sums, tree.priors(0),
+                              network_prior):
         visit_counts[a] = n
         action_values[a] = w / n if n else 0.0
         root_prior[a] = p
+        clean_prior[a] = p0
     if solve:
         action, solved_value = _choose_by_proofs(tree, visit_counts)
     else:
@@ -182,7 +190,7 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
                       root_value=root_value, network_value=network_value,
                       num_simulations=simulations, tree_size=tree.num_nodes,
                       evaluations=evaluations, requests=requests, reused_visits=reused,
-                      solved_value=solved_value, tree=tree if keep_tree else None)
+                      network_prior=tuple(clean_prior), solved_value=solved_value, tree=tree if keep_tree else None)
 
 
 def _choose_by_proofs(tree: Tree, visit_counts) -> Tuple[int, Optional[float]]:

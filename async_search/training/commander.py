@@ -625,7 +625,7 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
                               added=("architecture", "channels", "blocks",
                                      "value_hidden", "selfplay.random_opening_moves",
                                      "eval_solve", "selfplay.solve", "features",
-                                     "value_planes"),
+                                     "value_planes", "selfplay.policy_target"),
                               earlier={"features": "planes"})
     check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)

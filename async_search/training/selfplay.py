@@ -17,11 +17,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from async_search import search
+from async_search.search.completed_q import root_improved_policy
 from async_search.checks import check_float, check_int
 
 
 #: The searches self-play (and the evaluation agent) can use.
 POLICIES = ("puct", "gumbel")
+
+#: PUCT's policy targets: its root visit distribution (AlphaZero), or the improved policy
+#: ``softmax(logits + sigma(completed Q))`` of its root (Gumbel AlphaZero's target).
+POLICY_TARGETS = ("visits", "improved")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +62,13 @@ class SelfPlayConfig:
         solve: PUCT proves values as it searches (``search.mcts``'s ``solve``): near
             the end of a game, simulations stop at solved positions, and the visit
             targets follow the proofs. Gumbel ignores it.
+        policy_target: PUCT's policy target: ``"visits"``, the root's visit
+            distribution (AlphaZero); ``"improved"``, the improved policy of its root
+            from the network's prior (without the noise) and the completed Q-values
+            (``search.completed_q.root_improved_policy``, ``c_visit`` and ``c_scale``),
+            which does not smear a target over moves the search found bad. The moves
+            played still follow the visits. Gumbel's target is always its improved
+            policy.
     """
 
     simulations: int = 64
@@ -74,6 +86,7 @@ class SelfPlayConfig:
     c_scale: float = 0.1
     random_opening_moves: int = 0
     solve: bool = False
+    policy_target: str = "visits"
 
     def __post_init__(self):
         check_int("simulations", self.simulations, minimum=1)
@@ -89,6 +102,9 @@ class SelfPlayConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {list(POLICIES)}, got "
                              f"{self.policy!r}")
+        if self.policy_target not in POLICY_TARGETS:
+            raise ValueError(f"policy_target must be one of {list(POLICY_TARGETS)}, got "
+                             f"{self.policy_target!r}")
         if not isinstance(self.reuse_tree, bool):
             raise ValueError(f"reuse_tree must be True or False, got {self.reuse_tree!r}")
         if not isinstance(self.solve, bool):
@@ -163,7 +179,10 @@ async def selfplay_game(game_id: int, evaluate: Any, *, game: Any,
                 dirichlet_alpha=config.dirichlet_alpha,
                 dirichlet_fraction=config.dirichlet_fraction, seed=seed, reuse=kept,
                 keep_tree=config.reuse_tree, solve=config.solve)
-            target = r.visit_counts
+            if config.policy_target == "improved":
+                target = _improved_target(r, game.legal_actions(state), config)
+            else:
+                target = r.visit_counts
             if move < config.sampling_moves:
                 counts = np.asarray(r.visit_counts, np.float64)
                 action = int(rng.choice(len(counts), p=counts / counts.sum()))
@@ -184,6 +203,21 @@ async def selfplay_game(game_id: int, evaluate: Any, *, game: Any,
     winner = int(game.winner(state)) if hasattr(game, "winner") else 0
     return GameRecord(game.encode(states), np.asarray(targets, np.float32), value,
                       tuple(moves), winner, opening)
+
+
+def _improved_target(result: Any, legal: Any, config: SelfPlayConfig) -> list:
+    """The improved policy of a PUCT search's root over every action (0 where not
+    ``legal``)."""
+    legal = [int(a) for a in legal]
+    policy = root_improved_policy(
+        [result.network_prior[a] for a in legal],
+        [result.visit_counts[a] for a in legal],
+        [result.action_values[a] for a in legal], result.network_value,
+        c_visit=config.c_visit, c_scale=config.c_scale)
+    target = [0.0] * len(result.visit_counts)
+    for a, p in zip(legal, policy):
+        target[a] = p
+    return target
 
 
 def random_opening(game: Any, most: int, rng: np.random.Generator) -> tuple:

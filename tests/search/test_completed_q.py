@@ -4,10 +4,13 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from async_search.search.completed_q import (ValueBounds, completed_values,
                                              improved_policy, log_priors, mixed_value,
-                                             select_by_visit_deficit, sigma)
+                                             root_improved_policy, select_by_visit_deficit,
+                                             sigma)
 
 
 def bounds_of(*values):
@@ -77,3 +80,34 @@ def test_visit_deficit_follows_the_policy_and_ties_to_the_first():
         taken[select_by_visit_deficit(policy, taken)] += 1
     assert taken == [5, 3, 2]  # visits track the policy
     assert select_by_visit_deficit([0.5, 0.5], [1, 1]) == 0
+
+
+def test_root_improved_policy_is_the_softmax_of_log_prior_plus_sigma_of_rescaled_q():
+    priors, visits, q, value = [0.2, 0.3, 0.5], [4, 0, 6], [0.5, 0.0, -0.25], 0.1
+    v_mix = (value + 10 * (0.2 * 0.5 + 0.5 * -0.25) / 0.7) / 11
+    completed = [0.5, v_mix, -0.25]
+    scaled = [(x - -0.25) / 0.75 * (50 + 6) * 0.1 for x in completed]
+    want = np.exp(np.log(priors) + scaled)
+    got = root_improved_policy(priors, visits, q, value)
+    np.testing.assert_allclose(got, want / want.sum(), rtol=1e-12)
+
+
+def test_root_improved_policy_before_any_visit_is_the_prior():
+    np.testing.assert_allclose(root_improved_policy([0.1, 0.6, 0.3], [0, 0, 0],
+                                                    [0.0] * 3, 0.4), [0.1, 0.6, 0.3])
+
+
+@given(st.lists(st.tuples(st.floats(0.01, 1.0), st.integers(1, 50),
+                          st.floats(-1.0, 1.0)), min_size=2, max_size=7),
+       st.floats(-1.0, 1.0))
+def test_root_improved_policy_sums_to_one_and_favours_the_better_of_equal_priors(
+        actions, value):
+    priors = [1.0 / len(actions)] * len(actions)
+    visits = [n for _, n, _ in actions]
+    q = [v for _, _, v in actions]
+    policy = root_improved_policy(priors, visits, q, value)
+    assert sum(policy) == pytest.approx(1.0)
+    best, worst = int(np.argmax(q)), int(np.argmin(q))
+    assert policy[best] >= policy[worst]
+    if q[best] > q[worst]:
+        assert policy[best] > policy[worst]

@@ -80,6 +80,20 @@ async def test_result_is_seeded_through_the_root_noise():
     assert quiet[0] == quiet[1]
 
 
+async def test_network_prior_is_the_root_prior_before_the_noise():
+    state = GAME.from_moves([0] * 6)                     # column 0 full: illegal
+    logits, _ = NET(GAME.encode([state]))
+    legal = list(GAME.legal_actions(state))
+    want = np.exp(logits[0, legal] - logits[0, legal].max())
+    want /= want.sum()
+    noisy = await run(state, num_simulations=16, dirichlet_fraction=0.5)
+    quiet = await run(state, num_simulations=16, dirichlet_fraction=0.0)
+    assert noisy.network_prior == quiet.network_prior == quiet.root_prior
+    assert noisy.root_prior != noisy.network_prior
+    assert noisy.network_prior[0] == 0.0
+    np.testing.assert_allclose([noisy.network_prior[a] for a in legal], want, rtol=1e-5)
+
+
 async def test_root_value_averages_the_network_value_and_the_backups():
     result = await run(num_simulations=40)
     backed_up = sum(n * q for n, q in zip(result.visit_counts, result.action_values))

@@ -134,7 +134,7 @@ def test_without_sampling_moves_and_noise_a_game_ignores_the_seed():
     ("dirichlet_fraction", float("nan")), ("c_puct", 0.0), ("seed", -1),
     ("random_opening_moves", -1), ("random_opening_moves", 2.0),
     ("random_opening_moves", True), ("random_opening_moves", 2 ** 31),
-    ("solve", 1), ("solve", "yes"),
+    ("solve", 1), ("solve", "yes"), ("policy_target", "counts"), ("policy_target", None),
 ])
 def test_a_bad_self_play_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -169,14 +169,57 @@ def gumbel_records():
     return [play(i, GUMBEL) for i in range(4)]
 
 
+IMPROVED = SelfPlayConfig(simulations=8, num_parallel=4, sampling_moves=4, seed=0,
+                          policy_target="improved")
+
+
+def test_the_improved_target_plays_the_same_game_as_the_visits_target(records):
+    # The target is read off each search; the moves still follow the visits.
+    for i, record in enumerate(records[:3]):
+        improved = play(i, IMPROVED)
+        assert improved.moves == record.moves and improved.x.tobytes() == record.x.tobytes()
+        assert improved.value.tobytes() == record.value.tobytes()
+        assert not np.array_equal(improved.policy, record.policy)
+
+
+def test_the_improved_target_is_each_searchs_root_improved_policy():
+    # Replays game 1 with the same seeds: each row is root_improved_policy of that
+    # move's search (over the legal moves, 0 elsewhere).
+    from async_search import search
+    from async_search.search.completed_q import root_improved_policy
+    record = play(1, IMPROVED)
+    rng = np.random.default_rng([IMPROVED.seed, 1])
+    state, ev = GAME.initial_state(), asr.immediate(NET)
+    for i, (move, row) in enumerate(zip(record.moves, record.policy)):
+        r = asyncio.run(search.mcts(GAME, state, ev, num_simulations=8, num_parallel=4,
+                                    c_puct=IMPROVED.c_puct,
+                                    dirichlet_alpha=IMPROVED.dirichlet_alpha,
+                                    dirichlet_fraction=IMPROVED.dirichlet_fraction,
+                                    seed=int(rng.integers(2 ** 63))))
+        if i < IMPROVED.sampling_moves:  # the sampled move draws from the same rng
+            counts = np.asarray(r.visit_counts, np.float64)
+            assert move == int(rng.choice(len(counts), p=counts / counts.sum()))
+        else:
+            assert move == r.action
+        legal = list(GAME.legal_actions(state))
+        want = np.zeros(GAME.num_actions)
+        want[legal] = root_improved_policy([r.network_prior[a] for a in legal],
+                                           [r.visit_counts[a] for a in legal],
+                                           [r.action_values[a] for a in legal],
+                                           r.network_value)
+        np.testing.assert_array_equal(row, want.astype(np.float32))
+        state = GAME.play(state, move)
+
+
 def test_a_gumbel_game_is_deterministic_and_differs_across_ids(gumbel_records):
     for i, record in enumerate(gumbel_records):
         assert_same_record(record, play(i, GUMBEL))
     assert len({r.moves for r in gumbel_records}) == len(gumbel_records)
 
 
-def test_gumbel_policy_rows_are_the_improved_policy_on_legal_moves(gumbel_records):
-    for record in gumbel_records:
+def test_improved_policy_rows_sum_to_one_on_legal_moves(gumbel_records):
+    # Gumbel's targets, and PUCT's with policy_target="improved".
+    for record in [*gumbel_records, play(2, IMPROVED)]:
         np.testing.assert_allclose(record.policy.sum(axis=1), 1.0, rtol=1e-5)
         state = GAME.initial_state()
         for row, move in zip(record.policy, record.moves):
