@@ -190,7 +190,8 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
                       root_value=root_value, network_value=network_value,
                       num_simulations=simulations, tree_size=tree.num_nodes,
                       evaluations=evaluations, requests=requests, reused_visits=reused,
-                      network_prior=tuple(clean_prior), solved_value=solved_value, tree=tree if keep_tree else None)
+                      network_prior=tuple(clean_prior), solved_value=solved_value,
+                      tree=tree if keep_tree else None)
 
 
 def _choose_by_proofs(tree: Tree, visit_counts) -> Tuple[int, Optional[float]]:

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from async_search import search
-from async_search.search.completed_q import root_improved_policy
 from async_search.checks import check_float, check_int
+from async_search.search.completed_q import root_improved_policy
 
 
 #: The searches self-play (and the evaluation agent) can use.

@@ -289,6 +289,18 @@ def test_a_run_saved_before_solve_existed_resumes_without_it(run_copy):
     assert not resumed.config.eval_solve and not resumed.config.selfplay.solve
 
 
+def test_a_run_saved_before_policy_target_existed_resumes_on_the_visit_counts(run_copy):
+    state = json.loads((run_copy / "state.json").read_text())
+    del state["config"]["selfplay"]["policy_target"]
+    (run_copy / "state.json").write_text(json.dumps(state))
+    resumed = Commander(tiny(2), str(run_copy), resume=True)
+    assert resumed.config.selfplay.policy_target == "visits"
+    improved = tiny(2, selfplay=dataclasses.replace(tiny(2).selfplay,
+                                                    policy_target="improved"))
+    with pytest.raises(ValueError, match="selfplay differ"):  # a resume may not change it
+        Commander(improved, str(run_copy), resume=True)
+
+
 def test_resume_refuses_a_run_of_the_other_policy(tmp_path):
     run(Commander(tiny(1, accuracy_positions=0, eval_games=0), str(tmp_path)))
     other = tiny(1, accuracy_positions=0, eval_games=0, selfplay=SelfPlayConfig(
