@@ -66,7 +66,7 @@ class SelfPlayConfig:
             distribution (AlphaZero); ``"improved"``, the improved policy of its root
             from the network's prior (without the noise) and the completed Q-values
             (``search.completed_q.root_improved_policy``, ``c_visit`` and ``c_scale``),
-            which does not smear a target over moves the search found bad. The moves
+            which gives little of the target to moves the search found bad. The moves
             played still follow the visits. Gumbel's target is always its improved
             policy.
     """
