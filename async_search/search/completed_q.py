@@ -150,11 +150,18 @@ def root_improved_policy(priors: Sequence[float], visits: Sequence[int],
         value: the network's value of the root.
         c_visit, c_scale: ``sigma``'s constants.
 
+    Raises:
+        ValueError: no action, or lists of different lengths.
+
     Example:
         >>> p = root_improved_policy([0.5, 0.5], [3, 1], [0.5, -0.5], 0.0)
         >>> [round(x, 4) for x in p]     # sigma = (50 + 3) * 0.1 * [1, 0]
         [0.995, 0.005]
     """
+    if not priors or not len(priors) == len(visits) == len(action_values):
+        raise ValueError(f"root_improved_policy needs one prior, visit count and value "
+                         f"per action, at least one: got {len(priors)}, {len(visits)} "
+                         f"and {len(action_values)}")
     sums = [q * n for q, n in zip(action_values, visits)]
     v_mix = mixed_value(value, priors, visits, sums)
     q = completed_values(sums, visits, v_mix)

@@ -111,3 +111,10 @@ def test_root_improved_policy_sums_to_one_and_favours_the_better_of_equal_priors
     assert policy[best] >= policy[worst]
     if q[best] > q[worst]:
         assert policy[best] > policy[worst]
+
+
+@pytest.mark.parametrize("priors, visits, values", [([], [], []), ([1.0], [1, 2], [0.0]),
+                                                    ([0.5, 0.5], [1, 1], [0.0])])
+def test_root_improved_policy_refuses_no_action_or_uneven_lists(priors, visits, values):
+    with pytest.raises(ValueError, match="one prior, visit count and value per action"):
+        root_improved_policy(priors, visits, values, 0.0)
