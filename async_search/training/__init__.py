@@ -13,6 +13,8 @@ imports with NumPy alone; this package imports TensorFlow only when a ``Trainer`
   uninterrupted one.
 - ``Commander``: self-play, training, evaluation (arena, baselines, Elo), promotion
   with the new weights pushed to every server.
+- ``play_match`` / ``play_games``: matches between players (scores, or each game's
+  moves); ``turning_points``: where a Connect Four game's solved value changed.
 - ``Davi``: a learned cost-to-go heuristic by approximate value iteration.
 
 Example:
@@ -26,7 +28,7 @@ from async_search.problems.checkpoints import (Checkpoint, CheckpointError, load
                                                read_checkpoint, save_checkpoint)
 from async_search.problems.nets import (NetConfig, config_of, initial_weights, to_model,
                                         weights_of)
-from async_search.training.arena import gate, play_match
+from async_search.training.arena import MatchGame, gate, play_games, play_match
 from async_search.training.commander import (Commander, CommanderConfig, IterationRecord,
                                              PhaseProgress)
 from async_search.training.davi import (Davi, DaviConfig, DaviRecord, bellman_targets,
@@ -39,6 +41,7 @@ from async_search.training.replay import Minibatch, ReplayBuffer, mirror_columns
 from async_search.training.run_folder import RunFolder, SavedNet, SavedRun
 from async_search.training.selfplay import GameRecord, SelfPlayConfig, selfplay_game
 from async_search.training.trainer import LossTerms, Trainer
+from async_search.training.turns import Turn, game_values, turning_points
 
 __all__ = [
     "ReplayBuffer", "Minibatch", "mirror_columns",
@@ -51,5 +54,6 @@ __all__ = [
     "Player", "RandomPlayer", "OnePlyPlayer", "UCTPlayer", "MCTSPlayer", "GumbelPlayer",
     "PolicyPlayer",
     "MatchResult", "play_match", "gate", "elo_difference", "fit_rating", "RANDOM_RATING",
+    "MatchGame", "play_games", "Turn", "game_values", "turning_points",
     "Davi", "DaviConfig", "DaviRecord", "scrambled_states", "bellman_targets",
 ]

@@ -1,8 +1,9 @@
 """The arena: matches between players, and AlphaZero's gate.
 
 ``play_match`` plays games concurrently, so that the network players' requests batch
-through one serving coroutine, and returns a ``MatchResult``; ``gate`` applies
-AlphaZero's arena rule to it.
+through one serving coroutine, and returns a ``MatchResult``; ``play_games`` plays the
+same games and returns each one's moves (a ``MatchGame``); ``gate`` applies
+AlphaZero's arena rule to a match.
 
 Example:
     >>> import asyncio
@@ -17,7 +18,8 @@ Example:
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Optional, Tuple
+import dataclasses
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -27,23 +29,52 @@ from async_search.training.players import Player
 from async_search.training.ratings import MatchResult
 
 
-def _opening(game: Game, moves: int, rng: np.random.Generator) -> Tuple[State, int]:
-    state, plies = game.initial_state(), 0
-    for _ in range(moves):
+@dataclasses.dataclass(frozen=True)
+class MatchGame:
+    """One game of a match, seen from the reported player's side.
+
+    Example:
+        >>> from async_search.problems import ConnectFour
+        >>> from async_search.training.players import OnePlyPlayer, RandomPlayer
+        >>> [record] = asyncio.run(play_games(ConnectFour(), OnePlyPlayer(),
+        ...                                   RandomPlayer(), num_games=1, seed=0))
+        >>> record.player_first, record.outcome, len(record.moves) >= 7
+        (True, 1.0, True)
+    """
+
+    moves: Tuple[int, ...]
+    """Every action of the game in order, the random opening's included."""
+    opening_plies: int
+    """How many of ``moves`` were the random opening (``opening_moves``)."""
+    player_first: bool
+    """Whether the player has the first mover's colour: it plays the even plies."""
+    outcome: float
+    """+1 the player won, 0 a draw, -1 the player lost."""
+
+    def player_moved(self, ply: int) -> bool:
+        """Whether ``moves[ply]`` was the player's move (or the opening's, on its side)."""
+        return (ply % 2 == 0) == self.player_first
+
+
+def _opening(game: Game, plies: int, rng: np.random.Generator
+             ) -> Tuple[State, List[int]]:
+    state, moves = game.initial_state(), []
+    for _ in range(plies):
         legal = game.legal_actions(state)
         if not legal:
             break
-        state = game.play(state, legal[int(rng.integers(len(legal)))])
-        plies += 1
-    return state, plies
+        moves.append(int(legal[int(rng.integers(len(legal)))]))
+        state = game.play(state, moves[-1])
+    return state, moves
 
 
 async def _play_game(game: Game, player: Player, opponent: Player, k: int, seed: int,
-                     opening_moves: int) -> float:
-    """Game ``k``; its outcome for ``player``: +1 a win, 0 a draw, -1 a loss."""
+                     opening_moves: int) -> MatchGame:
+    """Game ``k``, recorded for ``player``."""
     rng = np.random.default_rng([seed, k])
-    state, plies = _opening(game, opening_moves,
+    state, moves = _opening(game, opening_moves,
                             np.random.default_rng([seed, k // 2, 999]))
+    opening_plies = plies = len(moves)
     # player moves on even plies in even games (it moves first), on odd plies otherwise.
     sides = (player, opponent) if k % 2 == 0 else (opponent, player)
     while True:
@@ -56,10 +87,13 @@ async def _play_game(game: Game, player: Player, opponent: Player, k: int, seed:
             raise ValueError(f"player {mover.name!r} chose action {action!r} in game {k}, "
                              f"which is not legal; legal actions are {legal}")
         state = game.play(state, action)
+        moves.append(int(action))
         plies += 1
     value = float(game.terminal_value(state))  # for the side to move at the end
     player_side = k % 2  # compare sides, not objects: player may be opponent
-    return value if plies % 2 == player_side else -value
+    return MatchGame(moves=tuple(moves), opening_plies=opening_plies,
+                      player_first=player_side == 0,
+                      outcome=value if plies % 2 == player_side else -value)
 
 
 async def play_match(game: Game, player: Player, opponent: Player, *, num_games: int,
@@ -99,6 +133,37 @@ async def play_match(game: Game, player: Player, opponent: Player, *, num_games:
         >>> r.games
         2
     """
+    records = await play_games(game, player, opponent, num_games=num_games, seed=seed,
+                               opening_moves=opening_moves, on_game=on_game)
+    outcomes = [record.outcome for record in records]
+    return MatchResult(wins=sum(o > 0 for o in outcomes),
+                       draws=sum(o == 0 for o in outcomes),
+                       losses=sum(o < 0 for o in outcomes))
+
+
+async def play_games(game: Game, player: Player, opponent: Player, *, num_games: int,
+                     seed: int = 0, opening_moves: int = 0,
+                     on_game: Optional[Callable[[], None]] = None) -> List[MatchGame]:
+    """``play_match``'s games, each returned with its moves: a ``MatchGame`` per game.
+
+    The same arguments play the same games as ``play_match`` (which sums these
+    records), so a match's result can be looked into move by move, e.g. by
+    ``training.turns.turning_points``.
+
+    Returns:
+        The records of games ``0 .. num_games - 1``, in that order.
+
+    Raises:
+        ValueError: for a bad argument, or if a player returns an illegal action.
+
+    Example:
+        >>> from async_search.problems import ConnectFour
+        >>> from async_search.training.players import RandomPlayer
+        >>> records = asyncio.run(play_games(ConnectFour(), RandomPlayer(),
+        ...                                  RandomPlayer(), num_games=2, seed=1))
+        >>> [record.player_first for record in records]
+        [True, False]
+    """
     num_games = check_int("num_games", num_games, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     opening_moves = check_int("opening_moves", opening_moves, minimum=0)
@@ -111,16 +176,13 @@ async def play_match(game: Game, player: Player, opponent: Player, *, num_games:
         raise ValueError(f"on_game must be a callable taking no arguments or None, got "
                          f"{on_game!r}")
 
-    async def one(k: int) -> float:
-        outcome = await _play_game(game, player, opponent, k, seed, opening_moves)
+    async def one(k: int) -> MatchGame:
+        record = await _play_game(game, player, opponent, k, seed, opening_moves)
         if on_game is not None:
             on_game()
-        return outcome
+        return record
 
-    outcomes = await asyncio.gather(*(one(k) for k in range(num_games)))
-    return MatchResult(wins=sum(o > 0 for o in outcomes),
-                       draws=sum(o == 0 for o in outcomes),
-                       losses=sum(o < 0 for o in outcomes))
+    return list(await asyncio.gather(*(one(k) for k in range(num_games))))
 
 
 def gate(result: MatchResult, *, threshold: float = 0.55, min_games: int = 40) -> bool:

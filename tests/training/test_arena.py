@@ -7,7 +7,7 @@ import pytest
 
 import async_search as asr
 from async_search import problems
-from async_search.training.arena import gate, play_match
+from async_search.training.arena import MatchGame, gate, play_games, play_match
 from async_search.training.players import MCTSPlayer, OnePlyPlayer, RandomPlayer, UCTPlayer
 from async_search.training.ratings import MatchResult
 
@@ -96,6 +96,39 @@ async def test_opening_moves_give_each_pair_the_same_random_opening():
     assert takeovers[0][1] != takeovers[2][1]
 
 
+async def test_play_games_records_the_games_that_play_match_scores():
+    kwargs = dict(num_games=8, seed=6, opening_moves=3)
+    records = await play_games(GAME, UCTPlayer(10), OnePlyPlayer(), **kwargs)
+    result = await play_match(GAME, UCTPlayer(10), OnePlyPlayer(), **kwargs)
+    assert [r.player_first for r in records] == [True, False] * 4
+    assert result == MatchResult(wins=sum(r.outcome > 0 for r in records),
+                                 draws=sum(r.outcome == 0 for r in records),
+                                 losses=sum(r.outcome < 0 for r in records))
+    for record in records:
+        # The moves replay to a finished game whose value is the recorded outcome.
+        state = GAME.from_moves(record.moves[:-1])
+        assert GAME.legal_actions(state) and record.moves[-1] in GAME.legal_actions(state)
+        final = GAME.play(state, record.moves[-1])
+        assert not GAME.legal_actions(final)
+        mover_value = GAME.terminal_value(final)
+        expected = mover_value if record.player_moved(len(record.moves)) else -mover_value
+        assert record.outcome == expected and record.opening_plies == 3
+
+
+async def test_play_games_records_who_made_each_move():
+    log = []
+    records = await play_games(GAME, Recorder("A", log), Recorder("B", log), num_games=2,
+                               seed=1, opening_moves=1)
+    for record in records:
+        # Recorder plays the lowest legal column: replay and ask who was asked where.
+        state = GAME.from_moves(record.moves[:1])
+        for ply in range(1, len(record.moves)):
+            name = "A" if record.player_moved(ply) else "B"
+            assert (name, state) in [(n, s) for n, s, _ in log]
+            state = GAME.play(state, record.moves[ply])
+    assert isinstance(records[0], MatchGame)
+
+
 async def test_on_game_is_called_once_per_game():
     calls = []
     await play_match(GAME, RandomPlayer(), RandomPlayer(), num_games=5,
@@ -124,6 +157,8 @@ async def test_an_illegal_action_names_the_player_and_the_action():
 async def test_play_match_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         await play_match(GAME, RandomPlayer(), RandomPlayer(), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        await play_games(GAME, RandomPlayer(), RandomPlayer(), **kwargs)
 
 
 async def test_play_match_rejects_a_non_player():
