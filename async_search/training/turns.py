@@ -54,17 +54,18 @@ def game_values(record: MatchGame, *, from_ply: int = 0,
     """The value for the player of each position of ``record`` from ``from_ply`` on.
 
     Element ``i`` is the value of the position before ``moves[from_ply + i]``; the last
-    is the final position's (the game's outcome). Each is +1 (won under perfect play),
-    0 (drawn) or -1 (lost), found by the solver's weak search.
+    is the final position's (the game's outcome); a game over before ``from_ply`` has
+    none. Each is +1 (won under perfect play), 0 (drawn) or -1 (lost), found by the
+    solver's weak search.
 
     Args:
         record: a Connect Four game on the standard board (``training.play_games``).
-        from_ply: the first position valued (0 .. ``len(record.moves)``).
+        from_ply: the first position valued (>= 0): the number of moves before it.
         solver: a solver to reuse (its table helps along one game); a new one if None.
 
     Raises:
         ValueError: for a record that is not a legal, finished Connect Four game, or a
-            ``from_ply`` outside it.
+            negative ``from_ply``.
 
     Example:
         >>> moves = tuple(int(c) - 1 for c in "3575316255751336464276636772271112" "4534")
@@ -75,9 +76,6 @@ def game_values(record: MatchGame, *, from_ply: int = 0,
     """
     states = _replay(record)
     from_ply = check_int("from_ply", from_ply, minimum=0)
-    if from_ply > len(record.moves):
-        raise ValueError(f"from_ply must be at most the game's {len(record.moves)} plies, "
-                         f"got {from_ply}")
     solver = ConnectFourSolver() if solver is None else solver
     values = []
     for ply in range(from_ply, len(record.moves) + 1):
