@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from async_search.checks import check_float, check_int
+from async_search.checks import check_float, check_int, is_int
 from async_search.problems.base import Game, State
 from async_search.training.players import Player
 from async_search.training.ratings import MatchResult
@@ -50,6 +50,17 @@ class MatchGame:
     """Whether the player has the first mover's colour: it plays the even plies."""
     outcome: float
     """+1 the player won, 0 a draw, -1 the player lost."""
+
+    def __post_init__(self):
+        if not isinstance(self.moves, tuple) or not all(is_int(m) for m in self.moves):
+            raise ValueError(f"moves must be a tuple of integer actions, got "
+                             f"{self.moves!r}")
+        check_int("opening_plies", self.opening_plies, minimum=0,
+                  maximum=len(self.moves))
+        if not isinstance(self.player_first, bool):
+            raise ValueError(f"player_first must be a bool, got {self.player_first!r}")
+        if isinstance(self.outcome, bool) or self.outcome not in (-1, 0, 1):
+            raise ValueError(f"outcome must be +1, 0 or -1, got {self.outcome!r}")
 
     def player_moved(self, ply: int) -> bool:
         """Whether ``moves[ply]`` was the player's move (or the opening's, on its side)."""

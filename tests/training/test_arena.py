@@ -129,6 +129,20 @@ async def test_play_games_records_who_made_each_move():
     assert isinstance(records[0], MatchGame)
 
 
+@pytest.mark.parametrize("fields, match", [
+    (dict(moves=[0, 1]), "moves"), (dict(moves=(0, True)), "moves"),
+    (dict(moves=(0, 1.0)), "moves"), (dict(moves=None), "moves"),
+    (dict(opening_plies=3), "opening_plies"), (dict(opening_plies=-1), "opening_plies"),
+    (dict(player_first=1), "player_first"), (dict(outcome=0.5), "outcome"),
+    (dict(outcome=True), "outcome"), (dict(outcome=float("nan")), "outcome"),
+])
+def test_a_match_game_refuses_malformed_fields(fields, match):
+    good = dict(moves=(0, 1), opening_plies=0, player_first=True, outcome=0.0)
+    MatchGame(**good)
+    with pytest.raises(ValueError, match=match):
+        MatchGame(**{**good, **fields})
+
+
 async def test_on_game_is_called_once_per_game():
     calls = []
     await play_match(GAME, RandomPlayer(), RandomPlayer(), num_games=5,
