@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import json
 import os
 import platform
@@ -35,8 +36,8 @@ from async_search.experiments.training import FINAL_AGENT
 from async_search.files import write_json
 from async_search.problems.checkpoints import load_checkpoint
 from async_search.problems.connect_four_solver import ConnectFourSolver
-from async_search.training import (MatchGame, MCTSPlayer, UCTPlayer, game_values,
-                                   play_games)
+from async_search.training import (MatchGame, MCTSPlayer, UCTPlayer, play_games, tally,
+                                   turning_points)
 
 
 async def games_against_uct(model: Any, *, seeds: Sequence[int], games: int, rollouts: int,
@@ -58,28 +59,26 @@ def summarise(records: Sequence[MatchGame], from_ply: int) -> Dict[str, Any]:
     by_side: Dict[str, Dict[str, Any]] = {}
     for first in (True, False):
         side = [r for r in records if r.player_first == first]
-        mistakes: Dict[str, collections.Counter] = {"agent": collections.Counter(),
-                                                    "uct": collections.Counter()}
+        mistakes = {"agent": collections.Counter(), "uct": collections.Counter()}
         start = collections.Counter()
         games_turned = 0  # games the agent's own mistake turned from won or drawn to lost
         for record in side:
             if len(record.moves) <= from_ply:
                 start["over before from_ply"] += 1
                 continue
-            values = game_values(record, from_ply=from_ply, solver=solver)
-            start[{1: "won", 0: "drawn", -1: "lost"}[values[0]]] += 1
-            agent_lost_a_value = False
-            for i, (before, after) in enumerate(zip(values, values[1:])):
-                if after != before:
-                    ply = from_ply + i
-                    mistakes["agent" if record.player_moved(ply) else "uct"][ply] += 1
-                    agent_lost_a_value |= record.player_moved(ply)
-            games_turned += agent_lost_a_value and record.outcome < 0 <= values[0]
-        outcomes = [r.outcome for r in side]
+            turns = turning_points(record, from_ply=from_ply, solver=solver)
+            # The value holds between turns: at from_ply it is the first turn's "before",
+            # or the outcome when nothing turned.
+            value_at_start = turns[0].before if turns else int(record.outcome)
+            start[{1: "won", 0: "drawn", -1: "lost"}[value_at_start]] += 1
+            for turn in turns:
+                mistakes["agent" if turn.by_player else "uct"][turn.ply] += 1
+            games_turned += (record.outcome < 0 <= value_at_start
+                             and any(turn.by_player for turn in turns))
+        counts = (dataclasses.asdict(tally(side)) if side
+                  else {"wins": 0, "draws": 0, "losses": 0})
         by_side["agent_first" if first else "agent_second"] = {
-            "games": len(side),
-            "wins": sum(o > 0 for o in outcomes), "draws": sum(o == 0 for o in outcomes),
-            "losses": sum(o < 0 for o in outcomes),
+            "games": len(side), **counts,
             "value_at_from_ply": dict(start),
             "agent_mistakes": sum(mistakes["agent"].values()),
             "uct_mistakes": sum(mistakes["uct"].values()),
@@ -87,11 +86,9 @@ def summarise(records: Sequence[MatchGame], from_ply: int) -> Dict[str, Any]:
             "agent_mistakes_by_ply": dict(sorted(mistakes["agent"].items())),
             "uct_mistakes_by_ply": dict(sorted(mistakes["uct"].items())),
         }
-    outcomes = [r.outcome for r in records]
-    wins, draws = sum(o > 0 for o in outcomes), sum(o == 0 for o in outcomes)
-    return {"games": len(records), "wins": wins, "draws": draws,
-            "losses": len(records) - wins - draws,
-            "score": (wins + draws / 2) / len(records),
+    result = tally(records)
+    return {"games": result.games, "wins": result.wins, "draws": result.draws,
+            "losses": result.losses, "score": result.score,
             "agent_mistakes_per_game": sum(s["agent_mistakes"] for s in by_side.values())
             / len(records),
             "distinct_games": len({r.moves for r in records}),

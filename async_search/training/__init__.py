@@ -28,7 +28,7 @@ from async_search.problems.checkpoints import (Checkpoint, CheckpointError, load
                                                read_checkpoint, save_checkpoint)
 from async_search.problems.nets import (NetConfig, config_of, initial_weights, to_model,
                                         weights_of)
-from async_search.training.arena import MatchGame, gate, play_games, play_match
+from async_search.training.arena import MatchGame, gate, play_games, play_match, tally
 from async_search.training.commander import (Commander, CommanderConfig, IterationRecord,
                                              PhaseProgress)
 from async_search.training.davi import (Davi, DaviConfig, DaviRecord, bellman_targets,
@@ -54,6 +54,6 @@ __all__ = [
     "Player", "RandomPlayer", "OnePlyPlayer", "UCTPlayer", "MCTSPlayer", "GumbelPlayer",
     "PolicyPlayer",
     "MatchResult", "play_match", "gate", "elo_difference", "fit_rating", "RANDOM_RATING",
-    "MatchGame", "play_games", "Turn", "game_values", "turning_points",
+    "MatchGame", "play_games", "tally", "Turn", "game_values", "turning_points",
     "Davi", "DaviConfig", "DaviRecord", "scrambled_states", "bellman_targets",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -85,26 +85,25 @@ async def _play_game(game: Game, player: Player, opponent: Player, k: int, seed:
     rng = np.random.default_rng([seed, k])
     state, moves = _opening(game, opening_moves,
                             np.random.default_rng([seed, k // 2, 999]))
-    opening_plies = plies = len(moves)
+    opening_plies = len(moves)
     # player moves on even plies in even games (it moves first), on odd plies otherwise.
     sides = (player, opponent) if k % 2 == 0 else (opponent, player)
     while True:
         legal = game.legal_actions(state)
         if not legal:
             break
-        mover = sides[plies % 2]
+        mover = sides[len(moves) % 2]
         action = await mover.choose(game, state, rng)
         if action not in legal:
             raise ValueError(f"player {mover.name!r} chose action {action!r} in game {k}, "
                              f"which is not legal; legal actions are {legal}")
         state = game.play(state, action)
         moves.append(int(action))
-        plies += 1
     value = float(game.terminal_value(state))  # for the side to move at the end
     player_side = k % 2  # compare sides, not objects: player may be opponent
     return MatchGame(moves=tuple(moves), opening_plies=opening_plies,
-                      player_first=player_side == 0,
-                      outcome=value if plies % 2 == player_side else -value)
+                     player_first=player_side == 0,
+                     outcome=value if len(moves) % 2 == player_side else -value)
 
 
 async def play_match(game: Game, player: Player, opponent: Player, *, num_games: int,
@@ -144,8 +143,17 @@ async def play_match(game: Game, player: Player, opponent: Player, *, num_games:
         >>> r.games
         2
     """
-    records = await play_games(game, player, opponent, num_games=num_games, seed=seed,
-                               opening_moves=opening_moves, on_game=on_game)
+    return tally(await play_games(game, player, opponent, num_games=num_games, seed=seed,
+                                  opening_moves=opening_moves, on_game=on_game))
+
+
+def tally(records: Sequence[MatchGame]) -> MatchResult:
+    """The ``MatchResult`` of recorded games (at least one), from their player's view.
+
+    Example:
+        >>> tally([MatchGame((0, 1), 0, True, 1.0), MatchGame((0, 1), 0, False, 0.0)])
+        MatchResult(wins=1, draws=1, losses=0)
+    """
     outcomes = [record.outcome for record in records]
     return MatchResult(wins=sum(o > 0 for o in outcomes),
                        draws=sum(o == 0 for o in outcomes),
