@@ -174,6 +174,8 @@ async def play_games(game: Game, player: Player, opponent: Player, *, num_games:
 
     Raises:
         ValueError: for a bad argument, or if a player returns an illegal action.
+        Whatever a player raises ends the match: the other games are cancelled, as
+        they are when the caller cancels it.
 
     Example:
         >>> from async_search.problems import ConnectFour
@@ -201,7 +203,16 @@ async def play_games(game: Game, player: Player, opponent: Player, *, num_games:
             on_game()
         return record
 
-    return list(await asyncio.gather(*(one(k) for k in range(num_games))))
+    tasks = [asyncio.ensure_future(one(k)) for k in range(num_games)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        # A player that raised, or the caller's cancellation (a timeout): no game may go
+        # on playing after the match has ended.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def gate(result: MatchResult, *, threshold: float = 0.55, min_games: int = 40) -> bool:

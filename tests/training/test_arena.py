@@ -1,5 +1,6 @@
 """The arena: matches between players, and the gate."""
 
+import asyncio
 import math
 
 import numpy as np
@@ -141,6 +142,44 @@ def test_a_match_game_refuses_malformed_fields(fields, match):
     MatchGame(**good)
     with pytest.raises(ValueError, match=match):
         MatchGame(**{**good, **fields})
+
+
+class Stuck:
+    """Never answers; counts the calls cancelled."""
+
+    name = "stuck"
+
+    def __init__(self):
+        self.cancelled = 0
+
+    async def choose(self, game, state, rng):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+class Raising:
+    name = "raising"
+
+    async def choose(self, game, state, rng):
+        raise KeyError("odd")
+
+
+async def test_a_player_that_raises_ends_the_match_and_no_game_plays_on():
+    stuck = Stuck()
+    # Game 0: Raising moves first and raises; game 1: Stuck moves first and waits.
+    with pytest.raises(KeyError, match="odd"):
+        await asyncio.wait_for(play_games(GAME, Raising(), stuck, num_games=2), 5)
+    assert stuck.cancelled == 1
+
+
+async def test_cancelling_a_match_cancels_every_game():
+    stuck = Stuck()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(play_match(GAME, stuck, stuck, num_games=3), 0.2)
+    assert stuck.cancelled == 3
 
 
 async def test_on_game_is_called_once_per_game():
