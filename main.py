@@ -116,6 +116,9 @@ flags.DEFINE_enum("features", None, ["planes", "threats"], "--train connect_four
                   "would make four at once (problems.connect_four_threats; the default).")
 flags.DEFINE_integer("channels", 16, "--net conv|residual: convolution channels.")
 flags.DEFINE_integer("blocks", 2, "--net conv|residual: blocks of two 3x3 convolutions.")
+flags.DEFINE_enum("value_net", "head", ["head", "mlp"], "--net conv|residual: the value: "
+                  "AlphaZero's head on the trunk, or an MLP of --hidden_sizes on the "
+                  "board itself, beside the convolutional policy.")
 flags.DEFINE_integer("value_planes", 1, "--net conv|residual: planes the value head reads "
                      "(AlphaZero's 1 squeezes a narrow trunk's board into one plane).")
 
@@ -299,13 +302,20 @@ def _hidden_sizes_fit(v) -> bool:
     return _at_most_max_weights("--hidden_sizes", ",".join(v), weights)
 
 
-@flags.multi_flags_validator(["channels", "blocks", "value_planes"], message="")
+@flags.multi_flags_validator(["channels", "blocks", "value_planes", "value_net",
+                              "hidden_sizes"], message="")
 def _conv_net_fits(v) -> bool:
     try:
         weights = _net_weights(architecture="residual", channels=v["channels"],
-                               blocks=v["blocks"], value_planes=v["value_planes"])
+                               blocks=v["blocks"], value_planes=v["value_planes"],
+                               value_net=v["value_net"],
+                               hidden_sizes=tuple(int(w) for w in v["hidden_sizes"]))
     except (TypeError, ValueError):  # out of range: the checks above say so
         return True
+    if v["value_net"] == "mlp":
+        return _at_most_max_weights("--channels, --blocks, --hidden_sizes",
+                                    f"{v['channels']}, {v['blocks']}, "
+                                    f"{','.join(v['hidden_sizes'])}", weights)
     return _at_most_max_weights("--channels, --blocks, --value_planes",
                                 f"{v['channels']}, {v['blocks']}, {v['value_planes']}",
                                 weights)
@@ -581,7 +591,7 @@ def build_training():
             train_steps=FLAGS.train_steps or defaults.train_steps,
             hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
             architecture=FLAGS.net, channels=FLAGS.channels, blocks=FLAGS.blocks,
-            value_planes=FLAGS.value_planes,
+            value_planes=FLAGS.value_planes, value_net=FLAGS.value_net,
             features=FLAGS.features or defaults.features,
             eval_games=FLAGS.eval_games, uct_rollouts=FLAGS.uct_rollouts,
             backend=FLAGS.backend,
@@ -772,7 +782,8 @@ def check_flag_scope() -> None:
                       if FLAGS.multi_server else "default")
     choice = flag_scope.Choice(experiment,
                                search="continuous" if FLAGS.continuous else FLAGS.search,
-                               untrained=FLAGS.untrained, net=FLAGS.net)
+                               untrained=FLAGS.untrained, net=FLAGS.net,
+                               value_net=FLAGS.value_net)
     unread = flag_scope.out_of_scope(
         [name for name in flag_scope.SCOPES if FLAGS[name].present], choice)
     if unread:

@@ -167,6 +167,13 @@ def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(
     (["--train", "connect_four", "--gate_threshold", "1.5"], "--gate_threshold"),
     (["--train", "connect_four", "--gate_threshold", "-0.1"], "--gate_threshold"),
     (["--train", "connect_four", "--random_opening_moves", "-1"], "--random_opening_moves"),
+    (["--train", "connect_four", "--value_net", "mlp"], "--value_net"),
+    (["--train", "connect_four", "--net", "residual", "--value_net", "dense"],
+     "--value_net"),
+    (["--train", "connect_four", "--net", "residual", "--hidden_sizes", "64"],
+     "--hidden_sizes"),
+    (["--train", "connect_four", "--net", "residual", "--value_net", "mlp",
+      "--hidden_sizes", "100000,1000"], "--hidden_sizes"),
 ])
 def test_a_training_flag_out_of_range_is_one_line_and_exit_2(tmp_path, args, match):
     out = main(*args, "--save_dir", str(tmp_path / "run"), "--save_path",
@@ -201,16 +208,31 @@ def test_random_openings_and_solve_reach_self_play_and_the_agent_and_are_printed
     assert config["selfplay"]["solve"] and config["eval_solve"]
 
 
+def train_residual_4x1(tmp_path, *args):
+    """One tiny iteration of ``--train connect_four --net residual`` 4x1, and ``args``."""
+    return main("--train", "connect_four", "--net", "residual", "--channels", "4",
+                "--blocks", "1", *args, "--iterations", "1", "--games_per_iteration", "4",
+                "--train_steps", "4", "--simulations", "4", "--eval_games", "2",
+                "--strong_uct_games", "0", "--final_games", "2", "--accuracy_positions",
+                "2", "--uct_rollouts", "4", "--noprogress", "--save_dir",
+                str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
+
+
 def test_train_connect_four_with_a_residual_net_on_threats_trains_and_saves_it(tmp_path):
-    out = main("--train", "connect_four", "--net", "residual", "--channels", "4",
-               "--blocks", "1", "--features", "threats", "--value_planes", "2",
-               "--iterations", "1", "--games_per_iteration", "4",
-               "--train_steps", "4", "--simulations", "4", "--eval_games", "2",
-               "--strong_uct_games", "0", "--final_games", "2", "--accuracy_positions",
-               "2", "--uct_rollouts", "4", "--noprogress",
-               "--save_dir", str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
+    out = train_residual_4x1(tmp_path, "--features", "threats", "--value_planes", "2")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "a residual 4x1 (value 2 planes) + threats policy-value net" in out.stdout
     config = json.load(open(tmp_path / "run" / "best" / "config.json"))["config"]
     assert (config["architecture"], config["channels"], config["blocks"],
             config["features"], config["value_planes"]) == ("residual", 4, 1, "threats", 2)
+
+
+def test_train_connect_four_with_an_mlp_value_beside_a_residual_policy(tmp_path):
+    out = train_residual_4x1(tmp_path, "--value_net", "mlp", "--hidden_sizes", "16,8")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "a residual 4x1 + mlp value 16x8 + threats policy-value net" in out.stdout
+    from async_search.training import read_checkpoint
+
+    saved = read_checkpoint(tmp_path / "run" / "best")
+    assert (saved.config.value_net, saved.config.hidden_sizes) == ("mlp", (16, 8))
+    assert saved.weights["value.mlp.0.weight"].shape == (16, 4 * 42)

@@ -36,12 +36,13 @@ ALWAYS = frozenset({"seed", "save_path", "progress", "continuous", "multi_server
 class Choice:
     """What the flags chose: the experiment, the search of a searches experiment
     (``astar``, ``rollout``, ``mcts``; ``continuous`` for --continuous), whether the
-    net is untrained, and the trained architecture (--net)."""
+    net is untrained, and the trained architecture (--net) and its value (--value_net)."""
 
     experiment: str
     search: str = "astar"
     untrained: bool = False
     net: str = "mlp"
+    value_net: str = "head"
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ SCOPES: Dict[str, Scope] = {
     "channels": _scope(TRAIN_C4, conv_only=True),
     "blocks": _scope(TRAIN_C4, conv_only=True),
     "value_planes": _scope(TRAIN_C4, conv_only=True),
+    "value_net": _scope(TRAIN_C4, conv_only=True),
     "max_batch_size": _scope(*_SEARCHES, ARCHITECTURE, *_TRAIN),
     "max_delay": _scope(*_SEARCHES, ARCHITECTURE),
     "num_procs": _scope(MULTI_SERVER, ARCHITECTURE, TRAIN_C4),
@@ -138,9 +140,9 @@ def why_unread(name: str, choice: Choice) -> Optional[str]:
     if scope.untrained_only and choice.experiment not in _TRAIN and not choice.untrained:
         return (f"{flag} sizes the untrained net: add --untrained (the trained net "
                 f"shipped in the package has its own sizes)")
-    if scope.mlp_only and choice.net != "mlp":
+    if scope.mlp_only and choice.net != "mlp" and choice.value_net != "mlp":
         return (f"{flag} sizes an MLP: --net {choice.net} is sized by --channels and "
-                f"--blocks")
+                f"--blocks (and its --value_net mlp by --hidden_sizes)")
     if scope.conv_only and choice.net == "mlp":
         return f"{flag} sizes a convolutional net: add --net conv or --net residual"
     return None

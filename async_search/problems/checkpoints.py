@@ -210,12 +210,15 @@ def _net_config(fields: Any) -> Dict[str, Any]:
         out["architecture"] = net.str("architecture")
     if "features" in net.data:
         out["features"] = net.str("features")
+    if "value_net" in net.data:
+        out["value_net"] = net.str("value_net")
     for name, minimum in (("channels", 1), ("blocks", 0), ("value_hidden", 1),
                           ("value_planes", 1)):
         if name in net.data:
             out[name] = net.int(name, minimum=minimum)
     net.exactly(["kind", "problem", "hidden_sizes", "size", "residual", "architecture",
-                 "channels", "blocks", "value_hidden", "features", "value_planes"])
+                 "channels", "blocks", "value_hidden", "features", "value_planes",
+                 "value_net"])
     return out
 
 

@@ -7,6 +7,8 @@ convolutions (residual blocks, ``h = relu(h + conv(relu(conv(h))))``, or plain o
 the logits) and a value head (1x1 convolution to ``value_planes`` planes, dense
 ``value_hidden``, dense to one value), ReLU, biases and no batch norm. AlphaZero's shape
 (whose value head reads 1 plane), small enough to train on two cores in half an hour.
+With ``value_net="mlp"`` the value is instead a tower of dense layers on the input
+itself (``models.MLP``'s value), and the trunk serves the policy alone.
 
 Its rows are exact as ``models.MLP``'s are: weights on multiples of ``WEIGHT_QUANTUM``
 and activations on the grid of ``GRID_SCALE`` within ``GRID_BOUND`` (constants of
@@ -45,10 +47,20 @@ from async_search.problems.residual_nets import with_named_weights
 ConvWeights = Dict[str, np.ndarray]
 
 
+#: How the value is computed: ``head``, AlphaZero's head on the shared trunk; ``mlp``,
+#: a tower of dense layers that reads the input itself and shares nothing with the
+#: trunk (issue 22: the MLP's value judged UCT's positions better than any conv head).
+VALUE_NETS = ("head", "mlp")
+
+
 def conv_weight_shapes(planes: int, rows: int, columns: int, num_actions: int, *,
                        channels: int, blocks: int, value_hidden: int,
-                       value_planes: int = 1) -> Dict[str, Tuple[int, ...]]:
+                       value_planes: int = 1, value_net: str = "head",
+                       value_hidden_sizes: Tuple[int, ...] = (256, 256)
+                       ) -> Dict[str, Tuple[int, ...]]:
     """The name and shape of every weight of a ``PolicyValueConvNet``, in order."""
+    if value_net not in VALUE_NETS:
+        raise ValueError(f"value_net must be one of {VALUE_NETS}, got {value_net!r}")
     cells = rows * columns
     shapes: Dict[str, Tuple[int, ...]] = {
         "stem.weight": (channels, planes, 3, 3), "stem.bias": (channels,)}
@@ -58,7 +70,14 @@ def conv_weight_shapes(planes: int, rows: int, columns: int, num_actions: int, *
             shapes[f"blocks.{b}.conv{i}.bias"] = (channels,)
     shapes.update({
         "policy.conv.weight": (2, channels, 1, 1), "policy.conv.bias": (2,),
-        "policy.fc.weight": (num_actions, 2 * cells), "policy.fc.bias": (num_actions,),
+        "policy.fc.weight": (num_actions, 2 * cells), "policy.fc.bias": (num_actions,)})
+    if value_net == "mlp":
+        widths = [planes * cells, *value_hidden_sizes, 1]
+        for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+            shapes[f"value.mlp.{i}.weight"] = (fan_out, fan_in)
+            shapes[f"value.mlp.{i}.bias"] = (fan_out,)
+        return shapes
+    shapes.update({
         "value.conv.weight": (value_planes, channels, 1, 1),
         "value.conv.bias": (value_planes,),
         "value.fc1.weight": (value_hidden, value_planes * cells),
@@ -75,12 +94,16 @@ def initial_conv_weights(shapes: Dict[str, Tuple[int, ...]], seed: int, *,
     its signal does not shrink block by block."""
     rng = np.random.default_rng(seed)
     weights: ConvWeights = {}
+    # The value tower's output layer is linear, as the heads' last layers are.
+    last_value = max((name for name in shapes if name.startswith("value.mlp.")
+                      and name.endswith(".weight")), default=None,
+                     key=lambda name: int(name.split(".")[2]))
     for name, shape in shapes.items():
         if name.endswith(".bias"):
             weights[name] = np.zeros(shape, np.float32)
             continue
         fan_in = int(np.prod(shape[1:]))
-        gain = 1.0 if name in ("policy.fc.weight", "value.fc2.weight") else 2.0
+        gain = 1.0 if name in ("policy.fc.weight", "value.fc2.weight", last_value) else 2.0
         scale = 0.1 if residual and name.endswith("conv2.weight") else 1.0
         weights[name] = (rng.standard_normal(shape) * scale * np.sqrt(gain / fan_in)
                          ).astype(np.float32)
@@ -100,6 +123,10 @@ class PolicyValueConvNet:
         value_planes: the planes the value head's 1x1 convolution makes (AlphaZero: 1;
             a narrow trunk loses what the value needs in one plane).
         residual: residual blocks (True) or plain ones.
+        value_net: ``head`` (AlphaZero's value head on the trunk) or ``mlp`` (dense
+            layers of ``value_hidden_sizes`` on the input itself, ReLU between, the last
+            linear: ``models.MLP``'s value, beside the convolutional policy).
+        value_hidden_sizes: the widths of the ``mlp`` value's hidden layers.
         seed: seeds the weights (``initial_conv_weights``).
 
     Raises:
@@ -114,19 +141,33 @@ class PolicyValueConvNet:
 
     def __init__(self, game: Game, *, channels: int = 16, blocks: int = 2,
                  value_hidden: int = 64, value_planes: int = 1, residual: bool = True,
-                 seed: int = 0):
+                 value_net: str = "head",
+                 value_hidden_sizes: Tuple[int, ...] = (256, 256), seed: int = 0):
         shape = board_planes(game, "PolicyValueConvNet")
         self.channels = check_int("channels", channels, minimum=1)
         self.blocks = check_int("blocks", blocks, minimum=0)
         self.value_hidden = check_int("value_hidden", value_hidden, minimum=1)
         self.value_planes = check_int("value_planes", value_planes, minimum=1)
         self.residual = bool(residual)
+        if value_net not in VALUE_NETS:
+            raise ValueError(f"value_net must be one of {VALUE_NETS}, got {value_net!r}")
+        self.value_net = value_net
+        if isinstance(value_hidden_sizes, (str, bytes)) or not hasattr(
+                value_hidden_sizes, "__iter__"):
+            raise ValueError(f"value_hidden_sizes must be a sequence of widths, got "
+                             f"{value_hidden_sizes!r}")
+        self.value_hidden_sizes = tuple(check_int("value_hidden_sizes", w, minimum=1)
+                                        for w in value_hidden_sizes)
+        if not self.value_hidden_sizes:
+            raise ValueError("value_hidden_sizes must hold at least one width")
         self.num_actions = check_int("num_actions", game.num_actions, minimum=1)
         self.input_spec = TensorSpec(shape, np.float32)
         self.planes, self.rows, self.columns = shape
         self.shapes = conv_weight_shapes(*shape, self.num_actions, channels=channels,
                                          blocks=blocks, value_hidden=value_hidden,
-                                         value_planes=self.value_planes)
+                                         value_planes=self.value_planes,
+                                         value_net=value_net,
+                                         value_hidden_sizes=self.value_hidden_sizes)
         self._set(initial_conv_weights(self.shapes, check_int("seed", seed, minimum=0),
                                        residual=self.residual))
 
@@ -202,7 +243,22 @@ class PolicyValueConvNet:
             h = on_grid(np.maximum(h + y if self.residual else y, 0.0))
         p = self._head_planes(h, "policy.conv")
         logits = p @ self._mats["policy.fc"] + self._bias["policy.fc"]
-        v = self._head_planes(h, "value.conv")
-        v = on_grid(np.maximum(v @ self._mats["value.fc1"] + self._bias["value.fc1"], 0.0))
-        value = v @ self._mats["value.fc2"] + self._bias["value.fc2"]
+        if self.value_net == "mlp":
+            value = self._value_tower(x)
+        else:
+            v = self._head_planes(h, "value.conv")
+            v = on_grid(np.maximum(v @ self._mats["value.fc1"] + self._bias["value.fc1"],
+                                   0.0))
+            value = v @ self._mats["value.fc2"] + self._bias["value.fc2"]
         return logits.astype(np.float32), np.clip(value, -1.0, 1.0).astype(np.float32)
+
+    def _value_tower(self, x: np.ndarray) -> np.ndarray:
+        """The ``mlp`` value: ``models.MLP``'s forward pass on the flattened input
+        (channels first), every activation on the grid."""
+        h = on_grid(x.reshape(len(x), -1))
+        last = len(self.value_hidden_sizes)
+        for i in range(last + 1):
+            h = h @ self._mats[f"value.mlp.{i}"] + self._bias[f"value.mlp.{i}"]
+            if i < last:
+                h = on_grid(np.maximum(h, 0.0))
+        return h

@@ -21,8 +21,9 @@ from async_search.models import MLP
 from async_search.problems.connect_four import ConnectFour
 from async_search.problems.connect_four_threats import (THREAT_PLANES, FeaturedNet,
                                                         threat_planes)
-from async_search.problems.conv_nets import (ConvWeights, PolicyValueConvNet,
-                                             conv_weight_shapes, initial_conv_weights)
+from async_search.problems.conv_nets import (VALUE_NETS, ConvWeights,
+                                             PolicyValueConvNet, conv_weight_shapes,
+                                             initial_conv_weights)
 from async_search.problems.heuristics import LearnedHeuristic
 from async_search.problems.policy_value import PolicyValueMLP
 from async_search.problems.sliding_puzzle import SlidingPuzzle
@@ -51,7 +52,8 @@ class NetConfig:
         kind: ``policy_value`` (outputs ``(logits [n, A], value [n, 1])``) or
             ``heuristic`` (outputs a cost to go ``[n, 1]``).
         problem: ``connect_four`` or ``sliding_puzzle``.
-        hidden_sizes: widths of the ReLU hidden layers (``mlp``).
+        hidden_sizes: widths of the ReLU hidden layers (``mlp``, or a convolutional
+            net's ``mlp`` value).
         size: the sliding puzzle's side (4: the 15-puzzle); ignored for games.
         residual: heuristic nets: learn a correction added to the Manhattan distance.
         architecture: ``mlp``, or ``conv`` / ``residual`` (policy-value nets only): a
@@ -60,6 +62,9 @@ class NetConfig:
             (``problems.conv_nets``).
         channels, blocks, value_hidden: the convolutional net's sizes.
         value_planes: the planes of the convolutional net's value head (AlphaZero: 1).
+        value_net: the convolutional net's value: ``head`` (AlphaZero's head on the
+            trunk) or ``mlp`` (dense layers of ``hidden_sizes`` on the body's input,
+            apart from the trunk: ``conv_nets.VALUE_NETS``).
         features: what the body reads: ``planes`` (the game's encoding) or ``threats``
             (Connect Four: the planes and the threat planes of
             ``problems.connect_four_threats``, added inside the net, so the model still
@@ -85,6 +90,7 @@ class NetConfig:
     value_hidden: int = 64
     features: str = "planes"
     value_planes: int = 1
+    value_net: str = "head"
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
@@ -113,6 +119,12 @@ class NetConfig:
                 raise ValueError(f"NetConfig.{name} must be an integer >= {minimum}, got "
                                  f"{value!r}")
             object.__setattr__(self, name, int(value))
+        if self.value_net not in VALUE_NETS:
+            raise ValueError(f"NetConfig.value_net must be one of {VALUE_NETS}, got "
+                             f"{self.value_net!r}")
+        if self.value_net != "head" and not self.convolutional:
+            raise ValueError(f"NetConfig.value_net={self.value_net!r} is a convolutional "
+                             f"net's; an mlp computes its value with its own layers")
         if self.features not in FEATURES:
             raise ValueError(f"NetConfig.features must be one of {FEATURES}, got "
                              f"{self.features!r}")
@@ -128,7 +140,9 @@ class NetConfig:
         """A short name: ``mlp 256x256`` or ``residual 16x2`` (channels x blocks)."""
         if self.convolutional:
             name = f"{self.architecture} {self.channels}x{self.blocks}"
-            if self.value_planes != 1:
+            if self.value_net == "mlp":
+                name += " + mlp value " + "x".join(str(h) for h in self.hidden_sizes)
+            elif self.value_planes != 1:
                 name += f" (value {self.value_planes} planes)"
         else:
             name = "mlp " + "x".join(str(h) for h in self.hidden_sizes)
@@ -183,7 +197,9 @@ class NetConfig:
         return conv_weight_shapes(*self.body_input_shape, self.num_actions,
                                   channels=self.channels, blocks=self.blocks,
                                   value_hidden=self.value_hidden,
-                                  value_planes=self.value_planes)
+                                  value_planes=self.value_planes,
+                                  value_net=self.value_net,
+                                  value_hidden_sizes=self.hidden_sizes)
 
     def to_json(self) -> Dict[str, Any]:
         data = {"kind": self.kind, "problem": self.problem,
@@ -194,6 +210,8 @@ class NetConfig:
                         blocks=self.blocks, value_hidden=self.value_hidden)
             if self.value_planes != 1:  # nor does AlphaZero's one-plane value head
                 data["value_planes"] = self.value_planes
+            if self.value_net != "head":  # nor does AlphaZero's head
+                data["value_net"] = self.value_net
         if self.features != "planes":  # nor does a net on the planes alone
             data["features"] = self.features
         return data
@@ -204,7 +222,8 @@ class NetConfig:
                    int(data.get("size", 4)), bool(data.get("residual", True)),
                    str(data.get("architecture", "mlp")), data.get("channels", 16),
                    data.get("blocks", 2), data.get("value_hidden", 64),
-                   str(data.get("features", "planes")), data.get("value_planes", 1))
+                   str(data.get("features", "planes")), data.get("value_planes", 1),
+                   str(data.get("value_net", "head")))
 
 
 class _BodyInput(NamedTuple):
@@ -279,6 +298,8 @@ def to_model(config: NetConfig, weights: Any) -> Any:
             net = PolicyValueConvNet(body_game, channels=config.channels,
                                      blocks=config.blocks, value_hidden=config.value_hidden,
                                      value_planes=config.value_planes,
+                                     value_net=config.value_net,
+                                     value_hidden_sizes=config.hidden_sizes,
                                      residual=config.architecture == "residual")
         else:
             net = PolicyValueMLP(body_game, hidden_sizes=config.hidden_sizes, seed=0)
@@ -334,10 +355,12 @@ def config_of(model: Any, config: Any = None) -> NetConfig:
     if isinstance(model, PolicyValueConvNet) and tuple(
             model.input_spec.shape) == tuple(ConnectFour().input_spec.shape):
         return NetConfig("policy_value", "connect_four",
+                         model.value_hidden_sizes if model.value_net == "mlp"
+                         else (256, 256),
                          architecture="residual" if model.residual else "conv",
                          channels=model.channels, blocks=model.blocks,
                          value_hidden=model.value_hidden,
-                         value_planes=model.value_planes)
+                         value_planes=model.value_planes, value_net=model.value_net)
     if isinstance(model, LearnedHeuristic):
         hidden = tuple(w.shape[1] for w, _ in model.mlp.weights[:-1])
         return NetConfig("heuristic", "sliding_puzzle", hidden, model.puzzle.size,

@@ -85,9 +85,19 @@ def _conv_grid_forward(tf: Any, net: PolicyValueConvNet) -> Callable[[Any], Any]
             h = _on_grid(tf, tf.nn.relu(h + y if net.residual else y))
         logits = tf.matmul(head_planes(h, "policy.conv"), mats["policy.fc"]) + bias[
             "policy.fc"]
-        v = head_planes(h, "value.conv")
-        v = _on_grid(tf, tf.nn.relu(tf.matmul(v, mats["value.fc1"]) + bias["value.fc1"]))
-        value = tf.matmul(v, mats["value.fc2"]) + bias["value.fc2"]
+        if net.value_net == "mlp":  # models.MLP's pass on the flattened input
+            v = _on_grid(tf, tf.reshape(x, [tf.shape(x)[0], -1]))
+            last = len(net.value_hidden_sizes)
+            for i in range(last + 1):
+                v = tf.matmul(v, mats[f"value.mlp.{i}"]) + bias[f"value.mlp.{i}"]
+                if i < last:
+                    v = _on_grid(tf, tf.nn.relu(v))
+            value = v
+        else:
+            v = head_planes(h, "value.conv")
+            v = _on_grid(tf, tf.nn.relu(tf.matmul(v, mats["value.fc1"])
+                                        + bias["value.fc1"]))
+            value = tf.matmul(v, mats["value.fc2"]) + bias["value.fc2"]
         return (tf.cast(logits, tf.float32),
                 tf.cast(tf.clip_by_value(value, -1.0, 1.0), tf.float32))
 

@@ -93,6 +93,8 @@ class CommanderConfig:
         channels, blocks, value_hidden: the convolutional net's sizes.
         value_planes: the planes of the convolutional net's value head
             (``NetConfig.value_planes``).
+        value_net: the convolutional net's value (``NetConfig.value_net``): ``head``
+            (AlphaZero's) or ``mlp`` (dense layers of ``hidden_sizes`` on the input).
         features: what the net reads (``NetConfig.features``): ``threats`` (the
             stones and the cells where each player would make four at once), or
             ``planes`` (the stones alone; runs saved before this field existed).
@@ -161,6 +163,7 @@ class CommanderConfig:
     value_hidden: int = 64
     features: str = "threats"
     value_planes: int = 1
+    value_net: str = "head"
 
     def __post_init__(self):
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
@@ -197,7 +200,8 @@ class CommanderConfig:
         return NetConfig("policy_value", "connect_four", self.hidden_sizes,
                          architecture=self.architecture, channels=self.channels,
                          blocks=self.blocks, value_hidden=self.value_hidden,
-                         features=self.features, value_planes=self.value_planes)
+                         features=self.features, value_planes=self.value_planes,
+                         value_net=self.value_net)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -625,7 +629,8 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
                               added=("architecture", "channels", "blocks",
                                      "value_hidden", "selfplay.random_opening_moves",
                                      "eval_solve", "selfplay.solve", "features",
-                                     "value_planes", "selfplay.policy_target"),
+                                     "value_planes", "selfplay.policy_target",
+                                     "value_net"),
                               earlier={"features": "planes"})
     check_same_config(stored, config, "iterations", CommanderConfig.to_json, folder)
     history = [record_from_json(IterationRecord, r, file, f"history[{i}]", _RANGES)

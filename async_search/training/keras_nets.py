@@ -8,6 +8,7 @@ moves of weights between the two layouts.
   channels last, where TensorFlow's CPU convolutions want it; the heads transpose back
   before they flatten, so the dense layers read the planes in the NumPy net's order.
   The output is ``[n, num_actions + 1]``: the logits, then the raw value, as the MLP's.
+  An ``mlp`` value (``NetConfig.value_net``) reads the input, flattened channels first.
 """
 
 from __future__ import annotations
@@ -73,9 +74,15 @@ class KerasNet:
                               else y)
         p = flat_planes(conv("policy.conv", h, 2, 1, True))
         logits = dense("policy.fc", p, config.num_actions, False)
-        v = flat_planes(conv("value.conv", h, config.value_planes, 1, True))
-        v = dense("value.fc1", v, config.value_hidden, True)
-        value = dense("value.fc2", v, 1, False)
+        if config.value_net == "mlp":  # the input itself, channels first, as the MLP's
+            v = layers.Flatten()(inputs)
+            for i, width in enumerate(config.hidden_sizes):
+                v = dense(f"value.mlp.{i}", v, width, True)
+            value = dense(f"value.mlp.{len(config.hidden_sizes)}", v, 1, False)
+        else:
+            v = flat_planes(conv("value.conv", h, config.value_planes, 1, True))
+            v = dense("value.fc1", v, config.value_hidden, True)
+            value = dense("value.fc2", v, 1, False)
         return keras.Model(inputs, layers.Concatenate()([logits, value]))
 
     @property

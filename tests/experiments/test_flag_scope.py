@@ -61,7 +61,15 @@ def test_hidden_sizes_needs_an_untrained_net_outside_training():
 def test_hidden_sizes_does_not_size_a_convolutional_net():
     line = why_unread("hidden_sizes", Choice("train connect_four", net="conv"))
     assert line == ("--hidden_sizes sizes an MLP: --net conv is sized by --channels and "
-                    "--blocks")
+                    "--blocks (and its --value_net mlp by --hidden_sizes)")
+
+
+def test_hidden_sizes_sizes_a_convolutional_nets_mlp_value():
+    choice = Choice("train connect_four", net="residual", value_net="mlp")
+    assert why_unread("hidden_sizes", choice) is None
+    assert why_unread("value_net", choice) is None
+    assert why_unread("value_net", C4) == ("--value_net sizes a convolutional net: add "
+                                           "--net conv or --net residual")
 
 
 def test_channels_and_blocks_need_a_convolutional_net():

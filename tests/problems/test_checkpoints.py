@@ -479,12 +479,14 @@ def trained_looking_conv_weights(config, seed):
             for name, w in initial_weights(config, seed).items()}
 
 
-@pytest.mark.parametrize("architecture,value_planes", [("conv", 1), ("residual", 1),
-                                                       ("residual", 3)])
+@pytest.mark.parametrize("architecture,value_planes,value_net", [
+    ("conv", 1, "head"), ("residual", 1, "head"), ("residual", 3, "head"),
+    ("residual", 1, "mlp")])
 def test_a_convolutional_checkpoint_round_trips_weights_and_outputs_bitwise(
-        tmp_path, architecture, value_planes):
-    config = NetConfig("policy_value", "connect_four", architecture=architecture,
-                       channels=4, blocks=2, value_hidden=8, value_planes=value_planes)
+        tmp_path, architecture, value_planes, value_net):
+    config = NetConfig("policy_value", "connect_four", (16, 8), architecture=architecture,
+                       channels=4, blocks=2, value_hidden=8, value_planes=value_planes,
+                       value_net=value_net)
     weights = trained_looking_conv_weights(config, 1)
     path = save_checkpoint(tmp_path / "ckpt", weights, config, METADATA)
     saved = read_checkpoint(path)
@@ -525,7 +527,8 @@ def test_a_convolutional_checkpoint_missing_an_array_is_refused_naming_it(tmp_pa
 
 
 @pytest.mark.parametrize("field,value", [("channels", 0), ("value_planes", 0),
-                                         ("value_planes", 2.5)])
+                                         ("value_planes", 2.5), ("value_net", "dense"),
+                                         ("value_net", 1)])
 def test_a_convolutional_config_with_a_bad_size_is_refused_naming_the_config_file(
         tmp_path, field, value):
     save_checkpoint(tmp_path / "ckpt", trained_looking_conv_weights(RESIDUAL, 0), RESIDUAL)
@@ -543,6 +546,23 @@ def test_a_one_plane_value_head_is_written_as_before_value_planes_existed(tmp_pa
     assert header["config"]["value_planes"] == 4
     assert read_checkpoint(tmp_path / "wide").config == wide
     assert wide.describe() == "residual 4x1 (value 4 planes)"
+
+
+def test_an_mlp_value_is_written_into_the_config_and_a_head_value_is_not(tmp_path):
+    header = json.loads((save_checkpoint(tmp_path / "head", trained_looking_conv_weights(
+        RESIDUAL, 0), RESIDUAL) and tmp_path / "head" / "config.json").read_text())
+    assert "value_net" not in header["config"]  # checkpoints of earlier versions load
+    tower = dataclasses.replace(RESIDUAL, value_net="mlp", hidden_sizes=(8, 4))
+    save_checkpoint(tmp_path / "tower", trained_looking_conv_weights(tower, 0), tower)
+    header = json.loads((tmp_path / "tower" / "config.json").read_text())
+    assert header["config"]["value_net"] == "mlp"
+    assert header["config"]["hidden_sizes"] == [8, 4]
+    assert read_checkpoint(tmp_path / "tower").config == tower
+    assert tower.describe() == "residual 4x1 + mlp value 8x4"
+    # A head net's arrays do not fit the tower's config: refused, naming what is missing.
+    with pytest.raises(ValueError, match="value.mlp.0.weight"):
+        save_checkpoint(tmp_path / "mixed", trained_looking_conv_weights(RESIDUAL, 0),
+                        tower)
 
 
 def test_an_mlps_config_json_is_written_as_before_the_architectures_existed(tmp_path):

@@ -27,10 +27,12 @@ def big_weights(net, seed, scale=3.0):
 
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), residual=st.booleans(), blocks=st.integers(0, 2),
-       split=st.integers(1, 40))
-def test_a_rows_outputs_do_not_depend_on_its_batch_mates(seed, residual, blocks, split):
+       split=st.integers(1, 40), value_net=st.sampled_from(["head", "mlp"]))
+def test_a_rows_outputs_do_not_depend_on_its_batch_mates(seed, residual, blocks, split,
+                                                         value_net):
     net = PolicyValueConvNet(GAME, channels=6, blocks=blocks, value_hidden=8,
-                             residual=residual, seed=seed)
+                             residual=residual, value_net=value_net,
+                             value_hidden_sizes=(12, 5), seed=seed)
     net = net.with_weights(big_weights(net, seed))
     x = boards(41, seed)
     logits, value = net(x)
@@ -151,6 +153,63 @@ def test_a_value_head_of_several_planes_reads_each_of_them():
     assert np.array_equal(logits, logits2) and not np.array_equal(value, value2)
 
 
+def test_an_mlp_value_is_models_mlps_value_of_the_board_bitwise():
+    from async_search.models import MLP
+
+    net = PolicyValueConvNet(GAME, channels=4, blocks=1, value_net="mlp",
+                             value_hidden_sizes=(16, 8), seed=4)
+    net = net.with_weights(big_weights(net, 4))
+    shapes = conv_weight_shapes(2, 6, 7, 7, channels=4, blocks=1, value_hidden=64,
+                                value_net="mlp", value_hidden_sizes=(16, 8))
+    assert list(net.weights) == list(shapes)
+    assert not any(name.startswith(("value.conv", "value.fc")) for name in shapes)
+    assert [shapes[f"value.mlp.{i}.weight"] for i in range(3)] == [(16, 84), (8, 16),
+                                                                   (1, 8)]
+    # The same layers as a models.MLP ([in, out] matrices) give the same value, bitwise.
+    mlp = MLP((2, 6, 7), (16, 8), 1, seed=0).with_weights(
+        [(net.weights[f"value.mlp.{i}.weight"].T, net.weights[f"value.mlp.{i}.bias"])
+         for i in range(3)])
+    x = boards(30, 4)
+    value = net(x)[1]
+    assert np.abs(value).max() > 0.05 and np.abs(value).min() < 1.0  # not all clipped
+    assert value.tobytes() == np.clip(mlp(x), -1.0, 1.0).astype(np.float32).tobytes()
+
+
+def test_an_mlp_value_shares_nothing_with_the_trunk():
+    net = PolicyValueConvNet(GAME, channels=4, blocks=1, value_net="mlp",
+                             value_hidden_sizes=(16,), seed=5)
+    x = boards(20, 5)
+    logits, value = net(x)
+    trunk = {**net.weights, "stem.weight": net.weights["stem.weight"] * 2.0}
+    logits2, value2 = net.with_weights(trunk)(x)
+    assert not np.array_equal(logits, logits2) and np.array_equal(value, value2)
+    tower = {**net.weights, "value.mlp.1.bias": net.weights["value.mlp.1.bias"] + 0.25}
+    logits3, value3 = net.with_weights(tower)(x)
+    assert np.array_equal(logits, logits3) and not np.array_equal(value, value3)
+
+
+def test_an_mlp_values_last_layer_starts_at_a_linear_layers_scale():
+    shapes = conv_weight_shapes(2, 6, 7, 7, channels=4, blocks=0, value_hidden=8,
+                                value_net="mlp", value_hidden_sizes=(4000,))
+    weights = initial_conv_weights(shapes, 0)
+    # He-normal (gain 2) for the hidden layer, gain 1 for the linear output.
+    assert np.std(weights["value.mlp.0.weight"]) == pytest.approx(np.sqrt(2 / 84), rel=0.05)
+    assert np.std(weights["value.mlp.1.weight"]) == pytest.approx(np.sqrt(1 / 4000),
+                                                                  rel=0.05)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(value_net="dense"), "value_net"), (dict(value_net=None), "value_net"),
+    (dict(value_net="mlp", value_hidden_sizes=()), "value_hidden_sizes"),
+    (dict(value_net="mlp", value_hidden_sizes=(8, 0)), "value_hidden_sizes"),
+    (dict(value_net="mlp", value_hidden_sizes=(8.5,)), "value_hidden_sizes"),
+    (dict(value_net="mlp", value_hidden_sizes="64"), "value_hidden_sizes"),
+    (dict(value_net="mlp", value_hidden_sizes=8), "value_hidden_sizes")])
+def test_a_bad_value_net_or_tower_width_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PolicyValueConvNet(GAME, channels=4, blocks=1, **kwargs)
+
+
 def test_bad_sizes_and_inputs_that_are_not_planes_are_refused():
     with pytest.raises(ValueError, match="value_planes"):
         PolicyValueConvNet(GAME, value_planes=0)
@@ -166,6 +225,8 @@ def test_bad_sizes_and_inputs_that_are_not_planes_are_refused():
     dict(hidden_sizes=(64,)), dict(hidden_sizes=(32, 16), features="threats"),
     dict(architecture="conv", channels=4, blocks=1),
     dict(architecture="residual", channels=8, blocks=2, features="threats"),
+    dict(architecture="residual", channels=8, blocks=1, features="threats",
+         hidden_sizes=(32, 16), value_net="mlp"),
 ])
 def test_parameter_count_counts_what_the_net_is_made_with(sizes):
     from async_search.problems.nets import NetConfig, initial_weights

@@ -48,16 +48,19 @@ def test_tf_policy_value_net_equals_numpy_net_bitwise():
     assert np.all(np.abs(value) <= 1)
 
 
-@pytest.mark.parametrize("architecture,features,value_planes", [
-    ("residual", "threats", 8), ("residual", "planes", 1), ("conv", "threats", 1)])
+@pytest.mark.parametrize("architecture,features,value_planes,value_net", [
+    ("residual", "threats", 8, "head"), ("residual", "planes", 1, "head"),
+    ("conv", "threats", 1, "head"), ("residual", "threats", 1, "mlp"),
+    ("residual", "planes", 1, "mlp")])
 def test_the_tf_twin_of_a_convolutional_net_is_bitwise_equal_whatever_the_batch(
-        architecture, features, value_planes):
+        architecture, features, value_planes, value_net):
     from async_search.problems.nets import NetConfig, initial_weights, to_model
     from tests.game_positions import connect_four_positions
 
     config = NetConfig("policy_value", "connect_four", architecture=architecture,
                        channels=6, blocks=2, value_hidden=8, features=features,
-                       value_planes=value_planes)
+                       value_planes=value_planes, value_net=value_net,
+                       hidden_sizes=(24, 12))
     rng = np.random.default_rng(3)  # large enough that activations reach the grid's bound
     weights = {name: ((w + rng.standard_normal(w.shape) * 0.1) * 3).astype(np.float32)
                for name, w in initial_weights(config, 3).items()}

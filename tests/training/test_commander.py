@@ -494,13 +494,13 @@ def same_weights(a, b) -> None:
         np.testing.assert_array_equal(a[name], b[name])
 
 
-@pytest.mark.parametrize("architecture,features", [("conv", "planes"),
-                                                   ("residual", "planes"),
-                                                   ("residual", "threats")])
+@pytest.mark.parametrize("architecture,features,value_net", [
+    ("conv", "planes", "head"), ("residual", "planes", "head"),
+    ("residual", "threats", "head"), ("residual", "threats", "mlp")])
 def test_a_convolutional_run_trains_saves_and_resumes_with_the_same_rows(
-        tmp_path, architecture, features):
+        tmp_path, architecture, features, value_net):
     conv = dict(architecture=architecture, channels=4, blocks=1, value_hidden=8,
-                features=features)
+                features=features, value_net=value_net, hidden_sizes=(16, 8))
     straight = Commander(tiny(2, **conv), str(tmp_path / "a"))
     run(straight)
     first = Commander(tiny(1, **conv), str(tmp_path / "b"))
@@ -513,19 +513,22 @@ def test_a_convolutional_run_trains_saves_and_resumes_with_the_same_rows(
             == [r.arena_score for r in resumed.history])
     best = read_checkpoint(tmp_path / "b" / "best")
     assert best.config.architecture == architecture and best.config.channels == 4
-    assert best.config.features == features
+    assert best.config.features == features and best.config.value_net == value_net
     model = best.model()
     body = model.body if features == "threats" else model
     assert type(body).__name__ == "PolicyValueConvNet"
     assert type(model).__name__ == ("FeaturedNet" if features == "threats"
                                     else "PolicyValueConvNet")
     with pytest.raises(ValueError, match="architecture"):  # a resume may not change it
-        Commander(tiny(3, **{**conv, "architecture": "mlp"}), str(tmp_path / "b"),
-                  resume=True)
+        Commander(tiny(3, **{**conv, "architecture": "mlp", "value_net": "head"}),
+                  str(tmp_path / "b"), resume=True)
     other = "planes" if features == "threats" else "threats"
     with pytest.raises(ValueError, match="features"):
         Commander(tiny(3, **{**conv, "features": other}), str(tmp_path / "b"),
                   resume=True)
+    with pytest.raises(ValueError, match="value_net"):
+        Commander(tiny(3, **{**conv, "value_net": "head" if value_net == "mlp"
+                             else "mlp"}), str(tmp_path / "b"), resume=True)
 
 
 def test_a_run_saved_before_the_net_architectures_existed_resumes_as_an_mlp(tmp_path):
@@ -533,7 +536,7 @@ def test_a_run_saved_before_the_net_architectures_existed_resumes_as_an_mlp(tmp_
     run(Commander(tiny(1, features="planes"), str(run_copy)))
     state = json.loads((run_copy / "state.json").read_text())
     for name in ("architecture", "channels", "blocks", "value_hidden", "features",
-                 "value_planes"):
+                 "value_planes", "value_net"):
         del state["config"][name]
     (run_copy / "state.json").write_text(json.dumps(state))
     # Those runs read the stones alone: resumed as such, not with today's threat planes.
@@ -575,7 +578,13 @@ def test_a_run_with_random_openings_resumes_with_the_same_rows(tmp_path):
 @pytest.mark.parametrize("field,value", [("architecture", "transformer"),
                                          ("channels", 0), ("blocks", -1),
                                          ("value_hidden", 0), ("features", "lines"),
-                                         ("value_planes", 0)])
+                                         ("value_planes", 0), ("value_net", "dense"),
+                                         ("value_net", None)])
 def test_bad_net_parameters_are_refused_before_anything_runs(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{"architecture": "residual", field: value})
+
+
+def test_an_mlp_value_is_refused_for_an_mlp_net():
+    with pytest.raises(ValueError, match="value_net='mlp' is a convolutional net's"):
+        tiny(value_net="mlp")

@@ -23,7 +23,9 @@ CONFIGS = [NetConfig("policy_value", "connect_four", (16, 8)),
            NetConfig("policy_value", "connect_four", architecture="residual", channels=5,
                      blocks=1, value_hidden=6, features="threats"),
            NetConfig("policy_value", "connect_four", architecture="residual", channels=5,
-                     blocks=1, value_hidden=6, features="threats", value_planes=3)]
+                     blocks=1, value_hidden=6, features="threats", value_planes=3),
+           NetConfig("policy_value", "connect_four", (12, 6), architecture="residual",
+                     channels=5, blocks=1, features="threats", value_net="mlp")]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.describe())
