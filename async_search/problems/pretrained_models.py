@@ -19,7 +19,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 #: Name -> what it is. ``pretrained(name)`` accepts exactly these names.
 PRETRAINED = {
-    "connect_four": "AlphaZero policy-value MLP for Connect Four (PolicyValueMLP)",
+    "connect_four": "AlphaZero policy-value net for Connect Four: a residual policy "
+                    "with an MLP value, reading threat planes (PolicyValueConvNet)",
     "15-puzzle": "DAVI cost-to-go heuristic for the 15-puzzle (LearnedHeuristic)",
 }
 
@@ -35,7 +36,9 @@ def pretrained_path(name: str) -> str:
 def pretrained(name: str) -> Any:
     """A trained NumPy model shipped with the package.
 
-    ``"connect_four"``: a ``PolicyValueMLP`` giving ``(logits [n, 7], value [n, 1])``;
+    ``"connect_four"``: a ``PolicyValueConvNet`` (residual 16x1 policy, MLP 256x256
+    value, reading the threat planes: a ``FeaturedNet``) giving ``(logits [n, 7],
+    value [n, 1])``;
     ``"15-puzzle"``: a ``LearnedHeuristic`` giving costs to go ``[n, 1]``. Both are on
     the exact grid of ``models.MLP`` (batch-independent rows); ``problems.tf_twin``
     gives their TensorFlow twins. The model's ``checkpoint_metadata`` says how it was

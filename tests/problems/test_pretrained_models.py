@@ -66,9 +66,10 @@ def test_every_known_name_has_a_folder_under_the_package():
 
 def test_pretrained_connect_four_loads_a_policy_value_net_with_game_shaped_outputs():
     net = problems.pretrained("connect_four")
-    # An MLP that also reads the threat planes (the default of --train connect_four).
+    # A residual policy with an MLP value, reading the threat planes (issue 22's net).
     assert isinstance(net, problems.FeaturedNet)
-    assert isinstance(net.body, problems.PolicyValueMLP)
+    assert isinstance(net.body, problems.PolicyValueConvNet)
+    assert (net.net_config.architecture, net.net_config.value_net) == ("residual", "mlp")
     assert net.input_spec == problems.ConnectFour().input_spec
     assert isinstance(net.checkpoint_metadata, dict)
     assert net.net_config.kind == "policy_value" and net.net_config.features == "threats"
