@@ -38,7 +38,7 @@ import numpy as np
 
 from async_search.base import TensorSpec
 from async_search.checks import check_int
-from async_search.models.numpy_models import on_grid, on_weight_grid
+from async_search.models.numpy_models import MLP, on_grid, on_weight_grid
 from async_search.problems.base import Game, board_planes
 from async_search.problems.residual_nets import with_named_weights
 
@@ -188,6 +188,16 @@ class PolicyValueConvNet:
                 self._mats[layer] = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
         self._bias = {name[:-len(".bias")]: w for name, w in q.items()
                       if name.endswith(".bias")}
+        self.value_mlp = (MLP(self.input_spec.shape, self.value_hidden_sizes, 1)
+                          .with_weights(self.value_mlp_layers())
+                          if self.value_net == "mlp" else None)
+
+    def value_mlp_layers(self) -> list:
+        """The ``mlp`` value's weights as ``models.MLP`` takes them: ``[(w [in, out], b),
+        ...]``."""
+        return [(self.weights[f"value.mlp.{i}.weight"].T,
+                 self.weights[f"value.mlp.{i}.bias"])
+                for i in range(len(self.value_hidden_sizes) + 1)]
 
     def with_weights(self, weights: ConvWeights) -> "PolicyValueConvNet":
         """A copy with other weights of the same names and shapes (trained ones); they
@@ -243,8 +253,8 @@ class PolicyValueConvNet:
             h = on_grid(np.maximum(h + y if self.residual else y, 0.0))
         p = self._head_planes(h, "policy.conv")
         logits = p @ self._mats["policy.fc"] + self._bias["policy.fc"]
-        if self.value_net == "mlp":
-            value = self._value_tower(x)
+        if self.value_mlp is not None:  # models.MLP on the flattened input, same grid
+            value = self.value_mlp(x)
         else:
             v = self._head_planes(h, "value.conv")
             v = on_grid(np.maximum(v @ self._mats["value.fc1"] + self._bias["value.fc1"],
@@ -252,13 +262,3 @@ class PolicyValueConvNet:
             value = v @ self._mats["value.fc2"] + self._bias["value.fc2"]
         return logits.astype(np.float32), np.clip(value, -1.0, 1.0).astype(np.float32)
 
-    def _value_tower(self, x: np.ndarray) -> np.ndarray:
-        """The ``mlp`` value: ``models.MLP``'s forward pass on the flattened input
-        (channels first), every activation on the grid."""
-        h = on_grid(x.reshape(len(x), -1))
-        last = len(self.value_hidden_sizes)
-        for i in range(last + 1):
-            h = h @ self._mats[f"value.mlp.{i}"] + self._bias[f"value.mlp.{i}"]
-            if i < last:
-                h = on_grid(np.maximum(h, 0.0))
-        return h

@@ -61,6 +61,9 @@ def _conv_grid_forward(tf: Any, net: PolicyValueConvNet) -> Callable[[Any], Any]
     taps, mats, bias = ({name: tf.constant(w, tf.float64) for name, w in layers.items()}
                         for layers in net.grid_layers())
     rows, columns = net.rows, net.columns
+    # The MLP's weights on its grid, as models.MLP holds them.
+    value_mlp = (None if net.value_mlp is None
+                 else _grid_forward(tf, net.value_mlp.weights))
 
     def conv3(h, layer):
         n, channels = tf.shape(h)[0], h.shape[-1]
@@ -85,14 +88,8 @@ def _conv_grid_forward(tf: Any, net: PolicyValueConvNet) -> Callable[[Any], Any]
             h = _on_grid(tf, tf.nn.relu(h + y if net.residual else y))
         logits = tf.matmul(head_planes(h, "policy.conv"), mats["policy.fc"]) + bias[
             "policy.fc"]
-        if net.value_net == "mlp":  # models.MLP's pass on the flattened input
-            v = _on_grid(tf, tf.reshape(x, [tf.shape(x)[0], -1]))
-            last = len(net.value_hidden_sizes)
-            for i in range(last + 1):
-                v = tf.matmul(v, mats[f"value.mlp.{i}"]) + bias[f"value.mlp.{i}"]
-                if i < last:
-                    v = _on_grid(tf, tf.nn.relu(v))
-            value = v
+        if value_mlp is not None:  # models.MLP's pass on the flattened input
+            value = value_mlp(x)
         else:
             v = head_planes(h, "value.conv")
             v = _on_grid(tf, tf.nn.relu(tf.matmul(v, mats["value.fc1"])
