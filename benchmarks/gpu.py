@@ -79,6 +79,7 @@ import functools
 import gc
 import importlib.util
 import inspect
+import itertools
 import json
 import os
 import platform
@@ -86,7 +87,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 # JAX (the mctx peer) must not take most of the GPU's memory from PyTorch at its start.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -153,13 +154,40 @@ class ForwardTimer:
     def reset(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize()
+            # Every batch's events are read against this one, so that batches of
+            # several servers on one device (their own streams) count once when they
+            # overlap.
+            self.origin = self.torch.cuda.Event(enable_timing=True)
+            self.origin.record()
         self.events, self.seconds = [], 0.0
 
     def busy_s(self) -> float:
+        """Seconds the device computed since ``reset``: on CUDA the union of the
+        batches' intervals; on a CPU the sum of the forward passes' wall times."""
         if self.cuda:
             self.torch.cuda.synchronize()
-            return sum(start.elapsed_time(end) for start, end in self.events) / 1e3
+            origin = self.origin
+            return union_length([(origin.elapsed_time(start), origin.elapsed_time(end))
+                                 for start, end in self.events]) / 1e3
         return self.seconds
+
+
+def union_length(intervals: Sequence[Tuple[float, float]]) -> float:
+    """The length of the union of ``(start, end)`` intervals.
+
+    Example:
+        >>> union_length([(0, 2), (1, 3), (5, 6)])
+        4
+    """
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
 
 
 def timed_module(torch: Any, module: Any, timer: ForwardTimer) -> Any:
@@ -264,15 +292,28 @@ class Served:
                                 input_spec=net.input_spec, device=device,
                                 max_batch_size=args.max_batch_size,
                                 precision=args.precision, cuda_graphs=graphs)
-        if self.model.cuda_graphs:  # replays run no forward pass: time the replays
-            time_graph_replays(self.model, self.timer)
+        # --servers: the process backend's servers each take a copy on the same
+        # device (its own stream, buffers and graphs), so that one copies and hands
+        # back its batch while another computes.
+        self.copies = [self.model] + [self.model.on_device(device)
+                                      for _ in range(max(args.servers) - 1)]
+        self.serve_with(1)
+        for copy in self.copies:
+            if copy.cuda_graphs:  # replays run no forward pass: time the replays
+                time_graph_replays(copy, self.timer)
         self.sizes = self.model.batch_sizes
         self.ceiling: Dict[int, Dict[str, Dict[str, float]]] = {}
-        for size in self.sizes:  # cudnn picks its algorithms per shape here
-            self.model(np.zeros(net.input_spec.batch_shape(size), np.float32))
+        for copy in self.copies:
+            for size in self.sizes:  # cudnn picks its algorithms per shape here
+                copy(np.zeros(net.input_spec.batch_shape(size), np.float32))
+
+    def serve_with(self, servers: int) -> None:
+        """The factory hands out the first ``servers`` copies from now on."""
+        self._handout = itertools.cycle(self.copies[:servers])
 
     def factory(self) -> Any:
-        return self.model
+        """The next of the adapter's copies (a server each), in turn."""
+        return next(self._handout)
 
     def autocast(self) -> Any:
         """The adapter's reduced precision, for the model alone too."""
@@ -545,22 +586,26 @@ async def in_process(work: Workload, searches: int, max_batch_size: Any = None,
     return record
 
 
-async def process_backend(work: Workload, clients: int) -> dict:
+async def process_backend(work: Workload, clients: int, servers: int = 1) -> dict:
     served = work.served
     searches = clients * work.args.process_searches
     starts = work.starts(searches)
+    if hasattr(served, "serve_with"):  # JAX's servers share its one adapter
+        served.serve_with(servers)
     served.timer.reset()
     began = time.perf_counter()
     out = await asr.run_searches_async(
         work.search_fn(work.args.process_searches), starts, served.factory,
-        backend="process", num_procs=clients, max_batch_size=work.args.max_batch_size,
+        backend="process", num_procs=clients, num_servers=servers,
+        max_batch_size=work.args.max_batch_size,
         use_uvloop=importlib.util.find_spec("uvloop") is not None)
     wall_s = time.perf_counter() - began
     trace = out.stats["trace"]
     # From the first batch's start to the last's end: client start-up left out.
     active_s = trace[-1].finished_s - (trace[0].finished_s - trace[0].model_s)
     return run_record(served, sum(out), [r.size for r in trace], active_s, wall_s,
-                      {"clients": clients, "searches": searches,
+                      {"clients": clients, "servers": servers,
+                       "searches": searches,
                        "budget_per_search": work.budget(work.args.process_searches)})
 
 
@@ -758,17 +803,21 @@ def goals(report: dict) -> dict:
     """The issue's goals, read off the runs (on a CPU they say what the CPU does)."""
     out = {}
     for name, runs in report["runs"].items():
-        inside = list(runs.get("in_process", {}).values())
+        # The busy goal reads the runs in one process and through client processes
+        # (one server process feeding the device either way).
+        inside = [(section, r) for section in ("in_process", "process_backend")
+                  for r in runs.get(section, {}).values() if "vs_ceiling" in r]
         # Without device events (JAX) the busiest run is the one nearest the ceiling,
         # and whether the device was busy enough is not known.
-        timed = any(r["device_busy_fraction"] is not None for r in inside)
-        best = max(inside, key=lambda r: (r["device_busy_fraction"] or 0.0) if timed
-                   else r["vs_ceiling"], default=None)
+        timed = any(r["device_busy_fraction"] is not None for _, r in inside)
+        section, best = max(inside, key=lambda sr: (
+            (sr[1]["device_busy_fraction"] or 0.0, sr[1]["vs_ceiling"]) if timed
+            else (sr[1]["vs_ceiling"],)), default=(None, None))
         entry = {}
         if best is not None:
-            entry["busiest_run"] = {k: best.get(k) for k in (
-                "searches", "device_busy_fraction", "fraction_in_model", "vs_ceiling",
-                "mean_batch")}
+            entry["busiest_run"] = {"section": section, **{k: best.get(k) for k in (
+                "searches", "clients", "servers", "device_busy_fraction",
+                "fraction_in_model", "vs_ceiling", "mean_batch") if k in best}}
             entry["busy_goal_met"] = (None if not timed else
                                       (best["device_busy_fraction"] or 0.0) >= 0.9
                                       and best["vs_ceiling"] >= 0.9)
@@ -784,11 +833,16 @@ def goals(report: dict) -> dict:
             entry["vs_handwritten_torch"] = ratios
             entry["vs_handwritten_goal_met"] = max(
                 v["median"] for v in ratios.values()) >= 2.0
+        # Per number of servers: k clients' nodes/s over k times one client's.
         scaling = runs.get("process_backend", {})
-        if "1" in scaling:
-            one = scaling["1"]["nodes_per_s"]
-            entry["scaling_efficiency"] = {
-                k: round(r["nodes_per_s"] / (int(k) * one), 2) for k, r in scaling.items()}
+        for servers in sorted({k.partition("x")[2] for k in scaling}):
+            suffix = f"x{servers}" if servers else ""
+            one = scaling.get(f"1{suffix}")
+            if one is None:
+                continue
+            entry["scaling_efficiency" + suffix.replace("x", "_x")] = {
+                k: round(r["nodes_per_s"] / (int(k.partition("x")[0]) * one["nodes_per_s"]),
+                         2) for k, r in scaling.items() if k.partition("x")[2] == servers}
         out[name] = entry
     return out
 
@@ -901,8 +955,10 @@ async def bench(args: argparse.Namespace, torch: Any, device: Any, report: dict)
                 await measure("multi_device", ",".join(devices), lambda: in_process(
                     work, max(args.concurrency), devices=devices))
             if "process_backend" in sections:
-                for k in args.clients:
-                    await measure("process_backend", k, lambda: process_backend(work, k))
+                for s in args.servers:
+                    for k in args.clients:
+                        await measure("process_backend", k if s == 1 else f"{k}x{s}",
+                                      lambda: process_backend(work, k, s))
         runs: Dict[str, Any] = {"in_process": {}, "handwritten_torch": {},
                                 "process_backend": {}, "max_batch_size": {}}
         for (section, key), records in measured.items():
@@ -980,6 +1036,10 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                    help="client processes of the process-backend runs (default 1, 2, 4 "
                         "... cores - 2)")
     p.add_argument("--max-clients", type=int, default=None)
+    p.add_argument("--servers", type=str, default=None,
+                   help="the process backend's servers, comma-separated (default 1): "
+                        "copies of the adapter on the one device, taking batches from "
+                        "one queue; runs with k clients and s > 1 servers are 'kxs'")
     p.add_argument("--process-searches", type=int, default=None,
                    help="searches per client process (GPU 256, CPU 64)")
     p.add_argument("--astar-evaluations", type=int, default=None,
@@ -1091,6 +1151,7 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                                      (64, 256, 1024, 4096) if cuda else (16, 64, 256))
     args.clients = numbers(args.clients, client_counts(os.cpu_count() or 1,
                                                        args.max_clients))
+    args.servers = numbers(args.servers, (1,))
     if args.out is None:
         name = "gpu" if cuda else "gpu_cpu"
         args.out = os.path.join("results", "benchmarks",

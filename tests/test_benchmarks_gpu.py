@@ -7,6 +7,8 @@ import types
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -30,7 +32,7 @@ def test_workloads_and_sections_outside_their_lists_are_refused(flag, value, cap
 
 @pytest.mark.parametrize("flag, value", [
     ("--concurrency", "64,many"), ("--clients", "0,2"), ("--fixed-batch-sizes", "-4"),
-    ("--rounds", "0"),
+    ("--rounds", "0"), ("--servers", "0"), ("--servers", "1,two"),
 ])
 def test_counts_that_are_not_positive_integers_are_refused(flag, value, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -117,3 +119,62 @@ def test_the_h200_summary_reads_the_committed_reports():
     graphs = summary["ceiling"]["policy_value"]["torch_cuda_graphs"]["1"]
     assert graphs["with_copies_ms"] < 0.5 < summary["ceiling"]["policy_value"][
         "torch_eager"]["1"]["with_copies_ms"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)), max_size=12))
+def test_union_length_counts_each_covered_unit_once(pairs):
+    intervals = [(start, start + length) for start, length in pairs]
+    covered = set()
+    for start, end in intervals:
+        covered.update(range(start, end))
+    assert gpu.union_length(intervals) == len(covered)
+
+
+def run(busy, vs_ceiling, **extra):
+    return {"device_busy_fraction": busy, "vs_ceiling": vs_ceiling, "mean_batch": 9.0,
+            "nodes_per_s": 1.0, **extra}
+
+
+def test_the_busy_goal_reads_the_process_backend_runs_too():
+    report = {"runs": {"mcts_connect_four": {
+        "in_process": {"1024": run(0.5, 0.2, searches=1024)},
+        "process_backend": {"1": run(0.3, 0.1, clients=1), "2": run(0.3, 0.1, clients=2),
+                            "1x2": run(0.3, 0.1, clients=1, servers=2),
+                            "14x2": run(0.95, 0.92, clients=14, servers=2)}}}}
+    entry = gpu.goals(report)["mcts_connect_four"]
+    assert entry["busiest_run"] == {
+        "section": "process_backend", "clients": 14, "servers": 2,
+        "device_busy_fraction": 0.95, "vs_ceiling": 0.92, "mean_batch": 9.0}
+    assert entry["busy_goal_met"] is True
+    assert entry["scaling_efficiency"] == {"1": 1.0, "2": 0.5}
+    assert entry["scaling_efficiency_x2"] == {"1x2": 1.0, "14x2": 0.07}
+    report["runs"]["mcts_connect_four"]["process_backend"]["14x2"] = run(0.95, 0.85)
+    assert gpu.goals(report)["mcts_connect_four"]["busy_goal_met"] is False
+
+
+def test_untimed_runs_pick_the_one_nearest_the_ceiling_and_leave_the_goal_open():
+    report = {"runs": {"astar_15_puzzle": {
+        "in_process": {"64": run(None, 0.2, searches=64)},
+        "process_backend": {"4": run(None, 0.6, clients=4)}}}}
+    entry = gpu.goals(report)["astar_15_puzzle"]
+    assert entry["busiest_run"]["section"] == "process_backend"
+    assert entry["busy_goal_met"] is None
+
+
+def test_the_factory_hands_each_server_its_own_copy_of_the_adapter():
+    torch = pytest.importorskip("torch")
+    from async_search import problems
+
+    args = gpu.parse_args(["--smoke", "--servers", "3"], cuda=False)
+    net = problems.CostToGoResNet(gpu.PUZZLE, first_width=16, width=8, blocks=1, seed=0)
+    served = gpu.Served("cost_to_go", net, torch.device("cpu"), args, torch)
+    assert [served.factory() for _ in range(2)] == served.copies[:1] * 2
+    served.serve_with(3)
+    handed = [served.factory() for _ in range(6)]
+    assert handed[:3] == served.copies and handed[3:] == served.copies
+    assert len({id(model) for model in served.copies}) == 3
+    x = np.zeros(net.input_spec.batch_shape(2), np.float32)
+    first = served.copies[0](x)
+    for copy in served.copies[1:]:  # the same weights in each copy
+        np.testing.assert_array_equal(copy(x), first)
