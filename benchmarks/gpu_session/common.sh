@@ -1,4 +1,4 @@
-# Sourced by lease_a.sh and lease_b.sh: the environment of a GPU machine's run.
+# Sourced by the lease scripts (lease_a.sh, lease_b.sh, next.sh): a GPU machine's run.
 # OUT is where the JSON and logs go (the device tool's own folder; elsewhere a folder
 # under results/). Wheels in .whl/ (mctx, pytest-asyncio) are installed when present.
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
