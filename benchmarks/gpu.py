@@ -23,7 +23,9 @@ What it measures, per net:
   ``--mcts-simulations`` shared among its searches, each search at least a minimum).
 - ``process_backend``: ``run_searches(backend="process")`` with 1, 2, 4, 8 ... up to
   cores - 2 client processes (at least 1), each running ``--process-searches``
-  searches, all feeding one server in this process.
+  searches, all feeding one server in this process; ``--servers 1,2`` runs them with one
+  and with two servers, each on its own copy of the adapter on the device (keys
+  ``"14x2"``), so that one copies and hands back a batch while the other computes.
 - ``handwritten_torch`` (peer): a hand-written PyTorch batcher, what a user writes
   without this toolkit (a thread, a ``queue.Queue`` and asyncio futures set with
   ``call_soon_threadsafe``), on the same searches at the same concurrency.
@@ -42,7 +44,8 @@ with the median nodes/s (with every round's and their range; the ratios to the p
 taken round by round). Every run reports ``nodes_per_s`` (expansions for A*,
 simulations for MCTS), ``mean_batch``, ``device_busy_fraction`` (the time the device
 computes over the run's wall time: CUDA events recorded on the adapter's stream around
-each batch's graph replay, or its forward pass with ``--eager``, so copies do not count;
+each batch's graph replay, or its forward pass with ``--eager``, so copies do not count,
+and the union of the intervals where several servers' batches overlap;
 in an eager pass the gaps between the layers' launches fall inside the events and count
 as busy, which flatters a small net; on a CPU, the time in the module's forward pass;
 with ``--framework jax``, not measured) and ``vs_ceiling``: the run's elements/s
