@@ -23,6 +23,7 @@ with one line that says what had finished and what was saved, exit status 130 an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -107,18 +108,23 @@ flags.DEFINE_bool("untrained", False, "Guide the searches with an untrained net,
 flags.DEFINE_list("hidden_sizes", ["256", "256"], "Widths of the network's hidden "
                   "layers: the untrained net's (--untrained), and the net --train "
                   "trains.")
-flags.DEFINE_enum("net", "mlp", ["mlp", "conv", "residual"], "--train connect_four: the "
-                  "policy-value net: an MLP of --hidden_sizes, or a convolutional net "
-                  "(a 3x3 stem, --blocks plain or residual blocks of two 3x3 "
-                  "convolutions, --channels wide, AlphaZero's heads).")
+flags.DEFINE_enum("net", "residual", ["mlp", "conv", "residual"], "--train connect_four: "
+                  "the policy-value net: a convolutional net (a 3x3 stem, --blocks plain "
+                  "or residual blocks of two 3x3 convolutions, --channels wide, "
+                  "AlphaZero's policy head, the value from --value_net), or an MLP of "
+                  "--hidden_sizes. Each --net has its own half-hour defaults of "
+                  "--iterations, --games_per_iteration, --simulations, --blocks and "
+                  "--value_net (HALF_HOUR in main.py).")
 flags.DEFINE_enum("features", None, ["planes", "threats"], "--train connect_four: what "
                   "the net reads: the board's planes, or also the cells where each player "
                   "would make four at once (problems.connect_four_threats; the default).")
 flags.DEFINE_integer("channels", 16, "--net conv|residual: convolution channels.")
-flags.DEFINE_integer("blocks", 2, "--net conv|residual: blocks of two 3x3 convolutions.")
-flags.DEFINE_enum("value_net", "head", ["head", "mlp"], "--net conv|residual: the value: "
+flags.DEFINE_integer("blocks", None, "--net conv|residual: blocks of two 3x3 convolutions "
+                     "(default 1 for residual, 2 for conv).")
+flags.DEFINE_enum("value_net", None, ["head", "mlp"], "--net conv|residual: the value: "
                   "AlphaZero's head on the trunk, or an MLP of --hidden_sizes on the "
-                  "board itself, beside the convolutional policy.")
+                  "board itself, beside the convolutional policy (default mlp for "
+                  "residual, head for conv).")
 flags.DEFINE_integer("value_planes", 1, "--net conv|residual: planes the value head reads "
                      "(AlphaZero's 1 squeezes a narrow trunk's board into one plane).")
 
@@ -139,17 +145,19 @@ flags.DEFINE_bool("uvloop", _uvloop_installed(), "Run event loops on uvloop (def
 
 # -- self-play (--architecture) ---------------------------------------------------------
 flags.DEFINE_integer("num_samples", 1000, "Self-play positions to produce.")
-flags.DEFINE_integer("simulations", 64, "MCTS simulations per self-play move.")
+flags.DEFINE_integer("simulations", None, "MCTS simulations per self-play move (default "
+                     "64; --train connect_four: 32 for --net residual, 64 otherwise).")
 flags.DEFINE_integer("games_per_client", 8, "Games each self-play client plays at once.")
 flags.DEFINE_integer("cache_capacity", 100_000, "Entries of each result cache (0: none "
                      "kept, in-flight duplicates still merged).")
 
 # -- training (--train) ----------------------------------------------------------------
 flags.DEFINE_integer("iterations", None, "--train connect_four: AlphaZero iterations "
-                     "(default: about half an hour on 2 cores, 50 for --net mlp, 14 for "
-                     "conv or residual); sliding_puzzle: DAVI rounds (default 250).")
-flags.DEFINE_integer("games_per_iteration", 300, "--train connect_four: self-play games "
-                     "per iteration, played concurrently.")
+                     "(default: about half an hour on 2 cores, 28 for --net residual, 50 "
+                     "for mlp, 14 for conv); sliding_puzzle: DAVI rounds (default 250).")
+flags.DEFINE_integer("games_per_iteration", None, "--train connect_four: self-play games "
+                     "per iteration, played concurrently (default 600 for --net residual, "
+                     "300 otherwise).")
 flags.DEFINE_integer("train_steps", None, "Optimizer steps per iteration (default 1000) "
                      "or per DAVI round (default 300).")
 flags.DEFINE_enum("backend", "process", ["local", "process", "ray"], "--train "
@@ -261,17 +269,41 @@ _check("backends", lambda v: bool(v) and set(v) <= {"local", "process", "ray"},
 _check("hidden_sizes", lambda v: bool(v) and all(int(w) >= 1 for w in v),
        "comma-separated integers >= 1 (layer widths)")
 _check("channels", lambda v: v >= 1, "an integer >= 1")
-_check("blocks", lambda v: v >= 0, "an integer >= 0")
+_check("blocks", lambda v: v is None or v >= 0, "an integer >= 0")
 _check("value_planes", lambda v: v >= 1, "an integer >= 1")
 
 #: The most weights a net that main.py builds may have (200 MB in float32): a typo such
 #: as --hidden_sizes 99999999999 gets a clear refusal, not a memory error minutes later.
 MAX_NET_WEIGHTS = 50_000_000
 
-#: --train connect_four's iterations by --net when --iterations is not given: what fits
-#: half an hour on 2 cores (measured: 50 of the 256x256 MLP, 14 of a residual 16x1, whose
-#: iterations cost about 3.5x as much; docs/benchmarks.md#training-runs).
-HALF_HOUR_ITERATIONS = {"mlp": 50, "conv": 14, "residual": 14}
+
+@dataclasses.dataclass(frozen=True)
+class HalfHour:
+    """--train connect_four's defaults for one --net, for the flags not given: what
+    fits half an hour on 2 cores (docs/benchmarks.md#training-runs)."""
+
+    iterations: int
+    games_per_iteration: int
+    simulations: int
+    blocks: int  # --net conv|residual
+    value_net: str  # --net conv|residual
+
+
+#: By --net. residual: the recipe of the shipped net, a residual 16x1 policy beside an
+#: MLP value, 28 iterations of 600 games at 32 simulations (28-29 minutes here, 0.95
+#: against UCT-1000); mlp: 50 iterations of the 256x256 MLP; conv: 14 of a plain 16x2.
+HALF_HOUR = {"residual": HalfHour(28, 600, 32, 1, "mlp"),
+             "mlp": HalfHour(50, 300, 64, 2, "head"),
+             "conv": HalfHour(14, 300, 64, 2, "head")}
+
+#: MCTS simulations per move of --architecture's self-play.
+SELFPLAY_SIMULATIONS = 64
+
+
+def c4_flag(name: str, net: str | None = None):
+    """--name as given, else --net's half-hour default (``HALF_HOUR``)."""
+    value = FLAGS[name].value
+    return getattr(HALF_HOUR[net or FLAGS.net], name) if value is None else value
 
 
 def _net_weights(**sizes) -> int:
@@ -302,22 +334,25 @@ def _hidden_sizes_fit(v) -> bool:
     return _at_most_max_weights("--hidden_sizes", ",".join(v), weights)
 
 
-@flags.multi_flags_validator(["channels", "blocks", "value_planes", "value_net",
+@flags.multi_flags_validator(["net", "channels", "blocks", "value_planes", "value_net",
                               "hidden_sizes"], message="")
 def _conv_net_fits(v) -> bool:
+    half_hour = HALF_HOUR[v["net"]]
+    blocks = half_hour.blocks if v["blocks"] is None else v["blocks"]
+    value_net = half_hour.value_net if v["value_net"] is None else v["value_net"]
     try:
         weights = _net_weights(architecture="residual", channels=v["channels"],
-                               blocks=v["blocks"], value_planes=v["value_planes"],
-                               value_net=v["value_net"],
+                               blocks=blocks, value_planes=v["value_planes"],
+                               value_net=value_net,
                                hidden_sizes=tuple(int(w) for w in v["hidden_sizes"]))
     except (TypeError, ValueError):  # out of range: the checks above say so
         return True
-    if v["value_net"] == "mlp":
+    if value_net == "mlp":
         return _at_most_max_weights("--channels, --blocks, --hidden_sizes",
-                                    f"{v['channels']}, {v['blocks']}, "
+                                    f"{v['channels']}, {blocks}, "
                                     f"{','.join(v['hidden_sizes'])}", weights)
     return _at_most_max_weights("--channels, --blocks, --value_planes",
-                                f"{v['channels']}, {v['blocks']}, {v['value_planes']}",
+                                f"{v['channels']}, {blocks}, {v['value_planes']}",
                                 weights)
 
 
@@ -468,10 +503,8 @@ def build_experiment():
         search = FLAGS.search
         title = f"{_TITLES[search]}: baseline vs batched serving"
     if FLAGS.max_delay is not None:
-        import dataclasses
         runs = tuple(dataclasses.replace(r, max_delay=FLAGS.max_delay) for r in runs)
     if FLAGS.address is not None:
-        import dataclasses
         runs = tuple(dataclasses.replace(r, address=FLAGS.address)
                      if r.backend == "ray" else r for r in runs)
     return suites.Experiment(title, _search_config(search), _model_config(batch), runs)
@@ -526,7 +559,7 @@ def build_architectures():
 
     samples = architectures.SamplesConfig(
         num_samples=FLAGS.num_samples, games_per_client=FLAGS.games_per_client,
-        selfplay=SelfPlayConfig(simulations=FLAGS.simulations,
+        selfplay=SelfPlayConfig(simulations=FLAGS.simulations or SELFPLAY_SIMULATIONS,
                                 num_parallel=FLAGS.batch_size, seed=FLAGS.seed))
     topology = architectures.TopologyConfig(
         num_clients=FLAGS.num_procs, num_servers=FLAGS.num_servers,
@@ -566,8 +599,6 @@ def run_architecture_experiment(plan, done: "Done | None" = None) -> int:
 
 def build_training():
     """What --train asks for: (config, held-out config or None, save_dir), checked."""
-    import dataclasses
-
     save_dir = FLAGS.save_dir or os.path.join(os.path.dirname(FLAGS.save_path) or ".",
                                               f"train_{FLAGS.train}")
     if FLAGS.train == "connect_four":
@@ -575,9 +606,10 @@ def build_training():
 
         defaults = CommanderConfig()
         config = CommanderConfig(
-            iterations=FLAGS.iterations or HALF_HOUR_ITERATIONS[FLAGS.net],
-            games_per_iteration=FLAGS.games_per_iteration,
-            selfplay=dataclasses.replace(defaults.selfplay, simulations=FLAGS.simulations,
+            iterations=c4_flag("iterations"),
+            games_per_iteration=c4_flag("games_per_iteration"),
+            selfplay=dataclasses.replace(defaults.selfplay,
+                                         simulations=c4_flag("simulations"),
                                          value_target=FLAGS.value_target,
                                          policy=FLAGS.policy, reuse_tree=FLAGS.reuse_tree,
                                          random_opening_moves=FLAGS.random_opening_moves,
@@ -590,8 +622,8 @@ def build_training():
             strong_uct_games=FLAGS.strong_uct_games,
             train_steps=FLAGS.train_steps or defaults.train_steps,
             hidden_sizes=tuple(int(w) for w in FLAGS.hidden_sizes),
-            architecture=FLAGS.net, channels=FLAGS.channels, blocks=FLAGS.blocks,
-            value_planes=FLAGS.value_planes, value_net=FLAGS.value_net,
+            architecture=FLAGS.net, channels=FLAGS.channels, blocks=c4_flag("blocks"),
+            value_planes=FLAGS.value_planes, value_net=c4_flag("value_net"),
             features=FLAGS.features or defaults.features,
             eval_games=FLAGS.eval_games, uct_rollouts=FLAGS.uct_rollouts,
             backend=FLAGS.backend,
@@ -783,7 +815,7 @@ def check_flag_scope() -> None:
     choice = flag_scope.Choice(experiment,
                                search="continuous" if FLAGS.continuous else FLAGS.search,
                                untrained=FLAGS.untrained, net=FLAGS.net,
-                               value_net=FLAGS.value_net)
+                               value_net=c4_flag("value_net"))
     unread = flag_scope.out_of_scope(
         [name for name in flag_scope.SCOPES if FLAGS[name].present], choice)
     if unread:

@@ -102,13 +102,16 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
      "--hidden_sizes 99999999999: a net of about"),
     (["--train=connect_four", "--net=residual", "--channels=100000"],
      "main.py builds nets of at most 50,000,000"),
+    (["--train=connect_four", "--channels=4000", "--blocks=2"],  # the default --net
+     "--channels, --blocks, --hidden_sizes 4000, 2, 256,256: a net of about"),
     # a flag the chosen experiment would not read (experiments.flag_scope)
     (["--iterations=3"], "--iterations does not apply to the default experiment"),
     (["--train=connect_four", "--model=tf"], "--model does not apply to --train"),
     (["--search=mcts", "--scramble=5"], "--scramble does not apply to --search mcts"),
     (["--hidden_sizes=64"], "--hidden_sizes sizes the untrained net"),
-    (["--train=connect_four", "--blocks=1"], "--blocks sizes a convolutional net"),
-    (["--train=connect_four", "--value_planes=4"],
+    (["--train=connect_four", "--net=mlp", "--blocks=1"],
+     "--blocks sizes a convolutional net"),
+    (["--train=connect_four", "--net=mlp", "--value_planes=4"],
      "--value_planes sizes a convolutional net"),
     (["--train=connect_four", "--policy=gumbel", "--policy_target=improved"],
      "--policy_target is PUCT's"),
@@ -219,21 +222,37 @@ def test_train_connect_four_runs_the_half_hour_of_iterations_of_the_net_chosen(
     import main
     from async_search.training import CommanderConfig
 
-    assert main.HALF_HOUR_ITERATIONS["mlp"] == CommanderConfig().iterations
+    assert main.HALF_HOUR["mlp"].iterations == CommanderConfig().iterations
     try:
         for net in main.FLAGS["net"].parser.enum_values:  # every --net has its half hour
             main.FLAGS.unparse_flags()
             main.FLAGS(["main.py", "--train=connect_four", f"--net={net}",
                         f"--save_dir={tmp_path}"])
             config = main.build_training()[0]
-            assert config.iterations == main.HALF_HOUR_ITERATIONS[net]
+            recipe = main.HALF_HOUR[net]
+            assert config.iterations == recipe.iterations
+            assert config.games_per_iteration == recipe.games_per_iteration
+            assert config.selfplay.simulations == recipe.simulations
             assert config.architecture == net
-        assert main.HALF_HOUR_ITERATIONS["residual"] < main.HALF_HOUR_ITERATIONS["mlp"]
+            if net != "mlp":
+                assert config.blocks == recipe.blocks and config.value_net == recipe.value_net
+        # The default: the shipped net's recipe, a residual 16x1 policy beside an MLP value.
+        main.FLAGS.unparse_flags()
+        main.FLAGS(["main.py", "--train=connect_four", f"--save_dir={tmp_path}"])
+        config = main.build_training()[0]
+        assert (config.architecture, config.channels, config.blocks, config.value_net,
+                config.hidden_sizes) == ("residual", 16, 1, "mlp", (256, 256))
+        assert (config.iterations, config.games_per_iteration,
+                config.selfplay.simulations) == (28, 600, 32)
         main.FLAGS.unparse_flags()
         main.FLAGS(["main.py", "--train=connect_four", "--net=residual", "--iterations=3",
-                    "--value_planes=8", f"--save_dir={tmp_path}"])
+                    "--value_planes=8", "--value_net=head", "--blocks=2",
+                    "--simulations=16", "--games_per_iteration=10",
+                    f"--save_dir={tmp_path}"])
         config = main.build_training()[0]
         assert config.iterations == 3 and config.net.value_planes == 8
+        assert (config.value_net, config.blocks, config.selfplay.simulations,
+                config.games_per_iteration) == ("head", 2, 16, 10)
     finally:
         main.FLAGS.unparse_flags()
 

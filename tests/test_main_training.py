@@ -167,11 +167,14 @@ def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(
     (["--train", "connect_four", "--gate_threshold", "1.5"], "--gate_threshold"),
     (["--train", "connect_four", "--gate_threshold", "-0.1"], "--gate_threshold"),
     (["--train", "connect_four", "--random_opening_moves", "-1"], "--random_opening_moves"),
-    (["--train", "connect_four", "--value_net", "mlp"], "--value_net"),
+    (["--train", "connect_four", "--net", "mlp", "--value_net", "mlp"], "--value_net"),
     (["--train", "connect_four", "--net", "residual", "--value_net", "dense"],
      "--value_net"),
-    (["--train", "connect_four", "--net", "residual", "--hidden_sizes", "64"],
+    (["--train", "connect_four", "--net", "residual", "--value_net", "head",
+      "--hidden_sizes", "64"], "--hidden_sizes"),
+    (["--train", "connect_four", "--net", "conv", "--hidden_sizes", "64"],
      "--hidden_sizes"),
+    (["--train", "connect_four", "--value_planes", "2"], "--value_net head"),
     (["--train", "connect_four", "--net", "residual", "--value_net", "mlp",
       "--hidden_sizes", "100000,1000"], "--hidden_sizes"),
 ])
@@ -219,7 +222,8 @@ def train_residual_4x1(tmp_path, *args):
 
 
 def test_train_connect_four_with_a_residual_net_on_threats_trains_and_saves_it(tmp_path):
-    out = train_residual_4x1(tmp_path, "--features", "threats", "--value_planes", "2")
+    out = train_residual_4x1(tmp_path, "--features", "threats", "--value_net", "head",
+                             "--value_planes", "2")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "a residual 4x1 (value 2 planes) + threats policy-value net" in out.stdout
     config = json.load(open(tmp_path / "run" / "best" / "config.json"))["config"]

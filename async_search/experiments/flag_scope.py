@@ -49,20 +49,22 @@ class Choice:
 class Scope:
     """Where a flag is read: these experiments; within the searches experiments, only
     these searches (None: all of them); and ``untrained_only``/``conv_only``/``mlp_only``:
-    only with --untrained outside training, only with --net conv|residual, not with it."""
+    only with --untrained outside training, only with --net conv|residual, not with it;
+    ``head_only``: only with AlphaZero's value head (--value_net head)."""
 
     experiments: FrozenSet[str]
     searches: Optional[FrozenSet[str]] = None
     untrained_only: bool = False
     conv_only: bool = False
     mlp_only: bool = False
+    head_only: bool = False
 
 
 def _scope(*experiments: str, searches: Iterable[str] | None = None,
            untrained_only: bool = False, conv_only: bool = False,
-           mlp_only: bool = False) -> Scope:
+           mlp_only: bool = False, head_only: bool = False) -> Scope:
     return Scope(frozenset(experiments), None if searches is None else frozenset(searches),
-                 untrained_only, conv_only, mlp_only)
+                 untrained_only, conv_only, mlp_only, head_only)
 
 
 _C4_TRAINING = ("games_per_iteration", "backend", "value_target", "overlap",
@@ -89,7 +91,7 @@ SCOPES: Dict[str, Scope] = {
                            mlp_only=True),
     "channels": _scope(TRAIN_C4, conv_only=True),
     "blocks": _scope(TRAIN_C4, conv_only=True),
-    "value_planes": _scope(TRAIN_C4, conv_only=True),
+    "value_planes": _scope(TRAIN_C4, conv_only=True, head_only=True),
     "value_net": _scope(TRAIN_C4, conv_only=True),
     "max_batch_size": _scope(*_SEARCHES, ARCHITECTURE, *_TRAIN),
     "max_delay": _scope(*_SEARCHES, ARCHITECTURE),
@@ -145,6 +147,9 @@ def why_unread(name: str, choice: Choice) -> Optional[str]:
                 f"--blocks (and its --value_net mlp by --hidden_sizes)")
     if scope.conv_only and choice.net == "mlp":
         return f"{flag} sizes a convolutional net: add --net conv or --net residual"
+    if scope.head_only and choice.value_net != "head":
+        return (f"{flag} sizes AlphaZero's value head: add --value_net head (--value_net "
+                f"{choice.value_net} is sized by --hidden_sizes)")
     return None
 
 

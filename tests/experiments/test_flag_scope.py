@@ -72,6 +72,16 @@ def test_hidden_sizes_sizes_a_convolutional_nets_mlp_value():
                                            "--net conv or --net residual")
 
 
+def test_value_planes_sizes_only_alphazeros_value_head():
+    head = Choice("train connect_four", net="residual", value_net="head")
+    assert why_unread("value_planes", head) is None
+    mlp_value = Choice("train connect_four", net="residual", value_net="mlp")
+    assert why_unread("value_planes", mlp_value) == (
+        "--value_planes sizes AlphaZero's value head: add --value_net head (--value_net "
+        "mlp is sized by --hidden_sizes)")
+    assert "--net conv or --net residual" in why_unread("value_planes", C4)
+
+
 def test_channels_and_blocks_need_a_convolutional_net():
     for name in ("channels", "blocks"):
         assert "--net conv or --net residual" in why_unread(name, C4)
