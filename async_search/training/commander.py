@@ -497,32 +497,28 @@ class Commander:
             self.add_target(ev_best)
             try:
                 agent = self._agent(ev_new, "candidate")
-                matches = [("arena", play_match(
-                    game, agent, self._agent(ev_best, "best"), num_games=config.arena_games,
-                    seed=seed, opening_moves=2, on_game=tick))]
-                opponents = []
+                arena = await play_match(game, agent, self._agent(ev_best, "best"),
+                                         num_games=config.arena_games, seed=seed,
+                                         opening_moves=2, on_game=tick)
+                scores: Dict[str, float] = {}
+                baselines = []
                 if config.eval_games:
-                    opponents += [("one_ply", OnePlyPlayer(), config.eval_games),
+                    baselines += [("one_ply", OnePlyPlayer(), config.eval_games),
                                   (f"uct{config.uct_rollouts}",
                                    UCTPlayer(config.uct_rollouts), config.eval_games)]
                 if config.strong_uct_games:
-                    opponents.append((f"uct{config.strong_uct_rollouts}",
+                    baselines.append((f"uct{config.strong_uct_rollouts}",
                                       UCTPlayer(config.strong_uct_rollouts),
                                       config.strong_uct_games))
-                matches += [(name, play_match(game, agent, opponent, num_games=games,
-                                              seed=seed, on_game=tick))
-                            for name, opponent, games in opponents]
+                for name, opponent, games in baselines:
+                    result = await play_match(game, agent, opponent, num_games=games,
+                                              seed=seed, on_game=tick)
+                    scores[name] = result.score
                 if config.eval_games:
-                    matches.append(("policy_vs_random", play_match(
-                        game, PolicyPlayer(ev_new), RandomPlayer(),
-                        num_games=config.eval_games, seed=seed, on_game=tick)))
-                # All matches at once: their games' requests meet in the two servers
-                # (larger batches), and the UCT players' rollouts run while the nets
-                # compute (measured: 18.7 s instead of 21.7 s an evaluation).
-                results = dict(zip([name for name, _ in matches],
-                                   await _all_or_none(match for _, match in matches)))
-                arena = results.pop("arena")
-                scores: Dict[str, float] = {name: r.score for name, r in results.items()}
+                    result = await play_match(game, PolicyPlayer(ev_new), RandomPlayer(),
+                                              num_games=config.eval_games, seed=seed,
+                                              on_game=tick)
+                    scores["policy_vs_random"] = result.score
                 t = time.perf_counter()
                 accuracy = await self._accuracy(ev_new)
                 accuracy_s = time.perf_counter() - t
@@ -669,24 +665,6 @@ def accuracy_subsets(size: int) -> Dict[str, list]:
         order = np.random.default_rng(_ACCURACY_SUBSET_SEED).permutation(len(positions))
         subsets[stage] = [positions[i] for i in sorted(order[:size].tolist())]
     return subsets
-
-
-async def _all_or_none(coroutines: Any) -> List[Any]:
-    """The results of the coroutines run concurrently, in order; when one raises, the
-    others are cancelled (and awaited) before its error propagates."""
-    tasks = [asyncio.ensure_future(c) for c in coroutines]
-    if not tasks:
-        return []
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
-    for task in tasks:
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()
-    return [task.result() for task in tasks]
 
 
 class _ModelFactory:

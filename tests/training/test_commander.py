@@ -588,29 +588,3 @@ def test_bad_net_parameters_are_refused_before_anything_runs(field, value):
 def test_an_mlp_value_is_refused_for_an_mlp_net():
     with pytest.raises(ValueError, match="value_net='mlp' is a convolutional net's"):
         tiny(value_net="mlp")
-
-
-async def test_evaluation_matches_run_together_and_one_failure_cancels_the_rest():
-    from async_search.training.commander import _all_or_none
-
-    started, cancelled = [], []
-
-    async def match(name, delay, fail=False):
-        started.append(name)
-        try:
-            await asyncio.sleep(delay)
-        except asyncio.CancelledError:
-            cancelled.append(name)
-            raise
-        if fail:
-            raise RuntimeError(f"{name} failed")
-        return name
-
-    assert await asyncio.wait_for(_all_or_none(
-        [match("arena", 0.02), match("one_ply", 0.0)]), 5) == ["arena", "one_ply"]
-    started.clear()
-    with pytest.raises(RuntimeError, match="uct failed"):
-        await asyncio.wait_for(_all_or_none(
-            [match("arena", 10), match("uct", 0.01, fail=True)]), 5)
-    assert started == ["arena", "uct"] and cancelled == ["arena"]
-    assert await _all_or_none([]) == []
