@@ -191,6 +191,9 @@ flags.DEFINE_enum("policy_target", "visits", ["visits", "improved"], "--train "
 flags.DEFINE_float("gate_threshold", None, "--train connect_four: the arena score against "
                    "the best net that promotes a candidate to play self-play (default "
                    "0: every candidate, as AlphaZero; 0.55: AlphaGo Zero's gate).")
+flags.DEFINE_integer("arena_games", None, "--train connect_four: candidate-against-best "
+                     "games per iteration (default 20, which rate the candidate: its Elo; "
+                     "40 with --gate_threshold above 0, which promotes on them).")
 flags.DEFINE_integer("random_opening_moves", 0, "--train connect_four: each self-play "
                      "game starts after 0..N uniformly random moves (diverse, unbalanced "
                      "positions; the opening's positions are not samples). 0: none.")
@@ -232,6 +235,7 @@ _POSITIVE = {
     "batch_size": "nodes expanded per request", "num_rollouts": "rollouts per round",
     "rollout_depth": "steps per rollout", "max_in_flight": "requests in flight",
     "num_procs": "client processes", "num_servers": "model servers",
+    "arena_games": "games per iteration",
     "num_samples": "self-play positions", "simulations": "MCTS simulations per move",
     "games_per_client": "games per client", "iterations": "iterations",
     "games_per_iteration": "games per iteration", "train_steps": "steps per iteration",
@@ -290,20 +294,27 @@ class HalfHour:
 
 
 #: By --net. residual: the recipe of the shipped net, a residual 16x1 policy beside an
-#: MLP value, 28 iterations of 600 games at 32 simulations (28-29 minutes here, 0.95
-#: against UCT-1000); mlp: 50 iterations of the 256x256 MLP; conv: 14 of a plain 16x2.
+#: MLP value, 28 iterations of 600 games at 32 simulations (0.90-0.95 against UCT-1000
+#: over 4 seeds); mlp: 50 iterations of the 256x256 MLP; conv: 14 of a plain 16x2.
 HALF_HOUR = {"residual": HalfHour(28, 600, 32, 1, "mlp"),
              "mlp": HalfHour(50, 300, 64, 2, "head"),
              "conv": HalfHour(14, 300, 64, 2, "head")}
+
+def arena_games(gate_threshold: float) -> int:
+    """--arena_games when not given: 40 games where the arena promotes (a gate above 0),
+    20 where it only rates (a third of an iteration was evaluation with 40: the arena's
+    MCTS-100 on both sides is most of it)."""
+    return 40 if gate_threshold > 0 else 20
+
 
 #: MCTS simulations per move of --architecture's self-play.
 SELFPLAY_SIMULATIONS = 64
 
 
-def c4_flag(name: str, net: str | None = None):
+def c4_flag(name: str):
     """--name as given, else --net's half-hour default (``HALF_HOUR``)."""
     value = FLAGS[name].value
-    return getattr(HALF_HOUR[net or FLAGS.net], name) if value is None else value
+    return getattr(HALF_HOUR[FLAGS.net], name) if value is None else value
 
 
 def _net_weights(**sizes) -> int:
@@ -605,6 +616,8 @@ def build_training():
         from async_search.training import CommanderConfig
 
         defaults = CommanderConfig()
+        gate_threshold = (defaults.gate_threshold if FLAGS.gate_threshold is None
+                          else FLAGS.gate_threshold)
         config = CommanderConfig(
             iterations=c4_flag("iterations"),
             games_per_iteration=c4_flag("games_per_iteration"),
@@ -629,9 +642,8 @@ def build_training():
             backend=FLAGS.backend,
             num_procs=FLAGS.num_procs if FLAGS.backend != "local" else 1,
             max_batch_size=FLAGS.max_batch_size or defaults.max_batch_size,
-            seed=FLAGS.seed, overlap=FLAGS.overlap,
-            gate_threshold=(defaults.gate_threshold if FLAGS.gate_threshold is None
-                            else FLAGS.gate_threshold))
+            seed=FLAGS.seed, overlap=FLAGS.overlap, gate_threshold=gate_threshold,
+            arena_games=FLAGS.arena_games or arena_games(gate_threshold))
         if FLAGS.resume:
             from async_search.training import Commander
             _check_resume(Commander, config, save_dir)

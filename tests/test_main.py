@@ -94,6 +94,8 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--train=connect_four", "--train_steps=0"], "--train_steps must be an integer >= 1"),
     (["--train=connect_four", "--simulations=0"], "--simulations must be an integer >= 1"),
     (["--train=connect_four", "--eval_games=-1"], "--eval_games must be an integer >= 0"),
+    (["--train=connect_four", "--arena_games=0"], "--arena_games must be an integer >= 1"),
+    (["--arena_games=4"], "--arena_games does not apply to the default experiment"),
     (["--train=connect_four", "--backend=gpu"], "--backend"),
     (["--train=sliding_puzzle", "--weight=-1"], "--weight must be a number >= 0"),
     (["--train=connect_four", "--continuous"], "separate experiments"),
@@ -244,6 +246,13 @@ def test_train_connect_four_runs_the_half_hour_of_iterations_of_the_net_chosen(
                 config.hidden_sizes) == ("residual", 16, 1, "mlp", (256, 256))
         assert (config.iterations, config.games_per_iteration,
                 config.selfplay.simulations) == (28, 600, 32)
+        # The arena only rates when every candidate is promoted: 20 games; a gate, 40.
+        assert (config.gate_threshold, config.arena_games) == (0.0, 20)
+        for flags, games in ((["--gate_threshold=0.55"], 40), (["--arena_games=6"], 6),
+                             (["--gate_threshold=0.55", "--arena_games=50"], 50)):
+            main.FLAGS.unparse_flags()
+            main.FLAGS(["main.py", "--train=connect_four", *flags, f"--save_dir={tmp_path}"])
+            assert main.build_training()[0].arena_games == games
         main.FLAGS.unparse_flags()
         main.FLAGS(["main.py", "--train=connect_four", "--net=residual", "--iterations=3",
                     "--value_planes=8", "--value_net=head", "--blocks=2",

@@ -71,7 +71,7 @@ _C4_TRAINING = ("games_per_iteration", "backend", "value_target", "overlap",
                 "eval_games", "final_games", "uct_rollouts", "policy", "gate_threshold",
                 "random_opening_moves", "reuse_tree", "solve", "accuracy_positions",
                 "strong_uct_rollouts", "strong_uct_games", "net", "features",
-                "policy_target")
+                "policy_target", "arena_games")
 
 SCOPES: Dict[str, Scope] = {
     "search": _scope(*_SEARCHES),
