@@ -153,6 +153,7 @@ class ForwardTimer:
         self.cuda = cuda
         self.events: List[tuple] = []
         self.seconds = 0.0
+        self.origin: Any = None  # CUDA: the event recorded at the last reset
 
     def reset(self) -> None:
         if self.cuda:
@@ -170,6 +171,8 @@ class ForwardTimer:
         if self.cuda:
             self.torch.cuda.synchronize()
             origin = self.origin
+            if origin is None:  # never reset: the batches' durations, overlaps and all
+                return sum(start.elapsed_time(end) for start, end in self.events) / 1e3
             return union_length([(origin.elapsed_time(start), origin.elapsed_time(end))
                                  for start, end in self.events]) / 1e3
         return self.seconds
