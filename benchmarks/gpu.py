@@ -99,6 +99,7 @@ import numpy as np  # noqa: E402 - after the environment above
 
 import async_search as asr  # noqa: E402
 from async_search import problems, search  # noqa: E402
+from async_search.backends.config import max_servers  # noqa: E402
 from async_search.files import write_file  # noqa: E402
 
 PUZZLE = problems.SlidingPuzzle(4)
@@ -403,6 +404,9 @@ class JaxServed:
         for size in self.sizes:  # one compilation per bucket, here rather than in a run
             self.model(np.zeros(net.input_spec.batch_shape(size), np.float32))
 
+    def serve_with(self, servers: int) -> None:
+        """Nothing: JAX's servers share its one adapter."""
+
     def factory(self) -> Any:
         return self.model
 
@@ -596,8 +600,7 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
     served = work.served
     searches = clients * work.args.process_searches
     starts = work.starts(searches)
-    if hasattr(served, "serve_with"):  # JAX's servers share its one adapter
-        served.serve_with(servers)
+    served.serve_with(servers)
     served.timer.reset()
     began = time.perf_counter()
     out = await asr.run_searches_async(
@@ -1158,6 +1161,10 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
     args.clients = numbers(args.clients, client_counts(os.cpu_count() or 1,
                                                        args.max_clients))
     args.servers = numbers(args.servers, (1,))
+    most = max_servers("process")  # each server is a copy of the net, made up front
+    if args.servers[-1] > most:
+        p.error(f"--servers {args.servers[-1]} is more than the process backend can start "
+                f"here (at most {most})")
     if args.out is None:
         name = "gpu" if cuda else "gpu_cpu"
         args.out = os.path.join("results", "benchmarks",

@@ -41,6 +41,15 @@ def test_counts_that_are_not_positive_integers_are_refused(flag, value, capsys):
     assert value in capsys.readouterr().err
 
 
+def test_more_servers_than_the_process_backend_starts_are_refused_before_any_copy(capsys):
+    from async_search.backends.config import max_servers
+
+    with pytest.raises(SystemExit) as stop:
+        gpu.parse_args(["--servers", f"1,{max_servers('process') + 1}"], cuda=False)
+    assert stop.value.code == 2
+    assert "is more than the process backend can start here" in capsys.readouterr().err
+
+
 def test_workloads_keep_their_order_and_sections_default_to_all():
     args = gpu.parse_args(["--workloads", "mcts,astar", "--smoke"], cuda=False)
     assert args.workloads == ["mcts", "astar"]

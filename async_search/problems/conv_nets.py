@@ -173,7 +173,9 @@ class PolicyValueConvNet:
 
     def _set(self, weights: ConvWeights) -> None:
         self.weights = {name: np.asarray(weights[name], np.float32) for name in self.shapes}
-        q = {name: on_weight_grid(w) for name, w in self.weights.items()}
+        # The trunk and heads on the grid; an MLP value is models.MLP's (below).
+        q = {name: on_weight_grid(w) for name, w in self.weights.items()
+             if not name.startswith("value.mlp.")}
         # 3x3 kernels as [9 * in, out] (the taps stacked); 1x1 and dense ones as [in, out].
         self._taps: Dict[str, np.ndarray] = {}
         self._mats: Dict[str, np.ndarray] = {}
