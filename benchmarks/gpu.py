@@ -52,6 +52,13 @@ with ``--framework jax``, not measured) and ``vs_ceiling``: the run's elements/s
 over the model alone at the run's batch sizes (each batch's on-device time read off the ceiling, linearly
 between bucket sizes; so padding, copies and idle time all count against it).
 ``vs_ceiling_with_copies`` is the same against the adapter alone at the padded size.
+Where the CPU went, over the run's wall time: ``loop_cpu`` (the fraction of a core the
+event loop's thread used: the searches in one process, the serving loop of the process
+backend; near 1 it is the limit), ``process_cpu`` (this process's cores: the loop, the
+device threads and the rest) and, for the process backend, ``clients_cpu`` (each client
+process's fraction of a core). ``device`` gives the CPU's physical cores and threads per
+core (``cpu_topology``): client processes beyond the physical cores share them. Every
+loop runs on uvloop when it is installed (``--loop asyncio`` for asyncio's).
 
 Prints one JSON object and writes it under ``results/benchmarks/``: ``gpu.json`` on a
 GPU, ``gpu_cpu.json`` on a CPU, with ``_smoke`` before ``.json`` for ``--smoke`` runs
@@ -100,6 +107,7 @@ import numpy as np  # noqa: E402 - after the environment above
 import async_search as asr  # noqa: E402
 from async_search import problems, search  # noqa: E402
 from async_search.backends.config import max_servers  # noqa: E402
+from async_search.event_loops import loop_factory  # noqa: E402
 from async_search.files import write_file  # noqa: E402
 
 PUZZLE = problems.SlidingPuzzle(4)
@@ -520,6 +528,59 @@ def ceiling_seconds(served: Served, sizes: Sequence[int], kind: str) -> float:
     return total
 
 
+class CpuClock:
+    """Where a run's CPU time went, over its wall time: ``loop_cpu``, the fraction of a
+    core the event loop's thread used (searches in one process, or the serving loop of
+    the process backend: near 1, it is the limit); ``process_cpu``, this process's
+    cores (the loop, the device threads and the rest); ``clients_cpu``, the fraction of
+    a core each client process used (process backend: the children reaped during the
+    run). Started on the loop's thread, read there too."""
+
+    def __init__(self):
+        self.thread = time.thread_time()
+        self.times = os.times()
+        self.wall = time.perf_counter()
+
+    def read(self, clients: int = 0) -> dict:
+        wall = time.perf_counter() - self.wall
+        now, then = os.times(), self.times
+        record = {
+            "loop_cpu": round((time.thread_time() - self.thread) / wall, 3),
+            "process_cpu": round((now.user + now.system - then.user - then.system) / wall,
+                                 3),
+        }
+        if clients:
+            children = (now.children_user + now.children_system
+                        - then.children_user - then.children_system)
+            record["clients_cpu"] = round(children / wall / clients, 3)
+        return record
+
+
+def cpu_topology() -> dict:
+    """Logical CPUs, physical cores and threads per core, from Linux's sysfs (None
+    where it cannot be read): 14 client processes on 8 cores with two threads each do
+    not scale as on 14 cores."""
+    cores = set()
+    logical = 0
+    root = "/sys/devices/system/cpu"
+    try:
+        for name in os.listdir(root):
+            if not (name.startswith("cpu") and name[3:].isdigit()):
+                continue
+            topology = os.path.join(root, name, "topology")
+            with open(os.path.join(topology, "core_id")) as f:
+                core = f.read().strip()
+            with open(os.path.join(topology, "physical_package_id")) as f:
+                package = f.read().strip()
+            cores.add((package, core))
+            logical += 1
+    except OSError:
+        return {"logical_cpus": os.cpu_count(), "physical_cores": None,
+                "threads_per_core": None}
+    return {"logical_cpus": logical, "physical_cores": len(cores),
+            "threads_per_core": round(logical / max(len(cores), 1), 2)}
+
+
 def run_record(served: Served, nodes: int, sizes: List[int], active_s: float,
                wall_s: float, extra: dict) -> dict:
     busy_s = served.timer.busy_s() if served.timed else None
@@ -579,6 +640,7 @@ async def in_process(work: Workload, searches: int, max_batch_size: Any = None,
     size = work.args.max_batch_size if max_batch_size is None else max_batch_size
     served.timer.reset()
     gc.collect()
+    clock = CpuClock()
     began = time.perf_counter()
     async with asr.serve(served.model, max_batch_size=size, **serve_options) as evaluate:
         nodes = sum(await asyncio.gather(*(fn(s, evaluate) for s in starts)))
@@ -590,6 +652,7 @@ async def in_process(work: Workload, searches: int, max_batch_size: Any = None,
                         {"searches": searches, "budget_per_search": work.budget(searches),
                          "max_batch_size": size})
     record["fraction_in_model"] = round(stats["fraction_in_model"], 3)
+    record.update(clock.read())
     if max_batch_size == "auto":  # what the server chose, and how
         record["chosen_batch_size"] = chosen
         record["auto_batch_size"] = stats.get("auto_batch_size")
@@ -602,20 +665,23 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
     starts = work.starts(searches)
     served.serve_with(servers)
     served.timer.reset()
+    gc.collect()
+    clock = CpuClock()
     began = time.perf_counter()
     out = await asr.run_searches_async(
         work.search_fn(work.args.process_searches), starts, served.factory,
         backend="process", num_procs=clients, num_servers=servers,
-        max_batch_size=work.args.max_batch_size,
-        use_uvloop=importlib.util.find_spec("uvloop") is not None)
+        max_batch_size=work.args.max_batch_size, use_uvloop=work.args.loop == "uvloop")
     wall_s = time.perf_counter() - began
+    cpu = clock.read(clients)
     trace = out.stats["trace"]
     # From the first batch's start to the last's end: client start-up left out.
     active_s = trace[-1].finished_s - (trace[0].finished_s - trace[0].model_s)
-    return run_record(served, sum(out), [r.size for r in trace], active_s, wall_s,
-                      {"clients": clients, "servers": servers,
-                       "searches": searches,
-                       "budget_per_search": work.budget(work.args.process_searches)})
+    return {**run_record(served, sum(out), [r.size for r in trace], active_s, wall_s,
+                         {"clients": clients, "servers": servers,
+                          "searches": searches,
+                          "budget_per_search": work.budget(work.args.process_searches)}),
+            **cpu}
 
 
 # -- the peer: a hand-written PyTorch batcher -------------------------------------------------
@@ -695,6 +761,7 @@ async def handwritten(work: Workload, searches: int) -> dict:
     # PyTorch's default: a batcher without buckets sees a new shape at most batches,
     # and cudnn's autotuner (on for the adapter's few shapes) would time each one.
     autotune, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
+    clock = CpuClock()
     began = time.perf_counter()
     try:
         with HandwrittenTorchBatcher(torch, module, served.device,
@@ -703,8 +770,10 @@ async def handwritten(work: Workload, searches: int) -> dict:
             active_s = time.perf_counter() - began
     finally:
         torch.backends.cudnn.benchmark = autotune
-    return run_record(served, nodes, evaluate.batches, active_s, time.perf_counter() - began,
-                      {"searches": searches, "budget_per_search": work.budget(searches)})
+    return {**run_record(served, nodes, evaluate.batches, active_s,
+                         time.perf_counter() - began,
+                         {"searches": searches, "budget_per_search": work.budget(searches)}),
+            **clock.read()}
 
 
 # -- the peer: mctx's jitted MCTS on Connect Four --------------------------------------------
@@ -1097,6 +1166,10 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                         "(Connect Four)")
     p.add_argument("--sections", type=str, default=",".join(SECTIONS),
                    help=f"which runs, of {','.join(SECTIONS)} (the ceiling always)")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default=None,
+                   help="the event loop of this process (the searches in one process, "
+                        "the server of the process backend) and of the client processes: "
+                        "uvloop when installed")
     p.add_argument("--out", default=None, help="where to write the JSON")
     args = p.parse_args(argv)
     if args.switch_interval is not None and not args.switch_interval > 0:
@@ -1148,6 +1221,10 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
             p.error(f"expected comma-separated integers >= 1, got {text!r}")
         return found
 
+    if args.loop is None:
+        args.loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    elif args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        p.error("--loop uvloop: uvloop is not installed here")
     if args.rounds < 1:
         p.error(f"--rounds takes an integer >= 1, not {args.rounds}")
 
@@ -1194,7 +1271,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "jax": importlib.util.find_spec("jax") is not None,
             "mctx": importlib.util.find_spec("mctx") is not None,
-            "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), **cpu_topology(),
+            "platform": platform.platform(),
             "python": platform.python_version(),
             "load_average_1min": round(os.getloadavg()[0], 2),
         },
@@ -1207,7 +1285,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "runs": {},
     }
     began = time.perf_counter()
-    asyncio.run(bench(args, torch, device, report))
+    with asyncio.Runner(loop_factory=loop_factory(args.loop == "uvloop")) as runner:
+        runner.run(bench(args, torch, device, report))
     report["goals"] = goals(report)
     report["total_s"] = round(time.perf_counter() - began, 1)
     text = json.dumps(report, indent=2)

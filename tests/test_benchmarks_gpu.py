@@ -187,3 +187,38 @@ def test_the_factory_hands_each_server_its_own_copy_of_the_adapter():
     first = served.copies[0](x)
     for copy in served.copies[1:]:  # the same weights in each copy
         np.testing.assert_array_equal(copy(x), first)
+
+
+def test_the_cpu_clock_counts_the_loop_thread_and_reaped_children():
+    import subprocess
+    import time
+
+    clock = gpu.CpuClock()
+    busy_until = time.thread_time() + 0.2
+    while time.thread_time() < busy_until:  # this thread computes 0.2 s
+        pass
+    subprocess.run([sys.executable, "-c",
+                    "import time\nt = time.process_time() + 0.3\n"
+                    "while time.process_time() < t: pass"], check=True, timeout=60)
+    record = clock.read(clients=1)
+    assert 1.05 >= record["loop_cpu"] > 0.1  # 0.2 s of CPU over the wall time of both
+    assert record["process_cpu"] >= record["loop_cpu"] - 0.01
+    # the child's 0.3 s of CPU, over the wall time of both (at least 0.5 s)
+    assert record["clients_cpu"] > 0.1
+    assert "clients_cpu" not in gpu.CpuClock().read()
+
+
+def test_the_cpu_topology_counts_physical_cores_apart_from_their_threads():
+    topology = gpu.cpu_topology()
+    assert topology["logical_cpus"] >= 1
+    if topology["physical_cores"] is not None:  # sysfs readable (Linux)
+        assert 1 <= topology["physical_cores"] <= topology["logical_cpus"]
+        assert topology["threads_per_core"] >= 1
+
+
+def test_the_loop_defaults_to_uvloop_where_installed_and_asyncio_is_asked_for():
+    import importlib.util
+
+    installed = importlib.util.find_spec("uvloop") is not None
+    assert gpu.parse_args([], cuda=False).loop == ("uvloop" if installed else "asyncio")
+    assert gpu.parse_args(["--loop", "asyncio"], cuda=False).loop == "asyncio"

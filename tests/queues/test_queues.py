@@ -10,6 +10,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from async_search.queues import (END_OF_STREAM, AsyncQueueLike, ClosedConnection,
                                  LocalQueue, ProcessQueue, QueueLike, SocketQueue,
@@ -314,6 +316,82 @@ def test_socket_queue_carries_a_zero_size_array_in_a_loop():
     finally:
         q.close()
         thread.join(WAIT_S)
+
+
+def _put_all(q, items, timeout=WAIT_S):
+    """Puts ``items`` from a thread, outside a loop (a put blocks while the socket is
+    full, so the reader must read meanwhile); returns the thread."""
+    thread = threading.Thread(target=_quietly, args=(
+        lambda items: [q.put(item, timeout=timeout) for item in items], items), daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("in_a_loop", [False, True])
+def test_socket_queue_frames_larger_than_what_it_reads_at_once_arrive_whole(in_a_loop):
+    from async_search.queues.sockets import _CHUNK, _DIRECT
+
+    # Around the size from which a frame is read in place, between small ones.
+    sizes = [3, _CHUNK - 100, _DIRECT - 200, 5, _DIRECT + 1, 2, _DIRECT + _CHUNK, 7,
+             4 * _DIRECT + 3, 0, 1]
+    items = [(i, np.arange(n, dtype=np.uint8) ^ np.uint8(i)) for i, n in enumerate(sizes)]
+    q = SocketQueue()
+    writer = _put_all(q, items)
+    try:
+        if in_a_loop:
+            async def main():
+                return [await asyncio.wait_for(q.get_async(), WAIT_S) for _ in items]
+            got = asyncio.run(main())
+        else:
+            got = [q.get(timeout=WAIT_S) for _ in items]
+        writer.join(WAIT_S)
+        for (i, x), (j, y) in zip(items, got):  # each still its own after later frames
+            assert i == j
+            np.testing.assert_array_equal(x, y)
+        assert q.qsize() == 0
+    finally:
+        q.close()
+        writer.join(WAIT_S)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(0, 3 << 20), min_size=1, max_size=6))
+def test_socket_queue_carries_any_sizes_of_frames_in_order(sizes):
+    items = [np.full(n, i % 251, np.uint8) for i, n in enumerate(sizes)]
+    q = SocketQueue()
+    writer = _put_all(q, items)
+    try:
+        for i, n in enumerate(sizes):
+            x = q.get(timeout=WAIT_S)
+            assert len(x) == n and bool(np.all(x == i % 251))
+    finally:
+        q.close()
+        writer.join(WAIT_S)
+
+
+def test_a_writer_gone_in_the_middle_of_a_large_frame_ends_the_stream_after_what_came():
+    from async_search.queues.sockets import _DIRECT, encode_frame
+
+    q = SocketQueue()
+    q.put("before")
+    chunks = encode_frame([np.ones(4 * _DIRECT, np.uint8)])
+    whole = b"".join(bytes(c) for c in chunks)
+    half = threading.Thread(target=_quietly, args=(
+        lambda part: q._send_blocking([part], WAIT_S), memoryview(whole[:len(whole) // 2])),
+        daemon=True)
+    half.start()
+    try:
+        assert q.get(timeout=WAIT_S) == "before"
+        with pytest.raises(queue.Empty):  # half a frame: nothing to take yet
+            q.get(timeout=0.2)
+        half.join(WAIT_S)
+        assert not half.is_alive()
+        q._writer.close()  # the writing end goes, half-way through the frame
+        q._writer = None
+        with pytest.raises(ClosedConnection):
+            q.get(timeout=WAIT_S)
+    finally:
+        q.close()
 
 
 def _put_when_told_then_exit(q, items, go):
