@@ -421,7 +421,13 @@ class SocketQueue:
             have = end - start
             if have < length:
                 if length - have > _DIRECT:
-                    frame = memoryview(np.empty(length, np.uint8))  # no zeroing
+                    try:
+                        frame = memoryview(np.empty(length, np.uint8))  # no zeroing
+                    except (MemoryError, ValueError) as e:  # a broken or hostile length
+                        self._end(f"a frame of {length} bytes announced by the writing "
+                                  f"end could not be held: {type(e).__name__}: {e}")
+                        at = end
+                        break
                     with memoryview(buf) as head:  # released before buf shrinks
                         frame[:have] = head[start:end]
                     self._frame, self._filled = frame, have
@@ -433,16 +439,20 @@ class SocketQueue:
         if at:
             del buf[:at]
 
+    def _end(self, why: str) -> None:
+        """Ends the stream here, for ``why``: the items before are kept."""
+        self._ended = why
+        self._eof = True
+        self._stop_reading()
+
     def _take_frame(self, frame: memoryview) -> None:
         """Queues the items of one whole frame (arrays are views of it)."""
         try:
             items = decode_frame(frame)
         except Exception as e:  # a frame that does not load: nothing after it can
             # be trusted, so the stream ends here (the items before it are kept)
-            self._ended = (f"a frame from the writing end could not be read: "
-                           f"{type(e).__name__}: {e}")
-            self._eof = True
-            self._stop_reading()
+            self._end(f"a frame from the writing end could not be read: "
+                      f"{type(e).__name__}: {e}")
             return
         for item in items:
             if is_end(item):

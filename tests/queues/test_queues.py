@@ -491,6 +491,21 @@ async def test_a_frame_that_cannot_be_read_ends_the_stream_after_the_items_befor
     q.close()
 
 
+async def test_a_frame_too_large_to_hold_ends_the_stream_after_the_items_before_it():
+    """A length prefix from a broken or hostile writer that no memory can hold ends the
+    stream, named, instead of failing the reader's callback and leaving it waiting."""
+    import struct
+
+    q = SocketQueue()
+    q.put("before")
+    q.send_pending()
+    q._send_blocking([memoryview(struct.pack("!Q", 1 << 62) + bytes(100))], 5)
+    assert await within(q.get_async(), "the item before") == "before"
+    with pytest.raises(ClosedConnection, match="could not be held"):
+        await within(q.get_async(), "the end of the stream")
+    q.close()
+
+
 async def test_socket_queue_on_a_tcp_connection_carries_frames_both_ways_then_ends():
     import socket
 
