@@ -222,3 +222,29 @@ def test_the_loop_defaults_to_uvloop_where_installed_and_asyncio_is_asked_for():
     installed = importlib.util.find_spec("uvloop") is not None
     assert gpu.parse_args([], cuda=False).loop == ("uvloop" if installed else "asyncio")
     assert gpu.parse_args(["--loop", "asyncio"], cuda=False).loop == "asyncio"
+
+
+def test_a_later_leases_reports_make_a_table_each_finished_or_cut_short(tmp_path):
+    finished = json.load(open(os.path.join(ROOT, "results", "benchmarks", "gpu_cpu.json")))
+    cut_short = json.load(open(os.path.join(ROOT, "results", "benchmarks", "gpu_h200",
+                                            "a_mcts_eager.json")))
+    (tmp_path / "c_cpu.json").write_text(json.dumps(finished))
+    assert cut_short["partial"]  # stopped at its step's time limit
+    (tmp_path / "c_eager.json").write_text(json.dumps(cut_short))
+    (tmp_path / "a_other.json").write_text("{}")  # another prefix: not read
+    (tmp_path / "env.txt").write_text("GPU 0: NVIDIA H200 (UUID: x)\n16\n")
+    summary = summarize.summarize_reports(str(tmp_path), "c_")
+    assert set(summary["reports"]) == {"c_cpu", "c_eager"}
+    assert summary["machine"][1] == "16"
+    cpu = summary["reports"]["c_cpu"]
+    astar = cpu["runs"]["astar_15_puzzle"]
+    assert astar["in_process"]["256"]["nodes_per_s"] == round(
+        finished["runs"]["astar_15_puzzle"]["in_process"]["256"]["nodes_per_s"])
+    assert astar["process_backend"]["1"]["clients_cpu"] == finished["runs"][
+        "astar_15_puzzle"]["process_backend"]["1"]["clients_cpu"]
+    assert cpu["goals"] == finished["goals"] and not cpu["partial"]
+    eager = summary["reports"]["c_eager"]
+    assert eager["partial"] and "goals" not in eager
+    assert eager["runs"]["mcts_connect_four"]["in_process"]["1024"]["nodes_per_s"] > 0
+    with pytest.raises(SystemExit, match="no d_"):
+        summarize.summarize_reports(str(tmp_path), "d_")

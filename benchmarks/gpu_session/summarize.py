@@ -6,7 +6,11 @@ Each figure names the report it comes from. Runs cut short by a step's time limi
 (``"partial": true``) count with the rounds they finished; a figure over two rounds is
 their median (the faster, for two) with both rounds given.
 
+With ``--prefix c_`` it reads instead any reports of a later lease (``next.sh`` writes
+``c_mcts``, ``c_big``, ``c_astar``) into one table per report (``report_table``).
+
 Usage: python benchmarks/gpu_session/summarize.py [--dir results/benchmarks/gpu_h200]
+[--prefix c_ --out results/benchmarks/gpu_next.json]
 """
 
 from __future__ import annotations
@@ -172,12 +176,65 @@ def ratios(runs: dict) -> dict:
     return out
 
 
+def report_table(report: dict, source: str) -> dict:
+    """Any one report of gpu.py (finished, or cut short at a step's limit), as the
+    figures its README and docs tables take: the ceiling in ms at the bucket sizes, and
+    every run's figures with where the CPU went, per workload and section; ``goals``
+    as gpu.py read them (a finished report only)."""
+    out: Dict[str, Any] = {"source": source, "partial": bool(report.get("partial")),
+                           "device": report.get("device", {}),
+                           "settings": {k: report.get("settings", {}).get(k) for k in (
+                               "channels", "blocks", "width", "dense_blocks", "servers",
+                               "process_searches", "loop", "eager", "framework")},
+                           "ceiling": {net: ceiling(report, net, source)
+                                       for net in report.get("ceiling", {})},
+                           "runs": {}}
+    for workload in ("mcts_connect_four", "astar_15_puzzle"):
+        found = {}
+        for name in ("in_process", "handwritten_torch", "max_batch_size",
+                     "process_backend", "multi_device"):
+            table = {key: run_figures(records, source)
+                     for key, records in rounds(report, workload, name).items()}
+            if table:
+                found[name] = table
+        mctx = report.get("runs", {}).get(workload, {}).get("mctx")
+        if mctx:
+            found["mctx"] = mctx
+        if found:
+            out["runs"][workload] = found
+    if "goals" in report:
+        out["goals"] = report["goals"]
+    return out
+
+
+def summarize_reports(folder: str, prefix: str) -> dict:
+    """``report_table`` of every ``{prefix}*.json`` in ``folder`` (a later lease's
+    reports, named by the script that ran them: ``c_mcts``, ``c_big``, ``c_astar`` for
+    next.sh), with the folder's ``env.txt`` when there is one."""
+    out: Dict[str, Any] = {"benchmark": "benchmarks/gpu.py on a GPU machine "
+                                        "(benchmarks/gpu_session/)", "reports": {}}
+    env = os.path.join(folder, "env.txt")
+    if os.path.exists(env):
+        out["machine"] = open(env).read().strip().split("\n")
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(prefix) and name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                out["reports"][name[:-5]] = report_table(json.load(f), name[:-5])
+    if not out["reports"]:
+        raise SystemExit(f"no {prefix}*.json in {folder}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default="results/benchmarks/gpu_h200")
     parser.add_argument("--out", default="results/benchmarks/gpu.json")
+    parser.add_argument("--prefix", default=None,
+                        help="a later lease's reports (next.sh: c_): a table per report")
     args = parser.parse_args()
-    text = json.dumps(summarize(args.dir), indent=1)
+    summary = (summarize(args.dir) if args.prefix is None
+               else summarize_reports(args.dir, args.prefix))
+    text = json.dumps(summary, indent=1)
     print(text)
     write_file(args.out, text + "\n")
 
