@@ -371,6 +371,7 @@ class SocketQueue:
                 waiter.set_result(None)
 
     def _stop_reading(self) -> None:
+        self._frame = None  # no more bytes come: a frame half-read is dropped, not kept
         if self._reading_loop is not None:
             if self._reader is not None and not self._reading_loop.is_closed():
                 self._reading_loop.remove_reader(self._reader.fileno())

@@ -390,6 +390,7 @@ def test_a_writer_gone_in_the_middle_of_a_large_frame_ends_the_stream_after_what
         q._writer = None
         with pytest.raises(ClosedConnection):
             q.get(timeout=WAIT_S)
+        assert q._frame is None  # the half frame's buffer is let go
     finally:
         q.close()
 
