@@ -85,9 +85,17 @@ def main(argv: List[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--asyncio", action="store_true", help="asyncio's loop, not uvloop's")
     args = p.parse_args(argv)
+    try:
+        sizes = [int(t) for t in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        p.error(f"--sizes takes comma-separated integers >= 1 (KB), not {args.sizes!r}")
+    if args.frames < 2 or args.repeats < 1:
+        p.error("--frames takes an integer >= 2 (the first is not timed), --repeats >= 1")
     report = {"benchmark": "benchmarks/socket_queue.py", "frames": args.frames,
               "loop": "asyncio" if args.asyncio else "uvloop", "sizes_kb": {}}
-    for kb in (int(s) for s in args.sizes.split(",")):
+    for kb in sizes:
         runs = [one_run(kb, args.frames, not args.asyncio) for _ in range(args.repeats)]
         report["sizes_kb"][str(kb)] = {
             "read_cpu_us_per_mb": round(statistics.median(
