@@ -403,8 +403,7 @@ class SocketQueue:
                 self._filled += size
                 if self._filled == len(frame):
                     self._frame = None
-                    self._take_frame(frame)
-                    if self._eof:
+                    if not self._take_frame(frame):
                         break
             if size < len(into):  # the socket has nothing more for now
                 break
@@ -416,12 +415,13 @@ class SocketQueue:
         place: the rest of its bytes are copied once, by the kernel."""
         buf = self._inbuf
         at, end = 0, len(buf)
-        while end - at >= _PREFIX.size and not self._eof and self._frame is None:
+        # After the socket's end too: the whole frames that came before it count.
+        while end - at >= _PREFIX.size:
             (length,) = _PREFIX.unpack_from(buf, at)
             start = at + _PREFIX.size
             have = end - start
             if have < length:
-                if length - have > _DIRECT:
+                if length - have > _DIRECT and not self._eof:  # the rest can still come
                     try:
                         frame = memoryview(np.empty(length, np.uint8))  # no zeroing
                     except (MemoryError, ValueError) as e:  # a broken or hostile length
@@ -434,9 +434,10 @@ class SocketQueue:
                     self._frame, self._filled = frame, have
                     at = end
                 break
-            # A copy: the arrays it holds view it, and the buffer moves on.
-            self._take_frame(memoryview(buf[start:start + length]))
             at = start + length
+            # A copy: the arrays it holds view it, and the buffer moves on.
+            if not self._take_frame(memoryview(buf[start:at])):
+                break
         if at:
             del buf[:at]
 
@@ -446,21 +447,22 @@ class SocketQueue:
         self._eof = True
         self._stop_reading()
 
-    def _take_frame(self, frame: memoryview) -> None:
-        """Queues the items of one whole frame (arrays are views of it)."""
+    def _take_frame(self, frame: memoryview) -> bool:
+        """Queues the items of one whole frame (arrays are views of it); False when
+        the stream ends in it (an end of stream, or a frame that does not load)."""
         try:
             items = decode_frame(frame)
         except Exception as e:  # a frame that does not load: nothing after it can
             # be trusted, so the stream ends here (the items before it are kept)
             self._end(f"a frame from the writing end could not be read: "
                       f"{type(e).__name__}: {e}")
-            return
+            return False
         for item in items:
             if is_end(item):
-                self._eof = True
-                self._stop_reading()
-                return
+                self._end(self._ended)
+                return False
             self._items.append(item)
+        return True
 
 
 def socket_queue(maxsize: int = 0) -> SocketQueue:

@@ -4,6 +4,7 @@ the local, thread, process and socket queues."""
 import asyncio
 import multiprocessing
 import multiprocessing.queues
+import os
 import pickle
 import queue
 import threading
@@ -367,6 +368,100 @@ def test_socket_queue_carries_any_sizes_of_frames_in_order(sizes):
     finally:
         q.close()
         writer.join(WAIT_S)
+
+
+class _ScriptedSocket:
+    """A reading end that hands out a byte stream in the given pieces, then its end
+    (``recv_into`` returns 0), whatever size the reader asks for at a time: the
+    reader's splitting of frames, apart from how a kernel happens to cut the stream."""
+
+    def __init__(self, data: bytes, cuts):
+        self.data, self.at = memoryview(data), 0
+        self.pieces = list(cuts)
+        # Something select always finds readable, as a socket with bytes or at its end.
+        self._readable, writer = os.pipe()
+        os.close(writer)
+
+    def recv_into(self, into) -> int:
+        if self.at >= len(self.data):
+            return 0
+        want = self.pieces.pop(0) if self.pieces else len(self.data)
+        n = min(len(into), max(1, want), len(self.data) - self.at)
+        into[:n] = self.data[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def fileno(self) -> int:
+        return self._readable
+
+    def close(self) -> None:
+        if self._readable >= 0:
+            os.close(self._readable)
+            self._readable = -1
+
+
+def _stream(items) -> bytes:
+    from async_search.queues.sockets import encode_frame
+
+    return b"".join(bytes(c) for item in items for c in encode_frame([item]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3 << 18), min_size=1, max_size=6),
+       st.lists(st.integers(1, 1 << 19), max_size=40), st.booleans())
+def test_the_reader_takes_every_whole_frame_however_the_stream_is_cut(sizes, cuts, cut_last):
+    items = [np.full(n, i % 251, np.uint8) for i, n in enumerate(sizes)]
+    data = _stream(items)
+    if cut_last:  # the writer died inside its last frame: that one is lost
+        data = data[:-1]
+    q = SocketQueue()
+    q._reader.close()
+    q._reader = _ScriptedSocket(data, cuts)
+    got = []
+    with pytest.raises(ClosedConnection):
+        while True:
+            got.append(q.get(timeout=0))
+    expected = items[:-1] if cut_last else items
+    assert len(got) == len(expected)
+    for x, y in zip(got, expected):
+        np.testing.assert_array_equal(x, y)
+    assert q._frame is None
+    q.close()
+
+
+def test_whole_frames_that_fill_the_last_read_before_the_end_are_taken():
+    from async_search.queues.sockets import _CHUNK
+
+    # Frames of exactly one chunk's bytes, then the writer's end: the read that
+    # returns the chunk is followed, in the same call, by the one that sees the end.
+    for n in range(_CHUNK - 400, _CHUNK):
+        data = _stream([1, np.zeros(n, np.uint8)])
+        if len(data) == _CHUNK:
+            break
+    assert len(data) == _CHUNK
+    q = SocketQueue()
+    q._reader.close()
+    q._reader = _ScriptedSocket(data, [_CHUNK])
+    assert q.get(timeout=0) == 1
+    assert q.get(timeout=0).shape == (n,)
+    with pytest.raises(ClosedConnection):
+        q.get(timeout=0)
+    q.close()
+
+
+def test_an_end_of_stream_inside_a_large_frame_s_batch_ends_it_there():
+    from async_search.queues.sockets import _DIRECT, encode_frame
+
+    # A frame read in place holding an item and the end of the stream, then more bytes.
+    frame = encode_frame([np.ones(2 * _DIRECT, np.uint8), END_OF_STREAM])
+    data = b"".join(bytes(c) for c in frame) + _stream(["after the end"])
+    q = SocketQueue()
+    q._reader.close()
+    q._reader = _ScriptedSocket(data, [100, 1 << 20])
+    assert q.get(timeout=0).shape == (2 * _DIRECT,)
+    with pytest.raises(ClosedConnection):
+        q.get(timeout=0)
+    q.close()
 
 
 def test_a_writer_gone_in_the_middle_of_a_large_frame_ends_the_stream_after_what_came():
