@@ -36,6 +36,14 @@ from async_search.servers.workers import Workers, placement_of
 _done = asyncio.Future.done  # a request done before its batch: cancelled or failed
 _DROPPED = "; a request not batched by then is dropped before the model runs"
 _ndarray = np.ndarray
+#: While a batch is in a device thread, a request lets go of the GIL for a moment at
+#: most this often. The thread must take the GIL back to hand its batch over (and to
+#: start the next), and CPython hands it over late to a thread waiting on a loop that
+#: runs many short search steps: 15-60 ms a batch under 1024 MCTS searches here,
+#: whatever the switch interval (benchmarks/fake_device.py), while the device idles.
+_LET_THREADS_IN_S = 0.001
+_perf_counter = time.perf_counter
+_sleep = time.sleep
 
 
 def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future]:
@@ -191,6 +199,7 @@ class BatchingServer:
         self._full: asyncio.Future | None = None    # set when a batch fills (max_delay)
         self._slot: asyncio.Future | None = None    # set when a batch comes back
         self._in_flight = 0
+        self._let_in_at = 0.0  # when a request last let a device thread take the GIL
         self._flying: Dict[int, Any] = {}  # id -> Popped: batches the model has not
         #                                    given back (failed at once by a crash)
         self._since = 0.0  # when the queue last became non-empty, or the last dispatch
@@ -245,8 +254,18 @@ class BatchingServer:
             fut = self._new_future()
             self._staged_xs.append(x)
             self._staged_futures.append(fut)
+            if self._in_flight:
+                self._let_threads_in()
             return fut
         return self._call(x, 0, timeout)
+
+    def _let_threads_in(self) -> None:
+        """Lets go of the GIL for a moment (a waiting device thread takes it), at most
+        every ``_LET_THREADS_IN_S``."""
+        now = _perf_counter()
+        if now - self._let_in_at >= _LET_THREADS_IN_S:
+            self._let_in_at = now
+            _sleep(0)
 
     def _call(self, x: np.ndarray, priority: int = 0, timeout: float | None = None,
               ) -> "asyncio.Future[Outputs]":
@@ -294,6 +313,8 @@ class BatchingServer:
                 return fut
             if self._batcher.queued >= self._budget:
                 _resolve(self._full)
+        if self._in_flight:
+            self._let_threads_in()
         return fut
 
     def _price(self, x: np.ndarray) -> Any:

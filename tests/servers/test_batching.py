@@ -682,3 +682,35 @@ async def test_a_timeout_that_is_not_a_positive_number_is_refused_and_nothing_qu
             with pytest.raises(ValueError, match="timeout must be a finite number > 0"):
                 call(x, timeout=bad)
         assert not evaluate._staged_xs and evaluate._batcher.empty()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+async def test_requests_let_go_of_the_gil_at_a_bounded_rate_while_a_batch_is_in_a_thread(
+        monkeypatch, fast_path):
+    """A device thread whose batch is done must take the GIL back: while one is in a
+    thread, requests let go of it (``time.sleep(0)``) at most every
+    ``_LET_THREADS_IN_S`` of the loop's time; with none in flight, never."""
+    from async_search.servers import batching
+
+    clock = [100.0]
+    sleeps = []
+    monkeypatch.setattr(batching, "_perf_counter", lambda: clock[0])
+    monkeypatch.setattr(batching, "_sleep", sleeps.append)
+    step = batching._LET_THREADS_IN_S * 0.4  # the loop's time between two requests
+    model = GatedModel()
+    timeout = None if fast_path else 30.0  # a deadline takes the slow path
+    async with asr.serve(model, model_thread=True) as evaluate:
+        try:
+            for _ in range(20):  # nothing in flight yet: no batch, so never
+                clock[0] += step
+                evaluate(np.ones((1, 1), np.float32), timeout=timeout)
+            assert sleeps == []
+            await wait_thread_event(model.started)  # the first batch is in the thread
+            for _ in range(99):
+                clock[0] += step
+                evaluate(np.ones((1, 1), np.float32), timeout=timeout)
+            # the first at once, then one every third request (1.2 intervals apart)
+            assert set(sleeps) == {0}
+            assert 32 <= len(sleeps) <= 34
+        finally:
+            model.gate.set()

@@ -1,0 +1,133 @@
+"""The serving core against a fake accelerator: does it keep a device busy, and what do
+the device thread's trips for the GIL cost?
+
+The GPU goal (issue 18) asks that the device compute at least 90 % of the time. On a
+machine without one, this stands in for it: a model that takes ``--ms`` milliseconds a
+batch whatever its size, in ``--trips`` sleeps that let go of the GIL (as a CUDA
+synchronize does): 1 trip is a device that runs a whole batch as one call (a CUDA
+graph, a jitted JAX function), 60 one that needs the GIL between its layers (an eager
+PyTorch pass launches each layer from Python). Searches run in one process around
+``asr.serve`` on uvloop: MCTS on Connect Four (8 leaves a round) and batched A* on the
+15-puzzle (4 nodes a step), their outputs constant.
+
+Per run: ``nodes_per_s``, ``mean_batch``, ``device_busy_fraction`` (the batches'
+device time, ``--ms`` each, over the wall time: the fake device's own work, without
+the waits for the GIL inside it), ``batch_wall_ms`` (the device thread's time a batch,
+waits included) and ``loop_cpu`` (the fraction of a core the searches' loop used).
+A device slower than the searches should be kept busy (the goal); one faster than
+them leaves the loop busy instead. Prints one JSON object.
+
+Usage: python benchmarks/fake_device.py [--ms 2,10,30] [--trips 1,60] [--searches 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any, List
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import async_search as asr  # noqa: E402
+from async_search.event_loops import loop_factory  # noqa: E402
+
+import gpu  # noqa: E402 - the searches and their starts
+
+
+class FakeDevice:
+    """A model of ``ms`` milliseconds a batch, in ``trips`` sleeps, with constant
+    outputs; counts its batches and the device thread's wall time in them."""
+
+    def __init__(self, kind: str, ms: float, trips: int):
+        self.kind, self.seconds, self.trips = kind, ms / 1e3, trips
+        self.batches = 0
+        self.wall = 0.0
+
+    def __call__(self, x: np.ndarray) -> Any:
+        began = time.perf_counter()
+        for _ in range(self.trips):
+            time.sleep(self.seconds / self.trips)
+        self.batches += 1
+        n = len(x)
+        out = ((np.zeros((n, 7), np.float32), np.zeros((n, 1), np.float32))
+               if self.kind == "mcts" else np.zeros((n, 1), np.float32))
+        self.wall += time.perf_counter() - began
+        return out
+
+
+async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
+                  max_batch_size: int) -> dict:
+    device = FakeDevice(kind, ms, trips)
+    if kind == "mcts":
+        starts = gpu.game_starts(searches)
+
+        def search(start, evaluate):
+            return gpu.mcts(budget, 8, start, evaluate)
+    else:
+        starts = gpu.puzzle_starts(searches, 100)
+
+        def search(start, evaluate):
+            return gpu.astar(budget, 4, start, evaluate)
+    cpu, began = time.thread_time(), time.perf_counter()
+    async with asr.serve(device, max_batch_size=max_batch_size,
+                         model_thread=True) as evaluate:
+        nodes = sum(await asyncio.gather(*(search(s, evaluate) for s in starts)))
+        sizes = [r.size for r in evaluate.trace]
+    wall = time.perf_counter() - began
+    return {"search": kind, "searches": searches, "ms_per_batch": ms, "trips": trips,
+            "nodes_per_s": round(nodes / wall), "mean_batch": round(np.mean(sizes), 1),
+            "device_busy_fraction": round(device.batches * device.seconds / wall, 3),
+            "batch_wall_ms": round(device.wall / max(device.batches, 1) * 1e3, 2),
+            "loop_cpu": round((time.thread_time() - cpu) / wall, 3)}
+
+
+def numbers(text: str, kind: type) -> List[Any]:
+    return [kind(t) for t in text.split(",") if t]
+
+
+def main(argv: List[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ms", default="2,10,30", help="the device's milliseconds a batch")
+    p.add_argument("--trips", default="1,60", help="its trips for the GIL a batch")
+    p.add_argument("--searches", default="1024", help="concurrent searches")
+    p.add_argument("--searches-kinds", default="mcts,astar")
+    p.add_argument("--mcts-simulations", type=int, default=64, help="each search's")
+    p.add_argument("--astar-evaluations", type=int, default=60, help="each search's")
+    p.add_argument("--max-batch-size", type=int, default=4096)
+    args = p.parse_args(argv)
+    try:
+        ms, trips = numbers(args.ms, float), numbers(args.trips, int)
+        searches = numbers(args.searches, int)
+    except ValueError:
+        p.error("--ms, --trips and --searches take comma-separated numbers")
+    kinds = args.searches_kinds.split(",")
+    if (not ms or min(ms) <= 0 or not trips or min(trips) < 1 or not searches
+            or min(searches) < 1 or args.max_batch_size < 1
+            or min(args.mcts_simulations, args.astar_evaluations) < 1
+            or not set(kinds) <= {"mcts", "astar"}):
+        p.error("--ms > 0, --trips >= 1, --searches >= 1, budgets >= 1, "
+                "--searches-kinds of mcts,astar")
+    runs = []
+    with asyncio.Runner(loop_factory=loop_factory(True)) as runner:
+        for kind in kinds:
+            budget = args.mcts_simulations if kind == "mcts" else args.astar_evaluations
+            for n in searches:
+                for t in trips:
+                    for m in ms:
+                        runs.append(runner.run(one_run(kind, n, budget, m, t,
+                                                       args.max_batch_size)))
+                        print(json.dumps(runs[-1]), file=sys.stderr)
+    report = {"benchmark": "benchmarks/fake_device.py", "cpu_count": os.cpu_count(),
+              "runs": runs}
+    print(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
