@@ -39,8 +39,10 @@ _ndarray = np.ndarray
 #: While a batch is in a device thread, a request lets go of the GIL for a moment at
 #: most this often. The thread must take the GIL back to hand its batch over (and to
 #: start the next), and CPython hands it over late to a thread waiting on a loop that
-#: runs many short search steps: 15-60 ms a batch under 1024 MCTS searches here,
+#: runs many short search steps: 15-65 ms a batch under 1024 MCTS searches here,
 #: whatever the switch interval (benchmarks/fake_device.py), while the device idles.
+#: ``time.sleep(0)`` is no wait: it returns at once, having let go of the GIL, which
+#: the waiting thread then takes (CPython offers no event for that hand-over).
 _LET_THREADS_IN_S = 0.001
 _perf_counter = time.perf_counter
 _sleep = time.sleep
