@@ -18,6 +18,7 @@ import numpy as np
 from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_int
+from async_search.requests import RequestChecker
 
 
 #: Makes a zero-filled host buffer of a shape and dtype (``np.zeros``, or a view of a
@@ -48,16 +49,33 @@ def bucket_sizes(max_batch_size: int = 1024,
     dropped) when given, else the powers of two up to ``max_batch_size``.
 
     Raises:
-        ValueError: a size that is not an integer >= 1.
+        ValueError: a size that is not an integer >= 1, or no size at all.
 
     Example:
         >>> bucket_sizes(batch_sizes=(64, 8, 8))
         (8, 64)
     """
-    if batch_sizes:
+    if batch_sizes is not None:
+        if isinstance(batch_sizes, (str, bytes)) or not len(batch_sizes):
+            raise ValueError(f"batch_sizes must be a sequence of at least one integer "
+                             f">= 1 (or None for the powers of two), got {batch_sizes!r}")
         return tuple(sorted({check_int(f"batch_sizes[{i}]", size, minimum=1)
                              for i, size in enumerate(batch_sizes)}))
     return power_of_two_sizes(max_batch_size)
+
+
+def adapter_spec(input_spec: TensorSpec) -> TensorSpec:
+    """``input_spec`` as an adapter takes it: a ``TensorSpec``, else TypeError (a
+    framework's net has no spec to learn from a first request, as a server does).
+
+    Example:
+        >>> adapter_spec(TensorSpec((4,), np.float32)).describe()
+        '[n, 4] float32'
+    """
+    if not isinstance(input_spec, TensorSpec):
+        raise TypeError(f"input_spec must be a TensorSpec (per-element shape and dtype), "
+                        f"got {input_spec!r}")
+    return input_spec
 
 
 class PaddedBatches:
@@ -152,23 +170,36 @@ def run_in_chunks(batch: np.ndarray, largest: int,
 
 
 class BucketedModel:
-    """The call of every framework adapter: a batch that fits the largest bucket runs at
-    once, a larger one in chunks of the largest size, each through the adapter's
-    ``_run`` (which runs at most ``batch_sizes[-1]`` rows).
+    """The call of every framework adapter: a batch is checked against ``input_spec``,
+    then one that fits the largest bucket runs at once, a larger one in chunks of the
+    largest size, each through the adapter's ``_run`` (which runs at most
+    ``batch_sizes[-1]`` rows).
+
+    A batch that is not an ndarray ``[n, *input_spec.shape]`` of the spec's dtype raises
+    ``InputSpecError``, as a request to a server does: padded into the bucket's buffer,
+    a ``[4]`` array would broadcast into four equal rows, a float64 batch be cast.
 
     Example:
         >>> class Doubling(BucketedModel):
         ...     batch_sizes = (1, 2)
+        ...     input_spec = TensorSpec((), np.int64)
         ...     def _run(self, batch):
         ...         return batch * 2
-        >>> Doubling()(np.arange(5)).tolist()
+        >>> Doubling()(np.arange(5, dtype=np.int64)).tolist()
         [0, 2, 4, 6, 8]
     """
 
     #: The allowed batch sizes, ascending (``bucket_sizes``).
     batch_sizes: Tuple[int, ...]
+    #: What each batch's elements are.
+    input_spec: TensorSpec
 
     def __call__(self, batch: np.ndarray) -> Outputs:
+        spec = self.input_spec
+        # A server's batch always fits (its requests were checked): two comparisons.
+        if type(batch) is not np.ndarray or batch.dtype != spec.dtype \
+                or batch.shape[1:] != spec.shape or not batch.ndim:
+            batch = RequestChecker(spec)(batch)
         if len(batch) <= self.batch_sizes[-1]:  # the usual batch: no chunking call
             return self._run(batch)
         return run_in_chunks(batch, self.batch_sizes[-1], self._run)

@@ -14,7 +14,8 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
-from async_search.models.buckets import BucketedModel, PaddedBatches, bucket_sizes
+from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
+                                         bucket_sizes)
 
 
 class JaxModel(BucketedModel):
@@ -75,13 +76,16 @@ class JaxModel(BucketedModel):
                  batch_tolerance: float | None = None):
         import jax  # imported here so that the core needs numpy alone
 
-        self.input_spec = input_spec
+        self.input_spec = adapter_spec(input_spec)
         self.device = jax_device(device)
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
         self._given_tolerance = batch_tolerance
         self.batch_tolerance = (
             _default_tolerance(self.device.platform) if batch_tolerance is None
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        if not callable(apply_fn):
+            raise TypeError(f"JaxModel takes apply_fn(params, x), a callable, got "
+                            f"{type(apply_fn).__name__}")
         self.apply_fn = apply_fn
         self._shared = _Compiled(jax, apply_fn, self, bool(jax.tree.leaves(params)))
         # A copy of host arrays: on the CPU, device_put may share their memory, and the

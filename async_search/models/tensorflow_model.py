@@ -13,7 +13,7 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
-from async_search.models.buckets import PaddedBatches, bucket_sizes
+from async_search.models.buckets import PaddedBatches, adapter_spec, bucket_sizes
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
 
@@ -59,7 +59,7 @@ class TensorFlowModel(OwnWeightsModel):
                  batch_tolerance: float | None = None):
         import tensorflow as tf  # imported here so that the core needs numpy alone
 
-        self.input_spec = input_spec
+        self.input_spec = adapter_spec(input_spec)
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
         self.device = tensorflow_device(device)
         self.jit_compile = jit_compile
@@ -67,6 +67,9 @@ class TensorFlowModel(OwnWeightsModel):
         self.batch_tolerance = (
             (1e-2 if "GPU" in self.device.upper() else 1e-4) if batch_tolerance is None
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        if not callable(fn):
+            raise TypeError(f"TensorFlowModel takes a Keras model or a function, got "
+                            f"{type(fn).__name__}")
         self.fn = fn
         self._start(_Traced(tf, fn, self))
 

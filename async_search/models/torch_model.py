@@ -18,7 +18,7 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
-from async_search.models.buckets import PaddedBatches, bucket_sizes
+from async_search.models.buckets import PaddedBatches, adapter_spec, bucket_sizes
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
 
@@ -116,7 +116,7 @@ class TorchModel(OwnWeightsModel):
 
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        self.input_spec = input_spec
+        self.input_spec = adapter_spec(input_spec)
         self.device = torch_device(device)
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
         self.precision = precision
@@ -263,6 +263,10 @@ class _Runner:
         except TypeError as e:
             raise ValueError(f"PyTorch has no dtype for the input spec "
                              f"{model.input_spec.describe()}: {e}") from None
+        if not (callable(module) and all(hasattr(module, name)
+                                         for name in ("to", "eval", "state_dict"))):
+            raise TypeError(f"TorchModel takes a torch.nn.Module (a callable with to, "
+                            f"eval and state_dict), got {type(module).__name__}")
         self.module = module.to(device).eval()
         state = self.module.state_dict()
         self.names = list(state)

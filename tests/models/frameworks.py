@@ -47,7 +47,8 @@ class Framework:
     """One framework's way to build, reweight and call the suite's net."""
 
     name: str
-    #: make(weights, raising=False, **adapter options) -> the adapter
+    #: make(weights, raising=False, **adapter options) -> the adapter; the adapters'
+    #: make also takes ``spec`` (their input_spec, SPEC by default)
     make: Callable[..., Any]
     #: update(weights) -> what update_model / with_weights take in this framework
     update: Callable[[Weights], Any]
@@ -106,9 +107,9 @@ def _torch_net(w: Weights, raising: bool = False) -> Any:
     return net.eval()
 
 
-def _torch_make(w: Weights, raising: bool = False, **options: Any) -> Any:
+def _torch_make(w: Weights, raising: bool = False, spec: Any = SPEC, **options: Any) -> Any:
     from async_search.models import TorchModel
-    return TorchModel(_torch_net(w, raising), input_spec=SPEC, **options)
+    return TorchModel(_torch_net(w, raising), input_spec=spec, **options)
 
 
 def _torch_direct(w: Weights, x: np.ndarray) -> np.ndarray:
@@ -144,9 +145,9 @@ def _jax_apply(raising: bool = False) -> Callable[[Any, Any], Any]:
     return apply
 
 
-def _jax_make(w: Weights, raising: bool = False, **options: Any) -> Any:
+def _jax_make(w: Weights, raising: bool = False, spec: Any = SPEC, **options: Any) -> Any:
     from async_search.models import JaxModel
-    return JaxModel(_jax_apply(raising), _jax_params(w), input_spec=SPEC, **options)
+    return JaxModel(_jax_apply(raising), _jax_params(w), input_spec=spec, **options)
 
 
 def _jax_direct(w: Weights, x: np.ndarray) -> np.ndarray:
@@ -166,7 +167,7 @@ def _keras_net(w: Weights) -> Any:
     return net
 
 
-def _tf_make(w: Weights, raising: bool = False, **options: Any) -> Any:
+def _tf_make(w: Weights, raising: bool = False, spec: Any = SPEC, **options: Any) -> Any:
     from async_search.models import TensorFlowModel
     net = _keras_net(w)
     if raising:
@@ -178,7 +179,7 @@ def _tf_make(w: Weights, raising: bool = False, **options: Any) -> Any:
             tf.debugging.assert_none_equal(x[:, 0], SENTINEL, message="the sentinel row")
             return keras_net(x, training=False)
 
-    return TensorFlowModel(net, SPEC, **options)
+    return TensorFlowModel(net, spec, **options)
 
 
 def _tf_direct(w: Weights, x: np.ndarray) -> np.ndarray:

@@ -86,6 +86,22 @@ async def test_a_wrong_dtype_or_shape_gets_input_spec_error(framework):
     for x in bad:
         with pytest.raises(InputSpecError):
             await evaluate(x)
+    if not framework.pads:
+        return  # the NumPy reference model is a plain function: it checks nothing
+    # An adapter called directly too: padded into a bucket, a [6] array would broadcast
+    # into six equal rows, and a float64 batch be cast.
+    for x in bad + [np.zeros(6, np.float32), np.zeros((), np.float32),
+                    [[0.0] * 6], np.zeros((2, 6), np.float32).tolist()]:
+        with pytest.raises(InputSpecError):
+            model(x)
+    assert model(inputs(3)).shape == (3, 3)
+
+
+def test_an_adapter_refuses_a_spec_that_is_not_a_tensor_spec(framework):
+    if not framework.pads:
+        pytest.skip("the NumPy reference model builds its own spec")
+    with pytest.raises(TypeError, match="TensorSpec"):
+        framework.make(weights(0), max_batch_size=MAX, spec=(6,))
 
 
 async def test_a_raising_net_fails_its_batch_only(framework):

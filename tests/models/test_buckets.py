@@ -4,8 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from async_search.base import TensorSpec
-from async_search.models.buckets import (PaddedBatches, bucket_sizes, power_of_two_sizes,
-                                         run_in_chunks)
+from async_search.errors import InputSpecError
+from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
+                                         bucket_sizes, power_of_two_sizes, run_in_chunks)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,6 +31,9 @@ def test_bucket_sizes_are_sorted_without_duplicates_and_checked():
         bucket_sizes(8, (4, 0))
     with pytest.raises(ValueError, match="got True"):
         bucket_sizes(8, (True,))
+    for nothing in ((), [], "", "8"):  # not silently the powers of two, nor characters
+        with pytest.raises(ValueError, match="at least one integer"):
+            bucket_sizes(8, nothing)
 
 
 def test_a_batch_goes_to_the_smallest_bucket_that_holds_it():
@@ -90,3 +94,38 @@ def test_a_batch_that_fills_its_bucket_may_run_without_a_copy():
     frozen = np.ones((4, 2), np.float32)
     frozen.flags.writeable = False
     assert padded.pad(frozen, copy=False)[0] is not frozen
+
+
+class Doubling(BucketedModel):
+    batch_sizes = (1, 4)
+    input_spec = TensorSpec((2,), np.float32)
+
+    def __init__(self):
+        self.runs = []
+
+    def _run(self, batch):
+        self.runs.append(len(batch))
+        return batch * 2
+
+
+def test_a_bucketed_model_checks_each_batch_before_it_runs():
+    model = Doubling()
+    for bad in (np.ones(2, np.float32), np.ones((3, 2), np.float64), np.ones((3, 3), np.float32),
+                np.float32(1.0), [[1.0, 2.0]], None):
+        with pytest.raises(InputSpecError):
+            model(bad)
+    assert model.runs == []
+    np.testing.assert_array_equal(model(np.ones((6, 2), np.float32)), np.full((6, 2), 2.0))
+    assert model.runs == [4, 2]
+    subclass = np.ma.masked_array(np.ones((1, 2), np.float32), mask=False)
+    assert type(model(subclass)) is np.ndarray  # a plain view, as a server makes it
+    swapped = np.ones((1, 2), np.dtype(np.float32).newbyteorder())
+    assert model(swapped).dtype == np.float32  # the same values in this byte order
+
+
+def test_an_adapter_spec_must_be_a_tensor_spec():
+    spec = TensorSpec((2,), np.float32)
+    assert adapter_spec(spec) is spec
+    for bad in (None, (2,), np.float32, "float32"):
+        with pytest.raises(TypeError, match="TensorSpec"):
+            adapter_spec(bad)

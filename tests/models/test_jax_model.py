@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from async_search.base import TensorSpec
-from async_search.errors import DeviceNotFoundError
+from async_search.errors import DeviceNotFoundError, InputSpecError
 from async_search.models import JaxModel
 
 jax = pytest.importorskip("jax", reason="JAX is not installed (pip install -e '.[jax]')")
@@ -79,16 +79,17 @@ def test_outputs_are_the_callers_own_even_when_the_function_returns_its_input():
 
 def test_a_batch_that_fills_a_compiled_bucket_computes_alike_whatever_its_layout():
     # Once a bucket is compiled, its exact batches skip the padding: a strided, Fortran
-    # or read-only one goes to jit as it is, another dtype through the padded path.
+    # or read-only one goes to jit as it is; another dtype is refused, as by a server.
     model = JaxModel(apply, params(), input_spec=SPEC, batch_sizes=(4,))
     x = rows(8)
     model(x[:3])  # compiles the bucket
     read_only = x[:4].copy()
     read_only.flags.writeable = False
-    for batch in (x[:4], x[::2], np.asfortranarray(x[:4]), read_only,
-                  x[:4].astype(np.float64)):
-        np.testing.assert_allclose(model(batch), reference(params(), batch.astype(np.float32)),
+    for batch in (x[:4], x[::2], np.asfortranarray(x[:4]), read_only):
+        np.testing.assert_allclose(model(batch), reference(params(), batch),
                                    rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputSpecError, match="float64"):
+        model(x[:4].astype(np.float64))
     assert model.trace_count == 1
     pair = JaxModel(lambda p, x: (x @ p["w"], x.sum(axis=1)), params(), input_spec=SPEC,
                     batch_sizes=(4,))
