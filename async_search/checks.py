@@ -64,3 +64,12 @@ def check_float(name: str, value: Any, *, minimum: float | None = None,
         raise ValueError(f"{name} must be a finite number{' ' + rule if rule else ''}, "
                          f"got {value!r}")
     return number
+
+
+def check_callable(name: str, value: Any, *, optional: bool = False) -> Any:
+    """``value``; TypeError naming ``name`` unless it is callable (or None, when
+    ``optional``): refused where it is given, not at its first call inside a batch."""
+    if not callable(value) and not (optional and value is None):
+        rule = "callable or None" if optional else "callable"
+        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} {value!r:.80}")
+    return value

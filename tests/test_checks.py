@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from async_search.checks import check_float, check_int, is_int
+from async_search.checks import check_callable, check_float, check_int, is_int
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -62,3 +62,12 @@ def test_check_float_returns_a_python_float(value):
 def test_check_float_names_the_argument_the_rule_and_the_value(value, bounds, message):
     with pytest.raises(ValueError, match=message):
         check_float("delay", value, **bounds)
+
+
+def test_check_callable_names_the_argument_and_lets_none_through_only_when_optional():
+    assert check_callable("fn", len) is len
+    assert check_callable("fn", None, optional=True) is None
+    with pytest.raises(TypeError, match="fn must be callable, got NoneType None"):
+        check_callable("fn", None)
+    with pytest.raises(TypeError, match="fn must be callable or None, got str 'x'"):
+        check_callable("fn", "x", optional=True)

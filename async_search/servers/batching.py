@@ -19,7 +19,7 @@ import numpy as np
 from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of,
                                on_device, output_spec_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
-from async_search.checks import check_float, check_int
+from async_search.checks import check_callable, check_float, check_int
 from async_search.deadlines import check_timeout, expire_after
 from async_search.delivery import ResultDelivery
 from async_search.errors import (CloseTimeoutError, ModelOutputError, ServerClosedError,
@@ -151,6 +151,8 @@ class BatchingServer:
                  devices: Sequence[Any] | None = None,
                  trace_size: int | None = TRACE_SIZE):
         check_int("num_workers", num_workers, minimum=1)
+        check_callable("the model", model)
+        check_callable("on_batch", on_batch, optional=True)
         self._placement = placement_of(model_thread)
         if num_workers > 1 and self._placement == "loop":
             raise ValueError("num_workers > 1 needs model_thread=True or 'auto'")

@@ -9,6 +9,7 @@ import numpy as np
 
 from async_search import rows
 from async_search.base import Outputs, first_version, input_spec_of
+from async_search.checks import check_callable
 from async_search.deadlines import check_timeout
 from async_search.errors import RequestTimeoutError
 from async_search.requests import RequestChecker
@@ -36,9 +37,8 @@ class Immediate:
     def __init__(self, model: Any, *,
                  on_batch: Callable[[BatchRecord], None] | None = None,
                  trace_size: int | None = TRACE_SIZE):
-        if on_batch is not None and not callable(on_batch):
-            raise TypeError(f"on_batch must be callable or None, got "
-                            f"{type(on_batch).__name__}")
+        check_callable("the model", model)
+        check_callable("on_batch", on_batch, optional=True)
         self.model = model
         self._on_batch = on_batch
         self._check = RequestChecker(input_spec_of(model))

@@ -339,6 +339,19 @@ def test_invalid_policy_arguments_name_the_value():
         asr.servers.DispatchPolicy(max_delay=-1)
 
 
+async def test_a_model_or_on_batch_that_cannot_be_called_is_refused_when_served():
+    # Not at the first batch, where every request would fail with "'int' object is not
+    # callable" and the server run on.
+    with pytest.raises(TypeError, match="the model must be callable, got int 5"):
+        async with asr.serve(5):
+            pass
+    with pytest.raises(TypeError, match="on_batch must be callable or None, got int"):
+        async with asr.serve(MLP((2,)), on_batch=5):
+            pass
+    with pytest.raises(TypeError, match="the model must be callable"):
+        asr.immediate(np.zeros(3))
+
+
 async def test_a_crash_while_delivering_fails_the_batch_instead_of_hanging(monkeypatch):
     from async_search.delivery import ResultDelivery
 
