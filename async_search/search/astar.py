@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import Status, values_of
+from async_search.search.base import Status, check_evaluate, values_of
 from async_search.search.frontier import (Frontier, encode_keys, expand_ids, has_open_node,
                                           new_frontier, path_to, pop_ids, record_ids)
 
@@ -103,6 +103,7 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
         >>> r.status.value, r.cost, len(r.path)
         ('goal_found', 14, 15)
     """
+    check_evaluate(evaluate)
     budget, weight = check_astar_arguments(problem, start, budget=budget, weight=weight)
     buffer_size = check_int("buffer_size", buffer_size, minimum=1)
     fr = new_frontier(problem, start, weight=weight)

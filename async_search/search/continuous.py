@@ -21,7 +21,7 @@ from async_search.base import Evaluate
 from async_search.checks import check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.astar import AStarResult, astar_result, check_astar_arguments
-from async_search.search.base import values_of
+from async_search.search.base import check_evaluate, values_of
 from async_search.search.frontier import (encode_keys, expand_ids, has_open_node,
                                           new_frontier, pop_ids, record_ids)
 
@@ -68,6 +68,7 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
         >>> r.status.value, r.cost
         ('goal_found', 14)
     """
+    check_evaluate(evaluate)
     budget, weight = check_astar_arguments(problem, start, budget=budget, weight=weight)
     max_in_flight = check_int("max_in_flight", max_in_flight, minimum=1)
     fr = new_frontier(problem, start, weight=weight)

@@ -23,7 +23,7 @@ import numpy as np
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import Status, values_of
+from async_search.search.base import Status, check_evaluate, values_of
 
 
 Seed = Union[int, np.random.SeedSequence]
@@ -202,6 +202,7 @@ async def simple_rollout(problem: SearchProblem, start: State, evaluate: Evaluat
         >>> r.status.value, r.cost
         ('goal_found', 4)
     """
+    check_evaluate(evaluate)
     depth, temperature = _check(problem, start, depth, temperature)
     walk = new_walk(problem, start, seed, depth)
     while walk.status is None:
@@ -240,6 +241,7 @@ async def multi_rollout(problem: SearchProblem, start: State, evaluate: Evaluate
         >>> len(r.rollouts), r.path[0] == puzzle.scramble(6, seed=0)
         (4, True)
     """
+    check_evaluate(evaluate)
     num_rollouts = check_int("num_rollouts", num_rollouts, minimum=1)
     depth, temperature = _check(problem, start, depth, temperature)
     walks = [new_walk(problem, start, s, depth) for s in rollout_seeds(seed, num_rollouts)]
