@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -30,6 +31,7 @@ from async_search.backends.config import (BACKENDS, DEFAULT_RETRIES, Progress, R
                                           RunConfig)
 from async_search.backends.results import SearchResults
 from async_search.backends.servers import ModelServers, OnServers, ServersHook
+from async_search.checks import check_callable
 from async_search.event_loops import loop_factory
 from async_search.servers.policy import DispatchPolicy
 
@@ -53,6 +55,29 @@ def _config(backend, num_procs, num_servers, max_batch_size, max_delay, pipeline
                      RayPlacement() if placement is None else placement)
 
 
+def _check_callables(search_fn: Any, model_factory: Any, progress: Any) -> None:
+    """TypeError, before anything starts, for what cannot be called as the run calls it:
+    not in every search's result, nor in a server far away. The likeliest slip, a model
+    where its factory belongs, is named as such."""
+    check_callable("search_fn", search_fn)
+    check_callable("model_factory", model_factory)
+    check_callable("progress", progress, optional=True)
+    for fn, name, args, wanted in (
+            (model_factory, "model_factory", (), "no arguments, where each server runs, "
+             "to make its model: pass a function that makes it (lambda: model), not the "
+             "model"),
+            (search_fn, "search_fn", (None, None), "(start, evaluate)")):
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # some builtins have none: they are called as is
+            continue
+        try:
+            signature.bind(*args)
+        except TypeError:
+            raise TypeError(f"{name} is called with {wanted}; {fn!r:.80} takes "
+                            f"{signature}") from None
+
+
 async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
                              model_factory: Callable[[], Any], *, backend: str = "local",
                              num_procs: int = 1, num_servers: int = 1,
@@ -72,6 +97,7 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
                      pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread,
                      return_exceptions, retries, timeout, search_timeout, placement)
+    _check_callables(search_fn, model_factory, progress)  # on_servers: ServersHook
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
     return await _run(runner, search_fn, list(starts), model_factory, config, progress,
@@ -180,6 +206,9 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
 
     Raises:
         ValueError: for bad arguments, before anything starts.
+        TypeError: ``search_fn``, ``model_factory``, ``progress`` or ``on_servers`` that
+            cannot be called as the run calls them (a model passed as its factory, say),
+            before anything starts.
         SearchError: (unless ``return_exceptions``) naming every start whose search (or
             client process) failed, in its message and in ``.failures`` (start index ->
             exception: ``errors.WorkerDiedError`` naming each attempt when its worker
@@ -191,6 +220,7 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
                      pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread,
                      return_exceptions, retries, timeout, search_timeout, placement)
+    _check_callables(search_fn, model_factory, progress)  # on_servers: ServersHook
     try:
         asyncio.get_running_loop()
     except RuntimeError:

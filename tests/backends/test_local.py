@@ -21,6 +21,30 @@ def test_bad_arguments_fail_before_anything_runs(kwargs, message):
         asr.run_searches(searches.echo_sum, [1], searches.small_mlp, **kwargs)
 
 
+@pytest.mark.parametrize("backend", ["local", "process"])
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((5, searches.small_mlp), {}, "search_fn must be callable, got int 5"),
+    ((searches.echo_sum, "mlp"), {}, "model_factory must be callable, got str 'mlp'"),
+    # The model where its factory belongs: each server would call model(), and fail.
+    ((searches.echo_sum, searches.small_mlp()), {},
+     r"model_factory is called with no arguments.*\(lambda: model\), not the model"),
+    ((lambda start: start, searches.small_mlp), {},
+     r"search_fn is called with \(start, evaluate\)"),
+    ((searches.echo_sum, searches.small_mlp), {"progress": 3}, "progress must be callable"),
+    ((searches.echo_sum, searches.small_mlp), {"on_servers": "x"},
+     "on_servers must be a callable"),
+])
+def test_what_cannot_be_called_as_the_run_calls_it_fails_before_anything_runs(
+        backend, args, kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        asr.run_searches(args[0], [1], args[1], backend=backend, num_procs=1, **kwargs)
+
+
+async def test_run_searches_async_checks_its_callables_too():
+    with pytest.raises(TypeError, match="model_factory is called with no arguments"):
+        await asr.run_searches_async(searches.echo_sum, [1], searches.small_mlp())
+
+
 async def test_run_searches_inside_a_running_loop_points_to_the_async_form():
     with pytest.raises(RuntimeError, match="run_searches_async"):
         asr.run_searches(searches.echo_sum, [1], searches.small_mlp)
