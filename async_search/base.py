@@ -12,6 +12,8 @@ from typing import (Any, Awaitable, Dict, Hashable, List, Mapping, Optional, Pro
 
 import numpy as np
 
+from async_search.checks import check_int
+
 __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "VersionedEvaluate",
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
            "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version",
@@ -36,7 +38,14 @@ class TensorSpec:
     dtype: np.dtype
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        # Each dimension an integer >= 0: int() would make 2.7 a 2 and True a 1, and a
+        # negative one would only fail at the first batch.
+        if isinstance(self.shape, (str, bytes)) or not hasattr(self.shape, "__iter__"):
+            raise ValueError(f"a TensorSpec's shape is a sequence of integers >= 0, got "
+                             f"{self.shape!r}")
+        object.__setattr__(self, "shape", tuple(
+            check_int(f"TensorSpec shape[{i}]", d, minimum=0)
+            for i, d in enumerate(self.shape)))
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
 
     def batch_shape(self, n: int) -> Tuple[int, ...]:

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 
 import async_search as asr
-from async_search.base import (FIRST_VERSION, UNKNOWN_VERSION, Versioned, VersionedEvaluate,
-                               evaluate_with_version, first_version, version_of)
+from async_search.base import (FIRST_VERSION, UNKNOWN_VERSION, TensorSpec, Versioned,
+                               VersionedEvaluate, evaluate_with_version, first_version,
+                               version_of)
 from async_search.models import MLP
 
 pytestmark = pytest.mark.timeout(60)
@@ -69,3 +70,15 @@ async def test_a_batching_server_is_versioned_and_reports_its_first_version():
         assert isinstance(evaluate, VersionedEvaluate)
         _, version = await evaluate_with_version(evaluate, X)
         assert version == version_of(evaluate) == FIRST_VERSION
+
+
+@pytest.mark.parametrize("shape", [(-1,), (2.5,), (True,), (4, "4"), "ab", 5, None])
+def test_a_tensor_spec_refuses_a_shape_that_is_not_integers_at_least_zero(shape):
+    # int() would make 2.5 a 2 and True a 1; a negative size would fail at a first batch.
+    with pytest.raises(ValueError, match="TensorSpec"):
+        TensorSpec(shape, np.float32)
+
+
+def test_a_tensor_spec_takes_any_sequence_of_integers():
+    assert TensorSpec([np.int64(3), 0], np.float32).shape == (3, 0)
+    assert TensorSpec(np.array([2, 2]), "float32").shape == (2, 2)
