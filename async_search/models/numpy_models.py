@@ -101,6 +101,10 @@ class MLP:
     def with_weights(self, weights: Sequence[Tuple[np.ndarray, np.ndarray]]) -> "MLP":
         """A copy of this MLP with other ``(w, b)`` layers of the same shapes (a model
         update pushed by a trainer); weights are rounded onto the exact grid."""
+        if not isinstance(weights, (list, tuple)) or not all(
+                isinstance(layer, (list, tuple)) and len(layer) == 2 for layer in weights):
+            raise TypeError(f"MLP.with_weights takes a list of (w, b) layers, got "
+                            f"{type(weights).__name__}")
         if len(weights) != len(self.weights) or any(
                 np.shape(w) != w0.shape or np.shape(b) != b0.shape
                 for (w, b), (w0, b0) in zip(weights, self.weights)):

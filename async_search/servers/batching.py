@@ -470,10 +470,21 @@ class BatchingServer:
         outputs of the structure the server expects (see Faults above).
 
         Raises:
-            ValueError: when the new model declares an ``output_spec`` that does not
+            ValueError: when the new model declares an ``input_spec`` other than the
+                one requests are checked against, or an ``output_spec`` that does not
                 fit the outputs the server expects; nothing is swapped.
         """
         self._require_running()
+        served_input = self._check.spec
+        given_input = input_spec_of(model_or_weights) if callable(model_or_weights) else None
+        if isinstance(given_input, TensorSpec) and served_input is not None and (
+                given_input.shape != served_input.shape
+                or given_input.dtype != served_input.dtype):
+            # Requests are checked against the served spec: every one would fail inside
+            # the new model instead.
+            raise ValueError(f"update_model: the new model takes {given_input.describe()}, "
+                             f"the server's requests are {served_input.describe()}; serve "
+                             f"it in a server of its own")
         spec = output_spec_of(model_or_weights) if callable(model_or_weights) else None
         expected = self._responses.structure
         if spec is not None and expected is not None:

@@ -406,6 +406,27 @@ async def test_update_model_refuses_a_model_whose_output_spec_does_not_fit():
     np.testing.assert_array_equal(y, model(np.ones((2, 2), np.float32)))
 
 
+async def test_update_model_refuses_a_model_that_takes_other_inputs():
+    # Requests are checked against the served spec: each would fail in the new model.
+    model = MLP((2,), output_size=1)
+    async with asr.serve(model) as evaluate:
+        for other in (MLP((3,), output_size=1), MLP((2,), output_size=1, dtype=np.float64)):
+            with pytest.raises(ValueError, match=r"the new model takes \[n, .*, the "
+                                                 r"server's requests are \[n, 2\] float32"):
+                evaluate.update_model(other, version=1)
+        assert evaluate.version == 0
+        evaluate.update_model(MLP((2,), output_size=1, seed=1), version=2)  # the same spec
+        y = await evaluate(np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(y, MLP((2,), output_size=1, seed=1)(np.ones((2, 2))))
+
+
+async def test_update_model_with_weights_that_are_not_layers_raises_a_type_error():
+    async with asr.serve(MLP((2,), output_size=1)) as evaluate:
+        with pytest.raises(TypeError, match=r"MLP.with_weights takes a list of \(w, b\)"):
+            evaluate.update_model(5, version=1)
+        assert evaluate.version == 0
+
+
 async def test_a_cancelled_dispatch_task_fails_pending_requests_and_closes_the_server():
     model = GatedModel()
     with pytest.raises(ServerCrashedError, match="CancelledError"):
