@@ -157,6 +157,10 @@ class BatchingServer:
         if num_workers > 1 and self._placement == "loop":
             raise ValueError("num_workers > 1 needs model_thread=True or 'auto'")
         if devices is not None:
+            if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+                # "cuda:0" is not a list of devices: its characters would be.
+                raise TypeError(f"devices is a sequence of devices (devices="
+                                f"[{devices!r}] for one), got {devices!r}")
             devices = list(devices)
             if not devices:
                 raise ValueError("devices must name at least one device, got none")

@@ -406,6 +406,15 @@ async def test_update_model_refuses_a_model_whose_output_spec_does_not_fit():
     np.testing.assert_array_equal(y, model(np.ones((2, 2), np.float32)))
 
 
+async def test_devices_given_as_one_name_are_refused_not_read_as_characters():
+    with pytest.raises(TypeError, match=r"devices=\['cpu'\] for one"):
+        async with asr.serve(MLP((2,)), devices="cpu"):
+            pass
+    with pytest.raises(TypeError, match="a sequence of devices"):
+        async with asr.serve(MLP((2,)), devices=0):
+            pass
+
+
 async def test_update_model_refuses_a_model_that_takes_other_inputs():
     # Requests are checked against the served spec: each would fail in the new model.
     model = MLP((2,), output_size=1)
