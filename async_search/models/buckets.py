@@ -196,7 +196,7 @@ class BucketedModel:
 
     def __call__(self, batch: np.ndarray) -> Outputs:
         spec = self.input_spec
-        # A server's batch always fits (its requests were checked): two comparisons.
+        # A server's batch always fits (its requests were checked): a few comparisons.
         if type(batch) is not np.ndarray or batch.dtype != spec.dtype \
                 or batch.shape[1:] != spec.shape or not batch.ndim:
             batch = RequestChecker(spec)(batch)
