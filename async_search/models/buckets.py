@@ -56,11 +56,12 @@ def bucket_sizes(max_batch_size: int = 1024,
         (8, 64)
     """
     if batch_sizes is not None:
-        if isinstance(batch_sizes, (str, bytes)) or not len(batch_sizes):
+        sizes = () if isinstance(batch_sizes, (str, bytes)) else tuple(batch_sizes)
+        if not sizes:
             raise ValueError(f"batch_sizes must be a sequence of at least one integer "
                              f">= 1 (or None for the powers of two), got {batch_sizes!r}")
         return tuple(sorted({check_int(f"batch_sizes[{i}]", size, minimum=1)
-                             for i, size in enumerate(batch_sizes)}))
+                             for i, size in enumerate(sizes)}))
     return power_of_two_sizes(max_batch_size)
 
 

@@ -481,9 +481,8 @@ class BatchingServer:
         self._require_running()
         served_input = self._check.spec
         given_input = input_spec_of(model_or_weights) if callable(model_or_weights) else None
-        if isinstance(given_input, TensorSpec) and served_input is not None and (
-                given_input.shape != served_input.shape
-                or given_input.dtype != served_input.dtype):
+        if isinstance(given_input, TensorSpec) and served_input is not None \
+                and given_input != served_input:
             # Requests are checked against the served spec: every one would fail inside
             # the new model instead.
             raise ValueError(f"update_model: the new model takes {given_input.describe()}, "

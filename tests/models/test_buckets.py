@@ -31,7 +31,8 @@ def test_bucket_sizes_are_sorted_without_duplicates_and_checked():
         bucket_sizes(8, (4, 0))
     with pytest.raises(ValueError, match="got True"):
         bucket_sizes(8, (True,))
-    for nothing in ((), [], "", "8"):  # not silently the powers of two, nor characters
+    assert bucket_sizes(8, (2 ** i for i in range(3))) == (1, 2, 4)  # any iterable
+    for nothing in ((), [], "", "8", iter(())):  # not silently the powers of two, nor characters
         with pytest.raises(ValueError, match="at least one integer"):
             bucket_sizes(8, nothing)
 
