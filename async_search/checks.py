@@ -15,6 +15,7 @@ names the argument, the rule and the value given.
 from __future__ import annotations
 
 import math
+import reprlib
 from typing import Any
 
 import numpy as np
@@ -71,5 +72,7 @@ def check_callable(name: str, value: Any, *, optional: bool = False) -> Any:
     ``optional``): refused where it is given, not at its first call inside a batch."""
     if not callable(value) and not (optional and value is None):
         rule = "callable or None" if optional else "callable"
-        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} {value!r:.80}")
+        # reprlib: bounded for a huge container, and a repr that raises is replaced.
+        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} "
+                        f"{reprlib.repr(value)}")
     return value

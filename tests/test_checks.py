@@ -71,3 +71,15 @@ def test_check_callable_names_the_argument_and_lets_none_through_only_when_optio
         check_callable("fn", None)
     with pytest.raises(TypeError, match="fn must be callable or None, got str 'x'"):
         check_callable("fn", "x", optional=True)
+
+
+def test_check_callable_names_a_huge_or_unprintable_value_briefly():
+    class Unprintable:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    with pytest.raises(TypeError, match="fn must be callable, got Unprintable <"):
+        check_callable("fn", Unprintable())
+    with pytest.raises(TypeError) as info:
+        check_callable("fn", list(range(1_000_000)))
+    assert len(str(info.value)) < 200
