@@ -4,12 +4,13 @@ run only where PyTorch sees a GPU (skipped with the reason elsewhere)."""
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
 from async_search.base import TensorSpec
-from async_search.errors import DeviceNotFoundError
+from async_search.errors import DeviceNotFoundError, InputSpecError
 from async_search.models import TorchModel
 
 torch = pytest.importorskip(
@@ -75,6 +76,27 @@ def test_outputs_are_the_callers_own_even_when_the_net_returns_its_input():
     np.testing.assert_array_equal(y, rows(8))
 
 
+def test_a_batch_that_fills_a_bucket_runs_alike_whatever_its_layout_and_weights():
+    # Such a batch skips the padded path when it is contiguous and writable; read-only
+    # and strided ones take the padded path; both must compute on this model's weights.
+    net, other = mlp(0), mlp(1)
+    model = TorchModel(net, input_spec=SPEC, batch_sizes=(2, 8), device="cpu")
+    updated = model.with_weights(other.state_dict())
+    x = rows(8)
+    read_only = x.copy()
+    read_only.flags.writeable = False
+    strided = np.repeat(x, 2, axis=0)[::2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns on a non-writable array
+        for batch in (x, read_only, strided, np.asfortranarray(x)):
+            np.testing.assert_allclose(model(batch), direct(mlp(0), x), rtol=1e-6,
+                                       atol=1e-6)
+            np.testing.assert_allclose(updated(batch), direct(mlp(1), x), rtol=1e-6,
+                                       atol=1e-6)
+    with pytest.raises(InputSpecError):
+        model(x.astype(np.float64))
+
+
 def test_the_module_runs_in_eval_mode_under_inference_mode():
     seen = {}
 
@@ -105,6 +127,11 @@ def test_reduced_precision_returns_float32_close_to_float32(precision):
     assert model.batch_tolerance == {"bfloat16": 5e-2, "float16": 1e-2}[precision]
     np.testing.assert_allclose(y, direct(net, x), rtol=0.1, atol=0.1)
     assert not np.array_equal(y, direct(net, x)), "computed in float32 after all"
+    exact = rows(8)  # fills a bucket: runs without padding, in the same precision
+    y = model(exact)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, direct(net, exact), rtol=0.1, atol=0.1)
+    assert not np.array_equal(y, direct(net, exact)), "computed in float32 after all"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
