@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import textwrap
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -48,12 +48,30 @@ def _thousands(x: float, _pos: Any = None) -> str:
 def _run_label(r: RunReport) -> str:
     """``sync: 8/8 solved, mean path 63.2``, or the bare name for searches without a
     goal (MCTS)."""
+    return "".join(_run_label_parts(r))
+
+
+def _run_label_parts(r: RunReport) -> Tuple[str, str]:
+    """The name (with its colon) and what the run solved (empty without a goal)."""
     if "solved" not in r.summary:
-        return r.name
-    label = f"{r.name}: {r.summary['solved']}/{r.summary.get('searches', 0)} solved"
+        return r.name, ""
+    tail = f" {r.summary['solved']}/{r.summary.get('searches', 0)} solved"
     if r.summary.get("mean_path_length") is not None:
-        label += f", mean path {r.summary['mean_path_length']:.1f}"
-    return label
+        tail += f", mean path {r.summary['mean_path_length']:.1f}"
+    return f"{r.name}:", tail
+
+
+#: The characters of a legend line that fit the width of a panel, in the small font.
+LEGEND_LINE = 34
+
+
+def _fit(head: str, tail: str = "") -> str:
+    """``head + tail``, or, where that is wider than a panel (``LEGEND_LINE``), the tail
+    on lines of its own (both wrapped)."""
+    if len(head) + len(tail) <= LEGEND_LINE:
+        return head + tail
+    lines = textwrap.wrap(head, LEGEND_LINE) + textwrap.wrap(tail.strip(), LEGEND_LINE)
+    return "\n".join(lines)
 
 
 def _groups(reports: Sequence[RunReport]) -> Dict[str, List[RunReport]]:
@@ -86,8 +104,11 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
     palette = dict(zip(names, sns.color_palette("colorblind", max(len(names), 1))))
     frame = batch_frame(reports)
     columns = max(len(groups), 1)
-    fig, axes = plt.subplots(2, columns, figsize=(4.3 * columns, 8.2), squeeze=False,
-                             gridspec_kw={"height_ratios": [1, 1.15]})
+    # Room below for the time legends: one line per run label line, and two more.
+    legend_lines = max((sum(_fit(*_run_label_parts(r)).count("\n") + 1 for r in runs) + 2
+                        for runs in groups.values()), default=2)
+    fig, axes = plt.subplots(2, columns, figsize=(4.3 * columns, 8.2 + 0.2 * legend_lines),
+                             squeeze=False, gridspec_kw={"height_ratios": [1, 1.15]})
     bottom = axes[1, 0]
     for j, (group, runs) in enumerate(groups.items()):
         top, low = axes[0, j], axes[1, j]
@@ -97,7 +118,8 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
         data = frame[frame["group"] == group]
         if len(data):
             # The legend names each run with its mean batch size.
-            labels = {r.name: f"{r.name} (mean {r.mean_batch_size:.1f})" for r in runs}
+            labels = {r.name: _fit(r.name, f" (mean {r.mean_batch_size:.1f})")
+                      for r in runs}
             sizes = data["batch size"]
             span = int(sizes.max() - sizes.min()) + 1
             sns.histplot(data=data.assign(run=data["run"].map(labels)), x="batch size",
@@ -128,11 +150,14 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
                      color=colour, lw=2, ls="--")
         low.set_xlabel("elements evaluated")
         low.set_ylabel("cumulative time (s)" if j == 0 else "")
-        handles = [Line2D([], [], color=palette[r.name], lw=2, label=_run_label(r))
+        handles = [Line2D([], [], color=palette[r.name], lw=2,
+                          label=_fit(*_run_label_parts(r)))
                    for r in runs]
         handles += [Line2D([], [], color="0.3", lw=2, label="total time"),
                     Line2D([], [], color="0.3", lw=2, ls="--", label="model time")]
-        low.legend(handles=handles, loc="upper left", fontsize="small", framealpha=0.9)
+        # Below the axes, not on them: a run's curve may climb anywhere in the panel.
+        low.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                   fontsize="small", frameon=False)
         low.xaxis.set_major_formatter(FuncFormatter(_thousands))
     if title or subtitle:
         width = max(60, 34 * columns)
