@@ -61,16 +61,17 @@ def _run_label_parts(r: RunReport) -> Tuple[str, str]:
     return f"{r.name}:", tail
 
 
-#: The characters of a legend line that fit the width of a panel, in the small font.
-LEGEND_LINE = 34
+#: The characters of a legend line that fit the width of a panel, in the small font:
+#: the histograms' legends (framed, with a patch) and the time legends (a short line).
+HISTOGRAM_LINE, TIME_LINE = 34, 40
 
 
-def _fit(head: str, tail: str = "") -> str:
-    """``head + tail``, or, where that is wider than a panel (``LEGEND_LINE``), the tail
-    on lines of its own (both wrapped)."""
-    if len(head) + len(tail) <= LEGEND_LINE:
+def _fit(head: str, tail: str = "", width: int = TIME_LINE) -> str:
+    """``head + tail``, or, where that is wider than ``width`` characters, the tail on
+    lines of its own (both wrapped)."""
+    if len(head) + len(tail) <= width:
         return head + tail
-    lines = textwrap.wrap(head, LEGEND_LINE) + textwrap.wrap(tail.strip(), LEGEND_LINE)
+    lines = textwrap.wrap(head, width) + textwrap.wrap(tail.strip(), width)
     return "\n".join(lines)
 
 
@@ -118,7 +119,8 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
         data = frame[frame["group"] == group]
         if len(data):
             # The legend names each run with its mean batch size.
-            labels = {r.name: _fit(r.name, f" (mean {r.mean_batch_size:.1f})")
+            labels = {r.name: _fit(r.name, f" (mean {r.mean_batch_size:.1f})",
+                                   HISTOGRAM_LINE)
                       for r in runs}
             sizes = data["batch size"]
             span = int(sizes.max() - sizes.min()) + 1

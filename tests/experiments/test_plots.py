@@ -59,15 +59,17 @@ def test_the_time_legend_says_what_each_run_solved(tmp_path):
 def test_legends_of_long_run_names_stay_within_their_panels_and_off_the_curves():
     solved = {"searches": 8, "solved": 8, "mean_path_length": 55.0}
     name = "ray 2 clients, 2 servers"
-    fig = plot_runs([run("sync", "baseline", [8, 9, 7] * 20, solved),
+    fig = plot_runs([run("process x1", "baseline", [8, 9, 7] * 20, solved),
                      run(name, "ray, multi-server", [10, 20, 30] * 20, solved)])
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    top, low = fig.get_axes()[1], fig.get_axes()[3]
-    for ax in (top, low):
+    for ax in fig.get_axes():
         box, legend = ax.get_window_extent(renderer), ax.get_legend()
         inside = legend.get_window_extent(renderer)
         assert box.x0 - 1 <= inside.x0 and inside.x1 <= box.x1 + 1, ax.get_title()
+    top, low = fig.get_axes()[1], fig.get_axes()[3]
+    fits = fig.get_axes()[2].get_legend().get_texts()[0].get_text()
+    assert fits == "process x1: 8/8 solved, mean path 55.0"  # one line where it fits
     below = low.get_legend().get_window_extent(renderer)
     assert below.y1 <= low.get_window_extent(renderer).y0  # under the axes, not on them
     assert fig.bbox.contains(below.x0, below.y0)  # and still in the figure
