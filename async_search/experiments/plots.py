@@ -45,14 +45,10 @@ def _thousands(x: float, _pos: Any = None) -> str:
     return f"{x / 1000:g}k" if abs(x) >= 1000 else f"{x:g}"
 
 
-def _run_label(r: RunReport) -> str:
-    """``sync: 8/8 solved, mean path 63.2``, or the bare name for searches without a
-    goal (MCTS)."""
-    return "".join(_run_label_parts(r))
-
-
 def _run_label_parts(r: RunReport) -> Tuple[str, str]:
-    """The name (with its colon) and what the run solved (empty without a goal)."""
+    """The name (with its colon) and what the run solved, as in ``sync:`` and `` 8/8
+    solved, mean path 63.2``; the bare name and nothing for searches without a goal
+    (MCTS)."""
     if "solved" not in r.summary:
         return r.name, ""
     tail = f" {r.summary['solved']}/{r.summary.get('searches', 0)} solved"
@@ -105,8 +101,9 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
     palette = dict(zip(names, sns.color_palette("colorblind", max(len(names), 1))))
     frame = batch_frame(reports)
     columns = max(len(groups), 1)
+    time_labels = {r.name: _fit(*_run_label_parts(r)) for r in reports}
     # Room below for the time legends: one line per run label line, and two more.
-    legend_lines = max((sum(_fit(*_run_label_parts(r)).count("\n") + 1 for r in runs) + 2
+    legend_lines = max((sum(time_labels[r.name].count("\n") + 1 for r in runs) + 2
                         for runs in groups.values()), default=2)
     fig, axes = plt.subplots(2, columns, figsize=(4.3 * columns, 8.2 + 0.2 * legend_lines),
                              squeeze=False, gridspec_kw={"height_ratios": [1, 1.15]})
@@ -152,8 +149,7 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
                      color=colour, lw=2, ls="--")
         low.set_xlabel("elements evaluated")
         low.set_ylabel("cumulative time (s)" if j == 0 else "")
-        handles = [Line2D([], [], color=palette[r.name], lw=2,
-                          label=_fit(*_run_label_parts(r)))
+        handles = [Line2D([], [], color=palette[r.name], lw=2, label=time_labels[r.name])
                    for r in runs]
         handles += [Line2D([], [], color="0.3", lw=2, label="total time"),
                     Line2D([], [], color="0.3", lw=2, ls="--", label="model time")]

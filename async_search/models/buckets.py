@@ -11,7 +11,7 @@ and the adapters' call (``BucketedModel``).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import numpy as np
 
@@ -106,8 +106,9 @@ class PaddedBatches:
         self.input_spec = input_spec
         self.sizes = tuple(sizes)
         self.largest = self.sizes[-1]
-        self._sizes = frozenset(self.sizes)  # the batch lengths that may go as they are
-        self._dtype, self._shape = input_spec.dtype, input_spec.shape
+        # The shapes of the batches that may go as they are (``fills_bucket``).
+        self._exact_shapes = frozenset(input_spec.batch_shape(size) for size in self.sizes)
+        self._dtype = input_spec.dtype
         self._allocate = allocate or (lambda shape, dtype: np.zeros(shape, dtype))
         self._buffers: Dict[int, np.ndarray] = {}
         self._written: Dict[int, int] = {}  # size -> rows the last batch wrote
@@ -129,22 +130,33 @@ class PaddedBatches:
             self._written[size] = 0
         return buffer
 
+    def fills_bucket(self, batch: Any) -> bool:
+        """Whether ``batch`` may go to the net as it is: an ndarray of the spec's dtype,
+        writable and C-contiguous, whose length is an allowed size.
+
+        Example:
+            >>> padded = PaddedBatches(TensorSpec((2,), np.float32), (1, 4))
+            >>> padded.fills_bucket(np.ones((4, 2), np.float32))
+            True
+            >>> padded.fills_bucket(np.ones((3, 2), np.float32))
+            False
+        """
+        if type(batch) is not np.ndarray or batch.shape not in self._exact_shapes:
+            return False
+        dtype, flags = batch.dtype, batch.flags
+        return ((dtype is self._dtype or dtype == self._dtype)
+                and flags.c_contiguous and flags.writeable)
+
     def pad(self, batch: np.ndarray, *, copy: bool = True) -> Tuple[np.ndarray, int]:
         """``(buffer, size)``: ``batch`` (at most ``largest`` rows) copied into the first
         rows of its bucket's buffer, the other rows zero.
 
-        With ``copy=False``, a batch that fills its bucket exactly and is already a
-        writable C-contiguous array of the spec's dtype comes back as it is (no copy);
-        the caller must then not hand out outputs that share its memory.
+        With ``copy=False``, a batch that ``fills_bucket`` comes back as it is (no
+        copy); the caller must then not hand out outputs that share its memory.
         """
         n = len(batch)
-        if not copy and n in self._sizes and type(batch) is np.ndarray:
-            flags = batch.flags
-            dtype = batch.dtype
-            if flags.c_contiguous and flags.writeable and (
-                    dtype is self._dtype or dtype == self._dtype) \
-                    and batch.shape[1:] == self._shape:
-                return batch, n
+        if not copy and self.fills_bucket(batch):
+            return batch, n
         size = self.bucket(max(n, 1))
         buffer = self.buffer(size)
         buffer[:n] = batch

@@ -147,14 +147,11 @@ class TorchModel(OwnWeightsModel):
         # a bucket exactly runs as it is (no padding, no copy), as ``run`` would run it
         # without the checks and calls of the padded path, which anything else takes.
         runner = self._runner
-        if (type(batch) is np.ndarray and batch.shape in runner.exact_shapes
-                and batch.dtype is runner.numpy_dtype):
-            flags = batch.flags
-            if flags.c_contiguous and flags.writeable:
-                with runner.weights.lock:
-                    runner.weights.use(self._own)
-                    return runner.forward_rows(runner.torch.from_numpy(batch),
-                                               len(batch), batch)
+        if not runner.cuda and runner.padded.fills_bucket(batch):
+            with runner.weights.lock:
+                runner.weights.use(self._own)
+                return runner.forward_rows(runner.torch.from_numpy(batch), len(batch),
+                                           batch)
         return BucketedModel.__call__(self, batch)
 
     @property
@@ -319,12 +316,6 @@ class _Runner:
         # about 1 us, a thirtieth of a one-row batch of a small MLP (batches run one at
         # a time, under the weights' lock, so it is never entered twice at once).
         self._inference = torch.inference_mode()
-        #: The batch shapes that ``TorchModel.__call__`` runs without padding: every
-        #: bucket's on the CPU, none on CUDA (batches go through pinned buffers there).
-        self.exact_shapes = frozenset(
-            () if self.cuda
-            else (model.input_spec.batch_shape(size) for size in model.batch_sizes))
-        self.numpy_dtype = model.input_spec.dtype
 
     # -- weights -----------------------------------------------------------------------
     def stage(self, weights: Any) -> list:
