@@ -70,6 +70,7 @@ class ResultDelivery:
         expected = self._structure
         if type(outputs) is not np.ndarray:  # no subclass reaches a caller, or the
             outputs = rows.plain(outputs)      # structure learnt from the first batch
+        size = len(popped.batch)
         try:
             # One structure check per batch (never per request): a batch whose outputs
             # changed kind, shape or dtype is never sliced as if it had not.
@@ -77,17 +78,12 @@ class ResultDelivery:
             if expected is not None and got != expected:
                 # A batch of zero-element requests only gets the expected empty
                 # output: what a model makes of no rows at all is moot.
-                outputs = self.empty_output if not len(popped.batch) else (
+                outputs = self.empty_output if not size else (
                     expected.conform(outputs, got, self._expected_from))
-            num_rows = rows.count(outputs)
+            rows.check_count(outputs, size)
         except (ModelOutputError, TypeError) as e:
             return e if isinstance(e, ModelOutputError) else ModelOutputError(
                 f"the model's outputs have no batch dimension: {e}")
-        size = len(popped.batch)
-        if num_rows != size:
-            return ModelOutputError(
-                f"the model returned {num_rows} rows for a batch of {size} elements: it "
-                f"must return one output row per input element")
         if expected is None and size:  # the first batch with rows sets the structure
             self._structure = got
             if self.empty_output is None:  # copied: a view would keep this batch's

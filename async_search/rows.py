@@ -26,7 +26,7 @@ from async_search.base import Outputs
 from async_search.errors import ModelOutputError
 
 __all__ = [
-    "count", "take", "concatenate", "split", "leaves", "labelled_leaves", "holds_no_objects",
+    "count", "check_count", "take", "concatenate", "split", "leaves", "labelled_leaves", "holds_no_objects",
     "map_leaves", "plain", "check", "OutputStructure", "rows_of", "stack", "assemble",
     "frozen_copy", "row_keys"]
 
@@ -54,6 +54,26 @@ def count(outputs: Outputs) -> int:
             raise ModelOutputError(
                 f"the model's outputs disagree on the number of rows: {rows}")
     return first
+
+
+def check_count(outputs: Outputs, size: int) -> None:
+    """Raises unless ``outputs`` have one row per element of a batch of ``size``.
+
+    Raises:
+        ModelOutputError: another number of rows, leaves that disagree, or a leaf
+            without a batch dimension.
+
+    Example:
+        >>> check_count(np.zeros((2, 1)), 2)
+    """
+    try:
+        num_rows = count(outputs)
+    except TypeError as e:
+        raise ModelOutputError(f"the model's outputs have no batch dimension: {e}") from None
+    if num_rows != size:
+        raise ModelOutputError(
+            f"the model returned {num_rows} rows for a batch of {size} elements: it "
+            f"must return one output row per input element")
 
 
 def take(outputs: Outputs, index: Any) -> Outputs:

@@ -20,7 +20,8 @@ from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
 class Immediate:
     """Calls the model directly with each request as its batch, on the event loop.
 
-    It has the call shape of ``serve``'s evaluate and checks requests the same way, so a
+    It has the call shape of ``serve``'s evaluate and checks requests and outputs the
+    same way (outputs without one row per element raise ``ModelOutputError``), so a
     search runs unchanged against it; it is what batched serving is measured against.
     It measures itself as a BatchingServer does: the same ``stats`` keys, a ``trace``
     of BatchRecord and an ``on_batch`` callback, so that runs read either the same way.
@@ -58,6 +59,10 @@ class Immediate:
         start = time.perf_counter()
         try:
             y = self.model(x)
+            if type(y) is not np.ndarray:
+                y = rows.plain(y)  # as a server delivers it
+            # As a server's: a short or long output is an error, not rows for others.
+            rows.check_count(y, len(x))
         except BaseException:
             self._record(len(x), time.perf_counter() - start, failed=True)
             raise
@@ -67,7 +72,7 @@ class Immediate:
             self._stats.timed_out += 1
             raise RequestTimeoutError(f"the model took {seconds:.3g} s, past the "
                                       f"request's timeout of {timeout:g} s")
-        return y if type(y) is np.ndarray else rows.plain(y)  # as a server delivers it
+        return y
 
     async def with_version(self, x: np.ndarray, timeout: float | None = None,
                            ) -> Tuple[Outputs, Hashable]:

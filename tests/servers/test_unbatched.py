@@ -56,6 +56,27 @@ async def test_a_model_that_raises_counts_a_failed_batch_and_a_bad_request_none(
     assert [r.size for r in ev.trace] == [2]
 
 
+@pytest.mark.parametrize("outputs", [
+    lambda b: MODEL(b)[:1],                      # too few rows
+    lambda b: np.concatenate([MODEL(b)] * 2),    # too many
+    lambda b: (MODEL(b), MODEL(b)[:1]),          # heads that disagree
+    lambda b: np.float32(0.5),                   # no batch dimension
+])
+async def test_outputs_without_one_row_per_element_fail_as_a_servers_do(outputs):
+    def wrong(batch):
+        return outputs(batch)
+
+    wrong.input_spec = MODEL.input_spec
+    ev = asr.immediate(wrong)
+    with pytest.raises(asr.ModelOutputError) as immediate_error:
+        await ev(x(3))
+    async with asr.serve(wrong) as server:
+        with pytest.raises(asr.ModelOutputError) as served_error:
+            await server(x(3))
+    assert type(immediate_error.value) is type(served_error.value)
+    assert ev.stats["batches"] == ev.stats["failed_batches"] == 1
+
+
 async def test_immediate_reports_versions_as_a_server_does():
     class Versioned:
         version = "v3"
