@@ -18,6 +18,7 @@ import numpy as np
 from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_int
+from async_search.errors import ModelOutputError
 from async_search.requests import RequestChecker
 
 
@@ -165,6 +166,80 @@ class PaddedBatches:
             buffer[n:written] = 0
         self._written[size] = n
         return buffer, size
+
+
+def net_outputs(out: Any, is_tensor: Callable[[Any], bool],
+                convert: Callable[[Any], np.ndarray]) -> Outputs:
+    """A net's outputs with ``convert`` applied to each tensor, the structure kept: a
+    tensor, or a tuple, list (which becomes a tuple) or dict of tensors, as the output
+    contract of every adapter says.
+
+    Raises:
+        ModelOutputError: anything else (None, a number, a string, an empty or nested
+            structure), named, rather than a framework's error from deep inside.
+
+    Example:
+        >>> net_outputs({"v": [1.0]}, lambda t: isinstance(t, list), np.asarray)
+        {'v': array([1.])}
+    """
+    if is_tensor(out):
+        return convert(out)
+    if isinstance(out, dict) and out:
+        if all(map(is_tensor, out.values())):
+            return {k: convert(t) for k, t in out.items()}
+    elif isinstance(out, (tuple, list)) and out:
+        if all(map(is_tensor, out)):
+            return tuple(convert(t) for t in out)
+    raise ModelOutputError(
+        f"the net returned {_describe_structure(out, is_tensor)}: an adapter's net must "
+        f"return a tensor [n, ...], or a tuple, list or dict of such tensors")
+
+
+def _describe_structure(out: Any, is_tensor: Callable[[Any], bool]) -> str:
+    if isinstance(out, (dict, tuple, list)):
+        kind = type(out).__name__
+        if not out:
+            return f"an empty {kind}"
+        items = out.items() if isinstance(out, dict) else enumerate(out)
+        for key, value in items:
+            if not is_tensor(value):
+                return f"a {kind} whose item {key!r} is a {type(value).__name__}"
+    return f"a {type(out).__name__}"
+
+
+def padded_rows(out: np.ndarray, n: int, size: int) -> np.ndarray:
+    """The first ``n`` rows of one output array of a net that ran on a batch padded to
+    ``size`` rows.
+
+    Raises:
+        ModelOutputError: the array has no batch dimension, or not ``size`` rows
+            (``check_padded_shape``).
+
+    Example:
+        >>> padded_rows(np.arange(4), 3, 4).tolist()
+        [0, 1, 2]
+    """
+    check_padded_shape(out.shape, n, size)
+    return out if n == size else out[:n]
+
+
+def check_padded_shape(shape: Sequence[int], n: int, size: int) -> None:
+    """Raises unless an output of this ``shape`` has one row per row of a batch of ``n``
+    rows padded to ``size``: a net that returns more or fewer rows than it was given
+    would have its first ``n`` rows taken for the batch's outputs, a wrong answer.
+
+    Raises:
+        ModelOutputError: no batch dimension, or another number of rows than ``size``.
+
+    Example:
+        >>> check_padded_shape((8, 2), 5, 8)
+    """
+    if len(shape) and shape[0] == size:
+        return
+    rows_given = f"{shape[0]} rows" if len(shape) else "a 0-d array (no batch dimension)"
+    raise ModelOutputError(
+        f"the net returned {rows_given} for a batch of {size} rows ({n} padded to "
+        f"{size}): it must return one output row per input row")
 
 
 def run_in_chunks(batch: np.ndarray, largest: int,

@@ -15,7 +15,7 @@ from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
-                                         bucket_sizes)
+                                         bucket_sizes, net_outputs, padded_rows)
 
 
 class JaxModel(BucketedModel):
@@ -121,10 +121,10 @@ class JaxModel(BucketedModel):
             n = len(batch)
             if type(out) is shared.array_type and not shared.aliases_inputs:
                 array = np.asarray(out)
-                if len(array) == n:
+                if array.shape[:1] == (n,):
                     return array
             source = batch if shared.aliases_inputs else None  # _host_rows guards it
-            return rows.map_leaves(lambda a: _host_rows(a, n, source), out)
+            return net_outputs(out, shared.is_array, lambda a: _host_rows(a, n, n, source))
         return BucketedModel.__call__(self, batch)
 
     def _run(self, batch: np.ndarray) -> Outputs:
@@ -240,6 +240,8 @@ class _Compiled:
         self.compiled: set = set()
         self.dtype = model.input_spec.dtype
         self.array_type = type(jax.device_put(np.zeros(1, np.float32), model.device))
+        array = jax.Array
+        self.is_array: Callable[[Any], bool] = lambda a: isinstance(a, array)
         self.aliases_inputs = _jit_aliases_host_inputs(jax, model.device)
 
         def traced(params: Any, x: Any) -> Any:
@@ -251,7 +253,7 @@ class _Compiled:
 
     def run(self, params: Any, batch: np.ndarray) -> Outputs:
         n = len(batch)
-        buffer, _ = self.padded.pad(batch, copy=False)  # jit copies it to the device
+        buffer, size = self.padded.pad(batch, copy=False)  # jit copies it to the device
         # The host buffer goes in as it is: jit's C++ path copies it to the device of
         # the parameters (committed there by device_put), faster than a device_put of
         # its own (on the CPU: about 33 us against 70 us a call for a batch of one).
@@ -262,7 +264,7 @@ class _Compiled:
             with self.jax.default_device(self.device):
                 out = self.jitted(params, buffer)
         source = buffer if self.aliases_inputs else None
-        return rows.map_leaves(lambda a: _host_rows(a, n, source), out)
+        return net_outputs(out, self.is_array, lambda a: _host_rows(a, n, size, source))
 
 
 def _jit_aliases_host_inputs(jax: Any, device: Any) -> bool:
@@ -279,13 +281,16 @@ def _jit_aliases_host_inputs(jax: Any, device: Any) -> bool:
     return bool(np.may_share_memory(out, probe))
 
 
-def _host_rows(array: Any, n: int, source: np.ndarray | None) -> np.ndarray:
-    """The first ``n`` rows of an output (read-only, as JAX gives them, like the
-    result cache's), waiting for them; copied where they share ``source``'s memory
-    (None: this JAX never hands input memory back, ``_jit_aliases_host_inputs``)."""
-    out = np.asarray(array)
-    if len(out) != n:
-        out = out[:n]
+def _host_rows(array: Any, n: int, size: int, source: np.ndarray | None) -> np.ndarray:
+    """The first ``n`` rows of an output of a batch padded to ``size`` rows (read-only,
+    as JAX gives them, like the result cache's), waiting for them; copied where they
+    share ``source``'s memory (None: this JAX never hands input memory back,
+    ``_jit_aliases_host_inputs``).
+
+    Raises:
+        ModelOutputError: the output has no batch dimension or not ``size`` rows.
+    """
+    out = padded_rows(np.asarray(array), n, size)
     # A JAX that hands an input back as an output could give the reused buffer or the
     # batch the server reuses: then the rows are copied out (JAX 0.10 copies host
     # inputs of jit, so the probe turns this off: 2-3 us a call on a fresh output).

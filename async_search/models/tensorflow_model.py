@@ -9,11 +9,11 @@ from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
 
-from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
-from async_search.models.buckets import PaddedBatches, adapter_spec, bucket_sizes
+from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_sizes,
+                                         net_outputs, padded_rows)
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
 
@@ -213,7 +213,7 @@ class _Traced:
                 fn = self._concrete[size] = self._fn.get_concrete_function(
                     tf.TensorSpec(buffer.shape, buffer.dtype))
             out = fn(tf.constant(buffer))
-        return rows.map_leaves(lambda t: t.numpy()[:n], out)
+        return net_outputs(out, tf.is_tensor, lambda t: padded_rows(t.numpy(), n, size))
 
 
 def _is_keras(fn: Any) -> bool:

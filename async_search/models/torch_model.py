@@ -14,12 +14,12 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
-                                         bucket_sizes)
+                                         bucket_sizes, check_padded_shape, net_outputs,
+                                         padded_rows)
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
 
@@ -150,8 +150,8 @@ class TorchModel(OwnWeightsModel):
         if not runner.cuda and runner.padded.fills_bucket(batch):
             with runner.weights.lock:
                 runner.weights.use(self._own)
-                return runner.forward_rows(runner.torch.from_numpy(batch), len(batch),
-                                           batch)
+                n = len(batch)
+                return runner.forward_rows(runner.torch.from_numpy(batch), n, n, batch)
         return BucketedModel.__call__(self, batch)
 
     @property
@@ -230,6 +230,10 @@ def torch_device(device: Any = None) -> Any:
                                   f"has {_torch_devices(torch)}") from None
     if found.type == "cpu":
         return torch.device("cpu")
+    if found.type == "meta":  # it places tensors, so the probe below would pass
+        raise DeviceNotFoundError(f"device {device!r} holds shapes, not data: a net "
+                                  f"there computes nothing; this machine has "
+                                  f"{_torch_devices(torch)}")
     if found.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = found.index if found.index is not None else 0
@@ -273,6 +277,7 @@ class _Runner:
 
     def __init__(self, torch: Any, module: Any, model: TorchModel):
         self.torch = torch
+        self.is_tensor = torch.is_tensor
         self.device = device = model.device
         self.cuda = device.type == "cuda"
         try:
@@ -386,11 +391,12 @@ class _Runner:
             x = self._host.get(size)
             if x is None:
                 x = self._host[size] = self.torch.from_numpy(source)
-        return self.forward_rows(x, n, source)
+        return self.forward_rows(x, n, size, source)
 
-    def forward_rows(self, x: Any, n: int, source: np.ndarray) -> Outputs:
-        """The first ``n`` rows of the module's outputs on the CPU tensor ``x``, a view
-        of ``source`` (so that outputs sharing its memory are copied out)."""
+    def forward_rows(self, x: Any, n: int, size: int, source: np.ndarray) -> Outputs:
+        """The first ``n`` rows of the module's outputs on the CPU tensor ``x`` of
+        ``size`` rows, a view of ``source`` (so that outputs sharing its memory are
+        copied out)."""
         with self._inference:
             if self.precision is None:
                 out = self.forward(x)
@@ -398,8 +404,9 @@ class _Runner:
                 with self._autocast():
                     out = self.forward(x)
             if isinstance(out, self.torch.Tensor):  # the common case, without a closure
-                return _host_rows(self.torch, out, n, source)
-            return rows.map_leaves(lambda t: _host_rows(self.torch, t, n, source), out)
+                return _host_rows(self.torch, out, n, size, source)
+            return net_outputs(out, self.is_tensor,
+                               lambda t: _host_rows(self.torch, t, n, size, source))
 
     def _run_cuda(self, n: int, size: int) -> Outputs:
         torch = self.torch
@@ -416,7 +423,9 @@ class _Runner:
                 graph.replay()
             else:
                 out = self.forward(x)
-            leaves, rebuild = _flatten(out)
+            leaves, rebuild = _flatten(net_outputs(out, self.is_tensor, _same))
+            for leaf in leaves:
+                check_padded_shape(leaf.shape, n, size)
             pinned = self._pinned_outputs(size, leaves)
             for host, leaf in zip(pinned, leaves):
                 host.copy_(leaf, non_blocking=True)
@@ -486,20 +495,32 @@ def _triton_would_follow_tensorflow() -> bool:
 _FLOAT16 = np.dtype(np.float16)
 
 
-def _host_rows(torch: Any, tensor: Any, n: int, source: np.ndarray) -> np.ndarray:
-    """The first ``n`` rows of a CPU output, as the caller's own array; reduced floats
-    come back as float32."""
+def _host_rows(torch: Any, tensor: Any, n: int, size: int,
+               source: np.ndarray) -> np.ndarray:
+    """The first ``n`` rows of a CPU output of a batch padded to ``size`` rows, as the
+    caller's own array; reduced floats come back as float32.
+
+    Raises:
+        ModelOutputError: the output has no batch dimension or not ``size`` rows.
+    """
     try:
         out = tensor.numpy()
     except TypeError:  # bfloat16, which NumPy lacks (checked here, not per batch)
         out = tensor.float().numpy()
     if out.dtype is _FLOAT16:
         out = out.astype(np.float32)
-    if len(out) != n:
-        out = out[:n]  # a NumPy slice: a tenth of the cost of slicing the tensor
+    shape = out.shape
+    if n != size or not shape or shape[0] != n:
+        # A NumPy slice (a tenth of the cost of slicing the tensor) of outputs with a
+        # row per row of the padded batch, or an error.
+        out = padded_rows(out, n, size)
     # A net may return (a view of) its input, which is a reused buffer or the batch
     # that the server reuses: then the rows are copied out.
     return out.copy() if np.may_share_memory(out, source) else out
+
+
+def _same(tensor: Any) -> Any:
+    return tensor
 
 
 def _flatten(out: Any) -> Tuple[list, Any]:

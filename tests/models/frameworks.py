@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 import pytest
@@ -58,6 +58,21 @@ class Framework:
     missing_device: str = ""
     #: Whether the model pads batches in reused buffers (the adapters do; NumPy not).
     pads: bool = True
+    #: odd(kind, **adapter options) -> an adapter whose net returns an output of that
+    #: kind (``ODD_OUTPUTS``) instead of its rows; None where no adapter runs the net.
+    odd: Callable[..., Any] | None = None
+
+
+#: Outputs that do not match the batch a net was given: what each odd net returns,
+#: from its correct outputs ``y`` and the framework's ``concatenate``.
+ODD_OUTPUTS: Dict[str, Callable[[Any, Callable[[list], Any]], Any]] = {
+    "no batch dimension": lambda y, cat: y[0, 0],
+    "too few rows": lambda y, cat: y[:1],
+    "too many rows": lambda y, cat: cat([y, y]),
+    "None": lambda y, cat: None,
+    "a nested structure": lambda y, cat: {"p": (y, y)},
+    "an empty tuple": lambda y, cat: (),
+}
 
 
 # -- NumPy --------------------------------------------------------------------------------
@@ -118,8 +133,23 @@ def _torch_direct(w: Weights, x: np.ndarray) -> np.ndarray:
         return _torch_net(w)(torch.from_numpy(x)).numpy()
 
 
+def _torch_odd(kind: str, **options: Any) -> Any:
+    import torch
+    from async_search.models import TorchModel
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = _torch_net(weights(0))
+
+        def forward(self, x):
+            return ODD_OUTPUTS[kind](self.net(x), torch.cat)
+
+    return TorchModel(Odd(), input_spec=SPEC, **options)
+
+
 TORCH = Framework("torch", _torch_make, _torch_state, _torch_direct,
-                  missing_device="cuda:7")
+                  missing_device="cuda:7", odd=_torch_odd)
 
 
 # -- JAX ----------------------------------------------------------------------------------
@@ -155,7 +185,16 @@ def _jax_direct(w: Weights, x: np.ndarray) -> np.ndarray:
     return np.asarray(jax.jit(_jax_apply())(_jax_params(w), x))
 
 
-JAX = Framework("jax", _jax_make, _jax_params, _jax_direct, missing_device="cuda:7")
+def _jax_odd(kind: str, **options: Any) -> Any:
+    import jax.numpy as jnp
+    from async_search.models import JaxModel
+    apply = _jax_apply()
+    return JaxModel(lambda p, x: ODD_OUTPUTS[kind](apply(p, x), jnp.concatenate),
+                    _jax_params(weights(0)), input_spec=SPEC, **options)
+
+
+JAX = Framework("jax", _jax_make, _jax_params, _jax_direct, missing_device="cuda:7",
+                odd=_jax_odd)
 
 
 # -- TensorFlow ---------------------------------------------------------------------------
@@ -186,7 +225,19 @@ def _tf_direct(w: Weights, x: np.ndarray) -> np.ndarray:
     return _keras_net(w)(x, training=False).numpy()
 
 
-TENSORFLOW = Framework("tensorflow", _tf_make, list, _tf_direct, missing_device="/GPU:7")
+def _tf_odd(kind: str, **options: Any) -> Any:
+    import tensorflow as tf
+    from async_search.models import TensorFlowModel
+    keras_net = _keras_net(weights(0))
+
+    def net(x):
+        return ODD_OUTPUTS[kind](keras_net(x, training=False), lambda ys: tf.concat(ys, 0))
+
+    return TensorFlowModel(net, SPEC, **options)
+
+
+TENSORFLOW = Framework("tensorflow", _tf_make, list, _tf_direct, missing_device="/GPU:7",
+                       odd=_tf_odd)
 
 #: The module each framework needs (None: NumPy alone), and the extra that installs it.
 MODULES = {"numpy": None, "torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}

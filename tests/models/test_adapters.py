@@ -16,11 +16,12 @@ import pytest
 
 import async_search as asr
 from async_search.base import DeviceModel
-from async_search.errors import DeviceNotFoundError, InputSpecError, ModelNotReadyError
+from async_search.errors import (DeviceNotFoundError, InputSpecError, ModelNotReadyError,
+                                 ModelOutputError)
 from async_search.http import ModelRepository, ModelSource
 from tests.helpers import wait_until, within
-from tests.models.frameworks import (SENTINEL, assert_close, inputs, pad_buffers, params,
-                                     tolerance, weights)
+from tests.models.frameworks import (ODD_OUTPUTS, SENTINEL, assert_close, inputs,
+                                     pad_buffers, params, tolerance, weights)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -125,6 +126,26 @@ async def test_a_raising_net_fails_its_batch_only(framework):
         assert all(isinstance(r, Exception) for r in together)
         assert_close(await within(evaluate(good[1]), "after"), expected[1], tol)
         assert evaluate.stats["batches"] >= 3
+
+
+@pytest.mark.parametrize("kind", list(ODD_OUTPUTS))
+async def test_a_net_whose_outputs_do_not_match_its_batch_gets_model_output_error(
+        framework, kind):
+    """Never the first n rows of whatever came back: a net that returns more or fewer
+    rows than it was given, or something that is not its outputs, fails its batch with
+    ModelOutputError, called directly or served (a bucket filled, or padded)."""
+    if framework.odd is None:
+        pytest.skip("NumPy models run as they are: serve checks their outputs")
+    model = framework.odd(kind, max_batch_size=MAX)
+    for n in (3, 4, MAX + 3):  # padded, filling a bucket, in chunks
+        with pytest.raises(ModelOutputError, match="the net returned"):
+            model(inputs(n))
+    async with asr.serve(model, max_batch_size=MAX, model_thread=True) as evaluate:
+        with pytest.raises(ModelOutputError, match="the net returned"):
+            await within(evaluate(inputs(3)), "the odd net's batch")
+        assert evaluate.stats["failed_batches"] >= 1
+    with pytest.raises(ModelOutputError, match="the net returned"):
+        await within(asr.immediate(model)(inputs(2)), "immediate")
 
 
 async def test_no_request_made_after_update_model_sees_the_old_weights(framework):
@@ -241,6 +262,9 @@ def test_a_device_that_does_not_exist_is_refused_at_construction(framework):
         framework.make(weights(0), device=framework.missing_device)
     with pytest.raises(DeviceNotFoundError):
         framework.make(weights(0), device="tpu:0")
+    if framework.name == "torch":  # it places tensors, which hold no data to compute on
+        with pytest.raises(DeviceNotFoundError, match="holds shapes, not data"):
+            framework.make(weights(0), device="meta")
     model = framework.make(weights(0))
     with pytest.raises(DeviceNotFoundError):
         model.on_device(framework.missing_device)

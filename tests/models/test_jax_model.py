@@ -154,7 +154,7 @@ def test_host_rows_are_copied_only_where_they_share_the_batch():
     # rows are copied out of the buffer that the adapter or the server reuses.
     from async_search.models.jax_model import _host_rows, _jit_aliases_host_inputs
     batch = rows(4)
-    shared = _host_rows(batch, 3, batch)
+    shared = _host_rows(batch, 3, 4, batch)
     assert shared.shape == (3, 6) and not np.may_share_memory(shared, batch)
-    assert np.may_share_memory(_host_rows(batch, 3, None), batch)
+    assert np.may_share_memory(_host_rows(batch, 3, 4, None), batch)
     assert isinstance(_jit_aliases_host_inputs(jax, jax.devices("cpu")[0]), bool)
