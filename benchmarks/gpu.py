@@ -58,7 +58,11 @@ backend; near 1 it is the limit), ``process_cpu`` (this process's cores: the loo
 device threads and the rest) and, for the process backend, ``clients_cpu`` (each client
 process's fraction of a core). ``device`` gives the CPU's physical cores and threads per
 core (``cpu_topology``): client processes beyond the physical cores share them. Every
-loop runs on uvloop when it is installed (``--loop asyncio`` for asyncio's).
+loop runs on uvloop when it is installed (``--loop asyncio`` for asyncio's). With
+``--sample-stacks`` each run in one process and each process-backend run also records
+``stacks``: this process's threads (the loop, the device threads) sampled from a thread
+of its own (``stack_sampler.py``; on GPU machines py-spy and perf may not attach), what
+says whether the serving process bounds the process backend.
 
 Prints one JSON object and writes it under ``results/benchmarks/``: ``gpu.json`` on a
 GPU, ``gpu_cpu.json`` on a CPU, with ``_smoke`` before ``.json`` for ``--smoke`` runs
@@ -109,6 +113,7 @@ from async_search import problems, search  # noqa: E402
 from async_search.backends.config import max_servers  # noqa: E402
 from async_search.event_loops import loop_factory  # noqa: E402
 from async_search.files import write_file  # noqa: E402
+from stack_sampler import StackSampler  # noqa: E402 - benchmarks/, this script's folder
 
 PUZZLE = problems.SlidingPuzzle(4)
 #: The runs a report can hold (``--sections``); the ceiling is always measured.
@@ -642,17 +647,21 @@ async def in_process(work: Workload, searches: int, max_batch_size: Any = None,
     gc.collect()
     clock = CpuClock()
     began = time.perf_counter()
-    async with asr.serve(served.model, max_batch_size=size, **serve_options) as evaluate:
-        nodes = sum(await asyncio.gather(*(fn(s, evaluate) for s in starts)))
-        active_s = time.perf_counter() - began
-        sizes = [record.size for record in evaluate.trace]
-        stats = dict(evaluate.stats)
-        chosen = getattr(evaluate, "max_batch_size", None)
+    with StackSampler(enabled=work.args.sample_stacks) as sampler:
+        async with asr.serve(served.model, max_batch_size=size,
+                             **serve_options) as evaluate:
+            nodes = sum(await asyncio.gather(*(fn(s, evaluate) for s in starts)))
+            active_s = time.perf_counter() - began
+            sizes = [record.size for record in evaluate.trace]
+            stats = dict(evaluate.stats)
+            chosen = getattr(evaluate, "max_batch_size", None)
     record = run_record(served, nodes, sizes, active_s, time.perf_counter() - began,
                         {"searches": searches, "budget_per_search": work.budget(searches),
                          "max_batch_size": size})
     record["fraction_in_model"] = round(stats["fraction_in_model"], 3)
     record.update(clock.read())
+    if sampler.enabled:
+        record["stacks"] = sampler.report()
     if max_batch_size == "auto":  # what the server chose, and how
         record["chosen_batch_size"] = chosen
         record["auto_batch_size"] = stats.get("auto_batch_size")
@@ -668,12 +677,16 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
     gc.collect()
     clock = CpuClock()
     began = time.perf_counter()
-    out = await asr.run_searches_async(
-        work.search_fn(work.args.process_searches), starts, served.factory,
-        backend="process", num_procs=clients, num_servers=servers,
-        max_batch_size=work.args.max_batch_size, use_uvloop=work.args.loop == "uvloop")
+    with StackSampler(enabled=work.args.sample_stacks) as sampler:
+        out = await asr.run_searches_async(
+            work.search_fn(work.args.process_searches), starts, served.factory,
+            backend="process", num_procs=clients, num_servers=servers,
+            max_batch_size=work.args.max_batch_size,
+            use_uvloop=work.args.loop == "uvloop")
     wall_s = time.perf_counter() - began
     cpu = clock.read(clients)
+    if sampler.enabled:  # the serving process: its loop and device threads
+        cpu["stacks"] = sampler.report()
     trace = out.stats["trace"]
     # From the first batch's start to the last's end: client start-up left out.
     active_s = trace[-1].finished_s - (trace[0].finished_s - trace[0].model_s)
@@ -1170,6 +1183,10 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                    help="the event loop of this process (the searches in one process, "
                         "the server of the process backend) and of the client processes: "
                         "uvloop when installed")
+    p.add_argument("--sample-stacks", action="store_true",
+                   help="sample this process's Python stacks during each run in one "
+                        "process and each process-backend run (the server's loop and "
+                        "device threads; stack_sampler.py), into the run's record")
     p.add_argument("--out", default=None, help="where to write the JSON")
     args = p.parse_args(argv)
     if args.switch_interval is not None and not args.switch_interval > 0:

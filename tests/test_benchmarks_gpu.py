@@ -226,6 +226,9 @@ def test_the_loop_defaults_to_uvloop_where_installed_and_asyncio_is_asked_for():
 
 def test_a_later_leases_reports_make_a_table_each_finished_or_cut_short(tmp_path):
     finished = json.load(open(os.path.join(ROOT, "results", "benchmarks", "gpu_cpu.json")))
+    stacks = {"samples": 3, "interval_s": 0.01, "threads": {"MainThread": {
+        "samples": 3, "self": {"run (runners.py:118)": 1.0}, "inclusive": {}}}}
+    finished["runs"]["astar_15_puzzle"]["process_backend"]["1"]["stacks"] = stacks
     cut_short = json.load(open(os.path.join(ROOT, "results", "benchmarks", "gpu_h200",
                                             "a_mcts_eager.json")))
     (tmp_path / "c_cpu.json").write_text(json.dumps(finished))
@@ -242,9 +245,27 @@ def test_a_later_leases_reports_make_a_table_each_finished_or_cut_short(tmp_path
         finished["runs"]["astar_15_puzzle"]["in_process"]["256"]["nodes_per_s"])
     assert astar["process_backend"]["1"]["clients_cpu"] == finished["runs"][
         "astar_15_puzzle"]["process_backend"]["1"]["clients_cpu"]
+    assert astar["process_backend"]["1"]["stacks"] == stacks  # --sample-stacks
+    assert "stacks" not in astar["in_process"]["256"]
     assert cpu["goals"] == finished["goals"] and not cpu["partial"]
     eager = summary["reports"]["c_eager"]
     assert eager["partial"] and "goals" not in eager
     assert eager["runs"]["mcts_connect_four"]["in_process"]["1024"]["nodes_per_s"] > 0
     with pytest.raises(SystemExit, match="no d_"):
         summarize.summarize_reports(str(tmp_path), "d_")
+
+
+def test_sample_stacks_records_where_the_loop_and_the_device_thread_were(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "stacks.json"
+    report = gpu.main(["--smoke", "--workloads", "mcts", "--sections", "in_process",
+                       "--concurrency", "64", "--rounds", "1", "--sample-stacks",
+                       "--out", str(out)])
+    record = report["runs"]["mcts_connect_four"]["in_process"]["64"]
+    threads = record["stacks"]["threads"]
+    assert threads["MainThread"]["samples"] > 0
+    device = [name for name in threads if name.startswith("async_search-device")]
+    assert device and any("forward" in line or "_run" in line
+                          for line in threads[device[0]]["inclusive"])
+    assert json.loads(out.read_text())["runs"]["mcts_connect_four"]["in_process"]["64"][
+        "stacks"] == record["stacks"]

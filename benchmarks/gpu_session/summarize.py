@@ -49,8 +49,10 @@ def run_figures(records: List[dict], source: str) -> dict:
             "device_busy_fraction": best.get("device_busy_fraction"),
             "fraction_in_model": best.get("fraction_in_model"),
             "vs_ceiling": best["vs_ceiling"], "source": source,
-            # where the CPU went (reports since the loops' CPU was measured)
-            **{k: best[k] for k in ("loop_cpu", "process_cpu", "clients_cpu") if k in best}}
+            # where the CPU went (reports since the loops' CPU was measured), and the
+            # serving process's sampled stacks (gpu.py --sample-stacks)
+            **{k: best[k] for k in ("loop_cpu", "process_cpu", "clients_cpu", "stacks")
+               if k in best}}
 
 
 def section(reports: Dict[str, dict], workload: str, name: str, sources: List[str]) -> dict:
