@@ -11,19 +11,25 @@ PyTorch pass launches each layer from Python). Searches run in one process aroun
 15-puzzle (4 nodes a step), their outputs constant.
 
 Per run: ``nodes_per_s``, ``mean_batch``, ``device_busy_fraction`` (the batches'
-device time, ``--ms`` each, over the wall time: the fake device's own work, without
-the waits for the GIL inside it), ``batch_wall_ms`` (the device thread's time a batch,
-waits included) and ``loop_cpu`` (the fraction of a core the searches' loop used).
-A device slower than the searches should be kept busy (the goal); one faster than
-them leaves the loop busy instead. Prints one JSON object.
+device time, ``--ms`` each plus ``--us-per-row`` a row, over the wall time: the fake
+device's own work, without the waits for the GIL inside it), ``batch_wall_ms`` (the
+device thread's time a batch, waits included) and ``loop_cpu`` (the fraction of a core
+the searches' loop used). A device slower than the searches should be kept busy (the
+goal); one faster than them leaves the loop busy instead. Prints one JSON object.
+
+``--max-batch-size 4096,1024,auto`` runs each cap in turn (``auto``: the run records
+what ``max_batch_size="auto"`` chose and measured); ``--ms 0.7 --us-per-row 0.65`` is
+about the H200's cost-to-go net (0.75 ms a batch of one, 3.4 ms one of 4096).
 
 Usage: python benchmarks/fake_device.py [--ms 2,10,30] [--trips 1,60] [--searches 1024]
+[--us-per-row 0] [--max-batch-size 4096] [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -41,20 +47,25 @@ import gpu  # noqa: E402 - the searches and their starts
 
 
 class FakeDevice:
-    """A model of ``ms`` milliseconds a batch, in ``trips`` sleeps, with constant
-    outputs; counts its batches and the device thread's wall time in them."""
+    """A model of ``ms`` milliseconds a batch plus ``us_per_row`` microseconds a row,
+    in ``trips`` sleeps, with constant outputs; counts its batches, their device time
+    and the device thread's wall time in them."""
 
-    def __init__(self, kind: str, ms: float, trips: int):
+    def __init__(self, kind: str, ms: float, trips: int, us_per_row: float = 0.0):
         self.kind, self.seconds, self.trips = kind, ms / 1e3, trips
+        self.per_row = us_per_row / 1e6
         self.batches = 0
+        self.busy = 0.0
         self.wall = 0.0
 
     def __call__(self, x: np.ndarray) -> Any:
         began = time.perf_counter()
-        for _ in range(self.trips):
-            time.sleep(self.seconds / self.trips)
-        self.batches += 1
         n = len(x)
+        seconds = self.seconds + self.per_row * n
+        for _ in range(self.trips):
+            time.sleep(seconds / self.trips)
+        self.batches += 1
+        self.busy += seconds
         out = ((np.zeros((n, 7), np.float32), np.zeros((n, 1), np.float32))
                if self.kind == "mcts" else np.zeros((n, 1), np.float32))
         self.wall += time.perf_counter() - began
@@ -62,8 +73,8 @@ class FakeDevice:
 
 
 async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
-                  max_batch_size: int) -> dict:
-    device = FakeDevice(kind, ms, trips)
+                  max_batch_size: Any, us_per_row: float = 0.0) -> dict:
+    device = FakeDevice(kind, ms, trips, us_per_row)
     if kind == "mcts":
         starts = gpu.game_starts(searches)
 
@@ -79,12 +90,18 @@ async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
                          model_thread=True) as evaluate:
         nodes = sum(await asyncio.gather(*(search(s, evaluate) for s in starts)))
         sizes = [r.size for r in evaluate.trace]
+        auto = evaluate.stats.get("auto_batch_size")
     wall = time.perf_counter() - clock.wall
-    return {"search": kind, "searches": searches, "ms_per_batch": ms, "trips": trips,
-            "nodes_per_s": round(nodes / wall), "mean_batch": round(np.mean(sizes), 1),
-            "device_busy_fraction": round(device.batches * device.seconds / wall, 3),
-            "batch_wall_ms": round(device.wall / max(device.batches, 1) * 1e3, 2),
-            "loop_cpu": clock.read()["loop_cpu"]}
+    record = {"search": kind, "searches": searches, "ms_per_batch": ms,
+              "us_per_row": us_per_row, "trips": trips, "max_batch_size": max_batch_size,
+              "nodes_per_s": round(nodes / wall), "wall_s": round(wall, 2),
+              "mean_batch": round(np.mean(sizes), 1),
+              "device_busy_fraction": round(device.busy / wall, 3),
+              "batch_wall_ms": round(device.wall / max(device.batches, 1) * 1e3, 2),
+              "loop_cpu": clock.read()["loop_cpu"]}
+    if auto is not None:  # what max_batch_size="auto" chose, and the rates it measured
+        record["auto_batch_size"] = auto
+    return record
 
 
 def numbers(text: str, kind: type) -> List[Any]:
@@ -99,30 +116,38 @@ def main(argv: List[str] | None = None) -> dict:
     p.add_argument("--searches-kinds", default="mcts,astar")
     p.add_argument("--mcts-simulations", type=int, default=64, help="each search's")
     p.add_argument("--astar-evaluations", type=int, default=60, help="each search's")
-    p.add_argument("--max-batch-size", type=int, default=4096)
+    p.add_argument("--us-per-row", type=float, default=0.0,
+                   help="the device's microseconds a row, besides --ms a batch")
+    p.add_argument("--max-batch-size", default="4096",
+                   help="comma-separated sizes, or auto, each run in turn")
+    p.add_argument("--rounds", type=int, default=1, help="the whole grid, this many times")
     args = p.parse_args(argv)
     try:
         ms, trips = numbers(args.ms, float), numbers(args.trips, int)
         searches = numbers(args.searches, int)
+        caps = [c if c == "auto" else int(c) for c in args.max_batch_size.split(",") if c]
     except ValueError:
-        p.error("--ms, --trips and --searches take comma-separated numbers")
+        p.error("--ms, --trips and --searches take comma-separated numbers, "
+                "--max-batch-size integers or auto")
     kinds = args.searches_kinds.split(",")
     if (not ms or min(ms) <= 0 or not trips or min(trips) < 1 or not searches
-            or min(searches) < 1 or args.max_batch_size < 1
-            or min(args.mcts_simulations, args.astar_evaluations) < 1
+            or min(searches) < 1 or not caps
+            or any(c != "auto" and c < 1 for c in caps) or args.us_per_row < 0
+            or args.rounds < 1 or min(args.mcts_simulations, args.astar_evaluations) < 1
             or not set(kinds) <= {"mcts", "astar"}):
-        p.error("--ms > 0, --trips >= 1, --searches >= 1, budgets >= 1, "
+        p.error("--ms > 0, --us-per-row >= 0, --trips >= 1, --searches >= 1, "
+                "--max-batch-size >= 1 or auto, --rounds >= 1, budgets >= 1, "
                 "--searches-kinds of mcts,astar")
     runs = []
     with asyncio.Runner(loop_factory=loop_factory(True)) as runner:
-        for kind in kinds:
-            budget = args.mcts_simulations if kind == "mcts" else args.astar_evaluations
-            for n in searches:
-                for t in trips:
-                    for m in ms:
-                        runs.append(runner.run(one_run(kind, n, budget, m, t,
-                                                       args.max_batch_size)))
-                        print(json.dumps(runs[-1]), file=sys.stderr)
+        for _ in range(args.rounds):
+            for kind in kinds:
+                budget = (args.mcts_simulations if kind == "mcts"
+                          else args.astar_evaluations)
+                for n, t, m, cap in itertools.product(searches, trips, ms, caps):
+                    runs.append(runner.run(one_run(kind, n, budget, m, t, cap,
+                                                   args.us_per_row)))
+                    print(json.dumps(runs[-1]), file=sys.stderr)
     report = {"benchmark": "benchmarks/fake_device.py", "cpu_count": os.cpu_count(),
               "runs": runs}
     print(json.dumps(report, indent=1))

@@ -60,28 +60,32 @@ def drive(tuner, step_s, searches=SEARCHES, max_batches=20_000, now=0.0):
 
 def test_the_first_round_finds_the_fastest_end_to_end_not_the_fastest_alone():
     """512 is the model's fastest batch alone, 256 the fastest end to end: the tuner
-    tries 16 up to 1024 (whose batches, 512, no longer fill it) and settles on 256."""
+    starts at 4096 (whose batches, 512, 512 would make too: it shares their rate),
+    goes down to 256, 128 and 64, both slower, and settles on 256."""
     ladder = AutoBatchSize().sizes()
     alone = max(ladder[:6], key=lambda b: b / model_s(b))
     end_to_end = max(ladder, key=lambda b: SEARCHES / lockstep_step_s(b))
     assert (alone, end_to_end) == (512, 256)
     tuner = BatchSizeTuner(AutoBatchSize(trial_batches=8))
     chosen = drive(tuner, lockstep_step_s)
-    assert chosen == [16, 32, 64, 128, 256, 512, 1024, 256]
+    assert chosen == [4096, 256, 128, 64, 256]
     assert tuner.size == 256 and tuner.settled
-    assert tuner.report()["size"] == 256 and list(tuner.report()["rates"]) == chosen[:-1]
+    assert tuner.report()["size"] == 256
+    assert list(tuner.report()["rates"]) == [64, 128, 256, 512, 4096]
+    assert tuner.rates[512] == tuner.rates[4096]
 
 
-def test_the_first_round_stops_two_sizes_past_a_cliff():
+def test_the_first_round_goes_down_past_a_cliff_and_stops_two_sizes_below_the_peak():
     """A model fastest per element at 128 that slows down above it (it spills a cache):
-    the round stops after 256 and 512 are both slower, and 128 is chosen."""
+    going down, the round passes the cliff, stops after 64 and 32 are both slower, and
+    128 is chosen."""
     tuner = BatchSizeTuner(AutoBatchSize(trial_batches=4))
 
     def step_s(cap):  # 2048 searches: every batch full
         n = min(cap, 2048)
         return (2048 // n) * (1e-4 + (1e-6 if n <= 128 else 3e-6) * n)
 
-    assert drive(tuner, step_s, searches=2048) == [16, 32, 64, 128, 256, 512, 128]
+    assert drive(tuner, step_s, searches=2048) == [4096, 1024, 512, 256, 128, 64, 32, 128]
 
 
 def test_the_smallest_size_within_the_tolerance_of_the_fastest_is_chosen():
@@ -93,19 +97,22 @@ def test_the_smallest_size_within_the_tolerance_of_the_fastest_is_chosen():
     lenient = BatchSizeTuner(AutoBatchSize(trial_batches=4, tolerance=0.1))
     assert drive(lenient, step_s, searches=128)[-1] == 64  # 5 % slower: smaller wins
     strict = BatchSizeTuner(AutoBatchSize(trial_batches=4, tolerance=0.01))
-    assert drive(strict, step_s, searches=128)[-1] == 128
-    assert set(strict.rates) == {16, 32, 64, 128, 256}  # 256: batches of 128, it stops
+    assert drive(strict, step_s, searches=128) == [4096, 64, 32, 128]
+    # 4096 makes batches of 128, as 128 does (256 to 2048 are never tried); 32 and 64
+    # are both slower: the round stops there.
+    assert set(strict.rates) == {4096, 128, 64, 32}
 
 
 def test_batches_dispatched_before_a_change_are_not_measured():
-    tuner = BatchSizeTuner(AutoBatchSize(smallest=64, trial_batches=2))
-    assert [tuner.record(64, t) for t in (1.0, 2.0)] == [None, None]
-    assert tuner.record(64, 3.0, in_flight=2) == 128  # 64 a second at 64
-    # The two batches in flight were cut at 64: their (absurd) times do not count.
-    assert tuner.record(64, 1000.0) is None and tuner.record(64, 2000.0) is None
+    tuner = BatchSizeTuner(AutoBatchSize(smallest=64, largest=256, trial_batches=2))
+    assert tuner.size == 256
+    assert [tuner.record(256, t) for t in (1.0, 2.0)] == [None, None]
+    assert tuner.record(256, 3.0, in_flight=2) == 128  # 256 a second at 256
+    # The two batches in flight were cut at 256: their (absurd) times do not count.
+    assert tuner.record(256, 1000.0) is None and tuner.record(256, 2000.0) is None
     tuner.record(128, 2001.0)
-    assert tuner.record(128, 2002.0) == 256  # 128 a second at 128: on up
-    assert tuner.rates == {64: 64.0, 128: 128.0}
+    assert tuner.record(128, 2002.0) == 64  # 128 a second at 128: one slower, on down
+    assert tuner.rates == {256: 256.0, 128: 128.0}
 
 
 def test_a_chosen_size_is_held_then_measured_again_with_its_neighbours():
@@ -167,7 +174,7 @@ async def test_the_server_settles_on_the_size_its_measured_times_favour():
     async with asr.serve(with_spec(timed, (1,), np.float32), max_batch_size=auto,
                          model_thread=False,
                          on_batch=lambda record: sizes.append(record.size)) as evaluate:
-        assert evaluate.max_batch_size == 16
+        assert evaluate.max_batch_size == 4096  # the first round starts at the top
 
         async def search(i):
             x = np.full((1, 1), i, np.float32)
@@ -178,9 +185,10 @@ async def test_the_server_settles_on_the_size_its_measured_times_favour():
         stats = evaluate.stats
     assert evaluate.max_batch_size == 128 and stats["auto_batch_size"]["size"] == 128
     report = stats["auto_batch_size"]
-    assert report["settled"] and list(report["rates"]) == [16, 32, 64, 128, 256, 512]
+    assert report["settled"] and list(report["rates"]) == [32, 64, 128, 256, 512, 1024,
+                                                           4096]
     assert max(report["rates"], key=report["rates"].get) == 128
-    settled_at = len(sizes) - sizes[::-1].index(512)  # after the last batch of 512
+    settled_at = len(sizes) - sizes[::-1].index(32)  # after the last batch of 32
     after = sizes[settled_at:]
     assert max(after) == 128 and after.count(128) >= 0.9 * len(after) and len(after) > 100
 
