@@ -184,10 +184,12 @@ class BatchSizeTuner:
             fastest = max(self._round.values())
             two_slower = len(self._order) >= 2 and all(
                 self._slower(i, fastest) for i in self._order[-2:])
-            below = self._smallest_holding(self._peak) - 1  # the first size that cuts
+            # The next size down that cuts the trial's batches (they never exceed the
+            # cap, but a record may say otherwise: never above the size measured).
+            below = min(self._smallest_holding(self._peak), index) - 1
             if two_slower or below < 0:
                 return None
-            return min(below, index - 1)
+            return below
         if not filled:  # a larger cap than its batches measures nothing new
             self._queue = [i for i in self._queue if i < index]
         if self._queue:

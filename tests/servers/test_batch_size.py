@@ -128,6 +128,20 @@ def test_a_chosen_size_is_held_then_measured_again_with_its_neighbours():
     assert chosen == [64, 32, 128, 256, 128] and tuner.size == 128
 
 
+def test_the_first_round_ends_at_the_smallest_size_whatever_the_records_say():
+    """Batches larger than their cap (a record that cannot be: fed by hand) at times
+    that do not move: the round still goes down one size at a time and ends at the
+    smallest, never at an index outside the sizes. Empty batches: every size makes
+    them, so the smallest is chosen at once."""
+    for size, times, expected in ((64, [1.0] * 8, [32, 16]),
+                                  (0, [float(t) for t in range(8)], [16])):
+        tuner = BatchSizeTuner(AutoBatchSize(smallest=16, largest=64, trial_batches=1))
+        caps = [tuner.record(size, t) for t in times]
+        assert [c for c in caps if c is not None] == expected
+        assert tuner.settled and tuner.size == 16
+        assert set(tuner.rates) <= {16, 32, 64}
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(smallest=0), "AutoBatchSize.smallest must be an integer >= 1, got 0"),
     (dict(smallest=64, largest=32), "AutoBatchSize.largest must be an integer >= 64"),
