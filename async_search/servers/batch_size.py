@@ -18,11 +18,11 @@ The rule (``BatchSizeTuner``), over the sizes ``smallest * 2**k`` up to ``larges
    fraction): past the peak, or past the cliff where batches get too small to keep
    the device busy. Sizes that would cut none of a trial's batches (at least as large
    as its largest batch) are skipped: they make the same batches, so they share its
-   rate. Going down, the round measures the sizes near the best first: the searches
-   run at full speed while it measures (from the smallest size up, a short run spent
-   most of its time in batches of 16 and 32: on a fake device of GPU-like times,
-   1024 A* searches ran at 0.8-0.95x the best fixed size over two seconds, 0.6-0.9x
-   over half a second).
+   rate. Going down, the round measures the sizes near the best first, so the
+   searches run near full speed while it measures: from the smallest size up, a short
+   run spent much of its time in batches of 16 to 128 (docs/benchmarks.md,
+   "Accelerators": median 0.80x the best fixed size before, 0.88x after, on a fake
+   device of an H200's times).
 3. The size chosen is the smallest whose rate is within ``tolerance`` of the fastest
    (the same rate with smaller batches answers each request sooner).
 4. It is kept for ``hold_batches`` batches; then a round measures it and its two
