@@ -24,14 +24,11 @@ import time
 from typing import Any, Counter, Dict
 
 
-def _where(frame: Any) -> str:
+def _function(frame: Any, line: bool = False) -> str:
+    """``name (file.py)``, or ``name (file.py:line)`` with ``line``."""
     code = frame.f_code
-    return f"{code.co_name} ({code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno})"
-
-
-def _function(frame: Any) -> str:
-    code = frame.f_code
-    return f"{code.co_name} ({code.co_filename.rsplit('/', 2)[-1]})"
+    at = f":{frame.f_lineno}" if line else ""
+    return f"{code.co_name} ({code.co_filename.rsplit('/', 2)[-1]}{at})"
 
 
 class StackSampler:
@@ -77,7 +74,7 @@ class StackSampler:
                     continue
                 name = names.get(ident, str(ident))
                 self._counts[name] += 1
-                self._self[name][_where(frame)] += 1
+                self._self[name][_function(frame, line=True)] += 1
                 seen = set()
                 while frame is not None:
                     function = _function(frame)
