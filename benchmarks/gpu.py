@@ -26,6 +26,12 @@ What it measures, per net:
   searches, all feeding one server in this process; ``--servers 1,2`` runs them with one
   and with two servers, each on its own copy of the adapter on the device (keys
   ``"14x2"``), so that one copies and hands back a batch while the other computes.
+- ``clients_alone``: the process backend's clients without it: 1, 2, 4 ... processes,
+  each running one client's searches on its own ``serve`` of a free model (the net's
+  outputs for one row, repeated), nothing shared. It is the machine's own scaling of the
+  searches' CPU (client processes beyond the physical cores share them; so do memory
+  and turbo clocks), which bounds the process backend's: ``goals`` gives both
+  efficiencies and the process backend's over this one.
 - ``handwritten_torch`` (peer): a hand-written PyTorch batcher, what a user writes
   without this toolkit (a thread, a ``queue.Queue`` and asyncio futures set with
   ``call_soon_threadsafe``), on the same searches at the same concurrency.
@@ -109,7 +115,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import numpy as np  # noqa: E402 - after the environment above
 
 import async_search as asr  # noqa: E402
-from async_search import problems, search  # noqa: E402
+from async_search import problems, rows, search  # noqa: E402
 from async_search.backends.config import max_servers  # noqa: E402
 from async_search.event_loops import loop_factory  # noqa: E402
 from async_search.files import write_file  # noqa: E402
@@ -118,7 +124,7 @@ from stack_sampler import StackSampler  # noqa: E402 - benchmarks/, this script'
 PUZZLE = problems.SlidingPuzzle(4)
 #: The runs a report can hold (``--sections``); the ceiling is always measured.
 SECTIONS = ("in_process", "handwritten_torch", "max_batch_size", "multi_device",
-            "process_backend", "mctx")
+            "process_backend", "clients_alone", "mctx")
 GAME = problems.ConnectFour()
 
 
@@ -697,6 +703,105 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
             **cpu}
 
 
+# -- the machine's own scaling: the same client processes, no shared server ---------------------
+class FreeModel:
+    """One row of the net's outputs, repeated for each row of a batch: a model that
+    costs almost nothing, so that searches through it spend only their own CPU."""
+
+    def __init__(self, row: Any):
+        self.row = row
+
+    def __call__(self, batch: np.ndarray) -> Any:
+        return rows.map_leaves(lambda leaf: np.repeat(leaf, len(batch), axis=0), self.row)
+
+
+def alone_client(fn: Callable, starts: list, row: Any, max_batch_size: int,
+                 use_uvloop: bool, barrier: Any, results: Any) -> None:
+    """One process of ``clients_alone``: its searches on its own ``serve`` of a
+    ``FreeModel``, begun with the others' at ``barrier`` (after one search each, so that
+    first calls' costs stay out); puts ``(nodes, began, ended, cpu_s, elements,
+    batches)`` on ``results``."""
+
+    async def searches(some: list) -> Tuple[int, dict]:
+        async with asr.serve(FreeModel(row), max_batch_size=max_batch_size) as evaluate:
+            nodes = sum(await asyncio.gather(*(fn(s, evaluate) for s in some)))
+            return nodes, dict(evaluate.stats)
+
+    with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
+        runner.run(searches(starts[:1]))
+        barrier.wait(timeout=ALONE_TIMEOUT_S)
+        began, cpu = time.perf_counter(), time.process_time()
+        nodes, stats = runner.run(searches(starts))
+        ended = time.perf_counter()
+    results.put((nodes, began, ended, time.process_time() - cpu, stats["elements"],
+                 stats["batches"]))
+
+
+#: The longest a ``clients_alone`` process may take to start or to run its searches.
+ALONE_TIMEOUT_S = 600.0
+
+
+def free_row(served: Any) -> Any:
+    """The served net's outputs for one (zero) input row, as NumPy."""
+    return served.model(np.zeros(served.net.input_spec.batch_shape(1),
+                                 served.net.input_spec.dtype))
+
+
+async def clients_alone(work: Workload, clients: int) -> dict:
+    """``clients`` processes, each running the searches of one process-backend client
+    on its own free model (no server, no device, nothing shared): how far this machine
+    scales the searches' CPU alone, which bounds the process backend's scaling (client
+    processes beyond the physical cores share them; so do memory and turbo clocks).
+    ``nodes_per_s`` is every process's nodes over the time from the first start (all
+    begin at one barrier) to the last end."""
+    import multiprocessing
+
+    per = work.args.process_searches
+    starts = work.starts(clients * per)
+    row = free_row(work.served)
+    fn = work.search_fn(per)
+    context = multiprocessing.get_context("spawn")  # as the process backend's clients
+    barrier, results = context.Barrier(clients), context.Queue()
+    processes = [context.Process(
+        target=alone_client, daemon=True, name=f"clients_alone-{i}",
+        args=(fn, starts[i * per:(i + 1) * per], row, work.args.max_batch_size,
+              work.args.loop == "uvloop", barrier, results)) for i in range(clients)]
+
+    def gather() -> list:
+        for p in processes:
+            p.start()
+        found: list = []
+        deadline = time.monotonic() + 2 * ALONE_TIMEOUT_S
+        while len(found) < clients:
+            try:
+                found.append(results.get(timeout=0.5))
+            except queue.Empty:
+                died = [p for p in processes if p.exitcode not in (None, 0)]
+                if died or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"clients_alone: {len(found)} of {clients} processes reported "
+                        f"({', '.join(f'{p.name} exit {p.exitcode}' for p in died)}"
+                        f"{'' if died else 'timed out'})")
+        return found
+
+    try:
+        found = await asyncio.to_thread(gather)
+    finally:
+        for p in processes:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+    active_s = max(f[2] for f in found) - min(f[1] for f in found)
+    nodes, elements, batches = (sum(f[i] for f in found) for i in (0, 4, 5))
+    return {"clients": clients, "searches": clients * per,
+            "budget_per_search": work.budget(per), "nodes": nodes,
+            "nodes_per_s": round(nodes / active_s, 1),
+            "mean_batch": round(elements / max(batches, 1), 1),
+            "clients_cpu": round(sum(f[3] for f in found) / active_s / clients, 3),
+            "active_s": round(active_s, 3)}
+
+
 # -- the peer: a hand-written PyTorch batcher -------------------------------------------------
 class HandwrittenTorchBatcher:
     """What a user writes without this toolkit: requests go on a ``queue.Queue`` with an
@@ -934,6 +1039,18 @@ def goals(report: dict) -> dict:
             entry["scaling_efficiency" + suffix.replace("x", "_x")] = {
                 k: round(r["nodes_per_s"] / (int(k.partition("x")[0]) * one["nodes_per_s"]),
                          2) for k, r in scaling.items() if k.partition("x")[2] == servers}
+        # The same for the searches alone (no server): the machine's own scaling, and
+        # the process backend's (one server) over it, at each count of clients.
+        alone = runs.get("clients_alone", {})
+        if "1" in alone:
+            machine = {k: round(r["nodes_per_s"] / (int(k) * alone["1"]["nodes_per_s"]), 2)
+                       for k, r in alone.items()}
+            entry["scaling_efficiency_clients_alone"] = machine
+            ours = entry.get("scaling_efficiency", {})
+            shared = [k for k in ours if k in machine and machine[k] > 0]
+            if shared:
+                entry["scaling_over_clients_alone"] = {
+                    k: round(ours[k] / machine[k], 2) for k in shared}
         out[name] = entry
     return out
 
@@ -1050,8 +1167,12 @@ async def bench(args: argparse.Namespace, torch: Any, device: Any, report: dict)
                     for k in args.clients:
                         await measure("process_backend", k if s == 1 else f"{k}x{s}",
                                       lambda: process_backend(work, k, s))
+            if "clients_alone" in sections:
+                for k in args.clients:
+                    await measure("clients_alone", k, lambda: clients_alone(work, k))
         runs: Dict[str, Any] = {"in_process": {}, "handwritten_torch": {},
-                                "process_backend": {}, "max_batch_size": {}}
+                                "process_backend": {}, "clients_alone": {},
+                                "max_batch_size": {}}
         for (section, key), records in measured.items():
             runs.setdefault(section, {})[key] = median_record(records)
         if auto_missing and "max_batch_size" in sections:

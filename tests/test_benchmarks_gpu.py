@@ -269,3 +269,64 @@ def test_sample_stacks_records_where_the_loop_and_the_device_thread_were(tmp_pat
                           for line in threads[device[0]]["inclusive"])
     assert json.loads(out.read_text())["runs"]["mcts_connect_four"]["in_process"]["64"][
         "stacks"] == record["stacks"]
+
+
+def test_the_free_model_repeats_one_row_of_each_output_for_every_row():
+    x = np.zeros((3, 5), np.float32)
+    out = gpu.FreeModel((np.array([[1.0, 2.0]], np.float32), np.array([[3.0]])))(x)
+    np.testing.assert_array_equal(out[0], [[1.0, 2.0]] * 3)
+    np.testing.assert_array_equal(out[1], [[3.0]] * 3)
+    assert out[0].dtype == np.float32
+    named = gpu.FreeModel({"v": np.array([7], np.int64)})(x)
+    np.testing.assert_array_equal(named["v"], [7, 7, 7])
+
+
+def test_scaling_is_read_against_the_searches_alone_at_each_count_of_clients():
+    report = {"runs": {"astar_15_puzzle": {
+        "process_backend": {"1": run(0.3, 0.1, nodes_per_s=100.0),
+                            "4": run(0.3, 0.1, nodes_per_s=240.0),
+                            "8": run(0.3, 0.1, nodes_per_s=400.0)},
+        "clients_alone": {"1": {"nodes_per_s": 200.0}, "4": {"nodes_per_s": 640.0},
+                          "2": {"nodes_per_s": 400.0}}}}}
+    entry = gpu.goals(report)["astar_15_puzzle"]
+    assert entry["scaling_efficiency"] == {"1": 1.0, "4": 0.6, "8": 0.5}
+    assert entry["scaling_efficiency_clients_alone"] == {"1": 1.0, "4": 0.8, "2": 1.0}
+    assert entry["scaling_over_clients_alone"] == {"1": 1.0, "4": 0.75}  # 8 not alone
+    del report["runs"]["astar_15_puzzle"]["clients_alone"]["1"]
+    assert "scaling_efficiency_clients_alone" not in gpu.goals(report)["astar_15_puzzle"]
+
+
+def test_clients_alone_runs_each_clients_searches_in_processes_of_their_own(tmp_path):
+    pytest.importorskip("torch")
+    report = gpu.main(["--smoke", "--workloads", "mcts", "--sections", "clients_alone",
+                       "--clients", "1,2", "--process-searches", "4", "--rounds", "1",
+                       "--out", str(tmp_path / "alone.json")])
+    runs = report["runs"]["mcts_connect_four"]["clients_alone"]
+    assert set(runs) == {"1", "2"}
+    for k, record in runs.items():
+        assert record["clients"] == int(k) and record["searches"] == 4 * int(k)
+        # every search ran its whole budget, through batches of more than one row
+        assert record["nodes"] == record["searches"] * record["budget_per_search"]
+        assert record["nodes_per_s"] > 0 and record["mean_batch"] > 1
+        assert 0 < record["clients_cpu"] <= 1.5
+    assert set(report["goals"]["mcts_connect_four"]["scaling_efficiency_clients_alone"]) == {
+        "1", "2"}
+    table = summarize.report_table(report, "alone")
+    assert table["runs"]["mcts_connect_four"]["clients_alone"]["2"]["nodes_per_s"] > 0
+
+
+def test_a_clients_alone_process_that_fails_fails_the_run_instead_of_waiting():
+    import asyncio
+    import functools
+
+    from async_search import TensorSpec
+
+    spec = TensorSpec((4,), np.float32)
+    work = types.SimpleNamespace(
+        args=types.SimpleNamespace(process_searches=1, max_batch_size=8, loop="asyncio"),
+        starts=lambda n: [b"not a puzzle"] * n,  # every search raises on it
+        served=types.SimpleNamespace(model=lambda x: x[:, :1],
+                                     net=types.SimpleNamespace(input_spec=spec)),
+        search_fn=lambda per: functools.partial(gpu.astar, 10, 2), budget=lambda per: 10)
+    with pytest.raises(RuntimeError, match=r"0 of 2 processes reported .*exit 1"):
+        asyncio.run(asyncio.wait_for(gpu.clients_alone(work, 2), timeout=120))

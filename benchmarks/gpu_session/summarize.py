@@ -45,10 +45,10 @@ def run_figures(records: List[dict], source: str) -> dict:
     best = max(records, key=lambda r: r["nodes_per_s"])
     return {"nodes_per_s": round(statistics.median_high(rates)),
             "nodes_per_s_rounds": [round(r) for r in rates],
-            "mean_batch": best["mean_batch"],
+            "mean_batch": best.get("mean_batch"),
             "device_busy_fraction": best.get("device_busy_fraction"),
             "fraction_in_model": best.get("fraction_in_model"),
-            "vs_ceiling": best["vs_ceiling"], "source": source,
+            "vs_ceiling": best.get("vs_ceiling"), "source": source,
             # where the CPU went (reports since the loops' CPU was measured), and the
             # serving process's sampled stacks (gpu.py --sample-stacks)
             **{k: best[k] for k in ("loop_cpu", "process_cpu", "clients_cpu", "stacks")
@@ -194,7 +194,7 @@ def report_table(report: dict, source: str) -> dict:
     for workload in ("mcts_connect_four", "astar_15_puzzle"):
         found = {}
         for name in ("in_process", "handwritten_torch", "max_batch_size",
-                     "process_backend", "multi_device"):
+                     "process_backend", "clients_alone", "multi_device"):
             table = {key: run_figures(records, source)
                      for key, records in rounds(report, workload, name).items()}
             if table:
