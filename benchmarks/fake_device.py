@@ -21,14 +21,20 @@ goal); one faster than them leaves the loop busy instead. Prints one JSON object
 what ``max_batch_size="auto"`` chose and measured); ``--ms 0.7 --us-per-row 0.65`` is
 about the H200's cost-to-go net (0.75 ms a batch of one, 3.4 ms one of 4096).
 
+``--clients N`` runs the searches through the process backend instead: ``--searches``
+in each of N client processes, served here (``serving_loop_cpu``, ``clients_cpu``):
+how many searches a client needs to cover its round trip (a client's searches answer
+together and ask again together, so it has one message in flight).
+
 Usage: python benchmarks/fake_device.py [--ms 2,10,30] [--trips 1,60] [--searches 1024]
-[--us-per-row 0] [--max-batch-size 4096] [--rounds 1]
+[--us-per-row 0] [--max-batch-size 4096] [--rounds 1] [--clients N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -73,32 +79,48 @@ class FakeDevice:
 
 
 async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
-                  max_batch_size: Any, us_per_row: float = 0.0) -> dict:
+                  max_batch_size: Any, us_per_row: float = 0.0,
+                  clients: int | None = None) -> dict:
+    """One run: ``searches`` searches around ``asr.serve`` in this process or, with
+    ``clients``, that many searches in each of ``clients`` client processes of the
+    process backend, served here."""
     device = FakeDevice(kind, ms, trips, us_per_row)
     if kind == "mcts":
-        starts = gpu.game_starts(searches)
-
-        def search(start, evaluate):
-            return gpu.mcts(budget, 8, start, evaluate)
+        starts = gpu.game_starts(searches * (clients or 1))
+        search = functools.partial(gpu.mcts, budget, 8)
     else:
-        starts = gpu.puzzle_starts(searches, 100)
-
-        def search(start, evaluate):
-            return gpu.astar(budget, 4, start, evaluate)
+        starts = gpu.puzzle_starts(searches * (clients or 1), 100)
+        search = functools.partial(gpu.astar, budget, 4)
     clock = gpu.CpuClock()
-    async with asr.serve(device, max_batch_size=max_batch_size,
-                         model_thread=True) as evaluate:
-        nodes = sum(await asyncio.gather(*(search(s, evaluate) for s in starts)))
-        sizes = [r.size for r in evaluate.trace]
-        auto = evaluate.stats.get("auto_batch_size")
-    wall = time.perf_counter() - clock.wall
+    auto = None
+    if clients is None:
+        async with asr.serve(device, max_batch_size=max_batch_size,
+                             model_thread=True) as evaluate:
+            nodes = sum(await asyncio.gather(*(search(s, evaluate) for s in starts)))
+            sizes = [r.size for r in evaluate.trace]
+            auto = evaluate.stats.get("auto_batch_size")
+        wall = time.perf_counter() - clock.wall
+    else:
+        out = await asr.run_searches_async(
+            search, starts, lambda: device, backend="process", num_procs=clients,
+            max_batch_size=max_batch_size, model_thread=True, use_uvloop=True)
+        nodes, trace = sum(out), out.stats["trace"]
+        sizes = [r.size for r in trace]
+        # From the first batch's start to the last's end: client start-up left out.
+        wall = trace[-1].finished_s - (trace[0].finished_s - trace[0].model_s)
     record = {"search": kind, "searches": searches, "ms_per_batch": ms,
               "us_per_row": us_per_row, "trips": trips, "max_batch_size": max_batch_size,
-              "nodes_per_s": round(nodes / wall), "wall_s": round(wall, 2),
+              "nodes": nodes, "nodes_per_s": round(nodes / wall),
+              "wall_s": round(wall, 2),
               "mean_batch": round(np.mean(sizes), 1),
               "device_busy_fraction": round(device.busy / wall, 3),
-              "batch_wall_ms": round(device.wall / max(device.batches, 1) * 1e3, 2),
-              "loop_cpu": clock.read()["loop_cpu"]}
+              "batch_wall_ms": round(device.wall / max(device.batches, 1) * 1e3, 2)}
+    if clients is None:
+        record["loop_cpu"] = clock.read()["loop_cpu"]
+    else:  # the serving loop here, and each client process's fraction of a core
+        cpu = clock.read(clients)
+        record.update(clients=clients, serving_loop_cpu=cpu["loop_cpu"],
+                      clients_cpu=cpu["clients_cpu"])
     if auto is not None:  # what max_batch_size="auto" chose, and the rates it measured
         record["auto_batch_size"] = auto
     return record
@@ -121,6 +143,9 @@ def main(argv: List[str] | None = None) -> dict:
     p.add_argument("--max-batch-size", default="4096",
                    help="comma-separated sizes, or auto, each run in turn")
     p.add_argument("--rounds", type=int, default=1, help="the whole grid, this many times")
+    p.add_argument("--clients", type=int, default=None,
+                   help="run through the process backend: this many client processes, "
+                        "each running --searches searches (default: one process)")
     args = p.parse_args(argv)
     try:
         ms, trips = numbers(args.ms, float), numbers(args.trips, int)
@@ -134,9 +159,10 @@ def main(argv: List[str] | None = None) -> dict:
             or min(searches) < 1 or not caps
             or any(c != "auto" and c < 1 for c in caps) or args.us_per_row < 0
             or args.rounds < 1 or min(args.mcts_simulations, args.astar_evaluations) < 1
+            or (args.clients is not None and args.clients < 1)
             or not set(kinds) <= {"mcts", "astar"}):
         p.error("--ms > 0, --us-per-row >= 0, --trips >= 1, --searches >= 1, "
-                "--max-batch-size >= 1 or auto, --rounds >= 1, budgets >= 1, "
+                "--max-batch-size >= 1 or auto, --rounds >= 1, budgets >= 1, --clients >= 1, "
                 "--searches-kinds of mcts,astar")
     runs = []
     with asyncio.Runner(loop_factory=loop_factory(True)) as runner:
@@ -146,7 +172,7 @@ def main(argv: List[str] | None = None) -> dict:
                           else args.astar_evaluations)
                 for n, t, m, cap in itertools.product(searches, trips, ms, caps):
                     runs.append(runner.run(one_run(kind, n, budget, m, t, cap,
-                                                   args.us_per_row)))
+                                                   args.us_per_row, args.clients)))
                     print(json.dumps(runs[-1]), file=sys.stderr)
     report = {"benchmark": "benchmarks/fake_device.py", "cpu_count": os.cpu_count(),
               "runs": runs}
