@@ -330,3 +330,22 @@ def test_a_clients_alone_process_that_fails_fails_the_run_instead_of_waiting():
         search_fn=lambda per: functools.partial(gpu.astar, 10, 2), budget=lambda per: 10)
     with pytest.raises(RuntimeError, match=r"0 of 2 processes reported .*exit 1"):
         asyncio.run(asyncio.wait_for(gpu.clients_alone(work, 2), timeout=120))
+
+
+def test_a_smoke_run_imports_neither_tensorflow_nor_ray(tmp_path):
+    # The GPU machines have neither: gpu.py must run on PyTorch and the NumPy core alone.
+    pytest.importorskip("torch")
+    import subprocess
+
+    code = (
+        "import sys; sys.path[:0] = [{bench!r}]; import gpu; "
+        "gpu.main(['--smoke', '--workloads', 'astar', '--sections', "
+        "'in_process,process_backend,clients_alone', '--concurrency', '4', '--clients', "
+        "'1', '--process-searches', '2', '--out', {out!r}]); "
+        "print('imported:', sorted({{m.split('.')[0] for m in sys.modules}} "
+        "& {{'tensorflow', 'ray', 'keras'}}))"
+    ).format(bench=os.path.join(ROOT, "benchmarks"), out=str(tmp_path / "g.json"))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "imported: []"
