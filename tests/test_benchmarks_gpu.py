@@ -260,6 +260,7 @@ def test_sample_stacks_records_where_the_loop_and_the_device_thread_were(tmp_pat
     out = tmp_path / "stacks.json"
     report = gpu.main(["--smoke", "--workloads", "mcts", "--sections", "in_process",
                        "--concurrency", "64", "--rounds", "1", "--sample-stacks",
+                       "--min-s", "0.02",
                        "--out", str(out)])
     record = report["runs"]["mcts_connect_four"]["in_process"]["64"]
     threads = record["stacks"]["threads"]
@@ -296,25 +297,6 @@ def test_scaling_is_read_against_the_searches_alone_at_each_count_of_clients():
     assert "scaling_efficiency_clients_alone" not in gpu.goals(report)["astar_15_puzzle"]
 
 
-def test_clients_alone_runs_each_clients_searches_in_processes_of_their_own(tmp_path):
-    pytest.importorskip("torch")
-    report = gpu.main(["--smoke", "--workloads", "mcts", "--sections", "clients_alone",
-                       "--clients", "1,2", "--process-searches", "4", "--rounds", "1",
-                       "--out", str(tmp_path / "alone.json")])
-    runs = report["runs"]["mcts_connect_four"]["clients_alone"]
-    assert set(runs) == {"1", "2"}
-    for k, record in runs.items():
-        assert record["clients"] == int(k) and record["searches"] == 4 * int(k)
-        # every search ran its whole budget, through batches of more than one row
-        assert record["nodes"] == record["searches"] * record["budget_per_search"]
-        assert record["nodes_per_s"] > 0 and record["mean_batch"] > 1
-        assert 0 < record["clients_cpu"] <= 1.5
-    assert set(report["goals"]["mcts_connect_four"]["scaling_efficiency_clients_alone"]) == {
-        "1", "2"}
-    table = summarize.report_table(report, "alone")
-    assert table["runs"]["mcts_connect_four"]["clients_alone"]["2"]["nodes_per_s"] > 0
-
-
 def test_a_clients_alone_process_that_fails_fails_the_run_instead_of_waiting():
     import asyncio
     import functools
@@ -332,20 +314,36 @@ def test_a_clients_alone_process_that_fails_fails_the_run_instead_of_waiting():
         asyncio.run(asyncio.wait_for(gpu.clients_alone(work, 2), timeout=120))
 
 
-def test_a_smoke_run_imports_neither_tensorflow_nor_ray(tmp_path):
-    # The GPU machines have neither: gpu.py must run on PyTorch and the NumPy core alone.
+def test_a_smoke_run_imports_neither_tensorflow_nor_ray_and_runs_clients_alone(tmp_path):
+    # The GPU machines have neither: gpu.py must run on PyTorch and the NumPy core alone,
+    # in this process and in the client processes that clients_alone spawns.
     pytest.importorskip("torch")
     import subprocess
 
+    out = tmp_path / "g.json"
     code = (
         "import sys; sys.path[:0] = [{bench!r}]; import gpu; "
-        "gpu.main(['--smoke', '--workloads', 'astar', '--sections', "
+        "gpu.main(['--smoke', '--workloads', 'mcts', '--sections', "
         "'in_process,process_backend,clients_alone', '--concurrency', '4', '--clients', "
-        "'1', '--process-searches', '2', '--out', {out!r}]); "
+        "'1,2', '--process-searches', '4', '--min-s', '0.02', '--out', {out!r}]); "
         "print('imported:', sorted({{m.split('.')[0] for m in sys.modules}} "
         "& {{'tensorflow', 'ray', 'keras'}}))"
-    ).format(bench=os.path.join(ROOT, "benchmarks"), out=str(tmp_path / "g.json"))
+    ).format(bench=os.path.join(ROOT, "benchmarks"), out=str(out))
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "imported: []"
+    report = json.loads(out.read_text())
+    runs = report["runs"]["mcts_connect_four"]["clients_alone"]
+    assert set(runs) == {"1", "2"}
+    for k, record in runs.items():
+        assert record["clients"] == int(k) and record["searches"] == 4 * int(k)
+        # every search ran its whole budget, through batches of more than one row
+        assert record["nodes"] == record["searches"] * record["budget_per_search"]
+        assert record["nodes_per_s"] > 0 and record["mean_batch"] > 1
+        assert 0 < record["clients_cpu"] <= 1.5
+    goals = report["goals"]["mcts_connect_four"]
+    assert set(goals["scaling_efficiency_clients_alone"]) == {"1", "2"}
+    assert set(goals["scaling_over_clients_alone"]) == {"1", "2"}
+    table = summarize.report_table(report, "alone")
+    assert table["runs"]["mcts_connect_four"]["clients_alone"]["2"]["nodes_per_s"] > 0
