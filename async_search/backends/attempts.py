@@ -112,6 +112,10 @@ class Worker(Protocol):
     name: str
     """The worker in messages (``"client process 3 (pid 4242)"``)."""
 
+    usage: dict | None
+    """Once it is done, what goes into its attempt's stats (a client process: its
+    ``cpu_s`` and ``searching_s``); None where it reports none."""
+
     def events(self) -> AsyncIterator[Union[Started, List[Outcome]]]:
         """``Started``, then lists of outcomes as searches end; ends when every start is
         reported. Raises WorkerLost when the worker died, WorkerBroke when it failed."""
@@ -141,7 +145,8 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
             (every server it could reach died): the start runs again like a lost one.
         record: called with a dict per attempt, for the run's stats: ``attempt``,
             ``starts``, ``worker``, ``node``, ``ended`` (``"finished"``, ``"died ..."``,
-            ``"failed: ..."``, ``"timed out: ..."``).
+            ``"failed: ..."``, ``"timed out: ..."``), and the worker's ``usage`` once
+            it finished.
     """
     outcomes: Dict[int, Tuple[bool, Any]] = {}
     lost: Dict[int, List[str]] = {i: [] for i in share}
@@ -242,6 +247,7 @@ async def _attempt(indices: List[int], attempt: int, launch: Launch, deadlines: 
                 else:
                     outcomes[index] = ok, value
         finished = True
+        entry.update(getattr(worker, "usage", None) or {})  # cpu_s, searching_s
         return again
     finally:
         await worker.stop(_stop_wait(deadlines) if finished else 0.0)

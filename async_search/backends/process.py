@@ -28,6 +28,7 @@ import itertools
 import multiprocessing
 import pickle
 import signal
+import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
@@ -138,6 +139,7 @@ class _ClientProcess:
         with starting_children():  # deaf to Ctrl-C, and never cut off half-way
             self._process.start()
         self.name = f"client process {number} (pid {self._process.pid})"
+        self.usage: dict | None = None  # its CPU and wall seconds, once it is done
         self._results = results.reader_only()
         self._serving = asyncio.ensure_future(
             connections.serve(server_end.close_unused_ends()))
@@ -157,7 +159,8 @@ class _ClientProcess:
             elif kind == _OUTCOMES:
                 yield [arrived(self._indices[k], is_result, value, self.name)
                        for k, is_result, value in payload]
-            else:  # _DONE
+            else:  # _DONE, with the client's usage
+                self.usage = payload if isinstance(payload, dict) else None
                 return
 
     async def stop(self, wait_s: float) -> None:
@@ -178,7 +181,8 @@ class _ClientProcess:
 
 
 #: What a client process reports, each ``(kind, payload)``: its searches started; the
-#: outcomes of those that ended in one loop iteration; it is done.
+#: outcomes of those that ended in one loop iteration; it is done (with ``cpu_s`` and
+#: ``searching_s``: its CPU and wall seconds from its searches' start to their end).
 _STARTED, _OUTCOMES, _DONE = "started", "outcomes", "done"
 
 
@@ -202,12 +206,15 @@ async def _client(connection: Connection, results: SocketQueue, search_fn,
                   starts: List[Any], spec: TensorSpec | None,
                   search_s: float | None) -> None:
     client = CoalescingClient(connection, spec, where="the serving process")
+    cpu, began = time.process_time(), time.perf_counter()
     results.put((_STARTED, None))
     # Each outcome travels on its own, checked to load: one that cannot fails its own
     # start, with the reason, and never the others; each leaves as its search ends.
     await ClientSearches(search_fn, starts, client, search_s, _packed,
                          lambda ready: results.put((_OUTCOMES, ready))).run()
-    results.put((_DONE, None))
+    # Whether this client's CPU or its round trips were the limit (the run's stats).
+    results.put((_DONE, {"cpu_s": round(time.process_time() - cpu, 4),
+                         "searching_s": round(time.perf_counter() - began, 4)}))
     connection.close()
     await client.aclose()  # it hears of no more swaps
     # The puts leave at the end of this loop iteration: the loop must run until every

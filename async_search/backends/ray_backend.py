@@ -626,6 +626,7 @@ class _ClientTask:
                                    [s.address for s in servers], key, spec,
                                    config.use_uvloop, config.search_timeout)
         self._done = False
+        self.usage: dict | None = None  # the process backend's clients report theirs
 
     async def events(self):
         ray = self._ray

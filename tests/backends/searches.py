@@ -206,3 +206,19 @@ async def versions_seen(start, evaluate, requests=40):
             seen.append(version)
         await asyncio.sleep(0.05)
     return seen
+
+
+async def spin_or_wait(start, evaluate):
+    """``("spin", s)`` computes for ``s`` seconds of CPU; ``("wait", s)`` sleeps them
+    (a client waiting on its round trips); either returns ``s`` after one request."""
+    import time
+
+    how, seconds = start
+    await evaluate(np.zeros((1, 3), np.float32))
+    if how == "spin":
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+    else:
+        await asyncio.sleep(seconds)
+    return seconds
