@@ -22,7 +22,8 @@ what ``max_batch_size="auto"`` chose and measured); ``--ms 0.7 --us-per-row 0.65
 about the H200's cost-to-go net (0.75 ms a batch of one, 3.4 ms one of 4096).
 
 ``--clients N`` runs the searches through the process backend instead: ``--searches``
-in each of N client processes, served here (``serving_loop_cpu``, ``clients_cpu``):
+in each of N client processes, served here (``serving_loop_cpu``, ``clients_cpu``,
+``clients_busy``):
 how many searches a client needs to cover its round trip (a client's searches answer
 together and ask again together, so it has one message in flight).
 
@@ -120,7 +121,8 @@ async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
     else:  # the serving loop here, and each client process's fraction of a core
         cpu = clock.read(clients)
         record.update(clients=clients, serving_loop_cpu=cpu["loop_cpu"],
-                      clients_cpu=cpu["clients_cpu"])
+                      clients_cpu=cpu["clients_cpu"],
+                      clients_busy=gpu.clients_busy(out.stats))
     if auto is not None:  # what max_batch_size="auto" chose, and the rates it measured
         record["auto_batch_size"] = auto
     return record

@@ -62,7 +62,9 @@ Where the CPU went, over the run's wall time: ``loop_cpu`` (the fraction of a co
 event loop's thread used: the searches in one process, the serving loop of the process
 backend; near 1 it is the limit), ``process_cpu`` (this process's cores: the loop, the
 device threads and the rest) and, for the process backend, ``clients_cpu`` (each client
-process's fraction of a core). ``device`` gives the CPU's physical cores and threads per
+process's fraction of a core over the whole run, start-up included) and ``clients_busy``
+(their CPU over their wall time while their searches ran, from ``stats["clients"]``:
+near 1 they compute, well below they wait on their round trips). ``device`` gives the CPU's physical cores and threads per
 core (``cpu_topology``): client processes beyond the physical cores share them. Every
 loop runs on uvloop when it is installed (``--loop asyncio`` for asyncio's). With
 ``--sample-stacks`` each run in one process and each process-backend run also records
@@ -700,7 +702,16 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
                          {"clients": clients, "servers": servers,
                           "searches": searches,
                           "budget_per_search": work.budget(work.args.process_searches)}),
-            **cpu}
+            **cpu, "clients_busy": clients_busy(out.stats)}
+
+
+def clients_busy(stats: dict) -> float | None:
+    """The client processes' CPU seconds over their wall seconds while their searches
+    ran, averaged (``run_searches``' ``stats["clients"]``): near 1, the clients' CPU is
+    the limit; well below, they wait on their round trips."""
+    busy = [a["cpu_s"] / a["searching_s"] for a in stats.get("clients", [])
+            if a.get("searching_s")]
+    return round(sum(busy) / len(busy), 3) if busy else None
 
 
 # -- the machine's own scaling: the same client processes, no shared server ---------------------

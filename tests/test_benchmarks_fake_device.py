@@ -37,6 +37,7 @@ def test_a_run_counts_every_searchs_nodes_in_one_process_or_through_clients(clie
             assert "loop_cpu" in record and "clients" not in record
         else:
             assert record["clients"] == 2 and record["clients_cpu"] > 0
+            assert 0 < record["clients_busy"] <= 1.1
             assert "serving_loop_cpu" in record
 
 

@@ -342,8 +342,19 @@ def test_a_smoke_run_imports_neither_tensorflow_nor_ray_and_runs_clients_alone(t
         assert record["nodes"] == record["searches"] * record["budget_per_search"]
         assert record["nodes_per_s"] > 0 and record["mean_batch"] > 1
         assert 0 < record["clients_cpu"] <= 1.5
+    for record in report["runs"]["mcts_connect_four"]["process_backend"].values():
+        assert 0 < record["clients_busy"] <= 1.1  # from run_searches' client stats
     goals = report["goals"]["mcts_connect_four"]
     assert set(goals["scaling_efficiency_clients_alone"]) == {"1", "2"}
     assert set(goals["scaling_over_clients_alone"]) == {"1", "2"}
     table = summarize.report_table(report, "alone")
     assert table["runs"]["mcts_connect_four"]["clients_alone"]["2"]["nodes_per_s"] > 0
+
+
+def test_clients_busy_averages_each_finished_clients_cpu_over_its_wall_time():
+    stats = {"clients": [{"cpu_s": 0.9, "searching_s": 1.0},
+                         {"cpu_s": 0.1, "searching_s": 0.5},
+                         {"ended": "died with exit code -9"}]}  # no usage: left out
+    assert gpu.clients_busy(stats) == 0.55
+    assert gpu.clients_busy({"clients": []}) is None
+    assert gpu.clients_busy({}) is None

@@ -51,7 +51,8 @@ def run_figures(records: List[dict], source: str) -> dict:
             "vs_ceiling": best.get("vs_ceiling"), "source": source,
             # where the CPU went (reports since the loops' CPU was measured), and the
             # serving process's sampled stacks (gpu.py --sample-stacks)
-            **{k: best[k] for k in ("loop_cpu", "process_cpu", "clients_cpu", "stacks")
+            **{k: best[k] for k in ("loop_cpu", "process_cpu", "clients_cpu", "clients_busy",
+                                     "stacks")
                if k in best}}
 
 
