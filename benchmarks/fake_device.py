@@ -107,8 +107,7 @@ async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
             max_batch_size=max_batch_size, model_thread=True, use_uvloop=True)
         nodes, trace = sum(out), out.stats["trace"]
         sizes = [r.size for r in trace]
-        # From the first batch's start to the last's end: client start-up left out.
-        wall = trace[-1].finished_s - (trace[0].finished_s - trace[0].model_s)
+        wall = gpu.served_seconds(trace)
     record = {"search": kind, "searches": searches, "ms_per_batch": ms,
               "us_per_row": us_per_row, "trips": trips, "max_batch_size": max_batch_size,
               "nodes": nodes, "nodes_per_s": round(nodes / wall),

@@ -696,13 +696,18 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
     if sampler.enabled:  # the serving process: its loop and device threads
         cpu["stacks"] = sampler.report()
     trace = out.stats["trace"]
-    # From the first batch's start to the last's end: client start-up left out.
-    active_s = trace[-1].finished_s - (trace[0].finished_s - trace[0].model_s)
+    active_s = served_seconds(trace)
     return {**run_record(served, sum(out), [r.size for r in trace], active_s, wall_s,
                          {"clients": clients, "servers": servers,
                           "searches": searches,
                           "budget_per_search": work.budget(work.args.process_searches)}),
             **cpu, "clients_busy": clients_busy(out.stats)}
+
+
+def served_seconds(trace: Sequence[Any]) -> float:
+    """From a run's first batch's start to its last batch's end (``BatchRecord``s in
+    time order): the time the server served, the client processes' start-up left out."""
+    return trace[-1].finished_s - (trace[0].finished_s - trace[0].model_s)
 
 
 def clients_busy(stats: dict) -> float | None:
