@@ -1381,6 +1381,18 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
         p.error("--loop uvloop: uvloop is not installed here")
     if args.rounds < 1:
         p.error(f"--rounds takes an integer >= 1, not {args.rounds}")
+    # Sizes, budgets and counts: each at least 1 (0 searches a client divides by zero).
+    for name in ("channels", "blocks", "value_hidden", "first_width", "width",
+                 "dense_blocks", "max_batch_size", "auto_searches", "max_clients",
+                 "process_searches", "astar_evaluations", "astar_min_budget",
+                 "astar_max_budget", "buffer_size", "mcts_simulations",
+                 "mcts_max_simulations", "num_parallel", "mctx_batch", "mctx_simulations",
+                 "torch_threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} takes an integer >= 1, not {value}")
+    if args.scramble < 0:
+        p.error(f"--scramble takes an integer >= 0, not {args.scramble}")
 
     args.concurrency = numbers(args.concurrency, (1, 64, 256) if args.smoke else
                                (1, 64, 256, 1024, 4096))

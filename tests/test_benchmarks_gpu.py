@@ -33,6 +33,9 @@ def test_workloads_and_sections_outside_their_lists_are_refused(flag, value, cap
 @pytest.mark.parametrize("flag, value", [
     ("--concurrency", "64,many"), ("--clients", "0,2"), ("--fixed-batch-sizes", "-4"),
     ("--rounds", "0"), ("--servers", "0"), ("--servers", "1,two"),
+    ("--process-searches", "0"), ("--process-searches", "-3"), ("--max-clients", "0"),
+    ("--mcts-simulations", "0"), ("--astar-evaluations", "-1"), ("--buffer-size", "0"),
+    ("--max-batch-size", "0"), ("--torch-threads", "0"), ("--scramble", "-1"),
 ])
 def test_counts_that_are_not_positive_integers_are_refused(flag, value, capsys):
     with pytest.raises(SystemExit) as stop:
