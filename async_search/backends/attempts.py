@@ -113,8 +113,8 @@ class Worker(Protocol):
     """The worker in messages (``"client process 3 (pid 4242)"``)."""
 
     usage: dict | None
-    """Once it is done, what goes into its attempt's stats (a client process: its
-    ``cpu_s`` and ``searching_s``); None where it reports none."""
+    """Once it is done, what goes into its attempt's stats (a client process or Ray
+    task: its ``cpu_s`` and ``searching_s``); None where it reports none."""
 
     def events(self) -> AsyncIterator[Union[Started, List[Outcome]]]:
         """``Started``, then lists of outcomes as searches end; ends when every start is

@@ -626,7 +626,7 @@ class _ClientTask:
                                    [s.address for s in servers], key, spec,
                                    config.use_uvloop, config.search_timeout)
         self._done = False
-        self.usage: dict | None = None  # the process backend's clients report theirs
+        self.usage: dict | None = None  # cpu_s and searching_s, once it is done
 
     async def events(self):
         ray = self._ray
@@ -645,7 +645,7 @@ class _ClientTask:
                     yield [arrived(self._indices[k], is_result, value, self.name, loads)
                            for k, is_result, value in payload[0]]
                 else:  # _DONE
-                    routing, ways = payload
+                    routing, ways, self.usage = payload
                     self._routers.append(routing)
                     self._transports.append(ways)
                     self._done = True
@@ -690,7 +690,7 @@ class _ClientTask:
 
 #: What a client task yields, each a tuple starting with its kind: ``(_STARTED, node id,
 #: node ip, pid, start time)``; ``(_OUTCOMES, [(k, is_result, payload), ...])`` for the
-#: searches that ended meanwhile; ``(_DONE, router stats, transports)``.
+#: searches that ended meanwhile; ``(_DONE, router stats, transports, usage)``.
 _STARTED, _OUTCOMES, _DONE = "started", "outcomes", "done"
 
 
@@ -815,8 +815,9 @@ class _Client:
             if transport == "socket":
                 self._watchers.append(asyncio.ensure_future(_watch(server, connection)))
 
-    async def run(self) -> Tuple[dict | None, List[str]]:
-        """Runs the searches; ``(router stats, transports)`` once every outcome is out."""
+    async def run(self) -> Tuple[dict | None, List[str], dict]:
+        """Runs the searches; ``(router stats, transports, usage)`` once every outcome
+        is out (usage: this worker process's CPU and wall seconds while they ran)."""
         connections, transports = self._connections, self._transports
         try:
             clients = {f"server-{i}": CoalescingClient(c, self._spec,
@@ -830,11 +831,15 @@ class _Client:
                       else None)
             evaluate = router if router is not None else clients["server-0"]
             dumps, loads = _pickler()
+            cpu, began = time.process_time(), time.perf_counter()
             # Each outcome is pickled on its own and checked to load: one that cannot
             # travel fails its own start (with the reason), not the whole task.
             await ClientSearches(self._search_fn, self._starts, evaluate, self._search_s,
                                  lambda outcome: _packed(outcome, dumps, loads),
                                  self.on_outcomes).run()
+            # Whether this client's CPU or its round trips were the limit (run stats).
+            usage = {"cpu_s": round(time.process_time() - cpu, 4),
+                     "searching_s": round(time.perf_counter() - began, 4)}
             for connection in connections:  # this client sends nothing more
                 with contextlib.suppress(Exception):  # (the server may be gone)
                     connection.close()
@@ -847,7 +852,7 @@ class _Client:
                 if transport == "socket":  # the server has our last message: let go
                     connection.inbound.close()
                     connection.outbound.close()
-        return None if router is None else router.stats, transports
+        return None if router is None else router.stats, transports, usage
 
 
 def _packed(outcome: Any, dumps, loads) -> Tuple[bool, bytes]:

@@ -19,10 +19,10 @@ class SearchResults(list):
     fraction_in_model: model time over wall time per server), ``servers`` (each
     server's own stats) and ``trace`` (a BatchRecord per batch, ordered by time). The
     process and Ray backends add ``clients``: a dict per attempt (``attempt``, its
-    ``starts``, ``worker``, ``node`` on Ray, how it ``ended``; on the process backend,
-    once it finished, ``cpu_s`` and ``searching_s``: the client process's CPU (every
-    thread's) and wall seconds while its searches ran, near equal when its CPU is the
-    limit, far apart when it waits on its round trips). The Ray backend adds
+    ``starts``, ``worker``, ``node`` on Ray, how it ``ended``; once it finished,
+    ``cpu_s`` and ``searching_s``: the client process's CPU (every thread's, Ray's own
+    too in a Ray worker) and wall seconds while its searches ran, near equal when its
+    CPU is the limit, far apart when it waits on its round trips). The Ray backend adds
     ``startup_s`` (starting the server actors and building their models, left out of
     wall_time_s), ``servers_died``, ``servers_replaced``, ``server_nodes`` and
     ``server_gpus`` (per server started), ``routers`` and ``transports`` (per client
