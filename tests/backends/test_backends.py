@@ -36,6 +36,23 @@ def test_results_keep_the_order_of_the_starts_however_they_are_split(backend):
         assert out.stats["elements"] == sum(starts)
 
 
+def test_each_finished_client_reports_its_cpu_and_wall_seconds_while_searching(backend):
+    # A client that computes uses its CPU all the time (in a Ray worker, Ray's own
+    # threads add a little); one that waits on its round trips uses little of it.
+    out = backend.run(searches.spin_or_wait, [("spin", 0.4), ("wait", 0.4)],
+                      searches.small_mlp)
+    assert out == [0.4, 0.4]
+    if backend.name == "local":  # one process: no clients to tell apart
+        assert "clients" not in out.stats
+        return
+    spin, wait = sorted(out.stats["clients"], key=lambda a: a["starts"])
+    assert spin["ended"] == wait["ended"] == "finished"
+    for attempt in (spin, wait):
+        assert attempt["searching_s"] >= 0.4 and attempt["cpu_s"] >= 0.0
+    assert spin["cpu_s"] >= 0.35  # its 0.4 s of computing
+    assert wait["cpu_s"] < 0.25 < wait["searching_s"]
+
+
 def test_several_servers_share_the_stream(backend):
     starts = [6] * 12 + list(range(12))
     out = backend.run(searches.echo_sum, starts, searches.small_mlp, num_servers=2,
