@@ -50,14 +50,17 @@ def bucket_sizes(max_batch_size: int = 1024,
     dropped) when given, else the powers of two up to ``max_batch_size``.
 
     Raises:
-        ValueError: a size that is not an integer >= 1, or no size at all.
+        ValueError: a size that is not an integer >= 1, or no size at all (a number or
+            a string where a sequence was meant).
 
     Example:
         >>> bucket_sizes(batch_sizes=(64, 8, 8))
         (8, 64)
     """
     if batch_sizes is not None:
-        sizes = () if isinstance(batch_sizes, (str, bytes)) else tuple(batch_sizes)
+        iterable = (hasattr(batch_sizes, "__iter__")
+                    and not isinstance(batch_sizes, (str, bytes, dict)))
+        sizes = tuple(batch_sizes) if iterable else ()
         if not sizes:
             raise ValueError(f"batch_sizes must be a sequence of at least one integer "
                              f">= 1 (or None for the powers of two), got {batch_sizes!r}")
