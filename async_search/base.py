@@ -116,8 +116,8 @@ def on_device(model: Any, device: Any) -> Any:
         raise TypeError(
             f"the model {type(model).__name__} has no on_device(device) method, so it "
             f"cannot be copied to other devices: wrap the net in a framework adapter "
-            f"(async_search.models.TorchModel, JaxModel, TensorFlowModel), or pass a "
-            f"model factory per device")
+            f"(async_search.models.TorchModel, JaxModel, TensorFlowModel), or give the "
+            f"model an on_device(device) method that returns its copy on that device")
     return place(device)
 
 
