@@ -121,6 +121,23 @@ def on_device(model: Any, device: Any) -> Any:
     return place(device)
 
 
+def replaces_model(model: Any, model_or_weights: Any) -> bool:
+    """Whether ``update_model(model_or_weights, ...)`` replaces ``model`` (the one
+    served now) rather than passing weights to its ``with_weights``: a callable does,
+    unless ``model.takes_as_weights(model_or_weights)`` says it is weights for it (a
+    framework adapter takes its framework's net, a ``torch.nn.Module`` or a Keras
+    model, which is callable but not a model of NumPy batches).
+
+    Example:
+        >>> replaces_model(lambda x: x, lambda x: 2 * x), replaces_model(None, [1.0])
+        (True, False)
+    """
+    if not callable(model_or_weights):
+        return False
+    takes = getattr(model, "takes_as_weights", None)
+    return takes is None or not takes(model_or_weights)
+
+
 def batch_tolerance_of(model: Any) -> float:
     """How much a row's outputs may depend on its batch-mates (``DeviceModel``): the
     model's ``batch_tolerance``, or 0.0 (exact) when it declares none."""

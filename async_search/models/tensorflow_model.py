@@ -94,6 +94,12 @@ class TensorFlowModel(OwnWeightsModel):
         """
         return self._with_staged(weights)
 
+    def takes_as_weights(self, weights: Any) -> bool:
+        """Whether ``update_model(weights, ...)`` passes ``weights`` to ``with_weights``
+        though it is callable: a Keras model, when this adapter wraps one
+        (``base.replaces_model``)."""
+        return self._runner._keras and _is_keras(weights)
+
     def on_device(self, device: str) -> "TensorFlowModel":
         """A copy on ``device``: a Keras model is cloned there with this model's
         weights; a plain function is wrapped again, its ops placed on ``device`` (the

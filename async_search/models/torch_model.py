@@ -182,6 +182,11 @@ class TorchModel(OwnWeightsModel):
         """
         return self._with_staged(weights)
 
+    def takes_as_weights(self, weights: Any) -> bool:
+        """Whether ``update_model(weights, ...)`` passes ``weights`` to ``with_weights``
+        though it is callable: a ``torch.nn.Module`` (``base.replaces_model``)."""
+        return isinstance(weights, self._runner.torch.nn.Module)
+
     def on_device(self, device: Any) -> "TorchModel":
         """An independent copy (a deep copy of the module, with this model's weights)
         on ``device``, with the same options.

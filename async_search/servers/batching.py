@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 import numpy as np
 
 from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of,
-                               on_device, output_spec_of)
+                               on_device, output_spec_of, replaces_model)
 from async_search.batchers import Batcher, FairBatcher, Popped
 from async_search.checks import check_callable, check_float, check_int
 from async_search.deadlines import check_timeout, expire_after
@@ -468,7 +468,9 @@ class BatchingServer:
         """Swaps the model between batches, without stopping the searches.
 
         A callable becomes the model; anything else is passed to the current model's
-        ``with_weights(weights)``, which returns the new model. Batches that a worker has
+        ``with_weights(weights)``, which returns the new model (so is a framework's net
+        that the current adapter takes as weights: a ``torch.nn.Module`` for a
+        ``TorchModel``, a Keras model for a ``TensorFlowModel``). Batches that a worker has
         started finish on the old model; every later batch runs on the new one and its
         results carry ``version`` (see ``with_version``). The new model must return
         outputs of the structure the server expects (see Faults above).
@@ -480,7 +482,8 @@ class BatchingServer:
         """
         self._require_running()
         served_input = self._check.spec
-        given_input = input_spec_of(model_or_weights) if callable(model_or_weights) else None
+        new_model = replaces_model(self.model, model_or_weights)
+        given_input = input_spec_of(model_or_weights) if new_model else None
         if isinstance(given_input, TensorSpec) and served_input is not None \
                 and given_input != served_input:
             # Requests are checked against the served spec: every one would fail inside
@@ -488,7 +491,7 @@ class BatchingServer:
             raise ValueError(f"update_model: the new model takes {given_input.describe()}, "
                              f"the server's requests are {served_input.describe()}; serve "
                              f"it in a server of its own")
-        spec = output_spec_of(model_or_weights) if callable(model_or_weights) else None
+        spec = output_spec_of(model_or_weights) if new_model else None
         expected = self._responses.structure
         if spec is not None and expected is not None:
             try:

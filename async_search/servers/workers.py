@@ -6,7 +6,7 @@ import asyncio
 import queue
 from typing import Any, Callable, Hashable, List
 
-from async_search.base import on_device
+from async_search.base import on_device, replaces_model
 from async_search.servers.device import STOP, DeviceThread, Done, InlineDevice
 
 
@@ -150,8 +150,9 @@ class Workers:
     def set_model(self, model_or_weights: Any, version: Hashable) -> None:
         """Swaps every worker's model between batches.
 
-        A callable replaces the model; anything else is passed to the current model's
-        ``with_weights``, which returns the new model.
+        A callable replaces the model (``base.replaces_model``); anything else, and a
+        framework's net that the current adapter takes as weights, is passed to the
+        current model's ``with_weights``, which returns the new model.
         """
         workers = self._threads if self._threaded else [self._inline]
         # Every new model is made before any worker swaps: if one fails (a model that
@@ -163,7 +164,7 @@ class Workers:
                 made[id(old)] = _with_weights(old, model_or_weights)
             return made[id(old)]
 
-        if callable(model_or_weights):  # a new model: its copy on each worker's device
+        if replaces_model(self._model, model_or_weights):  # its copy on each device
             devices = [getattr(w, "device", None) for w in workers]
             new_models = [model_or_weights if device is None
                           else on_device(model_or_weights, device) for device in devices]

@@ -61,6 +61,9 @@ class Framework:
     #: odd(kind, **adapter options) -> an adapter whose net returns an output of that
     #: kind (``ODD_OUTPUTS``) instead of its rows; None where no adapter runs the net.
     odd: Callable[..., Any] | None = None
+    #: net(weights) -> the framework's own net object (a torch.nn.Module, a Keras
+    #: model), callable, which update_model takes as weights; None where there is none.
+    net: Callable[[Weights], Any] | None = None
 
 
 #: Outputs that do not match the batch a net was given: what each odd net returns,
@@ -149,7 +152,7 @@ def _torch_odd(kind: str, **options: Any) -> Any:
 
 
 TORCH = Framework("torch", _torch_make, _torch_state, _torch_direct,
-                  missing_device="cuda:7", odd=_torch_odd)
+                  missing_device="cuda:7", odd=_torch_odd, net=_torch_net)
 
 
 # -- JAX ----------------------------------------------------------------------------------
@@ -237,7 +240,7 @@ def _tf_odd(kind: str, **options: Any) -> Any:
 
 
 TENSORFLOW = Framework("tensorflow", _tf_make, list, _tf_direct, missing_device="/GPU:7",
-                       odd=_tf_odd)
+                       odd=_tf_odd, net=_keras_net)
 
 #: The module each framework needs (None: NumPy alone), and the extra that installs it.
 MODULES = {"numpy": None, "torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}

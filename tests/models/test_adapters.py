@@ -187,6 +187,21 @@ async def test_no_request_made_after_update_model_sees_the_old_weights(framework
         assert evaluate.version == 1
 
 
+async def test_update_model_takes_the_frameworks_own_net_as_weights(framework):
+    # A torch.nn.Module or a Keras model is callable, but not a model of NumPy batches:
+    # the adapter copies its weights in, instead of being replaced by it.
+    if framework.net is None:
+        pytest.skip(f"{framework.name} has no net object apart from its weights")
+    model = framework.make(weights(0), max_batch_size=MAX)
+    x = inputs(5)
+    async with asr.serve(model, max_batch_size=MAX) as evaluate:
+        evaluate.update_model(framework.net(weights(1)), 1)
+        assert type(evaluate.model) is type(model)
+        y, version = await within(evaluate.with_version(x), "an answer")
+    assert version == 1
+    assert_close(y, framework.direct(weights(1), x), tolerance(model))
+
+
 async def test_immediate_and_serve_agree_within_the_tolerance(framework):
     model = framework.make(weights(0), max_batch_size=MAX)
     requests = [inputs(1 + s % 5, seed=s) for s in range(40)]
