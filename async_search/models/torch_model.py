@@ -298,6 +298,10 @@ class _Runner:
         state = self.module.state_dict()
         self.names = list(state)
         self.slots = list(state.values())  # the tensors with_weights copies into
+        # Where they live: an output that is (a view of) one of them is copied out, or
+        # the next update would rewrite results already handed out.
+        self.weight_storages = frozenset(
+            t.untyped_storage().data_ptr() for t in self.slots) - {0}
         self.weights = SharedWeights(self._read, self._write)
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         if self.cuda:
@@ -409,9 +413,10 @@ class _Runner:
                 with self._autocast():
                     out = self.forward(x)
             if isinstance(out, self.torch.Tensor):  # the common case, without a closure
-                return _host_rows(self.torch, out, n, size, source)
+                return _host_rows(self.torch, out, n, size, source, self.weight_storages)
             return net_outputs(out, self.is_tensor,
-                               lambda t: _host_rows(self.torch, t, n, size, source))
+                               lambda t: _host_rows(self.torch, t, n, size, source,
+                                                    self.weight_storages))
 
     def _run_cuda(self, n: int, size: int) -> Outputs:
         torch = self.torch
@@ -500,10 +505,12 @@ def _triton_would_follow_tensorflow() -> bool:
 _FLOAT16 = np.dtype(np.float16)
 
 
-def _host_rows(torch: Any, tensor: Any, n: int, size: int,
-               source: np.ndarray) -> np.ndarray:
+def _host_rows(torch: Any, tensor: Any, n: int, size: int, source: np.ndarray,
+               weight_storages: frozenset) -> np.ndarray:
     """The first ``n`` rows of a CPU output of a batch padded to ``size`` rows, as the
-    caller's own array; reduced floats come back as float32.
+    caller's own array (copied when it shares memory with the batch ``source`` or with
+    the net's weights, whose storages are ``weight_storages``); reduced floats come
+    back as float32.
 
     Raises:
         ModelOutputError: the output has no batch dimension or not ``size`` rows.
@@ -520,8 +527,12 @@ def _host_rows(torch: Any, tensor: Any, n: int, size: int,
         # row per row of the padded batch, or an error.
         out = padded_rows(out, n, size)
     # A net may return (a view of) its input, which is a reused buffer or the batch
-    # that the server reuses: then the rows are copied out.
-    return out.copy() if np.may_share_memory(out, source) else out
+    # that the server reuses, or of a weight, which an update rewrites in place: then
+    # the rows are copied out.
+    if (np.may_share_memory(out, source)
+            or tensor.untyped_storage().data_ptr() in weight_storages):
+        return out.copy()
+    return out
 
 
 def _same(tensor: Any) -> Any:

@@ -76,6 +76,40 @@ def test_outputs_are_the_callers_own_even_when_the_net_returns_its_input():
     np.testing.assert_array_equal(y, rows(8))
 
 
+class Prior(torch.nn.Module):
+    """Returns (views of) its weights: a learned row, the same for every input row."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.prior = torch.nn.Parameter(torch.tensor([[1.0, 2.0]]))
+        self.register_buffer("scale", torch.tensor([3.0]))
+
+    def forward(self, x):
+        if self.how == "expand":
+            return self.prior.expand(len(x), -1)
+        return {"prior": self.prior.expand(len(x), -1)[:, 1:],
+                "scale": self.scale.expand(len(x))}
+
+
+@pytest.mark.parametrize("how", ["expand", "slice_and_buffer"])
+@pytest.mark.parametrize("n", [1, 3, 4])  # bucket 4: padded, and filling it
+def test_outputs_that_are_views_of_the_weights_do_not_change_with_an_update(how, n):
+    model = TorchModel(Prior(how), input_spec=SPEC, max_batch_size=4, device="cpu")
+    x = rows(n)
+    y = model(x)
+    before = {k: v.copy() for k, v in y.items()} if isinstance(y, dict) else y.copy()
+    updated = model.with_weights({"prior": torch.tensor([[10.0, 20.0]]),
+                                  "scale": torch.tensor([30.0])})
+    if how == "expand":
+        np.testing.assert_array_equal(updated(x), np.tile([[10.0, 20.0]], (n, 1)))
+        np.testing.assert_array_equal(y, before)
+    else:
+        updated(x)
+        for k in before:
+            np.testing.assert_array_equal(y[k], before[k])
+
+
 def test_a_batch_that_fills_a_bucket_runs_alike_whatever_its_layout_and_weights():
     # Such a batch skips the padded path when it is contiguous and writable; read-only
     # and strided ones take the padded path; both must compute on this model's weights.
