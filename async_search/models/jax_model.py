@@ -93,6 +93,10 @@ class JaxModel(BucketedModel):
         self._params = jax.device_put(
             jax.tree.map(lambda a: np.array(a) if isinstance(a, np.ndarray) else a, params),
             self.device)
+        # Which parameters are weakly typed (Python numbers): placed again as Python
+        # numbers, or jit would compile anew and outputs' dtypes could change.
+        self._weak = jax.tree.map(lambda a: bool(getattr(a, "weak_type", False)),
+                                  self._params)
         self._staged = None  # with_weights: host values, placed at the first batch
 
     @property
@@ -131,7 +135,9 @@ class JaxModel(BucketedModel):
         shared = self._shared
         with shared.lock:
             if self._staged is not None:  # in the device thread, at this model's start
-                self._params = shared.jax.device_put(self._staged, self.device)
+                jax = shared.jax
+                values = jax.tree.map(_weak_as_number, self._staged, self._weak)
+                self._params = jax.device_put(values, self.device)
                 self._staged = None
             return shared.run(self._params, batch)
 
@@ -141,8 +147,9 @@ class JaxModel(BucketedModel):
         the new model's first batch; nothing compiles again.
 
         Raises:
-            ValueError: a tree structure, a shape or a dtype kind that differs from
-                the parameters'.
+            ValueError: a tree structure or a shape that differs from the parameters',
+                or a dtype that does not cast to theirs within its kind (floats into
+                an integer parameter would be truncated).
         """
         jax = self._shared.jax
         old = self.params
@@ -155,6 +162,11 @@ class JaxModel(BucketedModel):
             if np.shape(new) != np.shape(ref):
                 raise ValueError(f"JaxModel.with_weights: a parameter of shape "
                                  f"{np.shape(new)} where the model has {np.shape(ref)}")
+            given = np.asarray(new).dtype
+            if not np.can_cast(given, ref.dtype, casting="same_kind"):
+                raise ValueError(f"JaxModel.with_weights: a parameter of dtype {given} "
+                                 f"where the model has {ref.dtype} (the cast would "
+                                 f"change its values)")
             # A host copy in the model's dtype: the caller may change its arrays later.
             return np.array(new, dtype=ref.dtype, copy=True)
 
@@ -170,13 +182,20 @@ class JaxModel(BucketedModel):
         Raises:
             DeviceNotFoundError: ``device`` does not exist on this machine.
         """
-        return JaxModel(self.apply_fn, self.params, self.input_spec, device=device,
+        params = self._shared.jax.tree.map(_weak_as_number, self.params, self._weak)
+        return JaxModel(self.apply_fn, params, self.input_spec, device=device,
                         batch_sizes=self.batch_sizes, batch_tolerance=self._given_tolerance)
 
     def __repr__(self) -> str:
         return (f"JaxModel({getattr(self.apply_fn, '__name__', 'apply_fn')}, "
                 f"{self.input_spec.describe()}, device={self.device}, "
                 f"batch_sizes={self.batch_sizes})")
+
+
+def _weak_as_number(value: np.ndarray, weak: bool) -> Any:
+    """A staged parameter as ``device_put`` should take it: a weakly typed scalar as the
+    Python number it was made from, anything else as it is."""
+    return value.item() if weak and value.ndim == 0 else value
 
 
 def jax_device(device: Any = None) -> Any:

@@ -122,6 +122,27 @@ def test_params_are_checked_and_copied_when_staged():
         model.with_weights({"w": params()["w"]})
     with pytest.raises(ValueError, match=r"shape \(6, 4\) where the model has \(6, 3\)"):
         model.with_weights({**params(), "w": np.zeros((6, 4), np.float32)})
+    counted = JaxModel(lambda p, x: x * p["k"], {"k": np.array(2, np.int32)},
+                       input_spec=SPEC)
+    with pytest.raises(ValueError, match="dtype float64 where the model has int32"):
+        counted.with_weights({"k": np.array(2.7)})  # not truncated to 2
+    assert counted.with_weights({"k": 3}).params["k"] == 3  # an int is an int
+
+
+def test_a_weakly_typed_parameter_stays_weak_across_updates_and_copies():
+    # A Python number in the params is weakly typed: float16 rows times it stay
+    # float16. Placed again as a float32 array, jit would compile anew and promote.
+    model = JaxModel(lambda p, x: x * p["s"], {"s": 2.0},
+                     input_spec=TensorSpec((6,), np.float16), max_batch_size=4)
+    x = rows(4).astype(np.float16)
+    assert model(x).dtype == np.float16 and model.trace_count == 1
+    updated = model.with_weights({"s": 3.0})
+    y = updated(x)
+    assert y.dtype == np.float16 and updated.trace_count == 1
+    np.testing.assert_allclose(y, x * 3, rtol=1e-3)
+    again = model.with_weights({"s": 4.0}).with_weights({"s": 5.0})  # staged, restaged
+    assert again(x).dtype == np.float16 and again.trace_count == 1
+    assert model.with_weights({"s": 6.0}).on_device("cpu")(x).dtype == np.float16
 
 
 def test_a_function_without_parameters_runs_on_its_device():
