@@ -590,6 +590,8 @@ class BatchingServer:
         if not drain:
             self._fail_queued(ServerClosedError(
                 "the server closed before this request was batched"))
+        if self._full is not None:  # a partial batch waiting out max_delay: no more
+            _resolve(self._full)
         self._wake_dispatch()
         try:
             # Each wait is bounded by the deadline, and none of them cancels what it
@@ -806,7 +808,9 @@ class BatchingServer:
                     self._full = None
                     self._update_quiet()
                 self._unstage()
-                return Reason.FULL if batcher.queued >= budget else Reason.DELAY
+                if batcher.queued >= budget:
+                    return Reason.FULL
+                return Reason.CLOSING if self._closing else Reason.DELAY
         return Reason.IDLE
 
     def _unstage(self) -> None:

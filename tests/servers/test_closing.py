@@ -203,6 +203,20 @@ async def test_aclose_with_a_timeout_that_is_met_returns_normally():
     assert y.tolist() == [[1.0]] and (model.loads, model.unloads) == (1, 1)
 
 
+@pytest.mark.parametrize("drain", [True, False])
+async def test_aclose_does_not_wait_out_a_partial_batchs_max_delay(drain):
+    async with asr.serve(lambda x: x * 2, max_batch_size=64, max_delay=30.0) as evaluate:
+        await within(evaluate(np.ones((64, 1), np.float32)), "a full batch")
+        waiting = evaluate(np.ones((1, 1), np.float32))  # waits for company up to 30 s
+        await asyncio.sleep(0.05)
+        await within(evaluate.aclose(drain=drain), "the close", timeout=5)
+    if drain:  # served at once, not after the delay
+        assert (await waiting).tolist() == [[2.0]]
+    else:
+        with pytest.raises(ServerClosedError):
+            await waiting
+
+
 @pytest.mark.parametrize("bad", [-1, "1", True, float("nan")])
 async def test_aclose_timeout_must_be_a_number_at_least_zero(bad):
     async with asr.serve(lambda x: x) as evaluate:
