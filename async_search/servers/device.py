@@ -3,7 +3,8 @@
 Each DeviceThread owns one device and one model instance. The threads of a server take
 batches from one shared job queue, so a free thread takes the next batch (work
 stealing). A model may define ``load()`` and ``unload()``: each thread calls them around
-its use of that model (acquire and release the device), on start, on stop and on a swap.
+its use of that model (acquire and release the device), on start, on stop and on a swap;
+threads that share one model object call them once each.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class Workers:
         Raises:
             RuntimeError: when it would leave no worker.
         """
-        if len(self) <= 1:
+        if len(self) - len(self._exited) <= 1:  # removals under way count as done
             raise RuntimeError("cannot remove the last worker of a serving server")
         exited = self._loop.create_future()
         self._exited.append(exited)

@@ -7,7 +7,7 @@ import pytest
 
 import async_search as asr
 from async_search.models import MLP, with_spec
-from tests.helpers import wait_until
+from tests.helpers import wait_until, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,6 +78,18 @@ async def test_workers_can_be_added_and_removed_while_serving():
         with pytest.raises(RuntimeError, match="last worker"):
             await evaluate.remove_worker()
     assert [y.item() for y in ys] == list(range(64))
+
+
+async def test_two_removals_at_once_leave_one_worker_that_still_serves():
+    async with asr.serve(Recording(), num_workers=2) as evaluate:
+        outcomes = await within(asyncio.gather(evaluate.remove_worker(),
+                                               evaluate.remove_worker(),
+                                               return_exceptions=True), "the removals")
+        refused = [o for o in outcomes if isinstance(o, RuntimeError)]
+        assert len(refused) == 1 and "last worker" in str(refused[0])
+        assert evaluate.num_workers == 1
+        y = await within(evaluate(np.ones((1, 1), np.float32)), "an answer")
+    assert y.item() == 1.0
 
 
 async def test_update_model_mid_run_fails_nothing_and_later_results_carry_new_version():
