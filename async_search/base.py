@@ -20,7 +20,8 @@ __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "Versioned
            "DeviceModel", "on_device", "batch_tolerance_of", "BatchParts"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
-#: dimension is the batch (a policy and a value, say).
+#: dimension is the batch (a policy and a value, say). Callers get a list or a named
+#: tuple as a plain tuple, from ``serve`` and ``immediate`` alike.
 Outputs = Union[np.ndarray, Tuple[np.ndarray, ...], Mapping[str, np.ndarray]]
 
 

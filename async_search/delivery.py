@@ -44,6 +44,11 @@ class ResultDelivery:
         self._partial: Dict[asyncio.Future, list] = {}  # -> [size, received, pieces]
         self._versions: Dict[asyncio.Future, Hashable] = {}
 
+    def empty_result(self) -> Outputs:
+        """A zero-element request's outputs, its own (a new dict, tuple or view of the
+        empty arrays: one caller's changes to its container never reach another's)."""
+        return rows.take(self.empty_output, slice(0, 0))
+
     @property
     def held(self) -> int:
         """Requests split across batches whose pieces are kept, waiting for the rest."""
@@ -78,7 +83,7 @@ class ResultDelivery:
             if expected is not None and got != expected:
                 # A batch of zero-element requests only gets the expected empty
                 # output: what a model makes of no rows at all is moot.
-                outputs = self.empty_output if not size else (
+                outputs = self.empty_result() if not size else (
                     expected.conform(outputs, got, self._expected_from))
             rows.check_count(outputs, size)
         except (ModelOutputError, TypeError) as e:

@@ -1,7 +1,8 @@
 """Row operations on model outputs: count, take, concatenate, split, check.
 
 A model's outputs are an array, or a tuple or dict of arrays, whose first dimension is
-the batch (``base.Outputs``). This module is the one place that walks those structures;
+the batch (``base.Outputs``); a list or a named tuple is delivered as a tuple
+(``plain``). This module is the one place that walks those structures;
 batching, unbatching, delivering results, caching and routing call into it. Every
 function puts the plain-ndarray case first (``type(y) is np.ndarray``): they run once
 per batch or per request on the serving hot path.
@@ -174,17 +175,27 @@ def map_leaves(fn: Callable[[Any], Any], outputs: Outputs) -> Outputs:
 
 def plain(outputs: Outputs) -> Outputs:
     """``outputs`` with every ndarray subclass (a masked array, ``np.matrix``) as a plain
-    view of its data (``np.asarray``): what a server delivers and learns its output
-    structure from, so that no subclass's arithmetic or dtype reaches a caller.
+    view of its data (``np.asarray``), and a list, a named tuple or another tuple or dict
+    subclass as a plain tuple or dict: what a server delivers and learns its output
+    structure from (``immediate`` too), so that no subclass's arithmetic or dtype
+    reaches a caller, and every backend hands out the same kinds.
 
     Example:
         >>> type(plain((np.matrix([[1.0]]), np.zeros(1)))[0]).__name__
         'ndarray'
+        >>> type(plain([np.zeros(1), np.ones(1)])).__name__
+        'tuple'
     """
     if type(outputs) is _ndarray:
         return outputs
     if isinstance(outputs, np.ndarray):
         return np.asarray(outputs)
+    kind = type(outputs)
+    if kind is not tuple and kind is not dict:
+        if isinstance(outputs, (tuple, list)):
+            outputs = tuple(outputs)
+        elif isinstance(outputs, dict):
+            outputs = dict(outputs)
     if isinstance(outputs, (tuple, dict)) and any(
             type(v) is not _ndarray and isinstance(v, np.ndarray) for v in leaves(outputs)):
         return map_leaves(lambda v: np.asarray(v) if isinstance(v, np.ndarray) else v,
@@ -233,7 +244,7 @@ class OutputStructure(NamedTuple):
             return cls("dict", frozenset((k,) + _leaf(v, f"output {k!r}")
                                          for k, v in outputs.items()))
         raise ModelOutputError(
-            f"a model must return an ndarray, or a tuple or dict of them, got "
+            f"a model must return an ndarray, or a tuple, list or dict of them, got "
             f"{type(outputs).__name__}")
 
     def describe(self) -> str:

@@ -291,7 +291,7 @@ class BatchingServer:
         if not len(x):
             if self._responses.empty_output is not None:
                 self._stats.requests += 1
-                fut.set_result(self._responses.empty_output)
+                fut.set_result(self._responses.empty_result())
                 return fut
         else:
             self._last_shape = x.shape

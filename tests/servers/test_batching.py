@@ -1,16 +1,18 @@
 import asyncio
+import collections
 import threading
 
 import numpy as np
 import pytest
 
 import async_search as asr
+from async_search import rows
 from async_search.batchers import BatchSizeBatcher, CostBatcher
 from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
                                  ServerCrashedError)
 from async_search.models import MLP, with_spec
 from async_search.servers import BatchingServer
-from tests.helpers import wait_until
+from tests.helpers import wait_until, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,9 +114,40 @@ async def test_raising_model_fails_its_batch_and_server_serves_the_next():
         assert evaluate.stats["failed_batches"] == 1
 
 
+PolicyValue = collections.namedtuple("PolicyValue", "policy value")
+
+
+@pytest.mark.parametrize("kind, delivered", [
+    (lambda x: [x, 2 * x], tuple),
+    (lambda x: PolicyValue(x, 2 * x), tuple),
+    (lambda x: collections.OrderedDict(p=x, v=2 * x), dict),
+])
+async def test_immediate_and_serve_deliver_a_list_or_a_subclass_as_the_same_plain_kind(
+        kind, delivered):
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    alone = await asr.immediate(kind)(x)
+    async with asr.serve(kind, max_batch_size=2) as evaluate:  # split over two batches
+        served = await within(evaluate(x), "an answer")
+        empty = await within(evaluate(x[:0]), "a zero-row answer")
+    for out in (alone, served, empty):
+        assert type(out) is delivered
+    for a, b in zip(rows.leaves(alone), rows.leaves(served)):
+        np.testing.assert_array_equal(a, b)
+
+
+async def test_zero_row_callers_each_get_their_own_container():
+    async with asr.serve(lambda x: {"v": x[:, 0], "p": 2 * x}) as evaluate:
+        await within(evaluate(np.ones((2, 3))), "the first batch")
+        a = await within(evaluate(np.ones((0, 3))), "a zero-row answer")
+        a.pop("p")
+        b = await within(evaluate(np.ones((0, 3))), "another")
+    assert sorted(b) == ["p", "v"]
+
+
 @pytest.mark.parametrize("model, message", [
     (lambda x: x[:-1], "returned 1 rows for a batch of 2 elements"),
-    (lambda x: [1, 2], "must return an ndarray, or a tuple or dict"),
+    (lambda x: [1, 2], "output 0 is a int, not an array"),
+    (lambda x: {1, 2}, "must return an ndarray, or a tuple, list or dict"),
     (lambda x: np.array(1.0), "no batch dimension"),
 ])
 async def test_model_with_wrong_outputs_fails_the_batch_with_clear_error(model, message):
