@@ -668,6 +668,13 @@ class BatchManager:
     """
 
     def __init__(self, batcher: Batcher, unbatcher: Unbatcher | None = None):
+        if isinstance(batcher, FairBatcher):
+            # Its batches interleave the pieces of split requests, which an unbatcher
+            # reading rows in order would hand to the wrong requests.
+            raise ValueError(
+                "BatchManager hands outputs back in the order requests were added, so it "
+                "needs a batcher that keeps that order (BatchSizeBatcher, CostBatcher); "
+                "a FairBatcher interleaves split requests (serve() reassembles them)")
         self.batcher = batcher
         self.unbatcher = unbatcher
         self._sizes: Deque[int] = collections.deque()  # registered before an unbatcher

@@ -80,6 +80,17 @@ def test_cost_batcher_rejects_cost_fn_with_wrong_length():
         batcher.append(np.zeros(3))
 
 
+def test_batch_manager_refuses_a_batcher_that_reorders_split_requests():
+    # A FairBatcher sends the rest of a split request to the back: read in order, its
+    # outputs would go to the requests after it.
+    with pytest.raises(ValueError, match="keeps that order"):
+        BatchManager(FairBatcher(4))
+    manager = BatchManager(BatchSizeBatcher(4))
+    requests = [np.arange(10), np.array([100]), np.array([200])]
+    outputs, _ = run_manager(manager, requests, fn=lambda x: x)
+    assert [o.tolist() for o in outputs] == [r.tolist() for r in requests]
+
+
 def test_zero_element_request_resolves_with_empty_output_of_right_shape():
     manager = BatchManager(BatchSizeBatcher(4))
     requests = [np.zeros((0, 3), np.float32)]
