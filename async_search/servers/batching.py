@@ -185,6 +185,7 @@ class BatchingServer:
         self._on_batch = on_batch
         self._first_model = model
         self._num_workers = num_workers
+        self._closed_devices: List[Any] | None = None  # the threads' devices at close
         self._check = RequestChecker(input_spec_of(model))
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._batcher = batcher if batcher is not None else FairBatcher(size)
@@ -433,8 +434,11 @@ class BatchingServer:
         stats["model_placement"] = self._placement
         stats["batches_on_loop"] = workers.batches_on_loop if workers is not None else 0
         stats["batches_in_thread"] = workers.batches_in_thread if workers is not None else 0
-        if self._devices is not None:
-            stats["devices"] = [str(device) for device in self._devices]
+        devices = self._devices
+        if workers is not None and workers.threaded:  # those of the threads now
+            devices = self._closed_devices if self._closed else workers.devices
+        if devices is not None and any(d is not None for d in devices):
+            stats["devices"] = [str(device) for device in devices]
         if self._tuner is not None:
             stats["auto_batch_size"] = self._tuner.report()
         return stats
@@ -585,6 +589,7 @@ class BatchingServer:
             return
         self._closer = self._loop.create_future()
         self._num_workers = len(self._workers)  # what stats report once closed
+        self._closed_devices = self._workers.devices
         self._closing = True
         self._update_quiet()
         if not drain:

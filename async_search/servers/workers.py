@@ -80,6 +80,16 @@ class Workers:
     def model(self) -> Any:
         return self._model
 
+    @property
+    def threaded(self) -> bool:
+        """Whether batches may run in device threads (not only on the loop)."""
+        return self._threaded
+
+    @property
+    def devices(self) -> List[Any]:
+        """Each device thread's device (None: it runs the model it was given)."""
+        return [thread.device for thread in self._threads]
+
     def add(self, model: Any = None, device: Any = None) -> None:
         """Starts one more device thread, with its own ``model``, or the current model's
         copy on ``device`` (``base.on_device``), or the current model. A thread with a

@@ -148,3 +148,14 @@ async def test_one_device_runs_its_copy_never_the_original():
             assert y.item() == 3.0 * i
         await wait_until(lambda: len(runs(log)) == 10, "ten batches")
     assert {e[2] for e in runs(log)} == {"cpu:0"}
+
+
+async def test_stats_name_the_devices_of_the_workers_serving_now_and_at_close():
+    async with asr.serve(Placed(2.0), devices=["cpu:0", "cpu:1"]) as evaluate:
+        await evaluate.add_worker(device="cpu:2")
+        assert evaluate.stats["devices"] == ["cpu:0", "cpu:1", "cpu:2"]
+        await within(evaluate.remove_worker(), "a removal")
+        assert len(evaluate.stats["devices"]) == evaluate.stats["workers"] == 2
+    assert len(evaluate.stats["devices"]) == evaluate.stats["workers"] == 2
+    async with asr.serve(Placed(2.0), model_thread=True) as evaluate:  # none placed
+        assert "devices" not in evaluate.stats
