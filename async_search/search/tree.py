@@ -472,6 +472,11 @@ class Tree:
                 j += 1
             else:
                 value = terminals[leaf]
+            if proving:
+                self._back_up_proving(path, value)
+                if leaf in terminals:
+                    self._prove_up(path)
+                continue
             for e in reversed(path):
                 value = -value
                 v = virtual[e] - 1
@@ -479,8 +484,6 @@ class Tree:
                 w = value_sum[e] + value
                 value_sum[e] = w
                 q[e] = (w - v) / (seen1[e] - 1)
-            if proving and leaf in terminals:
-                self._prove_up(path)
 
     # -- proofs (MCTS-Solver) -------------------------------------------------------------
 
@@ -498,6 +501,25 @@ class Tree:
         next search turns it on again.
         """
         self._proving = True
+
+    def _back_up_proving(self, path: Path, value: float) -> None:
+        """``complete_leaves``' backup while proving: a descent that went through a node
+        solved since it was selected (by another descent of its round) backs up that
+        node's exact value from there, as a descent made after the proof would, and as
+        the edge into it was revalued."""
+        child, terminals = self.edge_child, self._terminal
+        value_sum, virtual, seen1, q = (self.edge_value_sum, self.edge_virtual,
+                                        self.edge_seen1, self.edge_q)
+        for e in reversed(path):
+            proved = terminals.get(child[e])
+            if proved is not None:
+                value = proved
+            value = -value
+            v = virtual[e] - 1
+            virtual[e] = v
+            w = value_sum[e] + value
+            value_sum[e] = w
+            q[e] = (w - v) / (seen1[e] - 1)
 
     def _prove_up(self, path: Path) -> None:
         """Solve what the descent along ``path`` (ending on a terminal node) settles,

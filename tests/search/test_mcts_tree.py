@@ -375,6 +375,28 @@ def test_a_win_one_move_away_solves_the_node_above_it():
     assert tree.value_sums(0)[6] == -3.0 and tree.num_nodes == 3
 
 
+def test_a_descent_in_flight_through_a_node_proved_in_its_round_backs_up_the_proof():
+    tree = rooted(BLOCK_AT_3)
+    tree.prove()
+    descend_to(tree, [6])
+
+    def rule_for(actions):
+        def rule(node, edges):
+            return edges[tree.actions(node).index(actions[0 if node == 0 else 1])]
+        return rule
+
+    # One round, two descents through O's move 6: X wins at 3 (the proof), and X plays 0
+    # (a new leaf, valued +0.9 for O by the network, selected before the proof).
+    won, won_leaf, _ = tree.descend(rule_for([6, 3]))
+    other, other_leaf, state = tree.descend(rule_for([6, 0]))
+    assert state is not None
+    tree.complete_leaves([won, other], [won_leaf, other_leaf], np.zeros((1, 7)), [0.9])
+    into = tree.edges(0)[6]
+    assert tree.proof(tree.edge_child[into]) == (1.0, 1)
+    assert tree.visits(0)[6] == 3 and tree.value_sums(0)[6] == -3.0  # not -1.1
+    assert tree.edge_q[into] == -1.0
+
+
 def test_a_node_whose_every_move_loses_is_solved_as_a_loss_two_plies_from_the_end():
     tree = rooted(OPEN_THREE)
     tree.prove()
