@@ -29,7 +29,7 @@ from async_search.servers.batch_size import AutoBatchSize, BatchSizeTuner
 from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.priority import PriorityEvaluate
-from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
+from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats, report_batch
 from async_search.servers.workers import Workers, placement_of
 
 
@@ -99,7 +99,8 @@ class BatchingServer:
         num_workers: device threads taking batches from one queue (each batch goes to
             the first free one).
         on_batch: called on the loop with a ``BatchRecord`` as each batch comes back
-            (progress bars, live metrics).
+            and its results are delivered (progress bars, live metrics); what it raises
+            goes to the loop's exception handler and fails no request.
         devices: one device thread per device, each with its own copy of the model,
             ``base.on_device(model, device)``, made when the server is entered (a model
             without ``on_device`` gets a TypeError then); ``update_model`` places a new
@@ -847,13 +848,12 @@ class BatchingServer:
             if flying is None:  # its futures failed already (a crash, an abandoned close)
                 self._responses.fail(popped, self._closed_error())
                 return
+            record = None
             try:
                 if self._tuner is not None:
                     self._tune(len(popped.batch))
                 record = self._stats.record_model(len(popped.batch), seconds,
                                                   error is not None)
-                if self._on_batch is not None:
-                    self._on_batch(record)
                 if popped.buffer is not None:
                     self._pool.give_back(popped.buffer, outputs)
                 if error is None:
@@ -862,6 +862,8 @@ class BatchingServer:
                 error = e
             if error is not None:
                 self._responses.fail(popped, error)
+            if self._on_batch is not None and record is not None:
+                report_batch(self._on_batch, record)
         except BaseException as e:
             self._crash(e)
             self._responses.fail(popped, self._closed_error())

@@ -23,9 +23,10 @@ class Reason(str, enum.Enum):
 class DispatchPolicy:
     """How a server cuts the request stream into batches.
 
-    When the model is free (fewer than ``pipeline_depth`` batches in flight), the server
-    lets every search that is ready to run take its turn, until one loop iteration passes
-    with no new request, then sends what is queued, up to ``max_batch_size`` elements.
+    When the model is free (fewer than ``pipeline_depth`` batches in flight per device
+    worker), the server lets every search that is ready to run take its turn, until one
+    loop iteration passes with no new request, then sends what is queued, up to
+    ``max_batch_size`` elements.
     With ``max_delay`` (seconds) a partial batch waits that long after its oldest request
     for company; a full batch never waits. ``max_batch_size="auto"`` (or an
     ``AutoBatchSize``) lets the server pick the size with the highest measured

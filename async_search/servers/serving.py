@@ -45,7 +45,7 @@ async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
             ``evaluate.max_batch_size`` is the size chosen so far.
         max_delay: seconds a partial batch may wait for company; None sends it as soon
             as the model is free and no search has a request left to make.
-        pipeline_depth: the most batches in flight at once.
+        pipeline_depth: the most batches in flight at once per device worker.
         batcher: cuts the request stream into batches (overrides ``max_batch_size``),
             e.g. ``CostBatcher`` to bound the total cost of a batch.
         model_thread: where the model runs: ``"auto"`` (default) in a device thread,
@@ -56,7 +56,8 @@ async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
             and removed while serving (``evaluate.add_worker``, ``remove_worker``).
         on_batch: called with a ``BatchRecord(finished_s, size, model_s)`` as each
             batch comes back (a progress bar, say); ``evaluate.trace`` keeps the
-            latest ``trace_size`` of them.
+            latest ``trace_size`` of them. What it raises is reported to the loop's
+            exception handler and fails no request.
         devices: one device worker per device, taking batches from one queue, each
             with its own copy of the model, ``on_device(model, device)`` (the
             ``base.DeviceModel`` protocol, which the framework adapters meet; a plain

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import collections
 import math
 import time
-from typing import Deque, Dict, List, NamedTuple, Tuple
+from typing import Callable, Deque, Dict, List, NamedTuple, Tuple
 
 from async_search.checks import check_int
 from async_search.servers.policy import Reason
@@ -125,6 +126,17 @@ class ServingStats:
             "failed_batches": self.failed_batches,
             "timed_out": self.timed_out,
         }
+
+
+def report_batch(on_batch: Callable[["BatchRecord"], None], record: "BatchRecord") -> None:
+    """``on_batch(record)``, on the loop. What it raises goes to the loop's exception
+    handler (logged, as asyncio does for a callback) and fails no request: a progress
+    bar's bug must not fail the batch the model computed."""
+    try:
+        on_batch(record)
+    except Exception as e:  # noqa: BLE001 - reported, not delivered
+        asyncio.get_running_loop().call_exception_handler({
+            "message": f"on_batch raised on {record!r}", "exception": e})
 
 
 def _by_bound(counts: List[int]) -> Dict[float, int]:

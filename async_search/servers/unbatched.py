@@ -14,7 +14,7 @@ from async_search.deadlines import check_timeout
 from async_search.errors import RequestTimeoutError
 from async_search.requests import RequestChecker
 from async_search.servers.policy import Reason
-from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats
+from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats, report_batch
 
 
 class Immediate:
@@ -82,7 +82,7 @@ class Immediate:
     def _record(self, size: int, seconds: float, failed: bool) -> None:
         record = self._stats.record_model(size, seconds, failed)
         if self._on_batch is not None:
-            self._on_batch(record)
+            report_batch(self._on_batch, record)
 
     @property
     def version(self) -> Hashable:

@@ -385,6 +385,25 @@ async def test_a_model_or_on_batch_that_cannot_be_called_is_refused_when_served(
         asr.immediate(np.zeros(3))
 
 
+@pytest.mark.parametrize("served", [True, False])
+async def test_an_on_batch_that_raises_is_reported_and_fails_no_request(served):
+    reported = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, c: reported.append(c))
+
+    def progress(record):
+        raise RuntimeError("the progress bar broke")
+
+    if served:
+        async with asr.serve(lambda x: x * 2, on_batch=progress) as evaluate:
+            y = await within(evaluate(np.ones((2, 1))), "an answer")
+            assert evaluate.stats["failed_batches"] == 0
+    else:
+        y = await asr.immediate(lambda x: x * 2, on_batch=progress)(np.ones((2, 1)))
+    assert y.tolist() == [[2.0], [2.0]]
+    assert len(reported) == 1 and "on_batch raised" in reported[0]["message"]
+    assert str(reported[0]["exception"]) == "the progress bar broke"
+
+
 async def test_a_crash_while_delivering_fails_the_batch_instead_of_hanging(monkeypatch):
     from async_search.delivery import ResultDelivery
 
