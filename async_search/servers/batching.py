@@ -505,6 +505,10 @@ class BatchingServer:
                 raise ValueError(f"update_model: the new model's output_spec does not fit: "
                                  f"{e}") from None
         self._workers.set_model(model_or_weights, version)
+        if isinstance(given_input, TensorSpec) and served_input is None:
+            # No request yet: the new model's declared spec checks them from now on.
+            self._check = RequestChecker(given_input)
+            self._shape, self._dtype = self._check.shape, self._check.dtype
 
     @property
     def num_workers(self) -> int:

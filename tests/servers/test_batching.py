@@ -481,6 +481,14 @@ async def test_update_model_refuses_a_model_that_takes_other_inputs():
     np.testing.assert_array_equal(y, MLP((2,), output_size=1, seed=1)(np.ones((2, 2))))
 
 
+async def test_a_spec_the_new_model_declares_checks_requests_when_none_was_learnt():
+    async with asr.serve(lambda x: x[:, :1]) as evaluate:  # no spec, no request yet
+        evaluate.update_model(MLP((2,), output_size=1), version=1)
+        assert evaluate.input_spec == asr.TensorSpec((2,), np.float32)
+        with pytest.raises(InputSpecError, match=r"expected \[n, 2\] float32"):
+            await evaluate(np.ones((1, 3), np.float32))  # not learnt as the spec
+
+
 async def test_update_model_with_weights_that_are_not_layers_raises_a_type_error():
     async with asr.serve(MLP((2,), output_size=1)) as evaluate:
         with pytest.raises(TypeError, match=r"MLP.with_weights takes a list of \(w, b\)"):
