@@ -58,9 +58,12 @@ def bucket_sizes(max_batch_size: int = 1024,
         (8, 64)
     """
     if batch_sizes is not None:
-        iterable = (hasattr(batch_sizes, "__iter__")
-                    and not isinstance(batch_sizes, (str, bytes, dict)))
-        sizes = tuple(batch_sizes) if iterable else ()
+        sizes: tuple = ()
+        if not isinstance(batch_sizes, (str, bytes, dict)):
+            try:
+                sizes = tuple(batch_sizes)
+            except TypeError:  # a number (or a 0-d array) where a sequence was meant
+                pass
         if not sizes:
             raise ValueError(f"batch_sizes must be a sequence of at least one integer "
                              f">= 1 (or None for the powers of two), got {batch_sizes!r}")

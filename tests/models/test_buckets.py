@@ -32,7 +32,7 @@ def test_bucket_sizes_are_sorted_without_duplicates_and_checked():
     with pytest.raises(ValueError, match="got True"):
         bucket_sizes(8, (True,))
     assert bucket_sizes(8, (2 ** i for i in range(3))) == (1, 2, 4)  # any iterable
-    for nothing in ((), [], "", "8", iter(()), 8, 2.5, {}):  # no powers of two, characters, keys
+    for nothing in ((), [], "", "8", iter(()), 8, 2.5, {}, np.array(8)):  # no powers of two, characters, keys
         with pytest.raises(ValueError, match="at least one integer"):
             bucket_sizes(8, nothing)
 
