@@ -13,7 +13,7 @@ import numpy as np
 from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
-from async_search.errors import DeviceNotFoundError
+from async_search.errors import DeviceNotFoundError, InputSpecError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
                                          bucket_sizes, net_outputs, padded_rows)
 
@@ -45,6 +45,11 @@ class JaxModel(BucketedModel):
     On a CPU with few cores, JAX's asynchronous dispatch costs tens of microseconds a
     call; ``jax.config.update("jax_cpu_enable_async_dispatch", False)``, before JAX
     runs, made a one-row call 3x faster here (``benchmarks/adapters.py``).
+
+    Without ``jax_enable_x64`` JAX computes 64-bit inputs in 32 bits: an int64 (or
+    uint64) batch with a value past the 32-bit range fails with ``InputSpecError``
+    instead of wrapping into a wrong answer (such batches are checked: the usual path
+    without a lock is for other dtypes); float64 inputs lose precision, as JAX's do.
 
     Args:
         apply_fn: ``apply_fn(params, x)`` from a batch ``[n, ...]`` to an array, or a
@@ -120,7 +125,8 @@ class JaxModel(BucketedModel):
         # Anything else takes the padded path.
         shared = self._shared
         if (type(batch) is np.ndarray and batch.shape in shared.compiled
-                and batch.dtype is shared.dtype and self._staged is None):
+                and batch.dtype is shared.dtype and self._staged is None
+                and shared.narrowed is None):
             out = shared.jitted(self._params, batch)
             n = len(batch)
             if type(out) is shared.array_type and not shared.aliases_inputs:
@@ -257,7 +263,13 @@ class _Compiled:
         #: lock (``JaxModel.__call__``); none without parameters (their device is a
         #: context).
         self.compiled: set = set()
-        self.dtype = model.input_spec.dtype
+        self.dtype = dtype = model.input_spec.dtype
+        #: Without jax_enable_x64 JAX computes 64-bit integers in 32 bits: values past
+        #: that range would wrap into wrong answers, so such batches are checked (the
+        #: bounds of the 32-bit type; None when nothing narrows).
+        self.narrowed = (np.iinfo(np.int32 if dtype.kind == "i" else np.uint32) if (
+            dtype.kind in "iu" and dtype.itemsize == 8
+            and not jax.config.jax_enable_x64) else None)
         self.array_type = type(jax.device_put(np.zeros(1, np.float32), model.device))
         array = jax.Array
         self.is_array: Callable[[Any], bool] = lambda a: isinstance(a, array)
@@ -272,6 +284,14 @@ class _Compiled:
 
     def run(self, params: Any, batch: np.ndarray) -> Outputs:
         n = len(batch)
+        narrowed = self.narrowed
+        if narrowed is not None and n and (batch.min() < narrowed.min
+                                           or batch.max() > narrowed.max):
+            raise InputSpecError(
+                f"JaxModel: a value of this {self.dtype} batch is outside {narrowed.dtype}'s "
+                f"range, and without jax_enable_x64 JAX computes it as {narrowed.dtype} "
+                f"(it would wrap): keep inputs in range, or enable 64-bit JAX "
+                f"(jax.config.update('jax_enable_x64', True))")
         buffer, size = self.padded.pad(batch, copy=False)  # jit copies it to the device
         # The host buffer goes in as it is: jit's C++ path copies it to the device of
         # the parameters (committed there by device_put), faster than a device_put of

@@ -145,6 +145,20 @@ def test_a_weakly_typed_parameter_stays_weak_across_updates_and_copies():
     assert model.with_weights({"s": 6.0}).on_device("cpu")(x).dtype == np.float16
 
 
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="64-bit JAX computes int64 as is")
+@pytest.mark.parametrize("with_params", [True, False])
+def test_int64_inputs_past_int32_fail_instead_of_wrapping_without_x64(with_params):
+    params = {"k": np.array(1, np.int32)} if with_params else {}
+    model = JaxModel(lambda p, x: x + (p["k"] if p else 1), params,
+                     input_spec=TensorSpec((1,), np.int64), max_batch_size=4)
+    for _ in range(2):  # the second time through a compiled bucket too
+        assert model(np.full((4, 1), 2 ** 30, np.int64)).ravel().tolist() == [2 ** 30 + 1] * 4
+    with pytest.raises(InputSpecError, match="outside int32's range"):
+        model(np.full((4, 1), 2 ** 40, np.int64))  # would come back as 1
+    with pytest.raises(InputSpecError, match="outside int32's range"):
+        model(np.full((1, 1), -2 ** 33, np.int64))
+
+
 def test_a_function_without_parameters_runs_on_its_device():
     model = JaxModel(lambda p, x: 2 * x, {}, input_spec=SPEC, device="cpu",
                      batch_sizes=(4,))
