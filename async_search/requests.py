@@ -14,7 +14,7 @@ batch-mates it would turn their answers into its kind too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -51,7 +51,11 @@ class RequestChecker:
     a first request has that request's dtype in this machine's byte order.
     """
 
-    def __init__(self, spec: TensorSpec | None):
+    def __init__(self, spec: TensorSpec | None,
+                 learnable: Callable[[np.dtype], None] | None = None):
+        #: Called with a first request's dtype before it is learnt: raises
+        #: InputSpecError for one that cannot be sent (a client's protocol).
+        self._learnable = learnable
         self.spec = spec
         # Plain attributes so that a server can inline the common case.
         self.shape = spec.shape if spec is not None else None
@@ -74,6 +78,8 @@ class RequestChecker:
                 "a request must have a batch dimension [n, ...], got a 0-d array")
         x = plain_array(x)
         if self.spec is None:
+            if self._learnable is not None:
+                self._learnable(x.dtype)
             self.spec = TensorSpec(x.shape[1:], _native(x.dtype))
             self.shape, self.dtype = self.spec.shape, self.spec.dtype
         given = f"[{', '.join(map(str, x.shape))}] {x.dtype}"

@@ -150,7 +150,7 @@ class RemoteEvaluate(CoalescedRequests):
         self.headers = dict(headers or {})
         self._given_spec = input_spec
         self._input_name = input_name
-        self._check = RequestChecker(input_spec)
+        self._check = RequestChecker(input_spec, learnable=_sendable)
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
         self._session: Any = None
@@ -335,7 +335,15 @@ class RemoteEvaluate(CoalescedRequests):
 
     def _send(self, xs: List[np.ndarray], futures: List[asyncio.Future],
               deadline: float) -> None:
-        request, batch = self._encode(xs)
+        try:
+            request, batch = self._encode(xs)
+        except Exception as e:  # noqa: BLE001 - in a loop callback: fail them, never hang
+            error = e if isinstance(e, InputSpecError) else InputSpecError(
+                f"these requests cannot be sent to {self._where}: {e}")
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(error)
+            return
         call = _Call(batch, futures, xs, deadline, self._seq)
         self._seq += 1
         self._stats["requests"] += len(xs)
@@ -502,7 +510,7 @@ class RemoteEvaluate(CoalescedRequests):
                 self._input_name = tensor["name"]
             spec = _spec_of(tensor)
             if self._given_spec is None and spec is not None:
-                self._check = RequestChecker(spec)
+                self._check = RequestChecker(spec, learnable=_sendable)
                 self._shape, self._dtype = spec.shape, spec.dtype
         if self.model_version is not None:
             self._learn(self.model_version, -1)
@@ -608,3 +616,12 @@ def _error_message(payload: bytes) -> str:
     except (ValueError, KeyError, TypeError):
         pass
     return payload[:200].decode("utf-8", "replace") or "(no body)"
+
+
+def _sendable(dtype: np.dtype) -> None:
+    """Refuses a first request whose dtype the protocol cannot carry, before the client
+    learns it as the model's input (its encoding would fail every later request)."""
+    try:
+        datatype_of(dtype)
+    except ProtocolError as e:
+        raise InputSpecError(f"request dtype {dtype} cannot be sent: {e}") from None

@@ -399,8 +399,8 @@ class HttpFront(FrontLifetime):
 
     def _unsent_refusal(self, size: int) -> web.Response:
         bound = self.limits.max_unsent_bytes
-        if size > bound:
-            return _error(f"the answer has {size} bytes, over the front's "
+        if 2 * size > bound:  # never admitted (the answer and its copy being written)
+            return _error(f"the answer has {size} bytes, over half the front's "
                           f"max_unsent_bytes of {bound}: ask for fewer rows", 503)
         response = _error(f"the server holds {bound} bytes of answers that clients have "
                           f"not taken (max_unsent_bytes); retry shortly", 503)
@@ -479,8 +479,11 @@ class HttpFront(FrontLifetime):
                                 "(--enable-repository) or a repository_token "
                                 "(--repository-token)", status=403)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        # A header's bytes that are not text come in as surrogates: such a token is
+        # wrong, not an error of the front's.
+        given = token.strip().encode("utf-8", "surrogateescape")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), self.repository_token.encode()):
+                given, self.repository_token.encode()):
             raise ProtocolError("load and unload need the header 'Authorization: Bearer "
                                 "<repository token>'; it is missing or wrong", status=403)
 
@@ -537,7 +540,9 @@ class HttpFront(FrontLifetime):
             if length is not None and length > self.max_body_bytes:
                 raise ProtocolError(f"the request's Content-Length is over the front's "
                                     f"limit of {self.max_body_bytes} bytes", status=413)
-            if length is not None:  # refuse an oversized JSON part before reading it
+            if length is not None and "Content-Encoding" not in request.headers:
+                # Refuse an oversized JSON part before reading it (of a compressed body,
+                # the header gives the inflated length: checked once it is read).
                 self._check_json(kserve.json_length(length, header_length))
             body = await self._read(request)
             json_length = kserve.json_length(len(body), header_length)
@@ -566,8 +571,13 @@ class HttpFront(FrontLifetime):
                 self.metrics.observe_request(name, version, status,
                                              time.perf_counter() - start)
             raise
+        size = len(payload)
+        if size >= _CHECKED_ANSWER_BYTES and not self.connections.admit_answer(size):
+            # Refused here, not by the middleware, so that the request counts as a 503.
+            self.metrics.observe_request(name, version, 503, time.perf_counter() - start)
+            return self._unsent_refusal(size)
         self.metrics.observe_request(name, version, 200, time.perf_counter() - start)
-        answer = _LetGo if len(payload) >= _CHECKED_ANSWER_BYTES else web.Response
+        answer = _LetGo if size >= _CHECKED_ANSWER_BYTES else web.Response
         if header_length is None:
             return answer(body=payload, content_type=_JSON)
         return answer(body=payload, content_type="application/octet-stream",

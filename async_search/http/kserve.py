@@ -257,6 +257,16 @@ def _nonfinite_strings(values: np.ndarray, data: Any, what: str) -> np.ndarray:
     ).astype(np.float64)
 
 
+def _exact_integers(data: Any, dtype: np.dtype, what: str) -> np.ndarray:
+    """``data``, Python integers all, as an array of ``dtype`` (ProtocolError when one is
+    out of its range)."""
+    info = np.iinfo(dtype)
+    if any(not info.min <= v <= info.max for _, v in _elements(data)):
+        raise ProtocolError(f"{what} 'data' has values outside the range of "
+                            f"{_NAMES[dtype]} [{info.min}, {info.max}]")
+    return np.array(data, dtype=dtype)
+
+
 def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) -> np.ndarray:
     try:
         values = np.asarray(data)
@@ -266,6 +276,11 @@ def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) ->
     kind = values.dtype.kind
     if kind == "U" and dtype.kind == "f" and values.size:
         values, kind = _nonfinite_strings(values, data, what), "f"
+    if kind in "fO" and dtype.kind in "iu" and values.size and all(
+            type(v) is int for _, v in _elements(data)):
+        # Integers past int64's range (a UINT64 of 2**63 or more beside others) made
+        # NumPy choose floats, which would round them: taken as the integers they are.
+        values, kind = _exact_integers(data, dtype, what), dtype.kind
     if values.size and not (kind == "b" if dtype.kind == "b" else
                             kind in "iu" if dtype.kind in "iu" else kind in "iuf"):
         raise ProtocolError(f"{what} 'data' holds {values.dtype} values where the "

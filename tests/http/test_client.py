@@ -270,6 +270,21 @@ async def test_bad_input_is_refused_with_input_spec_error_and_nothing_is_sent():
     np.testing.assert_array_equal(z, MODEL(X))
 
 
+async def test_a_dtype_without_a_protocol_datatype_fails_at_once_and_the_client_serves_on():
+    # No input spec in the metadata: the request passes the client's check, and its
+    # encoding (in a loop callback) failed without settling its future: a hang.
+    async def identity(x):
+        return x
+
+    async with HttpFront({"id": identity}) as f, RemoteEvaluate(f.url, "id") as ev:
+        with pytest.raises(InputSpecError, match="complex64 has no v2 datatype"):
+            await within(ev(np.zeros((2, 3), np.complex64)), "the refusal")
+        y = await within(ev(np.ones((2, 3), np.float32)), "the next request")
+        with pytest.raises(InputSpecError, match="complex64"):  # not the spec now
+            await within(ev(np.zeros((2, 3), np.complex64)), "a refusal")
+    np.testing.assert_array_equal(y, np.ones((2, 3), np.float32))
+
+
 async def test_what_the_server_answers_becomes_the_matching_error():
     with pytest.raises(ModelNotFoundError, match="unknown model 'nope'"):
         async with front() as f, RemoteEvaluate(f.url, "nope"):

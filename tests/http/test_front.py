@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import async_search as asr
-from async_search.http.front import HttpFront
+from async_search.http.front import HttpFront, HttpLimits
 from async_search.http.repository import ModelSource
 from async_search.models import MLP, with_spec
 from tests.helpers import wait_until
@@ -472,3 +472,56 @@ def test_resident_memory_stays_flat_over_100000_http_requests():
     report = resident_memory_of("http", 100_000)
     assert report["statuses"] == {"200": 90_000, "400": 10_000}
     assert_flat(report["rss_mib"])
+
+
+async def test_a_gzip_body_of_binary_tensors_is_read_by_its_inflated_json_length():
+    # Inference-Header-Content-Length is the JSON's length before compression (as
+    # tritonclient sends it): it was checked against the compressed Content-Length.
+    import gzip
+
+    async def twice(x):
+        return 2 * x
+
+    x = np.ones((64, 16), np.float32)  # compresses well
+    header = json.dumps({"id": "r" * 300, "inputs": [{
+        "name": "input", "datatype": "FP32", "shape": [64, 16],
+        "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    body = gzip.compress(header + x.tobytes())
+    assert len(body) < len(header)
+    async with HttpFront({"twice": twice}) as front, aiohttp.ClientSession() as session:
+        status, answer = await post(session, f"{front.url}/v2/models/twice/infer", body, {
+            "Inference-Header-Content-Length": str(len(header)),
+            "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"})
+    assert status == 200, answer
+    out = json.loads(answer)["outputs"][0]
+    assert out["shape"] == [64, 16] and set(out["data"]) == {2.0}
+
+
+async def test_an_authorization_header_that_is_not_text_gets_403_not_500():
+    async with HttpFront({"mlp": MODEL}, repository_token="s3cret") as front:
+        host, port = front.url.split("//")[1].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v2/repository/models/mlp/unload HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer \xff\xfe\r\nContent-Length: 0\r\n"
+                     b"Connection: close\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+
+
+async def test_an_answer_refused_for_unsent_bytes_counts_as_a_503_and_says_it_is_too_big():
+    async def identity(x):
+        return x
+
+    limits = dataclasses.replace(HttpLimits(), max_unsent_bytes=100_000)
+    async with HttpFront({"id": identity}, limits=limits) as front, \
+            aiohttp.ClientSession() as session:
+        n = 20_000  # 80 kB of FP32 out: over half of max_unsent_bytes, so never written
+        status, answer = await post(session, f"{front.url}/v2/models/id/infer",
+                                    infer_body(np.zeros(n, np.float32)))
+        async with session.get(f"{front.url}/metrics") as resp:
+            metrics = await resp.text()
+    assert status == 503 and b"ask for fewer rows" in answer, answer[:200]
+    assert 'requests_total{code="503",model="id"' in metrics
+    assert 'code="200"' not in metrics.split("async_search_http_requests_total")[-1]

@@ -45,6 +45,23 @@ def test_json_tensors_decode_flat_or_nested():
     assert flat.id == "r1" and flat.outputs is None and not flat.binary_output
 
 
+def test_uint64_json_data_past_int64_is_read_exactly_and_out_of_range_refused():
+    # NumPy reads [2**63, 0] as float64, which the integer check refused (and which
+    # would round): the integers are taken as they are.
+    for data in ([2 ** 63, 0], [0, 2 ** 64 - 1], [[2 ** 63 + 1], [7]]):
+        array = kserve.decode_request(body([tensor(data, shape=(2,) if len(data) == 2 and
+                                                   not isinstance(data[0], list)
+                                                   else (2, 1), datatype="UINT64")])
+                                      ).inputs[0].array
+        assert array.dtype == np.uint64 and array.ravel().tolist() == np.ravel(
+            np.array(data, dtype=object)).tolist()
+    for bad in ([2 ** 64, 0], [-1, 2 ** 63]):
+        with pytest.raises(ProtocolError, match="outside the range of UINT64"):
+            kserve.decode_request(body([tensor(bad, shape=(2,), datatype="UINT64")]))
+    with pytest.raises(ProtocolError, match="without fractions"):
+        kserve.decode_request(body([tensor([2 ** 63, 0.5], shape=(2,), datatype="UINT64")]))
+
+
 @pytest.mark.parametrize("datatype, dtype", [
     ("FP32", np.float32), ("FP64", np.float64), ("FP16", np.float16), ("INT8", np.int8),
     ("INT64", np.int64), ("UINT16", np.uint16), ("BOOL", np.bool_)])
