@@ -391,6 +391,9 @@ class RemoteEvaluate(CoalescedRequests):
             raise _Retry(ServerDiedError(
                 f"{self._where} could not be reached or dropped the connection: "
                 f"{type(e).__name__}: {e}")) from None
+        except aiohttp.ClientResponseError as e:  # an answer that is not HTTP
+            raise ServerDiedError(f"{self._where} did not answer in HTTP (is it the "
+                                  f"inference server's HTTP port?): {e.message}") from None
         if status == 200:
             return _decode_response(payload, answer_header, self._where)
         self._refusal(status, payload)  # raises, _Retry when worth retrying
@@ -483,6 +486,10 @@ class RemoteEvaluate(CoalescedRequests):
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
             raise _Retry(ServerDiedError(f"{self._metadata_url} could not be reached: "
                                          f"{type(e).__name__}: {e}")) from None
+        except aiohttp.ClientResponseError as e:  # an answer that is not HTTP
+            raise ServerDiedError(f"{self._metadata_url} did not answer in HTTP (is it "
+                                  f"the inference server's HTTP port?): {e.message}"
+                                  ) from None
         if status != 200:
             self._refusal(status, payload)
         try:
@@ -491,7 +498,9 @@ class RemoteEvaluate(CoalescedRequests):
             versions = metadata.get("versions") or []
             if not isinstance(inputs, list) or not isinstance(versions, list):
                 raise ValueError("inputs and versions must be lists")
-        except (ValueError, AttributeError):
+            if not all(isinstance(t, dict) for t in inputs):
+                raise ValueError("each input must be an object")
+        except (ValueError, AttributeError, RecursionError):
             raise ModelOutputError(f"the model metadata at {self._metadata_url} is not "
                                    f"the protocol's JSON object: {payload[:200]!r}",
                                    ) from None
@@ -521,7 +530,8 @@ class RemoteEvaluate(CoalescedRequests):
 def _spec_of(tensor: Mapping[str, Any]) -> TensorSpec | None:
     """The element spec of a batched tensor in model metadata (``[-1, 16]`` FP32: 16
     float32 values), or None when its datatype or shape leaves it open."""
-    dtype = DATATYPES.get(tensor.get("datatype"))
+    datatype = tensor.get("datatype")
+    dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     shape = tensor.get("shape")
     if dtype is None or not isinstance(shape, list) or not shape or not all(
             type(d) is int and d >= 0 for d in shape[1:]):
@@ -573,7 +583,7 @@ def _decode_response(payload: bytes, header_length: str | None, where: str,
         tensors = header["outputs"]
         if not isinstance(tensors, list) or not tensors:
             raise TypeError("no outputs")
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise bad(f"no JSON object with 'outputs' ({type(e).__name__}: "
                   f"{str(e)[:80]})") from None
     named, offset = [], length
@@ -592,11 +602,14 @@ def _decode_response(payload: bytes, header_length: str | None, where: str,
                 array = np.frombuffer(payload, raw, count, offset).astype(dtype)
                 offset += size
             else:
-                array = np.asarray(tensor["data"], dtype)  # "NaN", "Infinity" too
+                data = tensor["data"]
+                if not isinstance(data, list):
+                    raise TypeError(f"'data' is {type(data).__name__}, not a list")
+                array = np.asarray(data, dtype)  # "NaN", "Infinity" too
                 if array.size != count:
                     raise ValueError(f"{array.size} values for shape {list(shape)}")
             named.append((name, array.reshape(shape)))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise bad(f"output {k}: {type(e).__name__}: {str(e)[:120]}") from None
     version = header.get("model_version")
     version = version if isinstance(version, str) and version else None

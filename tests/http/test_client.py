@@ -2,6 +2,8 @@
 connections, and KServe's Python model server (a peer no one here wrote)."""
 
 import asyncio
+import contextlib
+import json
 
 import numpy as np
 import pytest
@@ -332,33 +334,86 @@ def test_arguments_are_checked_when_made():
         RemoteEvaluate("http://h:1", "mlp", retries=True)
 
 
-async def test_an_answer_that_is_not_the_protocol_s_is_a_model_output_error():
+GOOD_METADATA = {"name": "m", "versions": ["1"], "inputs": [
+    {"name": "x", "datatype": "FP32", "shape": [-1, 16]}]}
+
+
+def _output(**fields):
+    return {"outputs": [{"name": "y", "datatype": "FP32", "shape": [2], **fields}]}
+
+
+#: Answers of a server that does not speak the protocol, each a ModelOutputError.
+BAD_ANSWERS = {
+    "binary past the body": (b'{"model_name": "m", "outputs": [{"name": "y", '
+                             b'"datatype": "FP32", "shape": [2, 4], '
+                             b'"parameters": {"binary_data_size": 4096}}]}', "100"),
+    "parameters a list": (json.dumps(_output(data=[1, 2], parameters=[1])).encode(), None),
+    "INT8 out of range": (json.dumps({"outputs": [{"name": "y", "datatype": "INT8",
+                                                   "shape": [2], "data": [300, 1]}]}
+                                     ).encode(), None),
+    "data null": (json.dumps(_output(data=None)).encode(), None),
+    "nested too deep": (b"[" * 100_000 + b"]" * 100_000, None),
+}
+
+
+@contextlib.asynccontextmanager
+async def answering(metadata, answer):
+    """A server at a URL whose metadata and inference answers are given as they are."""
     from aiohttp import web
 
-    async def metadata(request):
-        return web.json_response({"name": "m", "versions": ["1"], "inputs": [
-            {"name": "x", "datatype": "FP32", "shape": [-1, 16]}]})
+    async def on_metadata(request):
+        return web.Response(body=metadata if isinstance(metadata, bytes)
+                            else json.dumps(metadata).encode())
 
-    async def infer(request):
-        return web.Response(body=b'{"model_name": "m", "outputs": [{"name": "y", '
-                                 b'"datatype": "FP32", "shape": [2, 4], '
-                                 b'"parameters": {"binary_data_size": 4096}}]}',
-                            headers={"Inference-Header-Content-Length": "100"})
+    async def on_infer(request):
+        await request.read()
+        body, length = answer
+        return web.Response(body=body, headers={} if length is None else {
+            "Inference-Header-Content-Length": length})
 
     app = web.Application()
-    app.router.add_get("/v2/models/m", metadata)
-    app.router.add_post("/v2/models/m/infer", infer)
+    app.router.add_get("/v2/models/m", on_metadata)
+    app.router.add_post("/v2/models/m/infer", on_infer)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        async with RemoteEvaluate(url, "m") as ev:
-            with pytest.raises(ModelOutputError, match="not the protocol's"):
-                await within(ev(X[:2]), "bad answer")
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("answer", list(BAD_ANSWERS))
+async def test_an_answer_that_is_not_the_protocol_s_is_a_model_output_error(answer):
+    async with answering(GOOD_METADATA, BAD_ANSWERS[answer]) as url, \
+            RemoteEvaluate(url, "m", retries=0) as ev:
+        with pytest.raises(ModelOutputError, match="not the protocol's"):
+            await within(ev(X[:2]), "bad answer")
+
+
+@pytest.mark.parametrize("metadata", [{"inputs": [1, 2]}, b"[" * 100_000 + b"]" * 100_000])
+async def test_metadata_that_is_not_the_protocol_s_is_a_model_output_error(metadata):
+    with pytest.raises(ModelOutputError, match="not the protocol's JSON object"):
+        async with answering(metadata, (b"", None)) as url, \
+                RemoteEvaluate(url, "m", retries=0):
+            pass
+
+
+async def test_a_port_that_does_not_speak_http_is_named_as_such():
+    async def not_http(reader, writer):
+        await reader.read(100)
+        writer.write(b"\x00\x00\x12\x04 not http at all\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(not_http, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ServerDiedError, match="did not answer in HTTP"):
+            async with RemoteEvaluate(f"http://127.0.0.1:{port}", "m", retries=0):
+                pass
+    finally:
+        server.close()
 
 
 # -- KServe's own model server ---------------------------------------------------------
