@@ -119,24 +119,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _refused(e: BaseException) -> SystemExit:
+    """A flag's value the front cannot start with (or a port it cannot bind): one line."""
+    return SystemExit(f"python -m async_search.http: {e}")
+
+
 async def _serve_forever(args: argparse.Namespace) -> None:
     name, factory = _factory(args.model)
-    source = ModelSource(factory, max_batch_size=args.max_batch_size,
-                         max_delay=args.max_delay, pipeline_depth=args.pipeline_depth,
-                         num_workers=args.num_workers, cache_capacity=args.cache_capacity)
     try:
+        source = ModelSource(factory, max_batch_size=args.max_batch_size,
+                             max_delay=args.max_delay, pipeline_depth=args.pipeline_depth,
+                             num_workers=args.num_workers,
+                             cache_capacity=args.cache_capacity)
         limits = HttpLimits(
             max_json_bytes=args.max_json_bytes, max_connections=args.max_connections,
             keepalive_timeout=args.keepalive_timeout, read_timeout=args.read_timeout,
             shutdown_timeout=args.shutdown_timeout, write_timeout=args.write_timeout,
             max_unsent_bytes=args.max_unsent_bytes, offload_bytes=args.offload_bytes,
             offload_workers=args.offload_workers, max_workers=args.max_workers)
-    except ValueError as e:
-        raise SystemExit(f"python -m async_search.http: {e}") from None
-    front = HttpFront({args.name or name: source}, host=args.host, port=args.port,
-                      max_body_bytes=args.max_body_bytes, limits=limits,
-                      enable_repository=args.enable_repository,
-                      repository_token=args.repository_token or None)
+        front = HttpFront({args.name or name: source}, host=args.host, port=args.port,
+                          max_body_bytes=args.max_body_bytes, limits=limits,
+                          enable_repository=args.enable_repository,
+                          repository_token=args.repository_token or None)
+    except (ValueError, TypeError) as e:
+        raise _refused(e) from None
     stop = asyncio.Event()
 
     def on_signal() -> None:  # the first drains, the next ends the drain's grace
@@ -147,20 +153,25 @@ async def _serve_forever(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    async with front, contextlib.AsyncExitStack() as grpc:
-        _log.warning("serving %r on %s", args.name or name, front.url)
-        if args.grpc_port is not None:  # the same repository: the same batches
-            from async_search.http.grpc_front import GrpcFront
+    async with contextlib.AsyncExitStack() as http, contextlib.AsyncExitStack() as grpc:
+        try:  # a port out of range or taken: one line, not a traceback
+            await http.enter_async_context(front)
+            _log.warning("serving %r on %s", args.name or name, front.url)
+            if args.grpc_port is not None:  # the same repository: the same batches
+                from async_search.http.grpc_front import GrpcFront
 
-            grpc_front = await grpc.enter_async_context(GrpcFront(
-                front.repository, host=args.host, port=args.grpc_port,
-                max_message_bytes=args.max_body_bytes,
-                shutdown_timeout=limits.shutdown_timeout))
-            _log.warning("serving %r on grpc://%s", args.name or name, grpc_front.address)
+                grpc_front = await grpc.enter_async_context(GrpcFront(
+                    front.repository, host=args.host, port=args.grpc_port,
+                    max_message_bytes=args.max_body_bytes,
+                    shutdown_timeout=limits.shutdown_timeout))
+                _log.warning("serving %r on grpc://%s", args.name or name,
+                             grpc_front.address)
+        except (OSError, OverflowError, ValueError, RuntimeError) as e:
+            raise _refused(e) from None
         await stop.wait()
         _log.warning("stopping: requests in progress get %g s", limits.shutdown_timeout)
         # Both fronts drain at once: the grace is the flag's, not one grace per front.
-        await asyncio.gather(grpc.aclose(), front.aclose())
+        await asyncio.gather(grpc.aclose(), http.aclose())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

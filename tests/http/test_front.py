@@ -525,3 +525,18 @@ async def test_an_answer_refused_for_unsent_bytes_counts_as_a_503_and_says_it_is
     assert status == 503 and b"ask for fewer rows" in answer, answer[:200]
     assert 'requests_total{code="503",model="id"' in metrics
     assert 'code="200"' not in metrics.split("async_search_http_requests_total")[-1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--port", "70000"], "port must be an integer in"),
+    (["--max-body-bytes", "0"], "max_body_bytes must be an integer >= 1"),
+    (["--max-batch-size", "0"], "max_batch_size must be an integer >= 1"),
+    (["--port", "0", "--grpc-port", "99999"], "port must be an integer in"),
+])
+def test_python_m_async_search_http_refuses_bad_flags_in_one_line(flags, message):
+    done = subprocess.run([sys.executable, "-m", "async_search.http", *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr[-800:]
+    assert done.stderr.strip().splitlines()[-1].startswith("python -m async_search.http: ")
+    assert message in done.stderr
