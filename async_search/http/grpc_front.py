@@ -171,8 +171,10 @@ class GrpcFront(FrontLifetime):
                          ("grpc.max_send_message_length", -1),
                          ("grpc.so_reuseport", 0)],
                 maximum_concurrent_rpcs=self.max_concurrent_rpcs)
-            service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-                _Servicer(self), self._server)
+            handlers = _method_handlers(_Servicer(self))
+            self._server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+            self._server.add_registered_method_handlers(_SERVICE, handlers)
             try:
                 port = self._server.add_insecure_port(self.address)
             except RuntimeError as e:  # grpc's way of saying the port is taken
@@ -270,6 +272,60 @@ class GrpcFront(FrontLifetime):
         return encode_response(model_name=name, model_version=kserve.version_label(label),
                                request_id=decoded.id, outputs=named,
                                requested=decoded.outputs)
+
+
+_SERVICE = "inference.GRPCInferenceService"
+
+
+class _Malformed:
+    """A request whose bytes are not its protobuf message (what parsing raised)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _lenient(parse):
+    """``parse``, keeping what it raises as a ``_Malformed`` request: raised inside
+    grpc's deserializer it would answer UNKNOWN and log a traceback."""
+    def parse_or_keep(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as e:  # noqa: BLE001 - DecodeError, UnicodeDecodeError...
+            return _Malformed(e)
+    return parse_or_keep
+
+
+def _checked(method):
+    """``method``, answering a malformed request INVALID_ARGUMENT (HTTP's 400)."""
+    async def handle(request, context):
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the request is not a valid protobuf message: "
+                                f"{type(request.error).__name__}: {request.error}")
+        return await method(request, context)
+    return handle
+
+
+def _method_handlers(servicer: Any) -> dict:
+    """The service's handlers, as grpc's generated ``add_..._to_server`` makes them,
+    but with unary requests parsed leniently (``_checked``)."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request = getattr(pb, method.input_type.name)
+        response = getattr(pb, method.output_type.name)
+        behaviour = getattr(servicer, method.name)
+        if method.client_streaming or method.server_streaming:
+            make = {(True, True): grpc.stream_stream_rpc_method_handler,
+                    (True, False): grpc.stream_unary_rpc_method_handler,
+                    (False, True): grpc.unary_stream_rpc_method_handler}[
+                (method.client_streaming, method.server_streaming)]
+            handlers[method.name] = make(behaviour, request_deserializer=request.FromString,
+                                         response_serializer=response.SerializeToString)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _checked(behaviour), request_deserializer=_lenient(request.FromString),
+                response_serializer=response.SerializeToString)
+    return handlers
 
 
 class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):

@@ -112,6 +112,18 @@ async def test_every_failure_is_a_status_code_with_a_message():
         assert not (await stub.ModelReady(pb.ModelReadyRequest(name="mlp"))).ready
 
 
+async def test_bytes_that_are_not_the_message_get_invalid_argument_and_nothing_else_does():
+    async with front() as f, grpc.aio.insecure_channel(f.address) as channel:
+        for method in ("ModelInfer", "ModelMetadata", "ModelReady"):
+            raw = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+            for junk in (b"\x0a\x02\xff\xfe", b"\xff" * 5, b"\x0a\x10mlp"):
+                error = await status_of(raw(junk))
+                assert error.code() == Code.INVALID_ARGUMENT, (method, junk, error)
+                assert "not a valid protobuf message" in error.details()
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert len((await stub.ModelInfer(infer_request(X))).raw_output_contents[0]) == 80
+
+
 async def test_a_message_over_the_limit_is_refused_and_nothing_else_is():
     async with front(max_message_bytes=4096) as f, \
             grpc.aio.insecure_channel(f.address) as channel:
