@@ -297,18 +297,32 @@ async def bounded_search(search_fn, start: Any, evaluate: Any,
                                  f"of {search_s} s") from None
 
 
+def task_outcome(task: asyncio.Task, what: str) -> Tuple[Any, bool]:
+    """``(outcome, raised)`` of a done search task: what it returned (an exception it
+    returned is a result), or what it raised (CancelledError when it was cancelled).
+    An exception that is false (one with ``__len__``) is still what it raised."""
+    if task.cancelled():
+        return asyncio.CancelledError(f"{what} was cancelled"), True
+    error = task.exception()
+    if error is not None:
+        return error, True
+    return task.result(), False
+
+
 class ClientSearches:
     """A worker's searches: each runs as a task (bounded by ``search_s``), and the
     outcomes of those that ended in one loop iteration go to ``on_outcomes`` together,
-    each packed to travel by ``pack`` (``(k, is_result, payload)``, ``k`` its position).
+    each packed to travel by ``pack(outcome, raised)`` (``(is_result, payload)``: a
+    search may return an exception as its result) and reported as
+    ``(k, is_result, payload)``, ``k`` its position.
 
     Example:
         >>> async def search(start, evaluate):
         ...     if start < 0:
         ...         raise ValueError(start)
         ...     return 2 * start
-        >>> def pack(outcome):                     # (is_result, payload)
-        ...     return not isinstance(outcome, BaseException), outcome
+        >>> def pack(outcome, raised):             # (is_result, payload)
+        ...     return not raised, outcome
         >>> sent = []
         >>> searches = ClientSearches(search, [1, 2, -1], None, None, pack, sent.append)
         >>> asyncio.run(searches.run())    # every outcome sent by the time it returns
@@ -317,7 +331,7 @@ class ClientSearches:
     """
 
     def __init__(self, search_fn, starts: Sequence[Any], evaluate: Any,
-                 search_s: float | None, pack: Callable[[Any], Tuple[bool, Any]],
+                 search_s: float | None, pack: Callable[[Any, bool], Tuple[bool, Any]],
                  on_outcomes: Callable[[List[tuple]], None]):
         self._search_fn = search_fn
         self._starts = list(starts)
@@ -346,13 +360,10 @@ class ClientSearches:
         self._flush()
 
     def _ended(self, k: int, task: asyncio.Task) -> None:
-        if task.cancelled():
-            outcome: Any = asyncio.CancelledError(f"search {k} was cancelled")
-        else:
-            outcome = task.exception() or task.result()
+        outcome, raised = task_outcome(task, f"search {k}")
         if not self._ready:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._ready.append((k, *self._pack(outcome)))
+        self._ready.append((k, *self._pack(outcome, raised)))
 
     def _flush(self) -> None:
         if self._ready:

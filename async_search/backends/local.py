@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, Awaitable, Callable, Hashable, List, Sequence
+from typing import Any, Awaitable, Callable, Dict, Hashable, List, Sequence
 
-from async_search.backends.attempts import GRACE_S, Deadlines, bounded_search
+from async_search.backends.attempts import GRACE_S, Deadlines, bounded_search, task_outcome
 from async_search.backends.config import Progress, RunConfig
 from async_search.backends.results import SearchResults, merge_stats, raise_failures
 from async_search.backends.servers import ServersHook
@@ -45,17 +45,17 @@ async def gather_searches(search_fn: Callable[[Any, Any], Awaitable[Any]],
         for task in tasks:
             task.cancel()
     results: List[Any] = []
+    failures: Dict[int, BaseException] = {}  # raised, not returned: a result may be one
     for index, task in enumerate(tasks):
         if task in late and (task.cancelled() or not task.done()):
-            results.append(deadlines.run_timeout_error(index))
-        elif task.cancelled():  # the search cancelled itself
-            results.append(asyncio.CancelledError(f"the search of start {index} was "
-                                                  f"cancelled"))
-        else:
-            results.append(task.exception() or task.result())
+            outcome, raised = deadlines.run_timeout_error(index), True
+        else:  # (cancelled: the search cancelled itself)
+            outcome, raised = task_outcome(task, f"the search of start {index}")
+        if raised:
+            failures[index] = outcome
+        results.append(outcome)
     if not return_exceptions:
-        raise_failures({i: r for i, r in enumerate(results)
-                        if isinstance(r, BaseException)}, len(starts))
+        raise_failures(failures, len(starts))
     return results
 
 

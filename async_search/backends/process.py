@@ -225,8 +225,8 @@ async def _client(connection: Connection, results: SocketQueue, search_fn,
         pass
 
 
-def _packed(outcome: Any) -> Tuple[bool, bytes]:
+def _packed(outcome: Any, raised: bool) -> Tuple[bool, bytes]:
     """``(is_result, payload)``: a result that travels, or a ``Failure`` that does."""
-    if isinstance(outcome, BaseException):
+    if raised:
         return False, pickle.dumps(pack_error(outcome))
     return pack(outcome)

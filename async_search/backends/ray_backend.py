@@ -835,7 +835,8 @@ class _Client:
             # Each outcome is pickled on its own and checked to load: one that cannot
             # travel fails its own start (with the reason), not the whole task.
             await ClientSearches(self._search_fn, self._starts, evaluate, self._search_s,
-                                 lambda outcome: _packed(outcome, dumps, loads),
+                                 lambda outcome, raised: _packed(outcome, raised,
+                                                                 dumps, loads),
                                  self.on_outcomes).run()
             # Whether this client's CPU or its round trips were the limit (run stats).
             usage = {"cpu_s": round(time.process_time() - cpu, 4),
@@ -855,8 +856,8 @@ class _Client:
         return None if router is None else router.stats, transports, usage
 
 
-def _packed(outcome: Any, dumps, loads) -> Tuple[bool, bytes]:
-    if isinstance(outcome, BaseException):
+def _packed(outcome: Any, raised: bool, dumps, loads) -> Tuple[bool, bytes]:
+    if raised:
         return False, dumps(pack_error(outcome, dumps, loads))
     return pack(outcome, dumps, loads)
 

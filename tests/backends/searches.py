@@ -222,3 +222,24 @@ async def spin_or_wait(start, evaluate):
     else:
         await asyncio.sleep(seconds)
     return seconds
+
+
+async def returns_an_exception(start, evaluate):
+    """Returns (does not raise) an exception: a result like any other."""
+    await evaluate(np.zeros((1, 3), np.float32))
+    return ValueError(f"a value, not a failure: {start}")
+
+
+class NoProblems(Exception):
+    """An exception that is false: it has a length (its problems), here none."""
+
+    def __len__(self):
+        return 0
+
+
+async def raises_a_false_exception(start, evaluate):
+    """Raises ``NoProblems`` (false as a truth value) for start 1, else returns it."""
+    await evaluate(np.zeros((1, 3), np.float32))
+    if start == 1:
+        raise NoProblems("no problems, still raised")
+    return start

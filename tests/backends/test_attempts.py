@@ -230,7 +230,7 @@ async def test_client_searches_hand_over_outcomes_as_the_searches_end():
 
     batches = []
     searches = ClientSearches(search, ["a", "late", "bad"], None, None,
-                              lambda o: (not isinstance(o, BaseException), o),
+                              lambda o, raised: (not raised, o),
                               batches.append)
     running = asyncio.ensure_future(searches.run())
     while not batches:

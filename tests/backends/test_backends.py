@@ -93,6 +93,22 @@ def test_with_return_exceptions_a_failed_start_holds_its_exception_in_place(back
     assert isinstance(out[3], ArithmeticError) and "start 3 is cursed" in str(out[3])
 
 
+def test_an_exception_a_search_returns_is_its_result_not_a_failure(backend):
+    out = backend.run(searches.returns_an_exception, [1, 2], searches.small_mlp)
+    assert [type(r) for r in out] == [ValueError, ValueError]
+    assert [str(r) for r in out] == ["a value, not a failure: 1", "a value, not a failure: 2"]
+
+
+def test_a_raised_exception_that_is_false_fails_its_start_alone(backend):
+    out = backend.run(searches.raises_a_false_exception, [0, 1, 2], searches.small_mlp,
+                      return_exceptions=True)
+    assert out[0] == 0 and out[2] == 2
+    assert isinstance(out[1], searches.NoProblems) or "no problems, still raised" in str(
+        out[1]), repr(out[1])
+    with pytest.raises(asr.SearchError, match="1 of 3 searches failed; the first, start 1"):
+        backend.run(searches.raises_a_false_exception, [0, 1, 2], searches.small_mlp)
+
+
 def test_a_bad_request_fails_only_the_search_that_made_it(backend):
     starts = list(range(5))
     out = backend.run(searches.wrong_shape_on_two, starts, searches.small_mlp,
