@@ -48,7 +48,7 @@ class ManhattanHeuristic:
         self._table = table.reshape(n * n, 1)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        x = np.asarray(batch, np.float64).reshape(len(batch), -1)
+        x = np.asarray(batch, np.float64).reshape(len(batch), len(self._table))
         return (x @ self._table).astype(np.float32)
 
     @property

@@ -129,9 +129,9 @@ class PolicyValueResNet:
             y = _batch_norm(w, f"blocks.{b}.bn2", _conv2d(y, w[f"blocks.{b}.conv2.weight"]))
             h = _relu(h + y)
         p = _relu(_batch_norm(w, "policy.bn", _conv2d(h, w["policy.conv.weight"])))
-        logits = _linear(w, "policy.fc", p.reshape(len(p), -1))
+        logits = _linear(w, "policy.fc", _flat(p))
         v = _relu(_batch_norm(w, "value.bn", _conv2d(h, w["value.conv.weight"])))
-        v = _relu(_linear(w, "value.fc1", v.reshape(len(v), -1)))
+        v = _relu(_linear(w, "value.fc1", _flat(v)))
         value = np.tanh(_linear(w, "value.fc2", v))
         return logits.astype(np.float32), value.astype(np.float32)
 
@@ -272,3 +272,8 @@ def _conv2d(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     windows = np.lib.stride_tricks.sliding_window_view(padded, (k, k), axis=(2, 3))
     return np.einsum("nchwij,ocij->nohw", windows, kernel.astype(np.float64), optimize=True)
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    """``x`` as rows ``[n, features]`` (zero rows too, which ``reshape(n, -1)`` refuses)."""
+    return x.reshape(len(x), int(np.prod(x.shape[1:])))

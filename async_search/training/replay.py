@@ -129,7 +129,7 @@ class ReplayBuffer:
                 fit; nothing is added then (the buffer is unchanged).
         """
         x, policy, value = self._checked(x, policy, value)
-        n = len(x)
+        n = given = len(x)
         if n == 0:
             return
         if n > self.capacity:  # only the newest fit
@@ -143,7 +143,7 @@ class ReplayBuffer:
         self._z[index] = value
         self._next = int((self._next + n) % self.capacity)
         self._size = min(self.capacity, self._size + n)
-        self.added += n
+        self.added += given  # every sample passed in, stored or not (runs resume by it)
 
     def _checked(self, x, policy, value) -> tuple:
         x = np.asarray(x, np.float32)
@@ -168,13 +168,16 @@ class ReplayBuffer:
             if not np.isfinite(policy).all() or (policy < 0).any():
                 raise ValueError("ReplayBuffer.add: policy targets must be finite and "
                                  "non-negative")
-            totals = policy.sum(axis=1, keepdims=True)
+            # Summed in float64: rows near float32's largest sum to inf in float32.
+            totals = policy.sum(axis=1, keepdims=True, dtype=np.float64)
             if n and (totals <= 0).any():
                 raise ValueError("ReplayBuffer.add: every policy row needs a positive sum "
                                  "(visit counts of at least one action)")
-            policy = policy / totals
+            policy = (policy / totals).astype(np.float32)
         spec = _Spec(tuple(x.shape[1:]), None if policy is None else policy.shape[1])
         if self._spec is None:
+            if not n:  # an empty add says nothing of the samples to come
+                return x, policy, value
             self._allocate(spec)
         elif spec != self._spec:
             want = self._spec

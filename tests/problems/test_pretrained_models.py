@@ -107,6 +107,16 @@ def test_pretrained_15_puzzle_loads_a_learned_heuristic_with_one_cost_per_board(
     assert np.isfinite(y).all() and (y >= 0).all()
 
 
+def test_the_pretrained_nets_and_manhattan_take_a_batch_of_zero_rows():
+    puzzle = problems.SlidingPuzzle(4)
+    for model in (problems.pretrained("15-puzzle"), problems.pretrained("connect_four"),
+                  problems.ManhattanHeuristic(puzzle)):
+        spec = model.input_spec
+        out = model(np.zeros((0, *spec.shape), spec.dtype))
+        for leaf in (out if isinstance(out, tuple) else (out,)):
+            assert len(leaf) == 0
+
+
 def test_pretrained_15_puzzle_tf_twin_is_bitwise_equal():
     pytest.importorskip("tensorflow")
     h = problems.pretrained("15-puzzle")

@@ -38,6 +38,13 @@ def test_cost_to_go_net_returns_one_value_per_state():
     assert len(np.unique(h)) == 6
 
 
+def test_a_batch_of_zero_rows_gives_outputs_of_zero_rows():
+    policy, value = PolicyValueResNet(GAME, channels=4, blocks=1)(board_inputs(1)[:0])
+    assert policy.shape == (0, GAME.num_actions) and value.shape == (0, 1)
+    assert CostToGoResNet(PUZZLE, first_width=8, width=8, blocks=1)(
+        puzzle_inputs(1)[:0]).shape == (0, 1)
+
+
 def test_sizes_shape_the_weights():
     net = PolicyValueResNet(GAME, channels=16, blocks=3, value_hidden=24)
     w = net.weights

@@ -75,16 +75,34 @@ def test_an_add_larger_than_the_capacity_keeps_only_its_newest_samples():
     buf = ReplayBuffer(4, seed=0)
     buf.add(*samples(3))
     buf.add(*samples(10, start=3))
-    assert len(buf) == 4 and buf.added == 7  # 3, then the 4 newest of the 10
+    assert len(buf) == 4 and buf.added == 13  # 3, then 10 (only the 4 newest kept)
     assert ids_of(buf.arrays()) == [9, 10, 11, 12]
     buf.add(*samples(1, start=13))
     assert ids_of(buf.arrays()) == [10, 11, 12, 13]
 
 
-def test_added_counts_the_samples_kept_from_an_oversized_add():
+def test_added_counts_every_sample_of_an_oversized_add_though_only_the_newest_are_kept():
+    # Resumed runs check added against the samples their history made: counting only
+    # those kept, a round larger than the buffer could never be resumed.
     buf = ReplayBuffer(4, seed=0)
     buf.add(*samples(10))
-    assert buf.added == 4 and ids_of(buf.arrays()) == [6, 7, 8, 9]
+    assert buf.added == 10 and ids_of(buf.arrays()) == [6, 7, 8, 9]
+
+
+def test_an_empty_add_shapes_nothing():
+    buf = ReplayBuffer(4, seed=0)
+    buf.add(np.zeros((0,)), None, np.zeros(0))
+    assert len(buf) == 0 and buf.added == 0
+    buf.add(*samples(2))  # its own shape and policy, not the empty add's
+    assert len(buf) == 2
+
+
+def test_policy_rows_near_the_largest_float32_are_normalised_not_zeroed():
+    buf = ReplayBuffer(4, seed=0)
+    x, _, value = samples(1)
+    buf.add(x, np.full((1, ACTIONS), 3e38, np.float32), value)
+    held = buf.arrays().policy
+    np.testing.assert_allclose(held.sum(axis=1), 1.0, rtol=1e-6)
 
 
 def test_policy_rows_are_normalised_to_sum_one():
