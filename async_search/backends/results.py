@@ -16,8 +16,9 @@ class SearchResults(list):
     It is a list, so it compares equal to the list of results; ``stats`` is a dict:
     backend, num_procs, num_servers, wall_time_s, the serving figures summed over the
     servers (batches, elements, mean_batch_size, std_batch_size, model_time_s,
-    fraction_in_model: model time over wall time per server), ``servers`` (each
-    server's own stats) and ``trace`` (a BatchRecord per batch, ordered by time). The
+    fraction_in_model: model time over wall time per device worker, at most 1),
+    ``servers`` (each server's own stats) and ``trace`` (a BatchRecord per batch,
+    ordered by time). The
     process and Ray backends add ``clients``: a dict per attempt (``attempt``, its
     ``starts``, ``worker``, ``node`` on Ray, how it ``ended``; once it finished,
     ``cpu_s`` and ``searching_s``: the client process's CPU (every thread's, Ray's own
@@ -47,6 +48,9 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
     mean = sum(sizes) / batches if batches else 0.0
     std = (sum((s - mean) ** 2 for s in sizes) / batches) ** 0.5 if batches else 0.0
     model_time = sum(s.get("model_time_s", 0.0) for s in servers)
+    # Per device worker: the local and process backends' servers are the workers of
+    # one BatchingServer, each adding its model time.
+    workers = max(sum(max(s.get("workers", 1), 1) for s in servers), 1)
     return {
         "backend": config.backend,
         "num_procs": config.num_procs,
@@ -57,8 +61,7 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
         "mean_batch_size": mean,
         "std_batch_size": std,
         "model_time_s": model_time,
-        "fraction_in_model": (model_time / wall_time / max(len(servers), 1)
-                              if wall_time > 0 else 0.0),
+        "fraction_in_model": model_time / wall_time / workers if wall_time > 0 else 0.0,
         "servers": servers,
         "trace": trace,
     }

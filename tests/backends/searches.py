@@ -243,3 +243,17 @@ async def raises_a_false_exception(start, evaluate):
     if start == 1:
         raise NoProblems("no problems, still raised")
     return start
+
+
+class Sleepy:
+    """``x + 1`` after 20 ms a batch (a model that keeps its device busy)."""
+
+    def __call__(self, x):
+        import time
+
+        time.sleep(0.02)
+        return x + 1
+
+
+def sleepy():
+    return Sleepy()

@@ -67,6 +67,13 @@ def test_several_servers_share_the_stream(backend):
     assert max(record.size for record in out.stats["trace"]) <= 4
 
 
+def test_the_fraction_in_the_model_is_per_device_worker_and_at_most_one(backend):
+    # Two workers computing all the time add up to twice the wall time of model time.
+    out = backend.run(searches.echo_sum, [8] * 16, searches.sleepy, num_servers=2,
+                      max_batch_size=2, model_thread=True)
+    assert 0.1 < out.stats["fraction_in_model"] <= 1.0
+
+
 def test_progress_reports_every_element_evaluated(backend):
     seen = []
     out = backend.run(searches.echo_sum, [3, 4, 5], searches.small_mlp,
