@@ -111,15 +111,28 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
 
 
 def _check_picklable(search_fn, starts: Sequence[Any]) -> None:
-    """Fails before any process starts if the searches cannot travel to one."""
+    """Fails before any process starts if the searches cannot travel to one: each must
+    pickle and load again (a start that pickles but cannot load would end the client
+    process that loads it, and every start it holds, with a WorkerDiedError)."""
     for what, obj in (("search_fn", search_fn), ("starts", starts)):
         try:
-            pickle.dumps(obj)
+            pickle.loads(pickle.dumps(obj))
         except Exception as e:
+            if what == "starts":
+                what = f"start {_first_that_does_not_travel(starts)}"
             raise TypeError(
                 f"the process backend sends {what} to worker processes, so it must be "
-                f"picklable (a module-level function, or a functools.partial of one): "
-                f"{e}") from e
+                f"picklable and load again (a module-level function, or a "
+                f"functools.partial of one): {type(e).__name__}: {e}") from e
+
+
+def _first_that_does_not_travel(starts: Sequence[Any]) -> int | str:
+    for index, start in enumerate(starts):
+        try:
+            pickle.loads(pickle.dumps(start))
+        except Exception:  # noqa: BLE001 - the one to name
+            return index
+    return "(the list of starts)"
 
 
 class _ClientProcess:

@@ -42,6 +42,23 @@ def test_an_unpicklable_search_function_is_refused_before_any_process_starts():
         asr.run_searches(nested, [1], searches.small_mlp, backend="process")
 
 
+class _DoesNotLoad:
+    """Pickles, but raises when loaded (in the client process that would run it)."""
+
+    def __reduce__(self):
+        return (_refuse_to_load, ())
+
+
+def _refuse_to_load():
+    raise RuntimeError("this start cannot be loaded")
+
+
+def test_a_start_that_pickles_but_does_not_load_is_refused_by_index_before_any_process():
+    with pytest.raises(TypeError, match=r"start 1 .*load again.*cannot be loaded"):
+        asr.run_searches(searches.echo_sum, [2, _DoesNotLoad(), 3], searches.small_mlp,
+                         backend="process")
+
+
 async def _big_result(start, evaluate):
     return np.full(1 << 18, float(start))  # 2 MiB per search: a report far above any buffer
 
