@@ -178,6 +178,21 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
     return outcomes
 
 
+async def run_shares(shares: Sequence[Awaitable[Any]]) -> List[Any]:
+    """Each share's outcome (``run_share`` coroutines), in order. When one raises (an
+    error no attempt handles: the machine out of file descriptors, say) or the caller is
+    cancelled, the other shares are cancelled, and their workers stopped, before the
+    error goes on: nothing of the run outlives the call."""
+    tasks = [asyncio.ensure_future(share) for share in shares]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def _attempt(indices: List[int], attempt: int, launch: Launch, deadlines: Deadlines,
                    retryable, outcomes: dict, lost: dict, causes: dict,
                    record) -> List[int]:

@@ -32,7 +32,7 @@ import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
-                                            WorkerBroke, WorkerLost, run_share)
+                                            WorkerBroke, WorkerLost, run_share, run_shares)
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import Progress, RunConfig
 from async_search.backends.results import SearchResults, finish, merge_stats
@@ -87,9 +87,9 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
 
             shares = [list(range(i, len(starts), config.num_procs))
                       for i in range(min(config.num_procs, max(len(starts), 1)))]
-            outcomes = await asyncio.gather(*(
+            outcomes = await run_shares([
                 run_share(share, launch, retries=config.retries, deadlines=deadlines,
-                          record=clients.append) for share in shares))
+                          record=clients.append) for share in shares])
             wall = loop.time() - start_time
         finally:
             if servers_hook is not None:

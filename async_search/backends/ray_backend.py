@@ -55,7 +55,7 @@ from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 from async_search import process_tree
 from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
-                                            WorkerBroke, WorkerLost, run_share)
+                                            WorkerBroke, WorkerLost, run_share, run_shares)
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import Progress, RunConfig
 from async_search.backends.gpu_placement import place_servers, release_gpus, reserve_gpus
@@ -291,10 +291,10 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                                                               watcher_state))
                        if progress is not None else None)
             try:
-                outcomes = await asyncio.gather(*(
+                outcomes = await run_shares([
                     run_share(share, launch, retries=config.retries, deadlines=deadlines,
                               retryable=_servers_died, record=clients.append)
-                    for share in shares))
+                    for share in shares])
             finally:
                 wall = time.perf_counter() - start_time
                 if watcher is not None:

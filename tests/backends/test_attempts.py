@@ -8,7 +8,7 @@ import pytest
 
 from async_search.backends.attempts import (ClientSearches, Deadlines, Started,
                                             WorkerBroke, WorkerLost, bounded_search,
-                                            run_share)
+                                            run_share, run_shares)
 from async_search.errors import (SearchError, SearchTimeoutError, ServerDiedError,
                                  WorkerDiedError)
 from tests.helpers import within
@@ -240,3 +240,24 @@ async def test_client_searches_hand_over_outcomes_as_the_searches_end():
     release.set()
     await within(running, "ClientSearches.run")
     assert batches[1] == [(1, True, "late")]
+
+
+async def test_when_one_share_raises_the_others_are_stopped_before_the_error_goes_on():
+    stopped = []
+
+    async def long_share():
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0.01)  # stopping its worker takes a moment
+            stopped.append("long")
+
+    async def failing_share():
+        await asyncio.sleep(0.01)
+        raise OSError("out of file descriptors")
+
+    with pytest.raises(OSError, match="out of file descriptors"):
+        await within(run_shares([long_share(), failing_share()]), "the shares")
+    assert stopped == ["long"]  # before run_shares raised, not later
+    assert await within(run_shares([asyncio.sleep(0, result=1), asyncio.sleep(0, result=2)]),
+                        "plain shares") == [1, 2]
