@@ -26,8 +26,10 @@ import asyncio
 import contextlib
 import itertools
 import multiprocessing
+import os
 import pickle
 import signal
+import sys
 import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
@@ -213,6 +215,13 @@ def client_main(connection: Connection, results: SocketQueue, search_fn,
     results.writer_only()
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
         runner.run(_client(connection, results, search_fn, starts, spec, search_s))
+        # Every outcome is reported and written. A thread that a timed-out search left
+        # running (asyncio.to_thread) must not hold this process: the loop's close and
+        # the interpreter's exit would wait for it, and the run for them.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
 
 
 async def _client(connection: Connection, results: SocketQueue, search_fn,

@@ -257,3 +257,13 @@ class Sleepy:
 
 def sleepy():
     return Sleepy()
+
+
+async def stuck_in_a_thread(start, evaluate):
+    """Blocks 30 s in a thread of its own (asyncio.to_thread): a search timeout stops
+    the search, not the thread."""
+    import time
+
+    await evaluate(np.zeros((1, 3), np.float32))
+    await asyncio.to_thread(time.sleep, 30)
+    return start

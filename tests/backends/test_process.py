@@ -150,3 +150,16 @@ def test_a_matrix_beside_healthy_requests_in_one_message(rows):
                            backend="process", num_procs=1)
     for (case, seeds), (odd_out, good_out) in zip(starts, out):
         odd_arrays.check_outcomes(case, seeds, odd_out, good_out)
+
+
+def test_a_thread_a_timed_out_search_left_running_does_not_hold_the_run():
+    # The client reports every outcome, then must exit at once: its loop's close and
+    # the interpreter's exit would wait 30 s for the thread (10 s a client, in turn).
+    import time
+
+    began = time.monotonic()
+    out = asr.run_searches(searches.stuck_in_a_thread, [1, 2, 3, 4], searches.small_mlp,
+                           backend="process", num_procs=4, search_timeout=1.0,
+                           return_exceptions=True)
+    assert all(isinstance(r, asr.SearchTimeoutError) for r in out), out
+    assert time.monotonic() - began < 9.0
