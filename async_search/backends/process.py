@@ -96,9 +96,11 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
         finally:
             if servers_hook is not None:
                 await servers_hook.finish()
-            if deadlines.run_passed():  # no draining past the deadline
-                with contextlib.suppress(CloseTimeoutError):
-                    await evaluate.aclose(drain=False, timeout=GRACE_S)
+            # Every search has ended (or the run fails): what is still queued or in
+            # the model is no one's, so nothing is drained, and a model stuck in a
+            # batch (a search_timeout ended its searches) is not waited for.
+            with contextlib.suppress(CloseTimeoutError):
+                await evaluate.aclose(drain=False, timeout=GRACE_S)
     results_: List[Any] = [None] * len(starts)
     failures: Dict[int, BaseException] = {}
     for share_outcomes in outcomes:

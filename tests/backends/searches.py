@@ -267,3 +267,24 @@ async def stuck_in_a_thread(start, evaluate):
     await evaluate(np.zeros((1, 3), np.float32))
     await asyncio.to_thread(time.sleep, 30)
     return start
+
+
+async def one_request(start, evaluate):
+    """One request of its start's value (13's comes half a second after the others',
+    in a batch of its own); returns the output."""
+    if start == 13:
+        await asyncio.sleep(0.5)
+    y = await evaluate(np.full((1, 3), start, np.float32))
+    return float(y[0, 0])
+
+
+class StuckOn13:
+    """``2 * x``, but a batch holding 13 waits for ``release`` (a model stuck in it)."""
+
+    def __init__(self, release):
+        self.release = release
+
+    def __call__(self, x):
+        if (x[:, 0] == 13).any():
+            self.release.wait(60)
+        return 2 * x

@@ -3,6 +3,9 @@
 sequential baseline (one search after another on ``immediate(model)``), in the order of
 the starts."""
 
+import threading
+import time
+
 import pytest
 
 import async_search as asr
@@ -72,6 +75,23 @@ def test_the_fraction_in_the_model_is_per_device_worker_and_at_most_one(backend)
     out = backend.run(searches.echo_sum, [8] * 16, searches.sleepy, num_servers=2,
                       max_batch_size=2, model_thread=True)
     assert 0.1 < out.stats["fraction_in_model"] <= 1.0
+
+
+def test_a_model_stuck_in_a_batch_does_not_hold_a_run_whose_searches_timed_out(backend):
+    if backend.name == "ray":
+        pytest.skip("Ray's servers are actors, stopped with their pool")
+    release = threading.Event()
+    began = time.monotonic()
+    try:
+        out = backend.run(searches.one_request, [1, 13, 2],
+                          lambda: searches.StuckOn13(release), search_timeout=1.0,
+                          return_exceptions=True, model_thread=True)
+        elapsed = time.monotonic() - began
+    finally:
+        release.set()  # the model's thread ends
+    assert out[0] == 2.0 and out[2] == 4.0, out
+    assert isinstance(out[1], asr.SearchTimeoutError), out
+    assert elapsed < 8.0  # it drained the stuck batch: 60 s
 
 
 def test_progress_reports_every_element_evaluated(backend):
