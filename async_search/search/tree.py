@@ -477,6 +477,8 @@ class Tree:
                 if leaf in terminals:
                     self._prove_up(path)
                 continue
+            # The same backup as _back_up_proving's, without its lookup a step: this
+            # loop runs once per edge of every simulation, inline (no call).
             for e in reversed(path):
                 value = -value
                 v = virtual[e] - 1
