@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Dict, Hashable, List
+from typing import Dict, Hashable, List, Tuple
 
 import numpy as np
 
@@ -11,6 +11,7 @@ from async_search import rows
 from async_search.base import BatchParts, Outputs
 from async_search.errors import ModelOutputError, deliverable
 from async_search.rows import OutputStructure
+from async_search.wire import RowsFailed
 
 
 _UNSET, _MIXED, _MISSING = object(), object(), object()
@@ -30,7 +31,8 @@ class ResultDelivery:
     kind (float64 for float32) is cast; any other difference fails that batch with
     ModelOutputError, so that no output is sliced into the wrong callers. Nothing is
     kept of a request once its future is done: when one batch of a split request
-    fails, the pieces from its other batches are dropped.
+    fails, the pieces from its other batches are dropped, unless the request is
+    rowwise (``want_rowwise``).
     """
 
     def __init__(self, empty_output: Outputs | None = None):
@@ -43,6 +45,9 @@ class ResultDelivery:
             self._expected_from = "the declared output spec"
         self._partial: Dict[asyncio.Future, list] = {}  # -> [size, received, pieces]
         self._versions: Dict[asyncio.Future, Hashable] = {}
+        self._rowwise: set = set()
+        # rowwise requests with failed rows -> [first error, [(offset, count), ...]]
+        self._failed_rows: Dict[asyncio.Future, list] = {}
 
     def empty_result(self) -> Outputs:
         """A zero-element request's outputs, its own (a new dict, tuple or view of the
@@ -62,6 +67,15 @@ class ResultDelivery:
     def want_version(self, fut: asyncio.Future) -> None:
         """Record the version that computes ``fut`` (read it with ``pop_version``)."""
         self._versions[fut] = _UNSET
+
+    def want_rowwise(self, fut: asyncio.Future) -> None:
+        """``fut``'s request holds the rows of several callers (a client's message of
+        one loop iteration), so a batch that fails must fail its rows only: when the
+        request is split across batches and some fail while others are computed,
+        ``fut`` fails with ``RowsFailed``, which carries the computed rows (a request
+        whose every batch failed fails with the first error, as any request)."""
+        self._rowwise.add(fut)
+        fut.add_done_callback(self._rowwise.discard)
 
     def pop_version(self, fut: asyncio.Future) -> Hashable:
         """The version that computed ``fut``; None if its pieces (a request split across
@@ -127,8 +141,12 @@ class ResultDelivery:
         them (pieces from other batches). An error a future cannot carry as it is
         (StopIteration, CancelledError...) is wrapped (``errors.deliverable``)."""
         error = deliverable(error)
-        partial = self._partial
-        for fut in popped.tags:
+        partial, rowwise, parts = self._partial, self._rowwise, popped.parts
+        for i, fut in enumerate(popped.tags):
+            if rowwise and parts and fut in rowwise and i in parts and not fut.done():
+                offset, total = parts[i]
+                self._fail_rows(fut, total, offset, len(popped.pieces[i]), error)
+                continue
             if partial:
                 partial.pop(fut, None)
             if not fut.done():
@@ -137,27 +155,58 @@ class ResultDelivery:
     def forget(self, futures: List[asyncio.Future]) -> None:
         """Drops what is kept of requests that failed before reaching a batch."""
         for fut in futures:
-            self._partial.pop(fut, None)
+            self._forget_one(fut)
 
     def _forget_one(self, fut: asyncio.Future) -> None:
         self._partial.pop(fut, None)
+        if self._failed_rows:
+            self._failed_rows.pop(fut, None)
 
-    def _add_piece(self, fut: asyncio.Future, total: int, offset: int,
-                   piece: Outputs) -> None:
-        if fut.done():  # failed (another batch of it did) or cancelled: keep nothing
-            self._partial.pop(fut, None)
-            return
+    def _state(self, fut: asyncio.Future, total: int) -> list:
+        """What is kept of split request ``fut``: ``[total, received, pieces]``."""
         state = self._partial.get(fut)
         if state is None:
             state = self._partial[fut] = [total, 0, []]
             # A request cancelled before its last piece comes (whose rest the batcher
             # then drops) keeps nothing here either.
             fut.add_done_callback(self._forget_one)
+        return state
+
+    def _fail_rows(self, fut: asyncio.Future, total: int, offset: int, count: int,
+                   error: BaseException) -> None:
+        """Rows ``offset:offset+count`` of rowwise request ``fut`` failed with
+        ``error``; the rest of it is still delivered."""
+        state = self._state(fut, total)
+        failed = self._failed_rows.get(fut)
+        if failed is None:
+            failed = self._failed_rows[fut] = [error, []]
+        failed[1].append((offset, count))
+        state[1] += count
+        if state[1] == state[0]:
+            self._complete(fut, state)
+
+    def _complete(self, fut: asyncio.Future, state: list) -> None:
+        """Every row of split request ``fut`` is in: its outputs, or what failed."""
+        del self._partial[fut]
+        failed = self._failed_rows.pop(fut, None) if self._failed_rows else None
+        if fut.done():
+            return
+        computed = sorted(state[2], key=lambda item: item[0])
+        if failed is None:
+            fut.set_result(rows.concatenate([piece for _, piece in computed]))
+        elif not computed:  # every batch of it failed: as any request
+            fut.set_exception(failed[0])
+        else:
+            fut.set_exception(RowsFailed(failed[0], sorted(failed[1]), computed))
+
+    def _add_piece(self, fut: asyncio.Future, total: int, offset: int,
+                   piece: Outputs) -> None:
+        if fut.done():  # failed (another batch of it did) or cancelled: keep nothing
+            self._partial.pop(fut, None)
+            return
+        state = self._state(fut, total)
         state[1] += rows.count(piece)
         state[2].append((offset, piece))
         if state[1] == state[0]:
-            del self._partial[fut]
-            if not fut.done():
-                ordered = [p for _, p in sorted(state[2], key=lambda item: item[0])]
-                fut.set_result(rows.concatenate(ordered))
+            self._complete(fut, state)
 

@@ -2,7 +2,9 @@
 
 Outbound, beside plain requests (an array ``[n, ...]``), a client may send:
 
-- ``VersionedRequest(x)``: answered with ``(outputs, version)``;
+- ``VersionedRequest(x)``: answered with ``(outputs, version)``; a ``rowwise`` one (the
+  rows of several callers) that some failing batches held in part is answered with a
+  ``RowsFailed`` (the rows computed, and the row ranges that failed);
 - ``ModelUpdate(model, version)``: swaps the served model, answered with ``version``;
 - ``VersionSubscription()``: answered with ``(version, swaps)``; from then on each swap
   sends the client a ``VersionNotice(version, swaps)``, which it acknowledges with
@@ -56,7 +58,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import traceback
-from typing import Any, Callable, Hashable, Tuple
+from typing import Any, Callable, Hashable, List, Tuple
 
 import numpy as np
 
@@ -67,7 +69,7 @@ from async_search.errors import RemoteError, RemoteTraceback, SearchError
 __all__ = ["Control", "ModelUpdate", "VersionedRequest", "VersionSubscription",
            "VersionNotice", "VersionAck", "Failure", "pack", "unpack", "pack_error",
            "unpack_error", "round_trips", "remote_error", "plain_outputs", "arrived",
-           "Dumps", "Loads"]
+           "Dumps", "Loads", "RowsFailed"]
 
 Dumps = Callable[[Any], bytes]
 Loads = Callable[[bytes], Any]
@@ -102,14 +104,47 @@ class VersionedRequest:
 
     Attributes:
         x: the request, an array ``[n, ...]`` as for a plain request.
+        rowwise: ``x`` holds the rows of several callers, so a batch that fails must
+            fail only its rows: when the server split ``x`` across batches and some of
+            them failed, the answer is a ``wire.RowsFailed`` that carries the rows
+            computed (see ``BatchingServer.call_with_version``).
 
     Example: see the module's.
     """
 
     x: np.ndarray
+    rowwise: bool = False
 
     def __reduce__(self):  # one per message between processes: pickle it lean
-        return VersionedRequest, (self.x,)
+        return VersionedRequest, ((self.x, True) if self.rowwise else (self.x,))
+
+
+class RowsFailed(Exception):
+    """The answer to a rowwise request (``VersionedRequest(x, rowwise=True)``) that the
+    server split across batches, some of which failed. ``error`` is the first failure
+    (a ``Failure`` when it crossed to another process), ``failed`` the ``(offset,
+    count)`` row ranges of the batches that failed, ``computed`` the ``(offset,
+    outputs)`` pieces that were computed, in row order, and ``version`` the model
+    version that computed them (None when unknown or mixed). Every row is in exactly
+    one range or piece.
+
+    Example:
+        >>> answer = RowsFailed(ValueError("bad row"), [(0, 2)], [(2, np.ones((1, 1)))])
+        >>> copy = pickle.loads(pickle.dumps(answer))
+        >>> copy.failed, copy.computed[0][0], type(copy.error).__name__
+        ([(0, 2)], 2, 'ValueError')
+    """
+
+    def __init__(self, error: BaseException | Failure, failed: List[Tuple[int, int]],
+                 computed: List[Tuple[int, Any]], version: Hashable = None):
+        super().__init__(f"{len(failed)} part(s) of this request failed: {error!r}")
+        self.error = error
+        self.failed = failed
+        self.computed = computed
+        self.version = version
+
+    def __reduce__(self):  # the error may be a wire.Failure on its way to a client
+        return RowsFailed, (self.error, self.failed, self.computed, self.version)
 
 
 @dataclasses.dataclass(frozen=True)

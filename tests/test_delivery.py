@@ -5,6 +5,7 @@ import pytest
 
 from async_search.batchers import BatchSizeBatcher
 from async_search.delivery import ResultDelivery
+from async_search.wire import RowsFailed
 from async_search.errors import ModelOutputError, ModelRaisedError
 
 
@@ -80,6 +81,62 @@ async def test_a_failed_batch_drops_the_pieces_its_requests_have_in_other_batche
         router.fail(second, ArithmeticError("second batch"))
     assert router.held == 0
     assert isinstance(futures[1].exception(), ArithmeticError)
+
+
+@pytest.mark.parametrize("failed_first", [True, False])
+async def test_a_rowwise_request_keeps_the_rows_of_its_batches_that_did_not_fail(
+        failed_first):
+    loop = asyncio.get_running_loop()
+    futures, batches = split_batches(loop, [2, 9], 4)  # [2 + 2 of 9], [4 of 9], [3 of 9]
+    router = ResultDelivery()
+    router.want_rowwise(futures[1])
+    order = [1, 0, 2] if failed_first else [0, 2, 1]
+    for i in order:
+        if i == 1:
+            router.fail(batches[i], ArithmeticError("the middle batch"))
+            continue
+        assert router.deliver(batches[i], batches[i].batch * 2, version=0) is None
+    error = futures[1].exception()
+    assert isinstance(error, RowsFailed) and isinstance(error.error, ArithmeticError)
+    assert error.failed == [(2, 4)]  # rows 2..5 of the request
+    assert [(offset, out.tolist()) for offset, out in error.computed] == [
+        (0, [0.0, 2.0]), (6, [12.0, 14.0, 16.0])]
+    assert futures[0].result().tolist() == [0.0, 2.0]  # not rowwise, not split: as ever
+    assert router.held == 0
+
+
+async def test_a_rowwise_request_whose_every_batch_failed_fails_with_the_error():
+    loop = asyncio.get_running_loop()
+    futures, batches = split_batches(loop, [6], 4)
+    router = ResultDelivery()
+    router.want_rowwise(futures[0])
+    for i, popped in enumerate(batches):
+        router.fail(popped, ArithmeticError(f"batch {i}"))
+    assert type(futures[0].exception()) is ArithmeticError
+    assert str(futures[0].exception()) == "batch 0" and router.held == 0
+
+
+async def test_a_rowwise_request_with_no_failed_batch_is_delivered_whole():
+    loop = asyncio.get_running_loop()
+    futures, batches = split_batches(loop, [6], 4)
+    router = ResultDelivery()
+    router.want_rowwise(futures[0])
+    for popped in reversed(batches):
+        assert router.deliver(popped, popped.batch * 2, version=0) is None
+    assert futures[0].result().tolist() == [0, 2, 4, 6, 8, 10]
+
+
+async def test_a_rowwise_request_cancelled_between_batches_keeps_nothing():
+    loop = asyncio.get_running_loop()
+    futures, batches = split_batches(loop, [6], 4)
+    router = ResultDelivery()
+    router.want_rowwise(futures[0])
+    router.fail(batches[0], ArithmeticError("first"))
+    assert router.held == 1
+    futures[0].cancel()
+    await asyncio.sleep(0)  # done callbacks run
+    router.deliver(batches[1], batches[1].batch * 2, version=0)
+    assert router.held == 0 and not router._failed_rows and not router._rowwise
 
 
 async def test_held_pieces_return_to_zero_after_many_partial_failures():

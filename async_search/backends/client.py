@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Hashable, List
 
 import numpy as np
 
+from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.coalescing import CoalescedRequests
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
@@ -26,8 +27,8 @@ from async_search.delivery import ResultDelivery
 from async_search.errors import InputSpecError, ServerDiedError
 from async_search.queues import ClosedConnection
 from async_search.requests import RequestChecker
-from async_search.wire import (Failure, VersionAck, VersionedRequest, VersionNotice,
-                               VersionSubscription, unpack_error)
+from async_search.wire import (Failure, RowsFailed, VersionAck, VersionedRequest,
+                               VersionNotice, VersionSubscription, unpack_error)
 
 
 @dataclasses.dataclass
@@ -56,6 +57,15 @@ class Message:
 
     def set_exception(self, error: BaseException) -> None:
         self.on_answer(self, error)
+
+    @classmethod
+    def empty(cls) -> "Message":
+        """A message to gather some of another's requests in."""
+        return cls(np.empty(0), [], [], _no_answer)
+
+
+def _no_answer(message: Message, answer: Any) -> None:
+    raise AssertionError("a message made to gather requests is never sent")
 
 
 class _Ignored:
@@ -230,8 +240,8 @@ class CoalescingClient(CoalescedRequests):
             self._subscribe()
         message = Message(xs[0] if len(xs) == 1 else np.concatenate(xs), futures, xs,
                           self._answered)
-        try:
-            self._messages.submit(VersionedRequest(message.batch), message)
+        try:  # several requests: a failing batch of the server fails only its rows
+            self._messages.submit(VersionedRequest(message.batch, len(xs) > 1), message)
             self._connection.send_pending()  # this iteration's one message: no wait
         except ServerDiedError as e:
             self._delivery.fail(message, e)
@@ -249,6 +259,9 @@ class CoalescingClient(CoalescedRequests):
 
     def _answered(self, message: Message, answer: Any) -> None:
         self._in_flight -= 1
+        if isinstance(answer, RowsFailed):
+            self._answered_in_part(message, answer)
+            return
         if isinstance(answer, BaseException):
             error: BaseException | None = answer
         elif isinstance(answer, Failure):  # the model raised, or the request was bad
@@ -258,6 +271,34 @@ class CoalescingClient(CoalescedRequests):
             error = self._delivery.deliver(message, outputs, version)
         if error is not None:
             self._delivery.fail(message, error)
+
+    def _answered_in_part(self, message: Message, answer: RowsFailed) -> None:
+        """Some of the server's batches that held ``message`` failed: the requests with
+        a row in one of them fail; the others get their rows."""
+        error = unpack_error(answer.error, f"raised in {self._where}")
+        failed = np.zeros(len(message.batch), bool)
+        for offset, count in answer.failed:
+            failed[offset:offset + count] = True
+        # A computed row's place among the computed ones: its row less the failed before
+        failed_before = np.concatenate([[0], np.cumsum(failed)])
+        ok, bad, positions, start = Message.empty(), Message.empty(), [], 0
+        for tag, piece in zip(message.tags, message.pieces):
+            end = start + len(piece)
+            side = bad if failed[start:end].any() else ok
+            side.tags.append(tag)
+            side.pieces.append(piece)
+            if side is ok:  # its rows' places among the computed ones
+                positions.append(np.arange(start, end) - failed_before[start])
+            start = end
+        if bad.tags:
+            self._delivery.fail(bad, error)
+        if ok.tags:
+            computed = rows.concatenate([outputs for _, outputs in answer.computed])
+            ok.batch = np.concatenate(ok.pieces)
+            outputs = rows.take(computed, np.concatenate(positions))
+            problem = self._delivery.deliver(ok, outputs, answer.version)
+            if problem is not None:
+                self._delivery.fail(ok, problem)
 
 
 _IGNORED = _Ignored()

@@ -31,6 +31,7 @@ from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.priority import PriorityEvaluate
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats, report_batch
 from async_search.servers.workers import Workers, placement_of
+from async_search.wire import RowsFailed
 
 
 _done = asyncio.Future.done  # a request done before its batch: cancelled or failed
@@ -382,11 +383,17 @@ class BatchingServer:
                              f"this server batches with {type(self._batcher).__name__}")
         return PriorityEvaluate(self, priority)
 
-    def call_with_version(self, x: np.ndarray) -> "asyncio.Future[Tuple[Outputs, Hashable]]":
+    def call_with_version(self, x: np.ndarray, rowwise: bool = False,
+                          ) -> "asyncio.Future[Tuple[Outputs, Hashable]]":
         """``with_version`` as a call that queues ``x`` at once: the returned future
         resolves with ``(outputs, version)``. A request queued after ``update_model``
         runs on the new model; one queued before may run on either. Cancelling the
         returned future drops the request.
+
+        ``rowwise``: ``x`` holds the rows of several callers (a client's message), so a
+        batch that fails fails only its rows: when some batches of ``x`` fail and
+        others are computed, the future fails with ``wire.RowsFailed``, which
+        carries the computed rows.
 
         Raises:
             InputSpecError, ServerClosedError: as calling the server does.
@@ -397,6 +404,8 @@ class BatchingServer:
             paired.set_result((fut.result(), self.version))
             return paired
         self._responses.want_version(fut)
+        if rowwise:
+            self._responses.want_rowwise(fut)
         fut.add_done_callback(functools.partial(self._pair_version, paired))
         paired.add_done_callback(functools.partial(_cancel_with, fut))
         return paired
@@ -408,7 +417,10 @@ class BatchingServer:
         if fut.cancelled():
             paired.cancel()
         elif fut.exception() is not None:
-            paired.set_exception(fut.exception())
+            error = fut.exception()
+            if isinstance(error, RowsFailed):
+                error.version = version
+            paired.set_exception(error)
         else:
             paired.set_result((fut.result(), version))
 

@@ -7,7 +7,9 @@ received (so FIFO clients, forked pipes and pass-through keys all match them):
   the request failed (a bad request, a model that raised).
 - ``VersionedRequest(x)``: answered with ``(outputs, version)``, the model version that
   computed them (None when the request was split across batches while the model was
-  swapped).
+  swapped). A ``rowwise`` one (several callers' rows) split across batches of which
+  some failed is answered with a ``wire.RowsFailed``: the rows computed, and the
+  row ranges that failed with the error.
 - ``ModelUpdate(model, version)``: swaps the model; answered with ``version`` once
   swapped and every subscribed client has learned it, or with the exception (serving
   goes on with the old model).
@@ -51,9 +53,9 @@ from async_search.errors import ModelOutputError, ServerClosedError
 from async_search.queues import ClosedConnection
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
-from async_search.wire import (Control, ModelUpdate, VersionAck, VersionedRequest,
-                               VersionNotice, VersionSubscription, pack_error,
-                               plain_outputs, round_trips)
+from async_search.wire import (Control, ModelUpdate, RowsFailed, VersionAck,
+                               VersionedRequest, VersionNotice, VersionSubscription,
+                               pack_error, plain_outputs, round_trips)
 
 
 #: Seconds a swap waits for a subscribed client to acknowledge it before closing that
@@ -292,7 +294,7 @@ class ConnectionServer:
                     break
                 try:
                     if isinstance(message, VersionedRequest):
-                        fut = evaluate.call_with_version(message.x)
+                        fut = evaluate.call_with_version(message.x, message.rowwise)
                     elif isinstance(message, Control):
                         fut = self._control(connection, message, loop)
                     else:
@@ -348,6 +350,15 @@ def _as_is(answer: Any) -> Any:
 
 def _portable(answer: Any) -> Any:
     """``answer`` as something that loads in another process (see ``wire``)."""
+    if isinstance(answer, RowsFailed):  # the computed rows travel, the error packed
+        computed = [(offset, outputs) for offset, outputs in answer.computed]
+        ok, why = round_trips((computed, answer.version))
+        if not ok:  # as for a whole answer that cannot travel
+            return _portable(ModelOutputError(
+                f"the model's outputs cannot be sent to the client process: "
+                f"{type(why).__name__}: {why}"))
+        return RowsFailed(pack_error(answer.error), answer.failed, computed,
+                          answer.version)
     if isinstance(answer, BaseException):
         return pack_error(answer)
     outputs, version = answer if isinstance(answer, tuple) and len(answer) == 2 else (

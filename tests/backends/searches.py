@@ -288,3 +288,24 @@ class StuckOn13:
         if (x[:, 0] == 13).any():
             self.release.wait(60)
         return 2 * x
+
+
+class RaisesOnNegative:
+    """``2 * x``, but a batch holding a negative value raises (a poisoned input)."""
+
+    def __call__(self, x):
+        if (x < 0).any():
+            raise ArithmeticError("a negative input")
+        return 2 * x
+
+
+def raises_on_negative():
+    return with_spec(RaisesOnNegative(), (3,), np.float32)
+
+
+async def rows_of_start(start, evaluate):
+    """One request of 1 to 3 rows (by the start), each of the start's value; returns the
+    first output of each row."""
+    rows = abs(start) % 3 + 1
+    y = await evaluate(np.full((rows, 3), start, np.float32))
+    return y[:, 0].tolist()

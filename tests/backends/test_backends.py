@@ -149,6 +149,19 @@ def test_a_bad_request_fails_only_the_search_that_made_it(backend):
         backend.run(searches.wrong_shape_on_two, starts, searches.small_mlp)
 
 
+def test_a_batch_the_model_fails_fails_only_the_searches_with_rows_in_it(backend):
+    # One row a batch: only the poisoned search's batches fail. A client sends the
+    # requests of one loop iteration as one message, which the server cuts into
+    # batches: the message's other requests still get their rows.
+    starts = [0, 1, 2, -5, 4, 5, 6, 7, 8]
+    out = backend.run(searches.rows_of_start, starts, searches.raises_on_negative,
+                      max_batch_size=1, return_exceptions=True)
+    assert isinstance(out[3], ArithmeticError), repr(out[3])
+    assert "a negative input" in str(out[3])
+    expected = [[2.0 * s] * (abs(s) % 3 + 1) for s in starts]
+    assert out[:3] + out[4:] == expected[:3] + expected[4:]
+
+
 def test_evaluate_with_version_works_inside_a_search(backend):
     starts = [1, 3, 2]
     out = backend.run(searches.outputs_and_version, starts, searches.version_model)

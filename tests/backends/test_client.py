@@ -142,3 +142,33 @@ async def test_a_request_past_its_deadline_fails_there_and_its_late_rows_are_dis
     server.send((batch * 10, 3))
     y, version = await asyncio.wait_for(versioned, 5)
     assert (y.tolist(), version) == ([[20.0]], 3)
+
+
+@pytest.mark.parametrize("portable", [True, False])
+async def test_a_failed_batch_of_a_message_fails_only_the_requests_with_rows_in_it(
+        portable):
+    import async_search as asr
+    from async_search.servers import DispatchPolicy
+
+    def model(x):
+        if (x < 0).any():
+            raise ArithmeticError("a negative input")
+        return 2 * x
+
+    server, client_end = pipe(local_queue)
+    serving = asyncio.ensure_future(asr.serve_connection(
+        model, server, policy=DispatchPolicy(max_batch_size=2), portable=portable))
+    client = CoalescingClient(client_end, TensorSpec((1,), np.float32))
+    xs = [np.array([[1], [2], [3]], np.float32), np.array([[-4]], np.float32),
+          np.array([[5], [6]], np.float32), np.array([[7]], np.float32)]
+    # rows 1 2 | 3 -4 | 5 6 | 7: the second batch fails, and with it the first and
+    # second requests; the third and fourth get their rows
+    futures = [client(x) for x in xs]
+    versioned = client.with_version(np.array([[8]], np.float32))  # a later message
+    done = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
+    assert [type(d).__name__ for d in done[:2]] == ["ArithmeticError"] * 2
+    assert done[2].tolist() == [[10.0], [12.0]] and done[3].tolist() == [[14.0]]
+    y, version = await asyncio.wait_for(versioned, 10)
+    assert y.tolist() == [[16.0]] and version == 0
+    client_end.close()
+    await asyncio.wait_for(serving, 10)

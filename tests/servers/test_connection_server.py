@@ -17,6 +17,7 @@ from async_search.queues import close_stream, local_queue, socket_queue, thread_
 from async_search.servers import (BatchingServer, DispatchPolicy, ModelUpdate,
                                   VersionedRequest)
 from async_search.servers.connection_server import ConnectionServer
+from async_search.wire import RowsFailed
 from async_search.wire import Failure
 from async_search.wire import VersionSubscription
 from tests.helpers import WAIT_S, wait_until, within
@@ -302,6 +303,54 @@ async def test_portable_answers_an_exception_with_a_failure():
     y, version = await within(versioned, "versioned")
     np.testing.assert_array_equal(y, MODEL(np.ones((2, 3), np.float32)))
     assert version == 0  # the model's own version, or 0
+    fn.connection.close()
+    await within(serving, "serving to end")
+
+
+def raises_on_negative(outputs):
+    def model(x):
+        if (x < 0).any():
+            raise ArithmeticError("a negative input")
+        return outputs(x)
+    return model
+
+
+@pytest.mark.parametrize("portable", [True, False])
+async def test_a_rowwise_request_split_across_batches_gets_the_rows_computed(portable):
+    (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(
+        raises_on_negative(lambda x: 2 * x), server_end,
+        policy=DispatchPolicy(max_batch_size=2), portable=portable))
+    x = np.array([[1], [-1], [2], [3], [4]], np.float32)  # batches 1 -1 | 2 3 | 4
+    with pytest.raises(RowsFailed) as raised:  # an exception: a connected function's
+        await within(fn(VersionedRequest(x, rowwise=True)), "the rowwise answer")
+    answer = raised.value
+    assert answer.failed == [(0, 2)]
+    assert [(o, y.tolist()) for o, y in answer.computed] == [(2, [[4.0], [6.0]]),
+                                                            (4, [[8.0]])]
+    assert answer.version == 0
+    error = answer.error.error if portable else answer.error
+    assert isinstance(error, ArithmeticError)
+    assert isinstance(answer.error, Failure) == portable
+    whole = fn(VersionedRequest(x))  # not rowwise: it fails whole, as a plain request
+    if portable:
+        assert isinstance((await within(whole, "the failure")).error, ArithmeticError)
+    else:
+        with pytest.raises(ArithmeticError):
+            await within(whole, "the failure")
+    fn.connection.close()
+    await within(serving, "serving to end")
+
+
+async def test_computed_rows_that_cannot_travel_fail_the_portable_answer():
+    (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(
+        raises_on_negative(lambdas), server_end, policy=DispatchPolicy(max_batch_size=1),
+        portable=True))
+    x = np.array([[1], [-1]], np.float32)
+    answer = await within(fn(VersionedRequest(x, rowwise=True)), "the answer")
+    assert isinstance(answer, Failure) and isinstance(answer.error, ModelOutputError)
+    assert "cannot be sent" in str(answer.error)
     fn.connection.close()
     await within(serving, "serving to end")
 
