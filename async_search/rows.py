@@ -353,7 +353,7 @@ def rows_of(outputs: Outputs) -> list:
 def stack(rows: Sequence) -> Outputs:
     """The inverse of ``rows_of``: per-element values back into batch outputs."""
     first = rows[0]
-    if isinstance(first, np.ndarray):
+    if isinstance(first, (np.ndarray, np.generic)):  # rows of [n, ...] or [n] outputs
         return np.stack(rows)
     if isinstance(first, dict):
         return {k: np.stack([r[k] for r in rows]) for k in first}

@@ -41,7 +41,7 @@ import collections
 import dataclasses
 import enum
 import time
-from typing import Callable, Deque, Tuple
+from typing import Callable, Deque
 
 from async_search.checks import check_float, check_int
 from async_search.errors import CircuitOpenError, InputSpecError, RemoteError
@@ -153,12 +153,16 @@ class CircuitBreaker:
         self._state = BreakerState.CLOSED
         self._admitted = 0     # permits issued so far: the next permit
         self._state_since = 0  # the first permit issued under the current state
-        # (error, permits issued when it was counted) of the last failures counted
-        self._counted: Deque[Tuple[BaseException, int]] = collections.deque(
-            maxlen=_REMEMBERED_FAILURES)
+        # [error, permits issued when it was counted, requests admitted before it
+        # still in flight] of the last failures counted: kept only while a request
+        # that may have failed with it is still to be reported (an error holds its
+        # traceback, and with it the request's data)
+        self._counted: Deque[list] = collections.deque(maxlen=_REMEMBERED_FAILURES)
+        self._in_flight = 0  # permits issued and not yet reported
         self._consecutive_failures = 0
         self._probe_successes = 0
         self._probes = 0  # probes in flight while half-open
+        self._probed_at = 0.0  # when the last probe was admitted
         self._opened_at = 0.0
         self.opened = 0       # times it opened
         self.successes = 0    # requests reported ok
@@ -170,6 +174,12 @@ class CircuitBreaker:
         """The state now (an open breaker past its timeout reads half-open)."""
         if self._state is BreakerState.OPEN and (
                 self._clock() - self._opened_at >= self.policy.reset_timeout):
+            self._move(BreakerState.HALF_OPEN)
+        elif self._state is BreakerState.HALF_OPEN and (
+                self._probes >= self.policy.half_open_probes) and (
+                self._clock() - self._probed_at >= self.policy.reset_timeout):
+            # Every probe has been out for reset_timeout: lost (a server that never
+            # answers them). Probe afresh rather than refuse the server for good.
             self._move(BreakerState.HALF_OPEN)
         return self._state
 
@@ -187,11 +197,13 @@ class CircuitBreaker:
                 self.rejected += 1
                 return None
             self._probes += 1
+            self._probed_at = self._clock()
         elif state is not BreakerState.CLOSED:
             self.rejected += 1
             return None
         permit = self._admitted
         self._admitted += 1
+        self._in_flight += 1
         return permit
 
     def record(self, permit: int | None, ok: bool,
@@ -208,15 +220,19 @@ class CircuitBreaker:
             self.successes += 1
         else:
             self.failures += 1
-        if permit is None or permit < self._state_since:
+        if permit is None:
+            return
+        counted_already = not ok and error is not None and any(
+            counted is error and permit < issued for counted, issued, _ in self._counted)
+        self._reported(permit)
+        if permit < self._state_since:
             return  # admitted under an earlier state: says nothing about this one
-        if not ok and error is not None:
-            for counted, issued in self._counted:
-                if counted is error and permit < issued:  # the same failed call
-                    if self._state is BreakerState.HALF_OPEN:
-                        self._probes -= 1
-                    return
-            self._counted.append((error, self._admitted))
+        if counted_already:  # the same failed call
+            if self._state is BreakerState.HALF_OPEN:
+                self._probes -= 1
+            return
+        if not ok and error is not None and self._in_flight:
+            self._counted.append([error, self._admitted, self._in_flight])
         if self._state is BreakerState.CLOSED:
             if ok:
                 self._consecutive_failures = 0
@@ -245,9 +261,24 @@ class CircuitBreaker:
 
     def release(self, permit: int | None) -> None:
         """The admitted request ended without a verdict on the server."""
-        if permit is not None and permit >= self._state_since and (
-                self._state is BreakerState.HALF_OPEN):
+        if permit is None:
+            return
+        self._reported(permit)
+        if permit >= self._state_since and self._state is BreakerState.HALF_OPEN:
             self._probes -= 1
+
+    def _reported(self, permit: int) -> None:
+        """``permit``'s request is reported: the failures counted after it was admitted
+        no longer wait for it, and those no request waits for are let go."""
+        self._in_flight -= 1
+        if self._counted:
+            for entry in self._counted:
+                if permit < entry[1]:
+                    entry[2] -= 1
+            if any(entry[2] <= 0 for entry in self._counted):
+                self._counted = collections.deque(
+                    (entry for entry in self._counted if entry[2] > 0),
+                    maxlen=_REMEMBERED_FAILURES)
 
     def trip(self) -> None:
         """Open the breaker now (an operator or a health check saw the server fail)."""

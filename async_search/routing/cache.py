@@ -135,7 +135,7 @@ class _Generation:
 class _Flight:
     """One request of missed elements sent to the wrapped function."""
 
-    __slots__ = ("future", "spec", "keys", "rows", "generation")
+    __slots__ = ("future", "spec", "keys", "rows", "generation", "waiters")
 
     def __init__(self, future: asyncio.Future, spec: tuple, keys: List[Key],
                  generation: _Generation):
@@ -144,6 +144,7 @@ class _Flight:
         self.keys = keys
         self.generation = generation  # the generation current when it was sent
         self.rows: list | None = None  # frozen per-element outputs, once landed
+        self.waiters = 0  # callers waiting on it now
 
     def row(self, j: int):
         if self.rows is None:
@@ -324,10 +325,21 @@ class CachedEvaluate:
 
         flight = None
         if first_of:
-            xs = x if len(first_of) == n else x[first_of]
+            # A copy even when every element is sent: the request may outlive its
+            # caller, who may then reuse the array (its rows are stored by their keys)
+            xs = x.copy() if len(first_of) == n else x[first_of]
             flight = self._launch(xs, [keys[i] for i in first_of], spec)
-        for f in {f for _, f, _ in joined} | ({flight} if flight else set()):
-            await asyncio.shield(f.future)  # a cancelled caller leaves others their rows
+        flights = {f for _, f, _ in joined} | ({flight} if flight else set())
+        for f in flights:
+            f.waiters += 1
+        try:
+            for f in flights:
+                await asyncio.shield(f.future)  # a caller who leaves leaves others rows
+        finally:
+            for f in flights:
+                f.waiters -= 1
+                if not f.waiters and not f.future.done():
+                    self._unpend(f)
         if flight is not None and len(first_of) == n:
             return flight.future.result()  # every element was sent, once: as it came
         labels = [f.future.result()[1] for f in {f for _, f, _ in joined}]
@@ -371,6 +383,16 @@ class CachedEvaluate:
             pending[key] = (flight, j)
         flight.future.add_done_callback(functools.partial(self._landed, flight, pending))
         return flight
+
+    def _unpend(self, flight: _Flight) -> None:
+        """Nobody waits for ``flight`` any more (they timed out or left): later requests
+        for its elements are sent afresh rather than wait on it (its server may never
+        answer); its rows are still stored if they come."""
+        pending = self._pending
+        for key in flight.keys:
+            flying = pending.get(key)
+            if flying is not None and flying[0] is flight:
+                del pending[key]
 
     def _landed(self, flight: _Flight, pending: dict, future: asyncio.Future) -> None:
         for j, key in enumerate(flight.keys):

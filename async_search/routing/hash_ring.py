@@ -20,6 +20,10 @@ def _hash(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+#: The most points a node may have on the ring.
+MAX_VIRTUAL_NODES = 4096
+
+
 class HashRing:
     """Consistent hashing with virtual nodes: each node owns many points on a ring.
 
@@ -40,10 +44,11 @@ class HashRing:
     """
 
     def __init__(self, nodes: Sequence[str] = (), *, virtual_nodes: int = 128):
-        if not isinstance(virtual_nodes, int) or isinstance(virtual_nodes, bool) or (
-                virtual_nodes < 1):
-            raise ValueError(
-                f"virtual_nodes must be an integer >= 1, got {virtual_nodes!r}")
+        if not isinstance(virtual_nodes, int) or isinstance(virtual_nodes, bool) or not (
+                1 <= virtual_nodes <= MAX_VIRTUAL_NODES):
+            # more points spread the keys no better, and every add rehashes them all
+            raise ValueError(f"virtual_nodes must be an integer from 1 to "
+                             f"{MAX_VIRTUAL_NODES}, got {virtual_nodes!r}")
         self.virtual_nodes = virtual_nodes
         self._nodes: List[str] = []
         self._points = np.empty(0, np.uint64)
@@ -80,14 +85,17 @@ class HashRing:
         self._subrings = {}
 
     def _ring(self, among: Collection[str] | None) -> Tuple[np.ndarray, List[str]]:
-        if among is None or len(among) == len(self._nodes):
+        if among is None:
             return self._points, self._owners
-        key = frozenset(among)
+        key = frozenset(among)  # its nodes on the ring: duplicates or strangers add none
         ring = self._subrings.get(key)
         if ring is None:
-            keep = [i for i, n in enumerate(self._owners) if n in key]
-            ring = self._subrings[key] = (self._points[keep],
-                                          [self._owners[i] for i in keep])
+            if key.issuperset(self._nodes):
+                ring = self._points, self._owners
+            else:
+                keep = [i for i, n in enumerate(self._owners) if n in key]
+                ring = self._points[keep], [self._owners[i] for i in keep]
+            self._subrings[key] = ring
         return ring
 
     def node_for(self, key: bytes, among: Collection[str] | None = None) -> str:

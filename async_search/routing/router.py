@@ -31,10 +31,10 @@ from async_search import rows
 from async_search.base import (Outputs, Versioned, evaluate_with_version, same_version,
                                version_of)
 from async_search.deadlines import check_timeout, within_deadline
-from async_search.errors import InputSpecError
+from async_search.errors import InputSpecError, ServerClosedError
 from async_search.requests import plain_array
-from async_search.routing.breaker import (BreakerPolicy, CircuitBreaker, CircuitOpenError,
-                                          counts_against_server)
+from async_search.routing.breaker import (BreakerPolicy, BreakerState, CircuitBreaker,
+                                          CircuitOpenError, counts_against_server)
 from async_search.routing.cache import labels_answers, reports_swaps, swap_token
 from async_search.routing.hash_ring import HashRing
 
@@ -298,7 +298,10 @@ class Router:
             return await self._route(x, tried | {name}, want_version, failed)
 
     async def _send(self, name: str, x, want_version: bool):
-        breaker = self.breakers[name]
+        breaker = self.breakers.get(name)
+        if breaker is None:  # a part of a split request started after remove_server
+            raise _ServerFailed(name, ServerClosedError(
+                f"server {name!r} was removed from the router"))
         permit = breaker.try_acquire()
         if permit is None:  # a part of a split request started after another request
             # took the half-open breaker's last probe: route that part elsewhere
@@ -331,9 +334,12 @@ class Router:
     def _no_server_message(self) -> str:
         if not self._names:
             return "the router has no servers: add one with add_server(name, evaluate)"
-        states = ", ".join(f"{n}: {self.breakers[n].state.value}" for n in self._names)
-        return (f"every server's circuit breaker is open ({states}); a breaker admits a "
-                f"probe {self.breaker_policy.reset_timeout} s after it opened")
+        states = ", ".join(
+            f"{n}: " + ("half_open, its probes in flight"
+                        if self.breakers[n].state is BreakerState.HALF_OPEN
+                        else self.breakers[n].state.value) for n in self._names)
+        return (f"no server's circuit breaker admits a request now ({states}); a breaker "
+                f"admits a probe {self.breaker_policy.reset_timeout} s after it opened")
 
     # -- versions ---------------------------------------------------------------------
     @property

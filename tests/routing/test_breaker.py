@@ -196,3 +196,65 @@ def test_record_error_counts_a_batch_once():
     error = ServerDiedError("actor died")
     assert all(b.record_error(p, error) for p in permits)
     assert b.state is BreakerState.CLOSED
+
+
+def test_a_probe_out_for_the_timeout_is_lost_and_a_new_one_admitted():
+    # A half-open breaker whose probe never comes back (its server dropped it) would
+    # otherwise refuse the server for good.
+    b, clock = breaker(timeout=10.0)
+    fail(b, 3)
+    clock.now = 10.0
+    lost = b.try_acquire()
+    assert lost is not None and b.try_acquire() is None  # the one probe is out
+    clock.now = 19.9
+    assert b.try_acquire() is None and not b.available()
+    clock.now = 20.0
+    probe = b.try_acquire()
+    assert probe is not None and b.state is BreakerState.HALF_OPEN
+    b.record(lost, ok=False)  # the lost one, reported at last: admitted before, ignored
+    assert b.state is BreakerState.HALF_OPEN
+    b.record(probe, ok=True)
+    b.record(b.try_acquire(), ok=True)
+    assert b.state is BreakerState.CLOSED
+
+
+class Payload:
+    """Something a failed request's error holds (its data, through its traceback)."""
+
+
+def test_a_counted_failure_is_let_go_once_no_request_of_its_batch_is_out():
+    import gc
+    import weakref
+
+    b, _ = breaker(k=5)
+    batch = [b.try_acquire() for _ in range(3)]
+    error = RuntimeError("the batch failed")
+    payload = Payload()
+    error.payload = payload
+    held = weakref.ref(payload)
+    b.record(batch[0], ok=False, error=error)
+    b.record(batch[1], ok=False, error=error)
+    later = b.try_acquire()  # admitted after the failure was counted
+    del error, payload
+    gc.collect()
+    assert held() is not None  # batch[2] may still fail with it: kept, to count once
+    b.release(batch[2])
+    gc.collect()
+    assert held() is None  # nothing admitted before it is out: let go
+    b.record(later, ok=True)
+    assert b.stats["consecutive_failures"] == 0
+
+
+def test_a_failure_with_no_other_request_out_is_not_kept():
+    import gc
+    import weakref
+
+    b, _ = breaker(k=5)
+    error = RuntimeError("alone")
+    payload = Payload()
+    error.payload = payload
+    held = weakref.ref(payload)
+    b.record(b.try_acquire(), ok=False, error=error)
+    del error, payload
+    gc.collect()
+    assert held() is None and b.stats["consecutive_failures"] == 1

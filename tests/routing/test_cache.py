@@ -436,3 +436,57 @@ async def test_a_cache_reports_a_new_swap_token_at_each_swap_so_caches_stack():
     assert inner_cache.swap_token is not token
     np.testing.assert_array_equal(await outer(xs[:2]), MODEL(xs[:2]))
     assert outer.stats["invalidations"] == 1 and len(inner.requests) == 2
+
+
+async def test_outputs_of_one_value_per_element_are_cached_and_repeated():
+    # A value head answers [n]: hits, repeated elements and mixed requests stack it back
+    async def values(x):
+        return x.sum(axis=1)
+
+    cached = CachedEvaluate(values, capacity=10, fixed_model=True)
+    xs = pool(4)
+    np.testing.assert_array_equal(await cached(xs[:2]), xs[:2].sum(axis=1))
+    for request in (xs[:2], xs[[1, 1, 0]], xs[[3, 0, 3]]):  # hits, repeats, a mix
+        y = await asyncio.wait_for(cached(request), 5)
+        assert y.shape == (len(request),) and y.dtype == np.float32
+        np.testing.assert_array_equal(y, request.sum(axis=1))
+
+
+async def test_a_caller_who_left_and_reused_its_array_does_not_change_what_is_stored():
+    gate = asyncio.Event()
+
+    async def slow(x):
+        await gate.wait()
+        return MODEL(x)
+
+    cached = CachedEvaluate(slow, capacity=10, fixed_model=True)
+    x = pool(2)
+    original = x.copy()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(cached(x), 0.05)  # it left; the request goes on
+    x[:] = 100.0  # and it reuses its buffer
+    gate.set()
+    await wait_until(lambda: not cached._tasks, "the request to land")
+    np.testing.assert_array_equal(await cached(original), MODEL(original))
+
+
+async def test_a_request_nobody_waits_for_any_more_is_not_joined():
+    # The server lost the first request: later requests for its element are sent
+    # afresh once its callers have left, instead of waiting on it for good.
+    lost = asyncio.Event()
+
+    async def loses_the_first(x):
+        if not lost.is_set():
+            lost.set()
+            await asyncio.Event().wait()
+        return MODEL(x)
+
+    cached = CachedEvaluate(loses_the_first, capacity=10, fixed_model=True)
+    x = pool(1)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(cached(x), 0.05)
+    np.testing.assert_array_equal(await asyncio.wait_for(cached(x), 5), MODEL(x))
+    mixed = np.concatenate([x, pool(1, seed=1)])
+    np.testing.assert_array_equal(await asyncio.wait_for(cached(mixed), 5), MODEL(mixed))
+    for task in list(cached._tasks):  # the lost one
+        task.cancel()

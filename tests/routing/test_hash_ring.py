@@ -3,7 +3,7 @@ import collections
 import numpy as np
 import pytest
 
-from async_search.routing.hash_ring import HashRing
+from async_search.routing.hash_ring import MAX_VIRTUAL_NODES, HashRing
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,8 +57,8 @@ def test_excluding_a_node_reassigns_only_its_keys():
 
 
 def test_a_ring_refuses_a_bad_size_a_second_copy_and_an_unknown_node():
-    for bad in (0, -1, 2.0, True):
-        with pytest.raises(ValueError, match="virtual_nodes must be an integer >= 1"):
+    for bad in (0, -1, 2.0, True, MAX_VIRTUAL_NODES + 1, 300_000):
+        with pytest.raises(ValueError, match="virtual_nodes must be an integer from 1 to"):
             HashRing(virtual_nodes=bad)
     ring = HashRing(["a"])
     with pytest.raises(ValueError, match="already on the ring"):
@@ -67,3 +67,16 @@ def test_a_ring_refuses_a_bad_size_a_second_copy_and_an_unknown_node():
         ring.remove("b")
     with pytest.raises(LookupError, match="no node on the ring"):
         HashRing().node_for(b"x")
+
+
+@pytest.mark.parametrize("among", [["a", "a"], {"a", "zzz"}, ("a", "a", "zzz")])
+def test_among_names_its_nodes_whatever_duplicates_or_strangers_it_holds(among):
+    # As many names as the ring has nodes is not every node: only "a" may be chosen.
+    ring = HashRing(["a", "b"], virtual_nodes=64)
+    assert set(ring.nodes_for(KEYS[:500], among=among)) == {"a"}
+    assert {ring.node_for(k, among=among) for k in KEYS[:100]} == {"a"}
+
+
+def test_among_with_every_node_and_a_stranger_is_the_whole_ring():
+    ring = HashRing(["a", "b"], virtual_nodes=64)
+    assert ring.nodes_for(KEYS[:500], among=["b", "a", "zzz"]) == ring.nodes_for(KEYS[:500])

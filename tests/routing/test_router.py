@@ -165,8 +165,8 @@ async def test_when_every_breaker_is_open_callers_get_an_error_at_once():
     calls = sum(len(s.requests) for s in servers.values())
     for s in servers.values():  # a call that reached a server would wait forever
         s.gate = asyncio.Event()
-    with pytest.raises(CircuitOpenError, match=r"every server's circuit breaker is open "
-                                               r"\(a: open, b: open\)"):
+    with pytest.raises(CircuitOpenError, match=r"no server's circuit breaker admits a "
+                                               r"request now \(a: open, b: open\)"):
         await asyncio.wait_for(router(elements(1)), 5)
     assert sum(len(s.requests) for s in servers.values()) == calls
     assert router.stats["rejected"] == 1
@@ -435,3 +435,20 @@ async def test_a_router_does_not_know_its_models_while_a_server_does_not():
         await cached(x)
         await cached(x)
         assert cached.stats["hits"] == 2
+
+
+async def test_a_server_removed_before_a_split_requests_parts_start_fails_over():
+    # remove_server runs after routing chose the servers, before the parts' first step
+    servers = {n: FakeServer() for n in "ab"}
+    router = Router(servers, policy="consistent_hash")
+    x = elements(16)
+    call = asyncio.ensure_future(router(x))
+
+    async def remove():
+        router.remove_server("b")
+
+    removing = asyncio.ensure_future(remove())
+    y = await asyncio.wait_for(call, 5)
+    await removing
+    np.testing.assert_array_equal(y, await FakeServer()(x))
+    assert servers["a"].elements == 16 and not router._tasks
