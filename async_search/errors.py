@@ -2,7 +2,8 @@
 
 __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
            "ServerCrashedError", "ModelRaisedError", "SearchError", "CircuitOpenError",
-           "RemoteError", "RemoteTraceback", "ClosedConnection", "ProtocolError", "RepositoryError", "ModelNotFoundError",
+           "RemoteError", "RemoteTraceback", "ClosedConnection", "ProtocolError",
+           "MalformedMessageError", "RepositoryError", "ModelNotFoundError",
            "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "FileWriteError",
            "CheckpointError", "DeviceNotFoundError", "CloseTimeoutError",
            "ConnectionGoneError", "RequestTimeoutError", "SearchTimeoutError",
@@ -85,6 +86,12 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + self.text
+
+
+class MalformedMessageError(TypeError):
+    """A connection's end received a message not of the form it takes (a forked server
+    end's ``(key, payload)`` from a known client, a pass-through end's ``(key,
+    value)``): it cannot be answered, and a server drops it."""
 
 
 class ProtocolError(ValueError):

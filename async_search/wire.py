@@ -63,7 +63,7 @@ from typing import Any, Callable, Hashable, List, Tuple
 import numpy as np
 
 from async_search import rows
-from async_search.connections import Notice
+from async_search.notices import Notice
 from async_search.errors import RemoteError, RemoteTraceback, SearchError
 
 __all__ = ["Control", "ModelUpdate", "VersionedRequest", "VersionSubscription",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import queue
 import warnings
 from typing import Any, Callable, Deque, Dict, Protocol, Sequence, Tuple
 
@@ -21,6 +22,7 @@ from async_search.connections.pipes import (Connection, Notice, PassThroughConne
                                             forked_pipe, identity, pipe)
 from async_search.errors import ConnectionGoneError
 from async_search.queues import ClosedConnection, QueueFactory
+from async_search.wire import Failure, unpack_error
 
 class Receiver(Protocol):
     """Where a response goes: a future, or anything with its three methods."""
@@ -36,7 +38,9 @@ class ConnectedFunction(abc.ABC):
     """A function whose calls are requests over a connection: ``fn(x)`` sends
     ``preprocess_fn(x)`` and returns a future for the response.
 
-    A response that is an exception fails its future with it. When the connection can
+    A response that is an exception fails its future with it (a ``wire.Failure``, a
+    portable server's exception, fails it with the exception it carries; a receiver
+    given to ``submit`` gets the Failure as it came). When the connection can
     be awaited and a loop runs, a receiver task resolves futures as responses arrive
     (it runs while any is pending, or while ``listen`` asks it to; if the stream
     closes, every pending future fails with ConnectionGoneError, a ServerDiedError).
@@ -113,20 +117,48 @@ class ConnectedFunction(abc.ABC):
         every pending future fails with ConnectionGoneError (and every later call)."""
         count = 0
         try:
-            while self._conn.poll():
-                received = self._conn.recv()
+            # Until the queue is empty, not while poll() says so: a queue may take the
+            # end of its stream in without counting it (a socket queue does).
+            while True:
+                try:
+                    received = self._conn.recv(block=False)
+                except queue.Empty:
+                    break
                 if isinstance(received, Notice):
                     self._notice(received)
                     continue
-                self._on_recv(received)
+                if not self._matched(received):
+                    break
                 count += 1
         except ClosedConnection as e:
             self.fail_pending(_gone(e))
         return count
 
     def _notice(self, notice: Notice) -> None:
-        if self._on_notice is not None:
+        if self._on_notice is None:
+            return
+        try:
             self._on_notice(notice)
+        except Exception as e:  # the callback's fault: the responses still come
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise e from None  # flush without a loop: its caller hears of it
+            loop.call_exception_handler({
+                "message": f"a listen callback raised on {type(notice).__name__}",
+                "exception": e})
+
+    def _matched(self, received: Any) -> bool:
+        """Resolves the request ``received`` answers; False (and every pending request
+        failed) when it cannot be matched: the stream of responses is unusable."""
+        try:
+            self._on_recv(received)
+        except Exception as e:
+            self.fail_pending(ConnectionGoneError(
+                f"a response could not be matched to a request ({type(e).__name__}: "
+                f"{e}); the connection is unusable"))
+            return False
+        return True
 
     def run_while(self, cond: Callable[[], bool]) -> None:
         """Flushes while ``cond()`` is true."""
@@ -194,7 +226,8 @@ class ConnectedFunction(abc.ABC):
             if isinstance(received, Notice):
                 self._notice(received)
                 continue
-            self._on_recv(received)
+            if not self._matched(received):
+                return
 
     _pending: Any
 
@@ -229,6 +262,8 @@ def _resolve(future: asyncio.Future, response: Any) -> None:
         return
     if isinstance(response, BaseException):
         future.set_exception(response)
+    elif type(response) is Failure and isinstance(future, asyncio.Future):
+        future.set_exception(unpack_error(response, "raised by the server"))
     else:
         future.set_result(response)
 

@@ -27,9 +27,12 @@ awaiting, closing and notices (see the ``connections`` package for the lifecycle
 from __future__ import annotations
 
 import collections
+import queue
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Set, Tuple
 
 from async_search.checks import check_int
+from async_search.errors import MalformedMessageError
+from async_search.notices import Notice
 from async_search.queues import (END_OF_STREAM, ClosedConnection, QueueFactory, QueueLike,
                                  close_stream, is_end, local_queue)
 
@@ -39,24 +42,12 @@ def identity(x: Any) -> Any:
     return x
 
 
-class Notice:
-    """A message a server sends to its clients outside the order of its answers
-    (``Connection.notify``): a connected function never matches one to a request, but
-    hands it to the callback given to ``listen``. Subclass it for each kind of notice.
-
-    Example:
-        >>> from async_search.connections import get_connected_functions
-        >>> class Hello(Notice): pass
-        >>> (fn,), server = get_connected_functions(local_queue, 1, ordered=True)
-        >>> seen = []; fn.listen(seen.append)
-        >>> server.notify(Hello()); n = fn.flush(); type(seen[0]).__name__
-        'Hello'
-    """
-
-
-def _ended(queue: QueueLike) -> ClosedConnection:
-    """Leaves the end marker in ``queue`` for every other reader; the error to raise."""
-    queue.put(END_OF_STREAM)
+def _ended(inbound: QueueLike) -> ClosedConnection:
+    """Leaves the end marker in ``inbound`` for every other reader; the error to raise."""
+    try:
+        inbound.put(END_OF_STREAM)
+    except Exception:  # a queue this process only reads (a socket's): no other reader
+        pass
     return ClosedConnection("the other end closed the stream")
 
 
@@ -182,11 +173,13 @@ class Connection:
     def close(self) -> None:
         """Ends the stream this end sends on: the other end's ``recv`` raises
         ClosedConnection once it has received everything sent before. Later sends
-        raise ClosedConnection; a second close does nothing."""
+        raise ClosedConnection; a second close does nothing. On a full bounded queue
+        the end waits for room as a send does (a queue that cannot wait raises
+        ``queue.Full``, and the end stays open: close it again later)."""
         if self._send_side.closed:
             return
-        self._send_side.closed = True
         close_stream(self._outbound)
+        self._send_side.closed = True
 
     def acquire(self) -> None:
         """A server answers on this end (or a copy of it) from now on: ``release``
@@ -329,8 +322,8 @@ class KeyedConnection(DelegatingConnection):
         of its requests is answered). A second close does nothing."""
         if self._send_side.closed:
             return
+        self._conn.send((self._key, END_OF_STREAM))  # may raise queue.Full: still open
         self._send_side.closed = True
-        self._conn.send((self._key, END_OF_STREAM))
 
     def copy(self) -> "KeyedConnection":
         return KeyedConnection(self._key, self._conn.copy(), _send_side=self._send_side)
@@ -403,16 +396,22 @@ class ForkedConnection(Connection):
                 f"{type(self).__name__}.send: no received message is waiting for an "
                 f"answer (every message received has been answered); each send answers "
                 f"one message received, in order")
-        key = self._keys.popleft()
+        key = self._keys[0]
         fork = self._fork
+        # A client cut off (close_client) reads nothing: its answer is dropped
+        if key not in fork.ended:
+            try:  # queue.Full (a timeout) leaves the message to answer again
+                self._outbounds[key].put(item, block=block, timeout=timeout)
+            except (ClosedConnection, OSError):
+                # That client is gone (its process died): nobody reads its answers,
+                # and the other clients' answers go on.
+                fork.ended.add(key)
+        self._keys.popleft()
         owed = fork.owed.get(key, 1) - 1
         if owed:
             fork.owed[key] = owed
         else:
             fork.owed.pop(key, None)
-        if key in fork.ended:  # that client was cut off (close_client): nobody reads
-            return
-        self._outbounds[key].put(item, block=block, timeout=timeout)
         if not owed and key in self._closed and not fork.crossed:  # its last answer
             self._end_client(key)
 
@@ -421,7 +420,10 @@ class ForkedConnection(Connection):
             raise _closed_here("notify")
         for key in (self.clients if client is None else (client,)):
             if key not in self._fork.ended:
-                self._outbounds[key].put(notice)
+                try:
+                    self._outbounds[key].put(notice)
+                except (ClosedConnection, OSError):  # gone: it hears of nothing more
+                    self._fork.ended.add(key)
 
     def close_client(self, key: Any) -> None:
         """Ends client ``key``'s stream of answers now (what it is owed is dropped)."""
@@ -431,7 +433,10 @@ class ForkedConnection(Connection):
     def _end_client(self, key: Any) -> None:
         if key not in self._fork.ended:
             self._fork.ended.add(key)
-            close_stream(self._outbounds[key])
+            try:
+                close_stream(self._outbounds[key])
+            except (ClosedConnection, OSError):  # gone already
+                pass
 
     def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         while True:
@@ -449,12 +454,17 @@ class ForkedConnection(Connection):
         try:
             key, value = message
         except (TypeError, ValueError):
-            raise TypeError(f"a forked server end receives (key, payload) messages from "
-                            f"its clients' KeyedConnection ends, got "
-                            f"{type(message).__name__}") from None
-        if key not in self._outbounds:
-            raise KeyError(f"a message from an unknown client {key!r}; this server end "
-                           f"answers clients {list(self._outbounds)}")
+            raise MalformedMessageError(
+                f"a forked server end receives (key, payload) messages from its "
+                f"clients' KeyedConnection ends, got {type(message).__name__}") from None
+        try:
+            known = key in self._outbounds
+        except TypeError:  # an unhashable key
+            known = False
+        if not known:
+            raise MalformedMessageError(
+                f"a message from an unknown client {key!r}; this server end answers "
+                f"clients {list(self._outbounds)}")
         fork = self._fork
         if is_end(value):  # that client closed
             if key not in self._closed:
@@ -464,7 +474,10 @@ class ForkedConnection(Connection):
                 for callback in list(fork.on_close):
                     callback(key)
                 if len(self._closed) >= len(self._outbounds):
-                    close_stream(self._inbound)  # every copy, here or elsewhere, ends too
+                    try:  # every copy, here or elsewhere, ends too
+                        close_stream(self._inbound)
+                    except (ClosedConnection, OSError):  # a queue only read here (a
+                        self._recv_ended = True  # socket's): this end, at least, ends
             return _SKIP
         self._keys.append(key)
         fork.owed[key] = fork.owed.get(key, 0) + 1
@@ -472,10 +485,14 @@ class ForkedConnection(Connection):
         return value
 
     def send_pending(self) -> None:
-        for q in self._outbounds.values():
+        ended = self._fork.ended
+        for key, q in self._outbounds.items():
             send_pending = getattr(q, "send_pending", None)
-            if send_pending is not None:
-                send_pending()
+            if send_pending is not None and key not in ended:
+                try:
+                    send_pending()
+                except (ClosedConnection, OSError):  # that client is gone; not the rest
+                    ended.add(key)
 
     def close(self) -> None:
         """Ends every client's stream of responses (and this end's copies'); later sends
@@ -555,7 +572,13 @@ class PassThroughConnection(DelegatingConnection):
                 f"{type(self).__name__}.send: no received message is waiting for an "
                 f"answer (every message received has been answered); each send answers "
                 f"one message received, in order")
-        self._conn.send((self._metas[0], item), block=block, timeout=timeout)
+        try:
+            self._conn.send((self._metas[0], item), block=block, timeout=timeout)
+        except queue.Full:  # not sent: the message still waits for its answer
+            raise
+        except BaseException:  # it never can be (its client is gone): answered all the
+            self._metas.popleft()  # same, so that the next answer gets the next key
+            raise
         self._metas.popleft()
 
     def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
@@ -568,9 +591,9 @@ class PassThroughConnection(DelegatingConnection):
         try:
             meta, value = message
         except (TypeError, ValueError):
-            raise TypeError(f"a pass-through end receives (key, value) messages (an "
-                            f"UnorderedConnectedFunction's), got "
-                            f"{type(message).__name__}") from None
+            raise MalformedMessageError(
+                f"a pass-through end receives (key, value) messages (an "
+                f"UnorderedConnectedFunction's), got {type(message).__name__}") from None
         self._metas.append(meta)
         return value
 
@@ -595,6 +618,12 @@ def forked_pipe(queue_factory: QueueFactory = local_queue, num_branches: int = 1
                 maxsize: int = 0) -> Tuple[ForkedConnection, Tuple[KeyedConnection, ...]]:
     """``(server, clients)``: ``num_branches`` client ends feeding one server end
     through one request queue; each client has its own response queue.
+
+    The clients share the request queue, so it must take writers in several processes
+    when the clients are: ``process_queue``, ``queue.Queue`` across threads,
+    ``multiprocessing.Manager().Queue``. A ``socket_queue`` has one writing process:
+    its clients must stay in one process (for clients in several, give each its own
+    ``pipe(socket_queue)``, as the process backend does).
 
     Example:
         >>> server, (c0, c1) = forked_pipe(num_branches=2)

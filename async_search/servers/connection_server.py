@@ -49,7 +49,7 @@ import numpy as np
 from async_search.batchers import Batcher
 from async_search.checks import check_float
 from async_search.connections import Connection, ForkedConnection
-from async_search.errors import ModelOutputError, ServerClosedError
+from async_search.errors import MalformedMessageError, ModelOutputError, ServerClosedError
 from async_search.queues import ClosedConnection
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
@@ -189,7 +189,14 @@ class ConnectionServer:
         server end is closed once its stream has ended and its answers are sent."""
         connections = [connection] if isinstance(connection, Connection) else list(
             connection)
-        await asyncio.gather(*(self._serve(c) for c in connections))
+        serving = [asyncio.ensure_future(self._serve(c)) for c in connections]
+        try:
+            await asyncio.gather(*serving)
+        except BaseException:  # one failed (or serve was cancelled): stop the others
+            for task in serving:
+                task.cancel()
+            await asyncio.wait(serving)
+            raise
 
     async def update_model(self, model_or_weights: Any, version: Hashable) -> None:
         """Swaps the model (``BatchingServer.update_model``) and returns once every
@@ -292,8 +299,15 @@ class ConnectionServer:
                     message = await connection.recv_async()
                 except ClosedConnection:
                     break
+                except MalformedMessageError as e:  # no key to answer it with: dropped
+                    loop.call_exception_handler({
+                        "message": "serve_connection dropped a message it cannot "
+                                   "answer", "exception": e})
+                    continue
+                versioned = False
                 try:
                     if isinstance(message, VersionedRequest):
+                        versioned = True
                         fut = evaluate.call_with_version(message.x, message.rowwise)
                     elif isinstance(message, Control):
                         fut = self._control(connection, message, loop)
@@ -302,7 +316,7 @@ class ConnectionServer:
                 except Exception as e:  # a bad request (or update) fails alone
                     fut = loop.create_future()
                     fut.set_exception(e)
-                replies.add(fut)
+                replies.add(fut, versioned)
         finally:
             for sid in [sid for sid, s in self._subscribers.items()
                         if s.connection is connection]:
@@ -344,25 +358,25 @@ def _cut_off(subscriber: _Subscriber) -> None:
         pass
 
 
-def _as_is(answer: Any) -> Any:
+def _as_is(answer: Any, versioned: bool) -> Any:
     return answer
 
 
-def _portable(answer: Any) -> Any:
-    """``answer`` as something that loads in another process (see ``wire``)."""
+def _portable(answer: Any, versioned: bool) -> Any:
+    """``answer`` as something that loads in another process (see ``wire``);
+    ``versioned``: it answers a VersionedRequest (it is ``(outputs, version)``)."""
     if isinstance(answer, RowsFailed):  # the computed rows travel, the error packed
         computed = [(offset, outputs) for offset, outputs in answer.computed]
         ok, why = round_trips((computed, answer.version))
         if not ok:  # as for a whole answer that cannot travel
             return _portable(ModelOutputError(
                 f"the model's outputs cannot be sent to the client process: "
-                f"{type(why).__name__}: {why}"))
+                f"{type(why).__name__}: {why}"), versioned)
         return RowsFailed(pack_error(answer.error), answer.failed, computed,
                           answer.version)
     if isinstance(answer, BaseException):
         return pack_error(answer)
-    outputs, version = answer if isinstance(answer, tuple) and len(answer) == 2 else (
-        answer, None)
+    outputs, version = answer if versioned else (answer, None)
     if not plain_outputs(outputs, version):  # objects in them: check the trip
         ok, why = round_trips(answer)
         if not ok:
@@ -377,15 +391,17 @@ class _OrderedReplies:
     a request that fails at once (or has no elements) must not overtake earlier ones.
     Nothing raised while answering escapes into a callback."""
 
-    def __init__(self, connection: Connection, prepare: Callable[[Any], Any]):
+    def __init__(self, connection: Connection, prepare: Callable[[Any, bool], Any]):
         self._connection = connection
         self._prepare = prepare
-        self._waiting: Deque[asyncio.Future] = collections.deque()
+        self._waiting: Deque[Tuple[asyncio.Future, bool]] = collections.deque()
         self._gone = False  # the other end cannot be reached: answers are dropped
         self._done: asyncio.Future | None = None
 
-    def add(self, fut: asyncio.Future) -> None:
-        self._waiting.append(fut)
+    def add(self, fut: asyncio.Future, versioned: bool) -> None:
+        """Answers ``fut``'s message once it and every earlier one are done;
+        ``versioned``: it answers a VersionedRequest."""
+        self._waiting.append((fut, versioned))
         if fut.done():
             self._send_ready()
         else:
@@ -399,8 +415,8 @@ class _OrderedReplies:
 
     def _send_ready(self, _=None) -> None:
         waiting, connection = self._waiting, self._connection
-        while waiting and waiting[0].done():
-            fut = waiting.popleft()
+        while waiting and waiting[0][0].done():
+            fut, versioned = waiting.popleft()
             if fut.cancelled():
                 answer: Any = ServerClosedError(
                     "the server dropped this request (it is stopping)")
@@ -410,7 +426,7 @@ class _OrderedReplies:
             if self._gone:
                 continue
             try:
-                connection.send(self._prepare(answer))
+                connection.send(self._prepare(answer, versioned))
             except Exception:  # the client is gone (its process died): nobody waits
                 self._gone = True
         if not self._gone:

@@ -10,11 +10,12 @@ import time
 
 import pytest
 
-from async_search.connections import (FifoConnectedFunction, PassThroughConnection,
-                                      UnorderedConnectedFunction, get_connected_functions,
-                                      pipe)
+from async_search.connections import (FifoConnectedFunction, Notice,
+                                      PassThroughConnection, UnorderedConnectedFunction,
+                                      get_connected_functions, pipe)
 from async_search.errors import ServerDiedError
-from async_search.queues import ClosedConnection, close_stream, local_queue, thread_queue
+from async_search.queues import (ClosedConnection, close_stream, local_queue, socket_queue,
+                                 thread_queue)
 from tests.connections.common import FACTORIES, flush_until, recv
 from tests.helpers import WAIT_S, within
 
@@ -350,3 +351,56 @@ def test_a_request_that_cannot_be_sent_fails_at_once_and_keeps_the_matching(orde
         server.send(server.recv(timeout=5) * 10)
     fn.flush()
     assert (first.result(), second.result()) == (10, 20)
+
+
+
+def test_flush_fails_the_pending_call_when_a_socket_queues_stream_ends(plain_loop):
+    # A socket queue takes the end of its stream in without counting it in qsize:
+    # flush reads until the queue is empty, not while poll() says so.
+    (fn,), server = get_connected_functions(socket_queue, 1, ordered=True)
+    pending = fn(3)
+    assert server.recv(timeout=WAIT_S) == 3
+    server.close()
+    deadline = time.monotonic() + WAIT_S
+    while not pending.done() and time.monotonic() < deadline:
+        fn.flush()
+        time.sleep(0.01)
+    assert isinstance(pending.exception(), ServerDiedError)
+    assert isinstance(fn.error, ServerDiedError)
+
+
+class Hello(Notice):
+    pass
+
+
+async def test_a_listen_callback_that_raises_does_not_stop_the_responses():
+    (fn,), server = get_connected_functions(local_queue, 1, ordered=True)
+    reported = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx))
+
+    def buggy(notice):
+        raise RuntimeError("a bug in the callback")
+
+    fn.listen(buggy)
+    call = fn(1)
+    await asyncio.sleep(0)
+    server.notify(Hello())
+    assert recv(server) == 1
+    server.send("answer")
+    assert await within(call, "the answer") == "answer"
+    assert [type(c["exception"]).__name__ for c in reported] == ["RuntimeError"]
+    await fn.aclose()
+
+
+async def test_a_response_that_matches_no_request_fails_the_pending_ones():
+    client, server = pipe(local_queue)
+    fn = UnorderedConnectedFunction(client)
+    first, second = fn(1), fn(2)
+    await asyncio.sleep(0)
+    server.recv(), server.recv()
+    server.send("not (uid, response)")
+    for call in (first, second):
+        with pytest.raises(ServerDiedError, match="could not be matched"):
+            await within(call, "the failure")
+    with pytest.raises(ServerDiedError):
+        fn(3)

@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from async_search.connections import (Connection, ForkedConnection, KeyedConnection,
-                                      PassThroughConnection, forked_pipe,
+                                      Notice, PassThroughConnection, forked_pipe,
                                       get_connected_functions, pipe)
-from async_search.errors import ServerDiedError
+from async_search.errors import MalformedMessageError, ServerDiedError
 from async_search.queues import (END_OF_STREAM, ClosedConnection, close_stream, local_queue,
                                  thread_queue)
 from tests.connections.common import FACTORIES, recv
@@ -235,3 +235,98 @@ async def test_pending_futures_fail_with_server_died_when_the_responses_stream_c
         assert isinstance(fn.error, ServerDiedError)
         with pytest.raises(ServerDiedError):  # later calls fail at once
             fn("later")
+
+
+
+class GoneQueue:
+    """A client's answer queue after its process died: every put raises."""
+
+    def put(self, item, block=True, timeout=None):
+        raise ClosedConnection("the reading end closed")
+
+    def put_nowait(self, item):
+        self.put(item)
+
+    def qsize(self):
+        return 0
+
+
+async def test_an_answer_to_a_gone_client_keeps_the_next_answers_on_their_requests():
+    # A pass-through end over a forked end: the answer to client 0, whose process
+    # died, cannot be sent; client 1's answers must still reach their own requests.
+    (f0, f1), server = get_connected_functions(local_queue, 2, ordered=False)
+    lost = f0("for the gone client")
+    first, second = f1("first"), f1("second")
+    await asyncio.sleep(0)
+    messages = [server.recv() for _ in range(3)]
+    server._conn._outbounds[0] = GoneQueue()
+    for message in messages:
+        server.send(f"answer to {message}")  # the gone client's is dropped, not raised
+    assert await within(first, "first") == "answer to first"
+    assert await within(second, "second") == "answer to second"
+    assert not lost.done()
+    lost.cancel()
+    for fn in (f0, f1):
+        await fn.aclose()
+
+
+def test_a_forked_end_answers_the_other_clients_after_one_is_gone():
+    server, clients = forked_pipe(queue.Queue, 2)
+    clients[0].send("a")
+    clients[1].send("b")
+    assert [server.recv(), server.recv()] == ["a", "b"]
+    server._outbounds[0] = GoneQueue()
+    server.send("to the gone client")
+    server.send("to b")
+    server.send_pending()
+    assert clients[1].recv(timeout=WAIT_S) == "to b"
+    server.notify(Notice())  # the gone client hears of nothing more; no error
+    assert isinstance(clients[1].recv(timeout=WAIT_S), Notice)
+
+
+def test_a_pass_through_answer_that_timed_out_still_waits_to_be_sent():
+    client, server_end = pipe(queue.Queue, maxsize=1)
+    server = PassThroughConnection(server_end)
+    client.send(("k1", 1))
+    assert server.recv() == 1
+    client.send(("k2", 2))
+    assert server.recv() == 2
+    server.send("one")  # the answers' bound: room for one
+    with pytest.raises(queue.Full):
+        server.send("two", timeout=0.01)  # not sent: k2 still waits for its answer
+    assert client.recv() == ("k1", "one")
+    server.send("two")
+    assert client.recv() == ("k2", "two")
+
+
+def test_closing_on_a_full_queue_that_cannot_wait_leaves_the_end_open_to_close_again():
+    a, b = pipe(local_queue, maxsize=1)
+    a.send("x")
+    with pytest.raises(queue.Full):
+        a.close()
+    assert not a.closed
+    assert b.recv() == "x"
+    a.close()
+    assert a.closed
+    with pytest.raises(ClosedConnection):
+        b.recv()
+
+
+def test_a_keyed_client_closing_on_a_full_queue_stays_open_to_close_again():
+    server, (client,) = forked_pipe(local_queue, 1, maxsize=1)
+    client.send("x")
+    with pytest.raises(queue.Full):
+        client.close()
+    assert not client.closed and server.recv() == "x"
+    client.close()
+    with pytest.raises(ClosedConnection):
+        server.recv()
+
+
+@pytest.mark.parametrize("message", [42, ("a", "b", "c"), (7, "from a stranger"),
+                                     ([1], "an unhashable key")])
+def test_a_forked_end_names_a_malformed_message(message):
+    server, _ = forked_pipe(queue.Queue, 2)
+    server.inbound.put(message)
+    with pytest.raises(MalformedMessageError):
+        server.recv()

@@ -9,8 +9,9 @@ import pytest
 
 import async_search as asr
 from async_search.backends.client import CoalescingClient
-from async_search.connections import (FifoConnectedFunction, get_connected_functions,
-                                      pipe)
+from async_search.connections import (Connection, FifoConnectedFunction,
+                                      PassThroughConnection, UnorderedConnectedFunction,
+                                      get_connected_functions, pipe)
 from async_search.errors import ConnectionGoneError, ModelOutputError, ServerDiedError
 from async_search.models import MLP
 from async_search.queues import close_stream, local_queue, socket_queue, thread_queue
@@ -289,15 +290,43 @@ def strings(x):
     return np.array([[f"row{i}"] for i in range(len(x))], dtype=object)
 
 
+class Raw:
+    """A receiver (``submit``) that keeps the answer as it came off the wire."""
+
+    def __init__(self):
+        self.answer = asyncio.get_running_loop().create_future()
+
+    def done(self):
+        return False
+
+    def set_result(self, answer):
+        self.answer.set_result(answer)
+
+    def set_exception(self, answer):
+        self.answer.set_result(answer)
+
+
+def raw(fn, message) -> asyncio.Future:
+    """The answer to ``message`` as it came, a Failure or a RowsFailed included."""
+    receiver = Raw()
+    fn.submit(message, receiver)
+    return receiver.answer
+
+
 async def test_portable_answers_an_exception_with_a_failure():
     (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
     serving = asyncio.ensure_future(asr.serve_connection(MODEL, server_end, portable=True))
-    bad = fn(np.ones((1, 4), np.float32))
+    bad = raw(fn, np.ones((1, 4), np.float32))
+    bad_call = fn(np.ones((1, 4), np.float32))
     good = fn(np.ones((1, 3), np.float32))
     versioned = fn(VersionedRequest(np.ones((2, 3), np.float32)))
     failure = await within(bad, "the failure")
     assert isinstance(failure, Failure) and isinstance(failure.error, ValueError)
     assert "expected [n, 3] float32" in str(failure.error) and failure.traceback
+    # A call's future fails with the exception the Failure carries (not a result)
+    with pytest.raises(ValueError, match=r"expected \[n, 3\] float32") as raised:
+        await within(bad_call, "the failed call")
+    assert "raised by the server" in raised.value.__notes__
     np.testing.assert_array_equal(await within(good, "good"),
                                   MODEL(np.ones((1, 3), np.float32)))
     y, version = await within(versioned, "versioned")
@@ -322,10 +351,8 @@ async def test_a_rowwise_request_split_across_batches_gets_the_rows_computed(por
         raises_on_negative(lambda x: 2 * x), server_end,
         policy=DispatchPolicy(max_batch_size=2), portable=portable))
     x = np.array([[1], [-1], [2], [3], [4]], np.float32)  # batches 1 -1 | 2 3 | 4
-    with pytest.raises(RowsFailed) as raised:  # an exception: a connected function's
-        await within(fn(VersionedRequest(x, rowwise=True)), "the rowwise answer")
-    answer = raised.value
-    assert answer.failed == [(0, 2)]
+    answer = await within(raw(fn, VersionedRequest(x, rowwise=True)), "the answer")
+    assert isinstance(answer, RowsFailed) and answer.failed == [(0, 2)]
     assert [(o, y.tolist()) for o, y in answer.computed] == [(2, [[4.0], [6.0]]),
                                                             (4, [[8.0]])]
     assert answer.version == 0
@@ -333,11 +360,8 @@ async def test_a_rowwise_request_split_across_batches_gets_the_rows_computed(por
     assert isinstance(error, ArithmeticError)
     assert isinstance(answer.error, Failure) == portable
     whole = fn(VersionedRequest(x))  # not rowwise: it fails whole, as a plain request
-    if portable:
-        assert isinstance((await within(whole, "the failure")).error, ArithmeticError)
-    else:
-        with pytest.raises(ArithmeticError):
-            await within(whole, "the failure")
+    with pytest.raises(ArithmeticError):
+        await within(whole, "the failure")
     fn.connection.close()
     await within(serving, "serving to end")
 
@@ -348,7 +372,7 @@ async def test_computed_rows_that_cannot_travel_fail_the_portable_answer():
         raises_on_negative(lambdas), server_end, policy=DispatchPolicy(max_batch_size=1),
         portable=True))
     x = np.array([[1], [-1]], np.float32)
-    answer = await within(fn(VersionedRequest(x, rowwise=True)), "the answer")
+    answer = await within(raw(fn, VersionedRequest(x, rowwise=True)), "the answer")
     assert isinstance(answer, Failure) and isinstance(answer.error, ModelOutputError)
     assert "cannot be sent" in str(answer.error)
     fn.connection.close()
@@ -363,7 +387,7 @@ async def test_portable_checks_that_outputs_with_objects_pickle(portable):
         asr.serve_connection(lambdas, end_lambdas, portable=portable),
         asr.serve_connection(strings, end_strings, portable=portable)))
     x = np.ones((2, 3), np.float32)
-    answer = await within(f_lambdas(x), "the lambdas")
+    answer = await within(raw(f_lambdas, x), "the lambdas")
     if portable:
         assert isinstance(answer, Failure) and isinstance(answer.error, ModelOutputError)
         assert "cannot be sent" in str(answer.error)
@@ -521,3 +545,64 @@ async def test_serving_ends_by_closing_its_end_so_later_calls_fail_at_once():
         await within(fn(x), "the call after the server's end closed")
     with pytest.raises(ConnectionGoneError):
         fn(x)  # and at once from then on
+
+
+
+async def test_a_message_no_answer_can_reach_is_dropped_and_the_others_served():
+    bad_client, bad_server = pipe(local_queue)
+    good_client, good_server = pipe(local_queue)
+    good = UnorderedConnectedFunction(good_client)
+    reported = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx))
+    serving = asyncio.ensure_future(asr.serve_connection(
+        lambda x: 2 * x, [PassThroughConnection(bad_server),
+                          PassThroughConnection(good_server)]))
+    bad_client.send(np.ones((1, 2)))  # a bare payload, not (key, value): no key
+    assert (await within(good(np.ones((1, 2))), "a good call")).tolist() == [[2.0, 2.0]]
+    assert not serving.done()
+    assert [type(c["exception"]).__name__ for c in reported] == ["MalformedMessageError"]
+    bad_client.close()
+    good_client.close()
+    await within(serving, "serving to end")
+    await good.aclose()
+
+
+class BrokenConnection(Connection):
+    """A connection whose receiving side fails for good (a broken transport)."""
+
+    def __init__(self):
+        super().__init__(local_queue(), local_queue())
+
+    async def recv_async(self):
+        raise OSError("the transport broke")
+
+
+async def test_a_connection_that_fails_stops_the_others_being_served_with_it():
+    (fn,), good_end = get_connected_functions(local_queue, 1, ordered=True)
+    serving = asyncio.ensure_future(
+        asr.serve_connection(lambda x: 2 * x, [good_end, BrokenConnection()]))
+    with pytest.raises(OSError, match="the transport broke"):
+        await within(serving, "serving to fail")
+    await asyncio.sleep(0)
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()
+              and "_serve" in repr(t.get_coro())]
+    assert others == []  # the good connection's serving task was stopped too
+
+
+async def test_a_portable_answer_of_two_arrays_is_not_checked_by_a_pickle_trip(
+        monkeypatch):
+    from async_search.servers import connection_server
+
+    trips = []
+    real = connection_server.round_trips
+    monkeypatch.setattr(connection_server, "round_trips",
+                        lambda obj: trips.append(obj) or real(obj))
+    (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(
+        lambda x: (2 * x, x.sum(axis=1)), server_end, portable=True))
+    for _ in range(5):  # a policy and a value: two arrays, not (outputs, version)
+        policy, value = await within(fn(np.ones((2, 3), np.float32)), "an answer")
+        assert policy.shape == (2, 3) and value.tolist() == [3.0, 3.0]
+    assert trips == []
+    fn.connection.close()
+    await within(serving, "serving to end")
