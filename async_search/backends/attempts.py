@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pickle
 import time
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Protocol,
                     Sequence, Tuple, Union)
@@ -384,3 +385,33 @@ class ClientSearches:
         if self._ready:
             ready, self._ready = self._ready, []
             self._on_outcomes(ready)
+
+
+def check_travels(search_fn, starts: Sequence[Any], backend: str, hint: str = "",
+                  dumps: Callable[[Any], bytes] = pickle.dumps,
+                  loads: Callable[[bytes], Any] = pickle.loads) -> None:
+    """Fails before any worker starts if the searches cannot travel to one: each must
+    be dumped and load again (a start that dumps but cannot load would end the worker
+    that loads it, and every start it holds, as a worker death).
+
+    Raises:
+        TypeError: naming what does not travel (``search_fn`` or ``start i``).
+    """
+    for what, obj in (("search_fn", search_fn), ("starts", starts)):
+        try:
+            loads(dumps(obj))
+        except Exception as e:
+            if what == "starts":
+                what = f"start {_first_that_does_not_travel(starts, dumps, loads)}"
+            raise TypeError(
+                f"{backend} sends {what} to its workers, so it must be picklable and load "
+                f"again{' ' + hint if hint else ''}: {type(e).__name__}: {e}") from e
+
+
+def _first_that_does_not_travel(starts: Sequence[Any], dumps, loads) -> int | str:
+    for index, start in enumerate(starts):
+        try:
+            loads(dumps(start))
+        except Exception:  # noqa: BLE001 - the one to name
+            return index
+    return "(the list of starts)"

@@ -34,7 +34,8 @@ import time
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
-                                            WorkerBroke, WorkerLost, run_share, run_shares)
+                                            WorkerBroke, WorkerLost, check_travels,
+                                            run_share, run_shares)
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import Progress, RunConfig
 from async_search.backends.results import SearchResults, finish, merge_stats
@@ -60,7 +61,8 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
                       deadlines: Deadlines | None = None) -> SearchResults:
     """Runs the starts round-robin over ``num_procs`` client processes; a start whose
     process died runs again in a new one (``config.retries``)."""
-    _check_picklable(search_fn, starts)
+    check_travels(search_fn, starts, "the process backend", "(a module-level function, "
+                  "or a functools.partial of one)")
     if deadlines is None:
         deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
@@ -112,31 +114,6 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
     stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace])
     stats["clients"] = clients
     return SearchResults(finish(results_, failures, config), stats)
-
-
-def _check_picklable(search_fn, starts: Sequence[Any]) -> None:
-    """Fails before any process starts if the searches cannot travel to one: each must
-    pickle and load again (a start that pickles but cannot load would end the client
-    process that loads it, and every start it holds, with a WorkerDiedError)."""
-    for what, obj in (("search_fn", search_fn), ("starts", starts)):
-        try:
-            pickle.loads(pickle.dumps(obj))
-        except Exception as e:
-            if what == "starts":
-                what = f"start {_first_that_does_not_travel(starts)}"
-            raise TypeError(
-                f"the process backend sends {what} to worker processes, so it must be "
-                f"picklable and load again (a module-level function, or a "
-                f"functools.partial of one): {type(e).__name__}: {e}") from e
-
-
-def _first_that_does_not_travel(starts: Sequence[Any]) -> int | str:
-    for index, start in enumerate(starts):
-        try:
-            pickle.loads(pickle.dumps(start))
-        except Exception:  # noqa: BLE001 - the one to name
-            return index
-    return "(the list of starts)"
 
 
 class _ClientProcess:

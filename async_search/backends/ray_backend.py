@@ -51,10 +51,11 @@ import queue
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Dict, Hashable, List, Sequence, Tuple
 
 from async_search import process_tree
 from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
+                                            check_travels,
                                             WorkerBroke, WorkerLost, run_share, run_shares)
 from async_search.backends.client import CoalescingClient
 from async_search.backends.config import Progress, RunConfig
@@ -62,7 +63,7 @@ from async_search.backends.gpu_placement import place_servers, release_gpus, res
 from async_search.backends.results import SearchResults, finish, merge_stats
 from async_search.backends.servers import ServersHook
 from async_search.connections import Connection, ForkedConnection, KeyedConnection
-from async_search.errors import ServerDiedError, describe
+from async_search.errors import CloseTimeoutError, ServerDiedError, describe
 from async_search.event_loops import loop_factory
 from async_search.queues import close_stream
 from async_search.queues.ray_actor import ActorQueue, QueueHost
@@ -91,6 +92,11 @@ _REQUESTS = "requests"
 #: Seconds ``stop`` waits for direct connections that their clients have not closed
 #: (and for a connection's last answers to leave).
 _STOP_WAIT_S = 10.0
+#: Seconds the runner waits for each server actor's stats once the searches ended.
+_ACTOR_STOP_S = _STOP_WAIT_S + 5.0
+#: Seconds a client task may take to end after its last report: longer, and a thread
+#: left running by a timed-out search holds it (and its CPU), so it is killed.
+_CLIENT_END_S = 2.0
 
 
 def _answers(client: int) -> str:
@@ -192,10 +198,15 @@ class ServerActor(QueueHost):
         return ray.get_runtime_context().get_node_id()
 
     async def stop(self):
-        """Answers what was received, stops, and returns (stats, trace)."""
+        """Stops, and returns (stats, trace). It is called once every search has ended
+        (or the run fails): what is still queued or in the model is no one's, so
+        nothing is drained, and a model stuck in a batch (a search_timeout ended its
+        searches) is not waited for, as the process backend does."""
         close_stream(self.hosted(_REQUESTS))
         if self._listener is not None:
             self._listener.close()
+        with contextlib.suppress(CloseTimeoutError):  # fails what it still holds
+            await self._server.aclose(drain=False, timeout=GRACE_S)
         if self._serving is not None:
             await self._serving
         if self._direct:  # clients close their connections when done; a client task
@@ -220,6 +231,8 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
     if deadlines is None:
         deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     ray = ensure_ray(config.address)
+    dumps, loads = _pickler()
+    check_travels(search_fn, starts, "the Ray backend", dumps=dumps, loads=loads)
     num_shares = min(config.num_procs, max(len(starts), 1))
     # Each attempt of a share has its own answer queue on every server (for clients
     # that reach their servers by actor calls): an answer never reaches a later attempt.
@@ -443,7 +456,14 @@ class _ServerPool:
             self._slots[i] = server
             self.servers.append(server)
         if not self.live():
-            raise ServerDiedError(f"no server actor started: {started[0]!r}")
+            error = started[0]
+            if isinstance(error, self._ray.exceptions.RayTaskError):
+                # The model factory (or the model) raised: its own exception, as the
+                # other backends raise it (also an instance of RayTaskError)
+                cause = error.as_instanceof_cause()
+                cause.add_note("(raised while the server actors started: none started)")
+                raise cause from None
+            raise ServerDiedError(f"no server actor started: {error!r}")
         self.spec = next(s for s in started if not isinstance(s, BaseException))[0]
 
     def _make(self, i: int, generation: int, nodes: List[str]):
@@ -537,12 +557,32 @@ class _ServerPool:
         actor after its swap, so it runs on the new model; a message resent from a dead
         server goes to a survivor, which has swapped too (and so has a replacement)."""
         errors = self._ray.exceptions
+        unavailable = getattr(errors, "ActorUnavailableError", ())
         async with self._swapping:
             ref = self._ray.put(model_or_weights)  # sent once, read by every actor
             self._latest = (ref, version)
             live = self.live()
             acks = await asyncio.gather(*(s.actor.update_model.remote(ref, version)
                                           for s in live), return_exceptions=True)
+            # A server Ray cannot reach for now (ActorUnavailableError, a kind of
+            # RayActorError) is not dead: it would serve the old model once back.
+            # Asked again for a while; one still out of reach fails the push.
+            asked_until = time.monotonic() + _PROBE_S
+            while True:
+                out = [i for i, a in enumerate(acks) if isinstance(a, unavailable)]
+                if not out or time.monotonic() >= asked_until:
+                    break
+                await asyncio.sleep(0.1)
+                again = await asyncio.gather(
+                    *(live[i].actor.update_model.remote(ref, version) for i in out),
+                    return_exceptions=True)
+                for i, ack in zip(out, again):
+                    acks[i] = ack
+        for ack in acks:
+            if isinstance(ack, unavailable):
+                raise ServerDiedError(
+                    f"a server actor could not be reached to swap to version "
+                    f"{version!r} (it may serve the older model): {ack!r}")
         died = [a for a in acks if isinstance(a, errors.RayActorError)]
         if len(died) == len(acks):
             raise ServerDiedError(f"every server actor died; none took version {version!r}"
@@ -557,13 +597,16 @@ class _ServerPool:
         self._stopping = True
         live = self.live()
         left = deadlines.run_left()
-        stops = asyncio.gather(*(s.actor.stop.remote() for s in live),
-                               return_exceptions=True)
-        try:
-            finals = await (stops if left is None else
-                            asyncio.wait_for(stops, left + GRACE_S))
-        except asyncio.TimeoutError:  # out of time: killed with the rest
-            return []
+        # Bounded even without a deadline: an actor that cannot answer (stopped) is
+        # killed with the rest, and only its stats are missing.
+        bound = _ACTOR_STOP_S if left is None else min(_ACTOR_STOP_S, left + GRACE_S)
+        stops = [asyncio.ensure_future(_outcome(s.actor.stop.remote())) for s in live]
+        if stops:
+            await asyncio.wait(stops, timeout=bound)
+        finals = [stop.result() if stop.done() else asyncio.TimeoutError("no answer")
+                  for stop in stops]
+        for stop in stops:
+            stop.cancel()
         died = self._ray.exceptions.RayActorError
         unavailable = getattr(self._ray.exceptions, "ActorUnavailableError", ())
         for server, final in zip(live, finals):  # Ray's answer, before the watch's
@@ -588,6 +631,14 @@ class _ServerPool:
         for server in self.servers:
             server.watch.cancel()
         release_gpus(self._ray, self._group)
+
+
+async def _outcome(awaitable: Awaitable) -> Any:
+    """What ``awaitable`` returns, or the exception it raises (returned)."""
+    try:
+        return await awaitable
+    except Exception as e:  # noqa: BLE001 - the caller sorts them
+        return e
 
 
 async def _report_progress(pool: _ServerPool, progress: Progress, state: dict,
@@ -625,7 +676,8 @@ class _ClientTask:
                                    [s.actor for s in servers],
                                    [s.address for s in servers], key, spec,
                                    config.use_uvloop, config.search_timeout)
-        self._done = False
+        self._done = False  # its last report came
+        self._stopped = False
         self.usage: dict | None = None  # cpu_s and searching_s, once it is done
 
     async def events(self):
@@ -657,9 +709,15 @@ class _ClientTask:
         raise WorkerBroke("its stream ended without its last report")
 
     async def stop(self, wait_s: float) -> None:
-        if self._done:
+        if self._stopped:
             return
-        self._done = True
+        self._stopped = True
+        if self._done:  # its task ends once its loop's thread has: soon, unless a thread
+            try:  # a timed-out search left running holds it (and its worker's CPU)
+                await asyncio.wait_for(self._drain(), min(wait_s, _CLIENT_END_S))
+                return
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - killed below
+                pass
         # Killed with its worker process: nothing of its searches runs on.
         with contextlib.suppress(Exception):
             self._ray.cancel(self._stream, force=True)

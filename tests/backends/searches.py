@@ -309,3 +309,37 @@ async def rows_of_start(start, evaluate):
     rows = abs(start) % 3 + 1
     y = await evaluate(np.full((rows, 3), start, np.float32))
     return y[:, 0].tolist()
+
+
+class SleepsOn13:
+    """``2 * x``, but a batch holding 13 sleeps ``seconds`` (a model stuck in it, in a
+    process of its own: nothing to release it but time)."""
+
+    def __init__(self, seconds=60.0):
+        self.seconds = seconds
+
+    def __call__(self, x):
+        import time
+
+        if (x[:, 0] == 13).any():
+            time.sleep(self.seconds)
+        return 2 * x
+
+
+def sleeps_on_13():
+    return with_spec(SleepsOn13(), (3,), np.float32)
+
+
+def raises_when_made():
+    raise RuntimeError("no model for you")
+
+
+class DoesNotLoad:
+    """Pickles, but raises when loaded (in the worker that would run it)."""
+
+    def __reduce__(self):
+        return (_refuse_to_load, ())
+
+
+def _refuse_to_load():
+    raise RuntimeError("this start cannot be loaded")

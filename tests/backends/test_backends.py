@@ -78,13 +78,14 @@ def test_the_fraction_in_the_model_is_per_device_worker_and_at_most_one(backend)
 
 
 def test_a_model_stuck_in_a_batch_does_not_hold_a_run_whose_searches_timed_out(backend):
-    if backend.name == "ray":
-        pytest.skip("Ray's servers are actors, stopped with their pool")
+    # Ray's servers are actors in processes of their own (killed with the run): a model
+    # that sleeps there. Here, a model released once the run returned.
     release = threading.Event()
     began = time.monotonic()
+    factory = (searches.sleeps_on_13 if backend.name == "ray"
+               else lambda: searches.StuckOn13(release))
     try:
-        out = backend.run(searches.one_request, [1, 13, 2],
-                          lambda: searches.StuckOn13(release), search_timeout=1.0,
+        out = backend.run(searches.one_request, [1, 13, 2], factory, search_timeout=1.0,
                           return_exceptions=True, model_thread=True)
         elapsed = time.monotonic() - began
     finally:
@@ -203,3 +204,16 @@ async def test_every_answer_is_computed_for_its_own_request_and_only_once(backen
                                             searches.sum_model())
     assert all(wrong == 0 for wrong, _ in out)
     assert out.stats["elements"] == sum(rows for _, rows in out)
+
+
+def test_a_model_factory_that_raises_gives_its_own_exception(backend):
+    with pytest.raises(RuntimeError, match="no model for you") as raised:
+        backend.run(searches.echo_sum, [1, 2], searches.raises_when_made)
+    assert not isinstance(raised.value, asr.ServerDiedError)  # nothing died
+
+
+def test_a_start_that_pickles_but_does_not_load_is_refused_by_index(backend):
+    if backend.name == "local":
+        pytest.skip("the local backend sends nothing to another process")
+    with pytest.raises(TypeError, match=r"start 1 .*load again.*cannot be loaded"):
+        backend.run(searches.echo_sum, [2, searches.DoesNotLoad(), 3], searches.small_mlp)

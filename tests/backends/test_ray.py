@@ -222,3 +222,64 @@ async def test_a_server_ray_cannot_reach_for_a_while_is_not_taken_for_dead(monke
     dying = Actor([unavailable, ray.exceptions.ActorDiedError()])
     with pytest.raises(ray.exceptions.ActorDiedError):
         await asyncio.wait_for(ray_backend._until_stopped(dying), 10)
+
+
+def test_a_thread_a_timed_out_search_left_running_does_not_keep_its_client_task():
+    # Its task ends once its loop's thread has, which waits for the thread (30 s): the
+    # runner kills it, so that its worker's CPU is free for the next run.
+    import time
+
+    began = time.monotonic()
+    out = asr.run_searches(searches.stuck_in_a_thread, [1, 2], searches.small_mlp,
+                           backend="ray", num_procs=2, search_timeout=1.0,
+                           return_exceptions=True)
+    assert all(isinstance(r, asr.SearchTimeoutError) for r in out), out
+    assert time.monotonic() - began < 20.0
+    freed_by = time.monotonic() + 5.0  # the thread sleeps on for 30 s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
+        assert time.monotonic() < freed_by, "a client task still holds its CPU"
+        time.sleep(0.05)
+
+
+async def test_a_push_asks_again_a_server_ray_cannot_reach_for_now(monkeypatch):
+    """ActorUnavailableError is a RayActorError, but not a death: the server would
+    serve the old model once back. It is asked again; one that stays out of reach
+    fails the push."""
+    import types
+
+    from async_search.backends import ray_backend
+    from async_search.errors import ServerDiedError
+
+    monkeypatch.setattr(ray_backend, "_PROBE_S", 0.5)
+
+    class Actor:
+        def __init__(self, failures):
+            self.failures = list(failures)
+            self.version = 0
+            self.update_model = types.SimpleNamespace(remote=self.update)
+
+        def update(self, ref, version):
+            async def call():
+                if self.failures:
+                    raise self.failures.pop(0)
+                self.version = version
+                return version
+            return call()
+
+    def pool_of(*actors):
+        pool = ray_backend._ServerPool.__new__(ray_backend._ServerPool)
+        pool._ray = types.SimpleNamespace(exceptions=ray.exceptions, put=lambda x: x)
+        pool._swapping = asyncio.Lock()
+        pool._latest = None
+        never = asyncio.get_running_loop().create_future()
+        pool._slots = [ray_backend._Server(a, None, never) for a in actors]
+        return pool
+
+    cut_off = ray.exceptions.ActorUnavailableError("unreachable for now", None)
+    ok, back_soon = Actor([]), Actor([cut_off, cut_off])
+    await asyncio.wait_for(pool_of(ok, back_soon).push("weights", 7), 10)
+    assert ok.version == back_soon.version == 7
+    gone_for_good = Actor([cut_off] * 1000)
+    with pytest.raises(ServerDiedError, match="could not be reached to swap"):
+        await asyncio.wait_for(pool_of(Actor([]), gone_for_good).push("weights", 8), 10)
+    assert gone_for_good.version == 0
