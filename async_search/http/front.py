@@ -63,6 +63,7 @@ from async_search.http.codec_pool import CodecPool
 from async_search.http.error_responses import (CONNECTION_LAYER, error_handler_class,
                                                error_response, payload_error)
 from async_search.http.front_lifetime import FrontLifetime
+from async_search.http.inflate import inflate
 from async_search.http.kserve import HEADER_LENGTH, TensorMetadata
 from async_search.http.limits import (ConnectionLimiter, HttpLimits, LimitedSite,
                                       connection_cap)
@@ -241,7 +242,7 @@ class HttpFront(FrontLifetime):
             self._runner = web.AppRunner(
                 app, access_log=None, handle_signals=False,
                 shutdown_timeout=min(_FLUSH_S, self.limits.shutdown_timeout),
-                keepalive_timeout=self.limits.keepalive_timeout,
+                keepalive_timeout=self.limits.keepalive_timeout, auto_decompress=False,
                 lingering_time=min(_LINGERING_S, self.limits.read_timeout))
             stack.callback(self.connections.close)
             # Closes idle connections, writes out the last answers, closes the rest.
@@ -458,7 +459,7 @@ class HttpFront(FrontLifetime):
             raise ProtocolError(f"{_STOPPING}: the request body was still arriving",
                                 status=503)
         try:
-            return read.result()
+            body = read.result()
         except ConnectionError:
             raise ProtocolError("the client closed the connection before the whole body "
                                 "arrived") from None
@@ -468,6 +469,10 @@ class HttpFront(FrontLifetime):
             request.content.feed_eof()
             status, message = payload_error(e)
             raise ProtocolError(message, status=status) from None
+        encoding = request.headers.get("Content-Encoding")
+        # Decoded here, within the body limit (aiohttp's own decoding is turned off: it
+        # inflated each chunk that arrived whole)
+        return body if encoding is None else inflate(body, encoding, self.max_body_bytes)
 
     # -- repository -------------------------------------------------------------------
     def _repository_allowed(self, request: web.Request) -> None:

@@ -497,6 +497,27 @@ async def test_a_gzip_body_of_binary_tensors_is_read_by_its_inflated_json_length
     assert out["shape"] == [64, 16] and set(out["data"]) == {2.0}
 
 
+async def test_a_small_body_that_inflates_past_the_limit_gets_413_and_the_front_serves_on():
+    import gzip
+
+    async def twice(x):
+        return 2 * x
+
+    bomb = gzip.compress(b"\0" * (8 << 20))  # 8 MiB of zeros in a few kB
+    limits_front = HttpFront({"twice": twice}, max_body_bytes=1 << 20)
+    async with limits_front as front, aiohttp.ClientSession() as session:
+        status, answer = await post(session, f"{front.url}/v2/models/twice/infer", bomb,
+                                    {"Content-Type": "application/json",
+                                     "Content-Encoding": "gzip"})
+        assert status == 413 and b"decoded" in answer, answer[:200]
+        status, answer = await post(session, f"{front.url}/v2/models/twice/infer",
+                                    infer_body(np.ones(4, np.float32)))
+        assert status == 200, answer[:200]
+        status, answer = await post(session, f"{front.url}/v2/models/twice/infer",
+                                    b"abc", {"Content-Encoding": "compress"})
+        assert status == 415, answer[:200]
+
+
 async def test_an_authorization_header_that_is_not_text_gets_403_not_500():
     async with HttpFront({"mlp": MODEL}, repository_token="s3cret") as front:
         host, port = front.url.split("//")[1].split(":")
