@@ -52,9 +52,16 @@ class LocalQueue:
             try:
                 await waiter
             except asyncio.CancelledError:
-                # Pass the wake-up on, so that an item is not left unclaimed.
-                if self._items and waiter.done() and not waiter.cancelled():
-                    self._wake_next()
+                if waiter.done() and not waiter.cancelled():
+                    # Woken, then cancelled: pass the wake-up on, so that an item is
+                    # not left unclaimed.
+                    if self._items:
+                        self._wake_next()
+                else:  # still waiting: forget it (a getter that times out leaves none)
+                    try:
+                        self._waiters.remove(waiter)
+                    except ValueError:  # a wake-up already skipped it
+                        pass
                 raise
         return self._items.popleft()
 

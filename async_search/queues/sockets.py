@@ -9,6 +9,13 @@ the socket cannot take at once waits in a buffer until it is writable, so two pr
 writing to each other cannot deadlock. Outside a running loop, ``put`` and ``get``
 block like ``queue.Queue``'s.
 
+A frame is never cut: a ``put`` outside a loop that times out (or, with ``block=False``,
+finds the socket full) raises ``queue.Full`` only before the first byte of its frame is
+written; once the frame has begun, the put succeeds and the rest of the frame waits in
+the buffer, to leave first with the next put (or ``drain``). A queue may be used in one
+event loop after another (two ``asyncio.run`` calls): it registers with the loop that is
+running, and what a loop that ended left unsent leaves first.
+
 The end of the stream is ``END_OF_STREAM`` (``close_stream``) or the writer's end of
 the socket closing (its process exited or died): either way a reader gets
 ``ClosedConnection`` once the items before it are taken.
@@ -51,6 +58,7 @@ _CHUNK = 1 << 18
 #: 0.9-3.5x at 1 MB, 1.6-3.0x at 4 MB); a small rest is not worth a buffer of its own.
 _DIRECT = _CHUNK // 4
 _IOV_MAX = 512
+_READER_CLOSED = "this socket queue's reading end is closed here"
 
 
 def encode_item(item: Any) -> List[memoryview]:
@@ -130,6 +138,9 @@ class SocketQueue:
             process instead of blocking the loop).
     """
 
+    #: One writing process only: frames from two writers on one socket would interleave.
+    single_writer = True
+
     def __init__(self, maxsize: int = 0):
         if maxsize:
             raise ValueError(f"a SocketQueue is unbounded: maxsize must be 0, got {maxsize!r}")
@@ -184,33 +195,51 @@ class SocketQueue:
     # -- ends ---------------------------------------------------------------------------
 
     def reader_only(self) -> "SocketQueue":
-        """Closes this process's writing end: this process only gets. Returns self."""
+        """Closes this process's writing end: this process only gets (what was not
+        sent yet is dropped, and ``drain`` returns). Returns self."""
+        self._stop_writing()
+        self._outgoing = []
+        self._scheduled = None
+        self._unsent.clear()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        self._wake_drained()
         return self
 
     def writer_only(self) -> "SocketQueue":
-        """Closes this process's reading end: this process only puts. Returns self."""
+        """Closes this process's reading end: this process only puts (a ``get`` here
+        raises ``ClosedConnection`` once the items that arrived are taken). Returns
+        self."""
         self._stop_reading()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        self._wake_readers()
         return self
 
     def close(self) -> None:
-        """Releases both ends in this process (what was not sent yet is dropped)."""
-        self._stop_writing()
+        """Releases both ends in this process: what was not sent yet is dropped (a
+        ``drain`` waiting for it returns) and a ``get`` raises ``ClosedConnection``
+        once the items that arrived are taken."""
         self.writer_only()
         self.reader_only()
-        self._wake_readers()
 
     # -- putting ------------------------------------------------------------------------
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Sends ``item``; in a running loop it leaves with this iteration's frame.
+        """Sends ``item``; in a running loop it leaves with this iteration's frame and
+        ``block`` and ``timeout`` do not matter (the loop never blocks).
+
+        Outside a loop it is written at once, after what earlier puts left unsent,
+        waiting up to ``timeout`` seconds for the socket (not at all unless ``block``).
+        Once the first byte of its frame is written the put succeeds: what the socket
+        did not take by then waits in this process and leaves first with the next put
+        (or ``drain``), so that a frame is never cut.
 
         Raises:
+            queue.Full: outside a loop, nothing of the item could be written in time
+                (nothing of it is sent; the queue stays usable).
             ClosedConnection: the reading end is gone (or this process closed it).
             Exception: what pickling raised, when ``item`` cannot travel (nothing is
                 sent; the queue stays usable).
@@ -222,10 +251,10 @@ class SocketQueue:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._send_blocking(frame_of([encoded]), timeout)
+            self._send_blocking(frame_of([encoded]), timeout, block)
             return
         self._outgoing.append(encoded)
-        if self._scheduled is None:
+        if self._scheduled is not loop:  # None, or a loop that ended before sending
             self._scheduled = loop
             loop.call_soon(self._flush)
 
@@ -233,11 +262,19 @@ class SocketQueue:
         self.put(item, block=False)
 
     async def drain(self) -> None:
-        """Returns once everything put has been handed to the socket."""
-        while self._scheduled is not None or self._unsent:
-            if self._broken is not None:
+        """Returns once everything put has been handed to the socket, or once nothing
+        can be sent any more: the reading end is gone, or ``close`` (``reader_only``)
+        dropped what was unsent. It never raises for either: a ``put`` does."""
+        loop = asyncio.get_running_loop()
+        while self._broken is None and self._writer is not None:
+            if self._scheduled is not None and self._scheduled is not loop:
+                self._flush()  # puts of a loop that ended before it sent them
+            if self._unsent and self._writing_loop is not loop:
+                self._stop_writing()  # left by a loop that ended, or by a put outside one
+                self._send_some()
+            if self._scheduled is None and not self._unsent:
                 return
-            fut = asyncio.get_running_loop().create_future()
+            fut = loop.create_future()
             self._drained.append(fut)
             await fut
 
@@ -257,7 +294,11 @@ class SocketQueue:
             return self._wake_drained()
         chunks = frame_of(items)
         self._unsent.extend(_bytes_views(chunks))
-        if self._writing_loop is None:
+        writing = self._writing_loop
+        if writing is None:
+            self._send_some()
+        elif writing is not asyncio._get_running_loop():  # one that ended: what it
+            self._stop_writing()                          # left goes first, from here
             self._send_some()
 
     def _send_some(self) -> None:
@@ -288,23 +329,62 @@ class SocketQueue:
         drained, self._drained = self._drained, []
         for fut in drained:
             if not fut.done():
-                fut.set_result(None)
+                try:
+                    fut.set_result(None)
+                except RuntimeError:  # its loop is closed: nobody awaits it any more
+                    pass
 
-    def _send_blocking(self, chunks: List[memoryview], timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        chunks = collections.deque(_bytes_views(chunks))
-        while chunks:
-            try:
-                sent = self._writer.sendmsg(list(itertools.islice(chunks, _IOV_MAX)))
-            except BlockingIOError:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not select.select([], [self._writer], [], left)[1]:
-                    raise queue.Full from None
-                continue
-            except OSError as e:
-                self._broken = ClosedConnection(f"the reading end closed ({e!r})")
-                raise self._broken from e
-            _drop_sent(chunks, sent)
+    def _send_blocking(self, chunks: List[memoryview], timeout: float | None,
+                       block: bool = True) -> None:
+        """Writes one frame outside a loop, after what earlier puts left unsent (a frame
+        a loop that ended did not finish, the rest of one a put that timed out began).
+
+        Raises:
+            queue.Full: not a byte of the frame was written in time (nothing of it is
+                kept).
+            ClosedConnection: the reading end is gone.
+        """
+        deadline = None if timeout is None or not block else time.monotonic() + timeout
+        if self._writing_loop is not None:  # registered with a loop that is not running
+            self._stop_writing()
+        if self._outgoing:  # puts of a loop that ended before it sent them
+            self._scheduled = None
+            items, self._outgoing = self._outgoing, []
+            self._unsent.extend(_bytes_views(frame_of(items)))
+        if self._unsent and not self._send_within(self._unsent, block, deadline):
+            raise queue.Full  # the frames before it are not out: this one is not begun
+        frame = collections.deque(_bytes_views(chunks))
+        head = frame[0]  # stays at the head, whole, until a byte of it is written
+        if not self._send_within(frame, block, deadline):
+            if frame[0] is head:
+                raise queue.Full  # nothing of it written: as if never put
+            self._unsent.extend(frame)  # begun: its rest leaves first with the next put
+
+    def _send_within(self, chunks: Deque[memoryview], block: bool,
+                     deadline: float | None) -> bool:
+        """Writes ``chunks`` (dropping what is written), waiting for the socket until
+        ``deadline`` (None: for ever) when ``block``; True once all are written."""
+        writer = self._writer  # a close from another thread fails the send, below
+        if writer is None:
+            raise ClosedConnection("cannot put on this socket queue: its writing end "
+                                   "is closed here")
+        try:
+            while chunks:
+                try:
+                    sent = writer.sendmsg(list(itertools.islice(chunks, _IOV_MAX)))
+                except BlockingIOError:
+                    if not block:
+                        return False
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    if not select.select([], [writer], [], left)[1]:
+                        return False
+                    continue
+                _drop_sent(chunks, sent)
+        except (OSError, ValueError) as e:  # the reading end is gone (or ours closed)
+            self._broken = ClosedConnection(f"the reading end closed ({e!r})")
+            self._unsent.clear()
+            raise self._broken from e
+        return True
 
     # -- getting ------------------------------------------------------------------------
 
@@ -322,10 +402,13 @@ class SocketQueue:
                 return self._items.popleft()
             if self._eof:
                 raise ClosedConnection(self._ended)
+            reader = self._reader
+            if reader is None:
+                raise ClosedConnection(_READER_CLOSED)
             if not block:
                 raise queue.Empty
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self._reader], [], [], left)[0]:
+            if not select.select([reader], [], [], left)[0]:
                 raise queue.Empty
 
     def get_nowait(self) -> Any:
@@ -345,12 +428,15 @@ class SocketQueue:
         while True:
             if self._items:
                 return self._items.popleft()
-            if self._eof or self._reader is None:
+            if self._eof:
                 raise ClosedConnection(self._ended)
+            if self._reader is None:
+                raise ClosedConnection(_READER_CLOSED)
             loop = asyncio.get_running_loop()
-            if self._reading_loop is None:  # level-triggered: bytes that came before
-                self._reading_loop = loop   # this wake us at once
-                loop.add_reader(self._reader.fileno(), self._on_readable)
+            if self._reading_loop is not loop:  # None, or a loop that ended
+                self._unwatch()
+                self._reading_loop = loop   # level-triggered: bytes that came before
+                loop.add_reader(self._reader.fileno(), self._on_readable)  # wake us
             waiter = loop.create_future()
             self._waiters.append(waiter)
             try:
@@ -368,10 +454,18 @@ class SocketQueue:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
-                waiter.set_result(None)
+                try:
+                    waiter.set_result(None)
+                except RuntimeError:  # its loop is closed: nobody awaits it any more
+                    pass
 
     def _stop_reading(self) -> None:
         self._frame = None  # no more bytes come: a frame half-read is dropped, not kept
+        self._unwatch()
+
+    def _unwatch(self) -> None:
+        """Unregisters the reader from the loop it was registered with (a frame half-read
+        stays: its rest still comes)."""
         if self._reading_loop is not None:
             if self._reader is not None and not self._reading_loop.is_closed():
                 self._reading_loop.remove_reader(self._reader.fileno())

@@ -25,9 +25,17 @@ class ThreadQueue(queue.Queue):
     def _put(self, item: Any) -> None:  # called by put() with self.mutex held
         super()._put(item)
         if self._async_waiters:
-            loop, waiter = self._async_waiters.pop(0)
+            self._wake_one()
+
+    def _wake_one(self) -> None:  # with self.mutex held
+        """Wakes the first waiter whose loop still runs (one whose loop was closed while
+        it waited is dropped: the wake-up goes on to the next)."""
+        waiters = self._async_waiters
+        while waiters:
+            loop, waiter = waiters.pop(0)
             try:
                 loop.call_soon_threadsafe(_wake, waiter)
+                return
             except RuntimeError:  # that loop is closed; nobody waits there any more
                 pass
 
@@ -49,8 +57,7 @@ class ThreadQueue(queue.Queue):
                         self._async_waiters.remove((loop, waiter))
                     elif self._qsize() and self._async_waiters:
                         # We were woken and are leaving: pass the wake-up on.
-                        next_loop, next_waiter = self._async_waiters.pop(0)
-                        next_loop.call_soon_threadsafe(_wake, next_waiter)
+                        self._wake_one()
                 raise
 
 

@@ -148,6 +148,138 @@ async def test_process_queue_get_async_wakes_on_a_put_from_another_process():
     q.join_thread()
 
 
+async def test_process_queue_wakes_every_getter_waiting_in_one_loop():
+    # Before, each getter registered its own reader on the pipe: the second replaced
+    # the first's callback, and the first never woke although its item had come.
+    q = process_queue()
+    try:
+        first = asyncio.ensure_future(q.get_async())
+        await until_waiting(first)
+        second = asyncio.ensure_future(q.get_async())
+        await until_waiting(second)
+        q.put("a")
+        q.put("b")
+        got = await within(asyncio.gather(first, second), "both getters")
+        assert sorted(got) == ["a", "b"]
+    finally:
+        q.close()
+        q.join_thread()
+
+
+async def test_process_queue_a_cancelled_getter_leaves_the_others_waiting():
+    q = process_queue()
+    try:
+        getters = [asyncio.ensure_future(q.get_async()) for _ in range(3)]
+        await until_waiting(getters[-1])
+        getters[0].cancel()
+        q.put("a")
+        assert await within(getters[1], "the second getter") == "a"
+        getters[2].cancel()  # the last one waiting in this loop
+        last = asyncio.ensure_future(q.get_async())
+        await until_waiting(last)
+        q.put("b")
+        assert await within(last, "a getter after the cancelled ones") == "b"
+    finally:
+        for getter in getters:
+            getter.cancel()
+        q.close()
+        q.join_thread()
+
+
+def _put_then_exit(q, items):
+    for item in items:
+        q.put(item)
+    q.close()
+    q.join_thread()  # the items are in the pipe
+
+
+def _die_in_the_middle_of_a_message(q):
+    """What a kill leaves when it strikes while a large message is being written: its
+    length, and part of its bytes."""
+    os.write(q._writer.fileno(), (1_000_000).to_bytes(4, "big", signed=True) + b"x" * 100)
+    os._exit(9)
+
+
+async def test_process_queue_reader_only_gets_what_an_exited_writer_sent_then_closed():
+    # Before, every process held the pipe's writing end: a reader of a writer that had
+    # exited waited forever.
+    q = process_queue()
+    child = SPAWN.Process(target=_put_then_exit, args=(q, ["last", "words"]))
+    child.start()
+    try:
+        assert q.reader_only() is q
+        assert await within(q.get_async(), "item 1", timeout=CHILD_S) == "last"
+        assert await within(q.get_async(), "item 2") == "words"
+        with pytest.raises(ClosedConnection, match="gone"):
+            await within(q.get_async(), "the end of the stream", timeout=CHILD_S)
+        with pytest.raises(ClosedConnection):  # and from then on, blocking too
+            q.get(timeout=WAIT_S)
+        with pytest.raises(ClosedConnection, match="reader_only"):
+            q.put("here")
+    finally:
+        await asyncio.to_thread(child.join, CHILD_S)
+        if child.is_alive():
+            child.kill()
+            await asyncio.to_thread(child.join, CHILD_S)
+    assert child.exitcode == 0
+
+
+async def test_process_queue_reader_only_ends_when_a_writer_dies_in_a_message():
+    # Before, the reader blocked inside the message's read, holding the loop's thread.
+    q = process_queue()
+    child = SPAWN.Process(target=_die_in_the_middle_of_a_message, args=(q,))
+    child.start()
+    try:
+        q.reader_only()
+        await asyncio.to_thread(child.join, CHILD_S)
+        with pytest.raises(ClosedConnection, match="gone"):
+            await within(q.get_async(), "the end of the stream")
+    finally:
+        if child.is_alive():
+            child.kill()
+        await asyncio.to_thread(child.join, CHILD_S)
+    assert child.exitcode == 9
+
+
+# -- ThreadQueue and LocalQueue: waiters that are gone -------------------------------------
+
+
+def test_thread_queue_put_wakes_a_live_getter_after_one_whose_loop_closed():
+    # Before, a put woke only the first waiter: when its loop was closed, the wake-up
+    # was lost and a live getter slept although the item was there.
+    q = ThreadQueue()
+    dead = asyncio.new_event_loop()
+    abandoned = dead.create_task(q.get_async())  # its loop closes while it waits
+    dead.run_until_complete(asyncio.sleep(0))
+    dead.close()
+
+    async def live_getter():
+        getter = asyncio.ensure_future(q.get_async())
+        await until_waiting(getter)
+        threading.Thread(target=q.put, args=("item",)).start()
+        return await within(getter, "the live getter")
+
+    assert asyncio.run(live_getter()) == "item"
+    assert not abandoned.done()
+    abandoned._log_destroy_pending = False  # its loop is gone: nothing can end it
+
+
+@pytest.mark.parametrize("factory, waiters", [(local_queue, "_waiters"),
+                                              (thread_queue, "_async_waiters")])
+async def test_a_getter_that_timed_out_leaves_no_waiter_behind(factory, waiters):
+    # Before, a local queue kept every cancelled waiter until a put came: a consumer
+    # polling an idle queue with a timeout grew it without bound.
+    q = factory()
+    for _ in range(50):
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(q.get_async(), 0.0001)
+    assert len(getattr(q, waiters)) == 0
+    getter = asyncio.ensure_future(q.get_async())
+    await until_waiting(getter)
+    q.put("item")
+    assert await within(getter, "a getter after them") == "item"
+
+
 # -- SocketQueue ----------------------------------------------------------------------------
 
 

@@ -125,6 +125,27 @@ async def test_the_server_end_closes_when_its_client_does(factory):
 
 
 @pytest.mark.parametrize("factory", kinds(AWAITABLE), indirect=True)
+async def test_two_servers_sharing_one_stream_both_end_when_their_clients_close(factory):
+    # Before, on a process queue, the second server's wait on the shared stream took
+    # the first's place in the loop: one server never woke, and serving never ended.
+    fns, server_end = get_connected_functions(factory, 2, ordered=False)
+    serving = asyncio.ensure_future(asr.serve_connection(double,
+                                                         [server_end, server_end.copy()]))
+    try:
+        x = np.ones((1, 2))
+        answers = await within(asyncio.gather(*(fn(x) for fn in fns)), "the answers")
+        for answer in answers:
+            np.testing.assert_array_equal(answer, x * 2)
+        for fn in fns:
+            fn.connection.close()
+        await within(serving, "both servers to end")
+    finally:
+        serving.cancel()
+        for fn in fns:
+            await fn.aclose()
+
+
+@pytest.mark.parametrize("factory", kinds(AWAITABLE), indirect=True)
 async def test_a_call_whose_server_end_is_gone_fails_and_later_ones_at_once(factory):
     (fn,), server_end = get_connected_functions(factory, 1, ordered=True)
     serving = asyncio.ensure_future(asr.serve_connection(double, server_end))
