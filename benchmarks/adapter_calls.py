@@ -57,6 +57,9 @@ def main(argv: list | None = None) -> int:
     args = p.parse_args(argv)
     if min(args.calls, args.rows) < 1 or args.warmup < 0:
         p.error("--calls and --rows >= 1, --warmup >= 0")
+    if min(args.input, args.hidden) < 1:
+        p.error(f"--input and --hidden must be integers >= 1, got {args.input} and "
+                f"{args.hidden}")
     one_thread(args.framework)
     _, make = adapters.PAIRS[args.framework]
     spec = TensorSpec((args.input,), np.float32)

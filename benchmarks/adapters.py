@@ -179,6 +179,13 @@ def main() -> None:
                         help="jax_cpu_enable_async_dispatch=False, set before JAX runs")
     parser.add_argument("--out", default="results/benchmarks/adapters.json")
     args = parser.parse_args()
+    for name in ("input", "hidden", "rounds", "calls"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if min(args.sizes) < 1:
+        parser.error(f"--sizes must be integers >= 1, got {args.sizes}")
+    if args.min_s < 0:
+        parser.error(f"--min_s must be >= 0 seconds, got {args.min_s}")
     if args.jax_sync_dispatch:
         import jax
         jax.config.update("jax_cpu_enable_async_dispatch", False)

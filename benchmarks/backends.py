@@ -204,6 +204,21 @@ def main() -> None:
     parser.add_argument("--clients", default="1",
                         help="client counts for --ray_ratio (comma-separated)")
     args = parser.parse_args()
+    for name in ("coroutines", "prototype_requests", "searches"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if args.requests < 2:  # the rate is taken between the first batch and the last
+        parser.error(f"--requests must be an integer >= 2, got {args.requests}")
+    if args.ray_ratio < 0:
+        parser.error(f"--ray_ratio must be an integer >= 0, got {args.ray_ratio}")
+    if args.node_cost_us < 0:
+        parser.error(f"--node_cost_us must be >= 0, got {args.node_cost_us}")
+    try:
+        clients = [int(c) for c in args.clients.split(",")]
+    except ValueError:
+        clients = []
+    if not clients or min(clients) < 1:
+        parser.error(f"--clients takes comma-separated integers >= 1, not {args.clients!r}")
     if args.ray_ratio:
         print(json.dumps(ray_ratio(args), indent=2))
         return

@@ -512,6 +512,14 @@ def main() -> None:
     parser.add_argument("--run_bound_s", type=float, default=180.0)
     parser.add_argument("--no_ray", action="store_true")
     args = parser.parse_args()
+    for name in ("requests", "starts"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if args.seed < 0:
+        parser.error(f"--seed must be an integer >= 0, got {args.seed}")
+    if not min(args.bound_s, args.run_bound_s) > 0:
+        parser.error(f"--bound_s and --run_bound_s must be more than 0 seconds, "
+                     f"got {args.bound_s} and {args.run_bound_s}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     report = {}
     began = time.perf_counter()

@@ -63,6 +63,11 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to save (default: a temp dir)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name in ("rounds", "saves", "samples"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if not args.child and not os.path.isdir(args.other):
+        parser.error(f"--other {args.other}: no such folder")
     if args.child:
         sys.path.insert(0, args.child[0])
         print(json.dumps(child(args.samples, args.saves, args.child[1])))

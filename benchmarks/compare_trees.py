@@ -71,6 +71,12 @@ def main() -> None:
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     if not script:
         parser.error("name the script after --")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be an integer >= 1, got {args.rounds}")
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be more than 0 seconds, got {args.timeout}")
+    if not os.path.isdir(args.other):
+        parser.error(f"--other {args.other}: no such folder")
     other = os.path.abspath(args.other)
     trees = {"this": ROOT, "other": other}
     values: Dict[str, Dict[str, List[float | None]]] = {

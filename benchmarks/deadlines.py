@@ -65,6 +65,10 @@ def main() -> None:
     parser.add_argument("--no_ray", action="store_true")
     parser.add_argument("--out", default="results/benchmarks/deadlines.json")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be an integer >= 1, got {args.rounds}")
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be more than 0 seconds, got {args.timeout}")
     scenarios = [("local", "awaiting")] + [
         (backend, how) for backend in ("process",) + (() if args.no_ray else ("ray",))
         for how in ("awaiting", "blocked", "stopped")]

@@ -191,6 +191,15 @@ def main() -> None:
     parser.add_argument("--max_batch_size", type=int, default=256)
     parser.add_argument("--out", default="results/benchmarks/fairness.json")
     args = parser.parse_args()
+    for name in ("small", "hog_rows", "max_batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if min(args.rounds, args.fifo_rounds) < 0 or max(args.rounds, args.fifo_rounds) < 1:
+        parser.error(f"--rounds and --fifo_rounds must be integers >= 0, one of them >= 1, "
+                     f"got {args.rounds} and {args.fifo_rounds}")
+    if not args.seconds > WARM_UP_S:  # the figures are taken after the warm-up
+        parser.error(f"--seconds must be more than the {WARM_UP_S} s warm-up, "
+                     f"got {args.seconds}")
 
     names = [name.strip() for name in args.models.split(",") if name.strip()]
     unknown = [name for name in names if name not in MODELS]

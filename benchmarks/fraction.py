@@ -59,6 +59,11 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--pipeline_depth", type=int, default=2)
     args = parser.parse_args()
+    for name in ("coroutines", "steps", "elements", "batch_size", "pipeline_depth"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if args.cpu_us < 0:
+        parser.error(f"--cpu_us must be >= 0, got {args.cpu_us}")
     stats = asyncio.run(run(args))
     print(json.dumps({
         "workload": vars(args),

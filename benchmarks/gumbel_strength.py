@@ -225,6 +225,16 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=20)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    for name in ("seeds", "games"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    try:
+        sims = [int(s) for s in args.simulations.split(",")]
+    except ValueError:
+        sims = []
+    if not sims or min(sims) < 1:
+        parser.error(f"--simulations takes comma-separated integers >= 1, "
+                     f"not {args.simulations!r}")
     out = asyncio.run(measure(args))
     text = json.dumps(out, indent=1)
     print(text)

@@ -848,6 +848,15 @@ def main() -> None:
                         "and alternate (server CPU per request, requests/s)")
     p.add_argument("--load", help=argparse.SUPPRESS)  # run as the load generator
     args = p.parse_args()
+    if args.clients < 1 or args.large_bytes < 1:
+        p.error(f"--clients and --large-bytes must be integers >= 1, "
+                f"got {args.clients} and {args.large_bytes}")
+    if min(args.large, args.slow_readers) < 0:
+        p.error(f"--large and --slow-readers must be integers >= 0, "
+                f"got {args.large} and {args.slow_readers}")
+    if not args.duration > 0 or args.warmup < 0:
+        p.error(f"--duration must be more than 0 seconds and --warmup at least 0, "
+                f"got {args.duration} and {args.warmup}")
     if args.compare:
         print(json.dumps({"batching_on": compare(args.compare),
                           "batching_off": compare(args.compare, max_batch_size=1)},

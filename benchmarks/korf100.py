@@ -79,6 +79,15 @@ def main() -> None:
                              "shipped one)")
     parser.add_argument("--out", default="results/benchmarks/korf100.json")
     args = parser.parse_args()
+    if args.budget < 1 or args.instances < 1:
+        parser.error(f"--budget and --instances must be integers >= 1, "
+                     f"got {args.budget} and {args.instances}")
+    if min(args.buffer_sizes) < 1:
+        parser.error(f"--buffer_sizes must be integers >= 1, got {args.buffer_sizes}")
+    if min(args.weights) < 0:
+        parser.error(f"--weights must be >= 0, got {args.weights}")
+    if args.ids is not None and not all(1 <= i <= 100 for i in args.ids):
+        parser.error(f"--ids must be Korf instance numbers 1-100, got {args.ids}")
     report = {
         "workload": vars(args),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),

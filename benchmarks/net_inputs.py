@@ -118,6 +118,16 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join("results", "benchmarks",
                                                       "net_inputs.json"))
     args = parser.parse_args()
+    if args.positions < 2:  # half from random play, half from self-play
+        parser.error(f"--positions must be an integer >= 2, got {args.positions}")
+    for name in ("steps", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if not 0 <= args.stones[0] <= args.stones[1] <= 41:
+        parser.error(f"--stones takes FEWEST MOST with 0 <= FEWEST <= MOST <= 41, "
+                     f"got {args.stones}")
+    if args.seed < 0:
+        parser.error(f"--seed must be an integer >= 0, got {args.seed}")
     try:  # every net checked before any work
         configs = [parse_net(spec, args) for spec in args.nets.split(",")]
     except ValueError as error:

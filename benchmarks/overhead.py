@@ -274,6 +274,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6,
                         help="with --compare: rounds, each tree once a round")
     args = parser.parse_args()
+    for name in ("coroutines", "requests", "repeats", "ray_serve_requests", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if args.compare and not os.path.isdir(os.path.join(args.compare, "benchmarks")):
+        parser.error(f"--compare {args.compare}: not a checkout (no benchmarks folder)")
     if args.compare:
         report = {"workload": {"coroutines": args.coroutines,
                                "requests_each": args.requests, "repeats": args.repeats},

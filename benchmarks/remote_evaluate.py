@@ -222,6 +222,16 @@ def main() -> None:
     parser.add_argument("--out", default=None,
                         help="default: results/benchmarks/remote_evaluate[_grpc].json")
     args = parser.parse_args()
+    for name in ("rounds", "requests", "searches", "max_connections"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    try:
+        coroutines = [int(c) for c in args.coroutines.split(",")]
+    except ValueError:
+        coroutines = []
+    if not coroutines or min(coroutines) < 1:
+        parser.error(f"--coroutines takes comma-separated integers >= 1, "
+                     f"not {args.coroutines!r}")
     if args.out is None:
         args.out = OUT if args.versus == "process" else OUT.replace(".json", "_grpc.json")
     puzzle_starts = [PUZZLE.scramble(40, seed=s) for s in range(args.searches)]
@@ -231,7 +241,7 @@ def main() -> None:
         "ratio": "grpc/http" if args.versus == "grpc" else "remote/process",
         **{f"transport_{c}": measure(args, "transport", sequential_requests,
                                      [args.requests] * c, trivial_model, "trivial_model")
-           for c in map(int, args.coroutines.split(","))},
+           for c in coroutines},
         "search": measure(args, "search", astar, puzzle_starts, heuristic, "heuristic"),
     }
     text = json.dumps(report, indent=2)

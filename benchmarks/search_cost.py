@@ -149,6 +149,9 @@ def main() -> None:
     parser.add_argument("--simulations", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    for name in ("astar_starts", "astar_budget", "mcts_searches", "simulations", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
     print(json.dumps({
         "astar": astar_cost(args.astar_starts, args.astar_budget, args.repeats),
         "astar_varied_values_buffer_4": astar_cost(args.astar_starts, args.astar_budget,

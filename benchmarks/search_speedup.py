@@ -69,7 +69,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "shared machine the minimum is the least disturbed figure)")
     p.add_argument("--skip-astar", action="store_true")
     p.add_argument("--skip-mcts", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("searches", "budget", "buffer_size", "games", "simulations",
+                 "num_parallel", "max_batch_size", "bucket", "repeat"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be an integer >= 1, "
+                    f"got {getattr(args, name)}")
+    for name in ("scramble", "tf_threads", "tf_inter_threads"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be an integer >= 0, "
+                    f"got {getattr(args, name)}")
+    if args.switch_interval < 0:
+        p.error(f"--switch-interval must be >= 0 seconds (0: Python's), "
+                f"got {args.switch_interval}")
+    try:
+        hidden = [int(h) for h in args.hidden.split(",") if h]
+    except ValueError:
+        hidden = []
+    if not hidden or min(hidden) < 1:
+        p.error(f"--hidden takes comma-separated integers >= 1, not {args.hidden!r}")
+    return args
 
 
 def batch_sizes(max_batch_size: int, bucket: int) -> list:

@@ -86,6 +86,11 @@ def main() -> None:
     parser.add_argument("--simulations", type=int, default=64)
     parser.add_argument("--train_seconds", type=float, default=10.0)
     args = parser.parse_args()
+    for name in ("games", "simulations"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if not args.train_seconds > 0:
+        parser.error(f"--train_seconds must be more than 0, got {args.train_seconds}")
 
     config = NetConfig("policy_value", "connect_four", (256, 256))
     trainer = Trainer(config, batch_size=256)

@@ -41,6 +41,11 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join("results", "benchmarks",
                                                       "solve_strength.json"))
     args = parser.parse_args()
+    for name in ("games", "simulations", "uct", "strong_uct"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if args.seed < 0:
+        parser.error(f"--seed must be an integer >= 0, got {args.seed}")
     net = (problems.pretrained("connect_four") if args.checkpoint is None
            else load_checkpoint(args.checkpoint))
     result = {"workload": vars(args), "python": platform.python_version(),

@@ -196,11 +196,21 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join("results", "benchmarks",
                                                       "solver.json"))
     args = parser.parse_args()
+    for name in ("per_depth", "simulations"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if args.seed < 0:
+        parser.error(f"--seed must be an integer >= 0, got {args.seed}")
+    try:
+        stones = [int(s) for s in args.stones.split(",")]
+    except ValueError:
+        stones = []
+    if not stones or not all(0 <= s <= 41 for s in stones):
+        parser.error(f"--stones takes comma-separated integers 0-41, not {args.stones!r}")
     result = {"workload": vars(args), "python": platform.python_version(),
               "machine": platform.machine()}
     if not args.skip_times:
-        result["solve_times"] = solve_times([int(s) for s in args.stones.split(",")],
-                                            args.per_depth)
+        result["solve_times"] = solve_times(stones, args.per_depth)
     result["labelling"] = labelling(args.write_positions)
     agents = [parse_agent(a) for a in args.agents.split(",")]
     result["move_accuracy"] = asyncio.run(accuracies(args.simulations, agents, args.seed,
