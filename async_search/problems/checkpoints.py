@@ -153,7 +153,11 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                               f"{e}") from e
     metadata = fields.object("metadata").data
     layers = fields.int("layers", minimum=1)
-    expected = len(config.conv_shapes if config.convolutional else config.layer_shapes)
+    try:  # the shapes come from the problem the config names, made here
+        expected = len(config.conv_shapes if config.convolutional else config.layer_shapes)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {config_file!r} has an invalid net config: "
+                              f"{e}") from e
     if layers != expected:
         raise fields.error(f"says {layers} layers; its net config has {expected}",
                            "layers")
@@ -203,7 +207,7 @@ def _net_config(fields: Any) -> Dict[str, Any]:
             raise net.error(f"must be integer widths >= 1, got {width!r} at {i}",
                             "hidden_sizes")
     if "size" in net.data:
-        out["size"] = net.int("size", minimum=2)
+        out["size"] = net.int("size", minimum=2, maximum=8)  # SlidingPuzzle's sizes
     if "residual" in net.data:
         out["residual"] = net.bool("residual")
     if "architecture" in net.data:

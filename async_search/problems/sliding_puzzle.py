@@ -73,7 +73,10 @@ class SlidingPuzzle:
             ValueError: if the tiles are not a solvable arrangement of ``0..size*size-1``.
         """
         try:
-            state = bytes(int(t) for t in tiles)
+            values = list(tiles)
+            if isinstance(tiles, str) or not all(is_int(t) for t in values):
+                raise TypeError("not integers")  # int() would round 1.9 down, read "1"
+            state = bytes(int(t) for t in values)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{self!r}: tiles must be integers 0..{self.num_cells - 1}, "
                              f"got {tiles!r}") from e
@@ -120,7 +123,8 @@ class SlidingPuzzle:
             ValueError: if ``moves`` is negative.
         """
         moves = check_int(f"{self!r}.scramble: moves", moves, minimum=0)
-        rng = np.random.default_rng(seed)
+        # None (fresh entropy) would scramble anew at every call
+        rng = np.random.default_rng(check_int(f"{self!r}.scramble: seed", seed, minimum=0))
         cells = bytearray(self.goal)
         blank = self.num_cells - 1
         previous = -1

@@ -34,6 +34,7 @@ import numpy as np
 
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
+from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
 from async_search.search.base import check_evaluate, policy_logits_of
 from async_search.search.gumbel import gumbel_mcts
@@ -144,9 +145,17 @@ def policy_chooser(game: Game, evaluate: Evaluate) -> Callable[[State], Awaitabl
     num_actions = int(game.num_actions)
 
     async def choose(state: State) -> int:
+        game.check_state(state)
         legal = game.legal_actions(state)
+        if not legal:  # asked nothing: a finished game has no move to choose
+            raise ValueError("policy_chooser: the game is over in this state; there is "
+                             "no move to choose")
         y = await evaluate(game.encode([state]))
         row = policy_logits_of(y, 1, num_actions)[0]
+        logits = np.asarray([row[a] for a in legal], np.float64)
+        if np.isnan(logits).any() or np.isposinf(logits).any():
+            raise ModelOutputError(f"policy_chooser: the model's policy logits for the "
+                                   f"legal moves must be finite or -inf, got {logits}")
         return int(max(legal, key=lambda a: (row[a], -a)))
 
     return choose

@@ -168,6 +168,14 @@ def best_rollout(results: Sequence[RolloutResult]) -> int:
     return min(range(len(results)), key=key)
 
 
+def _check_seed(seed: Seed) -> Seed:
+    """An int >= 0 or a SeedSequence: None (fresh entropy each call) would make the
+    rollout differ from run to run."""
+    if isinstance(seed, np.random.SeedSequence):
+        return seed
+    return check_int("seed", seed, minimum=0)
+
+
 def _check(problem, start, depth, temperature):
     depth = check_int("depth", depth, minimum=1)
     temperature = check_float("temperature", temperature, minimum=0.0, strict=True)
@@ -204,6 +212,7 @@ async def simple_rollout(problem: SearchProblem, start: State, evaluate: Evaluat
     """
     check_evaluate(evaluate)
     depth, temperature = _check(problem, start, depth, temperature)
+    seed = _check_seed(seed)
     walk = new_walk(problem, start, seed, depth)
     while walk.status is None:
         candidates = walk_candidates(problem, walk)
@@ -244,6 +253,7 @@ async def multi_rollout(problem: SearchProblem, start: State, evaluate: Evaluate
     check_evaluate(evaluate)
     num_rollouts = check_int("num_rollouts", num_rollouts, minimum=1)
     depth, temperature = _check(problem, start, depth, temperature)
+    seed = _check_seed(seed)
     walks = [new_walk(problem, start, s, depth) for s in rollout_seeds(seed, num_rollouts)]
     requests = 0
     while True:

@@ -360,7 +360,7 @@ def test_a_config_file_with_a_field_of_the_wrong_type_is_refused_naming_it(
     ("layers", 0, "'layers' must be an integer >= 1"),
     ("layers", 7, "says 7 layers"),
     ("config.hidden_sizes", [0], "widths >= 1"),
-    ("config.size", 1, "'config.size' must be an integer >= 2"),
+    ("config.size", 1, "'config.size' must be an integer in \\[2, 8\\]"),
     ("weights_sha256", "0" * 63, "'weights_sha256' must be a string matching"),
     ("weights_file", "../../etc/passwd", "'weights_file' must be a string matching"),
 ])
@@ -571,3 +571,10 @@ def test_an_mlps_config_json_is_written_as_before_the_architectures_existed(tmp_
     header = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert sorted(header["config"]) == ["hidden_sizes", "kind", "problem", "residual",
                                         "size"]
+
+
+
+@pytest.mark.parametrize("size", [9, 100])
+def test_a_puzzle_size_no_puzzle_has_is_refused_naming_the_config_file(checkpoint, size):
+    file = edit_header(checkpoint, lambda h: h["config"].update(size=size))
+    assert_refused_naming(checkpoint, file, match="config.size")

@@ -197,3 +197,24 @@ def test_compact_keys_exist_up_to_the_15_puzzle_and_share_their_tables():
     assert a is not b and a._moves is b._moves
     puzzle = SlidingPuzzle(4)
     assert puzzle.compact_keys() is puzzle.compact_keys()
+
+
+
+@pytest.mark.parametrize("tiles", [[1.9, 2, 3, 4, 5, 6, 7, 8, 0.5],
+                                   [1.0, 2, 3, 4, 5, 6, 7, 8, 0], "123456780",
+                                   [True, 2, 3, 4, 5, 6, 7, 8, 0]])
+def test_tiles_that_are_not_integers_are_refused_not_rounded(tiles):
+    with pytest.raises(ValueError, match="tiles must be integers"):
+        SlidingPuzzle(3).state(tiles)
+
+
+def test_tiles_as_numpy_integers_or_bytes_are_taken():
+    puzzle = SlidingPuzzle(3)
+    assert puzzle.state(np.array([1, 2, 3, 4, 5, 6, 7, 8, 0], np.int64)) == puzzle.goal
+    assert puzzle.state(puzzle.goal) == puzzle.goal
+
+
+@pytest.mark.parametrize("seed", [None, -1, 1.5])
+def test_a_scramble_needs_a_seed_so_that_it_is_the_same_every_time(seed):
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        SlidingPuzzle(3).scramble(10, seed=seed)

@@ -226,3 +226,24 @@ def test_gumbel_chooser_checks_its_arguments(kwargs, match):
         gumbel_chooser(GAME, fixed_logits([0] * 7), **kwargs)
     with pytest.raises(ValueError, match="evaluate"):
         gumbel_chooser(GAME, None)
+
+
+
+async def test_the_policy_chooser_refuses_nan_logits_on_the_legal_moves():
+    choose = policy_chooser(GAME, fixed_logits([np.nan] * 7))
+    with pytest.raises(ModelOutputError, match="finite"):
+        await choose(GAME.initial_state())
+
+
+async def test_the_policy_chooser_says_a_finished_game_has_no_move_and_asks_nothing():
+    asked = []
+
+    async def evaluate(x):
+        asked.append(len(x))
+        return np.zeros((len(x), 7), np.float32), np.zeros((len(x), 1), np.float32)
+
+    state = GAME.from_moves([0, 1, 0, 1, 0, 1, 0])  # four in column 0: over
+    assert GAME.is_terminal(state)
+    with pytest.raises(ValueError, match="the game is over"):
+        await policy_chooser(GAME, evaluate)(state)
+    assert asked == []

@@ -1,3 +1,5 @@
+import functools
+
 import numpy as np
 import pytest
 
@@ -138,3 +140,23 @@ async def test_bad_arguments_raise_before_any_request(kwargs, message, recorder)
             await search.simple_rollout(PUZZLE, kwargs.get("start", PUZZLE.goal), evaluate,
                                         **args)
     assert evaluate.requests == []
+
+
+
+@pytest.mark.parametrize("seed", [None, -1, 2.5])
+async def test_a_rollout_needs_a_seed_so_that_it_is_the_same_every_time(seed):
+    evaluate = asr.immediate(MLP)
+    for rollout in (search.simple_rollout, functools.partial(search.multi_rollout,
+                                                            num_rollouts=2)):
+        with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+            await rollout(PUZZLE, PUZZLE.scramble(4, seed=0), evaluate, depth=8, seed=seed)
+
+
+async def test_a_rollout_takes_a_seed_sequence():
+    evaluate = asr.immediate(MLP)
+    start = PUZZLE.scramble(4, seed=0)
+    one = await search.multi_rollout(PUZZLE, start, evaluate, depth=8, num_rollouts=2,
+                                     seed=np.random.SeedSequence(7))
+    two = await search.multi_rollout(PUZZLE, start, evaluate, depth=8, num_rollouts=2,
+                                     seed=np.random.SeedSequence(7))
+    assert one == two
