@@ -222,11 +222,16 @@ flags.DEFINE_float("weight", 0.3, "Weight of the path cost g in A*'s priority we
                    "8 without reaching the goal.")
 
 # -- output -----------------------------------------------------------------------------
-flags.DEFINE_string("save_path", "results/results.png", "Where the plot goes; the JSON "
-                    "of every printed figure goes beside it (.json). Left at its default, "
-                    "--continuous, --multi_server and --architecture write "
-                    "results/continuous.png, results/multi_server.png and "
-                    "results/architectures.json instead, so that no experiment overwrites "
+flags.DEFINE_string("save_path", "results/results.png", "Where the plot goes, in the "
+                    "format its extension names (PNG without one; any matplotlib writes: "
+                    ".png, .pdf, .svg, ...); the JSON of every printed figure goes beside "
+                    "it (.json). Left at its default, --continuous, --multi_server and "
+                    "--architecture write results/continuous.png, "
+                    "results/multi_server.png and results/architectures.json instead, "
+                    "another --search or --untrained adds its own suffix "
+                    "(results/results_mcts.png, results/results_untrained.png, "
+                    "results/multi_server_rollout.png), and --train writes "
+                    "results/train_<problem>.png, so that no experiment overwrites "
                     "another's.")
 flags.DEFINE_bool("progress", True, "Show progress bars.")
 
@@ -253,6 +258,8 @@ def _check(name: str, ok, accepts: str) -> None:
             good = False
         if not good:
             shown = ",".join(value) if isinstance(value, list) else value
+            if isinstance(shown, str) and not shown.strip():
+                shown = repr(shown)  # an empty value, seen
             raise flags.ValidationError(f"--{name} must be {accepts}, got {shown}")
         return True
     flags.register_validator(name, checker)
@@ -275,6 +282,8 @@ _check("hidden_sizes", lambda v: bool(v) and all(int(w) >= 1 for w in v),
 _check("channels", lambda v: v >= 1, "an integer >= 1")
 _check("blocks", lambda v: v is None or v >= 0, "an integer >= 0")
 _check("value_planes", lambda v: v >= 1, "an integer >= 1")
+_check("address", lambda v: v is None or bool(v.strip()), "the address of a running Ray "
+       "cluster (host:port, ray://host:port or auto)")
 
 #: The most weights a net that main.py builds may have (200 MB in float32): a typo such
 #: as --hidden_sizes 99999999999 gets a clear refusal, not a memory error minutes later.
@@ -396,9 +405,20 @@ def _improved_target_is_puct(v) -> bool:
     return True
 
 
-@flags.multi_flags_validator(["num_servers", "num_procs", "total_gpu_frac", "address"],
-                             message="")
+@flags.multi_flags_validator(["num_servers", "num_procs", "total_gpu_frac", "address",
+                              "architecture"], message="")
 def _servers_fit(v) -> bool:
+    if v["architecture"] is not None:  # server processes of its own, no Ray
+        from async_search.backends.config import max_servers
+
+        limit = max_servers("process")
+        if v["num_servers"] is not None and v["num_servers"] > limit:
+            raise flags.ValidationError(
+                f"--num_servers={v['num_servers']} is more than --architecture can "
+                f"start here (at most {limit} server processes)")
+        return True
+    if not (v["address"] is None or v["address"].strip()):
+        return True  # an empty --address: its own check says so
     try:  # the backends' own check: how many servers they can start here
         for backend in ("ray", "process"):
             RunConfig(backend=backend, num_procs=v["num_procs"] or 1,
@@ -440,28 +460,73 @@ def check_outputs(plan) -> None:
 
     shown = FLAGS.save_path
     if FLAGS.train:
-        save_dir = plan[2]
-        check_output_folder(save_dir, "--save_dir", value=FLAGS.save_dir or save_dir)
         files = [save_path(f"train_{FLAGS.train}")]
     elif FLAGS.architecture:
         files = []
     else:
-        files = [save_path("continuous" if FLAGS.continuous else "multi_server"
-                           if FLAGS.multi_server else "default")]
-    if FLAGS.architecture:
-        files.append(json_path_for(save_path("architectures")))
-    else:
+        files = [searches_save_path()]
+    if files:
+        check_plot_format(files[0], json_path_for(files[0]))
         files.append(json_path_for(files[0]))
+    else:
+        files.append(json_path_for(save_path("architectures")))
     for path in files:
         check_output_file(path, "--save_path", value=shown)
+    if FLAGS.train:
+        save_dir = plan[2]
+        if FLAGS.save_dir:
+            check_output_folder(save_dir, "--save_dir", value=FLAGS.save_dir)
+        else:  # the folder beside the plot: --save_path is what the user gave
+            try:
+                check_output_folder(save_dir, "--save_path", value=FLAGS.save_path)
+            except ValueError as e:
+                raise ValueError(f"{e} (the run is saved in {save_dir}, beside the plot, "
+                                 f"unless --save_dir says where)") from None
 
 
-def save_path(experiment: str) -> str:
-    """--save_path, or the experiment's own file when the flag was left at its default."""
-    if FLAGS["save_path"].present or experiment == "default":
+def check_plot_format(path: str, json_path: str) -> None:
+    """Raises ValueError (one line) unless matplotlib can write a plot at ``path`` in the
+    format its extension names (PNG without one), and ``path`` is not the JSON of
+    figures that goes beside it."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if os.path.normcase(os.path.abspath(path)) == os.path.normcase(
+            os.path.abspath(json_path)):
+        raise ValueError(f"--save_path={FLAGS.save_path} names the JSON of figures that "
+                         f"goes beside the plot; give the plot's path (e.g. .png)")
+    kind = os.path.splitext(path)[1][1:].lower() or "png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if kind not in formats:
+        raise ValueError(f"--save_path={FLAGS.save_path}: matplotlib cannot write a plot "
+                         f"as .{kind}; use one of "
+                         f"{', '.join('.' + f for f in sorted(formats))} (or none: PNG)")
+
+
+def save_path(experiment: str, variant: str = "") -> str:
+    """--save_path, or, when the flag was left at its default, the experiment's own file
+    (``default``: the flag's ``results/results.png``), with ``variant`` after its name."""
+    if FLAGS["save_path"].present:
         return FLAGS.save_path
-    folder = os.path.dirname(FLAGS.save_path)
-    return os.path.join(folder, f"{experiment}.png")
+    folder, name = os.path.split(FLAGS.save_path)
+    stem = os.path.splitext(name)[0] if experiment == "default" else experiment
+    return os.path.join(folder, f"{stem}{variant}.png")
+
+
+def searches_kind() -> str:
+    """The searches experiment chosen: default, continuous or multi_server."""
+    return ("continuous" if FLAGS.continuous else "multi_server" if FLAGS.multi_server
+            else "default")
+
+
+def searches_save_path() -> str:
+    """Where a searches experiment's plot goes: ``save_path`` of its kind, and, unless
+    --save_path was given, the search and the net after the name when they are not the
+    default's (``results/results_mcts.png``, ``results/results_untrained.png``), so that
+    no run overwrites the A* default's figures."""
+    variant = "" if FLAGS.continuous or FLAGS.search == "astar" else f"_{FLAGS.search}"
+    if FLAGS.untrained:
+        variant += "_untrained"
+    return save_path(searches_kind(), variant)
 
 
 def _command() -> str:
@@ -541,9 +606,7 @@ def run_searches_experiment(experiment, done: "Done | None" = None) -> int:
         done.finished += 1
         print(f"FAILED {name}: {error}", flush=True)
 
-    kind = ("continuous" if FLAGS.continuous else "multi_server" if FLAGS.multi_server
-            else "default")
-    result = run_experiment(experiment, save_path=save_path(kind),
+    result = run_experiment(experiment, save_path=searches_save_path(),
                             show_progress=FLAGS.progress, on_report=on_report,
                             on_failure=on_failure, command=_command())
     print()
@@ -665,13 +728,22 @@ def build_training():
 
 
 def _check_resume(trainer, config, save_dir: str) -> None:
-    """--resume, before any work: a run is saved in save_dir, its state.json is whole and
-    its parameters are these (ValueError, or CheckpointError naming the file: one line,
+    """--resume, before any work: a run is saved in save_dir, its state.json is whole,
+    its parameters are these and it has done no more iterations (rounds) than
+    --iterations asks for (ValueError, or CheckpointError naming the file: one line,
     exit 2)."""
     if not os.path.exists(os.path.join(save_dir, "state.json")):
         raise ValueError(f"--resume: no saved run in {save_dir} (state.json is "
                          f"missing); run without --resume first")
-    trainer.check_resume(config, save_dir)
+    done = trainer.check_resume(config, save_dir)  # the iterations (rounds) it has done
+    asked = config.iterations if FLAGS.train == "connect_four" else config.rounds
+    if done > asked:
+        unit = "iterations" if FLAGS.train == "connect_four" else "rounds"
+        given = (f"--iterations={asked}" if FLAGS["iterations"].present
+                 else f"--iterations (default {asked})")
+        raise ValueError(f"--resume: the run in {save_dir} has {done} {unit} saved, "
+                         f"more than {given}: pass --iterations={done} to evaluate it "
+                         f"again, or more to continue it")
 
 
 def run_training_experiment(plan) -> int:
@@ -806,8 +878,7 @@ def _outputs(plan) -> tuple:
         return [json_path_for(png), png], plan[2]
     if FLAGS.architecture:
         return [json_path_for(save_path("architectures"))], None
-    png = save_path("continuous" if FLAGS.continuous else "multi_server"
-                    if FLAGS.multi_server else "default")
+    png = searches_save_path()
     return [json_path_for(png), png], None
 
 
@@ -822,12 +893,12 @@ def check_flag_scope() -> None:
     elif FLAGS.architecture:
         experiment = flag_scope.ARCHITECTURE
     else:
-        experiment = ("continuous" if FLAGS.continuous else "multi_server"
-                      if FLAGS.multi_server else "default")
+        experiment = searches_kind()
     choice = flag_scope.Choice(experiment,
                                search="continuous" if FLAGS.continuous else FLAGS.search,
                                untrained=FLAGS.untrained, net=FLAGS.net,
-                               value_net=c4_flag("value_net"))
+                               value_net=c4_flag("value_net"),
+                               backends=tuple(FLAGS.backends), backend=FLAGS.backend)
     unread = flag_scope.out_of_scope(
         [name for name in flag_scope.SCOPES if FLAGS[name].present], choice)
     if unread:

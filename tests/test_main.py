@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -69,10 +70,15 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
                   "--num_procs=1", "--num_servers=1", "--noprogress",
                   f"--save_path={tmp_path}/a.png")
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "Time to process 20 samples" in run.stdout
+    # Slots play whole games: the positions played, more than asked for, are reported
+    played = re.search(r"Time to play (\d+) positions \(whole games; 20 asked for\)",
+                       run.stdout)
+    assert played and int(played.group(1)) > 20, run.stdout
+    assert " positions/s; start-up " in run.stdout
     header = [line for line in run.stdout.splitlines() if line.startswith("architecture")]
     assert header and "cache hit rate" in header[0] and "mean batch size" in header[0]
-    assert json.loads((tmp_path / "a.json").read_text())["architectures"][0]["samples"] == 20
+    [figures] = json.loads((tmp_path / "a.json").read_text())["architectures"]
+    assert (figures["samples"], figures["samples_asked"]) == (int(played.group(1)), 20)
 
 
 @pytest.mark.parametrize("args, names", [
@@ -118,6 +124,19 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--train=connect_four", "--policy=gumbel", "--policy_target=improved"],
      "--policy_target is PUCT's"),
     (["--policy_target=improved"], "--policy_target does not apply to the default"),
+    # Ray's address: not empty, and only where Ray runs
+    (["--address="], "--address must be the address of a running Ray cluster"),
+    (["--multi_server", "--address= "], "--address must be the address of a running Ray"),
+    (["--continuous", "--address=127.0.0.1:1"],
+     "--address does not apply to --continuous"),
+    (["--backends=local", "--address=127.0.0.1:1"],
+     "--address is Ray's: --backends local runs no Ray"),
+    # self-play in this process has no workers to count
+    (["--train=connect_four", "--backend=local", "--num_procs=7"],
+     "--num_procs counts self-play workers: --backend local plays self-play in this"),
+    # --architecture starts its own server processes, not Ray's
+    (["--architecture=client", "--num_servers=100000"],
+     "--num_servers=100000 is more than --architecture can start here (at most"),
 ])
 def test_bad_flags_are_one_line_and_exit_status_2(tmp_path, args, names):
     save = tmp_path / "never.png"
@@ -127,6 +146,8 @@ def test_bad_flags_are_one_line_and_exit_status_2(tmp_path, args, names):
     assert len(lines) == 1 and lines[0].startswith("main.py: error: ")
     assert names in lines[0]
     assert run.stdout == "" and not save.exists()  # nothing ran
+    if "--architecture=client" in args:
+        assert "ray" not in lines[0].lower()  # it starts no Ray
 
 
 def tiny_flags_for(experiment: str) -> list:
@@ -152,6 +173,8 @@ def tiny_flags_for(experiment: str) -> list:
     ["--train=sliding_puzzle", "--save_dir={file}/x", "--save_path={tmp}/new/h.png"],
     ["--train=connect_four", "--save_dir={file}/x", "--save_path={tmp}/new/t.png"],
     ["--train=connect_four", "--save_dir={tmp}/new/run", "--save_path={file}/t.png"],
+    ["--train=connect_four", "--save_path={file}/t.png"],  # --save_dir not given
+    ["--train=sliding_puzzle", "--save_path={file}/h.png"],
     ["--save_path={tmp}/new/"],                                        # a folder
     ["--save_path={tmp}"],
 ])
@@ -167,9 +190,56 @@ def test_an_output_that_cannot_be_written_stops_before_any_work(tmp_path, args):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("main.py: error: --save_"), lines
     assert "cannot be written" in lines[0] or "names a folder" in lines[0]
+    named = lines[0][len("main.py: error: "):].split("=")[0]
+    assert any(a.startswith(f"{named}=") for a in args), lines  # a flag the user gave
     assert run.stdout == ""  # nothing ran
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
     assert file.read_text() == "{}"
+
+
+@pytest.mark.parametrize("args", [
+    ["--save_path={tmp}/r.json"],           # the plot's path is the JSON's own
+    ["--save_path={tmp}/r.txt"],            # a format matplotlib does not write
+    ["--continuous", "--save_path={tmp}/c.JSON"],
+    ["--train=sliding_puzzle", "--save_path={tmp}/t.txt"],
+    ["--train=connect_four", "--save_path={tmp}/t.json"],
+])
+def test_a_plot_path_matplotlib_cannot_write_stops_before_any_work(tmp_path, args):
+    """The plot's format is its extension: one that matplotlib cannot write (or the JSON
+    beside it) is one line and exit 2 before any work, not a traceback after it."""
+    args = [a.format(tmp=tmp_path) for a in args]
+    run = main_py(*args, *tiny_flags_for(args[0]), timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("main.py: error: --save_path="), lines
+    assert "matplotlib cannot write" in lines[0] or "names the JSON" in lines[0]
+    assert run.stdout == "" and os.listdir(tmp_path) == []  # nothing ran
+
+
+@pytest.mark.parametrize("ext", [".svg", ".pdf", ""])
+def test_a_plot_path_of_another_format_or_none_passes_the_checks(monkeypatch, ext):
+    monkeypatch.syspath_prepend(ROOT)
+    import main
+
+    try:
+        main.FLAGS.unparse_flags()
+        main.FLAGS(["main.py", f"--save_path=/tmp/r{ext}"])
+        main.check_outputs(None)
+    finally:
+        main.FLAGS.unparse_flags()
+
+
+def test_another_search_or_net_does_not_overwrite_the_default_figures(tmp_path):
+    """Left at its default, --save_path is results/results.png, the A* default's figures:
+    --search mcts (or rollout, or --untrained) writes its own files beside them."""
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--search=mcts",
+                          "--backends=local", "--skip_sync", "--num_searches=1",
+                          "--gnn_budget=8", "--model=numpy", "--noprogress"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=150)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path / "results")) == ["results_mcts.json",
+                                                        "results_mcts.png"]
+    assert "Saved the plot to results/results_mcts.png" in run.stdout
 
 
 def test_output_folders_are_made_when_missing(tmp_path):
@@ -214,6 +284,17 @@ def test_flags_build_the_experiments_they_name(monkeypatch):
         assert exp.model.kind == "numpy" and exp.search.weight == 1.0
         parse("--save_path=/tmp/x.png", "--continuous")
         assert main.save_path("continuous") == "/tmp/x.png"
+        # each search and net of the searches experiments has its own default files
+        for args, png in ((), "results.png"), (("--search=mcts",), "results_mcts.png"), (
+                ("--search=rollout", "--untrained"), "results_rollout_untrained.png"), (
+                ("--multi_server", "--search=mcts"), "multi_server_mcts.png"), (
+                ("--continuous", "--untrained"), "continuous_untrained.png"), (
+                ("--continuous",), "continuous.png"):
+            parse(*args)
+            assert main._outputs(None)[0] == [os.path.join("results", png[:-4] + ".json"),
+                                           os.path.join("results", png)], args
+        parse("--search=mcts", "--save_path=/tmp/x.png")  # given: used as it is
+        assert main._outputs(None)[0] == ["/tmp/x.json", "/tmp/x.png"]
     finally:
         main.FLAGS.unparse_flags()
 

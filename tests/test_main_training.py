@@ -90,6 +90,21 @@ def test_a_complete_run_resumed_says_so(finished):
     assert rows(finished / "again.json") == rows(finished / "p.json")
 
 
+def test_resuming_with_fewer_rounds_than_saved_is_refused_naming_them(finished):
+    """--resume with --iterations below what the run has done would print "complete (3
+    of 2 rounds)" and label 3 rounds as 2: one line, exit 2, before any work."""
+    state = (finished / "run" / "state.json").read_bytes()
+    out = main(*DAVI, "--iterations", "2", "--save_dir", str(finished / "run"),
+               "--save_path", str(finished / "fewer.png"), "--resume")
+    assert out.returncode == 2
+    assert error_lines(out) == [f"main.py: error: --resume: the run in {finished / 'run'} "
+                                f"has 3 rounds saved, more than --iterations=2: pass "
+                                f"--iterations=3 to evaluate it again, or more to "
+                                f"continue it"]
+    assert out.stdout == "" and not (finished / "fewer.json").exists()
+    assert (finished / "run" / "state.json").read_bytes() == state
+
+
 @pytest.fixture
 def copy(finished, tmp_path):
     import shutil
@@ -196,6 +211,15 @@ def test_gate_threshold_zero_promotes_every_candidate(tmp_path):
     assert data["config"]["gate_threshold"] == 0.0
     assert [(r["promoted"], r["best_version"]) for r in data["iterations"]] == [
         (True, 1), (True, 2)]
+    # --resume with fewer iterations than the 2 saved is refused before any work
+    fewer = main(*TINY_C4, "--gate_threshold", "0", "--resume", "--save_dir",
+                 str(tmp_path / "run"), "--save_path", str(tmp_path / "q.png"))
+    assert fewer.returncode == 2 and fewer.stdout == ""
+    assert error_lines(fewer) == [f"main.py: error: --resume: the run in "
+                                  f"{tmp_path / 'run'} has 2 iterations saved, more than "
+                                  f"--iterations=1: pass --iterations=2 to evaluate it "
+                                  f"again, or more to continue it"]
+    assert not (tmp_path / "q.json").exists()
 
 
 def test_random_openings_and_solve_reach_self_play_and_the_agent_and_are_printed(

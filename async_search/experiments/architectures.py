@@ -6,13 +6,17 @@ until the last one has its samples. Start-up is reported apart and not counted. 
 wait is bounded by ``TopologyConfig.timeout_s``; a process that fails or dies stops the
 run with its error, and every process is ended on the way out.
 
-Printed per topology: time to process the samples, cache hit rate, mean batch size. The
-samples must be the same whatever the topology (the nets are row-independent and the
-games deterministic); ``ArchitecturesResult.samples_equal`` says whether they were.
+Printed per topology: the positions played and the time they took, cache hit rate, mean
+batch size. Every slot plays whole games until it holds its quota, so more positions are
+played than asked for (``--num_samples``): the time and the rate are those of the
+positions played. The samples (the first ``num_samples`` positions) must be the same
+whatever the topology (the nets are row-independent and the games deterministic);
+``ArchitecturesResult.samples_equal`` says whether they were.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import multiprocessing
@@ -52,9 +56,10 @@ class ArchitectureReport:
     num_servers: int
     """Inference server processes."""
     samples: int
-    """Positions produced (cut to the number asked for)."""
+    """Positions played: each slot plays whole games until it holds its quota, so at
+    least ``samples_asked``; ``time_s`` is the time they took."""
     time_s: float
-    """From the start signal until the last client had its samples."""
+    """From the start signal until the last client had played its games."""
     startup_s: float
     """From starting the processes until all were ready (not in ``time_s``)."""
     lookups: int
@@ -77,9 +82,12 @@ class ArchitectureReport:
     """A digest of the samples: equal digests, equal samples."""
     samples_equal: Optional[bool] = None
     """Whether the samples equal the first topology's; None for the first."""
+    samples_asked: Optional[int] = None
+    """Positions asked for (``SamplesConfig.num_samples``): the samples compared."""
 
     @property
     def samples_per_s(self) -> float:
+        """Positions played per second."""
         return self.samples / self.time_s if self.time_s > 0 else 0.0
 
     def figures(self) -> Dict[str, Any]:
@@ -146,8 +154,12 @@ def _end(procs, graceful: bool) -> None:
 
 def run_topology(architecture: str, samples: SamplesConfig, topology: TopologyConfig,
                  model: ModelConfig, *, progress: Optional[Callable[[int], None]] = None,
-                 ) -> ArchitectureReport:
+                 on_start: Optional[Callable[[], None]] = None) -> ArchitectureReport:
     """Runs self-play through one topology of real processes; returns its figures.
+
+    ``on_start()`` is called when every process is ready, as the clock starts (a
+    progress bar opened then leaves the start-up out of its rate); ``progress(n)``
+    after each game, with its positions.
 
     Raises:
         RuntimeError: naming the process that failed, died, or timed out.
@@ -190,6 +202,8 @@ def run_topology(architecture: str, samples: SamplesConfig, topology: TopologyCo
         _wait_events(events, procs, deadline, lambda: len(ready) < len(procs), handle)
         t0 = time.perf_counter()
         startup = t0 - launched
+        if on_start is not None:
+            on_start()
         start.set()
         num_clients = sum(1 for r in roles.values() if r == "client")
         deadline = time.perf_counter() + topology.timeout_s
@@ -217,7 +231,6 @@ def run_topology(architecture: str, samples: SamplesConfig, topology: TopologyCo
             caches.append(cache)
     per_slot = [by_slot[s] for s in sorted(by_slot)]
     positions = sum(len(record.moves) for slot in per_slot for record in slot)
-    produced = min(samples.num_samples, positions)
     lookups = sum(c["lookups"] for c in caches)
     hits = sum(c["hits"] for c in caches)
     batches = sum(s["batches"] for s in servers.values())
@@ -225,12 +238,36 @@ def run_topology(architecture: str, samples: SamplesConfig, topology: TopologyCo
     return ArchitectureReport(
         architecture=architecture, caching=CACHING[architecture],
         num_clients=topology.num_clients, num_servers=topology.num_servers,
-        samples=produced, time_s=elapsed, startup_s=startup, lookups=lookups, hits=hits,
+        samples=positions, samples_asked=samples.num_samples, time_s=elapsed,
+        startup_s=startup, lookups=lookups, hits=hits,
         deduplicated=sum(c["deduplicated"] for c in caches),
         hit_rate=hits / lookups if lookups else 0.0, batches=batches, elements=elements,
         mean_batch_size=elements / batches if batches else 0.0,
         model_time_s=sum(s["model_time_s"] for s in servers.values()),
         digest=samples_digest(per_slot, samples.num_samples))
+
+
+def _run_with_bar(name: str, samples: SamplesConfig, topology: TopologyConfig,
+                  model: ModelConfig, show_progress: bool) -> ArchitectureReport:
+    """``run_topology`` with a bar over positions played, opened once start-up is over
+    (its rate is self-play's). Its total, the positions asked for, is passed by whole
+    games: the bar's total follows the count."""
+    with contextlib.ExitStack() as stack:
+        update: List[Callable[[int], None]] = []
+
+        def on_start() -> None:
+            bar = stack.enter_context(progress_bar(name, samples.num_samples,
+                                                   enabled=show_progress,
+                                                   unit="position"))
+            if bar is not None:
+                update.append(bar)
+
+        def progress(n: int) -> None:
+            for bar in update:
+                bar(n)
+
+        return run_topology(name, samples, topology, model, progress=progress,
+                            on_start=on_start)
 
 
 def run_architectures(names: Sequence[str], samples: SamplesConfig,
@@ -249,9 +286,7 @@ def run_architectures(names: Sequence[str], samples: SamplesConfig,
     failures: List[Tuple[str, str]] = []
     for name in names:
         try:
-            with progress_bar(name, samples.num_samples, enabled=show_progress,
-                              unit="sample") as update:
-                report = run_topology(name, samples, topology, model, progress=update)
+            report = _run_with_bar(name, samples, topology, model, show_progress)
         except Exception as e:
             error = "".join(traceback.format_exception_only(type(e), e)).strip()
             failures.append((name, error))
@@ -283,8 +318,8 @@ def format_architecture(r: ArchitectureReport) -> str:
     lines = [
         f"Finished {r.architecture} ({_DESCRIPTIONS[r.architecture]}; cache "
         f"{r.caching}; {r.num_clients} clients, {r.num_servers} servers)",
-        f"  Time to process {r.samples} samples: {r.time_s:.2f} s   "
-        f"({r.samples_per_s:.0f} samples/s; start-up {r.startup_s:.1f} s, not counted)",
+        f"  Time to play {r.samples} positions{_asked(r)}: {r.time_s:.2f} s   "
+        f"({r.samples_per_s:.0f} positions/s; start-up {r.startup_s:.1f} s, not counted)",
         f"  Cache hit rate: {100 * r.hit_rate:.1f} % ({r.hits} of {r.lookups} lookups; "
         f"{r.deduplicated} more merged in flight)",
         f"  Batch info: {r.batches} batches, {r.elements} elements, mean size "
@@ -297,19 +332,27 @@ def format_architecture(r: ArchitectureReport) -> str:
     return "\n".join(lines)
 
 
-_COLUMNS = ("architecture", "caching", "time (s)", "samples/s", "cache hit rate",
-            "mean batch size", "batches", "equal")
+def _asked(r: ArchitectureReport) -> str:
+    """`` (whole games; 1000 asked for)`` where the positions played are not those asked
+    for."""
+    if r.samples_asked is None or r.samples_asked == r.samples:
+        return ""
+    return f" (whole games; {r.samples_asked} asked for)"
+
+
+_COLUMNS = ("architecture", "caching", "positions", "time (s)", "positions/s",
+            "cache hit rate", "mean batch size", "batches", "equal")
 
 
 def format_architecture_table(reports: Sequence[ArchitectureReport], *,
                               markdown: bool = False) -> str:
-    """One row per topology: architecture, caching, time, hit rate, mean batch size."""
+    """One row per topology: architecture, caching, positions played, their time and
+    rate, hit rate, mean batch size."""
     if not reports:
         return ""
-    samples = reports[0].samples
     header = list(_COLUMNS)
-    header[2] = f"time for {samples} samples (s)"
-    rows = [[r.architecture, r.caching, f"{r.time_s:.2f}", f"{r.samples_per_s:.0f}",
+    rows = [[r.architecture, r.caching, str(r.samples), f"{r.time_s:.2f}",
+             f"{r.samples_per_s:.0f}",
              f"{100 * r.hit_rate:.1f} %", f"{r.mean_batch_size:.2f}", str(r.batches),
              {None: "ref", True: "yes", False: "NO"}[r.samples_equal]] for r in reports]
     if markdown:

@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, List, Optional
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 #: The experiments main.py runs, as ``Choice.experiment`` names them.
 DEFAULT, CONTINUOUS, MULTI_SERVER = "default", "continuous", "multi_server"
@@ -36,13 +36,17 @@ ALWAYS = frozenset({"seed", "save_path", "progress", "continuous", "multi_server
 class Choice:
     """What the flags chose: the experiment, the search of a searches experiment
     (``astar``, ``rollout``, ``mcts``; ``continuous`` for --continuous), whether the
-    net is untrained, and the trained architecture (--net) and its value (--value_net)."""
+    net is untrained, the trained architecture (--net) and its value (--value_net), the
+    default experiment's backends (--backends) and where --train connect_four plays
+    self-play (--backend)."""
 
     experiment: str
     search: str = "astar"
     untrained: bool = False
     net: str = "mlp"
     value_net: str = "head"
+    backends: Tuple[str, ...] = ("local", "process", "ray")
+    backend: str = "process"
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,10 @@ class Scope:
     """Where a flag is read: these experiments; within the searches experiments, only
     these searches (None: all of them); and ``untrained_only``/``conv_only``/``mlp_only``:
     only with --untrained outside training, only with --net conv|residual, not with it;
-    ``head_only``: only with AlphaZero's value head (--value_net head)."""
+    ``head_only``: only with AlphaZero's value head (--value_net head); ``ray_only``:
+    in the default experiment, only with ray among --backends; ``workers_only``: in
+    --train connect_four, only with self-play outside this process (--backend process
+    or ray)."""
 
     experiments: FrozenSet[str]
     searches: Optional[FrozenSet[str]] = None
@@ -58,13 +65,16 @@ class Scope:
     conv_only: bool = False
     mlp_only: bool = False
     head_only: bool = False
+    ray_only: bool = False
+    workers_only: bool = False
 
 
 def _scope(*experiments: str, searches: Iterable[str] | None = None,
            untrained_only: bool = False, conv_only: bool = False,
-           mlp_only: bool = False, head_only: bool = False) -> Scope:
+           mlp_only: bool = False, head_only: bool = False, ray_only: bool = False,
+           workers_only: bool = False) -> Scope:
     return Scope(frozenset(experiments), None if searches is None else frozenset(searches),
-                 untrained_only, conv_only, mlp_only, head_only)
+                 untrained_only, conv_only, mlp_only, head_only, ray_only, workers_only)
 
 
 _C4_TRAINING = ("games_per_iteration", "backend", "value_target", "overlap",
@@ -95,10 +105,10 @@ SCOPES: Dict[str, Scope] = {
     "value_net": _scope(TRAIN_C4, conv_only=True),
     "max_batch_size": _scope(*_SEARCHES, ARCHITECTURE, *_TRAIN),
     "max_delay": _scope(*_SEARCHES, ARCHITECTURE),
-    "num_procs": _scope(MULTI_SERVER, ARCHITECTURE, TRAIN_C4),
+    "num_procs": _scope(MULTI_SERVER, ARCHITECTURE, TRAIN_C4, workers_only=True),
     "num_servers": _scope(MULTI_SERVER, ARCHITECTURE),
     "total_gpu_frac": _scope(MULTI_SERVER),
-    "address": _scope(*_SEARCHES),
+    "address": _scope(DEFAULT, MULTI_SERVER, ray_only=True),  # --continuous: no Ray
     "uvloop": _scope(*_SEARCHES, ARCHITECTURE),
     "num_samples": _scope(ARCHITECTURE),
     "games_per_client": _scope(ARCHITECTURE),
@@ -150,6 +160,12 @@ def why_unread(name: str, choice: Choice) -> Optional[str]:
     if scope.head_only and choice.value_net != "head":
         return (f"{flag} sizes AlphaZero's value head: add --value_net head (--value_net "
                 f"{choice.value_net} is sized by --hidden_sizes)")
+    if scope.ray_only and choice.experiment == DEFAULT and "ray" not in choice.backends:
+        return (f"{flag} is Ray's: --backends {','.join(choice.backends)} runs no Ray "
+                f"(add ray to --backends, or use --multi_server)")
+    if scope.workers_only and choice.experiment == TRAIN_C4 and choice.backend == "local":
+        return (f"{flag} counts self-play workers: --backend local plays self-play in "
+                f"this process (use --backend process or ray)")
     return None
 
 

@@ -71,6 +71,20 @@ def _fit(head: str, tail: str = "", width: int = TIME_LINE) -> str:
     return "\n".join(lines)
 
 
+#: Characters of the 12-point title per inch of figure that fit within its edges: about
+#: 11 of DejaVu Sans (the default) on average, fewer of capitals and wide letters.
+TITLE_CHARS_PER_INCH = 10
+
+
+def title_lines(title: str, subtitle: str, width_in: float) -> str:
+    """The title and the subtitle below it, each wrapped to a figure ``width_in`` inches
+    wide, so that neither is cut at the figure's edges."""
+    width = max(20, int(TITLE_CHARS_PER_INCH * width_in))
+    lines = textwrap.wrap(title, width) if title else []
+    lines += textwrap.wrap(subtitle, width) if subtitle else []
+    return "\n".join(lines)
+
+
 def _groups(reports: Sequence[RunReport]) -> Dict[str, List[RunReport]]:
     groups: Dict[str, List[RunReport]] = {}
     for r in reports:
@@ -158,10 +172,7 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
                    fontsize="small", frameon=False)
         low.xaxis.set_major_formatter(FuncFormatter(_thousands))
     if title or subtitle:
-        width = max(60, 34 * columns)
-        lines = [title] if title else []
-        lines += textwrap.wrap(subtitle, width) if subtitle else []
-        fig.suptitle("\n".join(lines), fontsize=12)
+        fig.suptitle(title_lines(title, subtitle, fig.get_figwidth()), fontsize=12)
     finish_figure(fig, path)
     return fig
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,9 +35,11 @@ class Workload:
     """``async def search_fn(start, evaluate)``, picklable."""
     model_factory: Callable[[], Any]
     """Builds (in this process: returns the cached) model, picklable."""
-    expected_elements: int
-    """About how many elements all searches send to the model (a progress bar's total;
-    searches that end early send fewer, the last A* step may send a few more)."""
+    expected_elements: Optional[int]
+    """How many elements all searches send to the model, where they spend their whole
+    budget (MCTS: a progress bar's total); None where a search stops at its goal (A*,
+    continuous A*, rollouts), since nobody knows when that is: the bar then shows a
+    count and a rate, not a total it would crawl through and then jump."""
 
     def describe(self) -> str:
         """One line: the search, problem, budget and model."""
@@ -200,12 +202,15 @@ def make_workload(params: SearchConfig, model: ModelConfig) -> Workload:
     if model.trained:
         trained_name(params.search, params.puzzle_size)
     problem = problem_for(params.search, params.puzzle_size)
-    per_search = params.gnn_budget + (1 if params.search == "mcts" else 0)
+    # MCTS spends its whole budget (and evaluates its root first); the others stop at
+    # their goal, anywhere from a few evaluations to the budget.
+    expected = ((params.gnn_budget + 1) * params.num_searches if params.search == "mcts"
+                else None)
     return Workload(params=params, model=model, starts=tuple(make_starts(params)),
                     search_fn=_search_fn(params, problem),
                     model_factory=functools.partial(build_model, params.search,
                                                     params.puzzle_size, model),
-                    expected_elements=per_search * params.num_searches)
+                    expected_elements=expected)
 
 
 def summarize(results: Sequence[Any]) -> Dict[str, Any]:

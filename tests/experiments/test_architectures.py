@@ -30,7 +30,7 @@ def test_all_three_topologies_produce_the_same_samples(tmp_path):
     assert [r.architecture for r in seen] == ["pipe", "queue", "client"]
     assert [r.samples_equal for r in result.reports] == [None, True, True]
     for r in result.reports:
-        assert r.samples == 40 and r.time_s > 0 and r.batches > 0
+        assert r.samples >= 40 == r.samples_asked and r.time_s > 0 and r.batches > 0
         assert 0 < r.hit_rate < 1 and r.hits <= r.lookups
         assert r.elements <= r.lookups - r.hits  # only misses reach the servers
         assert r.mean_batch_size == pytest.approx(r.elements / r.batches)
@@ -62,9 +62,10 @@ def test_a_report_names_every_figure():
         architecture="queue", caching="central (cache manager)", num_clients=2,
         num_servers=2, samples=1000, time_s=10.0, startup_s=3.0, lookups=100, hits=40,
         deduplicated=5, hit_rate=0.4, batches=20, elements=55, mean_batch_size=2.75,
-        model_time_s=1.0, digest="x", samples_equal=False)
+        model_time_s=1.0, digest="x", samples_equal=False, samples_asked=900)
     text = arch.format_architecture(r)
-    for part in ("Time to process 1000 samples: 10.00 s", "100 samples/s",
+    for part in ("Time to play 1000 positions (whole games; 900 asked for): 10.00 s",
+                 "100 positions/s",
                  "Cache hit rate: 40.0 %", "mean size 2.75", "SAMPLES DIFFER"):
         assert part in text
 
@@ -93,3 +94,18 @@ def test_a_client_that_dies_fails_the_run_instead_of_hanging(monkeypatch):
     monkeypatch.setattr(arch, "build", dying_clients)
     with pytest.raises(RuntimeError, match=r"queue: client-\d died with exit code 3"):
         arch.run_topology("queue", PARAMS, TOPOLOGY, MODEL)
+
+
+def test_the_positions_reported_are_those_played_and_timed_after_start_up():
+    """Each slot plays whole games past its quota: the report counts (and rates) the
+    positions played, not the ones asked for, and the bar opens when start-up is over."""
+    seen = []
+    r = arch.run_topology("client", PARAMS, dataclasses.replace(TOPOLOGY, num_servers=1),
+                          MODEL, progress=seen.append,
+                          on_start=lambda: seen.append("start"))
+    assert seen[0] == "start" and "start" not in seen[1:]
+    assert r.samples == sum(seen[1:]) > PARAMS.num_samples == r.samples_asked
+    assert r.samples_per_s == pytest.approx(r.samples / r.time_s)
+    table = arch.format_architecture_table([r]).splitlines()
+    assert table[0].split()[:5] == ["architecture", "caching", "positions", "time", "(s)"]
+    assert table[2].split()[3] == str(r.samples)

@@ -100,3 +100,24 @@ def test_every_scope_names_known_experiments_and_searches():
         assert scope.experiments and scope.experiments <= set(EXPERIMENTS), name
         assert scope.searches is None or scope.searches <= {
             "astar", "rollout", "mcts", "continuous"}, name
+
+
+def test_address_is_read_only_where_ray_runs():
+    assert why_unread("address", Choice("default")) is None  # ray is among the backends
+    assert why_unread("address", Choice("multi_server")) is None
+    assert why_unread("address", Choice("continuous", search="continuous")).startswith(
+        "--address does not apply to --continuous: it is read by the default experiment "
+        "and --multi_server")
+    assert why_unread("address", Choice("default", backends=("local", "process"))) == (
+        "--address is Ray's: --backends local,process runs no Ray (add ray to "
+        "--backends, or use --multi_server)")
+
+
+def test_num_procs_is_refused_when_self_play_runs_in_this_process():
+    assert why_unread("num_procs", Choice("train connect_four", backend="process")) is None
+    assert why_unread("num_procs", Choice("train connect_four", backend="ray")) is None
+    assert why_unread("num_procs", Choice("train connect_four", backend="local")) == (
+        "--num_procs counts self-play workers: --backend local plays self-play in this "
+        "process (use --backend process or ray)")
+    # --backend is --train connect_four's: it does not narrow the other experiments
+    assert why_unread("num_procs", Choice("multi_server", backend="local")) is None

@@ -109,3 +109,25 @@ except OSError as e:
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith(f"FileWriteError 27 cannot write '{path}'"), out.stdout
     assert path.read_bytes() == previous and os.listdir(tmp_path) == ["plot.png"]
+
+
+def test_the_title_of_a_one_column_figure_stays_within_its_edges():
+    """One group (``--backends local --skip_sync``) makes a figure 4.3 in wide: its title
+    and the workload line below it are wrapped to that width, not cut at both edges, and
+    stay above the panels."""
+    fig = plot_runs([run("async", "async, one process", [30] * 40)],
+                    title="MCTS on Connect Four: baseline vs batched serving",
+                    subtitle="8 mcts searches on Connect Four, budget 20000 evaluations "
+                             "each, 4 leaves per round; trained tf net, seed 0")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)
+    assert 0 <= title.x0 and title.x1 <= fig.bbox.width, (title, fig.bbox)
+    assert title.y1 <= fig.bbox.height
+    assert title.y0 >= fig.get_axes()[0].get_tightbbox(renderer).y1  # above the panel
+    text = fig._suptitle.get_text()
+    assert text.replace("\n", " ") == ("MCTS on Connect Four: baseline vs batched serving "
+                                       "8 mcts searches on Connect Four, budget 20000 "
+                                       "evaluations each, 4 leaves per round; trained tf "
+                                       "net, seed 0")
+    matplotlib.pyplot.close(fig)
