@@ -74,15 +74,21 @@ def bucket_sizes(max_batch_size: int = 1024,
 
 def adapter_spec(input_spec: TensorSpec) -> TensorSpec:
     """``input_spec`` as an adapter takes it: a ``TensorSpec``, else TypeError (a
-    framework's net has no spec to learn from a first request, as a server does).
+    framework's net has no spec to learn from a first request, as a server does); its
+    dtype in this machine's byte order (frameworks take no other; a request in the
+    other order is converted when checked, its values the same).
 
     Example:
         >>> adapter_spec(TensorSpec((4,), np.float32)).describe()
         '[n, 4] float32'
+        >>> adapter_spec(TensorSpec((4,), ">f4")).dtype == np.float32
+        True
     """
     if not isinstance(input_spec, TensorSpec):
         raise TypeError(f"input_spec must be a TensorSpec (per-element shape and dtype), "
                         f"got {input_spec!r}")
+    if not input_spec.dtype.isnative:
+        return TensorSpec(input_spec.shape, input_spec.dtype.newbyteorder("="))
     return input_spec
 
 

@@ -146,18 +146,30 @@ def tensorflow_device(device: str | None = None) -> str:
     if device is None:
         return "/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0"
     names = [d.name for d in tf.config.list_logical_devices()]
+    if not isinstance(device, str):
+        raise DeviceNotFoundError(f"a TensorFlow device is a name such as '/GPU:0', got "
+                                  f"{device!r}; this machine has {names}")
     try:
         spec = tf.DeviceSpec.from_string(device)
     except (ValueError, TypeError) as e:
         raise DeviceNotFoundError(f"no device {device!r} for TensorFlow ({e}); this "
                                   f"machine has {names}") from None
-    if spec.device_type is not None:
-        kind, index = spec.device_type.upper(), spec.device_index or 0
-        if not any(tf.DeviceSpec.from_string(name).device_type.upper() == kind
-                   and (tf.DeviceSpec.from_string(name).device_index or 0) == index
-                   for name in names):
-            raise DeviceNotFoundError(f"no device {device!r}: this machine has {names}")
+    if not any(_names_it(spec, tf.DeviceSpec.from_string(name)) for name in names):
+        raise DeviceNotFoundError(f"no device {device!r}: this machine has {names}")
     return device
+
+
+def _names_it(spec: Any, device: Any) -> bool:
+    """Whether the device ``spec`` (its fields that are set) names ``device``: its job,
+    replica and task too (another task's device is not here)."""
+    for field in ("job", "replica", "task"):
+        wanted = getattr(spec, field)
+        if wanted is not None and wanted != getattr(device, field):
+            return False
+    if spec.device_type is None:
+        return True
+    return (spec.device_type.upper() == (device.device_type or "").upper()
+            and (spec.device_index or 0) == (device.device_index or 0))
 
 
 class _Traced:
@@ -169,6 +181,11 @@ class _Traced:
         self.device = model.device
         self.trace_count = 0
         self._keras = _is_keras(fn)
+        if self._keras and not fn.built:  # no weights yet (a subclassed model, a
+            # Sequential without an Input): built on one batch, so that updates find them
+            with tf.device(model.device):
+                fn(np.zeros(model.input_spec.batch_shape(1), model.input_spec.dtype),
+                   training=False)
         self._variables = list(fn.weights) if self._keras else []
         self.weights = SharedWeights(self._read, self._write)
 
@@ -199,6 +216,10 @@ class _Traced:
                                  f"{np.shape(value)}, the model's has {shape}")
             # A host copy: the caller may change its arrays later.
             dtype = np.dtype(getattr(variable.dtype, "as_numpy_dtype", variable.dtype))
+            if not np.can_cast(np.asarray(value).dtype, dtype, "same_kind"):
+                raise ValueError(f"weight {i} ({variable.name}) is "
+                                 f"{np.asarray(value).dtype}, the model's is {dtype}: a "
+                                 f"cast would change its values")
             staged.append(np.array(value, dtype=dtype, copy=True))
         return staged
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import sys
+import warnings
 from importlib.util import find_spec
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
@@ -147,11 +149,17 @@ class TorchModel(OwnWeightsModel):
         # a bucket exactly runs as it is (no padding, no copy), as ``run`` would run it
         # without the checks and calls of the padded path, which anything else takes.
         runner = self._runner
-        if not runner.cuda and runner.padded.fills_bucket(batch):
+        if not runner.cuda and runner.writes_input is False and (
+                runner.padded.fills_bucket(batch)):
             with runner.weights.lock:
                 runner.weights.use(self._own)
                 n = len(batch)
-                return runner.forward_rows(runner.torch.from_numpy(batch), n, n, batch)
+                x = runner.torch.from_numpy(batch)
+                version = x._version
+                out = runner.forward_rows(x, n, n, batch)
+                if x._version != version:
+                    runner.wrote_input(caller=True)
+                return out
         return BucketedModel.__call__(self, batch)
 
     @property
@@ -276,6 +284,27 @@ def _default_tolerance(torch: Any, device: Any, precision: str | None) -> float:
     return 1e-4
 
 
+def _numpy_dtype(torch: Any, dtype: Any) -> np.dtype:
+    """The NumPy dtype of a torch dtype (bfloat16, which NumPy lacks, as float32: a
+    cast between them keeps the kind)."""
+    if dtype == torch.bfloat16:
+        return np.dtype(np.float32)
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def _initialize_lazy(torch: Any, module: Any, spec: Any, device: Any) -> None:
+    """Gives a module with lazy layers (``nn.LazyLinear``...) its parameters: one batch
+    of zeros of the input spec, as PyTorch asks (the adapter reads the parameters)."""
+    try:
+        with torch.no_grad():
+            module(torch.zeros((1, *spec.shape), device=device,
+                               dtype=torch.from_numpy(np.zeros(0, spec.dtype)).dtype))
+    except Exception as e:
+        raise ValueError(f"TorchModel: the module has lazy layers, and one batch of zeros "
+                         f"of the input spec {spec.describe()} to give them their "
+                         f"parameters raised {type(e).__name__}: {e}") from e
+
+
 class _Runner:
     """What the adapters of one module share: the module, its weights, the buffers
     and captured graphs of each bucket, the CUDA stream. Used under ``weights.lock``."""
@@ -295,6 +324,9 @@ class _Runner:
             raise TypeError(f"TorchModel takes a torch.nn.Module (a callable with to, "
                             f"eval and state_dict), got {type(module).__name__}")
         self.module = module.to(device).eval()
+        if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
+               for p in itertools.chain(self.module.parameters(), self.module.buffers())):
+            _initialize_lazy(torch, self.module, model.input_spec, device)
         state = self.module.state_dict()
         self.names = list(state)
         self.slots = list(state.values())  # the tensors with_weights copies into
@@ -330,6 +362,19 @@ class _Runner:
         # about 1 us, a thirtieth of a one-row batch of a small MLP (batches run one at
         # a time, under the weights' lock, so it is never entered twice at once).
         self._inference = torch.inference_mode()
+        #: Whether the module writes its input in place: None until its first CPU batch
+        #: (which runs on a copy) tells; a batch then runs on the caller's array only
+        #: while it does not (False).
+        self.writes_input: bool | None = None
+
+    def wrote_input(self, caller: bool) -> None:
+        """The module wrote its input tensor in place: every CPU batch is copied from
+        now on (``caller``: this one was the caller's own array, written once)."""
+        if caller:
+            warnings.warn("TorchModel: the module wrote its input in place, in the array "
+                          "of this batch's caller; batches are copied from now on",
+                          RuntimeWarning, stacklevel=3)
+        self.writes_input = True
 
     # -- weights -----------------------------------------------------------------------
     def stage(self, weights: Any) -> list:
@@ -355,6 +400,10 @@ class _Runner:
             if tuple(tensor.shape) != tuple(slot.shape):
                 raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, the "
                                  f"module's has {tuple(slot.shape)}")
+            if not np.can_cast(_numpy_dtype(torch, tensor.dtype),
+                               _numpy_dtype(torch, slot.dtype), "same_kind"):
+                raise ValueError(f"weight {name!r} is {tensor.dtype}, the module's is "
+                                 f"{slot.dtype}: a cast would change its values")
             staged.append(tensor.to("cpu", dtype=slot.dtype, copy=True))
         return staged
 
@@ -392,15 +441,22 @@ class _Runner:
         if self.cuda:
             _, size = self.padded.pad(batch)  # into the pinned buffer of the bucket
             return self._run_cuda(n, size)
-        # On the CPU a batch that fills its bucket runs as it is (no copy).
-        source, size = self.padded.pad(batch, copy=False)
+        # On the CPU a batch that fills its bucket runs as it is (no copy), once the
+        # module has shown that it does not write its input.
+        source, size = self.padded.pad(batch, copy=self.writes_input is not False)
         if source is batch:
             x = self.torch.from_numpy(batch)
         else:
             x = self._host.get(size)
             if x is None:
                 x = self._host[size] = self.torch.from_numpy(source)
-        return self.forward_rows(x, n, size, source)
+        version = x._version
+        out = self.forward_rows(x, n, size, source)
+        if x._version != version:
+            self.wrote_input(caller=source is batch)
+        elif self.writes_input is None:
+            self.writes_input = False
+        return out
 
     def forward_rows(self, x: Any, n: int, size: int, source: np.ndarray) -> Outputs:
         """The first ``n`` rows of the module's outputs on the CPU tensor ``x`` of

@@ -105,6 +105,23 @@ def test_an_adapter_refuses_a_spec_that_is_not_a_tensor_spec(framework):
         framework.make(weights(0), max_batch_size=MAX, spec=(6,))
 
 
+async def test_an_input_spec_in_the_other_byte_order_is_served(framework):
+    # Frameworks take native arrays only: the adapter's spec is native; a request in
+    # either order has the same values.
+    if not framework.pads:
+        pytest.skip("the NumPy reference model builds its own spec")
+    w = weights(0)
+    other_order = asr.TensorSpec((6,), np.dtype(np.float32).newbyteorder("S"))
+    model = framework.make(w, max_batch_size=MAX, spec=other_order)
+    assert model.input_spec.dtype == np.float32 and model.input_spec.dtype.isnative
+    x = inputs(3)
+    assert_close(model(x), framework.direct(w, x), tolerance(model))
+    async with asr.serve(model) as evaluate:
+        swapped = x.astype(x.dtype.newbyteorder("S"))
+        assert_close(await within(evaluate(swapped), "an answer"),
+                     framework.direct(w, x), tolerance(model))
+
+
 async def test_a_raising_net_fails_its_batch_only(framework):
     w = weights(0)
     model = framework.make(w, raising=True, max_batch_size=MAX)

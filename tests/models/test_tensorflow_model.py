@@ -82,3 +82,56 @@ def test_tensorflow_devices_are_checked(keras_net):
     assert model.batch_tolerance == 1e-4
     assert TensorFlowModel(keras_net, TensorSpec((6,), np.float32),
                            batch_tolerance=0.0).batch_tolerance == 0.0
+
+
+
+@pytest.mark.parametrize("how", ["subclassed", "sequential without an Input"])
+def test_a_keras_model_not_built_yet_takes_new_weights(tf, how):
+    if how == "subclassed":
+        class Net(tf.keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.hidden = tf.keras.layers.Dense(4, "relu")
+                self.out = tf.keras.layers.Dense(2)
+
+            def call(self, x, training=False):
+                return self.out(self.hidden(x))
+
+        make = Net
+    else:
+        def make():
+            return tf.keras.Sequential([tf.keras.layers.Dense(4, "relu"),
+                                        tf.keras.layers.Dense(2)])
+
+    tf.keras.utils.set_random_seed(1)
+    net, other = make(), make()
+    model = TensorFlowModel(net, TensorSpec((6,), np.float32))
+    x = np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)
+    other(x)  # built: its own weights
+    updated = model.with_weights(other.get_weights())
+    np.testing.assert_allclose(updated(x), other(x).numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="the 4 arrays of get_weights"):
+        model.with_weights([])
+
+
+def test_tensorflow_weights_of_another_kind_are_refused_not_truncated(tf):
+    class Shifted(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.shift = self.add_weight(shape=(3,), dtype="int32", initializer="ones",
+                                         trainable=False)
+
+        def call(self, x, training=False):
+            return x + tf.cast(self.shift, tf.float32)
+
+    model = TensorFlowModel(Shifted(), TensorSpec((3,), np.float32))
+    with pytest.raises(ValueError, match="float64, the model's is int32"):
+        model.with_weights([np.array([1.5, 2.5, 3.5])])
+    model.with_weights([np.array([4, 5, 6])])  # int64 into int32: the same kind
+
+
+@pytest.mark.parametrize("device", [0, "/job:worker/replica:0/task:3/device:CPU:0"])
+def test_a_device_of_another_task_or_not_a_name_is_refused_at_construction(keras_net,
+                                                                            device):
+    with pytest.raises(DeviceNotFoundError):
+        TensorFlowModel(keras_net, TensorSpec((6,), np.float32), device=device)

@@ -367,3 +367,81 @@ def test_cuda_copies_go_to_other_devices_and_back():
         assert copy.device == torch.device(device)
         np.testing.assert_allclose(copy(x), direct(mlp(1), x), rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+
+
+
+class WritesItsInput(torch.nn.Module):
+    """Scales its input in place (as ``x.div_(255)`` or ``ReLU(inplace=True)`` on it)."""
+
+    def forward(self, x):
+        x.mul_(2.0)
+        return x.sum(dim=1, keepdim=True)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])  # a bucket's size runs without padding
+def test_a_module_that_writes_its_input_never_writes_the_callers_array(n):
+    import async_search as asr
+
+    model = TorchModel(WritesItsInput(), input_spec=SPEC, device="cpu", batch_sizes=(1, 4))
+    x = rows(n)
+    kept = x.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the first batch runs on a copy: nothing to say
+        first = model(x)
+    second = model(x)
+    np.testing.assert_array_equal(x, kept)
+    np.testing.assert_allclose(first, 2 * kept.sum(axis=1, keepdims=True), rtol=1e-6)
+    np.testing.assert_array_equal(first, second)
+    import asyncio
+
+    np.testing.assert_array_equal(asyncio.run(asr.immediate(model)(x)), first)
+    np.testing.assert_array_equal(x, kept)
+
+
+def test_a_module_that_starts_writing_its_input_later_is_copied_from_then_on():
+    class WritesFromItsSecondBatch(torch.nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls > 2:
+                x.mul_(2.0)
+            return x.sum(dim=1, keepdim=True)
+
+    model = TorchModel(WritesFromItsSecondBatch(), input_spec=SPEC, device="cpu",
+                       batch_sizes=(4,))
+    model(rows(4))  # on a copy: it does not write, so later batches run as they are
+    model(rows(4))
+    x = rows(4)
+    with pytest.warns(RuntimeWarning, match="wrote its input in place"):
+        model(x)  # written once, and said
+    y = rows(4)
+    model(y)
+    np.testing.assert_array_equal(y, rows(4))  # copied from then on
+
+
+def test_weights_of_another_kind_are_refused_not_truncated():
+    class Shifted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(6, 2)
+            self.register_buffer("shift", torch.ones(1, dtype=torch.int64))
+
+        def forward(self, x):
+            return self.linear(x) + self.shift
+
+    model = TorchModel(Shifted(), input_spec=SPEC, device="cpu")
+    state = {k: v.clone() for k, v in model.module.state_dict().items()}
+    with pytest.raises(ValueError, match="'shift' is torch.float32.*would change"):
+        model.with_weights({**state, "shift": torch.tensor([1.7])})
+    with pytest.raises(ValueError, match="would change"):
+        model.with_weights({**state, "linear.bias": torch.tensor([1 + 1j, 2j])})
+    model.with_weights({**state, "linear.bias": np.zeros(2, np.float64)})  # same kind
+
+
+def test_a_module_with_lazy_layers_gets_its_parameters_from_the_input_spec():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model = TorchModel(net, input_spec=SPEC, device="cpu")
+    x = rows(3)
+    np.testing.assert_allclose(model(x), direct(net, x), rtol=1e-6, atol=1e-6)
