@@ -292,13 +292,12 @@ def _numpy_dtype(torch: Any, dtype: Any) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
-def _initialize_lazy(torch: Any, module: Any, spec: Any, device: Any) -> None:
+def _initialize_lazy(torch: Any, module: Any, spec: Any, dtype: Any, device: Any) -> None:
     """Gives a module with lazy layers (``nn.LazyLinear``...) its parameters: one batch
     of zeros of the input spec, as PyTorch asks (the adapter reads the parameters)."""
     try:
         with torch.no_grad():
-            module(torch.zeros((1, *spec.shape), device=device,
-                               dtype=torch.from_numpy(np.zeros(0, spec.dtype)).dtype))
+            module(torch.zeros((1, *spec.shape), device=device, dtype=dtype))
     except Exception as e:
         raise ValueError(f"TorchModel: the module has lazy layers, and one batch of zeros "
                          f"of the input spec {spec.describe()} to give them their "
@@ -326,7 +325,7 @@ class _Runner:
         self.module = module.to(device).eval()
         if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
                for p in itertools.chain(self.module.parameters(), self.module.buffers())):
-            _initialize_lazy(torch, self.module, model.input_spec, device)
+            _initialize_lazy(torch, self.module, model.input_spec, self.input_dtype, device)
         state = self.module.state_dict()
         self.names = list(state)
         self.slots = list(state.values())  # the tensors with_weights copies into

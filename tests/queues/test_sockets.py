@@ -103,6 +103,14 @@ def test_socket_put_with_a_timeout_raises_full_only_before_its_frame_begins():
         q.close()
 
 
+def _put_in_a_new_loop(q: SocketQueue, item) -> None:
+    """Puts ``item`` in a loop of its own and waits until its frames have left."""
+    async def put():
+        q.put(item)
+        await within(q.drain(), "the frames to leave")
+
+    asyncio.run(put())
+
 
 def test_socket_put_in_a_loop_finishes_first_the_frame_a_timed_out_put_began():
     q = SocketQueue()
@@ -110,14 +118,11 @@ def test_socket_put_in_a_loop_finishes_first_the_frame_a_timed_out_put_began():
         q.put(_big(4), timeout=0.1)  # begun outside a loop, not finished
         reader = _Reader(q)
 
-        async def put():
-            q.put("after")
-            await within(q.drain(), "the frames to leave")
-
-        asyncio.run(put())
+        _put_in_a_new_loop(q, "after")
         assert reader.join() == [("array", (BIG,), 4), "after", "EMPTY"]
     finally:
         q.close()
+
 
 def test_socket_put_nowait_does_not_block_on_a_full_socket():
     q = SocketQueue()
@@ -203,11 +208,7 @@ def test_socket_put_in_a_new_loop_sends_first_what_a_loop_that_ended_left():
         _loop_that_ends_mid_frame(q, 6)
         reader = _Reader(q)
 
-        async def put():
-            q.put("hello")
-            await within(q.drain(), "the frames to leave")
-
-        asyncio.run(put())
+        _put_in_a_new_loop(q, "hello")
         assert reader.join() == [("array", (BIG,), 6), "hello", "EMPTY"]
     finally:
         q.close()
