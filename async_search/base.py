@@ -7,7 +7,7 @@ Algorithm modules (batchers, servers, searches) depend on this module, not on ea
 from __future__ import annotations
 
 import dataclasses
-from typing import (Any, Awaitable, Dict, Hashable, List, Mapping, Optional, Protocol,
+from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Optional, Protocol,
                     Sequence, Tuple, Union, runtime_checkable)
 
 import numpy as np
@@ -17,6 +17,7 @@ from async_search.checks import check_int
 __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "VersionedEvaluate",
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
            "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version",
+           "values_check_of",
            "DeviceModel", "on_device", "replaces_model", "batch_tolerance_of", "BatchParts"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
@@ -241,6 +242,17 @@ async def evaluate_with_version(evaluate: Any, x: np.ndarray) -> Tuple[Outputs, 
 def input_spec_of(model: Any) -> TensorSpec | None:
     """The model's declared input spec, or None when it declares none."""
     return getattr(model, "input_spec", None)
+
+
+def values_check_of(model: Any) -> Callable[[np.ndarray], None] | None:
+    """The model's ``check_values``, or None when it declares none.
+
+    A model whose answers would be wrong for some values of a well-shaped request (a
+    JAX net without 64-bit integers, fed an int64 past int32) declares
+    ``check_values(x)``, raising InputSpecError: servers call it on each request when
+    it is made, so that such a request fails alone, not with its batch-mates.
+    """
+    return getattr(model, "check_values", None)
 
 
 def output_spec_of(model: Any) -> TensorSpec | None:

@@ -52,10 +52,14 @@ class RequestChecker:
     """
 
     def __init__(self, spec: TensorSpec | None,
-                 learnable: Callable[[np.dtype], None] | None = None):
+                 learnable: Callable[[np.dtype], None] | None = None,
+                 values: Callable[[np.ndarray], None] | None = None):
         #: Called with a first request's dtype before it is learnt: raises
         #: InputSpecError for one that cannot be sent (a client's protocol).
         self._learnable = learnable
+        #: The model's ``check_values`` (``base.values_check_of``): called on every
+        #: request that fits the spec; raises InputSpecError for values it cannot take.
+        self.values = values
         self.spec = spec
         # Plain attributes so that a server can inline the common case.
         self.shape = spec.shape if spec is not None else None
@@ -64,9 +68,12 @@ class RequestChecker:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         # The common case costs a type check and two comparisons.
         if type(x) is np.ndarray and x.shape[1:] == self.shape and x.dtype == self.dtype \
-                and x.ndim:
+                and x.ndim and self.values is None:
             return x
-        return self._slow_check(x)
+        x = self._slow_check(x)
+        if self.values is not None:
+            self.values(x)
+        return x
 
     def _slow_check(self, x) -> np.ndarray:
         if not isinstance(x, np.ndarray):

@@ -47,9 +47,11 @@ class JaxModel(BucketedModel):
     runs, made a one-row call 3x faster here (``benchmarks/adapters.py``).
 
     Without ``jax_enable_x64`` JAX computes 64-bit inputs in 32 bits: an int64 (or
-    uint64) batch with a value past the 32-bit range fails with ``InputSpecError``
-    instead of wrapping into a wrong answer (such batches are checked: the usual path
-    without a lock is for other dtypes); float64 inputs lose precision, as JAX's do.
+    uint64) value past the 32-bit range fails with ``InputSpecError`` instead of
+    wrapping into a wrong answer. Servers check each request when it is made
+    (``check_values``), so only the request that holds it fails, not its batch-mates;
+    a batch called directly is checked whole. Float64 inputs lose precision, as JAX's
+    do.
 
     Args:
         apply_fn: ``apply_fn(params, x)`` from a batch ``[n, ...]`` to an array, or a
@@ -93,6 +95,11 @@ class JaxModel(BucketedModel):
                             f"{type(apply_fn).__name__}")
         self.apply_fn = apply_fn
         self._shared = _Compiled(jax, apply_fn, self, bool(jax.tree.leaves(params)))
+        #: Servers call it on each request (``base.values_check_of``), so that a value
+        #: JAX would wrap fails its own request, not the batch it would have joined;
+        #: None when nothing narrows.
+        self.check_values: Callable[[np.ndarray], None] | None = (
+            self._shared.check_values if self._shared.narrowed is not None else None)
         # A copy of host arrays: on the CPU, device_put may share their memory, and the
         # caller may go on changing them.
         self._params = jax.device_put(
@@ -282,16 +289,20 @@ class _Compiled:
         self.jitted = jax.jit(traced)  # compiled once per bucket shape, then cached
         self.padded = PaddedBatches(model.input_spec, model.batch_sizes)
 
+    def check_values(self, x: np.ndarray) -> None:
+        """Raises InputSpecError when a value of ``x`` is outside the narrowed range."""
+        narrowed = self.narrowed
+        if narrowed is not None and x.size and (x.min() < narrowed.min
+                                                or x.max() > narrowed.max):
+            raise InputSpecError(
+                f"JaxModel: a value of this {self.dtype} input is outside "
+                f"{narrowed.dtype}'s range, and without jax_enable_x64 JAX computes it as "
+                f"{narrowed.dtype} (it would wrap): keep inputs in range, or enable "
+                f"64-bit JAX (jax.config.update('jax_enable_x64', True))")
+
     def run(self, params: Any, batch: np.ndarray) -> Outputs:
         n = len(batch)
-        narrowed = self.narrowed
-        if narrowed is not None and n and (batch.min() < narrowed.min
-                                           or batch.max() > narrowed.max):
-            raise InputSpecError(
-                f"JaxModel: a value of this {self.dtype} batch is outside {narrowed.dtype}'s "
-                f"range, and without jax_enable_x64 JAX computes it as {narrowed.dtype} "
-                f"(it would wrap): keep inputs in range, or enable 64-bit JAX "
-                f"(jax.config.update('jax_enable_x64', True))")
+        self.check_values(batch)  # also here: a caller may skip the server
         buffer, size = self.padded.pad(batch, copy=False)  # jit copies it to the device
         # The host buffer goes in as it is: jit's C++ path copies it to the device of
         # the parameters (committed there by device_put), faster than a device_put of

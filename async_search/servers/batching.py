@@ -17,18 +17,19 @@ from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 import numpy as np
 
 from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of,
-                               on_device, output_spec_of, replaces_model)
+                               on_device, output_spec_of, replaces_model, values_check_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
 from async_search.checks import check_callable, check_float, check_int
 from async_search.deadlines import check_timeout, expire_after
 from async_search.delivery import ResultDelivery
-from async_search.errors import (CloseTimeoutError, ModelOutputError, ServerClosedError,
-                                 ServerCrashedError, describe)
+from async_search.errors import (CloseTimeoutError, InputSpecError, ModelOutputError,
+                                 ServerClosedError, ServerCrashedError, describe)
 from async_search.requests import RequestChecker
 from async_search.servers.batch_size import AutoBatchSize, BatchSizeTuner
 from async_search.servers.buffers import BufferPool
 from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.priority import PriorityEvaluate
+from async_search.servers.refused_rows import refused_rows, serve_the_rest
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats, report_batch
 from async_search.servers.workers import Workers, placement_of
 from async_search.wire import RowsFailed
@@ -188,8 +189,10 @@ class BatchingServer:
         self._first_model = model
         self._num_workers = num_workers
         self._closed_devices: List[Any] | None = None  # the threads' devices at close
-        self._check = RequestChecker(input_spec_of(model))
+        self._check = RequestChecker(input_spec_of(model), values=values_check_of(model))
         self._shape, self._dtype = self._check.shape, self._check.dtype
+        #: The model's check_values: then every request takes the checked path.
+        self._values = self._check.values
         self._batcher = batcher if batcher is not None else FairBatcher(size)
         self._budget = self._batcher.budget
         # A batcher whose costs may fail (a CostBatcher's cost_fn) prices each request
@@ -281,7 +284,8 @@ class BatchingServer:
     def _call(self, x: np.ndarray, priority: int = 0, timeout: float | None = None,
               ) -> "asyncio.Future[Outputs]":
         if type(x) is not np.ndarray or x.shape[1:] != self._shape or (
-                x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim:
+                x.dtype is not self._dtype and x.dtype != self._dtype) or not x.ndim \
+                or self._values is not None:
             x = self._checked(x)
         if timeout is not None:
             timeout = check_timeout(timeout)
@@ -296,7 +300,7 @@ class BatchingServer:
                 self._stats.requests += 1
                 fut.set_result(self._responses.empty_result())
                 return fut
-        else:
+        elif self._values is None:  # else the fast path would skip check_values
             self._last_shape = x.shape
         # Staged here and handed to the batcher in bulk when the dispatch task runs.
         if priority:
@@ -395,10 +399,21 @@ class BatchingServer:
         others are computed, the future fails with ``wire.RowsFailed``, which
         carries the computed rows.
 
+        A rowwise ``x`` some of whose rows the model's ``check_values`` refuses has
+        the others served, and fails with a RowsFailed that fails the refused rows.
+
         Raises:
             InputSpecError, ServerClosedError: as calling the server does.
         """
-        fut = self(x)
+        try:
+            fut = self(x)
+        except InputSpecError as error:
+            refused = refused_rows(x, self._check) if (
+                rowwise and self._values is not None) else None
+            if refused is None:
+                raise
+            return serve_the_rest(x, refused, error,
+                                  lambda kept: self.call_with_version(kept, True), self._loop)
         paired = self._loop.create_future()
         if fut.done():
             paired.set_result((fut.result(), self.version))
@@ -521,6 +536,9 @@ class BatchingServer:
             # No request yet: the new model's declared spec checks them from now on.
             self._check = RequestChecker(given_input)
             self._shape, self._dtype = self._check.shape, self._check.dtype
+        if new_model:  # weights alone keep the model's check_values
+            self._check.values = self._values = values_check_of(model_or_weights)
+            self._last_shape = None
 
     @property
     def num_workers(self) -> int:

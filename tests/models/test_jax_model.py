@@ -159,6 +159,34 @@ def test_int64_inputs_past_int32_fail_instead_of_wrapping_without_x64(with_param
         model(np.full((1, 1), -2 ** 33, np.int64))
 
 
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="64-bit JAX computes int64 as is")
+def test_an_int64_request_past_int32_fails_alone_and_its_batch_mates_are_served():
+    import asyncio
+
+    import async_search as asr
+
+    model = JaxModel(lambda p, x: x + p["k"], {"k": np.array(1, np.int32)},
+                     input_spec=TensorSpec((1,), np.int64), max_batch_size=8)
+    new = model.with_weights({"k": np.array(2, np.int32)})
+    assert new.check_values is not None  # weights alone keep the check
+
+    async def main():
+        async with asr.serve(model, max_batch_size=8, max_delay=0.05) as evaluate:
+            good = [evaluate(np.full((2, 1), i, np.int64)) for i in range(3)]
+            with pytest.raises(InputSpecError, match="outside int32's range"):
+                evaluate(np.full((2, 1), 2 ** 40, np.int64))
+            answers = await asyncio.wait_for(asyncio.gather(*good), 10)
+            evaluate.update_model(new.params, version=2)
+            with pytest.raises(InputSpecError, match="outside int32's range"):
+                evaluate(np.full((1, 1), -2 ** 33, np.int64))
+            after = await asyncio.wait_for(evaluate(np.zeros((1, 1), np.int64)), 10)
+            return answers, after, evaluate.stats["failed_batches"]
+
+    answers, after, failed = asyncio.run(main())
+    assert [a.ravel().tolist() for a in answers] == [[1, 1], [2, 2], [3, 3]]
+    assert after.ravel().tolist() == [2] and failed == 0
+
+
 def test_a_function_without_parameters_runs_on_its_device():
     model = JaxModel(lambda p, x: 2 * x, {}, input_spec=SPEC, device="cpu",
                      batch_sizes=(4,))

@@ -1,0 +1,99 @@
+"""A rowwise request some of whose rows the model's check_values refuses."""
+
+import asyncio
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import async_search as asr
+from async_search.errors import InputSpecError
+from async_search.servers.refused_rows import refused_rows, rows_failed
+from async_search.wire import RowsFailed
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def refuse_negative(x):
+    if (x < 0).any():
+        raise InputSpecError("negative values are not taken")
+
+
+class NonNegative:
+    """x + 1; refuses negative values; fails any batch that holds a 99."""
+
+    input_spec = asr.TensorSpec((1,), np.float32)
+
+    def __call__(self, x):
+        if (x == 99).any():
+            raise RuntimeError("the model failed")
+        return x + 1.0
+
+    def check_values(self, x):
+        refuse_negative(x)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=30))
+def test_rows_failed_puts_every_row_in_exactly_one_range_or_piece_in_order(failed):
+    failed = np.array(failed)
+    outputs = {"v": np.flatnonzero(~failed).astype(float)}  # each row's own index
+    answer = rows_failed(ValueError("x"), failed, outputs, version=3)
+    covered = np.zeros(len(failed), int)
+    for offset, count in answer.failed:
+        assert failed[offset:offset + count].all() and count > 0
+        covered[offset:offset + count] += 1
+    for offset, piece in answer.computed:
+        rows_here = np.arange(offset, offset + len(piece["v"]))
+        assert piece["v"].tolist() == rows_here.tolist()  # the right rows, in place
+        covered[rows_here] += 1
+    assert (covered == 1).all() and answer.version == 3
+    assert answer.failed == sorted(answer.failed)
+    assert [o for o, _ in answer.computed] == sorted(o for o, _ in answer.computed)
+
+
+def test_refused_rows_marks_the_rows_it_refuses_and_none_when_none_or_all_are():
+    x = np.array([[1.0], [-1.0], [2.0], [-3.0]], np.float32)
+    assert refused_rows(x, refuse_negative).tolist() == [False, True, False, True]
+    assert refused_rows(abs(x), refuse_negative) is None
+    assert refused_rows(-abs(x) - 1, refuse_negative) is None
+    assert refused_rows(np.float32(1.0), refuse_negative) is None
+
+
+async def test_a_rowwise_request_serves_the_rows_that_check_values_takes():
+    async with asr.serve(NonNegative(), max_batch_size=64) as evaluate:
+        x = np.array([[1.0], [-1.0], [-2.0], [3.0], [4.0], [-5.0]], np.float32)
+        with pytest.raises(RowsFailed) as info:
+            await asyncio.wait_for(evaluate.call_with_version(x, rowwise=True), 10)
+        answer = info.value
+        assert isinstance(answer.error, InputSpecError)
+        assert answer.failed == [(1, 2), (5, 1)]
+        assert [(o, p.ravel().tolist()) for o, p in answer.computed] == [
+            (0, [2.0]), (3, [4.0, 5.0])]
+        assert answer.version == evaluate.version
+        # Not rowwise, the whole request fails as before, and so does one row alone.
+        with pytest.raises(InputSpecError):
+            evaluate.call_with_version(x)
+        with pytest.raises(InputSpecError):
+            evaluate.call_with_version(x[1:2], rowwise=True)
+        assert evaluate.stats["failed_batches"] == 0
+
+
+async def test_a_refused_row_beside_rows_whose_batch_fails_fails_them_all_by_row():
+    async with asr.serve(NonNegative(), max_batch_size=64) as evaluate:
+        x = np.array([[-1.0], [99.0], [2.0]], np.float32)
+        with pytest.raises(RuntimeError, match="the model failed"):
+            await asyncio.wait_for(evaluate.call_with_version(x, rowwise=True), 10)
+
+
+async def test_cancelling_a_partly_refused_request_drops_the_rows_it_served():
+    model = NonNegative()
+    async with asr.serve(model, max_batch_size=64, max_delay=0.2) as evaluate:
+        x = np.array([[1.0], [-1.0], [2.0]], np.float32)
+        fut = evaluate.call_with_version(x, rowwise=True)
+        await asyncio.sleep(0)
+        fut.cancel()
+        answer = await asyncio.wait_for(evaluate(np.ones((1, 1), np.float32)), 10)
+        assert answer.tolist() == [[2.0]]
+        assert evaluate.stats["elements"] == 1  # the cancelled rows never ran
