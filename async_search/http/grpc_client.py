@@ -90,11 +90,14 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
     @property
     def stats(self) -> dict:
         """requests and elements asked for; rpcs sent (retries included); retries;
-        failed_rpcs (every attempt spent, or not retryable); mean_requests_per_rpc."""
+        failed_rpcs (every attempt spent, or not retryable); split_rpcs (a failed
+        RPC's halves, sent again to find the requests that fail);
+        mean_requests_per_rpc (as first sent)."""
         stats = super().stats
         return {"requests": stats["requests"], "elements": stats["elements"],
                 "rpcs": stats["http_requests"], "retries": stats["retries"],
                 "failed_rpcs": stats["failed_http_requests"],
+                "split_rpcs": stats["split_http_requests"],
                 "mean_requests_per_rpc": stats["mean_requests_per_http_request"]}
 
     # -- the transport ----------------------------------------------------------------

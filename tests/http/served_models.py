@@ -1,11 +1,12 @@
 """The models the front and client tests serve: an MLP, one that waits on a gate, one
-that raises."""
+that raises, one that fails some rows."""
 
 import asyncio
 import threading
 
 import numpy as np
 
+from async_search.errors import InputSpecError
 from async_search.models import MLP
 
 MODEL = MLP((16,), hidden_sizes=(32,), output_size=4, seed=0)
@@ -32,6 +33,44 @@ class Raising:
 
     def __call__(self, x):
         raise RuntimeError("the model broke")
+
+
+class PoisonedBy:
+    """MODEL, but it fails any batch that holds a row whose first value is ``poison``,
+    and its check_values refuses rows whose first value is ``refused``."""
+
+    input_spec = MODEL.input_spec
+
+    def __init__(self, poison=99.0, refused=-99.0):
+        self.poison, self.refused = poison, refused
+
+    def __call__(self, x):
+        if (x[:, 0] == self.poison).any():
+            raise RuntimeError("a poisoned row")
+        return MODEL(x)
+
+    def check_values(self, x):
+        if (x[:, 0] == self.refused).any():
+            raise InputSpecError("a refused row")
+
+
+def poisoned_requests(bad_value: float) -> list:
+    """Eight one-row requests for PoisonedBy, the third and sixth holding ``bad_value``."""
+    xs = [X[i % 5:i % 5 + 1] + i for i in range(8)]
+    for i in POISONED:
+        xs[i][0, 0] = bad_value
+    return xs
+
+
+POISONED = (2, 5)
+
+
+def check_only_the_poisoned_failed(got: list, xs: list, error: type, said: str) -> None:
+    for i, y in enumerate(got):
+        if i in POISONED:
+            assert isinstance(y, error) and said in str(y), y
+        else:
+            np.testing.assert_array_equal(y, MODEL(xs[i]))
 
 
 class SearchWorkload:

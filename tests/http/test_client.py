@@ -19,7 +19,9 @@ from async_search.http.client import RemoteEvaluate  # noqa: E402
 from async_search.http.front import HttpFront  # noqa: E402
 from async_search.http.repository import ModelSource  # noqa: E402
 from async_search.models import MLP  # noqa: E402
-from tests.http.served_models import MODEL, X, Gated, Raising, SearchWorkload  # noqa: E402
+from tests.http.served_models import (MODEL, X, Gated, PoisonedBy, Raising,  # noqa: E402
+                                      SearchWorkload, check_only_the_poisoned_failed,
+                                      poisoned_requests)
 from tests.helpers import wait_until, within  # noqa: E402
 from tests.kserve_peer import W, kserve_model_server, needs_kserve  # noqa: E402
 
@@ -305,6 +307,23 @@ async def test_what_the_server_answers_becomes_the_matching_error():
         await f.repository.unload("mlp")
         with pytest.raises(ServerClosedError, match="answered 503: model 'mlp' is not"):
             await within(ev(X), "503")
+
+
+@pytest.mark.parametrize("bad_value, error, status", [(99.0, RemoteError, "500"),
+                                                      (-99.0, ProtocolError, "400")])
+async def test_a_failing_request_fails_alone_and_its_http_request_mates_are_answered(
+        bad_value, error, status):
+    xs = poisoned_requests(bad_value)
+    async with HttpFront({"m": ModelSource(PoisonedBy, model_thread=True)}) as f, \
+            RemoteEvaluate(f.url, "m") as ev:
+        got = await within(asyncio.gather(*(ev(x) for x in xs), return_exceptions=True),
+                           "answers")
+        stats = ev.stats
+    check_only_the_poisoned_failed(got, xs, error, status)
+    # One HTTP request for all 8, then its halves until 2 and 5 stood alone: 4+4, 2+2
+    # on each side, 1+1 for each failing pair.
+    assert stats["requests"] == 8 and stats["split_http_requests"] == 10
+    assert stats["mean_requests_per_http_request"] == 8
 
 
 async def test_closing_fails_what_waits_and_later_calls():

@@ -20,7 +20,8 @@ from async_search.http.repository import ModelSource  # noqa: E402
 from async_search.models import MLP  # noqa: E402
 from tests.helpers import wait_until, within  # noqa: E402
 from tests.kserve_peer import W, kserve_model_server, needs_kserve  # noqa: E402
-from tests.http.served_models import SearchWorkload  # noqa: E402
+from tests.http.served_models import (PoisonedBy, SearchWorkload,  # noqa: E402
+                                      check_only_the_poisoned_failed, poisoned_requests)
 from tests.http.test_grpc_front import Gated, Raising  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,6 +36,21 @@ def front(model=MODEL, **options):
 
 
 # -- answers ---------------------------------------------------------------------------
+@pytest.mark.parametrize("bad_value, error, status", [
+    (99.0, RemoteError, "INTERNAL"), (-99.0, ProtocolError, "INVALID_ARGUMENT")])
+async def test_a_failing_request_fails_alone_and_its_rpc_mates_are_answered(
+        bad_value, error, status):
+    xs = poisoned_requests(bad_value)
+    async with GrpcFront({"m": ModelSource(PoisonedBy, model_thread=True)}) as f, \
+            GrpcRemoteEvaluate(f.address, "m") as ev:
+        got = await within(asyncio.gather(*(ev(x) for x in xs), return_exceptions=True),
+                           "answers")
+        stats = ev.stats
+    check_only_the_poisoned_failed(got, xs, error, status)
+    assert stats["requests"] == 8 and stats["split_rpcs"] == 10
+    assert stats["mean_requests_per_rpc"] == 8
+
+
 async def test_requests_of_one_iteration_travel_in_one_rpc_with_equal_answers():
     async with front() as f, GrpcRemoteEvaluate(f.address, "mlp") as evaluate:
         assert evaluate.input_spec == MODEL.input_spec and evaluate.version == "0"
