@@ -884,14 +884,16 @@ class BatchingServer:
                 return
             record = None
             try:
-                if self._tuner is not None:
-                    self._tune(len(popped.batch))
                 record = self._stats.record_model(len(popped.batch), seconds,
                                                   error is not None)
                 if popped.buffer is not None:
                     self._pool.give_back(popped.buffer, outputs)
                 if error is None:
                     error = self._responses.deliver(popped, outputs, version)
+                if self._tuner is not None and len(popped.batch):
+                    # What was answered: a size whose batches fail (out of memory) is
+                    # worth nothing, however fast they fail.
+                    self._tune(len(popped.batch) if error is None else 0)
             except Exception as e:  # never leave a request of this batch unresolved
                 error = e
             if error is not None:

@@ -85,9 +85,13 @@ class DeviceThread:
                 start = time.perf_counter()
                 try:
                     if model is not loaded:
-                        _call_hook(loaded, "unload")
-                        loaded = model
+                        # Loaded only once load returns: one that raised fails its
+                        # batch and is tried again at the next, never run unloaded
+                        # (nor unloaded at the end); an unload that raised lets go.
+                        previous, loaded = loaded, None
+                        _call_hook(previous, "unload")
                         _call_hook(model, "load")
+                        loaded = model
                     outputs, error = model(batch), None
                 except BaseException as e:  # noqa: BLE001 - handed to the requests it fails
                     # StopIteration, CancelledError, SystemExit...: wrapped so that the

@@ -207,6 +207,42 @@ async def test_the_server_settles_on_the_size_its_measured_times_favour():
     assert max(after) == 128 and after.count(128) >= 0.9 * len(after) and len(after) > 100
 
 
+async def test_a_size_whose_batches_fail_is_worth_nothing_however_fast_they_fail():
+    """A model out of memory above 64 rows fails those batches at once (fast, per
+    element): the server settles at 64 or below, where requests are answered."""
+    clock = Clock()
+
+    def out_of_memory_above_64(x):
+        n = len(x)
+        if n > 64:
+            clock.now += 1e-6
+            raise MemoryError("out of memory")
+        clock.now += 1e-4 + 1e-6 * n
+        return x * 2.0
+
+    auto = AutoBatchSize(smallest=8, largest=512, trial_batches=4, hold_batches=10_000,
+                         clock=clock)
+    async with asr.serve(with_spec(out_of_memory_above_64, (1,), np.float32),
+                         max_batch_size=auto, model_thread=False) as evaluate:
+        async def search(i):
+            x = np.full((1, 1), i, np.float32)
+            answered = 0
+            for _ in range(40):
+                try:
+                    await evaluate(x)
+                    answered += 1
+                except MemoryError:
+                    pass
+            return answered
+
+        answered = await asyncio.wait_for(asyncio.gather(*(search(i) for i in range(512))),
+                                          30)
+        report = evaluate.stats["auto_batch_size"]
+    assert report["settled"] and report["size"] <= 64
+    assert all(rate == 0 for size, rate in report["rates"].items() if size > 64)
+    assert sum(answered) > 0.5 * 512 * 40
+
+
 async def test_auto_refuses_a_batcher_of_its_own():
     with pytest.raises(ValueError, match="pass no batcher"):
         async with asr.serve(lambda x: x, max_batch_size="auto", batcher=FairBatcher(8)):

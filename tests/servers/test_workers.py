@@ -57,6 +57,39 @@ async def test_each_worker_loads_its_model_before_use_and_unloads_on_stop():
     assert set(loads) >= model.threads
 
 
+class LoadsOnSecondTry(Recording):
+    """Its first load raises (a device out of memory for a moment); it computes only
+    when loaded."""
+
+    def __init__(self):
+        super().__init__()
+        self.loaded = False
+
+    def load(self):
+        super().load()
+        if len(self.events) == 1:
+            raise RuntimeError("out of memory while loading")
+        self.loaded = True
+
+    def unload(self):
+        super().unload()
+        self.loaded = False
+
+    def __call__(self, x):
+        assert self.loaded, "ran without being loaded"
+        return super().__call__(x)
+
+
+async def test_a_load_that_raises_fails_its_batch_and_is_tried_again_never_skipped():
+    model = LoadsOnSecondTry()
+    async with asr.serve(model, max_batch_size=1, model_thread=True) as evaluate:
+        with pytest.raises(RuntimeError, match="out of memory while loading"):
+            await within(evaluate(np.zeros((1, 1), np.float32)), "the first batch")
+        y = await within(evaluate(np.ones((1, 1), np.float32)), "the second")
+    assert y.item() == 1.0
+    assert [e for e, _ in model.events] == ["load", "load", "unload"]
+
+
 async def test_several_workers_share_batches_from_one_queue():
     model = Recording(delay=0.02)
     async with asr.serve(model, max_batch_size=4, num_workers=3) as evaluate:
