@@ -180,6 +180,13 @@ class PaddedBatches:
         return buffer, size
 
 
+    def dirtied(self, size: int) -> None:
+        """The net wrote into bucket ``size``'s buffer (a module that writes its
+        input): its pad rows are zeroed again at the next ``pad``."""
+        if size in self._written:
+            self._written[size] = size
+
+
 def net_outputs(out: Any, is_tensor: Callable[[Any], bool],
                 convert: Callable[[Any], np.ndarray]) -> Outputs:
     """A net's outputs with ``convert`` applied to each tensor, the structure kept: a

@@ -107,6 +107,8 @@ class TensorFlowModel(OwnWeightsModel):
 
         Raises:
             DeviceNotFoundError: ``device`` does not exist on this machine.
+            TypeError: a Keras model that Keras cannot clone (a subclassed model
+                without ``get_config``/``from_config``).
         """
         tf = self._runner.tf
         target = tensorflow_device(device)
@@ -118,7 +120,16 @@ class TensorFlowModel(OwnWeightsModel):
                 if values is None:
                     values = fn.get_weights()
             with tf.device(target):
-                fn = tf.keras.models.clone_model(self.fn)
+                try:
+                    fn = tf.keras.models.clone_model(self.fn)
+                except Exception as e:  # noqa: BLE001 - Keras raises several kinds
+                    said = str(e).split("\n", 1)[0][:200]  # Keras says pages
+                    raise TypeError(
+                        f"TensorFlowModel.on_device: Keras cannot copy "
+                        f"{type(self.fn).__name__}: a subclassed model needs get_config "
+                        f"and from_config to be copied; give each device a model of its "
+                        f"own instead (add_worker(model=...)). Keras said: "
+                        f"{type(e).__name__}: {said}") from e
                 fn.set_weights(values)
         return TensorFlowModel(fn, self.input_spec, batch_sizes=self.batch_sizes,
                                jit_compile=self.jit_compile, device=target,

@@ -452,6 +452,8 @@ class _Runner:
         version = x._version
         out = self.forward_rows(x, n, size, source)
         if x._version != version:
+            if source is not batch:  # its pad rows too: zeros again next time
+                self.padded.dirtied(size)
             self.wrote_input(caller=source is batch)
         elif self.writes_input is None:
             self.writes_input = False

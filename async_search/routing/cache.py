@@ -158,7 +158,8 @@ class CachedEvaluate:
     Args:
         evaluate: the function whose results are cached (``await evaluate(x)``). It
             must say which model answers it (``reports_swaps``): a ``version`` and a
-            ``swap_token`` (every evaluate of async_search has both); results are tied
+            ``swap_token``, or a ``model`` that is a new object at each swap (every
+            evaluate of async_search has one or the other); results are tied
             to the model version that computed them (``with_version``).
         capacity: the most elements kept; 0 keeps none but still merges identical
             elements in flight.

@@ -406,13 +406,23 @@ class Commander:
     async def push(self, model: Any, version: int) -> int:
         """Sends ``model`` and ``version`` to every registered server; returns once each
         has it (requests made after this return are served by ``model``). Returns how
-        many targets it reached."""
-        targets = list(self._targets)
-        for target in targets:
-            result = target.update_model(model, version)
-            if inspect.isawaitable(result):
-                await result
-        return len(targets)
+        many targets it reached: one whose run has ended (``closed``), before the push
+        or during it, is passed over (an overlapped self-play run closes its servers a
+        few loop turns before it stops being a target)."""
+        reached = 0
+        for target in list(self._targets):
+            if getattr(target, "closed", False):
+                continue
+            try:
+                result = target.update_model(model, version)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                if getattr(target, "closed", False):  # it ended meanwhile: nothing to do
+                    continue
+                raise
+            reached += 1
+        return reached
 
     # -- phases ---------------------------------------------------------------------------
 

@@ -86,7 +86,11 @@ def elo_difference(score: float, games: Optional[int] = None) -> float:
 
 
 def _expected(rating: float, opponent: float) -> float:
-    return 1.0 / (1.0 + 10.0 ** ((opponent - rating) / 400.0))
+    # The logistic as a tanh: 10 ** (d / 400) overflows for ratings 123,000 apart.
+    return 0.5 * (1.0 - math.tanh((opponent - rating) * _HALF_LN10_OVER_400))
+
+
+_HALF_LN10_OVER_400 = math.log(10.0) / 800.0
 
 
 def fit_rating(results: Sequence[Tuple[float, MatchResult]]) -> float:

@@ -398,6 +398,21 @@ def test_a_module_that_writes_its_input_never_writes_the_callers_array(n):
     np.testing.assert_array_equal(x, kept)
 
 
+def test_a_module_that_writes_its_input_finds_zero_pad_rows_at_every_batch():
+    class ShiftsThenSumsTheBatch(torch.nn.Module):
+        def forward(self, x):
+            x.sub_(1.0)  # the pad rows too: they must be zeros again at the next batch
+            return x + x.sum(dim=0, keepdim=True)
+
+    model = TorchModel(ShiftsThenSumsTheBatch(), input_spec=SPEC, device="cpu",
+                       batch_sizes=(4,))
+    x = rows(3)
+    padded = np.vstack([x, np.zeros((1,) + SPEC.shape, np.float32)])
+    expected = ShiftsThenSumsTheBatch()(torch.from_numpy(padded))[:3].numpy()
+    for _ in range(3):
+        np.testing.assert_allclose(model(x), expected, rtol=1e-6)
+
+
 def test_a_module_that_starts_writing_its_input_later_is_copied_from_then_on():
     class WritesFromItsSecondBatch(torch.nn.Module):
         calls = 0

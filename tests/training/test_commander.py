@@ -138,6 +138,44 @@ def test_a_promotion_reaches_every_registered_server_with_its_version(tmp_path):
     assert [r.pushed_to for r in records] == [3, 3]
 
 
+def test_a_push_passes_over_servers_whose_run_ended_before_or_during_it(tmp_path):
+    from async_search.backends.servers import ModelServers
+
+    commander = Commander(tiny(1), str(tmp_path))
+    received = []
+
+    class Ended:  # closed, not yet taken off the targets (an overlapped run's end)
+        closed = True
+
+        def update_model(self, model, version):
+            raise RuntimeError("the local run these servers belonged to has ended")
+
+    class EndsDuringThePush:
+        closed = False
+
+        async def update_model(self, model, version):
+            self.closed = True
+            raise RuntimeError("the local run these servers belonged to has ended")
+
+    class Serving:
+        def update_model(self, model, version):
+            received.append(version)
+
+    class Broken:  # still serving: its failure is the push's
+        closed = False
+
+        def update_model(self, model, version):
+            raise TypeError("weights it cannot take")
+
+    assert hasattr(ModelServers, "closed")  # what the push reads
+    for target in (Ended(), EndsDuringThePush(), Serving()):
+        commander.add_target(target)
+    assert asyncio.run(commander.push(commander.best, 7)) == 1 and received == [7]
+    commander.add_target(Broken())
+    with pytest.raises(TypeError, match="weights it cannot take"):
+        asyncio.run(commander.push(commander.best, 8))
+
+
 def test_without_a_promotion_nothing_is_pushed_and_the_best_stays(tmp_path):
     commander = Commander(tiny(1, gate_threshold=1.0, arena_games=4), str(tmp_path))
     best = commander.best

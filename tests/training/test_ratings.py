@@ -56,6 +56,11 @@ def test_fit_rating_is_finite_for_all_wins_and_all_losses():
     assert fit_rating([(0.0, MatchResult(10, 0, 0))]) < high
 
 
+def test_fit_rating_is_finite_for_opponents_rated_far_apart():
+    rating = fit_rating([(0.0, MatchResult(5, 0, 5)), (150_000.0, MatchResult(0, 0, 10))])
+    assert math.isfinite(rating) and -500 < rating < 500
+
+
 @pytest.mark.parametrize("results", [[], [(0.0, 0.5)], [(math.inf, MatchResult(1, 0, 1))],
                                      [0.0]])
 def test_fit_rating_rejects_bad_results(results):
