@@ -4,7 +4,9 @@ import asyncio
 
 import numpy as np
 
+import async_search as asr
 from async_search import problems, search
+from async_search.errors import InputSpecError
 from async_search.models import MLP, with_spec
 
 PUZZLE = problems.SlidingPuzzle(3)
@@ -301,6 +303,21 @@ class RaisesOnNegative:
 
 def raises_on_negative():
     return with_spec(RaisesOnNegative(), (3,), np.float32)
+
+
+class RefusesNegative:
+    """``2 * x``; its ``check_values`` refuses negative values (as a JaxModel without
+    x64 refuses int64 past int32), so such a request fails when it is made."""
+
+    input_spec = asr.TensorSpec((3,), np.float32)
+
+    def __call__(self, x):
+        assert (x >= 0).all(), "check_values let a negative value through"
+        return 2 * x
+
+    def check_values(self, x):
+        if (x < 0).any():
+            raise InputSpecError("negative values are not taken")
 
 
 async def rows_of_start(start, evaluate):

@@ -163,6 +163,19 @@ def test_a_batch_the_model_fails_fails_only_the_searches_with_rows_in_it(backend
     assert out[:3] + out[4:] == expected[:3] + expected[4:]
 
 
+def test_a_request_that_check_values_refuses_fails_alone(backend):
+    # Every search makes its request at once: in a process or Ray client they travel
+    # in one message, which the server checks row by row.
+    starts = [0, 1, -2, 4, -5, 6]
+    out = backend.run(searches.rows_of_start, starts, searches.RefusesNegative,
+                      return_exceptions=True)
+    for i in (2, 4):
+        assert isinstance(out[i], InputSpecError), repr(out[i])
+        assert "negative values are not taken" in str(out[i])
+    expected = [[2.0 * s] * (abs(s) % 3 + 1) for s in starts]
+    assert [out[i] for i in (0, 1, 3, 5)] == [expected[i] for i in (0, 1, 3, 5)]
+
+
 def test_evaluate_with_version_works_inside_a_search(backend):
     starts = [1, 3, 2]
     out = backend.run(searches.outputs_and_version, starts, searches.version_model)

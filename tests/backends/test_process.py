@@ -123,31 +123,6 @@ def test_a_request_that_cannot_travel_fails_its_own_search_at_once():
     assert isinstance(out[1], InputSpecError) and "cannot be sent" in str(out[1])
 
 
-class _NonNegative:
-    """Doubles its input, and declares that it cannot take negative values."""
-
-    def __call__(self, x):
-        return 2 * x
-
-    def check_values(self, x):
-        if (x < 0).any():
-            raise InputSpecError("negative values are not taken")
-
-
-async def _one_request(start, evaluate):
-    return (await evaluate(np.full((1, 1), start, np.float32))).tolist()
-
-
-def test_a_request_refused_by_check_values_fails_alone_in_the_server():
-    # The searches of the client start together: their requests travel in one message
-    # and would join one batch.
-    out = asr.run_searches(_one_request, [1, -1, 2, -3, 4], _NonNegative, backend="process",
-                           num_procs=1, return_exceptions=True)
-    assert [out[i] for i in (0, 2, 4)] == [[[2.0]], [[4.0]], [[8.0]]]
-    assert all(isinstance(out[i], InputSpecError) and "negative" in str(out[i])
-               for i in (1, 3))
-
-
 # -- odd arrays beside healthy requests (one message per loop iteration) ----------------
 
 _odd_descriptions = st.tuples(st.sampled_from(odd_arrays.KINDS), st.integers(0, 4),
