@@ -58,7 +58,8 @@ class RequestChecker:
         #: InputSpecError for one that cannot be sent (a client's protocol).
         self._learnable = learnable
         #: The model's ``check_values`` (``base.values_check_of``): called on every
-        #: request that fits the spec; raises InputSpecError for values it cannot take.
+        #: request of at least one row that fits the spec; what it raises fails the
+        #: request as an InputSpecError.
         self.values = values
         self.spec = spec
         # Plain attributes so that a server can inline the common case.
@@ -71,9 +72,18 @@ class RequestChecker:
                 and x.ndim and self.values is None:
             return x
         x = self._slow_check(x)
-        if self.values is not None:
-            self.values(x)
+        if self.values is not None and len(x):
+            self._check_values(x)
         return x
+
+    def _check_values(self, x: np.ndarray) -> None:
+        try:
+            self.values(x)
+        except InputSpecError:
+            raise
+        except Exception as e:  # a check that raised another kind: still the input's
+            raise InputSpecError(f"the model's check_values refused this request: "
+                                 f"{type(e).__name__}: {e}") from e
 
     def _slow_check(self, x) -> np.ndarray:
         if not isinstance(x, np.ndarray):

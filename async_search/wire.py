@@ -126,25 +126,34 @@ class RowsFailed(Exception):
     count)`` row ranges of the batches that failed, ``computed`` the ``(offset,
     outputs)`` pieces that were computed, in row order, and ``version`` the model
     version that computed them (None when unknown or mixed). Every row is in exactly
-    one range or piece.
+    one range or piece. ``errors``, when given, holds each failed range's own error
+    (rows the model's ``check_values`` refused beside rows whose batch failed);
+    ``error_of(k)`` reads it.
 
     Example:
         >>> answer = RowsFailed(ValueError("bad row"), [(0, 2)], [(2, np.ones((1, 1)))])
         >>> copy = pickle.loads(pickle.dumps(answer))
-        >>> copy.failed, copy.computed[0][0], type(copy.error).__name__
+        >>> copy.failed, copy.computed[0][0], type(copy.error_of(0)).__name__
         ([(0, 2)], 2, 'ValueError')
     """
 
     def __init__(self, error: BaseException | Failure, failed: List[Tuple[int, int]],
-                 computed: List[Tuple[int, Any]], version: Hashable = None):
+                 computed: List[Tuple[int, Any]], version: Hashable = None,
+                 errors: List[BaseException | Failure] | None = None):
         super().__init__(f"{len(failed)} part(s) of this request failed: {error!r}")
         self.error = error
         self.failed = failed
         self.computed = computed
         self.version = version
+        self.errors = errors
+
+    def error_of(self, k: int) -> BaseException | Failure:
+        """The error of failed range ``k``."""
+        return self.error if self.errors is None else self.errors[k]
 
     def __reduce__(self):  # the error may be a wire.Failure on its way to a client
-        return RowsFailed, (self.error, self.failed, self.computed, self.version)
+        return RowsFailed, (self.error, self.failed, self.computed, self.version,
+                            self.errors)
 
 
 @dataclasses.dataclass(frozen=True)

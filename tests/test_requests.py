@@ -181,3 +181,20 @@ def test_subclass_outputs_reach_callers_as_plain_arrays(outputs):
         leaves = got if isinstance(got, tuple) else (got,)
         assert all(type(leaf) is np.ndarray for leaf in leaves)
         np.testing.assert_array_equal(leaves[0], x * 2)
+
+
+def test_check_values_runs_on_requests_with_rows_and_its_errors_become_input_errors():
+    seen = []
+
+    def refuse_negative(x):
+        seen.append(len(x))
+        if x.min() < 0:  # raises ValueError itself on an empty array
+            raise ArithmeticError("negative")
+
+    check = RequestChecker(TensorSpec((2,), np.float32), values=refuse_negative)
+    assert check(np.zeros((0, 2), np.float32)).shape == (0, 2)  # nothing to judge
+    assert check(np.ones((3, 2), np.float32)).shape == (3, 2)
+    with pytest.raises(InputSpecError, match="check_values refused.*ArithmeticError: "
+                                             "negative") as info:
+        check(-np.ones((1, 2), np.float32))
+    assert isinstance(info.value.__cause__, ArithmeticError) and seen == [3, 1]

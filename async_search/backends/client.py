@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Callable, ClassVar, Hashable, List
+from typing import Any, Callable, ClassVar, Dict, Hashable, List
 
 import numpy as np
 
@@ -273,25 +273,36 @@ class CoalescingClient(CoalescedRequests):
             self._delivery.fail(message, error)
 
     def _answered_in_part(self, message: Message, answer: RowsFailed) -> None:
-        """Some of the server's batches that held ``message`` failed: the requests with
-        a row in one of them fail; the others get their rows."""
-        error = unpack_error(answer.error, f"raised in {self._where}")
-        failed = np.zeros(len(message.batch), bool)
-        for offset, count in answer.failed:
-            failed[offset:offset + count] = True
+        """Some of the server's batches that held ``message`` failed (or rows of it
+        were refused): the requests with a row in one of them fail, with the error of
+        the first failed range they touch; the others get their rows."""
+        # Each row's failed range (its index in answer.failed), -1 for computed rows.
+        range_of = np.full(len(message.batch), -1)
+        for k, (offset, count) in enumerate(answer.failed):
+            range_of[offset:offset + count] = k
+        failed = range_of >= 0
         # A computed row's place among the computed ones: its row less the failed before
         failed_before = np.concatenate([[0], np.cumsum(failed)])
-        ok, bad, positions, start = Message.empty(), Message.empty(), [], 0
+        ok, positions, start = Message.empty(), [], 0
+        bad: Dict[int, Message] = {}  # by failed range: the requests it fails
         for tag, piece in zip(message.tags, message.pieces):
             end = start + len(piece)
-            side = bad if failed[start:end].any() else ok
+            touched = range_of[start:end][failed[start:end]]
+            side = ok if not len(touched) else bad.setdefault(int(touched[0]),
+                                                                Message.empty())
             side.tags.append(tag)
             side.pieces.append(piece)
             if side is ok:  # its rows' places among the computed ones
                 positions.append(np.arange(start, end) - failed_before[start])
             start = end
-        if bad.tags:
-            self._delivery.fail(bad, error)
+        unpacked: Dict[int, BaseException] = {}  # one exception an error, as it was
+        for k, requests in bad.items():
+            packed = answer.error_of(k)
+            error = unpacked.get(id(packed))
+            if error is None:
+                error = unpacked[id(packed)] = unpack_error(packed,
+                                                            f"raised in {self._where}")
+            self._delivery.fail(requests, error)
         if ok.tags:
             computed = rows.concatenate([outputs for _, outputs in answer.computed])
             ok.batch = np.concatenate(ok.pieces)

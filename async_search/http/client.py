@@ -86,6 +86,12 @@ def _may_owe_to_one(error: BaseException) -> bool:
     return isinstance(error, RemoteError)
 
 
+def _split_budget(requests: int) -> int:
+    """The HTTP requests that may be sent again to find which of ``requests`` fail:
+    enough for two failing ones (2 log2 n each), a few more than that in all."""
+    return 4 * max(1, (requests - 1).bit_length()) + 2
+
+
 def _halves(items: list) -> Tuple[list, list]:
     middle = (len(items) + 1) // 2
     return items[:middle], items[middle:]
@@ -375,15 +381,18 @@ class RemoteEvaluate(CoalescedRequests):
             if self._xs and self._open and not self._scheduled:
                 self._flush()  # a connection is free: what waited leaves now
 
-    async def _answer_call(self, call: _Call, request: Any) -> None:
+    async def _answer_call(self, call: _Call, request: Any,
+                           splits: List[int] | None = None) -> None:
         try:
-            outputs, version = await self._post(call, request)
+            outputs, version = await self._post(call, request, split=splits is not None)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - every path ends the futures
-            self._stats["failed_http_requests"] += 1
-            if len(call.tags) > 1 and _may_owe_to_one(e):
-                await self._answer_halves(call)
+            waiting = [(x, fut) for x, fut in zip(call.pieces, call.tags) if not fut.done()]
+            if len(waiting) > 1 and _may_owe_to_one(e):
+                if splits is None:  # the first failure of this call
+                    splits = [_split_budget(len(waiting))]
+                await self._answer_halves(waiting, call, e, splits)
             else:
                 self._delivery.fail(call, e)
             return
@@ -392,22 +401,27 @@ class RemoteEvaluate(CoalescedRequests):
         if error is not None:
             self._delivery.fail(call, error)
 
-    async def _answer_halves(self, call: _Call) -> None:
+    async def _answer_halves(self, waiting: List[Tuple[np.ndarray, asyncio.Future]],
+                             call: _Call, error: BaseException, splits: List[int]) -> None:
         """The protocol has no partial answer: a failed call that carried several
         requests is sent again in halves, one after the other on its connection, until
         the requests that fail stand alone (inference is idempotent). One bad request
-        among n costs about 2 log2(n) more HTTP requests; a model that fails every
-        batch, 2n - 2."""
-        for half in _halves([(x, fut) for x, fut in zip(call.pieces, call.tags)
-                             if not fut.done()]):
+        among n costs about 2 log2(n) more HTTP requests; ``splits`` (one count shared
+        by every half of the call) bounds them, so that a server that fails everything
+        costs a few more, not 2n: past it, or past the deadline, what is left fails
+        with the error."""
+        for half in _halves(waiting):
             half = [(x, fut) for x, fut in half if not fut.done()]  # while the other ran
             if not half:
                 continue
             xs, futures = [x for x, _ in half], [fut for _, fut in half]
             request, batch = self._encode(xs)  # they were encoded together already
-            self._stats["split_http_requests"] += 1
-            await self._answer_call(_Call(batch, futures, xs, call.deadline, call.seq),
-                                    request)
+            part = _Call(batch, futures, xs, call.deadline, call.seq)
+            if splits[0] <= 0 or self._loop.time() >= call.deadline:
+                self._delivery.fail(part, error)
+                continue
+            splits[0] -= 1
+            await self._answer_call(part, request, splits)
 
     async def _attempt(self, request: Any, left: float) -> Tuple[Outputs, Hashable]:
         """One attempt at ``request`` within ``left`` seconds: the outputs and the
@@ -436,8 +450,21 @@ class RemoteEvaluate(CoalescedRequests):
         self._refusal(status, payload)  # raises, _Retry when worth retrying
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _post(self, call: _Call, request: Any) -> Tuple[Outputs, Hashable]:
-        """The answer to ``call``, retried while another attempt may cure a failure."""
+    async def _post(self, call: _Call, request: Any, split: bool = False,
+                    ) -> Tuple[Outputs, Hashable]:
+        """The answer to ``call``, retried while another attempt may cure a failure;
+        ``split``: it is a half of a failed call (counted so once it is sent). Counts
+        a failure that ends it."""
+        try:
+            return await self._attempts(call, request, split)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._stats["failed_http_requests"] += 1
+            raise
+
+    async def _attempts(self, call: _Call, request: Any, split: bool,
+                        ) -> Tuple[Outputs, Hashable]:
         loop = self._loop
         # The failure before the deadline came says why the deadline was missed, even
         # when the attempt the deadline cut short had not failed yet.
@@ -449,6 +476,8 @@ class RemoteEvaluate(CoalescedRequests):
             self._stats["http_requests"] += 1
             if attempt:
                 self._stats["retries"] += 1
+            elif split:
+                self._stats["split_http_requests"] += 1
             try:
                 return await self._attempt(request, left)
             except (asyncio.TimeoutError, TimeoutError):

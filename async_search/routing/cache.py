@@ -45,6 +45,7 @@ import numpy as np
 from async_search import rows
 from async_search.base import Outputs, evaluate_with_version, version_of
 from async_search.deadlines import check_timeout, within_deadline
+from async_search.errors import InputSpecError
 from async_search.requests import plain_array
 
 
@@ -290,7 +291,8 @@ class CachedEvaluate:
 
     async def _attempt(self, x: np.ndarray) -> Tuple[Outputs, Hashable] | None:
         """The outputs from the table and from the server; None when a model swap
-        while waiting made them disagree on the version (the table is then dropped)."""
+        while waiting made them disagree on the version (the table is then dropped), or
+        when a flight joined failed for a row another caller sent (InputSpecError)."""
         self._sync_version()
         generation = self._generation
         if generation.token is None:
@@ -333,14 +335,24 @@ class CachedEvaluate:
         flights = {f for _, f, _ in joined} | ({flight} if flight else set())
         for f in flights:
             f.waiters += 1
+        refused_elsewhere = False
         try:
             for f in flights:
-                await asyncio.shield(f.future)  # a caller who leaves leaves others rows
+                try:
+                    await asyncio.shield(f.future)  # a caller who leaves leaves others rows
+                except InputSpecError:
+                    if f is flight:
+                        raise
+                    # Another caller's request, refused for a row of its own: the rows
+                    # joined here may be fine; look them up again once the rest is in.
+                    refused_elsewhere = True
         finally:
             for f in flights:
                 f.waiters -= 1
                 if not f.waiters and not f.future.done():
                     self._unpend(f)
+        if refused_elsewhere:
+            return None
         if flight is not None and len(first_of) == n:
             return flight.future.result()  # every element was sent, once: as it came
         labels = [f.future.result()[1] for f in {f for _, f, _ in joined}]

@@ -133,11 +133,13 @@ class BatchSizeTuner:
         """True while a chosen size is held; False while a round measures."""
         return self._held is not None
 
-    def record(self, size: int, finished_s: float, in_flight: int = 0) -> Optional[int]:
-        """A batch of ``size`` elements was answered at ``finished_s`` (the clock's
-        seconds); ``in_flight`` batches are still out. Returns the new cap when it
-        changes (the ``in_flight`` batches, cut under the old one, are not measured),
-        else None."""
+    def record(self, size: int, finished_s: float, in_flight: int = 0,
+               answered: Optional[int] = None) -> Optional[int]:
+        """A batch of ``size`` elements came back at ``finished_s`` (the clock's
+        seconds), ``answered`` of them answered (default all; 0 when it failed: a size
+        whose batches fail is worth nothing, however fast); ``in_flight`` batches are
+        still out. Returns the new cap when it changes (the ``in_flight`` batches, cut
+        under the old one, are not measured), else None."""
         if self._held is not None:
             self._held += 1
             if self._held < self.auto.hold_batches:
@@ -153,7 +155,7 @@ class BatchSizeTuner:
         if self._last is None:
             self._last = finished_s  # the first completion opens the window
             return None
-        self._elements += size
+        self._elements += size if answered is None else answered
         self._batches += 1
         self._full += size >= self.size
         if size > self._peak:

@@ -893,7 +893,7 @@ class BatchingServer:
                 if self._tuner is not None and len(popped.batch):
                     # What was answered: a size whose batches fail (out of memory) is
                     # worth nothing, however fast they fail.
-                    self._tune(len(popped.batch) if error is None else 0)
+                    self._tune(len(popped.batch), 0 if error is not None else None)
             except Exception as e:  # never leave a request of this batch unresolved
                 error = e
             if error is not None:
@@ -906,11 +906,12 @@ class BatchingServer:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
 
-    def _tune(self, size: int) -> None:
-        """max_batch_size='auto': one more batch answered; the tuner may change the cap
-        (the batches in flight were cut under the old one)."""
+    def _tune(self, size: int, answered: int | None) -> None:
+        """max_batch_size='auto': one more batch back (``answered``: None for all its
+        elements); the tuner may change the cap (the batches in flight were cut under
+        the old one)."""
         tuner = self._tuner
-        cap = tuner.record(size, tuner.auto.clock(), self._in_flight)
+        cap = tuner.record(size, tuner.auto.clock(), self._in_flight, answered)
         if cap is not None:
             self._batcher.budget = self._budget = cap
             self._pool.resize(cap)

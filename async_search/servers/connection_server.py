@@ -372,8 +372,12 @@ def _portable(answer: Any, versioned: bool) -> Any:
             return _portable(ModelOutputError(
                 f"the model's outputs cannot be sent to the client process: "
                 f"{type(why).__name__}: {why}"), versioned)
+        errors = None
+        if answer.errors is not None:  # each error packed once: it stays one error
+            packed = {id(e): pack_error(e) for e in answer.errors}
+            errors = [packed[id(e)] for e in answer.errors]
         return RowsFailed(pack_error(answer.error), answer.failed, computed,
-                          answer.version)
+                          answer.version, errors)
     if isinstance(answer, BaseException):
         return pack_error(answer)
     outputs, version = answer if versioned else (answer, None)

@@ -1,9 +1,10 @@
 """A message of several callers' rows (``rowwise``) of which the model's ``check_values``
 refuses some: the other rows are served, and the answer is a ``wire.RowsFailed`` that
-fails only the refused rows, as a failed batch fails only its own.
+fails the refused rows with their ``InputSpecError``, as a failed batch fails only its
+own rows (with the model's error).
 
-    >>> answer = rows_failed(ValueError("no"), np.array([False, True, False]),
-    ...                      np.array([[1.0], [3.0]]), version=2)
+    >>> no = ValueError("no")
+    >>> answer = rows_failed([None, no, None], np.array([[1.0], [3.0]]), version=2)
     >>> answer.failed, [(offset, piece.tolist()) for offset, piece in answer.computed]
     ([(1, 1)], [(0, [[1.0]]), (2, [[3.0]])])
 """
@@ -11,7 +12,7 @@ fails only the refused rows, as a failed batch fails only its own.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Hashable, List, Tuple
+from typing import Any, Callable, Hashable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -24,16 +25,24 @@ Serve = Callable[[np.ndarray], "asyncio.Future[Tuple[Outputs, Hashable]]"]
 
 
 def refused_rows(x: np.ndarray, check: Callable[[np.ndarray], None]) -> np.ndarray | None:
-    """Which rows of ``x`` ``check`` refuses, one row at a time; None when it refuses
-    none (it judges more than rows) or every one (the request is wrong as a whole)."""
+    """Which rows of ``x`` ``check`` refuses (halves checked while they fail, down to
+    single rows: a few refused rows among many cost a few checks each); None when it
+    refuses none (it judges more than rows) or every one (the request is wrong as a
+    whole)."""
     if not isinstance(x, np.ndarray) or not x.ndim:
         return None
     refused = np.zeros(len(x), bool)
-    for i in range(len(x)):
+    spans = [(0, len(x))]
+    while spans:
+        start, end = spans.pop()
         try:
-            check(x[i:i + 1])
+            check(x[start:end])
         except InputSpecError:
-            refused[i] = True
+            if end - start == 1:
+                refused[start] = True
+            else:
+                middle = (start + end) // 2
+                spans += [(middle, end), (start, middle)]
     return refused if 0 < refused.sum() < len(x) else None
 
 
@@ -42,8 +51,8 @@ def serve_the_rest(x: np.ndarray, refused: np.ndarray, error: InputSpecError,
                    ) -> "asyncio.Future[Tuple[Outputs, Hashable]]":
     """Serves the rows of ``x`` not ``refused`` (``serve``: a rowwise call with version);
     the returned future fails with a RowsFailed that fails the refused rows with
-    ``error``, and whatever of the served rows failed in the model with the model's
-    error (a RowsFailed carries one error). Cancelling it cancels the rows served."""
+    ``error`` and whatever of the served rows failed in the model with the model's
+    error. Cancelling it cancels the rows served."""
     kept = np.flatnonzero(~refused)
     served = serve(x[kept])
     answer = loop.create_future()
@@ -59,35 +68,43 @@ def _answer(answer: asyncio.Future, served: asyncio.Future, refused: np.ndarray,
     if served.cancelled():
         answer.cancel()
         return
+    errors: List[BaseException | None] = [error if r else None for r in refused]
     failure = served.exception()
-    failed = refused.copy()
+    outputs: Outputs = None
+    version = None
     if failure is None:
         outputs, version = served.result()
     elif isinstance(failure, RowsFailed):  # some batches of the served rows failed
-        for offset, count in failure.failed:
-            failed[kept[offset:offset + count]] = True
-        outputs = rows.concatenate([piece for _, piece in failure.computed])
-        error, version = failure.error, failure.version
-    else:  # every served row failed too
-        answer.set_exception(failure)
-        return
-    answer.set_exception(rows_failed(error, failed, outputs, version))
+        for k, (offset, count) in enumerate(failure.failed):
+            for row in kept[offset:offset + count].tolist():
+                errors[row] = failure.error_of(k)
+        if failure.computed:
+            outputs = rows.concatenate([piece for _, piece in failure.computed])
+        version = failure.version
+    else:  # every served row failed
+        for row in kept.tolist():
+            errors[row] = failure
+    answer.set_exception(rows_failed(errors, outputs, version))
 
 
-def rows_failed(error: BaseException, failed: np.ndarray, outputs: Outputs,
+def rows_failed(errors: Sequence[BaseException | None], outputs: Outputs,
                 version: Hashable) -> RowsFailed:
-    """A RowsFailed for the rows ``failed`` marks, with ``outputs`` the rows of the
-    others in row order, cut into one piece per run of them."""
+    """A RowsFailed from each row's error (None: computed; at least one is not), with
+    ``outputs`` the rows computed, in row order (None when none is): one range per run
+    of rows failed by one error, one piece per run of computed rows."""
     ranges: List[Tuple[int, int]] = []
+    range_errors: List[BaseException] = []
     computed: List[Tuple[int, Any]] = []
-    # The runs of equal marks: where each starts, and its length.
-    starts = np.flatnonzero(np.concatenate([[True], failed[1:] != failed[:-1]]))
-    lengths = np.diff(np.concatenate([starts, [len(failed)]]))
-    taken = 0
-    for start, length in zip(starts.tolist(), lengths.tolist()):
-        if failed[start]:
-            ranges.append((start, length))
+    start, taken = 0, 0
+    while start < len(errors):
+        why, end = errors[start], start + 1
+        while end < len(errors) and errors[end] is why:
+            end += 1
+        if why is None:
+            computed.append((start, rows.take(outputs, slice(taken, taken + end - start))))
+            taken += end - start
         else:
-            computed.append((start, rows.take(outputs, slice(taken, taken + length))))
-            taken += length
-    return RowsFailed(error, ranges, computed, version)
+            ranges.append((start, end - start))
+            range_errors.append(why)
+        start = end
+    return RowsFailed(range_errors[0], ranges, computed, version, range_errors)

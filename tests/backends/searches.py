@@ -307,12 +307,15 @@ def raises_on_negative():
 
 class RefusesNegative:
     """``2 * x``; its ``check_values`` refuses negative values (as a JaxModel without
-    x64 refuses int64 past int32), so such a request fails when it is made."""
+    x64 refuses int64 past int32), so such a request fails when it is made; a batch
+    holding 99 fails in the model."""
 
     input_spec = asr.TensorSpec((3,), np.float32)
 
     def __call__(self, x):
         assert (x >= 0).all(), "check_values let a negative value through"
+        if (x == 99).any():
+            raise ArithmeticError("a poisoned input")
         return 2 * x
 
     def check_values(self, x):

@@ -163,15 +163,20 @@ def test_a_batch_the_model_fails_fails_only_the_searches_with_rows_in_it(backend
     assert out[:3] + out[4:] == expected[:3] + expected[4:]
 
 
-def test_a_request_that_check_values_refuses_fails_alone(backend):
+@pytest.mark.parametrize("max_batch_size", [1, 1024])
+def test_a_request_that_check_values_refuses_fails_alone_with_its_own_error(
+        backend, max_batch_size):
     # Every search makes its request at once: in a process or Ray client they travel
-    # in one message, which the server checks row by row.
-    starts = [0, 1, -2, 4, -5, 6]
+    # in one message, which the server checks by halves; with batches of one row the
+    # poisoned request fails in the model beside them, with the model's error.
+    starts = [0, 1, -2, 4, -5, 6] + ([99] if max_batch_size == 1 else [])
     out = backend.run(searches.rows_of_start, starts, searches.RefusesNegative,
-                      return_exceptions=True)
+                      max_batch_size=max_batch_size, return_exceptions=True)
     for i in (2, 4):
         assert isinstance(out[i], InputSpecError), repr(out[i])
         assert "negative values are not taken" in str(out[i])
+    if max_batch_size == 1:
+        assert isinstance(out[6], ArithmeticError) and "a poisoned input" in str(out[6])
     expected = [[2.0 * s] * (abs(s) % 3 + 1) for s in starts]
     assert [out[i] for i in (0, 1, 3, 5)] == [expected[i] for i in (0, 1, 3, 5)]
 

@@ -326,6 +326,61 @@ async def test_a_failing_request_fails_alone_and_its_http_request_mates_are_answ
     assert stats["mean_requests_per_http_request"] == 8
 
 
+class FailsEverything(RemoteEvaluate):
+    """A RemoteEvaluate whose transport answers every request with a 500 after
+    ``delay`` seconds (the seam GrpcRemoteEvaluate fills with gRPC)."""
+
+    def __init__(self, delay=0.0, **options):
+        super().__init__("http://127.0.0.1:1", "m", input_spec=asr.TensorSpec(
+            (1,), np.float32), **options)
+        self.delay, self.sent = delay, 0
+
+    async def _open_transport(self):
+        pass
+
+    async def _close_transport(self):
+        pass
+
+    async def _read_metadata(self):
+        pass
+
+    async def _attempt(self, request, left):
+        self.sent += 1
+        await asyncio.sleep(self.delay if self.delay >= 0 else left + 0.01)
+        raise RemoteError("HTTP 500", "the model broke")
+
+
+async def test_a_server_that_fails_everything_costs_a_bounded_number_of_halves():
+    async with FailsEverything() as ev:
+        got = await within(asyncio.gather(
+            *(ev(np.full((1, 1), i, np.float32)) for i in range(64)),
+            return_exceptions=True), "64 failures")
+        stats = ev.stats
+    assert all(isinstance(g, RemoteError) and "the model broke" in str(g) for g in got)
+    assert ev.sent == 1 + stats["split_http_requests"] <= 1 + 4 * 6 + 2
+    assert stats["mean_requests_per_http_request"] == 64
+
+
+async def test_a_failed_request_with_one_caller_left_waiting_is_not_sent_again():
+    async with FailsEverything(delay=0.1) as ev:
+        got = await within(asyncio.gather(ev(np.zeros((1, 1), np.float32), timeout=0.05),
+                                          ev(np.zeros((1, 1), np.float32)),
+                                          return_exceptions=True), "two failures")
+    assert isinstance(got[0], RequestTimeoutError) and isinstance(got[1], RemoteError)
+    assert ev.sent == 1 and ev.stats["split_http_requests"] == 0
+
+
+async def test_halves_past_the_deadline_are_not_sent_nor_counted():
+    async with FailsEverything(delay=-1, timeout=0.2) as ev:  # the 500 comes too late
+        got = await within(asyncio.gather(
+            *(ev(np.zeros((1, 1), np.float32)) for _ in range(4)),
+            return_exceptions=True), "four failures")
+        stats = ev.stats
+    assert all(isinstance(g, (RemoteError, RequestTimeoutError)) for g in got)
+    assert ev.sent == 1 and stats["split_http_requests"] == 0
+    assert stats["failed_http_requests"] == 1 and stats["mean_requests_per_http_request"] == 4
+
+
 async def test_closing_fails_what_waits_and_later_calls():
     model = Gated()
     async with front(model) as f:

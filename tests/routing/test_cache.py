@@ -226,6 +226,37 @@ async def test_a_failure_reaches_every_caller_waiting_on_it_and_is_not_stored():
     assert len(inner.requests) == 3
 
 
+class RefusesNegative:
+    """``x + 1``; its check_values refuses negative values."""
+
+    input_spec = asr.TensorSpec((1,), np.float32)
+
+    def __call__(self, x):
+        return x + 1.0
+
+    def check_values(self, x):
+        if (x < 0).any():
+            raise InputSpecError("negative values are not taken")
+
+
+async def test_a_caller_who_joined_a_row_of_a_refused_request_is_answered():
+    async with asr.serve(RefusesNegative()) as evaluate:
+        cached = CachedEvaluate(evaluate, capacity=100)
+        a = asyncio.ensure_future(cached(np.array([[5.0], [-1.0]], np.float32)))
+        await asyncio.sleep(0)  # a's rows are in flight
+        b = asyncio.ensure_future(cached(np.array([[5.0], [7.0]], np.float32)))
+        ra, rb = await asyncio.wait_for(asyncio.gather(a, b, return_exceptions=True), 5)
+        assert isinstance(ra, InputSpecError) and "negative" in str(ra)
+        np.testing.assert_array_equal(rb, [[6.0], [8.0]])
+        assert cached.stats["retries"] == 1
+        # A caller whose own row is refused fails, however it joined.
+        c = asyncio.ensure_future(cached(np.array([[9.0], [-2.0]], np.float32)))
+        await asyncio.sleep(0)
+        d = asyncio.ensure_future(cached(np.array([[-2.0]], np.float32)))
+        rc, rd = await asyncio.wait_for(asyncio.gather(c, d, return_exceptions=True), 5)
+        assert isinstance(rc, InputSpecError) and isinstance(rd, InputSpecError)
+
+
 async def test_a_cancelled_caller_leaves_the_joined_caller_its_result():
     inner = Recorder()
     inner.gate = asyncio.Event()

@@ -34,15 +34,20 @@ class NonNegative:
         refuse_negative(x)
 
 
+ERRORS = [ValueError("a"), InputSpecError("b")]
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.booleans(), min_size=1, max_size=30))
-def test_rows_failed_puts_every_row_in_exactly_one_range_or_piece_in_order(failed):
-    failed = np.array(failed)
+@given(st.lists(st.sampled_from([None, 0, 1]), min_size=1, max_size=30).filter(
+    lambda marks: any(m is not None for m in marks)))
+def test_rows_failed_puts_every_row_in_exactly_one_range_or_piece_in_order(marks):
+    errors = [None if m is None else ERRORS[m] for m in marks]
+    failed = np.array([m is not None for m in marks])
     outputs = {"v": np.flatnonzero(~failed).astype(float)}  # each row's own index
-    answer = rows_failed(ValueError("x"), failed, outputs, version=3)
+    answer = rows_failed(errors, outputs if not failed.all() else None, version=3)
     covered = np.zeros(len(failed), int)
-    for offset, count in answer.failed:
-        assert failed[offset:offset + count].all() and count > 0
+    for k, (offset, count) in enumerate(answer.failed):
+        assert count > 0 and all(e is answer.error_of(k) for e in errors[offset:offset + count])
         covered[offset:offset + count] += 1
     for offset, piece in answer.computed:
         rows_here = np.arange(offset, offset + len(piece["v"]))
@@ -80,11 +85,21 @@ async def test_a_rowwise_request_serves_the_rows_that_check_values_takes():
         assert evaluate.stats["failed_batches"] == 0
 
 
-async def test_a_refused_row_beside_rows_whose_batch_fails_fails_them_all_by_row():
-    async with asr.serve(NonNegative(), max_batch_size=64) as evaluate:
-        x = np.array([[-1.0], [99.0], [2.0]], np.float32)
-        with pytest.raises(RuntimeError, match="the model failed"):
+@pytest.mark.parametrize("max_batch_size", [1, 64])
+async def test_refused_rows_keep_their_error_beside_rows_whose_batch_fails(max_batch_size):
+    async with asr.serve(NonNegative(), max_batch_size=max_batch_size) as evaluate:
+        x = np.array([[-1.0], [99.0], [2.0], [-3.0]], np.float32)
+        with pytest.raises(RowsFailed) as info:
             await asyncio.wait_for(evaluate.call_with_version(x, rowwise=True), 10)
+    answer = info.value
+    errors = {row: answer.error_of(k) for k, (offset, count) in enumerate(answer.failed)
+              for row in range(offset, offset + count)}
+    assert isinstance(errors[0], InputSpecError) and isinstance(errors[3], InputSpecError)
+    assert isinstance(errors[1], RuntimeError) and "the model failed" in str(errors[1])
+    if max_batch_size == 1:  # row 2 had a batch of its own
+        assert [(o, p.ravel().tolist()) for o, p in answer.computed] == [(2, [3.0])]
+    else:  # with the poisoned row: failed too
+        assert answer.computed == [] and errors[2] is errors[1]
 
 
 async def test_cancelling_a_partly_refused_request_drops_the_rows_it_served():
