@@ -33,10 +33,11 @@ from typing import Awaitable, Callable, Iterable, Protocol, Tuple, Union, runtim
 import numpy as np
 
 from async_search.base import Evaluate
-from async_search.checks import check_float, check_int
+from async_search.checks import check_int
 from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
-from async_search.search.base import check_evaluate, policy_logits_of
+from async_search.search.base import (check_evaluate, check_search_constant,
+                                      policy_logits_of)
 from async_search.search.gumbel import gumbel_mcts
 from async_search.search.puct import mcts
 
@@ -186,7 +187,7 @@ def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
     check_evaluate(evaluate)
     num_simulations = check_int("num_simulations", num_simulations, minimum=1)
     num_parallel = check_int("num_parallel", num_parallel, minimum=1)
-    c_puct = check_float("c_puct", c_puct, minimum=0.0, strict=True)
+    c_puct = check_search_constant("c_puct", c_puct, strict=True)
 
     async def choose(state: State) -> int:
         result = await mcts(game, state, evaluate, num_simulations=num_simulations,
@@ -226,8 +227,8 @@ def gumbel_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 32,
     num_parallel = check_int("num_parallel", num_parallel, minimum=1)
     max_considered = check_int("max_num_considered_actions", max_num_considered_actions,
                                minimum=1)
-    c_visit = check_float("c_visit", c_visit, minimum=0.0)
-    c_scale = check_float("c_scale", c_scale, minimum=0.0)
+    c_visit = check_search_constant("c_visit", c_visit)
+    c_scale = check_search_constant("c_scale", c_scale)
 
     async def choose(state: State) -> int:
         result = await gumbel_mcts(game, state, evaluate, num_simulations=num_simulations,

@@ -12,6 +12,9 @@ from async_search.search.base import Status, check_evaluate, values_of
 from async_search.search.frontier import (Frontier, encode_keys, expand_ids, has_open_node,
                                           new_frontier, path_to, pop_ids, record_ids)
 
+#: The largest ``weight`` A* computes with; a larger one searches as this one does.
+MAX_WEIGHT = 1e12
+
 
 @dataclasses.dataclass(frozen=True)
 class AStarResult:
@@ -57,7 +60,9 @@ def check_astar_arguments(problem: SearchProblem, start: State, *, budget: int,
                           weight: float) -> tuple:
     """Validate what both A* variants take; returns ``(budget, weight)`` normalised."""
     budget = check_int("budget", budget, minimum=1)
-    weight = check_float("weight", weight, minimum=0.0)
+    # Past MAX_WEIGHT, weight * g would overflow to inf and every priority tie: a larger
+    # weight searches as MAX_WEIGHT does (g orders the nodes, h breaks ties).
+    weight = min(check_float("weight", weight, minimum=0.0), MAX_WEIGHT)
     problem.check_state(start)
     return budget, weight
 
@@ -84,14 +89,16 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
         budget: the search stops before a step once this many states have been
             evaluated (the last step may pass it by less than one step's children).
         buffer_size: nodes popped and expanded per step.
-        weight: the weight of the path cost g (>= 0).
+        weight: the weight of the path cost g (>= 0; one above ``MAX_WEIGHT``, 1e12,
+            searches as 1e12 does: g orders the nodes, h breaks ties).
 
     Returns:
         An ``AStarResult``: status, path and cost, and the counts.
 
     Raises:
-        ValueError: for a budget or buffer_size below 1, a negative weight, or an invalid
-            start, before any request is made.
+        ValueError: for a budget or buffer_size below 1, a negative weight, or an
+            invalid start, before any request is made; for
+            a step cost that is not a finite number > 0, when the step is generated.
 
     Example:
         >>> import asyncio, async_search as asr

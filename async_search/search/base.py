@@ -7,7 +7,13 @@ from typing import Any, Tuple
 
 import numpy as np
 
+from async_search.checks import check_float
 from async_search.errors import ModelOutputError
+
+#: The largest exploration or scale constant an MCTS takes (c_puct, c_visit, c_scale,
+#: gumbel_scale): past it, scores overflow to inf and every action ties, or a NaN policy
+#: comes back, with no error.
+MAX_SEARCH_CONSTANT = 1e6
 
 
 class Status(str, enum.Enum):
@@ -31,6 +37,20 @@ def check_evaluate(evaluate: Any) -> None:
     if not callable(evaluate):
         raise ValueError(f"evaluate must be an awaitable callable such as "
                          f"asr.immediate(model), got {evaluate!r}")
+
+
+def check_search_constant(name: str, value: Any, *, strict: bool = False) -> float:
+    """``value`` as a float >= 0 (> 0 when ``strict``) and at most MAX_SEARCH_CONSTANT.
+
+    Example:
+        >>> check_search_constant("c_puct", 1.5)
+        1.5
+    """
+    number = check_float(name, value, minimum=0.0, strict=strict)
+    if number > MAX_SEARCH_CONSTANT:
+        raise ValueError(f"{name} must be at most {MAX_SEARCH_CONSTANT:g} (past it the "
+                         f"scores overflow and every action ties), got {value!r}")
+    return number
 
 
 def values_of(y: Any, n: int, what: str) -> list:

@@ -48,7 +48,8 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
         start: the start state; checked with ``problem.check_state``.
         evaluate: ``await evaluate(problem.encode(states))`` gives their h values.
         budget: no request is sent once this many states have been evaluated.
-        weight: the weight of the path cost g in ``f = weight * g + h`` (>= 0).
+        weight: the weight of the path cost g in ``f = weight * g + h`` (>= 0; one
+            above 1e12 searches as 1e12 does).
         max_in_flight: requests outstanding at once (>= 1).
 
     Returns:
@@ -56,7 +57,8 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
 
     Raises:
         ValueError: for a budget or max_in_flight below 1, a negative weight, or an
-            invalid start, before any request is made.
+            invalid start, before any request is made; for
+            a step cost that is not a finite number > 0, when the step is generated.
 
     Example:
         >>> import asyncio, async_search as asr

@@ -23,9 +23,10 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from async_search.base import Evaluate
-from async_search.checks import check_float, check_int
+from async_search.checks import check_int
 from async_search.problems.base import Game, State
-from async_search.search.base import check_evaluate, split_policy_value
+from async_search.search.base import (check_evaluate, check_search_constant,
+                                      split_policy_value)
 from async_search.search.completed_q import (ValueBounds, completed_values,
                                              improved_policy, log_priors, mixed_value,
                                              select_by_visit_deficit, sigma)
@@ -208,9 +209,9 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
     max_considered = check_int("max_num_considered_actions", max_num_considered_actions,
                                minimum=1)
     num_parallel = check_int("num_parallel", num_parallel, minimum=1)
-    c_visit = check_float("c_visit", c_visit, minimum=0.0)
-    c_scale = check_float("c_scale", c_scale, minimum=0.0)
-    gumbel_scale = check_float("gumbel_scale", gumbel_scale, minimum=0.0)
+    c_visit = check_search_constant("c_visit", c_visit)
+    c_scale = check_search_constant("c_scale", c_scale)
+    gumbel_scale = check_search_constant("gumbel_scale", gumbel_scale)
     seed = check_int("seed", seed, minimum=0)
     tree, evaluations = await start_search(game, state, evaluate, reuse, keep_tree)
     requests = evaluations

@@ -1,3 +1,6 @@
+import asyncio
+import math
+
 import numpy as np
 import pytest
 
@@ -147,3 +150,38 @@ async def test_policy_value_outputs_given_to_astar_raise_model_output_error():
     with pytest.raises(ModelOutputError, match="is it a policy-value model"):
         await search.batched_astar(PUZZLE, PUZZLE.scramble(10, seed=0), evaluate,
                                    budget=100, buffer_size=4)
+
+
+class CostsOf:
+    """0 -> 1 -> 2 -> 1 ...: a cycle whose steps cost ``cost`` (no goal)."""
+
+    input_spec = asr.TensorSpec((1,), np.float32)
+
+    def __init__(self, cost):
+        self.cost = cost
+
+    def check_state(self, state):
+        pass
+
+    def neighbors(self, state):
+        return {0: [(1, 1.0)], 1: [(2, self.cost)], 2: [(1, self.cost)]}[state]
+
+    def is_goal(self, state):
+        return False
+
+    def encode(self, states):
+        return np.zeros((len(states), 1), np.float32)
+
+
+@pytest.mark.parametrize("cost", [-1.0, 0.0, math.nan, math.inf])
+@pytest.mark.parametrize("variant", ["batched", "continuous"])
+async def test_a_step_cost_that_is_not_finite_and_positive_is_refused(cost, variant):
+    async def evaluate(x):
+        return np.zeros((len(x), 1), np.float32)
+
+    # A negative cycle would loop forever without awaiting: nothing could stop it.
+    run = (search.batched_astar(CostsOf(cost), 0, evaluate, budget=100, buffer_size=1)
+           if variant == "batched" else
+           search.continuous_astar(CostsOf(cost), 0, evaluate, budget=100))
+    with pytest.raises(ValueError, match="a step costs .*finite numbers > 0"):
+        await asyncio.wait_for(run, 10)

@@ -128,7 +128,7 @@ def test_priorities_that_overflow_to_inf_are_still_popped(toy_graph):
     assert has_open_node(fr) and pop_nodes(fr, 4) == [("B", 2)]
 
 
-def test_batched_astar_with_a_huge_weight_searches_on_to_a_goal():
+def test_batched_astar_with_a_huge_weight_searches_on_to_a_cheapest_goal():
     import asyncio
 
     import async_search as asr
@@ -137,6 +137,12 @@ def test_batched_astar_with_a_huge_weight_searches_on_to_a_goal():
 
     puzzle = problems.SlidingPuzzle(3)
     evaluate = asr.immediate(problems.ManhattanHeuristic(puzzle))
-    result = asyncio.run(batched_astar(puzzle, puzzle.scramble(20, seed=0), evaluate,
-                                       budget=2000, buffer_size=4, weight=1e308))
-    assert result.status is Status.GOAL_FOUND and result.evaluations < 2000
+    # A weight past 1e12 searches as 1e12 (g orders the nodes, h breaks ties): the
+    # cheapest path, as with any weight >= 1 and an admissible heuristic, where f would
+    # overflow to inf and every priority tie.
+    start = bytes([8, 6, 7, 2, 5, 4, 3, 0, 1])  # 31 moves from the goal
+    results = [asyncio.run(batched_astar(puzzle, start, evaluate, budget=200_000,
+                                         buffer_size=4, weight=weight))
+               for weight in (1.0, 1e12, 1e308)]
+    assert all(r.status is Status.GOAL_FOUND and r.cost == 31 for r in results)
+    assert results[1] == results[2]
