@@ -183,6 +183,33 @@ def become_subreaper() -> bool:
         return False
 
 
+def die_with_parent(parent: int) -> None:
+    """Ends this process when its parent, ``parent`` (a pid), dies, whatever this
+    process is doing then (sleeping, blocked, stopped at a breakpoint): on Linux the
+    kernel sends it SIGKILL (``PR_SET_PDEATHSIG``); elsewhere a daemon thread looks at
+    ``os.getppid()`` each second. A parent gone already ends it at once."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:  # PR_SET_PDEATHSIG
+                if os.getppid() != parent:  # it died before the signal was asked for
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="async_search-parent-watch", daemon=True).start()
+
+
 @contextlib.contextmanager
 def starting_children() -> Iterator[None]:
     """Around starting child processes: they start deaf to Ctrl-C, and a stop that comes

@@ -9,8 +9,11 @@ worker later. ``run_share`` takes a share to the end:
   it had not reported, and so is a search that failed because every server its worker
   could reach died: those starts run again in a new worker, up to ``retries`` times.
   Searches are deterministic given their start, so a retried search returns what it
-  would have. A search that raised is never run again (it would raise again). When the
-  attempts run out, the start fails with WorkerDiedError naming each attempt.
+  would have. A search that raised is never run again (it would raise again). Starts
+  lost together a second time run again in halves, each in a worker of its own (and so
+  on at each loss), so that a start that ends every worker it gets (a search that
+  crashes its process) takes few others down with it. When the attempts run out, the
+  start fails with WorkerDiedError naming each attempt.
 - Deadlines: a worker whose searches still run ``search_timeout`` seconds after they
   started, or when the run's ``timeout`` is out, is killed, and each start it had not
   reported fails with SearchTimeoutError (never retried). The worker also bounds each
@@ -140,7 +143,9 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
     Args:
         share: the indices of the starts.
         launch: starts a worker for some of them (attempt 0, 1, ...).
-        retries: attempts after the first for a start whose worker died.
+        retries: attempts after the first for a start whose worker died. Starts lost
+            together twice run again in two workers, halves of them, and so on at each
+            loss: a start that ends every worker it gets takes fewer others with it.
         deadlines: the run's deadline and the searches' timeout.
         retryable: whether a search's error means that its worker could not serve it
             (every server it could reach died): the start runs again like a lost one.
@@ -152,18 +157,30 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
     outcomes: Dict[int, Tuple[bool, Any]] = {}
     lost: Dict[int, List[str]] = {i: [] for i in share}
     causes: Dict[int, BaseException] = {}
-    remaining = list(share)
-    attempt, out_of_time = 0, False
-    while remaining and attempt <= retries:
-        if deadlines.run_passed():
-            out_of_time = True
-            break
-        remaining = await _attempt(remaining, attempt, launch, deadlines, retryable,
-                                   outcomes, lost, causes, record)
-        attempt += 1
-    for index in remaining:  # out of attempts, or out of time before the next one
+    unfinished: List[int] = []  # out of attempts, or out of time before the next one
+    out_of_time: set = set()
+
+    async def run_group(remaining: List[int], attempt: int) -> None:
+        while remaining and attempt <= retries:
+            if deadlines.run_passed():
+                out_of_time.update(remaining)
+                break
+            remaining = await _attempt(remaining, attempt, launch, deadlines, retryable,
+                                       outcomes, lost, causes, record)
+            attempt += 1
+            if attempt >= 2 and len(remaining) > 1 and attempt <= retries:
+                # Lost together twice: one of them may end every worker it gets, so
+                # the halves run apart and it takes only its own half down with it.
+                middle = (len(remaining) + 1) // 2
+                await asyncio.gather(run_group(remaining[:middle], attempt),
+                                     run_group(remaining[middle:], attempt))
+                return
+        unfinished.extend(remaining)
+
+    await run_group(list(share), 0)
+    for index in sorted(unfinished):
         tried = lost[index]
-        if out_of_time:
+        if index in out_of_time:
             outcomes[index] = False, deadlines.run_timeout_error(
                 index, f" (its lost attempts: {'; '.join(tried)})")
         elif len(tried) == 1 and index in causes:
@@ -313,6 +330,17 @@ async def bounded_search(search_fn, start: Any, evaluate: Any,
                                  f"of {search_s} s") from None
 
 
+async def _alone(search: Awaitable[Any]) -> Any:
+    """``await search``, where a SystemExit or KeyboardInterrupt it raises fails it
+    alone, as a SearchError (the original its ``__cause__``): raised out of its task, it
+    would stop the worker's loop and end every search of the worker."""
+    try:
+        return await search
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise SearchError(f"the search raised {describe(e)}, which would have ended its "
+                          f"worker and every search in it: it fails alone") from e
+
+
 def task_outcome(task: asyncio.Task, what: str) -> Tuple[Any, bool]:
     """``(outcome, raised)`` of a done search task: what it returned (an exception it
     returned is a result), or what it raised (CancelledError when it was cancelled).
@@ -362,21 +390,26 @@ class ClientSearches:
         loop = asyncio.get_running_loop()
         tasks = []
         for k, start in enumerate(self._starts):
-            task = loop.create_task(bounded_search(self._search_fn, start, self._evaluate,
-                                                   self._search_s))
+            task = loop.create_task(_alone(bounded_search(self._search_fn, start,
+                                                          self._evaluate, self._search_s)))
             task.add_done_callback(lambda t, k=k: self._ended(k, t))
             tasks.append(task)
         try:
             if tasks:
                 await asyncio.wait(tasks)
         finally:
+            self._stopping = True  # searches cancelled from here on are not outcomes
             for task in tasks:
                 task.cancel()
         await asyncio.sleep(0)  # the last done callbacks' flush
         self._flush()
 
+    _stopping = False
+
     def _ended(self, k: int, task: asyncio.Task) -> None:
-        outcome, raised = task_outcome(task, f"search {k}")
+        if self._stopping and task.cancelled():
+            return  # the worker is stopping: its start was not run out, so not reported
+        outcome, raised = task_outcome(task, "the search")
         if not self._ready:
             asyncio.get_running_loop().call_soon(self._flush)
         self._ready.append((k, *self._pack(outcome, raised)))

@@ -44,7 +44,7 @@ from async_search.base import TensorSpec
 from async_search.connections import Connection, pipe
 from async_search.errors import CloseTimeoutError
 from async_search.event_loops import loop_factory
-from async_search.process_tree import starting_children
+from async_search.process_tree import die_with_parent, starting_children
 from async_search.queues import ClosedConnection, SocketQueue, socket_queue
 from async_search.servers.batching import BatchingServer
 from async_search.servers.connection_server import ConnectionServer
@@ -125,13 +125,21 @@ class _ClientProcess:
                  context):
         self._indices = indices
         server_end, client_end = pipe(socket_queue)
-        results = SocketQueue()
+        results, work = SocketQueue(), SocketQueue()
+        # Only sockets and a few small values go through spawn: multiprocessing writes
+        # them to the new process in one blocking write, which never returns when they
+        # fill the pipe and the process dies (or hangs) before reading them. The
+        # searches and their starts follow on ``work``, which never blocks this loop.
         self._process = context.Process(
             target=client_main, name=f"async_search-client-{number}", daemon=True,
-            args=(client_end, results, search_fn, starts, spec, config.use_uvloop,
-                  config.search_timeout))
+            args=(client_end, results, work, spec, config.use_uvloop,
+                  config.search_timeout, os.getpid()))
         with starting_children():  # deaf to Ctrl-C, and never cut off half-way
             self._process.start()
+        self._work = work.writer_only()
+        # Pickled here, loaded there by the client itself: one that does not load is
+        # told apart from a stream that ended.
+        self._work.put(pickle.dumps((search_fn, starts), protocol=pickle.HIGHEST_PROTOCOL))
         self.name = f"client process {number} (pid {self._process.pid})"
         self.usage: dict | None = None  # its CPU and wall seconds, once it is done
         self._results = results.reader_only()
@@ -150,6 +158,8 @@ class _ClientProcess:
                 raise WorkerBroke(f"it sent a report that could not be read ({e!r})") from e
             if kind == _STARTED:
                 yield Started(self.name)
+            elif kind == _UNLOADABLE:  # every attempt would fail the same way
+                raise WorkerBroke(f"it could not load its searches: {payload}")
             elif kind == _OUTCOMES:
                 yield [arrived(self._indices[k], is_result, value, self.name)
                        for k, is_result, value in payload]
@@ -162,6 +172,7 @@ class _ClientProcess:
             return
         self._stopped = True
         self._results.close()
+        self._work.close()
         process = self._process
         if wait_s > 0:  # it exits by itself once its last bytes are written
             await asyncio.to_thread(process.join, wait_s)
@@ -176,24 +187,41 @@ class _ClientProcess:
 
 #: What a client process reports, each ``(kind, payload)``: its searches started; the
 #: outcomes of those that ended in one loop iteration; it is done (with ``cpu_s`` and
-#: ``searching_s``: its CPU and wall seconds from its searches' start to their end).
-_STARTED, _OUTCOMES, _DONE = "started", "outcomes", "done"
+#: ``searching_s``: its CPU and wall seconds from its searches' start to their end);
+#: or, instead of all that, its searches do not load here (why, as text).
+_STARTED, _OUTCOMES, _DONE, _UNLOADABLE = "started", "outcomes", "done", "unloadable"
 
 
-def client_main(connection: Connection, results: SocketQueue, search_fn,
-                starts: List[Any], spec: TensorSpec | None, use_uvloop: bool,
-                search_s: float | None = None) -> None:
-    """A client process: runs its starts concurrently, requests going over
-    ``connection``; reports on ``results`` that they started, then each start's outcome
-    as it ends (``search_s``: each search's timeout)."""
+def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
+                spec: TensorSpec | None, use_uvloop: bool, search_s: float | None,
+                parent: int) -> None:
+    """A client process: takes ``(search_fn, starts)`` from ``work`` and runs the starts
+    concurrently, requests going over ``connection``; reports on ``results`` that they
+    started, then each start's outcome as it ends (``search_s``: each search's
+    timeout). It ends when its parent, ``parent`` (a pid), dies."""
     # Ctrl-C reaches every process of the terminal's group: the serving process decides
     # (it cancels the run and kills its clients), so a client neither dies half-way
     # through a message nor prints a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)  # one whose searches never evaluate would outlive it
     connection.close_unused_ends()
     results.writer_only()
+    try:
+        data = work.reader_only().get()
+    except ClosedConnection:  # the run ended before it sent them
+        os._exit(1)
+    work.close()
+    try:
+        search_fn, starts = pickle.loads(data)
+    except Exception as e:  # noqa: BLE001 - a module that does not import here, say
+        results.put((_UNLOADABLE, f"{type(e).__name__}: {e}"))
+        os._exit(1)
+    del data
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
-        runner.run(_client(connection, results, search_fn, starts, spec, search_s))
+        try:
+            runner.run(_client(connection, results, search_fn, starts, spec, search_s))
+        except ClosedConnection:  # the serving process is gone: nobody to tell
+            os._exit(1)
         # Every outcome is reported and written. A thread that a timed-out search left
         # running (asyncio.to_thread) must not hold this process: the loop's close and
         # the interpreter's exit would wait for it, and the run for them.

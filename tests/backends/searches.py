@@ -323,6 +323,19 @@ class RefusesNegative:
             raise InputSpecError("negative values are not taken")
 
 
+async def exits_on_zero(start, evaluate):
+    """echo_sum, except that start 0 calls sys.exit(3) and start 1 raises
+    KeyboardInterrupt after a request."""
+    import sys
+
+    await evaluate(np.full((1, 3), float(start), np.float32))
+    if start == 0:
+        sys.exit(3)
+    if start == 1:
+        raise KeyboardInterrupt
+    return await echo_sum(start, evaluate)
+
+
 async def rows_of_start(start, evaluate):
     """One request of 1 to 3 rows (by the start), each of the start's value; returns the
     first output of each row."""

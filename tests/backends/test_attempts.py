@@ -102,6 +102,21 @@ async def test_when_every_attempt_dies_the_error_names_each_one():
     assert "start 1 did not finish: its worker died (3 attempts)" in str(error)
 
 
+async def test_starts_lost_together_twice_run_again_in_halves_until_the_culprit_is_alone():
+    # Start 3 ends every worker it gets; the others would finish in any worker.
+    out, launcher, records = await run([0, 1, 2, 3], [
+        ["start", "die"],
+        ["start", "die"],
+        ["start", ("ok", 0), ("ok", 1), ("ok", 2), "die"],
+        ["start", "die"]])
+    assert {i: out[i] for i in (0, 1, 2)} == {i: (True, f"result {i}") for i in (0, 1, 2)}
+    ok, error = out[3]
+    assert not ok and isinstance(error, WorkerDiedError) and len(error.attempts) == 4
+    assert launcher.launched == [([0, 1, 2, 3], 0), ([0, 1, 2, 3], 1), ([0, 1], 2),
+                                 ([2, 3], 2), ([3], 3)]
+    assert [r["ended"] for r in records].count("finished") == 1
+
+
 async def test_no_retries_means_one_attempt_and_its_death_named():
     out, launcher, _ = await run([1, 3], [["start", ("ok", 3), "die"]], retries=0)
     assert out[3] == (True, "result 3")

@@ -181,6 +181,21 @@ def test_a_request_that_check_values_refuses_fails_alone_with_its_own_error(
     assert [out[i] for i in (0, 1, 3, 5)] == [expected[i] for i in (0, 1, 3, 5)]
 
 
+def test_a_search_that_exits_fails_alone_in_a_worker(backend):
+    if backend.name == "local":
+        pytest.skip("in this process, SystemExit ends the run as it ends the program")
+    starts = list(range(6))
+    out = backend.run(searches.exits_on_zero, starts, searches.small_mlp, num_procs=2,
+                      return_exceptions=True)
+    for index, cause in ((0, "SystemExit: 3"), (1, "KeyboardInterrupt")):
+        assert isinstance(out[index], asr.SearchError), repr(out[index])
+        assert f"the search raised {cause}" in str(out[index])
+        assert "it fails alone" in str(out[index])
+    expected = searches.baseline(searches.echo_sum, starts, searches.small_mlp())
+    assert out[2:] == expected[2:]
+    assert len(out.stats["clients"]) == 2  # nothing was retried
+
+
 def test_evaluate_with_version_works_inside_a_search(backend):
     starts = [1, 3, 2]
     out = backend.run(searches.outputs_and_version, starts, searches.version_model)

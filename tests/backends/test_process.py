@@ -2,6 +2,7 @@
 test_backends.py."""
 
 import asyncio
+import os
 import threading
 
 import numpy as np
@@ -29,9 +30,11 @@ def test_a_client_process_that_dies_is_reported_and_the_rest_finish():
     with pytest.raises(asr.SearchError) as info:
         asr.run_searches(searches.kill_self_on_two, list(range(6)), searches.small_mlp,
                          backend="process", num_procs=2)
-    # Client 0 ran starts 0, 2, 4 and died; client 1's starts finished.
-    assert sorted(info.value.failures) == [0, 2, 4]
-    assert "died with exit code -9" in str(info.value.failures[0])
+    # Client 0 ran starts 0, 2, 4 and died each time, until start 2 ran alone (halves
+    # after the second loss): only it fails; the other starts finished.
+    assert sorted(info.value.failures) == [2]
+    assert "died with exit code -9" in str(info.value.failures[2])
+    assert len(info.value.failures[2].attempts) == 4
 
 
 def test_an_unpicklable_search_function_is_refused_before_any_process_starts():
@@ -77,13 +80,15 @@ def test_a_large_report_reaches_a_stalled_reader_whole_before_the_client_exits()
     from async_search.queues import SocketQueue, socket_queue
 
     server_end, client_end = pipe(socket_queue)
-    results = SocketQueue()
+    results, work = SocketQueue(), SocketQueue()
     child = multiprocessing.get_context("spawn").Process(
-        target=client_main, args=(client_end, results, _big_result, [1.0, 2.0], None, False))
+        target=client_main, args=(client_end, results, work, None, False, None,
+                                  os.getpid()))
     child.start()
     try:
         server_end.close_unused_ends()
         results.reader_only()
+        work.writer_only().put(pickle.dumps((_big_result, [1.0, 2.0])), timeout=10)
         child.join(1.0)  # the stall: an exit now would lose the report's tail
         messages = [results.get(timeout=60)]
         while messages[-1][0] != "done":

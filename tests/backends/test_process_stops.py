@@ -25,3 +25,80 @@ def test_a_ctrl_c_that_reaches_a_client_process_does_not_end_its_searches(capfd)
     assert out == searches.baseline(searches.echo_sum, list(range(4)),
                                     searches.small_mlp())
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_searches_that_do_not_load_in_a_client_fail_at_once_however_many_starts():
+    # Over 64 KiB of starts: they once went through spawn's pipe in a blocking write
+    # that never returned when the client died before reading them (Ctrl-C held too).
+    from tests.backends import unloadable
+
+    starts = list(range(30_000))
+    out = asr.run_searches(unloadable.search, starts, searches.small_mlp,
+                           backend="process", num_procs=1, return_exceptions=True)
+    assert all(isinstance(r, asr.SearchError) for r in out)
+    assert "could not load its searches: ImportError: this module does not import" in (
+        str(out[0]))
+    assert len(out.stats["clients"]) == 1  # not retried: every attempt would fail so
+
+
+async def sleep_and_write_pid(start, evaluate, pid_dir):
+    """Writes its process id to ``pid_dir``, then sleeps without evaluating."""
+    import asyncio
+
+    with open(os.path.join(pid_dir, str(os.getpid())), "w"):
+        pass
+    await asyncio.sleep(600)
+
+
+_PARENT = """
+import functools, sys
+import async_search as asr
+from tests.backends import searches, test_process_stops
+asr.run_searches(functools.partial(test_process_stops.sleep_and_write_pid,
+                                   pid_dir=sys.argv[1]),
+                 [0, 1], searches.small_mlp, backend="process", num_procs=2)
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_client_processes_end_when_their_parent_is_killed(tmp_path, how):
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tmp_path)],
+                              cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                                  os.path.abspath(__file__)))))
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+            assert parent.poll() is None, "the run ended before its searches slept"
+            time.sleep(0.1)
+        clients = [int(name) for name in os.listdir(tmp_path)]
+        assert len(clients) == 2
+        os.kill(parent.pid, how)
+        parent.wait(30)
+
+        def alive():
+            left = []
+            for pid in clients:
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        state = f.read().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    continue
+                if state not in "ZX":
+                    left.append(pid)
+            return left
+
+        deadline = time.monotonic() + 10
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive() == []
+    finally:
+        parent.kill()
+        for name in os.listdir(tmp_path):
+            try:
+                os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
