@@ -9,11 +9,12 @@ worker later. ``run_share`` takes a share to the end:
   it had not reported, and so is a search that failed because every server its worker
   could reach died: those starts run again in a new worker, up to ``retries`` times.
   Searches are deterministic given their start, so a retried search returns what it
-  would have. A search that raised is never run again (it would raise again). Starts
-  lost together a second time run again in halves, each in a worker of its own (and so
-  on at each loss), so that a start that ends every worker it gets (a search that
-  crashes its process) takes few others down with it. When the attempts run out, the
-  start fails with WorkerDiedError naming each attempt.
+  would have. A search that raised is never run again (it would raise again). With
+  ``split_lost`` (the process backend), starts lost together a second time run again
+  in halves, one after the other (and so on at each loss), so that a start that ends
+  every worker it gets (a search that crashes its process) takes few others down with
+  it. When the attempts run out, the start fails with WorkerDiedError naming each
+  attempt.
 - Deadlines: a worker whose searches still run ``search_timeout`` seconds after they
   started, or when the run's ``timeout`` is out, is killed, and each start it had not
   reported fails with SearchTimeoutError (never retried). The worker also bounds each
@@ -137,15 +138,13 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
                     deadlines: Deadlines,
                     retryable: Callable[[BaseException], bool] = lambda e: False,
                     record: Callable[[dict], None] | None = None,
-                    ) -> Dict[int, Tuple[bool, Any]]:
+                    split_lost: bool = False) -> Dict[int, Tuple[bool, Any]]:
     """Runs the starts ``share`` to the end: each start's ``(ok, result or error)``.
 
     Args:
         share: the indices of the starts.
         launch: starts a worker for some of them (attempt 0, 1, ...).
-        retries: attempts after the first for a start whose worker died. Starts lost
-            together twice run again in two workers, halves of them, and so on at each
-            loss: a start that ends every worker it gets takes fewer others with it.
+        retries: attempts after the first for a start whose worker died.
         deadlines: the run's deadline and the searches' timeout.
         retryable: whether a search's error means that its worker could not serve it
             (every server it could reach died): the start runs again like a lost one.
@@ -153,6 +152,9 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
             ``starts``, ``worker``, ``node``, ``ended`` (``"finished"``, ``"died ..."``,
             ``"failed: ..."``, ``"timed out: ..."``), and the worker's ``usage`` once
             it finished.
+        split_lost: starts lost together a second time run again in halves, one half
+            after the other (never more workers at once), and so on at each loss: a
+            start that ends every worker it gets takes fewer others down with it.
     """
     outcomes: Dict[int, Tuple[bool, Any]] = {}
     lost: Dict[int, List[str]] = {i: [] for i in share}
@@ -168,12 +170,12 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
             remaining = await _attempt(remaining, attempt, launch, deadlines, retryable,
                                        outcomes, lost, causes, record)
             attempt += 1
-            if attempt >= 2 and len(remaining) > 1 and attempt <= retries:
+            if split_lost and attempt >= 2 and len(remaining) > 1 and attempt <= retries:
                 # Lost together twice: one of them may end every worker it gets, so
                 # the halves run apart and it takes only its own half down with it.
                 middle = (len(remaining) + 1) // 2
-                await asyncio.gather(run_group(remaining[:middle], attempt),
-                                     run_group(remaining[middle:], attempt))
+                await run_group(remaining[:middle], attempt)
+                await run_group(remaining[middle:], attempt)
                 return
         unfinished.extend(remaining)
 
@@ -318,13 +320,17 @@ def _lost_or_failed(error: Exception, label: str, where: str, pending: set, entr
 
 
 async def bounded_search(search_fn, start: Any, evaluate: Any,
-                         search_s: float | None) -> Any:
+                         search_s: float | None, alone: bool = False) -> Any:
     """``await search_fn(start, evaluate)``, stopped with SearchTimeoutError after
-    ``search_s`` seconds (None: never)."""
+    ``search_s`` seconds (None: never); ``alone``: a SystemExit or KeyboardInterrupt it
+    raises fails it alone (``_alone``: in a worker, whose loop it would stop)."""
+    search = search_fn(start, evaluate)
+    if alone:  # inside the timeout: wait_for may run it in a task of its own
+        search = _alone(search)
     if search_s is None:
-        return await search_fn(start, evaluate)
+        return await search
     try:
-        return await asyncio.wait_for(search_fn(start, evaluate), search_s)
+        return await asyncio.wait_for(search, search_s)
     except asyncio.TimeoutError:
         raise SearchTimeoutError(f"the search did not finish within its search_timeout "
                                  f"of {search_s} s") from None
@@ -390,8 +396,8 @@ class ClientSearches:
         loop = asyncio.get_running_loop()
         tasks = []
         for k, start in enumerate(self._starts):
-            task = loop.create_task(_alone(bounded_search(self._search_fn, start,
-                                                          self._evaluate, self._search_s)))
+            task = loop.create_task(bounded_search(self._search_fn, start, self._evaluate,
+                                                   self._search_s, alone=True))
             task.add_done_callback(lambda t, k=k: self._ended(k, t))
             tasks.append(task)
         try:

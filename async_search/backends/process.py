@@ -42,7 +42,7 @@ from async_search.backends.results import SearchResults, finish, merge_stats
 from async_search.backends.servers import ServersHook
 from async_search.base import TensorSpec
 from async_search.connections import Connection, pipe
-from async_search.errors import CloseTimeoutError
+from async_search.errors import CloseTimeoutError, describe
 from async_search.event_loops import loop_factory
 from async_search.process_tree import die_with_parent, starting_children
 from async_search.queues import ClosedConnection, SocketQueue, socket_queue
@@ -92,8 +92,10 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
             shares = [list(range(i, len(starts), config.num_procs))
                       for i in range(min(config.num_procs, max(len(starts), 1)))]
             outcomes = await run_shares([
+                # Ray keeps its lost starts together: its servers hold an answer queue
+                # per share and attempt, not per half.
                 run_share(share, launch, retries=config.retries, deadlines=deadlines,
-                          record=clients.append) for share in shares])
+                          record=clients.append, split_lost=True) for share in shares])
             wall = loop.time() - start_time
         finally:
             if servers_hook is not None:
@@ -137,9 +139,8 @@ class _ClientProcess:
         with starting_children():  # deaf to Ctrl-C, and never cut off half-way
             self._process.start()
         self._work = work.writer_only()
-        # Pickled here, loaded there by the client itself: one that does not load is
-        # told apart from a stream that ended.
-        self._work.put(pickle.dumps((search_fn, starts), protocol=pickle.HIGHEST_PROTOCOL))
+        # Arrays in them travel out of band: no copy here, views of the frame there.
+        self._work.put((search_fn, starts))
         self.name = f"client process {number} (pid {self._process.pid})"
         self.usage: dict | None = None  # its CPU and wall seconds, once it is done
         self._results = results.reader_only()
@@ -207,16 +208,12 @@ def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
     connection.close_unused_ends()
     results.writer_only()
     try:
-        data = work.reader_only().get()
-    except ClosedConnection:  # the run ended before it sent them
-        os._exit(1)
+        search_fn, starts = work.reader_only().get()
+    except ClosedConnection:
+        if work.unreadable is not None:  # a module that does not import here, say
+            results.put((_UNLOADABLE, describe(work.unreadable)))
+        os._exit(1)  # else the run ended before it sent them
     work.close()
-    try:
-        search_fn, starts = pickle.loads(data)
-    except Exception as e:  # noqa: BLE001 - a module that does not import here, say
-        results.put((_UNLOADABLE, f"{type(e).__name__}: {e}"))
-        os._exit(1)
-    del data
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
         try:
             runner.run(_client(connection, results, search_fn, starts, spec, search_s))

@@ -158,6 +158,7 @@ class SocketQueue:
         self._filled = 0                       # ... and its bytes read so far
         self._eof = False
         self._ended = "the writing end closed the stream"  # why, once _eof
+        self._unreadable: BaseException | None = None
         self._waiters: List[asyncio.Future] = []
         self._reading_loop: asyncio.AbstractEventLoop | None = None
         self._outgoing: List[Any] = []
@@ -191,6 +192,12 @@ class SocketQueue:
     def __setstate__(self, state: dict) -> None:
         self._writer, self._reader = state["writer"], state["reader"]
         self._setup()
+
+    @property
+    def unreadable(self) -> BaseException | None:
+        """What loading a frame raised, when that ended the stream (an item whose
+        class does not import here, say); None otherwise."""
+        return self._unreadable
 
     # -- ends ---------------------------------------------------------------------------
 
@@ -548,6 +555,7 @@ class SocketQueue:
             items = decode_frame(frame)
         except Exception as e:  # a frame that does not load: nothing after it can
             # be trusted, so the stream ends here (the items before it are kept)
+            self._unreadable = e
             self._end(f"a frame from the writing end could not be read: "
                       f"{type(e).__name__}: {e}")
             return False

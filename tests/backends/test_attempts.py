@@ -65,11 +65,13 @@ class Launcher:
         return worker
 
 
-async def run(share, scripts, *, retries=3, deadlines=Deadlines(), **kwargs):
+async def run(share, scripts, *, retries=3, deadlines=Deadlines(), split_lost=True,
+              **kwargs):
     launcher = Launcher(scripts)
     records = []
     out = await within(run_share(share, launcher, retries=retries, deadlines=deadlines,
-                                 record=records.append, **kwargs), "run_share", timeout=30)
+                                 record=records.append, split_lost=split_lost, **kwargs),
+                       "run_share", timeout=30)
     return out, launcher, records
 
 
@@ -115,6 +117,10 @@ async def test_starts_lost_together_twice_run_again_in_halves_until_the_culprit_
     assert launcher.launched == [([0, 1, 2, 3], 0), ([0, 1, 2, 3], 1), ([0, 1], 2),
                                  ([2, 3], 2), ([3], 3)]
     assert [r["ended"] for r in records].count("finished") == 1
+    # Without split_lost (Ray) they stay together: all fail.
+    out, launcher, _ = await run([0, 1, 2, 3], [["start", "die"]] * 4, split_lost=False)
+    assert launcher.launched == [([0, 1, 2, 3], n) for n in range(4)]
+    assert all(not ok for ok, _ in out.values())
 
 
 async def test_no_retries_means_one_attempt_and_its_death_named():

@@ -181,12 +181,13 @@ def test_a_request_that_check_values_refuses_fails_alone_with_its_own_error(
     assert [out[i] for i in (0, 1, 3, 5)] == [expected[i] for i in (0, 1, 3, 5)]
 
 
-def test_a_search_that_exits_fails_alone_in_a_worker(backend):
+@pytest.mark.parametrize("search_timeout", [None, 60.0])  # wait_for: a task of its own
+def test_a_search_that_exits_fails_alone_in_a_worker(backend, search_timeout):
     if backend.name == "local":
         pytest.skip("in this process, SystemExit ends the run as it ends the program")
     starts = list(range(6))
     out = backend.run(searches.exits_on_zero, starts, searches.small_mlp, num_procs=2,
-                      return_exceptions=True)
+                      search_timeout=search_timeout, return_exceptions=True)
     for index, cause in ((0, "SystemExit: 3"), (1, "KeyboardInterrupt")):
         assert isinstance(out[index], asr.SearchError), repr(out[index])
         assert f"the search raised {cause}" in str(out[index])

@@ -88,7 +88,7 @@ def test_a_large_report_reaches_a_stalled_reader_whole_before_the_client_exits()
     try:
         server_end.close_unused_ends()
         results.reader_only()
-        work.writer_only().put(pickle.dumps((_big_result, [1.0, 2.0])), timeout=10)
+        work.writer_only().put((_big_result, [1.0, 2.0]), timeout=10)
         child.join(1.0)  # the stall: an exit now would lose the report's tail
         messages = [results.get(timeout=60)]
         while messages[-1][0] != "done":
