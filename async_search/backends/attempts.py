@@ -390,6 +390,7 @@ class ClientSearches:
         self._pack = pack
         self._on_outcomes = on_outcomes
         self._ready: List[tuple] = []
+        self._stopping = False  # once set, a cancelled search is not an outcome
 
     async def run(self) -> None:
         """Runs every search; returns once every outcome was handed over."""
@@ -409,8 +410,6 @@ class ClientSearches:
                 task.cancel()
         await asyncio.sleep(0)  # the last done callbacks' flush
         self._flush()
-
-    _stopping = False
 
     def _ended(self, k: int, task: asyncio.Task) -> None:
         if self._stopping and task.cancelled():

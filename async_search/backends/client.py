@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Callable, ClassVar, Dict, Hashable, List
+from typing import Any, Callable, ClassVar, Dict, Hashable, List, Tuple
 
 import numpy as np
 
@@ -284,25 +284,22 @@ class CoalescingClient(CoalescedRequests):
         # A computed row's place among the computed ones: its row less the failed before
         failed_before = np.concatenate([[0], np.cumsum(failed)])
         ok, positions, start = Message.empty(), [], 0
-        bad: Dict[int, Message] = {}  # by failed range: the requests it fails
+        bad: Dict[int, Tuple[Any, Message]] = {}  # by error: it, and the requests it fails
         for tag, piece in zip(message.tags, message.pieces):
             end = start + len(piece)
             touched = range_of[start:end][failed[start:end]]
-            side = ok if not len(touched) else bad.setdefault(int(touched[0]),
-                                                                Message.empty())
+            if len(touched):
+                packed = answer.error_of(int(touched[0]))
+                side = bad.setdefault(id(packed), (packed, Message.empty()))[1]
+            else:
+                side = ok
             side.tags.append(tag)
             side.pieces.append(piece)
             if side is ok:  # its rows' places among the computed ones
                 positions.append(np.arange(start, end) - failed_before[start])
             start = end
-        unpacked: Dict[int, BaseException] = {}  # one exception an error, as it was
-        for k, requests in bad.items():
-            packed = answer.error_of(k)
-            error = unpacked.get(id(packed))
-            if error is None:
-                error = unpacked[id(packed)] = unpack_error(packed,
-                                                            f"raised in {self._where}")
-            self._delivery.fail(requests, error)
+        for packed, requests in bad.values():
+            self._delivery.fail(requests, unpack_error(packed, f"raised in {self._where}"))
         if ok.tags:
             computed = rows.concatenate([outputs for _, outputs in answer.computed])
             ok.batch = np.concatenate(ok.pieces)

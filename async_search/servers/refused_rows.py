@@ -3,8 +3,8 @@ refuses some: the other rows are served, and the answer is a ``wire.RowsFailed``
 fails the refused rows with their ``InputSpecError``, as a failed batch fails only its
 own rows (with the model's error).
 
-    >>> no = ValueError("no")
-    >>> answer = rows_failed([None, no, None], np.array([[1.0], [3.0]]), version=2)
+    >>> answer = rows_failed(np.array([-1, 0, -1]), [ValueError("no")],
+    ...                      np.array([[1.0], [3.0]]), version=2)
     >>> answer.failed, [(offset, piece.tolist()) for offset, piece in answer.computed]
     ([(1, 1)], [(0, [[1.0]]), (2, [[3.0]])])
 """
@@ -68,7 +68,9 @@ def _answer(answer: asyncio.Future, served: asyncio.Future, refused: np.ndarray,
     if served.cancelled():
         answer.cancel()
         return
-    errors: List[BaseException | None] = [error if r else None for r in refused]
+    # Each row's error, as an index into ``errors``: -1 computed, 0 refused.
+    errors: List[BaseException] = [error]
+    codes = np.where(refused, 0, -1)
     failure = served.exception()
     outputs: Outputs = None
     version = None
@@ -76,35 +78,35 @@ def _answer(answer: asyncio.Future, served: asyncio.Future, refused: np.ndarray,
         outputs, version = served.result()
     elif isinstance(failure, RowsFailed):  # some batches of the served rows failed
         for k, (offset, count) in enumerate(failure.failed):
-            for row in kept[offset:offset + count].tolist():
-                errors[row] = failure.error_of(k)
+            codes[kept[offset:offset + count]] = len(errors)
+            errors.append(failure.error_of(k))
         if failure.computed:
             outputs = rows.concatenate([piece for _, piece in failure.computed])
         version = failure.version
     else:  # every served row failed
-        for row in kept.tolist():
-            errors[row] = failure
-    answer.set_exception(rows_failed(errors, outputs, version))
+        codes[kept] = len(errors)
+        errors.append(failure)
+    answer.set_exception(rows_failed(codes, errors, outputs, version))
 
 
-def rows_failed(errors: Sequence[BaseException | None], outputs: Outputs,
+def rows_failed(codes: np.ndarray, errors: Sequence[BaseException], outputs: Outputs,
                 version: Hashable) -> RowsFailed:
-    """A RowsFailed from each row's error (None: computed; at least one is not), with
-    ``outputs`` the rows computed, in row order (None when none is): one range per run
-    of rows failed by one error, one piece per run of computed rows."""
+    """A RowsFailed from each row's code: -1 computed, else the index of its error in
+    ``errors`` (at least one row failed), with ``outputs`` the rows computed, in row
+    order (None when none is): one range per run of rows of one error, one piece per
+    run of computed rows."""
+    starts = np.flatnonzero(np.concatenate([[True], codes[1:] != codes[:-1]]))
+    ends = np.append(starts[1:], len(codes))
     ranges: List[Tuple[int, int]] = []
     range_errors: List[BaseException] = []
     computed: List[Tuple[int, Any]] = []
-    start, taken = 0, 0
-    while start < len(errors):
-        why, end = errors[start], start + 1
-        while end < len(errors) and errors[end] is why:
-            end += 1
-        if why is None:
+    taken = 0
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        code = int(codes[start])
+        if code < 0:
             computed.append((start, rows.take(outputs, slice(taken, taken + end - start))))
             taken += end - start
         else:
             ranges.append((start, end - start))
-            range_errors.append(why)
-        start = end
+            range_errors.append(errors[code])
     return RowsFailed(range_errors[0], ranges, computed, version, range_errors)

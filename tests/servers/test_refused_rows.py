@@ -44,7 +44,8 @@ def test_rows_failed_puts_every_row_in_exactly_one_range_or_piece_in_order(marks
     errors = [None if m is None else ERRORS[m] for m in marks]
     failed = np.array([m is not None for m in marks])
     outputs = {"v": np.flatnonzero(~failed).astype(float)}  # each row's own index
-    answer = rows_failed(errors, outputs if not failed.all() else None, version=3)
+    codes = np.array([-1 if m is None else m for m in marks])
+    answer = rows_failed(codes, ERRORS, outputs if not failed.all() else None, version=3)
     covered = np.zeros(len(failed), int)
     for k, (offset, count) in enumerate(answer.failed):
         assert count > 0 and all(e is answer.error_of(k) for e in errors[offset:offset + count])
