@@ -415,13 +415,13 @@ class RemoteEvaluate(CoalescedRequests):
             if not half:
                 continue
             xs, futures = [x for x, _ in half], [fut for _, fut in half]
-            request, batch = self._encode(xs)  # they were encoded together already
-            part = _Call(batch, futures, xs, call.deadline, call.seq)
             if splits[0] <= 0 or self._loop.time() >= call.deadline:
-                self._delivery.fail(part, error)
+                self._delivery.fail(_Call(None, futures, xs, call.deadline, call.seq), error)
                 continue
             splits[0] -= 1
-            await self._answer_call(part, request, splits)
+            request, batch = self._encode(xs)  # they were encoded together already
+            await self._answer_call(_Call(batch, futures, xs, call.deadline, call.seq),
+                                    request, splits)
 
     async def _attempt(self, request: Any, left: float) -> Tuple[Outputs, Hashable]:
         """One attempt at ``request`` within ``left`` seconds: the outputs and the
