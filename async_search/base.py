@@ -251,7 +251,8 @@ def values_check_of(model: Any) -> Callable[[np.ndarray], None] | None:
     JAX net without 64-bit integers, fed an int64 past int32) declares
     ``check_values(x)``, raising InputSpecError: servers call it on each request of
     at least one row when it is made, so that such a request fails alone, not with its
-    batch-mates (another exception it raises becomes an InputSpecError). It must judge
+    batch-mates (another exception it raises, SystemExit too, becomes an
+    InputSpecError). It must judge
     each row on its own values: a client's message joins several callers' requests,
     and the server finds the rows it refuses by checking parts of the message.
     """

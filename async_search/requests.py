@@ -81,7 +81,8 @@ class RequestChecker:
             self.values(x)
         except InputSpecError:
             raise
-        except Exception as e:  # a check that raised another kind: still the input's
+        except (Exception, SystemExit) as e:  # another kind: still the input's (and a
+            # SystemExit would end the serving process); a real Ctrl-C goes on
             raise InputSpecError(f"the model's check_values refused this request: "
                                  f"{type(e).__name__}: {e}") from e
 

@@ -198,3 +198,10 @@ def test_check_values_runs_on_requests_with_rows_and_its_errors_become_input_err
                                              "negative") as info:
         check(-np.ones((1, 2), np.float32))
     assert isinstance(info.value.__cause__, ArithmeticError) and seen == [3, 1]
+
+    def exits(x):
+        raise SystemExit(5)  # would end a serving process
+
+    with pytest.raises(InputSpecError, match="SystemExit: 5"):
+        RequestChecker(TensorSpec((2,), np.float32), values=exits)(
+            np.ones((1, 2), np.float32))
