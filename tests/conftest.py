@@ -1,6 +1,23 @@
 """Fixtures shared by every test package."""
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+# torch.compile's cache (about 2 GB after a few runs) goes to a folder of this session's,
+# removed at its end, not to /tmp/torchinductor_<user> where it outlives every run.
+# Set at import, before any test compiles; child processes inherit it.
+_OWN_INDUCTOR_CACHE = None
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _OWN_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="async-search-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _OWN_INDUCTOR_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_INDUCTOR_CACHE is not None:
+        shutil.rmtree(_OWN_INDUCTOR_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
