@@ -263,8 +263,11 @@ class OutputStructure(NamedTuple):
         """``outputs`` (of structure ``got``) made to fit this structure.
 
         Outputs that differ only in dtypes of the same kind (float64 for float32, int32
-        for int64) are cast to this structure's dtypes; any other difference (another
-        kind, int for float; a shape; a kind of outputs) raises.
+        for int64) are cast to this structure's dtypes when the cast keeps their values:
+        floats always (at this structure's precision), integers when every value fits,
+        strings and others when no value can be cut (``<U5`` into ``<U1`` cannot). Any
+        other difference (another kind, int for float; a shape; a kind of outputs), or
+        a value the cast would change (3e9 into int32), raises.
 
         Raises:
             ModelOutputError: naming the expected and the given structure.
@@ -279,7 +282,13 @@ class OutputStructure(NamedTuple):
                     isinstance(leaf[2], np.dtype) and isinstance(want[leaf[0]][2], np.dtype)
                     and leaf[2].kind == want[leaf[0]][2].kind))
                    for leaf in got.leaves):
-                return _cast(outputs, {k: leaf[2] for k, leaf in want.items()})
+                dtypes = {k: leaf[2] for k, leaf in want.items()}
+                lost = _values_lost(outputs, dtypes)
+                if lost is None:
+                    return _cast(outputs, dtypes)
+                raise ModelOutputError(
+                    f"the model's outputs do not match {expected_from}: expected "
+                    f"{self.describe()}, got {got.describe()}, and {lost}")
         raise ModelOutputError(
             f"the model's outputs do not match {expected_from}: expected "
             f"{self.describe()}, got {got.describe()}")
@@ -324,6 +333,32 @@ def _describe_leaf(leaf: tuple) -> str:
     if dtype is None:
         return shape.__name__
     return f"[{', '.join(['n', *map(str, shape)])}] {dtype}"
+
+
+def _values_lost(outputs: Outputs, dtypes: dict) -> str | None:
+    """What casting ``outputs`` to ``dtypes`` (same kinds) would change, or None."""
+    if isinstance(outputs, np.ndarray):
+        items: Any = ((None, outputs),)
+    else:
+        items = enumerate(outputs) if isinstance(outputs, tuple) else outputs.items()
+    for key, v in items:
+        want = dtypes[key]
+        if want is None or v.dtype == want or v.dtype.kind in "fc" or np.can_cast(
+                v.dtype, want, "safe"):
+            continue  # floats keep their kind's meaning at the first batch's precision
+        where = "the output" if key is None else f"output {key!r}"
+        if v.dtype.kind in "iu":
+            info = np.iinfo(want)
+            if not v.size or (v.min() >= info.min and v.max() <= info.max):
+                continue  # a narrower integer that holds every value given
+            return f"{where} holds values that {want} cannot ({v.min()} to {v.max()})"
+        if v.dtype.kind in "US" and want.kind == v.dtype.kind:
+            chars = want.itemsize // (4 if want.kind == "U" else 1)
+            if not v.size or int(np.char.str_len(v).max()) <= chars:
+                continue  # a wider string type whose strings all fit
+            return f"{where} holds strings longer than {want} can hold ({chars})"
+        return f"{where} would lose what {want} cannot hold"
+    return None
 
 
 def _cast(outputs: Outputs, dtypes: dict) -> Outputs:

@@ -173,6 +173,38 @@ def test_check_casts_a_dtype_of_the_same_kind(kind):
     assert_outputs_equal(checked, outputs_of(kind, 3))
 
 
+@pytest.mark.parametrize("first, later", [
+    (np.zeros((1, 1), np.int32), np.full((2, 1), 3_000_000_000, np.int64)),
+    (np.zeros((1, 1), np.int32), np.full((2, 1), -3_000_000_000, np.int64)),
+    (np.zeros((1, 1), np.uint8), np.full((2, 1), 300, np.uint16)),
+    (np.array([["a"]]), np.array([["hello"], ["b"]])),
+    (np.array([[b"a"]]), np.array([[b"hello"], [b"b"]])),
+    (np.zeros((1, 1), "datetime64[s]"), np.full((2, 1), 1, "datetime64[ns]")),
+])
+def test_check_refuses_a_cast_that_would_change_a_value(first, later):
+    _, structure = rows.check(first)
+    with pytest.raises(ModelOutputError, match="cannot|can hold"):
+        rows.check(later, structure)
+    with pytest.raises(ModelOutputError, match="cannot|can hold"):  # inside a tuple too
+        rows.check((later, later), rows.check((first, first))[1])
+
+
+@pytest.mark.parametrize("first, later", [
+    (np.zeros((1, 1), np.int32), np.full((2, 1), 2 ** 31 - 1, np.int64)),
+    (np.zeros((1, 1), np.int32), np.zeros((0, 1), np.int64)),  # no rows: nothing lost
+    (np.zeros((1, 1), np.uint8), np.full((2, 1), 255, np.uint16)),
+    (np.array([["hello"]]), np.array([["a"], ["b"]])),  # a shorter string fits
+    (np.array([["a"]]), np.array([["a"], ["b"]], "<U5")),  # a wider type, short values
+    (np.array([[b"a"]]), np.array([[b"a"], [b""]], "S5")),
+    (np.zeros((1, 1), np.float16), np.full((2, 1), 1e-3, np.float64)),  # floats: always
+])
+def test_check_casts_a_same_kind_dtype_whose_values_fit(first, later):
+    _, structure = rows.check(first)
+    checked, _ = rows.check(later, structure)
+    assert checked.dtype == first.dtype
+    np.testing.assert_array_equal(checked, later.astype(first.dtype))
+
+
 def test_check_names_both_structures_and_where_the_expected_one_came_from():
     _, structure = rows.check(np.zeros((2, 4), np.float32))
     with pytest.raises(ModelOutputError, match=(
