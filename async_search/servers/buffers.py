@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 from async_search import rows
+
+
+#: The largest buffer the pool allocates: a batch of elements whose ``capacity`` rows
+#: would take more is concatenated instead, into an array of its own size (a
+#: ``max_batch_size`` of millions must not ask for gigabytes for a batch of a few rows).
+MAX_BUFFER_BYTES = 64 * 1024 * 1024
 
 
 class BufferPool:
@@ -34,15 +41,23 @@ class BufferPool:
 
     def take(self, rows: int, like: np.ndarray) -> np.ndarray | None:
         """A buffer of at least ``rows`` rows shaped like ``like``'s elements, or None
-        when ``rows`` is over capacity."""
+        when ``rows`` is over capacity, or ``capacity`` rows would take more than
+        ``MAX_BUFFER_BYTES`` (or than the memory there is)."""
         if rows > self.capacity:
             return None
         free = self._free.get((like.shape[1:], like.dtype))
         if free:
             self.reused += 1
             return free.pop()
+        shape = (self.capacity, *like.shape[1:])
+        if math.prod(shape) * like.itemsize > MAX_BUFFER_BYTES:
+            return None
+        try:
+            buffer = np.empty(shape, like.dtype)
+        except MemoryError:
+            return None
         self.allocated += 1
-        return np.empty((self.capacity, *like.shape[1:]), like.dtype)
+        return buffer
 
     def resize(self, capacity: int) -> None:
         """Buffers of ``capacity`` rows from now on; the free ones of the old size go."""

@@ -57,3 +57,24 @@ async def test_small_batches_are_joined_not_pooled_and_stay_correct():
                     np.testing.assert_array_equal(x, y)
             stats = ev.stats
         assert stats["buffers_allocated"] == 0 and stats["buffers_reused"] == 0
+
+
+def test_pool_declines_a_buffer_of_capacity_rows_past_its_byte_limit():
+    from async_search.servers import buffers
+    like = np.zeros((1, 16, 16, 16), np.float32)  # 16 KiB an element
+    rows_at_limit = buffers.MAX_BUFFER_BYTES // like[0].nbytes
+    assert BufferPool(capacity=rows_at_limit).take(20, like) is not None
+    assert BufferPool(capacity=rows_at_limit + 1).take(20, like) is None
+    assert BufferPool(capacity=2 ** 40).take(20, like) is None
+
+
+async def test_a_huge_max_batch_size_serves_batches_over_the_join_limit():
+    # Four requests of 20 rows of 16 KiB (1.25 MiB): pooled buffers of max_batch_size
+    # rows would have asked for 32 GiB.
+    model = with_spec(lambda x: x.reshape(len(x), -1)[:, :1] + 0.0, (16, 16, 16),
+                      np.float32)
+    async with asr.serve(model, max_batch_size=2 ** 21) as evaluate:
+        xs = [np.full((20, 16, 16, 16), i, np.float32) for i in range(4)]
+        ys = await asyncio.wait_for(asyncio.gather(*map(evaluate, xs)), 30)
+    for i, y in enumerate(ys):
+        np.testing.assert_array_equal(y, np.full((20, 1), i, np.float32))
