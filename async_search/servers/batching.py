@@ -447,7 +447,8 @@ class BatchingServer:
     @property
     def stats(self) -> dict:
         """batches, elements, mean_batch_size, model_time_s, wall_time_s,
-        fraction_in_model, batch_size_histogram, reasons, queue wait, failed_batches,
+        fraction_in_model (model time over wall time per device worker, at most 1),
+        batch_size_histogram, reasons, queue wait, failed_batches,
         workers, version, buffers_allocated, buffers_reused, and where the model ran:
         model_placement (thread, loop or auto), batches_on_loop, batches_in_thread; with
         ``devices``: devices (one a worker); with ``max_batch_size="auto"``:
@@ -455,6 +456,8 @@ class BatchingServer:
         size tried)."""
         stats = self._stats.as_dict()
         stats["workers"] = self.num_workers
+        # Per device worker, as run_searches' stats: model time adds up over workers.
+        stats["fraction_in_model"] /= max(self.num_workers, 1)
         stats["version"] = self.version
         stats["buffers_allocated"] = self._pool.allocated
         stats["buffers_reused"] = self._pool.reused

@@ -1,5 +1,6 @@
 import asyncio
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -370,3 +371,19 @@ async def test_an_idle_device_thread_holds_nothing_of_its_last_batch(fails):
             return all(ref() is None for ref in model.refs)
 
         await wait_until(released, "the last batch's arrays are released")
+
+
+async def test_fraction_in_model_is_per_device_worker_at_most_one():
+    def slow(x):
+        time.sleep(0.05)
+        return x[:, :1] + 0.0
+
+    async with asr.serve(with_spec(slow, (3,), np.float32), max_batch_size=2,
+                         num_workers=3, model_thread=True) as evaluate:
+        await asyncio.wait_for(asyncio.gather(
+            *(evaluate(np.ones((2, 3), np.float32)) for _ in range(12))), 30)
+        stats = evaluate.stats
+    # Three threads busy nearly all the time: each about 1, never their sum (about 3).
+    assert 0.5 < stats["fraction_in_model"] <= 1.0
+    assert stats["fraction_in_model"] == pytest.approx(
+        stats["model_time_s"] / stats["wall_time_s"] / 3)
