@@ -21,8 +21,10 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
+import multiprocessing
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -59,9 +61,22 @@ def _check_callables(search_fn: Any, model_factory: Any, progress: Any) -> None:
     """TypeError, before anything starts, for what cannot be called as the run calls it:
     not in every search's result, nor in a server far away. The likeliest slip, a model
     where its factory belongs, is named as such."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # Set while a spawned process imports the main script again: a script that
+        # calls run_searches at its top level would start client processes there.
+        raise RuntimeError(
+            "run_searches was called while a spawned process imported the main script "
+            "again (each client process of the process backend does): in a script, "
+            "call it under `if __name__ == \"__main__\":`")
     check_callable("search_fn", search_fn)
     check_callable("model_factory", model_factory)
     check_callable("progress", progress, optional=True)
+    inner = search_fn
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    if inspect.isasyncgenfunction(inner):
+        raise TypeError(f"search_fn must be an async def that returns its result (it is "
+                        f"awaited), not an async generator function: {search_fn!r:.80}")
     for fn, name, args, wanted in (
             (model_factory, "model_factory", (), "no arguments, where each server runs, "
              "to make its model: pass a function that makes it (lambda: model), not the "
@@ -161,9 +176,13 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             is present).
         max_batch_size, max_delay, pipeline_depth: each server's dispatch policy.
         use_uvloop: run the event loops on uvloop, when installed.
-        address: Ray: an existing cluster's address; None starts Ray locally. A
-            cluster with token authentication needs ``RAY_AUTH_MODE=token`` and its
-            token here (docs/backends.md, "Joining a cluster").
+        address: Ray: an existing cluster's address; None starts Ray locally (unless
+            this process started it already: then that Ray is used). A cluster with
+            token authentication needs ``RAY_AUTH_MODE=token`` and its token here
+            (docs/backends.md, "Joining a cluster"). A Ray that ``run_searches`` starts
+            keeps what searches and models print in its log files
+            (``/tmp/ray/session_latest/logs/worker-*.out``); to see it here, call
+            ``ray.init()`` first.
         total_gpu_frac: Ray: GPU fraction shared by the servers.
         model_thread: where servers run their models: "auto" (default: a device
             thread, or the server's loop while a batch takes under 200 us), True

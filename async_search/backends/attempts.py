@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import pickle
 import time
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Protocol,
@@ -184,7 +185,9 @@ async def run_share(share: Sequence[int], launch: Launch, *, retries: int,
         tried = lost[index]
         if index in out_of_time:
             outcomes[index] = False, deadlines.run_timeout_error(
-                index, f" (its lost attempts: {'; '.join(tried)})")
+                index, f" (its lost attempts: {'; '.join(tried)})" if tried else
+                " (no attempt began: it passed while the servers started, in "
+                "model_factory or Ray's start)")
         elif len(tried) == 1 and index in causes:
             outcomes[index] = False, causes[index]  # one attempt: its own error
         else:
@@ -325,6 +328,10 @@ async def bounded_search(search_fn, start: Any, evaluate: Any,
     ``search_s`` seconds (None: never); ``alone``: a SystemExit or KeyboardInterrupt it
     raises fails it alone (``_alone``: in a worker, whose loop it would stop)."""
     search = search_fn(start, evaluate)
+    if not inspect.isawaitable(search):
+        raise TypeError(f"search_fn(start, evaluate) returned {type(search).__name__}, "
+                        f"not an awaitable: search_fn must be an async def (or return "
+                        f"a coroutine)")
     if alone:  # inside the timeout: wait_for may run it in a task of its own
         search = _alone(search)
     if search_s is None:
@@ -441,9 +448,10 @@ def check_travels(search_fn, starts: Sequence[Any], backend: str, hint: str = ""
         except Exception as e:
             if what == "starts":
                 what = f"start {_first_that_does_not_travel(starts, dumps, loads)}"
+            hinted = hint if what == "search_fn" else ""  # a start is no function
             raise TypeError(
                 f"{backend} sends {what} to its workers, so it must be picklable and load "
-                f"again{' ' + hint if hint else ''}: {type(e).__name__}: {e}") from e
+                f"again{' ' + hinted if hinted else ''}: {type(e).__name__}: {e}") from e
 
 
 def _first_that_does_not_travel(starts: Sequence[Any], dumps, loads) -> int | str:

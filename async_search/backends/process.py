@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import multiprocessing
 import os
@@ -31,6 +32,7 @@ import pickle
 import signal
 import sys
 import time
+import types
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from async_search.backends.attempts import (GRACE_S, ClientSearches, Deadlines, Started,
@@ -63,6 +65,7 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
     process died runs again in a new one (``config.retries``)."""
     check_travels(search_fn, starts, "the process backend", "(a module-level function, "
                   "or a functools.partial of one)")
+    _check_main_not_needed(search_fn, starts)
     if deadlines is None:
         deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
@@ -136,8 +139,9 @@ class _ClientProcess:
             target=client_main, name=f"async_search-client-{number}", daemon=True,
             args=(client_end, results, work, spec, config.use_uvloop,
                   config.search_timeout, os.getpid()))
-        with starting_children():  # deaf to Ctrl-C, and never cut off half-way
+        with starting_children(), _main_script_importable():  # deaf to Ctrl-C
             self._process.start()
+        self._alive = False  # its first word (_ALIVE) not heard yet
         self._work = work.writer_only()
         # Arrays in them travel out of band: no copy here, views of the frame there.
         self._work.put((search_fn, starts))
@@ -154,10 +158,22 @@ class _ClientProcess:
                 kind, payload = await self._results.get_async()
             except ClosedConnection:
                 await asyncio.to_thread(self._process.join, 5)
-                raise WorkerLost(f"died with exit code {self._process.exitcode}") from None
+                code = self._process.exitcode
+                if not self._alive and code is not None and code > 0:
+                    # An error in Python's start of the process, before client_main:
+                    # every new process would meet it again.
+                    raise WorkerBroke(
+                        f"it exited with code {code} before it began: Python's start "
+                        f"of a spawned process failed, and what it printed says why "
+                        f"(a spawned process imports the main script again: in a "
+                        f"script, call run_searches under "
+                        f"`if __name__ == \"__main__\":`)") from None
+                raise WorkerLost(f"died with exit code {code}") from None
             except Exception as e:  # a report that does not load
                 raise WorkerBroke(f"it sent a report that could not be read ({e!r})") from e
-            if kind == _STARTED:
+            if kind == _ALIVE:
+                self._alive = True
+            elif kind == _STARTED:
                 yield Started(self.name)
             elif kind == _UNLOADABLE:  # every attempt would fail the same way
                 raise WorkerBroke(f"it could not load its searches: {payload}")
@@ -186,11 +202,74 @@ class _ClientProcess:
         self._serving.cancel()
 
 
-#: What a client process reports, each ``(kind, payload)``: its searches started; the
-#: outcomes of those that ended in one loop iteration; it is done (with ``cpu_s`` and
-#: ``searching_s``: its CPU and wall seconds from its searches' start to their end);
-#: or, instead of all that, its searches do not load here (why, as text).
-_STARTED, _OUTCOMES, _DONE, _UNLOADABLE = "started", "outcomes", "done", "unloadable"
+#: What a client process reports, each ``(kind, payload)``: first, that it runs (Python
+#: started it); its searches started; the outcomes of those that ended in one loop
+#: iteration; it is done (with ``cpu_s`` and ``searching_s``: its CPU and wall seconds
+#: from its searches' start to their end); or, instead of the last three, its searches
+#: do not load here (why, as text).
+_ALIVE, _STARTED, _OUTCOMES, _DONE, _UNLOADABLE = (
+    "alive", "started", "outcomes", "done", "unloadable")
+
+
+def _main_is_importable() -> bool:
+    """Whether a spawned process can import this one's ``__main__``: a module run with
+    ``-m`` or a script that is a file, not a notebook, ``python -c`` or stdin."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return True
+    path = getattr(main, "__file__", None)
+    return path is not None and os.path.exists(path)
+
+
+class _MainDefinitions(pickle.Pickler):
+    """A pickler that notes the functions and classes of ``__main__`` it meets."""
+
+    def __init__(self, file: Any):
+        super().__init__(file)
+        self.found: List[str] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (isinstance(obj, (type, types.FunctionType))
+                and getattr(obj, "__module__", None) == "__main__"):
+            self.found.append(getattr(obj, "__qualname__", repr(obj)))
+        return NotImplemented  # pickled as usual
+
+
+def _check_main_not_needed(search_fn, starts: Sequence[Any]) -> None:
+    """TypeError, before any client starts, for a search or start that refers to a
+    function or class of a ``__main__`` that a client process cannot import (a notebook's
+    cell, ``python -c``): each client would fail to load its searches."""
+    if _main_is_importable():
+        return
+    for what, obj in (("search_fn", search_fn), ("the starts", starts)):
+        pickler = _MainDefinitions(io.BytesIO())
+        with contextlib.suppress(Exception):  # check_travels has said what cannot
+            pickler.dump(obj)
+        if pickler.found:
+            raise TypeError(
+                f"{what} refers to {pickler.found[0]!r}, defined in __main__ of an "
+                f"interactive session (a notebook, python -c or stdin), which the "
+                f"process backend's client processes cannot import: define it in a .py "
+                f"module and import it from there, or use backend=\"ray\"")
+
+
+@contextlib.contextmanager
+def _main_script_importable():
+    """Hides a main script's ``__file__`` that names no file (``python - < script.py``:
+    ``<stdin>``) while a process is spawned: spawn would run that path again in the new
+    process, which fails there; without it, the new process runs no main script, as
+    under ``python -c``."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    hide = (path is not None and getattr(main, "__spec__", None) is None
+            and not os.path.exists(path))
+    if hide:
+        del main.__file__
+    try:
+        yield
+    finally:
+        if hide:
+            main.__file__ = path
 
 
 def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
@@ -206,7 +285,10 @@ def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent)  # one whose searches never evaluate would outlive it
     connection.close_unused_ends()
-    results.writer_only()
+    try:
+        results.writer_only().put((_ALIVE, None))
+    except ClosedConnection:  # the run ended already
+        os._exit(1)
     try:
         search_fn, starts = work.reader_only().get()
     except ClosedConnection:
