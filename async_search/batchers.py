@@ -38,6 +38,8 @@ import numpy as np
 from async_search import rows
 from async_search.base import Outputs
 from async_search.checks import check_float, check_int
+from async_search.errors import ModelOutputError
+from async_search.requests import RequestChecker
 # NumpyUnbatcher is re-exported: the public contract imports it from here.
 from async_search.unbatchers import NumpyUnbatcher, Unbatcher, unbatcher_for
 
@@ -352,7 +354,8 @@ class Batcher(abc.ABC):
 
     def _plan(self, room: float, alone: bool = True) -> Tuple[int, int, float]:
         """(whole requests that fit in ``room``, elements of the next that fit, total
-        cost)."""
+        cost). The elements taken of the next request are never all of what is left of
+        it: a request whose rest is taken counts as whole."""
         start, ends = self._start, self._ends
         limit = start + room
         count = bisect.bisect_right(ends, limit)
@@ -363,6 +366,11 @@ class Batcher(abc.ABC):
         take, cost = self._split(count, offset, limit - done)
         if take == 0 and count == 0 and alone:  # one element alone over budget: it goes
             take, cost = self._split(count, offset, float("inf"), 1)  # alone
+        if take and offset + take == len(self._xs[count]):
+            # Its last element went alone (or its costs' rounding let its rest fit): it
+            # leaves the queue now, else it would stay queued with nothing left and
+            # the next batch would be empty.
+            return count + 1, 0, ends[count] - start
         return count, take, done - start + cost
 
     def _remove(self, drop: Callable[[Any], bool]) -> None:
@@ -655,6 +663,14 @@ class CostBatcher(Batcher):
 class BatchManager:
     """Coordinates a Batcher and an Unbatcher: requests in, batches out, outputs back.
 
+    Batches are processed in the order they are popped: ``process_output`` takes the
+    outputs of the oldest batch popped and not yet processed, which must have one row
+    per element of that batch.
+
+    The element shape and dtype of requests are learnt from the first request and kept
+    for the manager's lifetime (as a server learns its input spec): a request of another
+    shape or dtype is refused when it is added, and never joins a batch.
+
     Args:
         batcher: how to cut the stream of requests into batches.
         unbatcher: how to split outputs; default: chosen from the first outputs (an
@@ -681,12 +697,22 @@ class BatchManager:
         # With the unbatcher chosen here, every batch must keep the first's structure.
         self._check = unbatcher is None
         self._structure: rows.OutputStructure | None = None
+        # The rows of each batch popped and not yet processed, oldest first: outputs
+        # are measured against their batch before anything is taken from them.
+        self._popped: Deque[int] = collections.deque()
+        # Learns the element spec from the first request: a request that would not
+        # concatenate with the others (or would change their dtype) fails alone.
+        self._inputs = RequestChecker(None)
 
     def add_inputs(self, x: np.ndarray) -> None:
-        """Queue one request ``x[n, ...]``; its output comes back in order."""
-        x = np.asarray(x)
-        if x.ndim == 0:
-            raise ValueError("a request must have a batch dimension [n, ...], got 0-d")
+        """Queue one request ``x[n, ...]``; its output comes back in order.
+
+        Raises:
+            InputSpecError: (a ValueError) when ``x`` has no batch dimension, or another
+                element shape or dtype than the first request's; the message names the
+                expected and the given shape. Nothing is queued then.
+        """
+        x = self._inputs(np.asarray(x))
         self.batcher.append(x)
         if self.unbatcher is None:
             self._sizes.append(len(x))
@@ -694,8 +720,11 @@ class BatchManager:
             self.unbatcher.register(len(x))
 
     def pop_batch(self) -> np.ndarray:
-        """The next batch to run the model on."""
-        return self.batcher.pop()
+        """The next batch to run the model on; ``process_output`` takes its outputs
+        (batches in the order they were popped)."""
+        batch = self.batcher.pop()
+        self._popped.append(len(batch))
+        return batch
 
     def has_full_batch(self) -> bool:
         """True when the queued requests fill a batch."""
@@ -706,19 +735,40 @@ class BatchManager:
         return self.batcher.empty()
 
     def process_output(self, outputs: Outputs) -> List[Outputs]:
-        """The outputs of every request completed by this batch's outputs, in order.
+        """The outputs of every request completed by the outputs of the oldest batch
+        popped and not yet processed, in order.
 
         Raises:
-            ModelOutputError: when ``outputs`` do not keep the structure of the first
-                batch's (kind, trailing shapes, dtypes of one kind; a float64 output
-                where the first was float32 is cast), or have too many rows; the
-                outputs are then not taken.
+            ModelOutputError: when no popped batch awaits outputs, or ``outputs`` do not
+                keep the structure of the first batch's (kind, trailing shapes, dtypes
+                of one kind; a float64 output where the first was float32 is cast), or
+                have another number of rows than their batch has elements (the message
+                names both); the outputs are then not taken and nothing changes, so the
+                batch's right outputs may still be passed.
         """
+        if not self._popped:
+            raise ModelOutputError(
+                "no popped batch awaits outputs: process_output takes the outputs of a "
+                "batch from pop_batch, once")
+        structure = self._structure
         if self._check:
-            outputs, self._structure = rows.check(outputs, self._structure)
+            outputs, structure = rows.check(outputs, structure)
+        expected = self._popped[0]
+        if self.unbatcher is None:
+            rows.check_count(outputs, expected)
+        else:
+            given = self.unbatcher.num_rows(outputs)
+            if given != expected:
+                raise ModelOutputError(
+                    f"the model returned {given} rows for a batch of {expected} "
+                    f"elements: it must return one output row per input element")
+        # Checked: from here on the outputs are taken.
+        self._structure = structure
         if self.unbatcher is None:
             self.unbatcher = unbatcher_for(outputs)
             for n in self._sizes:
                 self.unbatcher.register(n)
             self._sizes.clear()
-        return self.unbatcher.unbatch(outputs)
+        completed = self.unbatcher.unbatch(outputs)
+        self._popped.popleft()
+        return completed

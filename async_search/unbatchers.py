@@ -40,10 +40,12 @@ class Unbatcher:
         self._sizes: Deque[int] = collections.deque()
         self._pieces: List[Outputs] = []  # outputs so far of the request at the front
         self._done = 0  # elements of the front request received so far
+        self._awaited = 0  # rows still to come: registered elements not yet received
 
     def register(self, n: int) -> None:
         """The next request has ``n`` elements."""
         self._sizes.append(n)
+        self._awaited += n
 
     def empty(self) -> bool:
         """True when every registered request has been returned."""
@@ -56,9 +58,16 @@ class Unbatcher:
         """The outputs of the requests completed by this batch's outputs, in order.
 
         Raises:
-            ModelOutputError: when there are more output rows than registered elements.
+            ModelOutputError: when there are more output rows than registered elements
+                still awaited; nothing is taken then (every request stays registered).
         """
         total = self.num_rows(outputs)
+        # Checked before any request is taken: rows that cannot all be placed must not
+        # complete some requests and then fail the rest.
+        if total > self._awaited:
+            raise ModelOutputError(
+                f"{total - self._awaited} more output rows than registered request "
+                f"elements: {total} given, {self._awaited} awaited")
         sizes = self._sizes
         completed = []
         start = 0
@@ -75,12 +84,10 @@ class Unbatcher:
             completed.append(piece)
             self._done = 0
             sizes.popleft()
-        if start < total:
-            if not sizes:
-                raise ModelOutputError(
-                    f"{total - start} more output rows than registered request elements")
+        if start < total:  # the front request goes on in the next batch
             self._pieces.append(self.slice(outputs, start, total))
             self._done += total - start
+        self._awaited -= total
         return completed
 
     def num_rows(self, outputs: Outputs) -> int:

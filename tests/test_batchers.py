@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from async_search import batchers
 from async_search.batchers import BatchManager, BatchSizeBatcher, CostBatcher, FairBatcher
-from async_search.errors import ModelOutputError
+from async_search.errors import InputSpecError, ModelOutputError
 from tests.helpers import requests_of
 
 
@@ -481,3 +481,207 @@ def test_a_batcher_that_defines_a_cost_is_priced_and_prices_in_bulk():
     sizes = BatchSizeBatcher(4)
     sizes.extend([np.zeros(3)], prices=[sizes.price(np.zeros(3))])
     assert sizes.queued == 3
+
+
+# -- BatchManager: outputs measured against their batch ----------------------------------
+
+def test_batch_manager_refuses_outputs_with_more_rows_than_their_batch():
+    manager = BatchManager(BatchSizeBatcher(8))
+    manager.add_inputs(np.arange(5)); manager.add_inputs(np.arange(100, 104))
+    batch = manager.pop_batch()  # 5 + 3 of the 4: the request of 4 goes on
+    with pytest.raises(ModelOutputError, match="returned 9 rows for a batch of 8"):
+        manager.process_output(np.concatenate([batch, [-1]]))
+    outputs = manager.process_output(batch) + manager.process_output(manager.pop_batch())
+    assert [y.tolist() for y in outputs] == [list(range(5)), [100, 101, 102, 103]]
+
+
+def test_batch_manager_refuses_outputs_with_fewer_rows_than_their_batch():
+    manager = BatchManager(BatchSizeBatcher(8))
+    for k in range(3):
+        manager.add_inputs(np.arange(4) + 10 * k)
+    batch = manager.pop_batch()
+    with pytest.raises(ModelOutputError, match="returned 7 rows for a batch of 8"):
+        manager.process_output(batch[:7])
+    outputs = manager.process_output(batch) + manager.process_output(manager.pop_batch())
+    assert [y.tolist() for y in outputs] == [[0, 1, 2, 3], [10, 11, 12, 13],
+                                             [20, 21, 22, 23]]
+
+
+def test_batch_manager_takes_nothing_from_outputs_it_refuses():
+    """The refused outputs complete no request: the right ones, passed after, give every
+    request of the batch (with the first batch's outputs, and with a later one's)."""
+    manager = BatchManager(BatchSizeBatcher(6))
+    for k in range(4):
+        manager.add_inputs(np.arange(3) + 10 * k)
+    batch = manager.pop_batch()
+    with pytest.raises(ModelOutputError, match="returned 7 rows for a batch of 6"):
+        manager.process_output(np.arange(7))
+    first = manager.process_output(batch)
+    assert [y.tolist() for y in first] == [[0, 1, 2], [10, 11, 12]]
+    batch = manager.pop_batch()
+    with pytest.raises(ModelOutputError, match="returned 5 rows for a batch of 6"):
+        manager.process_output(batch[:5])
+    assert [y.tolist() for y in manager.process_output(batch)] == [[20, 21, 22],
+                                                                  [30, 31, 32]]
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_batch_manager_counts_the_rows_of_tuple_and_dict_outputs(as_dict):
+    manager = BatchManager(BatchSizeBatcher(4))
+    for x in requests_of((2, 3)):
+        manager.add_inputs(x)
+    batch = manager.pop_batch()
+
+    def policy_value(x):
+        p, v = x * 2, x.sum(axis=1)
+        return {"policy": p, "value": v} if as_dict else (p, v)
+
+    with pytest.raises(ModelOutputError, match="returned 5 rows for a batch of 4"):
+        manager.process_output(policy_value(np.concatenate([batch, batch[:1]])))
+    assert len(manager.process_output(policy_value(batch))) == 1
+    last = manager.process_output(policy_value(manager.pop_batch()))
+    assert last[0][0 if not as_dict else "policy"].tolist() == (requests_of((2, 3))[1]
+                                                                * 2).tolist()
+
+
+def test_batch_manager_refuses_outputs_when_no_popped_batch_awaits_them():
+    manager = BatchManager(BatchSizeBatcher(4))
+    manager.add_inputs(np.arange(3))
+    with pytest.raises(ModelOutputError, match="no popped batch awaits outputs"):
+        manager.process_output(np.arange(3))
+    batch = manager.pop_batch()
+    assert [y.tolist() for y in manager.process_output(batch)] == [[0, 1, 2]]
+    with pytest.raises(ModelOutputError, match="no popped batch awaits outputs"):
+        manager.process_output(batch)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 12), max_size=12), batch_size=st.integers(1, 10),
+       wrong=st.lists(st.integers(-3, 3), max_size=12), as_tuple=st.booleans())
+def test_batch_manager_refuses_every_wrong_row_count_and_delivers_each_request_its_own(
+        sizes, batch_size, wrong, as_tuple):
+    """Before each batch's right outputs, outputs with ``wrong[i]`` rows more (or fewer)
+    are passed: each such call raises naming both counts and changes nothing, so every
+    request still gets exactly its own rows."""
+    requests = requests_of(sizes)
+    manager = BatchManager(BatchSizeBatcher(batch_size))
+    for x in requests:
+        manager.add_inputs(x)
+
+    def fn(x):
+        return (model(x), x[:, :1]) if as_tuple else model(x)
+
+    outputs, i = [], 0
+    while not manager.empty():
+        batch = manager.pop_batch()
+        delta = wrong[i] if i < len(wrong) else 0
+        i += 1
+        if delta and len(batch) + delta >= 0:
+            bad = batch[:len(batch) + delta] if delta < 0 else np.concatenate(
+                [batch, np.full((delta, batch.shape[1]), -1, batch.dtype)])
+            with pytest.raises(ModelOutputError,
+                               match=f"returned {len(bad)} rows for a batch of "
+                                     f"{len(batch)} elements"):
+                manager.process_output(fn(bad))
+        outputs.extend(manager.process_output(fn(batch)))
+    assert len(outputs) == len(requests)
+    for x, y in zip(requests, outputs):
+        np.testing.assert_array_equal(y[0] if as_tuple else y, model(x))
+
+
+# -- CostBatcher: no empty batch ---------------------------------------------------------
+
+@pytest.mark.parametrize("max_cost, costs, batches", [
+    (4, [[5]], [[5]]),
+    (4, [[2, 9]], [[2], [9]]),
+    (4, [[0, 0, 9]], [[0, 0], [9]]),
+    (4, [[5], [1]], [[5], [1]]),
+    (4, [[9], [0]], [[9], [0]]),
+    # The rest of [0.1, 0.3] fits by its own running costs, not by the queue's.
+    (0.3, [[0.1, 0.2], [0.1, 0.3]], [[0.1], [0.2], [0.1], [0.3]]),
+])
+def test_cost_batcher_pops_no_empty_batch_after_an_element_over_budget(max_cost, costs,
+                                                                       batches):
+    """A request whose last element went alone (or whose rest fit after all) leaves the
+    queue with it: no later batch holds an empty piece of it (or is empty)."""
+    batcher = CostBatcher(max_cost, cost_fn=lambda x: x.astype(float))
+    batcher.extend([np.array(c) for c in costs], list(range(len(costs))))
+    popped = []
+    while not batcher.empty():
+        parts = batcher.pop_parts()
+        assert all(len(piece) for piece in parts.pieces)
+        popped.append(parts.batch.tolist())
+    assert popped == batches
+    assert batcher.queued == 0 and len(batcher) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(costs=st.lists(st.lists(st.sampled_from([0.0, 0.1, 0.3, 1.0, 2.5, 7.0, 40.0]),
+                                max_size=6), max_size=12),
+       max_cost=st.sampled_from([0.3, 1.0, 4.0, 6.5]))
+def test_cost_batcher_pops_every_element_once_in_order_and_no_empty_piece(costs,
+                                                                          max_cost):
+    """Elements over budget, costs of zero and costs that do not add up exactly in
+    floating point: each batch is within budget unless it is one element alone, holds
+    no empty piece of a request with elements (a batch of 0 rows holds only requests of
+    0 elements), and the batches hold every element once, in order."""
+    batcher = CostBatcher(max_cost, cost_fn=lambda x: x[:, 0])
+    requests, next_id = [], 0
+    for c in costs:
+        ids = np.arange(next_id, next_id + len(c), dtype=float)
+        next_id += len(c)
+        requests.append(np.stack([np.array(c, float), ids], 1) if c else np.zeros((0, 2)))
+    batcher.extend(requests, list(range(len(requests))))
+    batches = []
+    while not batcher.empty():
+        popped = batcher.pop_parts()
+        batches.append(popped.batch)
+        assert len(batches) <= len(requests) + next_id, "a batcher that never empties"
+        for tag, piece in zip(popped.tags, popped.pieces):
+            assert len(piece) or not len(requests[tag]), "an empty piece of a request"
+        if not len(popped.batch):
+            assert all(not len(requests[tag]) for tag in popped.tags)
+    for b in batches:
+        assert b[:, 0].sum() <= max_cost + 1e-9 or len(b) == 1
+    ids = np.concatenate([b[:, 1] for b in batches]) if batches else np.zeros(0)
+    np.testing.assert_array_equal(ids, np.arange(next_id))
+    assert abs(batcher.queued) < 1e-9
+
+
+# -- BatchManager: one element spec -----------------------------------------------------
+
+def test_batch_manager_refuses_a_request_of_another_element_shape_and_keeps_the_queue():
+    manager = BatchManager(BatchSizeBatcher(4))
+    manager.add_inputs(np.ones((2, 3)))
+    with pytest.raises(InputSpecError,
+                       match=r"expected \[n, 3\] float64, given \[2, 4\]"):
+        manager.add_inputs(np.ones((2, 4)))
+    manager.add_inputs(np.ones((2, 3)) * 2)
+    assert manager.batcher.queued == 4 and len(manager.batcher) == 2
+    batch = manager.pop_batch()
+    assert batch.shape == (4, 3) and manager.empty()
+    assert [y.tolist() for y in manager.process_output(batch)] == [[[1.0] * 3] * 2,
+                                                                  [[2.0] * 3] * 2]
+
+
+def test_batch_manager_refuses_a_request_of_another_dtype():
+    """A float request joined with int64 ones would make the whole batch float: it
+    would change its batch-mates' answers."""
+    manager = BatchManager(BatchSizeBatcher(4))
+    manager.add_inputs(np.arange(2))
+    with pytest.raises(InputSpecError,
+                       match=r"expected \[n\] int64, given \[2\] float32"):
+        manager.add_inputs(np.zeros(2, np.float32))
+    assert manager.pop_batch().dtype == np.int64
+
+
+def test_batch_manager_keeps_the_first_request_element_spec_for_its_lifetime():
+    manager = BatchManager(BatchSizeBatcher(4))
+    manager.add_inputs(np.zeros((1, 3)))
+    manager.process_output(manager.pop_batch())
+    assert manager.empty()
+    with pytest.raises(InputSpecError, match=r"expected \[n, 3\] float64"):
+        manager.add_inputs(np.zeros((1, 4)))
+    with pytest.raises(ValueError, match="batch dimension"):  # an InputSpecError too
+        manager.add_inputs(np.float64(1.0))
+    assert manager.empty()

@@ -85,3 +85,53 @@ def test_a_subclass_may_say_how_to_measure_slice_and_join():
     unbatcher = ListUnbatcher()
     unbatcher.register(3)
     assert unbatcher.unbatch([1, 2]) == [] and unbatcher.unbatch([3]) == [[1, 2, 3]]
+
+
+def test_unbatcher_that_refuses_too_many_rows_keeps_every_request_registered():
+    unbatcher = NumpyUnbatcher()
+    for n in (3, 3):
+        unbatcher.register(n)
+    with pytest.raises(ModelOutputError, match="1 more output rows") as refused:
+        unbatcher.unbatch(np.arange(7))
+    assert len(unbatcher) == 2
+    assert "7 given, 6 awaited" in str(refused.value)
+    assert [y.tolist() for y in unbatcher.unbatch(np.arange(6))] == [[0, 1, 2], [3, 4, 5]]
+    assert unbatcher.empty()
+
+
+def test_unbatcher_that_refuses_too_many_rows_keeps_a_part_received_request():
+    unbatcher = NumpyUnbatcher()
+    for n in (3, 2):
+        unbatcher.register(n)
+    assert unbatcher.unbatch(np.arange(2)) == []
+    with pytest.raises(ModelOutputError, match="1 more output rows"):
+        unbatcher.unbatch(np.arange(2, 6))  # 4 rows, 3 awaited
+    assert len(unbatcher) == 2
+    assert [y.tolist() for y in unbatcher.unbatch(np.arange(2, 5))] == [[0, 1, 2], [3, 4]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 10), max_size=10),
+       cuts=st.lists(st.integers(0, 12), max_size=20),
+       surplus=st.lists(st.integers(0, 3), max_size=20))
+def test_unbatcher_rows_go_to_their_requests_whatever_surplus_it_refuses(sizes, cuts,
+                                                                        surplus):
+    """Rows arrive in batches of ``cuts`` rows; before each, a batch of more rows than
+    are awaited is sometimes tried: it raises and changes nothing."""
+    unbatcher = NumpyUnbatcher()
+    for n in sizes:
+        unbatcher.register(n)
+    rows_ = np.arange(sum(sizes))
+    outputs, start = [], 0
+    for i in range(len(cuts) + 1):
+        left = len(rows_) - start
+        step = min(cuts[i], left) if i < len(cuts) else left
+        extra = surplus[i] if i < len(surplus) else 0
+        if extra:
+            with pytest.raises(ModelOutputError, match=f"{extra} more output rows"):
+                unbatcher.unbatch(np.arange(left + extra))
+        outputs += unbatcher.unbatch(rows_[start:start + step])
+        start += step
+    assert unbatcher.empty()
+    expected = np.split(rows_, np.cumsum(sizes)[:-1]) if sizes else []
+    assert [y.tolist() for y in outputs] == [e.tolist() for e in expected]
