@@ -91,9 +91,10 @@ class RequestChecker:
             expected = self.spec.describe() if self.spec else "a NumPy array [n, ...]"
             raise InputSpecError(
                 f"a request must be a NumPy array {expected}, got {type(x).__name__}")
-        if x.ndim == 0:
-            raise InputSpecError(
-                "a request must have a batch dimension [n, ...], got a 0-d array")
+        if x.ndim == 0:  # named like every other refusal: expected, then given
+            expected = self.spec.describe() if self.spec else "[n, ...]"
+            raise InputSpecError(f"a request must have a batch dimension: expected "
+                                 f"{expected}, given a 0-d {x.dtype} array")
         x = plain_array(x)
         if self.spec is None:
             if self._learnable is not None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import async_search as asr
 from async_search.base import TensorSpec
 from async_search.errors import InputSpecError
+from async_search.models import with_spec
 from async_search.requests import RequestChecker, plain_array
 from async_search.routing.cache import CachedEvaluate
 from async_search.routing.router import Router
@@ -62,8 +63,32 @@ def test_a_spec_learnt_from_a_byte_swapped_first_request_is_native():
 @pytest.mark.parametrize("bad", [np.zeros((1, 2), np.float64), np.zeros((1, 3), np.float32),
                                  [[1.0, 2.0]], np.float32(1), np.zeros(())])
 def test_what_does_not_fit_is_refused_naming_the_spec(bad):
-    with pytest.raises(InputSpecError):
+    with pytest.raises(InputSpecError, match=r"\[n, 2\] float32"):
         RequestChecker(TensorSpec((2,), np.float32))(bad)
+
+
+@pytest.mark.parametrize("spec, expected", [(TensorSpec((3,), np.float32), "[n, 3] float32"),
+                                            (TensorSpec((), np.int64), "[n] int64"),
+                                            (None, "[n, ...]")])
+def test_a_0d_request_is_refused_naming_the_expected_and_the_given_shape(spec, expected):
+    # As every other refusal: the spec (when known) and what came instead.
+    with pytest.raises(InputSpecError) as caught:
+        RequestChecker(spec)(np.array(1.5, np.float32))
+    assert str(caught.value) == (f"a request must have a batch dimension: expected "
+                                 f"{expected}, given a 0-d float32 array")
+
+
+def test_a_0d_request_to_a_served_model_is_refused_naming_its_spec():
+    model = with_spec(lambda x: x[:, :1] + 0.0, (3,), np.float32)
+
+    async def main():
+        async with asr.serve(model) as evaluate:
+            with pytest.raises(InputSpecError, match=r"expected \[n, 3\] float32, given "
+                                                     r"a 0-d float32 array"):
+                await evaluate(np.array(1.0, np.float32))
+            return await evaluate(np.ones((2, 3), np.float32))  # the server goes on
+
+    assert run(main()).tolist() == [[1.0], [1.0]]
 
 
 def test_plain_array_leaves_plain_arrays_and_non_arrays_alone():

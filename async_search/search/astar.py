@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import Status, check_evaluate, values_of
+from async_search.search.base import Status, check_evaluate, evaluated, values_of
 from async_search.search.frontier import (Frontier, encode_keys, expand_ids, has_open_node,
                                           new_frontier, path_to, pop_ids, record_ids)
 
@@ -99,6 +99,8 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
         ValueError: for a budget or buffer_size below 1, a negative weight, or an
             invalid start, before any request is made; for
             a step cost that is not a finite number > 0, when the step is generated.
+        TypeError: at the first request, if ``evaluate(x)`` returns something that
+            cannot be awaited (a model passed where ``asr.immediate(model)`` belongs).
 
     Example:
         >>> import asyncio, async_search as asr
@@ -122,6 +124,6 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
         if new:
             fr.evaluations += len(new)
             fr.requests += 1
-            y = await evaluate(encode_keys(fr, keys))
+            y = await evaluated(evaluate, encode_keys(fr, keys))
             record_ids(fr, new, values_of(y, len(new), "the heuristic model's output"))
     return astar_result(fr)

@@ -21,7 +21,7 @@ from async_search.base import Evaluate
 from async_search.checks import check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.astar import AStarResult, astar_result, check_astar_arguments
-from async_search.search.base import check_evaluate, values_of
+from async_search.search.base import check_awaitable, check_evaluate, values_of
 from async_search.search.frontier import (encode_keys, expand_ids, has_open_node,
                                           new_frontier, pop_ids, record_ids)
 
@@ -59,6 +59,8 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
         ValueError: for a budget or max_in_flight below 1, a negative weight, or an
             invalid start, before any request is made; for
             a step cost that is not a finite number > 0, when the step is generated.
+        TypeError: at the first request, if ``evaluate(x)`` returns something that
+            cannot be awaited (a model passed where ``asr.immediate(model)`` belongs).
 
     Example:
         >>> import asyncio, async_search as asr
@@ -83,7 +85,12 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
                 if new:
                     fr.evaluations += len(new)
                     fr.requests += 1
-                    task = asyncio.ensure_future(evaluate(encode_keys(fr, keys)))
+                    request = evaluate(encode_keys(fr, keys))
+                    try:
+                        task = asyncio.ensure_future(request)
+                    except TypeError:  # free unless raised: is evaluate a model?
+                        check_awaitable(evaluate, request)
+                        raise
                     in_flight.append((task, new))
             elif in_flight:
                 task, new = in_flight[0]

@@ -25,7 +25,7 @@ import numpy as np
 from async_search.base import Evaluate
 from async_search.checks import check_int
 from async_search.problems.base import Game, State
-from async_search.search.base import (check_evaluate, check_search_constant,
+from async_search.search.base import (check_evaluate, check_search_constant, evaluated,
                                       split_policy_value)
 from async_search.search.completed_q import (ValueBounds, completed_values,
                                              improved_policy, log_priors, mixed_value,
@@ -190,6 +190,8 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
     Raises:
         ValueError: for a bad argument, an invalid state, or a terminal state, before
             any request is made; for a game with no legal action that is not over.
+        TypeError: at the first request, if ``evaluate(x)`` returns something that
+            cannot be awaited (a model passed where ``asr.immediate(model)`` belongs).
         ModelOutputError: for model outputs of the wrong form or shape, values that
             are not finite or outside [-1, 1], or logits that are NaN or +inf (or -inf
             for every legal action).
@@ -258,8 +260,8 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
             if states:
                 evaluations += len(states)
                 requests += 1
-                logits, values = split_policy_value(await evaluate(encode(states)),
-                                                len(states), num_actions)
+                y = await evaluated(evaluate, encode(states))
+                logits, values = split_policy_value(y, len(states), num_actions)
             else:
                 logits, values = None, []
             tree.complete_leaves(paths, leaves, logits, values)

@@ -17,7 +17,7 @@ import numpy as np
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import Game, State
-from async_search.search.base import check_evaluate, check_search_constant
+from async_search.search.base import check_evaluate, check_search_constant, evaluated
 from async_search.search.base import split_policy_value as _split_outputs
 from async_search.search.reuse import kept_subtree, start_search
 from async_search.search.tree import Tree
@@ -118,6 +118,8 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
     Raises:
         ValueError: for a bad argument, an invalid state, or a terminal state, before
             any request is made; for a game with no legal action that is not over.
+        TypeError: at the first request, if ``evaluate(x)`` returns something that
+            cannot be awaited (a model passed where ``asr.immediate(model)`` belongs).
         ModelOutputError: for model outputs of the wrong form or shape, values that
             are not finite or outside [-1, 1], or logits that are NaN or +inf (or -inf
             for every legal action).
@@ -163,8 +165,8 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
         if states:
             evaluations += len(states)
             requests += 1
-            logits, values = _split_outputs(await evaluate(encode(states)), len(states),
-                                            num_actions)
+            y = await evaluated(evaluate, encode(states))
+            logits, values = _split_outputs(y, len(states), num_actions)
         else:
             logits, values = None, []
         tree.complete_leaves(paths, leaves, logits, values)

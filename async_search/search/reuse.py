@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 
 from async_search.base import Evaluate
 from async_search.problems.base import Game, State
-from async_search.search.base import split_policy_value
+from async_search.search.base import evaluated, split_policy_value
 from async_search.search.tree import LEAF, PENDING, Tree
 
 
@@ -133,8 +133,8 @@ async def start_search(game: Game, state: State, evaluate: Evaluate,
     if reuse is not None:
         tree.make_edges(0)
         return tree, 0
-    logits, values = split_policy_value(await evaluate(game.encode([state])), 1,
-                                        int(game.num_actions))
+    y = await evaluated(evaluate, game.encode([state]))
+    logits, values = split_policy_value(y, 1, int(game.num_actions))
     tree.expand_root(logits[0], values[0])
     return tree, 1
 

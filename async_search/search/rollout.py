@@ -23,7 +23,7 @@ import numpy as np
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import Status, check_evaluate, values_of
+from async_search.search.base import Status, check_evaluate, evaluated, values_of
 
 
 Seed = Union[int, np.random.SeedSequence]
@@ -199,6 +199,8 @@ async def simple_rollout(problem: SearchProblem, start: State, evaluate: Evaluat
     Raises:
         ValueError: for a depth below 1, a temperature <= 0 or an invalid start, before
             any request is made.
+        TypeError: at the first request, if ``evaluate(x)`` returns something that
+            cannot be awaited (a model passed where ``asr.immediate(model)`` belongs).
 
     Example:
         >>> import asyncio, async_search as asr
@@ -221,7 +223,7 @@ async def simple_rollout(problem: SearchProblem, start: State, evaluate: Evaluat
         states = [s for s, _ in candidates]
         walk.evaluations += len(states)
         walk.requests += 1
-        y = await evaluate(problem.encode(states))
+        y = await evaluated(evaluate, problem.encode(states))
         walk_step(problem, walk, candidates,
                   values_of(y, len(states), "the rollout model's output"), temperature)
     return _result(walk)
@@ -239,6 +241,8 @@ async def multi_rollout(problem: SearchProblem, start: State, evaluate: Evaluate
     Raises:
         ValueError: for num_rollouts or depth below 1, a temperature <= 0 or an invalid
             start, before any request is made.
+        TypeError: at the first request, if ``evaluate(x)`` returns something that
+            cannot be awaited (a model passed where ``asr.immediate(model)`` belongs).
 
     Example:
         >>> import asyncio, async_search as asr
@@ -267,7 +271,7 @@ async def multi_rollout(problem: SearchProblem, start: State, evaluate: Evaluate
             break
         states = [s for _, candidates in stepping for s, _ in candidates]
         requests += 1
-        y = await evaluate(problem.encode(states))
+        y = await evaluated(evaluate, problem.encode(states))
         values = values_of(y, len(states), "the rollout model's output")
         offset = 0
         for walk, candidates in stepping:

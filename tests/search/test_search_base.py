@@ -51,3 +51,113 @@ async def test_every_search_refuses_an_evaluate_that_cannot_be_called(name, eval
     start = puzzle.scramble(3, seed=0) if problem is puzzle else game.initial_state()
     with pytest.raises(ValueError, match="evaluate must be an awaitable callable"):
         await getattr(search, name)(problem, start, evaluate, **options)
+
+
+SEARCHES = ["batched_astar", "continuous_astar", "simple_rollout", "multi_rollout", "mcts",
+            "gumbel_mcts", "policy_chooser"]
+
+
+def _run_search(name, evaluate, requests=1):
+    """A coroutine: the search ``name`` from a start that needs at least two requests
+    (``policy_chooser``: ``requests`` moves chosen, one request each)."""
+    from async_search import problems, search
+    puzzle, game = problems.SlidingPuzzle(3), problems.ConnectFour()
+    if name == "policy_chooser":
+        choose = search.policy_chooser(game, evaluate)
+
+        async def moves():
+            return [await choose(game.initial_state()) for _ in range(requests)]
+        return moves()
+    args = {"batched_astar": (puzzle, {"budget": 50, "buffer_size": 2}),
+            "continuous_astar": (puzzle, {"budget": 50}),
+            "simple_rollout": (puzzle, {"depth": 3, "seed": 0}),
+            "multi_rollout": (puzzle, {"depth": 3, "num_rollouts": 2, "seed": 0}),
+            "mcts": (game, {"num_simulations": 3, "num_parallel": 1}),
+            "gumbel_mcts": (game, {"num_simulations": 3, "num_parallel": 1})}
+    problem, options = args[name]
+    start = puzzle.scramble(12, seed=0) if problem is puzzle else game.initial_state()
+    return getattr(search, name)(problem, start, evaluate, **options)
+
+
+def _free_model(name):
+    """A model with constant outputs of the right form for the search ``name``, and the
+    number of times it was called."""
+    calls = []
+
+    def model(x):
+        calls.append(len(x))
+        if name in ("mcts", "gumbel_mcts", "policy_chooser"):
+            return np.zeros((len(x), 7), np.float32), np.zeros((len(x), 1), np.float32)
+        return np.zeros(len(x), np.float32)
+    return model, calls
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+@pytest.mark.parametrize("bad_request", [1, 2])
+async def test_every_search_names_a_model_passed_for_evaluate_at_the_request(name,
+                                                                              bad_request):
+    # A model passed where asr.immediate(model) belongs runs, and what it returns cannot
+    # be awaited: named (not Python's bare "can't be used in 'await' expression"), at
+    # the request that returned it, before its outputs are used. bad_request=2 passes
+    # the first request through asr.immediate: every request of a search is checked.
+    import async_search as asr
+    model, calls = _free_model(name)
+    immediate = asr.immediate(model)
+
+    def evaluate(x):
+        return immediate(x) if len(calls) + 1 < bad_request else model(x)
+
+    with pytest.raises(TypeError, match=r"evaluate must return an awaitable, but "
+                                        r"evaluate\(x\) returned a (numpy\.ndarray|tuple)"
+                       ) as caught:
+        await _run_search(name, evaluate, requests=2)
+    assert "asr.immediate(model)" in str(caught.value)
+    assert "asr.serve(model)" in str(caught.value)
+    assert len(calls) == bad_request
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+async def test_a_type_error_from_inside_an_awaitable_evaluate_reaches_the_caller_unchanged(
+        name):
+    # The await's TypeError is renamed only when what evaluate returned is not
+    # awaitable: a bug inside a real evaluate keeps its own message.
+    async def evaluate(x):
+        raise TypeError("a bug inside evaluate")
+
+    with pytest.raises(TypeError, match="^a bug inside evaluate$"):
+        await _run_search(name, evaluate)
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+@pytest.mark.parametrize("kind", ["immediate", "serve", "cached", "async_def", "future",
+                                  "coroutine"])
+async def test_every_search_takes_every_kind_of_awaitable_evaluate(name, kind):
+    # Whatever evaluate returns that can be awaited is awaited, with the same result.
+    import asyncio
+
+    import async_search as asr
+    from async_search.routing.cache import CachedEvaluate
+    model, _ = _free_model(name)
+    expected = await _run_search(name, asr.immediate(model), requests=2)
+
+    async def async_def(x):
+        return model(x)
+
+    def future(x):
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(model(x))
+        return done
+
+    def coroutine(x):
+        return async_def(x)
+
+    evaluates = {"immediate": lambda: asr.immediate(model),
+                 "cached": lambda: CachedEvaluate(asr.immediate(model), fixed_model=True),
+                 "async_def": lambda: async_def, "future": lambda: future,
+                 "coroutine": lambda: coroutine}
+    if kind == "serve":
+        async with asr.serve(model) as evaluate:
+            result = await _run_search(name, evaluate, requests=2)
+    else:
+        result = await _run_search(name, evaluates[kind](), requests=2)
+    assert result == expected
