@@ -456,8 +456,6 @@ class BatchingServer:
         size tried)."""
         stats = self._stats.as_dict()
         stats["workers"] = self.num_workers
-        # Per device worker, as run_searches' stats: model time adds up over workers.
-        stats["fraction_in_model"] /= max(self.num_workers, 1)
         stats["version"] = self.version
         stats["buffers_allocated"] = self._pool.allocated
         stats["buffers_reused"] = self._pool.reused
@@ -556,12 +554,14 @@ class BatchingServer:
         current model itself."""
         self._require_running()
         self._workers.add(model, device=device)
+        self._stats.workers_changed(self.num_workers)
         self._wake_dispatch()
 
     async def remove_worker(self) -> None:
         """Ends one device thread once the batches queued before this call are done."""
         self._require_running()
         await self._workers.remove()
+        self._stats.workers_changed(self.num_workers)
 
     def _require_running(self) -> None:
         if self._crashed is not None:
@@ -587,6 +587,7 @@ class BatchingServer:
         elif self._placement != "loop":
             for _ in range(self._num_workers):
                 self._workers.add()
+        self._stats.workers_changed(self.num_workers)
         self._new_future = _future_maker(self._loop)
         self._task = self._loop.create_task(self._dispatch_loop())
         self._update_quiet()

@@ -39,7 +39,8 @@ class ServingStats:
     """Counts kept per batch (never per request) by a serving loop.
 
     ``as_dict()`` gives: requests (counted as they start in a batch), batches,
-    elements, mean_batch_size, model_time_s, wall_time_s, fraction_in_model,
+    elements, mean_batch_size, model_time_s, wall_time_s, fraction_in_model (model
+    time over the worker-seconds served: per device worker, at most 1),
     batch_size_histogram (size -> batches), reasons (why batches left -> batches),
     queue_wait_mean_s and queue_wait_max_s (how long the oldest request of each batch
     waited before the batch left), model_time_histogram and queue_wait_histogram (upper
@@ -55,6 +56,11 @@ class ServingStats:
             trace_size = check_int("trace_size", trace_size, minimum=0)
         self.start = time.perf_counter()
         self.stop: float | None = None
+        # Worker-seconds so far: fraction_in_model is per device worker, whose number
+        # may change while serving (add_worker, remove_worker).
+        self._workers = 1
+        self._workers_since = self.start
+        self._worker_seconds = 0.0
         self.requests = 0
         self.batches = 0
         self.elements = 0
@@ -101,8 +107,17 @@ class ServingStats:
         if self.stop is None:
             self.stop = time.perf_counter()
 
+    def workers_changed(self, workers: int) -> None:
+        """The device workers serving from now on (at least 1 is counted)."""
+        now = time.perf_counter()
+        self._worker_seconds += self._workers * (now - self._workers_since)
+        self._workers, self._workers_since = max(workers, 1), now
+
     def as_dict(self) -> dict:
-        wall = (self.stop or time.perf_counter()) - self.start
+        end = self.stop or time.perf_counter()
+        wall = end - self.start
+        worker_seconds = self._worker_seconds + self._workers * max(
+            end - self._workers_since, 0.0)
         batches = self.batches
         mean = self.elements / batches if batches else 0.0
         variance = (sum(n * (size - mean) ** 2 for size, n in self.histogram.items())
@@ -116,7 +131,8 @@ class ServingStats:
             "std_batch_size": math.sqrt(variance),
             "model_time_s": self.model_time,
             "wall_time_s": wall,
-            "fraction_in_model": self.model_time / wall if wall > 0 else 0.0,
+            "fraction_in_model": (self.model_time / worker_seconds if worker_seconds > 0
+                                  else 0.0),
             "batch_size_histogram": dict(sorted(self.histogram.items())),
             "reasons": dict(self.reasons),
             "queue_wait_mean_s": self.queue_wait_total / batches if batches else 0.0,

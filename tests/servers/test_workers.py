@@ -386,4 +386,24 @@ async def test_fraction_in_model_is_per_device_worker_at_most_one():
     # Three threads busy nearly all the time: each about 1, never their sum (about 3).
     assert 0.5 < stats["fraction_in_model"] <= 1.0
     assert stats["fraction_in_model"] == pytest.approx(
-        stats["model_time_s"] / stats["wall_time_s"] / 3)
+        stats["model_time_s"] / stats["wall_time_s"] / 3, rel=0.05)
+
+
+async def test_fraction_in_model_counts_workers_added_and_removed_while_serving():
+    def slow(x):
+        time.sleep(0.05)
+        return x[:, :1] + 0.0
+
+    async with asr.serve(with_spec(slow, (3,), np.float32), max_batch_size=2,
+                         num_workers=3, model_thread=True) as evaluate:
+        requests = [np.ones((2, 3), np.float32)] * 12
+        await asyncio.wait_for(asyncio.gather(*map(evaluate, requests)), 30)
+        await evaluate.remove_worker()
+        await evaluate.remove_worker()
+        # Three workers were busy, then one is left idle: about 3 x 0.2 s of model
+        # time over 3 x 0.2 s of worker time, never over 1.
+        assert 0.3 < evaluate.stats["fraction_in_model"] <= 1.0
+        await evaluate.add_worker()
+        await evaluate.add_worker()
+        await asyncio.wait_for(asyncio.gather(*map(evaluate, requests)), 30)
+        assert 0.3 < evaluate.stats["fraction_in_model"] <= 1.0
