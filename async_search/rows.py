@@ -264,10 +264,10 @@ class OutputStructure(NamedTuple):
 
         Outputs that differ only in dtypes of the same kind (float64 for float32, int32
         for int64) are cast to this structure's dtypes when the cast keeps their values:
-        floats always (at this structure's precision), integers when every value fits,
-        strings and others when no value can be cut (``<U5`` into ``<U1`` cannot). Any
-        other difference (another kind, int for float; a shape; a kind of outputs), or
-        a value the cast would change (3e9 into int32), raises.
+        floats at this structure's precision (a finite value must stay finite),
+        integers and times when every value fits, strings when none is cut. Any other
+        difference (another kind, int for float; a shape; a kind of outputs), or a
+        value the cast would change (3e9 into int32), raises.
 
         Raises:
             ModelOutputError: naming the expected and the given structure.
@@ -343,10 +343,16 @@ def _values_lost(outputs: Outputs, dtypes: dict) -> str | None:
         items = enumerate(outputs) if isinstance(outputs, tuple) else outputs.items()
     for key, v in items:
         want = dtypes[key]
-        if want is None or v.dtype == want or v.dtype.kind in "fc" or np.can_cast(
-                v.dtype, want, "safe"):
-            continue  # floats keep their kind's meaning at the first batch's precision
+        if want is None or v.dtype == want or (v.dtype.kind not in "mM" and np.can_cast(
+                v.dtype, want, "safe")):
+            continue  # (numpy calls seconds into nanoseconds safe: past 2262 it wraps)
         where = "the output" if key is None else f"output {key!r}"
+        if v.dtype.kind in "fc":  # precision may go; a finite value must stay finite
+            with np.errstate(over="ignore"):
+                cast = v.astype(want)
+            if not (np.isinf(cast) & np.isfinite(v)).any():
+                continue
+            return f"{where} holds values past {want}'s range"
         if v.dtype.kind in "iu":
             info = np.iinfo(want)
             if not v.size or (v.min() >= info.min and v.max() <= info.max):
@@ -357,6 +363,11 @@ def _values_lost(outputs: Outputs, dtypes: dict) -> str | None:
             if not v.size or int(np.char.str_len(v).max()) <= chars:
                 continue  # a wider string type whose strings all fit
             return f"{where} holds strings longer than {want} can hold ({chars})"
+        if v.dtype.kind in "mM":  # times: the same instants back, NaT for NaT
+            back, nat = v.astype(want).astype(v.dtype), np.isnat(v)
+            if (np.isnat(back) == nat).all() and (back[~nat] == v[~nat]).all():
+                continue
+            return f"{where} holds times that {want} cannot"
         return f"{where} would lose what {want} cannot hold"
     return None
 

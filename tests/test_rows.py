@@ -180,12 +180,17 @@ def test_check_casts_a_dtype_of_the_same_kind(kind):
     (np.array([["a"]]), np.array([["hello"], ["b"]])),
     (np.array([[b"a"]]), np.array([[b"hello"], [b"b"]])),
     (np.zeros((1, 1), "datetime64[s]"), np.full((2, 1), 1, "datetime64[ns]")),
+    # numpy calls seconds into nanoseconds a safe cast: past 2262 it wraps.
+    (np.zeros((1, 1), "datetime64[ns]"), np.array([["2500-01-01"]], "datetime64[s]")),
+    (np.zeros((1, 1), "timedelta64[ns]"), np.array([[10 ** 12]], "timedelta64[s]")),
+    (np.zeros((1, 1), np.float32), np.array([[1.0], [1e300]])),  # finite into inf
+    (np.zeros((1, 1), np.complex64), np.array([[1e300 + 1j]])),
 ])
 def test_check_refuses_a_cast_that_would_change_a_value(first, later):
     _, structure = rows.check(first)
-    with pytest.raises(ModelOutputError, match="cannot|can hold"):
+    with pytest.raises(ModelOutputError, match="cannot|can hold|past"):
         rows.check(later, structure)
-    with pytest.raises(ModelOutputError, match="cannot|can hold"):  # inside a tuple too
+    with pytest.raises(ModelOutputError, match="cannot|can hold|past"):  # inside a tuple too
         rows.check((later, later), rows.check((first, first))[1])
 
 
@@ -196,7 +201,9 @@ def test_check_refuses_a_cast_that_would_change_a_value(first, later):
     (np.array([["hello"]]), np.array([["a"], ["b"]])),  # a shorter string fits
     (np.array([["a"]]), np.array([["a"], ["b"]], "<U5")),  # a wider type, short values
     (np.array([[b"a"]]), np.array([[b"a"], [b""]], "S5")),
-    (np.zeros((1, 1), np.float16), np.full((2, 1), 1e-3, np.float64)),  # floats: always
+    (np.zeros((1, 1), np.float16), np.full((2, 1), 1e-3, np.float64)),  # precision goes
+    (np.zeros((1, 1), np.float32), np.array([[np.inf], [np.nan], [-np.inf]])),
+    (np.zeros((1, 1), "datetime64[ns]"), np.array([["2000-01-01"], ["NaT"]], "datetime64[s]")),
 ])
 def test_check_casts_a_same_kind_dtype_whose_values_fit(first, later):
     _, structure = rows.check(first)
