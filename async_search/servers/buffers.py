@@ -10,18 +10,21 @@ import numpy as np
 from async_search import rows
 
 
-#: The largest buffer the pool allocates: a batch of elements whose ``capacity`` rows
-#: would take more is concatenated instead, into an array of its own size (a
-#: ``max_batch_size`` of millions must not ask for gigabytes for a batch of a few rows).
+#: Past this, a buffer is not of ``capacity`` rows but of as many as fit here (or of the
+#: batch's rows, if more): a ``max_batch_size`` of millions must not ask for gigabytes
+#: for a batch of a few rows, and big batches of big elements are still pooled.
 MAX_BUFFER_BYTES = 64 * 1024 * 1024
 
 
 class BufferPool:
-    """Buffers of ``capacity`` rows, one free list per element shape and dtype.
+    """Buffers of ``capacity`` rows (fewer where those would take more than
+    ``MAX_BUFFER_BYTES``: then as many rows as fit, or the batch's), one free list per
+    element shape and dtype.
 
-    ``take`` hands out a free buffer (or a new one); ``give_back`` returns it once the
-    model is done with the batch, unless the model's outputs may share its memory (a
-    model that returns a view of its input), since those outputs are still in use.
+    ``take`` hands out a free buffer long enough (or a new one); ``give_back`` returns
+    it once the model is done with the batch, unless the model's outputs may share its
+    memory (a model that returns a view of its input), since those outputs are still
+    in use.
 
     Example:
         >>> pool = BufferPool(capacity=8)
@@ -41,19 +44,21 @@ class BufferPool:
 
     def take(self, rows: int, like: np.ndarray) -> np.ndarray | None:
         """A buffer of at least ``rows`` rows shaped like ``like``'s elements, or None
-        when ``rows`` is over capacity, or ``capacity`` rows would take more than
-        ``MAX_BUFFER_BYTES`` (or than the memory there is)."""
+        when ``rows`` is over capacity (or no memory is left for one)."""
         if rows > self.capacity:
             return None
         free = self._free.get((like.shape[1:], like.dtype))
         if free:
-            self.reused += 1
-            return free.pop()
-        shape = (self.capacity, *like.shape[1:])
-        if math.prod(shape) * like.itemsize > MAX_BUFFER_BYTES:
-            return None
+            for i in range(len(free) - 1, -1, -1):
+                if len(free[i]) >= rows:
+                    self.reused += 1
+                    return free.pop(i)
+        row_bytes = max(like.itemsize * math.prod(like.shape[1:]), 1)
+        length = self.capacity
+        if length * row_bytes > MAX_BUFFER_BYTES:
+            length = max(rows, MAX_BUFFER_BYTES // row_bytes)
         try:
-            buffer = np.empty(shape, like.dtype)
+            buffer = np.empty((length, *like.shape[1:]), like.dtype)
         except MemoryError:
             return None
         self.allocated += 1
@@ -67,12 +72,17 @@ class BufferPool:
 
     def give_back(self, buffer: np.ndarray, outputs: Any) -> None:
         """Returns ``buffer`` to the pool unless ``outputs`` may share its memory (or
-        it is of a capacity the pool no longer hands out)."""
-        if len(buffer) != self.capacity or _may_share(outputs, buffer):
+        it is longer than the pool now hands out). A full free list keeps its longest
+        buffers."""
+        if len(buffer) > self.capacity or _may_share(outputs, buffer):
             return
         free = self._free.setdefault((buffer.shape[1:], buffer.dtype), [])
         if len(free) < self.max_free:
             free.append(buffer)
+            return
+        shortest = min(range(len(free)), key=lambda i: len(free[i]))
+        if len(free[shortest]) < len(buffer):
+            free[shortest] = buffer
 
 
 def _may_share(outputs: Any, buffer: np.ndarray) -> bool:

@@ -59,13 +59,26 @@ async def test_small_batches_are_joined_not_pooled_and_stay_correct():
         assert stats["buffers_allocated"] == 0 and stats["buffers_reused"] == 0
 
 
-def test_pool_declines_a_buffer_of_capacity_rows_past_its_byte_limit():
+def test_pool_buffers_past_the_byte_limit_hold_what_fits_or_the_batch():
     from async_search.servers import buffers
     like = np.zeros((1, 16, 16, 16), np.float32)  # 16 KiB an element
-    rows_at_limit = buffers.MAX_BUFFER_BYTES // like[0].nbytes
-    assert BufferPool(capacity=rows_at_limit).take(20, like) is not None
-    assert BufferPool(capacity=rows_at_limit + 1).take(20, like) is None
-    assert BufferPool(capacity=2 ** 40).take(20, like) is None
+    fit = buffers.MAX_BUFFER_BYTES // like[0].nbytes
+    assert len(BufferPool(capacity=fit).take(20, like)) == fit  # capacity rows
+    assert len(BufferPool(capacity=2 ** 40).take(20, like)) == fit  # not 16 TiB
+    assert len(BufferPool(capacity=2 ** 40).take(fit + 5, like)) == fit + 5
+
+
+def test_pool_reuses_big_buffers_of_big_elements_that_are_long_enough():
+    # 3 x 224 x 224 float32 (588 KiB) x 256 rows: past the limit, yet pooled.
+    pool = BufferPool(capacity=256)
+    like = np.zeros((1, 3, 224, 224), np.float32)
+    first = pool.take(256, like)
+    pool.give_back(first, outputs=np.zeros(256))
+    assert pool.take(256, like) is first and (pool.allocated, pool.reused) == (1, 1)
+    short = pool.take(10, like)  # a new one, as long as fits the limit
+    pool.give_back(short, outputs=np.zeros(10))
+    assert len(short) < 256
+    assert pool.take(200, like) is not short  # too short for 200 rows
 
 
 async def test_a_huge_max_batch_size_serves_batches_over_the_join_limit():
