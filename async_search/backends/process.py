@@ -31,6 +31,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import types
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -213,10 +214,14 @@ _ALIVE, _STARTED, _OUTCOMES, _DONE, _UNLOADABLE = (
 
 def _main_is_importable() -> bool:
     """Whether a spawned process can import this one's ``__main__``: a module run with
-    ``-m`` or a script that is a file, not a notebook, ``python -c`` or stdin."""
-    main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+    ``-m`` or a script that is a file, not a notebook, ``python -c`` or stdin, nor a
+    package's ``__main__`` (spawn never imports one again), nor a zipapp's."""
+    if getattr(sys, "frozen", False):  # a frozen program's processes load it their way
         return True
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return name != "__main__" and not name.endswith(".__main__")
     path = getattr(main, "__file__", None)
     return path is not None and os.path.exists(path)
 
@@ -247,10 +252,10 @@ def _check_main_not_needed(search_fn, starts: Sequence[Any]) -> None:
             pickler.dump(obj)
         if pickler.found:
             raise TypeError(
-                f"{what} refers to {pickler.found[0]!r}, defined in __main__ of an "
-                f"interactive session (a notebook, python -c or stdin), which the "
-                f"process backend's client processes cannot import: define it in a .py "
-                f"module and import it from there, or use backend=\"ray\"")
+                f"{what} refers to {pickler.found[0]!r}, defined in a __main__ that the "
+                f"process backend's client processes cannot import (a notebook, "
+                f"python -c, stdin, a package's __main__.py): define it in a .py module "
+                f"and import it from there, or use backend=\"ray\"")
 
 
 @contextlib.contextmanager
@@ -259,17 +264,22 @@ def _main_script_importable():
     ``<stdin>``) while a process is spawned: spawn would run that path again in the new
     process, which fails there; without it, the new process runs no main script, as
     under ``python -c``."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    hide = (path is not None and getattr(main, "__spec__", None) is None
-            and not os.path.exists(path))
-    if hide:
-        del main.__file__
-    try:
-        yield
-    finally:
+    with _SPAWNING:  # one start at a time: another's restore must not come mid-start
+        main = sys.modules.get("__main__")
+        path = getattr(main, "__file__", None)
+        hide = (path is not None and getattr(main, "__spec__", None) is None
+                and not os.path.exists(path))
         if hide:
-            main.__file__ = path
+            del main.__file__
+        try:
+            yield
+        finally:
+            if hide:
+                main.__file__ = path
+
+
+#: Held while a client process is spawned (``_main_script_importable``).
+_SPAWNING = threading.Lock()
 
 
 def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,

@@ -76,8 +76,8 @@ def test_a_search_defined_in_an_interactive_main_is_refused_before_any_client(
     done = (run_python(["-c", source], cwd=tmp_path) if how == "-c" else
             run_python(["-"], stdin=source, cwd=tmp_path))
     assert done.returncode != 0
-    assert ("TypeError: search_fn refers to 'astar', defined in __main__ of an "
-            "interactive session") in done.stderr
+    assert ("TypeError: search_fn refers to 'astar', defined in a __main__ that the "
+            "process backend's client processes cannot import") in done.stderr
     assert "define it in a .py module" in done.stderr
     assert "(pid " not in done.stderr  # no client process started
 
@@ -135,3 +135,43 @@ def test_a_timeout_spent_in_model_factory_says_no_attempt_began():
     assert isinstance(error, asr.SearchTimeoutError)
     assert "no attempt began" in str(error) and "model_factory" in str(error)
     assert "lost attempts: )" not in str(error)
+
+
+def test_a_search_defined_in_a_packages_main_is_refused_before_any_client(tmp_path):
+    # python -m pkg runs pkg/__main__.py, which spawn never imports again.
+    package = tmp_path / "searchpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(HEADER + RUN)
+    done = run_python(["-m", "searchpkg"], cwd=tmp_path)
+    assert done.returncode != 0
+    assert "TypeError: search_fn refers to 'astar'" in done.stderr
+    assert "(pid " not in done.stderr
+
+
+def test_threads_spawning_clients_of_a_stdin_script_never_see_its_name(tmp_path):
+    # One thread's restore of __main__.__file__ must not land in another's start.
+    source = textwrap.dedent("""
+        import multiprocessing.spawn, threading, time
+        import async_search as asr
+        from tests.backends import searches
+        prepare = multiprocessing.spawn.get_preparation_data
+        def slow_prepare(name):  # each thread's start reads the name at its own time
+            time.sleep(0.05 + 0.25 * int(threading.current_thread().name[-1]))
+            return prepare(name)
+        multiprocessing.spawn.get_preparation_data = slow_prepare
+        def run(out):
+            out.append(len(asr.run_searches(searches.echo_sum, [5] * 4,
+                                            searches.small_mlp, backend="process",
+                                            num_procs=4)))
+        if __name__ == "__main__":
+            out = []
+            threads = [threading.Thread(target=run, args=(out,), name=f"t{i}")
+                       for i in range(3)]
+            for t in threads: t.start()
+            for t in threads: t.join()
+            print("RESULTS", sorted(out))
+        """)
+    done = run_python(["-"], stdin=source, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "RESULTS [4, 4, 4]" in done.stdout
