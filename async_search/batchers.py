@@ -38,8 +38,7 @@ import numpy as np
 from async_search import rows
 from async_search.base import Outputs
 from async_search.checks import check_float, check_int
-from async_search.errors import ModelOutputError
-from async_search.requests import RequestChecker
+from async_search.errors import InputSpecError, ModelOutputError
 # NumpyUnbatcher is re-exported: the public contract imports it from here.
 from async_search.unbatchers import NumpyUnbatcher, Unbatcher, unbatcher_for
 
@@ -660,6 +659,11 @@ class CostBatcher(Batcher):
         self._cumulative = [self._cumulative[i] for i in keep]
 
 
+def _rows_of(shape: Tuple[int, ...] | None) -> str:
+    """``[n, 3, 4]``: how a message names requests of elements of ``shape``."""
+    return "[n, ...]" if shape is None else "[" + ", ".join(["n", *map(str, shape)]) + "]"
+
+
 class BatchManager:
     """Coordinates a Batcher and an Unbatcher: requests in, batches out, outputs back.
 
@@ -667,9 +671,10 @@ class BatchManager:
     outputs of the oldest batch popped and not yet processed, which must have one row
     per element of that batch.
 
-    The element shape and dtype of requests are learnt from the first request and kept
-    for the manager's lifetime (as a server learns its input spec): a request of another
-    shape or dtype is refused when it is added, and never joins a batch.
+    The element shape of requests is learnt from the first request and kept for the
+    manager's lifetime: a request of another is refused when it is added, and never
+    joins a batch. Dtypes may differ: a batch is what ``np.concatenate`` makes of its
+    requests (int32 and int64 rows make an int64 batch), as the prototype batched them.
 
     Args:
         batcher: how to cut the stream of requests into batches.
@@ -700,19 +705,28 @@ class BatchManager:
         # The rows of each batch popped and not yet processed, oldest first: outputs
         # are measured against their batch before anything is taken from them.
         self._popped: Deque[int] = collections.deque()
-        # Learns the element spec from the first request: a request that would not
-        # concatenate with the others (or would change their dtype) fails alone.
-        self._inputs = RequestChecker(None)
+        # The first request's element shape: one that would not concatenate with the
+        # others fails alone, where it would wedge every later pop.
+        self._element_shape: Tuple[int, ...] | None = None
 
     def add_inputs(self, x: np.ndarray) -> None:
         """Queue one request ``x[n, ...]``; its output comes back in order.
 
         Raises:
             InputSpecError: (a ValueError) when ``x`` has no batch dimension, or another
-                element shape or dtype than the first request's; the message names the
-                expected and the given shape. Nothing is queued then.
+                element shape than the first request's; the message names the expected
+                and the given shape. Nothing is queued then.
         """
-        x = self._inputs(np.asarray(x))
+        x = np.asarray(x)
+        if x.ndim == 0:
+            raise InputSpecError(f"a request must have a batch dimension: expected "
+                                 f"{_rows_of(self._element_shape)}, given a 0-d array")
+        if self._element_shape is None:
+            self._element_shape = x.shape[1:]
+        elif x.shape[1:] != self._element_shape:
+            raise InputSpecError(f"a request's elements must keep the first request's "
+                                 f"shape: expected {_rows_of(self._element_shape)}, given "
+                                 f"{list(x.shape)}")
         self.batcher.append(x)
         if self.unbatcher is None:
             self._sizes.append(len(x))
