@@ -426,7 +426,9 @@ def input_array(request: InferRequest, name: str, spec: TensorSpec | None) -> np
     if array.ndim == 0 or array.shape[1:] != spec.shape:
         raise ProtocolError(f"input {name!r} has shape {list(tensor.shape)}; the model "
                             f"takes {expected} (-1: any batch size)")
-    if array.dtype != spec.dtype:
+    if array.dtype.newbyteorder("=") != spec.dtype.newbyteorder("="):
+        # (a byte order is no datatype: the server's request check turns it into the
+        # spec's, as for an in-process request)
         raise ProtocolError(f"input {name!r} has datatype {tensor.datatype}; the model "
                             f"takes {expected}")
     return array

@@ -291,6 +291,22 @@ async def test_a_model_that_raises_gets_500_and_the_next_request_is_served():
         assert status == 200
 
 
+async def test_a_model_whose_spec_is_big_endian_takes_http_requests_as_in_process():
+    # A byte order is no datatype: FP32 is what the spec ">f4" takes.
+    model = with_spec(lambda x: x[:, :2] * 2, (16,), ">f4")
+    async with HttpFront({"be": ModelSource(lambda: model)}) as front, \
+            aiohttp.ClientSession() as s:
+        status, payload = await post(s, f"{front.url}/v2/models/be/infer",
+                                     infer_body(X[:2]))
+        assert status == 200, payload
+        output = json.loads(payload)["outputs"][0]
+        np.testing.assert_allclose(np.reshape(output["data"], output["shape"]),
+                                   X[:2, :2] * 2)
+        status, payload = await post(s, f"{front.url}/v2/models/be/infer",
+                                     infer_body(X[:2].astype(np.float64), datatype="FP64"))
+        assert status == 400 and b"FP32" in payload  # another datatype still is refused
+
+
 async def test_versions_appear_in_responses_routes_and_metrics():
     async with asr.serve(MODEL) as evaluate, HttpFront({"mlp": evaluate}) as front, \
             aiohttp.ClientSession() as s:
