@@ -7,9 +7,12 @@ file it names, ``weights-<digest>.npz`` (an MLP's ``(w, b)`` layers as ``w0, b0,
 bitwise). Saving over a checkpoint writes the new
 weights file beside the old one, then replaces ``config.json`` in one atomic step
 (``files.write_file``), then removes the old weights: the folder is never absent under
-its name, and holds either the old checkpoint or the new one, whole. Loading checks the
-format, every field, the digest and the layer shapes, and names the file and the
-problem when any is off. Checkpoints of format 1 (``weights.npz``) still load.
+its name, and holds either the old checkpoint or the new one, whole. A load that
+meets the last step (the ``config.json`` it read names weights just removed) reads
+``config.json`` again and loads the checkpoint that replaced it. Saving refuses, before
+writing anything, what loading would refuse. Loading checks the format, every field,
+the digest and the layer shapes, and names the file and the problem when any is off.
+Checkpoints of format 1 (``weights.npz``) still load.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import json
 import os
 import re
 import zipfile
-from typing import Any, Dict
+from typing import Any, Dict, NamedTuple
 
 import numpy as np
 
@@ -37,6 +40,9 @@ _FORMAT_1 = "async_search.checkpoint/1"  # weights always in weights.npz
 _CONFIG, _WEIGHTS_1 = "config.json", "weights.npz"
 _WEIGHTS = re.compile(r"^weights-[0-9a-f]{16}\.npz$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: How many times a load tries the weights a ``config.json`` names while saves keep
+#: removing them (each miss means a whole save completed between two of its reads).
+_READS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +70,14 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
     ``config`` is the net's ``NetConfig`` or its JSON dict; None reads it from the model
     (it must then be a model, not bare layers).
 
+    ``metadata`` is a dict (None: ``{}``) of JSON values: strings, finite numbers,
+    booleans, None, lists and dicts. JSON writes dict keys as strings and tuples as
+    lists, so that is how ``read_checkpoint`` gives them back.
+
     Raises:
-        ValueError: weights that do not fit the config, or metadata that is not JSON;
-            nothing is written then.
+        ValueError: weights that do not fit the config (or are not numbers), metadata
+            that is not a dict of JSON values, or a config that ``load_checkpoint``
+            would refuse; nothing is written then.
         FileWriteError: naming the file that could not be written; the checkpoint that
             was there is whole.
 
@@ -80,6 +91,9 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
         {'iteration': 0}
     """
     path = folder_path(path)
+    if metadata is not None and not isinstance(metadata, dict):  # loading needs an object
+        raise ValueError(f"save_checkpoint({path!r}): metadata must be a dict (or None), "
+                         f"got {type(metadata).__name__} {metadata!r:.80}")
     bare = isinstance(model, (list, tuple, dict))
     if bare and config is None:
         raise ValueError("save_checkpoint: bare weights ((w, b) layers or named arrays) "
@@ -92,6 +106,10 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
     else:
         arrays = {f"{kind}{i}": np.asarray(a) for i, layer in enumerate(weights)
                   for kind, a in zip("wb", layer)}
+    pickled = sorted(name for name, a in arrays.items() if a.dtype.hasobject)
+    if pickled:  # np.savez would pickle them, and loading reads no pickles
+        raise ValueError(f"save_checkpoint({path!r}): the weights {pickled[:4]} are "
+                         f"object arrays; save numeric arrays (e.g. float32)")
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
@@ -103,15 +121,21 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
               "layers": len(weights)}
     try:  # refuses non-JSON metadata (and NaN, which strict JSON readers reject) early
         text = json.dumps(header, indent=1, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"save_checkpoint({path!r}): metadata must be JSON (strings, "
                          f"finite numbers, lists, dicts): {e}") from e
+    config_file = os.path.join(path, _CONFIG)
+    try:  # what is written is what loading accepts (a NetConfig checks less: its size)
+        _checked_header(json.loads(text), config_file)
+    except (CheckpointError, RecursionError) as e:
+        raise ValueError(f"save_checkpoint({path!r}): refused, as load_checkpoint would "
+                         f"refuse it: {e}") from e
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ValueError(f"save_checkpoint({path!r}): a file has that name; a checkpoint "
                          f"is a folder (remove the file or choose another path)")
     make_folder(path)
     write_file(os.path.join(path, weights_file), data)
-    write_file(os.path.join(path, _CONFIG), text)  # the commit: names the new weights
+    write_file(config_file, text)  # the commit: names the new weights
     for name in sorted(os.listdir(path)):  # the old weights, and interrupted writes
         if (name != weights_file and (name == _WEIGHTS_1 or _WEIGHTS.match(name))
                 or is_leftover(name)):
@@ -125,20 +149,88 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
     return path
 
 
+class _Header(NamedTuple):
+    """A checked ``config.json``."""
+
+    config: NetConfig
+    metadata: Dict[str, Any]
+    layers: int
+    digest: str
+    weights_file: str  # the name, in the checkpoint's folder
+
+
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """The config, weights and metadata of the checkpoint at ``path``.
+
+    A save over the checkpoint while it loads is no error: when the weights that the
+    ``config.json`` read names are gone (the save replaced ``config.json`` and removed
+    them), ``config.json`` is read again and the checkpoint it now names is loaded.
 
     Raises:
         CheckpointError: naming the file and what is wrong with it.
     """
-    from async_search.schema import Fields, read_json
-
     path = folder_path(path)
     config_file = os.path.join(path, _CONFIG)
+    header = _read_header(path, config_file)
+    for read in range(1, _READS + 1):
+        weights_file = os.path.join(path, header.weights_file)
+        try:
+            with open(weights_file, "rb") as f:
+                data = f.read()
+            break
+        except FileNotFoundError:
+            # A save committed a new config.json and removed these weights after this
+            # read the old one: the new one names weights that are there.
+            newer = _read_header(path, config_file)
+            if newer.weights_file == header.weights_file and not os.path.exists(
+                    weights_file):
+                raise CheckpointError(f"checkpoint {path!r}: {weights_file!r}, which "
+                                      f"{_CONFIG} names, is missing") from None
+            if read == _READS:
+                raise CheckpointError(f"checkpoint {path!r}: each of the {_READS} times "
+                                      f"{_CONFIG} was read, a save removed the weights it "
+                                      f"named before they could be read") from None
+            header = newer
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: "
+                                  f"{e}") from e
+    config, layers = header.config, header.layers
+    if hashlib.sha256(data).hexdigest() != header.digest:
+        raise CheckpointError(f"checkpoint {weights_file!r} does not match the digest in "
+                              f"{_CONFIG} (truncated or corrupt)")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            want = (set(config.conv_shapes) if config.convolutional
+                    else {f"{kind}{i}" for i in range(layers) for kind in "wb"})
+            if set(arrays.files) != want:
+                raise ValueError(f"it holds arrays {sorted(arrays.files)}, expected "
+                                 f"{sorted(want)}")
+            weights = ({name: arrays[name] for name in config.conv_shapes}
+                       if config.convolutional else
+                       [(arrays[f"w{i}"], arrays[f"b{i}"]) for i in range(layers)])
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
+        raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: {e}") from e
+    try:
+        check_weights(config, weights)
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {weights_file!r}: {e}") from e
+    return Checkpoint(config, weights, header.metadata)
+
+
+def _read_header(path: str, config_file: str) -> _Header:
+    """The checkpoint's ``config.json``, read and checked."""
+    from async_search.schema import read_json
+
     if not os.path.isfile(config_file):
         raise CheckpointError(f"checkpoint {path!r}: {config_file!r} is missing (is it a "
                               f"checkpoint folder written by save_checkpoint?)")
-    header = read_json(config_file)
+    return _checked_header(read_json(config_file), config_file)
+
+
+def _checked_header(header: Any, config_file: str) -> _Header:
+    """Every field of a ``config.json`` checked (saving checks what it writes here)."""
+    from async_search.schema import Fields
+
     got = header.get("format") if isinstance(header, dict) else None
     if got not in (FORMAT, _FORMAT_1):
         shown = got if isinstance(header, dict) else f"a JSON {type(header).__name__}"
@@ -166,35 +258,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
             else _WEIGHTS_1)
     fields.exactly(["format", "config", "metadata", "layers", "weights_sha256"]
                    + (["weights_file"] if got == FORMAT else []))
-    weights_file = os.path.join(path, name)
-    try:
-        with open(weights_file, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path!r}: {weights_file!r}, which {_CONFIG} "
-                              f"names, is missing") from None
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: {e}") from e
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise CheckpointError(f"checkpoint {weights_file!r} does not match the digest in "
-                              f"{_CONFIG} (truncated or corrupt)")
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-            want = (set(config.conv_shapes) if config.convolutional
-                    else {f"{kind}{i}" for i in range(layers) for kind in "wb"})
-            if set(arrays.files) != want:
-                raise ValueError(f"it holds arrays {sorted(arrays.files)}, expected "
-                                 f"{sorted(want)}")
-            weights = ({name: arrays[name] for name in config.conv_shapes}
-                       if config.convolutional else
-                       [(arrays[f"w{i}"], arrays[f"b{i}"]) for i in range(layers)])
-    except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
-        raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: {e}") from e
-    try:
-        check_weights(config, weights)
-    except ValueError as e:
-        raise CheckpointError(f"checkpoint {weights_file!r}: {e}") from e
-    return Checkpoint(config, weights, metadata)
+    return _Header(config, metadata, layers, digest, name)
 
 
 def _net_config(fields: Any) -> Dict[str, Any]:

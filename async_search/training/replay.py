@@ -3,7 +3,9 @@
 A sample is an encoded state ``x``, a policy target ``pi`` (an MCTS visit distribution;
 absent for heuristic nets) and a value target ``z`` (a game outcome or a cost to go).
 The buffer is a ring of preallocated arrays: adding a game is one slice assignment,
-sampling a minibatch is one fancy index.
+sampling a minibatch is one fancy index. A loaded buffer's arrays hold the samples its
+file holds and grow (doubling, up to the capacity) as adds need: a load allocates no
+more than the file's arrays, whatever capacity its header says.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class ReplayBuffer:
         self._rng = np.random.default_rng(self.seed)
         self._spec: _Spec | None = None
         self._has_policy: bool | None = None
+        self._preallocate = True  # False once loaded: the arrays grow as adds need
         if state_shape is not None:
             self._allocate(_Spec(tuple(int(d) for d in state_shape),
                                  None if num_actions is None else int(num_actions)))
@@ -105,12 +108,31 @@ class ReplayBuffer:
     def num_actions(self) -> int | None:
         return None if self._spec is None else self._spec.num_actions
 
-    def _allocate(self, spec: _Spec) -> None:
+    def _allocate(self, spec: _Spec, rows: int | None = None) -> None:
+        """Arrays of ``rows`` samples (default: the capacity) for ``spec``."""
+        rows = self.capacity if rows is None else rows
         self._spec = spec
-        self._x = np.zeros((self.capacity, *spec.state_shape), np.float32)
-        self._pi = (np.zeros((self.capacity, spec.num_actions), np.float32)
+        self._x = np.zeros((rows, *spec.state_shape), np.float32)
+        self._pi = (np.zeros((rows, spec.num_actions), np.float32)
                     if spec.num_actions is not None else None)
-        self._z = np.zeros(self.capacity, np.float32)
+        self._z = np.zeros(rows, np.float32)
+
+    def _reserve(self, rows: int) -> None:
+        """Grows the arrays to hold at least ``rows`` samples (``<= capacity``): a
+        loaded buffer's arrays hold only the samples it read. Below the capacity the
+        ring has not wrapped, so the samples are the first rows, kept in place."""
+        held = len(self._z)
+        if rows <= held:
+            return
+        rows = min(self.capacity, max(rows, 2 * held))  # doubling: few copies of a sample
+        grown = {}
+        for name in ("_x", "_pi", "_z"):  # all allocated before any is replaced
+            old = getattr(self, name)
+            if old is not None:
+                grown[name] = np.zeros((rows, *old.shape[1:]), np.float32)
+                grown[name][:held] = old
+        for name, array in grown.items():
+            setattr(self, name, array)
 
     # -- adding ---------------------------------------------------------------------------
 
@@ -136,6 +158,7 @@ class ReplayBuffer:
             x, value = x[-self.capacity:], value[-self.capacity:]
             policy = None if policy is None else policy[-self.capacity:]
             n = self.capacity
+        self._reserve(min(self.capacity, self._size + n))
         index = (self._next + np.arange(n)) % self.capacity
         self._x[index] = x
         if policy is not None:
@@ -178,7 +201,7 @@ class ReplayBuffer:
         if self._spec is None:
             if not n:  # an empty add says nothing of the samples to come
                 return x, policy, value
-            self._allocate(spec)
+            self._allocate(spec, None if self._preallocate else 0)
         elif spec != self._spec:
             want = self._spec
             raise ValueError(
@@ -247,7 +270,10 @@ class ReplayBuffer:
     def load(cls, path: str | os.PathLike, *, augment: Augment | None = None
              ) -> "ReplayBuffer":
         """A buffer as ``save`` wrote it; every field and array is checked (format,
-        types, ranges, shapes, finite targets, policy rows summing to 1).
+        types, ranges, shapes, finite targets, policy rows summing to 1). Its arrays
+        hold the samples read, checked against the header before anything is
+        allocated, and grow as adds need (so a capacity far above the samples held
+        allocates nothing up front).
 
         Raises:
             CheckpointError: (a ``ValueError``) naming the file and the problem when it
@@ -263,23 +289,28 @@ class ReplayBuffer:
                                           f"buffer (no header; it holds {data.files})")
                 meta = _read_meta(data["meta"], path)
                 buf = cls(meta["capacity"], meta["seed"], augment=augment)
-                size = meta["size"]
+                buf._preallocate = False  # the header's capacity may be damaged
+                size, actions = meta["size"], meta["num_actions"]
                 want = {"meta"}
                 if meta["state_shape"] is not None:
-                    buf._allocate(_Spec(tuple(meta["state_shape"]), meta["num_actions"]))
-                    want |= {"x", "z"} | ({"pi"} if buf._pi is not None else set())
-                    for name, target in (("x", buf._x), ("z", buf._z), ("pi", buf._pi)):
-                        if target is None:
-                            continue
+                    spec = _Spec(tuple(meta["state_shape"]), actions)
+                    shapes = {"x": (size, *spec.state_shape), "z": (size,)}
+                    if actions is not None:
+                        shapes["pi"] = (size, actions)
+                    want |= set(shapes)
+                    held = {}
+                    for name, shape in shapes.items():  # the file's arrays are the buffer's
                         array = data[name] if name in data.files else None
-                        if array is None or array.shape != (size, *target.shape[1:]) or (
+                        if array is None or array.shape != shape or (
                                 array.dtype != np.float32):
                             got = "nothing" if array is None else (
                                 f"{array.dtype} {list(array.shape)}")
                             raise CheckpointError(
                                 f"replay buffer file {path!r}: the array {name!r} must "
-                                f"be float32 {[size, *target.shape[1:]]}, got {got}")
-                        target[:size] = array
+                                f"be float32 {list(shape)}, got {got}")
+                        held[name] = np.require(array, np.float32, ["C", "W"])
+                    buf._spec = spec
+                    buf._x, buf._z, buf._pi = held["x"], held["z"], held.get("pi")
                 if set(data.files) != want:
                     raise CheckpointError(f"replay buffer file {path!r} holds arrays "
                                           f"{sorted(data.files)}, expected {sorted(want)}")
@@ -293,8 +324,8 @@ class ReplayBuffer:
                                           f"is not a {kind} state: {e}") from e
         except CheckpointError:
             raise
-        except (OSError, zipfile.BadZipFile, KeyError, EOFError, TypeError,
-                ValueError) as e:
+        except (OSError, zipfile.BadZipFile, KeyError, EOFError, TypeError, ValueError,
+                MemoryError) as e:  # MemoryError: an array header sized past memory
             raise CheckpointError(f"replay buffer file {path!r} is corrupt, truncated or "
                                   f"not a replay buffer: {e}") from e
         return buf

@@ -171,6 +171,118 @@ def test_non_json_metadata_is_refused_at_save_and_the_previous_checkpoint_stays(
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
 
 
+@pytest.mark.parametrize("metadata", [[1, 2], "text", 3, (1, 2)])
+def test_metadata_that_is_not_a_dict_is_refused_at_save_and_the_previous_checkpoint_stays(
+        tmp_path, metadata):
+    path = tmp_path / "ckpt"
+    weights = trained_looking_weights(HEURISTIC, 1)
+    save_checkpoint(path, weights, HEURISTIC, {"iteration": 1})
+    files = sorted(os.listdir(path))
+    with pytest.raises(ValueError, match="metadata must be a dict"):
+        save_checkpoint(path, trained_looking_weights(HEURISTIC, 2), HEURISTIC, metadata)
+    assert sorted(os.listdir(path)) == files  # nothing written
+    checkpoint = read_checkpoint(path)
+    assert checkpoint.metadata == {"iteration": 1}
+    assert_weights_bitwise_equal(checkpoint.weights, weights)
+
+
+def test_no_metadata_is_saved_as_an_empty_object(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", initial_weights(HEURISTIC, 0), HEURISTIC, None)
+    assert read_checkpoint(tmp_path / "ckpt").metadata == {}
+
+
+def test_metadata_keys_load_back_as_the_strings_json_writes_and_mixed_keys_are_refused(
+        tmp_path):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, initial_weights(HEURISTIC, 0), HEURISTIC,
+                    {1: "a", 2: {3.5: (3, 4)}})
+    want = {"1": "a", "2": {"3.5": [3, 4]}}
+    assert read_checkpoint(path).metadata == want
+    with pytest.raises(ValueError, match="metadata must be JSON"):  # "1" and 1 collide
+        save_checkpoint(path, initial_weights(HEURISTIC, 1), HEURISTIC, {"1": 1, 1: 2})
+    assert read_checkpoint(path).metadata == want
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"size": 9}, "config.size"), ({"size": 1}, "config.size"),
+    ({"residual": 1}, "config.residual")])
+def test_a_config_that_loading_would_refuse_is_refused_at_save_and_nothing_is_written(
+        tmp_path, change, match):
+    config = dataclasses.replace(POLICY_VALUE, **change)  # a game ignores size
+    with pytest.raises(ValueError, match=f"load_checkpoint would refuse it.*{match}"):
+        save_checkpoint(tmp_path / "ckpt", initial_weights(config, 0), config)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_object_array_weights_are_refused_at_save_and_nothing_is_written(tmp_path):
+    weights = [(w.astype(object), b) for w, b in initial_weights(POLICY_VALUE, 0)]
+    with pytest.raises(ValueError, match="object arrays"):  # loading reads no pickles
+        save_checkpoint(tmp_path / "ckpt", weights, POLICY_VALUE)
+    assert not (tmp_path / "ckpt").exists()
+
+
+# -- a load while a save replaces the checkpoint -------------------------------------------
+
+
+def saving_after_each_read(monkeypatch, path, saves):
+    """Makes each of the first ``saves`` reads of ``path``'s config.json complete a save
+    over the checkpoint before the load goes on: the interleaving of a load that reads
+    the old config.json, then a save that commits and removes the old weights. Returns
+    the list of the weights saved (seeds 10, 11, ...), appended as they are."""
+    import async_search.schema as schema
+
+    read_json, saved = schema.read_json, []
+
+    def read_then_save(file):
+        header = read_json(file)
+        if os.path.basename(file) == "config.json" and len(saved) < saves:
+            saved.append(trained_looking_weights(POLICY_VALUE, 10 + len(saved)))
+            save_checkpoint(path, saved[-1], POLICY_VALUE, {"save": len(saved)})
+        return header
+
+    monkeypatch.setattr(schema, "read_json", read_then_save)
+    return saved
+
+
+@pytest.mark.parametrize("old_format", [False, True])
+def test_a_load_overtaken_by_a_save_reads_config_json_again_and_loads_the_new_checkpoint(
+        tmp_path, monkeypatch, old_format):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, trained_looking_weights(POLICY_VALUE, 1), POLICY_VALUE,
+                    {"save": 0})
+    old = weights_file(path)
+    if old_format:  # a format-1 checkpoint, weights.npz, replaced by the current format
+        header = json.loads((path / "config.json").read_text())
+        old = old.rename(path / "weights.npz")
+        header["format"] = "async_search.checkpoint/1"
+        del header["weights_file"]
+        (path / "config.json").write_text(json.dumps(header))
+    saved = saving_after_each_read(monkeypatch, path, saves=1)
+    checkpoint = read_checkpoint(path)
+    assert len(saved) == 1 and not old.exists()  # the load met the removed weights
+    assert checkpoint.metadata == {"save": 1}
+    assert_weights_bitwise_equal(checkpoint.weights, saved[0])
+
+
+def test_a_load_overtaken_by_saves_several_times_loads_the_newest(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, trained_looking_weights(POLICY_VALUE, 1), POLICY_VALUE)
+    saved = saving_after_each_read(monkeypatch, path, saves=3)
+    model = load_checkpoint(path)
+    assert len(saved) == 3 and model.checkpoint_metadata == {"save": 3}
+    assert_weights_bitwise_equal(read_checkpoint(path).weights, saved[-1])
+
+
+def test_a_load_overtaken_by_a_save_at_every_read_gives_up_naming_the_folder(
+        tmp_path, monkeypatch):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, trained_looking_weights(POLICY_VALUE, 1), POLICY_VALUE)
+    saved = saving_after_each_read(monkeypatch, path, saves=100)
+    with pytest.raises(CheckpointError, match="a save removed the weights") as info:
+        read_checkpoint(path)
+    assert str(path) in str(info.value) and len(saved) <= 10  # bounded, not a loop
+
+
 # -- a kill or a full disk during a save ---------------------------------------------------
 
 
@@ -429,6 +541,19 @@ def test_a_missing_weights_file_is_refused_naming_it(checkpoint):
     file = weights_file(checkpoint)
     file.unlink()
     assert_refused_naming(checkpoint, file, match="missing")
+
+
+def test_a_config_that_still_names_missing_weights_when_read_again_is_refused(
+        checkpoint, monkeypatch):
+    import async_search.schema as schema
+
+    read_json, reads = schema.read_json, []
+    monkeypatch.setattr(schema, "read_json",
+                        lambda file: reads.append(file) or read_json(file))
+    file = weights_file(checkpoint)
+    file.unlink()
+    assert_refused_naming(checkpoint, file, match="which config.json names, is missing")
+    assert len(reads) == 2 * 2  # each load read it again once, then gave up
 
 
 def test_a_missing_folder_is_refused_naming_it(tmp_path):

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -329,6 +330,43 @@ def test_an_empty_buffer_round_trips(tmp_path):
     assert len(loaded) == 2
 
 
+@pytest.mark.parametrize("shaped", [False, True])
+def test_a_loaded_buffer_grows_as_adds_need_and_rings_as_the_one_saved(tmp_path, shaped):
+    kwargs = {"state_shape": SHAPE, "num_actions": ACTIONS} if shaped else {}
+    for first in (0, 3, 12):  # loaded empty, part full, full
+        buf = ReplayBuffer(12, seed=5, **kwargs)
+        if first:
+            buf.add(*samples(first))
+        buf.save(tmp_path / "r.npz")
+        loaded = ReplayBuffer.load(tmp_path / "r.npz")
+        for start, n in ((first, 2), (first + 2, 4), (first + 6, 9), (first + 15, 30)):
+            buf.add(*samples(n, start=start))
+            loaded.add(*samples(n, start=start))
+            assert_same(snapshot(buf), snapshot(loaded))
+            np.testing.assert_array_equal(buf.sample(8).value, loaded.sample(8).value)
+
+
+@pytest.mark.parametrize("capacity", [10 ** 6, 10 ** 13])
+def test_a_header_capacity_far_above_the_samples_held_allocates_only_what_the_file_holds(
+        tmp_path, capacity):
+    import tracemalloc
+
+    path = saved(tmp_path)
+    rewrite(path, lambda meta: meta.update(capacity=capacity))
+    tracemalloc.start()
+    try:
+        loaded = ReplayBuffer.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2 ** 20  # the 40 samples' arrays: a few hundred KiB
+    assert (len(loaded), loaded.capacity) == (40, capacity)
+    before = snapshot(loaded)
+    loaded.add(*samples(5, start=40))  # and it grows as adds need
+    assert len(loaded) == 45 and ids_of(loaded.arrays()) == list(range(45))
+    np.testing.assert_array_equal(loaded.arrays().x[:40], before[2])
+
+
 def test_saving_over_a_file_replaces_it_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "replay.npz"
     buf = ReplayBuffer(6, seed=0)
@@ -471,6 +509,30 @@ def test_buffer_arrays_of_the_wrong_shape_type_or_values_are_refused(tmp_path, n
     path = saved(tmp_path)
     rewrite(path, arrays_change=change)
     assert_refused(path, match)
+
+
+@pytest.mark.parametrize("shape", [[2, 6, 2 ** 40], [2 ** 62]])
+def test_a_header_state_shape_past_memory_is_refused_naming_the_array(tmp_path, shape):
+    path = saved(tmp_path)
+    rewrite(path, lambda meta: meta.update(state_shape=shape))
+    assert_refused(path, "the array 'x' must be float32")
+
+
+def test_an_array_whose_own_header_is_sized_past_memory_is_refused_naming_the_file(
+        tmp_path):
+    path = saved(tmp_path)
+    arrays = dict(np.load(path))
+    with zipfile.ZipFile(path, "w") as npz:  # x.npy says [40, 2**48] and holds 40 rows
+        for name, array in arrays.items():
+            with npz.open(f"{name}.npy", "w") as f:
+                if name == "x":
+                    np.lib.format.write_array_header_1_0(
+                        f, {"descr": "<f4", "fortran_order": False,
+                            "shape": (40, 2 ** 48)})
+                    f.write(array.tobytes())
+                else:
+                    np.lib.format.write_array(f, array)
+    assert_refused(path, "corrupt, truncated or not a replay buffer")
 
 
 def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_buffer(tmp_path):
