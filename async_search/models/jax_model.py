@@ -16,6 +16,7 @@ from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError, InputSpecError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
                                          bucket_sizes, net_outputs, padded_rows)
+from async_search.models.weight_casts import host_copy
 
 
 class JaxModel(BucketedModel):
@@ -161,8 +162,11 @@ class JaxModel(BucketedModel):
 
         Raises:
             ValueError: a tree structure or a shape that differs from the parameters',
-                or a dtype that does not cast to theirs within its kind (floats into
-                an integer parameter would be truncated).
+                or a value that the cast to its parameter's dtype would change: one of
+                another kind (floats into an integer parameter would be truncated), an
+                integer outside the parameter's range (it would wrap), a finite float
+                past it (it would become infinite). Nothing is staged then: the model
+                keeps its parameters.
         """
         jax = self._shared.jax
         old = self.params
@@ -171,21 +175,22 @@ class JaxModel(BucketedModel):
                              f"{jax.tree.structure(params)} differs from the model's "
                              f"{jax.tree.structure(old)}")
 
-        def staged(new: Any, ref: Any) -> Any:
+        def staged(path: Any, new: Any, ref: Any) -> Any:
+            name = f"parameter {jax.tree_util.keystr(path)}" if path else "the parameter"
             if np.shape(new) != np.shape(ref):
-                raise ValueError(f"JaxModel.with_weights: a parameter of shape "
+                raise ValueError(f"JaxModel.with_weights: {name} has shape "
                                  f"{np.shape(new)} where the model has {np.shape(ref)}")
-            given = np.asarray(new).dtype
-            if not np.can_cast(given, ref.dtype, casting="same_kind"):
-                raise ValueError(f"JaxModel.with_weights: a parameter of dtype {given} "
-                                 f"where the model has {ref.dtype} (the cast would "
-                                 f"change its values)")
-            # A host copy in the model's dtype: the caller may change its arrays later.
-            return np.array(new, dtype=ref.dtype, copy=True)
+            # A host copy in the model's dtype (the caller may change its arrays later),
+            # its values kept: a Python int past int32 (a weak parameter) too.
+            return host_copy(new, np.dtype(ref.dtype), lambda given: (
+                f"JaxModel.with_weights: {name} has dtype {given} where the model has "
+                f"{ref.dtype}"))
 
         new = object.__new__(JaxModel)
         new.__dict__.update(self.__dict__)
-        new._staged = jax.tree.map(staged, params, old)
+        # Every parameter is checked before the new model exists: a refused update
+        # leaves this one as it was.
+        new._staged = jax.tree_util.tree_map_with_path(staged, params, old)
         new._params = None
         return new
 

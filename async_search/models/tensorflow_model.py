@@ -14,6 +14,7 @@ from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
 from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_sizes,
                                          net_outputs, padded_rows)
+from async_search.models.weight_casts import host_copy
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
 
@@ -39,7 +40,9 @@ class TensorFlowModel(OwnWeightsModel):
         batch_sizes: the allowed batch sizes (sorted ascending); overrides the powers of
             two.
         jit_compile: compile with XLA.
-        device: a TensorFlow device string; default the first GPU, else ``/CPU:0``.
+        device: a TensorFlow device string (``/GPU:1``, or in full with this process's
+            job, replica and task, ``/job:localhost/replica:0/task:0/device:GPU:1``);
+            default the first GPU, else ``/CPU:0``.
         batch_tolerance: overrides the default above.
 
     Raises:
@@ -90,7 +93,11 @@ class TensorFlowModel(OwnWeightsModel):
 
         Raises:
             TypeError: ``fn`` is not a Keras model (pass a new model to update_model).
-            ValueError: a count or shape that differs from the model's weights.
+            ValueError: a count or shape that differs from the model's weights, or a
+                value that the cast to its weight's dtype would change: one of another
+                kind (a float for an integer weight), an integer outside the weight's
+                range, a finite float past it (it would become infinite). Nothing is
+                staged then: the model keeps its weights.
         """
         return self._with_staged(weights)
 
@@ -143,7 +150,9 @@ class TensorFlowModel(OwnWeightsModel):
 
 def tensorflow_device(device: str | None = None) -> str:
     """``device`` checked against this machine's TensorFlow devices; None: ``/GPU:0``
-    when TensorFlow sees a GPU, else ``/CPU:0``.
+    when TensorFlow sees a GPU, else ``/CPU:0``. A name may give the job, replica and
+    task (this process's are ``/job:localhost/replica:0/task:0``, as TensorFlow names
+    where it places tensors); another's device is not on this machine.
 
     Raises:
         DeviceNotFoundError: naming the device and the devices this machine has.
@@ -151,6 +160,8 @@ def tensorflow_device(device: str | None = None) -> str:
     Example:
         >>> tensorflow_device("/CPU:0")
         '/CPU:0'
+        >>> tensorflow_device("/job:localhost/replica:0/task:0/device:CPU:0")
+        '/job:localhost/replica:0/task:0/device:CPU:0'
     """
     import tensorflow as tf
 
@@ -170,12 +181,20 @@ def tensorflow_device(device: str | None = None) -> str:
     return device
 
 
+#: The job, replica and task of this process's own devices when TensorFlow's names of
+#: them leave these out (``/device:CPU:0``): where it places tensors is named in full,
+#: ``/job:localhost/replica:0/task:0/device:CPU:0``.
+_LOCAL_TASK = {"job": "localhost", "replica": 0, "task": 0}
+
+
 def _names_it(spec: Any, device: Any) -> bool:
     """Whether the device ``spec`` (its fields that are set) names ``device``: its job,
-    replica and task too (another task's device is not here)."""
-    for field in ("job", "replica", "task"):
+    replica and task too (another task's device is not here; a device named without
+    them is the local task's, ``_LOCAL_TASK``)."""
+    for field, local in _LOCAL_TASK.items():
         wanted = getattr(spec, field)
-        if wanted is not None and wanted != getattr(device, field):
+        have = getattr(device, field)
+        if wanted is not None and wanted != (local if have is None else have):
             return False
     if spec.device_type is None:
         return True
@@ -225,13 +244,12 @@ class _Traced:
             if np.shape(value) != shape:
                 raise ValueError(f"weight {i} ({variable.name}) has shape "
                                  f"{np.shape(value)}, the model's has {shape}")
-            # A host copy: the caller may change its arrays later.
+            # A host copy (the caller may change its arrays later), all checked before
+            # any is staged: a refused update leaves the model's weights as they were.
             dtype = np.dtype(getattr(variable.dtype, "as_numpy_dtype", variable.dtype))
-            if not np.can_cast(np.asarray(value).dtype, dtype, "same_kind"):
-                raise ValueError(f"weight {i} ({variable.name}) is "
-                                 f"{np.asarray(value).dtype}, the model's is {dtype}: a "
-                                 f"cast would change its values")
-            staged.append(np.array(value, dtype=dtype, copy=True))
+            staged.append(host_copy(
+                value, dtype, lambda given, i=i, name=variable.name, dtype=dtype:
+                f"weight {i} ({name}) is {given}, the model's is {dtype}"))
         return staged
 
     def _read(self) -> list:

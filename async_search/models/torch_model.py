@@ -22,6 +22,7 @@ from async_search.errors import DeviceNotFoundError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
                                          bucket_sizes, check_padded_shape, net_outputs,
                                          padded_rows)
+from async_search.models.weight_casts import kind_refused, values_lost, weight_array
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
 
@@ -185,7 +186,11 @@ class TorchModel(OwnWeightsModel):
                 names and shapes, or a module of the same architecture.
 
         Raises:
-            ValueError: names or shapes that differ from the module's.
+            ValueError: names or shapes that differ from the module's, or a value that
+                the cast to its weight's dtype would change: one of another kind (a
+                float for an integer weight), an integer outside the weight's range (it
+                would wrap), a finite float past it (it would become infinite). Nothing
+                is staged then: the model keeps its weights.
             TypeError: anything else.
         """
         return self._with_staged(weights)
@@ -292,6 +297,16 @@ def _numpy_dtype(torch: Any, dtype: Any) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
+def _host_numpy(torch: Any, tensor: Any) -> np.ndarray:
+    """The values of ``tensor`` as a NumPy array on the host (a float dtype NumPy lacks,
+    bfloat16, as float32, which holds its values exactly)."""
+    host = tensor.detach().cpu().resolve_conj().resolve_neg()
+    try:
+        return host.numpy()
+    except TypeError:
+        return host.to(torch.complex64 if host.is_complex() else torch.float32).numpy()
+
+
 def _initialize_lazy(torch: Any, module: Any, spec: Any, dtype: Any, device: Any) -> None:
     """Gives a module with lazy layers (``nn.LazyLinear``...) its parameters: one batch
     of zeros of the input spec, as PyTorch asks (the adapter reads the parameters)."""
@@ -391,19 +406,34 @@ class _Runner:
         if missing or unexpected:
             raise ValueError(f"the weights do not match the module's state_dict: missing "
                              f"{missing[:5]}, unexpected {unexpected[:5]}")
-        staged = []
+        staged = []  # all checked before any is staged: a refused update changes nothing
         for name, slot in zip(self.names, self.slots):
             value = weights[name]
-            tensor = (value.detach() if isinstance(value, torch.Tensor)
-                      else torch.as_tensor(np.asarray(value)))
-            if tuple(tensor.shape) != tuple(slot.shape):
-                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, the "
+
+            def head(given: str, name: str = name, slot: Any = slot) -> str:
+                return f"weight {name!r} is {given}, the module's is {slot.dtype}"
+
+            if isinstance(value, torch.Tensor):
+                value = value.detach()
+                given = _numpy_dtype(torch, value.dtype)
+            else:  # an array, its kind checked before torch sees it (Python objects)
+                value = weight_array(value, head)
+                given = value.dtype
+            if tuple(value.shape) != tuple(slot.shape):
+                raise ValueError(f"weight {name!r} has shape {tuple(value.shape)}, the "
                                  f"module's has {tuple(slot.shape)}")
-            if not np.can_cast(_numpy_dtype(torch, tensor.dtype),
-                               _numpy_dtype(torch, slot.dtype), "same_kind"):
-                raise ValueError(f"weight {name!r} is {tensor.dtype}, the module's is "
-                                 f"{slot.dtype}: a cast would change its values")
-            staged.append(tensor.to("cpu", dtype=slot.dtype, copy=True))
+            if kind_refused(given, _numpy_dtype(torch, slot.dtype)):
+                raise ValueError(f"{head(str(value.dtype))}: a cast would change its "
+                                 f"values")
+            tensor = torch.as_tensor(value)
+            cast = tensor.to("cpu", dtype=slot.dtype, copy=True)
+            if tensor.dtype != slot.dtype:  # wrapped integers, floats become infinite
+                lost = values_lost(_host_numpy(torch, tensor), _host_numpy(torch, cast),
+                                   str(slot.dtype))
+                if lost is not None:
+                    raise ValueError(f"{head(str(value.dtype))}: {lost}; a cast would "
+                                     f"change its values")
+            staged.append(cast)
         return staged
 
     def _read(self) -> list:

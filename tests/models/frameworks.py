@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -64,6 +64,10 @@ class Framework:
     #: net(weights) -> the framework's own net object (a torch.nn.Module, a Keras
     #: model), callable, which update_model takes as weights; None where there is none.
     net: Callable[[Weights], Any] | None = None
+    #: scaled(b, k) -> (an adapter of SPEC whose net computes ``x * k + b`` from a
+    #: weight ``b`` [6] and a weight ``k`` [1], in their dtypes, ``b`` staged first;
+    #: ``update(b, k)``, what its with_weights takes); None where no adapter runs it.
+    scaled: Callable[[np.ndarray, np.ndarray], Tuple[Any, Callable[..., Any]]] | None = None
 
 
 #: Outputs that do not match the batch a net was given: what each odd net returns,
@@ -151,8 +155,28 @@ def _torch_odd(kind: str, **options: Any) -> Any:
     return TorchModel(Odd(), input_spec=SPEC, **options)
 
 
+def _torch_scaled(b: np.ndarray, k: np.ndarray) -> Tuple[Any, Callable[..., Any]]:
+    import torch
+    from async_search.models import TorchModel
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = torch.nn.Parameter(torch.from_numpy(b.copy()))  # state_dict: first
+            self.register_buffer("k", torch.from_numpy(k.copy()))
+
+        def forward(self, x):
+            return x * self.k.to(x.dtype) + self.b
+
+    def update(b: Any, k: Any) -> dict:
+        return {"b": torch.as_tensor(b), "k": torch.as_tensor(k)}
+
+    return TorchModel(Scaled(), input_spec=SPEC, device="cpu"), update
+
+
 TORCH = Framework("torch", _torch_make, _torch_state, _torch_direct,
-                  missing_device="cuda:7", odd=_torch_odd, net=_torch_net)
+                  missing_device="cuda:7", odd=_torch_odd, net=_torch_net,
+                  scaled=_torch_scaled)
 
 
 # -- JAX ----------------------------------------------------------------------------------
@@ -196,8 +220,15 @@ def _jax_odd(kind: str, **options: Any) -> Any:
                     _jax_params(weights(0)), input_spec=SPEC, **options)
 
 
+def _jax_scaled(b: np.ndarray, k: np.ndarray) -> Tuple[Any, Callable[..., Any]]:
+    from async_search.models import JaxModel
+    model = JaxModel(lambda p, x: x * p["k"].astype(x.dtype) + p["b"],
+                     {"b": b, "k": k}, input_spec=SPEC, device="cpu")
+    return model, lambda b, k: {"b": b, "k": k}  # "b" < "k": b is staged first
+
+
 JAX = Framework("jax", _jax_make, _jax_params, _jax_direct, missing_device="cuda:7",
-                odd=_jax_odd)
+                odd=_jax_odd, scaled=_jax_scaled)
 
 
 # -- TensorFlow ---------------------------------------------------------------------------
@@ -239,8 +270,26 @@ def _tf_odd(kind: str, **options: Any) -> Any:
     return TensorFlowModel(net, SPEC, **options)
 
 
+def _tf_scaled(b: np.ndarray, k: np.ndarray) -> Tuple[Any, Callable[..., Any]]:
+    import tensorflow as tf
+    from async_search.models import TensorFlowModel
+
+    class Scaled(tf.keras.layers.Layer):
+        def build(self, shape):
+            self.b = self.add_weight(shape=b.shape, dtype=str(b.dtype), trainable=False,
+                                     initializer=tf.constant_initializer(b))
+            self.k = self.add_weight(shape=k.shape, dtype=str(k.dtype), trainable=False,
+                                     initializer=tf.constant_initializer(k))
+
+        def call(self, x):
+            return x * tf.cast(self.k, x.dtype) + self.b
+
+    net = tf.keras.Sequential([tf.keras.Input(SPEC.shape), Scaled()])
+    return TensorFlowModel(net, SPEC, max_batch_size=8), lambda b, k: [b, k]
+
+
 TENSORFLOW = Framework("tensorflow", _tf_make, list, _tf_direct, missing_device="/GPU:7",
-                       odd=_tf_odd, net=_keras_net)
+                       odd=_tf_odd, net=_keras_net, scaled=_tf_scaled)
 
 #: The module each framework needs (None: NumPy alone), and the extra that installs it.
 MODULES = {"numpy": None, "torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}

@@ -264,6 +264,78 @@ def test_with_weights_keeps_the_old_model_computing_its_own_weights(framework):
         assert_close(model(x), framework.direct(old, x), tol)
 
 
+def scaled(framework, k_dtype=np.int32):
+    """The framework's ``x * k + b`` adapter with b = 0.25 and k = 3, its update, and
+    rows with the outputs it gives them."""
+    if framework.scaled is None:
+        pytest.skip("NumPy models have no weights of their own dtypes to stage")
+    model, update = framework.scaled(np.full(6, 0.25, np.float32), np.array([3], k_dtype))
+    x = inputs(3)
+    return model, update, x, x * 3 + np.float32(0.25)
+
+
+@pytest.mark.parametrize("given", [2 ** 40 + 5, -2 ** 31 - 1, 2 ** 31])
+async def test_integer_weights_past_their_dtypes_range_are_refused_not_wrapped(
+        framework, given):
+    """int64 2**40 + 5 into an int32 weight would become 5: ValueError naming the
+    weight, the dtypes and the values given, by with_weights and by update_model; the
+    weight staged before it is not taken either."""
+    model, update, x, served = scaled(framework)
+    bad = update(np.ones(6, np.float32), np.array([given], np.int64))
+    with pytest.raises(ValueError, match=rf"int64.*int32.*it holds {given}, outside "
+                                         rf"\S*int32's range \(-2147483648 to "
+                                         rf"2147483647\).*would change its values"):
+        model.with_weights(bad)
+    np.testing.assert_allclose(model(x), served, rtol=1e-6)
+    async with asr.serve(model, max_batch_size=MAX) as evaluate:
+        first = evaluate.version
+        with pytest.raises(ValueError, match="would change its values"):
+            evaluate.update_model(bad, 1)
+        y, version = await within(evaluate.with_version(x), "an answer")
+    assert version == first != 1
+    np.testing.assert_allclose(y, served, rtol=1e-6)
+
+
+def test_integer_weights_that_fit_are_taken_whatever_their_integer_dtype(framework):
+    model, update, x, _ = scaled(framework)
+    for k in (np.array([2 ** 31 - 1], np.int64), np.array([-2 ** 31], np.int64),
+              np.array([7], np.uint64), np.array([True])):
+        updated = model.with_weights(update(np.zeros(6, np.float32), k))
+        np.testing.assert_allclose(updated(x), x * np.float32(k[0]), rtol=1e-6)
+    # An unsigned weight takes signed integers that fit, and refuses those that do not.
+    model, update, x, _ = scaled(framework, np.uint8)
+    np.testing.assert_allclose(model.with_weights(update(np.zeros(6, np.float32),
+                                                         np.array([255], np.int64)))(x),
+                               x * 255, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"it holds -1, outside \S*uint8's range "
+                                         r"\(0 to 255\)"):
+        model.with_weights(update(np.zeros(6, np.float32), np.array([-1], np.int64)))
+
+
+def test_float_weights_past_their_dtypes_range_are_refused_not_made_infinite(framework):
+    """A finite float64 past float32's range would become inf: refused as a cast that
+    changes the values; rounding is not a change, and an infinity given stays one."""
+    if not framework.pads:
+        pytest.skip("NumPy models compute in the dtype of the weights given")
+    old = weights(0)
+    model = framework.make(old, max_batch_size=MAX)
+    x = inputs(4)
+    before = model(x)
+    huge = [w.astype(np.float64) for w in weights(1)]
+    huge[3][1] = -1e300
+    with pytest.raises(ValueError, match=r"float64.*float32.*finite values past "
+                                         r"\S*float32's range \(up to 1e\+300 in "
+                                         r"magnitude\).*would change its values"):
+        model.with_weights(framework.update(huge))
+    np.testing.assert_array_equal(model(x), before)
+    rounded = [w.astype(np.float64) + 1e-12 for w in weights(1)]
+    assert_close(model.with_weights(framework.update(rounded))(x),
+                 framework.direct(weights(1), x), tolerance(model))
+    infinite = [w.astype(np.float64) for w in weights(1)]
+    infinite[3][0] = np.inf
+    assert np.isinf(model.with_weights(framework.update(infinite))(x)[:, 0]).all()
+
+
 def test_threads_share_one_adapter_safely(framework):
     w = weights(0)
     model = framework.make(w, max_batch_size=MAX)

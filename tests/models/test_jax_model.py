@@ -145,6 +145,29 @@ def test_a_weakly_typed_parameter_stays_weak_across_updates_and_copies():
     assert model.with_weights({"s": 6.0}).on_device("cpu")(x).dtype == np.float16
 
 
+@pytest.mark.parametrize("given", [2 ** 40, -2 ** 31 - 1, 2 ** 70])
+def test_a_python_int_past_a_weak_int_parameters_range_gets_value_error(given):
+    """A parameter made from a Python int is a weak int32: an int past that range is
+    refused (ValueError, not NumPy's OverflowError), and the parameter stays."""
+    model = JaxModel(lambda p, x: x * p, 3, input_spec=SPEC, device="cpu")
+    with pytest.raises(ValueError, match="the parameter has dtype .* where the model has "
+                                         "int32.*would change its values"):
+        model.with_weights(given)
+    np.testing.assert_allclose(model(rows(2)), 3 * rows(2), rtol=1e-6)
+    assert model.with_weights(2 ** 31 - 1).params == 2 ** 31 - 1
+
+
+def test_a_refused_parameter_is_named_by_its_path_and_stages_nothing():
+    model = JaxModel(lambda p, x: x * p["k"][0] + p["b"], {
+        "b": np.zeros(6, np.float32), "k": [np.array(2, np.int32)]},
+        input_spec=SPEC, device="cpu")
+    with pytest.raises(ValueError, match=r"parameter \['k'\]\[0\] has dtype int64 "
+                                         r"where the model has int32: it holds 4294967298"):
+        model.with_weights({"b": np.ones(6, np.float32), "k": [np.array(2 ** 32 + 2)]})
+    np.testing.assert_allclose(model(rows(2)), 2 * rows(2), rtol=1e-6)
+    np.testing.assert_array_equal(model.params["b"], np.zeros(6, np.float32))
+
+
 @pytest.mark.skipif(jax.config.jax_enable_x64, reason="64-bit JAX computes int64 as is")
 @pytest.mark.parametrize("with_params", [True, False])
 def test_int64_inputs_past_int32_fail_instead_of_wrapping_without_x64(with_params):

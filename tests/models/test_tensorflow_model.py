@@ -140,3 +140,53 @@ def test_a_device_of_another_task_or_not_a_name_is_refused_at_construction(keras
                                                                             device):
     with pytest.raises(DeviceNotFoundError):
         TensorFlowModel(keras_net, TensorSpec((6,), np.float32), device=device)
+
+
+def test_the_full_name_tensorflow_gives_a_local_device_is_accepted(tf, keras_net):
+    """TensorFlow names where it placed a tensor with the job, replica and task
+    (``/job:localhost/replica:0/task:0/device:CPU:0``): that name, and names that give
+    only some of them, are this machine's CPU."""
+    x = np.random.default_rng(3).standard_normal((3, 6)).astype(np.float32)
+    expected = TensorFlowModel(keras_net, TensorSpec((6,), np.float32),
+                               device="/CPU:0")(x)
+    placed = tf.constant(1.0).device
+    assert placed.startswith("/job:localhost/replica:0/task:0/device:")
+    for device in (placed, "/job:localhost/replica:0/task:0/device:CPU:0",
+                   "/job:localhost/device:CPU:0", "/task:0/device:CPU:0",
+                   "/job:localhost/replica:0/task:0/cpu:0"):
+        model = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), device=device)
+        np.testing.assert_array_equal(model(x), expected)
+        np.testing.assert_array_equal(model.on_device(device)(x), expected)
+
+
+@pytest.mark.parametrize("device", [
+    "/job:localhost/replica:0/task:1/device:CPU:0",
+    "/job:localhost/replica:1/task:0/device:CPU:0",
+    "/job:worker/replica:0/task:0/device:CPU:0",
+    "/job:localhost/replica:0/task:0/device:CPU:3",
+    "/job:localhost/replica:0/task:0/device:GPU:7"])
+def test_another_task_or_a_missing_device_in_full_is_still_refused(keras_net, device):
+    with pytest.raises(DeviceNotFoundError, match="this machine has"):
+        TensorFlowModel(keras_net, TensorSpec((6,), np.float32), device=device)
+
+
+def test_a_list_of_python_ints_past_an_int_weights_range_gets_value_error(tf):
+    """NumPy raises OverflowError for a Python int past int32 cast there: a ValueError
+    instead, naming the weight and the values, the model's weights unchanged."""
+    class Shifted(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.shift = self.add_weight(shape=(3,), dtype="int32", initializer="ones",
+                                         trainable=False)
+
+        def call(self, x, training=False):
+            return x + tf.cast(self.shift, tf.float32)
+
+    model = TensorFlowModel(Shifted(), TensorSpec((3,), np.float32))
+    with pytest.raises(ValueError, match=r"weight 0 \(\S+\) is int64, the model's is "
+                                         r"int32: it holds values from 1 to 1099511627776"):
+        model.with_weights([[1, 2, 2 ** 40]])
+    np.testing.assert_array_equal(model(np.zeros((1, 3), np.float32)), [[1, 1, 1]])
+    updated = model.with_weights([[-2 ** 31, 0, 2 ** 31 - 1]])
+    np.testing.assert_array_equal(updated(np.zeros((1, 3), np.float32)),
+                                  [[-2.0 ** 31, 0, 2.0 ** 31]])

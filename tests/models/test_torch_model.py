@@ -454,6 +454,46 @@ def test_weights_of_another_kind_are_refused_not_truncated():
     model.with_weights({**state, "linear.bias": np.zeros(2, np.float64)})  # same kind
 
 
+class Scaled(torch.nn.Module):
+    """``x * k + b``, with ``k`` a buffer of the given dtype."""
+
+    def __init__(self, dtype=torch.int32):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.zeros(6))
+        self.register_buffer("k", torch.full((1,), 3, dtype=dtype))
+
+    def forward(self, x):
+        return x * self.k.to(x.dtype) + self.b
+
+
+@pytest.mark.parametrize("given", [[2 ** 40], np.array([2 ** 40]), [2 ** 70],
+                                   torch.tensor([2 ** 31])],
+                         ids=["a list", "an array", "a list of an int past int64",
+                              "a tensor"])
+def test_integers_past_a_weights_range_are_refused_in_any_form(given):
+    """Lists and arrays too (a list of an int past int64 is an array of Python objects,
+    which PyTorch would refuse with a TypeError): ValueError, the weights unchanged."""
+    model = TorchModel(Scaled(), input_spec=SPEC, device="cpu")
+    with pytest.raises(ValueError, match=r"'k' is \S+, the module's is torch.int32: "
+                                         r"(it holds|a cast)"):
+        model.with_weights({"b": torch.ones(6), "k": given})
+    np.testing.assert_allclose(model(rows(2)), 3 * rows(2), rtol=1e-6)
+
+
+def test_a_finite_float_past_a_reduced_floats_range_is_refused():
+    """float32 3.4e38 is finite and becomes inf in bfloat16 (whose largest is 3.39e38),
+    1e5 becomes inf in float16: refused; values that round are taken."""
+    for dtype, huge in ((torch.bfloat16, 3.4e38), (torch.float16, 1e5)):
+        net = Scaled()
+        net.b = torch.nn.Parameter(torch.zeros(6, dtype=dtype))
+        model = TorchModel(net, input_spec=SPEC, device="cpu")
+        state = {"b": torch.full((6,), 0.1), "k": torch.ones(1, dtype=torch.int32)}
+        assert model.with_weights(state).module is net  # rounded into the weight: taken
+        with pytest.raises(ValueError, match=rf"'b' is torch.float32, the module's is "
+                                             rf"{dtype}: it holds finite values past"):
+            model.with_weights({**state, "b": torch.full((6,), huge)})
+
+
 def test_a_module_with_lazy_layers_gets_its_parameters_from_the_input_spec():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
