@@ -554,14 +554,12 @@ class BatchingServer:
         current model itself."""
         self._require_running()
         self._workers.add(model, device=device)
-        self._stats.workers_changed(self.num_workers)
         self._wake_dispatch()
 
     async def remove_worker(self) -> None:
         """Ends one device thread once the batches queued before this call are done."""
         self._require_running()
         await self._workers.remove()
-        self._stats.workers_changed(self.num_workers)
 
     def _require_running(self) -> None:
         if self._crashed is not None:
@@ -580,7 +578,8 @@ class BatchingServer:
         self._loop = asyncio.get_running_loop()
         self._since = time.perf_counter()
         self._workers = Workers(copies[0] if copies else self._first_model, self.version,
-                                self._loop, placement=self._placement)
+                                self._loop, placement=self._placement,
+                                on_count=self._stats.workers_changed)
         if copies:
             for copy, device in zip(copies, devices):
                 self._workers.add(copy, device=device)

@@ -48,11 +48,17 @@ class Workers:
             ran) is below ``INLINE_BELOW_S``, nothing is in the thread, there is one
             worker, and the model has no ``load``/``unload`` hooks (which belong to its
             thread).
+        on_count: called with the number of device threads each time one starts or
+            ends (a server's stats count worker-seconds with it).
     """
 
     def __init__(self, model: Any, version: Hashable, loop: asyncio.AbstractEventLoop,
-                 placement: str = "thread"):
+                 placement: str = "thread",
+                 on_count: Callable[[int], None] | None = None):
         self.version = version
+        # Told the threads serving (len(self)) whenever a thread starts or ends: a
+        # removal whose waiter was cancelled still ends its thread.
+        self._on_count = on_count
         self._model = model
         self._loop = loop
         self.placement = placement
@@ -105,6 +111,8 @@ class Workers:
                               name=f"async_search-device-{len(self._threads)}",
                               device=device)
         self._threads.append(thread.start())
+        if self._on_count is not None:
+            self._on_count(len(self))
 
     async def remove(self) -> None:
         """Ends one device thread after the batches queued before this call.
@@ -239,6 +247,8 @@ class Workers:
         if thread in self._threads:
             self._threads.remove(thread)
             self._ended.append(thread)
+            if self._on_count is not None:
+                self._on_count(len(self))
         if self._exited:
             waiter = self._exited.pop(0)
             if not waiter.done():

@@ -407,3 +407,24 @@ async def test_fraction_in_model_counts_workers_added_and_removed_while_serving(
         await evaluate.add_worker()
         await asyncio.wait_for(asyncio.gather(*map(evaluate, requests)), 30)
         assert 0.3 < evaluate.stats["fraction_in_model"] <= 1.0
+
+
+async def test_a_worker_whose_removal_was_cancelled_stops_counting_when_it_ends():
+    def slow(x):
+        time.sleep(0.05)
+        return x[:, :1] + 0.0
+
+    async with asr.serve(with_spec(slow, (3,), np.float32), max_batch_size=2,
+                         num_workers=2, model_thread=True) as evaluate:
+        busy = [asyncio.ensure_future(evaluate(np.ones((2, 3), np.float32)))
+                for _ in range(4)]
+        with pytest.raises(asyncio.TimeoutError):  # the thread still ends: STOP is queued
+            await asyncio.wait_for(evaluate.remove_worker(), 0.01)
+        await asyncio.wait_for(asyncio.gather(*busy), 30)
+        await wait_until(lambda: evaluate.num_workers == 1, timeout=10)
+        began = time.perf_counter()
+        while time.perf_counter() - began < 1.0:  # the one worker left, busy throughout
+            await asyncio.wait_for(asyncio.gather(
+                *[evaluate(np.ones((2, 3), np.float32)) for _ in range(4)]), 30)
+        # About 0.9: counting the ended worker's seconds as well would give about 0.5.
+        assert evaluate.stats["fraction_in_model"] > 0.7
