@@ -659,6 +659,30 @@ class CostBatcher(Batcher):
         self._cumulative = [self._cumulative[i] for i in keep]
 
 
+#: What requests a batch may mix: numbers with numbers, strings with strings, times with
+#: times (numbers joined with strings would reach the model as text).
+_KINDS = {"number": "numbers", "string": "strings", "time": "times", "object": "objects"}
+
+
+def _kind(dtype: np.dtype) -> str:
+    kind = dtype.kind
+    return ("number" if kind in "biufc" else "string" if kind in "SU" else
+            "time" if kind in "mM" else "object")
+
+
+def _joins(first: np.dtype, later: np.dtype) -> bool:
+    """Whether a request of ``later`` may join requests of ``first`` in one batch."""
+    if first == later:
+        return True
+    if _kind(first) != _kind(later):
+        return False
+    try:
+        np.result_type(first, later)
+    except TypeError:  # (DTypePromotionError is one) no dtype holds both
+        return False
+    return True
+
+
 def _rows_of(shape: Tuple[int, ...] | None) -> str:
     """``[n, 3, 4]``: how a message names requests of elements of ``shape``."""
     return "[n, ...]" if shape is None else "[" + ", ".join(["n", *map(str, shape)]) + "]"
@@ -673,8 +697,9 @@ class BatchManager:
 
     The element shape of requests is learnt from the first request and kept for the
     manager's lifetime: a request of another is refused when it is added, and never
-    joins a batch. Dtypes may differ: a batch is what ``np.concatenate`` makes of its
-    requests (int32 and int64 rows make an int64 batch), as the prototype batched them.
+    joins a batch. Dtypes may differ within a kind (numbers, strings, times): a batch is
+    what ``np.concatenate`` makes of its requests (int32 and int64 rows make an int64
+    batch), as the prototype batched them; a request of another kind is refused.
 
     Args:
         batcher: how to cut the stream of requests into batches.
@@ -708,25 +733,34 @@ class BatchManager:
         # The first request's element shape: one that would not concatenate with the
         # others fails alone, where it would wedge every later pop.
         self._element_shape: Tuple[int, ...] | None = None
+        self._dtype: np.dtype | None = None  # the first request's
 
     def add_inputs(self, x: np.ndarray) -> None:
         """Queue one request ``x[n, ...]``; its output comes back in order.
 
         Raises:
-            InputSpecError: (a ValueError) when ``x`` has no batch dimension, or another
-                element shape than the first request's; the message names the expected
-                and the given shape. Nothing is queued then.
+            InputSpecError: (a ValueError) when ``x`` has no batch dimension, another
+                element shape than the first request's, or a dtype that cannot join
+                its dtype (another kind: a string or a time among numbers); the message
+                names the expected and the given. Nothing is queued then.
         """
         x = np.asarray(x)
         if x.ndim == 0:
             raise InputSpecError(f"a request must have a batch dimension: expected "
                                  f"{_rows_of(self._element_shape)}, given a 0-d array")
+        if not x.dtype.isnative:  # the model sees its own byte order, as serve's does
+            x = x.astype(x.dtype.newbyteorder("="))
         if self._element_shape is None:
-            self._element_shape = x.shape[1:]
+            self._element_shape, self._dtype = x.shape[1:], x.dtype
         elif x.shape[1:] != self._element_shape:
             raise InputSpecError(f"a request's elements must keep the first request's "
                                  f"shape: expected {_rows_of(self._element_shape)}, given "
                                  f"{list(x.shape)}")
+        elif not _joins(self._dtype, x.dtype):
+            raise InputSpecError(f"a request of {x.dtype} cannot join requests of "
+                                 f"{self._dtype}: expected {_rows_of(self._element_shape)} "
+                                 f"of {_KINDS[_kind(self._dtype)]}, given {list(x.shape)} "
+                                 f"{x.dtype}")
         self.batcher.append(x)
         if self.unbatcher is None:
             self._sizes.append(len(x))

@@ -681,6 +681,28 @@ def test_batch_manager_batches_requests_of_other_dtypes_as_numpy_joins_them(
     np.testing.assert_array_equal(np.concatenate(ys), batch)
 
 
+@pytest.mark.parametrize("later", [
+    np.array(["2020-01-01"], "datetime64[D]"),  # no dtype holds both: pops would fail
+    np.array(["a"]),  # would reach the model as text
+    np.array([{}], object),
+])
+def test_batch_manager_refuses_a_request_of_another_kind_and_keeps_serving(later):
+    manager = BatchManager(BatchSizeBatcher(4))
+    manager.add_inputs(np.zeros(1, np.float32))
+    with pytest.raises(InputSpecError, match="cannot join requests of float32"):
+        manager.add_inputs(later)
+    manager.add_inputs(np.ones(1, np.float32))
+    batch = manager.pop_batch()
+    assert batch.dtype == np.float32 and batch.tolist() == [0.0, 1.0]
+
+
+def test_batch_manager_gives_the_model_its_own_byte_order():
+    manager = BatchManager(BatchSizeBatcher(4))
+    manager.add_inputs(np.arange(3, dtype=">f4"))
+    batch = manager.pop_batch()
+    assert batch.dtype.isnative and batch.tolist() == [0.0, 1.0, 2.0]
+
+
 def test_batch_manager_keeps_the_first_request_element_spec_for_its_lifetime():
     manager = BatchManager(BatchSizeBatcher(4))
     manager.add_inputs(np.zeros((1, 3)))
