@@ -347,10 +347,13 @@ def _values_lost(outputs: Outputs, dtypes: dict) -> str | None:
                 v.dtype, want, "safe")):
             continue  # (numpy calls seconds into nanoseconds safe: past 2262 it wraps)
         where = "the output" if key is None else f"output {key!r}"
-        if v.dtype.kind in "fc":  # precision may go; a finite value must stay finite
-            with np.errstate(over="ignore"):
+        if v.dtype.kind in "fc":  # precision may go; a finite number must stay finite
+            with np.errstate(all="ignore"):
                 cast = v.astype(want)
-            if not (np.isinf(cast) & np.isfinite(v)).any():
+            # (a complex number's parts each: nan+1e300j must not become nan+infj)
+            if not any((~np.isfinite(part(cast)) & np.isfinite(part(v))).any()
+                       for part in ((np.real, np.imag) if v.dtype.kind == "c" else
+                                    (np.asarray,))):
                 continue
             return f"{where} holds values past {want}'s range"
         if v.dtype.kind in "iu":

@@ -237,3 +237,9 @@ def test_dict_structure_ignores_key_order():
     b = OutputStructure.of({"v": np.zeros(3), "p": np.zeros((3, 2))})
     assert a == b
     assert a.describe() == "a dict {'p': [n, 2] float64, 'v': [n] float64}"
+
+
+def test_check_refuses_a_complex_value_that_the_cast_makes_not_finite():
+    _, structure = rows.check(np.zeros((1, 1), np.complex64))
+    with pytest.raises(ModelOutputError, match="past complex64's range"):
+        rows.check(np.array([[np.nan + 1e300j]]), structure)

@@ -63,7 +63,7 @@ def values_lost(given: np.ndarray, cast: np.ndarray, dtype_name: str | None = No
         >>> with np.errstate(over="ignore"):
         ...     print(values_lost(given, given.astype(np.float32)))
         it holds finite values past float32's range (up to 1e+300 in magnitude), which
-        would become infinite
+        would become infinite or NaN
     """
     name = str(cast.dtype) if dtype_name is None else dtype_name
     if not given.size or given.dtype.kind == "b":
@@ -78,17 +78,18 @@ def values_lost(given: np.ndarray, cast: np.ndarray, dtype_name: str | None = No
         return None
     if kind == "b":
         return None  # bools only from bools (kind_refused)
-    # A float weight (NumPy's, or ml_dtypes' bfloat16): a finite value must stay finite.
-    infinite = np.isinf(cast)
-    if not infinite.any():
+    # A float weight (NumPy's, or ml_dtypes' bfloat16, float8): a finite value must stay
+    # finite (past the range, a type without infinities, float8_e4m3fn, gives NaN).
+    # An infinity or NaN given stays one: no change; a complex number's parts each.
+    parts = (np.real, np.imag) if cast.dtype.kind == "c" else (np.asarray,)
+    broken = np.zeros(given.shape, bool)
+    for part in parts:
+        broken |= ~np.isfinite(part(cast)) & np.isfinite(part(given))
+    if not broken.any():
         return None
-    if given.dtype.kind not in "iu":
-        infinite &= np.isfinite(given)  # an infinity given stays one: not a change
-        if not infinite.any():
-            return None
-    largest = np.abs(given[infinite]).max()
+    largest = np.abs(given[broken]).max()
     return (f"it holds finite values past {name}'s range (up to {largest:g} in "
-            f"magnitude), which would become infinite")
+            f"magnitude), which would become infinite or NaN")
 
 
 def host_copy(value: Any, dtype: np.dtype, head: Callable[[str], str]) -> np.ndarray:

@@ -53,6 +53,7 @@ def test_finite_floats_that_the_cast_makes_infinite_are_lost():
         [0.5, -1e300], np.float32)
     assert "past float16's range (up to 70000" in lost(np.array([70000]), np.float16)
     assert "past complex64's range" in lost([1e300j], np.complex64)
+    assert "past complex64's range" in lost([np.nan + 1e300j], np.complex64)  # a part
     assert lost([0.1, 3e38, np.inf, -np.inf, np.nan], np.float32) is None  # rounded, or
     # an infinity or a NaN given, which stays one: no change
 
@@ -83,3 +84,11 @@ def test_a_value_numpy_cannot_hold_gets_value_error_not_overflow_error():
         weight_array(Huge(), head)
     with pytest.raises(ValueError, match="would change its values"):
         host_copy(Huge(), np.dtype(np.int32), head)
+
+
+def test_finite_floats_that_a_type_without_infinities_makes_nan_are_lost():
+    ml_dtypes = pytest.importorskip("ml_dtypes")  # JAX's float8 types
+    given = np.array([1e5, 1.0, 2.0], np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = given.astype(ml_dtypes.float8_e4m3fn)  # no inf: 1e5 becomes NaN
+    assert "past float8_e4m3fn's range (up to 100000" in values_lost(given, cast)
