@@ -7,6 +7,7 @@ Algorithm modules (batchers, servers, searches) depend on this module, not on ea
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Optional, Protocol,
                     Sequence, Tuple, Union, runtime_checkable)
 
@@ -17,7 +18,7 @@ from async_search.checks import check_int
 __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "VersionedEvaluate",
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
            "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version",
-           "values_check_of",
+           "values_check_of", "evaluated", "check_awaitable",
            "DeviceModel", "on_device", "replaces_model", "batch_tolerance_of", "BatchParts"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
@@ -235,8 +236,56 @@ async def evaluate_with_version(evaluate: Any, x: np.ndarray) -> Tuple[Outputs, 
     with_version = getattr(evaluate, "with_version", None)
     if with_version is not None:
         return await with_version(x)
-    outputs = await evaluate(x)
+    outputs = await evaluated(evaluate, x)
     return outputs, version_of(evaluate)
+
+
+def check_awaitable(evaluate: Any, returned: Any) -> None:
+    """Refuses what ``evaluate(x)`` returned when it cannot be awaited: a model passed
+    where ``asr.immediate(model)`` was meant (it ran, and gave its outputs).
+
+    Every search calls this only when awaiting a request raised TypeError, so that
+    the check costs nothing per request: ``returned`` not awaitable means the await
+    itself failed (with Python's bare "can't be used in 'await' expression"), at the
+    first request, before any output is used; an awaitable one means the TypeError
+    came from inside it, and the caller re-raises that one unchanged.
+
+    Example:
+        >>> check_awaitable(len, 3)
+        Traceback (most recent call last):
+        ...
+        TypeError: evaluate must return an awaitable, but evaluate(x) returned an int
+        (evaluate is the function len: a model?); wrap a model with asr.immediate(model)
+        or serve it with asr.serve(model)
+
+    Raises:
+        TypeError: if ``returned`` is not awaitable.
+    """
+    if inspect.isawaitable(returned):
+        return
+    kind = type(returned)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else \
+        f"{kind.__module__}.{kind.__qualname__}"
+    what = (f"the function {getattr(evaluate, '__qualname__', evaluate)}"
+            if inspect.isroutine(evaluate)
+            else f"a {type(evaluate).__qualname__}")
+    # Raised while the await's TypeError is handled: that one would say nothing more.
+    raise TypeError(f"evaluate must return an awaitable, but evaluate(x) returned "
+                    f"{'an' if name[0] in 'aeiou' else 'a'} {name} (evaluate is {what}: "
+                    f"a model?); wrap a model with asr.immediate(model) or serve it with "
+                    f"asr.serve(model)") from None
+
+
+async def evaluated(evaluate: Any, x: Any) -> Any:
+    """``await evaluate(x)``, where ``evaluate(x)`` returning what cannot be awaited
+    (a model passed for ``evaluate``) raises ``check_awaitable``'s TypeError, not
+    Python's bare one; a TypeError from inside an awaitable passes unchanged."""
+    request = evaluate(x)
+    try:
+        return await request
+    except TypeError:  # free unless raised: is evaluate a model?
+        check_awaitable(evaluate, request)
+        raise
 
 
 def input_spec_of(model: Any) -> TensorSpec | None:

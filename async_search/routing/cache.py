@@ -43,7 +43,7 @@ from typing import Any, Dict, Hashable, List, Set, Tuple
 import numpy as np
 
 from async_search import rows
-from async_search.base import Outputs, evaluate_with_version, version_of
+from async_search.base import Outputs, evaluate_with_version, evaluated, version_of
 from async_search.deadlines import check_timeout, within_deadline
 from async_search.errors import InputSpecError
 from async_search.requests import plain_array
@@ -379,7 +379,7 @@ class CachedEvaluate:
     async def _evaluate(self, x) -> Tuple[Outputs, Hashable]:
         """``(outputs, label)`` from the wrapped function (a fixed model's: _FIXED)."""
         if self.fixed_model:
-            return await self.evaluate(x), _FIXED
+            return await evaluated(self.evaluate, x), _FIXED
         return await evaluate_with_version(self.evaluate, x)
 
     def _launch(self, xs: np.ndarray, keys: List[Key], spec: tuple) -> _Flight:

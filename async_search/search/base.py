@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
-import inspect
 from typing import Any, Tuple
 
 import numpy as np
 
+# The check of what evaluate returns is the base module's (routing's cache uses it too).
+from async_search.base import check_awaitable, evaluated  # noqa: F401 - for the searches
 from async_search.checks import check_float
 from async_search.errors import ModelOutputError
 
@@ -42,54 +43,6 @@ def check_evaluate(evaluate: Any) -> None:
     if not callable(evaluate):
         raise ValueError(f"evaluate must be an awaitable callable such as "
                          f"asr.immediate(model), got {evaluate!r}")
-
-
-def check_awaitable(evaluate: Any, returned: Any) -> None:
-    """Refuses what ``evaluate(x)`` returned when it cannot be awaited: a model passed
-    where ``asr.immediate(model)`` was meant (it ran, and gave its outputs).
-
-    Every search calls this only when awaiting a request raised TypeError, so that
-    the check costs nothing per request: ``returned`` not awaitable means the await
-    itself failed (with Python's bare "can't be used in 'await' expression"), at the
-    first request, before any output is used; an awaitable one means the TypeError
-    came from inside it, and the caller re-raises that one unchanged.
-
-    Example:
-        >>> check_awaitable(len, 3)
-        Traceback (most recent call last):
-        ...
-        TypeError: evaluate must return an awaitable, but evaluate(x) returned an int
-        (evaluate is the function len: a model?); wrap a model with asr.immediate(model)
-        or serve it with asr.serve(model)
-
-    Raises:
-        TypeError: if ``returned`` is not awaitable.
-    """
-    if inspect.isawaitable(returned):
-        return
-    kind = type(returned)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else \
-        f"{kind.__module__}.{kind.__qualname__}"
-    what = (f"the function {getattr(evaluate, '__qualname__', evaluate)}"
-            if inspect.isroutine(evaluate)
-            else f"a {type(evaluate).__qualname__}")
-    # Raised while the await's TypeError is handled: that one would say nothing more.
-    raise TypeError(f"evaluate must return an awaitable, but evaluate(x) returned "
-                    f"{'an' if name[0] in 'aeiou' else 'a'} {name} (evaluate is {what}: "
-                    f"a model?); wrap a model with asr.immediate(model) or serve it with "
-                    f"asr.serve(model)") from None
-
-
-async def evaluated(evaluate: Any, x: Any) -> Any:
-    """``await evaluate(x)``, where ``evaluate(x)`` returning what cannot be awaited
-    (a model passed for ``evaluate``) raises ``check_awaitable``'s TypeError, not
-    Python's bare one; a TypeError from inside an awaitable passes unchanged."""
-    request = evaluate(x)
-    try:
-        return await request
-    except TypeError:  # free unless raised: is evaluate a model?
-        check_awaitable(evaluate, request)
-        raise
 
 
 def check_search_constant(name: str, value: Any, *, strict: bool = False) -> float:

@@ -521,3 +521,17 @@ async def test_a_request_nobody_waits_for_any_more_is_not_joined():
     np.testing.assert_array_equal(await asyncio.wait_for(cached(mixed), 5), MODEL(mixed))
     for task in list(cached._tasks):  # the lost one
         task.cancel()
+
+
+async def test_a_model_cached_where_an_evaluate_belongs_is_named_as_such():
+    model = MLP((4,), hidden_sizes=(8,), output_size=1, seed=0)
+    cache = CachedEvaluate(model, fixed_model=True)
+    with pytest.raises(TypeError, match=r"wrap a model with asr\.immediate\(model\)"):
+        await asyncio.wait_for(cache(np.zeros((2, 4), np.float32)), 10)
+
+
+async def test_evaluate_with_version_names_a_model_passed_for_evaluate():
+    from async_search.base import evaluate_with_version
+    model = MLP((4,), hidden_sizes=(8,), output_size=1, seed=0)
+    with pytest.raises(TypeError, match=r"evaluate must return an awaitable"):
+        await evaluate_with_version(model, np.zeros((2, 4), np.float32))
