@@ -659,15 +659,23 @@ class CostBatcher(Batcher):
         self._cumulative = [self._cumulative[i] for i in keep]
 
 
-#: What requests a batch may mix: numbers with numbers, strings with strings, times with
-#: times (numbers joined with strings would reach the model as text).
-_KINDS = {"number": "numbers", "string": "strings", "time": "times", "object": "objects"}
+#: What requests a batch may mix: numbers with numbers, text with text, bytes with
+#: bytes, dates with dates, durations with durations (numbers joined with strings would
+#: reach the model as text; bytes with text, or dates with durations, do not join).
+_KINDS = {"number": "numbers", "text": "text", "bytes": "bytes", "date": "dates",
+          "duration": "durations", "object": "objects"}
 
 
 def _kind(dtype: np.dtype) -> str:
     kind = dtype.kind
-    return ("number" if kind in "biufc" else "string" if kind in "SU" else
-            "time" if kind in "mM" else "object")
+    if kind == "V" and dtype.fields is None:  # ml_dtypes' bfloat16, float8: numbers
+        try:
+            if np.result_type(dtype, np.float32).kind == "f":
+                return "number"
+        except TypeError:
+            pass
+    return {"b": "number", "i": "number", "u": "number", "f": "number", "c": "number",
+            "U": "text", "S": "bytes", "M": "date", "m": "duration"}.get(kind, "object")
 
 
 def _joins(first: np.dtype, later: np.dtype) -> bool:

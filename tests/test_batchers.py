@@ -713,3 +713,23 @@ def test_batch_manager_keeps_the_first_request_element_spec_for_its_lifetime():
     with pytest.raises(ValueError, match="batch dimension"):  # an InputSpecError too
         manager.add_inputs(np.float64(1.0))
     assert manager.empty()
+
+
+@pytest.mark.parametrize("first, later", [
+    (np.array(["2020-01-01"], "datetime64[D]"), np.array([1], "timedelta64[D]")),
+    (np.array(["ab"]), np.array([b"\xff"])),  # bytes among text: no decoding them
+])
+def test_batch_manager_refuses_dtypes_numpy_promotes_but_cannot_join(first, later):
+    manager = BatchManager(BatchSizeBatcher(4))
+    manager.add_inputs(first)
+    with pytest.raises(InputSpecError, match="cannot join"):
+        manager.add_inputs(later)
+    assert manager.pop_batch().dtype == first.dtype
+
+
+def test_batch_manager_takes_ml_dtypes_floats_among_floats():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    manager = BatchManager(BatchSizeBatcher(4))
+    manager.add_inputs(np.zeros(1, np.float32))
+    manager.add_inputs(np.ones(1, ml_dtypes.bfloat16))
+    assert manager.pop_batch().tolist() == [0.0, 1.0]

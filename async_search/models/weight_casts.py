@@ -82,12 +82,11 @@ def values_lost(given: np.ndarray, cast: np.ndarray, dtype_name: str | None = No
     # finite (past the range, a type without infinities, float8_e4m3fn, gives NaN).
     # An infinity or NaN given stays one: no change; a complex number's parts each.
     parts = (np.real, np.imag) if cast.dtype.kind == "c" else (np.asarray,)
-    broken = np.zeros(given.shape, bool)
-    for part in parts:
-        broken |= ~np.isfinite(part(cast)) & np.isfinite(part(given))
-    if not broken.any():
+    lost = [~np.isfinite(part(cast)) & np.isfinite(part(given)) for part in parts]
+    if not any(broken.any() for broken in lost):
         return None
-    largest = np.abs(given[broken]).max()
+    largest = max(float(np.abs(part(given)[broken].astype(np.float64)).max())
+                  for part, broken in zip(parts, lost) if broken.any())
     return (f"it holds finite values past {name}'s range (up to {largest:g} in "
             f"magnitude), which would become infinite or NaN")
 

@@ -108,7 +108,10 @@ class ServingStats:
             self.stop = time.perf_counter()
 
     def workers_changed(self, workers: int) -> None:
-        """The device workers serving from now on (at least 1 is counted)."""
+        """The device workers serving from now on (at least 1 is counted); nothing
+        once the clock has stopped (a thread left running past a close ends later)."""
+        if self.stop is not None:
+            return
         now = time.perf_counter()
         self._worker_seconds += self._workers * (now - self._workers_since)
         self._workers, self._workers_since = max(workers, 1), now

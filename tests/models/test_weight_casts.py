@@ -92,3 +92,14 @@ def test_finite_floats_that_a_type_without_infinities_makes_nan_are_lost():
     with np.errstate(over="ignore", invalid="ignore"):
         cast = given.astype(ml_dtypes.float8_e4m3fn)  # no inf: 1e5 becomes NaN
     assert "past float8_e4m3fn's range (up to 100000" in values_lost(given, cast)
+
+
+def test_the_message_names_the_largest_finite_part_lost_for_any_float_type():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    given = np.array([3e38, 1.0], ml_dtypes.bfloat16)
+    with np.errstate(all="ignore"):
+        cast = given.astype(ml_dtypes.float8_e4m3fn)
+    assert "up to 3.00406e+38 in magnitude" in values_lost(given, cast)
+    given = np.array([np.nan + 1e300j, np.inf + 1e300j])
+    with np.errstate(all="ignore"):
+        assert "up to 1e+300 in magnitude" in values_lost(given, given.astype(np.complex64))

@@ -428,3 +428,28 @@ async def test_a_worker_whose_removal_was_cancelled_stops_counting_when_it_ends(
                 *[evaluate(np.ones((2, 3), np.float32)) for _ in range(4)]), 30)
         # About 0.9: counting the ended worker's seconds as well would give about 0.5.
         assert evaluate.stats["fraction_in_model"] > 0.7
+
+
+async def test_stats_stay_as_they_were_at_close_when_a_thread_ends_later():
+    release = threading.Event()
+
+    def model(x):
+        if x[0, 0]:
+            release.wait(10)  # stuck until released, after the close
+        else:
+            time.sleep(0.05)
+        return x[:, :1] + 0.0
+
+    async with asr.serve(with_spec(model, (3,), np.float32), model_thread=True) as evaluate:
+        await asyncio.wait_for(evaluate(np.zeros((1, 3), np.float32)), 10)
+        pending = asyncio.ensure_future(evaluate(np.ones((1, 3), np.float32)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(asr.CloseTimeoutError):  # the batch is left in its thread
+            await evaluate.aclose(timeout=0.05)
+        closed = evaluate.stats
+        assert closed["fraction_in_model"] > 0
+        await asyncio.sleep(0.3)
+        release.set()  # the thread ends now, 0.3 s after the close
+        await asyncio.gather(pending, return_exceptions=True)
+        await wait_until(lambda: not evaluate._workers.running, timeout=10)  # ended
+        assert evaluate.stats["fraction_in_model"] == closed["fraction_in_model"]
