@@ -666,6 +666,10 @@ _KINDS = {"number": "numbers", "text": "text", "bytes": "bytes", "date": "dates"
           "duration": "durations", "object": "objects"}
 
 
+_KIND_OF = {"b": "number", "i": "number", "u": "number", "f": "number", "c": "number",
+            "U": "text", "S": "bytes", "M": "date", "m": "duration"}
+
+
 def _kind(dtype: np.dtype) -> str:
     kind = dtype.kind
     if kind == "V" and dtype.fields is None:  # ml_dtypes' bfloat16, float8: numbers
@@ -674,8 +678,7 @@ def _kind(dtype: np.dtype) -> str:
                 return "number"
         except TypeError:
             pass
-    return {"b": "number", "i": "number", "u": "number", "f": "number", "c": "number",
-            "U": "text", "S": "bytes", "M": "date", "m": "duration"}.get(kind, "object")
+    return _KIND_OF.get(kind, "object")
 
 
 def _joins(first: np.dtype, later: np.dtype) -> bool:

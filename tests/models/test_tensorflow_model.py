@@ -119,7 +119,8 @@ def test_a_keras_model_not_built_yet_takes_new_weights(tf, how):
         np.testing.assert_allclose(model.on_device("/CPU:0")(x), model(x), rtol=1e-6)
 
 
-def test_tensorflow_weights_of_another_kind_are_refused_not_truncated(tf):
+def shifted_by_int_weight(tf):
+    """A Keras model adding an int32 weight of ones to its float32 input."""
     class Shifted(tf.keras.Model):
         def __init__(self):
             super().__init__()
@@ -129,7 +130,11 @@ def test_tensorflow_weights_of_another_kind_are_refused_not_truncated(tf):
         def call(self, x, training=False):
             return x + tf.cast(self.shift, tf.float32)
 
-    model = TensorFlowModel(Shifted(), TensorSpec((3,), np.float32))
+    return Shifted()
+
+
+def test_tensorflow_weights_of_another_kind_are_refused_not_truncated(tf):
+    model = TensorFlowModel(shifted_by_int_weight(tf), TensorSpec((3,), np.float32))
     with pytest.raises(ValueError, match="float64, the model's is int32"):
         model.with_weights([np.array([1.5, 2.5, 3.5])])
     model.with_weights([np.array([4, 5, 6])])  # int64 into int32: the same kind
@@ -173,16 +178,7 @@ def test_another_task_or_a_missing_device_in_full_is_still_refused(keras_net, de
 def test_a_list_of_python_ints_past_an_int_weights_range_gets_value_error(tf):
     """NumPy raises OverflowError for a Python int past int32 cast there: a ValueError
     instead, naming the weight and the values, the model's weights unchanged."""
-    class Shifted(tf.keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.shift = self.add_weight(shape=(3,), dtype="int32", initializer="ones",
-                                         trainable=False)
-
-        def call(self, x, training=False):
-            return x + tf.cast(self.shift, tf.float32)
-
-    model = TensorFlowModel(Shifted(), TensorSpec((3,), np.float32))
+    model = TensorFlowModel(shifted_by_int_weight(tf), TensorSpec((3,), np.float32))
     with pytest.raises(ValueError, match=r"weight 0 \(\S+\) is int64, the model's is "
                                          r"int32: it holds values from 1 to 1099511627776"):
         model.with_weights([[1, 2, 2 ** 40]])

@@ -13,6 +13,15 @@ from tests.helpers import wait_until, within
 pytestmark = pytest.mark.timeout(60)
 
 
+def _slow(x):
+    time.sleep(0.05)  # a batch long enough for the worker-seconds to show
+    return x[:, :1] + 0.0
+
+
+#: A model of 50 ms a batch, for the fraction_in_model tests.
+SLOW_MODEL = with_spec(_slow, (3,), np.float32)
+
+
 class Recording:
     """A model that records which thread ran each batch and its load/unload calls."""
 
@@ -374,11 +383,7 @@ async def test_an_idle_device_thread_holds_nothing_of_its_last_batch(fails):
 
 
 async def test_fraction_in_model_is_per_device_worker_at_most_one():
-    def slow(x):
-        time.sleep(0.05)
-        return x[:, :1] + 0.0
-
-    async with asr.serve(with_spec(slow, (3,), np.float32), max_batch_size=2,
+    async with asr.serve(SLOW_MODEL, max_batch_size=2,
                          num_workers=3, model_thread=True) as evaluate:
         await asyncio.wait_for(asyncio.gather(
             *(evaluate(np.ones((2, 3), np.float32)) for _ in range(12))), 30)
@@ -390,11 +395,7 @@ async def test_fraction_in_model_is_per_device_worker_at_most_one():
 
 
 async def test_fraction_in_model_counts_workers_added_and_removed_while_serving():
-    def slow(x):
-        time.sleep(0.05)
-        return x[:, :1] + 0.0
-
-    async with asr.serve(with_spec(slow, (3,), np.float32), max_batch_size=2,
+    async with asr.serve(SLOW_MODEL, max_batch_size=2,
                          num_workers=3, model_thread=True) as evaluate:
         requests = [np.ones((2, 3), np.float32)] * 12
         await asyncio.wait_for(asyncio.gather(*map(evaluate, requests)), 30)
@@ -410,11 +411,7 @@ async def test_fraction_in_model_counts_workers_added_and_removed_while_serving(
 
 
 async def test_a_worker_whose_removal_was_cancelled_stops_counting_when_it_ends():
-    def slow(x):
-        time.sleep(0.05)
-        return x[:, :1] + 0.0
-
-    async with asr.serve(with_spec(slow, (3,), np.float32), max_batch_size=2,
+    async with asr.serve(SLOW_MODEL, max_batch_size=2,
                          num_workers=2, model_thread=True) as evaluate:
         busy = [asyncio.ensure_future(evaluate(np.ones((2, 3), np.float32)))
                 for _ in range(4)]
