@@ -27,8 +27,11 @@ in each of N client processes, served here (``serving_loop_cpu``, ``clients_cpu`
 how many searches a client needs to cover its round trip (a client's searches answer
 together and ask again together, so it has one message in flight).
 
+``--client-waves 1,2`` (with ``--clients``) runs each with the clients' requests in
+that many messages in flight (``run_searches(client_waves=...)``).
+
 Usage: python benchmarks/fake_device.py [--ms 2,10,30] [--trips 1,60] [--searches 1024]
-[--us-per-row 0] [--max-batch-size 4096] [--rounds 1] [--clients N]
+[--us-per-row 0] [--max-batch-size 4096] [--rounds 1] [--clients N] [--client-waves 1]
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class FakeDevice:
 
 async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
                   max_batch_size: Any, us_per_row: float = 0.0,
-                  clients: int | None = None) -> dict:
+                  clients: int | None = None, client_waves: int = 1) -> dict:
     """One run: ``searches`` searches around ``asr.serve`` in this process or, with
     ``clients``, that many searches in each of ``clients`` client processes of the
     process backend, served here."""
@@ -104,7 +107,8 @@ async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
     else:
         out = await asr.run_searches_async(
             search, starts, lambda: device, backend="process", num_procs=clients,
-            max_batch_size=max_batch_size, model_thread=True, use_uvloop=True)
+            max_batch_size=max_batch_size, model_thread=True, use_uvloop=True,
+            **gpu.waves_option(client_waves))
         nodes, trace = sum(out), out.stats["trace"]
         sizes = [r.size for r in trace]
         wall = gpu.served_seconds(trace)
@@ -119,7 +123,8 @@ async def one_run(kind: str, searches: int, budget: int, ms: float, trips: int,
         record["loop_cpu"] = clock.read()["loop_cpu"]
     else:  # the serving loop here, and each client process's fraction of a core
         cpu = clock.read(clients)
-        record.update(clients=clients, serving_loop_cpu=cpu["loop_cpu"],
+        record.update(clients=clients, client_waves=client_waves,
+                      serving_loop_cpu=cpu["loop_cpu"],
                       clients_cpu=cpu["clients_cpu"],
                       clients_busy=gpu.clients_busy(out.stats))
     if auto is not None:  # what max_batch_size="auto" chose, and the rates it measured
@@ -147,11 +152,15 @@ def main(argv: List[str] | None = None) -> dict:
     p.add_argument("--clients", type=int, default=None,
                    help="run through the process backend: this many client processes, "
                         "each running --searches searches (default: one process)")
+    p.add_argument("--client-waves", default="1",
+                   help="with --clients: the clients' client_waves, comma-separated, "
+                        "each run in turn")
     args = p.parse_args(argv)
     try:
         ms, trips = numbers(args.ms, float), numbers(args.trips, int)
         searches = numbers(args.searches, int)
         caps = [c if c == "auto" else int(c) for c in args.max_batch_size.split(",") if c]
+        waves = numbers(args.client_waves, int)
     except ValueError:
         p.error("--ms, --trips and --searches take comma-separated numbers, "
                 "--max-batch-size integers or auto")
@@ -161,19 +170,20 @@ def main(argv: List[str] | None = None) -> dict:
             or any(c != "auto" and c < 1 for c in caps) or args.us_per_row < 0
             or args.rounds < 1 or min(args.mcts_simulations, args.astar_evaluations) < 1
             or (args.clients is not None and args.clients < 1)
+            or not waves or min(waves) < 1 or (args.clients is None and waves != [1])
             or not set(kinds) <= {"mcts", "astar"}):
         p.error("--ms > 0, --us-per-row >= 0, --trips >= 1, --searches >= 1, "
                 "--max-batch-size >= 1 or auto, --rounds >= 1, budgets >= 1, --clients >= 1, "
-                "--searches-kinds of mcts,astar")
+                "--searches-kinds of mcts,astar, --client-waves >= 1 (with --clients)")
     runs = []
     with asyncio.Runner(loop_factory=loop_factory(True)) as runner:
         for _ in range(args.rounds):
             for kind in kinds:
                 budget = (args.mcts_simulations if kind == "mcts"
                           else args.astar_evaluations)
-                for n, t, m, cap in itertools.product(searches, trips, ms, caps):
+                for n, t, m, cap, w in itertools.product(searches, trips, ms, caps, waves):
                     runs.append(runner.run(one_run(kind, n, budget, m, t, cap,
-                                                   args.us_per_row, args.clients)))
+                                                   args.us_per_row, args.clients, w)))
                     print(json.dumps(runs[-1]), file=sys.stderr)
     report = {"benchmark": "benchmarks/fake_device.py", "cpu_count": os.cpu_count(),
               "runs": runs}

@@ -692,7 +692,7 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
             work.search_fn(work.args.process_searches), starts, served.factory,
             backend="process", num_procs=clients, num_servers=servers,
             max_batch_size=work.args.max_batch_size,
-            use_uvloop=work.args.loop == "uvloop")
+            use_uvloop=work.args.loop == "uvloop", **waves_option(work.args.client_waves))
     wall_s = time.perf_counter() - began
     cpu = clock.read(clients)
     if sampler.enabled:  # the serving process: its loop and device threads
@@ -701,9 +701,47 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
     active_s = served_seconds(trace)
     return {**run_record(served, sum(out), [r.size for r in trace], active_s, wall_s,
                          {"clients": clients, "servers": servers,
-                          "searches": searches,
+                          "searches": searches, "client_waves": work.args.client_waves,
                           "budget_per_search": work.budget(work.args.process_searches)}),
-            **cpu, "clients_busy": clients_busy(out.stats)}
+            **cpu, "clients_busy": clients_busy(out.stats),
+            **steady_state(out.stats, sum(out))}
+
+
+def waves_option(waves: int) -> dict:
+    """``client_waves`` for ``run_searches`` when more than one (a tree before it
+    takes none: then the runs say 1)."""
+    return {"client_waves": waves} if waves > 1 else {}
+
+
+def steady_state(stats: dict, nodes: int) -> dict:
+    """The process backend's rate while every client searched: from the last client's
+    start to the first one's end (``began_at``/``ended_at`` in ``stats["clients"]``, on
+    the servers' ``perf_counter`` clock). Client processes start one after another and
+    end apart, and the whole run's rate counts those ends, where fewer clients feed the
+    server; the steady rate is what more clients buy once all run. ``start_spread_s``:
+    from the first client's start to the last's. Empty when the clients report no
+    times (a tree before them); ``steady_s`` 0 when no moment had every client
+    searching (the run is too short for its clients' starts)."""
+    clients = [c for c in stats.get("clients", []) if "began_at" in c]
+    servers = stats.get("servers", [])
+    if not clients or not servers or len(clients) != len(stats["clients"]):
+        return {}
+    origin = min(s.get("started_at", 0.0) for s in servers)
+    began = [c["began_at"] - origin for c in clients]
+    ended = [c["ended_at"] - origin for c in clients]
+    start, end = max(began), min(ended)
+    record = {"start_spread_s": round(start - min(began), 3),
+              "steady_s": round(max(end - start, 0.0), 3)}
+    trace = stats["trace"]
+    inside = [r for r in trace if r.finished_s - r.model_s >= start and r.finished_s <= end]
+    elements = sum(r.size for r in trace)
+    if end > start and inside and elements:
+        steady = sum(r.size for r in inside)
+        # Nodes in proportion to the elements the window's batches evaluated.
+        record["steady_nodes_per_s"] = round(nodes * steady / elements / (end - start), 1)
+        record["steady_fraction_in_model"] = round(
+            sum(r.model_s for r in inside) / (end - start), 3)
+    return record
 
 
 def served_seconds(trace: Sequence[Any]) -> float:
@@ -1057,6 +1095,13 @@ def goals(report: dict) -> dict:
             entry["scaling_efficiency" + suffix.replace("x", "_x")] = {
                 k: round(r["nodes_per_s"] / (int(k.partition("x")[0]) * one["nodes_per_s"]),
                          2) for k, r in scaling.items() if k.partition("x")[2] == servers}
+            steady = {k: r for k, r in scaling.items() if k.partition("x")[2] == servers
+                      and r.get("steady_nodes_per_s")}
+            if one.get("steady_nodes_per_s") and len(steady) > 1:
+                entry["steady_scaling_efficiency" + suffix.replace("x", "_x")] = {
+                    k: round(r["steady_nodes_per_s"] / (int(k.partition("x")[0])
+                                                        * one["steady_nodes_per_s"]), 2)
+                    for k, r in steady.items()}
         # The same for the searches alone (no server): the machine's own scaling, and
         # the process backend's (one server) over it, at each count of clients.
         alone = runs.get("clients_alone", {})
@@ -1272,6 +1317,9 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                         "one queue; runs with k clients and s > 1 servers are 'kxs'")
     p.add_argument("--process-searches", type=int, default=None,
                    help="searches per client process (GPU 256, CPU 64)")
+    p.add_argument("--client-waves", type=int, default=1,
+                   help="the process backend's client_waves: messages each client has "
+                        "in flight at once (default 1)")
     p.add_argument("--astar-evaluations", type=int, default=None,
                    help="evaluations a run's A* searches share (GPU 200000, CPU 60000, "
                         "smoke 4000)")
@@ -1389,7 +1437,7 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                  "process_searches", "astar_evaluations", "astar_min_budget",
                  "astar_max_budget", "buffer_size", "mcts_simulations",
                  "mcts_max_simulations", "num_parallel", "mctx_batch", "mctx_simulations",
-                 "torch_threads"):
+                 "torch_threads", "client_waves"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} takes an integer >= 1, not {value}")

@@ -148,6 +148,37 @@ def run(busy, vs_ceiling, **extra):
             "nodes_per_s": 1.0, **extra}
 
 
+def test_the_steady_rate_counts_only_the_batches_while_every_client_searched():
+    from async_search.servers.stats import BatchRecord
+
+    # Servers started at 100 s; clients searched 101-105 and 102-104 (started 1 s
+    # apart): the window is 102-104, holding the batches of 100 and 300 elements.
+    trace = [BatchRecord(1.5, 50, 0.1), BatchRecord(2.5, 100, 0.2),
+             BatchRecord(3.9, 300, 0.4), BatchRecord(4.5, 550, 0.5)]
+    stats = {"servers": [{"started_at": 100.0}], "trace": trace,
+             "clients": [{"began_at": 101.0, "ended_at": 105.0},
+                         {"began_at": 102.0, "ended_at": 104.0}]}
+    record = gpu.steady_state(stats, nodes=2000)  # 2 nodes an element
+    assert record == {"start_spread_s": 1.0, "steady_s": 2.0,
+                      "steady_nodes_per_s": 400.0,  # 800 nodes in 2 s
+                      "steady_fraction_in_model": 0.3}
+    # Clients that never searched together: no steady rate, and it says so.
+    stats["clients"][1].update(began_at=105.5, ended_at=106.0)
+    assert gpu.steady_state(stats, 2000) == {"start_spread_s": 4.5, "steady_s": 0.0}
+    # A tree whose clients report no times: nothing.
+    assert gpu.steady_state({**stats, "clients": [{"cpu_s": 1.0}]}, 2000) == {}
+
+
+def test_steady_scaling_is_read_like_the_whole_runs():
+    report = {"runs": {"astar_15_puzzle": {"process_backend": {
+        "1": run(0.3, 0.1, nodes_per_s=100.0, steady_nodes_per_s=120.0),
+        "4": run(0.3, 0.1, nodes_per_s=240.0, steady_nodes_per_s=432.0),
+        "8": run(0.3, 0.1, nodes_per_s=400.0)}}}}  # no moment with all 8 searching
+    entry = gpu.goals(report)["astar_15_puzzle"]
+    assert entry["scaling_efficiency"] == {"1": 1.0, "4": 0.6, "8": 0.5}
+    assert entry["steady_scaling_efficiency"] == {"1": 1.0, "4": 0.9}
+
+
 def test_the_busy_goal_reads_the_process_backend_runs_too():
     report = {"runs": {"mcts_connect_four": {
         "in_process": {"1024": run(0.5, 0.2, searches=1024)},

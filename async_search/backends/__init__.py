@@ -49,12 +49,12 @@ _RUNNERS = {"local": ("async_search.backends.local", "run_local"),
 
 def _config(backend, num_procs, num_servers, max_batch_size, max_delay, pipeline_depth,
             use_uvloop, address, total_gpu_frac, model_thread, return_exceptions, retries,
-            timeout, search_timeout, placement) -> RunConfig:
+            timeout, search_timeout, placement, client_waves) -> RunConfig:
     return RunConfig(backend, num_procs, num_servers,
                      DispatchPolicy(max_batch_size, max_delay, pipeline_depth),
                      use_uvloop, address, total_gpu_frac, model_thread, return_exceptions,
                      retries, timeout, search_timeout,
-                     RayPlacement() if placement is None else placement)
+                     RayPlacement() if placement is None else placement, client_waves)
 
 
 def _check_callables(search_fn: Any, model_factory: Any, progress: Any) -> None:
@@ -106,12 +106,14 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
                              return_exceptions: bool = False,
                              retries: int = DEFAULT_RETRIES, timeout: float | None = None,
                              search_timeout: float | None = None,
-                             placement: RayPlacement | None = None) -> SearchResults:
+                             placement: RayPlacement | None = None,
+                             client_waves: int = 1) -> SearchResults:
     """``run_searches`` inside a running loop (Jupyter): ``await`` it."""
     started = time.monotonic()
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
                      pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread,
-                     return_exceptions, retries, timeout, search_timeout, placement)
+                     return_exceptions, retries, timeout, search_timeout, placement,
+                     client_waves)
     _check_callables(search_fn, model_factory, progress)  # on_servers: ServersHook
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
@@ -155,7 +157,8 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
                  on_servers: OnServers | None = None,
                  return_exceptions: bool = False, retries: int = DEFAULT_RETRIES,
                  timeout: float | None = None, search_timeout: float | None = None,
-                 placement: RayPlacement | None = None) -> SearchResults:
+                 placement: RayPlacement | None = None,
+                 client_waves: int = 1) -> SearchResults:
     """Runs ``search_fn(start, evaluate)`` for every start, batching all model calls.
 
     The starts are split round-robin over ``num_procs`` client processes (or Ray
@@ -215,6 +218,10 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             searches are all past it is killed (one that is stuck or stopped too).
         placement: Ray: where the client tasks and server actors go
             (``RayPlacement``: spread over the nodes by default; servers on GPU nodes).
+        client_waves: process: each client process sends its searches' requests in
+            this many messages at once, so that it computes one wave while the server
+            evaluates another (default 1: one message a loop iteration;
+            ``RunConfig.client_waves``).
 
     Returns:
         SearchResults: the results in the order of ``starts``, with ``.stats``.
@@ -238,7 +245,8 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
     started = time.monotonic()
     config = _config(backend, num_procs, num_servers, max_batch_size, max_delay,
                      pipeline_depth, use_uvloop, address, total_gpu_frac, model_thread,
-                     return_exceptions, retries, timeout, search_timeout, placement)
+                     return_exceptions, retries, timeout, search_timeout, placement,
+                     client_waves)
     _check_callables(search_fn, model_factory, progress)  # on_servers: ServersHook
     try:
         asyncio.get_running_loop()

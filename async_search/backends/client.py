@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from typing import Any, Callable, ClassVar, Dict, Hashable, List, Tuple
 
 import numpy as np
 
 from async_search import rows
 from async_search.base import Outputs, TensorSpec
+from async_search.checks import check_int
 from async_search.coalescing import CoalescedRequests
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
 from async_search.deadlines import check_timeout, expire_after
@@ -114,6 +116,11 @@ class CoalescingClient(CoalescedRequests):
         input_spec: the model's input spec, to check requests when made (None: learn it
             from the first request).
         where: names the server in errors (``"the serving process"``).
+        message_requests: a message leaves as soon as it holds this many requests,
+            before the iteration ends (None: one message an iteration). With ``n``
+            searches, ``ceil(n / 2)`` sends them in two waves: the server evaluates one
+            while this process computes the other, instead of waiting on each round
+            trip (``RunConfig.client_waves``).
 
     Example:
         >>> import async_search as asr
@@ -135,7 +142,8 @@ class CoalescingClient(CoalescedRequests):
     """
 
     def __init__(self, connection: Connection | ConnectedFunction,
-                 input_spec: TensorSpec | None = None, *, where: str = "the server"):
+                 input_spec: TensorSpec | None = None, *, where: str = "the server",
+                 message_requests: int | None = None):
         self._messages = connection if isinstance(connection, ConnectedFunction) else (
             FifoConnectedFunction(connection))
         self._connection = self._messages.connection
@@ -143,6 +151,10 @@ class CoalescingClient(CoalescedRequests):
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
         self._where = where
+        #: Requests that make a message leave at once (no limit: sys.maxsize, so that
+        #: the hot path compares without a test for None).
+        self._message_requests = sys.maxsize if message_requests is None else (
+            check_int("message_requests", message_requests, minimum=1))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._xs: List[np.ndarray] = []
         self._futures: List[asyncio.Future] = []
@@ -226,13 +238,18 @@ class CoalescingClient(CoalescedRequests):
                          note="; its rows are discarded when they come")
         self._xs.append(x)
         self._futures.append(fut)
-        if not self._scheduled:
+        if len(self._futures) >= self._message_requests:
+            self._send_queued()  # a wave: it leaves now, the iteration's rest later
+        elif not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)  # after every search ready in this iteration
         return fut
 
     def _flush(self) -> None:
         self._scheduled = False
+        self._send_queued()
+
+    def _send_queued(self) -> None:
         xs, futures = self._take_queued()  # cancelled or timed-out requests dropped
         if not futures:
             return

@@ -110,6 +110,12 @@ class RunConfig:
         search_timeout: seconds each attempt of a search may run, from its start in
             its worker (None: no limit); it then fails with SearchTimeoutError.
         placement: Ray: where the client tasks and server actors go.
+        client_waves: process backend: each client process sends its searches'
+            requests in this many messages at once (waves of ``ceil(searches /
+            client_waves)`` requests), so that it computes one wave's next steps while
+            the server evaluates another, instead of waiting on each round trip. 1
+            (default): one message a loop iteration, all its searches waiting on it.
+            More waves mean smaller messages (more of them for the server to read).
     """
 
     backend: str = "local"
@@ -125,6 +131,7 @@ class RunConfig:
     timeout: float | None = None
     search_timeout: float | None = None
     placement: RayPlacement = RayPlacement()
+    client_waves: int = 1
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -144,6 +151,11 @@ class RunConfig:
             raise ValueError(f"return_exceptions must be True or False, got "
                              f"{self.return_exceptions!r}")
         check_int("retries", self.retries, minimum=0)
+        check_int("client_waves", self.client_waves, minimum=1)
+        if self.client_waves > 1 and self.backend != "process":
+            raise ValueError(f"client_waves is the process backend's (its client "
+                             f"processes' messages); the {self.backend} backend sends "
+                             f"one message a loop iteration: leave it at 1")
         for name in ("timeout", "search_timeout"):
             if getattr(self, name) is not None:
                 check_float(name, getattr(self, name), minimum=0.0, strict=True)

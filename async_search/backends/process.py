@@ -139,7 +139,7 @@ class _ClientProcess:
         self._process = context.Process(
             target=client_main, name=f"async_search-client-{number}", daemon=True,
             args=(client_end, results, work, spec, config.use_uvloop,
-                  config.search_timeout, os.getpid()))
+                  config.search_timeout, os.getpid(), config.client_waves))
         with starting_children(), _main_script_importable():  # deaf to Ctrl-C
             self._process.start()
         self._alive = False  # its first word (_ALIVE) not heard yet
@@ -206,7 +206,8 @@ class _ClientProcess:
 #: What a client process reports, each ``(kind, payload)``: first, that it runs (Python
 #: started it); its searches started; the outcomes of those that ended in one loop
 #: iteration; it is done (with ``cpu_s`` and ``searching_s``: its CPU and wall seconds
-#: from its searches' start to their end); or, instead of the last three, its searches
+#: from its searches' start to their end, and ``began_at`` and ``ended_at``, those two
+#: times on the ``perf_counter`` clock); or, instead of the last three, its searches
 #: do not load here (why, as text).
 _ALIVE, _STARTED, _OUTCOMES, _DONE, _UNLOADABLE = (
     "alive", "started", "outcomes", "done", "unloadable")
@@ -284,7 +285,7 @@ _SPAWNING = threading.Lock()
 
 def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
                 spec: TensorSpec | None, use_uvloop: bool, search_s: float | None,
-                parent: int) -> None:
+                parent: int, waves: int = 1) -> None:
     """A client process: takes ``(search_fn, starts)`` from ``work`` and runs the starts
     concurrently, requests going over ``connection``; reports on ``results`` that they
     started, then each start's outcome as it ends (``search_s``: each search's
@@ -308,7 +309,8 @@ def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
     work.close()
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
         try:
-            runner.run(_client(connection, results, search_fn, starts, spec, search_s))
+            runner.run(_client(connection, results, search_fn, starts, spec, search_s,
+                               waves))
         except ClosedConnection:  # the serving process is gone: nobody to tell
             os._exit(1)
         # Every outcome is reported and written. A thread that a timed-out search left
@@ -322,8 +324,10 @@ def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
 
 async def _client(connection: Connection, results: SocketQueue, search_fn,
                   starts: List[Any], spec: TensorSpec | None,
-                  search_s: float | None) -> None:
-    client = CoalescingClient(connection, spec, where="the serving process")
+                  search_s: float | None, waves: int = 1) -> None:
+    client = CoalescingClient(
+        connection, spec, where="the serving process",
+        message_requests=-(-len(starts) // waves) if waves > 1 and starts else None)
     cpu, began = time.process_time(), time.perf_counter()
     results.put((_STARTED, None))
     # Each outcome travels on its own, checked to load: one that cannot fails its own
@@ -331,8 +335,10 @@ async def _client(connection: Connection, results: SocketQueue, search_fn,
     await ClientSearches(search_fn, starts, client, search_s, _packed,
                          lambda ready: results.put((_OUTCOMES, ready))).run()
     # Whether this client's CPU or its round trips were the limit (the run's stats).
+    ended = time.perf_counter()
     results.put((_DONE, {"cpu_s": round(time.process_time() - cpu, 4),
-                         "searching_s": round(time.perf_counter() - began, 4)}))
+                         "searching_s": round(ended - began, 4),
+                         "began_at": began, "ended_at": ended}))
     connection.close()
     await client.aclose()  # it hears of no more swaps
     # The puts leave at the end of this loop iteration: the loop must run until every

@@ -897,8 +897,10 @@ class _Client:
                                                                  dumps, loads),
                                  self.on_outcomes).run()
             # Whether this client's CPU or its round trips were the limit (run stats).
+            ended = time.perf_counter()
             usage = {"cpu_s": round(time.process_time() - cpu, 4),
-                     "searching_s": round(time.perf_counter() - began, 4)}
+                     "searching_s": round(ended - began, 4),
+                     "began_at": began, "ended_at": ended}
             for connection in connections:  # this client sends nothing more
                 with contextlib.suppress(Exception):  # (the server may be gone)
                     connection.close()

@@ -52,6 +52,12 @@ def test_each_finished_client_reports_its_cpu_and_wall_seconds_while_searching(b
     assert spin["ended"] == wait["ended"] == "finished"
     for attempt in (spin, wait):
         assert attempt["searching_s"] >= 0.4 and attempt["cpu_s"] >= 0.0
+        # Its searches' start and end on the perf_counter clock, searching_s apart;
+        # on this machine, after the servers started and before the call returned.
+        assert attempt["ended_at"] - attempt["began_at"] == pytest.approx(
+            attempt["searching_s"], abs=1e-3)
+        assert min(s["started_at"] for s in out.stats["servers"]) < attempt["began_at"]
+        assert attempt["ended_at"] < time.perf_counter()
     assert spin["cpu_s"] >= 0.35  # its 0.4 s of computing
     assert wait["cpu_s"] < 0.25 < wait["searching_s"]
 

@@ -63,6 +63,29 @@ async def test_each_iteration_sends_its_own_message():
     assert [len(batch) for batch in received(server)] == [2, 1]
 
 
+async def test_a_message_leaves_at_once_when_it_holds_message_requests():
+    server, client_end = pipe(local_queue)
+    client = CoalescingClient(client_end, message_requests=2)
+    futures = [client(np.full((1, 1), k, np.float32)) for k in range(5)]
+    # Two waves of 2 left as they filled, within this iteration; the fifth waits for
+    # the iteration's end.
+    assert [b[:, 0].tolist() for b in received(server)] == [[0, 1], [2, 3]]
+    await asyncio.sleep(0)
+    (last,) = received(server)
+    assert last[:, 0].tolist() == [4]
+    for batch in ([[0], [1]], [[2], [3]], [[4]]):
+        server.send((np.array(batch, np.float32) * 10, 0))
+    results = await asyncio.wait_for(asyncio.gather(*futures), 5)
+    assert [y[0, 0] for y in results] == [0, 10, 20, 30, 40]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_message_requests_must_be_a_positive_integer(bad):
+    _, client_end = pipe(local_queue)
+    with pytest.raises(ValueError, match="message_requests"):
+        CoalescingClient(client_end, message_requests=bad)
+
+
 async def test_bad_requests_fail_when_made_and_cancelled_ones_are_not_sent():
     client, server = client_and_server(TensorSpec((2,), np.float32))
     with pytest.raises(InputSpecError):
