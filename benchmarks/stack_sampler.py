@@ -8,6 +8,16 @@ so samples fall where the thread holding it lets go (every switch interval at mo
 profile of the Python work, and of the calls that wait in C (a CUDA synchronize, a
 ``select``), which show as their Python caller. The sampler's thread ends with the block.
 
+A thread that lets go of the GIL often at one place draws the samples there, out of
+proportion to its time there: a loop that calls ``time.sleep(0)`` every millisecond
+(as ``serve`` does while a batch is in a device thread) showed 100 % of its samples in
+it, for 11 % of its time. Entered on the main thread (where the event loop of a run
+in one process is), the sampler therefore takes the main thread's stack from a timer
+signal instead (``SIGALRM`` every ``interval_s`` of wall time, ``timer=True``): the
+handler runs on that thread between two of its bytecodes, so each of its samples is
+where its time went (a C call counts for its caller's line once it returns). The other
+threads are still read at the moment of the sample.
+
     >>> with StackSampler(interval_s=0.001) as sampler:
     ...     _ = sum(i * i for i in range(200_000))
     >>> report = sampler.report(top=3)
@@ -18,6 +28,7 @@ profile of the Python work, and of the calls that wait in C (a CUDA synchronize,
 from __future__ import annotations
 
 import collections
+import signal
 import sys
 import threading
 import time
@@ -39,11 +50,17 @@ class StackSampler:
             threads 30 frames deep, on the 2-core CI machine): at the default 10 ms,
             under 1 % of the run's time.
         enabled: False makes the block run unsampled (``report`` is then None).
+        timer: sample from a timer signal, the main thread's stack as it was
+            interrupted (None: when entered on the main thread of a platform with
+            ``signal.setitimer``); False: from a thread, every thread alike.
     """
 
-    def __init__(self, interval_s: float = 0.01, enabled: bool = True):
+    def __init__(self, interval_s: float = 0.01, enabled: bool = True,
+                 timer: bool | None = None):
         self.interval_s = interval_s
         self.enabled = enabled
+        self.timer = timer
+        self._previous: Any = None  # the SIGALRM handler before this one
         self.samples = 0
         self._self: Dict[str, Counter[str]] = collections.defaultdict(collections.Counter)
         self._inclusive: Dict[str, Counter[str]] = collections.defaultdict(
@@ -53,36 +70,61 @@ class StackSampler:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "StackSampler":
-        if self.enabled:
+        if not self.enabled:
+            return self
+        main = threading.current_thread() is threading.main_thread()
+        if self.timer is None:
+            self.timer = main and hasattr(signal, "setitimer")
+        if self.timer:
+            if not main:
+                raise RuntimeError("StackSampler(timer=True) is entered on the main "
+                                   "thread (signals run there)")
+            self._previous = signal.signal(signal.SIGALRM, self._on_timer)
+            signal.setitimer(signal.ITIMER_REAL, self.interval_s, self.interval_s)
+        else:
             self._thread = threading.Thread(target=self._sample, name="stack-sampler",
                                             daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
+            self._previous = None
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
             self._thread = None
 
+    def _on_timer(self, signum: int, frame: Any) -> None:
+        self._take(threading.get_ident(), frame)
+
     def _sample(self) -> None:
-        me = threading.get_ident()
         while not self._stop.wait(self.interval_s):
-            names = {t.ident: t.name for t in threading.enumerate()}
-            for ident, frame in sys._current_frames().items():
-                if ident == me:
-                    continue
-                name = names.get(ident, str(ident))
-                self._counts[name] += 1
-                self._self[name][_function(frame, line=True)] += 1
-                seen = set()
-                while frame is not None:
-                    function = _function(frame)
-                    if function not in seen:  # recursion counts a function once
-                        seen.add(function)
-                        self._inclusive[name][function] += 1
-                    frame = frame.f_back
-            self.samples += 1
+            self._take(threading.get_ident(), None)
+
+    def _take(self, me: int, my_frame: Any) -> None:
+        """One sample: every thread's stack; this thread's is ``my_frame`` (the one a
+        signal interrupted), or left out when None (the sampler's own thread)."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        frames = sys._current_frames()
+        if my_frame is None:
+            frames.pop(me, None)
+        else:
+            frames[me] = my_frame
+        for ident, frame in frames.items():
+            name = names.get(ident, str(ident))
+            self._counts[name] += 1
+            self._self[name][_function(frame, line=True)] += 1
+            seen = set()
+            while frame is not None:
+                function = _function(frame)
+                if function not in seen:  # recursion counts a function once
+                    seen.add(function)
+                    self._inclusive[name][function] += 1
+                frame = frame.f_back
+        self.samples += 1
 
     def report(self, top: int = 12) -> dict | None:
         """Per thread: its samples, and its ``top`` innermost lines and functions on
