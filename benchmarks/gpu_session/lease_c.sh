@@ -1,7 +1,7 @@
 #!/bin/bash
 # For the next GPU lease (written in stop 50, after next.sh's lease): the two goals still
 # open are the process backend's scaling past 4 clients and 2x the hand-written batcher
-# in one process. One call (steps of at most 560 s in all), no wheels needed.
+# in one process. One call (steps of at most 590 s in all), no wheels needed.
 #
 # The first lease's process runs were short (A*: 1.7 s served at 14 clients) and client
 # processes start one after another, so a run's rate counts a ramp where fewer clients
@@ -11,13 +11,17 @@
 # with client_waves 1 (as before) and 2 (each client keeps two messages in flight: it
 # computes one wave while the server evaluates the other; on the 2-core CPU host,
 # 0.81-1.31x over 15 pairs, no clear gain, where the server and the client share the
-# cores), paired, A* first (its clients waited most: busy 0.57 at 14 clients).
+# cores), paired, A* first (its clients waited most: busy 0.57 at 14 clients). Last,
+# MCTS in one process against the hand-written batcher at 1024 searches, its stacks
+# sampled again: the leases' stacks gathered where the loop lets go of the GIL (a
+# sampler thread's bias), and the sampler now reads the loop's thread from a timer.
 source benchmarks/gpu_session/common.sh
 { nvidia-smi -L; nproc; python3 -c "import sys, torch, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__)"; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 astar="python3 benchmarks/gpu.py --workloads astar --sections process_backend --clients 1,2,4,8,14 --rounds 1 --astar-evaluations 400000 --astar-min-budget 100 --process-searches 128 --min-s 0.2"
 mcts="python3 benchmarks/gpu.py --workloads mcts --sections process_backend --clients 1,2,4,8,14 --rounds 1 --mcts-simulations 240000 --process-searches 128 --min-s 0.2"
-step 130 astar_w1 $astar --client-waves 1 --out "$OUT/d_astar_w1.json"
-step 130 astar_w2 $astar --client-waves 2 --out "$OUT/d_astar_w2.json"
-step 150 mcts_w1 $mcts --client-waves 1 --out "$OUT/d_mcts_w1.json"
-step 150 mcts_w2 $mcts --client-waves 2 --out "$OUT/d_mcts_w2.json"
+step 120 astar_w1 $astar --client-waves 1 --out "$OUT/d_astar_w1.json"
+step 120 astar_w2 $astar --client-waves 2 --out "$OUT/d_astar_w2.json"
+step 140 mcts_w1 $mcts --client-waves 1 --out "$OUT/d_mcts_w1.json"
+step 140 mcts_w2 $mcts --client-waves 2 --out "$OUT/d_mcts_w2.json"
+step 70 inproc python3 benchmarks/gpu.py --workloads mcts --sections in_process,handwritten_torch --concurrency 1024 --peer-concurrency 1024 --rounds 2 --mcts-simulations 60000 --min-s 0.25 --sample-stacks --out "$OUT/d_inproc.json"
