@@ -162,8 +162,8 @@ def main(argv: List[str] | None = None) -> dict:
         caps = [c if c == "auto" else int(c) for c in args.max_batch_size.split(",") if c]
         waves = numbers(args.client_waves, int)
     except ValueError:
-        p.error("--ms, --trips and --searches take comma-separated numbers, "
-                "--max-batch-size integers or auto")
+        p.error("--ms, --trips, --searches and --client-waves take comma-separated "
+                "numbers, --max-batch-size integers or auto")
     kinds = args.searches_kinds.split(",")
     if (not ms or min(ms) <= 0 or not trips or min(trips) < 1 or not searches
             or min(searches) < 1 or not caps

@@ -719,9 +719,11 @@ def steady_state(stats: dict, nodes: int) -> dict:
     the servers' ``perf_counter`` clock). Client processes start one after another and
     end apart, and the whole run's rate counts those ends, where fewer clients feed the
     server; the steady rate is what more clients buy once all run. ``start_spread_s``:
-    from the first client's start to the last's. Empty when the clients report no
-    times (a tree before them); ``steady_s`` 0 when no moment had every client
-    searching (the run is too short for its clients' starts)."""
+    from the first client's start to the last's. Empty when some client attempt
+    reports no times (a tree before them, or a client that died); ``steady_s`` 0 when
+    no moment had every client searching (the run is too short for its clients'
+    starts), and no rate either when the trace lost its first batches (past
+    ``TRACE_SIZE``: the window's share of the elements would be wrong)."""
     clients = [c for c in stats.get("clients", []) if "began_at" in c]
     servers = stats.get("servers", [])
     if not clients or not servers or len(clients) != len(stats["clients"]):
@@ -733,6 +735,9 @@ def steady_state(stats: dict, nodes: int) -> dict:
     record = {"start_spread_s": round(start - min(began), 3),
               "steady_s": round(max(end - start, 0.0), 3)}
     trace = stats["trace"]
+    if len(trace) < sum(s.get("batches", 0) for s in servers):
+        record["trace_truncated"] = True
+        return record
     inside = [r for r in trace if r.finished_s - r.model_s >= start and r.finished_s <= end]
     elements = sum(r.size for r in trace)
     if end > start and inside and elements:

@@ -167,6 +167,11 @@ def test_the_steady_rate_counts_only_the_batches_while_every_client_searched():
     assert gpu.steady_state(stats, 2000) == {"start_spread_s": 4.5, "steady_s": 0.0}
     # A tree whose clients report no times: nothing.
     assert gpu.steady_state({**stats, "clients": [{"cpu_s": 1.0}]}, 2000) == {}
+    # A trace that lost batches (the server ran more than it keeps): no rate.
+    stats["clients"][1].update(began_at=102.0, ended_at=104.0)
+    stats["servers"][0]["batches"] = 5
+    assert gpu.steady_state(stats, 2000) == {"start_spread_s": 1.0, "steady_s": 2.0,
+                                             "trace_truncated": True}
 
 
 def test_steady_scaling_is_read_like_the_whole_runs():

@@ -110,12 +110,13 @@ class RunConfig:
         search_timeout: seconds each attempt of a search may run, from its start in
             its worker (None: no limit); it then fails with SearchTimeoutError.
         placement: Ray: where the client tasks and server actors go.
-        client_waves: process backend: each client process sends its searches'
-            requests in this many messages at once (waves of ``ceil(searches /
-            client_waves)`` requests), so that it computes one wave's next steps while
-            the server evaluates another, instead of waiting on each round trip. 1
-            (default): one message a loop iteration, all its searches waiting on it.
-            More waves mean smaller messages (more of them for the server to read).
+        client_waves: process backend: a client process's message leaves as soon as
+            it holds ``ceil(searches / client_waves)`` requests (its searches, one
+            request each a step: this many messages in flight), so that it computes one
+            wave's next steps while the server evaluates another, instead of waiting on
+            each round trip. 1 (default): one message a loop iteration, all its
+            searches waiting on it. More waves mean smaller messages (more of them for
+            the server to read).
     """
 
     backend: str = "local"
