@@ -218,7 +218,7 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             searches are all past it is killed (one that is stuck or stopped too).
         placement: Ray: where the client tasks and server actors go
             (``RayPlacement``: spread over the nodes by default; servers on GPU nodes).
-        client_waves: process: each client process sends its searches' requests in
+        client_waves: process and Ray: each client sends its searches' requests in
             this many messages at once, so that it computes one wave while the server
             evaluates another (default 1: one message a loop iteration;
             ``RunConfig.client_waves``).

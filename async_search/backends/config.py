@@ -110,9 +110,10 @@ class RunConfig:
         search_timeout: seconds each attempt of a search may run, from its start in
             its worker (None: no limit); it then fails with SearchTimeoutError.
         placement: Ray: where the client tasks and server actors go.
-        client_waves: process backend: a client process's message leaves as soon as
-            it holds ``ceil(searches / client_waves)`` requests (its searches, one
-            request each a step: this many messages in flight), so that it computes one
+        client_waves: process and Ray: a client's message leaves as soon as it holds
+            ``ceil(searches / client_waves)`` requests (its searches, one request each
+            a step: this many messages in flight; on Ray, to each server its share),
+            so that it computes one
             wave's next steps while the server evaluates another, instead of waiting on
             each round trip. 1 (default): one message a loop iteration, all its
             searches waiting on it. More waves mean smaller messages (more of them for
@@ -153,10 +154,10 @@ class RunConfig:
                              f"{self.return_exceptions!r}")
         check_int("retries", self.retries, minimum=0)
         check_int("client_waves", self.client_waves, minimum=1)
-        if self.client_waves > 1 and self.backend != "process":
-            raise ValueError(f"client_waves is the process backend's (its client "
-                             f"processes' messages); the {self.backend} backend sends "
-                             f"one message a loop iteration: leave it at 1")
+        if self.client_waves > 1 and self.backend == "local":
+            raise ValueError("client_waves is the process and Ray backends' (their "
+                             "clients' messages); the local backend sends none: leave "
+                             "it at 1")
         for name in ("timeout", "search_timeout"):
             if getattr(self, name) is not None:
                 check_float(name, getattr(self, name), minimum=0.0, strict=True)

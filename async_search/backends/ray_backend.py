@@ -675,7 +675,8 @@ class _ClientTask:
             search_fn, starts,
                                    [s.actor for s in servers],
                                    [s.address for s in servers], key, spec,
-                                   config.use_uvloop, config.search_timeout)
+                                   config.use_uvloop, config.search_timeout,
+                                   config.client_waves)
         self._done = False  # its last report came
         self._stopped = False
         self.usage: dict | None = None  # cpu_s and searching_s, once it is done
@@ -754,14 +755,14 @@ _STARTED, _OUTCOMES, _DONE = "started", "outcomes", "done"
 
 def _client_task(search_fn, starts: List[Any], servers: list,
                  addresses: List[DirectAddress | None], number: int, spec,
-                 use_uvloop: bool, search_s: float | None):
+                 use_uvloop: bool, search_s: float | None, waves: int = 1):
     """A Ray task (a generator): runs its starts concurrently, requests going to the
     server actors, and yields each outcome as its search ends."""
     import ray
 
     context = ray.get_runtime_context()
     loop = _ClientLoop(_Client(search_fn, starts, servers, addresses, number, spec,
-                               search_s), use_uvloop)
+                               search_s, waves), use_uvloop)
     try:
         loop.wait_connected()
         yield (_STARTED, context.get_node_id(), ray.util.get_node_ip_address(), os.getpid(),
@@ -855,10 +856,11 @@ class _Client:
 
     def __init__(self, search_fn, starts: List[Any], servers: list,
                  addresses: List[DirectAddress | None], number: int, spec,
-                 search_s: float | None):
+                 search_s: float | None, waves: int = 1):
         self._search_fn, self._starts = search_fn, starts
         self._servers, self._addresses = servers, addresses
         self._number, self._spec, self._search_s = number, spec, search_s
+        self._waves = waves
         #: called with the outcomes of the searches that ended in one loop iteration
         self.on_outcomes: Callable[[List[tuple]], None] = lambda ready: None
         self._connections: List[Connection] = []
@@ -878,8 +880,13 @@ class _Client:
         is out (usage: this worker process's CPU and wall seconds while they ran)."""
         connections, transports = self._connections, self._transports
         try:
+            # Waves: each server's client gets its share of the requests (the router
+            # spreads them), so a wave is that share over the waves.
+            share = -(-len(self._starts) // (self._waves * len(connections)))
+            wave = share if self._waves > 1 and self._starts else None
             clients = {f"server-{i}": CoalescingClient(c, self._spec,
-                                                       where=f"server actor {i}")
+                                                       where=f"server actor {i}",
+                                                       message_requests=wave)
                        for i, c in enumerate(connections)}
             # One server: nothing to route or fail over to (its death fails its requests
             # with ServerDiedError either way), and a router's ~4 us per request would

@@ -62,6 +62,20 @@ def test_each_finished_client_reports_its_cpu_and_wall_seconds_while_searching(b
     assert wait["cpu_s"] < 0.25 < wait["searching_s"]
 
 
+@pytest.mark.parametrize("waves", [2, 3])
+def test_client_waves_send_each_iterations_requests_in_that_many_messages(backend, waves):
+    if backend.name == "local":  # no clients, no messages
+        with pytest.raises(ValueError, match="client_waves"):
+            backend.run(searches.echo_sum, [5], searches.small_mlp, client_waves=waves)
+        return
+    # One client of 20 searches x 5 sequential requests: waves of ceil(20 / waves)
+    # requests, each its own message (a request to the server), where one wave sends 5.
+    out = backend.run(searches.echo_sum, [5] * 20, searches.small_mlp, num_procs=1,
+                      client_waves=waves)
+    assert out == searches.baseline(searches.echo_sum, [5] * 20, searches.small_mlp())
+    assert sum(s["requests"] for s in out.stats["servers"]) == 5 * waves
+
+
 def test_several_servers_share_the_stream(backend):
     starts = [6] * 12 + list(range(12))
     out = backend.run(searches.echo_sum, starts, searches.small_mlp, num_servers=2,

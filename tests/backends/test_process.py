@@ -26,16 +26,6 @@ def test_process_clients_coalesce_requests_into_one_message_per_iteration():
     assert out.stats["batches"] <= 6 and out.stats["mean_batch_size"] >= 16
 
 
-@pytest.mark.parametrize("waves", [2, 3])
-def test_client_waves_send_each_iterations_requests_in_that_many_messages(waves):
-    out = asr.run_searches(searches.echo_sum, [5] * 20, searches.small_mlp,
-                           backend="process", num_procs=1, client_waves=waves)
-    assert out == searches.baseline(searches.echo_sum, [5] * 20, searches.small_mlp())
-    # 20 searches x 5 sequential requests: waves of ceil(20 / waves) requests, each its
-    # own message (the server's requests), where one wave sends 5.
-    assert out.stats["servers"][0]["requests"] == 5 * waves
-
-
 def test_a_client_process_that_dies_is_reported_and_the_rest_finish():
     with pytest.raises(asr.SearchError) as info:
         asr.run_searches(searches.kill_self_on_two, list(range(6)), searches.small_mlp,
