@@ -698,8 +698,12 @@ async def process_backend(work: Workload, clients: int, servers: int = 1) -> dic
     if sampler.enabled:  # the serving process: its loop and device threads
         cpu["stacks"] = sampler.report()
     trace = out.stats["trace"]
-    active_s = served_seconds(trace)
-    return {**run_record(served, sum(out), [r.size for r in trace], active_s, wall_s,
+    sizes = batch_sizes(out.stats)
+    # A server keeps its latest TRACE_SIZE batches: past them, the trace's first batch
+    # is not the run's, and the clients' own times bound the run instead.
+    active_s = (served_seconds(trace) if len(trace) == len(sizes)
+                else searched_seconds(out.stats) or served_seconds(trace))
+    return {**run_record(served, sum(out), sizes, active_s, wall_s,
                          {"clients": clients, "servers": servers,
                           "searches": searches, "client_waves": work.args.client_waves,
                           "budget_per_search": work.budget(work.args.process_searches)}),
@@ -747,6 +751,23 @@ def steady_state(stats: dict, nodes: int) -> dict:
         record["steady_fraction_in_model"] = round(
             sum(r.model_s for r in inside) / (end - start), 3)
     return record
+
+
+def batch_sizes(stats: dict) -> List[int]:
+    """Every batch's size (in no order) from the servers' histograms, which count
+    every batch where the trace keeps the latest ``TRACE_SIZE``."""
+    return [int(size) for s in stats["servers"]
+            for size, count in s.get("batch_size_histogram", {}).items()
+            for _ in range(count)]
+
+
+def searched_seconds(stats: dict) -> float | None:
+    """From the first client's searches' start to the last one's end (None when a
+    client attempt reports no times)."""
+    clients = stats.get("clients", [])
+    if not clients or any("began_at" not in c for c in clients):
+        return None
+    return max(c["ended_at"] for c in clients) - min(c["began_at"] for c in clients)
 
 
 def served_seconds(trace: Sequence[Any]) -> float:

@@ -174,6 +174,17 @@ def test_the_steady_rate_counts_only_the_batches_while_every_client_searched():
                                              "trace_truncated": True}
 
 
+def test_every_batch_counts_and_the_clients_bound_a_run_whose_trace_lost_batches():
+    stats = {"servers": [{"batch_size_histogram": {4: 2, 9: 1}},
+                         {"batch_size_histogram": {"16": 1}}],
+             "clients": [{"began_at": 10.0, "ended_at": 12.5},
+                         {"began_at": 10.5, "ended_at": 13.0}]}
+    assert sorted(gpu.batch_sizes(stats)) == [4, 4, 9, 16]
+    assert gpu.searched_seconds(stats) == 3.0
+    stats["clients"].append({"cpu_s": 1.0})  # an attempt that died reports no times
+    assert gpu.searched_seconds(stats) is None
+
+
 def test_steady_scaling_is_read_like_the_whole_runs():
     report = {"runs": {"astar_15_puzzle": {"process_backend": {
         "1": run(0.3, 0.1, nodes_per_s=100.0, steady_nodes_per_s=120.0),
