@@ -61,6 +61,8 @@ class StackSampler:
         self.enabled = enabled
         self.timer = timer
         self._previous: Any = None  # the SIGALRM handler before this one
+        self._other_timer = (0.0, 0.0)  # the timer before this one's (delay, interval)
+        self._entered = 0.0
         self.samples = 0
         self._self: Dict[str, Counter[str]] = collections.defaultdict(collections.Counter)
         self._inclusive: Dict[str, Counter[str]] = collections.defaultdict(
@@ -80,7 +82,10 @@ class StackSampler:
                 raise RuntimeError("StackSampler(timer=True) is entered on the main "
                                    "thread (signals run there)")
             self._previous = signal.signal(signal.SIGALRM, self._on_timer)
-            signal.setitimer(signal.ITIMER_REAL, self.interval_s, self.interval_s)
+            # Another's timer (pytest-timeout's, say) is put back, less the time spent.
+            self._other_timer = signal.setitimer(signal.ITIMER_REAL, self.interval_s,
+                                                 self.interval_s)
+            self._entered = time.monotonic()
         else:
             self._thread = threading.Thread(target=self._sample, name="stack-sampler",
                                             daemon=True)
@@ -92,6 +97,10 @@ class StackSampler:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self._previous)
             self._previous = None
+            delay, interval = self._other_timer
+            if delay > 0:  # due during the block: it fires at once
+                left = delay - (time.monotonic() - self._entered)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), interval)
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

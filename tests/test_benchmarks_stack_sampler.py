@@ -110,7 +110,22 @@ def test_the_timer_is_the_main_threads_and_is_stopped_and_restored_after():
         _yields_often(0.05)
     assert sampler.timer is True and sampler.samples > 0
     assert signal.getsignal(signal.SIGALRM) is before
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    # Another's timer (pytest-timeout's, with its signal method) runs on after it,
+    # less the time the block took, and fires into its own handler.
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *a: fired.append(time.monotonic()))
+    saved = signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        began = time.monotonic()
+        with StackSampler(interval_s=0.001):
+            _yields_often(0.05)
+        assert 0.1 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.16
+        while not fired and time.monotonic() < began + 5:
+            time.sleep(0.01)
+        assert fired and fired[0] - began >= 0.19
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *saved)
+        signal.signal(signal.SIGALRM, previous)
     errors = []
 
     def elsewhere():
