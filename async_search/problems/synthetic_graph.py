@@ -66,6 +66,7 @@ class SyntheticGraph:
             check_int(f"SyntheticGraph {name}", value, minimum=low)
         check_float("SyntheticGraph node_cost_us", node_cost_us, minimum=0)
         check_float("SyntheticGraph goal_fraction", goal_fraction, minimum=0, maximum=1)
+        check_int("SyntheticGraph seed", seed)  # 1.5 would be seed 1, silently
         self.branching = int(branching)
         self.depth = int(depth)
         self.node_cost_us = float(node_cost_us)
@@ -83,7 +84,8 @@ class SyntheticGraph:
                 f"node_cost_us={self.node_cost_us}, seed={self.seed})")
 
     def start(self, index: int = 0) -> Tuple[int, int]:
-        """The root of tree number ``index`` of the forest."""
+        """The root of tree number ``index`` (an integer) of the forest."""
+        check_int("SyntheticGraph.start's index", index)
         return (0, _mix64(_mix64(self.seed) ^ int(index)))
 
     def check_state(self, state: Tuple[int, int]) -> None:

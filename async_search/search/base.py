@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Tuple
 
 import numpy as np
@@ -27,6 +28,24 @@ class Status(str, enum.Enum):
     """The search spent its budget (evaluations, depth) without reaching a goal."""
     SPACE_EXHAUSTED = "space_exhausted"
     """Nothing was left to expand (the reachable space, or a rollout's dead end)."""
+
+
+def bad_step_cost(problem: Any, cost: Any) -> ValueError:
+    """The error for a step cost that is not a finite number > 0."""
+    return ValueError(f"{type(problem).__name__}: a step costs {cost!r}; the searches "
+                      f"take step costs that are finite numbers > 0 (the SearchProblem "
+                      f"protocol)")
+
+
+def check_step_cost(problem: Any, cost: Any) -> None:
+    """ValueError (``bad_step_cost``) unless ``cost`` is a finite number > 0; a
+    negative cycle would loop forever, a NaN or a text make every sum meaningless."""
+    try:
+        ok = 0 < cost < math.inf
+    except TypeError:  # None, text, complex: not ordered against numbers
+        ok = False
+    if not ok:
+        raise bad_step_cost(problem, cost)
 
 
 def check_evaluate(evaluate: Any) -> None:

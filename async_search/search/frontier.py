@@ -43,6 +43,7 @@ import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from async_search.problems.base import CompactKeys, SearchProblem, State, compact_keys_of
+from async_search.search.base import bad_step_cost, check_step_cost
 
 
 _INF = math.inf
@@ -123,11 +124,6 @@ class Frontier:
         return state if self.compact is None else self.compact.key(state)
 
 
-def _bad_step_cost(problem: Any, cost: Any) -> ValueError:
-    return ValueError(f"{type(problem).__name__}: a step costs {cost!r}; A* takes step "
-                      f"costs that are finite numbers > 0 (the SearchProblem protocol)")
-
-
 def new_frontier(problem: SearchProblem, start: State, *, weight: float) -> Frontier:
     """A frontier holding only ``start`` (a goal already if the start is one).
 
@@ -136,8 +132,8 @@ def new_frontier(problem: SearchProblem, start: State, *, weight: float) -> Fron
             finite number > 0 (``neighbors``' costs are checked as they come).
     """
     compact = compact_keys_of(problem)
-    if compact is not None and not 0 < compact.step_cost < _INF:
-        raise _bad_step_cost(problem, compact.step_cost)
+    if compact is not None:
+        check_step_cost(problem, compact.step_cost)
     fr = Frontier(weight=float(weight), problem=problem, compact=compact,
                   step=None if compact is not None else [])
     key = fr.key_of(start)
@@ -350,8 +346,11 @@ def _expand_states(fr: Frontier, ids: List[int],
     for i, g in zip(ids, gs):
         state = keys[i]
         for child, cost in neighbors(state):
-            if not 0 < cost < _INF:  # a negative cycle would loop forever, never awaiting
-                raise _bad_step_cost(problem, cost)
+            try:  # free unless it raises (3.11's zero-cost try)
+                if not 0 < cost < _INF:  # a negative cycle would loop forever
+                    raise bad_step_cost(problem, cost)
+            except TypeError:  # None, text, complex: not ordered against numbers
+                raise bad_step_cost(problem, cost) from None
             g1 = g + cost
             j = index.get(child)
             if j is not None:

@@ -23,7 +23,8 @@ import numpy as np
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import Status, check_evaluate, evaluated, values_of
+from async_search.search.base import (Status, check_evaluate, check_step_cost, evaluated,
+                                      values_of)
 
 
 Seed = Union[int, np.random.SeedSequence]
@@ -118,6 +119,8 @@ def walk_candidates(problem: SearchProblem, walk: Walk) -> List[Tuple[State, flo
     walk.expanded += 1
     candidates = [(s, c) for s, c in problem.neighbors(walk.path[-1])
                   if s not in walk.on_path]
+    for _, cost in candidates:  # each, whichever the walk draws: the seed never hides one
+        check_step_cost(problem, cost)
     if not candidates:
         walk.status = Status.SPACE_EXHAUSTED
     return candidates

@@ -80,25 +80,46 @@ def priors_from_logits(actions: Sequence[int], logits: Sequence[float]) -> List[
 
 
 def _generic_rules(game: Game) -> Tuple[Callable, Callable]:
-    """``(child, legal)`` from the ``Game`` protocol, as ``ConnectFour._mcts_rules``."""
-    play, legal_actions = game.play, game.legal_actions
+    """``(child, legal)`` from the ``Game`` protocol, as ``ConnectFour._mcts_rules``;
+    a game that breaks the protocol gets a ValueError naming it, not an error deep in
+    the search (an action past ``num_actions`` indexes the policy)."""
+    play, legal_actions, num_actions = game.play, game.legal_actions, game.num_actions
+
+    def legal(state: State) -> Tuple[int, ...]:
+        actions = legal_actions(state)
+        for a in actions:
+            if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not (
+                    0 <= a < num_actions):
+                raise ValueError(f"{game!r}: legal_actions gave {a!r} for {state!r}; "
+                                 f"actions are integers in [0, num_actions="
+                                 f"{num_actions}) (the Game protocol)")
+        return actions
 
     def child(state: State, action: int) -> Tuple[State, Optional[float], Tuple[int, ...]]:
         new = play(state, action)
-        actions = legal_actions(new)
+        actions = legal(new)
         return new, (None if actions else _game_over(game, new)), actions
 
-    return child, legal_actions
+    return child, legal
 
 
 def _game_over(game: Game, state: State) -> float:
     """The terminal value of a state without legal actions: a game has none exactly
-    when it is over (the Game protocol); ValueError if ``game`` breaks that."""
+    when it is over, and its value is in [-1, 1] as the net's (the Game protocol);
+    ValueError if ``game`` breaks that."""
     value = game.terminal_value(state)
     if value is None:
         raise ValueError(f"{game!r}: legal_actions is empty but terminal_value is None "
                          f"for {state!r}; a game has no legal action exactly when it is "
                          f"over")
+    try:
+        ok = -1.0 <= value <= 1.0  # False for NaN
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{game!r}: terminal_value is {value!r} for {state!r}; values "
+                         f"are numbers in [-1, 1], for the player to move (the Game "
+                         f"protocol)")
     return value
 
 
@@ -136,7 +157,9 @@ class Tree:
         rules = getattr(game, "_mcts_rules", None)
         rules = rules() if rules is not None else None
         self._child, self._legal = rules if rules is not None else _generic_rules(game)
-        actions = game.legal_actions(state)
+        # The root through the game's own legal_actions (it checks a caller's state);
+        # a generic game's actions are checked against num_actions besides.
+        actions = game.legal_actions(state) if rules is not None else self._legal(state)
         terminal = None if actions else _game_over(game, state)
         self.node_state: List[State] = [state]
         self.node_edges: List[range] = [LEAF if terminal is None else TERMINAL]

@@ -80,10 +80,18 @@ def test_check_state_rejects_states_off_the_graph(bad):
 
 @pytest.mark.parametrize("kwargs, name", [
     (dict(branching=0), "branching"), (dict(depth=0), "depth"),
-    (dict(node_cost_us=-1), "node_cost_us"), (dict(goal_fraction=1.5), "goal_fraction")])
+    (dict(node_cost_us=-1), "node_cost_us"), (dict(goal_fraction=1.5), "goal_fraction"),
+    (dict(seed=1.5), "seed"), (dict(seed=None), "seed")])
 def test_bad_arguments_raise(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SyntheticGraph(**kwargs)
+
+
+@pytest.mark.parametrize("index", [None, 1.5, "1", True])
+def test_a_start_index_that_is_no_integer_is_refused_not_rounded(index):
+    with pytest.raises(ValueError, match="start's index must be an integer"):
+        SyntheticGraph().start(index)
+    assert SyntheticGraph().start(-2) != SyntheticGraph().start(2)  # any integer is one
 
 
 async def test_astar_with_depth_heuristic_finds_a_goal_at_depth():

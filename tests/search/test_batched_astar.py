@@ -173,7 +173,7 @@ class CostsOf:
         return np.zeros((len(states), 1), np.float32)
 
 
-@pytest.mark.parametrize("cost", [-1.0, 0.0, math.nan, math.inf])
+@pytest.mark.parametrize("cost", [-1.0, 0.0, math.nan, math.inf, "1", None, 1j])
 @pytest.mark.parametrize("variant", ["batched", "continuous"])
 async def test_a_step_cost_that_is_not_finite_and_positive_is_refused(cost, variant):
     async def evaluate(x):

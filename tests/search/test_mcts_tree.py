@@ -440,3 +440,36 @@ def test_proved_values_agree_with_the_solver():
             if result.solved_value > 0:
                 assert result.action in p.optimal_moves
     assert solved > 50
+
+
+class Broken(Corridor):
+    """A Corridor whose legal actions or terminal value break the Game protocol."""
+
+    def __init__(self, actions=(0,), end=0.0):
+        self.actions, self.end = actions, end
+
+    def legal_actions(self, state):
+        return self.actions if state else ()
+
+    def terminal_value(self, state):
+        return self.end if state == 0 else None
+
+
+@pytest.mark.parametrize("actions", [(0, 5), (-1,), (0.0,), (True,), ("0",)])
+def test_a_game_whose_legal_actions_leave_its_actions_is_refused_naming_it(actions):
+    with pytest.raises(ValueError, match=r"Broken.*legal_actions gave .* num_actions=1"):
+        Tree(Broken(actions=actions), 2)
+
+
+@pytest.mark.parametrize("end", [math.nan, 5.0, -1.5, "1", 1j])
+def test_a_terminal_value_outside_minus_one_to_one_is_refused_naming_the_game(end):
+    with pytest.raises(ValueError, match=r"Broken.*terminal_value is .* \[-1, 1\]"):
+        Tree(Broken(end=end), 0)  # the root is over
+    tree = Tree(Broken(end=end), 1)
+    with pytest.raises(ValueError, match=r"terminal_value is .* \[-1, 1\]"):
+        tree._child(1, 0)  # a child that ends the game
+
+
+def test_a_game_of_the_protocol_with_integer_actions_of_numpy_plays_on():
+    tree = Tree(Broken(actions=(np.int64(0),)), 2)
+    assert tree._child(2, 0)[2] == (np.int64(0),)

@@ -160,3 +160,35 @@ async def test_a_rollout_takes_a_seed_sequence():
     two = await search.multi_rollout(PUZZLE, start, evaluate, depth=8, num_rollouts=2,
                                      seed=np.random.SeedSequence(7))
     assert one == two
+
+
+class _Line:
+    """0 -> 1 -> 2 -> 3 (the goal), each step costing ``cost``."""
+
+    input_spec = asr.TensorSpec((1,), np.float32)
+
+    def __init__(self, cost):
+        self.cost = cost
+
+    def check_state(self, state):
+        pass
+
+    def neighbors(self, state):
+        return [(state + 1, self.cost)] if state < 3 else []
+
+    def is_goal(self, state):
+        return state == 3
+
+    def encode(self, states):
+        return np.asarray(states, np.float32)[:, None]
+
+
+@pytest.mark.parametrize("cost", [0.0, -1.0, float("nan"), float("inf"), "1", None, 1j])
+@pytest.mark.parametrize("which", ["simple", "multi"])
+async def test_a_step_cost_that_is_not_a_finite_number_above_zero_is_refused(cost, which):
+    evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
+    run = (search.simple_rollout(_Line(cost), 0, evaluate, depth=5, seed=0)
+           if which == "simple" else
+           search.multi_rollout(_Line(cost), 0, evaluate, depth=5, num_rollouts=2, seed=0))
+    with pytest.raises(ValueError, match="_Line: a step costs .*finite numbers > 0"):
+        await run
