@@ -88,7 +88,7 @@ class RequestChecker:
 
     def _slow_check(self, x) -> np.ndarray:
         if not isinstance(x, np.ndarray):
-            expected = self.spec.describe() if self.spec else "a NumPy array [n, ...]"
+            expected = self.spec.describe() if self.spec else "[n, ...]"
             raise InputSpecError(
                 f"a request must be a NumPy array {expected}, got {type(x).__name__}")
         if x.ndim == 0:  # named like every other refusal: expected, then given

@@ -230,3 +230,12 @@ def test_check_values_runs_on_requests_with_rows_and_its_errors_become_input_err
     with pytest.raises(InputSpecError, match="SystemExit: 5"):
         RequestChecker(TensorSpec((2,), np.float32), values=exits)(
             np.ones((1, 2), np.float32))
+
+
+def test_a_request_that_is_no_array_is_named_once_with_or_without_a_spec():
+    with pytest.raises(InputSpecError) as without:
+        RequestChecker(None)([[1.0, 2.0]])
+    assert str(without.value) == "a request must be a NumPy array [n, ...], got list"
+    with pytest.raises(InputSpecError) as with_one:
+        RequestChecker(TensorSpec((2,), np.float32))((1.0, 2.0))
+    assert str(with_one.value) == "a request must be a NumPy array [n, 2] float32, got tuple"
