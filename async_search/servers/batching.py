@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
@@ -48,6 +49,7 @@ _ndarray = np.ndarray
 _LET_THREADS_IN_S = 0.001
 _perf_counter = time.perf_counter
 _sleep = time.sleep
+_running_loop = asyncio._get_running_loop  # None outside a loop; the C one, fast
 
 
 def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future]:
@@ -122,7 +124,10 @@ class BatchingServer:
         - A model that raises fails the requests of that batch with its exception, and
           the next batch is served. What a future cannot carry as it is
           (StopIteration, a CancelledError raised by the model, SystemExit) fails the
-          batch as ModelRaisedError, the original as its ``__cause__``.
+          batch as ModelRaisedError, the original as its ``__cause__``; but with
+          ``model_thread=False`` a SystemExit, like a KeyboardInterrupt, is taken for
+          the program's stop (a signal handler's ``sys.exit`` lands in whatever runs
+          on the main thread): it crashes the server, as below, and goes on up.
         - Every batch's outputs must keep the structure of the declared
           ``output_spec`` or, without one, of the first batch: the same kind (array,
           tuple of as many outputs, dict of the same keys), trailing shapes and row
@@ -134,9 +139,10 @@ class BatchingServer:
         - When one batch of a request split across batches fails, the whole request
           fails and the pieces from its other batches are dropped.
         - Whatever kills the serving coroutine (a batcher that raises, a bug, a
-          KeyboardInterrupt while the model runs on the loop, the dispatch task being
-          cancelled) fails every queued and in-flight request with ServerCrashedError
-          (a ServerClosedError; the cause is its ``__cause__``) and closes the server:
+          KeyboardInterrupt while the model runs on the loop, a SystemExit there with
+          ``model_thread=False``, the dispatch task being cancelled) fails every
+          queued and in-flight request with ServerCrashedError (a ServerClosedError;
+          the cause is its ``__cause__``) and closes the server:
           later calls raise it at once, and leaving the context raises it when the body
           did not raise.
         - A request cancelled (or failed) while pieces of it are still queued: the rest
@@ -207,6 +213,7 @@ class BatchingServer:
         self._staged_urgent: List[Tuple[int, np.ndarray, asyncio.Future]] = []  # priority
         self._stats = ServingStats(trace_size)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None  # the thread of the loop it serves
         self._workers: Workers | None = None
         self._task: asyncio.Task | None = None
         self._wakeup: asyncio.Future | None = None  # the dispatch task sleeps on it
@@ -264,7 +271,8 @@ class BatchingServer:
         # one tuple comparison) while the dispatch task is awake and nothing else is
         # due (``_quiet``), with no deadline.
         if type(x) is _ndarray and x.shape == self._last_shape and (
-                x.dtype is self._dtype) and self._quiet and timeout is None:
+                x.dtype is self._dtype) and self._quiet and timeout is None and (
+                _running_loop() is self._loop):
             fut = self._new_future()
             self._staged_xs.append(x)
             self._staged_futures.append(fut)
@@ -294,6 +302,17 @@ class BatchingServer:
         if self._new_future is None:
             raise RuntimeError("the server is not serving yet: call it inside its "
                                "context (async with)")
+        running = _running_loop()
+        if running is not self._loop and (
+                running is not None or threading.get_ident() != self._thread):
+            # Its queues belong to its loop's thread: a call from elsewhere would race
+            # with it, and the future could only be awaited there.
+            raise RuntimeError(
+                "this server serves the event loop it was entered in, and was called "
+                "from " + ("another thread" if running is None else
+                           "another event loop") + ": serve that loop its own server, "
+                "or hand the request to the server's loop "
+                "(asyncio.run_coroutine_threadsafe)")
         fut = self._new_future()
         if not len(x):
             if self._responses.empty_output is not None:
@@ -576,6 +595,7 @@ class BatchingServer:
         # raises TypeError for a model that cannot place itself: nothing is left then).
         copies = [on_device(self._first_model, device) for device in devices or ()]
         self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()  # the loop's: where calls come from
         self._since = time.perf_counter()
         self._workers = Workers(copies[0] if copies else self._first_model, self.version,
                                 self._loop, placement=self._placement,

@@ -817,3 +817,39 @@ async def test_requests_let_go_of_the_gil_at_a_bounded_rate_while_a_batch_is_in_
             assert 32 <= len(sleeps) <= 34
         finally:
             model.gate.set()
+
+
+async def test_a_call_from_another_threads_loop_is_refused_before_anything_is_queued():
+    calls = []
+
+    def model(x):
+        calls.append(len(x))
+        return x * 2
+
+    async with asr.serve(with_spec(model, (2,), np.float32)) as evaluate:
+        x = np.ones((1, 2), np.float32)
+        await evaluate(x)  # the fast path learns this shape
+        errors = []
+
+        def elsewhere(make_loop):
+            async def call():
+                return evaluate(x)
+
+            try:
+                if make_loop:
+                    asyncio.run(call())
+                else:
+                    evaluate(x)
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        for make_loop in (True, False):
+            thread = threading.Thread(target=elsewhere, args=(make_loop,))
+            thread.start()
+            thread.join(10)
+        assert len(errors) == 2
+        assert "another event loop" in errors[0] and "another thread" in errors[1]
+        assert all("asyncio.run_coroutine_threadsafe" in e for e in errors)
+        # Nothing of theirs was queued; the server serves its own loop on.
+        np.testing.assert_array_equal(await within(evaluate(x), "a request"), x * 2)
+        assert sum(calls) == 2
