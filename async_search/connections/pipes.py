@@ -349,6 +349,9 @@ class ForkedConnection(Connection):
         self._outbounds = outbounds
         self._outbound = None
         self._keys: Deque[Any] = collections.deque()
+        #: Messages taken from ``inbound`` by ``num_waiting`` (``poll``), not returned
+        #: yet: ``(key, payload)`` as they came, clients' end markers left out.
+        self._ahead: Deque[Tuple[Any, Any]] = collections.deque()
         self._recv_ended = False
         self._sender: Any = None
         self._fork = _Fork(closed) if _shared is None else _shared  # shared by copies
@@ -438,13 +441,32 @@ class ForkedConnection(Connection):
             except (ClosedConnection, OSError):  # gone already
                 pass
 
+    def num_waiting(self) -> int:
+        """How many messages are waiting to be received: a client's close, which
+        ``recv`` never returns, is not one (it is taken in here), so that ``while
+        server.poll(): server.recv()`` never blocks on it."""
+        ahead = self._ahead
+        while True:
+            try:
+                message = Connection.recv(self, block=False)
+            except (queue.Empty, ClosedConnection):  # nothing more, or the stream ended
+                return len(ahead)
+            if _is_close(message):
+                self._accept(message)  # what recv would do with it
+            else:
+                ahead.append(message)
+
     def recv(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        if self._ahead:
+            return self._accept(self._ahead.popleft())
         while True:
             value = self._accept(Connection.recv(self, block=block, timeout=timeout))
             if value is not _SKIP:
                 return value
 
     async def recv_async(self) -> Any:
+        if self._ahead:
+            return self._accept(self._ahead.popleft())
         while True:
             value = self._accept(await Connection.recv_async(self))
             if value is not _SKIP:
@@ -515,6 +537,12 @@ class ForkedConnection(Connection):
 
 
 _SKIP = object()
+
+
+def _is_close(message: Any) -> bool:
+    """Whether a forked server end's inbound ``message`` is a client's close."""
+    return (isinstance(message, tuple) and len(message) == 2
+            and is_end(message[1]))
 
 
 class _Fork:

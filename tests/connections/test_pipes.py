@@ -156,6 +156,37 @@ def test_forked_server_ends_only_after_every_client_closed(factory):
     assert recv(clients[0]) == "A"
 
 
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_a_clients_close_is_no_message_to_poll_for(factory):
+    # The prototype's serving loop, `while server.poll(): server.send(server.recv())`,
+    # must not block on a close that poll counted and recv skips.
+    server, (c0, c1, c2) = forked_pipe(factory, 3)
+    c1.send(1)
+    c0.close()
+    c2.send(2)
+    assert server.num_waiting() == 2  # c0's close is not one
+    served = []
+    while server.poll():
+        served.append(server.recv())
+        server.send(served[-1] * 10)
+    assert served == [1, 2] and server.num_waiting() == 0
+    assert recv(c1) == 10 and recv(c2) == 20
+    # A message taken in by num_waiting keeps its sender and its place in the answers.
+    c2.send(3)
+    c1.send(4)
+    assert server.num_waiting() == 2
+    assert server.recv() == 3 and server.sender == c2.key
+    assert server.recv() == 4 and server.sender == c1.key
+    server.send(30)
+    server.send(40)
+    assert recv(c2) == 30 and recv(c1) == 40
+    c1.close()
+    c2.close()
+    assert server.num_waiting() == 0  # every client closed: the stream ends
+    with pytest.raises(ClosedConnection):
+        recv(server)
+
+
 async def test_forked_server_recv_async_ends_after_every_client_closed():
     server, clients = forked_pipe(thread_queue, 2)
 
