@@ -15,6 +15,7 @@ import asyncio
 import multiprocessing
 import multiprocessing.queues
 import queue
+from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any, Dict, List
 
 from async_search.queues.protocol import ClosedConnection
@@ -58,6 +59,18 @@ class ProcessQueue(multiprocessing.queues.Queue):
             self._writer.close()
         self.put = self.put_nowait = _refuse_put  # (an instance's own: no cost elsewhere)
         return self
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        """``multiprocessing.Queue.put``, but an item that cannot be pickled raises
+        here, in the caller, and nothing is queued: the queue's feeder thread pickles
+        later, and one it cannot would be dropped with a printed traceback, the next
+        item arriving in its place (a connected function's answers would then go to the
+        wrong callers). It costs a second pickling of each item."""
+        _ForkingPickler.dumps(obj)  # raises what the feeder would meet
+        super().put(obj, block, timeout)
+
+    def put_nowait(self, obj: Any) -> None:
+        self.put(obj, False)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """``multiprocessing.Queue.get``; raises ``ClosedConnection`` once the pipe has

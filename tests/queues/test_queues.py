@@ -130,6 +130,20 @@ def test_process_queue_is_a_multiprocessing_queue():
     q.join_thread()
 
 
+@pytest.mark.parametrize("how", ["put", "put_nowait"])
+def test_an_item_that_cannot_be_pickled_raises_in_the_putter_and_takes_no_place(how):
+    # The feeder thread pickles later: an item it cannot would be dropped with a
+    # printed traceback, and the next one take its place (an ordered connected
+    # function's answers would go to the wrong callers).
+    q = process_queue()
+    with pytest.raises(TypeError, match="pickle"):
+        getattr(q, how)(threading.Lock())
+    q.put(np.array([7, 7]))
+    np.testing.assert_array_equal(q.get(timeout=WAIT_S), [7, 7])
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.2)
+
+
 async def test_process_queue_get_async_wakes_on_a_put_from_another_process():
     q = process_queue()
     go = SPAWN.Event()
