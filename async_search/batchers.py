@@ -755,7 +755,11 @@ class BatchManager:
                 its dtype (another kind: a string or a time among numbers); the message
                 names the expected and the given. Nothing is queued then.
         """
-        x = np.asarray(x)
+        try:
+            x = np.asarray(x)
+        except ValueError as e:  # a ragged list: numpy's own words, as the request's
+            raise InputSpecError(f"a request must be rows of one shape "
+                                 f"(expected {_rows_of(self._element_shape)}): {e}") from None
         if x.ndim == 0:
             raise InputSpecError(f"a request must have a batch dimension: expected "
                                  f"{_rows_of(self._element_shape)}, given a 0-d array")

@@ -712,6 +712,8 @@ def test_batch_manager_keeps_the_first_request_element_spec_for_its_lifetime():
         manager.add_inputs(np.zeros((1, 4)))
     with pytest.raises(ValueError, match="batch dimension"):  # an InputSpecError too
         manager.add_inputs(np.float64(1.0))
+    with pytest.raises(InputSpecError, match=r"rows of one shape \(expected \[n, 3\]\)"):
+        manager.add_inputs([[1.0, 2.0, 3.0], [4.0]])  # ragged
     assert manager.empty()
 
 
