@@ -35,6 +35,11 @@ import time
 from typing import Any, Counter, Dict
 
 
+#: The shortest interval between samples: a timer signal that comes again before its
+#: handler has read the stacks would re-enter it until the stack overflows.
+MIN_INTERVAL_S = 0.001
+
+
 def _function(frame: Any, line: bool = False) -> str:
     """``name (file.py)``, or ``name (file.py:line)`` with ``line``."""
     code = frame.f_code
@@ -57,6 +62,9 @@ class StackSampler:
 
     def __init__(self, interval_s: float = 0.01, enabled: bool = True,
                  timer: bool | None = None):
+        if not interval_s >= MIN_INTERVAL_S:  # NaN too
+            raise ValueError(f"interval_s must be at least {MIN_INTERVAL_S} s (a sample "
+                             f"of a deep stack takes about 0.1 ms), got {interval_s!r}")
         self.interval_s = interval_s
         self.enabled = enabled
         self.timer = timer

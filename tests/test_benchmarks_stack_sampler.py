@@ -5,6 +5,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
@@ -139,3 +141,9 @@ def test_the_timer_is_the_main_threads_and_is_stopped_and_restored_after():
     thread.start()
     thread.join(10)
     assert errors and "main thread" in str(errors[0])
+
+
+@pytest.mark.parametrize("interval_s", [1e-5, 0.0, -1.0, float("nan")])
+def test_an_interval_shorter_than_a_sample_is_refused(interval_s):
+    with pytest.raises(ValueError, match="interval_s must be at least"):
+        StackSampler(interval_s=interval_s)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-import math
+import numbers
+import sys
 from typing import Any, Tuple
 
 import numpy as np
@@ -37,12 +38,19 @@ def bad_step_cost(problem: Any, cost: Any) -> ValueError:
                       f"protocol)")
 
 
+#: The largest step cost: past it a sum of costs is no float (an int of 400 digits).
+MAX_STEP_COST = sys.float_info.max
+
+
 def check_step_cost(problem: Any, cost: Any) -> None:
-    """ValueError (``bad_step_cost``) unless ``cost`` is a finite number > 0; a
-    negative cycle would loop forever, a NaN or a text make every sum meaningless."""
+    """ValueError (``bad_step_cost``) unless ``cost`` is a real number (not a bool)
+    in (0, ``MAX_STEP_COST``]: a negative cycle would loop forever, and a NaN, a text,
+    a Decimal or an array would make every sum meaningless or fail deep in a search."""
+    if isinstance(cost, bool) or not isinstance(cost, numbers.Real):
+        raise bad_step_cost(problem, cost)
     try:
-        ok = 0 < cost < math.inf
-    except TypeError:  # None, text, complex: not ordered against numbers
+        ok = 0 < float(cost) <= MAX_STEP_COST  # False for NaN
+    except (OverflowError, TypeError, ValueError):
         ok = False
     if not ok:
         raise bad_step_cost(problem, cost)

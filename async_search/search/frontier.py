@@ -43,7 +43,7 @@ import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from async_search.problems.base import CompactKeys, SearchProblem, State, compact_keys_of
-from async_search.search.base import bad_step_cost, check_step_cost
+from async_search.search.base import MAX_STEP_COST, bad_step_cost, check_step_cost
 
 
 _INF = math.inf
@@ -346,11 +346,12 @@ def _expand_states(fr: Frontier, ids: List[int],
     for i, g in zip(ids, gs):
         state = keys[i]
         for child, cost in neighbors(state):
-            try:  # free unless it raises (3.11's zero-cost try)
-                if not 0 < cost < _INF:  # a negative cycle would loop forever
-                    raise bad_step_cost(problem, cost)
-            except TypeError:  # None, text, complex: not ordered against numbers
-                raise bad_step_cost(problem, cost) from None
+            # A float or an int is checked here (two type tests and a range);
+            # anything else, once, in full. A negative cycle would loop forever.
+            if type(cost) is not float and type(cost) is not int:
+                check_step_cost(problem, cost)
+            elif not 0 < cost <= MAX_STEP_COST:
+                raise bad_step_cost(problem, cost)
             g1 = g + cost
             j = index.get(child)
             if j is not None:

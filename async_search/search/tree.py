@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -86,7 +87,7 @@ def _generic_rules(game: Game) -> Tuple[Callable, Callable]:
     play, legal_actions, num_actions = game.play, game.legal_actions, game.num_actions
 
     def legal(state: State) -> Tuple[int, ...]:
-        actions = legal_actions(state)
+        actions = tuple(legal_actions(state))  # a generator is read once, here
         for a in actions:
             if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not (
                     0 <= a < num_actions):
@@ -113,14 +114,15 @@ def _game_over(game: Game, state: State) -> float:
                          f"for {state!r}; a game has no legal action exactly when it is "
                          f"over")
     try:
-        ok = -1.0 <= value <= 1.0  # False for NaN
-    except TypeError:
+        ok = (not isinstance(value, bool) and isinstance(value, numbers.Real)
+              and -1.0 <= float(value) <= 1.0)  # False for NaN
+    except (OverflowError, TypeError, ValueError):
         ok = False
     if not ok:
         raise ValueError(f"{game!r}: terminal_value is {value!r} for {state!r}; values "
                          f"are numbers in [-1, 1], for the player to move (the Game "
                          f"protocol)")
-    return value
+    return float(value)
 
 
 class Tree:

@@ -304,7 +304,8 @@ class BatchingServer:
                                "context (async with)")
         running = _running_loop()
         if running is not self._loop and (
-                running is not None or threading.get_ident() != self._thread):
+                running is not None or threading.get_ident() != self._thread
+                or self._loop.is_running()):  # (then in another thread)
             # Its queues belong to its loop's thread: a call from elsewhere would race
             # with it, and the future could only be awaited there.
             raise RuntimeError(

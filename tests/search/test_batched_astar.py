@@ -1,4 +1,5 @@
 import asyncio
+import decimal
 import math
 
 import numpy as np
@@ -173,7 +174,9 @@ class CostsOf:
         return np.zeros((len(states), 1), np.float32)
 
 
-@pytest.mark.parametrize("cost", [-1.0, 0.0, math.nan, math.inf, "1", None, 1j])
+@pytest.mark.parametrize("cost", [-1.0, 0.0, math.nan, math.inf, "1", None, 1j, True,
+                                  decimal.Decimal("1.5"), 10 ** 400, np.array([1.0]),
+                                  np.array([1.0, 2.0])])
 @pytest.mark.parametrize("variant", ["batched", "continuous"])
 async def test_a_step_cost_that_is_not_finite_and_positive_is_refused(cost, variant):
     async def evaluate(x):

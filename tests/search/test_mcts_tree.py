@@ -461,7 +461,8 @@ def test_a_game_whose_legal_actions_leave_its_actions_is_refused_naming_it(actio
         Tree(Broken(actions=actions), 2)
 
 
-@pytest.mark.parametrize("end", [math.nan, 5.0, -1.5, "1", 1j])
+@pytest.mark.parametrize("end", [math.nan, 5.0, -1.5, "1", 1j, True, np.array([0.5]),
+                                 __import__("decimal").Decimal("0.5")])
 def test_a_terminal_value_outside_minus_one_to_one_is_refused_naming_the_game(end):
     with pytest.raises(ValueError, match=r"Broken.*terminal_value is .* \[-1, 1\]"):
         Tree(Broken(end=end), 0)  # the root is over
@@ -473,3 +474,23 @@ def test_a_terminal_value_outside_minus_one_to_one_is_refused_naming_the_game(en
 def test_a_game_of_the_protocol_with_integer_actions_of_numpy_plays_on():
     tree = Tree(Broken(actions=(np.int64(0),)), 2)
     assert tree._child(2, 0)[2] == (np.int64(0),)
+    assert Tree(Broken(end=np.float32(0.5)), 0).node_edges[0] == TERMINAL
+
+
+def test_a_child_whose_legal_actions_leave_the_game_is_refused_too():
+    class LaterBroken(Corridor):
+        def legal_actions(self, state):  # the root is fine, its child is not
+            return (0,) if state == 2 else (0, 5) if state else ()
+
+    tree = Tree(LaterBroken(), 2)
+    with pytest.raises(ValueError, match=r"LaterBroken.*legal_actions gave 5"):
+        tree._child(2, 0)
+
+
+def test_legal_actions_may_be_any_iterable_of_actions():
+    class Generated(Corridor):
+        def legal_actions(self, state):
+            return (a for a in (0,)) if state else iter(())
+
+    tree = Tree(Generated(), 2)
+    assert tree._child(2, 0)[2] == (0,)

@@ -1,3 +1,5 @@
+import decimal
+import fractions
 import functools
 
 import numpy as np
@@ -183,7 +185,8 @@ class _Line:
         return np.asarray(states, np.float32)[:, None]
 
 
-@pytest.mark.parametrize("cost", [0.0, -1.0, float("nan"), float("inf"), "1", None, 1j])
+@pytest.mark.parametrize("cost", [0.0, -1.0, float("nan"), float("inf"), "1", None, 1j, True,
+                                  decimal.Decimal("1.5"), 10 ** 400, np.array([1.0])])
 @pytest.mark.parametrize("which", ["simple", "multi"])
 async def test_a_step_cost_that_is_not_a_finite_number_above_zero_is_refused(cost, which):
     evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
@@ -192,3 +195,10 @@ async def test_a_step_cost_that_is_not_a_finite_number_above_zero_is_refused(cos
            search.multi_rollout(_Line(cost), 0, evaluate, depth=5, num_rollouts=2, seed=0))
     with pytest.raises(ValueError, match="_Line: a step costs .*finite numbers > 0"):
         await run
+
+
+@pytest.mark.parametrize("cost", [np.float32(1.5), np.int64(2), fractions.Fraction(3, 2), 7])
+async def test_real_numbers_of_any_type_are_step_costs(cost):
+    evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
+    result = await search.simple_rollout(_Line(cost), 0, evaluate, depth=5, seed=0)
+    assert result.status == Status.GOAL_FOUND and result.cost == 3 * cost

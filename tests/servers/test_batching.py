@@ -853,3 +853,28 @@ async def test_a_call_from_another_threads_loop_is_refused_before_anything_is_qu
         # Nothing of theirs was queued; the server serves its own loop on.
         np.testing.assert_array_equal(await within(evaluate(x), "a request"), x * 2)
         assert sum(calls) == 2
+
+
+def test_a_call_between_runs_of_its_loop_is_served_and_one_while_it_runs_elsewhere_is_not():
+    loop = asyncio.new_event_loop()
+    x = np.ones((1, 2), np.float32)
+    try:
+        server = BatchingServer(with_spec(lambda b: b * 2, (2,), np.float32))
+        loop.run_until_complete(server.__aenter__())
+        loop.run_until_complete(server(x))
+        queued = server(x)  # its own thread, its loop stopped: queued for the next run
+        np.testing.assert_array_equal(loop.run_until_complete(queued), x * 2)
+        runner = threading.Thread(target=loop.run_forever, daemon=True)
+        runner.start()
+        wait = threading.Event()
+        while not loop.is_running():
+            wait.wait(0.01)
+        with pytest.raises(RuntimeError, match="another thread"):
+            server(x)  # the loop runs in the other thread now
+        done = asyncio.run_coroutine_threadsafe(server.aclose(), loop)
+        done.result(timeout=10)
+    finally:
+        if loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+            runner.join(10)
+        loop.close()
