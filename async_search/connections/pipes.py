@@ -363,7 +363,8 @@ class ForkedConnection(Connection):
 
     def __getstate__(self) -> dict:
         self._fork.crossed = True  # copies elsewhere answer what this one cannot see
-        return self.__dict__
+        # Messages taken in by num_waiting are this end's to recv, not a copy's too.
+        return {**self.__dict__, "_ahead": collections.deque()}
 
     def release(self) -> None:
         """The server that acquired this end is done: nothing to close (each client's
@@ -444,7 +445,9 @@ class ForkedConnection(Connection):
     def num_waiting(self) -> int:
         """How many messages are waiting to be received: a client's close, which
         ``recv`` never returns, is not one (it is taken in here), so that ``while
-        server.poll(): server.recv()`` never blocks on it."""
+        server.poll(): server.recv()`` never blocks on it. The messages it counts are
+        taken in too, and are this end's to ``recv`` (a copy of it, here or pickled
+        to another process, does not see them)."""
         ahead = self._ahead
         while True:
             try:

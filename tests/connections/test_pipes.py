@@ -180,6 +180,13 @@ def test_a_clients_close_is_no_message_to_poll_for(factory):
     server.send(30)
     server.send(40)
     assert recv(c2) == 30 and recv(c1) == 40
+    # What num_waiting took in is this end's: a pickled copy does not get it too.
+    c1.send(5)
+    assert server.num_waiting() == 1
+    assert not server.__getstate__()["_ahead"]
+    assert server.recv() == 5
+    server.send(50)
+    assert recv(c1) == 50
     c1.close()
     c2.close()
     assert server.num_waiting() == 0  # every client closed: the stream ends
