@@ -155,6 +155,10 @@ STARTING = textwrap.dedent("""
             with starting_children():
                 p.start()
                 os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while it starts
+                # A Ctrl-C goes to the process: a thread that does not block it (one
+                # of numpy's, say) may take it, and on a busy host only later. A start
+                # lasts long enough for it to arrive; so does this.
+                time.sleep(0.5)
                 print("held", flush=True)
         except KeyboardInterrupt:
             print("delivered after the block", flush=True)
