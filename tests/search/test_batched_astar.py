@@ -7,6 +7,7 @@ import pytest
 
 import async_search as asr
 from async_search import problems, search
+from tests.search.costed import CostsOf
 from async_search.errors import ModelOutputError
 from async_search.search import Status
 
@@ -151,27 +152,6 @@ async def test_policy_value_outputs_given_to_astar_raise_model_output_error():
     with pytest.raises(ModelOutputError, match="is it a policy-value model"):
         await search.batched_astar(PUZZLE, PUZZLE.scramble(10, seed=0), evaluate,
                                    budget=100, buffer_size=4)
-
-
-class CostsOf:
-    """0 -> 1 -> 2 -> 1 ...: a cycle whose steps cost ``cost`` (no goal)."""
-
-    input_spec = asr.TensorSpec((1,), np.float32)
-
-    def __init__(self, cost):
-        self.cost = cost
-
-    def check_state(self, state):
-        pass
-
-    def neighbors(self, state):
-        return {0: [(1, 1.0)], 1: [(2, self.cost)], 2: [(1, self.cost)]}[state]
-
-    def is_goal(self, state):
-        return False
-
-    def encode(self, states):
-        return np.zeros((len(states), 1), np.float32)
 
 
 @pytest.mark.parametrize("cost", [-1.0, 0.0, math.nan, math.inf, "1", None, 1j, True,

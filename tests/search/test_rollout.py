@@ -9,6 +9,7 @@ import async_search as asr
 from async_search import problems, search
 from async_search.search import RolloutResult, Status
 from async_search.search.rollout import best_rollout, rollout_seeds, softmax_sample
+from tests.search.costed import Line
 
 PUZZLE = problems.SlidingPuzzle(3)
 MANHATTAN = problems.ManhattanHeuristic(PUZZLE)
@@ -164,41 +165,20 @@ async def test_a_rollout_takes_a_seed_sequence():
     assert one == two
 
 
-class _Line:
-    """0 -> 1 -> 2 -> 3 (the goal), each step costing ``cost``."""
-
-    input_spec = asr.TensorSpec((1,), np.float32)
-
-    def __init__(self, cost):
-        self.cost = cost
-
-    def check_state(self, state):
-        pass
-
-    def neighbors(self, state):
-        return [(state + 1, self.cost)] if state < 3 else []
-
-    def is_goal(self, state):
-        return state == 3
-
-    def encode(self, states):
-        return np.asarray(states, np.float32)[:, None]
-
-
 @pytest.mark.parametrize("cost", [0.0, -1.0, float("nan"), float("inf"), "1", None, 1j, True,
                                   decimal.Decimal("1.5"), 10 ** 400, np.array([1.0])])
 @pytest.mark.parametrize("which", ["simple", "multi"])
 async def test_a_step_cost_that_is_not_a_finite_number_above_zero_is_refused(cost, which):
     evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
-    run = (search.simple_rollout(_Line(cost), 0, evaluate, depth=5, seed=0)
+    run = (search.simple_rollout(Line(cost), 0, evaluate, depth=5, seed=0)
            if which == "simple" else
-           search.multi_rollout(_Line(cost), 0, evaluate, depth=5, num_rollouts=2, seed=0))
-    with pytest.raises(ValueError, match="_Line: a step costs .*finite numbers > 0"):
+           search.multi_rollout(Line(cost), 0, evaluate, depth=5, num_rollouts=2, seed=0))
+    with pytest.raises(ValueError, match="Line: a step costs .*finite numbers > 0"):
         await run
 
 
 @pytest.mark.parametrize("cost", [np.float32(1.5), np.int64(2), fractions.Fraction(3, 2), 7])
 async def test_real_numbers_of_any_type_are_step_costs(cost):
     evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
-    result = await search.simple_rollout(_Line(cost), 0, evaluate, depth=5, seed=0)
+    result = await search.simple_rollout(Line(cost), 0, evaluate, depth=5, seed=0)
     assert result.status == Status.GOAL_FOUND and result.cost == 3 * cost

@@ -1,0 +1,41 @@
+"""Small problems whose step costs a test chooses: the searches' checks of step costs."""
+
+import numpy as np
+
+import async_search as asr
+
+
+class Costed:
+    """A problem on integer states whose steps cost ``cost``; subclasses say which
+    steps there are (``neighbors``) and which states are goals."""
+
+    input_spec = asr.TensorSpec((1,), np.float32)
+
+    def __init__(self, cost):
+        self.cost = cost
+
+    def check_state(self, state):
+        pass
+
+    def is_goal(self, state):
+        return False
+
+    def encode(self, states):
+        return np.asarray(states, np.float32)[:, None]
+
+
+class CostsOf(Costed):
+    """0 -> 1 -> 2 -> 1 ...: a cycle whose steps cost ``cost`` (no goal)."""
+
+    def neighbors(self, state):
+        return {0: [(1, 1.0)], 1: [(2, self.cost)], 2: [(1, self.cost)]}[state]
+
+
+class Line(Costed):
+    """0 -> 1 -> 2 -> 3 (the goal), each step costing ``cost``."""
+
+    def neighbors(self, state):
+        return [(state + 1, self.cost)] if state < 3 else []
+
+    def is_goal(self, state):
+        return state == 3
