@@ -7,9 +7,11 @@ several bucket sizes in two ways:
 - direct: the framework alone, as a user would call it without this toolkit:
   PyTorch ``module(torch.from_numpy(x)).numpy()`` under ``torch.inference_mode()``;
   JAX ``np.asarray(jax.jit(apply_fn)(params, x))``; TensorFlow a ``tf.function``
-  traced for the shape, ``fn(tf.constant(x)).numpy()``;
+  traced for the shape, ``fn(tf.constant(x)).numpy()``; ``torch-script`` the module
+  compiled by TorchScript, called as PyTorch's;
 - adapter: ``TorchModel``, ``JaxModel``, ``TensorFlowModel`` on the CPU with default
-  options, called with the same batch (its size is a bucket: no padding rows).
+  options (``torch-script``: ``TorchModel(script=True)``), called with the same batch
+  (its size is a bucket: no padding rows).
 
 Both are warmed up (traced, compiled) first. ``--jax_sync_dispatch`` turns JAX's
 asynchronous dispatch on the CPU off (a process-wide setting, before JAX runs), which
@@ -20,7 +22,7 @@ overhead ``adapter / direct - 1`` (goal: at most 5 %). Prints one JSON object an
 writes it to ``results/benchmarks/adapters.json``.
 
 Usage: python benchmarks/adapters.py [--sizes 1 16 256 1024] [--rounds 7]
-[--frameworks torch jax tensorflow] [--out results/benchmarks/adapters.json]
+[--frameworks torch torch-script jax tensorflow] [--out results/benchmarks/adapters.json]
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def weights(args: argparse.Namespace) -> List[np.ndarray]:
     return out
 
 
-def torch_pair(w: List[np.ndarray], spec: TensorSpec, sizes: List[int]):
+def torch_pair(w: List[np.ndarray], spec: TensorSpec, sizes: List[int],
+               script: bool = False):
     import torch
     from async_search.models import TorchModel
 
@@ -65,12 +68,20 @@ def torch_pair(w: List[np.ndarray], spec: TensorSpec, sizes: List[int]):
             linear.bias.copy_(torch.from_numpy(w[i + 1]))
         layers += [linear, torch.nn.ReLU()]
     net = torch.nn.Sequential(*layers[:-1]).eval()
+    adapter = TorchModel(net, input_spec=spec, device="cpu", batch_sizes=sizes,
+                         script=script)
+    compiled = adapter._runner.forward  # torch-script: the pass the adapter runs
 
     def direct(x):
         with torch.inference_mode():
-            return net(torch.from_numpy(x)).numpy()
+            return compiled(torch.from_numpy(x)).numpy()
 
-    return direct, TorchModel(net, input_spec=spec, device="cpu", batch_sizes=sizes)
+    return direct, adapter
+
+
+def torch_script_pair(w: List[np.ndarray], spec: TensorSpec, sizes: List[int]):
+    """TorchModel(script=True) against calling its TorchScript module directly."""
+    return torch_pair(w, spec, sizes, script=True)
 
 
 def jax_pair(w: List[np.ndarray], spec: TensorSpec, sizes: List[int]):
@@ -115,7 +126,8 @@ def tensorflow_pair(w: List[np.ndarray], spec: TensorSpec, sizes: List[int]):
     return direct, TensorFlowModel(net, spec, device="/CPU:0", batch_sizes=sizes)
 
 
-PAIRS = {"torch": ("torch", torch_pair), "jax": ("jax", jax_pair),
+PAIRS = {"torch": ("torch", torch_pair), "torch-script": ("torch", torch_script_pair),
+         "jax": ("jax", jax_pair),
          "tensorflow": ("tensorflow", tensorflow_pair)}
 
 

@@ -109,6 +109,7 @@ import queue
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 # JAX (the mctx peer) must not take most of the GPU's memory from PyTorch at its start.
@@ -264,6 +265,14 @@ class TimedReplay:
         self.timer.events.append((start, end))
 
 
+def time_forward(model: Any, timer: ForwardTimer) -> None:
+    """Makes ``model``'s forward passes timed by ``timer`` (the benchmark reaching into
+    the adapter, whose compiled pass ``timed_module`` cannot wrap: TorchScript compiles
+    the module it is given, and a timer's clock is Python it lacks)."""
+    runner = model._runner
+    runner.forward = timed_module(timer.torch, runner.forward, timer)
+
+
 def time_graph_replays(model: Any, timer: ForwardTimer) -> None:
     """Makes ``model``'s graph replays timed by ``timer`` (the benchmark reaching into
     the adapter: its graphs are captured and replayed in ``_Runner._graph``)."""
@@ -275,6 +284,14 @@ def time_graph_replays(model: Any, timer: ForwardTimer) -> None:
         return None if captured is None else (TimedReplay(captured[0], timer), captured[1])
 
     runner._graph = timed
+
+
+def scripted(torch: Any, module: Any) -> Any:
+    """``module`` compiled by TorchScript (its parameters shared), without PyTorch's
+    deprecation warning for the API."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(module)
 
 
 def channels_last(torch: Any, module: Any) -> Any:
@@ -309,17 +326,25 @@ class Served:
         self.module = problems.torch_resnet(net).to(device).eval()
         if args.channels_last and len(net.input_spec.shape) == 3:  # convolutional nets
             self.module = channels_last(torch, self.module)
-        # --compile compiles the net itself (the timer's events stay outside the graph).
-        self.forward = torch.compile(self.module) if args.compile else self.module
+        # --compile compiles the net itself (the timer's events stay outside the graph);
+        # --script has the adapter compile it (TorchModel(script=True)), and the model
+        # alone runs a compiled copy too.
+        self.forward = (torch.compile(self.module) if args.compile else
+                        scripted(torch, self.module) if args.script else self.module)
+        # The hand-written peer runs the module as its user wrote it, or compiled
+        # (--peer-script), to tell what batching gives from what compiling gives.
+        self.peer_module = (self.forward if args.script and args.peer_script else
+                            scripted(torch, self.module) if args.peer_script else self.module)
         self.timer = ForwardTimer(torch, self.cuda)
         self.timed = True
         # TorchModel's default on CUDA: a CUDA graph per bucket (--eager: none; a
         # compiled net: none either, since the benchmark compiled it itself).
         graphs = False if (args.eager or args.compile) else None
-        self.model = TorchModel(timed_module(torch, self.forward, self.timer),
-                                input_spec=net.input_spec, device=device,
+        given = self.module if args.script else timed_module(torch, self.forward, self.timer)
+        self.model = TorchModel(given, input_spec=net.input_spec, device=device,
                                 max_batch_size=args.max_batch_size,
-                                precision=args.precision, cuda_graphs=graphs)
+                                precision=args.precision, cuda_graphs=graphs,
+                                script=args.script)
         # --servers: the process backend's servers each take a copy on the same
         # device (its own stream, buffers and graphs), so that one copies and hands
         # back its batch while another computes.
@@ -329,6 +354,8 @@ class Served:
         for copy in self.copies:
             if copy.cuda_graphs:  # replays run no forward pass: time the replays
                 time_graph_replays(copy, self.timer)
+            elif args.script:  # the compiled pass, timed from outside
+                time_forward(copy, self.timer)
         self.sizes = self.model.batch_sizes
         self.ceiling: Dict[int, Dict[str, Dict[str, float]]] = {}
         for copy in self.copies:
@@ -955,7 +982,7 @@ async def handwritten(work: Workload, searches: int) -> dict:
     served = work.served
     fn, starts = work.search_fn(searches), work.starts(searches)
     torch = served.torch
-    module = timed_module(torch, served.module, served.timer)
+    module = timed_module(torch, served.peer_module, served.timer)
     served.timer.reset()
     gc.collect()
     # PyTorch's default: a batcher without buckets sees a new shape at most batches,
@@ -1372,6 +1399,11 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
                    help="TorchModel without CUDA graphs (its default on CUDA captures one "
                         "per bucket)")
     p.add_argument("--compile", action="store_true", help="torch.compile the net")
+    p.add_argument("--script", action="store_true",
+                   help="TorchModel(script=True): the adapter runs the net compiled by "
+                        "TorchScript, one GIL hand-back a pass (the model alone too)")
+    p.add_argument("--peer-script", action="store_true",
+                   help="the hand-written peer runs the net compiled by TorchScript too")
     p.add_argument("--channels-last", action="store_true",
                    help="the convolutional net in channels-last memory (NHWC)")
     p.add_argument("--torch-threads", type=int, default=None,
@@ -1404,6 +1436,10 @@ def parse_args(argv: Sequence[str] | None = None, *, cuda: bool) -> argparse.Nam
     args = p.parse_args(argv)
     if args.switch_interval is not None and not args.switch_interval > 0:
         p.error(f"--switch-interval takes seconds > 0, not {args.switch_interval}")
+    if args.script and args.compile:
+        p.error("--script and --compile each compile the net: pick one")
+    if (args.script or args.peer_script) and args.framework != "torch":
+        p.error("--script and --peer-script compile a PyTorch net: --framework torch")
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.sections = [w for w in args.sections.split(",") if w]
     for flag, given, allowed in (("--workloads", args.workloads, ("astar", "mcts")),

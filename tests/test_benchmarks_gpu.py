@@ -408,3 +408,30 @@ def test_clients_busy_averages_each_finished_clients_cpu_over_its_wall_time():
     assert gpu.clients_busy(stats) == 0.55
     assert gpu.clients_busy({"clients": []}) is None
     assert gpu.clients_busy({}) is None
+
+
+@pytest.mark.parametrize("flags", [["--script", "--compile"],
+                                   ["--script", "--framework", "jax"],
+                                   ["--peer-script", "--framework", "jax"]])
+def test_script_is_refused_beside_compile_or_jax(flags, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu.parse_args(flags, cuda=False)
+    assert stop.value.code == 2
+    assert "--script" in capsys.readouterr().err
+
+
+def test_script_times_the_adapters_compiled_pass_and_the_peer_can_run_it_too(tmp_path):
+    torch = pytest.importorskip("torch")
+    report = gpu.main(["--smoke", "--workloads", "astar", "--sections",
+                       "in_process,handwritten_torch", "--concurrency", "64",
+                       "--peer-concurrency", "64", "--rounds", "1", "--min-s", "0.02",
+                       "--script", "--peer-script", "--out", str(tmp_path / "s.json")])
+    assert report["settings"]["script"] and report["settings"]["peer_script"]
+    runs = report["runs"]["astar_15_puzzle"]
+    for section in ("in_process", "handwritten_torch"):  # passes timed on both sides
+        assert runs[section]["64"]["device_busy_fraction"] > 0, section
+    served = gpu.Served("cost_to_go", gpu.problems.CostToGoResNet(
+        gpu.PUZZLE, first_width=8, width=8, blocks=1, seed=0), torch.device("cpu"),
+        gpu.parse_args(["--smoke", "--script", "--peer-script"], cuda=False), torch)
+    assert served.model.script and isinstance(served.peer_module, torch.jit.ScriptModule)
+    assert isinstance(served.forward, torch.jit.ScriptModule)  # the model alone: compiled

@@ -66,8 +66,24 @@ class TorchModel(OwnWeightsModel):
 
     Options off by default: ``precision`` (compute in bfloat16 or float16 under
     ``torch.autocast``; outputs come back as float32: on the H200 the 4096 batch took
-    8.5 ms instead of 13.7 ms, but searches bound by Python gained nothing) and
-    ``compile`` (``torch.compile``, not measured on a GPU here).
+    8.5 ms instead of 13.7 ms, but searches bound by Python gained nothing),
+    ``compile`` (``torch.compile``, not measured on a GPU here) and ``script``.
+
+    ``script=True`` compiles the module with TorchScript (``torch.jit.script``) and runs
+    the compiled pass: it runs in C++ and lets go of the GIL once a pass, where an eager
+    pass takes the GIL back after every operator and waits for it while the searches
+    hold it (on the CPU, a CUDA graph's part). Measured on 2 CPU cores
+    (``benchmarks/gpu.py --script``, docs/benchmarks.md): A* on the 15-puzzle's residual
+    net served 1.3-2.1x the expansions/s from 256 searches, MCTS on a convolutional
+    net whose passes dominate gained nothing; outputs were equal bit for bit. It is
+    off by default
+    because a compiled module is not the Python object: attributes that its forward
+    pass changes (a call counter) change in the compiled copy only, an exception raised
+    inside it reaches the caller as ``torch.jit.Error`` (an ``Exception`` whose message
+    ends with the original's type and message), and TorchScript needs the module's source file (not a class
+    typed into a notebook cell or ``python -``) and its subset of Python. Weights stay
+    shared: ``with_weights`` reaches the compiled pass. PyTorch marks TorchScript
+    deprecated; the adapter silences that warning for its own call.
 
     ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
     (relative and absolute, as in ``np.allclose(a, b, rtol=t, atol=t)``): floating-point
@@ -98,11 +114,15 @@ class TorchModel(OwnWeightsModel):
             TensorFlow in one process aborts it (their LLVMs clash): that case raises
             ``RuntimeError`` instead (import ``triton`` before ``tensorflow``, or compile
             in a process without TensorFlow).
+        script: compile the module with TorchScript and run the compiled pass (see
+            above). Not together with ``compile``.
         batch_tolerance: overrides the default above.
 
     Raises:
         DeviceNotFoundError: ``device`` does not exist on this machine.
-        ValueError: an option out of range, or ``cuda_graphs=True`` off CUDA.
+        ValueError: an option out of range, ``cuda_graphs=True`` off CUDA, or
+            ``script=True`` for a module that TorchScript cannot compile (its message
+            says why).
         RuntimeError: ``compile`` where loading Triton would abort the process.
 
     Example:
@@ -119,7 +139,7 @@ class TorchModel(OwnWeightsModel):
                  max_batch_size: int = 1024, batch_sizes: Sequence[int] | None = None,
                  precision: str | None = None, cuda_graphs: bool | None = None,
                  compile: bool | Mapping[str, Any] = False,  # noqa: A002 - torch's name
-                 batch_tolerance: float | None = None):
+                 batch_tolerance: float | None = None, script: bool = False):
         import torch  # imported here so that the core needs numpy alone
 
         if precision not in PRECISIONS:
@@ -137,6 +157,12 @@ class TorchModel(OwnWeightsModel):
         if cuda_graphs and compile:
             raise ValueError("cuda_graphs and compile are exclusive: torch.compile "
                              "captures graphs itself with mode='reduce-overhead'")
+        if not isinstance(script, (bool, np.bool_)):
+            raise TypeError(f"script must be True or False, got {script!r}")
+        self.script = bool(script)
+        if self.script and compile:
+            raise ValueError("script and compile are exclusive: each compiles the module "
+                             "its own way")
         #: Whether graphs are required (True), tried with an eager fallback (None) or off.
         self._graphs_option = cuda_graphs
         self._given_tolerance = batch_tolerance
@@ -218,7 +244,7 @@ class TorchModel(OwnWeightsModel):
         return TorchModel(module, self.input_spec, device=target,
                           batch_sizes=self.batch_sizes, precision=self.precision,
                           cuda_graphs=self._graphs_option, compile=self.compile,
-                          batch_tolerance=self._given_tolerance)
+                          batch_tolerance=self._given_tolerance, script=self.script)
 
     def __repr__(self) -> str:
         return (f"TorchModel({type(self._runner.module).__name__}, "
@@ -370,6 +396,8 @@ class _Runner:
                     "triton before tensorflow, or compile in a process without TensorFlow")
             options = dict(model.compile) if isinstance(model.compile, Mapping) else {}
             self.forward = torch.compile(self.module, **options)
+        elif model.script:
+            self.forward = _scripted(torch, self.module)
         self.precision = (None if model.precision is None
                           else getattr(torch, model.precision))
         # One inference-mode guard, entered for each CPU batch: making a new one costs
@@ -567,6 +595,24 @@ class _Runner:
                 torch.empty(shape, dtype=dtype, pin_memory=True)
                 for shape, dtype in layout])
         return known[1]
+
+
+def _scripted(torch: Any, module: Any) -> Any:
+    """``module`` compiled by TorchScript, sharing its parameters and buffers.
+
+    Raises:
+        ValueError: TorchScript cannot compile it (no source, Python it lacks).
+    """
+    with warnings.catch_warnings():  # the deprecation of the API this option names
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated",
+                                category=DeprecationWarning)
+        try:
+            return torch.jit.script(module)
+        except Exception as e:  # noqa: BLE001 - the frontend raises many kinds
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ValueError(f"TorchModel(script=True): TorchScript cannot compile "
+                             f"{type(module).__name__} ({type(e).__name__}: {reason}); "
+                             f"pass script=False to run it eagerly") from e
 
 
 def _write(torch: Any, slots: list, values: list) -> None:

@@ -10,6 +10,7 @@ with ``raising=True`` raises for a batch that holds a row whose first value is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -155,7 +156,8 @@ def _torch_odd(kind: str, **options: Any) -> Any:
     return TorchModel(Odd(), input_spec=SPEC, **options)
 
 
-def _torch_scaled(b: np.ndarray, k: np.ndarray) -> Tuple[Any, Callable[..., Any]]:
+def _torch_scaled(b: np.ndarray, k: np.ndarray, script: bool = False
+                  ) -> Tuple[Any, Callable[..., Any]]:
     import torch
     from async_search.models import TorchModel
 
@@ -171,12 +173,47 @@ def _torch_scaled(b: np.ndarray, k: np.ndarray) -> Tuple[Any, Callable[..., Any]
     def update(b: Any, k: Any) -> dict:
         return {"b": torch.as_tensor(b), "k": torch.as_tensor(k)}
 
-    return TorchModel(Scaled(), input_spec=SPEC, device="cpu"), update
+    return TorchModel(Scaled(), input_spec=SPEC, device="cpu", script=script), update
 
 
 TORCH = Framework("torch", _torch_make, _torch_state, _torch_direct,
                   missing_device="cuda:7", odd=_torch_odd, net=_torch_net,
                   scaled=_torch_scaled)
+
+
+# -- PyTorch, compiled by TorchScript (TorchModel(script=True)) ---------------------------
+def _torch_script_net(w: Weights, raising: bool = False) -> Any:
+    import torch
+
+    class Raising(torch.nn.Sequential):  # the sentinel's check in what TorchScript takes
+        def __init__(self, *layers):
+            super().__init__(*layers)
+            self.sentinel = float(SENTINEL)  # TorchScript reads no global floats
+
+        def forward(self, x):
+            if bool((x[:, 0] == self.sentinel).any()):
+                raise ValueError("the sentinel row")
+            for layer in self:
+                x = layer(x)
+            return x
+
+    kind = Raising if raising else torch.nn.Sequential
+    net = kind(torch.nn.Linear(6, HIDDEN), torch.nn.ReLU(),
+               torch.nn.Linear(HIDDEN, OUTPUTS))
+    net.load_state_dict(_torch_state(w))
+    return net.eval()
+
+
+def _torch_script_make(w: Weights, raising: bool = False, spec: Any = SPEC,
+                       **options: Any) -> Any:
+    from async_search.models import TorchModel
+    return TorchModel(_torch_script_net(w, raising), input_spec=spec, script=True,
+                      **options)
+
+
+TORCH_SCRIPT = Framework("torch-script", _torch_script_make, _torch_state, _torch_direct,
+                         missing_device="cuda:7", net=_torch_net,
+                         scaled=functools.partial(_torch_scaled, script=True))
 
 
 # -- JAX ----------------------------------------------------------------------------------
@@ -292,9 +329,10 @@ TENSORFLOW = Framework("tensorflow", _tf_make, list, _tf_direct, missing_device=
                        odd=_tf_odd, net=_keras_net, scaled=_tf_scaled)
 
 #: The module each framework needs (None: NumPy alone), and the extra that installs it.
-MODULES = {"numpy": None, "torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
-EXTRAS = {"torch": "torch", "jax": "jax", "tensorflow": "tf"}
-FRAMEWORKS = [NUMPY, TENSORFLOW, TORCH, JAX]
+MODULES = {"numpy": None, "torch": "torch", "torch-script": "torch", "jax": "jax",
+           "tensorflow": "tensorflow"}
+EXTRAS = {"torch": "torch", "torch-script": "torch", "jax": "jax", "tensorflow": "tf"}
+FRAMEWORKS = [NUMPY, TENSORFLOW, TORCH, TORCH_SCRIPT, JAX]
 
 
 def params():

@@ -1,4 +1,5 @@
-"""One suite, every framework: the model contract of NumPy, TensorFlow, PyTorch and JAX.
+"""One suite, every framework: the model contract of NumPy, TensorFlow, PyTorch (eager,
+and compiled by TorchScript: ``TorchModel(script=True)``) and JAX.
 
 Each test runs on the same small net built in each framework (``frameworks.py``); a
 framework that is not installed is skipped with the reason.
@@ -366,7 +367,7 @@ def test_a_device_that_does_not_exist_is_refused_at_construction(framework):
         framework.make(weights(0), device=framework.missing_device)
     with pytest.raises(DeviceNotFoundError):
         framework.make(weights(0), device="tpu:0")
-    if framework.name == "torch":  # it places tensors, which hold no data to compute on
+    if framework.name.startswith("torch"):  # it places tensors, which hold no data to compute on
         with pytest.raises(DeviceNotFoundError, match="holds shapes, not data"):
             framework.make(weights(0), device="meta")
     model = framework.make(weights(0))
@@ -381,7 +382,8 @@ def test_on_device_makes_an_independent_copy(framework):
     model = framework.make(old, max_batch_size=MAX)
     x = inputs(5)
     tol = tolerance(model)
-    cpu = {"torch": "cpu", "jax": "cpu", "tensorflow": "/CPU:0"}[framework.name]
+    cpu = {"torch": "cpu", "torch-script": "cpu", "jax": "cpu",
+           "tensorflow": "/CPU:0"}[framework.name]
     assert isinstance(model, DeviceModel)  # what serve(devices=[...]) takes
     copy = asr.base.on_device(model, cpu)
     # The copy's tolerance is its own device's default (the model's may be a GPU's)...

@@ -378,11 +378,13 @@ class WritesItsInput(torch.nn.Module):
         return x.sum(dim=1, keepdim=True)
 
 
+@pytest.mark.parametrize("script", [False, True])  # in-place ops bump the version alike
 @pytest.mark.parametrize("n", [1, 3, 4])  # a bucket's size runs without padding
-def test_a_module_that_writes_its_input_never_writes_the_callers_array(n):
+def test_a_module_that_writes_its_input_never_writes_the_callers_array(n, script):
     import async_search as asr
 
-    model = TorchModel(WritesItsInput(), input_spec=SPEC, device="cpu", batch_sizes=(1, 4))
+    model = TorchModel(WritesItsInput(), input_spec=SPEC, device="cpu", batch_sizes=(1, 4),
+                       script=script)
     x = rows(n)
     kept = x.copy()
     with warnings.catch_warnings():
@@ -500,3 +502,84 @@ def test_a_module_with_lazy_layers_gets_its_parameters_from_the_input_spec():
     model = TorchModel(net, input_spec=SPEC, device="cpu")
     x = rows(3)
     np.testing.assert_allclose(model(x), direct(net, x), rtol=1e-6, atol=1e-6)
+
+
+# -- script=True: the module compiled by TorchScript -----------------------------------------
+def resnet(kind, seed):
+    from async_search import problems
+
+    if kind == "cost_to_go":
+        return problems.CostToGoResNet(problems.SlidingPuzzle(3), first_width=32, width=16,
+                                       blocks=1, seed=seed)
+    return problems.PolicyValueResNet(problems.ConnectFour(), channels=8, blocks=1,
+                                      value_hidden=8, seed=seed)
+
+
+@pytest.mark.parametrize("kind", ["cost_to_go", "policy_value"])
+def test_script_gives_the_eager_outputs_bit_for_bit_and_sees_new_weights(kind):
+    from async_search import problems
+
+    net = resnet(kind, 0)
+    module = problems.torch_resnet(net)
+    model = TorchModel(module, input_spec=net.input_spec, device="cpu", batch_sizes=(4, 8),
+                       script=True)
+    assert isinstance(model._runner.forward, torch.jit.ScriptModule)
+    assert model.module is module  # the module given: its weights are the compiled pass's
+    rng = np.random.default_rng(0)
+    # A full bucket: eager on the same rows sums in the same order (a padded batch of
+    # another size may not, by its last bits).
+    x = rng.standard_normal((8, *net.input_spec.shape)).astype(np.float32)
+
+    def eager(m):
+        with torch.inference_mode():
+            out = m(torch.from_numpy(x))
+        return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+
+    def outputs(y):
+        return list(y) if isinstance(y, tuple) else [y]
+
+    expected = eager(problems.torch_resnet(net))
+    for got, want in zip(outputs(model(x)), expected):
+        np.testing.assert_array_equal(got, want)
+    other = problems.torch_resnet(resnet(kind, 1))
+    updated = model.with_weights(other.state_dict())  # copied into the shared parameters
+    for got, want in zip(outputs(updated(x)), eager(other)):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(outputs(model(x)), expected):  # and the old ones back
+        np.testing.assert_array_equal(got, want)
+    copy = model.on_device("cpu")
+    assert copy.script and isinstance(copy._runner.forward, torch.jit.ScriptModule)
+    for got, want in zip(outputs(copy(x)), expected):
+        np.testing.assert_array_equal(got, want)
+
+
+class Unscriptable(torch.nn.Module):
+    def forward(self, x, *rest):  # TorchScript takes no *args
+        return x.sum(dim=1, keepdim=True)
+
+
+def test_script_refuses_what_torchscript_cannot_compile_and_is_checked():
+    with pytest.raises(ValueError, match="TorchScript cannot compile Unscriptable"):
+        TorchModel(Unscriptable(), input_spec=SPEC, device="cpu", script=True)
+    model = TorchModel(Unscriptable(), input_spec=SPEC, device="cpu")  # eager: runs
+    np.testing.assert_allclose(model(rows(2)), rows(2).sum(axis=1, keepdims=True),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="script and compile are exclusive"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", script=True, compile=True)
+    with pytest.raises(TypeError, match="script must be True or False"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", script="yes")
+    assert TorchModel(mlp(), input_spec=SPEC, device="cpu", script=np.bool_(True)).script
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PyTorch's deprecation of the API stays quiet
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", script=True)
+
+
+def test_an_exception_in_a_scripted_pass_reaches_the_caller_as_torchscript_raises_it():
+    from tests.models.frameworks import SENTINEL, _torch_script_make, inputs, weights
+
+    model = _torch_script_make(weights(0), raising=True, max_batch_size=4)
+    x = inputs(2)
+    x[1, 0] = SENTINEL
+    with pytest.raises(torch.jit.Error, match="ValueError: the sentinel row"):
+        model(x)
+    np.testing.assert_array_equal(model(inputs(2)), _torch_script_make(weights(0))(inputs(2)))
