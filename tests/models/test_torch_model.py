@@ -307,6 +307,21 @@ def test_cuda_graphs_replay_per_bucket_and_keep_their_graph_across_updates():
 
 
 @needs_cuda
+@pytest.mark.parametrize("graphs", [True, False])
+def test_cuda_script_runs_the_compiled_pass_captured_or_not_and_sees_new_weights(graphs):
+    model = TorchModel(mlp(), input_spec=SPEC, max_batch_size=8, script=True,
+                       cuda_graphs=graphs)
+    assert isinstance(model._runner.forward, torch.jit.ScriptModule)
+    x = rows(5)
+    for _ in range(4):  # TorchScript optimises after its first runs: each must be right
+        np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+    assert model.cuda_graphs is graphs and (set(model._runner._graphs) == {8}) is graphs
+    updated = model.with_weights(mlp(1).state_dict())
+    np.testing.assert_allclose(updated(x), direct(mlp(1), x), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
+
+
+@needs_cuda
 def test_cuda_graphs_are_on_by_default_on_cuda_and_off_when_compiled_or_copied_to_the_cpu():
     model = TorchModel(mlp(), input_spec=SPEC, max_batch_size=8)
     assert model.cuda_graphs
