@@ -12,13 +12,12 @@ from async_search.servers.policy import DispatchPolicy
 from async_search.servers.stats import TRACE_SIZE, BatchRecord
 
 
-@contextlib.asynccontextmanager
-async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
-                max_delay: float | None = None, pipeline_depth: int = 2, *,
-                batcher: Batcher | None = None, model_thread: bool | str = "auto",
-                num_workers: int = 1, on_batch: Callable[[BatchRecord], None] | None = None,
-                devices: Sequence[Any] | None = None,
-                trace_size: int | None = TRACE_SIZE) -> AsyncIterator[BatchingServer]:
+def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
+          max_delay: float | None = None, pipeline_depth: int = 2, *,
+          batcher: Batcher | None = None, model_thread: bool | str = "auto",
+          num_workers: int = 1, on_batch: Callable[[BatchRecord], None] | None = None,
+          devices: Sequence[Any] | None = None,
+          trace_size: int | None = TRACE_SIZE) -> contextlib.AbstractAsyncContextManager:
     """Serve ``model`` in batches to every coroutine of the running loop.
 
     Yields ``evaluate``: ``await evaluate(x)`` with ``x[n, ...]`` returns the model's
@@ -29,6 +28,9 @@ async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
     Batches are fair: a request larger than a batch is cut into pieces that take turns
     with the other requests (``FairBatcher``), so one large caller cannot hold back the
     rest; ``evaluate.at_priority(p)`` is an evaluate whose requests go first.
+
+    Each call makes one server, entered once: a second ``async with`` on it raises
+    RuntimeError (call ``serve`` again for another).
 
     On leaving the context, queued requests are served (or, when the body raised, fail
     with ServerClosedError), and the dispatch task and device threads end, each
@@ -85,7 +87,38 @@ async def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
         >>> asyncio.run(main())
         (1, (2, 1))
     """
+    return _EnteredOnce(_serving(model, max_batch_size, max_delay, pipeline_depth,
+                                 batcher, model_thread, num_workers, on_batch, devices,
+                                 trace_size))
+
+
+@contextlib.asynccontextmanager
+async def _serving(model: Any, max_batch_size: int | str | AutoBatchSize,
+                   max_delay: float | None, pipeline_depth: int, batcher: Batcher | None,
+                   model_thread: bool | str, num_workers: int,
+                   on_batch: Callable[[BatchRecord], None] | None,
+                   devices: Sequence[Any] | None,
+                   trace_size: int | None) -> AsyncIterator[BatchingServer]:
     policy = DispatchPolicy(max_batch_size, max_delay, pipeline_depth)
     async with BatchingServer(model, policy, batcher, model_thread, num_workers,
                               on_batch, devices, trace_size) as evaluate:
         yield evaluate
+
+
+class _EnteredOnce(contextlib.AbstractAsyncContextManager):
+    """An async context manager that says so when entered a second time (contextlib's
+    own raises a bare ``AttributeError: args`` then)."""
+
+    def __init__(self, inner: contextlib.AbstractAsyncContextManager):
+        self._inner = inner
+        self._entered = False
+
+    async def __aenter__(self) -> BatchingServer:
+        if self._entered:
+            raise RuntimeError("this serve(...) was entered before: each `async with` "
+                               "needs a serve(...) of its own")
+        self._entered = True
+        return await self._inner.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._inner.__aexit__(*exc)

@@ -16,6 +16,7 @@ import pytest
 
 import async_search as asr
 from async_search.errors import CloseTimeoutError, ServerClosedError
+from async_search.models import with_spec
 from async_search.servers import BatchingServer
 from tests.helpers import wait_until, within
 
@@ -296,3 +297,16 @@ def test_an_exit_closed_with_its_event_loop_still_tells_the_threads_to_end():
         deadline.wait(0.01)
     assert set(device_threads()) <= before, "the device thread outlived its loop"
     assert (model.loads, model.unloads) == (1, 1)
+
+
+async def test_a_serve_entered_a_second_time_says_so_and_a_new_one_serves():
+    model = with_spec(lambda x: x * 2, (3,), np.float32)
+    server = asr.serve(model)
+    async with server as evaluate:
+        np.testing.assert_array_equal(await evaluate(np.ones((1, 3), np.float32)),
+                                      np.full((1, 3), 2, np.float32))
+    with pytest.raises(RuntimeError, match="each `async with` needs a serve"):
+        async with server:
+            pass
+    async with asr.serve(model) as evaluate:  # the way to serve again
+        assert (await evaluate(np.ones((2, 3), np.float32))).shape == (2, 3)
