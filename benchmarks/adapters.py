@@ -70,7 +70,8 @@ def torch_pair(w: List[np.ndarray], spec: TensorSpec, sizes: List[int],
     net = torch.nn.Sequential(*layers[:-1]).eval()
     adapter = TorchModel(net, input_spec=spec, device="cpu", batch_sizes=sizes,
                          script=script)
-    compiled = adapter._runner.forward  # torch-script: the pass the adapter runs
+    # torch-script: the compiled module the adapter runs, called directly
+    compiled = getattr(adapter._runner.forward, "compiled", net)
 
     def direct(x):
         with torch.inference_mode():

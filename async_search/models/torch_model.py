@@ -5,11 +5,14 @@ PyTorch is imported when an adapter is made, never by importing this module.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import copy
 import itertools
 import logging
+import re
 import sys
+import threading
 import warnings
 from importlib.util import find_spec
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
@@ -75,15 +78,19 @@ class TorchModel(OwnWeightsModel):
     hold it (on the CPU, a CUDA graph's part). Measured on 2 CPU cores
     (``benchmarks/gpu.py --script``, docs/benchmarks.md): A* on the 15-puzzle's residual
     net served 1.3-2.1x the expansions/s from 256 searches, MCTS on a convolutional
-    net whose passes dominate gained nothing; outputs were equal bit for bit. It is
-    off by default
+    net whose passes dominate gained nothing; outputs were equal bit for bit. The
+    compiled pass runs once on a row of zeros when the adapter is made (a module that
+    compiles but cannot run compiled is refused then). A ``raise`` statement in the
+    module raises what it names (TorchScript itself gives ``torch.jit.Error``), so a
+    ``ValueError`` for a bad input stays the caller's error. It is off by default
     because a compiled module is not the Python object: attributes that its forward
-    pass changes (a call counter) change in the compiled copy only, an exception raised
-    inside it reaches the caller as ``torch.jit.Error`` (an ``Exception`` whose message
-    ends with the original's type and message), and TorchScript needs the module's source file (not a class
-    typed into a notebook cell or ``python -``) and its subset of Python. Weights stay
-    shared: ``with_weights`` reaches the compiled pass. PyTorch marks TorchScript
-    deprecated; the adapter silences that warning for its own call.
+    pass changes (a call counter) change in the compiled copy only, operators fail
+    with ``RuntimeError`` (an index out of range too, an ``IndexError`` eagerly), and
+    TorchScript needs the module's source file (not a class typed into a notebook cell
+    or ``python -``) and its subset of Python. Weights stay shared: ``with_weights``
+    reaches the compiled pass. PyTorch marks TorchScript deprecated; the adapter keeps
+    that warning quiet for its own call (not the one of Python 3.14, where TorchScript
+    may break).
 
     ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
     (relative and absolute, as in ``np.allclose(a, b, rtol=t, atol=t)``): floating-point
@@ -115,14 +122,16 @@ class TorchModel(OwnWeightsModel):
             ``RuntimeError`` instead (import ``triton`` before ``tensorflow``, or compile
             in a process without TensorFlow).
         script: compile the module with TorchScript and run the compiled pass (see
-            above). Not together with ``compile``.
+            above). Not together with ``compile`` or ``precision`` (TorchScript's
+            autocast computes in other dtypes than eager autocast).
         batch_tolerance: overrides the default above.
 
     Raises:
         DeviceNotFoundError: ``device`` does not exist on this machine.
         ValueError: an option out of range, ``cuda_graphs=True`` off CUDA, or
-            ``script=True`` for a module that TorchScript cannot compile (its message
-            says why).
+            ``script=True`` for a module that TorchScript cannot compile, or whose
+            compiled pass fails on a row of zeros where the eager one runs (the
+            message quotes TorchScript's reason).
         RuntimeError: ``compile`` where loading Triton would abort the process.
 
     Example:
@@ -163,6 +172,11 @@ class TorchModel(OwnWeightsModel):
         if self.script and compile:
             raise ValueError("script and compile are exclusive: each compiles the module "
                              "its own way")
+        if self.script and precision is not None:
+            # TorchScript's own autocast picks other dtypes than eager autocast, and
+            # fixes the first adapter's dtype into code that a module class shares.
+            raise ValueError("script and precision are exclusive: a compiled pass under "
+                             "autocast does not compute what the eager one does")
         #: Whether graphs are required (True), tried with an eager fallback (None) or off.
         self._graphs_option = cuda_graphs
         self._given_tolerance = batch_tolerance
@@ -397,7 +411,8 @@ class _Runner:
             options = dict(model.compile) if isinstance(model.compile, Mapping) else {}
             self.forward = torch.compile(self.module, **options)
         elif model.script:
-            self.forward = _scripted(torch, self.module)
+            self.forward = _scripted(torch, self.module, model.input_spec,
+                                     self.input_dtype, device)
         self.precision = (None if model.precision is None
                           else getattr(torch, model.precision))
         # One inference-mode guard, entered for each CPU batch: making a new one costs
@@ -597,22 +612,106 @@ class _Runner:
         return known[1]
 
 
-def _scripted(torch: Any, module: Any) -> Any:
-    """``module`` compiled by TorchScript, sharing its parameters and buffers.
+#: ``torch.jit.script`` compiles into one process-wide unit: two threads compiling at
+#: once clash ("Can't redefine method"), and its warning filter is process-wide too.
+_SCRIPTING = threading.Lock()
+#: The most lines of TorchScript's reason that a refusal quotes.
+_REASON_LINES = 20
+
+
+def _scripted(torch: Any, module: Any, spec: TensorSpec, dtype: Any, device: Any) -> Any:
+    """The forward pass of ``module`` compiled by TorchScript (sharing its parameters
+    and buffers), raising what the module's own ``raise`` statements raise, checked on
+    one row of zeros.
 
     Raises:
-        ValueError: TorchScript cannot compile it (no source, Python it lacks).
+        ValueError: TorchScript cannot compile it (no source, Python it lacks), or its
+            compiled pass fails on a row of zeros where the eager pass does not.
     """
-    with warnings.catch_warnings():  # the deprecation of the API this option names
+    name = type(module).__name__
+    with _SCRIPTING, warnings.catch_warnings():
+        # PyTorch's deprecation of the API this option names; any other warning (the
+        # one of Python 3.14, where TorchScript may break) is left as it is.
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated",
                                 category=DeprecationWarning)
         try:
-            return torch.jit.script(module)
+            compiled = torch.jit.script(module)
+        except Warning:  # warnings made errors: the caller's choice, not a refusal
+            raise
         except Exception as e:  # noqa: BLE001 - the frontend raises many kinds
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise ValueError(f"TorchModel(script=True): TorchScript cannot compile "
-                             f"{type(module).__name__} ({type(e).__name__}: {reason}); "
-                             f"pass script=False to run it eagerly") from e
+            raise ValueError(f"TorchModel(script=True): TorchScript cannot compile {name} "
+                             f"({type(e).__name__}): {_reason(e)}\npass script=False to "
+                             f"run it eagerly") from e
+    forward = _raising_as_written(torch, compiled)
+    zeros = torch.zeros((1, *spec.shape), dtype=dtype, device=device)
+    try:
+        with torch.inference_mode():
+            forward(zeros)
+    except Exception as e:  # noqa: BLE001 - whatever the compiled pass raised
+        try:
+            with torch.inference_mode():
+                module(zeros)
+        except Exception:  # noqa: BLE001 - the module's own failure: not TorchScript's
+            return forward
+        raise ValueError(f"TorchModel(script=True): {name} compiles, but its compiled "
+                         f"pass fails on a row of zeros where the eager one runs "
+                         f"({type(e).__name__}): {_reason(e)}\npass script=False to run "
+                         f"it eagerly") from e
+    return forward
+
+
+def _reason(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    if len(lines) > _REASON_LINES:
+        lines = lines[:_REASON_LINES] + ["..."]
+    return "\n".join(lines)
+
+
+def _raising_as_written(torch: Any, compiled: Any) -> Any:
+    """``compiled``, callable as the module, whose ``raise`` statements raise what they
+    name: TorchScript raises ``torch.jit.Error`` with the type's name in its message (a
+    ``ValueError`` is a caller's error to the router, not a server's)."""
+    jit_error = torch.jit.Error
+
+    def forward(x: Any) -> Any:
+        try:
+            return compiled(x)
+        except jit_error as e:
+            written = _written_error(e)
+            if written is None:
+                raise
+            raise written from e
+
+    forward.compiled = compiled  # type: ignore[attr-defined]
+    return forward
+
+
+#: The line of a TorchScript error that names the exception raised, after the source
+#: it quotes: ``builtins.ValueError: message`` or ``package.module.MyError: message``.
+_WRITTEN = re.compile(r"^([A-Za-z_][\w.]*)\.([A-Za-z_]\w*)(?:: ?(.*))?$")
+
+
+def _written_error(e: BaseException) -> Exception | None:
+    """The exception that a compiled ``raise`` statement raised, as its type (a
+    built-in one, or one of a module this process has imported) with its message;
+    None where the message names none."""
+    lines = str(e).splitlines()
+    quoted = [i for i, line in enumerate(lines) if line.rstrip().endswith("<--- HERE")]
+    first = quoted[-1] + 1 if quoted else 0
+    for i in range(len(lines) - 1, first - 1, -1):
+        found = _WRITTEN.match(lines[i])
+        if not found:
+            continue
+        module = builtins if found.group(1) == "builtins" else sys.modules.get(found.group(1))
+        kind = getattr(module, found.group(2), None)
+        if not (isinstance(kind, type) and issubclass(kind, Exception)):
+            continue
+        message = "\n".join([found.group(3) or ""] + lines[i + 1:]).strip()
+        try:
+            return kind(message) if message else kind()
+        except Exception:  # noqa: BLE001 - a type that takes other arguments
+            return None
+    return None
 
 
 def _write(torch: Any, slots: list, values: list) -> None:

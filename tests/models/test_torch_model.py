@@ -311,7 +311,7 @@ def test_cuda_graphs_replay_per_bucket_and_keep_their_graph_across_updates():
 def test_cuda_script_runs_the_compiled_pass_captured_or_not_and_sees_new_weights(graphs):
     model = TorchModel(mlp(), input_spec=SPEC, max_batch_size=8, script=True,
                        cuda_graphs=graphs)
-    assert isinstance(model._runner.forward, torch.jit.ScriptModule)
+    assert isinstance(model._runner.forward.compiled, torch.jit.ScriptModule)
     x = rows(5)
     for _ in range(4):  # TorchScript optimises after its first runs: each must be right
         np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2, atol=1e-2)
@@ -538,7 +538,7 @@ def test_script_gives_the_eager_outputs_bit_for_bit_and_sees_new_weights(kind):
     module = problems.torch_resnet(net)
     model = TorchModel(module, input_spec=net.input_spec, device="cpu", batch_sizes=(4, 8),
                        script=True)
-    assert isinstance(model._runner.forward, torch.jit.ScriptModule)
+    assert isinstance(model._runner.forward.compiled, torch.jit.ScriptModule)
     assert model.module is module  # the module given: its weights are the compiled pass's
     rng = np.random.default_rng(0)
     # A full bucket: eager on the same rows sums in the same order (a padded batch of
@@ -563,7 +563,7 @@ def test_script_gives_the_eager_outputs_bit_for_bit_and_sees_new_weights(kind):
     for got, want in zip(outputs(model(x)), expected):  # and the old ones back
         np.testing.assert_array_equal(got, want)
     copy = model.on_device("cpu")
-    assert copy.script and isinstance(copy._runner.forward, torch.jit.ScriptModule)
+    assert copy.script and isinstance(copy._runner.forward.compiled, torch.jit.ScriptModule)
     for got, want in zip(outputs(copy(x)), expected):
         np.testing.assert_array_equal(got, want)
 
@@ -589,12 +589,103 @@ def test_script_refuses_what_torchscript_cannot_compile_and_is_checked():
         TorchModel(mlp(), input_spec=SPEC, device="cpu", script=True)
 
 
-def test_an_exception_in_a_scripted_pass_reaches_the_caller_as_torchscript_raises_it():
-    from tests.models.frameworks import SENTINEL, _torch_script_make, inputs, weights
+class NotMine(Exception):
+    """An exception of the test's own module, raised inside a compiled pass."""
 
-    model = _torch_script_make(weights(0), raising=True, max_batch_size=4)
-    x = inputs(2)
-    x[1, 0] = SENTINEL
-    with pytest.raises(torch.jit.Error, match="ValueError: the sentinel row"):
+
+class RaisesOnNegatives(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.linear = torch.nn.Linear(6, 1)
+
+    def forward(self, x):
+        if bool((x < -100).any()):
+            if self.kind == "value":
+                raise ValueError("no rows below -100\nplease")
+            raise NotMine("below -100")
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("kind, error", [("value", ValueError), ("own", NotMine)])
+def test_a_raise_in_a_scripted_pass_raises_what_it_names_and_fails_its_batch_only(
+        kind, error):
+    model = TorchModel(RaisesOnNegatives(kind), input_spec=SPEC, device="cpu",
+                       batch_sizes=(4,), script=True)
+    x = rows(2)
+    x[1, 0] = -1000
+    with pytest.raises(error) as raised:
         model(x)
-    np.testing.assert_array_equal(model(inputs(2)), _torch_script_make(weights(0))(inputs(2)))
+    assert str(raised.value) in ("no rows below -100\nplease", "below -100")
+    assert isinstance(raised.value.__cause__, torch.jit.Error)  # TorchScript's, kept
+    assert model(rows(2)).shape == (2, 1)
+
+
+def test_a_value_error_in_a_scripted_pass_is_the_callers_to_a_router():
+    import asyncio
+
+    import async_search as asr
+    from async_search.routing import BreakerPolicy
+
+    async def main():
+        models = [TorchModel(RaisesOnNegatives("value"), input_spec=SPEC, device="cpu",
+                             script=True) for _ in range(2)]
+        async with asr.serve(models[0]) as a, asr.serve(models[1]) as b:
+            router = asr.Router({"a": a, "b": b},
+                                breaker=BreakerPolicy(failure_threshold=2))
+            bad = np.full((1, 6), -1000, np.float32)
+            for _ in range(4):
+                with pytest.raises(ValueError, match="no rows below -100"):
+                    await router(bad)
+            assert {b.state.value for b in router.breakers.values()} == {"closed"}
+            assert (await router(rows(1))).shape == (1, 1)
+
+    asyncio.run(main())
+
+
+def test_scripted_adapters_made_from_threads_at_once_all_compile_and_keep_the_filters():
+    import threading
+
+    filters = list(warnings.filters)
+    made, failed = [], []
+
+    def make(seed):
+        try:
+            made.append(TorchModel(mlp(seed), input_spec=SPEC, device="cpu", script=True))
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            failed.append(e)
+
+    threads = [threading.Thread(target=make, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failed, failed[0]
+    assert len(made) == 8 and warnings.filters == filters
+
+
+def test_script_refuses_precision_and_a_pass_that_fails_only_compiled():
+    with pytest.raises(ValueError, match="script and precision are exclusive"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", script=True, precision="bfloat16")
+    net = mlp()
+    net[0] = torch.nn.utils.parametrizations.weight_norm(net[0])  # compiles, fails to run
+    with pytest.raises(ValueError, match="compiles, but its compiled pass fails on a row "
+                                         "of zeros where the eager one runs"):
+        TorchModel(net, input_spec=SPEC, device="cpu", script=True)
+    assert TorchModel(net, input_spec=SPEC, device="cpu")(rows(2)).shape == (2, 3)
+
+
+class RefusesZeros(torch.nn.Module):
+    def forward(self, x):
+        if bool((x == 0).all()):
+            raise ValueError("an all-zero batch")
+        return x.sum(dim=1, keepdim=True)
+
+
+def test_a_module_that_fails_on_zeros_eagerly_too_is_compiled_all_the_same():
+    model = TorchModel(RefusesZeros(), input_spec=SPEC, device="cpu", batch_sizes=(2,),
+                       script=True)
+    np.testing.assert_allclose(model(rows(2)), rows(2).sum(axis=1, keepdims=True),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="an all-zero batch"):
+        model(np.zeros((2, 6), np.float32))
