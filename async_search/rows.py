@@ -411,17 +411,26 @@ def stack(rows: Sequence) -> Outputs:
 
 def assemble(parts: Sequence[Outputs], indices: Sequence[np.ndarray], n: int) -> Outputs:
     """Outputs of ``n`` elements from parts: row ``j`` of ``parts[k]`` goes to
-    position ``indices[k][j]``. Every position must be covered once.
+    position ``indices[k][j]``. Every position must be covered once. The parts must
+    have one structure (``check`` makes them fit); values take the first part's dtype.
 
     Example:
         >>> assemble([np.array([10, 30]), np.array([20])],
         ...          [np.array([0, 2]), np.array([1])], 3).tolist()
         [10, 20, 30]
+
+    Raises:
+        ModelOutputError: a part whose rows are not one per index, or whose trailing
+            shape is not the first part's (numpy would broadcast it into every place).
     """
     first = parts[0]
     if isinstance(first, np.ndarray):
         out = np.empty((n, *first.shape[1:]), first.dtype)
         for part, index in zip(parts, indices):
+            if np.shape(part) != (len(index), *first.shape[1:]):
+                raise ModelOutputError(
+                    f"a part of {len(index)} elements has outputs of shape "
+                    f"{list(np.shape(part))}; expected {[len(index), *first.shape[1:]]}")
             out[index] = part
         return out
     keys = list(first) if isinstance(first, dict) else range(len(first))

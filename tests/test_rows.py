@@ -117,6 +117,19 @@ def test_assemble_puts_each_part_row_at_its_index(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("wrong", ["one row for three", "another trailing shape"])
+def test_assemble_refuses_a_part_that_is_not_one_row_per_index(kind, wrong):
+    # numpy would broadcast one row into every place of its part (other elements'
+    # answers), or fail with its own words on a trailing shape
+    y = outputs_of(kind, 5)
+    first, second = np.array([4, 0, 2]), np.array([1, 3])
+    bad = (rows.take(y, first[:1]) if wrong == "one row for three"
+           else rows.map_leaves(lambda a: a[:, None], rows.take(y, first)))
+    with pytest.raises(ModelOutputError, match="a part of 3 elements has outputs of shape"):
+        rows.assemble([rows.take(y, second), bad], [second, first], 5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_frozen_copy_is_a_read_only_copy(kind):
     y = outputs_of(kind, 3)
     frozen = rows.frozen_copy(y)

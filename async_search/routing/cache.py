@@ -45,7 +45,7 @@ import numpy as np
 from async_search import rows
 from async_search.base import Outputs, evaluate_with_version, evaluated, version_of
 from async_search.deadlines import check_timeout, within_deadline
-from async_search.errors import InputSpecError
+from async_search.errors import InputSpecError, ModelOutputError
 from async_search.requests import plain_array
 
 
@@ -138,9 +138,8 @@ class _Flight:
 
     __slots__ = ("future", "spec", "keys", "rows", "generation", "waiters")
 
-    def __init__(self, future: asyncio.Future, spec: tuple, keys: List[Key],
-                 generation: _Generation):
-        self.future = future  # -> (outputs, version)
+    def __init__(self, spec: tuple, keys: List[Key], generation: _Generation):
+        self.future: asyncio.Future | None = None  # -> (outputs, version)
         self.spec = spec
         self.keys = keys
         self.generation = generation  # the generation current when it was sent
@@ -148,8 +147,6 @@ class _Flight:
         self.waiters = 0  # callers waiting on it now
 
     def row(self, j: int):
-        if self.rows is None:
-            self.rows = rows.rows_of(rows.frozen_copy(self.future.result()[0]))
         return self.rows[j]
 
 
@@ -167,6 +164,10 @@ class CachedEvaluate:
         fixed_model: ``evaluate``'s model never changes (a plain function, a connected
             function of a server that is never swapped): it need not report versions,
             and nothing is ever invalidated.
+
+    An answer to the elements the cache sent must hold one row per element (an array,
+    or a tuple, list or dict of them): any other fails every caller waiting on it with
+    ModelOutputError, and nothing of it is stored.
 
     Raises:
         TypeError: ``evaluate`` does not report a ``version`` and a ``swap_token``
@@ -387,15 +388,34 @@ class CachedEvaluate:
         # The version is the one that computed the rows (read when they came, for a
         # function without with_version): rows of a swap while they were computed are
         # not stored (_landed).
-        task = asyncio.ensure_future(self._evaluate(xs))
+        flight = _Flight(spec, keys, generation)
+        task = asyncio.ensure_future(self._fly(flight, xs))
         self._tasks.add(task)  # the loop holds tasks only weakly
         task.add_done_callback(self._tasks.discard)
-        flight = _Flight(task, spec, keys, generation)
+        flight.future = task
         pending = self._pending
         for j, key in enumerate(keys):
             pending[key] = (flight, j)
         flight.future.add_done_callback(functools.partial(self._landed, flight, pending))
         return flight
+
+    async def _fly(self, flight: _Flight, xs: np.ndarray) -> Tuple[Outputs, Hashable]:
+        """``flight``'s ``(outputs, label)``, its rows copied. Outputs that are not one
+        row per element sent fail the flight with ModelOutputError for every caller
+        waiting on it: checked here, not where they land (a done callback), so that no
+        caller gets another element's row and nothing escapes from a callback."""
+        outputs, label = await self._evaluate(xs)
+        if type(outputs) is not np.ndarray:
+            outputs = rows.plain(outputs)  # a list of outputs is a tuple, not rows
+        try:
+            rows.check_count(outputs, len(xs))
+        except ModelOutputError as e:
+            raise ModelOutputError(
+                f"the function the cache wraps ({self.evaluate!r:.60}) answered a "
+                f"request of {len(xs)} elements wrongly: {e}") from None
+        # Copied now, before the sender can change its outputs.
+        flight.rows = rows.rows_of(rows.frozen_copy(outputs))
+        return outputs, label
 
     def _unpend(self, flight: _Flight) -> None:
         """Nobody waits for ``flight`` any more (they timed out or left): later requests
@@ -414,7 +434,6 @@ class CachedEvaluate:
                 del pending[key]
         if future.cancelled() or future.exception() is not None:
             return
-        flight.row(0)  # copies the rows now, before the sender can change its outputs
         if self._spec is None:
             self._spec = flight.spec
         if not self.capacity:

@@ -15,6 +15,14 @@ that an element always goes to the same server (and that server's cache); adding
 removing one of N servers moves only about 1/N of the elements. A request whose
 elements go to several servers is sent as one part per server, each a task the router
 holds until it ends; when one part fails for good, the others are cancelled.
+
+Every answer must have one row per element sent: a server that answers another number
+of rows (or no batch dimension at all) fails that request with ``ModelOutputError``,
+which counts against its breaker and fails over like any server failure, so that no
+caller gets another element's row. The parts of a split request must have one
+structure; a part whose dtype differs is cast to the first part's (in the order of the
+servers' names) when the cast keeps its values (``rows.check``), as the serving core
+does for a batch whose dtype changed.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from async_search import rows
 from async_search.base import (Outputs, Versioned, evaluate_with_version, same_version,
                                version_of)
 from async_search.deadlines import check_timeout, within_deadline
-from async_search.errors import InputSpecError, ServerClosedError
+from async_search.errors import InputSpecError, ModelOutputError, ServerClosedError
 from async_search.requests import plain_array
 from async_search.routing.breaker import (BreakerPolicy, BreakerState, CircuitBreaker,
                                           CircuitOpenError, counts_against_server)
@@ -113,6 +121,22 @@ _POLICIES = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding,
 _UNVERSIONED = ("unversioned server",)
 
 
+class _Entry:
+    """A server as added to the router: its evaluate function, breaker and counters.
+    Adding a server under a name that was removed makes a new entry, so that the old
+    server's requests still in flight end against the old entry and never move the
+    new server's numbers."""
+
+    __slots__ = ("evaluate", "breaker", "requests", "failures", "outstanding")
+
+    def __init__(self, evaluate: Any, breaker: CircuitBreaker):
+        self.evaluate = evaluate
+        self.breaker = breaker
+        self.requests = 0
+        self.failures = 0
+        self.outstanding = 0
+
+
 class _ServerFailed(Exception):
     def __init__(self, name: str, error: BaseException):
         self.name, self.error = name, error
@@ -141,6 +165,14 @@ class Router:
     A server may be any evaluate function: a BatchingServer, a connected client, or a
     plain ``async def`` that raises ``ServerDiedError`` when its server is gone (that
     counts against its breaker and the request fails over like any server failure).
+
+    An answer whose number of rows is not the number of elements sent (or that has no
+    batch dimension) is the server's failure: ModelOutputError, counted against it and
+    failed over. The parts of a split request must agree in structure: a dtype of the
+    same kind is cast to the first part's when the cast keeps the values; any other
+    difference (kind, trailing shape, int for float, a value the cast would change)
+    fails the request with ModelOutputError naming both parts; no breaker counts it,
+    since nothing tells which server is wrong.
 
     Args:
         servers: name -> evaluate function (a BatchingServer, a connected client, ...).
@@ -180,12 +212,11 @@ class Router:
         self.failover = failover
         self._clock = clock
         self._is_failure = is_failure
-        self._servers: Dict[str, Any] = {}
+        self._entries: Dict[str, _Entry] = {}
         self._names: Tuple[str, ...] = ()
         self.breakers: Dict[str, CircuitBreaker] = {}
+        #: Requests in flight per server routed to now (what least_outstanding reads).
         self.outstanding: Dict[str, int] = {}
-        self._requests: Dict[str, int] = {}
-        self._failures: Dict[str, int] = {}
         self._rejected = 0
         self._tasks: Set[asyncio.Task] = set()  # the parts of split requests, in flight
         for name, evaluate in servers.items():
@@ -195,33 +226,32 @@ class Router:
     @property
     def servers(self) -> Mapping[str, Any]:
         """name -> evaluate function, in the router's order."""
-        return dict(self._servers)
+        return {name: entry.evaluate for name, entry in self._entries.items()}
 
     def add_server(self, name: str, evaluate: Any) -> None:
-        """Route to ``evaluate`` as well, with a fresh (closed) breaker."""
-        if name in self._servers:
+        """Route to ``evaluate`` as well, with a fresh (closed) breaker and counters of
+        its own (none carried over from a server removed under that name)."""
+        if name in self._entries:
             raise ValueError(f"a server named {name!r} is already routed to: remove it "
                              f"first or pick another name")
         if not callable(evaluate):
             raise TypeError(f"server {name!r} must be an evaluate function, got "
                             f"{type(evaluate).__name__}")
-        self._servers[name] = evaluate
-        self._names = tuple(self._servers)
-        self.breakers[name] = CircuitBreaker(self.breaker_policy, clock=self._clock)
-        self.outstanding.setdefault(name, 0)  # requests from before a removal count
-        self._requests[name] = 0
-        self._failures[name] = 0
+        breaker = CircuitBreaker(self.breaker_policy, clock=self._clock)
+        self._entries[name] = _Entry(evaluate, breaker)
+        self._names = tuple(self._entries)
+        self.breakers[name] = breaker
+        self.outstanding[name] = 0
 
     def remove_server(self, name: str) -> Any:
-        """Stop routing new requests to ``name`` (its requests in flight finish)."""
-        if name not in self._servers:
+        """Stop routing new requests to ``name`` (its requests in flight finish, and
+        count toward no server added later under that name)."""
+        if name not in self._entries:
             raise KeyError(f"no server named {name!r}; servers: {list(self._names)}")
-        evaluate = self._servers.pop(name)
-        self._names = tuple(self._servers)
-        del self.breakers[name], self._requests[name], self._failures[name]
-        if not self.outstanding[name]:
-            del self.outstanding[name]
-        return evaluate
+        entry = self._entries.pop(name)
+        self._names = tuple(self._entries)
+        del self.breakers[name], self.outstanding[name]
+        return entry.evaluate
 
     # -- the evaluate function --------------------------------------------------------
     async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
@@ -278,7 +308,8 @@ class Router:
             for part in parts:  # the request failed (or its caller left): drop the rest
                 part.cancel()
             raise
-        return (rows.assemble([r[0] for r in results], indices, len(x)),
+        parts = _one_structure([str(name) for name in names], [r[0] for r in results])
+        return (rows.assemble(parts, indices, len(x)),
                 same_version([r[1] for r in results]))
 
     def _start(self, coro: Awaitable) -> asyncio.Task:
@@ -298,38 +329,40 @@ class Router:
             return await self._route(x, tried | {name}, want_version, failed)
 
     async def _send(self, name: str, x, want_version: bool):
-        breaker = self.breakers.get(name)
-        if breaker is None:  # a part of a split request started after remove_server
+        entry = self._entries.get(name)
+        if entry is None:  # a part of a split request started after remove_server
             raise _ServerFailed(name, ServerClosedError(
                 f"server {name!r} was removed from the router"))
+        breaker = entry.breaker
         permit = breaker.try_acquire()
         if permit is None:  # a part of a split request started after another request
             # took the half-open breaker's last probe: route that part elsewhere
             raise _ServerFailed(name, CircuitOpenError(
                 f"server {name!r}: its circuit breaker admits no more requests now"))
-        evaluate = self._servers[name]
-        self.outstanding[name] += 1
-        self._requests[name] += 1
+        entry.outstanding += 1
+        entry.requests += 1
+        self.outstanding[name] = entry.outstanding
         try:
             if want_version:
-                result = await evaluate_with_version(evaluate, x)
+                outputs, version = await evaluate_with_version(entry.evaluate, x)
             else:
-                result = (await evaluate(x), None)
+                outputs, version = await entry.evaluate(x), None
+            # Checked here, where a wrong answer still counts against its server.
+            outputs = _one_row_each(name, outputs, len(x))
         except BaseException as e:
             if isinstance(e, Exception) and self._is_failure(e):
                 breaker.record(permit, ok=False, error=e)  # a batch's requests: once
-                if name in self._failures:
-                    self._failures[name] += 1
+                entry.failures += 1
                 raise _ServerFailed(name, e) from e
             breaker.release(permit)
             raise
         else:
             breaker.record(permit, ok=True)
-            return result
+            return outputs, version
         finally:
-            self.outstanding[name] -= 1
-            if self.outstanding[name] == 0 and name not in self._servers:
-                del self.outstanding[name]
+            entry.outstanding -= 1
+            if self._entries.get(name) is entry:  # not a server added since under name
+                self.outstanding[name] = entry.outstanding
 
     def _no_server_message(self) -> str:
         if not self._names:
@@ -357,7 +390,7 @@ class Router:
                 one model), or no server reports a version (nothing could be cached).
         """
         tokens = []
-        for name, evaluate in self._servers.items():
+        for name, evaluate in self.servers.items():
             if reports_swaps(evaluate):
                 token = swap_token(evaluate)
                 if token is None:
@@ -383,13 +416,13 @@ class Router:
     def version(self) -> Hashable:
         """The model version of the servers that declare one, when they agree; else
         None."""
-        versions = [version_of(e) for e in self._servers.values()
+        versions = [version_of(e) for e in self.servers.values()
                     if isinstance(e, Versioned)]
         return same_version(versions) if versions else None
 
     def update_model(self, model_or_weights: Any, version: Hashable) -> None:
         """``update_model`` on every server (each swaps between its own batches)."""
-        for name, evaluate in self._servers.items():
+        for name, evaluate in self.servers.items():
             update = getattr(evaluate, "update_model", None)
             if update is None:
                 raise TypeError(f"server {name!r} ({type(evaluate).__name__}) has no "
@@ -398,13 +431,57 @@ class Router:
 
     @property
     def stats(self) -> dict:
-        """Per server: requests, failures, outstanding and its breaker's stats;
-        rejected (requests refused because every breaker was open); and parts_in_flight
-        (parts of split requests being served now)."""
+        """Per server: requests, failures, outstanding and its breaker's stats, since it
+        was added (a server removed and added again starts from zero); rejected
+        (requests refused because every breaker was open); and parts_in_flight (parts
+        of split requests being served now)."""
         return {
-            "servers": {n: {"requests": self._requests[n], "failures": self._failures[n],
-                            "outstanding": self.outstanding[n],
-                            "breaker": self.breakers[n].stats} for n in self._names},
+            "servers": {n: {"requests": e.requests, "failures": e.failures,
+                            "outstanding": e.outstanding, "breaker": e.breaker.stats}
+                        for n, e in self._entries.items()},
             "rejected": self._rejected,
             "parts_in_flight": len(self._tasks),
         }
+
+
+def _one_row_each(name: str, outputs: Outputs, size: int) -> Outputs:
+    """``outputs`` (plain, as a server delivers them) when they hold one row per element
+    of a request of ``size``; else ModelOutputError naming the server."""
+    if type(outputs) is not np.ndarray:
+        outputs = rows.plain(outputs)  # a list of outputs is a tuple, not rows
+    try:
+        rows.check_count(outputs, size)
+    except ModelOutputError as e:
+        raise ModelOutputError(f"server {name!r} answered a request of {size} elements "
+                               f"with {_described(outputs)}: {e}") from None
+    return outputs
+
+
+def _described(outputs: Any) -> str:
+    """What a server answered, for an error message: its type and shapes."""
+    if isinstance(outputs, np.ndarray):
+        return f"an array of shape {list(outputs.shape)}"
+    if isinstance(outputs, (tuple, dict)):
+        shapes = {k: list(np.shape(v)) for k, v in rows.labelled_leaves(outputs)}
+        return f"a {type(outputs).__name__} of shapes {shapes}"
+    return f"a {type(outputs).__name__}"
+
+
+def _one_structure(names: Sequence[str], parts: Sequence[Outputs]) -> List[Outputs]:
+    """The parts of a split request made to fit the first one's structure, as the
+    serving core makes a batch fit the first batch's (``rows.check``: a dtype of the same
+    kind is cast when the cast keeps the values); ModelOutputError naming both servers'
+    parts when one cannot (assembling them would cast or broadcast silently)."""
+    first = names[0]
+    structure = None
+    fitted = []
+    for name, part in zip(names, parts):
+        try:
+            part, structure = rows.check(part, structure,
+                                         expected_from=f"server {first!r}'s part")
+        except ModelOutputError as e:
+            raise ModelOutputError(
+                f"the servers answered the parts of one request differently: server "
+                f"{name!r}'s part: {e}") from None
+        fitted.append(part)
+    return fitted

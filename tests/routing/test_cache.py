@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import async_search as asr
-from async_search.errors import InputSpecError
+from async_search.errors import InputSpecError, ModelOutputError
 from async_search.models import MLP
 from async_search.routing.cache import CachedEvaluate
 from tests.helpers import wait_until
@@ -224,6 +224,40 @@ async def test_a_failure_reaches_every_caller_waiting_on_it_and_is_not_stored():
     inner.failing = None
     np.testing.assert_array_equal(await cached(xs[:3]), MODEL(xs[:3]))
     assert len(inner.requests) == 3
+
+
+@pytest.mark.parametrize("answer", ["one row", "a 0-d array", "None"])
+async def test_an_answer_of_other_rows_fails_every_caller_of_that_request(answer):
+    # It went back to the sender as it came, failed a joiner with an IndexError or a
+    # TypeError, and raised in a done callback (logged, "Exception in callback").
+    gate = asyncio.Event()
+
+    async def wrong(x):
+        await gate.wait()
+        return {"one row": MODEL(x)[:1], "a 0-d array": np.array(1.0, np.float32),
+                "None": None}[answer]
+
+    raised_in_callbacks = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: raised_in_callbacks.append(context))
+    try:
+        cached = CachedEvaluate(wrong, capacity=10, fixed_model=True)
+        xs = pool(3)
+        sender = asyncio.ensure_future(cached(xs))  # every element missed, sent
+        await wait_until(lambda: len(cached._pending) == 3, "the sender's request")
+        joiner = asyncio.ensure_future(cached(xs[1:2]))  # joins the sender's request
+        await settle()
+        gate.set()
+        results = await asyncio.wait_for(
+            asyncio.gather(sender, joiner, return_exceptions=True), 5)
+        await settle()  # the done callbacks have run
+    finally:
+        loop.set_exception_handler(None)
+    for result in results:
+        assert isinstance(result, ModelOutputError), result
+        assert "answered a request of 3 elements wrongly" in str(result)
+    assert raised_in_callbacks == [] and len(cached) == 0
+    assert cached.stats["deduplicated"] == 1  # the joiner did join
 
 
 class RefusesNegative:

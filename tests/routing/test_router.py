@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import async_search as asr
-from async_search.errors import InputSpecError, ServerDiedError
+from async_search.errors import InputSpecError, ModelOutputError, ServerDiedError
 from async_search.models import MLP
 from async_search.routing.breaker import BreakerPolicy, BreakerState, CircuitOpenError
 from async_search.routing.cache import CachedEvaluate
@@ -264,6 +264,118 @@ async def test_removed_server_gets_no_new_requests():
         router.add_server("b", FakeServer())
     with pytest.raises(ValueError, match="unknown routing policy 'random'"):
         Router(servers, policy="random")
+
+
+async def test_a_server_added_under_a_removed_name_starts_with_counters_of_its_own():
+    # The old server's requests in flight are not the new one's load, and its late
+    # failures are not the new one's failures.
+    old_a, b = FakeServer(), FakeServer()
+    old_a.gate, b.gate = asyncio.Event(), asyncio.Event()
+    router = Router({"a": old_a}, policy="least_outstanding",
+                    breaker=BreakerPolicy(failure_threshold=5))
+    calls = [asyncio.ensure_future(router(elements(1, seed=i))) for i in range(3)]
+    await wait_until(lambda: len(old_a.requests) == 3, "the old a holds 3 requests")
+    router.add_server("b", b)
+    calls.append(asyncio.ensure_future(router(elements(1, seed=3))))
+    await wait_until(lambda: len(b.requests) == 1, "b holds 1 request")
+    router.remove_server("a")
+    new_a = FakeServer()
+    router.add_server("a", new_a)
+    assert router.outstanding == {"b": 1, "a": 0}
+    assert router.stats["servers"]["a"]["outstanding"] == 0
+    x = elements(1, seed=4)  # to the idle new a, not to b, busy with 1 request
+    np.testing.assert_array_equal(await asyncio.wait_for(router(x), 5), x * 2)
+    old_a.failing = True  # the old a fails its 3 requests late; they fail over to b
+    old_a.gate.set()
+    b.gate.set()
+    await asyncio.wait_for(asyncio.gather(*calls), 5)
+    assert len(b.requests) == 1 + 3 and len(new_a.requests) == 1
+    a = router.stats["servers"]["a"]
+    assert (a["requests"], a["failures"], a["outstanding"]) == (1, 0, 0)
+    assert a["breaker"]["failures"] == 0 and router.outstanding == {"b": 0, "a": 0}
+
+
+# -- what servers answer --------------------------------------------------------------
+class WrongAnswer(FakeServer):
+    """Answers a request with something else than one row per element."""
+
+    def __init__(self, answer):
+        super().__init__()
+        self.answer = answer
+
+    async def __call__(self, x):
+        self.requests.append(x.copy())
+        if self.answer == "one row":
+            return x[:1] * 2
+        if self.answer == "a 0-d array":
+            return np.array(1.0, np.float32)
+        if self.answer == "a tuple of other rows":
+            return x * 2, x[:1].sum(axis=1)
+        return None
+
+
+@pytest.mark.parametrize("answer", ["one row", "a 0-d array", "a tuple of other rows",
+                                    "None"])
+async def test_an_answer_of_other_rows_fails_and_counts_against_its_server(answer):
+    # A part of k elements answered by one row was broadcast into all k places:
+    # callers got other elements' rows.
+    good, bad = FakeServer(), WrongAnswer(answer)
+    router = Router({"a": good, "b": bad}, policy="consistent_hash", failover=False)
+    x = elements(64, seed=8)
+    with pytest.raises(ModelOutputError, match="server 'b' answered a request of"):
+        await asyncio.wait_for(router(x), 5)
+    assert good.requests and bad.requests  # the request was split over both
+    stats = router.stats["servers"]
+    assert (stats["b"]["failures"], stats["b"]["breaker"]["failures"]) == (1, 1)
+    assert (stats["a"]["failures"], stats["a"]["breaker"]["failures"]) == (0, 0)
+    # With failover, b's part goes to a: the caller gets every element's own row.
+    router = Router({"a": good, "b": bad}, policy="consistent_hash")
+    np.testing.assert_array_equal(await asyncio.wait_for(router(x), 5), x * 2)
+    assert router.stats["servers"]["b"]["failures"] == 1
+    # A request not split is checked too.
+    with pytest.raises(ModelOutputError, match="server 'b' answered a request of 3"):
+        await asyncio.wait_for(Router({"b": bad})(x[:3]), 5)
+
+
+def part_of(kind):
+    """A server's answer ``x[:, :1] + 0.25`` in float32, or changed by ``kind``."""
+    async def evaluate(x):
+        y = x[:, :1] + np.float32(0.25)
+        if kind == "float64":
+            return y.astype(np.float64)
+        if kind == "float64 past float32's range":
+            return y.astype(np.float64) * 1e40
+        if kind == "int8":
+            return y.astype(np.int8)
+        if kind == "[n, 2]":
+            return np.repeat(y, 2, axis=1)
+        if kind == "tuple":
+            return y, y
+        return y
+    return evaluate
+
+
+@pytest.mark.parametrize("kind, error", [
+    ("float64", None),  # float32 keeps the values: cast, as the serving core does
+    ("float64 past float32's range", "holds values past float32's range"),
+    ("int8", r"expected an array \[n, 1\] float32, got an array \[n, 1\] int8"),
+    ("[n, 2]", r"got an array \[n, 2\] float32"),
+    ("tuple", "got a tuple of 2 outputs")])
+async def test_the_parts_of_a_split_request_are_made_to_fit_the_first_or_fail(kind, error):
+    # They were assembled in the first part's dtype (int8 truncated floats, 1e40 became
+    # inf) or failed with numpy's broadcast error.
+    router = Router({"a": part_of("float32"), "b": part_of(kind)},
+                    policy="consistent_hash")
+    x = elements(64, seed=9)
+    if error is None:
+        y = await asyncio.wait_for(router(x), 5)
+        assert y.dtype == np.float32
+        np.testing.assert_array_equal(y, x[:, :1] + np.float32(0.25))
+        return
+    with pytest.raises(ModelOutputError, match="server 'b''s part: .*" + error):
+        await asyncio.wait_for(router(x), 5)
+    # Nothing tells which server is wrong: no breaker counts it.
+    assert all(s["failures"] == 0 for s in router.stats["servers"].values())
 
 
 # -- versions -------------------------------------------------------------------------
