@@ -2,16 +2,21 @@
 
 Every file async_search writes (checkpoints, replay buffers, a training run's state,
 results JSON, plots) goes through ``write_file``. The content goes to a temporary file in
-the same folder (``<name>.tmp-<pid>``), is synced to the disk, and is renamed over the
-name in one atomic step; then the folder is synced, so that the rename survives a power
-cut too. Until the rename the previous file is untouched; after it the new one is whole.
+the same folder (``<name>.tmp-<pid>-<thread>-<random>``, its own for each write), is
+synced to the disk, and is renamed over the name in one atomic step; then the folder is
+synced, so that the rename survives a power cut too. Until the rename the previous file
+is untouched; after it the new one is whole.
 On any failure (a full disk, a file-size limit, no permission, an exception from the
 caller's writer) the temporary is removed, and an ``OSError`` becomes a
 ``FileWriteError`` that names the file and the operation that failed, with the cause's
 errno.
 
 A process killed mid-write leaves its temporary behind; ``remove_leftovers`` (run when a
-training run starts) removes those of processes that are gone.
+training run starts) removes those of processes that are gone, never one that a thread of
+this process is writing.
+
+``folder_lock`` makes writers of one folder take turns, across threads and processes
+(``save_checkpoint`` holds it from its first write to its last delete).
 
 Example:
     >>> import json, os, tempfile
@@ -23,13 +28,21 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_codes
 import io
 import json
 import os
 import re
+import secrets
 import shutil
-from typing import Any, BinaryIO, Callable, Union
+import threading
+from typing import Any, BinaryIO, Callable, Iterator, Union
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: folder_lock orders the threads of one process only
+    fcntl = None
 
 from async_search.errors import FileWriteError
 
@@ -38,8 +51,17 @@ from async_search.errors import FileWriteError
 #: open binary file it is given (``np.savez``, ``fig.savefig``, ...).
 Content = Union[bytes, bytearray, memoryview, str, Callable[[BinaryIO], Any]]
 
-#: ``<name>.tmp-<pid>`` and ``<name>.old-<pid>``: what an interrupted save leaves behind.
-_LEFTOVER = re.compile(r"^(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")
+#: ``<name>.tmp-<pid>[-<thread>-<random>]`` and ``<name>.old-<pid>``: what an interrupted
+#: save leaves behind (the bare ``-<pid>`` from older versions).
+_LEFTOVER = re.compile(r"^(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-\d+-[0-9a-f]+)?$")
+
+#: The names of the temporaries this process's threads are writing now: the pid in a
+#: name cannot tell them from those a killed process with this pid left.
+_WRITING: set = set()
+
+#: The file ``folder_lock`` locks in the folder; there only while it is held (or after
+#: a process was killed holding it: the next holder takes it over).
+LOCK = ".lock"
 
 
 def folder_path(path: str | os.PathLike) -> str:
@@ -160,7 +182,11 @@ def write_file(path: str | os.PathLike, content: Content) -> str:
                              f"separator (it names a folder)", errno_codes.EISDIR, path)
     folder = os.path.dirname(os.path.abspath(path))
     make_folder(folder)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    # Its own for each write: two threads of a process writing one name would truncate
+    # and rename each other's temporary under a name made of the pid alone.
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_native_id()}-{secrets.token_hex(4)}"
+    writing = os.path.basename(tmp)
+    _WRITING.add(writing)  # before it exists: a cleanup never takes it for a leftover
     operation = f"creating the temporary {tmp!r}"
     fd = -1
     try:
@@ -192,6 +218,8 @@ def write_file(path: str | os.PathLike, content: Content) -> str:
         if isinstance(e, OSError) and not isinstance(e, FileWriteError):
             raise _failure(path, operation, e, replaced=tmp is None) from e
         raise
+    finally:
+        _WRITING.discard(writing)
     return path
 
 
@@ -278,8 +306,6 @@ def remove_tree(path: str | os.PathLike) -> None:
 def _alive(pid: int) -> bool:
     if pid <= 0:
         return False  # never a process (0 and -n would name process groups)
-    if pid == os.getpid():
-        return False  # ours, from before: a pid reused, nothing of ours is in progress
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # gone, or never a process id
@@ -290,10 +316,16 @@ def _alive(pid: int) -> bool:
 
 
 def is_leftover(name: str) -> bool:
-    """Whether ``name`` is what an interrupted write left behind (``*.tmp-<pid>`` or
-    ``*.old-<pid>``) by a process that is gone (or by this one, from before)."""
+    """Whether ``name`` is what an interrupted write left behind (``*.tmp-<pid>...`` or
+    ``*.old-<pid>``) by a process that is gone, or with this process's pid but written
+    by none of its threads now (a killed process's, whose pid this one reuses)."""
     match = _LEFTOVER.match(name)
-    return bool(match) and not _alive(int(match["pid"]))
+    if not match:
+        return False
+    pid = int(match["pid"])
+    if pid == os.getpid():
+        return name not in _WRITING
+    return not _alive(pid)
 
 
 def remove_leftovers(folder: str | os.PathLike) -> list:
@@ -315,3 +347,105 @@ def remove_leftovers(folder: str | os.PathLike) -> list:
     if removed:
         sync_folder(folder)
     return removed
+
+
+_locks_guard = threading.Lock()
+_locks: dict = {}  # folder -> [its lock for this process's threads, threads using it]
+
+
+def _forget_locks() -> None:
+    # A forked child has only the thread that forked: a lock another thread held at
+    # the fork would stay held in the child for good.
+    global _locks_guard
+    _locks_guard = threading.Lock()
+    _locks.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks)
+
+
+@contextlib.contextmanager
+def folder_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Holds the folder ``path``'s lock while the block runs: blocks of one folder run
+    one at a time, in the threads of a process and across processes (an exclusive
+    ``fcntl.flock`` on ``<path>/.lock``, which is removed as the lock is let go; a
+    process killed holding it lets go too). The folder must exist. Readers need not
+    take it. Without ``fcntl`` (not POSIX) only this process's threads take turns; on a
+    file system without locks the process's threads still do.
+
+    Raises:
+        FileWriteError: naming the lock file when it cannot be made.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> with folder_lock(folder):
+        ...     os.listdir(folder)
+        ['.lock']
+        >>> os.listdir(folder)
+        []
+    """
+    path = folder_path(path)
+    key = os.path.normcase(os.path.realpath(path))
+    with _locks_guard:
+        entry = _locks.setdefault(key, [threading.Lock(), 0])
+        entry[1] += 1
+    try:
+        with entry[0]:  # flock may order only processes, or be missing
+            fd = _lock_file(path) if fcntl is not None else -1
+            try:
+                yield
+            finally:
+                if fd >= 0:
+                    _unlock_file(path, fd)
+    finally:
+        with _locks_guard:
+            entry[1] -= 1
+            if not entry[1] and _locks.get(key) is entry:
+                del _locks[key]
+
+
+def _lock_file(path: str) -> int:
+    """The open lock file of folder ``path``, locked; -1 if its file system has no
+    locks."""
+    lock = os.path.join(path, LOCK)
+    while True:
+        try:
+            flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(lock, flags, 0o666)
+        except OSError as e:
+            raise _failure(lock, "making the lock file", e) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # The holder before removed it as it let go: then lock the file there now.
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                return fd
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno_codes.ENOLCK, errno_codes.ENOTSUP,
+                           errno_codes.EOPNOTSUPP):  # a file system without locks
+                _unlink_lock(path)
+                return -1
+            raise _failure(lock, "locking the lock file", e) from e
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _unlink_lock(path: str) -> None:
+    try:
+        os.unlink(os.path.join(path, LOCK))
+    except OSError:
+        pass  # left: the next holder locks it as it is
+
+
+def _unlock_file(path: str, fd: int) -> None:
+    _unlink_lock(path)  # while held: the next holder makes its own (see _lock_file)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)  # a forked child may share the open file
+    finally:
+        os.close(fd)

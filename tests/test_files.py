@@ -7,15 +7,19 @@ import errno
 import json
 import os
 import pickle
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from async_search.errors import FileWriteError
-from async_search.files import (folder_path, make_folder, remove_leftovers, remove_tree,
-                                sync_folder, write_file, write_json)
+from async_search.files import (folder_lock, folder_path, make_folder, remove_leftovers,
+                                remove_tree, sync_folder, write_file, write_json)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -168,6 +172,136 @@ def test_leftovers_of_gone_processes_are_removed_and_nothing_else(tmp_path):
         alive.kill()
         alive.wait()
     assert remove_leftovers(tmp_path / "absent") == []
+
+
+# -- threads and processes at once -------------------------------------------------------
+
+
+class PausedWrite:
+    """``write_file(path, ...)`` in a thread, paused half-way through its temporary
+    until ``resume``; ``error`` is what it raised."""
+
+    def __init__(self, path, first=b"first " * 1000, rest=b"end"):
+        self.half, self.go, self.error = threading.Event(), threading.Event(), None
+        self.content = first + rest
+
+        def content(f):
+            f.write(first)
+            f.finish()  # on the disk, in the temporary
+            self.half.set()
+            if not self.go.wait(30):
+                raise TimeoutError("never resumed")
+            f.write(rest)
+
+        def run():
+            try:
+                write_file(path, content)
+            except BaseException as e:  # noqa: BLE001 - the test reads it
+                self.error = e
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert self.half.wait(30), "the write never started"
+
+    def resume(self):
+        self.go.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the write never finished"
+
+
+def test_threads_writing_one_file_at_once_each_have_their_own_temporary(tmp_path):
+    # One name per process: the second write truncated the first's temporary and
+    # renamed it away, and the first failed to rename it (FileWriteError).
+    path = tmp_path / "f"
+    paused = PausedWrite(path)
+    [temporary] = [n for n in names(tmp_path) if n.startswith("f.tmp-")]
+    assert re.fullmatch(rf"f\.tmp-{os.getpid()}-\d+-[0-9a-f]{{8}}", temporary)
+    write_file(path, b"second")  # meanwhile, in this thread
+    assert path.read_bytes() == b"second" and temporary in names(tmp_path)
+    paused.resume()
+    assert paused.error is None
+    assert path.read_bytes() == paused.content and names(tmp_path) == ["f"]
+
+
+def test_a_temporary_another_thread_is_writing_is_no_leftover(tmp_path):
+    # The pid in its name is this process's: it was taken for one a killed process
+    # with the same pid left, removed, and the write failed at its rename.
+    path = tmp_path / "state.json"
+    left = [f"a.json.tmp-{_dead_pid()}-7-0123abcd", f"ours.tmp-{os.getpid()}-7-0123abcd"]
+    for name in left:
+        (tmp_path / name).write_text("")
+    paused = PausedWrite(path)
+    assert sorted(remove_leftovers(tmp_path)) == sorted(left)
+    assert len(names(tmp_path)) == 1  # the paused write's temporary
+    paused.resume()
+    assert paused.error is None
+    assert path.read_bytes() == paused.content and names(tmp_path) == ["state.json"]
+
+
+HOLD_LOCK = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from async_search.files import folder_lock
+with folder_lock(sys.argv[2]):
+    open(sys.argv[3], "w").close()
+    sys.stdin.read()  # until the test closes it (or is gone)
+"""
+
+
+def hold_lock_in_a_child(folder, marker):
+    """A child process that holds ``folder``'s lock (it has once ``marker`` exists)
+    until its stdin is closed."""
+    child = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, ROOT, str(folder),
+                              str(marker)], stdin=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker):
+        assert child.poll() is None and time.monotonic() < deadline, "no lock held"
+        time.sleep(0.01)
+    return child
+
+
+def lock_in_a_thread(folder):
+    """A thread that takes ``folder``'s lock, sets the event it returns, and lets go."""
+    entered = threading.Event()
+
+    def take():
+        with folder_lock(folder):
+            entered.set()
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    return thread, entered
+
+
+def test_a_folder_lock_is_held_by_one_process_at_a_time_and_leaves_no_file(tmp_path):
+    folder, marker = tmp_path / "folder", tmp_path / "held"
+    folder.mkdir()
+    child = hold_lock_in_a_child(folder, marker)
+    try:
+        assert names(folder) == [".lock"]
+        thread, entered = lock_in_a_thread(folder)
+        assert not entered.wait(0.5)  # the child holds it
+        child.stdin.close()
+        assert entered.wait(30) and child.wait(30) == 0
+        thread.join(30)
+    finally:
+        child.kill()
+        child.wait(30)
+    assert names(folder) == []  # removed as the lock is let go
+
+
+def test_a_folder_lock_held_by_a_killed_process_is_taken_over(tmp_path):
+    folder, marker = tmp_path / "folder", tmp_path / "held"
+    folder.mkdir()
+    child = hold_lock_in_a_child(folder, marker)
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    child.stdin.close()
+    assert names(folder) == [".lock"]  # left behind by the killed holder
+    thread, entered = lock_in_a_thread(folder)
+    assert entered.wait(30)
+    thread.join(30)
+    assert names(folder) == []
 
 
 def test_folders_are_made_synced_and_removed(tmp_path):

@@ -7,8 +7,10 @@ file it names, ``weights-<digest>.npz`` (an MLP's ``(w, b)`` layers as ``w0, b0,
 bitwise). Saving over a checkpoint writes the new
 weights file beside the old one, then replaces ``config.json`` in one atomic step
 (``files.write_file``), then removes the old weights: the folder is never absent under
-its name, and holds either the old checkpoint or the new one, whole. A load that
-meets the last step (the ``config.json`` it read names weights just removed) reads
+its name, and holds either the old checkpoint or the new one, whole. Saves over one
+folder, from threads or processes, take turns (``files.folder_lock``: the file
+``.lock`` is in the folder while a save runs); loads take no lock. A load that meets
+the last step (the ``config.json`` it read names weights just removed) reads
 ``config.json`` again and loads the checkpoint that replaced it. Saving refuses, before
 writing anything, what loading would refuse. Loading checks the format, every field,
 the digest and the layer shapes, and names the file and the problem when any is off.
@@ -29,8 +31,8 @@ from typing import Any, Dict, NamedTuple
 import numpy as np
 
 from async_search.errors import CheckpointError
-from async_search.files import (folder_path, is_leftover, make_folder, remove_tree,
-                                write_file)
+from async_search.files import (folder_lock, folder_path, is_leftover, make_folder,
+                                remove_tree, write_file)
 from async_search.problems.nets import (NetConfig, Weights, check_weights, config_of,
                                         to_model, weights_of)
 
@@ -80,6 +82,9 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
             would refuse; nothing is written then.
         FileWriteError: naming the file that could not be written; the checkpoint that
             was there is whole.
+
+    Saves over one folder at once, from threads or processes, run one after the other
+    (``files.folder_lock``); the last to finish is the checkpoint there.
 
     Example:
         >>> import tempfile
@@ -134,12 +139,15 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
         raise ValueError(f"save_checkpoint({path!r}): a file has that name; a checkpoint "
                          f"is a folder (remove the file or choose another path)")
     make_folder(path)
-    write_file(os.path.join(path, weights_file), data)
-    write_file(config_file, text)  # the commit: names the new weights
-    for name in sorted(os.listdir(path)):  # the old weights, and interrupted writes
-        if (name != weights_file and (name == _WEIGHTS_1 or _WEIGHTS.match(name))
-                or is_leftover(name)):
-            remove_tree(os.path.join(path, name))
+    # One save at a time: each removes every weights file but its own, so another's,
+    # written and about to be named by its config.json, would go (loads take no lock).
+    with folder_lock(path):
+        write_file(os.path.join(path, weights_file), data)
+        write_file(config_file, text)  # the commit: names the new weights
+        for name in sorted(os.listdir(path)):  # the old weights, and interrupted writes
+            if (name != weights_file and (name == _WEIGHTS_1 or _WEIGHTS.match(name))
+                    or is_leftover(name)):
+                remove_tree(os.path.join(path, name))
     parent = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
     for name in sorted(os.listdir(parent)):  # this name's, from older versions' saves

@@ -24,7 +24,7 @@ from async_search.search.base import check_evaluate, policy_logits_of
 from async_search.search.gumbel import gumbel_mcts
 from async_search.search.puct import mcts
 from async_search.search.reuse import subtree
-from async_search.search.tree import Tree
+from async_search.search.tree import Tree, priors_from_logits
 
 
 @runtime_checkable
@@ -468,7 +468,9 @@ class GumbelPlayer(_TreeSearchPlayer):
 class PolicyPlayer:
     """Plays the legal action with the largest policy logit (ties: the lowest action).
 
-    One request of one state per move: the raw network, no search.
+    One request of one state per move: the raw network, no search. Logits that the
+    search refuses (NaN or +inf for a legal action, or -inf for all of them) raise
+    ``ModelOutputError`` as they do in ``MCTSPlayer``.
 
     Example:
         >>> import asyncio, async_search as asr
@@ -493,4 +495,7 @@ class PolicyPlayer:
         y = await self.evaluate(game.encode([state]))
         num_actions = int(game.num_actions)
         row = policy_logits_of(y, 1, num_actions)[0]
+        # The search's own check: max() never replaces a NaN it meets first, so a NaN
+        # logit would be played over every legal move.
+        priors_from_logits(legal, row)
         return int(max(legal, key=lambda a: (row[a], -a)))

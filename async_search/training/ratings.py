@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Optional, Sequence, Tuple
 
 from async_search.checks import check_float, check_int
@@ -62,7 +63,9 @@ def elo_difference(score: float, games: Optional[int] = None) -> float:
 
     A score of 0 or 1 has no finite difference; it is clipped to
     ``[0.5 / games, 1 - 0.5 / games]`` when ``games`` is given (half a game's doubt),
-    else to ``[1e-3, 1 - 1e-3]``.
+    else to ``[1e-3, 1 - 1e-3]``. A score above one half is taken from its distance to
+    1 (``elo_difference(1 - s) == -elo_difference(s)``), so that the difference is finite
+    for any number of games (``1 - 0.5 / games`` would round to 1 past 2**53 games).
 
     Args:
         score: the expected score in [0, 1].
@@ -79,10 +82,17 @@ def elo_difference(score: float, games: Optional[int] = None) -> float:
         low = 1e-3
     else:
         low = 0.5 / check_int("games", games, minimum=1)
-    score = min(max(score, low), 1.0 - low)
-    if score == 0.5:
+    sign = 1.0
+    if score > 0.5:  # from the near end: 1 - low may round to 1.0, low never to 0
+        score, sign = 1.0 - score, -1.0
+    score = max(score, low)
+    if score >= 0.5:
         return 0.0
-    return -400.0 * math.log10(1.0 / score - 1.0)
+    # -400 log10(1/score - 1), with 1 - score to full precision however small score is
+    return sign * 400.0 * (math.log10(score) - math.log1p(-score) / _LN10)
+
+
+_LN10 = math.log(10.0)
 
 
 def _expected(rating: float, opponent: float) -> float:
@@ -100,6 +110,8 @@ def fit_rating(results: Sequence[Tuple[float, MatchResult]]) -> float:
     ``1 / (1 + 10 ** ((r - R) / 400))`` per game. A weak prior, half a virtual draw
     against each opponent, keeps the answer finite for all wins or all losses. The
     log-likelihood is concave in ``R``; its derivative's root is found by bisection.
+    The answer is finite for any finite opponent ratings (one past the floats' range,
+    about 1.8e308, is the largest float of its sign).
 
     Args:
         results: ``(opponent_rating, result)`` pairs, results from the player's view.
@@ -131,18 +143,26 @@ def fit_rating(results: Sequence[Tuple[float, MatchResult]]) -> float:
         return sum(points - games * _expected(rating, opponent)
                    for opponent, points, games in pairs)
 
-    low = min(p[0] for p in pairs) - 400.0
-    high = max(p[0] for p in pairs) + 400.0
-    while slope(low) < 0:
-        low -= 2 * (high - low)
-    while slope(high) > 0:
-        high += 2 * (high - low)
-    for _ in range(200):
-        mid = 0.5 * (low + high)
+    # Kept within the floats, and no sums or differences of the bounds: for opponents
+    # near +-1e308, high - low overflows to inf and the answer came out -inf.
+    top = sys.float_info.max
+    low = max(min(p[0] for p in pairs) - 400.0, -top)
+    high = min(max(p[0] for p in pairs) + 400.0, top)
+    step = 400.0
+    while slope(low) < 0 and low > -top:
+        low, step = max(low - step, -top), 2.0 * step
+    step = 400.0
+    while slope(high) > 0 and high < top:
+        high, step = min(high + step, top), 2.0 * step
+    for _ in range(4096):  # ends sooner: the floats between low and high run out
+        mid = 0.5 * low + 0.5 * high
         if mid in (low, high):
             break
-        if slope(mid) > 0:
+        gradient = slope(mid)
+        if gradient == 0:  # a root (past the floats' precision, a flat stretch of them)
+            return mid
+        if gradient > 0:
             low = mid
         else:
             high = mid
-    return 0.5 * (low + high)
+    return 0.5 * low + 0.5 * high

@@ -131,8 +131,9 @@ class RunFolder:
             FileWriteError: naming the file that could not be written; before the
                 commit point the previous iteration is still the state on disk, whole
                 (after it, only an export failed: the next start refreshes it).
-            TypeError, ValueError: a record that is not JSON, or a name that cannot be
-                a file; nothing is written then.
+            TypeError, ValueError: a record that is not JSON (NaN and infinities, which
+                strict JSON readers refuse, included), or a name that cannot be a file;
+                nothing is written then.
         """
         checkpoints = dict(checkpoints or {})
         buffers = dict(buffers or {})
@@ -155,7 +156,11 @@ class RunFolder:
                  "generation": os.path.basename(generation),
                  "checkpoints": sorted(checkpoints), "buffers": sorted(buffers),
                  **record}
-        json.dumps(state)  # not JSON: refused before the disk is touched
+        try:  # not JSON (NaN and infinities included): refused before the disk is touched
+            json.dumps(state, allow_nan=False)
+        except ValueError as e:
+            raise ValueError(f"RunFolder.commit: the record must be JSON (strings, "
+                             f"finite numbers, lists, dicts): {e}") from e
         make_folder(self.path)
         make_folder(generation)  # numbered past every one there, partial ones included
         for name, net in checkpoints.items():
@@ -163,7 +168,7 @@ class RunFolder:
                             net.metadata)
         for name, buffer in buffers.items():
             buffer.save(os.path.join(generation, f"{name}.npz"))
-        write_json(self.state_file, state)  # the commit point
+        write_json(self.state_file, state, allow_nan=False)  # the commit point
         self._generation = number
         for old in self._generations():  # the previous one, and any a crash left
             if old != number:

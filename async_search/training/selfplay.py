@@ -41,7 +41,7 @@ class SelfPlayConfig:
             ignores it: its root noise samples every move, as in the paper.
         dirichlet_alpha: PUCT's root noise concentration (AlphaZero used 0.3 for chess; about
             10 / legal moves suits Connect Four).
-        dirichlet_fraction: weight of the noise in the root prior.
+        dirichlet_fraction: weight of the noise in the root prior, in [0, 1].
         c_puct: PUCT's exploration constant.
         value_target: ``outcome``: the game's result z for the player to move;
             ``mixed``: the mean of z and the search's root value q, a less noisy target
@@ -93,7 +93,10 @@ class SelfPlayConfig:
         check_int("num_parallel", self.num_parallel, minimum=1)
         check_int("sampling_moves", self.sampling_moves, minimum=0)
         check_float("dirichlet_alpha", self.dirichlet_alpha, minimum=0.0, strict=True)
-        check_float("dirichlet_fraction", self.dirichlet_fraction, minimum=0.0)
+        # A weight: checked here, before a Commander starts workers that would each
+        # meet it inside search.mcts.
+        check_float("dirichlet_fraction", self.dirichlet_fraction, minimum=0.0,
+                    maximum=1.0)
         check_float("c_puct", self.c_puct, minimum=0.0, strict=True)
         check_int("seed", self.seed, minimum=0)
         if self.value_target not in ("outcome", "mixed"):

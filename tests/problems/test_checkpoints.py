@@ -10,6 +10,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -334,6 +336,160 @@ def kill_each(recorder, ops, path, pristine, old, new):
         shutil.rmtree(path)
         shutil.copytree(pristine, path)
     assert seen == {1, 2}
+
+
+# -- saves from threads and processes at once -------------------------------------------
+
+
+SAVE_AFTER_MARKER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from async_search.problems.checkpoints import save_checkpoint
+from tests.problems.test_checkpoints import HEURISTIC, trained_looking_weights
+weights = trained_looking_weights(HEURISTIC, 2)
+open(sys.argv[3], "w").close()
+save_checkpoint(sys.argv[2], weights, HEURISTIC, {"v": 2})
+"""
+
+
+@pytest.mark.parametrize("other", ["thread", "process"])
+def test_a_save_waits_for_the_save_in_progress_in_its_folder(tmp_path, monkeypatch,
+                                                             other):
+    # Each save removes every weights file but its own: one that ran while another was
+    # between writing its weights and naming them in config.json removed those, and
+    # the folder no longer loaded.
+    import async_search.problems.checkpoints as checkpoints
+
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, trained_looking_weights(HEURISTIC, 0), HEURISTIC, {"v": 0})
+    real_write, written, go, errors = checkpoints.write_file, threading.Event(), \
+        threading.Event(), []
+
+    def write_then_wait(file, content):
+        out = real_write(file, content)
+        if threading.current_thread() is first and "weights-" in os.path.basename(file):
+            written.set()  # its weights are there, not yet named
+            if not go.wait(30):
+                raise TimeoutError("never resumed")
+        return out
+
+    def save(v):
+        try:
+            save_checkpoint(path, trained_looking_weights(HEURISTIC, v), HEURISTIC,
+                            {"v": v})
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            errors.append(e)
+
+    monkeypatch.setattr(checkpoints, "write_file", write_then_wait)
+    first = threading.Thread(target=save, args=(1,), daemon=True)
+    first.start()
+    try:
+        assert written.wait(30)
+        if other == "thread":
+            second = threading.Thread(target=save, args=(2,), daemon=True)
+            second.start()
+            second.join(1.0)
+            assert second.is_alive(), "the second save did not wait for the first"
+        else:
+            marker = tmp_path / "saving"
+            second = subprocess.Popen([sys.executable, "-c", SAVE_AFTER_MARKER, ROOT,
+                                       str(path), str(marker)], cwd=ROOT)
+            deadline = time.monotonic() + 60
+            while not marker.exists():
+                assert second.poll() is None and time.monotonic() < deadline
+                time.sleep(0.01)
+            with pytest.raises(subprocess.TimeoutExpired):  # waiting for the first
+                second.wait(1.0)
+    finally:
+        go.set()
+        first.join(30)
+    if other == "thread":
+        second.join(30)
+        assert not second.is_alive()
+    else:
+        assert second.wait(60) == 0
+    assert not errors and not first.is_alive()
+    checkpoint = read_checkpoint(path)  # the second's: it finished last
+    assert checkpoint.metadata == {"v": 2}
+    assert_weights_bitwise_equal(checkpoint.weights,
+                                 trained_looking_weights(HEURISTIC, 2))
+    assert sorted(os.listdir(path)) == ["config.json", weights_file(path).name]
+
+
+SAVE_IN_ROUNDS = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from async_search.problems.checkpoints import save_checkpoint
+from tests.problems.test_checkpoints import HEURISTIC, trained_looking_weights
+path, v, rounds = sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+weights, errors = trained_looking_weights(HEURISTIC, v), []
+for start, end in rounds:
+    time.sleep(max(0.0, start - time.time()))
+    saves = 0
+    while saves < 3 or time.time() < end:
+        try:
+            save_checkpoint(path, weights, HEURISTIC, {"v": v})
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+        saves += 1
+print(json.dumps(errors[:3]))
+"""
+
+
+def test_saves_from_threads_and_processes_at_once_leave_a_whole_checkpoint(tmp_path):
+    # Two threads shared one temporary name (FileWriteError), and a save removed the
+    # weights another was about to name: 1 to 6 rounds of 10 left it unloadable.
+    path = tmp_path / "ckpt"
+    weights = {v: trained_looking_weights(HEURISTIC, v) for v in range(5)}
+    save_checkpoint(path, weights[0], HEURISTIC, {"v": 0})
+    first = time.time() + 1.5  # the processes start meanwhile
+    rounds = [(first + 0.7 * r, first + 0.7 * r + 0.6) for r in range(3)]
+    processes = [subprocess.Popen([sys.executable, "-c", SAVE_IN_ROUNDS, ROOT, str(path),
+                                   str(v), json.dumps(rounds)], stdout=subprocess.PIPE,
+                                  text=True, cwd=ROOT) for v in (3, 4)]
+    try:
+        for round_, (start, end) in enumerate(rounds):
+            errors, loaded = [], []
+
+            def save(v):
+                saves = 0
+                while saves < 3 or time.time() < end:
+                    try:
+                        save_checkpoint(path, weights[v], HEURISTIC, {"v": v})
+                    except Exception as e:  # noqa: BLE001 - the test reads it
+                        errors.append(e)
+                    saves += 1
+
+            def load():  # loads take no lock: they meet the saves
+                while time.time() < end:
+                    try:
+                        loaded.append(read_checkpoint(path).metadata["v"])
+                    except Exception as e:  # noqa: BLE001 - the test reads it
+                        errors.append(e)
+
+            time.sleep(max(0.0, start - time.time()))
+            threads = [threading.Thread(target=save, args=(v,), daemon=True)
+                       for v in (1, 2)] + [threading.Thread(target=load, daemon=True)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+                assert not thread.is_alive()
+            assert errors == [], (round_, errors[:3])
+            checkpoint = read_checkpoint(path)
+            assert_weights_bitwise_equal(checkpoint.weights,
+                                         weights[checkpoint.metadata["v"]])
+            assert loaded and set(loaded) <= set(weights)
+        for process in processes:
+            out, _ = process.communicate(timeout=60)
+            assert process.returncode == 0 and json.loads(out) == [], out
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(30)
+    checkpoint = read_checkpoint(path)
+    assert_weights_bitwise_equal(checkpoint.weights, weights[checkpoint.metadata["v"]])
+    assert sorted(os.listdir(path)) == ["config.json", weights_file(path).name]
 
 
 def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpoint(

@@ -150,6 +150,25 @@ async def test_policy_player_plays_the_best_legal_logit_lowest_on_ties():
                                                np.random.default_rng(0)) == 1
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+async def test_policy_player_refuses_a_nan_or_inf_legal_logit_as_the_search_does(bad):
+    logits = np.array([[bad, 0.0, 9.0, 0.0, 0.0, 0.0, 0.0]], np.float32)
+
+    async def evaluate(x):
+        return logits, np.zeros((1, 1), np.float32)
+
+    state = GAME.initial_state()
+    with pytest.raises(ModelOutputError, match="NaN or \\+inf"):
+        await PolicyPlayer(evaluate).choose(GAME, state, np.random.default_rng(0))
+    with pytest.raises(ModelOutputError, match="NaN or \\+inf"):
+        await MCTSPlayer(evaluate, simulations=4).choose(GAME, state,
+                                                         np.random.default_rng(0))
+    # Illegal actions' logits are ignored, as the search ignores them.
+    logits[0, 0], logits[0, 6] = 0.0, bad
+    assert await PolicyPlayer(evaluate).choose(GAME, FULL_COLUMNS,
+                                               np.random.default_rng(0)) == 2
+
+
 async def test_policy_player_follows_the_network():
     player = PolicyPlayer(asr.immediate(NET))
     for state in random_positions(10):

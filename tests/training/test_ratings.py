@@ -34,6 +34,17 @@ def test_elo_difference():
             elo_difference(**bad)
 
 
+@pytest.mark.parametrize("games", [10 ** 15, 2 ** 53, 10 ** 16, 10 ** 300],
+                         ids=["1e15", "2**53", "1e16", "1e300"])
+def test_elo_difference_is_finite_and_symmetric_for_any_number_of_games(games):
+    # 1 - 0.5 / games rounded to 1.0 here: log10(0) raised "math domain error".
+    best, worst = elo_difference(1.0, games), elo_difference(0.0, games)
+    assert math.isfinite(best) and best == -worst
+    assert best == pytest.approx(-400 * math.log10(0.5 / games), rel=1e-12)
+    line = MatchResult(wins=games, draws=0, losses=0).describe()
+    assert line.endswith(f"Elo +{best:.0f}")
+
+
 def test_fit_rating_recovers_a_known_rating():
     true, games = 300.0, 4000
     results = []
@@ -59,6 +70,19 @@ def test_fit_rating_is_finite_for_all_wins_and_all_losses():
 def test_fit_rating_is_finite_for_opponents_rated_far_apart():
     rating = fit_rating([(0.0, MatchResult(5, 0, 5)), (150_000.0, MatchResult(0, 0, 10))])
     assert math.isfinite(rating) and -500 < rating < 500
+
+
+def test_fit_rating_is_finite_and_exact_for_opponents_near_the_floats_limit():
+    # high - low overflowed to inf: the answer was -inf, or off by 1e247.
+    even = MatchResult(5, 0, 5)
+    assert fit_rating([(1e308, even), (-1e308, even)]) == 0.0
+    # The prior's quarter win against the unbeatable one: 5.5 points of 10.5 against 0.
+    rating = fit_rating([(1e308, MatchResult(0, 0, 10)), (0.0, even)])
+    assert rating == pytest.approx(400 * math.log10(5.5 / 5.0), abs=1e-6)
+    # Past the floats' range: the largest float of its sign.
+    top = 1.7976931348623157e308
+    assert fit_rating([(top, MatchResult(40, 0, 0))]) == top
+    assert fit_rating([(-top, MatchResult(0, 0, 40))]) == -top
 
 
 @pytest.mark.parametrize("results", [[], [(0.0, 0.5)], [(math.inf, MatchResult(1, 0, 1))],

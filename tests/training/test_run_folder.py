@@ -76,6 +76,23 @@ def test_a_record_that_is_not_json_is_refused_before_the_disk_is_touched(tmp_pat
     assert sorted(os.listdir(tmp_path / "run")) == before
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_record_holding_nan_or_infinity_is_refused_before_the_disk_is_touched(tmp_path,
+                                                                                 bad):
+    # json.dumps writes them as NaN/Infinity, which strict JSON readers refuse.
+    run = RunFolder(tmp_path / "run", "test")
+    commit(run, 1)
+    before = sorted(os.listdir(tmp_path / "run"))
+    state = (tmp_path / "run" / "state.json").read_bytes()
+    with pytest.raises(ValueError, match=r"RunFolder\.commit: the record must be JSON"):
+        commit(run, 2, best_elo=bad)
+    with pytest.raises(ValueError, match="must be JSON"):
+        run.commit({"history": [{"loss": bad}]})
+    assert sorted(os.listdir(tmp_path / "run")) == before
+    assert (tmp_path / "run" / "state.json").read_bytes() == state
+    assert RunFolder(tmp_path / "run", "test").load().fields.int("step") == 1
+
+
 def test_clean_removes_leftovers_and_unnamed_generations_only(tmp_path):
     run = RunFolder(tmp_path, "test")
     commit(run, 1)

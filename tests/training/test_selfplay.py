@@ -131,14 +131,22 @@ def test_without_sampling_moves_and_noise_a_game_ignores_the_seed():
 @pytest.mark.parametrize("field, value", [
     ("simulations", 0), ("simulations", 2.5), ("num_parallel", 0), ("sampling_moves", -1),
     ("dirichlet_alpha", 0.0), ("dirichlet_fraction", -0.1),
-    ("dirichlet_fraction", float("nan")), ("c_puct", 0.0), ("seed", -1),
-    ("random_opening_moves", -1), ("random_opening_moves", 2.0),
+    ("dirichlet_fraction", float("nan")), ("dirichlet_fraction", 1.5), ("c_puct", 0.0),
+    ("seed", -1), ("random_opening_moves", -1), ("random_opening_moves", 2.0),
     ("random_opening_moves", True), ("random_opening_moves", 2 ** 31),
     ("solve", 1), ("solve", "yes"), ("policy_target", "counts"), ("policy_target", None),
 ])
 def test_a_bad_self_play_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SelfPlayConfig(**{field: value})
+
+
+def test_a_dirichlet_fraction_above_one_is_refused_by_the_config_not_the_search():
+    # search.mcts refuses it too, but only once a Commander's workers play a game.
+    with pytest.raises(ValueError, match=r"^dirichlet_fraction must be a finite number "
+                                         r">= 0\.0 and <= 1\.0, got 1\.5$"):
+        SelfPlayConfig(dirichlet_fraction=1.5)
+    assert SelfPlayConfig(dirichlet_fraction=1.0).dirichlet_fraction == 1.0
 
 
 def test_solve_makes_every_search_of_a_game_prove_values(monkeypatch):
