@@ -20,7 +20,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from async_search.checks import check_float, check_int
-from async_search.errors import CheckpointError
+from async_search.errors import CheckpointError, ModelOutputError
 from async_search.problems.nets import NetConfig
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.schema import config_from_json, record_from_json
@@ -106,14 +106,21 @@ def _move_table(puzzle: SlidingPuzzle) -> np.ndarray:
 def scrambled_states(puzzle: SlidingPuzzle, n: int, max_moves: int,
                      rng: np.random.Generator) -> np.ndarray:
     """``[n, cells]`` uint8 boards, each ``k ~ U{1..max_moves}`` random moves from the
-    goal (no move undoing the one before)."""
+    goal (no move undoing the one before); ``n = 0`` gives ``[0, cells]``, which
+    ``bellman_targets`` and ``ReplayBuffer.add`` take as they take any batch.
+
+    Raises:
+        ValueError: ``n`` not an integer >= 0, or ``max_moves`` not one >= 1.
+    """
+    n = check_int("n", n, minimum=0)
+    max_moves = check_int("max_moves", max_moves, minimum=1)
     table = _move_table(puzzle)
     boards = np.tile(np.frombuffer(puzzle.goal, np.uint8), (n, 1))
     blank = np.full(n, puzzle.num_cells - 1, np.int64)
     previous = np.full(n, -1, np.int64)
     lengths = rng.integers(1, max_moves + 1, n)
     rows = np.arange(n)
-    for step in range(int(lengths.max())):
+    for step in range(int(lengths.max()) if n else 0):  # max() of nothing raises
         live = lengths > step
         options = table[blank]  # [n, 4]
         allowed = (options >= 0) & (options != previous[:, None])
@@ -129,6 +136,9 @@ def scrambled_states(puzzle: SlidingPuzzle, n: int, max_moves: int,
     return boards
 
 
+_CHUNK = 8192  # boards per h_target call
+
+
 def _encode(puzzle: SlidingPuzzle, boards: np.ndarray) -> np.ndarray:
     tiles = np.arange(puzzle.num_cells, dtype=np.uint8)
     return (boards[:, None, :] == tiles[None, :, None]).astype(np.float32)
@@ -136,9 +146,32 @@ def _encode(puzzle: SlidingPuzzle, boards: np.ndarray) -> np.ndarray:
 
 def bellman_targets(puzzle: SlidingPuzzle, boards: np.ndarray,
                     h_target: Callable[[np.ndarray], np.ndarray],
-                    chunk: int = 8192) -> np.ndarray:
+                    chunk: int = _CHUNK) -> np.ndarray:
     """``[n]`` float32: 0 for the goal, else ``min over neighbours nb of 1 + h(nb)``
-    with ``h`` = 0 at the goal and ``h_target(encode(nb))`` elsewhere."""
+    with ``h`` = 0 at the goal and ``h_target(encode(nb))`` elsewhere.
+
+    Args:
+        puzzle: the puzzle the boards are of.
+        boards: ``[n, cells]`` integer boards (row-major tiles, 0 the blank), each a
+            solvable arrangement of ``0..cells - 1``, as ``scrambled_states`` gives.
+        h_target: the heuristic: ``[k, cells, cells]`` encoded neighbours to one value
+            each, ``[k, 1]`` or ``[k]``.
+        chunk: boards per ``h_target`` call (>= 1).
+
+    Raises:
+        ValueError: ``boards`` not of that shape, a board that is not one of
+            ``puzzle``'s (named, with the puzzle's reason), or ``chunk`` < 1.
+        ModelOutputError: ``h_target`` returned other than one value per neighbour.
+    """
+    chunk = check_int("chunk", chunk, minimum=1)
+    return _targets(puzzle, _checked_boards(puzzle, boards), h_target, chunk)
+
+
+def _targets(puzzle: SlidingPuzzle, boards: np.ndarray,
+             h_target: Callable[[np.ndarray], np.ndarray], chunk: int) -> np.ndarray:
+    """``bellman_targets`` of boards known to be valid: ``Davi.run_round``'s come from
+    ``scrambled_states``, and checking them one by one would add a third or so to the
+    time their targets take."""
     table = _move_table(puzzle)
     goal = np.frombuffer(puzzle.goal, np.uint8)
     n, cells = boards.shape
@@ -155,7 +188,7 @@ def bellman_targets(puzzle: SlidingPuzzle, boards: np.ndarray,
         nb[np.arange(len(rows)), blank[rows]] = nb[np.arange(len(rows)), swap]
         nb[np.arange(len(rows)), swap] = 0
         is_goal = (nb == goal).all(axis=1)
-        h = np.asarray(h_target(_encode(puzzle, nb)), np.float64).reshape(-1)
+        h = _one_per_neighbour(h_target(_encode(puzzle, nb)), len(nb))
         h = np.where(is_goal, 0.0, h)
         cost = np.full((m, 4), np.inf)
         cost[rows, slots] = 1.0 + h
@@ -163,6 +196,37 @@ def bellman_targets(puzzle: SlidingPuzzle, boards: np.ndarray,
         targets[(b == goal).all(axis=1)] = 0.0
         out[lo:lo + m] = targets
     return out
+
+
+def _checked_boards(puzzle: SlidingPuzzle, boards) -> np.ndarray:
+    """``boards`` as uint8 ``[n, cells]``; ValueError naming the first board that
+    ``puzzle.state`` refuses (a tile out of range or repeated, unsolvable)."""
+    boards = np.asarray(boards)
+    if boards.ndim != 2 or boards.shape[1] != puzzle.num_cells:
+        raise ValueError(f"bellman_targets: boards must be an array [n, "
+                         f"{puzzle.num_cells}] (a row of tiles per board of {puzzle!r}), "
+                         f"got shape {boards.shape}")
+    for i, tiles in enumerate(boards.tolist()):  # Python ints: the puzzle's own checks
+        try:
+            puzzle.state(tiles)
+        except ValueError as e:
+            raise ValueError(f"bellman_targets: boards[{i}] is not a board: {e}") from e
+    return boards.astype(np.uint8, copy=False)
+
+
+def _one_per_neighbour(h, k: int) -> np.ndarray:
+    """``h_target``'s output as float64 ``[k]``; ModelOutputError unless it is one value
+    per neighbour: broadcasting would spread one row over all of them."""
+    try:
+        h = np.asarray(h, np.float64)
+    except (TypeError, ValueError) as e:
+        raise ModelOutputError(f"bellman_targets: h_target returned "
+                               f"{type(h).__name__}, not an array of numbers: {e}") from e
+    if h.shape not in ((k,), (k, 1)):
+        raise ModelOutputError(f"bellman_targets: h_target returned an array of shape "
+                               f"{h.shape} for a batch of {k} neighbours: it must return "
+                               f"one value per neighbour ([{k}, 1] or [{k}])")
+    return h.reshape(k)
 
 
 class Davi:
@@ -238,7 +302,7 @@ class Davi:
         start = time.perf_counter()
         boards = scrambled_states(self.puzzle, config.states_per_round,
                                   config.max_scramble, self.rng)
-        targets = bellman_targets(self.puzzle, boards, self.target)
+        targets = _targets(self.puzzle, boards, self.target, _CHUNK)
         self.buffer.add(_encode(self.puzzle, boards), None, targets)
         self.trainer.reset_optimizer()
         losses = self.trainer.train_steps(self.buffer, config.train_steps)
@@ -356,7 +420,8 @@ def _read_record(config: DaviConfig, fields, folder: RunFolder) -> tuple:
         if state.get("bit_generator") != type(rng.bit_generator).__name__:
             raise ValueError(f"a {state.get('bit_generator')!r} state")
         rng.bit_generator.state = state
-    except (TypeError, ValueError, KeyError) as e:
+    except (TypeError, ValueError, KeyError, OverflowError) as e:
+        # OverflowError: a number past the generator's C integers (-1, 2**200)
         raise fields.error(f"is not a {type(rng.bit_generator).__name__} state: {e}",
                            "rng") from e
     fields.exactly([*ENVELOPE, "config", "round", "target_updates", "rng", "history"])

@@ -2,10 +2,11 @@
 
 A sample is an encoded state ``x``, a policy target ``pi`` (an MCTS visit distribution;
 absent for heuristic nets) and a value target ``z`` (a game outcome or a cost to go).
-The buffer is a ring of preallocated arrays: adding a game is one slice assignment,
-sampling a minibatch is one fancy index. A loaded buffer's arrays hold the samples its
-file holds and grow (doubling, up to the capacity) as adds need: a load allocates no
-more than the file's arrays, whatever capacity its header says.
+The buffer is a ring of arrays: adding a game is one slice assignment, sampling a
+minibatch is one fancy index. The arrays grow (doubling, up to the capacity) as adds
+need, so a capacity far above the samples held costs no memory: a fresh buffer starts
+empty, and a loaded one allocates no more than its file's arrays, whatever capacity its
+header says.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Callable, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
-from async_search.checks import check_int, is_int
+from async_search.checks import check_callable, check_int, is_int
 from async_search.errors import CheckpointError
 from async_search.files import write_file
 from async_search.schema import Fields
@@ -57,14 +58,23 @@ class _Spec:
 class ReplayBuffer:
     """A fixed-capacity ring of training samples, oldest overwritten first.
 
+    The arrays grow (doubling) as samples are added, up to ``capacity`` rows: memory
+    follows the samples held, not the capacity.
+
     Args:
         capacity: the most samples held (>= 1).
         seed: seeds minibatch sampling and augmentation.
-        state_shape: per-sample shape of ``x``; default: taken from the first add.
-        num_actions: width of the policy targets; None for a value-only buffer. Default:
-            taken from the first add.
+        state_shape: per-sample shape of ``x`` (integers >= 1); default: taken from the
+            first add.
+        num_actions: width of the policy targets (>= 1), given with ``state_shape``;
+            None there for a value-only buffer. Default: taken from the first add.
         augment: a symmetry applied to half of each minibatch, chosen at random (e.g.
             ``mirror_columns`` for Connect Four); None for none.
+
+    Raises:
+        ValueError: an argument that is not an integer in its range, or
+            ``num_actions`` without ``state_shape``.
+        TypeError: ``augment`` neither callable nor None.
 
     Example:
         >>> buf = ReplayBuffer(100, seed=0)
@@ -79,14 +89,18 @@ class ReplayBuffer:
                  num_actions: int | None = None, augment: Augment | None = None):
         self.capacity = check_int("capacity", capacity, minimum=1)
         self.seed = check_int("seed", seed, minimum=0)
-        self.augment = augment
+        # Checked here, not at the first sample() that calls it.
+        self.augment = check_callable("augment", augment, optional=True)
+        if num_actions is not None:
+            num_actions = check_int("num_actions", num_actions, minimum=1)
+            if state_shape is None:  # else it would be ignored: the first add decides
+                raise ValueError("ReplayBuffer: num_actions is declared with state_shape; "
+                                 "pass both, or neither to take them from the first add")
         self._rng = np.random.default_rng(self.seed)
         self._spec: _Spec | None = None
         self._has_policy: bool | None = None
-        self._preallocate = True  # False once loaded: the arrays grow as adds need
         if state_shape is not None:
-            self._allocate(_Spec(tuple(int(d) for d in state_shape),
-                                 None if num_actions is None else int(num_actions)))
+            self._allocate(_Spec(_check_shape(state_shape), num_actions))
         self._size = 0
         self._next = 0  # where the next sample goes
         self.added = 0  # samples ever added
@@ -108,19 +122,18 @@ class ReplayBuffer:
     def num_actions(self) -> int | None:
         return None if self._spec is None else self._spec.num_actions
 
-    def _allocate(self, spec: _Spec, rows: int | None = None) -> None:
-        """Arrays of ``rows`` samples (default: the capacity) for ``spec``."""
-        rows = self.capacity if rows is None else rows
+    def _allocate(self, spec: _Spec) -> None:
+        """Empty arrays for ``spec``: ``_reserve`` grows them as adds need."""
         self._spec = spec
-        self._x = np.zeros((rows, *spec.state_shape), np.float32)
-        self._pi = (np.zeros((rows, spec.num_actions), np.float32)
+        self._x = np.zeros((0, *spec.state_shape), np.float32)
+        self._pi = (np.zeros((0, spec.num_actions), np.float32)
                     if spec.num_actions is not None else None)
-        self._z = np.zeros(rows, np.float32)
+        self._z = np.zeros(0, np.float32)
 
     def _reserve(self, rows: int) -> None:
-        """Grows the arrays to hold at least ``rows`` samples (``<= capacity``): a
-        loaded buffer's arrays hold only the samples it read. Below the capacity the
-        ring has not wrapped, so the samples are the first rows, kept in place."""
+        """Grows the arrays to hold at least ``rows`` samples (``<= capacity``): they
+        hold only the samples added (or read, for a loaded buffer). Below the capacity
+        the ring has not wrapped, so the samples are the first rows, kept in place."""
         held = len(self._z)
         if rows <= held:
             return
@@ -148,7 +161,8 @@ class ReplayBuffer:
 
         Raises:
             ValueError: naming the array and the expected shape when anything does not
-                fit; nothing is added then (the buffer is unchanged).
+                fit, or an array not of real numbers (complex, text); nothing is added
+                then (the buffer is unchanged).
         """
         x, policy, value = self._checked(x, policy, value)
         n = given = len(x)
@@ -169,14 +183,14 @@ class ReplayBuffer:
         self.added += given  # every sample passed in, stored or not (runs resume by it)
 
     def _checked(self, x, policy, value) -> tuple:
-        x = np.asarray(x, np.float32)
+        x = _real("x", x)
         if x.ndim < 1:
             raise ValueError(f"ReplayBuffer.add: x must be an array [n, *state_shape], got "
                              f"shape {x.shape}")
         n = len(x)
         if not np.isfinite(x).all():
             raise ValueError("ReplayBuffer.add: states x must be finite")
-        value = np.asarray(value, np.float32)
+        value = _real("value", value)
         if value.shape not in ((n,), (n, 1)):
             raise ValueError(f"ReplayBuffer.add: value must have shape [{n}] or [{n}, 1] "
                              f"(one target per state), got {value.shape}")
@@ -184,7 +198,7 @@ class ReplayBuffer:
         if not np.isfinite(value).all():
             raise ValueError("ReplayBuffer.add: value targets must be finite")
         if policy is not None:
-            policy = np.asarray(policy, np.float32)
+            policy = _real("policy", policy)
             if policy.ndim != 2 or len(policy) != n:
                 raise ValueError(f"ReplayBuffer.add: policy must have shape [{n}, "
                                  f"num_actions], got {policy.shape}")
@@ -201,7 +215,7 @@ class ReplayBuffer:
         if self._spec is None:
             if not n:  # an empty add says nothing of the samples to come
                 return x, policy, value
-            self._allocate(spec, None if self._preallocate else 0)
+            self._allocate(spec)
         elif spec != self._spec:
             want = self._spec
             raise ValueError(
@@ -278,8 +292,11 @@ class ReplayBuffer:
         Raises:
             CheckpointError: (a ``ValueError``) naming the file and the problem when it
                 is missing, truncated, corrupt, not a replay buffer, or out of range.
+            TypeError: ``augment`` neither callable nor None.
         """
         path = os.fspath(path)
+        # Checked before the file: a TypeError below would read as a corrupt file.
+        check_callable("augment", augment, optional=True)
         if not os.path.isfile(path):
             raise CheckpointError(f"replay buffer file {path!r} is missing")
         try:
@@ -289,7 +306,6 @@ class ReplayBuffer:
                                           f"buffer (no header; it holds {data.files})")
                 meta = _read_meta(data["meta"], path)
                 buf = cls(meta["capacity"], meta["seed"], augment=augment)
-                buf._preallocate = False  # the header's capacity may be damaged
                 size, actions = meta["size"], meta["num_actions"]
                 want = {"meta"}
                 if meta["state_shape"] is not None:
@@ -318,7 +334,8 @@ class ReplayBuffer:
                 buf._check_samples(path)
                 try:
                     buf._rng.bit_generator.state = meta["rng"]
-                except (TypeError, ValueError, KeyError) as e:
+                except (TypeError, ValueError, KeyError, OverflowError) as e:
+                    # OverflowError: a number past the generator's C integers (-1, 2**200)
                     kind = type(buf._rng.bit_generator).__name__
                     raise CheckpointError(f"replay buffer file {path!r}: the field 'rng' "
                                           f"is not a {kind} state: {e}") from e
@@ -345,6 +362,28 @@ class ReplayBuffer:
                 raise CheckpointError(f"replay buffer file {path!r}: its policy targets "
                                       f"are not all rows of non-negative numbers summing "
                                       f"to 1")
+
+
+def _check_shape(state_shape) -> Tuple[int, ...]:
+    """``state_shape`` as a tuple; ValueError unless a sequence of integers >= 1."""
+    try:  # a str is a sequence too, of characters
+        dims = None if isinstance(state_shape, (str, bytes)) else tuple(state_shape)
+    except TypeError:
+        dims = None
+    if dims is None or not all(is_int(d) and d >= 1 for d in dims):
+        raise ValueError(f"state_shape must be a sequence of integers >= 1, got "
+                         f"{state_shape!r}")
+    return tuple(int(d) for d in dims)
+
+
+def _real(name: str, array) -> np.ndarray:
+    """``array`` as float32; ValueError unless it holds real numbers: a cast alone
+    would drop a complex number's imaginary part, or parse text."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"ReplayBuffer.add: {name} must hold real numbers, got "
+                         f"{array.dtype} values")
+    return array.astype(np.float32, copy=False)
 
 
 def _read_meta(raw: np.ndarray, path: str) -> dict:

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from async_search.errors import CheckpointError
+from async_search.errors import CheckpointError, ModelOutputError
 
 from async_search.problems import LearnedHeuristic, ManhattanHeuristic, SlidingPuzzle
 from async_search.problems.nets import NetConfig
@@ -74,6 +74,37 @@ def test_scrambled_states_are_deterministic_for_a_seed():
     assert a.tobytes() == b.tobytes() and a.tobytes() != c.tobytes()
 
 
+def test_no_scrambled_states_is_an_empty_batch_that_the_targets_and_buffer_take():
+    boards = scrambled_states(PUZZLE, 0, 5, np.random.default_rng(0))
+    assert boards.shape == (0, 9) and boards.dtype == np.uint8
+    targets = bellman_targets(PUZZLE, boards, ManhattanHeuristic(PUZZLE))
+    assert targets.shape == (0,) and targets.dtype == np.float32
+    buf = ReplayBuffer(4)
+    buf.add(PUZZLE.encode(as_states(boards)), None, targets)
+    assert len(buf) == 0
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda rng: scrambled_states(PUZZLE, -1, 5, rng),
+     "n must be an integer >= 0, got -1"),
+    (lambda rng: scrambled_states(PUZZLE, 2.0, 5, rng),
+     "n must be an integer >= 0, got 2.0"),
+    (lambda rng: scrambled_states(PUZZLE, 3, 0, rng),
+     "max_moves must be an integer >= 1, got 0"),
+    (lambda rng: scrambled_states(PUZZLE, 3, True, rng),
+     "max_moves must be an integer >= 1, got True"),
+    (lambda rng: bellman_targets(PUZZLE, scrambled_states(PUZZLE, 3, 5, rng),
+                                 ManhattanHeuristic(PUZZLE), chunk=0),
+     "chunk must be an integer >= 1, got 0"),
+    (lambda rng: bellman_targets(PUZZLE, scrambled_states(PUZZLE, 3, 5, rng),
+                                 ManhattanHeuristic(PUZZLE), chunk=2.5),
+     "chunk must be an integer >= 1, got 2.5"),
+])
+def test_bad_sizes_raise_value_error_naming_the_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(np.random.default_rng(0))
+
+
 def test_a_board_scrambled_with_one_move_is_exactly_one_move_from_the_goal():
     boards = scrambled_states(PUZZLE, 50, 1, np.random.default_rng(1))
     goal_neighbours = {nb for nb, _ in PUZZLE.neighbors(PUZZLE.goal)}
@@ -107,6 +138,51 @@ def test_bellman_targets_give_zero_for_the_goal_and_one_next_to_it():
     # Even with an h that is 100 everywhere, the goal is 0 and its neighbour 1.
     for h in (ManhattanHeuristic(PUZZLE), big):
         np.testing.assert_array_equal(bellman_targets(PUZZLE, boards, h), [0.0, 1.0])
+
+
+def test_bellman_targets_take_one_value_per_neighbour_as_a_column_or_a_vector():
+    boards = scrambled_states(PUZZLE, 50, 20, np.random.default_rng(5))
+    h = ManhattanHeuristic(PUZZLE)
+    flat = lambda x: np.asarray(h(x)).reshape(-1)  # noqa: E731
+    np.testing.assert_array_equal(bellman_targets(PUZZLE, boards, flat),
+                                  bellman_targets(PUZZLE, boards, h))
+
+
+@pytest.mark.parametrize("h", [
+    lambda x: np.full((1, 1), 5.0, np.float32),  # one row, broadcast to all, before
+    lambda x: np.zeros((1, len(x)), np.float32),  # a row, not a column
+    lambda x: np.zeros((len(x), 2), np.float32),
+    lambda x: np.zeros(len(x) + 1, np.float32),
+], ids=["one row", "a row", "two columns", "one too many"])
+def test_a_heuristic_not_giving_one_value_per_neighbour_raises_model_output_error(h):
+    boards = scrambled_states(PUZZLE, 3, 20, np.random.default_rng(0))
+    with pytest.raises(ModelOutputError, match=r"h_target returned an array of shape "
+                                               r"\(.*\) for a batch of \d+ neighbours: "
+                                               r"it must return one value per neighbour"):
+        bellman_targets(PUZZLE, boards, h)
+
+
+def _boards(*rows, dtype=np.uint8):
+    return np.array(rows, dtype)
+
+
+@pytest.mark.parametrize("boards, match", [
+    (_boards([9] * 9), r"boards\[0\] is not a board: SlidingPuzzle\(3\): a state must "
+                       r"hold each tile 0..8 exactly once"),
+    (_boards([1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 1, 3, 4, 5, 6, 7, 8, 0]),
+     r"boards\[1\] is not a board: .* exactly once"),
+    (_boards([1, 2, 3, 4, 5, 6, 7, 300, 0], dtype=np.int64), "tiles must be integers 0..8"),
+    (_boards([1, 2, 3, 4, 5, 6, 7, -8, 0], dtype=np.int64), "tiles must be integers 0..8"),
+    (_boards([1, 2, 3, 4, 5, 6, 7, 8, 0], dtype=np.float64), "tiles must be integers 0..8"),
+    (_boards([2, 1, 3, 4, 5, 6, 7, 8, 0]), "unsolvable"),
+    (np.zeros((2, 16), np.uint8),
+     r"boards must be an array \[n, 9\] .* got shape \(2, 16\)"),
+    (np.frombuffer(PUZZLE.goal, np.uint8), r"got shape \(9,\)"),
+], ids=["tile 9", "a tile twice", "tile 300", "tile -8", "floats", "unsolvable",
+        "15-puzzle boards", "one board, not a batch"])
+def test_a_board_that_is_not_one_of_the_puzzle_raises_value_error_naming_it(boards, match):
+    with pytest.raises(ValueError, match=match):
+        bellman_targets(PUZZLE, boards, ManhattanHeuristic(PUZZLE))
 
 
 def test_bellman_targets_do_not_depend_on_the_chunk_size():
@@ -343,7 +419,10 @@ def test_a_state_file_with_a_field_of_the_wrong_type_is_refused_naming_it(run_co
     (("history", 0, "round"), 2), (("history", 1, "target_updates"), 9),
     (("history", 0, "mean_target"), float("inf")), (("config", "size"), 1),
     (("config", "buffer_capacity"), 0), (("rng",), {"bit_generator": "MT19937"}),
-    (("history", 0, "extra"), 1)])
+    (("history", 0, "extra"), 1),
+    # numpy's state setter raises OverflowError for these, not a ValueError
+    (("rng", "state", "state"), -1), (("rng", "state", "inc"), 2 ** 200),
+    (("rng", "uinteger"), -1)])
 def test_a_state_file_with_a_number_out_of_range_is_refused_naming_it(run_copy, path,
                                                                       value):
     file = edit_state(run_copy, _put(path, value))

@@ -256,6 +256,11 @@ def bad_adds():
         "negative policy": ((x, negative, value), "non-negative"),
         "all-zero policy row": ((x, zero_row, value), "positive sum"),
         "scalar x": ((np.float32(1.0), None, np.zeros(1)), "x must be an array"),
+        # A float32 cast alone would drop the imaginary parts, or parse the text.
+        "complex x": ((x + 1j, policy, value), "x must hold real numbers, got complex"),
+        "complex policy": ((x, policy + 0j, value), "policy must hold real numbers"),
+        "complex value": ((x, policy, value + 1j), "value must hold real numbers"),
+        "text value": ((x, policy, value.astype(str)), "value must hold real numbers"),
     }
 
 
@@ -286,6 +291,65 @@ def test_bad_capacity_or_seed_raise_value_error():
     for kwargs in ({"capacity": 0}, {"capacity": 2.5}, {"capacity": 4, "seed": -1}):
         with pytest.raises(ValueError):
             ReplayBuffer(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"state_shape": (2.5,)},
+     r"state_shape must be a sequence of integers >= 1, got \(2.5,\)"),
+    ({"state_shape": (-1,)}, r"state_shape must be .* got \(-1,\)"),
+    ({"state_shape": (2, 0, 7)}, "state_shape must be"),
+    ({"state_shape": (True, 2)}, "state_shape must be"),
+    ({"state_shape": "ab"}, "state_shape must be .* got 'ab'"),
+    ({"state_shape": 7}, "state_shape must be .* got 7"),
+    ({"state_shape": (3,), "num_actions": 2.7},
+     "num_actions must be an integer >= 1, got 2.7"),
+    ({"state_shape": (3,), "num_actions": 0}, "num_actions must be an integer >= 1, got 0"),
+    ({"state_shape": (3,), "num_actions": -3}, "num_actions must be an integer >= 1"),
+    ({"state_shape": (3,), "num_actions": "7"}, "num_actions must be an integer >= 1"),
+    ({"num_actions": 7}, "num_actions is declared with state_shape"),
+])
+def test_a_bad_state_shape_or_num_actions_raises_value_error_naming_it(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ReplayBuffer(10, **kwargs)
+
+
+def test_an_augment_that_is_not_callable_is_refused_where_it_is_given(tmp_path):
+    with pytest.raises(TypeError, match="augment must be callable or None, got int 5"):
+        ReplayBuffer(10, augment=5)
+    path = saved(tmp_path)
+    # Refused as an argument, not reported as a corrupt file.
+    with pytest.raises(TypeError, match="augment must be callable or None"):
+        ReplayBuffer.load(path, augment="mirror")
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_fresh_buffer_allocates_as_samples_arrive_not_its_capacity(declared):
+    import tracemalloc
+
+    kwargs = {"state_shape": SHAPE, "num_actions": ACTIONS} if declared else {}
+    tracemalloc.start()
+    try:  # preallocated, 10**9 Connect Four samples would be 313 GiB of states
+        buf = ReplayBuffer(10 ** 9, seed=0, **kwargs)
+        for start in range(0, 40, 5):
+            buf.add(*samples(5, start=start))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2 ** 20  # 40 samples' arrays, doubled: well under a MiB
+    assert len(buf) == 40 and ids_of(buf.arrays()) == list(range(40))
+    assert set(ids_of(buf.sample(1000))) == set(range(40))
+
+
+def test_a_fresh_buffer_grown_one_add_at_a_time_rings_and_samples_as_its_capacity_says():
+    buf = ReplayBuffer(12, seed=3)
+    for i in range(30):
+        buf.add(*samples(1, start=i))
+        held = list(range(max(0, i - 11), i + 1))  # the newest 12, oldest first
+        assert ids_of(buf.arrays()) == held
+    # Slot j of the full ring holds the newest id = j mod 12; sampling draws slots.
+    ring = [max(k for k in range(30) if k % 12 == j) for j in range(12)]
+    slots = np.random.default_rng(3).integers(0, 12, 50)
+    assert ids_of(buf.sample(50)) == [ring[j] for j in slots]
 
 
 # -- saving ------------------------------------------------------------------------------
@@ -509,6 +573,24 @@ def test_buffer_arrays_of_the_wrong_shape_type_or_values_are_refused(tmp_path, n
     path = saved(tmp_path)
     rewrite(path, arrays_change=change)
     assert_refused(path, match)
+
+
+@pytest.mark.parametrize("path, value", [
+    (("state", "state"), -1), (("state", "state"), 2 ** 200), (("state", "inc"), 2 ** 128),
+    (("uinteger",), -1), (("has_uint32",), 2 ** 64)])
+def test_a_buffer_header_rng_number_out_of_range_is_refused_naming_it(tmp_path, path,
+                                                                      value):
+    # numpy raises OverflowError for these, not the ValueError of other bad states.
+    def change(meta):
+        *parents, key = path
+        node = meta["rng"]
+        for p in parents:
+            node = node[p]
+        node[key] = value
+
+    saved_path = saved(tmp_path)
+    rewrite(saved_path, change)
+    assert_refused(saved_path, "'rng' is not a PCG64 state")
 
 
 @pytest.mark.parametrize("shape", [[2, 6, 2 ** 40], [2 ** 62]])
