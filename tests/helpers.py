@@ -7,11 +7,12 @@ long something took: speed belongs in ``benchmarks/``.
 """
 
 import asyncio
-from typing import Any, Awaitable, Callable, Optional
+import threading
+from typing import Any, Awaitable, Callable, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["WAIT_S", "wait_until", "within", "requests_of"]
+__all__ = ["WAIT_S", "wait_until", "within", "requests_of", "failures_in_threads"]
 
 #: The default bound on a wait: long enough for a loaded CI machine, short enough that
 #: a missing event fails the test instead of hanging it.
@@ -51,3 +52,25 @@ def requests_of(sizes, width=2):
         out.append(np.arange(start, start + n * width, dtype=np.int64).reshape(n, width))
         start += n * width
     return out
+
+
+def failures_in_threads(work: Callable[..., Any], args: Sequence[tuple],
+                        timeout: float = 120.0) -> List[BaseException]:
+    """Runs ``work(*a)`` for each ``a`` of ``args``, each in a thread of its own, all at
+    once; what they raised (a thread still running after ``timeout`` counts too)."""
+    failures: List[BaseException] = []
+
+    def run(a: tuple) -> None:
+        try:
+            work(*a)
+        except Exception as e:  # noqa: BLE001 - collected for the caller to assert on
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in args]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        if thread.is_alive():
+            failures.append(TimeoutError(f"a thread ran past {timeout} s"))
+    return failures

@@ -9,7 +9,6 @@ import asyncio
 import gc
 import subprocess
 import sys
-import threading
 import weakref
 
 import numpy as np
@@ -20,7 +19,7 @@ from async_search.base import DeviceModel
 from async_search.errors import (DeviceNotFoundError, InputSpecError, ModelNotReadyError,
                                  ModelOutputError)
 from async_search.http import ModelRepository, ModelSource
-from tests.helpers import wait_until, within
+from tests.helpers import failures_in_threads, wait_until, within
 from tests.models.frameworks import (ODD_OUTPUTS, SENTINEL, assert_close, inputs,
                                      pad_buffers, params, tolerance, weights)
 
@@ -343,20 +342,12 @@ def test_threads_share_one_adapter_safely(framework):
     tol = tolerance(model)
     batches = [inputs(1 + k % 20, seed=k) for k in range(60)]
     expected = [framework.direct(w, x) for x in batches]
-    failures = []
 
     def work(offset):
         for k in range(offset, len(batches), 3):
-            try:
-                assert_close(model(batches[k]), expected[k], tol)
-            except Exception as e:  # noqa: BLE001 - reported below
-                failures.append(e)
+            assert_close(model(batches[k]), expected[k], tol)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    failures = failures_in_threads(work, [(i,) for i in range(3)])
     assert not failures, failures[0]
 
 

@@ -644,22 +644,13 @@ def test_a_value_error_in_a_scripted_pass_is_the_callers_to_a_router():
 
 
 def test_scripted_adapters_made_from_threads_at_once_all_compile_and_keep_the_filters():
-    import threading
+    from tests.helpers import failures_in_threads
 
     filters = list(warnings.filters)
-    made, failed = [], []
-
-    def make(seed):
-        try:
-            made.append(TorchModel(mlp(seed), input_spec=SPEC, device="cpu", script=True))
-        except Exception as e:  # noqa: BLE001 - collected for the assertion
-            failed.append(e)
-
-    threads = [threading.Thread(target=make, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    made = []
+    failed = failures_in_threads(
+        lambda seed: made.append(TorchModel(mlp(seed), input_spec=SPEC, device="cpu",
+                                            script=True)), [(seed,) for seed in range(8)])
     assert not failed, failed[0]
     assert len(made) == 8 and warnings.filters == filters
 
