@@ -94,7 +94,8 @@ flags.DEFINE_integer("num_rollouts", 4, "Rollouts per round, in lockstep (--sear
                      "rollout).")
 flags.DEFINE_integer("rollout_depth", 24, "Steps of one rollout at most.")
 flags.DEFINE_integer("max_in_flight", 512, "Requests continuous A* keeps in flight.")
-flags.DEFINE_integer("scramble", 100, "Random moves from the goal to each puzzle start.")
+flags.DEFINE_integer("scramble", 100, "Random moves from the goal to each puzzle start "
+                     "(at most 1000000).")
 flags.DEFINE_integer("seed", 0, "Seeds the starts, the searches and the network.")
 flags.DEFINE_enum("model", "tf", ["tf", "numpy"], "Where the network runs: "
                   "TensorFlow (problems.tf_twin of the NumPy net) or NumPy; the two "
@@ -130,11 +131,11 @@ flags.DEFINE_integer("value_planes", 1, "--net conv|residual: planes the value h
 
 # -- serving and placement --------------------------------------------------------------
 flags.DEFINE_integer("max_batch_size", None, "Most elements per batch (default 256; "
-                     "1024 with --continuous).")
+                     "1024 with --continuous; at most 65536).")
 flags.DEFINE_float("max_delay", None, "Seconds a partial batch may wait for company "
                    "(default: none, batches leave as soon as the model is free).")
 flags.DEFINE_integer("num_procs", 2, "Client processes (--multi_server, --architecture; "
-                     "--train connect_four: self-play workers).")
+                     "--train connect_four: self-play workers; at most 256).")
 flags.DEFINE_integer("num_servers", 2, "Model servers (--multi_server, --architecture).")
 flags.DEFINE_float("total_gpu_frac", 0.6, "GPU fraction shared among the Ray servers when "
                    "a GPU exists (--multi_server).")
@@ -205,7 +206,8 @@ flags.DEFINE_bool("solve", False, "--train connect_four: MCTS proves values as i
                   "evaluation agent; positions the terminal ones below settle are not "
                   "searched again.")
 flags.DEFINE_integer("accuracy_positions", 50, "--train connect_four: solver-labelled "
-                     "positions of each set (end game, middle game; 200 each) on which "
+                     "positions of each set (end game, middle game; 200 each, the most "
+                     "accepted) on which "
                      "the candidate's move accuracy is measured per iteration, the net "
                      "alone and the evaluation agent (0: none).")
 flags.DEFINE_integer("strong_uct_rollouts", 1000, "--train connect_four: rollouts per "
@@ -265,12 +267,26 @@ def _check(name: str, ok, accepts: str) -> None:
     flags.register_validator(name, checker)
 
 
+#: Caps that turn a typo into a one-line refusal, not a crash after minutes of work: the
+#: servers warm the net up at every power of two up to --max_batch_size, each client
+#: process holds open files and pipes, and starts are scrambled in Python (about 2 s
+#: per million moves).
+MAX_BATCH_SIZE = 65_536
+MAX_PROCS = 256
+MAX_SCRAMBLE = 1_000_000
+
 for _name, _what in _POSITIVE.items():
     _check(_name, lambda v: v is None or v >= 1, f"an integer >= 1 ({_what})")
 for _name in ("scramble", "seed", "cache_capacity", "eval_games", "accuracy_positions",
               "strong_uct_games", "random_opening_moves"):
     _check(_name, lambda v: v >= 0, "an integer >= 0")
-_check("max_batch_size", lambda v: v is None or v >= 1, "an integer >= 1 (elements)")
+_check("max_batch_size", lambda v: v is None or 1 <= v <= MAX_BATCH_SIZE,
+       f"an integer in [1, {MAX_BATCH_SIZE:,}] (elements)")
+_check("num_procs", lambda v: v is None or v <= MAX_PROCS,
+       f"at most {MAX_PROCS} (client processes)")
+_check("scramble", lambda v: v <= MAX_SCRAMBLE, f"at most {MAX_SCRAMBLE:,} (random moves)")
+_check("save_dir", lambda v: v is None or bool(v.strip()), "a folder for the run's "
+       "checkpoints (leave it out for the default)")
 _check("weight", lambda v: v >= 0, "a number >= 0 (the weight of the path cost)")
 _check("gate_threshold", lambda v: v is None or 0 <= v <= 1, "an arena score in [0, 1]")
 _check("max_delay", lambda v: v is None or v >= 0, "a number of seconds >= 0")
@@ -405,6 +421,14 @@ def _improved_target_is_puct(v) -> bool:
     return True
 
 
+@flags.multi_flags_validator(["policy", "solve"], message="")
+def _solve_is_puct(v) -> bool:
+    if v["policy"] == "gumbel" and v["solve"]:
+        raise flags.ValidationError("--solve is PUCT's: --policy gumbel's search does not "
+                                    "prove values")
+    return True
+
+
 @flags.multi_flags_validator(["num_servers", "num_procs", "total_gpu_frac", "address",
                               "architecture"], message="")
 def _servers_fit(v) -> bool:
@@ -474,7 +498,8 @@ def check_outputs(plan) -> None:
         check_output_file(path, "--save_path", value=shown)
     if FLAGS.train:
         save_dir = plan[2]
-        if FLAGS.save_dir:
+        _check_save_dir_apart(save_dir, files)
+        if FLAGS.save_dir is not None:
             check_output_folder(save_dir, "--save_dir", value=FLAGS.save_dir)
         else:  # the folder beside the plot: --save_path is what the user gave
             try:
@@ -482,6 +507,24 @@ def check_outputs(plan) -> None:
             except ValueError as e:
                 raise ValueError(f"{e} (the run is saved in {save_dir}, beside the plot, "
                                  f"unless --save_dir says where)") from None
+
+
+def _check_save_dir_apart(save_dir: str, files: list) -> None:
+    """Raises ValueError (one line) when the training folder is the plot's or the JSON's
+    path, or one is inside the other: the run would train, then fail to write."""
+    def norm(path):
+        return os.path.normcase(os.path.abspath(path))
+
+    folder = norm(save_dir)
+    for path, what in zip(files, ("plot", "JSON of figures")):
+        file = norm(path)
+        if folder == file or file.startswith(folder + os.sep) or folder.startswith(
+                file + os.sep):
+            flag, value = (("--save_dir", FLAGS.save_dir) if FLAGS.save_dir is not None
+                           else ("--save_path", FLAGS.save_path))
+            raise ValueError(f"{flag}={value}: the training folder {save_dir} and the "
+                             f"{what} {path} are the same path or one holds the other; "
+                             f"give them apart")
 
 
 def check_plot_format(path: str, json_path: str) -> None:
@@ -500,6 +543,21 @@ def check_plot_format(path: str, json_path: str) -> None:
         raise ValueError(f"--save_path={FLAGS.save_path}: matplotlib cannot write a plot "
                          f"as .{kind}; use one of "
                          f"{', '.join('.' + f for f in sorted(formats))} (or none: PNG)")
+    # A listed format may still need what is not here (.pgf: LaTeX, for its text): a
+    # tiny figure with a label, written to memory, finds out now, not after the work.
+    import io
+
+    from matplotlib.figure import Figure
+
+    try:
+        figure = Figure(figsize=(1, 1))
+        figure.text(0.5, 0.5, "x")
+        figure.savefig(io.BytesIO(), format=kind)
+    except Exception as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(f"--save_path={FLAGS.save_path}: matplotlib cannot write a plot "
+                         f"as .{kind} here ({reason[:200]}); use .png, .pdf or .svg"
+                         ) from None
 
 
 def save_path(experiment: str, variant: str = "") -> str:
@@ -583,7 +641,19 @@ def build_experiment():
     if FLAGS.address is not None:
         runs = tuple(dataclasses.replace(r, address=FLAGS.address)
                      if r.backend == "ray" else r for r in runs)
+        _check_address(FLAGS.address)
     return suites.Experiment(title, _search_config(search), _model_config(batch), runs)
+
+
+def _check_address(address: str) -> None:
+    """Raises ValueError (one line) when --address, host:port or ray://host:port, takes
+    no connection: before any work, not after ray.init's minutes of retries."""
+    from async_search.ray_init import check_reachable
+
+    try:
+        check_reachable(address)
+    except ConnectionError as e:
+        raise ValueError(f"--address={address}: {e}") from None
 
 
 def run_searches_experiment(experiment, done: "Done | None" = None) -> int:
@@ -595,7 +665,8 @@ def run_searches_experiment(experiment, done: "Done | None" = None) -> int:
     done.expect("runs", len(experiment.runs),
                 f" ({experiment.search.num_searches} searches each)")
     print(experiment.title)
-    print(make_workload(experiment.search, experiment.model).describe())
+    workload = make_workload(experiment.search, experiment.model)  # the starts, once
+    print(workload.describe())
     print(flush=True)
 
     def on_report(report):
@@ -608,7 +679,8 @@ def run_searches_experiment(experiment, done: "Done | None" = None) -> int:
 
     result = run_experiment(experiment, save_path=searches_save_path(),
                             show_progress=FLAGS.progress, on_report=on_report,
-                            on_failure=on_failure, command=_command())
+                            on_failure=on_failure, command=_command(),
+                            workload=workload)
     print()
     print(format_table(result.reports))
     if result.png_path:
@@ -673,11 +745,12 @@ def run_architecture_experiment(plan, done: "Done | None" = None) -> int:
 
 def build_training():
     """What --train asks for: (config, held-out config or None, save_dir), checked."""
-    save_dir = FLAGS.save_dir or os.path.join(os.path.dirname(FLAGS.save_path) or ".",
-                                              f"train_{FLAGS.train}")
+    save_dir = FLAGS.save_dir if FLAGS.save_dir is not None else os.path.join(
+        os.path.dirname(FLAGS.save_path) or ".", f"train_{FLAGS.train}")
     if FLAGS.train == "connect_four":
         from async_search.training import CommanderConfig
 
+        _check_accuracy_positions()
         defaults = CommanderConfig()
         gate_threshold = (defaults.gate_threshold if FLAGS.gate_threshold is None
                           else FLAGS.gate_threshold)
@@ -725,6 +798,18 @@ def build_training():
     if FLAGS.resume:
         _check_resume(Davi, config, save_dir)
     return config, held_out, save_dir
+
+
+def _check_accuracy_positions() -> None:
+    """Raises ValueError (one line) for --accuracy_positions above the size of the
+    solver-labelled sets: the run would use fewer than it reports."""
+    from async_search.problems.solved_positions import connect_four_positions
+    from async_search.training.commander import ACCURACY_STAGES
+
+    most = min(len(connect_four_positions(stage)) for stage in ACCURACY_STAGES)
+    if FLAGS.accuracy_positions > most:
+        raise ValueError(f"--accuracy_positions={FLAGS.accuracy_positions} is more than "
+                         f"the solver-labelled sets hold (at most {most} each)")
 
 
 def _check_resume(trainer, config, save_dir: str) -> None:

@@ -11,10 +11,36 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 
 from async_search import process_tree
+
+
+#: Seconds to wait for a TCP connection to an explicit cluster address: ray.init retries
+#: an address where nothing listens for minutes.
+CONNECT_TIMEOUT_S = 3.0
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Raises ConnectionError (one line, naming ``address``) when ``address``, a
+    ``host:port`` or ``ray://host:port``, takes no TCP connection within ``timeout``
+    seconds; None, ``auto``, ``local`` and anything else are left to ray.init."""
+    if address is None:
+        return
+    target = address.strip()
+    if target.startswith("ray://"):
+        target = target[len("ray://"):]
+    host, colon, port = target.rpartition(":")
+    if not colon or not host or not port.isdigit():
+        return  # auto, local, or a form ray.init itself understands
+    host = host.strip("[]")  # an IPv6 literal
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError, OverflowError) as e:  # OverflowError: port > 65535
+        raise ConnectionError(f"no Ray cluster answers at {address} (a TCP connection "
+                              f"failed within {timeout:g} s: {e})") from None
 
 
 def ensure_ray(address: str | None = None):
@@ -38,6 +64,7 @@ def ensure_ray(address: str | None = None):
 
     if ray.is_initialized():
         return ray
+    check_reachable(address)  # seconds, not ray.init's minutes of retries
     in_main_thread = threading.current_thread() is threading.main_thread()
     caller_handler = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     before = {p.pid for p in process_tree.descendants()}

@@ -117,7 +117,8 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
                 results_[index] = value
             else:
                 failures[index] = value
-    stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace])
+    stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace],
+                        num_clients=len(shares))
     stats["clients"] = clients
     return SearchResults(finish(results_, failures, config), stats)
 

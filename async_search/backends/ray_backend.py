@@ -330,7 +330,8 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                 results[index] = value
             else:
                 failures[index] = value
-    stats = merge_stats(config, wall, [s for s, _ in finals], [t for _, t in finals])
+    stats = merge_stats(config, wall, [s for s, _ in finals], [t for _, t in finals],
+                        num_clients=num_shares)
     stats["servers_died"] = pool.died
     stats["servers_replaced"] = pool.replaced
     stats["startup_s"] = start_time - startup_time

@@ -39,9 +39,11 @@ class SearchResults(list):
 
 
 def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
-                traces: List[List[BatchRecord]]) -> dict:
+                traces: List[List[BatchRecord]], num_clients: int | None = None) -> dict:
     """The run's stats from each server's stats and trace (put on one clock: the
-    earliest server's start; perf_counter is one clock for the processes of a machine)."""
+    earliest server's start; perf_counter is one clock for the processes of a machine).
+    ``num_procs`` is ``num_clients``, the client processes (tasks) started: fewer than
+    ``config.num_procs`` (``num_procs_requested``) when there are fewer starts."""
     origin = min((s.get("started_at", 0.0) for s in servers), default=0.0)
     trace = sorted((r._replace(finished_s=r.finished_s + s.get("started_at", 0.0) - origin)
                     for s, t in zip(servers, traces) for r in t),
@@ -56,7 +58,8 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
     workers = max(sum(max(s.get("workers", 1), 1) for s in servers), 1)
     return {
         "backend": config.backend,
-        "num_procs": config.num_procs,
+        "num_procs": config.num_procs if num_clients is None else num_clients,
+        "num_procs_requested": config.num_procs,
         "num_servers": config.num_servers,
         "wall_time_s": wall_time,
         "batches": batches,

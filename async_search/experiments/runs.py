@@ -59,6 +59,9 @@ class RunReport:
     """Whether the results equal the reference run's; None for the reference."""
     mismatch: str = ""
     """When they do not: which search differs, and how."""
+    num_procs_requested: Optional[int] = None
+    """The client processes asked for (``num_procs`` counts those started: no more than
+    the searches); None for the baseline."""
     summary: Dict[str, Any] = dataclasses.field(default_factory=dict)
     """What the searches found (``workloads.summarize``)."""
     trace: Tuple[BatchRecord, ...] = ()
@@ -122,6 +125,7 @@ def run_one(spec: RunSpec, workload: Workload, progress: Optional[Progress] = No
         report = RunReport(
             name=spec.name, group=spec.group, backend=s["backend"],
             num_procs=s["num_procs"], num_servers=s["num_servers"],
+            num_procs_requested=s.get("num_procs_requested", spec.num_procs),
             search_time_s=s["wall_time_s"], elapsed_s=elapsed,
             model_time_s=s["model_time_s"], fraction_in_model=s["fraction_in_model"],
             batches=s["batches"], elements=s["elements"],

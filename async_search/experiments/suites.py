@@ -24,7 +24,7 @@ from async_search.experiments.plots import plot_runs
 from async_search.experiments.progress import progress_bar
 from async_search.experiments.report import save_json
 from async_search.experiments.runs import RunReport, run_one
-from async_search.experiments.workloads import make_workload, trained_name
+from async_search.experiments.workloads import Workload, make_workload, trained_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +119,8 @@ def run_experiment(experiment: Experiment, *, save_path: Optional[str] = None,
                    show_progress: bool = True,
                    on_report: Optional[Callable[[RunReport], None]] = None,
                    on_failure: Optional[Callable[[str, str], None]] = None,
-                   command: Optional[str] = None) -> ExperimentResult:
+                   command: Optional[str] = None,
+                   workload: Optional[Workload] = None) -> ExperimentResult:
     """Runs every run of ``experiment`` in turn; saves the plot and JSON at the end.
 
     A run that raises is recorded in ``failures`` (and passed to ``on_failure``) and the
@@ -133,8 +134,11 @@ def run_experiment(experiment: Experiment, *, save_path: Optional[str] = None,
         on_report: called with each run's report as it finishes.
         on_failure: called with ``(run name, error text)`` when a run raises.
         command: the command line, recorded in the JSON.
+        workload: ``make_workload`` of the experiment, when the caller made it already
+            (its starts are not built twice: a large scramble costs seconds).
     """
-    workload = make_workload(experiment.search, experiment.model)
+    if workload is None:
+        workload = make_workload(experiment.search, experiment.model)
     workload.model_factory()  # build and trace the net here, before any clock starts
     reports: List[RunReport] = []
     failures: List[Tuple[str, str]] = []

@@ -128,9 +128,17 @@ async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollou
     return out
 
 
-def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
+#: The goals of issue 22 (README's "What training reaches"): the agent's score against
+#: UCT-1000 and against one-ply, drawn on the scores' panel.
+SCORE_GOALS = ((0.90, "goal vs UCT-1000"), (0.99, "goal vs one-ply"))
+
+
+def plot_training(records: List[Any], path: str, *, title: str = "",
+                  gate_threshold: float = 0.0) -> Any:
     """Losses, scores against the baselines, move accuracy on the solver-labelled
-    positions, seconds per phase and the rating over iterations."""
+    positions, seconds per phase and the rating over iterations; the scores' panel marks
+    the goals and the arena's gate (``gate_threshold``; none at 0, where every
+    candidate is promoted)."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
@@ -155,7 +163,8 @@ def plot_training(records: List[Any], path: str, *, title: str = "") -> Any:
             score_rows.append({"iteration": r.iteration, "opponent": label, "score": score})
     sns.lineplot(data=pd.DataFrame(score_rows), x="iteration", y="score", hue="opponent",
                  marker="o", ax=axes[1])
-    for level, label in ((0.55, "gate"), (0.75, "goal vs UCT"), (0.95, "goal vs one-ply")):
+    gate = ((gate_threshold, "gate (arena)"),) if gate_threshold > 0 else ()
+    for level, label in gate + SCORE_GOALS:
         axes[1].axhline(level, color="grey", ls=":", lw=1)
         axes[1].annotate(label, (df["iteration"].max(), level), fontsize=7, color="grey",
                          va="bottom", ha="right")
@@ -272,7 +281,8 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
     json_path = write_json(os.path.splitext(png_path)[0] + ".json", result)  # before the plot
     search = {"puct": "", "gumbel": " (Gumbel)"}[config.selfplay.policy]
     plot_training(records, png_path, title=f"AlphaZero{search} on Connect Four: "
-                  f"{config.iterations} iterations of {config.games_per_iteration} games")
+                  f"{config.iterations} iterations of {config.games_per_iteration} games",
+                  gate_threshold=config.gate_threshold)
     result["png_path"], result["json_path"] = png_path, json_path
     return result
 

@@ -108,3 +108,18 @@ def test_ray_with_two_servers_and_two_clients_equals_the_baseline(tmp_path):
     sync, multi = result.reports
     assert (multi.backend, multi.num_procs, multi.num_servers) == ("ray", 2, 2)
     assert multi.matches_baseline and multi.elements == sync.elements
+
+
+def test_a_workload_made_by_the_caller_is_not_made_again(monkeypatch):
+    """main.py prints the workload before the runs: its starts (seconds for a large
+    --scramble) are built once."""
+    exp = Experiment("tiny", tiny_search(), TINY_MODEL,
+                     default_runs(backends=("local",), skip_sync=True))
+    workload = suites.make_workload(exp.search, exp.model)
+
+    def again(*args, **kwargs):
+        raise AssertionError("the workload was made twice")
+
+    monkeypatch.setattr(suites, "make_workload", again)
+    result = run_experiment(exp, save_path=None, show_progress=False, workload=workload)
+    assert result.ok and [r.name for r in result.reports] == ["async"]

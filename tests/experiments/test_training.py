@@ -196,3 +196,14 @@ def test_the_final_evaluation_plays_the_stronger_uct_when_asked():
     assert sum(out["mcts_vs_uct8"][k] for k in ("wins", "draws", "losses")) == 1
     assert "mcts_vs_uct8" not in asyncio.run(training.evaluate_agent(
         net, games=1, simulations=2, uct_rollouts=4))
+
+
+@pytest.mark.parametrize("gate", [0.8, 0.0])
+def test_the_score_panel_draws_the_configured_gate_and_the_readme_goals(tmp_path, gate):
+    fig = training.plot_training([record(1), record(2)], str(tmp_path / "t.png"),
+                                 gate_threshold=gate)
+    lines = {t.get_text(): t.xy[1] for t in fig.axes[1].texts}
+    expected = {"goal vs UCT-1000": 0.90, "goal vs one-ply": 0.99}
+    if gate:
+        expected["gate (arena)"] = gate
+    assert lines == expected

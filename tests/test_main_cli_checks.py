@@ -1,0 +1,120 @@
+"""main.py's up-front refusals of flags that used to fail only after the work (or
+never): formats matplotlib cannot write here, clashing outputs, unbounded sizes, a
+dead Ray address, and client counts reported as started."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from absl import flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def main(monkeypatch):
+    monkeypatch.syspath_prepend(ROOT)
+    import main
+
+    main.FLAGS.unparse_flags()
+    yield main
+    main.FLAGS.unparse_flags()
+
+
+def parse(main, *args):
+    main.FLAGS.unparse_flags()
+    main.FLAGS(["main.py", *args])
+
+
+def main_py(*args, timeout=120):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(shutil.which("xelatex") is not None, reason="LaTeX writes .pgf here")
+def test_a_listed_format_that_cannot_be_written_here_is_refused_up_front(main, tmp_path):
+    parse(main, f"--save_path={tmp_path}/x.pgf")
+    with pytest.raises(ValueError, match=r"--save_path=.*x\.pgf: matplotlib cannot write "
+                                         r"a plot as \.pgf here"):
+        main.check_outputs(None)
+
+
+@pytest.mark.parametrize("save_dir", ["t.json", "t.png", "t.png/run", "."])
+def test_a_save_dir_clashing_with_the_plot_or_json_is_refused(main, tmp_path, save_dir):
+    parse(main, "--train=sliding_puzzle", f"--save_path={tmp_path}/t.png",
+          f"--save_dir={tmp_path}/{save_dir}")
+    with pytest.raises(ValueError, match=r"^--save_dir=.*same path or one holds the other"):
+        main.check_outputs(main.build_training())
+
+
+def test_a_save_dir_apart_from_the_plot_passes(main, tmp_path):
+    parse(main, "--train=sliding_puzzle", f"--save_path={tmp_path}/t.png",
+          f"--save_dir={tmp_path}/run")
+    main.check_outputs(main.build_training())
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--max_batch_size=100000000"], "--max_batch_size must be an integer in [1, 65,536]"),
+    (["--architecture=client", "--num_procs=100000"], "--num_procs must be at most 256"),
+    (["--train=connect_four", "--num_procs=1000"], "--num_procs must be at most 256"),
+    (["--train=connect_four", "--policy=gumbel", "--solve"], "--solve is PUCT's"),
+    (["--train=sliding_puzzle", "--save_dir="], "--save_dir must be a folder"),
+    (["--scramble=10000000"], "--scramble must be at most 1,000,000"),
+])
+def test_out_of_range_flags_are_refused_by_the_parser(main, args, names):
+    with pytest.raises(flags.Error, match=None) as e:
+        parse(main, *args)
+    assert names in str(e.value)
+
+
+def test_the_caps_themselves_pass(main):
+    parse(main, "--max_batch_size=65536", "--scramble=1000000")
+    parse(main, "--architecture=client", "--num_procs=256")
+
+
+def test_more_accuracy_positions_than_the_sets_hold_are_refused(main):
+    parse(main, "--train=connect_four", "--accuracy_positions=201")
+    with pytest.raises(ValueError, match=r"--accuracy_positions=201 is more than .* 200"):
+        main.build_training()
+    parse(main, "--train=connect_four", "--accuracy_positions=200")
+    main.build_training()
+
+
+def test_a_dead_ray_address_is_one_line_and_exit_2_in_seconds(tmp_path):
+    start = time.monotonic()
+    run = main_py("--multi_server", "--num_searches=1", "--skip_sync", "--noprogress",
+                  "--address=127.0.0.1:1", f"--save_path={tmp_path}/m.png")
+    assert run.returncode == 2 and time.monotonic() - start < 60
+    lines = run.stderr.strip().splitlines()
+    assert lines == [lines[-1]] and lines[0].startswith(
+        "main.py: error: --address=127.0.0.1:1: no Ray cluster answers at 127.0.0.1:1")
+    assert run.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_check_reachable_leaves_auto_and_local_to_ray():
+    from async_search.ray_init import check_reachable
+
+    for address in (None, "auto", "local"):
+        check_reachable(address)
+    with pytest.raises(ConnectionError, match="ray://127.0.0.1:1"):
+        check_reachable("ray://127.0.0.1:1")
+
+
+def test_the_client_processes_reported_are_those_started(tmp_path):
+    save = tmp_path / "r.png"
+    run = main_py("--model=numpy", "--untrained", "--hidden_sizes=16", "--num_searches=1",
+                  "--gnn_budget=50", "--noprogress", "--backends=process",
+                  f"--save_path={save}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "process backend, 1 client process," in run.stdout
+    assert "2 client processes" not in run.stdout
+    runs = {r["name"]: r for r in json.loads(save.with_suffix(".json").read_text())["runs"]}
+    assert (runs["process x2"]["num_procs"], runs["process x2"]["num_procs_requested"]) == (
+        1, 2)
+    assert runs["process x1"]["num_procs"] == 1
