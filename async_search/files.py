@@ -2,7 +2,7 @@
 
 Every file async_search writes (checkpoints, replay buffers, a training run's state,
 results JSON, plots) goes through ``write_file``. The content goes to a temporary file in
-the same folder (``<name>.tmp-<pid>-<thread>-<random>``, its own for each write), is
+the same folder (``<name>.tmp-<pid>-<n>``, its own for each write), is
 synced to the disk, and is renamed over the name in one atomic step; then the folder is
 synced, so that the rename survives a power cut too. Until the rename the previous file
 is untouched; after it the new one is whole.
@@ -31,10 +31,10 @@ from __future__ import annotations
 import contextlib
 import errno as errno_codes
 import io
+import itertools
 import json
 import os
 import re
-import secrets
 import shutil
 import threading
 from typing import Any, BinaryIO, Callable, Iterator, Union
@@ -51,9 +51,13 @@ from async_search.errors import FileWriteError
 #: open binary file it is given (``np.savez``, ``fig.savefig``, ...).
 Content = Union[bytes, bytearray, memoryview, str, Callable[[BinaryIO], Any]]
 
-#: ``<name>.tmp-<pid>[-<thread>-<random>]`` and ``<name>.old-<pid>``: what an interrupted
-#: save leaves behind (the bare ``-<pid>`` from older versions).
-_LEFTOVER = re.compile(r"^(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-\d+-[0-9a-f]+)?$")
+#: ``<name>.tmp-<pid>[-<n>]`` and ``<name>.old-<pid>``: what an interrupted save leaves
+#: behind (the bare ``-<pid>`` from older versions).
+_LEFTOVER = re.compile(r"^(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-\d+)?$")
+
+#: Numbers this process's writes in turn: a temporary's name is its own, and short (a
+#: long name plus the suffix must stay within the file system's 255 bytes).
+_WRITES = itertools.count()
 
 #: The names of the temporaries this process's threads are writing now: the pid in a
 #: name cannot tell them from those a killed process with this pid left.
@@ -184,7 +188,7 @@ def write_file(path: str | os.PathLike, content: Content) -> str:
     make_folder(folder)
     # Its own for each write: two threads of a process writing one name would truncate
     # and rename each other's temporary under a name made of the pid alone.
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_native_id()}-{secrets.token_hex(4)}"
+    tmp = f"{path}.tmp-{os.getpid()}-{next(_WRITES)}"
     writing = os.path.basename(tmp)
     _WRITING.add(writing)  # before it exists: a cleanup never takes it for a leftover
     operation = f"creating the temporary {tmp!r}"
@@ -350,7 +354,9 @@ def remove_leftovers(folder: str | os.PathLike) -> list:
 
 
 _locks_guard = threading.Lock()
-_locks: dict = {}  # folder -> [its lock for this process's threads, threads using it]
+#: folder -> [its lock for this process's threads (re-entrant), threads using it, how
+#: deep its holder has entered it]
+_locks: dict = {}
 
 
 def _forget_locks() -> None:
@@ -374,6 +380,10 @@ def folder_lock(path: str | os.PathLike) -> Iterator[None]:
     take it. Without ``fcntl`` (not POSIX) only this process's threads take turns; on a
     file system without locks the process's threads still do.
 
+    A thread may enter it again inside its block (``save_checkpoint`` within it): only
+    the outermost entry locks and unlocks the file. A process forked inside the block
+    does not let go of its parent's lock when it leaves the block.
+
     Raises:
         FileWriteError: naming the lock file when it cannot be made.
 
@@ -389,16 +399,23 @@ def folder_lock(path: str | os.PathLike) -> Iterator[None]:
     path = folder_path(path)
     key = os.path.normcase(os.path.realpath(path))
     with _locks_guard:
-        entry = _locks.setdefault(key, [threading.Lock(), 0])
+        entry = _locks.setdefault(key, [threading.RLock(), 0, 0])
         entry[1] += 1
     try:
         with entry[0]:  # flock may order only processes, or be missing
-            fd = _lock_file(path) if fcntl is not None else -1
+            outermost = entry[2] == 0
+            fd = _lock_file(path) if outermost and fcntl is not None else -1
+            holder = os.getpid()
+            entry[2] += 1
             try:
                 yield
             finally:
+                entry[2] -= 1
                 if fd >= 0:
-                    _unlock_file(path, fd)
+                    if os.getpid() == holder:
+                        _unlock_file(path, fd)
+                    else:  # a child forked in the block: the lock stays its parent's
+                        os.close(fd)
     finally:
         with _locks_guard:
             entry[1] -= 1
@@ -412,10 +429,11 @@ def _lock_file(path: str) -> int:
     lock = os.path.join(path, LOCK)
     while True:
         try:
-            flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+            # Read-only: flock needs no more, and another user's lock file (0644) opens.
+            flags = os.O_RDONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
             fd = os.open(lock, flags, 0o666)
         except OSError as e:
-            raise _failure(lock, "making the lock file", e) from e
+            raise _lock_failure(lock, "making", e) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             # The holder before removed it as it let go: then lock the file there now.
@@ -429,11 +447,18 @@ def _lock_file(path: str) -> int:
                            errno_codes.EOPNOTSUPP):  # a file system without locks
                 _unlink_lock(path)
                 return -1
-            raise _failure(lock, "locking the lock file", e) from e
+            raise _lock_failure(lock, "locking", e) from e
         except BaseException:
             os.close(fd)
             raise
         os.close(fd)
+
+
+def _lock_failure(lock: str, doing: str, error: OSError) -> FileWriteError:
+    code = getattr(error, "errno", None)
+    reason = os.strerror(code) if isinstance(code, int) else str(error)
+    return FileWriteError(f"cannot lock the folder with {lock!r}: {doing} the lock file "
+                          f"failed: {reason}; nothing was written", code, lock)
 
 
 def _unlink_lock(path: str) -> None:

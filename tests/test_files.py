@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from async_search.errors import FileWriteError
-from async_search.files import (folder_lock, folder_path, make_folder, remove_leftovers,
-                                remove_tree, sync_folder, write_file, write_json)
+from async_search.files import (LOCK, folder_lock, folder_path, make_folder,
+                                remove_leftovers, remove_tree, sync_folder, write_file,
+                                write_json)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -215,7 +216,7 @@ def test_threads_writing_one_file_at_once_each_have_their_own_temporary(tmp_path
     path = tmp_path / "f"
     paused = PausedWrite(path)
     [temporary] = [n for n in names(tmp_path) if n.startswith("f.tmp-")]
-    assert re.fullmatch(rf"f\.tmp-{os.getpid()}-\d+-[0-9a-f]{{8}}", temporary)
+    assert re.fullmatch(rf"f\.tmp-{os.getpid()}-\d+", temporary)
     write_file(path, b"second")  # meanwhile, in this thread
     assert path.read_bytes() == b"second" and temporary in names(tmp_path)
     paused.resume()
@@ -227,7 +228,7 @@ def test_a_temporary_another_thread_is_writing_is_no_leftover(tmp_path):
     # The pid in its name is this process's: it was taken for one a killed process
     # with the same pid left, removed, and the write failed at its rename.
     path = tmp_path / "state.json"
-    left = [f"a.json.tmp-{_dead_pid()}-7-0123abcd", f"ours.tmp-{os.getpid()}-7-0123abcd"]
+    left = [f"a.json.tmp-{_dead_pid()}-7", f"ours.tmp-{os.getpid()}-7"]
     for name in left:
         (tmp_path / name).write_text("")
     paused = PausedWrite(path)
@@ -314,3 +315,67 @@ def test_folders_are_made_synced_and_removed(tmp_path):
     with pytest.raises(FileWriteError, match="absent"):
         sync_folder(tmp_path / "absent")
     assert folder_path("runs/ckpt//") == "runs/ckpt" and folder_path("/") == "/"
+
+
+def test_a_long_name_that_fits_the_file_system_writes_with_its_temporary(tmp_path):
+    # The temporary's suffix is short: a name of 240 bytes (255 the limit) saves.
+    path = tmp_path / ("n" * 240)
+    write_file(path, b"x")
+    assert path.read_bytes() == b"x" and names(tmp_path) == ["n" * 240]
+
+
+def test_a_folder_lock_entered_again_in_its_thread_runs_and_locks_once(tmp_path):
+    marker = tmp_path / "held"
+    with folder_lock(tmp_path):
+        with folder_lock(tmp_path):  # a save_checkpoint inside the block, say
+            assert names(tmp_path) == [LOCK]
+        assert names(tmp_path) == [LOCK]  # still held by the outer block
+        child = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, ROOT, str(tmp_path),
+                                  str(marker)], stdin=subprocess.PIPE)
+        try:
+            time.sleep(0.5)  # long enough for the child to take a free lock
+            assert not marker.exists(), "another process took a held lock"
+        finally:
+            child.stdin.close()
+    child.wait(60)
+    assert marker.exists() and names(tmp_path) == ["held"]
+
+
+def test_a_child_forked_in_the_block_leaves_its_parents_lock_held(tmp_path):
+    marker = tmp_path / "held"
+
+    def fork_in_the_block():
+        with folder_lock(tmp_path):
+            pid = os.fork()
+            if pid == 0:
+                return 0  # the child leaves the block it was forked in
+            os.waitpid(pid, 0)
+            child = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, ROOT,
+                                      str(tmp_path), str(marker)], stdin=subprocess.PIPE)
+            try:
+                time.sleep(0.5)  # long enough for the child to take a free lock
+                assert not marker.exists(), "the child let go of its parent's lock"
+            finally:
+                child.stdin.close()
+        child.wait(60)
+        return pid
+
+    if fork_in_the_block() == 0:
+        os._exit(0)
+    assert marker.exists()
+
+
+def test_a_lock_file_of_another_user_read_only_to_us_still_locks(tmp_path, monkeypatch):
+    # Another user's lock file (0644) opens for reading only; flock needs no more. The
+    # permission is played by os.open here: root, as CI may run, opens anything.
+    real_open = os.open
+
+    def as_another_users(path, flags, *args):
+        if os.path.basename(path) == LOCK and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", as_another_users)
+    (tmp_path / LOCK).write_text("")
+    with folder_lock(tmp_path):
+        assert (tmp_path / LOCK).exists()

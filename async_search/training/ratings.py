@@ -49,7 +49,8 @@ class MatchResult:
     @property
     def score(self) -> float:
         """``(wins + 0.5 * draws) / games``, in [0, 1]."""
-        return (self.wins + 0.5 * self.draws) / self.games
+        # In integers: a count past the floats (10**310 wins) still divides exactly.
+        return (2 * self.wins + self.draws) / (2 * self.games)
 
     def describe(self) -> str:
         """One line, e.g. ``"+24 =6 -10 of 40: score 0.675, Elo +127"``."""
@@ -81,7 +82,8 @@ def elo_difference(score: float, games: Optional[int] = None) -> float:
     if games is None:
         low = 1e-3
     else:
-        low = 0.5 / check_int("games", games, minimum=1)
+        # At least the smallest positive float: 0.5 / 10**310 would overflow.
+        low = max(0.5 / min(check_int("games", games, minimum=1), 2 ** 1000), 5e-324)
     sign = 1.0
     if score > 0.5:  # from the near end: 1 - low may round to 1.0, low never to 0
         score, sign = 1.0 - score, -1.0

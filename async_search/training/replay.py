@@ -87,7 +87,7 @@ class ReplayBuffer:
     def __init__(self, capacity: int, seed: int = 0, *,
                  state_shape: Sequence[int] | None = None,
                  num_actions: int | None = None, augment: Augment | None = None):
-        self.capacity = check_int("capacity", capacity, minimum=1)
+        self.capacity = check_int("capacity", capacity, minimum=1, maximum=_MAX_CAPACITY)
         self.seed = check_int("seed", seed, minimum=0)
         # Checked here, not at the first sample() that calls it.
         self.augment = check_callable("augment", augment, optional=True)
@@ -376,10 +376,17 @@ def _check_shape(state_shape) -> Tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
+#: The most items a buffer holds: its ring positions are int64.
+_MAX_CAPACITY = int(np.iinfo(np.int64).max)
+
+
 def _real(name: str, array) -> np.ndarray:
     """``array`` as float32; ValueError unless it holds real numbers: a cast alone
-    would drop a complex number's imaginary part, or parse text."""
+    would drop a complex number's imaginary part, or parse text. An object array of
+    plain numbers is its numbers."""
     array = np.asarray(array)
+    if array.dtype.kind == "O":
+        array = np.array(array.tolist())  # Python numbers: an int or float array
     if array.dtype.kind not in "biuf":
         raise ValueError(f"ReplayBuffer.add: {name} must hold real numbers, got "
                          f"{array.dtype} values")
@@ -400,7 +407,7 @@ def _read_meta(raw: np.ndarray, path: str) -> dict:
     if got != _FORMAT:
         raise CheckpointError(f"replay buffer file {path!r} has format {got!r}, "
                               f"expected {_FORMAT!r}")
-    capacity = fields.int("capacity", minimum=1)
+    capacity = fields.int("capacity", minimum=1, maximum=_MAX_CAPACITY)
     out = {"capacity": capacity, "seed": fields.int("seed", minimum=0),
            "size": fields.int("size", minimum=0, maximum=capacity)}
     out["next"] = fields.int("next", minimum=0, maximum=capacity - 1)

@@ -421,8 +421,10 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from async_search.problems.checkpoints import save_checkpoint
 from tests.problems.test_checkpoints import HEURISTIC, trained_looking_weights
-path, v, rounds = sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+path, v = sys.argv[2], int(sys.argv[3])
 weights, errors = trained_looking_weights(HEURISTIC, v), []
+print("ready", flush=True)  # imported: the rounds' times come once every process is
+rounds = json.loads(sys.stdin.readline())
 for start, end in rounds:
     time.sleep(max(0.0, start - time.time()))
     saves = 0
@@ -442,12 +444,17 @@ def test_saves_from_threads_and_processes_at_once_leave_a_whole_checkpoint(tmp_p
     path = tmp_path / "ckpt"
     weights = {v: trained_looking_weights(HEURISTIC, v) for v in range(5)}
     save_checkpoint(path, weights[0], HEURISTIC, {"v": 0})
-    first = time.time() + 1.5  # the processes start meanwhile
-    rounds = [(first + 0.7 * r, first + 0.7 * r + 0.6) for r in range(3)]
     processes = [subprocess.Popen([sys.executable, "-c", SAVE_IN_ROUNDS, ROOT, str(path),
-                                   str(v), json.dumps(rounds)], stdout=subprocess.PIPE,
+                                   str(v)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, cwd=ROOT) for v in (3, 4)]
     try:
+        for process in processes:  # EOF ("") if one died: the assertion says so
+            assert process.stdout.readline().strip() == "ready"
+        first = time.time() + 0.2
+        rounds = [(first + 0.7 * r, first + 0.7 * r + 0.6) for r in range(3)]
+        for process in processes:
+            process.stdin.write(json.dumps(rounds) + "\n")
+            process.stdin.flush()
         for round_, (start, end) in enumerate(rounds):
             errors, loaded = [], []
 
@@ -460,8 +467,8 @@ def test_saves_from_threads_and_processes_at_once_leave_a_whole_checkpoint(tmp_p
                         errors.append(e)
                     saves += 1
 
-            def load():  # loads take no lock: they meet the saves
-                while time.time() < end:
+            def load():  # loads take no lock: they meet the saves (once at least)
+                while time.time() < end or not (loaded or errors):
                     try:
                         loaded.append(read_checkpoint(path).metadata["v"])
                     except Exception as e:  # noqa: BLE001 - the test reads it

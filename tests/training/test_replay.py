@@ -261,6 +261,8 @@ def bad_adds():
         "complex policy": ((x, policy + 0j, value), "policy must hold real numbers"),
         "complex value": ((x, policy, value + 1j), "value must hold real numbers"),
         "text value": ((x, policy, value.astype(str)), "value must hold real numbers"),
+        "object array of text": ((x, policy, value.astype(object).astype(str).astype(object)),
+                                 "value must hold real numbers"),
     }
 
 
@@ -288,9 +290,22 @@ def test_a_bad_first_add_leaves_the_buffer_empty_and_unshaped():
 
 
 def test_bad_capacity_or_seed_raise_value_error():
-    for kwargs in ({"capacity": 0}, {"capacity": 2.5}, {"capacity": 4, "seed": -1}):
+    # 2**63: ring positions past int64 made every add fail with a bare OverflowError.
+    for kwargs in ({"capacity": 0}, {"capacity": 2.5}, {"capacity": 4, "seed": -1},
+                   {"capacity": 2 ** 63}):
         with pytest.raises(ValueError):
             ReplayBuffer(**kwargs)
+    big = ReplayBuffer(2 ** 63 - 1, seed=0)
+    big.add(*samples(2))
+    assert len(big) == 2
+
+
+def test_an_object_array_of_plain_numbers_is_its_numbers():
+    x, policy, value = samples(3)
+    buf, plain = ReplayBuffer(8, seed=0), ReplayBuffer(8, seed=0)
+    buf.add(x.astype(object), policy.astype(object), value.astype(object))
+    plain.add(x, policy, value)
+    assert_same(snapshot(plain), snapshot(buf))
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -540,7 +555,7 @@ def test_a_buffer_header_field_of_the_wrong_type_is_refused_naming_it(tmp_path, 
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"capacity": 0}, "'header.capacity' must be an integer >= 1"),
+    ({"capacity": 0}, r"'header.capacity' must be an integer in \[1, "),
     ({"seed": -1}, "'header.seed' must be an integer >= 0"),
     ({"size": 51}, "'header.size' must be an integer in"),
     ({"size": -2}, "'header.size' must be an integer in"),
