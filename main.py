@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -511,20 +512,31 @@ def check_outputs(plan) -> None:
 
 def _check_save_dir_apart(save_dir: str, files: list) -> None:
     """Raises ValueError (one line) when the training folder is the plot's or the JSON's
-    path, or one is inside the other: the run would train, then fail to write."""
+    path, lies inside one, or holds one where the run writes its own (``state.json``,
+    ``gen-<n>``, ``best``, ``heuristic``): the run would train, then fail to write. A
+    plot of another name inside the folder is fine."""
     def norm(path):
         return os.path.normcase(os.path.abspath(path))
 
     folder = norm(save_dir)
     for path, what in zip(files, ("plot", "JSON of figures")):
         file = norm(path)
-        if folder == file or file.startswith(folder + os.sep) or folder.startswith(
-                file + os.sep):
+        inside = file.startswith(folder + os.sep)
+        top = os.path.relpath(file, folder).split(os.sep)[0] if inside else ""
+        if folder == file or folder.startswith(file + os.sep) or (inside and _run_writes(top)):
             flag, value = (("--save_dir", FLAGS.save_dir) if FLAGS.save_dir is not None
                            else ("--save_path", FLAGS.save_path))
             raise ValueError(f"{flag}={value}: the training folder {save_dir} and the "
-                             f"{what} {path} are the same path or one holds the other; "
-                             f"give them apart")
+                             f"{what} {path} are the same path or one holds the other "
+                             f"where the run writes; give them apart")
+
+
+def _run_writes(name: str) -> bool:
+    """Whether a training run writes ``name`` at the top of its folder."""
+    from async_search.training.run_folder import STATE
+
+    return (os.path.normcase(name) in (os.path.normcase(STATE), "best", "heuristic")
+            or re.fullmatch(r"gen-\d{6,}", name) is not None)
 
 
 def check_plot_format(path: str, json_path: str) -> None:

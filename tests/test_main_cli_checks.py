@@ -45,17 +45,23 @@ def test_a_listed_format_that_cannot_be_written_here_is_refused_up_front(main, t
         main.check_outputs(None)
 
 
-@pytest.mark.parametrize("save_dir", ["t.json", "t.png", "t.png/run", "."])
-def test_a_save_dir_clashing_with_the_plot_or_json_is_refused(main, tmp_path, save_dir):
-    parse(main, "--train=sliding_puzzle", f"--save_path={tmp_path}/t.png",
+@pytest.mark.parametrize("save_dir, plot", [
+    ("t.json", "t.png"), ("t.png", "t.png"), ("t.png/run", "t.png"),
+    (".", "state.png"),  # its JSON, state.json, is the run's record
+    (".", "best"), (".", "gen-000001"), (".", "heuristic/p.png"),
+])
+def test_a_save_dir_clashing_with_the_plot_or_json_is_refused(main, tmp_path, save_dir,
+                                                               plot):
+    parse(main, "--train=sliding_puzzle", f"--save_path={tmp_path}/{plot}",
           f"--save_dir={tmp_path}/{save_dir}")
     with pytest.raises(ValueError, match=r"^--save_dir=.*same path or one holds the other"):
         main.check_outputs(main.build_training())
 
 
-def test_a_save_dir_apart_from_the_plot_passes(main, tmp_path):
+@pytest.mark.parametrize("save_dir", ["run", "."])  # a plot of its own name inside: fine
+def test_a_save_dir_apart_from_the_plot_passes(main, tmp_path, save_dir):
     parse(main, "--train=sliding_puzzle", f"--save_path={tmp_path}/t.png",
-          f"--save_dir={tmp_path}/run")
+          f"--save_dir={tmp_path}/{save_dir}")
     main.check_outputs(main.build_training())
 
 
