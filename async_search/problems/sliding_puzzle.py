@@ -160,8 +160,13 @@ class SlidingPuzzle:
 
     def compact_keys(self) -> Optional["PuzzleKeys"]:
         """The puzzle's states as ints for A* (``problems.base.CompactKeys``), for sizes
-        up to 4; None for larger boards (A* then works on the ``bytes`` states)."""
-        if self.num_cells > 16:
+        up to 4; None for larger boards (A* then works on the ``bytes`` states), and
+        for a subclass that changes the rules the keys stand for (its own ``neighbors``,
+        ``is_goal`` or ``encode``): A* then calls those."""
+        cls = type(self)
+        if self.num_cells > 16 or (cls.neighbors is not SlidingPuzzle.neighbors
+                                   or cls.is_goal is not SlidingPuzzle.is_goal
+                                   or cls.encode is not SlidingPuzzle.encode):
             return None
         if self._keys is None:
             self._keys = PuzzleKeys(self)

@@ -1,4 +1,5 @@
 import collections
+import functools
 import itertools
 
 import numpy as np
@@ -218,3 +219,38 @@ def test_tiles_as_numpy_integers_or_bytes_are_taken():
 def test_a_scramble_needs_a_seed_so_that_it_is_the_same_every_time(seed):
     with pytest.raises(ValueError, match="seed must be an integer >= 0"):
         SlidingPuzzle(3).scramble(10, seed=seed)
+
+
+class KorfGoal(SlidingPuzzle):
+    """Korf's convention: the blank first."""
+
+    def is_goal(self, state):
+        return state == bytes(range(self.num_cells))
+
+
+class CostlyMoves(SlidingPuzzle):
+    def neighbors(self, state):
+        return [(s, 2) for s, _ in super().neighbors(state)]
+
+
+@pytest.mark.parametrize("search_fn", ["batched_astar", "continuous_astar"])
+def test_a_subclass_that_changes_the_rules_is_searched_by_its_own_rules(search_fn):
+    # The inherited keys stood for SlidingPuzzle's goal and unit moves: A* returned a
+    # "goal" that the subclass's is_goal refused, and costs of 1 for moves of 2.
+    import asyncio
+
+    import async_search as asr
+    from async_search import search
+
+    zero = asr.immediate(lambda b: np.zeros((len(b), 1), np.float32))
+    options = {"buffer_size": 4} if search_fn == "batched_astar" else {}
+    fn = functools.partial(getattr(search, search_fn), **options)
+    korf = KorfGoal(3)
+    assert korf.compact_keys() is None and SlidingPuzzle(3).compact_keys() is not None
+    start = korf.scramble(6, seed=1)
+    result = asyncio.run(fn(korf, start, zero, budget=10 ** 6))
+    assert result.path and korf.is_goal(result.path[-1])
+    costly = CostlyMoves(3)
+    result = asyncio.run(fn(costly, costly.scramble(6, seed=1), zero, budget=10 ** 6))
+    steps = sum(dict(costly.neighbors(a))[b] for a, b in zip(result.path, result.path[1:]))
+    assert result.cost == steps == 2 * (len(result.path) - 1)
