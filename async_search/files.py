@@ -78,8 +78,7 @@ def folder_path(path: str | os.PathLike) -> str:
 
 def _failure(path: str, operation: str, error: BaseException, *,
              replaced: bool = False) -> FileWriteError:
-    code = getattr(error, "errno", None)
-    reason = os.strerror(code) if isinstance(code, int) else str(error)
+    code, reason = _errno_reason(error)
     if code in (errno_codes.EFBIG, errno_codes.ENOSPC, errno_codes.EDQUOT):
         reason += " (the disk, a quota or a file-size limit is full)"
     message = f"cannot write {path!r}: {operation} failed: {reason}"
@@ -454,9 +453,14 @@ def _lock_file(path: str) -> int:
         os.close(fd)
 
 
-def _lock_failure(lock: str, doing: str, error: OSError) -> FileWriteError:
+def _errno_reason(error: BaseException) -> tuple:
+    """``(errno or None, the reason in words)`` of a failed operation."""
     code = getattr(error, "errno", None)
-    reason = os.strerror(code) if isinstance(code, int) else str(error)
+    return code, os.strerror(code) if isinstance(code, int) else str(error)
+
+
+def _lock_failure(lock: str, doing: str, error: OSError) -> FileWriteError:
+    code, reason = _errno_reason(error)
     return FileWriteError(f"cannot lock the folder with {lock!r}: {doing} the lock file "
                           f"failed: {reason}; nothing was written", code, lock)
 

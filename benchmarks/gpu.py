@@ -333,8 +333,9 @@ class Served:
                         scripted(torch, self.module) if args.script else self.module)
         # The hand-written peer runs the module as its user wrote it, or compiled
         # (--peer-script), to tell what batching gives from what compiling gives.
-        self.peer_module = (self.forward if args.script and args.peer_script else
-                            scripted(torch, self.module) if args.peer_script else self.module)
+        self.peer_module = self.module
+        if args.peer_script:  # the adapter's own compiled copy where it has one
+            self.peer_module = self.forward if args.script else scripted(torch, self.module)
         self.timer = ForwardTimer(torch, self.cuda)
         self.timed = True
         # TorchModel's default on CUDA: a CUDA graph per bucket (--eager: none; a

@@ -324,19 +324,28 @@ def test_a_long_name_that_fits_the_file_system_writes_with_its_temporary(tmp_pat
     assert path.read_bytes() == b"x" and names(tmp_path) == ["n" * 240]
 
 
+def child_waiting_for_the_lock(folder, marker, why):
+    """A child process that asks for ``folder``'s lock, which this process holds: it
+    must not have it half a second later. It takes it once the lock is let go (and
+    its stdin closed: wait for it then)."""
+    child = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, ROOT, str(folder),
+                              str(marker)], stdin=subprocess.PIPE)
+    try:
+        time.sleep(0.5)  # long enough for the child to take a free lock
+        assert not marker.exists(), why
+    finally:
+        child.stdin.close()
+    return child
+
+
 def test_a_folder_lock_entered_again_in_its_thread_runs_and_locks_once(tmp_path):
     marker = tmp_path / "held"
     with folder_lock(tmp_path):
         with folder_lock(tmp_path):  # a save_checkpoint inside the block, say
             assert names(tmp_path) == [LOCK]
         assert names(tmp_path) == [LOCK]  # still held by the outer block
-        child = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, ROOT, str(tmp_path),
-                                  str(marker)], stdin=subprocess.PIPE)
-        try:
-            time.sleep(0.5)  # long enough for the child to take a free lock
-            assert not marker.exists(), "another process took a held lock"
-        finally:
-            child.stdin.close()
+        child = child_waiting_for_the_lock(tmp_path, marker,
+                                           "another process took a held lock")
     child.wait(60)
     assert marker.exists() and names(tmp_path) == ["held"]
 
@@ -350,13 +359,8 @@ def test_a_child_forked_in_the_block_leaves_its_parents_lock_held(tmp_path):
             if pid == 0:
                 return 0  # the child leaves the block it was forked in
             os.waitpid(pid, 0)
-            child = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, ROOT,
-                                      str(tmp_path), str(marker)], stdin=subprocess.PIPE)
-            try:
-                time.sleep(0.5)  # long enough for the child to take a free lock
-                assert not marker.exists(), "the child let go of its parent's lock"
-            finally:
-                child.stdin.close()
+            child = child_waiting_for_the_lock(tmp_path, marker,
+                                               "the child let go of its parent's lock")
         child.wait(60)
         return pid
 
