@@ -9,6 +9,11 @@ every process the run started that is still alive (SIGTERM, then SIGKILL): Ray's
 orphaned workers, anything. The process adopts its descendants' orphans (Linux) so that
 none slips out of reach.
 
+Python drops an exception raised inside a finalizer or a weakref callback: a Ctrl-C that
+lands there would be lost and the run would go on to its end. The guard sees such a
+dropped ``KeyboardInterrupt`` (through ``sys.unraisablehook``) and sends the signal again,
+so that it stops the run at the next step.
+
 Example:
     main.py enters the guard around everything it does (leaving it ends every process
     the run started, and a Ray this process started, so it is not entered here), then
@@ -23,7 +28,9 @@ Example:
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from typing import Any, List, Optional
 
@@ -58,6 +65,7 @@ class RunGuard:
         self.received: Optional[int] = None
         self.left_over: List[process_tree.Pid] = []
         self._previous: dict = {}
+        self._previous_unraisable_hook: Any = None
 
     def __enter__(self) -> "RunGuard":
         if threading.current_thread() is not threading.main_thread():
@@ -67,7 +75,29 @@ class RunGuard:
         # task, then raise KeyboardInterrupt) only over that one.
         self._previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous_unraisable_hook = sys.unraisablehook
+        sys.unraisablehook = self._on_unraisable
         return self
+
+    def _on_unraisable(self, unraisable: Any) -> None:
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            self._previous_unraisable_hook(unraisable)
+            return
+        # A stop raised inside a finalizer or weakref callback, which Python drops: send
+        # it again (a no-op once the guard ignores both signals on its way out). A
+        # signal sent from here would run its handler inside this hook, where the
+        # KeyboardInterrupt is dropped once more: another thread sends it once the hook
+        # has let it go.
+        again = self.received or signal.SIGINT
+        while True:
+            go = threading.Event()
+            threading.Thread(target=_send_when_set, args=(go, again),
+                             name="RunGuard: stop again", daemon=True).start()
+            try:
+                go.set()
+                return
+            except KeyboardInterrupt:  # handled before the hook returned: once more
+                continue
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.received = signal.SIGTERM
@@ -95,9 +125,15 @@ class RunGuard:
         try:
             self.left_over = _end_everything(self.grace_s)
         finally:
+            sys.unraisablehook = self._previous_unraisable_hook
             if not self.ignore_after:
                 for s, handler in self._previous.items():
                     signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _send_when_set(go: threading.Event, signum: int) -> None:
+    go.wait()
+    os.kill(os.getpid(), signum)
 
 
 def _end_everything(grace_s: float) -> List[process_tree.Pid]:

@@ -28,12 +28,15 @@ def default_signals() -> None:
         signal.signal(s, signal.SIG_DFL)
 
 
-def run_script(body: str) -> list:
+def run_script(body: str, stderr: list = None) -> list:
+    """The child's stdout lines; its stderr lines are appended to ``stderr`` if given."""
     run = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], cwd=ROOT,
                          capture_output=True, text=True, timeout=50,
                          env={**os.environ, "PYTHONPATH": ROOT},
                          preexec_fn=default_signals)
     assert run.returncode == 0, run.stderr
+    if stderr is not None:
+        stderr.extend(run.stderr.splitlines())
     return run.stdout.split("\n")[:-1]
 
 
@@ -127,3 +130,93 @@ def test_ignore_after_leaves_both_signals_ignored_once_the_run_is_over():
               signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
     """)
     assert out == ["True True"]
+
+
+# A Ctrl-C that lands in a finalizer or a weakref callback: Python drops the
+# KeyboardInterrupt there ("Exception ignored in ..."). CI saw a run go on to its end
+# after one landed in a WeakKeyDictionary's callback. The finalizer below raises it as
+# the signal handler would have.
+DROPPED_IN_A_FINALIZER = """
+    import time
+    class Finalized:
+        def __del__(self):
+            raise KeyboardInterrupt
+"""
+
+
+def test_a_ctrl_c_dropped_in_a_finalizer_is_sent_again_and_stops_the_run():
+    stderr = []
+    out = run_script(DROPPED_IN_A_FINALIZER + """
+    from async_search.experiments.stops import RunGuard
+    with RunGuard() as guard:
+        try:
+            Finalized()
+            for _ in range(1000):  # 10 s at most
+                time.sleep(0.01)
+            print("not stopped")
+        except KeyboardInterrupt as e:
+            print("stopped by", guard.stopped_by(e).name)
+    """, stderr)
+    assert out == ["stopped by SIGINT"]
+    assert not any("KeyboardInterrupt" in line or "Exception ignored" in line
+                   for line in stderr), stderr
+
+
+def test_a_ctrl_c_dropped_in_a_finalizer_in_a_running_loop_cancels_the_main_task():
+    out = run_script(DROPPED_IN_A_FINALIZER + """
+    import asyncio
+    from async_search.experiments.stops import RunGuard
+
+    async def run():
+        try:
+            Finalized()
+            await asyncio.sleep(10)
+            print("not stopped")
+        finally:
+            print("finally ran")
+
+    with RunGuard() as guard:
+        try:
+            asyncio.run(run())
+        except KeyboardInterrupt as e:
+            print("stopped by", guard.stopped_by(e).name)
+    """)
+    assert out == ["finally ran", "stopped by SIGINT"]
+
+
+def test_a_sigterm_dropped_in_a_finalizer_is_sent_again_as_sigterm():
+    out = run_script(DROPPED_IN_A_FINALIZER + """
+    import os, signal
+    from async_search.experiments.stops import RunGuard
+    with RunGuard() as guard:
+        try:
+            # SIGTERM's handler raises the KeyboardInterrupt inside the finalizer
+            class Terminated:
+                def __del__(self):
+                    os.kill(os.getpid(), signal.SIGTERM)
+            Terminated()
+            for _ in range(1000):
+                time.sleep(0.01)
+            print("not stopped")
+        except KeyboardInterrupt as e:
+            print("stopped by", guard.stopped_by(e).name)
+    """)
+    assert out == ["stopped by SIGTERM"]
+
+
+def test_other_dropped_errors_are_reported_as_before_and_the_hook_comes_back():
+    stderr = []
+    out = run_script("""
+    import sys
+    from async_search.experiments.stops import RunGuard
+    class Finalized:
+        def __del__(self):
+            raise ValueError("dropped")
+    before = sys.unraisablehook
+    with RunGuard():
+        Finalized()
+        print("went on")
+    print("restored", sys.unraisablehook is before)
+    """, stderr)
+    assert out == ["went on", "restored True"]
+    assert any("ValueError: dropped" in line for line in stderr), stderr
