@@ -37,7 +37,7 @@ import numpy as np
 
 from async_search import rows
 from async_search.base import Outputs
-from async_search.checks import check_float, check_int
+from async_search.checks import check_float, check_instance, check_int
 from async_search.errors import InputSpecError, ModelOutputError
 # NumpyUnbatcher is re-exported: the public contract imports it from here.
 from async_search.unbatchers import NumpyUnbatcher, Unbatcher, unbatcher_for
@@ -145,6 +145,8 @@ class Batcher(abc.ABC):
     _rotate = False
     #: Queues of other priorities (FairBatcher's own; empty, never filled, here).
     _lanes: Dict[int, "Batcher"] = {}
+    #: The open server batching with it (a ``BatchingServer``): one at a time.
+    _server: Any = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -163,6 +165,11 @@ class Batcher(abc.ABC):
         self._rests: Dict[int, Tuple[int, int]] = {}
         #: Elements (or cost) queued and not yet batched. Read it, never set it.
         self.queued: float = 0
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_server", None)  # a copy (sent to another process) is nobody's yet
+        return state
 
     def append(self, x: np.ndarray, tag: Any = None) -> None:
         """Queue one request ``x[n, ...]``; ``tag`` comes back with its parts."""
@@ -725,6 +732,9 @@ class BatchManager:
     """
 
     def __init__(self, batcher: Batcher, unbatcher: Unbatcher | None = None):
+        check_instance("batcher", batcher, Batcher, "BatchSizeBatcher(8)")
+        if unbatcher is not None:
+            check_instance("unbatcher", unbatcher, Unbatcher, "NumpyUnbatcher()")
         if isinstance(batcher, FairBatcher):
             # Its batches interleave the pieces of split requests, which an unbatcher
             # reading rows in order would hand to the wrong requests.
@@ -814,13 +824,17 @@ class BatchManager:
                 "no popped batch awaits outputs: process_output takes the outputs of a "
                 "batch from pop_batch, once")
         structure = self._structure
-        if self._check:
-            outputs, structure = rows.check(outputs, structure)
+        if self._check:  # a list reaches callers as a tuple, as serve delivers it
+            outputs, structure = rows.check(rows.plain(outputs), structure)
         expected = self._popped[0]
         if self.unbatcher is None:
             rows.check_count(outputs, expected)
         else:
-            given = self.unbatcher.num_rows(outputs)
+            try:
+                given = self.unbatcher.num_rows(outputs)
+            except TypeError as e:  # None, a scalar: nothing with rows
+                raise ModelOutputError(f"the model's outputs have no batch dimension "
+                                       f"({type(outputs).__name__}): {e}") from None
             if given != expected:
                 raise ModelOutputError(
                     f"the model returned {given} rows for a batch of {expected} "

@@ -44,6 +44,19 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
     return int(value)
 
 
+def check_instance(name: str, value: Any, kind: type, example: str) -> None:
+    """TypeError naming ``name`` unless ``value`` is an instance of ``kind``; the
+    message shows ``example``, a call that makes one (a class passed for an instance is
+    the usual slip)."""
+    if isinstance(value, kind):
+        return
+    given = (f"the class {value.__name__}" if isinstance(value, type)
+             else f"{type(value).__name__} {value!r}"[:120])
+    article = "an" if kind.__name__[:1].lower() in "aeiou" else "a"
+    raise TypeError(f"{name} must be {article} {kind.__name__} instance, such as "
+                    f"{example}; got {given}")
+
+
 def check_float(name: str, value: Any, *, minimum: float | None = None,
                 strict: bool = False, maximum: float | None = None) -> float:
     """``value`` as a finite float; ValueError naming ``name`` unless it is a number

@@ -88,7 +88,7 @@ def take(outputs: Outputs, index: Any) -> Outputs:
         return outputs[index]
     if isinstance(outputs, dict):
         return {k: v[index] for k, v in outputs.items()}
-    if isinstance(outputs, tuple):
+    if isinstance(outputs, (tuple, list)):  # a list: a tuple (as count reads it)
         return tuple(v[index] for v in outputs)
     return outputs[index]
 
@@ -105,7 +105,7 @@ def concatenate(pieces: Sequence[Outputs]) -> Outputs:
         return np.concatenate(pieces)
     if isinstance(first, dict):
         return {k: np.concatenate([p[k] for p in pieces]) for k in first}
-    if isinstance(first, tuple):
+    if isinstance(first, (tuple, list)):
         return tuple(np.concatenate([p[i] for p in pieces]) for i in range(len(first)))
     return np.concatenate(pieces)
 
@@ -126,7 +126,7 @@ def split(outputs: Outputs, sizes: Sequence[int]) -> List[Outputs]:
     if isinstance(outputs, dict):
         items = list(outputs.items())
         return [{k: v[a:b] for k, v in items} for a, b in zip(starts, stops)]
-    if isinstance(outputs, tuple):
+    if isinstance(outputs, (tuple, list)):
         return [tuple(v[a:b] for v in outputs) for a, b in zip(starts, stops)]
     return [outputs[a:b] for a, b in zip(starts, stops)]
 
@@ -138,7 +138,7 @@ def leaves(outputs: Outputs) -> Any:
         return outputs
     if isinstance(outputs, dict):
         return list(outputs.values())
-    if isinstance(outputs, tuple):
+    if isinstance(outputs, (tuple, list)):
         return list(outputs)
     return outputs
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from async_search import rows
 from async_search.base import Outputs
+from async_search.checks import check_int
 from async_search.errors import ModelOutputError
 
 
@@ -43,7 +44,8 @@ class Unbatcher:
         self._awaited = 0  # rows still to come: registered elements not yet received
 
     def register(self, n: int) -> None:
-        """The next request has ``n`` elements."""
+        """The next request has ``n`` elements (an integer >= 0)."""
+        n = check_int("a request's number of elements", n, minimum=0)
         self._sizes.append(n)
         self._awaited += n
 

@@ -735,3 +735,46 @@ def test_batch_manager_takes_ml_dtypes_floats_among_floats():
     manager.add_inputs(np.zeros(1, np.float32))
     manager.add_inputs(np.ones(1, ml_dtypes.bfloat16))
     assert manager.pop_batch().tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("unbatcher", [None, "numpy"])
+def test_batch_manager_delivers_a_list_of_outputs_as_a_tuple_row_by_row(unbatcher):
+    # With its own NumpyUnbatcher the first request got both rows, the second none;
+    # without one, a list was refused with a message saying lists are taken.
+    from async_search.unbatchers import NumpyUnbatcher
+    m = BatchManager(BatchSizeBatcher(8), NumpyUnbatcher() if unbatcher else None)
+    m.add_inputs(np.array([1]))
+    m.add_inputs(np.array([2]))
+    batch = m.pop_batch()
+    first, second = m.process_output([batch * 10, batch])
+    assert type(first) is tuple and [v.tolist() for v in first] == [[10], [1]]
+    assert [v.tolist() for v in second] == [[20], [2]]
+
+
+@pytest.mark.parametrize("args, message", [
+    ((5,), "batcher must be a Batcher instance, such as BatchSizeBatcher(8); got int 5"),
+    ((BatchSizeBatcher,), "got the class BatchSizeBatcher"),
+    ((BatchSizeBatcher(2), 5), "unbatcher must be an Unbatcher instance"),
+])
+def test_batch_manager_refuses_what_is_not_a_batcher_or_unbatcher_when_made(args, message):
+    with pytest.raises(TypeError) as raised:
+        BatchManager(*args)
+    assert message in str(raised.value)
+
+
+def test_batch_manager_with_its_own_unbatcher_refuses_outputs_without_rows():
+    from async_search.unbatchers import NumpyUnbatcher
+    m = BatchManager(BatchSizeBatcher(8), NumpyUnbatcher())
+    m.add_inputs(np.arange(3))
+    batch = m.pop_batch()
+    with pytest.raises(ModelOutputError, match="no batch dimension"):
+        m.process_output(None)
+    assert [y.tolist() for y in m.process_output(batch)] == [[0, 1, 2]]
+
+
+def test_a_batcher_pickles_without_the_server_it_batches_for():
+    import pickle
+    b = BatchSizeBatcher(4)
+    b._server = object()  # as an open server marks it
+    copy = pickle.loads(pickle.dumps(b))
+    assert copy._server is None and copy.budget == 4

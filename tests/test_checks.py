@@ -83,3 +83,14 @@ def test_check_callable_names_a_huge_or_unprintable_value_briefly():
     with pytest.raises(TypeError) as info:
         check_callable("fn", list(range(1_000_000)))
     assert len(str(info.value)) < 200
+
+
+def test_check_instance_names_the_argument_an_example_and_a_class_given_for_an_instance():
+    from async_search.checks import check_instance
+    check_instance("x", 3, int, "3")
+    with pytest.raises(TypeError, match=r"^x must be an int instance, such as 3; got "
+                                        r"the class int$"):
+        check_instance("x", int, int, "3")
+    with pytest.raises(TypeError, match=r"^x must be a float instance, such as 1.0; "
+                                        r"got str 'a'$"):
+        check_instance("x", "a", float, "1.0")

@@ -256,3 +256,17 @@ def test_check_refuses_a_complex_value_that_the_cast_makes_not_finite():
     _, structure = rows.check(np.zeros((1, 1), np.complex64))
     with pytest.raises(ModelOutputError, match="past complex64's range"):
         rows.check(np.array([[np.nan + 1e300j]]), structure)
+
+
+def test_a_list_of_arrays_is_cut_leaf_by_leaf_as_count_reads_it():
+    # count read a list as outputs (one row per element of each array), while take and
+    # split sliced the list itself: an unbatcher gave one request every row.
+    y = [np.arange(4), np.arange(4) * 10]
+    assert rows.count(y) == 4
+    taken = rows.take(y, slice(1, 3))
+    assert type(taken) is tuple and [v.tolist() for v in taken] == [[1, 2], [10, 20]]
+    pieces = rows.split(y, [1, 3])
+    assert [[v.tolist() for v in p] for p in pieces] == [[[0], [0]], [[1, 2, 3],
+                                                                      [10, 20, 30]]]
+    joined = rows.concatenate([list(p) for p in pieces])
+    assert [v.tolist() for v in joined] == [[0, 1, 2, 3], [0, 10, 20, 30]]

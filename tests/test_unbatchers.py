@@ -135,3 +135,27 @@ def test_unbatcher_rows_go_to_their_requests_whatever_surplus_it_refuses(sizes, 
     assert unbatcher.empty()
     expected = np.split(rows_, np.cumsum(sizes)[:-1]) if sizes else []
     assert [y.tolist() for y in outputs] == [e.tolist() for e in expected]
+
+
+def test_an_unbatcher_gives_each_request_its_rows_of_a_list_of_arrays():
+    u = NumpyUnbatcher()
+    u.register(1)
+    u.register(1)
+    first, second = u.unbatch([np.array([10, 20]), np.array([30, 40])])
+    assert [v.tolist() for v in first] == [[10], [30]]
+    assert [v.tolist() for v in second] == [[20], [40]]
+
+
+@pytest.mark.parametrize("n", [-1, 1.5, "2", None, True])
+def test_register_refuses_what_is_not_a_number_of_elements(n):
+    u = NumpyUnbatcher()
+    with pytest.raises(ValueError, match="number of elements"):
+        u.register(n)
+    assert u.empty()
+
+
+def test_register_takes_numpy_integers_and_zero():
+    u = NumpyUnbatcher()
+    u.register(np.int64(2))
+    u.register(0)
+    assert [y.tolist() for y in u.unbatch(np.arange(2))] == [[0, 1], []]

@@ -173,7 +173,9 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
         starts: the start of each search.
         model_factory: builds a model (picklable for the Ray backend).
         backend: ``local``, ``process`` or ``ray``.
-        num_procs: client processes; 1 for the local backend.
+        num_procs: client processes. The local backend runs every search in this
+            process, whatever it says: its stats report ``num_procs`` 1 (and this
+            number as ``num_procs_requested``).
         num_servers: model servers (local and process: device threads here; Ray:
             actors, each asking for ``total_gpu_frac / num_servers`` of a GPU when one
             is present).

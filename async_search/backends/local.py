@@ -86,7 +86,9 @@ async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[]
             # batch (a search_timeout ended its searches) is not waited for.
             with contextlib.suppress(CloseTimeoutError):
                 await evaluate.aclose(drain=False, timeout=GRACE_S)
-    stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace])
+    # Every search ran here: one process, whatever num_procs asked for (the
+    # requested number stays in num_procs_requested).
+    stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace], num_clients=1)
     return SearchResults(results, stats)
 
 

@@ -460,9 +460,15 @@ class _ServerPool:
             error = started[0]
             if isinstance(error, self._ray.exceptions.RayTaskError):
                 # The model factory (or the model) raised: its own exception, as the
-                # other backends raise it (also an instance of RayTaskError)
-                cause = error.as_instanceof_cause()
-                cause.add_note("(raised while the server actors started: none started)")
+                # other backends raise it, its words first (Ray's wrapper puts its own
+                # header and traceback before them); the actor's traceback in a note.
+                cause = getattr(error, "cause", None)
+                if isinstance(cause, BaseException):
+                    cause.add_note(f"(raised in a Ray server actor while it started; "
+                                   f"none started) {error}".rstrip())
+                else:  # Ray could not bring the exception itself back
+                    cause = error.as_instanceof_cause()
+                    cause.add_note("(raised while the server actors started: none started)")
                 raise cause from None
             raise ServerDiedError(f"no server actor started: {error!r}")
         self.spec = next(s for s in started if not isinstance(s, BaseException))[0]

@@ -20,7 +20,7 @@ import numpy as np
 from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of,
                                on_device, output_spec_of, replaces_model, values_check_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
-from async_search.checks import check_callable, check_float, check_int
+from async_search.checks import check_callable, check_float, check_instance, check_int
 from async_search.deadlines import check_timeout, expire_after
 from async_search.delivery import ResultDelivery
 from async_search.errors import (CloseTimeoutError, InputSpecError, ModelOutputError,
@@ -162,6 +162,8 @@ class BatchingServer:
         check_int("num_workers", num_workers, minimum=1)
         check_callable("the model", model)
         check_callable("on_batch", on_batch, optional=True)
+        if batcher is not None:
+            check_instance("batcher", batcher, Batcher, "FairBatcher(256)")
         self._placement = placement_of(model_thread)
         if num_workers > 1 and self._placement == "loop":
             raise ValueError("num_workers > 1 needs model_thread=True or 'auto'")
@@ -591,6 +593,13 @@ class BatchingServer:
     async def __aenter__(self) -> "BatchingServer":
         if self._loop is not None:
             raise RuntimeError("a BatchingServer can be entered once")
+        # A batcher holds its server's queue: two open servers on one would take each
+        # other's requests to their own models.
+        holder = self._batcher._server
+        if holder is not None and not holder._closed:
+            raise ValueError("this batcher already batches for another open server: "
+                             "give each serve its own batcher")
+        self._batcher._server = self
         devices = self._devices
         # A copy of the model per device, made here before any thread starts (on_device
         # raises TypeError for a model that cannot place itself: nothing is left then).
@@ -736,6 +745,8 @@ class BatchingServer:
         self._fail_queued(ServerClosedError("the server closed"))  # if the task died
         self._stats.close()
         self._closed = True
+        if self._batcher._server is self:  # free for the next server
+            self._batcher._server = None
         if not self._closer.done():
             self._closer.set_result(None)
 

@@ -51,3 +51,11 @@ async def test_run_searches_async_checks_its_callables_too():
 async def test_run_searches_inside_a_running_loop_points_to_the_async_form():
     with pytest.raises(RuntimeError, match="run_searches_async"):
         asr.run_searches(searches.echo_sum, [1], searches.small_mlp)
+
+
+def test_the_local_backend_reports_the_one_process_it_ran_in_whatever_num_procs_asks():
+    # It reported num_procs=5 for a run that started no process.
+    out = asr.run_searches(searches.echo_sum, [1, 2], searches.small_mlp,
+                           backend="local", num_procs=5)
+    assert out == searches.baseline(searches.echo_sum, [1, 2], searches.small_mlp())
+    assert (out.stats["num_procs"], out.stats["num_procs_requested"]) == (1, 5)

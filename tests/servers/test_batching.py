@@ -347,6 +347,27 @@ async def test_cost_batcher_bounds_total_cost_per_batch():
     assert histogram == {1: 1, 2: 2}
 
 
+async def test_one_batcher_serves_one_open_server_at_a_time():
+    # Two open servers on one batcher took each other's requests: a caller of the first
+    # got the second model's answer.
+    batcher = BatchSizeBatcher(8)
+    one = with_spec(lambda x: x + 1000.0, (1,), np.float32)
+    two = with_spec(lambda x: x + 2000.0, (1,), np.float32)
+    async with asr.serve(one, batcher=batcher) as first:
+        with pytest.raises(ValueError, match="already batches for another open server"):
+            async with asr.serve(two, batcher=batcher):
+                pass
+        assert (await first(np.ones((1, 1), np.float32))).item() == 1001.0
+    async with asr.serve(two, batcher=batcher) as second:  # free once the first closed
+        assert (await second(np.ones((1, 1), np.float32))).item() == 2001.0
+
+
+@pytest.mark.parametrize("batcher", [BatchSizeBatcher, 5, "fifo"])
+def test_serve_refuses_what_is_not_a_batcher_when_made(batcher):
+    with pytest.raises(TypeError, match="batcher must be a Batcher instance"):
+        BatchingServer(doubling(), batcher=batcher)
+
+
 async def test_stats_report_model_time_and_fractions():
     async with asr.serve(doubling()) as evaluate:
         await evaluate(np.ones((2, 3), np.float32))
