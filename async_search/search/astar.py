@@ -8,7 +8,8 @@ from typing import Optional, Tuple
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import Status, check_evaluate, evaluated, values_of
+from async_search.search.base import (PROBLEM_METHODS, Status, check_evaluate,
+                                      check_protocol, evaluated, values_of)
 from async_search.search.frontier import (Frontier, encode_keys, expand_ids, has_open_node,
                                           new_frontier, path_to, pop_ids, record_ids)
 
@@ -63,6 +64,8 @@ def check_astar_arguments(problem: SearchProblem, start: State, *, budget: int,
     # Past MAX_WEIGHT, weight * g would overflow to inf and every priority tie: a larger
     # weight searches as MAX_WEIGHT does (g orders the nodes, h breaks ties).
     weight = min(check_float("weight", weight, minimum=0.0), MAX_WEIGHT)
+    check_protocol("problem", problem, PROBLEM_METHODS, "SearchProblem",
+                   "problems.SlidingPuzzle(4)")
     problem.check_state(start)
     return budget, weight
 

@@ -38,8 +38,21 @@ def bad_step_cost(problem: Any, cost: Any) -> ValueError:
                       f"protocol)")
 
 
-#: The largest step cost: past it a sum of costs is no float (an int of 400 digits).
+#: The largest step cost, and path cost: past it a sum of costs is no float (inf, or an
+#: int of 400 digits).
 MAX_STEP_COST = sys.float_info.max
+
+
+def path_cost_overflow(problem: Any, cost: Any) -> ValueError:
+    """The error for a path whose cost passes ``MAX_STEP_COST``: as inf, every such path
+    would tie with every other (a goal reached would not beat "none found")."""
+    try:
+        shown = f"{float(cost):g}"
+    except OverflowError:  # an int (a Fraction) past the floats
+        shown = "more than any float"
+    return ValueError(f"{type(problem).__name__}: a path costs {shown}, past the "
+                      f"largest float ({MAX_STEP_COST:g}) that a path cost may be; "
+                      f"scale the step costs down")
 
 
 def check_step_cost(problem: Any, cost: Any) -> None:
@@ -70,6 +83,36 @@ def check_evaluate(evaluate: Any) -> None:
     if not callable(evaluate):
         raise ValueError(f"evaluate must be an awaitable callable such as "
                          f"asr.immediate(model), got {evaluate!r}")
+    if isinstance(evaluate, type):  # calling it would make an instance, not outputs
+        raise ValueError(f"evaluate must be an awaitable callable such as "
+                         f"asr.immediate(model), got the class {evaluate.__name__}")
+
+
+#: The methods of each protocol that the searches call.
+PROBLEM_METHODS = ("check_state", "neighbors", "is_goal", "encode")
+GAME_METHODS = ("check_state", "legal_actions", "play", "terminal_value", "encode")
+
+
+def check_protocol(name: str, value: Any, methods: Tuple[str, ...], protocol: str,
+                   example: str) -> None:
+    """TypeError naming ``name`` unless ``value`` is an object with each of ``methods``
+    (a class passed for an instance is the usual slip), before any search starts; the
+    error names what is missing instead of an AttributeError deep in the search.
+
+    Example:
+        >>> check_protocol("game", object(), GAME_METHODS, "Game", "problems.ConnectFour()")
+        Traceback (most recent call last):
+        ...
+        TypeError: game must be a Game (problems.ConnectFour(), say), got an object without check_state, legal_actions, play, terminal_value, encode
+    """
+    if isinstance(value, type):
+        raise TypeError(f"{name} must be a {protocol} instance ({example}, say), got the "
+                        f"class {value.__name__}")
+    missing = [m for m in methods if not callable(getattr(value, m, None))]
+    if missing:
+        raise TypeError(f"{name} must be a {protocol} ({example}, say), got "
+                        f"{'an' if type(value).__name__[:1].lower() in 'aeiou' else 'a'} "
+                        f"{type(value).__name__} without {', '.join(missing)}")
 
 
 def check_search_constant(name: str, value: Any, *, strict: bool = False) -> float:
@@ -83,6 +126,33 @@ def check_search_constant(name: str, value: Any, *, strict: bool = False) -> flo
     if number > MAX_SEARCH_CONSTANT:
         raise ValueError(f"{name} must be at most {MAX_SEARCH_CONSTANT:g} (past it the "
                          f"scores overflow and every action ties), got {value!r}")
+    return number
+
+
+def _as_array(y: Any, what: str) -> np.ndarray:
+    """``np.asarray(y)``; ModelOutputError naming ``what`` for what cannot be one (a
+    tensor that requires grad, say)."""
+    try:
+        return np.asarray(y)
+    except Exception as e:  # (each framework words its own refusal)
+        raise ModelOutputError(f"{what} must be a NumPy array, got a "
+                               f"{type(y).__name__} that is not one: {e}") from None
+
+
+def check_dirichlet_alpha(value: Any) -> float:
+    """``value`` as a float > 0 and at most MAX_SEARCH_CONSTANT: past it the root noise
+    is uniform anyway, and far past it NumPy's gamma draws overflow and the noise is
+    all zeros (the priors then sum to less than 1).
+
+    Example:
+        >>> check_dirichlet_alpha(0.3)
+        0.3
+    """
+    number = check_float("dirichlet_alpha", value, minimum=0.0, strict=True)
+    if number > MAX_SEARCH_CONSTANT:
+        raise ValueError(f"dirichlet_alpha must be at most {MAX_SEARCH_CONSTANT:g} (past "
+                         f"it the noise is uniform, and far past it NumPy's draws "
+                         f"overflow to zeros), got {value!r}")
     return number
 
 
@@ -104,7 +174,7 @@ def values_of(y: Any, n: int, what: str) -> list:
         raise ModelOutputError(f"{what} must be one array of shape [{n}] or [{n}, 1], got "
                                f"a {type(y).__name__} of outputs; is it a policy-value "
                                f"model?")
-    values = np.asarray(y)
+    values = _as_array(y, what)
     try:
         if values.dtype.kind in "cSUV":  # a complex part would be dropped, not refused
             raise TypeError
@@ -134,7 +204,7 @@ def policy_logits_of(y: Any, n: int, num_actions: int) -> np.ndarray:
         raise ModelOutputError(f"a policy-value model must return the tuple "
                                f"(policy_logits [n, {num_actions}], value [n, 1]), got "
                                f"{type(y).__name__}")
-    logits = np.asarray(y[0])
+    logits = _as_array(y[0], "the policy logits")
     if logits.shape != (n, num_actions):
         raise ModelOutputError(f"policy logits must have shape [{n}, {num_actions}], got "
                                f"{logits.shape}")

@@ -43,7 +43,8 @@ import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from async_search.problems.base import CompactKeys, SearchProblem, State, compact_keys_of
-from async_search.search.base import MAX_STEP_COST, bad_step_cost, check_step_cost
+from async_search.search.base import (MAX_STEP_COST, bad_step_cost, check_step_cost,
+                                      path_cost_overflow)
 
 
 _INF = math.inf
@@ -353,6 +354,8 @@ def _expand_states(fr: Frontier, ids: List[int],
             elif not 0 < cost <= MAX_STEP_COST:
                 raise bad_step_cost(problem, cost)
             g1 = g + cost
+            if g1 > MAX_STEP_COST:  # inf, or an int past the floats
+                raise path_cost_overflow(problem, g1)
             j = index.get(child)
             if j is not None:
                 if g1 < g_of[j]:

@@ -17,7 +17,8 @@ import numpy as np
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import Game, State
-from async_search.search.base import check_evaluate, check_search_constant, evaluated
+from async_search.search.base import (check_dirichlet_alpha, check_evaluate,
+                                      check_search_constant, evaluated)
 from async_search.search.base import split_policy_value as _split_outputs
 from async_search.search.reuse import kept_subtree, start_search
 from async_search.search.tree import Tree
@@ -138,8 +139,7 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
     num_simulations = check_int("num_simulations", num_simulations, minimum=1)
     num_parallel = check_int("num_parallel", num_parallel, minimum=1)
     c_puct = check_search_constant("c_puct", c_puct, strict=True)
-    dirichlet_alpha = check_float("dirichlet_alpha", dirichlet_alpha, minimum=0.0,
-                                  strict=True)
+    dirichlet_alpha = check_dirichlet_alpha(dirichlet_alpha)
     dirichlet_fraction = check_float("dirichlet_fraction", dirichlet_fraction, minimum=0.0)
     if dirichlet_fraction > 1.0:
         raise ValueError(f"dirichlet_fraction must be in [0, 1], got "

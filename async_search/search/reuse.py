@@ -33,8 +33,10 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from async_search.base import Evaluate
+from async_search.checks import is_int
 from async_search.problems.base import Game, State
-from async_search.search.base import evaluated, split_policy_value
+from async_search.search.base import (GAME_METHODS, check_protocol, evaluated,
+                                      split_policy_value)
 from async_search.search.tree import LEAF, PENDING, Tree
 
 
@@ -54,10 +56,12 @@ def subtree(tree: Tree, action: int) -> Optional[Tree]:
         mine), theirs)``, None as soon as either is.
 
     Raises:
-        ValueError: if the root's actions do not include ``action``, the root is
-            terminal, or descents are in flight.
+        ValueError: if ``action`` is not an integer (a bool is not one) or not one of
+            the root's actions, the root is terminal, or descents are in flight.
     """
     _check_finished(tree)
+    if not is_int(action):  # True == 1 and 3.0 == 3 would pass the test below
+        raise ValueError(f"an action is an integer, got {action!r}")
     if tree.terminal_value(0) is not None:
         raise ValueError("the tree's root is terminal: it has no action")
     edges = tree.edges(0)
@@ -124,6 +128,7 @@ async def start_search(game: Game, state: State, evaluate: Evaluate,
     """
     if not isinstance(keep_tree, bool):
         raise ValueError(f"keep_tree must be a bool, got {keep_tree!r}")
+    check_protocol("game", game, GAME_METHODS, "Game", "problems.ConnectFour()")
     game.check_state(state)
     tree = start_tree(game, state, reuse)
     terminal = tree.terminal_value(0)

@@ -23,8 +23,9 @@ import numpy as np
 from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
-from async_search.search.base import (Status, check_evaluate, check_step_cost, evaluated,
-                                      values_of)
+from async_search.search.base import (MAX_STEP_COST, PROBLEM_METHODS, Status,
+                                      check_evaluate, check_protocol, check_step_cost,
+                                      evaluated, path_cost_overflow, values_of)
 
 
 Seed = Union[int, np.random.SeedSequence]
@@ -148,6 +149,8 @@ def walk_step(problem: SearchProblem, walk: Walk, candidates: List[Tuple[State, 
     walk.path.append(state)
     walk.on_path.add(state)
     walk.cost += cost
+    if walk.cost > MAX_STEP_COST:  # inf, or an int past the floats
+        raise path_cost_overflow(problem, walk.cost)
     walk.scores.append(scores[i])
     if problem.is_goal(state):
         walk.status = Status.GOAL_FOUND
@@ -182,6 +185,8 @@ def _check_seed(seed: Seed) -> Seed:
 def _check(problem, start, depth, temperature):
     depth = check_int("depth", depth, minimum=1)
     temperature = check_float("temperature", temperature, minimum=0.0, strict=True)
+    check_protocol("problem", problem, PROBLEM_METHODS, "SearchProblem",
+                   "problems.SlidingPuzzle(4)")
     problem.check_state(start)
     return depth, temperature
 

@@ -88,12 +88,18 @@ def _generic_rules(game: Game) -> Tuple[Callable, Callable]:
 
     def legal(state: State) -> Tuple[int, ...]:
         actions = tuple(legal_actions(state))  # a generator is read once, here
+        before = -1
         for a in actions:
             if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not (
                     0 <= a < num_actions):
                 raise ValueError(f"{game!r}: legal_actions gave {a!r} for {state!r}; "
                                  f"actions are integers in [0, num_actions="
                                  f"{num_actions}) (the Game protocol)")
+            if a <= before:  # a repeat would count its visits twice, or lose them
+                raise ValueError(f"{game!r}: legal_actions gave {actions!r} for "
+                                 f"{state!r}; actions are ascending, each once (the "
+                                 f"Game protocol)")
+            before = a
         return actions
 
     def child(state: State, action: int) -> Tuple[State, Optional[float], Tuple[int, ...]]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from async_search import search
 from async_search.checks import check_float, check_int
+from async_search.search.base import check_dirichlet_alpha
 from async_search.search.completed_q import root_improved_policy
 
 
@@ -92,7 +93,7 @@ class SelfPlayConfig:
         check_int("simulations", self.simulations, minimum=1)
         check_int("num_parallel", self.num_parallel, minimum=1)
         check_int("sampling_moves", self.sampling_moves, minimum=0)
-        check_float("dirichlet_alpha", self.dirichlet_alpha, minimum=0.0, strict=True)
+        check_dirichlet_alpha(self.dirichlet_alpha)
         # A weight: checked here, before a Commander starts workers that would each
         # meet it inside search.mcts.
         check_float("dirichlet_fraction", self.dirichlet_fraction, minimum=0.0,

@@ -7,7 +7,7 @@ import pytest
 
 import async_search as asr
 from async_search import problems, search
-from tests.search.costed import CostsOf
+from tests.search.costed import CostsOf, Line
 from async_search.errors import ModelOutputError
 from async_search.search import Status
 
@@ -167,4 +167,19 @@ async def test_a_step_cost_that_is_not_finite_and_positive_is_refused(cost, vari
            if variant == "batched" else
            search.continuous_astar(CostsOf(cost), 0, evaluate, budget=100))
     with pytest.raises(ValueError, match="a step costs .*finite numbers > 0"):
+        await asyncio.wait_for(run, 10)
+
+
+@pytest.mark.parametrize("cost", [1e308, 10 ** 308])
+@pytest.mark.parametrize("variant", ["batched", "continuous"])
+async def test_a_path_whose_cost_passes_the_floats_is_refused(cost, variant):
+    # Each step's cost is a float, but their sum is not: as inf, the goal reached did
+    # not beat "none found" (space_exhausted); as an int, a raw OverflowError.
+    async def evaluate(x):
+        return np.zeros((len(x), 1), np.float32)
+
+    run = (search.batched_astar(Line(cost), 0, evaluate, budget=100, buffer_size=1)
+           if variant == "batched" else
+           search.continuous_astar(Line(cost), 0, evaluate, budget=100))
+    with pytest.raises(ValueError, match="Line: a path costs .* past the largest float"):
         await asyncio.wait_for(run, 10)

@@ -461,6 +461,17 @@ def test_a_game_whose_legal_actions_leave_its_actions_is_refused_naming_it(actio
         Tree(Broken(actions=actions), 2)
 
 
+@pytest.mark.parametrize("actions", [(0, 0), (1, 0), (0, 2, 1)])
+def test_a_game_whose_legal_actions_repeat_or_go_down_is_refused_naming_it(actions):
+    # (0, 1, 2, 0) gave visit counts that did not sum to num_simulations, and a Gumbel
+    # policy summing to 0.75.
+    class ThreeWays(Broken):
+        num_actions = 3
+    with pytest.raises(ValueError, match=r"ThreeWays.*legal_actions gave .*ascending, "
+                                         r"each once"):
+        Tree(ThreeWays(actions=actions), 2)
+
+
 @pytest.mark.parametrize("end", [math.nan, 5.0, -1.5, "1", 1j, True, np.array([0.5]),
                                  __import__("decimal").Decimal("0.5")])
 def test_a_terminal_value_outside_minus_one_to_one_is_refused_naming_the_game(end):

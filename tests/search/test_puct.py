@@ -114,6 +114,8 @@ async def test_illegal_actions_get_no_visits_and_no_prior():
     (dict(c_puct=0.0), "c_puct must be a finite number > 0.0, got 0.0"),
     (dict(c_puct=1e308), "c_puct must be at most 1e.06 .*, got 1e.308"),
     (dict(dirichlet_alpha=-1), "dirichlet_alpha must be a finite number > 0.0"),
+    # NumPy's draws overflowed to zeros: the root's priors summed to 0.75, or 0.
+    (dict(dirichlet_alpha=3e307), "dirichlet_alpha must be at most 1e.06 .*got 3e.307"),
     (dict(dirichlet_fraction=1.5), r"dirichlet_fraction must be in \[0, 1\], got 1.5"),
     (dict(state=GAME.play(WIN_AT_3, 3)), "cannot search from a terminal state"),
     (dict(state=(1, 1)), "two stones on a cell"),

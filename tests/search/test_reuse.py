@@ -2,6 +2,7 @@
 
 import pickle
 
+import numpy as np
 import pytest
 
 import async_search as asr
@@ -133,6 +134,10 @@ async def test_subtree_refuses_an_illegal_action_and_a_result_without_a_tree():
                           keep_tree=True)
     with pytest.raises(ValueError, match="action 0 is not one of the root's actions"):
         r.subtree(0)
+    for not_an_action in (True, 3.0, "3", None):  # True and 3.0 gave actions 1 and 3
+        with pytest.raises(ValueError, match="an action is an integer, got"):
+            r.subtree(not_an_action)
+    assert r.subtree(np.int64(3)) is not None
     plain = await search.mcts(GAME, full, asr.immediate(NET), num_simulations=8)
     assert plain.tree is None
     with pytest.raises(ValueError, match="pass keep_tree=True"):

@@ -177,6 +177,14 @@ async def test_a_step_cost_that_is_not_a_finite_number_above_zero_is_refused(cos
         await run
 
 
+@pytest.mark.parametrize("cost", [1e308, 10 ** 308])
+async def test_a_walk_whose_cost_passes_the_floats_is_refused(cost):
+    # It returned goal_found at a cost of inf.
+    evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
+    with pytest.raises(ValueError, match="Line: a path costs .* past the largest float"):
+        await search.simple_rollout(Line(cost), 0, evaluate, depth=5, seed=0)
+
+
 @pytest.mark.parametrize("cost", [np.float32(1.5), np.int64(2), fractions.Fraction(3, 2), 7])
 async def test_real_numbers_of_any_type_are_step_costs(cost):
     evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))

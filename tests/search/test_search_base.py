@@ -4,6 +4,7 @@ check of evaluate."""
 import numpy as np
 import pytest
 
+import async_search as asr
 from async_search.errors import ModelOutputError
 from async_search.search.base import values_of
 
@@ -51,6 +52,44 @@ async def test_every_search_refuses_an_evaluate_that_cannot_be_called(name, eval
     start = puzzle.scramble(3, seed=0) if problem is puzzle else game.initial_state()
     with pytest.raises(ValueError, match="evaluate must be an awaitable callable"):
         await getattr(search, name)(problem, start, evaluate, **options)
+
+
+SEARCH_ARGS = {"batched_astar": {"budget": 10, "buffer_size": 2},
+               "continuous_astar": {"budget": 10},
+               "simple_rollout": {"depth": 2, "seed": 0},
+               "multi_rollout": {"depth": 2, "num_rollouts": 2, "seed": 0},
+               "mcts": {"num_simulations": 2, "num_parallel": 1},
+               "gumbel_mcts": {"num_simulations": 2}}
+
+
+@pytest.mark.parametrize("name", sorted(SEARCH_ARGS))
+@pytest.mark.parametrize("wrong", ["the other kind", "a class"])
+async def test_every_search_refuses_a_problem_of_the_wrong_kind_naming_what_it_lacks(
+        name, wrong):
+    # A game given to A*, or a class for an instance: an AttributeError deep in the
+    # search ("'ConnectFour' object has no attribute 'is_goal'"), or a misleading
+    # "check_state() missing 1 required positional argument".
+    from async_search import problems, search
+    puzzle, game = problems.SlidingPuzzle(3), problems.ConnectFour()
+    needs_game = name in ("mcts", "gumbel_mcts")
+    right, other = (game, puzzle) if needs_game else (puzzle, game)
+    start = game.initial_state() if needs_game else puzzle.scramble(3, seed=0)
+    problem = other if wrong == "the other kind" else type(right)
+    evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
+    kind, method = ("game", "legal_actions") if needs_game else ("problem", "is_goal")
+    message = (f"{kind} must be a .* without .*{method}" if wrong == "the other kind"
+               else f"{kind} must be a .* instance .*, got the class {type(right).__name__}")
+    with pytest.raises(TypeError, match=message):
+        await getattr(search, name)(problem, start, evaluate, **SEARCH_ARGS[name])
+
+
+async def test_a_class_given_for_evaluate_is_refused_before_any_work():
+    from async_search import problems, search
+    puzzle = problems.SlidingPuzzle(3)
+    with pytest.raises(ValueError, match="evaluate must be .*got the class "
+                                         "ManhattanHeuristic"):
+        await search.batched_astar(puzzle, puzzle.scramble(3, seed=0),
+                                   problems.ManhattanHeuristic, budget=10, buffer_size=2)
 
 
 SEARCHES = ["batched_astar", "continuous_astar", "simple_rollout", "multi_rollout", "mcts",
@@ -161,3 +200,20 @@ async def test_every_search_takes_every_kind_of_awaitable_evaluate(name, kind):
     else:
         result = await _run_search(name, evaluates[kind](), requests=2)
     assert result == expected
+
+
+def test_outputs_numpy_cannot_read_fail_as_the_models_not_numpys():
+    # A torch tensor that requires grad (the researcher forgot .detach().numpy()) made
+    # a raw torch RuntimeError in the search.
+    from async_search.errors import ModelOutputError
+    from async_search.search.base import policy_logits_of
+
+    class Unreadable:
+        def __array__(self, dtype=None, copy=None):
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad")
+
+    with pytest.raises(ModelOutputError, match="the heuristic must be a NumPy array, "
+                                               "got a Unreadable .*requires grad"):
+        values_of(Unreadable(), 2, "the heuristic")
+    with pytest.raises(ModelOutputError, match="the policy logits must be a NumPy array"):
+        policy_logits_of((Unreadable(), np.zeros((2, 1))), 2, 7)

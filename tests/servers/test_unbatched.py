@@ -119,3 +119,94 @@ async def test_immediate_takes_a_timeout_and_discards_outputs_that_come_past_it(
     with pytest.raises(ValueError, match="timeout must be a finite number > 0"):
         await ev(x(1), timeout=0)
     assert ev.stats["timed_out"] == 1 and ev.stats["batches"] == 3
+
+
+class ChangingOutputs:
+    """Returns ``first(y)`` on its first call and ``later(y)`` after, for y = x * 2."""
+
+    def __init__(self, first, later, output_spec=None):
+        self.input_spec = asr.TensorSpec((4,), np.float32)
+        if output_spec is not None:
+            self.output_spec = output_spec
+        self.first, self.later, self.calls = first, later, 0
+
+    def __call__(self, x):
+        self.calls += 1
+        y = x[:, :1] * 2.0
+        return (self.first if self.calls == 1 else self.later)(y)
+
+
+async def served_and_immediate(model_maker, sizes=(2, 2)):
+    """What serve and immediate make of the same calls, one request at a time: each
+    call's outputs or the name of its error."""
+    async def calls(evaluate):
+        out = []
+        for n in sizes:
+            try:
+                out.append(await evaluate(x(n)))
+            except Exception as e:
+                out.append(type(e).__name__ + ": " + str(e).split(":")[0])
+        return out
+    async with asr.serve(model_maker(), model_thread=False) as served:
+        by_server = await calls(served)
+    return by_server, await calls(asr.immediate(model_maker()))
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        if isinstance(u, str) or isinstance(v, str):
+            assert u == v
+        else:
+            assert type(u) is type(v) and u.dtype == v.dtype
+            np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("later", [
+    lambda y: y[:, 0],                 # [n, 1], then [n]
+    lambda y: (y,),                    # an array, then a tuple
+    lambda y: y.astype(np.int64),      # float32, then int64: another kind
+])
+async def test_outputs_that_change_structure_fail_as_a_servers_do(later):
+    # immediate took them all, while serve failed them: the same search ran under one
+    # and failed under the other.
+    by_server, by_immediate = await served_and_immediate(
+        lambda: ChangingOutputs(lambda y: y, later))
+    assert isinstance(by_immediate[1], str) and by_immediate[1].startswith(
+        "ModelOutputError")
+    assert_same(by_server, by_immediate)
+
+
+async def test_a_dtype_of_the_same_kind_is_cast_to_the_first_calls_as_a_server_does():
+    by_server, by_immediate = await served_and_immediate(
+        lambda: ChangingOutputs(lambda y: y, lambda y: y.astype(np.float64)))
+    assert by_immediate[1].dtype == np.float32
+    assert_same(by_server, by_immediate)
+
+
+async def test_outputs_must_keep_a_declared_output_spec_from_the_first_call():
+    spec = asr.TensorSpec((1,), np.float32)
+    by_server, by_immediate = await served_and_immediate(
+        lambda: ChangingOutputs(lambda y: y[:, 0], lambda y: y[:, 0], output_spec=spec))
+    assert by_immediate[0].startswith("ModelOutputError")
+    assert_same(by_server, by_immediate)
+
+
+async def test_a_zero_row_call_gets_the_empty_output_of_the_known_structure():
+    by_server, by_immediate = await served_and_immediate(
+        lambda: ChangingOutputs(lambda y: y, lambda y: y[:0, 0]), sizes=(2, 0))
+    assert by_immediate[1].shape == (0, 1) and by_immediate[1].dtype == np.float32
+    assert_same(by_server, by_immediate)
+
+
+async def test_outputs_that_are_not_arrays_fail_as_a_servers_do():
+    class NotAnArray:
+        def __init__(self, y):
+            self.y = y
+
+        def __len__(self):
+            return len(self.y)
+    by_server, by_immediate = await served_and_immediate(
+        lambda: ChangingOutputs(NotAnArray, NotAnArray), sizes=(2,))
+    assert by_immediate[0].startswith("ModelOutputError")
+    assert_same(by_server, by_immediate)

@@ -130,7 +130,7 @@ def test_without_sampling_moves_and_noise_a_game_ignores_the_seed():
 
 @pytest.mark.parametrize("field, value", [
     ("simulations", 0), ("simulations", 2.5), ("num_parallel", 0), ("sampling_moves", -1),
-    ("dirichlet_alpha", 0.0), ("dirichlet_fraction", -0.1),
+    ("dirichlet_alpha", 0.0), ("dirichlet_alpha", 3e307), ("dirichlet_fraction", -0.1),
     ("dirichlet_fraction", float("nan")), ("dirichlet_fraction", 1.5), ("c_puct", 0.0),
     ("seed", -1), ("random_opening_moves", -1), ("random_opening_moves", 2.0),
     ("random_opening_moves", True), ("random_opening_moves", 2 ** 31),
