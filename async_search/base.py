@@ -49,7 +49,16 @@ class TensorSpec:
         object.__setattr__(self, "shape", tuple(
             check_int(f"TensorSpec shape[{i}]", d, minimum=0)
             for i, d in enumerate(self.shape)))
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        # None would be NumPy's float64, and a bare str an empty string no request can
+        # match: both are slips, refused here instead of failing every request.
+        if self.dtype is None:
+            raise ValueError("a TensorSpec's dtype must be given (np.float32, say), got "
+                             "None")
+        dtype = np.dtype(self.dtype)
+        if dtype.itemsize == 0 and dtype.kind in "SUV":
+            raise ValueError(f"a TensorSpec's dtype must have a size: {dtype} holds "
+                             f"nothing (give its length, as in 'U8')")
+        object.__setattr__(self, "dtype", dtype)
 
     def batch_shape(self, n: int) -> Tuple[int, ...]:
         """The shape of a batch of ``n`` elements."""

@@ -82,3 +82,17 @@ def test_a_tensor_spec_refuses_a_shape_that_is_not_integers_at_least_zero(shape)
 def test_a_tensor_spec_takes_any_sequence_of_integers():
     assert TensorSpec([np.int64(3), 0], np.float32).shape == (3, 0)
     assert TensorSpec(np.array([2, 2]), "float32").shape == (2, 2)
+
+
+@pytest.mark.parametrize("dtype, message", [
+    (None, "dtype must be given"),          # NumPy's default, float64, silently
+    (str, "<U0 holds nothing"),             # no request could match it
+    (bytes, "|S0 holds nothing"),
+])
+def test_a_tensor_spec_refuses_a_dtype_that_is_a_slip(dtype, message):
+    with pytest.raises(ValueError, match=message):
+        TensorSpec((2,), dtype)
+
+
+def test_a_tensor_spec_takes_sized_strings():
+    assert TensorSpec((2,), "U3").dtype == np.dtype("<U3")

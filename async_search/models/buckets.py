@@ -276,6 +276,15 @@ def run_in_chunks(batch: np.ndarray, largest: int,
     return rows.concatenate([run(batch[i:i + largest]) for i in range(0, n, largest)])
 
 
+def refuse_copying(adapter: Any) -> None:
+    """What pickling or copying a framework adapter raises: it holds a framework's
+    module and a device, neither of which can travel; a factory can."""
+    raise TypeError(f"a {type(adapter).__name__} holds a net on its device and cannot be "
+                    f"pickled or copied: pass a function that makes it (a model factory, "
+                    f"as run_searches takes), or place a copy with "
+                    f"async_search.base.on_device(model, device)")
+
+
 class BucketedModel:
     """The call of every framework adapter: a batch is checked against ``input_spec``,
     then one that fits the largest bucket runs at once, a larger one in chunks of the

@@ -15,7 +15,8 @@ from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError, InputSpecError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
-                                         bucket_sizes, net_outputs, padded_rows)
+                                         bucket_sizes, net_outputs, padded_rows,
+                                         refuse_copying)
 from async_search.models.weight_casts import host_copy
 
 
@@ -111,6 +112,9 @@ class JaxModel(BucketedModel):
         self._weak = jax.tree.map(lambda a: bool(getattr(a, "weak_type", False)),
                                   self._params)
         self._staged = None  # with_weights: host values, placed at the first batch
+
+    def __reduce__(self) -> Any:
+        refuse_copying(self)
 
     @property
     def trace_count(self) -> int:
@@ -235,7 +239,10 @@ def jax_device(device: Any = None) -> Any:
             return device
         raise DeviceNotFoundError(f"no device {device!r} for JAX: this machine has "
                                   f"{jax.devices()}")
-    platform, _, index = device.lower().partition(":")
+    platform, _, index = device.strip().lower().partition(":")
+    if not platform:  # "" is not JAX's default device: None is
+        raise DeviceNotFoundError(f"no device {device!r} for JAX (None picks JAX's first "
+                                  f"device); this machine has {jax.devices()}")
     try:
         number = int(index) if index else 0
         devices = _platform_devices(jax, platform)
@@ -276,6 +283,11 @@ class _Compiled:
         #: context).
         self.compiled: set = set()
         self.dtype = dtype = model.input_spec.dtype
+        try:  # as TorchModel: a spec the framework cannot take is refused when made
+            jax.device_put(np.zeros(1, dtype), model.device)
+        except TypeError as e:
+            raise ValueError(f"JAX has no dtype for the input spec "
+                             f"{model.input_spec.describe()}: {e}") from None
         #: Without jax_enable_x64 JAX computes 64-bit integers in 32 bits: values past
         #: that range would wrap into wrong answers, so such batches are checked (the
         #: bounds of the 32-bit type; None when nothing narrows).

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence, Tuple
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
+from async_search.checks import check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +24,16 @@ class SpecModel:
     fn: Callable[[np.ndarray], Outputs]
     input_spec: TensorSpec
     output_spec: TensorSpec | None = None
+
+    def __post_init__(self):
+        if not callable(self.fn):
+            raise TypeError(f"SpecModel wraps a function, got {type(self.fn).__name__}")
+        if not isinstance(self.input_spec, TensorSpec):
+            raise TypeError(f"input_spec must be a TensorSpec (TensorSpec((4,), "
+                            f"np.float32), say), got {self.input_spec!r}")
+        if self.output_spec is not None and not isinstance(self.output_spec, TensorSpec):
+            raise TypeError(f"output_spec must be a TensorSpec or None (TensorSpec((1,), "
+                            f"np.float32), say), got {self.output_spec!r}")
 
     def __call__(self, batch: np.ndarray) -> Outputs:
         return self.fn(batch)
@@ -37,6 +48,9 @@ def with_spec(fn: Callable[[np.ndarray], Outputs], shape: Sequence[int], dtype: 
         >>> model.input_spec.describe()
         '[n, 3] float32'
     """
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise ValueError(f"with_spec's shape is a sequence of integers >= 0 (one "
+                         f"element's, the batch left out), got {shape!r}")
     return SpecModel(fn, TensorSpec(tuple(shape), dtype), output_spec)
 
 
@@ -75,7 +89,7 @@ class MLP:
         hidden_sizes: widths of the ReLU hidden layers.
         output_size: width of the output; outputs have shape ``[n, output_size]``.
         seed: seeds the weights.
-        dtype: input and output dtype.
+        dtype: input and output dtype, a float dtype.
 
     Example:
         >>> model = MLP((4,), hidden_sizes=(8,), output_size=2, seed=0)
@@ -85,7 +99,18 @@ class MLP:
 
     def __init__(self, input_shape: Sequence[int], hidden_sizes: Sequence[int] = (64,),
                  output_size: int = 1, seed: int = 0, dtype: Any = np.float32):
+        if isinstance(input_shape, (str, bytes)) or not hasattr(input_shape, "__iter__"):
+            raise ValueError(f"MLP's input_shape is a sequence of integers (one element's "
+                             f"shape, the batch left out), got {input_shape!r}")
+        if isinstance(hidden_sizes, (str, bytes)) or not hasattr(hidden_sizes, "__iter__"):
+            raise ValueError(f"MLP's hidden_sizes is a sequence of layer widths ((64,) for "
+                             f"one layer), got {hidden_sizes!r}")
+        hidden_sizes = [check_int("an MLP hidden size", h, minimum=1) for h in hidden_sizes]
+        output_size = check_int("output_size", output_size, minimum=1)
         self.input_spec = TensorSpec(tuple(input_shape), dtype)
+        if self.input_spec.dtype.kind != "f":
+            raise ValueError(f"MLP's dtype (its inputs' and outputs') must be a float "
+                             f"dtype, got {self.input_spec.dtype}")
         self.output_spec = TensorSpec((output_size,), dtype)
         rng = np.random.default_rng(seed)
         sizes = [int(np.prod(input_shape, dtype=np.int64)), *hidden_sizes, output_size]
@@ -110,6 +135,14 @@ class MLP:
                 for (w, b), (w0, b0) in zip(weights, self.weights)):
             raise ValueError("with_weights needs (w, b) layers shaped like the model's: "
                              f"{[(w.shape, b.shape) for w, b in self.weights]}")
+        for i, layer in enumerate(weights):
+            for name, value in zip(("w", "b"), layer):
+                kind = np.asarray(value).dtype.kind
+                if kind not in "fiub" or not np.isfinite(np.asarray(value, np.float64)).all():
+                    raise ValueError(f"MLP.with_weights: layer {i}'s {name} must be finite "
+                                     f"real numbers, got an array of "
+                                     f"{np.asarray(value).dtype}"
+                                     + ("" if kind not in "fiub" else " with inf or NaN"))
         copy = object.__new__(MLP)
         copy.__dict__.update(self.__dict__)
         copy.weights = [(on_weight_grid(w), on_weight_grid(b)) for w, b in weights]

@@ -13,7 +13,7 @@ from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
 from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_sizes,
-                                         net_outputs, padded_rows)
+                                         net_outputs, padded_rows, refuse_copying)
 from async_search.models.weight_casts import host_copy
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
@@ -65,7 +65,9 @@ class TensorFlowModel(OwnWeightsModel):
         self.input_spec = adapter_spec(input_spec)
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
         self.device = tensorflow_device(device)
-        self.jit_compile = jit_compile
+        if not isinstance(jit_compile, (bool, np.bool_)):
+            raise TypeError(f"jit_compile must be True or False, got {jit_compile!r}")
+        self.jit_compile = bool(jit_compile)
         self._given_tolerance = batch_tolerance
         self.batch_tolerance = (
             (1e-2 if "GPU" in self.device.upper() else 1e-4) if batch_tolerance is None
@@ -75,6 +77,9 @@ class TensorFlowModel(OwnWeightsModel):
                             f"{type(fn).__name__}")
         self.fn = fn
         self._start(_Traced(tf, fn, self))
+
+    def __reduce__(self) -> Any:
+        refuse_copying(self)
 
     @property
     def trace_count(self) -> int:
@@ -171,6 +176,9 @@ def tensorflow_device(device: str | None = None) -> str:
     if not isinstance(device, str):
         raise DeviceNotFoundError(f"a TensorFlow device is a name such as '/GPU:0', got "
                                   f"{device!r}; this machine has {names}")
+    if not device.strip():  # names every device: not one to place the model on
+        raise DeviceNotFoundError(f"no device {device!r} for TensorFlow (None picks "
+                                  f"/GPU:0 or /CPU:0); this machine has {names}")
     try:
         spec = tf.DeviceSpec.from_string(device)
     except (ValueError, TypeError) as e:
@@ -210,6 +218,11 @@ class _Traced:
         self.tf = tf
         self.device = model.device
         self.trace_count = 0
+        try:  # as TorchModel: a spec the framework cannot take is refused when made
+            tf.dtypes.as_dtype(model.input_spec.dtype)
+        except TypeError as e:
+            raise ValueError(f"TensorFlow has no dtype for the input spec "
+                             f"{model.input_spec.describe()}: {e}") from None
         self._keras = _is_keras(fn)
         if self._keras and not fn.built:  # no weights yet (a subclassed model, a
             # Sequential without an Input): built on one batch, so that updates find them
@@ -269,7 +282,14 @@ class _Traced:
                 fn = self._concrete[size] = self._fn.get_concrete_function(
                     tf.TensorSpec(buffer.shape, buffer.dtype))
             out = fn(tf.constant(buffer))
-        return net_outputs(out, tf.is_tensor, lambda t: padded_rows(t.numpy(), n, size))
+        return net_outputs(out, self._is_dense, lambda t: padded_rows(t.numpy(), n, size))
+
+    def _is_dense(self, value: Any) -> bool:
+        """A tensor with ``numpy()``: not a SparseTensor or a RaggedTensor, which the net
+        must make dense (their refusal then names them)."""
+        tf = self.tf
+        return tf.is_tensor(value) and not isinstance(value, (tf.SparseTensor,
+                                                              tf.RaggedTensor))
 
 
 def _is_keras(fn: Any) -> bool:

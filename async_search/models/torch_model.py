@@ -21,10 +21,10 @@ import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
-from async_search.errors import DeviceNotFoundError
+from async_search.errors import DeviceNotFoundError, ModelOutputError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
                                          bucket_sizes, check_padded_shape, net_outputs,
-                                         padded_rows)
+                                         padded_rows, refuse_copying)
 from async_search.models.weight_casts import kind_refused, values_lost, weight_array
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
@@ -157,7 +157,10 @@ class TorchModel(OwnWeightsModel):
         self.device = torch_device(device)
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
         self.precision = precision
-        self.compile = compile
+        if not (isinstance(compile, (bool, np.bool_)) or isinstance(compile, Mapping)):
+            raise TypeError(f"compile must be True, False or a dict of torch.compile's "
+                            f"keyword arguments, got {compile!r}")
+        self.compile = bool(compile) if isinstance(compile, (bool, np.bool_)) else compile
         if cuda_graphs is not None and not isinstance(cuda_graphs, (bool, np.bool_)):
             raise TypeError(f"cuda_graphs must be None, True or False, got {cuda_graphs!r}")
         cuda_graphs = None if cuda_graphs is None else bool(cuda_graphs)
@@ -185,6 +188,9 @@ class TorchModel(OwnWeightsModel):
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
         self._start(_Runner(torch, module, self))
 
+    def __reduce__(self) -> Any:
+        refuse_copying(self)
+
     def __call__(self, batch: np.ndarray) -> Outputs:
         # The usual CPU batch, in one frame: an ndarray of the spec's dtype that fills
         # a bucket exactly runs as it is (no padding, no copy), as ``run`` would run it
@@ -197,7 +203,7 @@ class TorchModel(OwnWeightsModel):
                 n = len(batch)
                 x = runner.torch.from_numpy(batch)
                 version = x._version
-                out = runner.forward_rows(x, n, n, batch)
+                out = runner.forward_rows(x, n, n)
                 if x._version != version:
                     runner.wrote_input(caller=True)
                 return out
@@ -382,12 +388,11 @@ class _Runner:
                for p in itertools.chain(self.module.parameters(), self.module.buffers())):
             _initialize_lazy(torch, self.module, model.input_spec, self.input_dtype, device)
         state = self.module.state_dict()
-        self.names = list(state)
-        self.slots = list(state.values())  # the tensors with_weights copies into
-        # Where they live: an output that is (a view of) one of them is copied out, or
-        # the next update would rewrite results already handed out.
-        self.weight_storages = frozenset(
-            t.untyped_storage().data_ptr() for t in self.slots) - {0}
+        # A module's extra state (get_extra_state: a step count, a config) is no tensor
+        # to copy into: with_weights leaves it as it is.
+        self.extra_state = frozenset(k for k, v in state.items() if not torch.is_tensor(v))
+        self.names = [k for k in state if k not in self.extra_state]
+        self.slots = [state[k] for k in self.names]  # the tensors with_weights copies into
         self.weights = SharedWeights(self._read, self._write)
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         if self.cuda:
@@ -444,7 +449,7 @@ class _Runner:
             raise TypeError(f"TorchModel.with_weights takes a state_dict or a module, got "
                             f"{type(weights).__name__}")
         missing = [n for n in self.names if n not in weights]
-        known = set(self.names)
+        known = set(self.names) | self.extra_state
         unexpected = [n for n in weights if n not in known]
         if missing or unexpected:
             raise ValueError(f"the weights do not match the module's state_dict: missing "
@@ -458,6 +463,9 @@ class _Runner:
 
             if isinstance(value, torch.Tensor):
                 value = value.detach()
+                if value.is_meta:
+                    raise ValueError(f"weight {name!r} is on the meta device: it has a "
+                                     f"shape but no values to copy")
                 given = _numpy_dtype(torch, value.dtype)
             else:  # an array, its kind checked before torch sees it (Python objects)
                 value = weight_array(value, head)
@@ -523,7 +531,7 @@ class _Runner:
             if x is None:
                 x = self._host[size] = self.torch.from_numpy(source)
         version = x._version
-        out = self.forward_rows(x, n, size, source)
+        out = self.forward_rows(x, n, size)
         if x._version != version:
             if source is not batch:  # its pad rows too: zeros again next time
                 self.padded.dirtied(size)
@@ -532,10 +540,9 @@ class _Runner:
             self.writes_input = False
         return out
 
-    def forward_rows(self, x: Any, n: int, size: int, source: np.ndarray) -> Outputs:
+    def forward_rows(self, x: Any, n: int, size: int) -> Outputs:
         """The first ``n`` rows of the module's outputs on the CPU tensor ``x`` of
-        ``size`` rows, a view of ``source`` (so that outputs sharing its memory are
-        copied out)."""
+        ``size`` rows, copied out (``_host_rows``)."""
         with self._inference:
             if self.precision is None:
                 out = self.forward(x)
@@ -543,10 +550,9 @@ class _Runner:
                 with self._autocast():
                     out = self.forward(x)
             if isinstance(out, self.torch.Tensor):  # the common case, without a closure
-                return _host_rows(self.torch, out, n, size, source, self.weight_storages)
+                return _host_rows(self.torch, out, n, size)
             return net_outputs(out, self.is_tensor,
-                               lambda t: _host_rows(self.torch, t, n, size, source,
-                                                    self.weight_storages))
+                               lambda t: _host_rows(self.torch, t, n, size))
 
     def _run_cuda(self, n: int, size: int) -> Outputs:
         torch = self.torch
@@ -565,6 +571,7 @@ class _Runner:
                 out = self.forward(x)
             leaves, rebuild = _flatten(net_outputs(out, self.is_tensor, _same))
             for leaf in leaves:
+                _check_dense(torch, leaf)
                 check_padded_shape(leaf.shape, n, size)
             pinned = self._pinned_outputs(size, leaves)
             for host, leaf in zip(pinned, leaves):
@@ -578,8 +585,12 @@ class _Runner:
         captured = self._graphs.get(size)
         if captured is None:
             torch = self.torch
-            for _ in range(3):  # warm-up before capture, as CUDA graphs require
-                self.forward(x)
+            # Warm-up before capture, as CUDA graphs require, on a copy of the batch: a
+            # module that writes its input would otherwise run on its own writes.
+            scratch = x.clone()
+            for _ in range(3):
+                scratch.copy_(x)
+                self.forward(scratch)
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             try:
@@ -737,34 +748,38 @@ def _triton_would_follow_tensorflow() -> bool:
 _FLOAT16 = np.dtype(np.float16)
 
 
-def _host_rows(torch: Any, tensor: Any, n: int, size: int, source: np.ndarray,
-               weight_storages: frozenset) -> np.ndarray:
+def _host_rows(torch: Any, tensor: Any, n: int, size: int) -> np.ndarray:
     """The first ``n`` rows of a CPU output of a batch padded to ``size`` rows, as the
-    caller's own array (copied when it shares memory with the batch ``source`` or with
-    the net's weights, whose storages are ``weight_storages``); reduced floats come
-    back as float32.
+    caller's own array: always a copy, since a module may return memory it keeps (its
+    input, a weight that an update rewrites, a buffer it writes each pass), which would
+    change results already handed out. Reduced floats come back as float32, complex32
+    as complex64.
 
     Raises:
-        ModelOutputError: the output has no batch dimension or not ``size`` rows.
+        ModelOutputError: the output is not dense, has no batch dimension or not
+            ``size`` rows.
     """
+    _check_dense(torch, tensor)
     try:
         out = tensor.numpy()
-    except TypeError:  # bfloat16, which NumPy lacks (checked here, not per batch)
-        out = tensor.float().numpy()
-    if out.dtype is _FLOAT16:
-        out = out.astype(np.float32)
+        fresh = False
+    except TypeError:  # bfloat16 or complex32, which NumPy lacks: converted, a copy
+        out = tensor.to(torch.complex64 if tensor.is_complex() else torch.float32).numpy()
+        fresh = True
     shape = out.shape
     if n != size or not shape or shape[0] != n:
         # A NumPy slice (a tenth of the cost of slicing the tensor) of outputs with a
         # row per row of the padded batch, or an error.
         out = padded_rows(out, n, size)
-    # A net may return (a view of) its input, which is a reused buffer or the batch
-    # that the server reuses, or of a weight, which an update rewrites in place: then
-    # the rows are copied out.
-    if (np.may_share_memory(out, source)
-            or tensor.untyped_storage().data_ptr() in weight_storages):
-        return out.copy()
-    return out
+    if out.dtype is _FLOAT16:
+        return out.astype(np.float32)  # a copy
+    return out if fresh else out.copy()
+
+
+def _check_dense(torch: Any, tensor: Any) -> None:
+    if tensor.layout is not torch.strided:
+        raise ModelOutputError(f"the net returned a tensor of layout {tensor.layout}: an "
+                               f"adapter's net must return dense tensors (to_dense())")
 
 
 def _same(tensor: Any) -> Any:

@@ -244,3 +244,22 @@ def test_host_rows_are_copied_only_where_they_share_the_batch():
     assert shared.shape == (3, 6) and not np.may_share_memory(shared, batch)
     assert np.may_share_memory(_host_rows(batch, 3, 4, None), batch)
     assert isinstance(_jit_aliases_host_inputs(jax, jax.devices("cpu")[0]), bool)
+
+
+@pytest.mark.parametrize("dtype", [object, "M8[s]", "U3"])
+def test_a_spec_dtype_jax_cannot_take_is_refused_when_made(dtype):
+    # Accepted, then every batch failed with JAX's "Error interpreting argument".
+    with pytest.raises(ValueError, match="JAX has no dtype for the input spec"):
+        JaxModel(lambda p, x: x, {}, TensorSpec((2,), dtype))
+
+
+@pytest.mark.parametrize("device", ["", "  "])
+def test_an_empty_device_name_is_refused_not_taken_for_the_default(device):
+    with pytest.raises(DeviceNotFoundError, match="None picks JAX's first device"):
+        JaxModel(lambda p, x: x, {}, SPEC, device=device)
+
+
+def test_a_jax_adapter_cannot_be_pickled_and_says_what_to_send_instead():
+    import pickle
+    with pytest.raises(TypeError, match="JaxModel holds a net on its device"):
+        pickle.dumps(JaxModel(lambda p, x: x, {}, SPEC))

@@ -186,3 +186,29 @@ def test_a_list_of_python_ints_past_an_int_weights_range_gets_value_error(tf):
     updated = model.with_weights([[-2 ** 31, 0, 2 ** 31 - 1]])
     np.testing.assert_array_equal(updated(np.zeros((1, 3), np.float32)),
                                   [[-2.0 ** 31, 0, 2.0 ** 31]])
+
+
+@pytest.mark.parametrize("dtype", [np.longdouble, "M8[s]", "V4"])
+def test_a_spec_dtype_tensorflow_cannot_take_is_refused_when_made(tf, dtype):
+    with pytest.raises(ValueError, match="TensorFlow has no dtype for the input spec"):
+        TensorFlowModel(lambda x: x, TensorSpec((2,), dtype))
+
+
+def test_an_empty_device_name_and_a_jit_compile_that_is_not_a_bool_are_refused(tf):
+    with pytest.raises(DeviceNotFoundError, match="None picks"):
+        TensorFlowModel(lambda x: x, TensorSpec((2,), np.float32), device="")
+    with pytest.raises(TypeError, match="jit_compile must be True or False, got 'yes'"):
+        TensorFlowModel(lambda x: x, TensorSpec((2,), np.float32), jit_compile="yes")
+
+
+def test_a_sparse_output_is_the_nets_model_output_error(tf):
+    from async_search.errors import ModelOutputError
+    model = TensorFlowModel(tf.sparse.from_dense, TensorSpec((2,), np.float32))
+    with pytest.raises(ModelOutputError, match="the net returned a SparseTensor"):
+        model(np.ones((1, 2), np.float32))
+
+
+def test_a_tensorflow_adapter_cannot_be_pickled_and_says_what_to_send_instead(tf):
+    import pickle
+    with pytest.raises(TypeError, match="TensorFlowModel holds a net on its device"):
+        pickle.dumps(TensorFlowModel(lambda x: x, TensorSpec((2,), np.float32)))

@@ -192,7 +192,7 @@ def test_options_are_checked_at_construction():
     with pytest.raises(ValueError, match="batch_tolerance must be a finite number >= 0"):
         TorchModel(mlp(), input_spec=SPEC, device="cpu", batch_tolerance=-1)
     with pytest.raises(ValueError, match="PyTorch has no dtype"):
-        TorchModel(mlp(), input_spec=TensorSpec((6,), np.str_), device="cpu")
+        TorchModel(mlp(), input_spec=TensorSpec((6,), "U4"), device="cpu")
     with pytest.raises(DeviceNotFoundError, match="no device 'cuda:7'"):
         TorchModel(mlp(), input_spec=SPEC, device="cuda:7")
 
@@ -291,6 +291,18 @@ def test_cuda_is_the_default_and_batches_go_through_pinned_buffers_on_its_own_st
     assert runner.stream != torch.cuda.default_stream(model.device)
     assert all(buffer.is_pinned() for buffer in runner._host.values())
     assert all(out.is_pinned() for _, outs in runner._host_out.values() for out in outs)
+
+
+@needs_cuda
+def test_a_module_that_writes_its_input_is_warmed_up_for_its_graph_on_a_copy():
+    # The warm-up before capture ran the module three times on the batch itself: the
+    # first batch of each bucket was computed on its input written four times.
+    model = TorchModel(WritesItsInput(), input_spec=SPEC, max_batch_size=4,
+                       cuda_graphs=True)
+    x = rows(3)
+    for _ in range(2):
+        np.testing.assert_allclose(model(x), 2 * x.sum(axis=1, keepdims=True),
+                                   rtol=1e-2, atol=1e-2)
 
 
 @needs_cuda
@@ -680,3 +692,96 @@ def test_a_module_that_fails_on_zeros_eagerly_too_is_compiled_all_the_same():
                                rtol=1e-6)
     with pytest.raises(ValueError, match="an all-zero batch"):
         model(np.zeros((2, 6), np.float32))
+
+
+def test_outputs_in_a_buffer_the_module_keeps_are_the_callers_own():
+    # A module writing its outputs into a buffer it keeps: the first caller's array
+    # changed to the second caller's values at the next batch.
+    class OutBuffer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 2)
+            self.register_buffer("out", torch.zeros(8, 2), persistent=False)
+
+        def forward(self, x):
+            return torch.matmul(x, self.lin.weight.t(), out=self.out[:x.shape[0]])
+
+    model = TorchModel(OutBuffer(), input_spec=SPEC, device="cpu", batch_sizes=[1, 8])
+    first = model(np.ones((1, 6), np.float32))
+    kept = first.copy()
+    model(np.full((1, 6), 5.0, np.float32))
+    np.testing.assert_array_equal(first, kept)
+
+
+def test_a_complex32_output_keeps_its_imaginary_part():
+    class Complex(torch.nn.Module):
+        def forward(self, x):
+            return torch.complex(x, x + 1).to(torch.complex32)
+
+    model = TorchModel(Complex(), input_spec=TensorSpec((2,), np.float16), device="cpu")
+    out = model(np.ones((1, 2), np.float16))
+    assert out.dtype == np.complex64
+    np.testing.assert_array_equal(out, [[1 + 2j, 1 + 2j]])
+
+
+def test_a_sparse_output_is_the_nets_model_output_error():
+    from async_search.errors import ModelOutputError
+
+    class Sparse(torch.nn.Module):
+        def forward(self, x):
+            return x.to_sparse()
+
+    with pytest.raises(ModelOutputError, match="layout .*dense"):
+        TorchModel(Sparse(), input_spec=SPEC, device="cpu")(rows(2))
+
+
+def test_a_module_with_extra_state_is_served_and_updated_leaving_that_state():
+    class WithExtra(torch.nn.Module):
+        def __init__(self, seed):
+            super().__init__()
+            torch.manual_seed(seed)
+            self.lin = torch.nn.Linear(6, 2)
+            self.step = seed
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def get_extra_state(self):
+            return {"step": self.step}
+
+        def set_extra_state(self, state):
+            self.step = state["step"]
+
+    net, other = WithExtra(0), WithExtra(1)
+    model = TorchModel(net, input_spec=SPEC, device="cpu")  # was a raw AttributeError
+    x = rows(3)
+    np.testing.assert_allclose(model(x), direct(net, x), rtol=1e-6)
+    updated = model.with_weights(other.state_dict())
+    np.testing.assert_allclose(updated(x), direct(other, x), rtol=1e-6)
+    assert net.step == 0
+
+
+def test_weights_on_the_meta_device_are_refused_naming_the_weight():
+    model = TorchModel(mlp(), input_spec=SPEC, device="cpu")
+    with torch.device("meta"):
+        shapes_only = mlp()
+    with pytest.raises(ValueError, match="weight '0.weight' is on the meta device"):
+        model.with_weights(shapes_only)
+    np.testing.assert_allclose(model(rows(2)), direct(mlp(), rows(2)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("compile", ["yes", 1, None])
+def test_compile_takes_a_bool_or_a_dict_of_options(compile):
+    with pytest.raises(TypeError, match="compile must be True, False or a dict"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", compile=compile)
+
+
+def test_an_adapter_cannot_be_pickled_or_copied_and_says_what_to_send_instead():
+    import copy
+    import pickle
+    model = TorchModel(mlp(), input_spec=SPEC, device="cpu")
+    for duplicate in (pickle.dumps, copy.deepcopy, copy.copy):
+        with pytest.raises(TypeError, match="TorchModel holds a net on its device .*model "
+                                            "factory"):
+            duplicate(model)
+    assert model.with_weights(mlp(1)) is not model  # its own copies are made as before
