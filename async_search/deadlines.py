@@ -11,7 +11,6 @@ requests it made that are not batched yet.
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import Any, Awaitable, Callable
 
 from async_search.checks import check_float
@@ -28,11 +27,39 @@ def check_timeout(timeout: Any) -> float:
     return check_float("timeout", timeout, minimum=0, strict=True)
 
 
+class Deadline:
+    """The deadline ``expire_after`` set on a future: ``expire_if_due`` fails it at once
+    once the deadline has passed, for a result that comes after it, before the loop has
+    run the timer (a model on the loop, a loop kept busy by a search)."""
+
+    __slots__ = ("fut", "timeout", "on_expiry", "note", "timer")
+
+    def __init__(self, fut: asyncio.Future, timeout: float,
+                 on_expiry: Callable[[], None] | None, note: str):
+        self.fut, self.timeout, self.on_expiry, self.note = fut, timeout, on_expiry, note
+        self.timer = fut.get_loop().call_later(timeout, self._expire)
+        fut.add_done_callback(self._cancel_timer)
+
+    def expire_if_due(self) -> None:
+        """Fails the future now if its deadline has passed and it is not done."""
+        if not self.fut.done() and self.timer.when() <= self.fut.get_loop().time():
+            self._expire()
+
+    def _expire(self) -> None:
+        _expire(self.fut, self.timeout, self.on_expiry, self.note)
+
+    def _cancel_timer(self, fut: asyncio.Future) -> None:
+        self.timer.cancel()
+
+
 def expire_after(fut: asyncio.Future, timeout: float,
-                 on_expiry: Callable[[], None] | None = None, *, note: str = "") -> None:
+                 on_expiry: Callable[[], None] | None = None, *,
+                 note: str = "") -> Deadline:
     """Fails ``fut`` with RequestTimeoutError ``timeout`` seconds from now unless it is
     done by then (the message ends with ``note``; ``on_expiry`` is called). The timer
     goes as soon as ``fut`` is done, so that nothing of the request outlives it.
+    Returns the ``Deadline``, whose ``expire_if_due`` a deliverer calls before handing
+    out a result that may come late.
 
     Example:
         >>> async def main():
@@ -45,8 +72,7 @@ def expire_after(fut: asyncio.Future, timeout: float,
         >>> asyncio.run(main())
         'expired'
     """
-    timer = fut.get_loop().call_later(timeout, _expire, fut, timeout, on_expiry, note)
-    fut.add_done_callback(functools.partial(_cancel_timer, timer))
+    return Deadline(fut, timeout, on_expiry, note)
 
 
 async def within_deadline(awaitable: Awaitable, timeout: float) -> Any:
@@ -93,7 +119,3 @@ def _expire(fut: asyncio.Future, timeout: float, on_expiry: Callable[[], None] |
             f"no answer within the request's timeout of {timeout:g} s{note}"))
         if on_expiry is not None:
             on_expiry()
-
-
-def _cancel_timer(timer: asyncio.TimerHandle, fut: asyncio.Future) -> None:
-    timer.cancel()

@@ -154,7 +154,8 @@ class CheckpointError(ValueError):
 class CloseTimeoutError(TimeoutError):
     """A server did not finish closing within ``aclose(timeout=...)``: it failed what it
     still held and told its device threads to end; the message says what it abandoned.
-    ``batches_in_model``: batches the model had not returned; ``requests_failed``:
+    ``batches_in_model``: batches the model was computing and had not returned (batches
+    still waiting for a device thread are dropped, and not counted); ``requests_failed``:
     requests failed with ServerClosedError; ``threads``: names of the device threads
     still running (each unloads its model and ends when the model returns)."""
 

@@ -110,3 +110,27 @@ async def test_a_cached_request_past_its_deadline_fails_and_its_rows_are_kept():
     assert stats["hits"] == 2 and len(model.seen) == 1
     with pytest.raises(ValueError, match="timeout must be"):
         await cache(x, timeout=0)
+
+
+@pytest.mark.parametrize("model_thread", [False, True])
+async def test_a_result_that_comes_past_the_deadline_is_a_timeout_not_a_late_answer(
+        model_thread):
+    # On the loop the result was handed out inside the dispatch task, before the timer
+    # could run; from a thread, while a search kept the loop busy past the deadline.
+    import time
+
+    def slow(x):
+        time.sleep(0.05)
+        return x * 2.0
+
+    async with asr.serve(slow, model_thread=model_thread) as evaluate:
+        await evaluate(np.ones((1, 1)))
+        late = evaluate(np.ones((1, 1)), timeout=0.01)
+        if model_thread:
+            for _ in range(2):  # the batch reaches the device thread
+                await asyncio.sleep(0)
+            time.sleep(0.08)  # a search step holds the loop past the deadline
+        with pytest.raises(RequestTimeoutError):
+            await late
+        assert evaluate.stats["timed_out"] == 1
+        np.testing.assert_array_equal(await evaluate(np.ones((1, 1)), timeout=5), [[2.0]])

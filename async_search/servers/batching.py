@@ -21,7 +21,7 @@ from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of
                                on_device, output_spec_of, replaces_model, values_check_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
 from async_search.checks import check_callable, check_float, check_instance, check_int
-from async_search.deadlines import check_timeout, expire_after
+from async_search.deadlines import Deadline, check_timeout, expire_after
 from async_search.delivery import ResultDelivery
 from async_search.errors import (CloseTimeoutError, InputSpecError, ModelOutputError,
                                  ServerClosedError, ServerCrashedError, describe)
@@ -223,6 +223,9 @@ class BatchingServer:
         self._slot: asyncio.Future | None = None    # set when a batch comes back
         self._in_flight = 0
         self._let_in_at = 0.0  # when a request last let a device thread take the GIL
+        # Requests given a timeout, until they are done: their results are handed out
+        # only within it (the timer may not have run when a late result comes).
+        self._deadlines: Dict[asyncio.Future, Deadline] = {}
         self._flying: Dict[int, Any] = {}  # id -> Popped: batches the model has not
         #                                    given back (failed at once by a crash)
         self._since = 0.0  # when the queue last became non-empty, or the last dispatch
@@ -333,7 +336,10 @@ class BatchingServer:
             self._staged_xs.append(x)
             self._staged_futures.append(fut)
         if timeout is not None:
-            expire_after(fut, timeout, self._stats.count_timeout, note=_DROPPED)
+            deadlines = self._deadlines
+            deadlines[fut] = expire_after(fut, timeout, self._stats.count_timeout,
+                                          note=_DROPPED)
+            fut.add_done_callback(lambda done: deadlines.pop(done, None))
         wakeup = self._wakeup
         if wakeup is not None:  # the queue was empty and the dispatch task asleep
             self._wakeup = None
@@ -719,27 +725,34 @@ class BatchingServer:
                                      threads=threads)
         flying = list(self._flying.values())
         self._flying.clear()  # what a device returns later finds them failed
-        error = ServerClosedError(f"the server closed ({why}) while this request's batch "
-                                  f"was in the model")
-        failed = 0
-        for popped in flying:
-            failed += sum(1 for fut in popped.tags if not fut.done())
-            self._responses.fail(popped, error)
-        failed += self._fail_queued(ServerClosedError(
-            f"the server closed ({why}) before this request was batched"))
         if not self._task.done():
             self._abandoned = True  # its cancellation is the close, not a crash
             self._task.cancel()
-        self._workers.stop(discard_queued=True)
+        # Batches queued for a device thread and not started are dropped: they never
+        # reached the model, and are not counted as in it.
+        never_ran = {id(token) for token in self._workers.stop(discard_queued=True)}
+        in_model = [popped for popped in flying if id(popped) not in never_ran]
+        failed = 0
+        for batches, where in ((in_model, "was in the model"),
+                               ([p for p in flying if id(p) in never_ran],
+                                "waited for the model, which it never reached")):
+            error = ServerClosedError(f"the server closed ({why}) while this request's "
+                                      f"batch {where}")
+            for popped in batches:
+                failed += sum(1 for fut in popped.tags if not fut.done())
+                self._responses.fail(popped, error)
+        failed += self._fail_queued(ServerClosedError(
+            f"the server closed ({why}) before this request was batched"))
         threads = self._workers.running
-        batches = len(flying)
+        dropped = len(flying) - len(in_model)
         running = (f"device thread(s) {', '.join(threads)} still run the model and will "
                    f"unload it and end when it returns" if threads else
                    "no device thread is left")
         return CloseTimeoutError(
-            f"the server closed ({why}): {batches} batch(es) were still in the model; "
-            f"{failed} request(s) failed with ServerClosedError; {running}",
-            batches_in_model=batches, requests_failed=failed, threads=tuple(threads))
+            f"the server closed ({why}): {len(in_model)} batch(es) were still in the "
+            f"model" + (f" and {dropped} more waited for it (dropped)" if dropped else "")
+            + f"; {failed} request(s) failed with ServerClosedError; {running}",
+            batches_in_model=len(in_model), requests_failed=failed, threads=tuple(threads))
 
     def _finish_close(self) -> None:
         self._fail_queued(ServerClosedError("the server closed"))  # if the task died
@@ -923,6 +936,12 @@ class BatchingServer:
                                                   error is not None)
                 if popped.buffer is not None:
                     self._pool.give_back(popped.buffer, outputs)
+                if self._deadlines:
+                    deadlines = self._deadlines
+                    for fut in popped.tags:
+                        deadline = deadlines.get(fut)
+                        if deadline is not None:
+                            deadline.expire_if_due()
                 if error is None:
                     error = self._responses.deliver(popped, outputs, version)
                 if self._tuner is not None and len(popped.batch):

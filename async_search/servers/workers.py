@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 from typing import Any, Callable, Hashable, List
 
@@ -74,7 +75,7 @@ class Workers:
         self._batch_s: float | None = None  # moving average of the model's time a batch
         self._in_thread = 0
         self._done: Done | None = None
-        self._hooks = _has_hooks(model)
+        self._names = itertools.count()  # a removed thread's name is never reused
         #: Batches run on the loop and in device threads so far.
         self.batches_on_loop = 0
         self.batches_in_thread = 0
@@ -108,7 +109,7 @@ class Workers:
         if model is None:
             model = self._model if device is None else on_device(self._model, device)
         thread = DeviceThread(model, self.version, self._jobs, self._loop, self._on_exit,
-                              name=f"async_search-device-{len(self._threads)}",
+                              name=f"async_search-device-{next(self._names)}",
                               device=device)
         self._threads.append(thread.start())
         if self._on_count is not None:
@@ -145,7 +146,10 @@ class Workers:
         self._done = done
         average = self._batch_s
         if (average is not None and average < INLINE_BELOW_S and not self._in_thread
-                and len(self._threads) == 1 and not self._hooks):
+                and len(self._threads) == 1
+                # A model with load/unload hooks runs in its thread only, loaded there:
+                # the thread's own (add_worker(model=...)), not only the first model.
+                and not _has_hooks(self._threads[0].current[0])):
             self.batches_on_loop += 1
             self._inline.set_model(*self._threads[0].current)  # the thread's model
             self._inline.run(token, batch, self._measured)
@@ -195,7 +199,6 @@ class Workers:
             worker.set_model(model, version)
         self._model = current
         self.version = version
-        self._hooks = _has_hooks(self._model)
 
     def stop(self, discard_queued: bool = False) -> List[Any]:
         """Tells every thread to end, without waiting: each ends once the batch it

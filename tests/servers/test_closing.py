@@ -195,6 +195,30 @@ async def test_aclose_timeout_says_what_it_abandoned():
     assert (model.loads, model.unloads) == (1, 1)
 
 
+async def test_aclose_timeout_counts_only_batches_the_model_was_computing():
+    # A batch still queued for the device thread never reached the model: it was
+    # counted and worded as "in the model".
+    before = set(device_threads())
+    model = Device()
+    server = BatchingServer(model, asr.servers.DispatchPolicy(2, pipeline_depth=2),
+                            model_thread=True)
+    await server.__aenter__()
+    in_model = server(np.zeros((2, 1), np.float32))
+    await within(asyncio.to_thread(model.started.wait, 10), "a batch in the model")
+    waiting = server(np.ones((2, 1), np.float32))
+    await wait_until(lambda: server.stats["batches"] + server._in_flight >= 2,
+                     "a second batch handed to the device thread")
+    with pytest.raises(CloseTimeoutError) as timed_out:
+        await server.aclose(timeout=0.05)
+    error = timed_out.value
+    assert (error.batches_in_model, error.requests_failed) == (1, 2)
+    assert "1 batch(es) were still in the model and 1 more waited for it" in str(error)
+    assert "was in the model" in str(in_model.exception())
+    assert "waited for the model, which it never reached" in str(waiting.exception())
+    model.open()
+    await wait_until(lambda: set(device_threads()) <= before, "no device thread left")
+
+
 async def test_aclose_with_a_timeout_that_is_met_returns_normally():
     model = Device(compute_open=True)
     model.release.set()

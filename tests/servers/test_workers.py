@@ -450,3 +450,29 @@ async def test_stats_stay_as_they_were_at_close_when_a_thread_ends_later():
         await asyncio.gather(pending, return_exceptions=True)
         await wait_until(lambda: not evaluate._workers.running, timeout=10)  # ended
         assert evaluate.stats["fraction_in_model"] == closed["fraction_in_model"]
+
+
+async def test_auto_never_runs_on_the_loop_a_workers_own_model_with_hooks():
+    # add_worker(model=hooked), then the first worker removed: the hooked model ran on
+    # the loop, never loaded, because only the first model's hooks were looked at.
+    hooked = Recording()
+    async with asr.serve(with_spec(lambda x: x + 0.0, (1,), np.float32)) as evaluate:
+        for i in range(6):  # a fast model: its batches go to the loop
+            await asyncio.wait_for(evaluate(np.full((1, 1), i, np.float32)), 10)
+        assert evaluate.stats["batches_on_loop"] > 0
+        await evaluate.add_worker(model=hooked)
+        await evaluate.remove_worker()
+        on_loop = evaluate.stats["batches_on_loop"]
+        for i in range(6):
+            await asyncio.wait_for(evaluate(np.full((1, 1), i, np.float32)), 10)
+        assert evaluate.stats["batches_on_loop"] == on_loop
+    assert hooked.threads and threading.main_thread().ident not in hooked.threads
+    assert [event for event, _ in hooked.events] == ["load", "unload"]
+
+
+async def test_a_worker_added_after_a_removal_never_takes_a_running_threads_name():
+    async with asr.serve(lambda x: x, model_thread=True, num_workers=2) as evaluate:
+        await evaluate.remove_worker()
+        await evaluate.add_worker()
+        names = [t.name for t in threading.enumerate() if t.name.startswith("async_search")]
+        assert len(names) == len(set(names)) == 2
