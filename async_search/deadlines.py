@@ -11,7 +11,7 @@ requests it made that are not batched yet.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Dict, Iterable
 
 from async_search.checks import check_float
 from async_search.errors import RequestTimeoutError
@@ -50,6 +50,23 @@ class Deadline:
 
     def _cancel_timer(self, fut: asyncio.Future) -> None:
         self.timer.cancel()
+
+
+def expire_due(deadlines: Dict[asyncio.Future, Deadline], futures: Iterable) -> None:
+    """Fails each of ``futures`` whose deadline (in ``deadlines``) has passed: called
+    before a batch's results are handed out, for a result that came late."""
+    for fut in futures:
+        deadline = deadlines.get(fut)
+        if deadline is not None:
+            deadline.expire_if_due()
+
+
+def track_deadline(deadlines: Dict[asyncio.Future, Deadline], fut: asyncio.Future,
+                   timeout: float, on_expiry: Callable[[], None] | None = None, *,
+                   note: str = "") -> None:
+    """``expire_after``, the deadline kept in ``deadlines`` until ``fut`` is done."""
+    deadlines[fut] = expire_after(fut, timeout, on_expiry, note=note)
+    fut.add_done_callback(lambda done: deadlines.pop(done, None))
 
 
 def expire_after(fut: asyncio.Future, timeout: float,

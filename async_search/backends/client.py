@@ -24,7 +24,7 @@ from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_int
 from async_search.coalescing import CoalescedRequests
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
-from async_search.deadlines import check_timeout, expire_after
+from async_search.deadlines import Deadline, check_timeout, expire_due, track_deadline
 from async_search.delivery import ResultDelivery
 from async_search.errors import InputSpecError, ServerDiedError
 from async_search.queues import ClosedConnection
@@ -150,6 +150,7 @@ class CoalescingClient(CoalescedRequests):
         self._check = RequestChecker(input_spec)
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
+        self._deadlines: Dict[asyncio.Future, Deadline] = {}  # requests with a timeout
         self._where = where
         #: Requests that make a message leave at once (no limit: sys.maxsize, so that
         #: the hot path compares without a test for None).
@@ -234,8 +235,8 @@ class CoalescingClient(CoalescedRequests):
             loop = self._loop = asyncio.get_running_loop()
         fut = loop.create_future()
         if timeout is not None:
-            expire_after(fut, check_timeout(timeout),
-                         note="; its rows are discarded when they come")
+            track_deadline(self._deadlines, fut, check_timeout(timeout),
+                           note="; its rows are discarded when they come")
         self._xs.append(x)
         self._futures.append(fut)
         if len(self._futures) >= self._message_requests:
@@ -276,6 +277,8 @@ class CoalescingClient(CoalescedRequests):
 
     def _answered(self, message: Message, answer: Any) -> None:
         self._in_flight -= 1
+        if self._deadlines:  # rows that came past their request's deadline: discarded
+            expire_due(self._deadlines, message.tags)
         if isinstance(answer, RowsFailed):
             self._answered_in_part(message, answer)
             return

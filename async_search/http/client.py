@@ -40,14 +40,14 @@ import asyncio
 import json
 import math
 import random
-from typing import Any, Hashable, List, Mapping, Set, Tuple
+from typing import Any, Dict, Hashable, List, Mapping, Set, Tuple
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float, check_int
 from async_search.coalescing import CoalescedRequests
-from async_search.deadlines import check_timeout, expire_after
+from async_search.deadlines import Deadline, check_timeout, expire_due, track_deadline
 from async_search.delivery import ResultDelivery
 from async_search.errors import (InputSpecError, ModelNotFoundError, ModelOutputError,
                                  ProtocolError, RemoteError, RequestTimeoutError,
@@ -172,6 +172,7 @@ class RemoteEvaluate(CoalescedRequests):
         self._check = RequestChecker(input_spec, learnable=_sendable)
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
+        self._deadlines: Dict[asyncio.Future, Deadline] = {}  # requests with a timeout
         self._session: Any = None
         self._aiohttp: Any = None
         self._open = False
@@ -320,7 +321,7 @@ class RemoteEvaluate(CoalescedRequests):
         loop = self._loop
         fut = loop.create_future()
         if timeout is not None and timeout < self.timeout:
-            expire_after(fut, timeout, note=f" from {self._where}")
+            track_deadline(self._deadlines, fut, timeout, note=f" from {self._where}")
         if not self._xs:
             self._deadline = loop.time() + self.timeout
         self._xs.append(x)
@@ -397,6 +398,8 @@ class RemoteEvaluate(CoalescedRequests):
                 self._delivery.fail(call, e)
             return
         self._learn(version, call.seq)
+        if self._deadlines:  # rows that came past their request's deadline: discarded
+            expire_due(self._deadlines, call.tags)
         error = self._delivery.deliver(call, outputs, version)
         if error is not None:
             self._delivery.fail(call, error)

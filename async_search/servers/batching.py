@@ -21,7 +21,8 @@ from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of
                                on_device, output_spec_of, replaces_model, values_check_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
 from async_search.checks import check_callable, check_float, check_instance, check_int
-from async_search.deadlines import Deadline, check_timeout, expire_after
+from async_search.deadlines import (Deadline, check_timeout, expire_due,
+                                    track_deadline)
 from async_search.delivery import ResultDelivery
 from async_search.errors import (CloseTimeoutError, InputSpecError, ModelOutputError,
                                  ServerClosedError, ServerCrashedError, describe)
@@ -336,10 +337,8 @@ class BatchingServer:
             self._staged_xs.append(x)
             self._staged_futures.append(fut)
         if timeout is not None:
-            deadlines = self._deadlines
-            deadlines[fut] = expire_after(fut, timeout, self._stats.count_timeout,
-                                          note=_DROPPED)
-            fut.add_done_callback(lambda done: deadlines.pop(done, None))
+            track_deadline(self._deadlines, fut, timeout, self._stats.count_timeout,
+                           note=_DROPPED)
         wakeup = self._wakeup
         if wakeup is not None:  # the queue was empty and the dispatch task asleep
             self._wakeup = None
@@ -936,12 +935,8 @@ class BatchingServer:
                                                   error is not None)
                 if popped.buffer is not None:
                     self._pool.give_back(popped.buffer, outputs)
-                if self._deadlines:
-                    deadlines = self._deadlines
-                    for fut in popped.tags:
-                        deadline = deadlines.get(fut)
-                        if deadline is not None:
-                            deadline.expire_if_due()
+                if self._deadlines:  # results that came late are not handed out
+                    expire_due(self._deadlines, popped.tags)
                 if error is None:
                     error = self._responses.deliver(popped, outputs, version)
                 if self._tuner is not None and len(popped.batch):

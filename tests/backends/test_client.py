@@ -167,6 +167,25 @@ async def test_a_request_past_its_deadline_fails_there_and_its_late_rows_are_dis
     assert (y.tolist(), version) == ([[20.0]], 3)
 
 
+async def test_an_answer_read_after_the_deadline_but_before_its_timer_is_a_timeout():
+    # The answer's callback ran before the overdue timer (both ready in one loop
+    # iteration, the loop held by a search): the caller got a late result.
+    import time
+
+    from async_search.errors import RequestTimeoutError
+
+    client, server = client_and_server(TensorSpec((1,), np.float32))
+    late = client(np.full((1, 1), 7, np.float32), timeout=0.02)
+    mate = client(np.ones((1, 1), np.float32))
+    await asyncio.sleep(0)
+    (batch,) = received(server)
+    server.send((batch * 10, 0))
+    time.sleep(0.05)  # a search step holds the loop past the deadline
+    with pytest.raises(RequestTimeoutError, match="timeout of 0.02 s"):
+        await asyncio.wait_for(late, 5)
+    assert (await asyncio.wait_for(mate, 5)).tolist() == [[10.0]]
+
+
 @pytest.mark.parametrize("portable", [True, False])
 async def test_a_failed_batch_of_a_message_fails_only_the_requests_with_rows_in_it(
         portable):
