@@ -604,7 +604,6 @@ class BatchingServer:
         if holder is not None and not holder._closed:
             raise ValueError("this batcher already batches for another open server: "
                              "give each serve its own batcher")
-        self._batcher._server = self
         devices = self._devices
         # A copy of the model per device, made here before any thread starts (on_device
         # raises TypeError for a model that cannot place itself: nothing is left then).
@@ -625,6 +624,7 @@ class BatchingServer:
         self._new_future = _future_maker(self._loop)
         self._task = self._loop.create_task(self._dispatch_loop())
         self._update_quiet()
+        self._batcher._server = self  # once open: a failed enter leaves it free
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:

@@ -23,7 +23,8 @@ class Immediate:
     It has the call shape of ``serve``'s evaluate and checks requests and outputs the
     same way (outputs without one row per element, or whose structure differs from the
     declared ``output_spec`` or the first call's, raise ``ModelOutputError``; a dtype of
-    the same kind is cast), so a search runs unchanged against it; it is what batched serving is measured against.
+    the same kind is cast), so a search runs unchanged against it; it is what batched
+    serving is measured against.
     It measures itself as a BatchingServer does: the same ``stats`` keys, a ``trace``
     of BatchRecord and an ``on_batch`` callback, so that runs read either the same way.
 

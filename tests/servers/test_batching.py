@@ -362,6 +362,15 @@ async def test_one_batcher_serves_one_open_server_at_a_time():
         assert (await second(np.ones((1, 1), np.float32))).item() == 2001.0
 
 
+async def test_a_batcher_whose_server_failed_to_open_is_free_for_the_next():
+    batcher = BatchSizeBatcher(8)
+    with pytest.raises(TypeError):  # a plain function cannot be placed on a device
+        async with asr.serve(doubling(), batcher=batcher, devices=["cpu"]):
+            pass
+    async with asr.serve(doubling(), batcher=batcher) as evaluate:
+        assert (await evaluate(np.ones((1, 3), np.float32))).tolist() == [[2.0] * 3]
+
+
 @pytest.mark.parametrize("batcher", [BatchSizeBatcher, 5, "fifo"])
 def test_serve_refuses_what_is_not_a_batcher_when_made(batcher):
     with pytest.raises(TypeError, match="batcher must be a Batcher instance"):
