@@ -138,7 +138,8 @@ class MLP:
         for i, layer in enumerate(weights):
             for name, value in zip(("w", "b"), layer):
                 kind = np.asarray(value).dtype.kind
-                if kind not in "fiub" or not np.isfinite(np.asarray(value, np.float64)).all():
+                if kind not in "fiub" or not (
+                        np.isfinite(np.asarray(value, np.float64)).all()):
                     raise ValueError(f"MLP.with_weights: layer {i}'s {name} must be finite "
                                      f"real numbers, got an array of "
                                      f"{np.asarray(value).dtype}"
