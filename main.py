@@ -430,6 +430,17 @@ def _solve_is_puct(v) -> bool:
     return True
 
 
+@flags.multi_flags_validator(["uct_rollouts", "strong_uct_rollouts", "strong_uct_games"],
+                             message="")
+def _two_uct_baselines(v) -> bool:
+    if v["strong_uct_games"] and v["uct_rollouts"] == v["strong_uct_rollouts"]:
+        raise flags.ValidationError(
+            f"--uct_rollouts and --strong_uct_rollouts are both {v['uct_rollouts']}: the "
+            f"two UCT baselines are scored apart, so give them different rollouts (or "
+            f"--strong_uct_games=0 for one baseline)")
+    return True
+
+
 @flags.multi_flags_validator(["num_servers", "num_procs", "total_gpu_frac", "address",
                               "architecture"], message="")
 def _servers_fit(v) -> bool:

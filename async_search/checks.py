@@ -14,6 +14,7 @@ names the argument, the rule and the value given.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import reprlib
 from typing import Any
@@ -42,6 +43,17 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
             rule = "an integer"
         raise ValueError(f"{name} must be {rule}, got {value!r}")
     return int(value)
+
+
+def plain_fields(obj: Any) -> None:
+    """Each NumPy scalar in the fields of the (frozen) dataclass ``obj`` as the Python
+    number it holds: a config made in a sweep over ``np.arange(...)`` must compare,
+    print and be written to JSON as one made of Python numbers (JSON refuses int64).
+    Call it first in ``__post_init__``."""
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+            object.__setattr__(obj, field.name, value.item())
 
 
 def check_instance(name: str, value: Any, kind: type, example: str) -> None:

@@ -187,7 +187,7 @@ def write_file(path: str | os.PathLike, content: Content) -> str:
     make_folder(folder)
     # Its own for each write: two threads of a process writing one name would truncate
     # and rename each other's temporary under a name made of the pid alone.
-    tmp = f"{path}.tmp-{os.getpid()}-{next(_WRITES)}"
+    tmp = _beside(path, f".tmp-{os.getpid()}-{next(_WRITES)}")
     writing = os.path.basename(tmp)
     _WRITING.add(writing)  # before it exists: a cleanup never takes it for a leftover
     operation = f"creating the temporary {tmp!r}"
@@ -316,6 +316,17 @@ def _alive(pid: int) -> bool:
     except OSError:  # exists, another user's
         return True
     return True
+
+
+def _beside(path: str, suffix: str) -> str:
+    """``path + suffix``, its file name cut to fit the file system's 255 bytes: a legal
+    name of 250 bytes must still get a temporary (the suffix keeps it unique)."""
+    folder, name = os.path.split(path)
+    room = 255 - len(suffix.encode())
+    encoded = os.fsencode(name)
+    if len(encoded) > room:  # cut on bytes; a character cut in half is dropped
+        name = encoded[:room].decode(errors="ignore")
+    return os.path.join(folder, name + suffix)
 
 
 def is_leftover(name: str) -> bool:

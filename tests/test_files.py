@@ -324,6 +324,14 @@ def test_a_long_name_that_fits_the_file_system_writes_with_its_temporary(tmp_pat
     assert path.read_bytes() == b"x" and names(tmp_path) == ["n" * 240]
 
 
+@pytest.mark.parametrize("name", ["n" * 255, "é" * 127, "b" * 244 + ".npz"])
+def test_a_name_at_the_file_systems_limit_writes_with_a_shortened_temporary(tmp_path,
+                                                                             name):
+    # The temporary was the name plus its suffix: past 255 bytes, a legal name failed.
+    write_file(tmp_path / name, b"x")
+    assert (tmp_path / name).read_bytes() == b"x" and names(tmp_path) == [name]
+
+
 def child_waiting_for_the_lock(folder, marker, why):
     """A child process that asks for ``folder``'s lock, which this process holds: it
     must not have it half a second later. It takes it once the lock is let go (and

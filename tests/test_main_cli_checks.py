@@ -72,6 +72,10 @@ def test_a_save_dir_apart_from_the_plot_passes(main, tmp_path, save_dir):
     (["--train=connect_four", "--policy=gumbel", "--solve"], "--solve is PUCT's"),
     (["--train=sliding_puzzle", "--save_dir="], "--save_dir must be a folder"),
     (["--scramble=10000000"], "--scramble must be at most 1,000,000"),
+    # One UCT baseline's score overwrote the other's (and its final match was never
+    # played): equal rollouts are refused while both are played.
+    (["--train=connect_four", "--uct_rollouts=1000"],
+     "--uct_rollouts and --strong_uct_rollouts are both 1000"),
 ])
 def test_out_of_range_flags_are_refused_by_the_parser(main, args, names):
     with pytest.raises(flags.Error, match=None) as e:

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple, Union
 import numpy as np
 
 from async_search.base import TensorSpec
-from async_search.checks import is_int
+from async_search.checks import is_int, plain_fields
 from async_search.models import MLP
 from async_search.problems.connect_four import ConnectFour
 from async_search.problems.connect_four_threats import (THREAT_PLANES, FeaturedNet,
@@ -93,6 +93,7 @@ class NetConfig:
     value_net: str = "head"
 
     def __post_init__(self):
+        plain_fields(self)
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
         if self.kind not in KINDS:
             raise ValueError(f"NetConfig.kind must be one of {KINDS}, got {self.kind!r}")
@@ -255,6 +256,10 @@ def check_weights(config: NetConfig, weights: Any) -> Weights:
     if isinstance(weights, Mapping):
         raise ValueError(f"weights do not fit {config}: an mlp takes a list of (w, b) "
                          f"layers, got named arrays")
+    if not isinstance(weights, (list, tuple)) or not all(
+            isinstance(layer, (list, tuple)) and len(layer) == 2 for layer in weights):
+        raise ValueError(f"weights do not fit {config}: an mlp takes a list of (w, b) "
+                         f"layers, got a {type(weights).__name__}")
     want = config.layer_shapes
     got = [(tuple(np.shape(w)), tuple(np.shape(b))) for w, b in weights]
     if got != [((i, o), (o,)) for i, o in want]:

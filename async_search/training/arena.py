@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from async_search.checks import check_float, check_int, is_int
+from async_search.checks import check_float, check_int, is_int, plain_fields
 from async_search.problems.base import Game, State
 from async_search.training.players import Player
 from async_search.training.ratings import MatchResult
@@ -52,6 +52,7 @@ class MatchGame:
     """+1 the player won, 0 a draw, -1 the player lost."""
 
     def __post_init__(self):
+        plain_fields(self)
         if not isinstance(self.moves, tuple) or not all(is_int(m) for m in self.moves):
             raise ValueError(f"moves must be a tuple of integer actions, got "
                              f"{self.moves!r}")

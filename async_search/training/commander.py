@@ -35,8 +35,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from async_search.checks import check_float, check_int
-from async_search.errors import CheckpointError
+from async_search.checks import check_float, check_int, plain_fields
+from async_search.errors import CheckpointError, describe
 from async_search.problems.connect_four import ConnectFour
 from async_search.problems.nets import NetConfig
 from async_search.schema import config_from_json, record_from_json
@@ -98,7 +98,8 @@ class CommanderConfig:
         features: what the net reads (``NetConfig.features``): ``threats`` (the
             stones and the cells where each player would make four at once), or
             ``planes`` (the stones alone; runs saved before this field existed).
-        arena_games: candidate-against-best games per iteration (>= 40 for the gate).
+        arena_games: candidate-against-best games per iteration; the gate needs
+            min(40, arena_games) of them (fewer than 40 make a noisy gate).
         gate_threshold: the arena score that promotes the candidate to self-play and
             to ``best``: 0 (the default) promotes every candidate, as AlphaZero does,
             so self-play always plays the newest net and the arena only rates it;
@@ -166,6 +167,7 @@ class CommanderConfig:
     value_net: str = "head"
 
     def __post_init__(self):
+        plain_fields(self)
         for name in ("iterations", "games_per_iteration", "train_steps", "batch_size",
                      "buffer_capacity", "arena_games", "eval_simulations", "uct_rollouts",
                      "eval_num_parallel", "strong_uct_rollouts",
@@ -181,6 +183,12 @@ class CommanderConfig:
         if not isinstance(self.eval_reuse_tree, bool):
             raise ValueError(f"eval_reuse_tree must be True or False, got "
                              f"{self.eval_reuse_tree!r}")
+        if self.eval_games and self.strong_uct_games and (
+                self.uct_rollouts == self.strong_uct_rollouts):
+            raise ValueError(f"uct_rollouts and strong_uct_rollouts are both "
+                             f"{self.uct_rollouts}: the two UCT baselines' scores are "
+                             f"kept by rollouts, so one would overwrite the other; give "
+                             f"them different rollouts, or strong_uct_games=0")
         check_int("seed", self.seed, minimum=0)
         check_float("learning_rate", self.learning_rate, minimum=0.0, strict=True)
         check_float("l2", self.l2, minimum=0.0)
@@ -298,6 +306,10 @@ class Commander:
         self.game = ConnectFour()
         self.history: List[IterationRecord] = []
         self._phase_done = None  # "selfplay" when this iteration's samples are saved
+        # What ended an iteration between its committed samples and its record: the
+        # trainer, buffer and best net are then mid-iteration, and a rerun here would
+        # commit rows an uninterrupted run never has (a fresh resume starts clean).
+        self._broken: BaseException | None = None
         self._targets: List[Any] = []  # servers that receive promoted weights
         self._next_selfplay: Optional[asyncio.Task] = None  # overlap: next iteration's
         self._folder = None if save_dir is None else RunFolder(save_dir, _TRAINER)
@@ -548,6 +560,13 @@ class Commander:
         """Runs one iteration and checkpoints it; returns its record."""
         config = self.config
         iteration = self.iteration
+        if self._broken is not None:
+            again = (f"Commander(config, save_dir={self.save_dir!r}, resume=True) goes on "
+                     f"from its last commit" if self._folder is not None else
+                     "a new Commander starts over")
+            raise RuntimeError(f"iteration {iteration + 1} of this Commander failed "
+                               f"({describe(self._broken)}) midway, which leaves its "
+                               f"trainer and best net mid-iteration: {again}")
         start = time.perf_counter()
         samples, selfplay_s = 0, 0.0
         if self._phase_done != "selfplay":
@@ -563,6 +582,7 @@ class Commander:
             self._save_state()  # the samples are safe before anything else can fail
         else:  # resumed after a crash: this iteration's samples are in the buffer
             samples = self.buffer.added - sum(r.samples for r in self.history)
+        self._broken = _MIDWAY  # until the record is committed below
         if config.overlap and iteration + 1 < config.iterations:
             self._next_selfplay = asyncio.ensure_future(self._selfplay(iteration + 1))
         try:
@@ -575,7 +595,8 @@ class Commander:
             arena, scores, promoted, elo, pushed, accuracy, accuracy_s = (
                 await self._evaluate(candidate, iteration))
             eval_s = time.perf_counter() - t
-        except BaseException:
+        except BaseException as e:
+            self._broken = e
             await self._cancel_next_selfplay()
             raise
         record = IterationRecord(
@@ -590,6 +611,7 @@ class Commander:
         self.history.append(record)
         self._phase_done = None
         self._save_state()
+        self._broken = None
         return record
 
     async def _cancel_next_selfplay(self) -> None:
@@ -623,6 +645,11 @@ class Commander:
         finally:  # nothing outlives the run
             await self._cancel_next_selfplay()
         return list(self.history)
+
+
+#: What ``Commander._broken`` holds while an iteration runs past its committed samples:
+#: an exception that escapes before its record is committed leaves it set.
+_MIDWAY = RuntimeError("an exception between its committed samples and its record")
 
 
 def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tuple:

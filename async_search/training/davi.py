@@ -19,7 +19,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from async_search.checks import check_float, check_int
+from async_search.checks import check_float, check_int, plain_fields
 from async_search.errors import CheckpointError, ModelOutputError
 from async_search.problems.nets import NetConfig
 from async_search.problems.sliding_puzzle import SlidingPuzzle
@@ -62,6 +62,7 @@ class DaviConfig:
     seed: int = 0
 
     def __post_init__(self):
+        plain_fields(self)
         for name in ("rounds", "states_per_round", "max_scramble", "train_steps",
                      "batch_size", "buffer_capacity"):
             check_int(name, getattr(self, name), minimum=1)

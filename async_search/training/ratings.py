@@ -17,7 +17,7 @@ import math
 import sys
 from typing import Optional, Sequence, Tuple
 
-from async_search.checks import check_float, check_int
+from async_search.checks import check_float, check_int, plain_fields
 
 #: The rating of ``RandomPlayer``: the anchor of every rating reported.
 RANDOM_RATING = 0.0
@@ -35,6 +35,7 @@ class MatchResult:
     """Games the player lost (the opponent won)."""
 
     def __post_init__(self):
+        plain_fields(self)
         for field in ("wins", "draws", "losses"):
             check_int(field, getattr(self, field), minimum=0)
         if self.games < 1:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from async_search import search
-from async_search.checks import check_float, check_int
+from async_search.checks import check_float, check_int, plain_fields
 from async_search.search.base import check_dirichlet_alpha
 from async_search.search.completed_q import root_improved_policy
 
@@ -90,6 +90,7 @@ class SelfPlayConfig:
     policy_target: str = "visits"
 
     def __post_init__(self):
+        plain_fields(self)
         check_int("simulations", self.simulations, minimum=1)
         check_int("num_parallel", self.num_parallel, minimum=1)
         check_int("sampling_moves", self.sampling_moves, minimum=0)

@@ -347,6 +347,52 @@ def test_resume_refuses_a_run_of_the_other_policy(tmp_path):
         Commander(other, str(tmp_path), resume=True)
 
 
+def test_a_commander_whose_iteration_failed_midway_refuses_to_go_on_itself(tmp_path):
+    # Run again, it committed rows an uninterrupted run never has (its best version
+    # moved before the push failed, its trainer took the steps twice), and a folder its
+    # own loader refused.
+    class FailsOnce:
+        calls = 0
+
+        def update_model(self, model, version):
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 1:
+                raise ConnectionError("the server was gone for a moment")
+
+    straight = Commander(tiny(2), str(tmp_path / "a"))
+    run(straight)
+    failing = Commander(tiny(2), str(tmp_path / "b"))
+    failing.add_target(FailsOnce())
+    with pytest.raises(ConnectionError):
+        run(failing)
+    with pytest.raises(RuntimeError, match=r"iteration 1 of this Commander failed "
+                                           r"\(ConnectionError.*resume=True"):
+        run(failing)
+    resumed = Commander(tiny(2), str(tmp_path / "b"), resume=True)
+    run(resumed)
+    same_run(straight, resumed)
+
+
+def test_configs_hold_numpy_numbers_as_python_numbers_and_write_them(tmp_path):
+    # A sweep over np.arange: JSON refused int64 when the run folder was written.
+    config = tiny(1, seed=np.int64(5), train_steps=np.int32(6),
+                  learning_rate=np.float32(0.01),
+                  selfplay=SelfPlayConfig(simulations=np.int64(4), num_parallel=2,
+                                          sampling_moves=4))
+    assert type(config.seed) is int and type(config.learning_rate) is float
+    assert type(config.selfplay.simulations) is int
+    assert config == tiny(1, seed=5, learning_rate=float(np.float32(0.01)))
+    Commander(config, str(tmp_path / "run"))  # writes its state.json
+    json.loads((tmp_path / "run" / "state.json").read_text())
+
+
+def test_two_uct_baselines_of_equal_rollouts_are_refused():
+    # Scores are kept by rollouts: one match's score overwrote the other's.
+    with pytest.raises(ValueError, match="uct_rollouts and strong_uct_rollouts are both"):
+        tiny(uct_rollouts=50, strong_uct_rollouts=50, strong_uct_games=2)
+    tiny(uct_rollouts=50, strong_uct_rollouts=50, strong_uct_games=0)  # one baseline
+
+
 @pytest.mark.parametrize("field, value", [("iterations", 0), ("games_per_iteration", -1),
                                           ("train_steps", 0), ("arena_games", 0),
                                           ("gate_threshold", 1.5), ("backend", "gpu"),

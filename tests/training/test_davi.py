@@ -254,6 +254,12 @@ def test_a_bad_davi_config_raises_value_error_naming_the_field(field, value):
         DaviConfig(**{field: value})
 
 
+def test_a_davi_config_holds_numpy_numbers_as_python_numbers():
+    config = DaviConfig(**{**SHORT, "seed": np.int64(1), "rounds": np.int32(2)})
+    assert type(config.seed) is int and type(config.rounds) is int
+    json.dumps(dataclasses.asdict(config))  # JSON refused int64
+
+
 def test_a_davi_config_describes_its_net():
     config = DaviConfig(size=3, hidden_sizes=[32, 8], residual=False)
     assert config.hidden_sizes == (32, 8)

@@ -433,3 +433,14 @@ def test_the_config_of_a_convolutional_model_is_read_from_it():
     from async_search.problems.nets import config_of
     model = to_model(RESIDUAL, initial_weights(RESIDUAL, 0))
     assert config_of(model) == RESIDUAL
+
+
+@pytest.mark.parametrize("weights", ["model", [None, None], {"w": np.zeros(1)}])
+def test_weights_that_are_not_layers_are_refused_naming_what_came(weights):
+    # A model passed for its weights got a raw "'PolicyValueMLP' object is not iterable".
+    config = NetConfig("policy_value", "connect_four", (8,))
+    if weights == "model":
+        weights = to_model(config, initial_weights(config, 0))
+    with pytest.raises(ValueError, match="weights do not fit .*an mlp takes a list of "
+                                         r"\(w, b\) layers"):
+        Trainer(config, weights=weights)
