@@ -367,9 +367,16 @@ class ForkedConnection(Connection):
         return {**self.__dict__, "_ahead": collections.deque()}
 
     def release(self) -> None:
-        """The server that acquired this end is done: nothing to close (each client's
-        stream of answers ends after its last answer)."""
-        self._send_side.servers -= 1
+        """The server that acquired this end is done. Each client's stream of answers
+        ended after its last answer; once the last server here is done, so do the
+        streams of clients that never closed (the stream was ended for them,
+        ``close_stream`` on the inbound queue): no answer can come, and their calls
+        fail instead of waiting. Not when copies answer in other processes."""
+        side = self._send_side
+        side.servers -= 1
+        if side.servers <= 0 and not self._fork.crossed:
+            for key in list(self._outbounds):
+                self._end_client(key)
 
     @property
     def sender(self) -> Any:

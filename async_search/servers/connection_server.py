@@ -63,6 +63,10 @@ from async_search.wire import (Control, ModelUpdate, RowsFailed, VersionAck,
 ACK_TIMEOUT_S = 30.0
 
 
+#: What loading a message's pickle raises when the message, not the transport, is bad.
+_UNLOADABLE = (pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError)
+
+
 async def serve_connection(model: Union[Any, BatchingServer],
                            connection: Union[Connection, Sequence[Connection]], *,
                            policy: DispatchPolicy = DispatchPolicy(),
@@ -99,6 +103,17 @@ async def serve_connection(model: Union[Any, BatchingServer],
         >>> asyncio.run(main())
         ([[2.0, 2.0, 2.0]], 4)
     """
+    if not isinstance(connection, Connection):  # several: each a server end
+        if isinstance(connection, (str, bytes)) or not hasattr(connection, "__iter__"):
+            connection = [connection]
+        connection = list(connection)
+    for end in [connection] if isinstance(connection, Connection) else connection:
+        if not isinstance(end, Connection):
+            raise TypeError(f"serve_connection serves a server end (forked_pipe's, "
+                            f"get_connected_functions'), or a list of them; got "
+                            f"{end!r}"[:300])
+    if not isinstance(policy, DispatchPolicy):
+        raise TypeError(f"policy must be a DispatchPolicy, got {policy!r}")
     if isinstance(model, BatchingServer):
         await ConnectionServer(model, portable=portable).serve(connection)
         return model.stats
@@ -303,6 +318,14 @@ class ConnectionServer:
                     loop.call_exception_handler({
                         "message": "serve_connection dropped a message it cannot "
                                    "answer", "exception": e})
+                    continue
+                except _UNLOADABLE as e:
+                    # A message that cannot be loaded (a class the sender has and this
+                    # process lacks, a __setstate__ that raises): its sender is inside
+                    # it, so it cannot be answered; the other clients go on.
+                    loop.call_exception_handler({
+                        "message": "serve_connection dropped a message it could not "
+                                   "load", "exception": e})
                     continue
                 versioned = False
                 try:

@@ -606,3 +606,78 @@ async def test_a_portable_answer_of_two_arrays_is_not_checked_by_a_pickle_trip(
     assert trips == []
     fn.connection.close()
     await within(serving, "serving to end")
+
+
+def _cannot_load():
+    raise ValueError("this request cannot be loaded here")
+
+
+class LoadsNowhere:
+    """Pickles, and fails to load (a class the server's process would lack)."""
+
+    def __reduce__(self):
+        return (_cannot_load, ())
+
+
+async def test_a_request_that_cannot_be_loaded_is_dropped_and_the_others_are_served():
+    # It crashed serve_connection: every client then waited forever.
+    from async_search.connections import get_connected_functions
+    from async_search.queues import process_queue
+
+    (bad, good), end = get_connected_functions(process_queue, 2, ordered=True)
+    loop = asyncio.get_running_loop()
+    reported = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
+    serving = asyncio.ensure_future(asr.serve_connection(lambda x: 2 * x, end))
+    try:
+        bad(LoadsNowhere())
+        y = await within(good(np.ones((1, 2))), "the other client's answer")
+        assert y.tolist() == [[2.0, 2.0]] and not serving.done()
+        assert reported == ["serve_connection dropped a message it could not load"]
+    finally:
+        for fn in (bad, good):
+            fn.connection.close()
+        await within(serving, "serve_connection's end")
+        loop.set_exception_handler(None)
+
+
+@pytest.mark.parametrize("queue_kind", [local_queue, thread_queue])
+async def test_clients_that_never_closed_hear_that_the_forked_end_is_done(queue_kind):
+    # close_stream on the inbound queue ended serve_connection, and a later call of a
+    # client that had not closed waited forever.
+    from async_search.connections import get_connected_functions
+
+    (a, b), end = get_connected_functions(queue_kind, 2, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(lambda x: 2 * x, end))
+    assert (await within(a(np.ones((1, 2))), "an answer")).tolist() == [[2.0, 2.0]]
+    close_stream(end.inbound)
+    await within(serving, "serve_connection's end")
+    for fn in (a, b):
+        with pytest.raises(ConnectionGoneError):
+            await within(fn(np.ones((1, 2))), "the call's failure")
+
+
+@pytest.mark.parametrize("connection, kwargs, message", [
+    ("conn", {}, "serves a server end .*got 'conn'"),
+    (None, {}, "serves a server end .*got None"),
+    ([None], {}, "serves a server end .*got None"),
+    ("ok", {"policy": None}, "policy must be a DispatchPolicy, got None"),
+])
+async def test_serve_connection_refuses_what_is_not_a_server_end_naming_it(
+        connection, kwargs, message):
+    # A raw "'str' object has no attribute 'acquire'", or "'NoneType' object is not
+    # iterable".
+    if connection == "ok":
+        connection = pipe(local_queue)[0]
+    with pytest.raises(TypeError, match=message):
+        await asr.serve_connection(lambda x: x, connection, **kwargs)
+
+
+async def test_serve_connection_takes_a_generator_of_server_ends():
+    server_end, client_end = pipe(local_queue)
+    serving = asyncio.ensure_future(
+        asr.serve_connection(lambda x: 2 * x, (end for end in [server_end])))
+    client = CoalescingClient(client_end)
+    assert (await within(client(np.ones((1, 2))), "an answer")).tolist() == [[2.0, 2.0]]
+    client_end.close()
+    await within(serving, "serve_connection's end")
