@@ -63,6 +63,9 @@ from async_search.wire import (Control, ModelUpdate, RowsFailed, VersionAck,
 ACK_TIMEOUT_S = 30.0
 
 
+#: What a queue's put raises for an answer that does not pickle (nothing is sent).
+_UNSENDABLE = (pickle.PicklingError, TypeError, AttributeError)
+
 #: What loading a message's pickle raises when the message, not the transport, is bad.
 _UNLOADABLE = (pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError)
 
@@ -454,6 +457,14 @@ class _OrderedReplies:
                 continue
             try:
                 connection.send(self._prepare(answer, versioned))
+            except _UNSENDABLE as e:  # the answer cannot travel (it does not pickle:
+                # the queue refused it, nothing sent): its request fails alone
+                try:
+                    connection.send(pack_error(ModelOutputError(
+                        f"the answer cannot be sent to the client: "
+                        f"{type(e).__name__}: {e}")))
+                except Exception:  # the client is gone after all
+                    self._gone = True
             except Exception:  # the client is gone (its process died): nobody waits
                 self._gone = True
         if not self._gone:

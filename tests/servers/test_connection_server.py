@@ -681,3 +681,30 @@ async def test_serve_connection_takes_a_generator_of_server_ends():
     assert (await within(client(np.ones((1, 2))), "an answer")).tolist() == [[2.0, 2.0]]
     client_end.close()
     await within(serving, "serve_connection's end")
+
+
+@pytest.mark.parametrize("kind", ["process", "socket"])
+async def test_an_answer_that_does_not_pickle_fails_its_request_alone(kind):
+    # With portable=False one such answer marked the client gone: every later answer
+    # on the connection was dropped, and both clients waited forever.
+    from async_search.connections import get_connected_functions
+    from async_search.queues import queue_factory
+
+    def model(x):
+        out = x.astype(object)
+        if (x < 0).any():
+            out[:] = threading.Lock()
+        return out
+
+    (a, b), end = get_connected_functions(queue_factory(kind), 2, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(model, end))
+    try:
+        with pytest.raises(ModelOutputError, match="cannot be sent to the client"):
+            await within(a(np.full((1, 2), -1)), "the failed request's answer")
+        for fn in (b, a):
+            y = await within(fn(np.ones((1, 2), np.int64)), "an answer")
+            assert y.tolist() == [[1, 1]]
+    finally:
+        a.connection.close()
+        b.connection.close()
+        await within(serving, "serve_connection's end")
