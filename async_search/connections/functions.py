@@ -132,6 +132,10 @@ class ConnectedFunction(abc.ABC):
                 count += 1
         except ClosedConnection as e:
             self.fail_pending(_gone(e))
+        except Exception as e:  # a response that cannot be read: which is unknown, and
+            # a later one would answer the wrong request (as _receive decides)
+            self.fail_pending(ConnectionGoneError(
+                f"a response could not be read ({e!r}); the connection is unusable"))
         return count
 
     def _notice(self, notice: Notice) -> None:

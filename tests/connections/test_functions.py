@@ -404,3 +404,32 @@ async def test_a_response_that_matches_no_request_fails_the_pending_ones():
             await within(call, "the failure")
     with pytest.raises(ServerDiedError):
         fn(3)
+
+
+def _cannot_load():
+    raise ValueError("this response cannot be loaded here")
+
+
+class LoadsNowhere:
+    def __reduce__(self):
+        return (_cannot_load, ())
+
+
+def test_a_response_flush_cannot_read_fails_every_pending_call_not_the_next_one():
+    # flush raised the raw error, and the next flush gave request 1 the answer to 2.
+    from async_search.errors import ConnectionGoneError
+    from async_search.queues import process_queue
+
+    (fn,), server = get_connected_functions(process_queue, 1, ordered=True)
+    first, second = fn(1), fn(2)
+    server.recv(timeout=5)
+    server.recv(timeout=5)
+    server.send(LoadsNowhere())
+    server.send("the answer to request 2")
+    deadline = time.monotonic() + 10
+    while not first.done() and time.monotonic() < deadline:
+        fn.flush()
+        time.sleep(0.01)
+    for fut in (first, second):
+        with pytest.raises(ConnectionGoneError, match="could not be read"):
+            fut.result()
