@@ -58,6 +58,6 @@ def queue_factory(backend: str) -> QueueFactory:
     """
     try:
         return _FACTORIES[backend]
-    except KeyError:
+    except (KeyError, TypeError):  # (a list is no name either)
         raise ValueError(f"unknown queue backend {backend!r}; known: "
                          f"{', '.join(sorted(_FACTORIES))}") from None

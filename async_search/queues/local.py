@@ -7,6 +7,8 @@ import collections
 import queue
 from typing import Any, Deque
 
+from async_search.checks import check_int
+
 
 class LocalQueue:
     """A queue for the coroutines of one event loop (not thread-safe).
@@ -75,4 +77,4 @@ class LocalQueue:
 
 def local_queue(maxsize: int = 0) -> LocalQueue:
     """A queue for coroutines in one event loop."""
-    return LocalQueue(maxsize)
+    return LocalQueue(check_int("maxsize", maxsize, minimum=0))

@@ -18,6 +18,7 @@ import queue
 from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any, Dict, List
 
+from async_search.checks import check_int
 from async_search.queues.protocol import ClosedConnection
 
 
@@ -133,4 +134,4 @@ def _refuse_put(*args: Any, **kwargs: Any) -> None:
 
 def process_queue(maxsize: int = 0) -> ProcessQueue:
     """A queue between processes (``multiprocessing``, spawn context)."""
-    return ProcessQueue(maxsize)
+    return ProcessQueue(check_int("maxsize", maxsize, minimum=0))

@@ -6,6 +6,8 @@ import asyncio
 import queue
 from typing import Any, List, Tuple
 
+from async_search.checks import check_int
+
 
 class ThreadQueue(queue.Queue):
     """A ``queue.Queue`` that a coroutine can also await, woken by ``put`` from any thread.
@@ -68,4 +70,4 @@ def _wake(waiter: asyncio.Future) -> None:
 
 def thread_queue(maxsize: int = 0) -> ThreadQueue:
     """A queue between threads of one process, awaitable from a loop."""
-    return ThreadQueue(maxsize)
+    return ThreadQueue(check_int("maxsize", maxsize, minimum=0))

@@ -99,6 +99,16 @@ def test_queue_factory_knows_every_backend_and_names_them_on_error():
     with pytest.raises(ValueError, match="unknown queue backend 'gpu'; known: "
                                          "local, process, ray, socket, thread"):
         queue_factory("gpu")
+    with pytest.raises(ValueError, match=r"unknown queue backend \['thread'\]"):
+        queue_factory(["thread"])  # was a raw "unhashable type: 'list'"
+
+
+@pytest.mark.parametrize("factory", [local_queue, thread_queue, process_queue])
+@pytest.mark.parametrize("maxsize", ["x", -1, 2.5, True])
+def test_a_queue_refuses_a_maxsize_that_is_not_an_integer_at_least_zero(factory, maxsize):
+    # "x" was taken, and the first put raised "'>' not supported between str and int".
+    with pytest.raises(ValueError, match="maxsize must be an integer >= 0"):
+        factory(maxsize)
 
 
 def test_close_stream_ends_a_local_queue_after_its_items():
