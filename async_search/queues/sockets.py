@@ -134,8 +134,11 @@ class SocketQueue:
     thread) per side.
 
     Args:
-        maxsize: must be 0: a socket queue is unbounded (a full socket buffers in this
-            process instead of blocking the loop).
+        maxsize: must be 0: in a running loop a socket queue is unbounded (a full
+            socket buffers in this process instead of blocking the loop). Outside a
+            loop, ``put`` writes the item into the socket and returns once it is
+            written: an item larger than the socket's buffer waits for the reader (two
+            sync ends that each put a large item before reading wait on each other).
     """
 
     #: One writing process only: frames from two writers on one socket would interleave.
