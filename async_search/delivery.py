@@ -83,13 +83,17 @@ class ResultDelivery:
         version = self._versions.pop(fut, None)
         return None if version is _UNSET or version is _MIXED else version
 
-    def deliver(self, popped: BatchParts, outputs: Outputs, version: Hashable,
-                ) -> Exception | None:
-        """Slices ``outputs`` into the futures of ``popped``; an error if it cannot."""
+    def conformed(self, outputs: Outputs, size: int) -> Outputs:
+        """A batch of ``size`` elements' ``outputs`` as callers get them (plain arrays,
+        the expected structure, a dtype of the same kind cast); the first batch with
+        rows sets the structure when none was declared.
+
+        Raises:
+            ModelOutputError: outputs of another structure, or not ``size`` rows.
+        """
         expected = self._structure
         if type(outputs) is not np.ndarray:  # no subclass reaches a caller, or the
             outputs = rows.plain(outputs)      # structure learnt from the first batch
-        size = len(popped.batch)
         try:
             # One structure check per batch (never per request): a batch whose outputs
             # changed kind, shape or dtype is never sliced as if it had not.
@@ -100,15 +104,25 @@ class ResultDelivery:
                 outputs = self.empty_result() if not size else (
                     expected.conform(outputs, got, self._expected_from))
             rows.check_count(outputs, size)
-        except (ModelOutputError, TypeError) as e:
-            return e if isinstance(e, ModelOutputError) else ModelOutputError(
-                f"the model's outputs have no batch dimension: {e}")
+        except TypeError as e:
+            raise ModelOutputError(
+                f"the model's outputs have no batch dimension: {e}") from None
         if expected is None and size:  # the first batch with rows sets the structure
             self._structure = got
             if self.empty_output is None:  # copied: a view would keep this batch's
                 empty = rows.take(outputs, slice(0, 0))  # outputs alive for good
                 self.empty_output = rows.map_leaves(np.copy, empty) if isinstance(
                     empty, (np.ndarray, tuple, dict)) else empty
+        return outputs
+
+    def deliver(self, popped: BatchParts, outputs: Outputs, version: Hashable,
+                ) -> Exception | None:
+        """Slices ``outputs`` into the futures of ``popped``; an error if it cannot."""
+        size = len(popped.batch)
+        try:
+            outputs = self.conformed(outputs, size)
+        except ModelOutputError as e:
+            return e
         tags, pieces = popped.tags, popped.pieces
         if self._versions:
             versions = self._versions

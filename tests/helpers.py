@@ -74,3 +74,14 @@ def failures_in_threads(work: Callable[..., Any], args: Sequence[tuple],
         if thread.is_alive():
             failures.append(TimeoutError(f"a thread ran past {timeout} s"))
     return failures
+
+
+def _cannot_load():
+    raise RuntimeError("this object cannot be loaded here")
+
+
+class LoadsNowhere:
+    """Pickles, and raises when loaded (a class the receiving process would lack)."""
+
+    def __reduce__(self):
+        return (_cannot_load, ())

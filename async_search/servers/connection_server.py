@@ -66,9 +66,6 @@ ACK_TIMEOUT_S = 30.0
 #: What a queue's put raises for an answer that does not pickle (nothing is sent).
 _UNSENDABLE = (pickle.PicklingError, TypeError, AttributeError)
 
-#: What loading a message's pickle raises when the message, not the transport, is bad.
-_UNLOADABLE = (pickle.UnpicklingError, AttributeError, ImportError, ValueError, TypeError)
-
 
 async def serve_connection(model: Union[Any, BatchingServer],
                            connection: Union[Connection, Sequence[Connection]], *,
@@ -322,7 +319,9 @@ class ConnectionServer:
                         "message": "serve_connection dropped a message it cannot "
                                    "answer", "exception": e})
                     continue
-                except _UNLOADABLE as e:
+                except (OSError, EOFError):  # the transport itself: not a message
+                    raise
+                except Exception as e:  # noqa: BLE001 - whatever loading it raised
                     # A message that cannot be loaded (a class the sender has and this
                     # process lacks, a __setstate__ that raises): its sender is inside
                     # it, so it cannot be answered; the other clients go on.

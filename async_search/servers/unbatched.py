@@ -7,11 +7,11 @@ from typing import Any, Callable, Hashable, List, Tuple
 
 import numpy as np
 
-from async_search import rows
 from async_search.base import Outputs, first_version, input_spec_of, output_spec_of
 from async_search.checks import check_callable
 from async_search.deadlines import check_timeout
-from async_search.errors import ModelOutputError, RequestTimeoutError
+from async_search.delivery import ResultDelivery
+from async_search.errors import RequestTimeoutError
 from async_search.requests import RequestChecker
 from async_search.servers.policy import Reason
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats, report_batch
@@ -47,16 +47,9 @@ class Immediate:
         self._check = RequestChecker(input_spec_of(model))
         self._stats = ServingStats(trace_size)
         # As a server's: every call's outputs keep the declared spec's structure or,
-        # without one, the first call's (with rows); a zero-row call gets its empty
-        # output.
-        self._structure: rows.OutputStructure | None = None
-        self._empty: Outputs | None = None
-        self._expected_from = "the first batch's"
+        # without one, the first call's; a zero-row call gets the empty output.
         spec = output_spec_of(model)
-        if spec is not None:
-            self._empty = spec.empty(0)
-            self._structure = rows.OutputStructure.of(self._empty)
-            self._expected_from = "the declared output spec"
+        self._outputs = ResultDelivery(spec.empty(0) if spec is not None else None)
 
     async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
         """``model(x)``, now. ``timeout``: as a server's, the request's deadline; the
@@ -71,7 +64,7 @@ class Immediate:
         self._stats.record_dispatch(len(x), Reason.IDLE, 0.0, requests=1)
         start = time.perf_counter()
         try:
-            y = self._conformed(self.model(x), len(x))
+            y = self._outputs.conformed(self.model(x), len(x))
         except BaseException:
             self._record(len(x), time.perf_counter() - start, failed=True)
             raise
@@ -81,29 +74,6 @@ class Immediate:
             self._stats.timed_out += 1
             raise RequestTimeoutError(f"the model took {seconds:.3g} s, past the "
                                       f"request's timeout of {timeout:g} s")
-        return y
-
-    def _conformed(self, y: Any, size: int) -> Outputs:
-        """``y`` as a server delivers it, checked as a server checks a batch's outputs
-        (``delivery.ResultDelivery.deliver``)."""
-        if type(y) is not np.ndarray:
-            y = rows.plain(y)
-        expected = self._structure
-        try:
-            got = rows.OutputStructure.of(y)
-            if expected is not None and got != expected:
-                if not size:  # what a model makes of no rows at all is moot
-                    return rows.take(self._empty, slice(0, 0))
-                y = expected.conform(y, got, self._expected_from)
-            # A short or long output is an error, not rows for others.
-            rows.check_count(y, size)
-        except TypeError as e:
-            raise ModelOutputError(f"the model's outputs have no batch dimension: "
-                                   f"{e}") from None
-        if expected is None and size:
-            self._structure = got
-            empty = rows.take(y, slice(0, 0))  # copied: a view would keep y alive
-            self._empty = rows.map_leaves(np.copy, empty)
         return y
 
     async def with_version(self, x: np.ndarray, timeout: float | None = None,

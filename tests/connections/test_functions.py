@@ -17,7 +17,7 @@ from async_search.errors import ServerDiedError
 from async_search.queues import (ClosedConnection, close_stream, local_queue, socket_queue,
                                  thread_queue)
 from tests.connections.common import FACTORIES, flush_until, recv
-from tests.helpers import WAIT_S, within
+from tests.helpers import LoadsNowhere, WAIT_S, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -404,15 +404,6 @@ async def test_a_response_that_matches_no_request_fails_the_pending_ones():
             await within(call, "the failure")
     with pytest.raises(ServerDiedError):
         fn(3)
-
-
-def _cannot_load():
-    raise ValueError("this response cannot be loaded here")
-
-
-class LoadsNowhere:
-    def __reduce__(self):
-        return (_cannot_load, ())
 
 
 def test_a_response_flush_cannot_read_fails_every_pending_call_not_the_next_one():

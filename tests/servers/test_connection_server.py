@@ -21,7 +21,7 @@ from async_search.servers.connection_server import ConnectionServer
 from async_search.wire import RowsFailed
 from async_search.wire import Failure
 from async_search.wire import VersionSubscription
-from tests.helpers import WAIT_S, wait_until, within
+from tests.helpers import LoadsNowhere, WAIT_S, wait_until, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -606,17 +606,6 @@ async def test_a_portable_answer_of_two_arrays_is_not_checked_by_a_pickle_trip(
     assert trips == []
     fn.connection.close()
     await within(serving, "serving to end")
-
-
-def _cannot_load():
-    raise ValueError("this request cannot be loaded here")
-
-
-class LoadsNowhere:
-    """Pickles, and fails to load (a class the server's process would lack)."""
-
-    def __reduce__(self):
-        return (_cannot_load, ())
 
 
 async def test_a_request_that_cannot_be_loaded_is_dropped_and_the_others_are_served():
