@@ -30,15 +30,20 @@ def check_timeout(timeout: Any) -> float:
 class Deadline:
     """The deadline ``expire_after`` set on a future: ``expire_if_due`` fails it at once
     once the deadline has passed, for a result that comes after it, before the loop has
-    run the timer (a model on the loop, a loop kept busy by a search)."""
+    run the timer (a model on the loop, a loop kept busy by a search). ``registry``:
+    a dict that holds it under its future until the future is done."""
 
-    __slots__ = ("fut", "timeout", "on_expiry", "note", "timer")
+    __slots__ = ("fut", "timeout", "on_expiry", "note", "timer", "registry")
 
     def __init__(self, fut: asyncio.Future, timeout: float,
-                 on_expiry: Callable[[], None] | None, note: str):
+                 on_expiry: Callable[[], None] | None, note: str,
+                 registry: "Dict[asyncio.Future, Deadline] | None" = None):
         self.fut, self.timeout, self.on_expiry, self.note = fut, timeout, on_expiry, note
         self.timer = fut.get_loop().call_later(timeout, self._expire)
-        fut.add_done_callback(self._cancel_timer)
+        self.registry = registry
+        if registry is not None:
+            registry[fut] = self
+        fut.add_done_callback(self._done)  # one callback: the timer, the registry
 
     def expire_if_due(self) -> None:
         """Fails the future now if its deadline has passed and it is not done."""
@@ -48,8 +53,10 @@ class Deadline:
     def _expire(self) -> None:
         _expire(self.fut, self.timeout, self.on_expiry, self.note)
 
-    def _cancel_timer(self, fut: asyncio.Future) -> None:
+    def _done(self, fut: asyncio.Future) -> None:
         self.timer.cancel()
+        if self.registry is not None:
+            self.registry.pop(fut, None)
 
 
 def expire_due(deadlines: Dict[asyncio.Future, Deadline], futures: Iterable) -> None:
@@ -65,8 +72,7 @@ def track_deadline(deadlines: Dict[asyncio.Future, Deadline], fut: asyncio.Futur
                    timeout: float, on_expiry: Callable[[], None] | None = None, *,
                    note: str = "") -> None:
     """``expire_after``, the deadline kept in ``deadlines`` until ``fut`` is done."""
-    deadlines[fut] = expire_after(fut, timeout, on_expiry, note=note)
-    fut.add_done_callback(lambda done: deadlines.pop(done, None))
+    Deadline(fut, timeout, on_expiry, note, deadlines)
 
 
 def expire_after(fut: asyncio.Future, timeout: float,
