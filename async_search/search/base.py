@@ -55,18 +55,23 @@ def path_cost_overflow(problem: Any, cost: Any) -> ValueError:
                       f"scale the step costs down")
 
 
-def check_step_cost(problem: Any, cost: Any) -> None:
-    """ValueError (``bad_step_cost``) unless ``cost`` is a real number (not a bool)
-    in (0, ``MAX_STEP_COST``]: a negative cycle would loop forever, and a NaN, a text,
-    a Decimal or an array would make every sum meaningless or fail deep in a search."""
+def check_step_cost(problem: Any, cost: Any) -> float:
+    """``cost`` as a Python int or float; ValueError (``bad_step_cost``) unless it is a
+    real number (not a bool) in (0, ``MAX_STEP_COST``]: a negative cycle would loop
+    forever, and a NaN, a text, a Decimal or an array would make every sum meaningless
+    or fail deep in a search. A NumPy scalar becomes Python's number, so that path
+    costs are summed exactly as Python sums: a ``uint8`` or ``float16`` sum would wrap
+    around or overflow to inf at its own type's range."""
     if isinstance(cost, bool) or not isinstance(cost, numbers.Real):
         raise bad_step_cost(problem, cost)
     try:
-        ok = 0 < float(cost) <= MAX_STEP_COST  # False for NaN
+        plain = int(cost) if isinstance(cost, numbers.Integral) else float(cost)
+        ok = 0 < plain <= MAX_STEP_COST  # False for NaN
     except (OverflowError, TypeError, ValueError):
         ok = False
     if not ok:
         raise bad_step_cost(problem, cost)
+    return plain
 
 
 def check_evaluate(evaluate: Any) -> None:

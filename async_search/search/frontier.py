@@ -83,7 +83,9 @@ class Frontier:
     own key)."""
     step: Optional[List[float]] = dataclasses.field(default_factory=list)
     """The cost of the step from each node's parent (the start: 0); None with compact
-    keys, whose steps all cost ``compact.step_cost``."""
+    keys, whose steps all cost ``unit_cost``."""
+    unit_cost: Optional[float] = None
+    """With compact keys, ``compact.step_cost`` as Python's number (checked once)."""
     h: Dict[int, float] = dataclasses.field(default_factory=dict)
     """The model's value (estimated cost to go) of each evaluated node, once
     ``_value_of`` has filed the ``recorded`` ones; a node sent to the model whose value
@@ -133,10 +135,9 @@ def new_frontier(problem: SearchProblem, start: State, *, weight: float) -> Fron
             finite number > 0 (``neighbors``' costs are checked as they come).
     """
     compact = compact_keys_of(problem)
-    if compact is not None:
-        check_step_cost(problem, compact.step_cost)
+    unit = check_step_cost(problem, compact.step_cost) if compact is not None else None
     fr = Frontier(weight=float(weight), problem=problem, compact=compact,
-                  step=None if compact is not None else [])
+                  step=None if compact is not None else [], unit_cost=unit)
     key = fr.key_of(start)
     if problem.is_goal(start):
         fr.goals[key] = [0, None, 0]
@@ -350,7 +351,7 @@ def _expand_states(fr: Frontier, ids: List[int],
             # A float or an int is checked here (two type tests and a range);
             # anything else, once, in full. A negative cycle would loop forever.
             if type(cost) is not float and type(cost) is not int:
-                check_step_cost(problem, cost)
+                cost = check_step_cost(problem, cost)  # as Python's number
             elif not 0 < cost <= MAX_STEP_COST:
                 raise bad_step_cost(problem, cost)
             g1 = g + cost
@@ -399,7 +400,7 @@ def _expand_keys(fr: Frontier, ids: List[int],
         for child in _compress(children, is_new):
             del index[child]
         return _expand_keys_one_by_one(fr, popped, gs, children, counts)
-    cost = compact.step_cost
+    cost = fr.unit_cost
     g1s = [g0 + cost for g0 in gs]
     keys += children
     one_g = g1s.count(g1s[0]) == len(g1s)
@@ -424,7 +425,7 @@ def _expand_keys(fr: Frontier, ids: List[int],
 def _expand_keys_one_by_one(fr: Frontier, popped: List[Any], gs: List[float],
                             children: List[Any],
                             counts: List[int]) -> Tuple[List[int], List[Any]]:
-    cost = fr.compact.step_cost
+    cost = fr.unit_cost
     index, goal_keys, keys, g_of, parent = (fr.index, fr.compact.goal_keys, fr.keys,
                                             fr.g, fr.parent)
     first = len(keys)
@@ -540,7 +541,7 @@ def _path_to_key(fr: Frontier, key: Any) -> Tuple[Tuple[State, ...], float]:
         cost += step
         path.append(key)
     index, parent, steps = fr.index, fr.parent, fr.step
-    unit = fr.compact.step_cost if steps is None else None
+    unit = fr.unit_cost if steps is None else None
     i = index[key]
     while i:
         cost += unit if steps is None else steps[i]

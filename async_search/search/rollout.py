@@ -118,10 +118,10 @@ def new_walk(problem: SearchProblem, start: State, seed: Seed, depth: int) -> Wa
 def walk_candidates(problem: SearchProblem, walk: Walk) -> List[Tuple[State, float]]:
     """The neighbours the walk may move to; none (and a finished walk) at a dead end."""
     walk.expanded += 1
-    candidates = [(s, c) for s, c in problem.neighbors(walk.path[-1])
-                  if s not in walk.on_path]
-    for _, cost in candidates:  # each, whichever the walk draws: the seed never hides one
-        check_step_cost(problem, cost)
+    # each cost checked, whichever the walk draws (the seed never hides one), and kept
+    # as Python's number
+    candidates = [(s, check_step_cost(problem, c))
+                  for s, c in problem.neighbors(walk.path[-1]) if s not in walk.on_path]
     if not candidates:
         walk.status = Status.SPACE_EXHAUSTED
     return candidates

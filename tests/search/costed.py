@@ -39,3 +39,20 @@ class Line(Costed):
 
     def is_goal(self, state):
         return state == 3
+
+
+class Diamond(Costed):
+    """0 -> 1 -> 3 costs 100 + 200, 0 -> 2 -> 3 costs 150 + 100 (the cheapest), with
+    costs of type ``cost`` (a NumPy scalar type, say) times ``scale``."""
+
+    def neighbors(self, state):
+        w = [self.cost(100 * self.scale), self.cost(200 * self.scale),
+             self.cost(150 * self.scale), self.cost(100 * self.scale)]
+        return {0: [(1, w[0]), (2, w[2])], 1: [(3, w[1])], 2: [(3, w[3])], 3: []}[state]
+
+    def __init__(self, cost, scale=1):
+        super().__init__(cost)
+        self.scale = scale
+
+    def is_goal(self, state):
+        return state == 3

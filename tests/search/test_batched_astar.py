@@ -7,7 +7,7 @@ import pytest
 
 import async_search as asr
 from async_search import problems, search
-from tests.search.costed import CostsOf, Line
+from tests.search.costed import CostsOf, Diamond, Line
 from async_search.errors import ModelOutputError
 from async_search.search import Status
 
@@ -168,6 +168,56 @@ async def test_a_step_cost_that_is_not_finite_and_positive_is_refused(cost, vari
            search.continuous_astar(CostsOf(cost), 0, evaluate, budget=100))
     with pytest.raises(ValueError, match="a step costs .*finite numbers > 0"):
         await asyncio.wait_for(run, 10)
+
+
+@pytest.mark.parametrize("cost, scale", [(np.uint8, 1), (np.int32, 8 * 10 ** 6),
+                                         (np.int64, 4 * 10 ** 16), (np.float16, 100)])
+@pytest.mark.parametrize("variant", ["batched", "continuous"])
+async def test_numpy_step_costs_are_summed_as_python_numbers(cost, scale, variant):
+    # Summed in their own type, uint8 costs wrapped around (250 read as 44, the dearer
+    # path chosen), int32 ones went negative, float16 ones became inf and the goal was
+    # lost (space_exhausted).
+    async def evaluate(x):
+        return np.zeros((len(x), 1), np.float32)
+
+    run = (search.batched_astar(Diamond(cost, scale), 0, evaluate, budget=100,
+                                buffer_size=1)
+           if variant == "batched" else
+           search.continuous_astar(Diamond(cost, scale), 0, evaluate, budget=100))
+    result = await asyncio.wait_for(run, 10)
+    assert result.status is Status.GOAL_FOUND and result.path == (0, 2, 3)
+    assert result.cost == 250 * scale and type(result.cost) in (int, float)
+
+
+class _ScaledKeys:
+    """A puzzle's compact keys whose every step costs a NumPy ``uint8`` of 200."""
+
+    step_cost = np.uint8(200)
+
+    def __init__(self, keys):
+        self._keys = keys
+
+    def __getattr__(self, name):
+        return getattr(self._keys, name)
+
+
+class _DearPuzzle(problems.SlidingPuzzle):
+    def neighbors(self, state):
+        return [(s, np.uint8(200)) for s, _ in super().neighbors(state)]
+
+    def compact_keys(self):
+        return _ScaledKeys(problems.SlidingPuzzle(self.size).compact_keys())
+
+
+async def test_a_numpy_compact_step_cost_is_summed_as_a_python_number():
+    puzzle = _DearPuzzle(3)
+    start = puzzle.scramble(6, seed=1)
+    evaluate = asr.immediate(problems.ManhattanHeuristic(PUZZLE))
+    keyed = await search.batched_astar(puzzle, start, evaluate, budget=1000,
+                                       buffer_size=1)
+    plain = await search.batched_astar(PUZZLE, start, evaluate, budget=1000,
+                                       buffer_size=1)
+    assert keyed.path == plain.path and keyed.cost == 200 * plain.cost > 255
 
 
 @pytest.mark.parametrize("cost", [1e308, 10 ** 308])

@@ -190,3 +190,16 @@ async def test_real_numbers_of_any_type_are_step_costs(cost):
     evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
     result = await search.simple_rollout(Line(cost), 0, evaluate, depth=5, seed=0)
     assert result.status == Status.GOAL_FOUND and result.cost == 3 * cost
+
+
+@pytest.mark.parametrize("cost, total", [(np.uint8(100), 300), (np.int32(10 ** 9), 3 * 10 ** 9),
+                                         (np.float16(40000), 120000.0)])
+@pytest.mark.parametrize("which", ["simple", "multi"])
+async def test_numpy_step_costs_are_summed_as_python_numbers(cost, total, which):
+    # Summed in their own type: uint8 wrapped around (44), float16 overflowed to inf.
+    evaluate = asr.immediate(lambda x: np.zeros((len(x), 1), np.float32))
+    run = (search.simple_rollout(Line(cost), 0, evaluate, depth=5, seed=0)
+           if which == "simple" else
+           search.multi_rollout(Line(cost), 0, evaluate, depth=5, num_rollouts=2, seed=0))
+    result = await run
+    assert result.status == Status.GOAL_FOUND and result.cost == total
