@@ -42,6 +42,7 @@ import os
 import signal
 from typing import Callable, Sequence
 
+from async_search.errors import ModelLoadError
 from async_search.event_loops import loop_factory
 from async_search.http.front import HttpFront, HttpLimits
 from async_search.http.repository import ModelSource
@@ -65,7 +66,11 @@ def _factory(spec: str) -> tuple[str, Callable]:
     if not sep or not module or not attr:
         raise SystemExit(f"--model must be a built-in model {sorted(builtin)} or "
                          f"module:function, got {spec!r}")
-    return attr, getattr(importlib.import_module(module), attr)
+    try:
+        return attr, getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:  # one line, as for the other flags
+        raise SystemExit(f"python -m async_search.http: --model {spec!r}: "
+                         f"{type(e).__name__}: {e}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -166,7 +171,7 @@ async def _serve_forever(args: argparse.Namespace) -> None:
                     shutdown_timeout=limits.shutdown_timeout))
                 _log.warning("serving %r on grpc://%s", args.name or name,
                              grpc_front.address)
-        except (OSError, OverflowError, ValueError, RuntimeError) as e:
+        except (OSError, OverflowError, ValueError, RuntimeError, ModelLoadError) as e:
             raise _refused(e) from None
         await stop.wait()
         _log.warning("stopping: requests in progress get %g s", limits.shutdown_timeout)

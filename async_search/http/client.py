@@ -502,11 +502,12 @@ class RemoteEvaluate(CoalescedRequests):
                             f"{self.timeout:g} s ({attempts} attempt"
                             f"{'s' if attempts != 1 else ''}){detail}")
 
-    def _refusal(self, status: int, payload: bytes) -> None:
+    def _refusal(self, status: int, payload: bytes, where: str | None = None) -> None:
         """Raises what an answer of ``status`` means (``_Retry`` around it when another
-        attempt may cure it)."""
+        attempt may cure it); ``where`` names what answered (default: inference)."""
         message = _error_message(payload)
-        said = f"{self._where} answered {status}: {message}"
+        where = where or self._where
+        said = f"{where} answered {status}: {message}"
         if status == 404:
             raise ModelNotFoundError(said)
         if status == 503:
@@ -515,7 +516,7 @@ class RemoteEvaluate(CoalescedRequests):
             raise _Retry(ServerDiedError(said))
         if 400 <= status < 500:
             raise ProtocolError(said, status=status)
-        raise RemoteError(f"HTTP {status}", f"{self._where}: {message}")
+        raise RemoteError(f"HTTP {status}", f"{where}: {message}")
 
     # -- model metadata ---------------------------------------------------------------
     async def _read_metadata(self) -> None:
@@ -560,7 +561,7 @@ class RemoteEvaluate(CoalescedRequests):
                                   f"the inference server's HTTP port?): {e.message}"
                                   ) from None
         if status != 200:
-            self._refusal(status, payload)
+            self._refusal(status, payload, f"the model metadata at {self._metadata_url}")
         try:
             metadata = json.loads(payload)
             inputs = metadata.get("inputs") or []
@@ -695,7 +696,7 @@ def _error_message(payload: bytes) -> str:
         message = json.loads(payload)["error"]
         if isinstance(message, str):
             return message[:500]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # any body
         pass
     return payload[:200].decode("utf-8", "replace") or "(no body)"
 

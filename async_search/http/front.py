@@ -57,7 +57,8 @@ from aiohttp.web_protocol import RequestPayloadError
 from async_search.base import evaluate_with_version
 from async_search.errors import (CircuitOpenError, InputSpecError, LoadParametersError,
                                  ModelLoadError, ModelNotFoundError, ModelNotReadyError,
-                                 ProtocolError, ServerClosedError)
+                                 ProtocolError, RequestTimeoutError, ServerClosedError,
+                                 ServerDiedError)
 from async_search.http import kserve
 from async_search.http.codec_pool import CodecPool
 from async_search.http.error_responses import (CONNECTION_LAYER, error_handler_class,
@@ -603,8 +604,13 @@ class HttpFront(FrontLifetime):
             return await evaluate_with_version(evaluate, x)
         except InputSpecError as e:
             raise ProtocolError(str(e), status=400) from e
-        except (ServerClosedError, CircuitOpenError) as e:
+        except (ServerClosedError, ServerDiedError, CircuitOpenError) as e:
+            # what serves the model is gone or refusing, not the model failing: a
+            # status clients retry (a 500 they would not)
             raise ProtocolError(f"model {name!r} is unavailable: {e}", status=503) from e
+        except RequestTimeoutError as e:  # an upstream's deadline, not the model
+            raise ProtocolError(f"model {name!r} did not answer in time: {e}",
+                                status=504) from e
         except Exception as e:  # noqa: BLE001 - the model's failure, not the front's
             raise ProtocolError(f"model {name!r} failed: {type(e).__name__}: {e}",
                                 status=500) from e

@@ -16,7 +16,9 @@ PERMISSION_DENIED, UNAUTHENTICATED, ALREADY_EXISTS ProtocolError (its ``status``
 HTTP twin: 400, 403, 401, 409); UNAVAILABLE (retried) once retries are spent: the
 server's own refusal (a model not loaded, a server stopping: ``GrpcFront`` marks it
 with the ``REFUSED_KEY`` trailing metadata) ServerClosedError, else (no connection, or
-one lost) ServerDiedError; RESOURCE_EXHAUSTED and ABORTED (retried) ServerDiedError;
+one lost) ServerDiedError; RESOURCE_EXHAUSTED for a message too large ProtocolError
+(413: several requests in it are sent again in halves, as over HTTP), else (a server
+too busy) and ABORTED (retried) ServerDiedError;
 DEADLINE_EXCEEDED RequestTimeoutError; INTERNAL, UNKNOWN and the rest (the model
 failed: not retried) RemoteError; an answer that is not the protocol's
 ModelOutputError.
@@ -34,7 +36,8 @@ from async_search.base import Outputs, TensorSpec
 from async_search.errors import (ModelNotFoundError, ModelOutputError, ProtocolError,
                                  RemoteError, ServerClosedError, ServerDiedError)
 from async_search.http.client import RemoteEvaluate, _Retry
-from async_search.http.grpc_tensors import REFUSED_KEY, decode_response, encode_request, pb
+from async_search.http.grpc_tensors import (REFUSED_KEY, TOO_LARGE_KEY, decode_response,
+                                           encode_request, pb)
 
 
 #: Codes that say the request was wrong, with the HTTP status they stand for.
@@ -44,6 +47,14 @@ _REQUEST_CODES = {"INVALID_ARGUMENT": 400, "OUT_OF_RANGE": 400,
 #: Codes worth another attempt besides UNAVAILABLE: overloaded, or a conflict that
 #: passes.
 _RETRIED_CODES = frozenset({"RESOURCE_EXHAUSTED", "ABORTED"})
+
+
+def _too_large(e: Any) -> bool:
+    """Whether a RESOURCE_EXHAUSTED says the message was too large (which another try
+    cannot cure), not the server too busy: ``GrpcFront`` marks its own, and grpc's
+    transport says "larger than max" (the message-size limits of either end)."""
+    marked = any(key == TOO_LARGE_KEY for key, _ in e.trailing_metadata() or ())
+    return marked or "larger than max" in (e.details() or "")
 
 
 class GrpcRemoteEvaluate(RemoteEvaluate):
@@ -170,6 +181,8 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
                 return _Retry(ServerClosedError(said))
             return _Retry(ServerDiedError(f"{self._where} could not be reached or "
                                           f"dropped the connection: {e.details()}"))
+        if code == "RESOURCE_EXHAUSTED" and _too_large(e):
+            return ProtocolError(said, status=413)  # split, as HTTP's 413; never retried
         if code in _RETRIED_CODES:
             return _Retry(ServerDiedError(said))
         return RemoteError(f"gRPC {code}", f"{self._where}: {e.details()}")

@@ -47,10 +47,12 @@ from tritonclient.grpc import service_pb2_grpc
 from async_search.base import evaluate_with_version
 from async_search.checks import check_float, check_int
 from async_search.errors import (CircuitOpenError, InputSpecError, ModelNotFoundError,
-                                 ModelNotReadyError, ProtocolError, ServerClosedError)
+                                 ModelNotReadyError, ProtocolError, RequestTimeoutError,
+                                 ServerClosedError, ServerDiedError)
 from async_search.http import kserve
 from async_search.http.front_lifetime import FrontLifetime
-from async_search.http.grpc_tensors import REFUSED_KEY, decode_request, encode_response, pb
+from async_search.http.grpc_tensors import (REFUSED_KEY, TOO_LARGE_KEY, decode_request,
+                                           encode_response, pb)
 from async_search.http.repository import ModelRepository, ModelSource
 
 
@@ -64,7 +66,10 @@ _CODES = ((ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
           (InputSpecError, grpc.StatusCode.INVALID_ARGUMENT))
 _HTTP_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL,
-               503: grpc.StatusCode.UNAVAILABLE}
+               503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.UNAVAILABLE}
+#: What serves a model is gone, refusing or late (not the model failing): UNAVAILABLE,
+#: which clients retry, as HTTP's 503 and 504.
+_UNAVAILABLE = (ServerClosedError, ServerDiedError, RequestTimeoutError, CircuitOpenError)
 
 
 def grpc_status(error: BaseException) -> grpc.StatusCode:
@@ -78,7 +83,7 @@ def grpc_status(error: BaseException) -> grpc.StatusCode:
     for kind, code in _CODES:
         if isinstance(error, kind):
             return code
-    if isinstance(error, (ServerClosedError, CircuitOpenError)):
+    if isinstance(error, _UNAVAILABLE):
         return grpc.StatusCode.UNAVAILABLE
     return grpc.StatusCode.INTERNAL
 
@@ -229,7 +234,8 @@ class GrpcFront(FrontLifetime):
             code, message = grpc_status(e), str(e)
             if code is grpc.StatusCode.INTERNAL and not isinstance(e, ProtocolError):
                 message = f"internal error: {type(e).__name__}: {e}"
-        refused = ((REFUSED_KEY, "1"),) if code is grpc.StatusCode.UNAVAILABLE else ()
+        refused = ((REFUSED_KEY, "1"),) if code is grpc.StatusCode.UNAVAILABLE else \
+            ((TOO_LARGE_KEY, "1"),) if code is grpc.StatusCode.RESOURCE_EXHAUSTED else ()
         # raises: grpc ends the RPC with the status
         await context.abort(code, message, trailing_metadata=refused)
 
@@ -261,7 +267,7 @@ class GrpcFront(FrontLifetime):
         x = kserve.input_array(decoded, entry.input_name, entry.input_spec)
         try:
             outputs, label = await evaluate_with_version(evaluate, x)
-        except (InputSpecError, ServerClosedError, CircuitOpenError):
+        except (InputSpecError, *_UNAVAILABLE):
             raise
         except Exception as e:  # noqa: BLE001 - the model's failure, not the front's
             raise _Refusal(grpc.StatusCode.INTERNAL,

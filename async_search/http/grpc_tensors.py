@@ -37,6 +37,9 @@ from async_search.http.kserve import (DATATYPES, MAX_ELEMENTS, MAX_RANK, InferRe
 #: tells it from a connection that could not be made or was lost (grpc's own
 #: UNAVAILABLE), as the HTTP client tells a 503 from a refused connection.
 REFUSED_KEY = "async-search-refused"
+#: Trailing metadata that marks a RESOURCE_EXHAUSTED as a request too large (HTTP's
+#: 413: a client splits it), not a server too busy (retried).
+TOO_LARGE_KEY = "async-search-too-large"
 
 #: The typed list of ``InferTensorContents`` that holds each datatype (FP16 has none:
 #: it travels as raw bytes only).

@@ -37,7 +37,7 @@ import numpy as np
 
 from async_search import rows
 from async_search.base import UNKNOWN_VERSION, Outputs, TensorSpec
-from async_search.errors import ProtocolError
+from async_search.errors import ModelOutputError, ProtocolError
 
 
 #: v2 datatype -> NumPy dtype (BYTES and BF16 are not served: models here take numbers).
@@ -281,6 +281,14 @@ def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) ->
         # Integers past int64's range (a UINT64 of 2**63 or more beside others) made
         # NumPy choose floats, which would round them: taken as the integers they are.
         values, kind = _exact_integers(data, dtype, what), dtype.kind
+    if kind == "O" and dtype.kind == "f" and values.size and all(
+            type(v) in (int, float) for _, v in _elements(data)):
+        # An integer past int64's range made NumPy keep Python objects: still a number.
+        try:
+            values, kind = np.array(data, dtype=np.float64), "f"
+        except OverflowError:
+            raise ProtocolError(f"{what} 'data' has an integer outside the range of "
+                                f"{_NAMES[dtype]}") from None
     if values.size and not (kind == "b" if dtype.kind == "b" else
                             kind in "iu" if dtype.kind in "iu" else kind in "iuf"):
         raise ProtocolError(f"{what} 'data' holds {values.dtype} values where the "
@@ -397,7 +405,7 @@ def decode_request(body: bytes, header_length: str | None = None, *,
             binary_flag = _flag(params, "binary_data", f"output {quoted(name)}") \
                 if "binary_data" in params else binary_output
             outputs.append(RequestedOutput(name, binary_flag))
-        outputs = tuple(outputs)
+        outputs = tuple(outputs) or None  # none named: every output, as over gRPC
     return InferRequest(request_id, tuple(inputs), outputs, binary_output)
 
 
@@ -437,12 +445,21 @@ def input_array(request: InferRequest, name: str, spec: TensorSpec | None) -> np
 def named_outputs(outputs: Outputs, names: Sequence[str] | None = None,
                   ) -> List[Tuple[str, np.ndarray]]:
     """A model's outputs as named tensors: ``output`` for one array, ``output_0``, ...
-    for a tuple, the keys for a dict (``names`` overrides the first two)."""
+    for a tuple, the keys for a dict (``names`` overrides the first two).
+
+    Raises:
+        ModelOutputError: ``names`` names more or fewer tensors than the model gave
+            (a dropped output or a name left over would mislead every client).
+    """
     labelled = rows.labelled_leaves(outputs)
     if isinstance(outputs, dict):
         names = [str(key) for key, _ in labelled]
     elif names is None:
         names = ["output" if index is None else f"output_{index}" for index, _ in labelled]
+    elif len(names) != len(labelled):
+        raise ModelOutputError(f"the model gave {len(labelled)} output tensor"
+                               f"{'s' if len(labelled) != 1 else ''} but its output_names "
+                               f"name {len(names)}: {list(names)}")
     return [(name, np.asarray(leaf)) for name, (_, leaf) in zip(names, labelled)]
 
 

@@ -26,12 +26,14 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from async_search.base import TensorSpec, input_spec_of, output_spec_of, version_of
+from async_search.checks import check_int
 from async_search.errors import (LoadParametersError, ModelLoadError, ModelNotFoundError,
                                  ModelNotReadyError)
 from async_search.http.kserve import TensorMetadata, model_metadata, quoted, version_label
 from async_search.routing.cache import CachedEvaluate
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
+from async_search.servers.workers import placement_of
 
 
 def default_max_workers() -> int:
@@ -75,9 +77,26 @@ class ModelSource:
             raise TypeError(f"factory must be a zero-argument callable that makes the "
                             f"model, got {type(self.factory).__name__}")
         DispatchPolicy(self.max_batch_size, self.max_delay, self.pipeline_depth)
+        check_int("num_workers", self.num_workers, minimum=1)
+        if self.num_workers > 1 and placement_of(self.model_thread) == "loop":
+            raise ValueError("num_workers > 1 needs model_thread=True or 'auto'")
         if not isinstance(self.cache_capacity, int) or self.cache_capacity < 0:
             raise ValueError(f"cache_capacity must be an integer >= 0, got "
                              f"{self.cache_capacity!r}")
+        if not isinstance(self.input_name, str) or not self.input_name:
+            raise ValueError(f"input_name must be a non-empty string, got "
+                             f"{self.input_name!r}")
+        if self.output_names is not None:
+            # a string would name one output per character
+            names = self.output_names
+            if isinstance(names, (str, bytes)) or not isinstance(names, (tuple, list)) \
+                    or not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(f"output_names must be a tuple of non-empty strings, "
+                                 f"one per output, got {names!r}")
+            if len(set(names)) != len(names):
+                raise ValueError(f"output_names must differ from each other (a client "
+                                 f"asks for an output by name), got {names!r}")
+            object.__setattr__(self, "output_names", tuple(names))
 
 
 def find_spec(evaluate: Any, which: str = "input") -> TensorSpec | None:
@@ -191,6 +210,10 @@ class ModelRepository:
                 raise ValueError(f"model names must be non-empty strings without '/', "
                                  f"got {name!r}")
             if isinstance(model, ModelSource):
+                if model.num_workers > max_workers:  # as for a load request's
+                    raise ValueError(f"model {name!r} asks for num_workers="
+                                     f"{model.num_workers}, over max_workers="
+                                     f"{max_workers}")
                 self._entries[name] = ModelEntry(name, model)
             elif callable(model):
                 self._entries[name] = ModelEntry(name, None, model)

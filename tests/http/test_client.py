@@ -473,6 +473,38 @@ async def test_metadata_that_is_not_the_protocol_s_is_a_model_output_error(metad
             pass
 
 
+@pytest.mark.parametrize("where", ["metadata", "infer"])
+async def test_an_error_body_of_deeply_nested_json_is_still_the_status_s_error(where):
+    # json.loads raised RecursionError, which escaped to the caller.
+    from aiohttp import web
+
+    deep = b"[" * 100_000
+
+    async def on_metadata(request):
+        return web.Response(status=500, body=deep) if where == "metadata" else \
+            web.Response(body=json.dumps(GOOD_METADATA).encode())
+
+    async def on_infer(request):
+        await request.read()
+        return web.Response(status=500, body=deep)
+
+    app = web.Application()
+    app.router.add_get("/v2/models/m", on_metadata)
+    app.router.add_post("/v2/models/m/infer", on_infer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    said = {"metadata": "the model metadata at .*/v2/models/m: \\[\\[",
+            "infer": "the inference server at .*/v2/models/m/infer: \\[\\["}[where]
+    try:
+        with pytest.raises(RemoteError, match=f"HTTP 500: {said}"):
+            async with RemoteEvaluate(url, "m", retries=0) as ev:
+                await within(ev(X[:2]), "500")
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_port_that_does_not_speak_http_is_named_as_such():
     async def not_http(reader, writer):
         await reader.read(100)

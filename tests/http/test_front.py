@@ -564,11 +564,33 @@ async def test_an_answer_refused_for_unsent_bytes_counts_as_a_503_and_says_it_is
     assert 'code="200"' not in metrics.split("async_search_http_requests_total")[-1]
 
 
+async def test_an_upstream_gone_or_late_is_503_or_504_which_clients_retry_not_500():
+    # Both were 500 "model failed", which a client never retries.
+    async def gone(x):
+        raise asr.errors.ServerDiedError("the upstream server's connection is gone")
+
+    async def late(x):
+        raise asr.errors.RequestTimeoutError("no answer within the request's timeout")
+
+    async with HttpFront({"gone": gone, "late": late}) as front, \
+            aiohttp.ClientSession() as session:
+        for name, expected, said in (("gone", 503, "is unavailable"),
+                                     ("late", 504, "did not answer in time")):
+            status, answer = await post(session, f"{front.url}/v2/models/{name}/infer",
+                                        infer_body(np.ones((1, 4), np.float32)))
+            assert status == expected and said.encode() in answer, answer
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--port", "70000"], "port must be an integer in"),
     (["--max-body-bytes", "0"], "max_body_bytes must be an integer >= 1"),
     (["--max-batch-size", "0"], "max_batch_size must be an integer >= 1"),
     (["--port", "0", "--grpc-port", "99999"], "port must be an integer in"),
+    (["--port", "0", "--num-workers", "0"], "num_workers must be an integer >= 1"),
+    (["--port", "0", "--num-workers", "100000"], "over max_workers"),
+    (["--port", "0", "--model", "nosuchmodule:make"], "No module named 'nosuchmodule'"),
+    (["--port", "0", "--model", "os:nosuchfunction"], "has no attribute"),
+    (["--port", "0", "--model", "os:getcwd"], "loading model 'getcwd' failed"),
 ])
 def test_python_m_async_search_http_refuses_bad_flags_in_one_line(flags, message):
     done = subprocess.run([sys.executable, "-m", "async_search.http", *flags],

@@ -180,6 +180,47 @@ async def test_bad_input_is_refused_with_input_spec_error_and_nothing_is_sent():
     np.testing.assert_array_equal(z, MODEL(X))
 
 
+async def test_requests_too_large_together_are_sent_again_in_halves_as_over_http():
+    # RESOURCE_EXHAUSTED for a message over the server's limit was retried, then every
+    # request failed as a ServerDiedError ("the server is gone").
+    xs = [np.full((4000, 16), i, np.float32) for i in range(6)]  # 256 kB each
+    async with front(max_message_bytes=2 ** 20) as f, \
+            GrpcRemoteEvaluate(f.address, "mlp") as ev:
+        ys = await within(asyncio.gather(*(ev(x) for x in xs)), "answers")
+        stats = ev.stats
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, MODEL(x))
+    assert stats["split_rpcs"] >= 2 and stats["retries"] == 0
+
+
+async def test_one_request_too_large_fails_at_once_with_a_413_protocol_error():
+    async with front(max_message_bytes=2 ** 20) as f, \
+            GrpcRemoteEvaluate(f.address, "mlp") as ev:
+        with pytest.raises(ProtocolError, match="RESOURCE_EXHAUSTED") as info:
+            await within(ev(np.zeros((20_000, 16), np.float32)), "413")
+        assert info.value.status == 413 and ev.stats["retries"] == 0
+
+
+async def test_an_upstream_gone_or_late_is_unavailable_not_internal():
+    # Both were INTERNAL ("the model failed"), which a client never retries.
+    async def gone(x):
+        raise ServerDiedError("the upstream server's connection is gone")
+
+    async def late(x):
+        raise RequestTimeoutError("no answer within the request's timeout")
+
+    async with GrpcFront({"gone": gone, "late": late}) as f:
+        for name in ("gone", "late"):
+            async with GrpcRemoteEvaluate(f.address, name, retries=1,
+                                          backoff_s=0.01,
+                                          input_spec=asr.TensorSpec((16,), np.float32)
+                                          ) as ev:
+                with pytest.raises(ServerClosedError, match="answered UNAVAILABLE: "
+                                                            "(the upstream|no answer)"):
+                    await within(ev(X), "UNAVAILABLE")
+                assert ev.stats["retries"] == 1
+
+
 async def test_what_the_server_answers_becomes_the_matching_error():
     with pytest.raises(ModelNotFoundError, match="NOT_FOUND: unknown model 'nope'"):
         async with front() as f, GrpcRemoteEvaluate(f.address, "nope"):

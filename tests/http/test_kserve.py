@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from async_search.base import TensorSpec
-from async_search.errors import ProtocolError
+from async_search.errors import ModelOutputError, ProtocolError
 from async_search.http import kserve
 from async_search.http.kserve import RequestedOutput
 
@@ -212,6 +212,32 @@ def test_named_outputs_follow_the_models_structure():
     assert [n for n, _ in kserve.named_outputs((y, y))] == ["output_0", "output_1"]
     assert [n for n, _ in kserve.named_outputs({"p": y, "v": y})] == ["p", "v"]
     assert [n for n, _ in kserve.named_outputs((y, y), ["p", "v"])] == ["p", "v"]
+
+
+@pytest.mark.parametrize("names", [["policy"], ["p", "v", "w"]])
+def test_output_names_that_do_not_match_the_outputs_fail_rather_than_drop_one(names):
+    # zip() cut to the shorter: the value head vanished from every answer.
+    y = np.zeros((2, 1))
+    with pytest.raises(ModelOutputError, match="gave 2 output tensors but its "
+                                               "output_names name"):
+        kserve.named_outputs((y, y), names)
+
+
+def test_an_empty_outputs_list_asks_for_every_output_as_over_grpc():
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1], "datatype": "FP32",
+                                   "data": [1]}], "outputs": []}).encode()
+    assert kserve.decode_request(body).outputs is None  # was (): no output answered
+
+
+def test_float_data_may_hold_integers_past_int64():
+    def decoded(literal):
+        body = (b'{"inputs":[{"name":"input","shape":[2],"datatype":"FP32","data":[1.5,'
+                + literal + b']}]}')
+        return kserve.decode_request(body).inputs[0].array
+
+    np.testing.assert_array_equal(decoded(b"1" + b"0" * 30), np.float32([1.5, 1e30]))
+    with pytest.raises(ProtocolError, match="an integer outside the range of FP32"):
+        decoded(b"1" + b"0" * 400)
 
 
 json_values = st.recursive(

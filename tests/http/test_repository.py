@@ -139,6 +139,26 @@ def test_bad_names_and_models_are_refused():
         ModelSource(lambda: MODEL, max_batch_size=0)
 
 
+@pytest.mark.parametrize("names, message", [
+    ("pv", "a tuple of non-empty strings"),   # was one output per character
+    ((), "a tuple of non-empty strings"), (("p", 3), "a tuple of non-empty strings"),
+    (("p", ""), "a tuple of non-empty strings"), (("p", "p"), "must differ")])
+def test_output_names_that_cannot_name_the_outputs_are_refused(names, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSource(lambda: MODEL, output_names=names)
+    assert ModelSource(lambda: MODEL, output_names=["p", "v"]).output_names == ("p", "v")
+
+
+def test_worker_counts_are_checked_where_the_source_is_made():
+    # num_workers=0 failed only at load, as a ModelLoadError; 100,000 started threads.
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 1"):
+        ModelSource(lambda: MODEL, num_workers=0)
+    with pytest.raises(ValueError, match="needs model_thread=True"):
+        ModelSource(lambda: MODEL, num_workers=2, model_thread=False)
+    with pytest.raises(ValueError, match="num_workers=9, over max_workers=8"):
+        ModelRepository({"m": ModelSource(lambda: MODEL, num_workers=9)}, max_workers=8)
+
+
 async def test_unknown_names_and_versions_and_unloaded_models_raise_the_repository_errors():
     async with asr.serve(MODEL) as evaluate:
         async with ModelRepository({"m": evaluate,
