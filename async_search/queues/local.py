@@ -8,6 +8,7 @@ import queue
 from typing import Any, Deque
 
 from async_search.checks import check_int
+from async_search.queues.protocol import wait_timeout
 
 
 class LocalQueue:
@@ -28,6 +29,7 @@ class LocalQueue:
         self._waiters: Deque[asyncio.Future] = collections.deque()
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        wait_timeout(timeout)  # never waits (one thread), but takes what the others take
         if self.maxsize > 0 and len(self._items) >= self.maxsize:
             raise queue.Full
         self._items.append(item)
@@ -37,6 +39,7 @@ class LocalQueue:
         self.put(item, block=False)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        wait_timeout(timeout)
         if not self._items:
             raise queue.Empty
         return self._items.popleft()

@@ -19,7 +19,7 @@ from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any, Dict, List
 
 from async_search.checks import check_int
-from async_search.queues.protocol import ClosedConnection
+from async_search.queues.protocol import ClosedConnection, wait_timeout
 
 
 class ProcessQueue(multiprocessing.queues.Queue):
@@ -67,6 +67,7 @@ class ProcessQueue(multiprocessing.queues.Queue):
         later, and one it cannot would be dropped with a printed traceback, the next
         item arriving in its place (a connected function's answers would then go to the
         wrong callers). It costs a second pickling of each item."""
+        timeout = wait_timeout(timeout)
         _ForkingPickler.dumps(obj)  # raises what the feeder would meet
         super().put(obj, block, timeout)
 
@@ -76,6 +77,10 @@ class ProcessQueue(multiprocessing.queues.Queue):
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """``multiprocessing.Queue.get``; raises ``ClosedConnection`` once the pipe has
         ended (after ``reader_only``, when every writing process is gone)."""
+        timeout = wait_timeout(timeout)
+        if self._closed:  # multiprocessing's ValueError, raised by every later get
+            raise ClosedConnection("this queue was closed in this process (close()): "
+                                   "nothing more can be read from it")
         try:
             return super().get(block, timeout)
         except (EOFError, OSError) as e:  # the pipe's end, or in the middle of a message

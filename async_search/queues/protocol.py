@@ -3,12 +3,16 @@
 A ``QueueLike`` follows ``queue.Queue``'s interface (``queue.Empty``, ``queue.Full``);
 an ``AsyncQueueLike`` can also be awaited (``await q.get_async()``) so that a coroutine
 sleeps until an item arrives. A stream ends when its sender closes it: it puts
-``END_OF_STREAM``, which every reader sees after the items put before it (it stays at the
-head, so several readers of one queue all see it) and turns into ``ClosedConnection``.
+``END_OF_STREAM``, which a reader gets after the items put before it and a
+``Connection`` turns into ``ClosedConnection``. Socket and Ray queues keep it at their
+head; from the others a reader takes it like any item, and a ``Connection`` that takes
+it puts it back, so that every reader of one queue sees it.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from async_search.errors import ClosedConnection
@@ -34,6 +38,28 @@ class AsyncQueueLike(QueueLike, Protocol):
     """A QueueLike that a coroutine can await: ``item = await q.get_async()``."""
 
     async def get_async(self) -> Any: ...
+
+
+def wait_timeout(timeout: Any) -> float | None:
+    """A blocking ``put``'s or ``get``'s ``timeout`` as every queue here takes it: None
+    or inf waits as long as it takes, a number below 0 does not wait (0).
+
+    Raises:
+        ValueError: NaN (``queue.Queue`` would wait forever on it).
+        TypeError: not a real number (a bool is not one).
+
+    Example:
+        >>> wait_timeout(float("inf")), wait_timeout(-1), wait_timeout(2)
+        (None, 0.0, 2.0)
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    seconds = float(timeout)
+    if math.isnan(seconds):
+        raise ValueError("timeout must be a number of seconds or None, got nan")
+    return None if seconds == math.inf else max(seconds, 0.0)
 
 
 #: ``factory(maxsize)`` -> a new queue (``queue.Queue`` itself is one).

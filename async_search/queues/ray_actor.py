@@ -27,7 +27,7 @@ import uuid
 from typing import Any, Deque, Dict, List, Tuple
 
 from async_search.queues.local import LocalQueue
-from async_search.queues.protocol import ClosedConnection, is_end
+from async_search.queues.protocol import ClosedConnection, is_end, wait_timeout
 
 
 class HostedQueue(LocalQueue):
@@ -213,6 +213,7 @@ class ActorQueue:
 
     # -- putting ------------------------------------------------------------------------
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        timeout = wait_timeout(timeout)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -274,11 +275,20 @@ class ActorQueue:
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         import ray
 
+        timeout = wait_timeout(timeout)
         if not self._buffer and not self._eof:
-            wait = (timeout if timeout is not None else None) if block else 0.0
+            wait = timeout if block else 0.0
             try:
-                self._buffer.extend(ray.get(self._host.get_many.remote(
-                    self._name, wait, self._id, next(self._get_seq))))
+                if self._coming:  # a call made for this reader takes the next items
+                    try:
+                        batch = ray.get(self._coming[0], timeout=wait)
+                    except ray.exceptions.GetTimeoutError:
+                        raise queue.Empty from None
+                    self._coming.popleft()
+                    self._buffer.extend(batch)
+                else:
+                    self._buffer.extend(ray.get(self._host.get_many.remote(
+                        self._name, wait, self._id, next(self._get_seq))))
             except ray.exceptions.RayActorError as e:
                 raise ClosedConnection(f"the actor hosting queue {self._name!r} died: "
                                        f"{type(e).__name__}") from e
@@ -305,11 +315,17 @@ class ActorQueue:
                 self._host.get_many.remote(self._name, None, self._id,
                                            next(self._get_seq)))
             try:
-                self._buffer.extend(await ref)
+                batch = await ref
+            except asyncio.CancelledError:
+                # The call goes on in the actor and will take the next items: the next
+                # get (or this reader's next exchange) must read them from it.
+                self._coming.appendleft(ref)
+                raise
             except ray.exceptions.RayActorError as e:
                 self._eof = True
                 raise ClosedConnection(f"the actor hosting queue {self._name!r} died: "
                                        f"{type(e).__name__}") from e
+            self._buffer.extend(batch)
         if self._eof:
             raise ClosedConnection("the stream was closed by its sender")
         return self._take()

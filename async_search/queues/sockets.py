@@ -41,7 +41,7 @@ from typing import Any, Deque, List
 
 import numpy as np
 
-from async_search.queues.protocol import ClosedConnection, is_end
+from async_search.queues.protocol import ClosedConnection, is_end, wait_timeout
 
 
 # A frame: its length after this prefix, the number of items, then each item: its pickled
@@ -254,6 +254,7 @@ class SocketQueue:
             Exception: what pickling raised, when ``item`` cannot travel (nothing is
                 sent; the queue stays usable).
         """
+        timeout = wait_timeout(timeout)
         if self._broken is not None or self._writer is None:
             raise ClosedConnection(f"cannot put on this socket queue: "
                                    f"{self._broken or 'its writing end is closed here'}")
@@ -405,6 +406,7 @@ class SocketQueue:
             queue.Empty: nothing arrived in time.
             ClosedConnection: the stream ended and every item before its end is taken.
         """
+        timeout = wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._read_available()

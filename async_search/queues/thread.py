@@ -7,6 +7,7 @@ import queue
 from typing import Any, List, Tuple
 
 from async_search.checks import check_int
+from async_search.queues.protocol import wait_timeout
 
 
 class ThreadQueue(queue.Queue):
@@ -23,6 +24,12 @@ class ThreadQueue(queue.Queue):
     def __init__(self, maxsize: int = 0):
         super().__init__(maxsize)
         self._async_waiters: List[Tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, wait_timeout(timeout))
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        return super().get(block, wait_timeout(timeout))
 
     def _put(self, item: Any) -> None:  # called by put() with self.mutex held
         super()._put(item)

@@ -112,6 +112,11 @@ async def serve_connection(model: Union[Any, BatchingServer],
             raise TypeError(f"serve_connection serves a server end (forked_pipe's, "
                             f"get_connected_functions'), or a list of them; got "
                             f"{end!r}"[:300])
+        if not end.awaitable:  # its recv_async would raise at once, again and again
+            raise TypeError("serve_connection awaits its messages, and this end's "
+                            "queue cannot be awaited: make the pipe with one of "
+                            "async_search.queues' factories (local_queue, thread_queue, "
+                            "process_queue, socket_queue, ray_queue), not queue.Queue")
     if not isinstance(policy, DispatchPolicy):
         raise TypeError(f"policy must be a DispatchPolicy, got {policy!r}")
     if isinstance(model, BatchingServer):

@@ -55,6 +55,45 @@ def test_bounded_queue_raises_full(factory):
         q.put_nowait("b")
 
 
+@pytest.mark.parametrize("kind", ["local", "thread", "process", "socket"])
+def test_every_kind_takes_the_same_timeouts(kind):
+    # NaN waited forever on a thread queue (queue.Queue's), raised a bare ValueError on
+    # a process queue and OSError on its put; inf raised OverflowError on three kinds;
+    # -1 was a ValueError on a thread queue only.
+    q = queue_factory(kind)(0)
+    for bad, error in ((float("nan"), ValueError), (True, TypeError), ("1", TypeError)):
+        with pytest.raises(error, match="timeout must be a number of seconds"):
+            q.get(timeout=bad)
+    with pytest.raises(queue.Empty):
+        q.get(timeout=-1)
+    q.put(5)
+    assert q.get(timeout=float("inf")) == 5
+    if kind != "socket":  # unbounded: a put never waits
+        full = queue_factory(kind)(1)
+        full.put(0)
+        with pytest.raises(ValueError, match="timeout must be"):
+            full.put(1, timeout=float("nan"))
+        with pytest.raises(queue.Full):
+            full.put(1, timeout=-1)
+
+
+async def test_a_cancelled_get_on_a_ray_queue_leaves_the_next_items_to_the_next_get(
+        ray_session):
+    # The cancelled get's call went on in the actor and took the next put's items,
+    # which nobody read: item 0 was lost, and answers reached the wrong callers.
+    q = ray_queue()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(q.get_async(), 0.3)
+    for i in range(3):
+        q.put(i)
+    assert [await within(q.get_async(), f"item {i}") for i in range(3)] == [0, 1, 2]
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(q.get_async(), 0.3)
+    q.put(3)
+    await within(q.drain(), "the put")  # in a loop, puts leave at the iteration's end
+    assert q.get(timeout=WAIT_S) == 3  # a blocking get reads the pending call too
+
+
 def test_local_queue_get_never_blocks_the_loop_thread():
     with pytest.raises(queue.Empty):
         LocalQueue().get(block=True, timeout=None)

@@ -662,6 +662,30 @@ async def test_serve_connection_refuses_what_is_not_a_server_end_naming_it(
         await asr.serve_connection(lambda x: x, connection, **kwargs)
 
 
+async def test_serve_connection_refuses_an_end_whose_queue_cannot_be_awaited():
+    # It called the loop's exception handler without end, never yielding: a
+    # wait_for around it never fired.
+    import queue
+
+    from async_search.connections import forked_pipe
+
+    server_end, clients = forked_pipe(queue.Queue, 1)
+    clients[0].send(np.ones((1, 2)))
+    with pytest.raises(TypeError, match="queue cannot be awaited.*not queue.Queue"):
+        await within(asr.serve_connection(lambda x: 2 * x, server_end), "the refusal")
+
+
+async def test_serving_an_end_whose_queue_this_process_closed_ends_at_once():
+    # multiprocessing's "Queue is closed" ValueError, raised at every read, was taken
+    # for a message that failed to load: the loop never yielded again.
+    from async_search.queues import process_queue
+
+    server_end, client_end = pipe(process_queue)
+    server_end.inbound.close()
+    stats = await within(asr.serve_connection(lambda x: x, server_end), "the end")
+    assert stats["elements"] == 0
+
+
 async def test_serve_connection_takes_a_generator_of_server_ends():
     server_end, client_end = pipe(local_queue)
     serving = asyncio.ensure_future(
