@@ -112,7 +112,8 @@ class MLP:
             raise ValueError(f"MLP's dtype (its inputs' and outputs') must be a float "
                              f"dtype, got {self.input_spec.dtype}")
         self.output_spec = TensorSpec((output_size,), dtype)
-        rng = np.random.default_rng(seed)
+        # None would draw new weights at each call: "seeded" nets of two processes differ
+        rng = np.random.default_rng(check_int("seed", seed, minimum=0))
         sizes = [int(np.prod(input_shape, dtype=np.int64)), *hidden_sizes, output_size]
         self._in_features = sizes[0]
         self.weights = []

@@ -146,7 +146,7 @@ class ConnectFour:
         and alternate in number, and that the player to move has not already won.
         """
         if not (isinstance(state, tuple) and len(state) == 2
-                and all(isinstance(b, int) and b >= 0 for b in state)):
+                and all(type(b) is int and b >= 0 for b in state)):  # not a bool
             raise ValueError(f"{self!r}: a state must be a ConnectFourState of two "
                              f"bitboards (use game.initial_state() or game.from_moves), "
                              f"got {state!r}")
@@ -185,6 +185,8 @@ class ConnectFour:
                 over.
         """
         mine, theirs = state
+        if type(mine) is not int or type(theirs) is not int:
+            self.check_state(state)  # NumPy ints, bools...: the error that says so
         if not is_int(action) or not 0 <= action < _COLUMNS:
             raise ValueError(f"{self!r}: an action is a column 0..{_COLUMNS - 1}, got "
                              f"{action!r}")
@@ -218,7 +220,8 @@ class ConnectFour:
             return None
         if value == 0.0:
             return 0
-        first_moved_last = (state.to_move | state.waiting).bit_count() % 2 == 1
+        mine, theirs = state  # a plain (to_move, waiting) pair too
+        first_moved_last = (mine | theirs).bit_count() % 2 == 1
         return 1 if first_moved_last else -1
 
     # -- network input --------------------------------------------------------------------

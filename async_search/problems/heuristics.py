@@ -36,6 +36,9 @@ class ManhattanHeuristic:
     """
 
     def __init__(self, puzzle: SlidingPuzzle):
+        if not isinstance(puzzle, SlidingPuzzle):
+            raise TypeError(f"ManhattanHeuristic measures a SlidingPuzzle's tiles, got "
+                            f"{type(puzzle).__name__}")
         size, n = puzzle.size, puzzle.num_cells
         self.input_spec = puzzle.input_spec
         self.output_spec = TensorSpec((1,), np.float32)

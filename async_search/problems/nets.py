@@ -94,7 +94,12 @@ class NetConfig:
 
     def __post_init__(self):
         plain_fields(self)
-        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+        sizes = self.hidden_sizes  # checked before int(), which would round 1.5 to 1
+        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or not (
+                sizes := tuple(sizes)) or not all(is_int(h) and h >= 1 for h in sizes):
+            raise ValueError(f"NetConfig.hidden_sizes must be integer widths >= 1, got "
+                             f"{self.hidden_sizes!r}")
+        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in sizes))
         if self.kind not in KINDS:
             raise ValueError(f"NetConfig.kind must be one of {KINDS}, got {self.kind!r}")
         if self.problem not in PROBLEMS:
@@ -103,10 +108,6 @@ class NetConfig:
         if (self.kind == "policy_value") != (self.problem == "connect_four"):
             raise ValueError(f"a {self.kind} net does not fit {self.problem}: connect_four "
                              f"takes policy_value nets, sliding_puzzle heuristic nets")
-        if not self.hidden_sizes or not all(is_int(h) and h >= 1
-                                            for h in self.hidden_sizes):
-            raise ValueError(f"NetConfig.hidden_sizes must be integer widths >= 1, got "
-                             f"{self.hidden_sizes}")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"NetConfig.architecture must be one of {ARCHITECTURES}, got "
                              f"{self.architecture!r}")
@@ -265,7 +266,7 @@ def check_weights(config: NetConfig, weights: Any) -> Weights:
     if got != [((i, o), (o,)) for i, o in want]:
         raise ValueError(f"weights do not fit {config}: expected layers "
                          f"{[((i, o), (o,)) for i, o in want]}, got {got}")
-    out = [(np.asarray(w, np.float32), np.asarray(b, np.float32)) for w, b in weights]
+    out = [(_float32(w), _float32(b)) for w, b in weights]
     if not all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in out):
         raise ValueError("weights must be finite (training diverged?)")
     return out
@@ -284,10 +285,20 @@ def _check_conv_weights(config: NetConfig, weights: Any) -> ConvWeights:
     if missing or unexpected or wrong:
         raise ValueError(f"weights do not fit {config}: missing {missing[:4]}, unexpected "
                          f"{unexpected[:4]}, misshapen {wrong[:4]}")
-    out = {name: np.asarray(weights[name], np.float32) for name in want}
+    out = {name: _float32(weights[name]) for name in want}
     if not all(np.isfinite(w).all() for w in out.values()):
         raise ValueError("weights must be finite (training diverged?)")
     return out
+
+
+def _float32(array: Any) -> np.ndarray:
+    """A weight array as float32; ValueError unless it holds real numbers (a cast would
+    drop a complex weight's imaginary part, with only a warning)."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "fiu":
+        raise ValueError(f"weights must be real numbers (float or int arrays), got "
+                         f"{array.dtype}")
+    return array.astype(np.float32, copy=False)
 
 
 def to_model(config: NetConfig, weights: Any) -> Any:

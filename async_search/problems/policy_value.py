@@ -38,6 +38,9 @@ class PolicyValueMLP:
     """
 
     def __init__(self, game: Game, *, hidden_sizes: Sequence[int] = (64,), seed: int = 0):
+        if not (hasattr(game, "num_actions") and hasattr(game, "input_spec")):
+            raise TypeError(f"PolicyValueMLP takes a game (with num_actions and "
+                            f"input_spec, as ConnectFour), got {type(game).__name__}")
         self.num_actions = int(game.num_actions)
         self.body = MLP(game.input_spec.shape, tuple(hidden_sizes), self.num_actions + 1,
                         seed)

@@ -90,6 +90,13 @@ class SlidingPuzzle:
             ValueError: naming the puzzle and the fix, if ``state`` is not ``bytes``, has
                 the wrong length, is not a permutation of the tiles, or is unsolvable.
         """
+        if not self.is_solvable(state):
+            raise ValueError(f"{self!r}: state {tuple(state)} is unsolvable (its "
+                             f"permutation parity cannot reach the goal); swap two "
+                             f"non-blank tiles, or start from puzzle.scramble(moves, seed)")
+
+    def _check_tiles(self, state: bytes) -> None:
+        """ValueError unless ``state`` is bytes holding each tile once (of this size)."""
         n = self.num_cells
         if not isinstance(state, bytes):
             raise ValueError(f"{self!r}: a state must be bytes of length {n}; build one "
@@ -98,13 +105,14 @@ class SlidingPuzzle:
         if len(state) != n or sorted(state) != list(range(n)):
             raise ValueError(f"{self!r}: a state must hold each tile 0..{n - 1} exactly "
                              f"once, got {tuple(state)}")
-        if not self.is_solvable(state):
-            raise ValueError(f"{self!r}: state {tuple(state)} is unsolvable (its "
-                             f"permutation parity cannot reach the goal); swap two "
-                             f"non-blank tiles, or start from puzzle.scramble(moves, seed)")
 
     def is_solvable(self, state: bytes) -> bool:
-        """Whether the goal is reachable from ``state`` (a permutation of the tiles)."""
+        """Whether the goal is reachable from ``state``.
+
+        Raises:
+            ValueError: ``state`` is not a permutation of this puzzle's tiles.
+        """
+        self._check_tiles(state)
         tiles = [t for t in state if t]
         inversions = sum(1 for i, a in enumerate(tiles) for b in tiles[i + 1:] if a > b)
         if self.size % 2:
@@ -177,7 +185,12 @@ class SlidingPuzzle:
         return [bytes(row) for row in np.argmax(x, axis=1).astype(np.uint8)]
 
     def manhattan_distance(self, state: bytes) -> int:
-        """Sum over tiles of the grid distance to their goal positions (a lower bound)."""
+        """Sum over tiles of the grid distance to their goal positions (a lower bound).
+
+        Raises:
+            ValueError: ``state`` is not a permutation of this puzzle's tiles.
+        """
+        self._check_tiles(state)
         total = 0
         for p, t in enumerate(state):
             if t:

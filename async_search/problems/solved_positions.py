@@ -196,7 +196,7 @@ def generate_positions(num_positions: int, *, stones: Tuple[int, int], source: s
         raise ValueError(f"stones must be a pair (fewest, most), got {stones!r}")
     low = check_int("stones[0]", stones[0], minimum=0, maximum=41)
     high = check_int("stones[1]", stones[1], minimum=low, maximum=41)
-    if source not in MOVERS:
+    if not isinstance(source, str) or source not in MOVERS:  # a list is unhashable
         raise ValueError(f"source must be one of {sorted(MOVERS)}, got {source!r}")
     mover = MOVERS[source]
     solver = ConnectFourSolver() if solver is None else solver
@@ -293,9 +293,9 @@ def connect_four_positions(stage: str, *, source: Optional[str] = None
     Raises:
         ValueError: for an unknown stage or source.
     """
-    if stage not in STAGES:
+    if not isinstance(stage, str) or stage not in STAGES:  # a list is unhashable
         raise ValueError(f"stage must be one of {sorted(STAGES)}, got {stage!r}")
-    if source is not None and source not in MOVERS:
+    if source is not None and (not isinstance(source, str) or source not in MOVERS):
         raise ValueError(f"source must be None or one of {sorted(MOVERS)}, got "
                          f"{source!r}")
     with open(_PATH) as f:

@@ -216,9 +216,14 @@ def test_a_config_that_loading_would_refuse_is_refused_at_save_and_nothing_is_wr
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_object_array_weights_are_refused_at_save_and_nothing_is_written(tmp_path):
-    weights = [(w.astype(object), b) for w, b in initial_weights(POLICY_VALUE, 0)]
-    with pytest.raises(ValueError, match="object arrays"):  # loading reads no pickles
+@pytest.mark.parametrize("dtype", [object, np.complex64])
+def test_weights_that_are_not_real_numbers_are_refused_at_save_and_nothing_is_written(
+        tmp_path, dtype):
+    # Object arrays: loading reads no pickles. Complex ones were saved, and loading
+    # dropped their imaginary part with only a ComplexWarning.
+    weights = [(w.astype(dtype) * (1j if dtype is np.complex64 else 1), b)
+               for w, b in initial_weights(POLICY_VALUE, 0)]
+    with pytest.raises(ValueError, match="weights must be real numbers"):
         save_checkpoint(tmp_path / "ckpt", weights, POLICY_VALUE)
     assert not (tmp_path / "ckpt").exists()
 

@@ -147,3 +147,20 @@ def test_draw_and_win_are_terminal_for_the_internal_rules():
     assert _child(game.from_moves(DRAW[:-1]), DRAW[-1])[1] == 0.0
     assert _child(game.from_moves([0, 6, 1, 6, 2, 5]), 3)[1] == -1.0
     assert game._mcts_rules() is not None
+
+
+def test_winner_takes_a_plain_pair_as_the_other_methods_do():
+    # It read state.to_move: AttributeError on a tuple.
+    game = ConnectFour()
+    state = tuple(game.from_moves([0, 1, 0, 1, 0, 1, 0]))
+    game.check_state(state)
+    assert game.winner(state) == 1 and game.winner(game.from_moves([0, 1, 0, 1, 0, 1, 0])) == 1
+
+
+@pytest.mark.parametrize("state", [(np.int64(0), np.int64(0)), (False, True), (0, True)])
+def test_bitboards_that_are_not_python_ints_are_refused_by_check_state_and_play(state):
+    # play raised AttributeError ('numpy.int64' has no bit_length); a bool was taken.
+    game = ConnectFour()
+    for call in (lambda: game.check_state(state), lambda: game.play(state, 3)):
+        with pytest.raises(ValueError, match="a state must be a ConnectFourState"):
+            call()

@@ -131,3 +131,24 @@ def test_policy_value_net_gives_logits_per_action_and_values_in_unit_range():
     assert np.all(np.abs(value) <= 1) and len(np.unique(value)) > 1
     logits2, _ = PolicyValueMLP(game, hidden_sizes=(32,), seed=1)(x)
     assert not np.array_equal(logits, logits2)
+
+
+@pytest.mark.parametrize("make, seed", [
+    (lambda seed: heuristic_mlp(SlidingPuzzle(3), seed=seed), None),
+    (lambda seed: heuristic_mlp(SlidingPuzzle(3), seed=seed), True),
+    (lambda seed: heuristic_mlp(SlidingPuzzle(3), seed=seed), -1),
+    (lambda seed: heuristic_mlp(SlidingPuzzle(3), seed=seed), 1.5),
+    (lambda seed: PolicyValueMLP(ConnectFour(), seed=seed), None)])
+def test_seeded_nets_refuse_a_seed_that_is_not_an_integer_naming_it(make, seed):
+    # None drew new weights at every call: two processes' "seeded" nets differed.
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        make(seed)
+
+
+def test_a_model_for_another_kind_of_problem_is_refused_naming_what_it_takes():
+    # Bare AttributeErrors: no attribute 'num_actions', no attribute 'size'.
+    with pytest.raises(TypeError, match="PolicyValueMLP takes a game"):
+        PolicyValueMLP(SlidingPuzzle(3))
+    for problem in (ConnectFour(), SyntheticGraph()):
+        with pytest.raises(TypeError, match="ManhattanHeuristic measures a SlidingPuzzle"):
+            ManhattanHeuristic(problem)

@@ -254,3 +254,12 @@ def test_a_subclass_that_changes_the_rules_is_searched_by_its_own_rules(search_f
     result = asyncio.run(fn(costly, costly.scramble(6, seed=1), zero, budget=10 ** 6))
     steps = sum(dict(costly.neighbors(a))[b] for a, b in zip(result.path, result.path[1:]))
     assert result.cost == steps == 2 * (len(result.path) - 1)
+
+
+@pytest.mark.parametrize("state", [b"", bytes(9), "abc", SlidingPuzzle(4).goal])
+def test_parity_and_manhattan_refuse_what_is_not_a_state_of_the_puzzle(state):
+    # Both answered plausibly: True, and 0 for the 15-puzzle's goal on the 8-puzzle.
+    puzzle = SlidingPuzzle(3)
+    for call in (puzzle.is_solvable, puzzle.manhattan_distance):
+        with pytest.raises(ValueError, match="SlidingPuzzle\\(3\\): a state must"):
+            call(state)

@@ -92,6 +92,7 @@ def test_no_position_repeats_nor_mirrors_another():
     (dict(stones=30, source="random", seed=0), "pair"),
     (dict(stones=(30, 32), source="mcts", seed=0), "source"),
     (dict(stones=(30, 32), source="random", seed=-1), "seed"),
+    (dict(stones=(30, 32), source=["random"], seed=0), "source must be one of"),
 ])
 def test_bad_arguments_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -151,6 +152,11 @@ def test_unknown_stages_and_sources_are_refused():
         connect_four_positions("begin")
     with pytest.raises(ValueError, match="source"):
         connect_four_positions("end", source="human")
+    # a list was a TypeError (unhashable), not the error that names the choices
+    with pytest.raises(ValueError, match="stage must be one of"):
+        connect_four_positions(["end"])
+    with pytest.raises(ValueError, match="source must be None or one of"):
+        connect_four_positions("end", source=["random"])
 
 
 # -- notation and movers ----------------------------------------------------------------

@@ -332,6 +332,11 @@ def test_loss_terms_as_dict_lists_every_term():
     (("policy_value", "connect_four", (16, 0)), {}, "hidden_sizes"),
     (("policy_value", "connect_four", ()), {}, "hidden_sizes"),
     (("heuristic", "sliding_puzzle", (-4,)), {"size": 3}, "hidden_sizes"),
+    # int() ran before the check: 1.5 and True became 1, "64" became 64
+    (("policy_value", "connect_four", (1.5,)), {}, "hidden_sizes must be integer"),
+    (("policy_value", "connect_four", (True,)), {}, "hidden_sizes must be integer"),
+    (("policy_value", "connect_four", ("64",)), {}, "hidden_sizes must be integer"),
+    (("policy_value", "connect_four", 64), {}, "hidden_sizes must be integer"),
 ])
 def test_an_invalid_net_config_raises_value_error_naming_the_field(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
