@@ -226,6 +226,21 @@ def _describe_structure(out: Any, is_tensor: Callable[[Any], bool]) -> str:
     return f"a {type(out).__name__}"
 
 
+def widened(out: np.ndarray) -> np.ndarray:
+    """``out`` with a reduced float (float16, bfloat16) as float32, as every adapter
+    hands its outputs out: NumPy has no bfloat16 of its own, and the caller of a
+    float32 net in reduced precision expects float32.
+
+    Example:
+        >>> widened(np.ones(2, np.float16)).dtype, widened(np.ones(2, np.int16)).dtype
+        (dtype('float32'), dtype('int16'))
+    """
+    dtype = out.dtype
+    if dtype.itemsize == 2 and (dtype.kind == "f" or dtype.name == "bfloat16"):
+        return out.astype(np.float32)
+    return out
+
+
 def padded_rows(out: np.ndarray, n: int, size: int) -> np.ndarray:
     """The first ``n`` rows of one output array of a net that ran on a batch padded to
     ``size`` rows.

@@ -16,7 +16,7 @@ from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError, InputSpecError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
                                          bucket_sizes, net_outputs, padded_rows,
-                                         refuse_copying)
+                                         refuse_copying, widened)
 from async_search.models.weight_casts import host_copy
 
 
@@ -144,7 +144,7 @@ class JaxModel(BucketedModel):
             if type(out) is shared.array_type and not shared.aliases_inputs:
                 array = np.asarray(out)
                 if array.shape[:1] == (n,):
-                    return array
+                    return widened(array)
             source = batch if shared.aliases_inputs else None  # _host_rows guards it
             return net_outputs(out, shared.is_array, lambda a: _host_rows(a, n, n, source))
         return BucketedModel.__call__(self, batch)
@@ -288,12 +288,14 @@ class _Compiled:
         except TypeError as e:
             raise ValueError(f"JAX has no dtype for the input spec "
                              f"{model.input_spec.describe()}: {e}") from None
-        #: Without jax_enable_x64 JAX computes 64-bit integers in 32 bits: values past
-        #: that range would wrap into wrong answers, so such batches are checked (the
-        #: bounds of the 32-bit type; None when nothing narrows).
-        self.narrowed = (np.iinfo(np.int32 if dtype.kind == "i" else np.uint32) if (
-            dtype.kind in "iu" and dtype.itemsize == 8
-            and not jax.config.jax_enable_x64) else None)
+        #: Without jax_enable_x64 JAX computes 64-bit numbers in 32 bits: integers past
+        #: that range would wrap into wrong answers, and finite floats past float32's
+        #: become inf, so such batches are checked (the 32-bit type's bounds; None when
+        #: nothing narrows).
+        wide = dtype.itemsize == 8 and not jax.config.jax_enable_x64
+        self.narrowed = (np.iinfo(np.int32 if dtype.kind == "i" else np.uint32)
+                         if wide and dtype.kind in "iu" else
+                         np.finfo(np.float32) if wide and dtype.kind == "f" else None)
         self.array_type = type(jax.device_put(np.zeros(1, np.float32), model.device))
         array = jax.Array
         self.is_array: Callable[[Any], bool] = lambda a: isinstance(a, array)
@@ -309,13 +311,21 @@ class _Compiled:
     def check_values(self, x: np.ndarray) -> None:
         """Raises InputSpecError when a value of ``x`` is outside the narrowed range."""
         narrowed = self.narrowed
-        if narrowed is not None and x.size and (x.min() < narrowed.min
-                                                or x.max() > narrowed.max):
+        if narrowed is None or not x.size:
+            return
+        if isinstance(narrowed, np.finfo):  # inf and NaN stay what they are
+            with np.errstate(over="ignore"):
+                outside = np.isinf(x.astype(np.float32)).sum() > np.isinf(x).sum()
+        else:
+            outside = x.min() < narrowed.min or x.max() > narrowed.max
+        if outside:
             raise InputSpecError(
                 f"JaxModel: a value of this {self.dtype} input is outside "
                 f"{narrowed.dtype}'s range, and without jax_enable_x64 JAX computes it as "
-                f"{narrowed.dtype} (it would wrap): keep inputs in range, or enable "
-                f"64-bit JAX (jax.config.update('jax_enable_x64', True))")
+                f"{narrowed.dtype} (it would "
+                f"{'become inf' if narrowed.dtype.kind == 'f' else 'wrap'}): keep inputs "
+                f"in range, or enable 64-bit JAX (jax.config.update('jax_enable_x64', "
+                f"True))")
 
     def run(self, params: Any, batch: np.ndarray) -> Outputs:
         n = len(batch)
@@ -357,7 +367,7 @@ def _host_rows(array: Any, n: int, size: int, source: np.ndarray | None) -> np.n
     Raises:
         ModelOutputError: the output has no batch dimension or not ``size`` rows.
     """
-    out = padded_rows(np.asarray(array), n, size)
+    out = widened(padded_rows(np.asarray(array), n, size))
     # A JAX that hands an input back as an output could give the reused buffer or the
     # batch the server reuses: then the rows are copied out (JAX 0.10 copies host
     # inputs of jit, so the probe turns this off: 2-3 us a call on a fresh output).

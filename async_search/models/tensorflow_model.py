@@ -13,7 +13,8 @@ from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
 from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_sizes,
-                                         net_outputs, padded_rows, refuse_copying)
+                                         net_outputs, padded_rows, refuse_copying,
+                                         widened)
 from async_search.models.weight_casts import host_copy
 from async_search.models.weights import OwnWeightsModel, SharedWeights
 
@@ -282,7 +283,7 @@ class _Traced:
                 fn = self._concrete[size] = self._fn.get_concrete_function(
                     tf.TensorSpec(buffer.shape, buffer.dtype))
             out = fn(tf.constant(buffer))
-        return net_outputs(out, self._is_dense, lambda t: padded_rows(t.numpy(), n, size))
+        return net_outputs(out, self._is_dense, lambda t: widened(padded_rows(t.numpy(), n, size)))
 
     def _is_dense(self, value: Any) -> bool:
         """A tensor with ``numpy()``: not a SparseTensor or a RaggedTensor, which the net

@@ -259,8 +259,9 @@ class TorchModel(OwnWeightsModel):
             module = copy.deepcopy(runner.module)
             values = self._own.values  # None: they are the module's (and the copy's)
         module.to(target)
-        if values is not None:
-            _write(runner.torch, list(module.state_dict().values()), values)
+        if values is not None:  # in the order of runner.names (extra state left out)
+            state = module.state_dict()
+            _write(runner.torch, [state[k] for k in runner.names], values)
         return TorchModel(module, self.input_spec, device=target,
                           batch_sizes=self.batch_sizes, precision=self.precision,
                           cuda_graphs=self._graphs_option, compile=self.compile,
@@ -392,7 +393,10 @@ class _Runner:
         # to copy into: with_weights leaves it as it is.
         self.extra_state = frozenset(k for k, v in state.items() if not torch.is_tensor(v))
         self.names = [k for k in state if k not in self.extra_state]
-        self.slots = [state[k] for k in self.names]  # the tensors with_weights copies into
+        # Buffers only counted, not read, in eval mode: an update may leave them out
+        # (residual_nets' weights and torch_resnet_weights do).
+        self.optional = frozenset(k for k in self.names
+                                  if k.rsplit(".", 1)[-1] == "num_batches_tracked")
         self.weights = SharedWeights(self._read, self._write)
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         if self.cuda:
@@ -448,14 +452,17 @@ class _Runner:
         if not isinstance(weights, Mapping):
             raise TypeError(f"TorchModel.with_weights takes a state_dict or a module, got "
                             f"{type(weights).__name__}")
-        missing = [n for n in self.names if n not in weights]
+        missing = [n for n in self.names if n not in weights and n not in self.optional]
         known = set(self.names) | self.extra_state
         unexpected = [n for n in weights if n not in known]
         if missing or unexpected:
             raise ValueError(f"the weights do not match the module's state_dict: missing "
                              f"{missing[:5]}, unexpected {unexpected[:5]}")
         staged = []  # all checked before any is staged: a refused update changes nothing
-        for name, slot in zip(self.names, self.slots):
+        for name, slot in zip(self.names, self.slots()):
+            if name not in weights:  # an optional buffer: kept as it is
+                staged.append(slot.detach().to("cpu", copy=True))
+                continue
             value = weights[name]
 
             def head(given: str, name: str = name, slot: Any = slot) -> str:
@@ -487,16 +494,22 @@ class _Runner:
             staged.append(cast)
         return staged
 
+    def slots(self) -> list:
+        """The tensors that hold the weights now, in the order of ``names``: looked up at
+        each read and write, since a forward may assign a buffer a new tensor."""
+        state = self.module.state_dict()
+        return [state[k] for k in self.names]
+
     def _read(self) -> list:
         with self._on_stream(), self.torch.no_grad():
-            values = [slot.detach().clone() for slot in self.slots]
+            values = [slot.detach().clone() for slot in self.slots()]
         if self.cuda:
             self.stream.synchronize()  # complete before another stream or device reads
         return values
 
     def _write(self, values: list) -> None:
         with self._on_stream():
-            _write(self.torch, self.slots, values)
+            _write(self.torch, self.slots(), values)
 
     def _on_stream(self) -> Any:
         if self.cuda:
@@ -532,7 +545,10 @@ class _Runner:
                 x = self._host[size] = self.torch.from_numpy(source)
         version = x._version
         out = self.forward_rows(x, n, size)
-        if x._version != version:
+        if x._version != version or (self.writes_input is None and _written(
+                source, batch, n)):
+            # (a write through .data or NumPy leaves _version as it was: the first
+            # batch, on a copy, is compared with the caller's too)
             if source is not batch:  # its pad rows too: zeros again next time
                 self.padded.dirtied(size)
             self.wrote_input(caller=source is batch)
@@ -725,6 +741,13 @@ def _written_error(e: BaseException) -> Exception | None:
     return None
 
 
+def _written(source: np.ndarray, batch: np.ndarray, n: int) -> bool:
+    """Whether the module wrote ``source``, the padded copy of ``batch`` it ran on."""
+    return source is not batch and (
+        source[:n].tobytes() != np.ascontiguousarray(batch, source.dtype).tobytes()
+        or source[n:].any())
+
+
 def _write(torch: Any, slots: list, values: list) -> None:
     with torch.no_grad():
         for slot, value in zip(slots, values):
@@ -760,6 +783,8 @@ def _host_rows(torch: Any, tensor: Any, n: int, size: int) -> np.ndarray:
             ``size`` rows.
     """
     _check_dense(torch, tensor)
+    if tensor.is_conj() or tensor.is_neg():  # lazy bits numpy() refuses: made real
+        tensor = tensor.resolve_conj().resolve_neg()
     try:
         out = tensor.numpy()
         fresh = False

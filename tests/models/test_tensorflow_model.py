@@ -31,6 +31,19 @@ def test_tensorflow_adapter_matches_keras_and_traces_once_per_size(keras_net):
     assert model.trace_count <= len(model.batch_sizes) == 7
 
 
+def test_reduced_float_outputs_come_back_float32_as_from_every_adapter(tf):
+    # They came back as ml_dtypes' bfloat16 (and float16), where PyTorch gives float32.
+    def net(x):
+        return tf.cast(x, tf.bfloat16), tf.cast(x, tf.float16)
+
+    model = TensorFlowModel(net, TensorSpec((6,), np.float32), max_batch_size=4)
+    x = np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)
+    low, half = model(x)
+    assert low.dtype == half.dtype == np.float32
+    np.testing.assert_allclose(low, x, rtol=1e-2)
+    np.testing.assert_allclose(half, x, rtol=1e-3)
+
+
 def test_tensorflow_adapter_runs_large_batches_in_chunks(keras_net):
     model = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), max_batch_size=8)
     x = np.random.default_rng(1).standard_normal((21, 6)).astype(np.float32)

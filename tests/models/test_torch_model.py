@@ -759,6 +759,79 @@ def test_a_module_with_extra_state_is_served_and_updated_leaving_that_state():
     updated = model.with_weights(other.state_dict())
     np.testing.assert_allclose(updated(x), direct(other, x), rtol=1e-6)
     assert net.step == 0
+    # on_device wrote the state_dict's values in order, extra state included: the dict
+    # got a weight's copy_ (AttributeError), once another model had run since
+    np.testing.assert_allclose(model(x), direct(net, x), rtol=1e-6)
+    moved = updated.on_device("cpu")
+    np.testing.assert_allclose(moved(x), direct(other, x), rtol=1e-6)
+
+
+def test_an_update_reaches_a_buffer_that_forward_assigns_anew():
+    # The adapter copied into the tensors the module held when it was made: a forward
+    # that assigns a buffer a new tensor kept the old weights, silently.
+    class Clamped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(6, 2)
+            self.register_buffer("scale", torch.ones(2))
+
+        def forward(self, x):
+            self.scale = self.scale.clamp(min=0.0)
+            return self.lin(x) * self.scale
+
+    net = Clamped()
+    model = TorchModel(net, input_spec=SPEC, device="cpu")
+    x = rows(3)
+    model(x)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    state["scale"].zero_()
+    assert not model.with_weights(state)(x).any()
+
+
+def test_a_module_that_writes_its_input_through_data_never_writes_the_callers_array():
+    # .data and NumPy writes leave the tensor's version as it was: they went unseen,
+    # and every batch after the first ran on (and doubled) the caller's array.
+    class Doubles(torch.nn.Module):
+        def forward(self, x):
+            x.data.mul_(2)
+            return x[:, :2]
+
+    model = TorchModel(Doubles(), input_spec=SPEC, device="cpu", batch_sizes=(4,))
+    for _ in range(3):
+        x = rows(4)
+        want = x[:, :2] * 2
+        np.testing.assert_array_equal(model(x), want)
+        np.testing.assert_array_equal(x, rows(4))
+
+
+def test_weights_without_batch_norm_counters_update_the_rest():
+    # residual_nets' weights and torch_resnet_weights leave num_batches_tracked out (it
+    # counts training steps; eval mode never reads it): they were refused as missing.
+    net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4))
+    other = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4)).eval()
+    model = TorchModel(net, input_spec=SPEC, device="cpu")
+    weights = {k: v for k, v in other.state_dict().items()
+               if not k.endswith("num_batches_tracked")}
+    x = rows(5)
+    np.testing.assert_allclose(model.with_weights(weights)(x), direct(other, x),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="missing \\['1.running_mean'\\]"):
+        model.with_weights({k: v for k, v in weights.items() if k != "1.running_mean"})
+
+
+@pytest.mark.parametrize("lazy", ["conj", "neg"])
+def test_a_complex_output_with_a_lazy_conjugate_or_negative_bit_is_served(lazy):
+    # numpy() refuses such tensors: the batch failed with a RuntimeError.
+    class Lazy(torch.nn.Module):
+        def forward(self, x):
+            z = torch.complex(x, 2 * x).conj()
+            return z if lazy == "conj" else z.imag
+
+    x = rows(3)
+    z = x - 2j * x
+    np.testing.assert_array_equal(TorchModel(Lazy(), input_spec=SPEC, device="cpu")(x),
+                                  z if lazy == "conj" else z.imag)
 
 
 def test_weights_on_the_meta_device_are_refused_naming_the_weight():
