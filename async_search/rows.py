@@ -325,7 +325,15 @@ def _leaf(v: Any, where: str) -> Tuple[Any, Any]:
         raise ModelOutputError(
             f"the model's outputs have no batch dimension: {where} is a "
             f"{type(v).__name__}, not an array [n, ...]")
-    return type(v), None  # an array-like leaf: only its type is compared
+    # Only an ndarray: a list of rows read as outputs would be sliced along another
+    # axis (every caller got values of all), and a tensor viewing the server's reused
+    # input buffer would change under its caller.
+    raise ModelOutputError(
+        f"the model's outputs must be NumPy arrays [n, ...] (or a tuple, list or dict "
+        f"of them): {where} is a {type(v).__name__}" + (
+            "; a list of rows is not an output: return np.asarray(rows)"
+            if isinstance(v, list) else
+            "; convert it with .numpy() or np.asarray" if hasattr(v, "__array__") else ""))
 
 
 def _describe_leaf(leaf: tuple) -> str:

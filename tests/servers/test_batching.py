@@ -144,9 +144,30 @@ async def test_zero_row_callers_each_get_their_own_container():
     assert sorted(b) == ["p", "v"]
 
 
+class _ArrayLike:
+    """Rows that are not an ndarray, viewing the batch (as torch.from_numpy's)."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return _ArrayLike(self.x[index])
+
+    def __array__(self, dtype=None, copy=None):
+        return self.x
+
+
 @pytest.mark.parametrize("model, message", [
     (lambda x: x[:-1], "returned 1 rows for a batch of 2 elements"),
     (lambda x: [1, 2], "output 0 is a int, not an array"),
+    # a list of rows: sliced along its rows' axis, every caller got values of all
+    (lambda x: (x * 10).tolist(), "output 0 is a list; a list of rows is not an output"),
+    # an array-like (a tensor from torch.from_numpy, say) may view the server's input
+    # buffer, which a later batch reuses under its caller
+    (lambda x: (_ArrayLike(x),), "output 0 is a _ArrayLike; convert it with .numpy()"),
     (lambda x: {1, 2}, "must return an ndarray, or a tuple, list or dict"),
     (lambda x: np.array(1.0), "no batch dimension"),
 ])
