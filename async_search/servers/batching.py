@@ -33,7 +33,7 @@ from async_search.servers.policy import DispatchPolicy, Reason
 from async_search.servers.priority import PriorityEvaluate
 from async_search.servers.refused_rows import refused_rows, serve_the_rest
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats, report_batch
-from async_search.servers.workers import Workers, placement_of
+from async_search.servers.workers import HOOKS_ON_LOOP, Workers, has_hooks, placement_of
 from async_search.wire import RowsFailed
 
 
@@ -184,6 +184,8 @@ class BatchingServer:
                 raise ValueError("devices need device threads: model_thread=True or 'auto'")
             num_workers = len(devices)
         self._devices = devices
+        if self._placement == "loop" and has_hooks(model):  # never loaded on the loop
+            raise ValueError(HOOKS_ON_LOOP)
         auto = policy.max_batch_size
         self._tuner = None
         if isinstance(auto, AutoBatchSize):
@@ -838,8 +840,9 @@ class BatchingServer:
                 if batcher.empty():
                     continue
                 try:
-                    popped = batcher.pop_parts(_done, self._pool.take,
-                                               uniform=True)  # checked in __call__
+                    popped = batcher.pop_parts(
+                        self._done_or_due if self._deadlines else _done,
+                        self._pool.take, uniform=True)  # checked in __call__
                 except IndexError:  # every queued request was cancelled
                     continue
                 self._in_flight += 1
@@ -915,6 +918,18 @@ class BatchingServer:
                 self._batcher.append(x, fut, priority=priority)
 
     # -- results ----------------------------------------------------------------------
+    def _done_or_due(self, fut: asyncio.Future) -> bool:
+        """Whether a request about to be batched is done, or past its deadline (failed
+        now: a loop kept busy may not have run its timer yet), so that it is dropped
+        before the model runs."""
+        if fut.done():
+            return True
+        deadline = self._deadlines.get(fut)
+        if deadline is None:
+            return False
+        deadline.expire_if_due()
+        return fut.done()
+
     def _on_done(self, popped: Popped, outputs: Outputs, error: BaseException | None,
                  seconds: float, version: Hashable) -> None:
         # Called on the loop by a device thread (call_soon_threadsafe) or, inline, by the

@@ -148,10 +148,12 @@ class InlineDevice:
         start = time.perf_counter()
         try:
             outputs, error = model(batch), None
-        except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - to the batch
-            # A CancelledError raised by the model is an error of this batch, not a
-            # cancellation of the serving task (nothing can cancel a plain call);
-            # KeyboardInterrupt and SystemExit go on up and crash the server.
+        except (Exception, asyncio.CancelledError, GeneratorExit) as e:  # noqa: BLE001
+            # A CancelledError or GeneratorExit raised by the model is an error of this
+            # batch, not a cancellation or closing of the serving task (nothing can
+            # cancel or close a plain call; the serving task took a GeneratorExit for
+            # its loop's closing and left every request waiting); KeyboardInterrupt and
+            # SystemExit go on up and crash the server.
             outputs, error = None, deliverable(e)
         except BaseException as e:
             if not self._contain_exits or isinstance(e, KeyboardInterrupt):

@@ -153,7 +153,9 @@ def report_batch(on_batch: Callable[["BatchRecord"], None], record: "BatchRecord
     bar's bug must not fail the batch the model computed."""
     try:
         on_batch(record)
-    except Exception as e:  # noqa: BLE001 - reported, not delivered
+    # (a CancelledError or GeneratorExit from a plain call is the hook's bug, not a
+    # cancellation: nothing awaits in it)
+    except (Exception, asyncio.CancelledError, GeneratorExit) as e:  # noqa: BLE001
         asyncio.get_running_loop().call_exception_handler({
             "message": f"on_batch raised on {record!r}", "exception": e})
 

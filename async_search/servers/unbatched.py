@@ -11,7 +11,7 @@ from async_search.base import Outputs, first_version, input_spec_of, output_spec
 from async_search.checks import check_callable
 from async_search.deadlines import check_timeout
 from async_search.delivery import ResultDelivery
-from async_search.errors import RequestTimeoutError
+from async_search.errors import RequestTimeoutError, deliverable
 from async_search.requests import RequestChecker
 from async_search.servers.policy import Reason
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats, report_batch
@@ -65,9 +65,17 @@ class Immediate:
         start = time.perf_counter()
         try:
             y = self._outputs.conformed(self.model(x), len(x))
-        except BaseException:
+        except (KeyboardInterrupt, SystemExit):  # the caller's own interrupt or exit
             self._record(len(x), time.perf_counter() - start, failed=True)
             raise
+        except BaseException as e:
+            self._record(len(x), time.perf_counter() - start, failed=True)
+            # As a server delivers it: the model's CancelledError must not read as the
+            # search's own cancellation, nor its StopIteration end a coroutine.
+            error = deliverable(e)
+            if error is e:
+                raise
+            raise error from e
         seconds = time.perf_counter() - start
         self._record(len(x), seconds, failed=False)
         if timeout is not None and seconds > timeout:

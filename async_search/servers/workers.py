@@ -149,7 +149,7 @@ class Workers:
                 and len(self._threads) == 1
                 # A model with load/unload hooks runs in its thread only, loaded there:
                 # the thread's own (add_worker(model=...)), not only the first model.
-                and not _has_hooks(self._threads[0].current[0])):
+                and not has_hooks(self._threads[0].current[0])):
             self.batches_on_loop += 1
             self._inline.set_model(*self._threads[0].current)  # the thread's model
             self._inline.run(token, batch, self._measured)
@@ -195,6 +195,8 @@ class Workers:
         else:
             new_models = [renewed(w.model) for w in workers]
             current = renewed(self._model)
+        if not self._threaded and has_hooks(current):
+            raise ValueError(HOOKS_ON_LOOP)
         for worker, model in zip(workers, new_models):
             worker.set_model(model, version)
         self._model = current
@@ -261,7 +263,11 @@ class Workers:
                 self._all_exited.set_result(None)
 
 
-def _has_hooks(model: Any) -> bool:
+HOOKS_ON_LOOP = ("a model with load/unload hooks is loaded in its device thread: "
+                  "serve it with model_thread=True or 'auto', not False")
+
+
+def has_hooks(model: Any) -> bool:
     return hasattr(model, "load") or hasattr(model, "unload")
 
 

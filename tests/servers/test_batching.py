@@ -8,7 +8,8 @@ import pytest
 import async_search as asr
 from async_search import rows
 from async_search.batchers import BatchSizeBatcher, CostBatcher
-from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
+from async_search.errors import (InputSpecError, ModelOutputError, ModelRaisedError,
+                                 ServerClosedError,
                                  ServerCrashedError)
 from async_search.models import MLP, with_spec
 from async_search.servers import BatchingServer
@@ -423,6 +424,24 @@ def test_invalid_policy_arguments_name_the_value():
         asr.servers.DispatchPolicy(max_delay=-1)
 
 
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, GeneratorExit])
+async def test_an_on_batch_that_raises_a_cancellation_is_reported_and_fails_nothing(
+        raised):
+    # It crashed the server: every later call was a ServerCrashedError.
+    reported = []
+
+    def on_batch(record):
+        raise raised()
+
+    asyncio.get_running_loop().set_exception_handler(
+        lambda loop, context: reported.append(context["exception"]))
+    async with asr.serve(lambda x: x * 2, on_batch=on_batch) as evaluate:
+        for _ in range(2):
+            assert (await within(evaluate(np.ones((1, 1))), "an answer")).tolist() == [
+                [2.0]]
+    assert len(reported) == 2 and all(isinstance(e, raised) for e in reported)
+
+
 async def test_a_model_or_on_batch_that_cannot_be_called_is_refused_when_served():
     # Not at the first batch, where every request would fail with "'int' object is not
     # callable" and the server run on.
@@ -779,6 +798,60 @@ async def test_a_request_past_its_deadline_is_dropped_before_the_model_runs():
     assert [y.tolist() for y in ys] == [[[1.0]], [[2.0]]]
     assert 7.0 not in np.concatenate(model.seen)  # never computed
     assert stats["timed_out"] == 1 and stats["elements"] == 2
+
+
+async def test_a_request_past_its_deadline_when_the_loop_was_busy_is_not_computed():
+    # The model on the loop held it past the deadline: the timer had not run when the
+    # next batch was taken, and the request went to the model after its deadline.
+    import time
+
+    from async_search.errors import RequestTimeoutError
+
+    seen = []
+
+    def model(x):
+        seen.append(x[:, 0].tolist())
+        time.sleep(0.1)
+        return x * 1.0
+
+    async with asr.serve(model, max_batch_size=1, model_thread=False) as evaluate:
+        first = asyncio.ensure_future(evaluate(np.full((1, 1), 1.0)))
+        late = asyncio.ensure_future(evaluate(np.full((1, 1), 2.0), timeout=0.02))
+        got = await within(asyncio.gather(first, late, return_exceptions=True), "both")
+    assert isinstance(got[1], RequestTimeoutError) and seen == [[1.0]]
+
+
+@pytest.mark.parametrize("raised", [GeneratorExit, asyncio.CancelledError, StopIteration])
+async def test_a_model_on_the_loop_that_raises_an_odd_exception_fails_its_batch_only(
+        raised):
+    # A GeneratorExit was taken for the loop's closing: the serving task ended, every
+    # request waited forever, and so did the exit.
+    def model(x):
+        raise raised()
+
+    async with asr.serve(model, model_thread=False) as evaluate:
+        for _ in range(2):
+            with pytest.raises(ModelRaisedError, match=raised.__name__):
+                await within(evaluate(np.ones((1, 2))), "the failure")
+
+
+async def test_a_model_with_load_hooks_is_refused_on_the_loop():
+    # It ran without ever being loaded (and was never unloaded).
+    class Hooked:
+        def load(self):
+            pass
+
+        def __call__(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="load/unload hooks is loaded in its device "
+                                         "thread"):
+        async with asr.serve(Hooked(), model_thread=False):
+            pass
+    async with asr.serve(lambda x: x, model_thread=False) as evaluate:
+        with pytest.raises(ValueError, match="load/unload hooks"):
+            evaluate.update_model(Hooked(), 1)
+        assert (await within(evaluate(np.ones((1, 1))), "an answer")).tolist() == [[1.0]]
 
 
 async def test_a_request_whose_batch_is_in_the_model_fails_at_its_deadline():

@@ -1,3 +1,5 @@
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -210,3 +212,22 @@ async def test_outputs_that_are_not_arrays_fail_as_a_servers_do():
         lambda: ChangingOutputs(NotAnArray, NotAnArray), sizes=(2,))
     assert by_immediate[0].startswith("ModelOutputError")
     assert_same(by_server, by_immediate)
+
+
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, StopIteration,
+                                    GeneratorExit])
+async def test_immediate_wraps_what_cannot_reach_a_caller_as_a_server_does(raised):
+    # A CancelledError read as the search's own cancellation (its task reported itself
+    # cancelled); a StopIteration became "coroutine raised StopIteration".
+    from async_search.errors import ModelRaisedError
+
+    def model(x):
+        raise raised()
+
+    async def search(evaluate):
+        return await evaluate(np.ones((1, 2)))
+
+    task = asyncio.ensure_future(search(asr.immediate(model)))
+    with pytest.raises(ModelRaisedError, match=raised.__name__):
+        await task
+    assert not task.cancelled()
