@@ -275,6 +275,10 @@ def _check(name: str, ok, accepts: str) -> None:
 MAX_BATCH_SIZE = 65_536
 MAX_PROCS = 256
 MAX_SCRAMBLE = 1_000_000
+#: Searches of a run and games of a client are made in Python before any work; a net's
+#: blocks are listed one by one to count its weights (AlphaZero's has 19 or 39).
+MAX_SEARCHES = 100_000
+MAX_BLOCKS = 1_000
 
 for _name, _what in _POSITIVE.items():
     _check(_name, lambda v: v is None or v >= 1, f"an integer >= 1 ({_what})")
@@ -297,7 +301,12 @@ _check("backends", lambda v: bool(v) and set(v) <= {"local", "process", "ray"},
 _check("hidden_sizes", lambda v: bool(v) and all(int(w) >= 1 for w in v),
        "comma-separated integers >= 1 (layer widths)")
 _check("channels", lambda v: v >= 1, "an integer >= 1")
-_check("blocks", lambda v: v is None or v >= 0, "an integer >= 0")
+_check("blocks", lambda v: v is None or 0 <= v <= MAX_BLOCKS,
+       f"an integer in [0, {MAX_BLOCKS:,}] (residual blocks)")
+_check("num_searches", lambda v: v <= MAX_SEARCHES,
+       f"at most {MAX_SEARCHES:,} (searches per run)")
+_check("games_per_client", lambda v: v <= MAX_SEARCHES,
+       f"at most {MAX_SEARCHES:,} (games per client)")
 _check("value_planes", lambda v: v >= 1, "an integer >= 1")
 _check("address", lambda v: v is None or bool(v.strip()), "the address of a running Ray "
        "cluster (host:port, ray://host:port or auto)")

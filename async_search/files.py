@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import threading
 from typing import Any, BinaryIO, Callable, Iterator, Union
 
@@ -163,6 +164,16 @@ def _write_content(fd: int, content: Content) -> None:
     f.finish()
 
 
+def _special(path: str) -> bool:
+    """Whether ``path`` is there and is neither a regular file nor a folder (a link is
+    followed): ``/dev/null``, a FIFO, a socket."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # not there (or a dangling link): a file will be made
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def write_file(path: str | os.PathLike, content: Content) -> str:
     """Writes ``content`` to ``path`` atomically (a temporary in the same folder, synced,
     renamed over ``path``, the folder synced); makes missing folders. Returns ``path``.
@@ -183,6 +194,10 @@ def write_file(path: str | os.PathLike, content: Content) -> str:
     if not path or path.endswith(("/", os.sep)):
         raise FileWriteError(f"cannot write {path!r}: a file name cannot end with a "
                              f"separator (it names a folder)", errno_codes.EISDIR, path)
+    if _special(path):  # a rename would replace the device or pipe itself
+        raise FileWriteError(f"cannot write {path!r}: it is not a regular file (a "
+                             f"device, a pipe or a socket); name a file",
+                             errno_codes.EINVAL, path)
     folder = os.path.dirname(os.path.abspath(path))
     make_folder(folder)
     # Its own for each write: two threads of a process writing one name would truncate

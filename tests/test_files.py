@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -391,3 +392,12 @@ def test_a_lock_file_of_another_user_read_only_to_us_still_locks(tmp_path, monke
     (tmp_path / LOCK).write_text("")
     with folder_lock(tmp_path):
         assert (tmp_path / LOCK).exists()
+
+
+def test_a_device_or_a_pipe_is_never_replaced_by_a_file(tmp_path):
+    # The temporary was renamed over whatever had the name: run as root, /dev/null.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(FileWriteError, match="not a regular file"):
+        write_file(fifo, b"x")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ["fifo"]

@@ -72,6 +72,13 @@ def test_a_save_dir_apart_from_the_plot_passes(main, tmp_path, save_dir):
     (["--train=connect_four", "--policy=gumbel", "--solve"], "--solve is PUCT's"),
     (["--train=sliding_puzzle", "--save_dir="], "--save_dir must be a folder"),
     (["--scramble=10000000"], "--scramble must be at most 1,000,000"),
+    # Each hung or failed only after start-up: blocks are listed one by one to count
+    # a net's weights, searches and games are made in Python before any work.
+    (["--train=connect_four", "--blocks=10000000"], "--blocks must be an integer in [0, "
+                                                    "1,000]"),
+    (["--num_searches=99999999999999999999"], "--num_searches must be at most 100,000"),
+    (["--architecture=client", "--games_per_client=9223372036854775807"],
+     "--games_per_client must be at most 100,000"),
     # One UCT baseline's score overwrote the other's (and its final match was never
     # played): equal rollouts are refused while both are played.
     (["--train=connect_four", "--uct_rollouts=1000"],
@@ -84,7 +91,11 @@ def test_out_of_range_flags_are_refused_by_the_parser(main, args, names):
 
 
 def test_the_caps_themselves_pass(main):
-    parse(main, "--max_batch_size=65536", "--scramble=1000000")
+    parse(main, "--max_batch_size=65536", "--scramble=1000000", "--num_searches=100000")
+    parse(main, "--train=connect_four", "--net=residual", "--blocks=1000")
+    # the command docs/training.md gives
+    parse(main, "--train=connect_four", "--net=residual", "--channels=16", "--blocks=2",
+          "--value_net=head", "--value_planes=1")
     parse(main, "--architecture=client", "--num_procs=256")
 
 

@@ -42,7 +42,26 @@ def check_output_file(path: str, flag: str, *, value: str | None = None) -> None
         raise ValueError(f"{shown} names a folder; it must name a file")
     if os.path.isdir(path):
         raise ValueError(f"{shown} cannot be written: {path} is a folder, not a file")
+    if os.path.exists(path) and not os.path.isfile(path):  # a rename would replace it
+        raise ValueError(f"{shown} cannot be written: {path} is not a regular file (a "
+                         f"device, a pipe or a socket)")
+    name_max = _name_max(os.path.dirname(path) or ".")
+    if len(os.fsencode(os.path.basename(path))) > name_max:  # found after all the work
+        raise ValueError(f"{shown} cannot be written: its file name is longer than the "
+                         f"{name_max} bytes the file system allows")
     check_output_folder(os.path.dirname(path) or ".", flag, value=value or path)
+
+
+def _name_max(folder: str) -> int:
+    """The longest file name (bytes) the file system of ``folder`` (or of the nearest
+    folder above it that exists) allows; 255 where it does not say."""
+    folder = os.path.abspath(folder)
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
 
 
 def check_output_folder(folder: str, flag: str, *, value: str | None = None) -> None:

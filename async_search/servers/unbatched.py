@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Callable, Hashable, List, Tuple
 
@@ -15,6 +16,11 @@ from async_search.errors import RequestTimeoutError, deliverable
 from async_search.requests import RequestChecker
 from async_search.servers.policy import Reason
 from async_search.servers.stats import TRACE_SIZE, BatchRecord, ServingStats, report_batch
+
+#: How often (seconds) a call lets the loop run first: a search over ``immediate``
+#: never waits otherwise, so a cancellation (Ctrl-C, SIGTERM, a deadline around it)
+#: would land only once the whole search is done.
+YIELD_EVERY_S = 0.05
 
 
 class Immediate:
@@ -50,6 +56,7 @@ class Immediate:
         # without one, the first call's; a zero-row call gets the empty output.
         spec = output_spec_of(model)
         self._outputs = ResultDelivery(spec.empty(0) if spec is not None else None)
+        self._yielded = time.perf_counter()
 
     async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
         """``model(x)``, now. ``timeout``: as a server's, the request's deadline; the
@@ -59,6 +66,9 @@ class Immediate:
         x = self._check(x)
         if timeout is not None:
             timeout = check_timeout(timeout)
+        if time.perf_counter() - self._yielded >= YIELD_EVERY_S:
+            await asyncio.sleep(0)  # where a pending cancellation lands
+            self._yielded = time.perf_counter()
         # One request, one batch, sent at once: no queue wait, and it leaves as soon as
         # it is made (a BatchingServer's IDLE reason: nothing else was waiting).
         self._stats.record_dispatch(len(x), Reason.IDLE, 0.0, requests=1)

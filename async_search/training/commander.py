@@ -306,6 +306,7 @@ class Commander:
         self.game = ConnectFour()
         self.history: List[IterationRecord] = []
         self._phase_done = None  # "selfplay" when this iteration's samples are saved
+        self._selfplay_s = 0.0  # how long those samples took (a resumed record reports it)
         # What ended an iteration between its committed samples and its record: the
         # trainer, buffer and best net are then mid-iteration, and a rerun here would
         # commit rows an uninterrupted run never has (a fresh resume starts clean).
@@ -341,7 +342,8 @@ class Commander:
         config = self.config
         meta = {"iteration": self.iteration, "version": self.best_version}
         record = {"config": config.to_json(), "iteration": self.iteration,
-                  "phase_done": self._phase_done, "best_version": self.best_version,
+                  "phase_done": self._phase_done, "selfplay_s": self._selfplay_s,
+                  "best_version": self.best_version,
                   "best_elo": self.best_elo,
                   "history": [dataclasses.asdict(r) for r in self.history]}
         fresh = self._exported != self.best_version  # best/ is copied when it changes
@@ -362,14 +364,14 @@ class Commander:
             CheckpointError: ``state.json`` is damaged (named, with what is wrong).
         """
         folder = resume_folder(save_dir, _TRAINER)
-        history, _, _, _ = _read_record(config, folder.load().fields, folder)
+        history = _read_record(config, folder.load().fields, folder)[0]
         return len(history)
 
     def _load(self, config: CommanderConfig) -> CommanderConfig:
         saved = self._folder.load()
         fields, file = saved.fields, self._folder.state_file
-        history, phase_done, best_version, best_elo = _read_record(config, fields,
-                                                                   self._folder)
+        history, phase_done, best_version, best_elo, selfplay_s = _read_record(
+            config, fields, self._folder)
         best, latest = saved.checkpoint("best"), saved.checkpoint("latest")
         for name, checkpoint in (("best", best), ("latest", latest)):
             if checkpoint.config != config.net:
@@ -388,7 +390,7 @@ class Commander:
                 f"{samples} samples in its history)")
         self.config = config
         self.history = history
-        self._phase_done = phase_done
+        self._phase_done, self._selfplay_s = phase_done, selfplay_s
         self.best_version, self.best_elo = best_version, best_elo
         self.best = best.model()
         self.trainer = Trainer(config.net, weights=latest.weights,
@@ -578,10 +580,11 @@ class Commander:
             for r in records:
                 self.buffer.add(r.x, r.policy, r.value)
             samples = sum(len(r.x) for r in records)
-            self._phase_done = "selfplay"
+            self._phase_done, self._selfplay_s = "selfplay", selfplay_s
             self._save_state()  # the samples are safe before anything else can fail
         else:  # resumed after a crash: this iteration's samples are in the buffer
             samples = self.buffer.added - sum(r.samples for r in self.history)
+            selfplay_s = self._selfplay_s  # as committed with them (0 before it was)
         self._broken = _MIDWAY  # until the record is committed below
         if config.overlap and iteration + 1 < config.iterations:
             self._next_selfplay = asyncio.ensure_future(self._selfplay(iteration + 1))
@@ -609,7 +612,7 @@ class Commander:
             pushed_to=pushed, eval_s=eval_s, iteration_s=time.perf_counter() - start,
             accuracy=accuracy, accuracy_s=accuracy_s)
         self.history.append(record)
-        self._phase_done = None
+        self._phase_done, self._selfplay_s = None, 0.0
         self._save_state()
         self._broken = None
         return record
@@ -653,8 +656,9 @@ _MIDWAY = RuntimeError("an exception between its committed samples and its recor
 
 
 def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tuple:
-    """``(history, phase_done, best_version, best_elo)`` from ``state.json``, every
-    field checked.
+    """``(history, phase_done, best_version, best_elo, selfplay_s)`` from ``state.json``,
+    every field checked (``selfplay_s``, the committed self-play's time, is 0 in a file
+    written before it was kept).
 
     Raises:
         CheckpointError: a field missing, of the wrong type or out of range (named).
@@ -684,9 +688,11 @@ def _read_record(config: CommanderConfig, fields: Any, folder: RunFolder) -> tup
     version = history[-1].best_version if history else 0
     best_version = fields.int("best_version", minimum=version, maximum=version)
     best_elo = fields.float("best_elo")
-    fields.exactly([*ENVELOPE, "config", "iteration", "phase_done", "best_version",
-                    "best_elo", "history"])
-    return history, phase_done, best_version, best_elo
+    selfplay_s = fields.float("selfplay_s", minimum=0) if "selfplay_s" in fields.data \
+        else 0.0
+    fields.exactly([*ENVELOPE, "config", "iteration", "phase_done", "selfplay_s",
+                    "best_version", "best_elo", "history"])
+    return history, phase_done, best_version, best_elo, selfplay_s
 
 
 def accuracy_subsets(size: int) -> Dict[str, list]:

@@ -48,6 +48,23 @@ def test_a_folder_where_the_file_goes_is_refused(tmp_path):
         check_output_file(str(tmp_path) + os.sep, "--save_path")
 
 
+def test_a_device_or_a_pipe_where_the_file_goes_is_refused(tmp_path):
+    # The plot's temporary was renamed over it: /dev/null became a regular file.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), os.devnull):
+        with pytest.raises(ValueError, match="is not a regular file"):
+            check_output_file(path, "--save_path")
+    assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
+
+
+def test_a_file_name_past_the_file_systems_limit_is_refused_before_any_work(tmp_path):
+    # The probe's short name passed; the run failed writing its plot, at the end.
+    with pytest.raises(ValueError, match="longer than the 255 bytes"):
+        check_output_file(str(tmp_path / "out" / ("a" * 252 + ".png")), "--save_path")
+    check_output_file(str(tmp_path / "out" / ("a" * 251 + ".png")), "--save_path")
+
+
 def test_a_derived_path_is_shown_with_the_flag_value(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ValueError, match=r"^--save_path=f/r\.png cannot be written: "):

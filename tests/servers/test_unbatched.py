@@ -231,3 +231,24 @@ async def test_immediate_wraps_what_cannot_reach_a_caller_as_a_server_does(raise
     with pytest.raises(ModelRaisedError, match=raised.__name__):
         await task
     assert not task.cancelled()
+
+
+async def test_a_search_over_immediate_can_be_cancelled_while_it_runs():
+    # It never let the loop run: Ctrl-C or SIGTERM (a cancellation of the main task)
+    # landed only once the whole search was done.
+    import time
+
+    evaluate = asr.immediate(lambda x: x * 2)
+    calls = []
+
+    async def endless_search():
+        while True:
+            await evaluate(np.ones((1, 2)))
+            calls.append(time.perf_counter())
+
+    task = asyncio.ensure_future(endless_search())
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.2, task.cancel)  # a timer: runs only where the loop gets a turn
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert calls and calls[-1] - calls[0] < 2.0

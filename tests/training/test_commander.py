@@ -99,11 +99,15 @@ def test_an_iteration_that_crashes_resumes_from_the_checkpoint_with_no_sample_lo
         run(crashing)
     state = json.loads((tmp_path / "b" / "state.json").read_text())
     assert state["iteration"] == 1 and state["phase_done"] == "selfplay"
+    assert state["selfplay_s"] > 0
     resumed = Commander(tiny(2), str(tmp_path / "b"), resume=True)
     # The crashed iteration's self-play samples were saved before it crashed.
     assert len(resumed.buffer) == len(straight.buffer)
     run(resumed)
     same_run(straight, resumed)
+    # ... and so was their time: the resumed record reported 0 samples/s
+    last = resumed.history[-1]
+    assert last.selfplay_s == state["selfplay_s"] and last.samples_per_s > 0
 
 
 def test_resume_refuses_other_parameters_and_a_missing_run(tmp_path):
