@@ -98,6 +98,18 @@ def expire_after(fut: asyncio.Future, timeout: float,
     return Deadline(fut, timeout, on_expiry, note)
 
 
+#: The message of the cancellation ``within_deadline`` sends at the deadline: what an
+#: evaluate function that awaits others (a router) reads to count the timeout against
+#: the server it waited on.
+DEADLINE_PASSED = "async_search: the request's deadline passed"
+
+
+def deadline_passed(error: BaseException) -> bool:
+    """Whether ``error`` is the cancellation ``within_deadline`` sent at a deadline."""
+    return isinstance(error, asyncio.CancelledError) and error.args[:1] == (
+        DEADLINE_PASSED,)
+
+
 async def within_deadline(awaitable: Awaitable, timeout: float) -> Any:
     """``await awaitable``, or RequestTimeoutError once ``timeout`` seconds have passed
     (the awaitable is then cancelled). A TimeoutError the awaitable raises itself, or a
@@ -118,7 +130,7 @@ async def within_deadline(awaitable: Awaitable, timeout: float) -> Any:
 
     def expire() -> None:
         expired.append(True)
-        task.cancel()
+        task.cancel(DEADLINE_PASSED)
 
     timer = task.get_loop().call_later(timeout, expire)
     try:

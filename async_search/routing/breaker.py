@@ -110,10 +110,10 @@ class BreakerPolicy:
     def __post_init__(self):
         for name in ("failure_threshold", "success_threshold", "half_open_probes"):
             check_int(name, getattr(self, name), minimum=1)
-        try:
-            check_float("reset_timeout", self.reset_timeout, minimum=0)
+        try:  # > 0: it also times the probes out (at 0 every probe was lost at once)
+            check_float("reset_timeout", self.reset_timeout, minimum=0, strict=True)
         except ValueError:  # the same rule, said with its unit
-            raise ValueError(f"reset_timeout must be a number of seconds >= 0, got "
+            raise ValueError(f"reset_timeout must be a number of seconds > 0, got "
                              f"{self.reset_timeout!r}") from None
 
 

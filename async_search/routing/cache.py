@@ -217,6 +217,7 @@ class CachedEvaluate:
         self._generation = _Generation(self._label(), self._token())
         self._spec: tuple | None = None  # (shape, dtype) of elements, once one was served
         self._requests = 0
+        self._bypassed = 0  # elements sent past the table (another spec, object arrays)
         self._lookups = 0
         self._hits = 0
         self._misses = 0
@@ -276,11 +277,14 @@ class CachedEvaluate:
     async def _lookup(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
         if type(x) is not np.ndarray:
             x = plain_array(x)  # a subclass is keyed and answered as its plain data
-        if type(x) is not np.ndarray or x.ndim == 0 or not len(x) or (
-                not x.dtype.isnative) or (
-                self._spec is not None and (x.shape[1:], x.dtype) != self._spec):
-            return await self._bypass(x, want_version)  # the server checks and answers
         self._requests += 1
+        if type(x) is not np.ndarray or x.ndim == 0 or not len(x) or (
+                not x.dtype.isnative) or x.dtype.hasobject or (
+                self._spec is not None and (x.shape[1:], x.dtype) != self._spec):
+            # The server checks and answers. (An object array's bytes are its objects'
+            # addresses, not their values: a new object at a freed address would get
+            # the old one's row.)
+            return await self._bypass(x, want_version)
         for _ in range(_ATTEMPTS):
             result = await self._attempt(x)
             if result is _UNKNOWN:  # the wrapped function does not know its version
@@ -375,6 +379,7 @@ class CachedEvaluate:
         return rows.stack(values), labels[0]
 
     async def _bypass(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
+        self._bypassed += len(x) if getattr(x, "ndim", 0) else 0
         return await self._evaluate(x)
 
     async def _evaluate(self, x) -> Tuple[Outputs, Hashable]:
@@ -476,11 +481,14 @@ class CachedEvaluate:
     def stats(self) -> dict:
         """requests, lookups (elements looked up), hits, misses (elements sent),
         deduplicated (elements that joined one already in flight or repeated in a
-        request), evictions, invalidations (tables dropped after a version change),
-        retries (lookups repeated because a swap made their parts disagree), entries,
-        capacity, hit_rate (hits / lookups)."""
+        request), bypassed (elements sent past the table: of another shape or dtype
+        than the first request's, the other byte order, object arrays, or while the
+        version is unknown), evictions, invalidations (tables dropped after a version
+        change), retries (lookups repeated because a swap made their parts disagree),
+        entries, capacity, hit_rate (hits / lookups)."""
         return {
             "requests": self._requests,
+            "bypassed": self._bypassed,
             "lookups": self._lookups,
             "hits": self._hits,
             "misses": self._misses,

@@ -36,10 +36,11 @@ from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Pro
 import numpy as np
 
 from async_search import rows
-from async_search.base import (Outputs, Versioned, evaluate_with_version, same_version,
-                               version_of)
-from async_search.deadlines import check_timeout, within_deadline
-from async_search.errors import InputSpecError, ModelOutputError, ServerClosedError
+from async_search.base import (Outputs, Versioned, evaluate_with_version, evaluated,
+                               same_version, version_of)
+from async_search.deadlines import check_timeout, deadline_passed, within_deadline
+from async_search.errors import (InputSpecError, ModelOutputError, RequestTimeoutError,
+                                 ServerClosedError)
 from async_search.requests import plain_array
 from async_search.routing.breaker import (BreakerPolicy, BreakerState, CircuitBreaker,
                                           CircuitOpenError, counts_against_server)
@@ -345,8 +346,8 @@ class Router:
         try:
             if want_version:
                 outputs, version = await evaluate_with_version(entry.evaluate, x)
-            else:
-                outputs, version = await entry.evaluate(x), None
+            else:  # evaluated: a model given for a server is named as such
+                outputs, version = await evaluated(entry.evaluate, x), None
             # Checked here, where a wrong answer still counts against its server.
             outputs = _one_row_each(name, outputs, len(x))
         except BaseException as e:
@@ -354,6 +355,11 @@ class Router:
                 breaker.record(permit, ok=False, error=e)  # a batch's requests: once
                 entry.failures += 1
                 raise _ServerFailed(name, e) from e
+            if deadline_passed(e):  # the server kept it past its deadline: a failure
+                breaker.record(permit, ok=False, error=RequestTimeoutError(
+                    f"server {name!r} did not answer within the request's deadline"))
+                entry.failures += 1
+                raise
             breaker.release(permit)
             raise
         else:
@@ -421,12 +427,21 @@ class Router:
         return same_version(versions) if versions else None
 
     def update_model(self, model_or_weights: Any, version: Hashable) -> None:
-        """``update_model`` on every server (each swaps between its own batches)."""
+        """``update_model`` on every server (each swaps between its own batches).
+
+        Raises:
+            TypeError: a server has no ``update_model``; found before any swaps, so
+                that no server is left on the other model.
+        """
+        updates = []
         for name, evaluate in self.servers.items():
             update = getattr(evaluate, "update_model", None)
             if update is None:
                 raise TypeError(f"server {name!r} ({type(evaluate).__name__}) has no "
-                                f"update_model: serve it with asr.serve")
+                                f"update_model: serve it with asr.serve; no server "
+                                f"was updated")
+            updates.append(update)
+        for update in updates:
             update(model_or_weights, version)
 
     @property

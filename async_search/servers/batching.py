@@ -198,6 +198,7 @@ class BatchingServer:
         self.model_thread = model_thread
         self._on_batch = on_batch
         self._first_model = model
+        self._swap_token = object()  # renewed at every update_model
         self._num_workers = num_workers
         self._closed_devices: List[Any] | None = None  # the threads' devices at close
         self._check = RequestChecker(input_spec_of(model), values=values_check_of(model))
@@ -520,6 +521,13 @@ class BatchingServer:
         return self._workers.model if self._workers is not None else self._first_model
 
     @property
+    def swap_token(self) -> object:
+        """An object renewed at every ``update_model``: a result cache in front tells a
+        swap by it and the version label, so that a model swapped away and back again
+        (under one label) while a request was computed starts a new generation."""
+        return self._swap_token
+
+    @property
     def version(self) -> Hashable:
         """The version of the model that new batches run on."""
         if self._workers is not None:
@@ -562,6 +570,7 @@ class BatchingServer:
                 raise ValueError(f"update_model: the new model's output_spec does not fit: "
                                  f"{e}") from None
         self._workers.set_model(model_or_weights, version)
+        self._swap_token = object()
         if isinstance(given_input, TensorSpec) and served_input is None:
             # No request yet: the new model's declared spec checks them from now on.
             self._check = RequestChecker(given_input)

@@ -106,11 +106,13 @@ def test_trip_opens_at_once():
 @pytest.mark.parametrize("kwargs, message", [
     ({"failure_threshold": 0}, "failure_threshold must be an integer >= 1, got 0"),
     ({"success_threshold": 1.5}, "success_threshold must be an integer >= 1, got 1.5"),
-    ({"reset_timeout": -1}, "reset_timeout must be a number of seconds >= 0, got -1"),
+    ({"reset_timeout": -1}, "reset_timeout must be a number of seconds > 0, got -1"),
+    # 0 also timed every probe out at once: the breaker stayed half-open for good
+    ({"reset_timeout": 0}, "reset_timeout must be a number of seconds > 0, got 0"),
     ({"half_open_probes": True}, "half_open_probes must be an integer >= 1"),
     ({"failure_threshold": True}, "failure_threshold must be an integer >= 1, got True"),
-    ({"reset_timeout": True}, "reset_timeout must be a number of seconds >= 0, got True"),
-    ({"reset_timeout": float("nan")}, "reset_timeout must be a number of seconds >= 0"),
+    ({"reset_timeout": True}, "reset_timeout must be a number of seconds > 0, got True"),
+    ({"reset_timeout": float("nan")}, "reset_timeout must be a number of seconds > 0"),
 ])
 def test_bad_policy_names_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):

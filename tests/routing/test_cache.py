@@ -569,3 +569,76 @@ async def test_evaluate_with_version_names_a_model_passed_for_evaluate():
     model = MLP((4,), hidden_sizes=(8,), output_size=1, seed=0)
     with pytest.raises(TypeError, match=r"evaluate must return an awaitable"):
         await evaluate_with_version(model, np.zeros((2, 4), np.float32))
+
+
+async def test_object_arrays_go_past_the_table_and_each_row_gets_its_own_answer():
+    # An object array's bytes are its objects' addresses: a new string at a freed
+    # address got the old one's cached length, and a list that grew kept its old one.
+    def lengths(x):
+        return np.array([[len(v)] for v in x[:, 0]], np.int64)
+
+    async with asr.serve(lengths) as served:
+        cached = CachedEvaluate(served, capacity=100)
+        for i in range(50):
+            x = np.empty((1, 1), object)
+            x[0, 0] = "x" * (i % 7 + 1) + str(i)
+            assert (await cached(x))[0, 0] == len(x[0, 0])
+            del x
+        grows = np.empty((1, 1), object)
+        grows[0, 0] = [1, 2]
+        assert (await cached(grows))[0, 0] == 2
+        grows[0, 0].append(3)
+        assert (await cached(grows))[0, 0] == 3
+        stats = cached.stats
+    assert stats["entries"] == 0 and stats["requests"] == stats["bypassed"] == 52
+
+
+async def test_requests_past_the_table_are_counted_as_bypassed():
+    # They were missing from every count: 13 elements computed, 3 reported.
+    async def f(x):
+        return np.asarray(x, np.float64).reshape(len(x), -1)[:, :1]
+
+    cached = CachedEvaluate(f, fixed_model=True)
+    await cached(np.ones((2, 2), np.float32))
+    await cached(np.ones((3, 2), ">f4"))       # the other byte order
+    await cached(np.ones((4, 3), np.float32))  # another element shape
+    await cached(np.ones((5, 2), np.float64))  # another dtype
+    stats = cached.stats
+    assert stats["requests"] == 4 and stats["bypassed"] == 12 and stats["misses"] == 1
+
+
+async def test_a_model_swapped_away_and_back_under_one_label_is_a_new_generation():
+    # A request sent under A was computed by B (swapped in, version 0), and the server
+    # swapped back to A (version 0) while B computed: B's row was stored as A's, and
+    # served from then on.
+    import threading
+
+    class Constant:
+        def __init__(self, value):
+            self.value, self.started, self.gate = value, threading.Event(), None
+
+        def __call__(self, x):
+            if self.gate is not None and x[0, 0] != 1.0:
+                self.started.set()
+                self.gate.wait(10)
+            return np.full((len(x), 1), self.value, np.float32)
+
+    a, b = Constant(1.0), Constant(2.0)
+    a.gate, b.gate = threading.Event(), threading.Event()
+    async with asr.serve(a, model_thread=True, pipeline_depth=1) as served:
+        cached = CachedEvaluate(served, capacity=100)
+        x = np.zeros((1, 4), np.float32)
+        await cached(np.ones((1, 4), np.float32))  # the table's generation: A, 0
+        hold = asyncio.ensure_future(served(np.full((1, 4), 9, np.float32)))
+        await asyncio.wait_for(asyncio.to_thread(a.started.wait, 10), 15)
+        first = asyncio.ensure_future(cached(x))   # sent under A, queued behind hold
+        for _ in range(5):
+            await asyncio.sleep(0)
+        served.update_model(b, version=0)
+        a.gate.set()                               # x's batch now runs on B
+        await asyncio.wait_for(asyncio.to_thread(b.started.wait, 10), 15)
+        served.update_model(a, version=0)          # back to A while B computes
+        b.gate.set()
+        await asyncio.wait_for(hold, 10)
+        assert (await asyncio.wait_for(first, 10))[0, 0] == 2.0  # B computed it
+        assert (await cached(x))[0, 0] == 1.0      # A's, not B's stored row

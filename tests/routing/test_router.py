@@ -543,7 +543,7 @@ async def test_a_router_does_not_know_its_models_while_a_server_does_not():
             await cached(x)
         assert cached.stats["hits"] == 0
         router.remove_server("b")
-        assert router.swap_token == (a.model,)
+        assert router.swap_token == (a.swap_token,)
         await cached(x)
         await cached(x)
         assert cached.stats["hits"] == 2
@@ -564,3 +564,44 @@ async def test_a_server_removed_before_a_split_requests_parts_start_fails_over()
     await removing
     np.testing.assert_array_equal(y, await FakeServer()(x))
     assert servers["a"].elements == 16 and not router._tasks
+
+
+async def test_a_server_that_keeps_requests_past_their_deadline_trips_its_breaker():
+    # The deadline's cancellation released the server's permit: a hung server never
+    # failed, and every other request went to it and timed out, for good.
+    async def hung(x):
+        await asyncio.Event().wait()
+
+    async def good(x):
+        return x[:, :1] + 1
+
+    router = Router({"hung": hung, "good": good}, policy="round_robin",
+                    breaker=BreakerPolicy(failure_threshold=2))
+    timeouts = 0
+    for _ in range(20):
+        try:
+            await router(np.zeros((1, 2)), timeout=0.02)
+        except TimeoutError:
+            timeouts += 1
+    stats = router.stats["servers"]["hung"]
+    assert timeouts == 2 and stats["failures"] == 2
+    assert stats["breaker"]["state"] == "open"
+
+
+async def test_a_model_given_as_a_server_is_named_as_such():
+    model = MLP((4,))
+    router = Router({"a": model})
+    with pytest.raises(TypeError, match="a model\\?\\); wrap a model with asr.immediate"):
+        await router(np.zeros((2, 4), np.float32))
+
+
+async def test_update_model_checks_every_server_before_any_swaps():
+    # The servers before the one without update_model had swapped already.
+    async def plain(x):
+        return np.zeros((len(x), 1), np.float32)
+
+    async with asr.serve(MLP((4,))) as served:
+        router = Router({"a": served, "z": plain})
+        with pytest.raises(TypeError, match="'z'.*no server was updated"):
+            router.update_model(MLP((4,)), version=5)
+        assert served.version == 0
