@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import signal
@@ -292,9 +293,11 @@ _check("num_procs", lambda v: v is None or v <= MAX_PROCS,
 _check("scramble", lambda v: v <= MAX_SCRAMBLE, f"at most {MAX_SCRAMBLE:,} (random moves)")
 _check("save_dir", lambda v: v is None or bool(v.strip()), "a folder for the run's "
        "checkpoints (leave it out for the default)")
-_check("weight", lambda v: v >= 0, "a number >= 0 (the weight of the path cost)")
+_check("weight", lambda v: 0 <= v < math.inf, "a finite number >= 0 (the weight of the "
+       "path cost)")
 _check("gate_threshold", lambda v: v is None or 0 <= v <= 1, "an arena score in [0, 1]")
-_check("max_delay", lambda v: v is None or v >= 0, "a number of seconds >= 0")
+_check("max_delay", lambda v: v is None or 0 <= v < math.inf,
+       "a finite number of seconds >= 0")
 _check("total_gpu_frac", lambda v: v is None or 0 < v <= 1, "a fraction in (0, 1]")
 _check("backends", lambda v: bool(v) and set(v) <= {"local", "process", "ray"},
        "a comma-separated subset of local,process,ray")

@@ -26,7 +26,9 @@ CONNECT_TIMEOUT_S = 3.0
 def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Raises ConnectionError (one line, naming ``address``) when ``address``, a
     ``host:port`` or ``ray://host:port``, takes no TCP connection within ``timeout``
-    seconds; None, ``auto``, ``local`` and anything else are left to ray.init."""
+    seconds, or does not speak gRPC there (HTTP/2: Ray's GCS and its client server
+    both do; another service, Ray's dashboard say, would keep ray.init retrying for
+    minutes); None, ``auto``, ``local`` and anything else are left to ray.init."""
     if address is None:
         return
     target = address.strip()
@@ -37,10 +39,37 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> 
         return  # auto, local, or a form ray.init itself understands
     host = host.strip("[]")  # an IPv6 literal
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        connection = socket.create_connection((host, int(port)), timeout=timeout)
     except (OSError, ValueError, OverflowError) as e:  # OverflowError: port > 65535
         raise ConnectionError(f"no Ray cluster answers at {address} (a TCP connection "
                               f"failed within {timeout:g} s: {e})") from None
+    with connection:
+        if not _speaks_http2(connection):
+            raise ConnectionError(
+                f"no Ray cluster answers at {address}: something listens there but does "
+                f"not speak gRPC within {timeout:g} s (is it the cluster's GCS port, "
+                f"6379 by default, and not its dashboard's?)")
+
+
+#: HTTP/2's client preface and an empty SETTINGS frame: a gRPC server answers with a
+#: SETTINGS frame of its own (type 4, the fourth byte of its header).
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _speaks_http2(connection: socket.socket) -> bool:
+    """Whether the peer answers HTTP/2's preface with a frame header of a SETTINGS
+    frame (within the connection's timeout)."""
+    try:
+        connection.sendall(_HTTP2_HELLO)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:  # a timeout, or the connection dropped
+        return False
+    return header[3] == 4
 
 
 def ensure_ray(address: str | None = None):

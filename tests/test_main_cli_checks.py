@@ -77,6 +77,9 @@ def test_a_save_dir_apart_from_the_plot_passes(main, tmp_path, save_dir):
     (["--train=connect_four", "--blocks=10000000"], "--blocks must be an integer in [0, "
                                                     "1,000]"),
     (["--num_searches=99999999999999999999"], "--num_searches must be at most 100,000"),
+    # inf passed the flag's check and failed later without naming the flag
+    (["--weight=inf"], "--weight must be a finite number >= 0"),
+    (["--max_delay=1e400"], "--max_delay must be a finite number of seconds >= 0"),
     (["--architecture=client", "--games_per_client=9223372036854775807"],
      "--games_per_client must be at most 100,000"),
     # One UCT baseline's score overwrote the other's (and its final match was never
@@ -125,6 +128,46 @@ def test_check_reachable_leaves_auto_and_local_to_ray():
         check_reachable(address)
     with pytest.raises(ConnectionError, match="ray://127.0.0.1:1"):
         check_reachable("ray://127.0.0.1:1")
+
+
+@pytest.mark.parametrize("answer, speaks", [
+    (None, False),                                      # listens, says nothing
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", False),     # a web server: Ray's dashboard
+    (bytes([0, 0, 6, 4, 0, 0, 0, 0, 0]) + bytes(6), True),  # an HTTP/2 SETTINGS frame
+])
+def test_check_reachable_asks_whether_the_port_speaks_grpc(answer, speaks):
+    # A port that took TCP but was not Ray's kept ray.init retrying for minutes, deaf
+    # to SIGTERM.
+    import socket
+    import threading
+
+    from async_search.ray_init import check_reachable
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve():
+        connection, _ = listener.accept()
+        with connection:
+            try:
+                connection.recv(64)
+                if answer is not None:
+                    connection.sendall(answer)
+                connection.recv(64)  # until the checker hangs up (or its timeout)
+            except OSError:  # it hung up first
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        if speaks:
+            check_reachable(f"127.0.0.1:{port}", timeout=5)
+        else:
+            with pytest.raises(ConnectionError, match="does not speak gRPC"):
+                check_reachable(f"127.0.0.1:{port}", timeout=1)
+    finally:
+        thread.join(10)
+        listener.close()
 
 
 def test_the_client_processes_reported_are_those_started(tmp_path):
