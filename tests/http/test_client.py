@@ -445,6 +445,15 @@ async def answering(metadata, answer):
         return web.Response(body=body, headers={} if length is None else {
             "Inference-Header-Content-Length": length})
 
+    async with serving(on_metadata, on_infer) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def serving(on_metadata, on_infer):
+    """A server at a URL whose model ``m`` answers with these handlers."""
+    from aiohttp import web
+
     app = web.Application()
     app.router.add_get("/v2/models/m", on_metadata)
     app.router.add_post("/v2/models/m/infer", on_infer)
@@ -488,21 +497,12 @@ async def test_an_error_body_of_deeply_nested_json_is_still_the_status_s_error(w
         await request.read()
         return web.Response(status=500, body=deep)
 
-    app = web.Application()
-    app.router.add_get("/v2/models/m", on_metadata)
-    app.router.add_post("/v2/models/m/infer", on_infer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     said = {"metadata": "the model metadata at .*/v2/models/m: \\[\\[",
             "infer": "the inference server at .*/v2/models/m/infer: \\[\\["}[where]
-    try:
+    async with serving(on_metadata, on_infer) as url:
         with pytest.raises(RemoteError, match=f"HTTP 500: {said}"):
             async with RemoteEvaluate(url, "m", retries=0) as ev:
                 await within(ev(X[:2]), "500")
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_port_that_does_not_speak_http_is_named_as_such():
