@@ -109,11 +109,23 @@ class DeviceThread:
         finally:
             try:
                 _call_hook(loaded, "unload")
+            except Exception as e:  # noqa: BLE001 - to the loop, not a thread traceback
+                _report(loop, f"{self._thread.name}: the model's unload raised", e)
             finally:  # even when unload raises, the server learns the thread is gone
                 try:
                     loop.call_soon_threadsafe(self._on_exit, self)
                 except RuntimeError:
                     pass
+
+
+def _report(loop: asyncio.AbstractEventLoop, message: str, error: BaseException) -> None:
+    """Hands ``error`` to the loop's exception handler (logged there, as asyncio does
+    for a callback), from a device thread; nothing when the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(loop.call_exception_handler,
+                                  {"message": message, "exception": error})
+    except RuntimeError:
+        pass
 
 
 def _call_hook(model: Any, name: str) -> None:

@@ -8,7 +8,8 @@ from typing import Any, Callable, Hashable, List, Tuple
 
 import numpy as np
 
-from async_search.base import Outputs, first_version, input_spec_of, output_spec_of
+from async_search.base import (Outputs, first_version, input_spec_of, output_spec_of,
+                               values_check_of)
 from async_search.checks import check_callable
 from async_search.deadlines import check_timeout
 from async_search.delivery import ResultDelivery
@@ -50,7 +51,9 @@ class Immediate:
         check_callable("on_batch", on_batch, optional=True)
         self.model = model
         self._on_batch = on_batch
-        self._check = RequestChecker(input_spec_of(model))
+        # The model's check_values too, as a server's: the JAX adapter refuses values
+        # it would compute wrongly (int64 past int32 without x64, say)
+        self._check = RequestChecker(input_spec_of(model), values=values_check_of(model))
         self._stats = ServingStats(trace_size)
         # As a server's: every call's outputs keep the declared spec's structure or,
         # without one, the first call's; a zero-row call gets the empty output.

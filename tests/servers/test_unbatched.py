@@ -252,3 +252,19 @@ async def test_a_search_over_immediate_can_be_cancelled_while_it_runs():
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
     assert calls and calls[-1] - calls[0] < 2.0
+
+
+async def test_immediate_calls_the_models_check_values_as_a_server_does():
+    # It never called it: a value the model would compute wrongly went through.
+    class Refuses:
+        def check_values(self, x):
+            if (x < 0).any():
+                raise InputSpecError("negative values are refused")
+
+        def __call__(self, x):
+            return x * 2
+
+    evaluate = asr.immediate(Refuses())
+    assert (await evaluate(np.ones((1, 2)))).tolist() == [[2.0, 2.0]]
+    with pytest.raises(InputSpecError, match="negative values are refused"):
+        await evaluate(-np.ones((1, 2)))

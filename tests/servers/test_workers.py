@@ -67,6 +67,31 @@ async def test_each_worker_loads_its_model_before_use_and_unloads_on_stop():
     assert set(loads) >= model.threads
 
 
+async def test_an_unload_that_raises_at_the_end_goes_to_the_loops_handler(monkeypatch):
+    # It escaped the device thread: "Exception in thread async_search-device-N" and a
+    # traceback on stderr, outside the loop's exception handler.
+    class UnloadFails:
+        def load(self):
+            pass
+
+        def unload(self):
+            raise RuntimeError("the device is gone")
+
+        def __call__(self, x):
+            return x * 2
+
+    escaped, reported = [], []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    asyncio.get_running_loop().set_exception_handler(
+        lambda loop, context: reported.append(context))
+    async with asr.serve(UnloadFails(), model_thread=True) as evaluate:
+        assert (await within(evaluate(np.ones((1, 1))), "an answer")).tolist() == [[2.0]]
+    await asyncio.sleep(0)  # the report is handed to the loop
+    assert not escaped
+    assert [str(c["exception"]) for c in reported] == ["the device is gone"]
+    assert "the model's unload raised" in reported[0]["message"]
+
+
 class LoadsOnSecondTry(Recording):
     """Its first load raises (a device out of memory for a moment); it computes only
     when loaded."""
