@@ -294,6 +294,10 @@ def torch_device(device: Any = None) -> Any:
         raise DeviceNotFoundError(f"no device {device!r} for PyTorch ({e}); this machine "
                                   f"has {_torch_devices(torch)}") from None
     if found.type == "cpu":
+        if found.index not in (None, 0):  # PyTorch ignores it; JAX and TF refuse it
+            raise DeviceNotFoundError(f"no device {device!r}: PyTorch has one CPU "
+                                      f"device, 'cpu'; this machine has "
+                                      f"{_torch_devices(torch)}")
         return torch.device("cpu")
     if found.type == "meta":  # it places tensors, so the probe below would pass
         raise DeviceNotFoundError(f"device {device!r} holds shapes, not data: a net "

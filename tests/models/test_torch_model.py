@@ -195,6 +195,10 @@ def test_options_are_checked_at_construction():
         TorchModel(mlp(), input_spec=TensorSpec((6,), "U4"), device="cpu")
     with pytest.raises(DeviceNotFoundError, match="no device 'cuda:7'"):
         TorchModel(mlp(), input_spec=SPEC, device="cuda:7")
+    # taken for the CPU, where JAX and TensorFlow refuse a second CPU
+    with pytest.raises(DeviceNotFoundError, match="no device 'cpu:1': PyTorch has one"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu:1")
+    assert TorchModel(mlp(), input_spec=SPEC, device="cpu:0").device.type == "cpu"
 
 
 def test_cuda_graphs_are_the_default_on_cuda_only_and_checked():
