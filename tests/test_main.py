@@ -87,7 +87,7 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--num_servers=100000"], "--num_servers=100000 is more than"),
     (["--model=torch"], "--model"),
     (["--model=pretrained"], "--model"),
-    (["--weight=-0.1"], "--weight must be a number >= 0"),
+    (["--weight=-0.1"], "--weight must be a finite number >= 0"),
     (["--untrained=maybe"], "--untrained"),
     (["--architecture=ring"], "--architecture"),
     (["--continuous", "--search=mcts"], "--continuous"),
@@ -103,7 +103,7 @@ def test_continuous_and_architecture_experiments_on_tiny_flags(tmp_path):
     (["--train=connect_four", "--arena_games=0"], "--arena_games must be an integer >= 1"),
     (["--arena_games=4"], "--arena_games does not apply to the default experiment"),
     (["--train=connect_four", "--backend=gpu"], "--backend"),
-    (["--train=sliding_puzzle", "--weight=-1"], "--weight must be a number >= 0"),
+    (["--train=sliding_puzzle", "--weight=-1"], "--weight must be a finite number >= 0"),
     (["--train=connect_four", "--continuous"], "separate experiments"),
     # a net too large to build: refused before any allocation
     (["--train=connect_four", "--hidden_sizes=99999999999"],
