@@ -164,7 +164,7 @@ def _write_content(fd: int, content: Content) -> None:
     f.finish()
 
 
-def _special(path: str) -> bool:
+def special_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` is there and is neither a regular file nor a folder (a link is
     followed): ``/dev/null``, a FIFO, a socket."""
     try:
@@ -194,7 +194,7 @@ def write_file(path: str | os.PathLike, content: Content) -> str:
     if not path or path.endswith(("/", os.sep)):
         raise FileWriteError(f"cannot write {path!r}: a file name cannot end with a "
                              f"separator (it names a folder)", errno_codes.EISDIR, path)
-    if _special(path):  # a rename would replace the device or pipe itself
+    if special_file(path):  # a rename would replace the device or pipe itself
         raise FileWriteError(f"cannot write {path!r}: it is not a regular file (a "
                              f"device, a pipe or a socket); name a file",
                              errno_codes.EINVAL, path)

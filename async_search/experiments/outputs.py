@@ -26,6 +26,8 @@ import os
 import uuid
 from typing import List
 
+from async_search.files import special_file
+
 
 def check_output_file(path: str, flag: str, *, value: str | None = None) -> None:
     """Raises ValueError unless ``path`` can be written: its folder can be made and
@@ -42,7 +44,7 @@ def check_output_file(path: str, flag: str, *, value: str | None = None) -> None
         raise ValueError(f"{shown} names a folder; it must name a file")
     if os.path.isdir(path):
         raise ValueError(f"{shown} cannot be written: {path} is a folder, not a file")
-    if os.path.exists(path) and not os.path.isfile(path):  # a rename would replace it
+    if special_file(path):  # write_file refuses it too: a rename would replace it
         raise ValueError(f"{shown} cannot be written: {path} is not a regular file (a "
                          f"device, a pipe or a socket)")
     name_max = _name_max(os.path.dirname(path) or ".")
