@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from async_search.errors import ClosedConnection
@@ -41,8 +42,10 @@ class AsyncQueueLike(QueueLike, Protocol):
 
 
 def wait_timeout(timeout: Any) -> float | None:
-    """A blocking ``put``'s or ``get``'s ``timeout`` as every queue here takes it: None
-    or inf waits as long as it takes, a number below 0 does not wait (0).
+    """A blocking ``put``'s or ``get``'s ``timeout`` as every queue here takes it: None,
+    inf or anything past the longest wait the platform's locks take (about 292 years:
+    ``threading.TIMEOUT_MAX``) waits as long as it takes, a number below 0 does not
+    wait (0).
 
     Raises:
         ValueError: NaN (``queue.Queue`` would wait forever on it).
@@ -56,10 +59,14 @@ def wait_timeout(timeout: Any) -> float | None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-    seconds = float(timeout)
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int past the floats: as long as it takes, or no wait
+        return None if timeout > 0 else 0.0
     if math.isnan(seconds):
         raise ValueError("timeout must be a number of seconds or None, got nan")
-    return None if seconds == math.inf else max(seconds, 0.0)
+    # (past TIMEOUT_MAX a lock's wait raises OverflowError)
+    return None if seconds >= threading.TIMEOUT_MAX else max(seconds, 0.0)
 
 
 #: ``factory(maxsize)`` -> a new queue (``queue.Queue`` itself is one).

@@ -40,7 +40,7 @@ from async_search.base import (Outputs, Versioned, evaluate_with_version, evalua
                                same_version, version_of)
 from async_search.deadlines import check_timeout, deadline_passed, within_deadline
 from async_search.errors import (InputSpecError, ModelOutputError, RequestTimeoutError,
-                                 ServerClosedError)
+                                 ServerClosedError, deliverable)
 from async_search.requests import plain_array
 from async_search.routing.breaker import (BreakerPolicy, BreakerState, CircuitBreaker,
                                           CircuitOpenError, counts_against_server)
@@ -360,6 +360,11 @@ class Router:
                     f"server {name!r} did not answer within the request's deadline"))
                 entry.failures += 1
                 raise
+            if _raised_by_server(e):  # not the caller's cancellation: the server's fault
+                error = deliverable(e)
+                breaker.record(permit, ok=False, error=error)
+                entry.failures += 1
+                raise _ServerFailed(name, error) from e
             breaker.release(permit)
             raise
         else:
@@ -457,6 +462,16 @@ class Router:
             "rejected": self._rejected,
             "parts_in_flight": len(self._tasks),
         }
+
+
+def _raised_by_server(error: BaseException) -> bool:
+    """Whether ``error`` is a CancelledError that a server raised while nothing
+    cancelled the routing task (Python 3.11+ counts cancellations; 3.10 cannot tell,
+    and says no): it would read as the caller's own cancellation."""
+    if not isinstance(error, asyncio.CancelledError):
+        return False
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling is not None and cancelling() == 0
 
 
 def _one_row_each(name: str, outputs: Outputs, size: int) -> Outputs:

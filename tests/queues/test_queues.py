@@ -68,6 +68,9 @@ def test_every_kind_takes_the_same_timeouts(kind):
         q.get(timeout=-1)
     q.put(5)
     assert q.get(timeout=float("inf")) == 5
+    for huge in (1e300, 10 ** 400):  # OverflowError from a thread or process queue
+        q.put(6)
+        assert q.get(timeout=huge) == 6
     if kind != "socket":  # unbounded: a put never waits
         full = queue_factory(kind)(1)
         full.put(0)

@@ -605,3 +605,19 @@ async def test_update_model_checks_every_server_before_any_swaps():
         with pytest.raises(TypeError, match="'z'.*no server was updated"):
             router.update_model(MLP((4,)), version=5)
         assert served.version == 0
+
+
+async def test_a_cancelled_error_a_server_raises_is_its_failure_not_the_callers():
+    # It reached the caller as if the caller had been cancelled, with no failover and
+    # nothing counted against the server.
+    async def cancels(x):
+        raise asyncio.CancelledError()
+
+    async def good(x):
+        return x[:, :1]
+
+    router = Router({"c": cancels, "g": good}, policy="round_robin")
+    for _ in range(4):
+        assert (await asyncio.wait_for(router(np.ones((1, 2))), 5)).shape == (1, 1)
+    stats = router.stats["servers"]["c"]
+    assert stats["failures"] == stats["requests"] >= 2 and stats["outstanding"] == 0
