@@ -87,9 +87,9 @@ flags.DEFINE_bool("skip_sync", False, "Skip the synchronous baseline; results ar
 flags.DEFINE_integer("num_searches", 8, "Searches (starts) per run.")
 flags.DEFINE_integer("gnn_budget", None, "Model evaluations each search may spend "
                      "(MCTS: simulations per search); default 20000, 100000 with "
-                     "--continuous (one search). 20000 is four times what the hardest "
+                     "--continuous (one search). 20000 is 17 times what the hardest "
                      "default A* search needs with the trained heuristic at --weight "
-                     "0.3 (4785 evaluations): every search solves its puzzle.")
+                     "0.3 (1155 evaluations): every search solves its puzzle.")
 flags.DEFINE_integer("batch_size", 4, "Nodes a search expands per request (A* buffer, "
                      "MCTS leaves per round).")
 flags.DEFINE_integer("num_rollouts", 4, "Rollouts per round, in lockstep (--search "

@@ -1,11 +1,13 @@
 """async_search: neural-guided searches as asyncio coroutines, with batched model serving.
 
 Example:
-    >>> import numpy as np, async_search as asr
+    >>> import asyncio, numpy as np, async_search as asr
     >>> from async_search.models import MLP
     >>> async def main():
     ...     async with asr.serve(MLP((4,)), max_batch_size=256) as evaluate:
     ...         return await evaluate(np.zeros((3, 4), np.float32))
+    >>> asyncio.run(main()).shape
+    (3, 1)
 """
 
 from async_search.backends import SearchResults, run_searches, run_searches_async

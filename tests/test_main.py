@@ -442,3 +442,28 @@ def test_train_sliding_puzzle_on_tiny_flags_compares_with_manhattan(tmp_path, mo
     data = json.loads(save.with_suffix(".json").read_text())
     assert data["korf100"]["manhattan"]["instances"] == 100
     assert (tmp_path / "run" / "heuristic" / "config.json").exists()
+
+
+def test_the_gnn_budget_help_names_what_the_hardest_default_search_needs():
+    # The help's figure, recomputed: the default workload's searches with the shipped
+    # heuristic (its NumPy twin computes bitwise what the TensorFlow net does).
+    import asyncio
+
+    import async_search as asr
+    from async_search.experiments import ModelConfig, SearchConfig, make_workload
+
+    help_text = main_py("--helpshort").stdout
+    stated = re.search(r"--weight\s+0\.3\s+\((\d+)\s+evaluations\)", help_text)
+    times = re.search(r"(\d+)\s+is\s+(\d+)\s+times\s+what\s+the\s+hardest", help_text)
+    assert stated and times, help_text
+    work = make_workload(SearchConfig(), ModelConfig(kind="numpy"))
+    model = work.model_factory()
+
+    async def evaluations():
+        return [(await work.search_fn(s, asr.immediate(model))).evaluations
+                for s in work.starts]
+
+    needed = asyncio.run(evaluations())
+    assert int(stated.group(1)) == max(needed)
+    assert int(times.group(1)) == SearchConfig().gnn_budget
+    assert int(times.group(2)) == SearchConfig().gnn_budget // max(needed)

@@ -277,6 +277,12 @@ class CoalescingClient(CoalescedRequests):
 
     def _answered(self, message: Message, answer: Any) -> None:
         self._in_flight -= 1
+        try:
+            self._answer(message, answer)
+        except Exception as e:  # a bug here: the message's requests still end, with it
+            self._delivery.fail(message, e)
+
+    def _answer(self, message: Message, answer: Any) -> None:
         if self._deadlines:  # rows that came past their request's deadline: discarded
             expire_due(self._deadlines, message.tags)
         if isinstance(answer, RowsFailed):
@@ -321,6 +327,11 @@ class CoalescingClient(CoalescedRequests):
         for packed, requests in bad.values():
             self._delivery.fail(requests, unpack_error(packed, f"raised in {self._where}"))
         if ok.tags:
+            if not answer.computed:  # only 0-row requests are left: as when the whole
+                # message fails, they fail with its first error (no outputs to slice)
+                self._delivery.fail(ok, unpack_error(answer.error_of(0),
+                                                     f"raised in {self._where}"))
+                return
             computed = rows.concatenate([outputs for _, outputs in answer.computed])
             ok.batch = np.concatenate(ok.pieces)
             outputs = rows.take(computed, np.concatenate(positions))

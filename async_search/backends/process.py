@@ -71,8 +71,7 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
         deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
     context = multiprocessing.get_context(_CONTEXT)
-    loop = asyncio.get_running_loop()
-    start_time = loop.time()
+    start_time = time.perf_counter()  # uvloop's loop.time() counts whole milliseconds
     clients: List[dict] = []
     async with BatchingServer(model_factory(), config.policy, on_batch=on_batch,
                               model_thread=config.model_thread) as evaluate:
@@ -100,7 +99,7 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
                 # per share and attempt, not per half.
                 run_share(share, launch, retries=config.retries, deadlines=deadlines,
                           record=clients.append, split_lost=True) for share in shares])
-            wall = loop.time() - start_time
+            wall = time.perf_counter() - start_time
         finally:
             if servers_hook is not None:
                 await servers_hook.finish()

@@ -330,8 +330,10 @@ async def run_ray(search_fn, starts: Sequence[Any], model_factory: Callable[[], 
                 results[index] = value
             else:
                 failures[index] = value
+    # The trace on the searches' clock: the servers start one after another, and a
+    # curve from the first one's start ran past the run's wall time by their skew.
     stats = merge_stats(config, wall, [s for s, _ in finals], [t for _, t in finals],
-                        num_clients=num_shares)
+                        num_clients=num_shares, origin=start_time)
     stats["servers_died"] = pool.died
     stats["servers_replaced"] = pool.replaced
     stats["startup_s"] = start_time - startup_time

@@ -39,12 +39,16 @@ class SearchResults(list):
 
 
 def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
-                traces: List[List[BatchRecord]], num_clients: int | None = None) -> dict:
-    """The run's stats from each server's stats and trace (put on one clock: the
-    earliest server's start; perf_counter is one clock for the processes of a machine).
-    ``num_procs`` is ``num_clients``, the client processes (tasks) started: fewer than
-    ``config.num_procs`` (``num_procs_requested``) when there are fewer starts."""
-    origin = min((s.get("started_at", 0.0) for s in servers), default=0.0)
+                traces: List[List[BatchRecord]], num_clients: int | None = None,
+                origin: float | None = None) -> dict:
+    """The run's stats from each server's stats and trace, put on one clock: from
+    ``origin``, the ``time.perf_counter`` time the searches' clock (``wall_time``)
+    started, where given, else from the earliest server's start (perf_counter is one
+    clock for the processes of a machine). ``num_procs`` is ``num_clients``, the client
+    processes (tasks) started: fewer than ``config.num_procs`` (``num_procs_requested``)
+    when there are fewer starts."""
+    if origin is None:
+        origin = min((s.get("started_at", 0.0) for s in servers), default=0.0)
     trace = sorted((r._replace(finished_s=r.finished_s + s.get("started_at", 0.0) - origin)
                     for s, t in zip(servers, traces) for r in t),
                    key=lambda r: r.finished_s)

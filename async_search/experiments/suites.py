@@ -103,7 +103,11 @@ def multi_server_runs(*, num_procs: int = 2, num_servers: int = 2,
     """Ray with ``num_servers`` servers and ``num_procs`` clients (and the baseline)."""
     runs = [] if skip_sync else [RunSpec("sync", "baseline (no batching)", None,
                                          use_uvloop=use_uvloop)]
-    runs.append(RunSpec(f"ray {num_procs} clients, {num_servers} servers", "ray, multi-server",
+    def count(n: int, noun: str) -> str:
+        return f"{n} {noun}" + ("" if n == 1 else "s")
+
+    runs.append(RunSpec(f"ray {count(num_procs, 'client')}, {count(num_servers, 'server')}",
+                        "ray, multi-server",
                         "ray", num_procs=num_procs, num_servers=num_servers,
                         max_batch_size=max_batch_size, use_uvloop=use_uvloop,
                         total_gpu_frac=total_gpu_frac, address=address))
@@ -161,17 +165,24 @@ def run_experiment(experiment: Experiment, *, save_path: Optional[str] = None,
             on_report(report)
     json_path = png_path = None
     if save_path and reports:  # the figures first: a plot that fails loses none of them
-        png_path = save_path
-        json_path = save_json(
-            json_path_for(save_path), title=experiment.title, command=command,
-            params={"search": dataclasses.asdict(experiment.search),
-                    "model": dataclasses.asdict(experiment.model),
-                    "runs": [dataclasses.asdict(s) for s in experiment.runs],
-                    "workload": workload.describe()},
-            reports=reports,
-            extra={"plot": png_path, "failures": [list(f) for f in failures]})
-        plot = plot_runs(reports, png_path, title=experiment.title,
+
+        def save(plot: Optional[str]) -> str:
+            return save_json(
+                json_path_for(save_path), title=experiment.title, command=command,
+                params={"search": dataclasses.asdict(experiment.search),
+                        "model": dataclasses.asdict(experiment.model),
+                        "runs": [dataclasses.asdict(s) for s in experiment.runs],
+                        "workload": workload.describe()},
+                reports=reports,
+                extra={"plot": plot, "failures": [list(f) for f in failures]})
+
+        # "plot" names the PNG once it is this run's: a stop (or a failure) while it is
+        # drawn leaves null there, not the name of an earlier run's picture.
+        json_path = save(None)
+        plot = plot_runs(reports, save_path, title=experiment.title,
                          subtitle=workload.describe())
         import matplotlib.pyplot as plt
         plt.close(plot)
+        png_path = save_path
+        save(png_path)
     return ExperimentResult(tuple(reports), tuple(failures), json_path, png_path)

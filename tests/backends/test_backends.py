@@ -88,6 +88,10 @@ def test_several_servers_share_the_stream(backend):
     else:  # the device workers of one server in this process
         assert len(servers) == 1 and servers[0]["workers"] == 2
     assert max(record.size for record in out.stats["trace"]) <= 4
+    # On the searches' clock: every batch within the run's wall time (Ray's actors
+    # start one after another; a clock from the first one's start ran past it).
+    assert all(0 <= record.finished_s <= out.stats["wall_time_s"]
+               for record in out.stats["trace"])
 
 
 def test_the_fraction_in_the_model_is_per_device_worker_and_at_most_one(backend):

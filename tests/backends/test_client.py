@@ -214,3 +214,47 @@ async def test_a_failed_batch_of_a_message_fails_only_the_requests_with_rows_in_
     assert y.tolist() == [[16.0]] and version == 0
     client_end.close()
     await asyncio.wait_for(serving, 10)
+
+
+@pytest.mark.parametrize("some_computed", [False, True])
+async def test_a_zero_row_request_beside_failed_rows_only_ends_and_the_connection_lives(
+        some_computed):
+    # The model raises on one row of the message and check_values refuses another: a
+    # 0-row request in it gets its empty outputs when some rows were computed (here, in
+    # batches of one row), and fails with the first error when none were, as when a
+    # whole message fails; either way the connection serves on.
+    import async_search as asr
+    from async_search.servers import DispatchPolicy
+
+    class Model:
+        def __call__(self, x):
+            if (x[:, 0] == -1).any():
+                raise ArithmeticError("the model fails on -1")
+            return 2 * x
+
+        def check_values(self, x):
+            if (x[:, 0] == -2).any():
+                raise InputSpecError("-2 is refused")
+
+    server, client_end = pipe(local_queue)
+    serving = asyncio.ensure_future(asr.serve_connection(
+        Model(), server, portable=True,
+        policy=DispatchPolicy(max_batch_size=1 if some_computed else 8)))
+    client = CoalescingClient(client_end)
+    xs = [np.array([[-1, 0]], np.float32), np.zeros((0, 2), np.float32),
+          np.array([[-2, 0]], np.float32)]
+    if some_computed:
+        xs.append(np.array([[4, 4]], np.float32))
+    done = await asyncio.wait_for(asyncio.gather(*(client(x) for x in xs),
+                                                 return_exceptions=True), 10)
+    assert type(done[0]).__name__ == "ArithmeticError"
+    assert isinstance(done[2], (ArithmeticError, InputSpecError))
+    if some_computed:
+        assert done[1].shape == (0, 2) and done[1].dtype == np.float32
+        assert done[3].tolist() == [[8.0, 8.0]]
+    else:
+        assert type(done[1]).__name__ == "ArithmeticError"
+    after = await asyncio.wait_for(client(np.full((1, 2), 3, np.float32)), 10)
+    assert after.tolist() == [[6.0, 6.0]]
+    client_end.close()
+    await asyncio.wait_for(serving, 10)

@@ -46,6 +46,23 @@ def test_experiment_runs_local_and_processes_saves_plot_and_figures(tmp_path):
     assert data["runs"][3]["num_procs"] == 2
 
 
+def test_a_stop_while_the_plot_is_drawn_leaves_json_naming_no_plot(tmp_path, monkeypatch):
+    # An earlier run's picture stays where the new one would go: the new JSON must not
+    # name it as its own.
+    (tmp_path / "r.png").write_bytes(b"\x89PNG earlier run")
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(suites, "plot_runs", stopped)
+    exp = Experiment("tiny", tiny_search(), TINY_MODEL,
+                     default_runs(skip_sync=True, backends=("local",)))
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(exp, save_path=str(tmp_path / "r.png"), show_progress=False)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["plot"] is None and [r["name"] for r in data["runs"]] == ["async"]
+
+
 def test_without_the_baseline_the_first_run_is_the_reference(tmp_path):
     exp = Experiment("tiny", tiny_search("rollout"), TINY_MODEL,
                      default_runs(skip_sync=True, backends=("local",)))
@@ -123,3 +140,10 @@ def test_a_workload_made_by_the_caller_is_not_made_again(monkeypatch):
     monkeypatch.setattr(suites, "make_workload", again)
     result = run_experiment(exp, save_path=None, show_progress=False, workload=workload)
     assert result.ok and [r.name for r in result.reports] == ["async"]
+
+
+def test_multi_server_run_names_count_in_the_singular_and_plural():
+    (ray,) = multi_server_runs(num_procs=1, num_servers=1, skip_sync=True)
+    assert ray.name == "ray 1 client, 1 server"
+    (ray,) = multi_server_runs(num_procs=2, num_servers=3, skip_sync=True)
+    assert ray.name == "ray 2 clients, 3 servers"

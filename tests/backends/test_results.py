@@ -1,0 +1,27 @@
+"""merge_stats: the servers' traces on one clock."""
+
+from async_search.backends.config import RunConfig
+from async_search.backends.results import merge_stats
+from async_search.servers.stats import BatchRecord
+
+
+def _servers_started_at(*starts):
+    return [{"started_at": s, "model_time_s": 0.1} for s in starts]
+
+
+def test_traces_go_on_the_searches_clock_when_its_origin_is_given():
+    # Two servers, started 0.9 s apart; the searches' clock starts at 101.0, once both
+    # serve. A batch 0.5 s into each server's life: 99.6 and 100.5 on that clock...
+    servers = _servers_started_at(100.1, 101.0)
+    traces = [[BatchRecord(1.4, 4, 0.01)], [BatchRecord(0.5, 2, 0.01)]]
+    stats = merge_stats(RunConfig(), 1.0, servers, traces, origin=101.0)
+    assert [round(r.finished_s, 6) for r in stats["trace"]] == [0.5, 0.5]
+    assert [r.size for r in stats["trace"]] == [4, 2]
+
+
+def test_traces_go_on_the_earliest_servers_clock_without_an_origin():
+    servers = _servers_started_at(101.0, 100.0)
+    traces = [[BatchRecord(0.5, 4, 0.01)], [BatchRecord(0.2, 2, 0.01)]]
+    stats = merge_stats(RunConfig(), 2.0, servers, traces)
+    assert [round(r.finished_s, 6) for r in stats["trace"]] == [0.2, 1.5]
+    assert stats["batches"] == 2 and stats["elements"] == 6
