@@ -193,7 +193,9 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             thread, or the server's loop while a batch takes under 200 us), True
             (device threads) or False (the loop).
         progress: called here with the number of elements evaluated, as batches
-            complete (a progress bar's ``update``).
+            complete (a progress bar's ``update``). What it raises goes to the loop's
+            exception handler, call by call, and the run goes on: a progress bar that
+            breaks never costs the searches.
         on_servers: called here once with the run's ``ModelServers`` as soon as its
             servers serve (before the searches start, on this loop); ``await
             servers.update_model(weights, version)`` swaps the model of every server

@@ -285,6 +285,9 @@ async def _attempt(indices: List[int], attempt: int, launch: Launch, deadlines: 
                 else:
                     outcomes[index] = ok, value
         finished = True
+        if again:  # not every start finished here: its servers died under some
+            entry["ended"] = (f"finished; its servers died under {len(again)} of its "
+                              f"starts")
         entry.update(getattr(worker, "usage", None) or {})  # cpu_s, searching_s
         return again
     finally:

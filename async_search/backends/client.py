@@ -26,7 +26,7 @@ from async_search.coalescing import CoalescedRequests
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
 from async_search.deadlines import Deadline, check_timeout, expire_due, track_deadline
 from async_search.delivery import ResultDelivery
-from async_search.errors import InputSpecError, ServerDiedError
+from async_search.errors import InputSpecError, ServerClosedError, ServerDiedError
 from async_search.queues import ClosedConnection
 from async_search.requests import RequestChecker
 from async_search.wire import (Failure, RowsFailed, VersionAck, VersionedRequest,
@@ -190,8 +190,17 @@ class CoalescingClient(CoalescedRequests):
         return self._token
 
     async def aclose(self) -> None:
-        """Stops listening to the server (the receiver task ends)."""
+        """Stops listening to the server (the receiver task ends). Requests still
+        waiting for an answer, and every later call, fail with ServerClosedError: no
+        answer reaches a client that stopped listening."""
         await self._messages.aclose()
+        error = ServerClosedError("the client was closed (aclose) before an answer came")
+        if self._messages.error is None:
+            self._messages.fail_pending(error)  # and refuses every later call
+        _, futures = self._take_queued()  # not sent yet
+        for fut in futures:
+            if not fut.done():
+                fut.set_exception(error)
 
     def _subscribe(self) -> None:
         """Asks the server for its version and for a notice at each swap."""

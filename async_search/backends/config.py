@@ -18,6 +18,11 @@ BACKENDS = ("local", "process", "ray")
 #: (a search that raises is never run again).
 DEFAULT_RETRIES = 3
 
+#: The most ``retries`` a run takes: Ray's servers hold an answer queue per client and
+#: attempt (about 2.5 KB each), made when they start, so a huge number cost gigabytes
+#: per server before any search ran; a hundred lost workers per start is a broken run.
+MAX_RETRIES = 100
+
 #: ``RayPlacement.server_gpus``'s choices.
 SERVER_GPUS = ("auto", "required", "none")
 
@@ -103,8 +108,8 @@ class RunConfig:
             raises SearchError naming every failed start.
         retries: how many times a start whose worker died (client process, Ray task,
             its node, or every server it could reach) runs again in a new worker
-            (``DEFAULT_RETRIES``); 0: never. Ignored by the local backend (it has no
-            workers to lose).
+            (``DEFAULT_RETRIES``); 0: never; at most ``MAX_RETRIES`` (100). Ignored by
+            the local backend (it has no workers to lose).
         timeout: seconds the whole run may take, from the call (None: no limit);
             searches unfinished by then fail with SearchTimeoutError.
         search_timeout: seconds each attempt of a search may run, from its start in
@@ -139,10 +144,13 @@ class RunConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got "
                              f"{self.backend!r}")
-        for name in ("num_procs", "num_servers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        # Plain ints kept (a NumPy integer is taken as any integer is, and the run's
+        # stats hold them: JSON cannot write a NumPy integer).
+        for name, minimum, maximum in (("num_procs", 1, None), ("num_servers", 1, None),
+                                       ("retries", 0, MAX_RETRIES),
+                                       ("client_waves", 1, None)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name),
+                                                     minimum=minimum, maximum=maximum))
         limit = max_servers(self.backend)
         if self.num_servers > limit:
             raise ValueError(f"num_servers={self.num_servers} is more than the {self.backend} "
@@ -152,8 +160,6 @@ class RunConfig:
         if not isinstance(self.return_exceptions, bool):
             raise ValueError(f"return_exceptions must be True or False, got "
                              f"{self.return_exceptions!r}")
-        check_int("retries", self.retries, minimum=0)
-        check_int("client_waves", self.client_waves, minimum=1)
         if self.client_waves > 1 and self.backend == "local":
             raise ValueError("client_waves is the process and Ray backends' (their "
                              "clients' messages); the local backend sends none: leave "

@@ -71,7 +71,7 @@ from async_search.queues.ray_direct import DirectAddress, DirectListener, connec
 from async_search.ray_init import ensure_ray
 from async_search.routing.router import Router
 from async_search.servers.batching import BatchingServer
-from async_search.servers.connection_server import ConnectionServer
+from async_search.servers.connection_server import ACK_TIMEOUT_S, ConnectionServer
 from async_search.servers.policy import DispatchPolicy
 from async_search.wire import arrived, pack, pack_error
 
@@ -82,6 +82,11 @@ SERVER_NAME_PREFIX = "async_search-server-"
 CLIENT_NAME_PREFIX = "async_search-client-"
 #: Seconds between calls to a server actor that Ray could not reach.
 _UNAVAILABLE_RETRY_S = 1.0
+#: Seconds a push waits for each live server actor's swap (which itself waits up to
+#: ``ACK_TIMEOUT_S`` for its clients to learn of it): one silent past that (stopped,
+#: or its loop stuck) is killed, so that it serves the older model to no one, and
+#: replaced with the rest.
+_SWAP_S = ACK_TIMEOUT_S + 15.0
 #: Seconds a retry waits for Ray's word on each server that looks alive.
 _PROBE_S = 5.0
 #: Seconds a client task gathers outcomes before it yields them (their last one, and
@@ -564,15 +569,18 @@ class _ServerPool:
         """``push`` for ``ModelServers``: swaps the model of every live server actor and
         returns once each has answered. A client's call made after that reaches an
         actor after its swap, so it runs on the new model; a message resent from a dead
-        server goes to a survivor, which has swapped too (and so has a replacement)."""
+        server goes to a survivor, which has swapped too (and so has a replacement,
+        started with the model last pushed: so a push while every server is dead
+        returns too)."""
         errors = self._ray.exceptions
         unavailable = getattr(errors, "ActorUnavailableError", ())
         async with self._swapping:
             ref = self._ray.put(model_or_weights)  # sent once, read by every actor
             self._latest = (ref, version)
             live = self.live()
-            acks = await asyncio.gather(*(s.actor.update_model.remote(ref, version)
-                                          for s in live), return_exceptions=True)
+            acks = await asyncio.gather(*(asyncio.wait_for(
+                s.actor.update_model.remote(ref, version), _SWAP_S) for s in live),
+                return_exceptions=True)
             # A server Ray cannot reach for now (ActorUnavailableError, a kind of
             # RayActorError) is not dead: it would serve the old model once back.
             # Asked again for a while; one still out of reach fails the push.
@@ -583,21 +591,25 @@ class _ServerPool:
                     break
                 await asyncio.sleep(0.1)
                 again = await asyncio.gather(
-                    *(live[i].actor.update_model.remote(ref, version) for i in out),
-                    return_exceptions=True)
+                    *(asyncio.wait_for(live[i].actor.update_model.remote(ref, version),
+                                       _SWAP_S) for i in out), return_exceptions=True)
                 for i, ack in zip(out, again):
                     acks[i] = ack
+            for server, ack in zip(live, acks):
+                if isinstance(ack, asyncio.TimeoutError):  # silent: out of the run
+                    server.died = True
+                    with contextlib.suppress(Exception):
+                        self._ray.kill(server.actor)
         for ack in acks:
             if isinstance(ack, unavailable):
                 raise ServerDiedError(
                     f"a server actor could not be reached to swap to version "
                     f"{version!r} (it may serve the older model): {ack!r}")
-        died = [a for a in acks if isinstance(a, errors.RayActorError)]
-        if len(died) == len(acks):
-            raise ServerDiedError(f"every server actor died; none took version {version!r}"
-                                  + (f": {died[0]!r}" if died else ""))
+        # Dead ones are skipped, even all of them: the replacements start on the model
+        # last pushed (replace_dead), and a run with none to replace them fails anyway.
         for ack in acks:
-            if isinstance(ack, BaseException) and not isinstance(ack, errors.RayActorError):
+            if isinstance(ack, BaseException) and not isinstance(
+                    ack, (errors.RayActorError, asyncio.TimeoutError)):
                 raise ack
 
     async def stop(self, deadlines: Deadlines) -> List[Tuple[dict, list]]:

@@ -66,14 +66,23 @@ def iteration_header() -> str:
     return "  ".join(f"{name:>{width}}" for name, width in _COLUMNS)
 
 
-def format_iteration(r: Any) -> str:
+def format_iteration(r: Any, uct_rollouts: int | None = None,
+                     strong_uct_rollouts: int | None = None) -> str:
     """One table row for an ``IterationRecord`` (``nan`` where a figure was not
-    measured): ``uct`` is the weaker UCT baseline, ``uct1k`` the stronger one."""
+    measured): ``uct`` is the UCT baseline of ``uct_rollouts``, ``uct1k`` the stronger
+    one of ``strong_uct_rollouts`` (the run's config's). Without them: the baseline of
+    fewer rollouts, and the one of more when there are two."""
     nan = float("nan")
-    ucts = sorted((int(k[3:]), v) for k, v in r.scores.items()
-                  if k.startswith("uct") and k[3:].isdigit())
-    uct = ucts[0][1] if ucts else nan
-    strong = ucts[-1][1] if len(ucts) > 1 else nan
+    if uct_rollouts is not None and strong_uct_rollouts is not None:
+        # By name: either may be missing (the strong one played, the other not), and
+        # the "strong" one may have fewer rollouts.
+        uct = r.scores.get(f"uct{uct_rollouts}", nan)
+        strong = r.scores.get(f"uct{strong_uct_rollouts}", nan)
+    else:
+        ucts = sorted((int(k[3:]), v) for k, v in r.scores.items()
+                      if k.startswith("uct") and k[3:].isdigit())
+        uct = ucts[0][1] if ucts else nan
+        strong = ucts[-1][1] if len(ucts) > 1 else nan
     accuracy = [f"{r.accuracy.get(k, nan):.2f}" for k in ACCURACY_KEYS]
     cells = [r.iteration, r.samples, f"{r.samples_per_s:.0f}", f"{r.s_per_1000_samples:.2f}",
              f"{r.policy_loss:.3f}", f"{r.value_loss:.3f}", f"{r.l2_loss:.3f}",
@@ -239,13 +248,16 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
                  f"{config.iterations} iterations): nothing to train; its best net is "
                  f"evaluated again.")
     print_fn(iteration_header())
+    def row(record: Any) -> str:
+        return format_iteration(record, config.uct_rollouts, config.strong_uct_rollouts)
+
     for r in commander.history:  # a resumed run shows what was done before
-        print_fn(format_iteration(r))
+        print_fn(row(r))
     start = time.perf_counter()
 
     def on_iteration(record):
         bars.close()
-        print_fn(format_iteration(record))
+        print_fn(row(record))
 
     records = asyncio.run(commander.run(on_iteration=on_iteration))
     bars.close()

@@ -266,6 +266,8 @@ def resume_folder(save_dir: str | os.PathLike | None, trainer: str) -> RunFolder
         folder = RunFolder(save_dir, trainer)
         if folder.exists():
             return folder
+        if os.path.lexists(folder.state_file):  # a folder, a link to nothing...
+            raise ValueError(f"cannot resume: {folder.state_file!r} is not a file")
     raise ValueError(f"cannot resume: no saved run in {save_dir!r} (state.json "
                      f"is missing); start without resume")
 

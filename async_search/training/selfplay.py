@@ -129,8 +129,9 @@ class GameRecord(NamedTuple):
     x: np.ndarray
     """float32 ``[n, *input_shape]``: each position, encoded for the player to move."""
     policy: np.ndarray
-    """float32 ``[n, num_actions]``: the root's visit distribution (PUCT) or the
-    improved policy (Gumbel)."""
+    """float32 ``[n, num_actions]``: the root's visit counts (PUCT; each row sums to
+    the simulations: ``ReplayBuffer.add`` normalises them) or the improved policy
+    (Gumbel)."""
     value: np.ndarray
     """float32 ``[n]``: the game's result for the player to move (1, 0 or -1)."""
     moves: tuple

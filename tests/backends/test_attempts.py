@@ -145,6 +145,11 @@ async def test_a_search_whose_servers_died_runs_again_when_that_is_retryable():
                                  retryable=lambda e: isinstance(e, ServerDiedError))
     assert out == {0: (True, "result 0"), 1: (True, "result 1")}
     assert launcher.launched == [([0, 1], 0), ([0], 1)]
+    # The record of the first attempt says that not every start finished there.
+    _, _, records = await run([0, 1], scripts,
+                              retryable=lambda e: isinstance(e, ServerDiedError))
+    assert [r["ended"] for r in records] == [
+        "finished; its servers died under 1 of its starts", "finished"]
     # Without a retry left, the search's own error.
     out, _, _ = await run([0, 1], scripts, retries=0,
                           retryable=lambda e: isinstance(e, ServerDiedError))

@@ -258,3 +258,31 @@ async def test_a_zero_row_request_beside_failed_rows_only_ends_and_the_connectio
     assert after.tolist() == [[6.0, 6.0]]
     client_end.close()
     await asyncio.wait_for(serving, 10)
+
+
+async def test_aclose_fails_requests_waiting_for_an_answer_and_refuses_later_calls():
+    import time
+
+    import async_search as asr
+    from async_search.errors import ServerClosedError
+    from async_search.models import with_spec
+
+    def slow(x):
+        time.sleep(0.2)
+        return x.sum(axis=1)
+
+    server, client_end = pipe(local_queue)
+    serving = asyncio.ensure_future(asr.serve_connection(
+        with_spec(slow, (4,), np.float32), server))
+    client = CoalescingClient(client_end)
+    sent = client(np.ones((2, 4), np.float32))
+    await asyncio.sleep(0.01)  # the message has left
+    queued = client(np.ones((1, 4), np.float32))  # made, not sent yet
+    await client.aclose()
+    for fut in (sent, queued):
+        with pytest.raises(ServerClosedError, match="aclose"):
+            await asyncio.wait_for(fut, 5)
+    with pytest.raises(ServerClosedError):
+        client(np.ones((1, 4), np.float32))
+    client_end.close()
+    await asyncio.wait_for(serving, 10)

@@ -24,6 +24,19 @@ def test_bad_arguments_fail_before_anything_runs(kwargs, message):
         asr.run_searches(searches.echo_sum, [1], searches.small_mlp, **kwargs)
 
 
+def test_numpy_integers_count_as_integers_and_the_stats_hold_plain_ints():
+    import json
+
+    import numpy as np
+
+    out = asr.run_searches(searches.echo_sum, [1, 2], searches.small_mlp,
+                           num_procs=np.int64(2), num_servers=np.int32(1),
+                           retries=np.int64(1))
+    assert type(out.stats["num_procs_requested"]) is int
+    assert type(out.stats["num_servers"]) is int
+    json.dumps({k: out.stats[k] for k in ("num_procs_requested", "num_servers")})
+
+
 @pytest.mark.parametrize("backend", ["local", "process"])
 @pytest.mark.parametrize("args, kwargs, message", [
     ((5, searches.small_mlp), {}, "search_fn must be callable, got int 5"),

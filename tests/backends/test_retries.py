@@ -74,7 +74,8 @@ def test_a_start_that_kills_every_worker_it_gets_fails_naming_each_attempt(remot
 
 
 def test_retries_are_checked_before_anything_starts():
-    for bad in (-1, 1.5, True, "2"):
+    # 101: past MAX_RETRIES (Ray's servers would hold an answer queue per attempt)
+    for bad in (-1, 1.5, True, "2", 101, 10**9):
         with pytest.raises(ValueError, match="retries"):
             asr.run_searches(searches.echo_sum, [1], searches.small_mlp, retries=bad)
 
@@ -174,3 +175,84 @@ def test_bad_placements_are_named():
             RayPlacement(**bad)
     with pytest.raises(ValueError, match="placement must be a RayPlacement"):
         asr.run_searches(searches.echo_sum, [1], searches.small_mlp, placement="spread")
+
+
+def _serving_server():
+    """A server actor of the run that has served more than 20 elements, or None."""
+    import ray
+
+    from async_search.backends.ray_backend import SERVER_NAME_PREFIX
+
+    for name in ray.util.list_named_actors():
+        if not name.startswith(SERVER_NAME_PREFIX):
+            continue
+        try:
+            actor = ray.get_actor(name)
+            if ray.get(actor.elements.remote(), timeout=30) > 20:
+                return actor
+        except (ValueError, ray.exceptions.RayActorError):
+            continue
+    return None
+
+
+def _push_after(fault, monkeypatch=None, **options):
+    """Runs versions_seen on Ray; once a server has served, ``fault(pid)`` hits it and
+    then version 7 is pushed. Returns (results, how the push ended, its seconds)."""
+    import time
+
+    pushed = []
+
+    async def run():
+        hit = asyncio.Event()
+
+        async def push(servers):
+            await asyncio.wait_for(hit.wait(), 120)
+            began = time.monotonic()
+            try:
+                await servers.update_model(7, version=7)
+                pushed.append(("returned", time.monotonic() - began))
+            except Exception as e:
+                pushed.append((repr(e), time.monotonic() - began))
+                raise
+
+        task = asyncio.ensure_future(asr.run_searches_async(
+            searches.versions_seen, list(range(4)), searches.version_model, backend="ray",
+            on_servers=push, retries=1, return_exceptions=True, **options))
+        await wait_until(_serving_server, "a server actor has served", timeout=120,
+                         interval=0.05)
+        fault(await _serving_server().pid.remote())
+        await asyncio.sleep(0.3)  # Ray learns of the fault, no replacement yet
+        hit.set()
+        return await task
+
+    out = asyncio.run(run())
+    return out, pushed
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_a_push_while_the_only_server_is_dead_returns_and_its_replacement_takes_it():
+    # Before, the push raised ServerDiedError ("none took version 7"), which ended the
+    # run, while the replacement then served version 7 anyway.
+    out, pushed = _push_after(lambda pid: os.kill(pid, signal.SIGKILL), num_procs=2,
+                              num_servers=1, timeout=120)
+    assert [how for how, _ in pushed] == ["returned"], pushed
+    assert all(isinstance(seen, list) and seen[-1] == 7 for seen in out), out
+    assert out.stats["servers_replaced"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_a_push_kills_a_server_actor_that_does_not_answer_its_swap(monkeypatch):
+    # A stopped actor never answered: the push waited until the run ended. Now, past
+    # _SWAP_S, it is killed (it would serve the older model) and its clients' starts run
+    # again on its replacement, which takes the pushed model.
+    from async_search.backends import ray_backend
+
+    monkeypatch.setattr(ray_backend, "_SWAP_S", 3.0)
+    out, pushed = _push_after(lambda pid: os.kill(pid, signal.SIGSTOP), num_procs=2,
+                              num_servers=2, timeout=60)
+    assert [how for how, _ in pushed] == ["returned"], pushed
+    assert 2.5 < pushed[0][1] < 20
+    assert all(isinstance(seen, list) and seen[-1] == 7 for seen in out), out
+    assert out.stats["servers_died"] >= 1

@@ -156,6 +156,18 @@ def test_a_row_without_the_figures_shows_nan():
     assert row["net end"] == row["mcts mid"] == "nan"
 
 
+@pytest.mark.parametrize("scores, rollouts, uct, strong", [
+    ({"uct20": 1.0}, (300, 20), "nan", "1.00"),                # only the strong one
+    ({"uct2000": 0.1, "uct1000": 0.7}, (2000, 1000), "0.10", "0.70"),  # it has fewer
+    ({"uct2000": 0.1}, (2000, 1000), "0.10", "nan"),
+])
+def test_the_uct_columns_follow_the_runs_rollouts_not_their_order(scores, rollouts, uct,
+                                                                  strong):
+    row = dict(zip([n for n, _ in training._COLUMNS], training.format_iteration(
+        record(scores=scores), *rollouts).split()))
+    assert (row["uct"], row["uct1k"]) == (uct, strong)
+
+
 @pytest.mark.parametrize("accuracy", [None, {}])
 def test_the_figure_has_an_accuracy_panel(tmp_path, accuracy):
     fig = training.plot_training([record(1, accuracy=accuracy), record(2, accuracy=accuracy)],

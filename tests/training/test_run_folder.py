@@ -311,3 +311,13 @@ def test_a_run_killed_at_any_file_operation_of_a_save_resumes_with_the_same_rows
         generations = {n.split(os.sep)[0] for n in kill["after_start"]
                        if n.startswith("gen-")}
         assert len(generations) == 1, (where, kill["after_start"])
+
+
+def test_resuming_from_a_state_json_that_is_not_a_file_says_so(tmp_path):
+    from async_search.training.run_folder import resume_folder
+
+    (tmp_path / "state.json").mkdir()
+    with pytest.raises(ValueError, match="state.json' is not a file"):
+        resume_folder(str(tmp_path), "connect_four")
+    with pytest.raises(ValueError, match="no saved run"):
+        resume_folder(str(tmp_path / "empty"), "connect_four")
