@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Protocol,
                     Sequence, Set, Tuple)
 
@@ -62,13 +63,27 @@ class RoutingPolicy(Protocol):
 
 
 class RoundRobin:
-    """Each request goes to the next server in turn."""
+    """Each request goes to the next server in turn. A request sent again after its
+    server failed (the router asks with the same array) takes no turn: it goes to the
+    next server after that one, so the requests after it still take turns."""
 
     def __init__(self):
         self._turn = itertools.count()
+        self._last: Tuple[Any, str] | None = None  # (weakref to the request, its server)
 
     def assign(self, x, candidates, servers, outstanding) -> str:
-        return candidates[next(self._turn) % len(candidates)]
+        last = self._last
+        if last is not None and last[0]() is x:  # the same request, after a failure
+            after = servers.index(last[1]) if last[1] in servers else -1
+            ring = list(servers[after + 1:]) + list(servers[:after + 1])
+            name = next((n for n in ring if n in candidates), candidates[0])
+        else:
+            name = candidates[next(self._turn) % len(candidates)]
+        try:
+            self._last = (weakref.ref(x), name)
+        except TypeError:  # an object without weak references: no memory of it
+            self._last = None
+        return name
 
 
 class LeastOutstanding:

@@ -63,6 +63,20 @@ async def test_round_robin_takes_turns():
     assert [len(s.requests) for s in servers.values()] == [3, 3, 3]
 
 
+async def test_round_robin_turns_go_on_past_a_failing_server():
+    # A request's failover to the next server takes no turn: before, every request
+    # tried the failing server first (its retry took the good server's turn).
+    servers = {n: FakeServer() for n in "abc"}
+    servers["a"].failing = True
+    router = Router(servers, policy="round_robin",
+                    breaker=BreakerPolicy(failure_threshold=100))
+    for i in range(6):
+        x = elements(1, seed=i)
+        np.testing.assert_array_equal(await router(x), x * 2)
+    # turns a b c a b c: the two of a fail over to b
+    assert [len(s.requests) for s in servers.values()] == [2, 4, 2]
+
+
 async def test_least_outstanding_sends_to_the_server_that_is_free():
     servers = {n: FakeServer() for n in "ab"}
     for s in servers.values():
