@@ -174,6 +174,41 @@ def special_file(path: str | os.PathLike) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def read_file(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (a link is followed), which must hold at
+    most ``limit`` of them: a FIFO would block the read for good and ``/dev/zero``
+    would fill the memory, so neither is opened.
+
+    Raises:
+        FileNotFoundError: nothing there.
+        ValueError: not a regular file, or larger than ``limit`` bytes.
+        OSError: it cannot be read.
+    """
+    with open(path, "rb", opener=_regular_file_opener) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise ValueError(f"it holds {size:,} bytes, more than the {limit:,} such a "
+                             f"file may")
+        data = f.read(limit + 1)
+    if len(data) > limit:  # it grew while it was read
+        raise ValueError(f"it holds more than the {limit:,} bytes such a file may")
+    return data
+
+
+def _regular_file_opener(path: str, flags: int) -> int:
+    """``os.open``, refusing what is not a regular file before it can block: a FIFO is
+    opened without waiting for a writer, then refused."""
+    fd = os.open(path, flags | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("it is not a regular file (a FIFO, a device, a folder?)")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def write_file(path: str | os.PathLike, content: Content) -> str:
     """Writes ``content`` to ``path`` atomically (a temporary in the same folder, synced,
     renamed over ``path``, the folder synced); makes missing folders. Returns ``path``.

@@ -18,6 +18,7 @@ per batch or per request on the serving hot path.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
@@ -243,9 +244,14 @@ class OutputStructure(NamedTuple):
         if isinstance(outputs, dict):
             return cls("dict", frozenset((k,) + _leaf(v, f"output {k!r}")
                                          for k, v in outputs.items()))
+        if inspect.iscoroutine(outputs):
+            outputs.close()  # never to be awaited: no "never awaited" warning later
         raise ModelOutputError(
             f"a model must return an ndarray, or a tuple, list or dict of them, got "
-            f"{type(outputs).__name__}")
+            f"{type(outputs).__name__}" + (
+                ": a model is a plain function, not an async one (the server calls it "
+                "in a device thread or on the loop, and awaits nothing)"
+                if inspect.isawaitable(outputs) else ""))
 
     def describe(self) -> str:
         """How error messages name a structure: ``an array [n, 4] float32``."""

@@ -29,9 +29,14 @@ from typing import Any, Dict, Iterable, List, Tuple, Type, TypeVar
 
 from async_search.checks import is_int
 from async_search.errors import CheckpointError
+from async_search.files import read_file
 
 
 _T = TypeVar("_T")
+
+#: The largest JSON file ``read_json`` reads: a run's state with thousands of
+#: iterations takes a few megabytes.
+MAX_JSON_BYTES = 64 << 20
 
 #: ``{field: (minimum, maximum)}`` for a record's numbers (None: unbounded that side).
 Ranges = Dict[str, Tuple[float | None, float | None]]
@@ -41,16 +46,16 @@ def read_json(file: str | os.PathLike) -> Any:
     """The JSON value in ``file``.
 
     Raises:
-        CheckpointError: naming the file: missing, empty, not UTF-8 text, or not JSON
-            (truncated or corrupt).
+        CheckpointError: naming the file: missing, not a regular file, larger than
+            ``MAX_JSON_BYTES``, empty, not UTF-8 text, or not JSON (truncated or
+            corrupt).
     """
     file = os.fspath(file)
     try:
-        with open(file, "rb") as f:
-            data = f.read()
+        data = read_file(file, MAX_JSON_BYTES)
     except FileNotFoundError:
         raise CheckpointError(f"{file!r} is missing") from None
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a FIFO, a device, past the limit
         raise CheckpointError(f"{file!r} cannot be read: {e}") from e
     if not data.strip():
         raise CheckpointError(f"{file!r} is empty (a save was interrupted, or the disk "
@@ -62,7 +67,8 @@ def read_json(file: str | os.PathLike) -> Any:
                               f"should be): {e}") from e
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError, MemoryError) as e:  # ValueError: JSON's, and
+        # an integer past Python's 4,300 digits
         raise CheckpointError(f"{file!r} is not valid JSON (truncated or corrupt): "
                               f"{e}") from e
 

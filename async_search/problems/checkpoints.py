@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import zipfile
@@ -32,7 +33,8 @@ import numpy as np
 
 from async_search.errors import CheckpointError
 from async_search.files import (folder_lock, folder_path, is_leftover, make_folder,
-                                remove_tree, write_file)
+                                read_file, remove_tree, write_file)
+from async_search.npz import checked_array
 from async_search.problems.nets import (NetConfig, Weights, check_weights, config_of,
                                         to_model, weights_of)
 
@@ -45,6 +47,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: How many times a load tries the weights a ``config.json`` names while saves keep
 #: removing them (each miss means a whole save completed between two of its reads).
 _READS = 5
+#: The largest weights file a load reads (a net of a billion float32 parameters takes
+#: 4 GB): past it, or not a regular file, it is refused before it is read.
+MAX_WEIGHTS_BYTES = 1 << 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,9 +184,11 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     for read in range(1, _READS + 1):
         weights_file = os.path.join(path, header.weights_file)
         try:
-            with open(weights_file, "rb") as f:
-                data = f.read()
+            data = read_file(weights_file, MAX_WEIGHTS_BYTES)
             break
+        except ValueError as e:  # a FIFO, a device, a file past any net's size
+            raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: "
+                                  f"{e}") from None
         except FileNotFoundError:
             # A save committed a new config.json and removed these weights after this
             # read the old one: the new one names weights that are there.
@@ -202,17 +209,30 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if hashlib.sha256(data).hexdigest() != header.digest:
         raise CheckpointError(f"checkpoint {weights_file!r} does not match the digest in "
                               f"{_CONFIG} (truncated or corrupt)")
+    shapes = (dict(config.conv_shapes) if config.convolutional else {
+        f"{kind}{i}": shape for i, (fan_in, fan_out) in enumerate(config.layer_shapes)
+        for kind, shape in (("w", (fan_in, fan_out)), ("b", (fan_out,)))})
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-            want = (set(config.conv_shapes) if config.convolutional
-                    else {f"{kind}{i}" for i in range(layers) for kind in "wb"})
-            if set(arrays.files) != want:
+            if set(arrays.files) != set(shapes):
                 raise ValueError(f"it holds arrays {sorted(arrays.files)}, expected "
-                                 f"{sorted(want)}")
-            weights = ({name: arrays[name] for name in config.conv_shapes}
+                                 f"{sorted(shapes)}")
+
+            def read(name: str) -> np.ndarray:
+                # Only what the config's layers can take is inflated (a zip bomb, a
+                # header declaring terabytes, is refused first); a misshapen array
+                # within that is check_weights' to name.
+                try:
+                    return checked_array(arrays, name, None,
+                                         math.prod(shapes[name]) * 8)
+                except ValueError as e:
+                    raise ValueError(f"weights do not fit {config}: {e}") from None
+
+            weights = ({name: read(name) for name in config.conv_shapes}
                        if config.convolutional else
-                       [(arrays[f"w{i}"], arrays[f"b{i}"]) for i in range(layers)])
-    except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
+                       [(read(f"w{i}"), read(f"b{i}")) for i in range(layers)])
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError,
+            MemoryError) as e:
         raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: {e}") from e
     try:
         check_weights(config, weights)

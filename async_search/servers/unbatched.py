@@ -60,6 +60,9 @@ class Immediate:
         spec = output_spec_of(model)
         self._outputs = ResultDelivery(spec.empty(0) if spec is not None else None)
         self._yielded = time.perf_counter()
+        #: The loop whose timers this instance waits for, while every call yields (None
+        #: when none): see ``_let_the_loop_run``.
+        self._yielding: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
         """``model(x)``, now. ``timeout``: as a server's, the request's deadline; the
@@ -69,9 +72,9 @@ class Immediate:
         x = self._check(x)
         if timeout is not None:
             timeout = check_timeout(timeout)
-        if time.perf_counter() - self._yielded >= YIELD_EVERY_S:
-            await asyncio.sleep(0)  # where a pending cancellation lands
-            self._yielded = time.perf_counter()
+        if self._yielding is not None or (
+                time.perf_counter() - self._yielded >= YIELD_EVERY_S):
+            await self._let_the_loop_run()
         # One request, one batch, sent at once: no queue wait, and it leaves as soon as
         # it is made (a BatchingServer's IDLE reason: nothing else was waiting).
         self._stats.record_dispatch(len(x), Reason.IDLE, 0.0, requests=1)
@@ -96,6 +99,22 @@ class Immediate:
             raise RequestTimeoutError(f"the model took {seconds:.3g} s, past the "
                                       f"request's timeout of {timeout:g} s")
         return y
+
+    async def _let_the_loop_run(self) -> None:
+        """Yields to the loop (where a pending cancellation lands), and has every call
+        yield until the loop has run its timers: each search ready in this pass of the
+        loop would otherwise run another 50 ms first, and a deadline around N searches
+        would land N x 50 ms late."""
+        loop = asyncio.get_running_loop()
+        if self._yielding is not loop:  # (a loop that ended never ran the timer)
+            self._yielding = loop
+            loop.call_at(loop.time(), self._loop_ran, loop)  # due now: after this pass
+        await asyncio.sleep(0)
+
+    def _loop_ran(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._yielding is loop:
+            self._yielding = None
+            self._yielded = time.perf_counter()
 
     async def with_version(self, x: np.ndarray, timeout: float | None = None,
                            ) -> Tuple[Outputs, Hashable]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import zipfile
 from typing import Callable, NamedTuple, Sequence, Tuple
@@ -22,6 +23,7 @@ import numpy as np
 from async_search.checks import check_callable, check_int, is_int
 from async_search.errors import CheckpointError
 from async_search.files import write_file
+from async_search.npz import checked_array
 from async_search.schema import Fields
 
 
@@ -304,7 +306,8 @@ class ReplayBuffer:
                 if "meta" not in data.files:
                     raise CheckpointError(f"replay buffer file {path!r} is not a replay "
                                           f"buffer (no header; it holds {data.files})")
-                meta = _read_meta(data["meta"], path)
+                meta = _read_meta(checked_array(data, "meta", None, _MAX_META_BYTES),
+                                  path)
                 buf = cls(meta["capacity"], meta["seed"], augment=augment)
                 size, actions = meta["size"], meta["num_actions"]
                 want = {"meta"}
@@ -316,7 +319,14 @@ class ReplayBuffer:
                     want |= set(shapes)
                     held = {}
                     for name, shape in shapes.items():  # the file's arrays are the buffer's
-                        array = data[name] if name in data.files else None
+                        try:  # inflated only once its header fits (a zip bomb...)
+                            array = checked_array(data, name, None, math.prod(shape) * 4)
+                        except KeyError:
+                            array = None
+                        except ValueError as e:
+                            raise CheckpointError(
+                                f"replay buffer file {path!r}: the array {name!r} must "
+                                f"be float32 {list(shape)}: {e}") from None
                         if array is None or array.shape != shape or (
                                 array.dtype != np.float32):
                             got = "nothing" if array is None else (
@@ -378,6 +388,8 @@ def _check_shape(state_shape) -> Tuple[int, ...]:
 
 #: The most items a buffer holds: its ring positions are int64.
 _MAX_CAPACITY = int(np.iinfo(np.int64).max)
+#: The largest header a buffer file may hold (its fields and generator state: ~1 KB).
+_MAX_META_BYTES = 1 << 20
 
 
 def _real(name: str, array) -> np.ndarray:
@@ -399,7 +411,8 @@ def _read_meta(raw: np.ndarray, path: str) -> dict:
         raise CheckpointError(f"replay buffer file {path!r}: its header is not bytes")
     try:
         meta = json.loads(raw.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, or an
+        # integer past Python's 4,300 digits
         raise CheckpointError(f"replay buffer file {path!r}: its header is not JSON "
                               f"text: {e}") from e
     fields = Fields(meta, path, "header")

@@ -871,3 +871,80 @@ def test_an_mlps_config_json_is_written_as_before_the_architectures_existed(tmp_
 def test_a_puzzle_size_no_puzzle_has_is_refused_naming_the_config_file(checkpoint, size):
     file = edit_header(checkpoint, lambda h: h["config"].update(size=size))
     assert_refused_naming(checkpoint, file, match="config.size")
+
+
+# -- hostile files: refused before they can hang a load or take the memory ----------------
+
+
+def _rewrite_weights(checkpoint, write):
+    """Replaces the weights file with what ``write(path)`` makes, with the digest in
+    config.json updated to match (as a hostile file would have it)."""
+    import hashlib
+
+    file = weights_file(checkpoint)
+    file.unlink()
+    write(file)
+    header = json.loads((checkpoint / "config.json").read_text())
+    if file.is_file():
+        header["weights_sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    (checkpoint / "config.json").write_text(json.dumps(header))
+    return file
+
+
+@pytest.mark.timeout(30)
+def test_weights_that_are_a_fifo_or_a_device_are_refused_not_read(checkpoint):
+    # A FIFO blocked the load for good; /dev/zero was read until the memory ran out.
+    file = _rewrite_weights(checkpoint, lambda f: os.mkfifo(f))
+    assert_refused_naming(checkpoint, file, match="not a regular file")
+    file.unlink()
+    file.symlink_to("/dev/zero")
+    assert_refused_naming(checkpoint, file, match="not a regular file")
+
+
+def test_a_zip_bomb_or_a_header_declaring_terabytes_is_refused_before_it_inflates(
+        checkpoint):
+    import zipfile
+
+    arrays = dict(np.load(weights_file(checkpoint)))
+
+    def bomb(f):  # w0 inflates to 400 MB, from a file of under a megabyte
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as npz:
+            for name, array in arrays.items():
+                with npz.open(f"{name}.npy", "w") as out:
+                    np.lib.format.write_array(
+                        out, np.zeros((10_000, 10_000), np.float32) if name == "w0"
+                        else array)
+
+    file = _rewrite_weights(checkpoint, bomb)
+    assert os.path.getsize(file) < 1 << 20
+    assert_refused_naming(checkpoint, file, match="do not fit.*'w0' takes 400,000,128")
+
+    def declared(f):  # w0's header says [2**20, 2**20] and it holds a few bytes
+        with zipfile.ZipFile(f, "w") as npz:
+            for name, array in arrays.items():
+                with npz.open(f"{name}.npy", "w") as out:
+                    if name == "w0":
+                        np.lib.format.write_array_header_1_0(out, {
+                            "descr": "<f4", "fortran_order": False,
+                            "shape": (2 ** 20, 2 ** 20)})
+                        out.write(b"\0" * 16)
+                    else:
+                        np.lib.format.write_array(out, array)
+
+    file = _rewrite_weights(checkpoint, declared)
+    assert_refused_naming(checkpoint, file, match="'w0' declares \\[1048576, 1048576\\]")
+
+
+@pytest.mark.parametrize("text", ["9" * 5000, "[" * 100_000 + "]" * 100_000])
+def test_json_past_pythons_limits_is_refused_naming_the_file(checkpoint, text):
+    # An integer of over 4,300 digits raised a ValueError naming no file.
+    (checkpoint / "config.json").write_text('{"format": ' + text + "}")
+    assert_refused_naming(checkpoint, checkpoint / "config.json", match="not valid JSON")
+
+
+def test_a_json_file_past_the_size_limit_is_refused_unread(checkpoint, monkeypatch):
+    from async_search import schema
+
+    monkeypatch.setattr(schema, "MAX_JSON_BYTES", 64)
+    assert_refused_naming(checkpoint, checkpoint / "config.json",
+                          match="more than the 64 such a file may")

@@ -254,6 +254,28 @@ async def test_a_search_over_immediate_can_be_cancelled_while_it_runs():
     assert calls and calls[-1] - calls[0] < 2.0
 
 
+async def test_a_deadline_around_many_searches_over_immediate_lands_in_time():
+    # Each search ready in the loop's pass ran its own 50 ms before it yielded: a
+    # deadline around 40 searches landed 40 x 50 ms = 2 s late (4 s on asyncio).
+    import time
+
+    def slow_model(x):
+        time.sleep(0.001)
+        return x * 2
+
+    evaluate = asr.immediate(slow_model)
+
+    async def endless_search():
+        while True:
+            await evaluate(np.ones((1, 2)))
+
+    began = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await asyncio.gather(*(endless_search() for _ in range(40)))
+    assert time.perf_counter() - began < 1.0
+
+
 async def test_immediate_calls_the_models_check_values_as_a_server_does():
     # It never called it: a value the model would compute wrongly went through.
     class Refuses:
@@ -268,3 +290,17 @@ async def test_immediate_calls_the_models_check_values_as_a_server_does():
     assert (await evaluate(np.ones((1, 2)))).tolist() == [[2.0, 2.0]]
     with pytest.raises(InputSpecError, match="negative values are refused"):
         await evaluate(-np.ones((1, 2)))
+
+
+async def test_an_async_model_is_refused_with_a_hint_and_no_warning(recwarn):
+    async def model(x):  # an async def where a plain function belongs
+        return x
+
+    with pytest.raises(asr.ModelOutputError, match="not an async one"):
+        await asr.immediate(model)(np.ones((1, 2)))
+    async with asr.serve(model) as evaluate:
+        with pytest.raises(asr.ModelOutputError, match="not an async one"):
+            await evaluate(np.ones((1, 2)))
+    import gc
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]

@@ -1,6 +1,7 @@
 """The replay buffer: a ring of samples, uniform seeded sampling, symmetry, save/load."""
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -629,7 +630,7 @@ def test_an_array_whose_own_header_is_sized_past_memory_is_refused_naming_the_fi
                     f.write(array.tobytes())
                 else:
                     np.lib.format.write_array(f, array)
-    assert_refused(path, "corrupt, truncated or not a replay buffer")
+    assert_refused(path, "the array .x. must be float32 .* declares \\[40, 281474976710656\\]")
 
 
 def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_buffer(tmp_path):
@@ -655,3 +656,31 @@ except OSError as e:
     assert str(path) in out.stdout and "File too large" in out.stdout
     assert_same(snapshot(before), snapshot(ReplayBuffer.load(path)))
     assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
+
+
+def _rewritten(path, replace):
+    """The buffer file with some members' bytes replaced: ``replace`` maps a member's
+    name to a function writing it to an open zip member (deflated)."""
+    arrays = dict(np.load(path))
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as npz:
+        for name, array in arrays.items():
+            with npz.open(f"{name}.npy", "w") as f:
+                replace.get(name, lambda f, a=array: np.lib.format.write_array(f, a))(f)
+    return path
+
+
+@pytest.mark.parametrize("header", [b"[" * 100_000 + b"]" * 100_000, b"9" * 5000])
+def test_a_header_past_pythons_json_limits_is_refused_naming_the_file(tmp_path, header):
+    # Nesting raised RecursionError (a traceback through main.py --resume); an integer
+    # of over 4,300 digits a ValueError naming no file.
+    path = _rewritten(saved(tmp_path), {"meta": lambda f: np.lib.format.write_array(
+        f, np.frombuffer(header, np.uint8))})
+    assert_refused(path, "its header is not JSON")
+
+
+def test_a_zip_bomb_is_refused_before_it_inflates(tmp_path):
+    # x inflated to 400 MB (from under a megabyte) before its shape was compared.
+    path = _rewritten(saved(tmp_path), {"x": lambda f: np.lib.format.write_array(
+        f, np.zeros((100_000, 1_000), np.float32))})
+    assert os.path.getsize(path) < 1 << 20
+    assert_refused(path, "the array 'x' must be float32 .* takes 400,000,128 bytes")

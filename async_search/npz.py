@@ -1,0 +1,66 @@
+"""Arrays read from an ``.npz`` file only once their headers fit what is expected.
+
+``np.load`` inflates a member whole before its shape can be checked, and allocates
+what its header declares: a small hostile file (a zip bomb, a header declaring
+terabytes) would take the memory. ``checked_array`` reads the member's header first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import numpy as np
+
+#: Bytes an ``.npy`` member may hold besides its data (its magic and header).
+_HEADER_BYTES = 1 << 16
+#: The widest element an expected array may arrive in (float64, int64: dtypes kept).
+_MAX_ITEMSIZE = 8
+
+
+def checked_array(npz: "np.lib.npyio.NpzFile", name: str, shape: Tuple[int, ...] | None,
+                  max_bytes: int | None = None) -> np.ndarray:
+    """``npz[name]``, once the member's size and header fit: ``shape`` (any, when None)
+    and at most ``max_bytes`` of data (by default what ``shape`` takes at 8 bytes an
+    element).
+
+    Example:
+        >>> import io
+        >>> buffer = io.BytesIO(); np.savez(buffer, w=np.ones((2, 3), np.float32))
+        >>> with np.load(io.BytesIO(buffer.getvalue())) as npz:
+        ...     checked_array(npz, "w", (2, 3)).shape
+        (2, 3)
+
+    Raises:
+        KeyError: no such member.
+        ValueError: the member is larger than allowed, its header is not an ``.npy``
+            header, or it declares another shape.
+    """
+    member = name + ".npy"
+    if max_bytes is None:
+        if shape is None:
+            raise ValueError("checked_array needs a shape or max_bytes")
+        max_bytes = math.prod(shape) * _MAX_ITEMSIZE
+    try:
+        info = npz.zip.getinfo(member)
+    except KeyError:
+        raise KeyError(f"there is no array {name!r}") from None
+    if info.file_size > max_bytes + _HEADER_BYTES:
+        raise ValueError(f"the array {name!r} takes {info.file_size:,} bytes unpacked, "
+                         f"more than the {max_bytes:,} it may")
+    with npz.zip.open(member) as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            declared, _, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            declared, _, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"the array {name!r} is in .npy format {version}, not one "
+                             f"this reads (1.0, 2.0)")
+    if shape is not None and tuple(declared) != tuple(shape):
+        raise ValueError(f"the array {name!r} has shape {list(declared)}, expected "
+                         f"{list(shape)}")
+    if math.prod(declared) * dtype.itemsize > max_bytes:
+        raise ValueError(f"the array {name!r} declares {list(declared)} of {dtype}, more "
+                         f"than the {max_bytes:,} bytes it may take")
+    return npz[name]
