@@ -10,8 +10,10 @@
 drains, as Triton and KServe do: readiness answers 503 at once, new connections are
 refused, bodies still arriving and new requests get a JSON 503 "the server is
 stopping", and every request in progress gets its answer within ``--shutdown-timeout``
-seconds or that 503 when they are up (a second signal ends them at once); then it
-drains the model's queue and exits 0.
+seconds or that 503 when they are up (a second signal ends them at once, on both
+fronts); then it drains the model's queue and exits 0. A model that never returns holds
+that exit one more ``--shutdown-timeout`` at most (none after a second signal): its
+thread is left to end when it returns.
 
 ``--grpc-port PORT`` serves the same models with the KServe v2 gRPC protocol too
 (``grpc_front.GrpcFront``, the ``grpc`` extra), on the same host; both fronts drain
@@ -150,9 +152,13 @@ async def _serve_forever(args: argparse.Namespace) -> None:
         raise _refused(e) from None
     stop = asyncio.Event()
 
-    def on_signal() -> None:  # the first drains, the next ends the drain's grace
+    grpc_fronts: list = []  # the gRPC front, once it serves
+
+    def on_signal() -> None:  # the first drains, the next ends the drains' grace
         if stop.is_set():
             front.end_grace()
+            for grpc_front in grpc_fronts:
+                grpc_front.end_grace()
         stop.set()
 
     loop = asyncio.get_running_loop()
@@ -169,6 +175,7 @@ async def _serve_forever(args: argparse.Namespace) -> None:
                     front.repository, host=args.host, port=args.grpc_port,
                     max_message_bytes=args.max_body_bytes,
                     shutdown_timeout=limits.shutdown_timeout))
+                grpc_fronts.append(grpc_front)
                 _log.warning("serving %r on grpc://%s", args.name or name,
                              grpc_front.address)
         except (OSError, OverflowError, ValueError, RuntimeError, ModelLoadError) as e:

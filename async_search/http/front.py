@@ -224,6 +224,10 @@ class HttpFront(FrontLifetime):
             if self._owns_repository:
                 repository = await stack.enter_async_context(ModelRepository(
                     self._models, max_workers=self.limits.max_workers))
+                # Runs after the drain, just before the repository closes: a model that
+                # never returns holds the exit a grace at most (none after a second
+                # signal), then its requests fail and its thread is left to end.
+                stack.callback(self._bound_close, repository)
             else:
                 repository = self._models  # its owner closes it
             self.repository = repository
@@ -302,6 +306,10 @@ class HttpFront(FrontLifetime):
         return sum(len(getattr(handler, "_messages", ()))
                    for handler in (server.connections if server is not None else ()))
 
+    def _bound_close(self, repository: ModelRepository) -> None:
+        ended = self._grace_ended is not None and self._grace_ended.is_set()
+        repository.close_timeout = 0.0 if ended else self.limits.shutdown_timeout
+
     def end_grace(self) -> None:
         """End the shutdown grace now (a second SIGTERM or Ctrl-C): requests still in
         the handlers get 503 "the server is stopping" at once."""
@@ -352,9 +360,11 @@ class HttpFront(FrontLifetime):
         except asyncio.CancelledError:
             if task not in self._cut or _cancelled_elsewhere(task):
                 raise  # not the drain's doing: the connection or the loop is going
-            return self._stopping(request, f"{_STOPPING}: the request did not finish "
-                                           f"within the shutdown grace of "
-                                           f"{self.limits.shutdown_timeout:g} s")
+            cut_short = self._grace_ended is not None and self._grace_ended.is_set()
+            return self._stopping(request, f"{_STOPPING}: " + (
+                "a second signal ended the shutdown grace before the request finished"
+                if cut_short else f"the request did not finish within the shutdown "
+                                  f"grace of {self.limits.shutdown_timeout:g} s"))
         except Exception as e:  # noqa: BLE001 - a bad request must never end the server
             status = http_status(e)
             if status is None:

@@ -142,6 +142,8 @@ class GrpcFront(FrontLifetime):
         self._server: grpc.aio.Server | None = None
         self._exit: contextlib.AsyncExitStack | None = None
         self._closing = False
+        self._grace_ended = False    # a second signal: the RPCs in progress are cut now
+        self._grace_wake: asyncio.Future | None = None  # the drain's wait, to end it
         self._handling: set = set()  # tasks of the RPCs in progress
         self._cut: set = set()       # tasks the drain cancelled: they answer UNAVAILABLE
 
@@ -171,6 +173,8 @@ class GrpcFront(FrontLifetime):
             else:
                 self.repository = await stack.enter_async_context(
                     ModelRepository(self._models))
+                # After the drain, before the repository closes: as HttpFront's.
+                stack.callback(self._bound_close, self.repository)
             self._server = grpc.aio.server(
                 options=[("grpc.max_receive_message_length", self.max_message_bytes),
                          ("grpc.max_send_message_length", -1),
@@ -197,12 +201,32 @@ class GrpcFront(FrontLifetime):
         answered within ``shutdown_timeout`` or UNAVAILABLE when it ends; then grpc
         stops, giving the last answers ``_FLUSH_S`` to be written."""
         self._closing = True
-        if self._handling:
-            await asyncio.wait(list(self._handling), timeout=self.shutdown_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_timeout
+        wake = self._grace_wake = loop.create_future()
+        try:  # until every RPC in progress is answered, the grace ends, or its time
+            while self._handling and not self._grace_ended:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait([*self._handling, wake], timeout=left,
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._grace_wake = None
         self._cut.update(self._handling)
         for task in list(self._handling):
             task.cancel()  # the handler answers UNAVAILABLE (the task is in _cut)
         await self._server.stop(_FLUSH_S)
+
+    def _bound_close(self, repository: ModelRepository) -> None:
+        repository.close_timeout = 0.0 if self._grace_ended else self.shutdown_timeout
+
+    def end_grace(self) -> None:
+        """End the shutdown grace now (a second SIGTERM or Ctrl-C): the RPCs still in
+        progress get UNAVAILABLE at once, as ``HttpFront.end_grace`` does for HTTP."""
+        self._grace_ended = True
+        if self._grace_wake is not None and not self._grace_wake.done():
+            self._grace_wake.set_result(None)
 
     # -- what the handlers share ------------------------------------------------------
     async def _answer(self, context: grpc.aio.ServicerContext, handler, *args,
@@ -225,9 +249,10 @@ class GrpcFront(FrontLifetime):
         except asyncio.CancelledError:
             if task not in self._cut:
                 raise  # the client went (or its deadline passed): nobody to answer
-            code, message = grpc.StatusCode.UNAVAILABLE, (
-                f"{_STOPPING}: the request did not finish within the shutdown grace of "
-                f"{self.shutdown_timeout:g} s")
+            code, message = grpc.StatusCode.UNAVAILABLE, f"{_STOPPING}: " + (
+                "a second signal ended the shutdown grace before the request finished"
+                if self._grace_ended else f"the request did not finish within the "
+                                          f"shutdown grace of {self.shutdown_timeout:g} s")
         except _Refusal as e:
             code, message = e.code, str(e)
         except Exception as e:  # noqa: BLE001 - a bad request must never end the server

@@ -20,20 +20,24 @@ The HTTP front maps them to statuses (404, 503, 500, 400).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import os
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from async_search.base import TensorSpec, input_spec_of, output_spec_of, version_of
-from async_search.checks import check_int
-from async_search.errors import (LoadParametersError, ModelLoadError, ModelNotFoundError,
-                                 ModelNotReadyError)
+from async_search.checks import check_float, check_int
+from async_search.errors import (CloseTimeoutError, LoadParametersError, ModelLoadError,
+                                 ModelNotFoundError, ModelNotReadyError)
 from async_search.http.kserve import TensorMetadata, model_metadata, quoted, version_label
 from async_search.routing.cache import CachedEvaluate
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.workers import placement_of
+
+_log = logging.getLogger(__name__)
 
 
 def default_max_workers() -> int:
@@ -184,6 +188,12 @@ class ModelRepository:
             evaluate function (served by its owner; made available or not).
         max_workers: the most ``num_workers`` a load request may ask for;
             ``default_max_workers()`` (4 per CPU) when None.
+        close_timeout: seconds an unload (and the exit) waits for a server to drain
+            (None: as long as it takes). Past it, a model still in a batch (one that
+            never returns) is left to its device thread, which ends when the model
+            returns, and the requests still queued fail with ServerClosedError.
+            ``HttpFront`` sets it to its shutdown grace (0 once a second signal ended
+            the grace) before its exit closes the repository.
 
     Example:
         >>> import numpy as np
@@ -198,12 +208,15 @@ class ModelRepository:
     """
 
     def __init__(self, models: Mapping[str, ModelSource | Any], *,
-                 max_workers: int | None = None):
+                 max_workers: int | None = None, close_timeout: float | None = None):
         if max_workers is None:
             max_workers = default_max_workers()
         if type(max_workers) is not int or max_workers < 1:
             raise ValueError(f"max_workers must be an integer >= 1, got {max_workers!r}")
         self.max_workers = max_workers
+        if close_timeout is not None:
+            close_timeout = check_float("close_timeout", close_timeout, minimum=0.0)
+        self.close_timeout = close_timeout
         self._entries: Dict[str, ModelEntry] = {}
         for name, model in models.items():
             if not isinstance(name, str) or not name or "/" in name:
@@ -299,16 +312,24 @@ class ModelRepository:
         their results (a server the repository started is drained and closed)."""
         entry = self.entry(name)
         async with entry.lock:
-            closer, entry.closer, entry.server = entry.closer, None, None
-            entry.evaluate = None
-            if closer is not None:
-                await closer.aclose()  # drains the server's requests, then closes it
+            closer, server = entry.closer, entry.server
+            entry.closer, entry.server, entry.evaluate = None, None, None
+            if closer is None:
+                return
+            if server is not None and self.close_timeout is not None:
+                # Bounded: a model that never returns would hold the unload (and a
+                # front's exit, whatever the signals) for good.
+                try:
+                    await server.aclose(timeout=self.close_timeout)
+                except CloseTimeoutError as e:
+                    _log.warning("model %r: %s", name, e)
+            await closer.aclose()  # drains the server's requests, then closes it
 
     async def _start(self, entry: ModelEntry) -> None:
         source = entry.source
         async with contextlib.AsyncExitStack() as stack:
             try:
-                model = source.factory()
+                model = await _built(source.factory)
                 server = await stack.enter_async_context(BatchingServer(
                     model, DispatchPolicy(source.max_batch_size, source.max_delay,
                                           source.pipeline_depth),
@@ -330,6 +351,18 @@ class ModelRepository:
         return [{"name": e.name, "version": e.version,
                  "state": "READY" if e.ready else "UNAVAILABLE", "reason": e.reason}
                 for e in self._entries.values()]
+
+
+async def _built(factory: Callable[[], Any]) -> Any:
+    """``factory()``, in a thread of its own: the loop keeps answering (health checks,
+    inference on the other models, signals) while a model is built, which may take
+    seconds. A load cancelled meanwhile leaves the thread to finish and drops its
+    model."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="async_search-load")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, factory)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _load_parameters(parameters: Mapping[str, Any] | None,

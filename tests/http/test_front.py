@@ -599,3 +599,25 @@ def test_python_m_async_search_http_refuses_bad_flags_in_one_line(flags, message
     assert "Traceback" not in done.stderr, done.stderr[-800:]
     assert done.stderr.strip().splitlines()[-1].startswith("python -m async_search.http: ")
     assert message in done.stderr
+
+
+async def test_a_model_that_never_returns_holds_the_exit_one_grace_at_most():
+    # The exit waited for the model's batch, however many signals came.
+    import time
+
+    model = Gated()  # opened only at the end: a model that does not return meanwhile
+    front = HttpFront({"mlp": ModelSource(lambda: model, model_thread=True)},
+                      limits=HttpLimits(shutdown_timeout=0.5))
+    try:
+        async with front, aiohttp.ClientSession() as s:
+            stuck = asyncio.ensure_future(
+                post(s, f"{front.url}/v2/models/mlp/infer", infer_body(X[:1])))
+            assert await in_thread(model.started.wait, 10)
+            began = time.monotonic()
+            exiting = asyncio.ensure_future(front.aclose())
+            status, payload = await asyncio.wait_for(stuck, 10)
+            assert status == 503 and b"shutdown grace of 0.5 s" in payload
+            await asyncio.wait_for(exiting, 10)
+            assert time.monotonic() - began < 4  # the grace, then one more for the model
+    finally:
+        model.gate.set()

@@ -250,3 +250,30 @@ def test_arguments_are_checked_when_made():
         GrpcFront({}, max_message_bytes=0)
     with pytest.raises(ValueError, match="shutdown_timeout must be"):
         GrpcFront({}, shutdown_timeout=-1)
+
+
+async def test_a_second_signal_ends_the_grace_and_a_hung_model_holds_no_exit():
+    # end_grace (the second signal) answered nothing before the grace's end, and the
+    # exit then waited for the model's batch as long as the model took.
+    import time
+
+    model = Gated()  # never opened: a model that does not return
+    f = front(model, shutdown_timeout=20)
+    try:
+        async with f:
+            channel = grpc.aio.insecure_channel(f.address)
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            stuck = asyncio.ensure_future(stub.ModelInfer(infer_request(X[:2])))
+            assert await within(asyncio.to_thread(model.started.wait, 10), "a batch")
+            began = time.monotonic()
+            exiting = asyncio.ensure_future(f.__aexit__(None, None, None))
+            await asyncio.sleep(0.2)
+            f.end_grace()
+            error = await status_of(stuck)
+            assert error.code() == Code.UNAVAILABLE
+            assert "a second signal ended the shutdown grace" in error.details()
+            await within(exiting, "the exit", timeout=10)
+            assert time.monotonic() - began < 5
+            await channel.close()
+    finally:
+        model.gate.set()

@@ -190,3 +190,62 @@ async def test_a_function_that_reports_no_version_has_an_empty_protocol_version(
         assert repo.index() == [{"name": "p", "version": "", "state": "READY",
                                  "reason": ""}]
 
+
+
+async def test_a_model_is_built_off_the_loop_which_keeps_answering():
+    # The factory ran on the loop: health checks, inference and signals waited for it.
+    import time
+
+    def slow_factory():
+        time.sleep(0.6)
+        return MODEL
+
+    gaps, last = [], time.monotonic()
+
+    async def ticker():
+        nonlocal last
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.ensure_future(ticker())
+    try:
+        async with ModelRepository({"slow": ModelSource(slow_factory,
+                                                        load_on_start=False)}) as repo:
+            await repo.load("slow")
+            assert repo.entry("slow").ready
+    finally:
+        ticking.cancel()
+    assert gaps and max(gaps) < 0.3, max(gaps)
+    assert not [t for t in threading.enumerate() if t.name.startswith("async_search-load")]
+
+
+async def test_close_timeout_bounds_an_unload_whose_model_never_returns():
+    import time
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def stuck(x):
+        started.set()
+        release.wait(30)
+        return x
+
+    source = ModelSource(lambda: asr.models.with_spec(stuck, (16,), np.float32),
+                         model_thread=True)
+    try:
+        async with ModelRepository({"stuck": source}, close_timeout=0.3) as repo:
+            request = asyncio.ensure_future(
+                repo.entry("stuck").evaluate(np.zeros((1, 16), np.float32)))
+            await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 15)
+            began = time.monotonic()
+            await asyncio.wait_for(repo.unload("stuck"), 10)
+            assert time.monotonic() - began < 3
+            with pytest.raises(asr.ServerClosedError):
+                await asyncio.wait_for(request, 5)
+    finally:
+        release.set()
+    with pytest.raises(ValueError, match="close_timeout"):
+        ModelRepository({}, close_timeout=-1)
