@@ -75,14 +75,27 @@ def _factory(spec: str) -> tuple[str, Callable]:
                          f"{type(e).__name__}: {e}") from None
 
 
+def _port(text: str) -> int:
+    """A port number, 0 to 65535 (checked before anything binds: a bad --grpc-port was
+    refused only once the HTTP front served)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be an integer in [0, 65535], got "
+                                         f"{text!r}")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m async_search.http", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mlp", help="built-in name or module:function")
     p.add_argument("--name", help="the served name (default: the model's)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--grpc-port", type=int, default=None,
+    p.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
+    p.add_argument("--grpc-port", type=_port, default=None,
                    help="serve gRPC (KServe v2) on this port too; 0 picks a free port")
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-delay", type=float, default=None)

@@ -382,7 +382,7 @@ def _load_parameters(parameters: Mapping[str, Any] | None,
     if type(workers) is not int or not 1 <= workers <= max_workers:
         raise LoadParametersError(f"num_workers must be an integer in [1, {max_workers}] "
                                   f"(the repository's max_workers), got "
-                                  f"{str(workers)[:40]}")
+                                  f"{repr(workers)[:40]}")
     return workers
 
 

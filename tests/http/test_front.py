@@ -599,6 +599,8 @@ def test_python_m_async_search_http_refuses_bad_flags_in_one_line(flags, message
     assert "Traceback" not in done.stderr, done.stderr[-800:]
     assert done.stderr.strip().splitlines()[-1].startswith("python -m async_search.http: ")
     assert message in done.stderr
+    assert "serving" not in done.stderr  # refused before anything bound (a bad
+    # --grpc-port was refused once the HTTP front served)
 
 
 async def test_a_model_that_never_returns_holds_the_exit_one_grace_at_most():
