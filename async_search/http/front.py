@@ -63,7 +63,7 @@ from async_search.http import kserve
 from async_search.http.codec_pool import CodecPool
 from async_search.http.error_responses import (CONNECTION_LAYER, error_handler_class,
                                                error_response, payload_error)
-from async_search.http.front_lifetime import FrontLifetime
+from async_search.http.front_lifetime import FrontLifetime, until_answered
 from async_search.http.inflate import inflate
 from async_search.http.kserve import HEADER_LENGTH, TensorMetadata
 from async_search.http.limits import (ConnectionLimiter, HttpLimits, LimitedSite,
@@ -275,17 +275,11 @@ class HttpFront(FrontLifetime):
         for read in list(self._reading):
             read.cancel()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.limits.shutdown_timeout
         ended = asyncio.ensure_future(self._grace_ended.wait())
         try:
-            # Requests that arrive meanwhile are answered 503 at once, so this loop
-            # only waits for the ones that were in the handlers, or until the grace ends.
-            while self._handling and not ended.done():
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                await asyncio.wait([*self._handling, ended], timeout=left,
-                                   return_when=asyncio.FIRST_COMPLETED)
+            # Requests that arrive meanwhile are answered 503 at once, so this only
+            # waits for the ones that were in the handlers, or until the grace ends.
+            await until_answered(self._handling, ended, self.limits.shutdown_timeout)
         finally:
             ended.cancel()
         self._cut.update(self._handling)

@@ -8,6 +8,7 @@ fronts at once (``asyncio.gather`` of their ``aclose``) before their contexts en
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 
@@ -42,3 +43,19 @@ class FrontLifetime:
         exit_stack, self._exit = self._exit, None
         if exit_stack is not None:
             await exit_stack.aclose()
+
+
+async def until_answered(handling: set, grace_ended: "asyncio.Future", seconds: float,
+                         ) -> None:
+    """Returns once every task in ``handling`` (the requests in the handlers, a set the
+    handlers keep) is done, ``grace_ended`` is (a second signal), or ``seconds`` passed:
+    a drain's grace."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not grace_ended.done():
+        waiting = [task for task in handling if not task.done()]
+        left = deadline - loop.time()
+        if not waiting or left <= 0:
+            return
+        await asyncio.wait([*waiting, grace_ended], timeout=left,
+                           return_when=asyncio.FIRST_COMPLETED)

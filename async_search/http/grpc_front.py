@@ -50,7 +50,7 @@ from async_search.errors import (CircuitOpenError, InputSpecError, ModelNotFound
                                  ModelNotReadyError, ProtocolError, RequestTimeoutError,
                                  ServerClosedError, ServerDiedError)
 from async_search.http import kserve
-from async_search.http.front_lifetime import FrontLifetime
+from async_search.http.front_lifetime import FrontLifetime, until_answered
 from async_search.http.grpc_tensors import (REFUSED_KEY, TOO_LARGE_KEY, decode_request,
                                            encode_response, pb)
 from async_search.http.repository import ModelRepository, ModelSource
@@ -201,16 +201,11 @@ class GrpcFront(FrontLifetime):
         answered within ``shutdown_timeout`` or UNAVAILABLE when it ends; then grpc
         stops, giving the last answers ``_FLUSH_S`` to be written."""
         self._closing = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.shutdown_timeout
-        wake = self._grace_wake = loop.create_future()
+        wake = self._grace_wake = asyncio.get_running_loop().create_future()
+        if self._grace_ended:
+            wake.set_result(None)
         try:  # until every RPC in progress is answered, the grace ends, or its time
-            while self._handling and not self._grace_ended:
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                await asyncio.wait([*self._handling, wake], timeout=left,
-                                   return_when=asyncio.FIRST_COMPLETED)
+            await until_answered(self._handling, wake, self.shutdown_timeout)
         finally:
             self._grace_wake = None
         self._cut.update(self._handling)

@@ -86,36 +86,20 @@ def test_retries_are_checked_before_anything_starts():
 def test_a_lost_server_actor_is_replaced_for_the_retry(retries):
     """One server: its death fails every search that was waiting on it. With a retry,
     they run again against a new server actor, which has the model last pushed."""
-    import ray
-
-    from async_search.backends.ray_backend import SERVER_NAME_PREFIX
-
     pushed = []
 
     async def push(servers):
         await servers.update_model(7, version=7)  # VersionModel's weights: its version
         pushed.append(7)
 
-    def serving_server():
-        for name in ray.util.list_named_actors():
-            if not name.startswith(SERVER_NAME_PREFIX):
-                continue
-            try:
-                actor = ray.get_actor(name)
-                if ray.get(actor.elements.remote(), timeout=30) > 20:
-                    return actor
-            except (ValueError, ray.exceptions.RayActorError):
-                continue
-        return None
-
     async def run():
         task = asyncio.ensure_future(asr.run_searches_async(
             searches.versions_seen, list(range(4)), searches.version_model, backend="ray",
             num_procs=2, num_servers=1, on_servers=push, retries=retries,
             return_exceptions=True))
-        await wait_until(serving_server, "the server actor has served", timeout=120,
+        await wait_until(_serving_server, "the server actor has served", timeout=120,
                          interval=0.05)
-        os.kill(await serving_server().pid.remote(), signal.SIGKILL)
+        os.kill(await _serving_server().pid.remote(), signal.SIGKILL)
         return await task
 
     out = asyncio.run(run())
