@@ -17,8 +17,9 @@ class SearchResults(list):
     backend, num_procs, num_servers, wall_time_s, the serving figures summed over the
     servers (batches, elements, mean_batch_size, std_batch_size, model_time_s,
     fraction_in_model: model time over wall time per device worker, at most 1),
-    ``servers`` (each server's own stats) and ``trace`` (a BatchRecord per batch,
-    ordered by time). The
+    ``servers`` (each server's own stats) and ``trace`` (a BatchRecord per batch of
+    each server's latest ``trace_size``, 10,000 by default, ordered by time; the
+    figures count every batch). The
     process and Ray backends add ``clients``: a dict per attempt (``attempt``, its
     ``starts``, ``worker``, ``node`` on Ray, how it ``ended``; once it finished,
     ``cpu_s`` and ``searching_s``: the client process's CPU (every thread's, Ray's own
@@ -52,10 +53,20 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
     trace = sorted((r._replace(finished_s=r.finished_s + s.get("started_at", 0.0) - origin)
                     for s, t in zip(servers, traces) for r in t),
                    key=lambda r: r.finished_s)
-    sizes = [r.size for r in trace]
-    batches = len(sizes)
-    mean = sum(sizes) / batches if batches else 0.0
-    std = (sum((s - mean) ** 2 for s in sizes) / batches) ** 0.5 if batches else 0.0
+    if all("batches" in s and "std_batch_size" in s for s in servers):
+        # From the servers' counts: the trace keeps the latest batches only (10,000 by
+        # default), and figures from it stopped counting there.
+        batches = sum(s["batches"] for s in servers)
+        elements = sum(s["elements"] for s in servers)
+        mean = elements / batches if batches else 0.0
+        second = sum(s["batches"] * (s["std_batch_size"] ** 2 + s["mean_batch_size"] ** 2)
+                     for s in servers) / batches if batches else 0.0
+        std = max(second - mean ** 2, 0.0) ** 0.5
+    else:
+        sizes = [r.size for r in trace]
+        batches, elements = len(sizes), sum(sizes)
+        mean = elements / batches if batches else 0.0
+        std = (sum((s - mean) ** 2 for s in sizes) / batches) ** 0.5 if batches else 0.0
     model_time = sum(s.get("model_time_s", 0.0) for s in servers)
     # Per device worker: the local and process backends' servers are the workers of
     # one BatchingServer, each adding its model time.
@@ -67,7 +78,7 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
         "num_servers": config.num_servers,
         "wall_time_s": wall_time,
         "batches": batches,
-        "elements": sum(sizes),
+        "elements": elements,
         "mean_batch_size": mean,
         "std_batch_size": std,
         "model_time_s": model_time,

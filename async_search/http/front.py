@@ -85,6 +85,9 @@ _CHECKED_ANSWER_BYTES = 64 * 2 ** 10
 _HTTP_VERSIONS = ((1, 1), (1, 0))
 _MAX_HEADERS = 128  # as aiohttp's parser allows from 3.10 on
 _STOPPING = "the server is stopping"
+#: The status the metrics count for an inference whose client hung up before its
+#: answer (nginx's "client closed request"; never sent).
+CLIENT_GONE = 499
 
 
 #: The status of each error that is the request's or the repository's, not the
@@ -586,7 +589,12 @@ class HttpFront(FrontLifetime):
             # Refused here, not by the middleware, so that the request counts as a 503.
             self.metrics.observe_request(name, version, 503, time.perf_counter() - start)
             return self._unsent_refusal(size)
-        self.metrics.observe_request(name, version, 200, time.perf_counter() - start)
+        transport = request.transport
+        # A client that hung up while its batch ran is no 200: 499, nginx's "client
+        # closed request" (aiohttp runs the handler on; its answer goes nowhere).
+        gone = transport is None or transport.is_closing()
+        self.metrics.observe_request(name, version, CLIENT_GONE if gone else 200,
+                                     time.perf_counter() - start)
         answer = _LetGo if size >= _CHECKED_ANSWER_BYTES else web.Response
         if header_length is None:
             return answer(body=payload, content_type=_JSON)

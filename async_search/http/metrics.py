@@ -75,7 +75,8 @@ class ServingMetrics:
         self._watched: Dict[str, Callable[[], Any]] = {}
         self._front: Callable[[], Dict[str, float]] | None = None
         self._requests = Counter(
-            "http_requests", "Inference requests answered, by model, version and status",
+            "http_requests", "Inference requests answered, by model, version and status "
+            "(499: the client had gone before its answer)",
             ["model", "version", "code"], namespace=namespace, registry=self.registry)
         self._errors = Counter(
             "http_errors", "Error responses the HTTP front sent, by status and by the "
@@ -177,7 +178,8 @@ class _StatsCollector(Collector):
         queue_wait = counter("queue_wait_seconds", "Queue wait of each batch's oldest "
                              "request, summed over batches, seconds")
         queue_wait_max = gauge("queue_wait_max_seconds", "Longest queue wait, seconds")
-        failed = counter("failed_batches", "Batches whose model call raised")
+        failed = counter("failed_batches", "Batches whose model call raised or whose "
+                                            "outputs could not be handed out")
         workers = gauge("workers", "Device workers serving the model")
         version = gauge("model_version_info", "The model version now serving",
                         ["version"])

@@ -622,6 +622,7 @@ class BatchingServer:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()  # the loop's: where calls come from
         self._since = time.perf_counter()
+        self._stats.start_clock()  # serving starts here, not when it was built
         self._workers = Workers(copies[0] if copies else self._first_model, self.version,
                                 self._loop, placement=self._placement,
                                 on_count=self._stats.workers_changed)
@@ -963,6 +964,8 @@ class BatchingServer:
                     expire_due(self._deadlines, popped.tags)
                 if error is None:
                     error = self._responses.deliver(popped, outputs, version)
+                    if error is not None:  # ModelOutputError: the batch failed too
+                        self._stats.failed_batches += 1
                 if self._tuner is not None and len(popped.batch):
                     # What was answered: a size whose batches fail (out of memory) is
                     # worth nothing, however fast they fail.

@@ -25,3 +25,18 @@ def test_traces_go_on_the_earliest_servers_clock_without_an_origin():
     stats = merge_stats(RunConfig(), 2.0, servers, traces)
     assert [round(r.finished_s, 6) for r in stats["trace"]] == [0.2, 1.5]
     assert stats["batches"] == 2 and stats["elements"] == 6
+
+
+def test_the_figures_count_every_batch_not_only_those_the_trace_kept():
+    # Two servers' own counts; their traces kept the latest batch each. The figures
+    # came from the trace: 2 batches of 6 elements, where 10,500 of 21,000 ran.
+    servers = [{"started_at": 0.0, "model_time_s": 1.0, "batches": 10_000,
+                "elements": 20_000, "mean_batch_size": 2.0, "std_batch_size": 0.0},
+               {"started_at": 0.0, "model_time_s": 1.0, "batches": 500,
+                "elements": 1_000, "mean_batch_size": 2.0, "std_batch_size": 1.0}]
+    traces = [[BatchRecord(1.0, 2, 0.01)], [BatchRecord(1.0, 4, 0.01)]]
+    stats = merge_stats(RunConfig(), 2.0, servers, traces)
+    assert stats["batches"] == 10_500 and stats["elements"] == 21_000
+    assert stats["mean_batch_size"] == 2.0
+    assert abs(stats["std_batch_size"] - (500 / 10_500) ** 0.5) < 1e-12
+    assert len(stats["trace"]) == 2

@@ -157,3 +157,46 @@ def test_errors_drops_and_the_fronts_gauges_are_reported():
     assert value(found, "async_search_http_unsent_bytes") == 4096
     metrics.watch_front(None)  # the front has closed: its gauges are gone
     assert not any(k[0] == "async_search_http_unsent_bytes" for k in samples(metrics))
+
+
+async def test_an_inference_whose_client_hung_up_counts_as_499_not_200():
+    import threading
+
+    import aiohttp
+
+    from async_search.http import HttpFront
+    from async_search.models import with_spec
+
+    release = threading.Event()
+
+    def model(x):
+        if (x[:, 0] > 1000).any():  # the slow request: answered once its client left
+            release.wait(10)
+        return x.sum(axis=1, keepdims=True)
+
+    def body(v):
+        return {"inputs": [{"name": "input", "shape": [1, 3], "datatype": "FP32",
+                            "data": [v, 2, 3]}]}
+
+    async with asr.serve(with_spec(model, (3,), np.float32), model_thread=True) as ev, \
+            HttpFront({"m": ev}) as front, aiohttp.ClientSession() as session:
+        url = f"{front.url}/v2/models/m/infer"
+        async with session.post(url, json=body(1)) as answer:
+            assert answer.status == 200
+        with pytest.raises(asyncio.TimeoutError):
+            async with session.post(url, json=body(2000),
+                                    timeout=aiohttp.ClientTimeout(total=0.2)):
+                pass
+        await asyncio.sleep(0.3)  # the front has seen the connection close
+        release.set()
+        for _ in range(100):  # the handler ends once the model answers
+            if ("async_search_http_requests_total", frozenset(
+                    {"model": "m", "version": "0", "code": "499"}.items())) in samples(
+                    front.metrics):
+                break
+            await asyncio.sleep(0.05)
+        found = samples(front.metrics)
+        assert value(found, "async_search_http_requests_total", model="m", version="0",
+                     code="499") == 1
+        assert value(found, "async_search_http_requests_total", model="m", version="0",
+                     code="200") == 1

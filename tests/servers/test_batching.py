@@ -1002,3 +1002,39 @@ def test_a_call_between_runs_of_its_loop_is_served_and_one_while_it_runs_elsewhe
             loop.call_soon_threadsafe(loop.stop)
             runner.join(10)
         loop.close()
+
+
+async def test_a_batch_whose_outputs_fail_counts_as_failed_as_immediate_counts_it():
+    # ModelOutputError failed the batch's requests but not failed_batches (immediate
+    # counted it): the two evaluates disagreed on one model.
+    calls = []
+
+    def every_other_short(x):
+        calls.append(len(x))
+        return x[:-1] if len(calls) % 2 else x  # one row short on odd calls
+
+    async def failures(evaluate):
+        failed = 0
+        for _ in range(4):
+            try:
+                await evaluate(np.ones((2, 3), np.float32))
+            except asr.ModelOutputError:
+                failed += 1
+        return failed
+
+    async with asr.serve(every_other_short, max_batch_size=2) as evaluate:
+        served = await failures(evaluate)
+        assert served == 2 and evaluate.stats["failed_batches"] == 2
+    calls.clear()
+    immediate = asr.immediate(every_other_short)
+    assert await failures(immediate) == 2 and immediate.stats["failed_batches"] == 2
+
+
+async def test_the_wall_clock_starts_when_the_server_is_entered_not_built():
+    import time
+
+    server = BatchingServer(lambda x: x * 2)
+    time.sleep(0.3)  # built, not serving yet
+    async with server:
+        await server(np.ones((1, 2), np.float32))
+    assert server.stats["wall_time_s"] < 0.25
