@@ -184,15 +184,22 @@ def read_file(path: str | os.PathLike, limit: int) -> bytes:
         ValueError: not a regular file, or larger than ``limit`` bytes.
         OSError: it cannot be read.
     """
+    # Looked at before it is opened (opening some devices does something), and again
+    # once open (it may have been replaced meanwhile).
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(_NOT_REGULAR)
     with open(path, "rb", opener=_regular_file_opener) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise ValueError(f"it holds {size:,} bytes, more than the {limit:,} such a "
                              f"file may")
-        data = f.read(limit + 1)
-    if len(data) > limit:  # it grew while it was read
-        raise ValueError(f"it holds more than the {limit:,} bytes such a file may")
+        data = f.read(size + 1)  # (read(n) sets n bytes aside before it reads)
+    if len(data) > size:  # it grew while it was read
+        raise ValueError("it grew while it was read (a file another process writes?)")
     return data
+
+
+_NOT_REGULAR = "it is not a regular file (a FIFO, a device, a folder?)"
 
 
 def _regular_file_opener(path: str, flags: int) -> int:
@@ -201,7 +208,7 @@ def _regular_file_opener(path: str, flags: int) -> int:
     fd = os.open(path, flags | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("it is not a regular file (a FIFO, a device, a folder?)")
+            raise ValueError(_NOT_REGULAR)
         os.set_blocking(fd, True)
         return fd
     except BaseException:

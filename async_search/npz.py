@@ -14,15 +14,16 @@ import numpy as np
 
 #: Bytes an ``.npy`` member may hold besides its data (its magic and header).
 _HEADER_BYTES = 1 << 16
-#: The widest element an expected array may arrive in (float64, int64: dtypes kept).
-_MAX_ITEMSIZE = 8
+#: The widest element an expected array may arrive in (dtypes are kept: float64,
+#: int64, the long double of some platforms, complex128).
+MAX_ITEMSIZE = 16
 
 
 def checked_array(npz: "np.lib.npyio.NpzFile", name: str, shape: Tuple[int, ...] | None,
                   max_bytes: int | None = None) -> np.ndarray:
     """``npz[name]``, once the member's size and header fit: ``shape`` (any, when None)
-    and at most ``max_bytes`` of data (by default what ``shape`` takes at 8 bytes an
-    element).
+    and at most ``max_bytes`` of data (by default what ``shape`` takes at
+    ``MAX_ITEMSIZE`` bytes an element).
 
     Example:
         >>> import io
@@ -40,7 +41,7 @@ def checked_array(npz: "np.lib.npyio.NpzFile", name: str, shape: Tuple[int, ...]
     if max_bytes is None:
         if shape is None:
             raise ValueError("checked_array needs a shape or max_bytes")
-        max_bytes = math.prod(shape) * _MAX_ITEMSIZE
+        max_bytes = math.prod(shape) * MAX_ITEMSIZE
     try:
         info = npz.zip.getinfo(member)
     except KeyError:

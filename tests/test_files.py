@@ -401,3 +401,28 @@ def test_a_device_or_a_pipe_is_never_replaced_by_a_file(tmp_path):
     with pytest.raises(FileWriteError, match="not a regular file"):
         write_file(fifo, b"x")
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ["fifo"]
+
+
+def test_read_file_takes_what_the_file_holds_and_refuses_what_is_not_a_file(tmp_path):
+    import tracemalloc
+
+    from async_search.files import read_file
+
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"x" * 1000)
+    tracemalloc.start()
+    try:
+        assert read_file(small, 1 << 40) == b"x" * 1000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # not the limit set aside (it took 64 MiB for read_json's)
+    with pytest.raises(ValueError, match="more than the 999"):
+        read_file(small, 999)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path, "/dev/zero"):  # none of them opened for a read
+        with pytest.raises(ValueError, match="not a regular file"):
+            read_file(path, 1 << 20)
+    with pytest.raises(FileNotFoundError):
+        read_file(tmp_path / "missing", 10)

@@ -538,8 +538,12 @@ class _ServerPool:
                     if isinstance(answer, BaseException):
                         continue
                     if self._latest is not None:
-                        try:
-                            await actor.update_model.remote(*self._latest)
+                        try:  # bounded: a silent replacement would hold every push
+                            if await _answer_within(actor.update_model.remote(
+                                    *self._latest), _SWAP_S) is _SILENT:
+                                with contextlib.suppress(Exception):
+                                    self._ray.kill(actor)
+                                continue
                         except Exception:  # noqa: BLE001 - it stays out
                             continue
                     self._slots[i] = await self._server_of(actor, answer)
@@ -578,7 +582,7 @@ class _ServerPool:
             ref = self._ray.put(model_or_weights)  # sent once, read by every actor
             self._latest = (ref, version)
             live = self.live()
-            acks = await asyncio.gather(*(asyncio.wait_for(
+            acks = await asyncio.gather(*(_answer_within(
                 s.actor.update_model.remote(ref, version), _SWAP_S) for s in live),
                 return_exceptions=True)
             # A server Ray cannot reach for now (ActorUnavailableError, a kind of
@@ -591,12 +595,12 @@ class _ServerPool:
                     break
                 await asyncio.sleep(0.1)
                 again = await asyncio.gather(
-                    *(asyncio.wait_for(live[i].actor.update_model.remote(ref, version),
-                                       _SWAP_S) for i in out), return_exceptions=True)
+                    *(_answer_within(live[i].actor.update_model.remote(ref, version),
+                                     _SWAP_S) for i in out), return_exceptions=True)
                 for i, ack in zip(out, again):
                     acks[i] = ack
             for server, ack in zip(live, acks):
-                if isinstance(ack, asyncio.TimeoutError):  # silent: out of the run
+                if ack is _SILENT:  # out of the run
                     server.died = True
                     with contextlib.suppress(Exception):
                         self._ray.kill(server.actor)
@@ -608,9 +612,9 @@ class _ServerPool:
         # Dead ones are skipped, even all of them: the replacements start on the model
         # last pushed (replace_dead), and a run with none to replace them fails anyway.
         for ack in acks:
-            if isinstance(ack, BaseException) and not isinstance(
-                    ack, (errors.RayActorError, asyncio.TimeoutError)):
-                raise ack
+            if isinstance(ack, BaseException) and not isinstance(ack,
+                                                                 errors.RayActorError):
+                raise ack  # the swap failed in a server: a TimeoutError of its own too
 
     async def stop(self, deadlines: Deadlines) -> List[Tuple[dict, list]]:
         """Stops every live server: ``(stats, trace)`` of those that answered (within
@@ -652,6 +656,21 @@ class _ServerPool:
         for server in self.servers:
             server.watch.cancel()
         release_gpus(self._ray, self._group)
+
+
+#: What ``_answer_within`` returns for an actor that did not answer in time.
+_SILENT = object()
+
+
+async def _answer_within(ref: Any, seconds: float) -> Any:
+    """What the actor call ``ref`` answers (raising what it raised, a TimeoutError of
+    its own too), or ``_SILENT`` when it has not answered within ``seconds``."""
+    task = asyncio.ensure_future(ref)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        return _SILENT
+    return task.result()
 
 
 async def _outcome(awaitable: Awaitable) -> Any:

@@ -73,7 +73,8 @@ def format_iteration(r: Any, uct_rollouts: int | None = None,
     one of ``strong_uct_rollouts`` (the run's config's). Without them: the baseline of
     fewer rollouts, and the one of more when there are two."""
     nan = float("nan")
-    if uct_rollouts is not None and strong_uct_rollouts is not None:
+    if uct_rollouts is not None and strong_uct_rollouts is not None and (
+            uct_rollouts != strong_uct_rollouts):
         # By name: either may be missing (the strong one played, the other not), and
         # the "strong" one may have fewer rollouts.
         uct = r.scores.get(f"uct{uct_rollouts}", nan)

@@ -20,11 +20,11 @@ The HTTP front maps them to statuses (404, 503, 500, 400).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import logging
 import os
+import threading
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from async_search.base import TensorSpec, input_spec_of, output_spec_of, version_of
@@ -357,12 +357,28 @@ async def _built(factory: Callable[[], Any]) -> Any:
     """``factory()``, in a thread of its own: the loop keeps answering (health checks,
     inference on the other models, signals) while a model is built, which may take
     seconds. A load cancelled meanwhile leaves the thread to finish and drops its
-    model."""
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="async_search-load")
-    try:
-        return await asyncio.get_running_loop().run_in_executor(pool, factory)
-    finally:
-        pool.shutdown(wait=False)
+    model; the thread is a daemon, so a factory that never returns holds no exit (an
+    executor's thread is waited for when the interpreter exits)."""
+    loop = asyncio.get_running_loop()
+    built: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not built.done():
+            if error is None:
+                built.set_result(result)
+            else:
+                built.set_exception(error)
+
+    def build() -> None:
+        try:
+            result, error = factory(), None
+        except BaseException as e:  # noqa: BLE001 - the load reports it
+            result, error = None, e
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=build, name="async_search-load", daemon=True).start()
+    return await built
 
 
 def _load_parameters(parameters: Mapping[str, Any] | None,

@@ -34,7 +34,7 @@ import numpy as np
 from async_search.errors import CheckpointError
 from async_search.files import (folder_lock, folder_path, is_leftover, make_folder,
                                 read_file, remove_tree, write_file)
-from async_search.npz import checked_array
+from async_search.npz import MAX_ITEMSIZE, checked_array
 from async_search.problems.nets import (NetConfig, Weights, check_weights, config_of,
                                         to_model, weights_of)
 
@@ -186,7 +186,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         try:
             data = read_file(weights_file, MAX_WEIGHTS_BYTES)
             break
-        except ValueError as e:  # a FIFO, a device, a file past any net's size
+        except (ValueError, MemoryError) as e:  # a FIFO, a device, past any net's size
             raise CheckpointError(f"checkpoint {weights_file!r} cannot be read: "
                                   f"{e}") from None
         except FileNotFoundError:
@@ -224,7 +224,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                 # within that is check_weights' to name.
                 try:
                     return checked_array(arrays, name, None,
-                                         math.prod(shapes[name]) * 8)
+                                         math.prod(shapes[name]) * MAX_ITEMSIZE)
                 except ValueError as e:
                     raise ValueError(f"weights do not fit {config}: {e}") from None
 

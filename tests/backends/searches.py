@@ -134,6 +134,18 @@ def version_model():
     return VersionModel(0)
 
 
+class SwapTimesOut(VersionModel):
+    """VersionModel whose ``with_weights`` raises TimeoutError (a weights fetch that
+    timed out): the swap fails in the server, which is alive and answering."""
+
+    def with_weights(self, weights):
+        raise TimeoutError("fetching the weights timed out")
+
+
+def swap_times_out():
+    return SwapTimesOut(0)
+
+
 def without_with_weights():
     """A callable model with no ``with_weights``: it cannot take weights, only models."""
     return VersionModel(0).__call__

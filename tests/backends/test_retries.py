@@ -240,3 +240,25 @@ def test_a_push_kills_a_server_actor_that_does_not_answer_its_swap(monkeypatch):
     assert 2.5 < pushed[0][1] < 20
     assert all(isinstance(seen, list) and seen[-1] == 7 for seen in out), out
     assert out.stats["servers_died"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_a_swap_that_times_out_in_a_server_fails_the_push_and_kills_nothing():
+    # A TimeoutError the swap raised in the actor read as a silent server: the server
+    # was killed, the push "returned", and every search was lost.
+    outcome = []
+
+    async def push(servers):
+        await asyncio.sleep(0.5)
+        try:
+            await servers.update_model(7, version=7)
+            outcome.append("returned")
+        except Exception as e:  # noqa: BLE001 - what the push raised is the point
+            outcome.append(type(e).__name__)
+
+    out = asr.run_searches(searches.versions_seen, list(range(2)),
+                           searches.swap_times_out, backend="ray", num_procs=1,
+                           num_servers=1, on_servers=push, retries=1, timeout=120)
+    assert outcome and outcome[0] != "returned" and "TimeoutError" in outcome[0]
+    assert out == [[0], [0]] and out.stats["servers_died"] == 0

@@ -160,6 +160,7 @@ def test_a_row_without_the_figures_shows_nan():
     ({"uct20": 1.0}, (300, 20), "nan", "1.00"),                # only the strong one
     ({"uct2000": 0.1, "uct1000": 0.7}, (2000, 1000), "0.10", "0.70"),  # it has fewer
     ({"uct2000": 0.1}, (2000, 1000), "0.10", "nan"),
+    ({"uct300": 0.25}, (300, 300), "0.25", "nan"),  # equal: by the order, as before
 ])
 def test_the_uct_columns_follow_the_runs_rollouts_not_their_order(scores, rollouts, uct,
                                                                   strong):

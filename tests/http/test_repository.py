@@ -196,7 +196,10 @@ async def test_a_model_is_built_off_the_loop_which_keeps_answering():
     # The factory ran on the loop: health checks, inference and signals waited for it.
     import time
 
+    building = []
+
     def slow_factory():
+        building.append(threading.current_thread())
         time.sleep(0.6)
         return MODEL
 
@@ -220,6 +223,7 @@ async def test_a_model_is_built_off_the_loop_which_keeps_answering():
         ticking.cancel()
     assert gaps and max(gaps) < 0.3, max(gaps)
     assert not [t for t in threading.enumerate() if t.name.startswith("async_search-load")]
+    assert building and all(t.daemon for t in building)  # a hung factory holds no exit
 
 
 async def test_close_timeout_bounds_an_unload_whose_model_never_returns():

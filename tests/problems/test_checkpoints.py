@@ -948,3 +948,12 @@ def test_a_json_file_past_the_size_limit_is_refused_unread(checkpoint, monkeypat
     monkeypatch.setattr(schema, "MAX_JSON_BYTES", 64)
     assert_refused_naming(checkpoint, checkpoint / "config.json",
                           match="more than the 64 such a file may")
+
+
+def test_weights_of_the_widest_float_still_load(tmp_path):
+    # The size bound of a hostile-file check took 8 bytes an element: long double
+    # weights (16 bytes here) saved but no longer loaded.
+    weights = [(w.astype(np.longdouble), b.astype(np.longdouble))
+               for w, b in initial_weights(POLICY_VALUE, 0)]
+    save_checkpoint(tmp_path / "c", weights, POLICY_VALUE)
+    assert_weights_bitwise_equal(read_checkpoint(tmp_path / "c").weights, weights)
