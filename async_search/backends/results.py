@@ -17,7 +17,9 @@ class SearchResults(list):
     backend, num_procs, num_servers, wall_time_s, the serving figures summed over the
     servers (batches, elements, mean_batch_size, std_batch_size, model_time_s,
     fraction_in_model: model time over wall time per device worker, at most 1),
-    ``servers`` (each server's own stats) and ``trace`` (a BatchRecord per batch of
+    ``servers`` (each server's own stats: a process or Ray client's message, its
+    searches' requests of one loop iteration, is one of their ``requests``) and
+    ``trace`` (a BatchRecord per batch of
     each server's latest ``trace_size``, 10,000 by default, ordered by time; the
     figures count every batch). The
     process and Ray backends add ``clients``: a dict per attempt (``attempt``, its
@@ -46,8 +48,9 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
     ``origin``, the ``time.perf_counter`` time the searches' clock (``wall_time``)
     started, where given, else from the earliest server's start (perf_counter is one
     clock for the processes of a machine). ``num_procs`` is ``num_clients``, the client
-    processes (tasks) started: fewer than ``config.num_procs`` (``num_procs_requested``)
-    when there are fewer starts."""
+    processes (tasks) the starts were shared among: fewer than ``config.num_procs``
+    (``num_procs_requested``) when there are fewer starts; a retry starts another
+    (``clients`` has an entry per attempt)."""
     if origin is None:
         origin = min((s.get("started_at", 0.0) for s in servers), default=0.0)
     trace = sorted((r._replace(finished_s=r.finished_s + s.get("started_at", 0.0) - origin)
