@@ -75,6 +75,10 @@ class Immediate:
         if self._yielding is not None or (
                 time.perf_counter() - self._yielded >= YIELD_EVERY_S):
             await self._let_the_loop_run()
+        if not len(x) and self._outputs.empty_output is not None:
+            # As a server answers it: a request but no batch, and no model call.
+            self._stats.requests += 1
+            return self._outputs.empty_result()
         # One request, one batch, sent at once: no queue wait, and it leaves as soon as
         # it is made (a BatchingServer's IDLE reason: nothing else was waiting).
         self._stats.record_dispatch(len(x), Reason.IDLE, 0.0, requests=1)

@@ -304,3 +304,23 @@ async def test_an_async_model_is_refused_with_a_hint_and_no_warning(recwarn):
     import gc
     gc.collect()
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+async def test_a_zero_row_request_is_counted_as_a_server_counts_it():
+    # immediate called the model on it and counted a batch of 0; serve counts the
+    # request, calls nothing and answers the empty outputs.
+    calls = []
+
+    def model(x):
+        calls.append(len(x))
+        return x * 2
+
+    evaluate = asr.immediate(model)
+    await evaluate(np.ones((2, 3), np.float32))
+    empty = await evaluate(np.zeros((0, 3), np.float32))
+    assert empty.shape == (0, 3) and calls == [2]
+    async with asr.serve(model) as served:
+        await served(np.ones((2, 3), np.float32))
+        await served(np.zeros((0, 3), np.float32))
+    for stats in (evaluate.stats, served.stats):
+        assert (stats["requests"], stats["batches"], stats["elements"]) == (2, 1, 2)
