@@ -193,13 +193,24 @@ def read_file(path: str | os.PathLike, limit: int) -> bytes:
         if size > limit:
             raise ValueError(f"it holds {size:,} bytes, more than the {limit:,} such a "
                              f"file may")
-        data = f.read(size + 1)  # (read(n) sets n bytes aside before it reads)
-    if len(data) > size:  # it grew while it was read
-        raise ValueError("it grew while it was read (a file another process writes?)")
-    return data
+        # In chunks, to the end (read(n) sets n bytes aside first; a file of /proc
+        # says 0 bytes and holds some; one may grow while it is read): never past limit.
+        chunks, total, want = [], 0, size + 1
+        while True:
+            asked = min(want, limit + 1 - total)
+            chunk = f.read(asked)
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise ValueError(f"it holds more than the {limit:,} bytes such a file "
+                                 f"may")
+            if len(chunk) < asked:  # the end
+                return b"".join(chunks)
+            want = _READ_CHUNK
 
 
 _NOT_REGULAR = "it is not a regular file (a FIFO, a device, a folder?)"
+_READ_CHUNK = 1 << 16  # past what the size said
 
 
 def _regular_file_opener(path: str, flags: int) -> int:

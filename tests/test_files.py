@@ -426,3 +426,12 @@ def test_read_file_takes_what_the_file_holds_and_refuses_what_is_not_a_file(tmp_
             read_file(path, 1 << 20)
     with pytest.raises(FileNotFoundError):
         read_file(tmp_path / "missing", 10)
+
+
+def test_read_file_reads_a_file_that_says_it_holds_nothing():
+    # A file of /proc reports 0 bytes and holds some: refused as "grown" once.
+    from async_search.files import read_file
+
+    assert b"Name:" in read_file("/proc/self/status", 1 << 20)
+    with pytest.raises(ValueError, match="more than the 10 bytes"):
+        read_file("/proc/self/status", 10)

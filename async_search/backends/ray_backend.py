@@ -666,7 +666,11 @@ async def _answer_within(ref: Any, seconds: float) -> Any:
     """What the actor call ``ref`` answers (raising what it raised, a TimeoutError of
     its own too), or ``_SILENT`` when it has not answered within ``seconds``."""
     task = asyncio.ensure_future(ref)
-    done, _ = await asyncio.wait({task}, timeout=seconds)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:  # the push was: nothing waits on the call now
+        task.cancel()
+        raise
     if not done:
         task.cancel()
         return _SILENT

@@ -62,9 +62,10 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
         batches = sum(s["batches"] for s in servers)
         elements = sum(s["elements"] for s in servers)
         mean = elements / batches if batches else 0.0
-        second = sum(s["batches"] * (s["std_batch_size"] ** 2 + s["mean_batch_size"] ** 2)
-                     for s in servers) / batches if batches else 0.0
-        std = max(second - mean ** 2, 0.0) ** 0.5
+        # Pooled: each server's spread, and its mean's distance from the whole one.
+        std = (sum(s["batches"] * (s["std_batch_size"] ** 2
+                                   + (s["mean_batch_size"] - mean) ** 2)
+                   for s in servers) / batches) ** 0.5 if batches else 0.0
     else:
         sizes = [r.size for r in trace]
         batches, elements = len(sizes), sum(sizes)

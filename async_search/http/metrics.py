@@ -175,8 +175,9 @@ class _StatsCollector(Collector):
         elements = counter("elements", "Elements computed by the model")
         requests = counter("requests", "Requests made to the server")
         model_seconds = counter("model_seconds", "Time in the model, seconds")
-        queue_wait = counter("queue_wait_seconds", "Queue wait of each batch's oldest "
-                             "request, summed over batches, seconds")
+        queue_wait = counter("queue_wait_seconds", "Queue wait of each batch (since "
+                             "the previous batch left, or a request came to an empty "
+                             "queue), summed over batches, seconds")
         queue_wait_max = gauge("queue_wait_max_seconds", "Longest queue wait, seconds")
         failed = counter("failed_batches", "Batches whose model call raised or whose "
                                             "outputs could not be handed out")
@@ -189,8 +190,9 @@ class _StatsCollector(Collector):
             f"{ns}_batch_model_seconds", "Time the model took per batch, seconds",
             labels=labels)
         batch_wait = HistogramMetricFamily(
-            f"{ns}_batch_queue_wait_seconds", "How long the oldest request of a batch "
-            "waited before the batch left, seconds", labels=labels)
+            f"{ns}_batch_queue_wait_seconds", "How long a batch's queue waited before "
+            "the batch left (since the previous batch left, or a request came to an "
+            "empty queue), seconds", labels=labels)
         hits = counter("cache_hits", "Elements answered from the cache")
         misses = counter("cache_misses", "Elements the cache sent to the server")
         dedup = counter("cache_deduplicated", "Elements that joined an identical one "

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Tuple
 from async_search.base import TensorSpec, input_spec_of, output_spec_of, version_of
 from async_search.checks import check_float, check_int
 from async_search.errors import (CloseTimeoutError, LoadParametersError, ModelLoadError,
-                                 ModelNotFoundError, ModelNotReadyError)
+                                 ModelNotFoundError, ModelNotReadyError, deliverable)
 from async_search.http.kserve import TensorMetadata, model_metadata, quoted, version_label
 from async_search.routing.cache import CachedEvaluate
 from async_search.servers.batching import BatchingServer
@@ -366,8 +366,8 @@ async def _built(factory: Callable[[], Any]) -> Any:
         if not built.done():
             if error is None:
                 built.set_result(result)
-            else:
-                built.set_exception(error)
+            else:  # StopIteration (an empty iterator's next) cannot go in a future
+                built.set_exception(deliverable(error))
 
     def build() -> None:
         try:

@@ -80,7 +80,8 @@ class ServingStats:
 
     def record_dispatch(self, size: int, reason: Reason, queue_wait: float,
                         requests: int = 0) -> None:
-        """A batch of ``size`` elements left, its oldest request queued ``queue_wait`` s;
+        """A batch of ``size`` elements left, its queue having waited ``queue_wait`` s
+        (since the previous batch left, or a request came to an empty queue);
         ``requests`` of its requests start in it."""
         self.requests += requests
         self.batches += 1

@@ -283,3 +283,17 @@ async def test_a_push_asks_again_a_server_ray_cannot_reach_for_now(monkeypatch):
     with pytest.raises(ServerDiedError, match="could not be reached to swap"):
         await asyncio.wait_for(pool_of(Actor([]), gone_for_good).push("weights", 8), 10)
     assert gone_for_good.version == 0
+
+
+async def test_a_cancelled_wait_for_an_actor_call_cancels_the_call_too():
+    from async_search.backends.ray_backend import _SILENT, _answer_within
+
+    loop = asyncio.get_running_loop()
+    call = loop.create_future()  # an actor call that never answers
+    waiting = asyncio.ensure_future(_answer_within(call, 30))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert call.cancelled()
+    assert await _answer_within(loop.create_future(), 0.01) is _SILENT

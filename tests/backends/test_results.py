@@ -40,3 +40,16 @@ def test_the_figures_count_every_batch_not_only_those_the_trace_kept():
     assert stats["mean_batch_size"] == 2.0
     assert abs(stats["std_batch_size"] - (500 / 10_500) ** 0.5) < 1e-12
     assert len(stats["trace"]) == 2
+
+
+def test_the_pooled_spread_is_exact_for_a_large_mean_and_a_small_spread():
+    # E[x^2] - mean^2 lost 4 digits here.
+    import numpy as np
+
+    sizes = [np.array([4096] * 500_000 + [4097] * 3), np.array([4096] * 7)]
+    servers = [{"started_at": 0.0, "model_time_s": 0.0, "batches": len(s),
+                "elements": int(s.sum()), "mean_batch_size": float(s.mean()),
+                "std_batch_size": float(s.std())} for s in sizes]
+    stats = merge_stats(RunConfig(), 1.0, servers, [[], []])
+    whole = np.concatenate(sizes)
+    assert abs(stats["std_batch_size"] - whole.std()) <= 1e-9 * whole.std()

@@ -253,3 +253,14 @@ async def test_close_timeout_bounds_an_unload_whose_model_never_returns():
         release.set()
     with pytest.raises(ValueError, match="close_timeout"):
         ModelRepository({}, close_timeout=-1)
+
+
+async def test_a_factory_raising_stopiteration_fails_its_load():
+    # An empty iterator's next() in a factory: the future refused StopIteration, and
+    # the load (the repository's start, with load_on_start) waited for good.
+    def factory():
+        return next(iter(()))
+
+    with pytest.raises(ModelLoadError, match="StopIteration"):
+        await asyncio.wait_for(
+            ModelRepository({"m": ModelSource(factory)}).__aenter__(), 10)
