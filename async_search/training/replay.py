@@ -300,7 +300,9 @@ class ReplayBuffer:
         # Checked before the file: a TypeError below would read as a corrupt file.
         check_callable("augment", augment, optional=True)
         if not os.path.isfile(path):
-            raise CheckpointError(f"replay buffer file {path!r} is missing")
+            raise CheckpointError(f"replay buffer file {path!r} " + (
+                "is not a regular file (a FIFO, a device, a folder?)"
+                if os.path.lexists(path) else "is missing"))
         try:
             with np.load(path, allow_pickle=False) as data:
                 if "meta" not in data.files:

@@ -476,6 +476,8 @@ def assert_refused(path, match):
 
 def test_a_missing_buffer_file_is_refused_naming_it(tmp_path):
     assert_refused(tmp_path / "nowhere.npz", "missing")
+    os.mkfifo(tmp_path / "fifo.npz")  # there, but no file: said so, not "missing"
+    assert_refused(tmp_path / "fifo.npz", "is not a regular file")
 
 
 @pytest.mark.parametrize("how", ["truncated", "empty", "random bytes", "flipped bytes",
