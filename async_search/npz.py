@@ -8,7 +8,6 @@ terabytes) would take the memory. ``checked_array`` reads the member's header fi
 from __future__ import annotations
 
 import math
-from typing import Tuple
 
 import numpy as np
 
@@ -19,29 +18,24 @@ _HEADER_BYTES = 1 << 16
 MAX_ITEMSIZE = 16
 
 
-def checked_array(npz: "np.lib.npyio.NpzFile", name: str, shape: Tuple[int, ...] | None,
-                  max_bytes: int | None = None) -> np.ndarray:
-    """``npz[name]``, once the member's size and header fit: ``shape`` (any, when None)
-    and at most ``max_bytes`` of data (by default what ``shape`` takes at
-    ``MAX_ITEMSIZE`` bytes an element).
+def checked_array(npz: "np.lib.npyio.NpzFile", name: str, max_bytes: int) -> np.ndarray:
+    """``npz[name]``, once the member's size and the shape and dtype its header declares
+    take at most ``max_bytes`` of data: what it is checked against after that (its
+    shape, its dtype) is the caller's.
 
     Example:
         >>> import io
         >>> buffer = io.BytesIO(); np.savez(buffer, w=np.ones((2, 3), np.float32))
         >>> with np.load(io.BytesIO(buffer.getvalue())) as npz:
-        ...     checked_array(npz, "w", (2, 3)).shape
+        ...     checked_array(npz, "w", 6 * MAX_ITEMSIZE).shape
         (2, 3)
 
     Raises:
         KeyError: no such member.
-        ValueError: the member is larger than allowed, its header is not an ``.npy``
-            header, or it declares another shape.
+        ValueError: the member, or what its header declares, is larger than allowed, or
+            its header is not an ``.npy`` header.
     """
     member = name + ".npy"
-    if max_bytes is None:
-        if shape is None:
-            raise ValueError("checked_array needs a shape or max_bytes")
-        max_bytes = math.prod(shape) * MAX_ITEMSIZE
     try:
         info = npz.zip.getinfo(member)
     except KeyError:
@@ -58,9 +52,6 @@ def checked_array(npz: "np.lib.npyio.NpzFile", name: str, shape: Tuple[int, ...]
         else:
             raise ValueError(f"the array {name!r} is in .npy format {version}, not one "
                              f"this reads (1.0, 2.0)")
-    if shape is not None and tuple(declared) != tuple(shape):
-        raise ValueError(f"the array {name!r} has shape {list(declared)}, expected "
-                         f"{list(shape)}")
     if math.prod(declared) * dtype.itemsize > max_bytes:
         raise ValueError(f"the array {name!r} declares {list(declared)} of {dtype}, more "
                          f"than the {max_bytes:,} bytes it may take")

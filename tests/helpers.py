@@ -85,3 +85,23 @@ class LoadsNowhere:
 
     def __reduce__(self):
         return (_cannot_load, ())
+
+
+def ray_server_that_served(more_than: int = 0):
+    """A live server actor of the Ray run going on that has served more than
+    ``more_than`` elements, or None (asks each one; an actor of an earlier run may
+    still be going away)."""
+    import ray
+
+    from async_search.backends.ray_backend import SERVER_NAME_PREFIX
+
+    for name in sorted(ray.util.list_named_actors()):
+        if not name.startswith(SERVER_NAME_PREFIX):
+            continue
+        try:
+            actor = ray.get_actor(name)
+            if ray.get(actor.elements.remote(), timeout=30) > more_than:
+                return actor
+        except (ValueError, ray.exceptions.RayActorError):
+            continue
+    return None

@@ -56,21 +56,15 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
     trace = sorted((r._replace(finished_s=r.finished_s + s.get("started_at", 0.0) - origin)
                     for s, t in zip(servers, traces) for r in t),
                    key=lambda r: r.finished_s)
-    if all("batches" in s and "std_batch_size" in s for s in servers):
-        # From the servers' counts: the trace keeps the latest batches only (10,000 by
-        # default), and figures from it stopped counting there.
-        batches = sum(s["batches"] for s in servers)
-        elements = sum(s["elements"] for s in servers)
-        mean = elements / batches if batches else 0.0
-        # Pooled: each server's spread, and its mean's distance from the whole one.
-        std = (sum(s["batches"] * (s["std_batch_size"] ** 2
-                                   + (s["mean_batch_size"] - mean) ** 2)
-                   for s in servers) / batches) ** 0.5 if batches else 0.0
-    else:
-        sizes = [r.size for r in trace]
-        batches, elements = len(sizes), sum(sizes)
-        mean = elements / batches if batches else 0.0
-        std = (sum((s - mean) ** 2 for s in sizes) / batches) ** 0.5 if batches else 0.0
+    # From the servers' counts: the trace keeps the latest batches only (10,000 by
+    # default), and figures from it stopped counting there.
+    batches = sum(s["batches"] for s in servers)
+    elements = sum(s["elements"] for s in servers)
+    mean = elements / batches if batches else 0.0
+    # Pooled: each server's spread, and its mean's distance from the whole one.
+    std = (sum(s["batches"] * (s["std_batch_size"] ** 2
+                               + (s["mean_batch_size"] - mean) ** 2)
+               for s in servers) / batches) ** 0.5 if batches else 0.0
     model_time = sum(s.get("model_time_s", 0.0) for s in servers)
     # Per device worker: the local and process backends' servers are the workers of
     # one BatchingServer, each adding its model time.

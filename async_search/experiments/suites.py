@@ -96,6 +96,11 @@ def continuous_runs(*, max_batch_size: int = 1024, use_uvloop: bool = False,
     return tuple(runs)
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 server"``, ``"2 servers"``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def multi_server_runs(*, num_procs: int = 2, num_servers: int = 2,
                       total_gpu_frac: Optional[float] = 0.6, max_batch_size: int = 256,
                       use_uvloop: bool = False, skip_sync: bool = False,
@@ -103,10 +108,8 @@ def multi_server_runs(*, num_procs: int = 2, num_servers: int = 2,
     """Ray with ``num_servers`` servers and ``num_procs`` clients (and the baseline)."""
     runs = [] if skip_sync else [RunSpec("sync", "baseline (no batching)", None,
                                          use_uvloop=use_uvloop)]
-    def count(n: int, noun: str) -> str:
-        return f"{n} {noun}" + ("" if n == 1 else "s")
-
-    runs.append(RunSpec(f"ray {count(num_procs, 'client')}, {count(num_servers, 'server')}",
+    runs.append(RunSpec(f"ray {_count(num_procs, 'client')}, "
+                        f"{_count(num_servers, 'server')}",
                         "ray, multi-server",
                         "ray", num_procs=num_procs, num_servers=num_servers,
                         max_batch_size=max_batch_size, use_uvloop=use_uvloop,

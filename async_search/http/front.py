@@ -63,7 +63,8 @@ from async_search.http import kserve
 from async_search.http.codec_pool import CodecPool
 from async_search.http.error_responses import (CONNECTION_LAYER, error_handler_class,
                                                error_response, payload_error)
-from async_search.http.front_lifetime import FrontLifetime, until_answered
+from async_search.http.front_lifetime import (FrontLifetime, cut_message,
+                                              until_answered)
 from async_search.http.inflate import inflate
 from async_search.http.kserve import HEADER_LENGTH, TensorMetadata
 from async_search.http.limits import (ConnectionLimiter, HttpLimits, LimitedSite,
@@ -303,9 +304,12 @@ class HttpFront(FrontLifetime):
         return sum(len(getattr(handler, "_messages", ()))
                    for handler in (server.connections if server is not None else ()))
 
+    def _grace_is_over(self) -> bool:
+        return self._grace_ended is not None and self._grace_ended.is_set()
+
     def _bound_close(self, repository: ModelRepository) -> None:
-        ended = self._grace_ended is not None and self._grace_ended.is_set()
-        repository.close_timeout = 0.0 if ended else self.limits.shutdown_timeout
+        repository.close_timeout = (0.0 if self._grace_is_over()
+                                    else self.limits.shutdown_timeout)
 
     def end_grace(self) -> None:
         """End the shutdown grace now (a second SIGTERM or Ctrl-C): requests still in
@@ -357,11 +361,8 @@ class HttpFront(FrontLifetime):
         except asyncio.CancelledError:
             if task not in self._cut or _cancelled_elsewhere(task):
                 raise  # not the drain's doing: the connection or the loop is going
-            cut_short = self._grace_ended is not None and self._grace_ended.is_set()
-            return self._stopping(request, f"{_STOPPING}: " + (
-                "a second signal ended the shutdown grace before the request finished"
-                if cut_short else f"the request did not finish within the shutdown "
-                                  f"grace of {self.limits.shutdown_timeout:g} s"))
+            return self._stopping(request, cut_message(
+                _STOPPING, self._grace_is_over(), self.limits.shutdown_timeout))
         except Exception as e:  # noqa: BLE001 - a bad request must never end the server
             status = http_status(e)
             if status is None:

@@ -59,3 +59,12 @@ async def until_answered(handling: set, grace_ended: "asyncio.Future", seconds: 
             return
         await asyncio.wait([*waiting, grace_ended], timeout=left,
                            return_when=asyncio.FIRST_COMPLETED)
+
+
+def cut_message(stopping: str, grace_ended: bool, seconds: float) -> str:
+    """What a request cut by a drain is told: a second signal ended the grace, or the
+    grace of ``seconds`` ran out."""
+    return f"{stopping}: " + (
+        "a second signal ended the shutdown grace before the request finished"
+        if grace_ended else
+        f"the request did not finish within the shutdown grace of {seconds:g} s")

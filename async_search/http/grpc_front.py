@@ -50,7 +50,8 @@ from async_search.errors import (CircuitOpenError, InputSpecError, ModelNotFound
                                  ModelNotReadyError, ProtocolError, RequestTimeoutError,
                                  ServerClosedError, ServerDiedError)
 from async_search.http import kserve
-from async_search.http.front_lifetime import FrontLifetime, until_answered
+from async_search.http.front_lifetime import (FrontLifetime, cut_message,
+                                              until_answered)
 from async_search.http.grpc_tensors import (REFUSED_KEY, TOO_LARGE_KEY, decode_request,
                                            encode_response, pb)
 from async_search.http.repository import ModelRepository, ModelSource
@@ -244,10 +245,8 @@ class GrpcFront(FrontLifetime):
         except asyncio.CancelledError:
             if task not in self._cut:
                 raise  # the client went (or its deadline passed): nobody to answer
-            code, message = grpc.StatusCode.UNAVAILABLE, f"{_STOPPING}: " + (
-                "a second signal ended the shutdown grace before the request finished"
-                if self._grace_ended else f"the request did not finish within the "
-                                          f"shutdown grace of {self.shutdown_timeout:g} s")
+            code, message = grpc.StatusCode.UNAVAILABLE, cut_message(
+                _STOPPING, self._grace_ended, self.shutdown_timeout)
         except _Refusal as e:
             code, message = e.code, str(e)
         except Exception as e:  # noqa: BLE001 - a bad request must never end the server

@@ -223,7 +223,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                 # header declaring terabytes, is refused first); a misshapen array
                 # within that is check_weights' to name.
                 try:
-                    return checked_array(arrays, name, None,
+                    return checked_array(arrays, name,
                                          math.prod(shapes[name]) * MAX_ITEMSIZE)
                 except ValueError as e:
                     raise ValueError(f"weights do not fit {config}: {e}") from None

@@ -308,7 +308,7 @@ class ReplayBuffer:
                 if "meta" not in data.files:
                     raise CheckpointError(f"replay buffer file {path!r} is not a replay "
                                           f"buffer (no header; it holds {data.files})")
-                meta = _read_meta(checked_array(data, "meta", None, _MAX_META_BYTES),
+                meta = _read_meta(checked_array(data, "meta", _MAX_META_BYTES),
                                   path)
                 buf = cls(meta["capacity"], meta["seed"], augment=augment)
                 size, actions = meta["size"], meta["num_actions"]
@@ -322,7 +322,7 @@ class ReplayBuffer:
                     held = {}
                     for name, shape in shapes.items():  # the file's arrays are the buffer's
                         try:  # inflated only once its header fits (a zip bomb...)
-                            array = checked_array(data, name, None, math.prod(shape) * 4)
+                            array = checked_array(data, name, math.prod(shape) * 4)
                         except KeyError:
                             array = None
                         except ValueError as e:

@@ -7,7 +7,7 @@ import pytest
 
 import async_search as asr
 from tests.backends import searches
-from tests.helpers import wait_until
+from tests.helpers import ray_server_that_served, wait_until
 
 ray = pytest.importorskip("ray")
 # One Ray session for every test (tests/conftest.py); the scenarios every backend
@@ -17,25 +17,9 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("ray_session")]
 
 @pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
 def test_killing_a_server_actor_mid_run_loses_no_request(how):
-    from async_search.backends.ray_backend import SERVER_NAME_PREFIX
-
     killed = []
-
-    def live_servers():
-        return sorted(name for name in ray.util.list_named_actors()
-                      if name.startswith(SERVER_NAME_PREFIX))
-
-    def serving_server():
-        """A live server actor that has served elements, or None (asks each one; the
-        driver's loop only waits on the run's refs meanwhile)."""
-        for name in live_servers():
-            try:  # an actor of an earlier run may still be going away
-                actor = ray.get_actor(name)
-                if ray.get(actor.elements.remote(), timeout=30) > 0:
-                    return actor
-            except (ValueError, ray.exceptions.RayActorError):
-                continue
-        return None
+    serving_server = ray_server_that_served  # (the driver's loop only waits on the
+    # run's refs meanwhile)
 
     async def run():
         task = asyncio.ensure_future(asr.run_searches_async(

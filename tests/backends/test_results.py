@@ -5,8 +5,11 @@ from async_search.backends.results import merge_stats
 from async_search.servers.stats import BatchRecord
 
 
-def _servers_started_at(*starts):
-    return [{"started_at": s, "model_time_s": 0.1} for s in starts]
+def _servers_started_at(*starts, sizes=(4, 2)):
+    """Server stats, as ServingStats.as_dict gives them: one batch each, of ``sizes``."""
+    return [{"started_at": s, "model_time_s": 0.1, "batches": 1, "elements": n,
+             "mean_batch_size": float(n), "std_batch_size": 0.0}
+            for s, n in zip(starts, sizes)]
 
 
 def test_traces_go_on_the_searches_clock_when_its_origin_is_given():

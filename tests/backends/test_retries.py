@@ -14,7 +14,7 @@ import pytest
 import async_search as asr
 from async_search.errors import ServerDiedError, WorkerDiedError
 from tests.backends import searches
-from tests.helpers import wait_until
+from tests.helpers import ray_server_that_served, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -163,20 +163,7 @@ def test_bad_placements_are_named():
 
 def _serving_server():
     """A server actor of the run that has served more than 20 elements, or None."""
-    import ray
-
-    from async_search.backends.ray_backend import SERVER_NAME_PREFIX
-
-    for name in ray.util.list_named_actors():
-        if not name.startswith(SERVER_NAME_PREFIX):
-            continue
-        try:
-            actor = ray.get_actor(name)
-            if ray.get(actor.elements.remote(), timeout=30) > 20:
-                return actor
-        except (ValueError, ray.exceptions.RayActorError):
-            continue
-    return None
+    return ray_server_that_served(more_than=20)
 
 
 def _push_after(fault, monkeypatch=None, **options):
