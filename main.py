@@ -135,7 +135,7 @@ flags.DEFINE_integer("value_planes", 1, "--net conv|residual: planes the value h
 flags.DEFINE_integer("max_batch_size", None, "Most elements per batch (default 256; "
                      "1024 with --continuous; at most 65536).")
 flags.DEFINE_float("max_delay", None, "Seconds a partial batch may wait for company "
-                   "(default: none, batches leave as soon as the model is free).")
+                   "(default: none, batches leave as soon as the model is free; at most 60).")
 flags.DEFINE_integer("num_procs", 2, "Client processes (--multi_server, --architecture; "
                      "--train connect_four: self-play workers; at most 256).")
 flags.DEFINE_integer("num_servers", 2, "Model servers (--multi_server, --architecture).")
@@ -276,6 +276,8 @@ def _check(name: str, ok, accepts: str) -> None:
 MAX_BATCH_SIZE = 65_536
 MAX_PROCS = 256
 MAX_SCRAMBLE = 1_000_000
+#: The longest --max_delay: a partial batch waits at most this long for company.
+MAX_DELAY_S = 60.0
 #: Searches of a run and games of a client are made in Python before any work; a net's
 #: blocks are listed one by one to count its weights (AlphaZero's has 19 or 39).
 MAX_SEARCHES = 100_000
@@ -296,8 +298,9 @@ _check("save_dir", lambda v: v is None or bool(v.strip()), "a folder for the run
 _check("weight", lambda v: 0 <= v < math.inf, "a finite number >= 0 (the weight of the "
        "path cost)")
 _check("gate_threshold", lambda v: v is None or 0 <= v <= 1, "an arena score in [0, 1]")
-_check("max_delay", lambda v: v is None or 0 <= v < math.inf,
-       "a finite number of seconds >= 0")
+_check("max_delay", lambda v: v is None or 0 <= v <= MAX_DELAY_S,
+       f"a number of seconds in [0, {MAX_DELAY_S:g}] (a partial batch that waits longer "
+       f"leaves a run's last searches idle)")
 _check("total_gpu_frac", lambda v: v is None or 0 < v <= 1, "a fraction in (0, 1]")
 _check("backends", lambda v: bool(v) and set(v) <= {"local", "process", "ray"},
        "a comma-separated subset of local,process,ray")

@@ -101,3 +101,30 @@ def check_callable(name: str, value: Any, *, optional: bool = False) -> Any:
         raise TypeError(f"{name} must be {rule}, got {type(value).__name__} "
                         f"{reprlib.repr(value)}")
     return value
+
+
+class AsyncWithOnly:
+    """Mixin for async context managers: a plain ``with`` says to use ``async with``
+    (Python's own error names the class and no remedy).
+
+    Example:
+        >>> class Server(AsyncWithOnly):
+        ...     async def __aenter__(self): return self
+        ...     async def __aexit__(self, *exc): return None
+        >>> with Server():
+        ...     pass
+        Traceback (most recent call last):
+        TypeError: Server(...) is an async context manager: use `async with Server(...) as x:` inside a coroutine (asyncio.run, or a notebook cell's top-level await)
+    """
+
+    #: The name the message gives (default: the class's).
+    _with_name: str = ""
+
+    def __enter__(self) -> Any:
+        name = self._with_name or type(self).__name__
+        raise TypeError(f"{name}(...) is an async context manager: use `async with "
+                        f"{name}(...) as x:` inside a coroutine (asyncio.run, or a "
+                        f"notebook cell's top-level await)")
+
+    def __exit__(self, *exc: Any) -> None:  # pragma: no cover - __enter__ always raises
+        return None

@@ -1,4 +1,5 @@
 import math
+import re
 
 import numpy as np
 import pytest
@@ -94,3 +95,18 @@ def test_check_instance_names_the_argument_an_example_and_a_class_given_for_an_i
     with pytest.raises(TypeError, match=r"^x must be a float instance, such as 1.0; "
                                         r"got str 'a'$"):
         check_instance("x", "a", float, "1.0")
+
+
+def test_a_plain_with_on_each_async_context_manager_says_to_use_async_with():
+    import async_search as asr
+    from async_search.http import HttpFront, ModelRepository, RemoteEvaluate
+    from async_search.servers.batching import BatchingServer
+
+    made = [(asr.serve(len), "asr.serve"), (BatchingServer(len), "BatchingServer"),
+            (RemoteEvaluate("http://127.0.0.1:1", "m"), "RemoteEvaluate"),
+            (ModelRepository({}), "ModelRepository"), (HttpFront({}), "HttpFront")]
+    for manager, name in made:
+        with pytest.raises(TypeError, match=rf"^{re.escape(name)}\(\.\.\.\) is an async "
+                                            rf"context manager: use `async with "):
+            with manager:
+                pass

@@ -79,7 +79,10 @@ def test_a_save_dir_apart_from_the_plot_passes(main, tmp_path, save_dir):
     (["--num_searches=99999999999999999999"], "--num_searches must be at most 100,000"),
     # inf passed the flag's check and failed later without naming the flag
     (["--weight=inf"], "--weight must be a finite number >= 0"),
-    (["--max_delay=1e400"], "--max_delay must be a finite number of seconds >= 0"),
+    (["--max_delay=1e400"], "--max_delay must be a number of seconds in [0, 60]"),
+    # an hour's wait for company passed, and left a run's last searches idle that long
+    (["--max_delay=3600"], "--max_delay must be a number of seconds in [0, 60]"),
+    (["--max_delay=-0.1"], "--max_delay must be a number of seconds in [0, 60]"),
     (["--architecture=client", "--games_per_client=9223372036854775807"],
      "--games_per_client must be at most 100,000"),
     # One UCT baseline's score overwrote the other's (and its final match was never
@@ -94,7 +97,8 @@ def test_out_of_range_flags_are_refused_by_the_parser(main, args, names):
 
 
 def test_the_caps_themselves_pass(main):
-    parse(main, "--max_batch_size=65536", "--scramble=1000000", "--num_searches=100000")
+    parse(main, "--max_batch_size=65536", "--scramble=1000000", "--num_searches=100000",
+          "--max_delay=60")
     parse(main, "--train=connect_four", "--net=residual", "--blocks=1000")
     # the command docs/training.md gives
     parse(main, "--train=connect_four", "--net=residual", "--channels=16", "--blocks=2",

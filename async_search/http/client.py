@@ -45,7 +45,7 @@ from typing import Any, Dict, Hashable, List, Mapping, Set, Tuple
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
-from async_search.checks import check_float, check_int
+from async_search.checks import AsyncWithOnly, check_float, check_int
 from async_search.coalescing import CoalescedRequests
 from async_search.deadlines import Deadline, check_timeout, expire_due, track_deadline
 from async_search.delivery import ResultDelivery
@@ -105,7 +105,7 @@ class _Retry(Exception):
         self.error = error
 
 
-class RemoteEvaluate(CoalescedRequests):
+class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
     """An evaluate function whose model is served by a KServe v2 server over HTTP.
 
     Args:

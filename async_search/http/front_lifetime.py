@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from async_search.checks import AsyncWithOnly
 
-class FrontLifetime:
+
+class FrontLifetime(AsyncWithOnly):
     """The exit of a front: ``aclose`` (and leaving the context) drains and stops it once.
 
     Subclasses set ``_exit`` (None until entered) and fill it in ``__aenter__``.

@@ -28,7 +28,7 @@ import threading
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from async_search.base import TensorSpec, input_spec_of, output_spec_of, version_of
-from async_search.checks import check_float, check_int
+from async_search.checks import AsyncWithOnly, check_float, check_int
 from async_search.errors import (CloseTimeoutError, LoadParametersError, ModelLoadError,
                                  ModelNotFoundError, ModelNotReadyError, deliverable)
 from async_search.http.kserve import TensorMetadata, model_metadata, quoted, version_label
@@ -177,7 +177,7 @@ class ModelEntry:
         return model_metadata(self.name, versions, inputs, outputs)
 
 
-class ModelRepository:
+class ModelRepository(AsyncWithOnly):
     """Named models, loaded and unloaded while serving; owns the servers it starts.
 
     Use it as an async context manager: on entry it loads every source marked

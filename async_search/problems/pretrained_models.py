@@ -8,11 +8,12 @@ instances with their optimal solution lengths (Korf 1985), for held-out evaluati
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, List, NamedTuple
 
+from async_search.checks import is_int
 from async_search.problems.checkpoints import load_checkpoint
+from async_search.schema import read_json
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,12 +73,55 @@ class KorfInstance(NamedTuple):
 def korf100() -> List[KorfInstance]:
     """Korf's 100 random 15-puzzle instances with their optimal solution lengths.
 
+    The shipped file is checked as it is read: ids 1..100, each start a solvable
+    permutation of the tiles, each length at least its Manhattan distance and of the
+    same parity (every move changes that distance by one).
+
+    Raises:
+        ValueError: the shipped file is damaged (the message names the file and the
+            first bad instance).
+
     Example:
         >>> instances = korf100()
         >>> len(instances), instances[0].optimal
         (100, 57)
     """
-    with open(os.path.join(_HERE, "data", "korf100.json")) as f:
-        data = json.load(f)
-    return [KorfInstance(int(i["id"]), bytes(i["state"]), int(i["optimal"]))
-            for i in data["instances"]]
+    return read_korf_instances(os.path.join(_HERE, "data", "korf100.json"))
+
+
+def read_korf_instances(path: str) -> List[KorfInstance]:
+    """The instances of a file laid out as ``korf100.json``, each checked (see
+    ``korf100``).
+
+    Raises:
+        ValueError: naming ``path`` and what is wrong in it.
+    """
+    from async_search.problems.sliding_puzzle import SlidingPuzzle
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{path}: not Korf's 100 instances: {why}")
+
+    data = read_json(path)
+    rows = data.get("instances") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or len(rows) != 100:
+        raise bad("'instances' must be a list of 100 entries")
+    puzzle = SlidingPuzzle(4)
+    instances = []
+    for place, row in enumerate(rows, start=1):
+        try:
+            instance = KorfInstance(row["id"], bytes(row["state"]), row["optimal"])
+            if not (is_int(instance.id) and is_int(instance.optimal)):
+                raise TypeError("id and optimal must be integers")
+            puzzle.check_state(instance.state)
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad(f"entry {place} ({row!r:.120}): {type(e).__name__}: {e}") from None
+        if instance.id != place:
+            raise bad(f"entry {place} has id {instance.id}: ids run 1..100 in order")
+        lower = puzzle.manhattan_distance(instance.state)
+        if instance.optimal < lower or (instance.optimal - lower) % 2:
+            raise bad(f"instance {place}: an optimal length of {instance.optimal} moves "
+                      f"cannot be, with a Manhattan distance of {lower} (at least that "
+                      f"many moves, of the same parity)")
+        instances.append(KorfInstance(int(instance.id), instance.state,
+                                      int(instance.optimal)))
+    return instances

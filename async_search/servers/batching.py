@@ -20,7 +20,8 @@ import numpy as np
 from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of,
                                on_device, output_spec_of, replaces_model, values_check_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
-from async_search.checks import check_callable, check_float, check_instance, check_int
+from async_search.checks import (AsyncWithOnly, check_callable, check_float,
+                                 check_instance, check_int)
 from async_search.deadlines import (Deadline, check_timeout, expire_due,
                                     track_deadline)
 from async_search.delivery import ResultDelivery
@@ -75,7 +76,7 @@ def _cancel_with(fut: asyncio.Future, paired: asyncio.Future) -> None:
         fut.cancel()
 
 
-class BatchingServer:
+class BatchingServer(AsyncWithOnly):
     """Serves a model to the coroutines of one event loop, in batches.
 
     The server is itself the evaluate function: ``await server(x)`` with ``x[n, ...]``

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, AsyncIterator, Callable, Sequence
 
+from async_search.checks import AsyncWithOnly
 from async_search.batchers import Batcher
 from async_search.servers.batch_size import AutoBatchSize
 from async_search.servers.batching import BatchingServer
@@ -105,7 +106,8 @@ async def _serving(model: Any, max_batch_size: int | str | AutoBatchSize,
         yield evaluate
 
 
-class _EnteredOnce(contextlib.AbstractAsyncContextManager):
+class _EnteredOnce(AsyncWithOnly, contextlib.AbstractAsyncContextManager):
+    _with_name = "asr.serve"
     """An async context manager that says so when entered a second time (contextlib's
     own raises a bare ``AttributeError: args`` then)."""
 

@@ -170,3 +170,43 @@ async def test_the_learned_heuristic_needs_fewer_expansions_than_manhattan_on_ko
 def test_a_name_of_another_type_gets_the_same_clear_error(name):
     with pytest.raises(ValueError, match="known: 'connect_four', '15-puzzle'"):
         problems.pretrained(name)
+
+
+def _korf_file(tmp_path, change):
+    import json
+    path = os.path.join(os.path.dirname(problems.__file__), "data", "korf100.json")
+    with open(path) as f:
+        data = json.load(f)
+    change(data["instances"])
+    out = tmp_path / "korf100.json"
+    out.write_text(json.dumps(data))
+    return str(out)
+
+
+def _swap_two_tiles(state):
+    i, j = [k for k, tile in enumerate(state) if tile][:2]
+    state[i], state[j] = state[j], state[i]
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda rows: rows.pop(), "'instances' must be a list of 100 entries"),
+    (lambda rows: rows[4].update(id=6), "entry 5 has id 6"),
+    (lambda rows: rows[2].update(optimal=rows[2]["optimal"] + 1), "instance 3: an optimal"),
+    (lambda rows: rows[2].update(optimal=2), "instance 3: an optimal length of 2"),
+    (lambda rows: rows[7].update(state=rows[7]["state"][:15]), "entry 8"),
+    (lambda rows: _swap_two_tiles(rows[7]["state"]), "entry 8 .*unsolvable"),
+    (lambda rows: rows[9].update(optimal="55"), "entry 10 .*integers"),
+    (lambda rows: rows[9].pop("optimal"), "entry 10 .*KeyError"),
+])
+def test_a_damaged_instances_file_is_refused_naming_the_file_and_the_instance(
+        tmp_path, change, why):
+    from async_search.problems.pretrained_models import read_korf_instances
+    path = _korf_file(tmp_path, change)
+    with pytest.raises(ValueError, match=f"not Korf's 100 instances: {why}") as info:
+        read_korf_instances(path)
+    assert path in str(info.value)
+
+
+def test_the_shipped_instances_read_the_same_through_the_checked_reader(tmp_path):
+    from async_search.problems.pretrained_models import read_korf_instances
+    assert read_korf_instances(_korf_file(tmp_path, lambda rows: None)) == korf100()
