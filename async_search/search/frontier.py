@@ -531,24 +531,25 @@ def path_to(fr: Frontier, state: State) -> Tuple[Tuple[State, ...], float]:
 
 
 def _path_to_key(fr: Frontier, key: Any) -> Tuple[Tuple[State, ...], float]:
-    # Costs are summed from the goal back, as the steps are met.
-    path, cost = [key], 0
+    # The steps are met from the goal back; their costs are summed from the start on,
+    # as the search summed its g-values (float sums depend on their order).
+    path, costs = [key], []
     goal = fr.goals.get(key)
     if goal is not None:
         key, step = goal[1], goal[2]
         if key is None:  # the start
             return (fr.state_of(path[0]),), 0
-        cost += step
+        costs.append(step)
         path.append(key)
     index, parent, steps = fr.index, fr.parent, fr.step
     unit = fr.unit_cost if steps is None else None
     i = index[key]
     while i:
-        cost += unit if steps is None else steps[i]
+        costs.append(unit if steps is None else steps[i])
         key = parent[i]
         path.append(key)
         i = index[key]
-    return tuple(fr.state_of(k) for k in reversed(path)), cost
+    return tuple(fr.state_of(k) for k in reversed(path)), sum(reversed(costs))
 
 
 def encode_keys(fr: Frontier, keys: List[Any]) -> Any:

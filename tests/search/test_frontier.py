@@ -146,3 +146,13 @@ def test_batched_astar_with_a_huge_weight_searches_on_to_a_cheapest_goal():
                for weight in (1.0, 1e12, 1e308)]
     assert all(r.status is Status.GOAL_FOUND and r.cost == 31 for r in results)
     assert results[1] == results[2]
+
+
+def test_a_paths_cost_is_summed_from_the_start_as_its_g_values_were(toy_graph):
+    # Summed from the goal back, 1e-16 + 1e-16 + 1.0 is 1.0000000000000002; from the
+    # start on, as g grew, (1.0 + 1e-16) + 1e-16 is 1.0.
+    graph = toy_graph({"S": [("A", 1.0)], "A": [("B", 1e-16)], "B": [("G", 1e-16)]},
+                      goals=["G"])
+    result = astar_result(drive(graph, "S"))
+    assert result.path == ("S", "A", "B", "G")
+    assert result.cost == (1.0 + 1e-16) + 1e-16 == 1.0
