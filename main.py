@@ -872,11 +872,17 @@ def _check_resume(trainer, config, save_dir: str) -> None:
 def run_training_experiment(plan) -> int:
     """Runs --train; prints the tables; returns the exit status. A damaged saved file
     or a file that cannot be written ends it with one line naming the file (``-v 1``
-    adds the traceback) and status 1; what was committed stays for --resume."""
+    adds the traceback) and status 1; what was committed stays for --resume. A folder
+    that another run holds ends it at once with one line and status 2."""
     from async_search.errors import CheckpointError, FileWriteError
+    from async_search.training.run_folder import RunFolderBusyError, held
 
     try:
-        return _run_training(plan)
+        with held(plan[2]):  # one run at a time in a folder
+            return _run_training(plan)
+    except RunFolderBusyError as e:
+        sys.stderr.write(f"main.py: error: --save_dir: {e}\n")
+        return 2
     except (CheckpointError, FileWriteError) as e:
         sys.stdout.flush()
         if FLAGS.verbosity >= 1:

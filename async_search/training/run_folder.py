@@ -34,11 +34,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
-from typing import Any, Callable, Dict, Mapping, Sequence
+from typing import Any, Callable, Dict, Iterator, Mapping, Sequence
 
 from async_search.errors import CheckpointError
 from async_search.files import (folder_path, make_folder, remove_leftovers, remove_tree,
@@ -253,6 +254,59 @@ class RunFolder:
         except (CheckpointError, AttributeError, TypeError):
             return None
         return int(match[1]) if match and data.get("format") == FORMAT else None
+
+
+#: The file that a run holds locked in its folder while it runs (``held``).
+LOCK = ".lock"
+
+
+class RunFolderBusyError(ValueError):
+    """Another process holds the run folder (``held``): two runs into one folder would
+    remove each other's saves in progress and interleave their iterations."""
+
+
+@contextlib.contextmanager
+def held(path: str | os.PathLike) -> Iterator[str]:
+    """Holds the run folder ``path`` (made if missing) for this process until the block
+    ends, by an advisory lock on its ``.lock`` file that the system lets go of when the
+    process ends, however it ends. Yields the folder's path.
+
+    Raises:
+        RunFolderBusyError: another process holds it (the message gives its pid).
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> with held(folder):
+        ...     try:
+        ...         with held(folder):    # a second run, here in the same process
+        ...             pass
+        ...     except RunFolderBusyError:
+        ...         print("busy")
+        busy
+    """
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here (Windows): nothing is held
+        yield folder_path(path)
+        return
+    folder = make_folder(path)
+    lock = os.path.join(folder, LOCK)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise RunFolderBusyError(
+                f"{folder!r} is in use by another run (pid {holder}): two runs into one "
+                f"folder would undo each other's saves; give this one its own folder "
+                f"(--save_dir), or wait for that one to end") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield folder
+    finally:
+        os.close(fd)  # lets go of the lock
 
 
 def resume_folder(save_dir: str | os.PathLike | None, trainer: str) -> RunFolder:

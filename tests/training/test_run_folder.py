@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import pytest
 
 from async_search.errors import CheckpointError, FileWriteError
 from async_search.training import NetConfig, ReplayBuffer, initial_weights
-from async_search.training.run_folder import RunFolder, SavedNet
+from async_search.training.run_folder import RunFolder, SavedNet, held
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -321,3 +322,45 @@ def test_resuming_from_a_state_json_that_is_not_a_file_says_so(tmp_path):
         resume_folder(str(tmp_path), "connect_four")
     with pytest.raises(ValueError, match="no saved run"):
         resume_folder(str(tmp_path / "empty"), "connect_four")
+
+
+_TRY_TO_HOLD = """
+import sys
+from async_search.training.run_folder import RunFolderBusyError, held
+try:
+    with held(sys.argv[1]):
+        print("held", flush=True)
+        if len(sys.argv) > 2:
+            sys.stdin.read()   # holds it until the test kills it
+except RunFolderBusyError as e:
+    print("busy:", e)
+"""
+
+
+def _try_to_hold(folder, *extra, **kw):
+    return subprocess.Popen([sys.executable, "-c", _TRY_TO_HOLD, str(folder), *extra],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, **kw)
+
+
+def test_a_run_folder_is_held_by_one_process_at_a_time(tmp_path):
+    with held(tmp_path / "run") as folder:
+        out, _ = _try_to_hold(folder).communicate(timeout=60)
+        assert out.startswith(f"busy: {folder!r} is in use by another run (pid "
+                              f"{os.getpid()})")
+    out, _ = _try_to_hold(folder).communicate(timeout=60)
+    assert out == "held\n"
+
+
+def test_a_killed_holder_lets_go_of_its_run_folder(tmp_path):
+    holder = _try_to_hold(tmp_path, "wait")
+    try:
+        assert holder.stdout.readline() == "held\n"
+        out, _ = _try_to_hold(tmp_path).communicate(timeout=60)
+        assert out.startswith("busy:") and f"(pid {holder.pid})" in out
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+        out, _ = _try_to_hold(tmp_path).communicate(timeout=60)
+        assert out == "held\n"
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
