@@ -91,7 +91,10 @@ class TensorFlowModel(OwnWeightsModel):
         """This model with other weights (a Keras model only): what
         ``update_model(weights, version)`` calls. The weights are checked now and
         assigned to the same variables at the new model's first batch, so nothing is
-        traced again; a batch running on this model finishes on the old ones.
+        traced again; a batch running on this model finishes on the old ones. (A model
+        with a layer that derives tensors from its weights, such as ``Normalization``'s
+        mean and variance, has them derived again and each bucket traced again then:
+        a trace holds them as constants.)
 
         Args:
             weights: a list of arrays as ``get_weights()`` returns, or a Keras model of
@@ -144,6 +147,8 @@ class TensorFlowModel(OwnWeightsModel):
                         f"own instead (add_worker(model=...)). Keras said: "
                         f"{type(e).__name__}: {said}") from e
                 fn.set_weights(values)
+                for layer in _deriving_layers(fn):  # set_weights leaves their state
+                    layer.finalize_state()
         return TensorFlowModel(fn, self.input_spec, batch_sizes=self.batch_sizes,
                                jit_compile=self.jit_compile, device=target,
                                batch_tolerance=self._given_tolerance)
@@ -231,16 +236,24 @@ class _Traced:
                 fn(np.zeros(model.input_spec.batch_shape(1), model.input_spec.dtype),
                    training=False)
         self._variables = list(fn.weights) if self._keras else []
+        self._deriving = _deriving_layers(fn) if self._keras else []
         self.weights = SharedWeights(self._read, self._write)
 
         def traced(x):
             self.trace_count += 1  # runs once per trace, never per call (under the lock)
             return fn(x, training=False) if self._keras else fn(x)
 
-        self._fn = tf.function(traced, jit_compile=model.jit_compile,
-                               reduce_retracing=False)
+        self._traced = traced
+        self._jit_compile = model.jit_compile
         self._concrete: Dict[int, Any] = {}  # size -> the function traced for it
+        self._retrace()
         self.padded = PaddedBatches(model.input_spec, model.batch_sizes)
+
+    def _retrace(self) -> None:
+        """Drops the traced functions: each bucket is traced again at its next batch."""
+        self._fn = self.tf.function(self._traced, jit_compile=self._jit_compile,
+                                    reduce_retracing=False)
+        self._concrete.clear()
 
     def stage(self, weights: Any) -> list:
         if not self._keras:
@@ -272,6 +285,13 @@ class _Traced:
     def _write(self, values: list) -> None:
         for variable, value in zip(self._variables, values):
             variable.assign(value)
+        if self._deriving:
+            # A layer such as Normalization computes tensors from its weights in
+            # finalize_state (its mean and variance), which assign does not call, and a
+            # trace holds those tensors as constants: both are made again.
+            for layer in self._deriving:
+                layer.finalize_state()
+            self._retrace()
 
     def run(self, batch: np.ndarray) -> Outputs:
         n = len(batch)
@@ -291,6 +311,23 @@ class _Traced:
         tf = self.tf
         return tf.is_tensor(value) and not isinstance(value, (tf.SparseTensor,
                                                               tf.RaggedTensor))
+
+
+def _deriving_layers(model: Any) -> list:
+    """The layers of a Keras model (nested ones too) that derive tensors from their
+    weights in ``finalize_state`` (``Normalization``, ``Discretization``, the lookup
+    layers): the base layer's is a no-op."""
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = (list(flatten(include_self=True, recursive=True)) if flatten is not None
+              else list(getattr(model, "layers", ())))
+    found = []
+    for layer in layers:
+        for kind in type(layer).__mro__:
+            if "finalize_state" in vars(kind):
+                if kind.__name__ != "Layer":
+                    found.append(layer)
+                break
+    return found
 
 
 def _is_keras(fn: Any) -> bool:

@@ -225,3 +225,29 @@ def test_a_tensorflow_adapter_cannot_be_pickled_and_says_what_to_send_instead(tf
     import pickle
     with pytest.raises(TypeError, match="TensorFlowModel holds a net on its device"):
         pickle.dumps(TensorFlowModel(lambda x: x, TensorSpec((2,), np.float32)))
+
+
+def _normalized_net(tf, data):
+    norm = tf.keras.layers.Normalization()
+    norm.adapt(data)
+    return tf.keras.Sequential([tf.keras.Input((4,)), norm, tf.keras.layers.Dense(
+        1, kernel_initializer="ones")])
+
+
+def test_a_normalization_layers_statistics_reach_copies_and_updates(tf):
+    # Normalization derives its mean and variance from its weights in finalize_state,
+    # which set_weights and assign do not call: a copy on a device normalized with 0
+    # and 1, and an update's statistics never reached the outputs (old ones, labelled
+    # with the new version).
+    rng = np.random.default_rng(0)
+    net = _normalized_net(tf, (rng.normal(size=(200, 4)) * 10 + 5).astype(np.float32))
+    model = TensorFlowModel(net, TensorSpec((4,), np.float32), max_batch_size=4)
+    x = rng.normal(size=(3, 4)).astype(np.float32)
+    np.testing.assert_allclose(model(x), net(x).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(model.on_device("/CPU:0")(x), net(x).numpy(), rtol=1e-5)
+
+    other = _normalized_net(tf, (rng.normal(size=(200, 4)) * 3 - 40).astype(np.float32))
+    updated = model.with_weights(other.get_weights())
+    np.testing.assert_allclose(updated(x), other(x).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(model(x), net(x).numpy(), rtol=1e-5)  # its own again
+    np.testing.assert_allclose(updated(x), other(x).numpy(), rtol=1e-5)
