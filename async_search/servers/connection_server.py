@@ -328,12 +328,24 @@ class ConnectionServer:
                     raise
                 except Exception as e:  # noqa: BLE001 - whatever loading it raised
                     # A message that cannot be loaded (a class the sender has and this
-                    # process lacks, a __setstate__ that raises): its sender is inside
-                    # it, so it cannot be answered; the other clients go on.
+                    # process lacks, a __setstate__ that raises). Answers go in the order
+                    # of messages, so one left unanswered would shift every later answer
+                    # onto the wrong request.
+                    if not _answers_by_sender(connection):
+                        fut = loop.create_future()  # answered in its turn, with why
+                        fut.set_exception(_unloadable(e))
+                        replies.add(fut, False)
+                        continue
+                    # A forked end answers each client in turn, and the sender's key was
+                    # inside what failed to load: no client can be told which answer
+                    # is missing, so every client's stream ends (their calls fail).
                     loop.call_exception_handler({
-                        "message": "serve_connection dropped a message it could not "
-                                   "load", "exception": e})
-                    continue
+                        "message": "serve_connection ended a forked connection: a "
+                                   "message from an unknown client could not be loaded",
+                        "exception": e})
+                    for key in connection.clients:
+                        connection.close_client(key)
+                    break
                 versioned = False
                 try:
                     if isinstance(message, VersionedRequest):
@@ -386,6 +398,20 @@ def _cut_off(subscriber: _Subscriber) -> None:
             connection.close()
     except Exception:  # gone already
         pass
+
+
+def _answers_by_sender(connection: Connection) -> bool:
+    """Whether ``connection`` routes each answer to the sender of the message it
+    answers (a forked pipe's server end), not to whoever reads next."""
+    return isinstance(connection, ForkedConnection)
+
+
+def _unloadable(e: BaseException) -> MalformedMessageError:
+    said = " ".join(str(e).split())[:200]
+    return MalformedMessageError(
+        f"the server could not load this request ({type(e).__name__}: {said}); what a "
+        f"client sends must unpickle in the server's process (its classes importable "
+        f"there)")
 
 
 def _as_is(answer: Any, versioned: bool) -> Any:

@@ -12,7 +12,8 @@ from async_search.backends.client import CoalescingClient
 from async_search.connections import (Connection, FifoConnectedFunction,
                                       PassThroughConnection, UnorderedConnectedFunction,
                                       get_connected_functions, pipe)
-from async_search.errors import ConnectionGoneError, ModelOutputError, ServerDiedError
+from async_search.errors import (ConnectionGoneError, MalformedMessageError, ModelOutputError,
+                                 ServerDiedError)
 from async_search.models import MLP
 from async_search.queues import close_stream, local_queue, socket_queue, thread_queue
 from async_search.servers import (BatchingServer, DispatchPolicy, ModelUpdate,
@@ -608,8 +609,31 @@ async def test_a_portable_answer_of_two_arrays_is_not_checked_by_a_pickle_trip(
     await within(serving, "serving to end")
 
 
-async def test_a_request_that_cannot_be_loaded_is_dropped_and_the_others_are_served():
-    # It crashed serve_connection: every client then waited forever.
+async def test_a_request_that_cannot_be_loaded_is_answered_in_its_turn_with_why():
+    # It was dropped unanswered: the next request got its answer, the one after the
+    # next one's, and the last waited forever.
+    from async_search.connections import get_connected_functions
+    from async_search.queues import process_queue
+
+    (fn,), end = get_connected_functions(process_queue, 1, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(lambda x: 2 * x, end))
+    try:
+        calls = [fn(LoadsNowhere()), fn(np.full((1, 2), 1.0)), fn(np.full((1, 2), 10.0))]
+        with pytest.raises(MalformedMessageError, match=r"^the server could not load "
+                                                        r"this request \(RuntimeError: "):
+            await within(calls[0], "the unloadable request's answer")
+        assert (await within(calls[1], "an answer")).tolist() == [[2.0, 2.0]]
+        assert (await within(calls[2], "an answer")).tolist() == [[20.0, 20.0]]
+        assert not serving.done()
+    finally:
+        fn.connection.close()
+        await within(serving, "serve_connection's end")
+
+
+async def test_a_request_that_cannot_be_loaded_ends_a_forked_ends_clients():
+    # Its sender's key was inside what failed to load: it was dropped, and that
+    # client's next request got the answer meant for the lost one. No client can be
+    # told which answer is missing, so every client's calls fail, none is misanswered.
     from async_search.connections import get_connected_functions
     from async_search.queues import process_queue
 
@@ -619,14 +643,18 @@ async def test_a_request_that_cannot_be_loaded_is_dropped_and_the_others_are_ser
     loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
     serving = asyncio.ensure_future(asr.serve_connection(lambda x: 2 * x, end))
     try:
-        bad(LoadsNowhere())
-        y = await within(good(np.ones((1, 2))), "the other client's answer")
-        assert y.tolist() == [[2.0, 2.0]] and not serving.done()
-        assert reported == ["serve_connection dropped a message it could not load"]
+        lost = bad(LoadsNowhere())
+        await within(serving, "serve_connection to end the connection")
+        with pytest.raises(ConnectionGoneError):
+            await within(lost, "the lost request's failure")
+        for fn in (bad, good):  # later calls fail at once
+            with pytest.raises(ConnectionGoneError):
+                await within(fn(np.ones((1, 2))), "a failed call")
+        assert reported == ["serve_connection ended a forked connection: a message from "
+                            "an unknown client could not be loaded"]
     finally:
         for fn in (bad, good):
             fn.connection.close()
-        await within(serving, "serve_connection's end")
         loop.set_exception_handler(None)
 
 
