@@ -310,10 +310,10 @@ def _from_binary(binary: memoryview, offset: int, size: Any, dtype: np.dtype,
                  shape: Tuple[int, ...], what: str) -> Tuple[np.ndarray, int]:
     if type(size) is not int or size < 0:
         raise ProtocolError(f"{what} 'binary_data_size' must be an integer >= 0, got "
-                            f"{size!r}")
+                            f"{quoted(size)}")
     need = math.prod(shape) * dtype.itemsize
     if size != need:
-        raise ProtocolError(f"{what} 'binary_data_size' is {size} bytes but shape "
+        raise ProtocolError(f"{what} 'binary_data_size' is {quoted(size)} bytes but shape "
                             f"{list(shape)} of {_NAMES[dtype]} needs {need}")
     if offset + size > len(binary):
         raise ProtocolError(f"the body is truncated: {what} needs bytes {offset} to "

@@ -48,7 +48,7 @@ import numpy as np
 
 from async_search.batchers import Batcher
 from async_search.checks import check_float
-from async_search.connections import Connection, ForkedConnection
+from async_search.connections import Connection, ForkedConnection, PassThroughConnection
 from async_search.errors import MalformedMessageError, ModelOutputError, ServerClosedError
 from async_search.queues import ClosedConnection
 from async_search.servers.batching import BatchingServer
@@ -331,20 +331,21 @@ class ConnectionServer:
                     # process lacks, a __setstate__ that raises). Answers go in the order
                     # of messages, so one left unanswered would shift every later answer
                     # onto the wrong request.
-                    if not _answers_by_sender(connection):
+                    if not _answers_by_key(connection):
                         fut = loop.create_future()  # answered in its turn, with why
                         fut.set_exception(_unloadable(e))
                         replies.add(fut, False)
                         continue
-                    # A forked end answers each client in turn, and the sender's key was
-                    # inside what failed to load: no client can be told which answer
-                    # is missing, so every client's stream ends (their calls fail).
+                    # A forked or pass-through end answers by the key of each message,
+                    # and the key was inside what failed to load: no caller can be told
+                    # which answer is missing, so the connection ends (their calls fail).
                     loop.call_exception_handler({
-                        "message": "serve_connection ended a forked connection: a "
-                                   "message from an unknown client could not be loaded",
+                        "message": "serve_connection ended a keyed connection: a message "
+                                   "with an unknown key could not be loaded",
                         "exception": e})
-                    for key in connection.clients:
-                        connection.close_client(key)
+                    if isinstance(connection, ForkedConnection):
+                        for key in connection.clients:
+                            connection.close_client(key)
                     break
                 versioned = False
                 try:
@@ -400,10 +401,10 @@ def _cut_off(subscriber: _Subscriber) -> None:
         pass
 
 
-def _answers_by_sender(connection: Connection) -> bool:
-    """Whether ``connection`` routes each answer to the sender of the message it
-    answers (a forked pipe's server end), not to whoever reads next."""
-    return isinstance(connection, ForkedConnection)
+def _answers_by_key(connection: Connection) -> bool:
+    """Whether ``connection`` sends each answer with the key of the message it answers
+    (a forked pipe's server end, a pass-through end), not to whoever reads next."""
+    return isinstance(connection, (ForkedConnection, PassThroughConnection))
 
 
 def _unloadable(e: BaseException) -> MalformedMessageError:

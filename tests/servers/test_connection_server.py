@@ -630,14 +630,15 @@ async def test_a_request_that_cannot_be_loaded_is_answered_in_its_turn_with_why(
         await within(serving, "serve_connection's end")
 
 
-async def test_a_request_that_cannot_be_loaded_ends_a_forked_ends_clients():
+@pytest.mark.parametrize("ordered", [True, False])  # a forked end, a pass-through end
+async def test_a_request_that_cannot_be_loaded_ends_a_keyed_ends_clients(ordered):
     # Its sender's key was inside what failed to load: it was dropped, and that
     # client's next request got the answer meant for the lost one. No client can be
     # told which answer is missing, so every client's calls fail, none is misanswered.
     from async_search.connections import get_connected_functions
     from async_search.queues import process_queue
 
-    (bad, good), end = get_connected_functions(process_queue, 2, ordered=True)
+    (bad, good), end = get_connected_functions(process_queue, 2, ordered=ordered)
     loop = asyncio.get_running_loop()
     reported = []
     loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
@@ -650,8 +651,8 @@ async def test_a_request_that_cannot_be_loaded_ends_a_forked_ends_clients():
         for fn in (bad, good):  # later calls fail at once
             with pytest.raises(ConnectionGoneError):
                 await within(fn(np.ones((1, 2))), "a failed call")
-        assert reported == ["serve_connection ended a forked connection: a message from "
-                            "an unknown client could not be loaded"]
+        assert reported == ["serve_connection ended a keyed connection: a message with "
+                            "an unknown key could not be loaded"]
     finally:
         for fn in (bad, good):
             fn.connection.close()
