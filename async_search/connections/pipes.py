@@ -173,12 +173,16 @@ class Connection:
     def close(self) -> None:
         """Ends the stream this end sends on: the other end's ``recv`` raises
         ClosedConnection once it has received everything sent before. Later sends
-        raise ClosedConnection; a second close does nothing. On a full bounded queue
-        the end waits for room as a send does (a queue that cannot wait raises
-        ``queue.Full``, and the end stays open: close it again later)."""
+        raise ClosedConnection; a second close does nothing, and so does a close once
+        the other end is gone. On a full bounded queue the end waits for room as a send
+        does (a queue that cannot wait raises ``queue.Full``, and the end stays open:
+        close it again later)."""
         if self._send_side.closed:
             return
-        close_stream(self._outbound)
+        try:
+            close_stream(self._outbound)
+        except (ClosedConnection, OSError):  # its reader is gone: nothing left to end
+            pass
         self._send_side.closed = True
 
     def acquire(self) -> None:
@@ -322,7 +326,10 @@ class KeyedConnection(DelegatingConnection):
         of its requests is answered). A second close does nothing."""
         if self._send_side.closed:
             return
-        self._conn.send((self._key, END_OF_STREAM))  # may raise queue.Full: still open
+        try:
+            self._conn.send((self._key, END_OF_STREAM))  # may raise queue.Full: still open
+        except (ClosedConnection, OSError):  # the server is gone: nothing left to end
+            pass
         self._send_side.closed = True
 
     def copy(self) -> "KeyedConnection":

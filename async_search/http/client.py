@@ -52,7 +52,7 @@ from async_search.delivery import ResultDelivery
 from async_search.errors import (InputSpecError, ModelNotFoundError, ModelOutputError,
                                  ProtocolError, RemoteError, RequestTimeoutError,
                                  ServerClosedError, ServerDiedError)
-from async_search.http.kserve import DATATYPES, HEADER_LENGTH, datatype_of
+from async_search.http.kserve import DATATYPES, HEADER_LENGTH, datatype_of, header_integer
 from async_search.requests import RequestChecker
 
 
@@ -642,10 +642,9 @@ def _decode_response(payload: bytes, header_length: str | None, where: str,
         return ModelOutputError(f"{where} answered 200 with a body that is not the "
                                 f"protocol's: {what}")
 
-    try:
-        length = len(payload) if header_length is None else int(header_length)
-    except ValueError:
-        raise bad(f"{HEADER_LENGTH} is {header_length[:40]!r}") from None
+    length = len(payload) if header_length is None else header_integer(header_length)
+    if length is None:  # ASCII digits only: int() would read "1_0" as 10
+        raise bad(f"{HEADER_LENGTH} is {header_length[:40]!r}")
     if not 0 <= length <= len(payload):
         raise bad(f"{HEADER_LENGTH} {length} is beyond the body's {len(payload)} bytes")
     try:

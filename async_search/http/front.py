@@ -502,12 +502,16 @@ class HttpFront(FrontLifetime):
                                 "<repository token>'; it is missing or wrong", status=403)
 
     async def _parameters(self, request: web.Request) -> Mapping[str, Any]:
+        # Checked before the read when the length is sent, and on what was read (a
+        # chunked body has no Content-Length; a compressed one inflates).
         length = request.content_length
-        if length is not None and length > self.limits.max_json_bytes:
+        if length is None or length <= self.limits.max_json_bytes:
+            body = await self._read(request)
+            length = len(body)
+        if length > self.limits.max_json_bytes:
             raise ProtocolError(f"the body has {length} bytes, over the front's "
                                 f"max_json_bytes of {self.limits.max_json_bytes}",
                                 status=413)
-        body = await self._read(request)
         if not body.strip():
             return {}
         try:

@@ -10,7 +10,7 @@ stubs that ``tritonclient[grpc]`` ships. Methods served:
     ModelInfer                                 inference: raw_input_contents (or typed
                                                contents) in, raw_output_contents out
 
-Every other method of the service answers UNIMPLEMENTED (grpc's default). Errors are
+Every other method of the service answers UNIMPLEMENTED, naming it. Errors are
 gRPC status codes with a message: INVALID_ARGUMENT for a request that breaks the
 protocol or does not fit the model (the HTTP front's 400), NOT_FOUND for an unknown
 model or version (404), UNAVAILABLE for a model that is not loaded, one whose servers
@@ -331,14 +331,28 @@ def _checked(method):
     return handle
 
 
+def _unimplemented(name: str):
+    """The handler of a method the front does not serve: UNIMPLEMENTED with a short
+    message (the stubs' own raise NotImplementedError, which grpc logged with a
+    traceback at each call, telling the client "Unexpected <class ...>")."""
+    async def refuse(request_or_requests, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{name} is not served by this front over gRPC")
+    return refuse
+
+
 def _method_handlers(servicer: Any) -> dict:
     """The service's handlers, as grpc's generated ``add_..._to_server`` makes them,
-    but with unary requests parsed leniently (``_checked``)."""
+    but with unary requests parsed leniently (``_checked``), and the methods that
+    ``servicer`` leaves to the stubs answered UNIMPLEMENTED (``_unimplemented``)."""
     handlers = {}
+    stubs = service_pb2_grpc.GRPCInferenceServiceServicer
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         request = getattr(pb, method.input_type.name)
         response = getattr(pb, method.output_type.name)
         behaviour = getattr(servicer, method.name)
+        if getattr(type(servicer), method.name) is getattr(stubs, method.name, None):
+            behaviour = _unimplemented(method.name)
         if method.client_streaming or method.server_streaming:
             make = {(True, True): grpc.stream_stream_rpc_method_handler,
                     (True, False): grpc.stream_unary_rpc_method_handler,

@@ -75,7 +75,7 @@ def _zlib(body: bytes, limit: int, wbits: int, coding: str) -> bytes:
     total = 0
     view = memoryview(body)
     position = 0
-    for _ in range(MAX_MEMBERS):  # a gzip body may hold several members, one after another
+    for _ in range(MAX_MEMBERS):  # a gzip body may hold members one after another
         inflater = zlib.decompressobj(wbits)
         try:
             while not inflater.eof and position < len(view):

@@ -180,24 +180,40 @@ def _flag(params: dict, key: str, what: str) -> bool:
     return value
 
 
+def header_integer(text: str) -> int | None:
+    """An integer header's value, as HTTP spells one (``1*DIGIT``): ASCII digits only,
+    else None. ``int`` alone would take ``1_0`` for 10, signs, spaces and the digits of
+    other scripts.
+
+    Example:
+        >>> header_integer("10"), header_integer("1_0"), header_integer("\u0661")
+        (10, None, None)
+    """
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        return None
+
+
 def json_length(body_length: int, header_length: str | None) -> int:
     """How many bytes of a body are JSON: all of it, or the binary extension's header.
 
     Raises:
         ProtocolError: (400) for an ``Inference-Header-Content-Length`` that is not an
-            integer in [0, body_length].
+            integer in [0, body_length] written in ASCII digits.
     """
     if header_length is None:
         return body_length
-    try:
-        length = int(header_length)
-    except ValueError:
-        raise ProtocolError(f"Inference-Header-Content-Length must be an integer, got "
-                            f"{header_length[:40]!r}") from None
-    if not 0 <= length <= body_length:
-        raise ProtocolError(f"Inference-Header-Content-Length is {length} but the body "
-                            f"has {body_length} bytes: it must be the JSON header's "
-                            f"length, at most the body's")
+    length = header_integer(header_length)
+    if length is None:
+        raise ProtocolError(f"Inference-Header-Content-Length must be an integer "
+                            f"(ASCII digits), got {header_length[:40]!r}")
+    if length > body_length:
+        raise ProtocolError(f"Inference-Header-Content-Length is {quoted(length)} but "
+                            f"the body has {body_length} bytes: it must be the JSON "
+                            f"header's length, at most the body's")
     return length
 
 

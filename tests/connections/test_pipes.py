@@ -361,6 +361,25 @@ def test_a_keyed_client_closing_on_a_full_queue_stays_open_to_close_again():
         server.recv()
 
 
+@pytest.mark.parametrize("error", [BrokenPipeError, ClosedConnection])
+def test_closing_an_end_whose_reader_is_gone_closes_it_once_quietly(error):
+    # Outside a running loop each close raised again: the end never counted as closed.
+    class Gone(queue.Queue):
+        def put(self, item, block=True, timeout=None):
+            raise error("the reading end closed")
+
+    a, _ = pipe(Gone)
+    a.close()
+    a.close()
+    assert a.closed
+    with pytest.raises(ClosedConnection):
+        a.send("x")
+    server, (client,) = forked_pipe(Gone, 1)
+    client.close()
+    client.close()
+    assert client.closed
+
+
 @pytest.mark.parametrize("message", [42, ("a", "b", "c"), (7, "from a stranger"),
                                      ([1], "an unhashable key")])
 def test_a_forked_end_names_a_malformed_message(message):
