@@ -701,6 +701,18 @@ def _joins(first: np.dtype, later: np.dtype) -> bool:
     return True
 
 
+#: NumPy's dtype kinds of numbers, named for messages ("the first float batch's").
+_KIND_NAMES = {"b": "boolean", "i": "integer", "u": "unsigned integer", "f": "float",
+               "c": "complex"}
+
+
+def _dtype_kind(batch: Any) -> str:
+    """The NumPy kind of a batch's dtype (``"i"``, ``"f"``...); ``""`` for a batch that
+    is no array."""
+    dtype = getattr(batch, "dtype", None)
+    return dtype.kind if isinstance(dtype, np.dtype) else ""
+
+
 def _rows_of(shape: Tuple[int, ...] | None) -> str:
     """``[n, 3, 4]``: how a message names requests of elements of ``shape``."""
     return "[n, ...]" if shape is None else "[" + ", ".join(["n", *map(str, shape)]) + "]"
@@ -747,10 +759,13 @@ class BatchManager:
         self._sizes: Deque[int] = collections.deque()  # registered before an unbatcher
         # With the unbatcher chosen here, every batch must keep the first's structure.
         self._check = unbatcher is None
-        self._structure: rows.OutputStructure | None = None
-        # The rows of each batch popped and not yet processed, oldest first: outputs
-        # are measured against their batch before anything is taken from them.
-        self._popped: Deque[int] = collections.deque()
+        # The structure of the first outputs of batches of each dtype kind (ints,
+        # floats...): numbers of several kinds join in one manager, and a model that
+        # keeps its batch's kind (an identity) answers an int batch with ints.
+        self._structures: Dict[str, rows.OutputStructure] = {}
+        # The rows and dtype kind of each batch popped and not yet processed, oldest
+        # first: outputs are measured against their batch before anything is taken.
+        self._popped: Deque[Tuple[int, str]] = collections.deque()
         # The first request's element shape: one that would not concatenate with the
         # others fails alone, where it would wedge every later pop.
         self._element_shape: Tuple[int, ...] | None = None
@@ -796,7 +811,7 @@ class BatchManager:
         """The next batch to run the model on; ``process_output`` takes its outputs
         (batches in the order they were popped)."""
         batch = self.batcher.pop()
-        self._popped.append(len(batch))
+        self._popped.append((len(batch), _dtype_kind(batch)))
         return batch
 
     def has_full_batch(self) -> bool:
@@ -813,8 +828,10 @@ class BatchManager:
 
         Raises:
             ModelOutputError: when no popped batch awaits outputs, or ``outputs`` do not
-                keep the structure of the first batch's (kind, trailing shapes, dtypes
-                of one kind; a float64 output where the first was float32 is cast), or
+                keep the structure of the first outputs of a batch of the same dtype
+                kind (kind, trailing shapes, dtypes of one kind; a float64 output where
+                the first was float32 is cast; an int batch's outputs are measured
+                against an int batch's, a float batch's against a float one's), or
                 have another number of rows than their batch has elements (the message
                 names both); the outputs are then not taken and nothing changes, so the
                 batch's right outputs may still be passed.
@@ -823,10 +840,14 @@ class BatchManager:
             raise ModelOutputError(
                 "no popped batch awaits outputs: process_output takes the outputs of a "
                 "batch from pop_batch, once")
-        structure = self._structure
+        expected, kind = self._popped[0]
+        structure = self._structures.get(kind)
         if self._check:  # a list reaches callers as a tuple, as serve delivers it
-            outputs, structure = rows.check(rows.plain(outputs), structure)
-        expected = self._popped[0]
+            mixed = any(other != kind for other in self._structures)
+            first = (f"the first {_KIND_NAMES.get(kind, 'other')} batch's" if mixed
+                     else "the first batch's")
+            outputs, structure = rows.check(rows.plain(outputs), structure,
+                                            expected_from=first)
         if self.unbatcher is None:
             rows.check_count(outputs, expected)
         else:
@@ -840,7 +861,8 @@ class BatchManager:
                     f"the model returned {given} rows for a batch of {expected} "
                     f"elements: it must return one output row per input element")
         # Checked: from here on the outputs are taken.
-        self._structure = structure
+        if structure is not None:
+            self._structures[kind] = structure
         if self.unbatcher is None:
             self.unbatcher = unbatcher_for(outputs)
             for n in self._sizes:

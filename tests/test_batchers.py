@@ -681,6 +681,23 @@ def test_batch_manager_batches_requests_of_other_dtypes_as_numpy_joins_them(
     np.testing.assert_array_equal(np.concatenate(ys), batch)
 
 
+def test_batch_manager_takes_an_identity_models_outputs_of_floats_then_of_ints():
+    # Numbers join: a float request and an int one made a float batch, then an int
+    # batch, whose int outputs were refused against the float batch's; the int request
+    # was left half answered.
+    manager = BatchManager(BatchSizeBatcher(2))
+    manager.add_inputs(np.array([1.5]))
+    manager.add_inputs(np.array([1, 2]))
+    (first,) = manager.process_output(manager.pop_batch() * 2)  # [1.5, 1.]: floats
+    (second,) = manager.process_output(manager.pop_batch() * 2)  # [2]: ints
+    assert first.tolist() == [3.0] and second.tolist() == [2.0, 4.0]
+    manager.add_inputs(np.array([3, 4]))
+    with pytest.raises(ModelOutputError, match=r"do not match the first integer batch's: "
+                                               r"expected an array \[n\] int64, got "
+                                               r"an array \[n\] float64"):
+        manager.process_output(manager.pop_batch() * 0.5)  # an int batch's are ints
+
+
 @pytest.mark.parametrize("later", [
     np.array(["2020-01-01"], "datetime64[D]"),  # no dtype holds both: pops would fail
     np.array(["a"]),  # would reach the model as text
