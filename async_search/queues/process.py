@@ -5,8 +5,12 @@ is noticed only by a reader that called ``reader_only()``: every process that ho
 ``multiprocessing`` queue holds its pipe's writing end too, so otherwise the pipe never
 reports its end. Without it, a reader of a writer that exited waits forever, and a
 writer killed in the middle of a message (a large one, blocked on a full pipe) leaves
-the reading thread blocked inside that message's read. ``SocketQueue`` notices a dead
-writer by itself.
+the reading thread blocked inside that message's read. With it too, while another
+writer lives: the writers share one pipe, and its end comes only when all are gone.
+``get_async`` reads a message whole once its first bytes arrive, so there the blocked
+reader is the event loop itself (until the last writer exits). Where a writer may die
+mid-message, give each writer its own ``SocketQueue`` (as the process backend does),
+which notices a dead writer by itself.
 """
 
 from __future__ import annotations
