@@ -336,6 +336,19 @@ class KeyedConnection(DelegatingConnection):
         return KeyedConnection(self._key, self._conn.copy(), _send_side=self._send_side)
 
 
+#: The longest a forked end's ``poll`` waits for a message that its queue counts but
+#: has not delivered yet (``ForkedConnection.num_waiting``).
+IN_FLIGHT_S = 1.0
+
+
+def _put_and_not_got(q: QueueLike) -> bool:
+    """Whether ``q`` counts an item that a get did not find: one on its way."""
+    try:
+        return q.qsize() > 0
+    except (AttributeError, NotImplementedError, OSError):  # (macOS: no qsize)
+        return False
+
+
 class ForkedConnection(Connection):
     """The server's end of a forked pipe: one inbound queue, one outbound per client.
 
@@ -461,12 +474,22 @@ class ForkedConnection(Connection):
         ``recv`` never returns, is not one (it is taken in here), so that ``while
         server.poll(): server.recv()`` never blocks on it. The messages it counts are
         taken in too, and are this end's to ``recv`` (a copy of it, here or pickled
-        to another process, does not see them)."""
+        to another process, does not see them). A message a client has put that is
+        still on its way (a ``multiprocessing`` queue's feeder thread writes it a moment
+        later) is waited for, up to ``IN_FLIGHT_S``, as the prototype's ``qsize() > 0``
+        counted it."""
         ahead = self._ahead
         while True:
             try:
                 message = Connection.recv(self, block=False)
-            except (queue.Empty, ClosedConnection):  # nothing more, or the stream ended
+            except queue.Empty:
+                if ahead or not _put_and_not_got(self._inbound):
+                    return len(ahead)
+                try:
+                    message = Connection.recv(self, block=True, timeout=IN_FLIGHT_S)
+                except (queue.Empty, ClosedConnection):  # another reader took it
+                    return len(ahead)
+            except ClosedConnection:  # the stream ended
                 return len(ahead)
             if _is_close(message):
                 self._accept(message)  # what recv would do with it

@@ -387,3 +387,15 @@ def test_a_forked_end_names_a_malformed_message(message):
     server.inbound.put(message)
     with pytest.raises(MalformedMessageError):
         server.recv()
+
+
+def test_a_forked_end_polls_true_for_a_message_still_in_a_multiprocessing_feeder():
+    # The prototype's poll is qsize() > 0; the forked end's found nothing (False in 19
+    # of 20 tries) until the queue's feeder thread had written the message.
+    import multiprocessing
+    for _ in range(10):
+        server, clients = forked_pipe(multiprocessing.get_context("spawn").Queue, 2)
+        clients[1].send("x")
+        assert server.poll() and server.recv() == "x" and server.sender == 1
+        clients[0].close()  # a close on its way is no message to poll for
+        assert not server.poll()
