@@ -151,9 +151,49 @@ class RowsFailed(Exception):
         """The error of failed range ``k``."""
         return self.error if self.errors is None else self.errors[k]
 
+    def inconsistency(self, n: int) -> str | None:
+        """What breaks this answer's promise for a request of ``n`` rows (each row in
+        exactly one failed range or computed piece, the pieces in row order, an error
+        for each range), or None when it keeps it: a client checks what a server it
+        cannot vouch for sent before slicing rows out of it.
+
+        Example:
+            >>> RowsFailed(ValueError(), [(0, 2)], [(1, np.ones((2, 1)))]).inconsistency(3)
+            'row 1 is in 2 ranges or pieces'
+        """
+        covered = np.zeros(n, np.int64)
+        try:
+            for offset, count in self.failed:
+                if not (_is_index(offset) and _is_index(count) and offset + count <= n):
+                    return f"failed range {(offset, count)!r:.80} is not within {n} rows"
+                covered[offset:offset + count] += 1
+            after = 0
+            for offset, outputs in self.computed:
+                count = rows.count(outputs)
+                if not (_is_index(offset) and offset >= after and offset + count <= n):
+                    return (f"computed piece of {count} rows at {offset!r:.40} is not "
+                            f"within {n} rows, after the pieces before it")
+                covered[offset:offset + count] += 1
+                after = offset + count
+            if self.errors is not None and len(self.errors) != len(self.failed):
+                return (f"{len(self.errors)} errors for {len(self.failed)} failed "
+                        f"ranges")
+        except (TypeError, ValueError) as e:  # not pairs; outputs without rows
+            return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        wrong = np.flatnonzero(covered != 1)
+        if len(wrong):
+            return f"row {wrong[0]} is in {covered[wrong[0]]} ranges or pieces"
+        return None
+
     def __reduce__(self):  # the error may be a wire.Failure on its way to a client
         return RowsFailed, (self.error, self.failed, self.computed, self.version,
                             self.errors)
+
+
+def _is_index(value: Any) -> bool:
+    """An integer >= 0 (a NumPy one too), not a bool."""
+    return (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+            and value >= 0)
 
 
 @dataclasses.dataclass(frozen=True)

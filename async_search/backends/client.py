@@ -26,7 +26,8 @@ from async_search.coalescing import CoalescedRequests
 from async_search.connections import ConnectedFunction, Connection, FifoConnectedFunction
 from async_search.deadlines import Deadline, check_timeout, expire_due, track_deadline
 from async_search.delivery import ResultDelivery
-from async_search.errors import InputSpecError, ServerClosedError, ServerDiedError
+from async_search.errors import (InputSpecError, ModelOutputError, ServerClosedError,
+                                 ServerDiedError)
 from async_search.queues import ClosedConnection
 from async_search.requests import RequestChecker
 from async_search.wire import (Failure, RowsFailed, VersionAck, VersionedRequest,
@@ -301,9 +302,12 @@ class CoalescingClient(CoalescedRequests):
             error: BaseException | None = answer
         elif isinstance(answer, Failure):  # the model raised, or the request was bad
             error = unpack_error(answer, f"raised in {self._where}")
-        else:
+        elif isinstance(answer, tuple) and len(answer) == 2:
             outputs, version = answer
             error = self._delivery.deliver(message, outputs, version)
+        else:
+            error = ModelOutputError(f"{self._where} sent a malformed answer "
+                                     f"({type(answer).__name__}), not (outputs, version)")
         if error is not None:
             self._delivery.fail(message, error)
 
@@ -311,6 +315,12 @@ class CoalescingClient(CoalescedRequests):
         """Some of the server's batches that held ``message`` failed (or rows of it
         were refused): the requests with a row in one of them fail, with the error of
         the first failed range they touch; the others get their rows."""
+        problem = answer.inconsistency(len(message.batch))
+        if problem is not None:  # a broken server: slicing would misplace rows
+            self._delivery.fail(message, ModelOutputError(
+                f"{self._where} answered a request of {len(message.batch)} rows in "
+                f"part, inconsistently: {problem}"))
+            return
         # Each row's failed range (its index in answer.failed), -1 for computed rows.
         range_of = np.full(len(message.batch), -1)
         for k, (offset, count) in enumerate(answer.failed):

@@ -341,16 +341,17 @@ class HttpFront(FrontLifetime):
 
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
-        if request.version not in _HTTP_VERSIONS:  # HTTP/0.9 (llhttp) or 1.2 (Python's)
-            return _error("the front speaks HTTP/1.0 and HTTP/1.1", 400)
-        if len(request.raw_headers) > _MAX_HEADERS:  # aiohttp < 3.10 has no such bound
-            return _error(f"the request has more than {_MAX_HEADERS} headers", 431)
-        if self._closing and request.method != "GET":  # GETs (readiness) stay answered
-            return self._stopping(request)
+        # Busy from here (the limiter counted it so from its arrival) to its answer.
         connection = self.connections.busy(request.transport)
         task = asyncio.current_task()
-        self._handling.add(task)
         try:
+            if request.version not in _HTTP_VERSIONS:  # HTTP/0.9 (llhttp), 1.2 (Python's)
+                return _error("the front speaks HTTP/1.0 and HTTP/1.1", 400)
+            if len(request.raw_headers) > _MAX_HEADERS:  # aiohttp < 3.10 has no bound
+                return _error(f"the request has more than {_MAX_HEADERS} headers", 431)
+            if self._closing and request.method != "GET":  # GETs (readiness) answered
+                return self._stopping(request)
+            self._handling.add(task)
             response = await handler(request)
         except web.HTTPException as e:  # no such route, wrong method, body too large
             if e.status < 400:

@@ -208,8 +208,8 @@ def json_length(body_length: int, header_length: str | None) -> int:
         return body_length
     length = header_integer(header_length)
     if length is None:
-        raise ProtocolError(f"Inference-Header-Content-Length must be an integer "
-                            f"(ASCII digits), got {header_length[:40]!r}")
+        raise ProtocolError(f"Inference-Header-Content-Length must be an integer, got "
+                            f"{header_length[:40]!r}: ASCII digits only")
     if length > body_length:
         raise ProtocolError(f"Inference-Header-Content-Length is {quoted(length)} but "
                             f"the body has {body_length} bytes: it must be the JSON "

@@ -5,7 +5,10 @@
   connections are accepted. At the cap, a new connection closes the connection that has
   been idle longest (no request in progress: keep-alive, headers still trickling in, or
   an answer the client is not taking); when every connection is busy it is answered
-  503 and closed at once. File descriptors stay bounded whatever clients do, and a
+  503 and closed at once. A connection whose request has arrived is busy before it
+  reaches the front's handlers: bytes not read yet, or a request read whole that waits
+  for the handlers (a burst of connections, each with its request, closed some of
+  them unanswered as "idle"). File descriptors stay bounded whatever clients do, and a
   flood of idle connections cannot lock out a client with a real request.
 - Answers a client does not take: every byte of an answer that the socket has not
   taken counts as unsent (a transport's write buffer has no low-water slack here), a
@@ -21,12 +24,19 @@ import asyncio
 import collections
 import dataclasses
 import os
+import struct
 from typing import Any, Callable
 
 from aiohttp import web
 
 from async_search.http.error_responses import adopt
 from async_search.http.kserve import error_body
+
+try:  # how many bytes a socket has received that are not read yet
+    from fcntl import ioctl
+    from termios import FIONREAD
+except ImportError:  # pragma: no cover - not on this platform: such bytes go unseen
+    ioctl = FIONREAD = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +46,10 @@ class HttpLimits:
 
     Attributes:
         max_json_bytes: the largest JSON part of an inference body (the whole body, or
-            the header of a binary-tensor body), 1 MiB; larger ones get 413. JSON costs
-            about 20 bytes and a microsecond of parsing per value: send large tensors
-            with the binary tensor extension, which is bounded by ``max_body_bytes``.
+            the header of a binary-tensor body), and the largest load or unload body,
+            1 MiB; larger ones get 413. JSON costs about 20 bytes and a microsecond of
+            parsing per value: send large tensors with the binary tensor extension,
+            which is bounded by ``max_body_bytes``.
             (Measured on 2 cores: with 3 clients sending JSON bodies near the bound
             back to back, small requests' p99 stayed at 65 ms with 1 MiB; at 4 MiB
             it was 170-270 ms, the parsing starving everything else of CPU.)
@@ -158,6 +169,13 @@ class _Guarded(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.handler is not None:
             self.handler.data_received(data)
+            if self.request_waiting():
+                self.limiter.waiting(self)
+
+    def request_waiting(self) -> bool:
+        """Whether aiohttp has read a whole request (line and headers) of this
+        connection that has not gone to the front's handlers yet."""
+        return bool(getattr(self.handler, "_messages", None))
 
     def eof_received(self):
         return self.handler.eof_received() if self.handler is not None else None
@@ -204,7 +222,10 @@ class ConnectionLimiter:
     ``write_timeout`` and ``max_unsent_bytes``.
 
     The front marks a connection busy while a request is in its handlers (``busy`` and
-    ``idle``, keyed by the request's transport); every other open connection is idle.
+    ``idle``, keyed by the request's transport). A connection is busy too from the
+    moment its request has arrived: while bytes it received are not read yet, and once
+    aiohttp has read a whole request of it (``waiting``) until that request reaches the
+    handlers. Every other open connection is idle.
     A connection whose socket has not taken all of an answer is stalled until it has:
     a stalled connection whose client takes no byte for ``write_timeout`` is dropped
     (aborted: its unsent bytes are freed at once), and ``admit_answer`` refuses an
@@ -244,6 +265,7 @@ class ConnectionLimiter:
         self._on_event = on_event
         self._idle: collections.OrderedDict = collections.OrderedDict()  # oldest first
         self._busy: dict = {}          # guard -> requests in progress on it
+        self._waiting: set = set()     # guards with a request read, not yet in _busy
         self._by_transport: dict = {}
         self._stalled: dict = {}       # guard -> _Stall, while it holds unsent bytes
         self._watch: asyncio.TimerHandle | None = None
@@ -251,12 +273,13 @@ class ConnectionLimiter:
     @property
     def open(self) -> int:
         """Connections open now."""
-        return len(self._idle) + len(self._busy)
+        return len(self._idle) + len(self._busy) + len(self._waiting)
 
     @property
     def busy_connections(self) -> int:
-        """Open connections with a request in progress."""
-        return len(self._busy)
+        """Open connections with a request in progress (or read, waiting for the
+        handlers)."""
+        return len(self._busy) + len(self._waiting)
 
     @property
     def stalled_connections(self) -> int:
@@ -281,6 +304,7 @@ class ConnectionLimiter:
         if guard is not None:
             guard.served = True
             self._idle.pop(guard, None)
+            self._waiting.discard(guard)
             self._busy[guard] = self._busy.get(guard, 0) + 1
         return guard
 
@@ -293,13 +317,29 @@ class ConnectionLimiter:
             self._busy[guard] = count - 1
         else:
             del self._busy[guard]
-            self._idle[guard] = None
+            if guard.request_waiting():  # pipelined: the next one is read already
+                self._waiting.add(guard)
+            else:
+                self._idle[guard] = None
+
+    def waiting(self, guard: _Guarded) -> None:
+        """A whole request of ``guard``'s connection was read: busy until it reaches
+        the handlers (``busy``), never evicted meanwhile."""
+        if guard in self._idle:
+            del self._idle[guard]
+            self._waiting.add(guard)
 
     def admit(self, guard: _Guarded) -> bool:
         """Count a new connection in, closing the oldest idle ones to make room; False
-        (and counted as refused) when every open connection is busy."""
-        while self.open >= self.max_connections and self._idle:
-            oldest, _ = self._idle.popitem(last=False)
+        (and counted as refused) when every open connection is busy. An idle one with
+        received bytes not read yet is busy: its request may be whole (a burst of
+        connections is accepted before any is read)."""
+        for oldest in list(self._idle) if self.open >= self.max_connections else ():
+            if self.open < self.max_connections:
+                break
+            if _unread(oldest):
+                continue
+            del self._idle[oldest]
             self._by_transport.pop(oldest.transport, None)
             self._stalled.pop(oldest, None)
             self.evicted += 1
@@ -319,6 +359,7 @@ class ConnectionLimiter:
         """Count a closed connection out."""
         self._idle.pop(guard, None)
         self._busy.pop(guard, None)
+        self._waiting.discard(guard)
         self._stalled.pop(guard, None)
         if self._by_transport.get(guard.transport) is guard:
             del self._by_transport[guard.transport]
@@ -390,6 +431,18 @@ class ConnectionLimiter:
 
 def _unsent(guard: _Guarded) -> int:
     return guard.transport.get_write_buffer_size() if guard.transport is not None else 0
+
+
+def _unread(guard: _Guarded) -> int:
+    """Bytes that ``guard``'s socket has received and the loop has not read yet (0
+    where the platform cannot tell)."""
+    sock = guard.transport.get_extra_info("socket") if guard.transport else None
+    if sock is None or ioctl is None:
+        return 0
+    try:
+        return struct.unpack("i", ioctl(sock.fileno(), FIONREAD, b"\0" * 4))[0]
+    except (OSError, ValueError):  # closed meanwhile
+        return 0
 
 
 class LimitedSite(web.BaseSite):

@@ -1,4 +1,5 @@
 import asyncio
+import re
 
 import numpy as np
 import pytest
@@ -6,10 +7,10 @@ import pytest
 from async_search.backends.client import CoalescingClient
 from async_search.base import TensorSpec
 from async_search.connections import pipe
-from async_search.errors import InputSpecError, ServerDiedError
+from async_search.errors import InputSpecError, ModelOutputError, ServerDiedError
 from async_search.queues import local_queue
 from async_search.wire import pack_error
-from async_search.wire import VersionedRequest, VersionSubscription
+from async_search.wire import RowsFailed, VersionedRequest, VersionSubscription
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -286,3 +287,28 @@ async def test_aclose_fails_requests_waiting_for_an_answer_and_refuses_later_cal
         client(np.ones((1, 4), np.float32))
     client_end.close()
     await asyncio.wait_for(serving, 10)
+
+
+@pytest.mark.parametrize("answer, message", [
+    # Rows 0-1 failed, and a piece said to start at 0 covered all six: the requests
+    # after the first got rows shifted from their neighbours, without an error.
+    (lambda y: RowsFailed(ValueError("x"), [(0, 1)], [(0, y)], 0),
+     "in part, inconsistently: row 0 is in 2 ranges or pieces"),
+    (lambda y: RowsFailed(ValueError("x"), [(0, 1)], [(1, y[1:2])], 0),
+     "in part, inconsistently: row 2 is in 0 ranges or pieces"),
+    (lambda y: RowsFailed(ValueError("x"), [(100, 1)], [(0, y)], 0),
+     r"in part, inconsistently: failed range \(100, 1\) is not within 6 rows"),
+    (lambda y: 5, r"sent a malformed answer \(int\), not \(outputs, version\)"),
+    (lambda y: (y, 0, 1), r"sent a malformed answer \(tuple\), not \(outputs, version\)"),
+])
+async def test_an_answer_that_breaks_its_own_promise_fails_every_request_it_answers(
+        answer, message):
+    client, server = client_and_server(TensorSpec((3,), np.float32))
+    futures = [client(np.full((2, 3), i, np.float32)) for i in (1, 2, 3)]
+    await asyncio.sleep(0)
+    (batch,) = received(server)
+    server.send(answer(batch.sum(axis=1, keepdims=True)))
+    results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 5)
+    for result in results:
+        assert isinstance(result, ModelOutputError), result
+        assert re.search(message, str(result)), str(result)

@@ -92,3 +92,50 @@ def test_an_encoding_the_front_does_not_decode_gets_415():
     with pytest.raises(ProtocolError) as refused:
         inflate(b"abc", "compress", limit=100)
     assert refused.value.status == 415 and "'compress'" in str(refused.value)
+
+
+def test_a_gzip_body_of_too_many_members_gets_400_at_once():
+    # 200,000 empty members (4 MB) before the real one took tens of seconds, on the
+    # front's event loop.
+    body = gzip.compress(b"", mtime=0) * 200_000 + gzip.compress(TEXT)
+    with pytest.raises(ProtocolError) as refused:
+        inflate(body, "gzip", limit=16 << 20)
+    assert refused.value.status == 400 and "members" in str(refused.value)
+
+
+def test_a_gzip_body_of_many_members_is_handed_to_zlib_a_bounded_step_at_a_time(
+        monkeypatch):
+    # Each member was given the rest of the body, which zlib copied whole (its
+    # unused_data) at the member's end: time quadratic in the number of members.
+    import async_search.http.inflate as module
+
+    members = 900
+    body = gzip.compress(b"", mtime=0) * members + gzip.compress(b"x" * (4 << 20), 0)
+    fed = []
+    make = zlib.decompressobj
+
+    class Counted:
+        def __init__(self, wbits):
+            self.inner = make(wbits)
+
+        def decompress(self, data, max_length=0):
+            fed.append(len(data))
+            return self.inner.decompress(data, max_length)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(module.zlib, "decompressobj", Counted)
+    assert inflate(body, "gzip", limit=8 << 20) == b"x" * (4 << 20)
+    assert max(fed) <= 1 << 20, max(fed)  # never the rest of the body
+    assert sum(fed) <= len(body) + (members + 1) * max(fed)  # linear in the body
+
+
+def test_more_stacked_codings_than_the_cap_get_415():
+    # 1600 layers of gzip each inflated up to the limit: seconds on the event loop.
+    body = gzip.compress(gzip.compress(gzip.compress(TEXT)))
+    with pytest.raises(ProtocolError) as refused:
+        inflate(body, "gzip, gzip, gzip", limit=1 << 20)
+    assert refused.value.status == 415 and "at most 2" in str(refused.value)
+    assert inflate(gzip.compress(gzip.compress(TEXT)), "gzip, identity, gzip",
+                   limit=1 << 20) == TEXT  # identity is no coding
