@@ -300,8 +300,12 @@ class _Traced:
         with tf.device(self.device):
             fn = self._concrete.get(size)
             if fn is None:  # traced once per allowed size, then called directly
-                fn = self._concrete[size] = self._fn.get_concrete_function(
-                    tf.TensorSpec(buffer.shape, buffer.dtype))
+                try:
+                    fn = self._fn.get_concrete_function(
+                        tf.TensorSpec(buffer.shape, buffer.dtype))
+                except Exception as e:  # noqa: BLE001 - whatever the net raised
+                    raise _as_raised(e) from None
+                self._concrete[size] = fn
             out = fn(tf.constant(buffer))
         return net_outputs(out, self._is_dense, lambda t: widened(padded_rows(t.numpy(), n, size)))
 
@@ -311,6 +315,16 @@ class _Traced:
         tf = self.tf
         return tf.is_tensor(value) and not isinstance(value, (tf.SparseTensor,
                                                               tf.RaggedTensor))
+
+
+def _as_raised(e: BaseException) -> BaseException:
+    """What the net raised while it was traced: AutoGraph wraps it in a
+    ``StagingError`` (not a ValueError: a net's ValueError for a bad input would count
+    as the server's failure), whose context is the net's own exception."""
+    raised = e.__context__
+    if type(e).__name__ == "StagingError" and isinstance(raised, Exception):
+        return raised
+    return e
 
 
 def _deriving_layers(model: Any) -> list:

@@ -97,7 +97,7 @@ def test_an_encoding_the_front_does_not_decode_gets_415():
 def test_a_gzip_body_of_too_many_members_gets_400_at_once():
     # 200,000 empty members (4 MB) before the real one took tens of seconds, on the
     # front's event loop.
-    body = gzip.compress(b"", mtime=0) * 200_000 + gzip.compress(TEXT)
+    body = gzip.compress(b"", mtime=0) * 20_000 + gzip.compress(TEXT)
     with pytest.raises(ProtocolError) as refused:
         inflate(body, "gzip", limit=16 << 20)
     assert refused.value.status == 400 and "members" in str(refused.value)

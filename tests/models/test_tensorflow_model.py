@@ -251,3 +251,20 @@ def test_a_normalization_layers_statistics_reach_copies_and_updates(tf):
     np.testing.assert_allclose(updated(x), other(x).numpy(), rtol=1e-5)
     np.testing.assert_allclose(model(x), net(x).numpy(), rtol=1e-5)  # its own again
     np.testing.assert_allclose(updated(x), other(x).numpy(), rtol=1e-5)
+
+
+class _BadInput(ValueError):
+    pass
+
+
+def _refusing_net(x):
+    raise _BadInput("a row the net refuses")
+
+
+def test_what_the_net_raises_while_traced_reaches_the_caller_as_itself(tf):
+    # AutoGraph wrapped it in a StagingError, which is no ValueError: a net's ValueError
+    # for a bad input would have counted as the server's failure.
+    model = TensorFlowModel(_refusing_net, TensorSpec((2,), np.float32), max_batch_size=4)
+    for _ in range(2):  # traced again at the next batch, and raised again
+        with pytest.raises(_BadInput, match="^a row the net refuses$"):
+            model(np.ones((3, 2), np.float32))
