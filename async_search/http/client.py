@@ -52,7 +52,8 @@ from async_search.delivery import ResultDelivery
 from async_search.errors import (InputSpecError, ModelNotFoundError, ModelOutputError,
                                  ProtocolError, RemoteError, RequestTimeoutError,
                                  ServerClosedError, ServerDiedError)
-from async_search.http.kserve import DATATYPES, HEADER_LENGTH, datatype_of, header_integer
+from async_search.http.kserve import (DATATYPES, HEADER_LENGTH, datatype_of,
+                                      header_integer)
 from async_search.requests import RequestChecker
 
 

@@ -262,9 +262,11 @@ class _Traced:
         if _is_keras(weights):
             weights = weights.get_weights()
         if not isinstance(weights, (list, tuple)) or len(weights) != len(self._variables):
+            given = (f"a {type(weights).__name__} of {len(weights)}"
+                     if isinstance(weights, (list, tuple)) else type(weights).__name__)
             raise ValueError(f"TensorFlowModel.with_weights takes the "
                              f"{len(self._variables)} arrays of get_weights(), got "
-                             f"{type(weights).__name__}")
+                             f"{given}")
         staged = []
         for i, (value, variable) in enumerate(zip(weights, self._variables)):
             shape = tuple(variable.shape)

@@ -538,3 +538,18 @@ async def test_kserve_model_server_answers_like_the_model(tmp_path):
             np.testing.assert_array_equal(await within(cached(X), "cached"), X @ W)
     np.testing.assert_array_equal(np.concatenate(ys), X @ W)
     np.testing.assert_array_equal(y, X @ W)
+
+
+def test_an_answer_s_header_length_is_read_as_ascii_digits_only():
+    # int() read "2_3" as 23 (and other scripts' digits as ASCII ones).
+    from async_search.errors import ModelOutputError
+    from async_search.http.client import _decode_response
+
+    header = json.dumps({"model_version": "1", "outputs": [{
+        "name": "output", "datatype": "FP32", "shape": [1],
+        "parameters": {"binary_data_size": 4}}]}).encode()
+    payload = header + np.float32([7]).tobytes()
+    length = str(len(header))
+    assert _decode_response(payload, length, "the server")[0].tolist() == [7.0]
+    with pytest.raises(ModelOutputError, match="Inference-Header-Content-Length is"):
+        _decode_response(payload, length[0] + "_" + length[1:], "the server")

@@ -231,7 +231,7 @@ async def test_bad_requests_get_4xx_errors_and_the_server_keeps_serving():
         ("/v2/models/mlp/infer", h + X[:1].tobytes()[:30],
          {"Inference-Header-Content-Length": str(len(h))}, 400, "truncated"),
         ("/v2/models/mlp/infer", good, {"Inference-Header-Content-Length": "-3"}, 400,
-         "Inference-Header-Content-Length is -3"),
+         "Inference-Header-Content-Length must be an integer, got '-3'"),
         ("/v2/models/nope/infer", good, {}, 404, "unknown model 'nope'"),
         ("/v2/models/mlp/versions/7/infer", good, {}, 404, "has no version '7'"),
         ("/v2/nowhere", good, {}, 404, "Not Found"),
@@ -623,3 +623,75 @@ async def test_a_model_that_never_returns_holds_the_exit_one_grace_at_most():
             assert time.monotonic() - began < 4  # the grace, then one more for the model
     finally:
         model.gate.set()
+
+
+async def test_unknown_unload_parameters_are_named_cut_and_at_most_ten():
+    # A 100 KB key, or 20,000 keys (229 KB), came back whole in the 400's message.
+    async with HttpFront({"mlp": ModelSource(lambda: MODEL)},
+                         enable_repository=True) as front, aiohttp.ClientSession() as s:
+        url = f"{front.url}/v2/repository/models/mlp/unload"
+        for parameters in ({"k" * 100_000: 1}, {f"key{i}": 1 for i in range(20_000)}):
+            status, payload = await post(s, url, json.dumps({"parameters": parameters}))
+            assert status == 400 and len(payload) < 1000, (status, len(payload))
+            assert "unknown unload parameters" in json.loads(payload)["error"]
+        assert front.repository.entry("mlp").ready  # nothing was unloaded
+
+
+async def test_a_load_body_over_max_json_bytes_gets_413_chunked_or_not():
+    # Only the Content-Length was checked: a chunked 12.5 MB body was parsed, and loaded.
+    payload = json.dumps({"parameters": {"num_workers": 1}, "pad": [1.5] * 1000}).encode()
+
+    async def chunks():
+        for i in range(0, len(payload), 500):
+            yield payload[i:i + 500]
+
+    async with HttpFront({"mlp": ModelSource(lambda: MODEL)}, enable_repository=True,
+                         limits=HttpLimits(max_json_bytes=1000)) as front, \
+            aiohttp.ClientSession() as s:
+        url = f"{front.url}/v2/repository/models/mlp/load"
+        for data in (chunks(), payload):
+            status, answer = await post(s, url, data)
+            assert status == 413, (status, answer[:200])
+            assert "max_json_bytes of 1000" in json.loads(answer)["error"]
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    chunks = []
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except (ConnectionResetError, socket.timeout):
+        pass
+    return b"".join(chunks)
+
+
+async def test_a_burst_of_connections_each_with_its_request_gets_an_answer_each():
+    # At the cap, connections whose requests had arrived but had not reached the
+    # handlers yet were closed as idle, with no answer (13 of 40 at a cap of 16).
+    async def twice(x):
+        return 2 * x
+
+    cap, n = 8, 20
+    body = infer_body(np.ones((1, 4), np.float32))
+    request = (b"POST /v2/models/twice/infer HTTP/1.1\r\nHost: x\r\nConnection: close"
+               b"\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    async with HttpFront({"twice": twice},
+                         limits=HttpLimits(max_connections=cap)) as front:
+        sockets = []
+        try:
+            for _ in range(n):  # all sent before the front (this loop) accepts any
+                sockets.append(socket.create_connection(("127.0.0.1", front.port),
+                                                        timeout=10))
+                sockets[-1].sendall(request)
+            answers = await in_thread(lambda: [read_answer(s) for s in sockets])
+        finally:
+            for sock in sockets:
+                sock.close()
+    statuses = [answer.split(b"\r\n", 1)[0] for answer in answers]
+    assert set(statuses) <= {b"HTTP/1.1 200 OK", b"HTTP/1.1 503 Service Unavailable"}, \
+        statuses
+    assert statuses.count(b"HTTP/1.1 200 OK") >= cap
+    assert front.connections.evicted == 0

@@ -357,3 +357,21 @@ def test_protocol_errors_live_in_errors_and_keep_their_status_across_pickling():
     error = pickle.loads(pickle.dumps(errors.ProtocolError("too large", status=413)))
     assert isinstance(error, ValueError) and error.status == 413
     assert str(error) == "too large"
+
+
+@pytest.mark.parametrize("size", ["x" * 100_000, list(range(20_000)), 10 ** 4000])
+def test_a_bad_binary_data_size_is_quoted_cut_not_echoed(size):
+    # A 100 KB binary_data_size string came back whole in the 400's message.
+    header = body([tensor(shape=(1, 4), binary_data_size=size)])
+    with pytest.raises(ProtocolError, match="'binary_data_size'") as info:
+        kserve.decode_request(header + b"\0" * 16, str(len(header)))
+    assert info.value.status == 400 and len(str(info.value)) < 300, len(str(info.value))
+
+
+@pytest.mark.parametrize("length", ["1_0", "+10", "\u0661\u0660", "10.0", "9" * 5000])
+def test_inference_header_content_length_is_ascii_digits_only(length):
+    # int() read "1_0" as 10, and the digits of other scripts as ASCII ones.
+    with pytest.raises(ProtocolError, match="must be an integer") as info:
+        kserve.json_length(100, length)
+    assert info.value.status == 400 and len(str(info.value)) < 200
+    assert kserve.json_length(100, "10") == 10

@@ -80,7 +80,7 @@ def test_tensorflow_weights_are_checked_when_staged(keras_net, tf):
     weights = keras_net.get_weights()
     with pytest.raises(ValueError, match=r"has shape \(6,\)"):
         model.with_weights([np.zeros(6)] + weights[1:])
-    with pytest.raises(ValueError, match="the 4 arrays of get_weights"):
+    with pytest.raises(ValueError, match=r"the 4 arrays of get_weights\(\), got a list of 3$"):
         model.with_weights(weights[:3])
     plain = TensorFlowModel(lambda x: 2.0 * x, TensorSpec((3,), np.float32))
     with pytest.raises(TypeError, match="pass a new model"):
