@@ -541,7 +541,7 @@ class HttpFront(FrontLifetime):
         name = request.match_info["name"]
         parameters = dict(await self._parameters(request))
         parameters.pop("unload_dependents", None)  # sent by tritonclient; none here
-        if parameters:  # keys cut and counted as a load's are: never echoed whole
+        if parameters:  # named as a load names them: cut to 40 characters, 10 at most
             unknown = sorted(str(k)[:40] for k in parameters)
             raise ProtocolError(f"unknown unload parameters {unknown[:10]}: the only "
                                 f"unload parameter is unload_dependents")

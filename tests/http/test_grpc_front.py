@@ -277,3 +277,29 @@ async def test_a_second_signal_ends_the_grace_and_a_hung_model_holds_no_exit():
             await channel.close()
     finally:
         model.gate.set()
+
+
+async def test_methods_the_front_does_not_serve_answer_unimplemented_without_a_traceback(
+        caplog):
+    # The stubs' own methods raised NotImplementedError: a traceback logged per call,
+    # and the client told "Unexpected <class 'NotImplementedError'>".
+    async with front() as f, grpc.aio.insecure_channel(f.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for name, call in [
+                ("RepositoryModelLoad", stub.RepositoryModelLoad(
+                    pb.RepositoryModelLoadRequest(model_name="mlp"))),
+                ("ModelStatistics", stub.ModelStatistics(pb.ModelStatisticsRequest()))]:
+            error = await status_of(call)
+            assert error.code() == Code.UNIMPLEMENTED, (name, error)
+            assert error.details() == f"{name} is not served by this front over gRPC"
+
+        async def requests():
+            yield infer_request(X)
+
+        stream = stub.ModelStreamInfer(requests())
+        assert await within(stream.code(), "the stream's status") == Code.UNIMPLEMENTED
+        assert await stream.details() == ("ModelStreamInfer is not served by this front "
+                                          "over gRPC")
+        assert (await stub.ServerLive(pb.ServerLiveRequest())).live
+    assert not [r for r in caplog.records if "NotImplementedError" in r.getMessage()
+                or r.exc_info], [r.getMessage() for r in caplog.records]

@@ -359,7 +359,8 @@ def test_protocol_errors_live_in_errors_and_keep_their_status_across_pickling():
     assert str(error) == "too large"
 
 
-@pytest.mark.parametrize("size", ["x" * 100_000, list(range(20_000)), 10 ** 4000])
+@pytest.mark.parametrize("size", ["x" * 100_000, list(range(20_000)), 10 ** 4000],
+                         ids=["100 KB of text", "20,000 numbers", "4001 digits"])
 def test_a_bad_binary_data_size_is_quoted_cut_not_echoed(size):
     # A 100 KB binary_data_size string came back whole in the 400's message.
     header = body([tensor(shape=(1, 4), binary_data_size=size)])
@@ -368,7 +369,8 @@ def test_a_bad_binary_data_size_is_quoted_cut_not_echoed(size):
     assert info.value.status == 400 and len(str(info.value)) < 300, len(str(info.value))
 
 
-@pytest.mark.parametrize("length", ["1_0", "+10", "\u0661\u0660", "10.0", "9" * 5000])
+@pytest.mark.parametrize("length", ["1_0", "+10", "\u0661\u0660", "10.0", "9" * 5000],
+                         ids=["underscore", "sign", "arabic-indic", "fraction", "long"])
 def test_inference_header_content_length_is_ascii_digits_only(length):
     # int() read "1_0" as 10, and the digits of other scripts as ASCII ones.
     with pytest.raises(ProtocolError, match="must be an integer") as info:
