@@ -254,6 +254,24 @@ def _elements(data: Any, path: Tuple[int, ...] = ()):
         yield path, data
 
 
+def _holds_bool(data: Any) -> bool:
+    """Whether nested lists hold a JSON true or false (one pass, each list's types
+    gathered by ``map``: a megabyte of numbers takes milliseconds)."""
+    lists = [data]
+    while lists:
+        items = lists.pop()
+        if type(items) is not list:
+            if type(items) is bool:
+                return True
+            continue
+        kinds = set(map(type, items))
+        if bool in kinds:
+            return True
+        if list in kinds:
+            lists.extend(item for item in items if type(item) is list)
+    return False
+
+
 def _nonfinite_strings(values: np.ndarray, data: Any, what: str) -> np.ndarray:
     """Float data that holds strings, as float64: numbers, and the strings "NaN",
     "Infinity", "-Infinity". NumPy turned every element into a string, so the elements
@@ -305,6 +323,11 @@ def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) ->
         except OverflowError:
             raise ProtocolError(f"{what} 'data' has an integer outside the range of "
                                 f"{_NAMES[dtype]}") from None
+    if kind in "iuf" and values.size and _holds_bool(data):
+        # NumPy took true and false among numbers as 1 and 0 (a list of them alone is
+        # refused below): a numeric datatype takes numbers only.
+        raise ProtocolError(f"{what} 'data' holds true/false among numbers where the "
+                            f"datatype {_NAMES[dtype]} needs numbers")
     if values.size and not (kind == "b" if dtype.kind == "b" else
                             kind in "iu" if dtype.kind in "iu" else kind in "iuf"):
         raise ProtocolError(f"{what} 'data' holds {values.dtype} values where the "

@@ -150,6 +150,12 @@ A = np.zeros((2, 3), np.float32)
     (body([tensor([1.5] * 6, datatype="INT32")]), None, "without fractions"),
     (body([tensor([300] * 6, datatype="INT8")]), None, r"outside the range of INT8"),
     (body([tensor([1] * 6, datatype="BOOL")]), None, "needs true/false"),
+    # NumPy read true and false among numbers as 1 and 0: taken as numbers before
+    (body([tensor([True, False, True, 1, 2, 3])]), None,
+     "holds true/false among numbers where the datatype FP32 needs numbers"),
+    (body([tensor([[1.5, 2, 3], [4, 5, False]])]), None, "holds true/false among numbers"),
+    (body([tensor([1, 2, 3, 4, 5, True], datatype="INT32")]), None,
+     "holds true/false among numbers where the datatype INT32"),
     (body([tensor()]), None, "neither 'data' nor a 'binary_data_size'"),
     (body([{**GOOD, "parameters": []}]), None, "'parameters' must be a JSON object"),
     (body([GOOD], parameters={"binary_data_output": "yes"}), None,
