@@ -449,19 +449,35 @@ class Router:
     def update_model(self, model_or_weights: Any, version: Hashable) -> None:
         """``update_model`` on every server (each swaps between its own batches).
 
+        Every server checks the update and makes its new model first (its
+        ``prepare_update``, as ``asr.serve``'s servers have), and only then do all swap:
+        a server that refuses it (closed, another input spec, weights that do not fit)
+        leaves every server on the model it had.
+
         Raises:
-            TypeError: a server has no ``update_model``; found before any swaps, so
-                that no server is left on the other model.
+            TypeError: a server has no ``update_model``.
+            What a server's check raises (its message names the server).
+            In each case no server was updated.
         """
-        updates = []
+        swaps, unchecked = [], []
         for name, evaluate in self.servers.items():
-            update = getattr(evaluate, "update_model", None)
-            if update is None:
-                raise TypeError(f"server {name!r} ({type(evaluate).__name__}) has no "
-                                f"update_model: serve it with asr.serve; no server "
-                                f"was updated")
-            updates.append(update)
-        for update in updates:
+            prepare = getattr(evaluate, "prepare_update", None)
+            if prepare is None:
+                update = getattr(evaluate, "update_model", None)
+                if update is None:
+                    raise TypeError(f"server {name!r} ({type(evaluate).__name__}) has no "
+                                    f"update_model: serve it with asr.serve; no server "
+                                    f"was updated")
+                unchecked.append(update)
+                continue
+            try:
+                swaps.append(prepare(model_or_weights, version))
+            except Exception as e:
+                raise _naming(e, f"server {name!r} refused the update, so no server was "
+                                 f"updated") from e
+        for swap in swaps:
+            swap()
+        for update in unchecked:  # servers that cannot check first: last
             update(model_or_weights, version)
 
     @property
@@ -477,6 +493,17 @@ class Router:
             "rejected": self._rejected,
             "parts_in_flight": len(self._tasks),
         }
+
+
+def _naming(error: Exception, said: str) -> Exception:
+    """``error`` again, of its type, with ``said`` before its message (itself, with
+    ``said`` as a note, when its type takes no message)."""
+    try:
+        renamed = type(error)(f"{said}: {error}")
+    except Exception:  # noqa: BLE001 - a type with other arguments
+        error.add_note(said)
+        return error
+    return renamed
 
 
 def _raised_by_server(error: BaseException) -> bool:

@@ -551,6 +551,19 @@ class BatchingServer(AsyncWithOnly):
                 one requests are checked against, or an ``output_spec`` that does not
                 fit the outputs the server expects; nothing is swapped.
         """
+        self.prepare_update(model_or_weights, version)()
+
+    def prepare_update(self, model_or_weights: Any, version: Hashable,
+                       ) -> Callable[[], None]:
+        """Every check of ``update_model``, and the new model made, without the swap:
+        returns the swap, to call before anything else changes the server (no await
+        between). A ``Router`` prepares each of its servers' before it swaps any, so
+        that one that refuses leaves none on the other model.
+
+        Raises:
+            what ``update_model`` raises; ServerClosedError or RuntimeError when the
+            server is not serving. Nothing has changed then.
+        """
         self._require_running()
         served_input = self._check.spec
         new_model = replaces_model(self.model, model_or_weights)
@@ -570,15 +583,20 @@ class BatchingServer(AsyncWithOnly):
             except ModelOutputError as e:
                 raise ValueError(f"update_model: the new model's output_spec does not fit: "
                                  f"{e}") from None
-        self._workers.set_model(model_or_weights, version)
-        self._swap_token = object()
-        if isinstance(given_input, TensorSpec) and served_input is None:
-            # No request yet: the new model's declared spec checks them from now on.
-            self._check = RequestChecker(given_input)
-            self._shape, self._dtype = self._check.shape, self._check.dtype
-        if new_model:  # weights alone keep the model's check_values
-            self._check.values = self._values = values_check_of(model_or_weights)
-            self._last_shape = None
+        swap_models = self._workers.prepare_model(model_or_weights, version)
+
+        def swap() -> None:
+            swap_models()
+            self._swap_token = object()
+            if isinstance(given_input, TensorSpec) and served_input is None:
+                # No request yet: the new model's declared spec checks them from now on.
+                self._check = RequestChecker(given_input)
+                self._shape, self._dtype = self._check.shape, self._check.dtype
+            if new_model:  # weights alone keep the model's check_values
+                self._check.values = self._values = values_check_of(model_or_weights)
+                self._last_shape = None
+
+        return swap
 
     @property
     def num_workers(self) -> int:

@@ -176,6 +176,17 @@ class Workers:
         framework's net that the current adapter takes as weights, is passed to the
         current model's ``with_weights``, which returns the new model.
         """
+        self.prepare_model(model_or_weights, version)()
+
+    def prepare_model(self, model_or_weights: Any, version: Hashable,
+                      ) -> Callable[[], None]:
+        """Makes every worker's new model (``set_model``), swapping none: returns the
+        swap, to call before anything else changes the workers (no await between).
+
+        Raises:
+            what making a new model raises (a model that cannot be placed, weights that
+            do not fit); nothing has changed then.
+        """
         workers = self._threads if self._threaded else [self._inline]
         # Every new model is made before any worker swaps: if one fails (a model that
         # cannot be placed, weights that do not fit), nothing has changed.
@@ -197,10 +208,14 @@ class Workers:
             current = renewed(self._model)
         if not self._threaded and has_hooks(current):
             raise ValueError(HOOKS_ON_LOOP)
-        for worker, model in zip(workers, new_models):
-            worker.set_model(model, version)
-        self._model = current
-        self.version = version
+
+        def swap() -> None:
+            for worker, model in zip(workers, new_models):
+                worker.set_model(model, version)
+            self._model = current
+            self.version = version
+
+        return swap
 
     def stop(self, discard_queued: bool = False) -> List[Any]:
         """Tells every thread to end, without waiting: each ends once the batch it

@@ -621,6 +621,32 @@ async def test_update_model_checks_every_server_before_any_swaps():
         assert served.version == 0
 
 
+@pytest.mark.parametrize("refusal", ["closed", "another input spec"])
+async def test_a_server_that_refuses_the_update_leaves_every_server_on_its_model(refusal):
+    # The servers before it had swapped already: the router then alternated between
+    # two models' answers (and a cache in front stopped caching).
+    import contextlib
+    from async_search.models import with_spec
+
+    x = np.zeros((1, 4), np.float32)
+    async with contextlib.AsyncExitStack() as stack:
+        a, b, c = [await stack.enter_async_context(asr.serve(MLP((4,), seed=0)))
+                   for _ in range(3)]
+        router = Router({"a": a, "b": b, "c": c})
+        expected = await router(x)
+        if refusal == "closed":
+            await b.aclose()
+            new, match = MLP((4,), seed=1), "server 'b' refused the update, so no server"
+        else:
+            new = with_spec(lambda x: x[:, :1], (3,), np.float32)
+            match = "server 'a' refused the update, so no server was updated: update_model"
+        with pytest.raises((RuntimeError, ValueError), match=match):
+            router.update_model(new, version=1)
+        assert (a.version, c.version) == (0, 0)
+        for _ in range(6):
+            np.testing.assert_array_equal(await router(x), expected)
+
+
 async def test_a_cancelled_error_a_server_raises_is_its_failure_not_the_callers():
     # It reached the caller as if the caller had been cancelled, with no failover and
     # nothing counted against the server.
