@@ -126,25 +126,40 @@ async def within_deadline(awaitable: Awaitable, timeout: float) -> Any:
         ('done', 'timed out')
     """
     task = asyncio.ensure_future(awaitable)
+    loop = task.get_loop()
     expired = []
 
     def expire() -> None:
         expired.append(True)
         task.cancel(DEADLINE_PASSED)
 
-    timer = task.get_loop().call_later(timeout, expire)
+    before = cancellations()  # the caller's own, from a cancellation it swallowed
+    due = loop.time() + timeout
+    timer = loop.call_later(timeout, expire)
     try:
-        return await task
+        result = await task
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        cancelling = getattr(current, "cancelling", None)  # Python 3.11+
-        if not expired or not task.cancelled() or (cancelling is not None and
-                                                   cancelling()):
+        if not expired or not task.cancelled() or cancellations() != before:
             raise  # the caller was cancelled
         raise RequestTimeoutError(
             f"no answer within the request's timeout of {timeout:g} s") from None
     finally:
         timer.cancel()
+    if expired or loop.time() >= due:
+        # The answer came in the loop iteration the deadline fell in, before the timer
+        # ran (a model that computes on the loop past the deadline): late all the same.
+        raise RequestTimeoutError(
+            f"no answer within the request's timeout of {timeout:g} s (it came "
+            f"{loop.time() - due:.3g} s late)")
+    return result
+
+
+def cancellations() -> int:
+    """How many cancellations of the running task are pending (Python 3.11's
+    ``Task.cancelling``; 0 where it cannot tell): compared before and after an await,
+    it tells a cancellation of the caller from one a callee raised."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling() if cancelling is not None else 0
 
 
 def _expire(fut: asyncio.Future, timeout: float, on_expiry: Callable[[], None] | None,

@@ -136,3 +136,62 @@ async def test_a_result_that_comes_past_the_deadline_is_a_timeout_not_a_late_ans
             await late
         assert evaluate.stats["timed_out"] == 1
         np.testing.assert_array_equal(await evaluate(np.ones((1, 1)), timeout=5), [[2.0]])
+
+
+@pytest.mark.parametrize("wrapper", ["router", "cache", "within_deadline"])
+async def test_an_answer_computed_on_the_loop_past_the_deadline_is_a_timeout(wrapper):
+    # The answer came in the loop iteration of the deadline, before its timer ran: the
+    # router handed it out 0.3 s late where the server it wraps raised the timeout.
+    import time
+
+    from async_search.models import with_spec
+    from async_search.routing.cache import CachedEvaluate
+    from async_search.routing.router import Router
+
+    def slow(x):
+        time.sleep(0.1)
+        return x * 2.0
+
+    evaluate = asr.immediate(with_spec(slow, (1,), np.float64))
+    x = np.ones((1, 1))
+    if wrapper == "router":
+        call = Router({"a": evaluate})(x, timeout=0.02)
+    elif wrapper == "cache":
+        call = CachedEvaluate(evaluate, fixed_model=True)(x, timeout=0.02)
+    else:
+        call = within_deadline(evaluate(x), 0.02)
+    with pytest.raises(RequestTimeoutError, match="timeout of 0.02 s"):
+        await call
+
+
+@pytest.mark.parametrize("wrapper", ["router", "cache"])
+async def test_a_timeout_in_a_task_that_swallowed_a_cancellation_is_still_a_timeout(
+        wrapper):
+    # The caller's pending cancellations were read as a count from zero: a task that
+    # once caught CancelledError (without uncancel) got CancelledError at a deadline.
+    from async_search.routing.cache import CachedEvaluate
+    from async_search.routing.router import Router
+
+    gate = asyncio.Event()
+
+    async def hung(x):
+        await gate.wait()
+        return x
+
+    hung.version, hung.swap_token = 0, object()
+    evaluate = Router({"a": hung}) if wrapper == "router" else CachedEvaluate(hung)
+
+    async def caller():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass  # swallowed: the task's count stays at 1
+        with pytest.raises(RequestTimeoutError):
+            await evaluate(np.ones((1, 1), np.float32), timeout=0.02)
+        return "timed out"
+
+    task = asyncio.ensure_future(caller())
+    await asyncio.sleep(0)
+    task.cancel()
+    assert await asyncio.wait_for(task, 5) == "timed out"
+    gate.set()

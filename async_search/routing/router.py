@@ -39,7 +39,8 @@ import numpy as np
 from async_search import rows
 from async_search.base import (Outputs, Versioned, evaluate_with_version, evaluated,
                                same_version, version_of)
-from async_search.deadlines import check_timeout, deadline_passed, within_deadline
+from async_search.deadlines import (cancellations, check_timeout, deadline_passed,
+                                    within_deadline)
 from async_search.errors import (InputSpecError, ModelOutputError, RequestTimeoutError,
                                  ServerClosedError, deliverable)
 from async_search.requests import plain_array
@@ -358,6 +359,7 @@ class Router:
         entry.outstanding += 1
         entry.requests += 1
         self.outstanding[name] = entry.outstanding
+        before = cancellations()
         try:
             if want_version:
                 outputs, version = await evaluate_with_version(entry.evaluate, x)
@@ -375,7 +377,7 @@ class Router:
                     f"server {name!r} did not answer within the request's deadline"))
                 entry.failures += 1
                 raise
-            if _raised_by_server(e):  # not the caller's cancellation: the server's fault
+            if _raised_by_server(e, before):  # not the caller's cancellation: its fault
                 error = deliverable(e)
                 breaker.record(permit, ok=False, error=error)
                 entry.failures += 1
@@ -506,14 +508,18 @@ def _naming(error: Exception, said: str) -> Exception:
     return renamed
 
 
-def _raised_by_server(error: BaseException) -> bool:
+#: Whether this Python counts a task's pending cancellations (3.11+).
+_COUNTS_CANCELLATIONS = hasattr(asyncio.Task, "cancelling")
+
+
+def _raised_by_server(error: BaseException, before: int) -> bool:
     """Whether ``error`` is a CancelledError that a server raised while nothing
-    cancelled the routing task (Python 3.11+ counts cancellations; 3.10 cannot tell,
-    and says no): it would read as the caller's own cancellation."""
+    cancelled the routing task (its pending cancellations still ``before``, as when
+    the request was sent; Python 3.11+ counts them, 3.10 cannot tell and says no): it
+    would read as the caller's own cancellation."""
     if not isinstance(error, asyncio.CancelledError):
         return False
-    cancelling = getattr(asyncio.current_task(), "cancelling", None)
-    return cancelling is not None and cancelling() == 0
+    return _COUNTS_CANCELLATIONS and cancellations() == before
 
 
 def _one_row_each(name: str, outputs: Outputs, size: int) -> Outputs:
