@@ -138,13 +138,23 @@ _POLICIES = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding,
 _UNVERSIONED = ("unversioned server",)
 
 
+#: A passed deadline counts against the server that kept the request only when the
+#: server had it this many times its usual answer time (a moving average of its
+#: answers; before its first, the other servers' quickest), or ``FIRST_FAIR_S`` seconds
+#: before any server answered: callers choose their deadlines, and ten requests with a
+#: deadline of a microsecond opened every healthy server's breaker.
+FAIR_FACTOR = 2.0
+FIRST_FAIR_S = 0.1
+_USUAL_WEIGHT = 0.1  # of the latest answer in the moving average
+
+
 class _Entry:
     """A server as added to the router: its evaluate function, breaker and counters.
     Adding a server under a name that was removed makes a new entry, so that the old
     server's requests still in flight end against the old entry and never move the
     new server's numbers."""
 
-    __slots__ = ("evaluate", "breaker", "requests", "failures", "outstanding")
+    __slots__ = ("evaluate", "breaker", "requests", "failures", "outstanding", "usual_s")
 
     def __init__(self, evaluate: Any, breaker: CircuitBreaker):
         self.evaluate = evaluate
@@ -152,6 +162,21 @@ class _Entry:
         self.requests = 0
         self.failures = 0
         self.outstanding = 0
+        self.usual_s: float | None = None  # its answers' time, a moving average
+
+    def answered(self, seconds: float) -> None:
+        usual = self.usual_s
+        self.usual_s = seconds if usual is None else usual + _USUAL_WEIGHT * (
+            seconds - usual)
+
+    def had_a_fair_chance(self, seconds: float, others_usual_s: float | None) -> bool:
+        """Whether a deadline that passed after the server had a request for
+        ``seconds`` is the server's failure: it had ``FAIR_FACTOR`` times its usual
+        answer time (before its first answer, the other servers' quickest usual time;
+        ``FIRST_FAIR_S`` before any answer). A caller's deadline shorter than that is
+        the caller's doing, and moves no breaker."""
+        usual = self.usual_s if self.usual_s is not None else others_usual_s
+        return seconds >= (FIRST_FAIR_S if usual is None else FAIR_FACTOR * usual)
 
 
 class _ServerFailed(Exception):
@@ -360,6 +385,7 @@ class Router:
         entry.requests += 1
         self.outstanding[name] = entry.outstanding
         before = cancellations()
+        sent = time.perf_counter()
         try:
             if want_version:
                 outputs, version = await evaluate_with_version(entry.evaluate, x)
@@ -372,10 +398,15 @@ class Router:
                 breaker.record(permit, ok=False, error=e)  # a batch's requests: once
                 entry.failures += 1
                 raise _ServerFailed(name, e) from e
-            if deadline_passed(e):  # the server kept it past its deadline: a failure
-                breaker.record(permit, ok=False, error=RequestTimeoutError(
-                    f"server {name!r} did not answer within the request's deadline"))
-                entry.failures += 1
+            if deadline_passed(e):
+                if entry.had_a_fair_chance(time.perf_counter() - sent, min(
+                        (e.usual_s for e in self._entries.values()
+                         if e.usual_s is not None), default=None)):
+                    breaker.record(permit, ok=False, error=RequestTimeoutError(
+                        f"server {name!r} did not answer within the request's deadline"))
+                    entry.failures += 1
+                else:  # a deadline too short for any server: the caller's doing
+                    breaker.release(permit)
                 raise
             if _raised_by_server(e, before):  # not the caller's cancellation: its fault
                 error = deliverable(e)
@@ -386,6 +417,7 @@ class Router:
             raise
         else:
             breaker.record(permit, ok=True)
+            entry.answered(time.perf_counter() - sent)
             return outputs, version
         finally:
             entry.outstanding -= 1

@@ -598,8 +598,28 @@ async def test_a_server_that_keeps_requests_past_their_deadline_trips_its_breake
         except TimeoutError:
             timeouts += 1
     stats = router.stats["servers"]["hung"]
-    assert timeouts == 2 and stats["failures"] == 2
+    # The first timeout came before any server had answered, from a deadline shorter
+    # than FIRST_FAIR_S: not counted; the next two were (the good server answers in
+    # microseconds).
+    assert timeouts == 3 and stats["failures"] == 2
     assert stats["breaker"]["state"] == "open"
+
+
+async def test_a_deadline_shorter_than_a_servers_usual_answer_is_the_callers_doing():
+    # Ten requests with a deadline of a microsecond opened every healthy server's
+    # breaker: a caller's deadline is the caller's choice, as its bad input is.
+    async def usual(x):
+        await asyncio.sleep(0.01)
+        return x[:, :1]
+
+    router = Router({"a": usual, "b": usual}, breaker=BreakerPolicy(failure_threshold=1))
+    for _ in range(4):
+        await router(np.zeros((1, 2)))
+    for _ in range(10):
+        with pytest.raises(TimeoutError):
+            await router(np.zeros((1, 2)), timeout=1e-3)
+    assert [s["failures"] for s in router.stats["servers"].values()] == [0, 0]
+    assert (await router(np.ones((1, 2)))).tolist() == [[1.0]]
 
 
 async def test_a_model_given_as_a_server_is_named_as_such():
