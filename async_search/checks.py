@@ -15,6 +15,7 @@ names the argument, the rule and the value given.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import reprlib
 from typing import Any
@@ -101,6 +102,19 @@ def check_callable(name: str, value: Any, *, optional: bool = False) -> Any:
         raise TypeError(f"{name} must be {rule}, got {type(value).__name__} "
                         f"{reprlib.repr(value)}")
     return value
+
+
+def is_async(fn: Any) -> bool:
+    """Whether calling ``fn`` makes a coroutine: an ``async def`` function, or an object
+    whose ``__call__`` is one.
+
+    Example:
+        >>> async def hook(record): pass
+        >>> is_async(hook), is_async(print)
+        (True, False)
+    """
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(type(fn), "__call__", None))
 
 
 class AsyncWithOnly:

@@ -21,7 +21,7 @@ from async_search.base import (Outputs, TensorSpec, first_version, input_spec_of
                                on_device, output_spec_of, replaces_model, values_check_of)
 from async_search.batchers import Batcher, FairBatcher, Popped
 from async_search.checks import (AsyncWithOnly, check_callable, check_float,
-                                 check_instance, check_int)
+                                 check_instance, check_int, is_async)
 from async_search.deadlines import (Deadline, check_timeout, expire_due,
                                     track_deadline)
 from async_search.delivery import ResultDelivery
@@ -164,6 +164,11 @@ class BatchingServer(AsyncWithOnly):
         check_int("num_workers", num_workers, minimum=1)
         check_callable("the model", model)
         check_callable("on_batch", on_batch, optional=True)
+        if on_batch is not None and is_async(on_batch):
+            raise TypeError("on_batch is called on the loop as each batch comes back, and "
+                            "nothing awaits it: pass a plain function (one that needs to "
+                            "await can start a task: asyncio.get_running_loop()"
+                            ".create_task(...))")
         if batcher is not None:
             check_instance("batcher", batcher, Batcher, "FairBatcher(256)")
         self._placement = placement_of(model_thread)
@@ -498,7 +503,8 @@ class BatchingServer(AsyncWithOnly):
         if workers is not None and workers.threaded:  # those of the threads now
             devices = self._closed_devices if self._closed else workers.devices
         if devices is not None and any(d is not None for d in devices):
-            stats["devices"] = [str(device) for device in devices]
+            stats["devices"] = [None if device is None else str(device)
+                                for device in devices]
         if self._tuner is not None:
             stats["auto_batch_size"] = self._tuner.report()
         return stats

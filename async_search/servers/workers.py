@@ -127,6 +127,7 @@ class Workers:
         self._exited.append(exited)
         self._jobs.put(STOP)
         await exited
+        self.join_ended()  # only their last steps remained: nothing of them is kept
 
     @property
     def batch_seconds(self) -> float | None:
@@ -202,7 +203,9 @@ class Workers:
             new_models = [model_or_weights if device is None
                           else on_device(model_or_weights, device) for device in devices]
             placed = [m for m, device in zip(new_models, devices) if device is not None]
-            current = placed[0] if placed else model_or_weights
+            # The model itself while a worker runs it as it is; on a server of device
+            # copies only, the first copy (a model no worker runs is not kept).
+            current = placed[0] if placed and None not in devices else model_or_weights
         else:
             new_models = [renewed(w.model) for w in workers]
             current = renewed(self._model)
@@ -267,6 +270,7 @@ class Workers:
         if thread in self._threads:
             self._threads.remove(thread)
             self._ended.append(thread)
+            self._let_go_of(thread)
             if self._on_count is not None:
                 self._on_count(len(self))
         if self._exited:
@@ -276,6 +280,22 @@ class Workers:
         if not self._threads and self._all_exited is not None:
             if not self._all_exited.done():
                 self._all_exited.set_result(None)
+
+
+    def _let_go_of(self, thread: DeviceThread) -> None:
+        """Drops what an ended thread's model was kept by: the thread, the loop's
+        device (which ran the first thread's model), and the current model when it
+        was that thread's own copy on its device (the next live thread's model is
+        current then). A removed worker's copy (device memory) is freed now, not when
+        the server closes."""
+        model, version = thread.current
+        thread.set_model(None, version)
+        if self._inline is not None and self._inline.model is model:
+            self._inline.set_model(self._model, self.version)
+        if model is self._model and thread.device is not None and self._threads:
+            self._model = self._threads[0].current[0]
+            if self._inline is not None:
+                self._inline.set_model(self._model, self.version)
 
 
 HOOKS_ON_LOOP = ("a model with load/unload hooks is loaded in its device thread: "

@@ -455,6 +455,23 @@ async def test_a_model_or_on_batch_that_cannot_be_called_is_refused_when_served(
         asr.immediate(np.zeros(3))
 
 
+async def test_an_async_on_batch_is_refused_when_served_not_left_unawaited():
+    # It was accepted: each batch made a coroutine nothing awaited (one RuntimeWarning),
+    # and the hook never ran.
+    async def on_batch(record):
+        pass
+
+    class Hook:
+        async def __call__(self, record):
+            pass
+
+    for hook in (on_batch, Hook()):
+        with pytest.raises(TypeError, match="on_batch is called on the loop as each "
+                                            "batch comes back, and nothing awaits it"):
+            async with asr.serve(MLP((2,)), on_batch=hook):
+                pass
+
+
 @pytest.mark.parametrize("served", [True, False])
 async def test_an_on_batch_that_raises_is_reported_and_fails_no_request(served):
     reported = []

@@ -502,3 +502,55 @@ async def test_a_worker_added_after_a_removal_never_takes_a_running_threads_name
         # (the removed thread may still be ending: only the names must differ)
         names = [t.name for t in threading.enumerate() if t.name.startswith("async_search")]
         assert len(names) == len(set(names)) and len(evaluate._workers.running) == 2
+
+
+class _Placed:
+    """``x * k``, plus 1000 on a device: tells a copy from the model itself."""
+
+    def __init__(self, k, device=None):
+        self.k, self.device = k, device
+
+    def __call__(self, x):
+        return x * self.k + (0 if self.device is None else 1000)
+
+    def on_device(self, device):
+        return _Placed(self.k, device)
+
+
+async def test_a_removed_workers_model_copy_is_let_go_of_when_it_ends():
+    # Each removed thread stayed in a list, holding its copy (device memory), until the
+    # server closed: an autoscaler's add and remove grew it without bound.
+    copies = []
+
+    class Copies(_Placed):
+        def on_device(self, device):
+            copies.append(weakref.ref(copy := Copies(self.k, device)))
+            return copy
+
+    async with asr.serve(Copies(1), model_thread=True) as evaluate:
+        for i in range(5):
+            await evaluate.add_worker(device=f"device-{i}")
+            await within(evaluate(np.ones((2, 1))), "an answer")
+            await evaluate.remove_worker()
+        import gc
+        gc.collect()
+        assert evaluate.num_workers == 1  # the first thread, or the last copy's
+        alive = [copy.device for copy in (ref() for ref in copies) if copy is not None]
+        assert alive == [d for d in evaluate.stats.get("devices", [None]) if d]
+
+
+async def test_an_update_keeps_the_model_itself_current_beside_a_device_copy():
+    # The device copy became the current model: a plain add_worker ran it (and on a
+    # server of device copies, one whose worker was removed stayed current).
+    async with asr.serve(_Placed(1), model_thread=True) as evaluate:
+        await evaluate.add_worker(device="gpu-1")
+        evaluate.update_model(_Placed(2), "v2")
+        assert evaluate.model.device is None and evaluate.model.k == 2
+        await evaluate.add_worker()
+        assert evaluate.stats["devices"] == [None, "gpu-1", None]
+    async with asr.serve(_Placed(1), devices=["a", "b"]) as evaluate:
+        await evaluate.remove_worker()
+        (left,) = evaluate.stats["devices"]
+        assert evaluate.model.device == left  # the copy of the worker still serving
+        evaluate.update_model(_Placed(3), 3)
+        assert (await within(evaluate(np.ones((1, 1))), "an answer")).tolist() == [[1003.0]]
