@@ -715,10 +715,15 @@ def run_searches_experiment(experiment, done: "Done | None" = None) -> int:
         done.finished += 1
         print(f"FAILED {name}: {error}", flush=True)
 
-    result = run_experiment(experiment, save_path=searches_save_path(),
-                            show_progress=FLAGS.progress, on_report=on_report,
-                            on_failure=on_failure, command=_command(),
-                            workload=workload)
+    from async_search.errors import FileWriteError
+
+    try:
+        result = run_experiment(experiment, save_path=searches_save_path(),
+                                show_progress=FLAGS.progress, on_report=on_report,
+                                on_failure=on_failure, command=_command(),
+                                workload=workload)
+    except FileWriteError as e:  # a full disk: what was written is whole, and named
+        return _one_line_error(e)
     print()
     print(format_table(result.reports))
     if result.png_path:
@@ -766,9 +771,14 @@ def run_architecture_experiment(plan, done: "Done | None" = None) -> int:
         done.finished += 1
         print(architectures.format_architecture(report), flush=True)
 
-    result = architectures.run_architectures(
-        names, samples, topology, model, save_path=save_path("architectures"),
-        show_progress=FLAGS.progress, command=_command(), on_report=on_report)
+    from async_search.errors import FileWriteError
+
+    try:
+        result = architectures.run_architectures(
+            names, samples, topology, model, save_path=save_path("architectures"),
+            show_progress=FLAGS.progress, command=_command(), on_report=on_report)
+    except FileWriteError as e:  # a full disk: what was written is whole, and named
+        return _one_line_error(e)
     print()
     print(architectures.format_architecture_table(result.reports))
     if result.json_path:
@@ -884,12 +894,17 @@ def run_training_experiment(plan) -> int:
         sys.stderr.write(f"main.py: error: --save_dir: {e}\n")
         return 2
     except (CheckpointError, FileWriteError) as e:
-        sys.stdout.flush()
-        if FLAGS.verbosity >= 1:
-            import traceback
-            traceback.print_exception(e)
-        sys.stderr.write(f"main.py: error: {' '.join(str(e).split())}\n")
-        return 1
+        return _one_line_error(e)
+
+
+def _one_line_error(e: BaseException) -> int:
+    """Prints ``e`` as one line (``-v 1`` adds the traceback); returns exit status 1."""
+    sys.stdout.flush()
+    if FLAGS.verbosity >= 1:
+        import traceback
+        traceback.print_exception(e)
+    sys.stderr.write(f"main.py: error: {' '.join(str(e).split())}\n")
+    return 1
 
 
 def _run_training(plan) -> int:
@@ -1102,7 +1117,8 @@ def main(argv) -> None:
         sys.stderr.write(f"main.py: interrupted by {SIGNAL_NAMES[stop]}: "
                          f"{done.describe()}\n")
         _exit_now(EXIT_STATUS[stop])
-    print(f"Finished in {time.perf_counter() - start:.1f} s")
+    if status == 0:  # an error's one line (or ERROR lines) is the run's last word
+        print(f"Finished in {time.perf_counter() - start:.1f} s")
     sys.exit(status)
 
 

@@ -28,15 +28,25 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> 
     ``host:port`` or ``ray://host:port``, takes no TCP connection within ``timeout``
     seconds, or does not speak gRPC there (HTTP/2: Ray's GCS and its client server
     both do; another service, Ray's dashboard say, would keep ray.init retrying for
-    minutes); None, ``auto``, ``local`` and anything else are left to ray.init."""
+    minutes); None, ``auto``, ``local`` and a ``ray://`` address without a port are
+    left to ray.init. Anything else (a bare name, a port that is no number) raises
+    ConnectionError too: ray.init would refuse it only when a run starts, after the
+    runs before it."""
     if address is None:
         return
     target = address.strip()
-    if target.startswith("ray://"):
+    client = target.startswith("ray://")
+    if client:
         target = target[len("ray://"):]
+    elif target.lower() in ("auto", "local"):
+        return
     host, colon, port = target.rpartition(":")
+    if not colon and client and target:
+        return  # the Ray client's default port
     if not colon or not host or not port.isdigit():
-        return  # auto, local, or a form ray.init itself understands
+        raise ConnectionError(f"{address!r} is no Ray cluster address: give host:port "
+                              f"(the GCS, port 6379 by default), ray://host:port, auto "
+                              f"or local")
     host = host.strip("[]")  # an IPv6 literal
     try:
         connection = socket.create_connection((host, int(port)), timeout=timeout)

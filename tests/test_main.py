@@ -467,3 +467,25 @@ def test_the_gnn_budget_help_names_what_the_hardest_default_search_needs():
     assert int(stated.group(1)) == max(needed)
     assert int(times.group(1)) == SearchConfig().gnn_budget
     assert int(times.group(2)) == SearchConfig().gnn_budget // max(needed)
+
+
+def test_a_plot_the_disk_cannot_hold_is_one_line_naming_it_and_exit_1(tmp_path):
+    # The check before the run writes an empty probe; the PNG failed at the end with a
+    # traceback (--train said one line for the same fault).
+    script = (f"import resource, runpy, signal, sys\n"
+              f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, (8000, 8000))\n"
+              f"sys.argv = ['main.py', *sys.argv[1:]]\n"
+              f"runpy.run_path({os.path.join(ROOT, 'main.py')!r}, run_name='__main__')\n")
+    save = tmp_path / "r.png"
+    run = subprocess.run([sys.executable, "-c", script, *TINY, "--backends=local",
+                          f"--save_path={save}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=150)
+    assert run.returncode == 1, run.stderr[-3000:]
+    lines = [line for line in run.stderr.splitlines() if line.startswith(("main.py",
+                                                                          "Traceback"))]
+    assert len(lines) == 1 and lines[0].startswith(f"main.py: error: cannot write "
+                                                   f"'{save}'"), run.stderr[-3000:]
+    assert "Finished in" not in run.stdout
+    assert json.loads(save.with_suffix(".json").read_text())["plot"] is None
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]

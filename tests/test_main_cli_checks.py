@@ -4,6 +4,7 @@ dead Ray address, and client counts reported as started."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -132,6 +133,17 @@ def test_check_reachable_leaves_auto_and_local_to_ray():
         check_reachable(address)
     with pytest.raises(ConnectionError, match="ray://127.0.0.1:1"):
         check_reachable("ray://127.0.0.1:1")
+
+
+@pytest.mark.parametrize("address", ["foo", "host:abc", ":6379", "ray://"])
+def test_an_address_of_no_form_ray_takes_is_refused_before_any_run(address):
+    # It was left to ray.init: with the default backends the sync, async and process
+    # runs went first, then each Ray run failed with "Invalid address format".
+    from async_search.ray_init import check_reachable
+
+    with pytest.raises(ConnectionError, match=f"^{re.escape(repr(address))} is no Ray "
+                                              f"cluster address: give host:port"):
+        check_reachable(address)
 
 
 @pytest.mark.parametrize("answer, speaks", [

@@ -278,6 +278,6 @@ def test_a_run_into_a_folder_another_run_holds_is_one_line_and_exit_2(tmp_path):
         f"main.py: error: --save_dir: {str(run)!r} is in use by another run (pid "
         f"{os.getpid()}): two runs into one folder would undo each other's saves; give "
         f"this one its own folder (--save_dir), or wait for that one to end"]
-    assert sorted(os.listdir(run)) == [".lock"]
+    assert sorted(os.listdir(run)) == [".lock"] and "Finished in" not in out.stdout
     out = main(*DAVI, "--save_dir", str(run), "--save_path", str(tmp_path / "p.png"))
     assert out.returncode == 0, out.stderr[-2000:]  # let go of: the next run takes it
