@@ -985,9 +985,9 @@ class Done:
         committed = self._committed()
         if committed:
             parts.append(committed)
-        elif saved:
+        if saved:  # --train's figures too, written after its last commit
             parts.append("saved " + " and ".join(saved))
-        else:
+        elif not committed:
             parts.append("nothing was saved")
         return "; ".join(parts)
 

@@ -198,3 +198,19 @@ def test_the_client_processes_reported_are_those_started(tmp_path):
     assert (runs["process x2"]["num_procs"], runs["process x2"]["num_procs_requested"]) == (
         1, 2)
     assert runs["process x1"]["num_procs"] == 1
+
+
+def test_a_stop_after_trainings_last_commit_names_the_figures_it_saved(main, tmp_path):
+    # The committed iterations took the line's place: the JSON written after them,
+    # with the final evaluation, went unmentioned.
+    parse(main, "--train=sliding_puzzle")
+    done = main.Done()
+    done.expect("rounds", 2)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "state.json").write_text('{"round": 2}')
+    figures = tmp_path / "davi.json"
+    figures.write_text("{}")
+    done.outputs, done.save_dir = [str(tmp_path / "davi.png"), str(figures)], str(run)
+    assert done.describe() == (f"2 of 2 rounds are saved in {run} (--resume continues "
+                               f"the run); saved {figures}")

@@ -241,9 +241,13 @@ def run_heuristic_training(config: Any, params: HeldOutConfig, *, save_dir: str,
               "held_out": dataclasses.asdict(params),
               "rounds": [dataclasses.asdict(r) for r in records], "training_s": train_s,
               "checkpoint": checkpoint, "korf100": results}
-    json_path = write_json(os.path.splitext(png_path)[0] + ".json", result)  # before the plot
+    # The figures first, "plot" null until the PNG is this run's: a plot that fails
+    # loses none of them, and a stop while it is drawn leaves no earlier run's named.
+    json_path = write_json(os.path.splitext(png_path)[0] + ".json",
+                           {**result, "plot": None})
     plot_heuristic_training(records, results, png_path,
                             title=f"DAVI on the 15-puzzle: {config.rounds} rounds of "
                                   f"{config.states_per_round} states")
+    write_json(json_path, {**result, "plot": png_path})
     result["png_path"], result["json_path"] = png_path, json_path
     return result

@@ -291,11 +291,15 @@ def run_connect_four_training(config: Any, *, save_dir: str, resume: bool,
               "final_strong_uct_games": final_strong_uct_games,
               "final_simulations": final_simulations, "best_version": commander.best_version,
               "training_s": train_s, "final_evaluation_s": eval_s}
-    json_path = write_json(os.path.splitext(png_path)[0] + ".json", result)  # before the plot
+    # The figures first, "plot" null until the PNG is this run's: a plot that fails
+    # loses none of them, and a stop while it is drawn leaves no earlier run's named.
+    json_path = write_json(os.path.splitext(png_path)[0] + ".json",
+                           {**result, "plot": None})
     search = {"puct": "", "gumbel": " (Gumbel)"}[config.selfplay.policy]
     plot_training(records, png_path, title=f"AlphaZero{search} on Connect Four: "
                   f"{config.iterations} iterations of {config.games_per_iteration} games",
                   gate_threshold=config.gate_threshold)
+    write_json(json_path, {**result, "plot": png_path})
     result["png_path"], result["json_path"] = png_path, json_path
     return result
 

@@ -71,7 +71,7 @@ def test_the_figures_are_saved_before_the_plot_and_a_failed_plot_loses_none(
     with pytest.raises(FileWriteError, match="davi.png"):
         train(tmp_path)
     saved = json.loads((tmp_path / "davi.json").read_text())
-    assert len(saved["rounds"]) == 2 and "korf100" in saved
+    assert len(saved["rounds"]) == 2 and "korf100" in saved and saved["plot"] is None
 
 
 @pytest.mark.slow  # a child process that imports TensorFlow
@@ -117,6 +117,8 @@ except OSError as e:
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
     if target == "plot":  # the figures were saved first
         assert len(json.loads((tmp_path / "davi.json").read_text())["rounds"]) == 2
+        # "plot" names no PNG (the one there is an earlier run's)
+        assert json.loads((tmp_path / "davi.json").read_text())["plot"] is None
 
 
 def canned_comparison(model, params, show_progress=True):

@@ -49,6 +49,7 @@ def test_the_run_saves_its_figures_then_its_plot_and_marks_the_best_net(tmp_path
     result, lines = train(tmp_path)
     saved = json.loads((tmp_path / "c4.json").read_text())
     assert len(saved["iterations"]) == 1 and saved["command"] == "python main.py --tiny"
+    assert saved["plot"] == str(tmp_path / "c4.png")  # once the PNG is this run's
     assert os.path.getsize(tmp_path / "c4.png") > 1000
     best = read_checkpoint(tmp_path / "run" / "best").metadata
     assert best["command"] == "python main.py --tiny" and "final_evaluation" in best
@@ -118,6 +119,8 @@ except OSError as e:
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
     if target == "plot":  # the figures were saved first
         assert len(json.loads((tmp_path / "c4.json").read_text())["iterations"]) == 1
+        # "plot" names no PNG (the one there is an earlier run's)
+        assert json.loads((tmp_path / "c4.json").read_text())["plot"] is None
 
 
 # -- the table and the figure show the move accuracy and the stronger baseline --------------
