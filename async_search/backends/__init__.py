@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import inspect
@@ -28,7 +29,7 @@ import multiprocessing
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
-from async_search.backends.attempts import Deadlines
+from async_search.backends.attempts import GRACE_S, Deadlines
 from async_search.backends.config import (BACKENDS, DEFAULT_RETRIES, Progress, RayPlacement,
                                           RunConfig)
 from async_search.backends.results import SearchResults
@@ -119,6 +120,31 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
     runner = getattr(importlib.import_module(module), name)
     return await _run(runner, search_fn, list(starts), model_factory, config, progress,
                       on_servers, started)
+
+
+async def _ending_the_rest(run: Awaitable[SearchResults]) -> SearchResults:
+    """``await run``, then the end of every other task of this loop (run_searches' own):
+    the runner's close cancels them and waits for them all, so a task that ignores its
+    cancellation (a search past its deadline that swallows CancelledError, a task a
+    search started) would hold the call for good. Those still running ``GRACE_S`` after
+    their cancellation have their coroutines closed (GeneratorExit at their await)."""
+    try:
+        return await run
+    finally:
+        rest = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in rest:
+            task.cancel()
+        if rest:
+            _, stuck = await asyncio.wait(rest, timeout=GRACE_S)
+            for task in stuck:
+                with contextlib.suppress(RuntimeError):  # one that ignores that too
+                    task.get_coro().close()
+                task.cancel()  # its step now finds the coroutine closed, and it ends
+            if stuck:
+                await asyncio.wait(stuck, timeout=GRACE_S)
+            for task in stuck:  # ended by the close ("cannot reuse already awaited
+                if task.done() and not task.cancelled():  # coroutine"): not theirs
+                    task.exception()
 
 
 async def _run(runner, search_fn, starts: list, model_factory, config: RunConfig,
@@ -262,5 +288,6 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
     with asyncio.Runner(loop_factory=loop_factory(config.use_uvloop)) as loop_runner:
-        return loop_runner.run(_run(runner, search_fn, list(starts), model_factory,
-                                    config, progress, on_servers, started))
+        return loop_runner.run(_ending_the_rest(_run(
+            runner, search_fn, list(starts), model_factory, config, progress, on_servers,
+            started)))

@@ -335,15 +335,26 @@ async def bounded_search(search_fn, start: Any, evaluate: Any,
         raise TypeError(f"search_fn(start, evaluate) returned {type(search).__name__}, "
                         f"not an awaitable: search_fn must be an async def (or return "
                         f"a coroutine)")
-    if alone:  # inside the timeout: wait_for may run it in a task of its own
+    if alone:  # inside the timeout: it runs in a task of its own
         search = _alone(search)
     if search_s is None:
         return await search
+    # Not asyncio.wait_for: it waits for the cancelled search to end, and one that
+    # ignores its cancellation would hold the run for good.
+    task = asyncio.ensure_future(search)
     try:
-        return await asyncio.wait_for(search, search_s)
-    except asyncio.TimeoutError:
-        raise SearchTimeoutError(f"the search did not finish within its search_timeout "
-                                 f"of {search_s} s") from None
+        await asyncio.wait({task}, timeout=search_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task.done():
+        return task.result()
+    task.cancel()  # stopped at its next await; given a moment to end
+    await asyncio.wait({task}, timeout=GRACE_S)
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: what it raised on its way out is not logged
+    raise SearchTimeoutError(f"the search did not finish within its search_timeout of "
+                             f"{search_s} s")
 
 
 async def _alone(search: Awaitable[Any]) -> Any:

@@ -6,6 +6,8 @@ import dataclasses
 import os
 from typing import Callable, Mapping
 
+import numpy as np
+
 from async_search.checks import check_float, check_int
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.workers import placement_of
@@ -92,7 +94,7 @@ class RunConfig:
             ``num_procs`` worker processes, servers here) or ``ray`` (searches in Ray
             tasks, servers as Ray actors).
         num_procs: client processes (or Ray tasks) the starts are split over,
-            round-robin.
+            round-robin (the process backend starts at most ``MAX_CLIENT_PROCESSES``).
         num_servers: model servers, each with its own model from the factory, taking
             batches from one request stream.
         policy: batch size, delay and pipeline depth of every server.
@@ -151,6 +153,14 @@ class RunConfig:
                                        ("client_waves", 1, None)):
             object.__setattr__(self, name, check_int(name, getattr(self, name),
                                                      minimum=minimum, maximum=maximum))
+        if self.backend == "process" and self.num_procs > MAX_CLIENT_PROCESSES:
+            raise ValueError(f"num_procs={self.num_procs} is more client processes than "
+                             f"the process backend starts (at most "
+                             f"{MAX_CLIENT_PROCESSES}, one per start at most: more than a "
+                             f"few per core only share it)")
+        if not isinstance(self.use_uvloop, (bool, np.bool_)):
+            raise ValueError(f"use_uvloop must be True or False, got {self.use_uvloop!r}")
+        object.__setattr__(self, "use_uvloop", bool(self.use_uvloop))
         limit = max_servers(self.backend)
         if self.num_servers > limit:
             raise ValueError(f"num_servers={self.num_servers} is more than the {self.backend} "
@@ -173,6 +183,11 @@ class RunConfig:
                 self.num_servers > 1):
             raise ValueError("num_servers > 1 needs model_thread=True or 'auto' (the "
                              "servers are device threads of one server)")
+
+
+#: The most client processes the process backend starts (each a Python interpreter
+#: of tens of MB: ``num_procs=10**9`` over 10**5 starts would fork 10**5).
+MAX_CLIENT_PROCESSES = 256
 
 
 def max_servers(backend: str) -> int:

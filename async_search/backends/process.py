@@ -47,7 +47,8 @@ from async_search.base import TensorSpec
 from async_search.connections import Connection, pipe
 from async_search.errors import CloseTimeoutError, describe
 from async_search.event_loops import loop_factory
-from async_search.process_tree import die_with_parent, starting_children
+from async_search.process_tree import (descendants, die_with_parent, end_processes,
+                                       starting_children)
 from async_search.queues import ClosedConnection, SocketQueue, socket_queue
 from async_search.servers.batching import BatchingServer
 from async_search.servers.connection_server import ConnectionServer
@@ -195,12 +196,21 @@ class _ClientProcess:
         if wait_s > 0:  # it exits by itself once its last bytes are written
             await asyncio.to_thread(process.join, wait_s)
         if process.is_alive():  # stuck, stopped, past its deadline, or the run failed
-            process.kill()
+            # With what it started (a search's subprocess would outlive the run).
+            await asyncio.to_thread(_kill_tree, process.pid)
+            process.kill()  # (where processes cannot be listed, it alone)
             await asyncio.to_thread(process.join, 5)
         # Its stream has ended (closed, or its socket gone with it): the serving ends.
         with contextlib.suppress(asyncio.TimeoutError, Exception):
             await asyncio.wait_for(asyncio.shield(self._serving), GRACE_S)
         self._serving.cancel()
+
+
+def _kill_tree(pid: int) -> None:
+    """Kills the process ``pid`` (a child of this one) and every process below it."""
+    tree = [p for p in descendants() if p.pid == pid]
+    if tree:
+        end_processes(tree + descendants(pid), grace_s=0.0, kill_wait_s=1.0)
 
 
 #: What a client process reports, each ``(kind, payload)``: first, that it runs (Python

@@ -388,3 +388,27 @@ class DoesNotLoad:
 
 def _refuse_to_load():
     raise RuntimeError("this start cannot be loaded")
+
+
+async def deaf_on_two(start, evaluate):
+    """echo_sum, except that start 2 waits forever and swallows every cancellation."""
+    if start == 2:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+    return await echo_sum(start, evaluate)
+
+
+async def child_then_wait_on_two(start, evaluate, pid_dir):
+    """echo_sum, except that start 2 starts a ``sleep`` process, writes its pid to
+    ``pid_dir`` and waits forever."""
+    import os
+    import subprocess
+    if start == 2:
+        child = subprocess.Popen(["sleep", "3600"])
+        with open(os.path.join(pid_dir, "child"), "w") as f:
+            f.write(str(child.pid))
+        await asyncio.Event().wait()
+    return await echo_sum(start, evaluate)

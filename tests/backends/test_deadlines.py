@@ -115,3 +115,16 @@ def test_bad_deadlines_are_refused_before_anything_starts():
                       ("search_timeout", float("nan")), ("timeout", "5")):
         with pytest.raises(ValueError, match=name):
             asr.run_searches(searches.echo_sum, [1], searches.small_mlp, **{name: bad})
+
+
+def test_a_process_a_stuck_search_started_is_ended_with_its_worker(tmp_path):
+    # The worker alone was killed: the search's own process outlived the run.
+    search = functools.partial(searches.child_then_wait_on_two, pid_dir=str(tmp_path))
+    out = asr.run_searches(search, [1, 2, 3], searches.small_mlp, backend="process",
+                           num_procs=3, timeout=8.0, return_exceptions=True)
+    assert isinstance(out[1], SearchTimeoutError)
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child), f"the search's process (pid {child}) outlived the run"

@@ -18,6 +18,11 @@ pytestmark = pytest.mark.timeout(120)
     ({"client_waves": 0}, "client_waves must be an integer >= 1, got 0"),
     ({"client_waves": 2.0}, "client_waves must be an integer >= 1"),
     ({"client_waves": 2}, "client_waves is the process and Ray backends'"),
+    # "False" ran on uvloop: every other flag is checked
+    ({"use_uvloop": "False"}, "use_uvloop must be True or False, got 'False'"),
+    # one process per start, all at once: 10**5 starts would fork 10**5 interpreters
+    ({"backend": "process", "num_procs": 10**9}, "num_procs=1000000000 is more client "
+                                                 "processes than the process backend"),
 ])
 def test_bad_arguments_fail_before_anything_runs(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -72,3 +77,18 @@ def test_the_local_backend_reports_the_one_process_it_ran_in_whatever_num_procs_
                            backend="local", num_procs=5)
     assert out == searches.baseline(searches.echo_sum, [1, 2], searches.small_mlp())
     assert (out.stats["num_procs"], out.stats["num_procs_requested"]) == (1, 5)
+
+
+@pytest.mark.parametrize("deadline", [{"timeout": 1.0}, {"search_timeout": 0.5}])
+def test_a_search_that_swallows_its_cancellation_does_not_hold_the_call(deadline):
+    # The runner's close waited for it (timeout), and so did asyncio.wait_for
+    # (search_timeout): the call never returned.
+    import time
+
+    began = time.monotonic()
+    results = asr.run_searches(searches.deaf_on_two, [1, 2, 3], searches.small_mlp,
+                               return_exceptions=True, **deadline)
+    assert time.monotonic() - began < 10
+    assert isinstance(results[1], asr.SearchTimeoutError)
+    assert [results[0], results[2]] == [asr.run_searches(
+        searches.echo_sum, [s], searches.small_mlp)[0] for s in (1, 3)]
