@@ -196,16 +196,20 @@ def raw_http(port, request: bytes, close_early=False) -> bytes:
         sock.sendall(request)
         if close_early:
             sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        try:
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except (ConnectionResetError, socket.timeout):
-            pass
-        return b"".join(chunks)
+        return read_answer(sock)
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    chunks = []
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except (ConnectionResetError, socket.timeout):
+        pass
+    return b"".join(chunks)
 
 
 def header(payload, **params):
@@ -653,19 +657,6 @@ async def test_a_load_body_over_max_json_bytes_gets_413_chunked_or_not():
             status, answer = await post(s, url, data)
             assert status == 413, (status, answer[:200])
             assert "max_json_bytes of 1000" in json.loads(answer)["error"]
-
-
-def read_answer(sock: socket.socket) -> bytes:
-    chunks = []
-    try:
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    except (ConnectionResetError, socket.timeout):
-        pass
-    return b"".join(chunks)
 
 
 async def test_a_burst_of_connections_each_with_its_request_gets_an_answer_each():
