@@ -118,8 +118,19 @@ async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
     _check_callables(search_fn, model_factory, progress)  # on_servers: ServersHook
     module, name = _RUNNERS[config.backend]
     runner = getattr(importlib.import_module(module), name)
-    return await _run(runner, search_fn, list(starts), model_factory, config, progress,
+    return await _run(runner, search_fn, _listed(starts), model_factory, config, progress,
                       on_servers, started)
+
+
+def _listed(starts: Any) -> list:
+    """``starts`` as a list; TypeError naming it when it is no iterable."""
+    try:
+        return list(starts)
+    except TypeError as e:
+        if hasattr(starts, "__iter__") or hasattr(starts, "__getitem__"):
+            raise  # raised inside its own iteration: the caller's to see as it is
+        raise TypeError(f"starts must be an iterable of starts (a list, a generator, an "
+                        f"array), got {type(starts).__name__}") from None
 
 
 async def _ending_the_rest(run: Awaitable[SearchResults]) -> SearchResults:
@@ -289,5 +300,5 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
     runner = getattr(importlib.import_module(module), name)
     with asyncio.Runner(loop_factory=loop_factory(config.use_uvloop)) as loop_runner:
         return loop_runner.run(_ending_the_rest(_run(
-            runner, search_fn, list(starts), model_factory, config, progress, on_servers,
+            runner, search_fn, _listed(starts), model_factory, config, progress, on_servers,
             started)))

@@ -92,3 +92,9 @@ def test_a_search_that_swallows_its_cancellation_does_not_hold_the_call(deadline
     assert isinstance(results[1], asr.SearchTimeoutError)
     assert [results[0], results[2]] == [asr.run_searches(
         searches.echo_sum, [s], searches.small_mlp)[0] for s in (1, 3)]
+
+
+@pytest.mark.parametrize("starts", [None, 3])
+def test_starts_that_are_no_iterable_are_named(starts):
+    with pytest.raises(TypeError, match="^starts must be an iterable of starts"):
+        asr.run_searches(searches.echo_sum, starts, searches.small_mlp)
