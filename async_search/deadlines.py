@@ -147,7 +147,8 @@ async def within_deadline(awaitable: Awaitable, timeout: float) -> Any:
         timer.cancel()
     if expired or loop.time() >= due:
         # The answer came in the loop iteration the deadline fell in, before the timer
-        # ran (a model that computes on the loop past the deadline): late all the same.
+        # ran (a model that computes on the loop past the deadline), or the loop was
+        # busy past the deadline when it came: the caller sees it late all the same.
         raise RequestTimeoutError(
             f"no answer within the request's timeout of {timeout:g} s (it came "
             f"{loop.time() - due:.3g} s late)")

@@ -301,7 +301,8 @@ def _exact_integers(data: Any, dtype: np.dtype, what: str) -> np.ndarray:
     return np.array(data, dtype=dtype)
 
 
-def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) -> np.ndarray:
+def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str,
+               maybe_bools: bool = True) -> np.ndarray:
     try:
         values = np.asarray(data)
     except (ValueError, TypeError, OverflowError, RecursionError) as e:
@@ -323,7 +324,8 @@ def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str) ->
         except OverflowError:
             raise ProtocolError(f"{what} 'data' has an integer outside the range of "
                                 f"{_NAMES[dtype]}") from None
-    if kind in "iuf" and values.size and _holds_bool(data):
+    if maybe_bools and dtype.kind in "iuf" and kind in "iuf" and values.size and (
+            _holds_bool(data)):
         # NumPy took true and false among numbers as 1 and 0 (a list of them alone is
         # refused below): a numeric datatype takes numbers only.
         raise ProtocolError(f"{what} 'data' holds true/false among numbers where the "
@@ -386,6 +388,8 @@ def decode_request(body: bytes, header_length: str | None = None, *,
         array([[1., 2.]], dtype=float32)
     """
     header, binary = _header(body, header_length)
+    # Where the body spells neither, no data holds true or false: not looked for.
+    maybe_bools = b"true" in body or b"false" in body
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise ProtocolError(f"the request 'id' must be a string, got {quoted(request_id)}")
@@ -416,7 +420,7 @@ def decode_request(body: bytes, header_length: str | None = None, *,
             array, offset = _from_binary(binary, offset, params["binary_data_size"],
                                          dtype, shape, what)
         elif "data" in tensor:
-            array = _from_json(tensor["data"], dtype, shape, what)
+            array = _from_json(tensor["data"], dtype, shape, what, maybe_bools)
         else:
             raise ProtocolError(f"{what} has neither 'data' nor a 'binary_data_size' "
                                 f"parameter")

@@ -154,7 +154,8 @@ class _Entry:
     server's requests still in flight end against the old entry and never move the
     new server's numbers."""
 
-    __slots__ = ("evaluate", "breaker", "requests", "failures", "outstanding", "usual_s")
+    __slots__ = ("evaluate", "breaker", "requests", "failures", "outstanding", "usual_s",
+                 "silent_since")
 
     def __init__(self, evaluate: Any, breaker: CircuitBreaker):
         self.evaluate = evaluate
@@ -163,20 +164,32 @@ class _Entry:
         self.failures = 0
         self.outstanding = 0
         self.usual_s: float | None = None  # its answers' time, a moving average
+        # Since when it has owed an answer and given none (None: it owes none unanswered
+        # since its last answer).
+        self.silent_since: float | None = None
+
+    def sent(self, now: float) -> None:
+        if self.silent_since is None:
+            self.silent_since = now
 
     def answered(self, seconds: float) -> None:
         usual = self.usual_s
         self.usual_s = seconds if usual is None else usual + _USUAL_WEIGHT * (
             seconds - usual)
+        self.silent_since = None
 
-    def had_a_fair_chance(self, seconds: float, others_usual_s: float | None) -> bool:
+    def had_a_fair_chance(self, seconds: float, now: float,
+                          others_usual_s: float | None) -> bool:
         """Whether a deadline that passed after the server had a request for
-        ``seconds`` is the server's failure: it had ``FAIR_FACTOR`` times its usual
+        ``seconds`` is the server's failure: that request, or the server's silence
+        since it last answered (a hung server's), lasted ``FAIR_FACTOR`` times its usual
         answer time (before its first answer, the other servers' quickest usual time;
-        ``FIRST_FAIR_S`` before any answer). A caller's deadline shorter than that is
-        the caller's doing, and moves no breaker."""
+        ``FIRST_FAIR_S`` before any answer). A caller's deadline shorter than that, on a
+        server that answers, is the caller's doing and moves no breaker."""
         usual = self.usual_s if self.usual_s is not None else others_usual_s
-        return seconds >= (FIRST_FAIR_S if usual is None else FAIR_FACTOR * usual)
+        fair = FIRST_FAIR_S if usual is None else FAIR_FACTOR * usual
+        silent = now - self.silent_since if self.silent_since is not None else 0.0
+        return max(seconds, silent) >= fair
 
 
 class _ServerFailed(Exception):
@@ -386,6 +399,7 @@ class Router:
         self.outstanding[name] = entry.outstanding
         before = cancellations()
         sent = time.perf_counter()
+        entry.sent(sent)
         try:
             if want_version:
                 outputs, version = await evaluate_with_version(entry.evaluate, x)
@@ -399,7 +413,8 @@ class Router:
                 entry.failures += 1
                 raise _ServerFailed(name, e) from e
             if deadline_passed(e):
-                if entry.had_a_fair_chance(time.perf_counter() - sent, min(
+                now = time.perf_counter()
+                if entry.had_a_fair_chance(now - sent, now, min(
                         (e.usual_s for e in self._entries.values()
                          if e.usual_s is not None), default=None)):
                     breaker.record(permit, ok=False, error=RequestTimeoutError(
@@ -507,8 +522,11 @@ class Router:
             try:
                 swaps.append(prepare(model_or_weights, version))
             except Exception as e:
-                raise _naming(e, f"server {name!r} refused the update, so no server was "
-                                 f"updated") from e
+                named = _naming(e, f"server {name!r} refused the update, so no server "
+                                   f"was updated")
+                if named is e:
+                    raise
+                raise named from e
         for swap in swaps:
             swap()
         for update in unchecked:  # servers that cannot check first: last
@@ -534,7 +552,8 @@ def _naming(error: Exception, said: str) -> Exception:
     ``said`` as a note, when its type takes no message)."""
     try:
         renamed = type(error)(f"{said}: {error}")
-    except Exception:  # noqa: BLE001 - a type with other arguments
+        renamed.__dict__.update(error.__dict__)  # its attributes (a status) kept
+    except Exception:  # noqa: BLE001 - a type with other arguments, or slots
         error.add_note(said)
         return error
     return renamed

@@ -622,6 +622,35 @@ async def test_a_deadline_shorter_than_a_servers_usual_answer_is_the_callers_doi
     assert (await router(np.ones((1, 2)))).tolist() == [[1.0]]
 
 
+async def test_a_server_that_hangs_opens_its_breaker_under_deadlines_short_of_its_usual():
+    # Timeouts counted only when a request had twice the server's usual answer time:
+    # with deadlines shorter than that, a hung server kept its share of the traffic.
+    hung = asyncio.Event()
+
+    async def usually_slow(x):
+        if hung.is_set():
+            await asyncio.Event().wait()
+        await asyncio.sleep(0.03)
+        return x[:, :1]
+
+    async def quick(x):
+        return x[:, :1]
+
+    router = Router({"slow": usually_slow, "quick": quick}, policy="round_robin",
+                    breaker=BreakerPolicy(failure_threshold=2))
+    for _ in range(10):
+        await router(np.zeros((1, 2)))
+    hung.set()
+    timeouts = 0
+    for _ in range(40):
+        try:
+            await router(np.zeros((1, 2)), timeout=0.05)
+        except TimeoutError:
+            timeouts += 1
+    assert router.stats["servers"]["slow"]["breaker"]["state"] == "open"
+    assert timeouts <= 8
+
+
 async def test_a_model_given_as_a_server_is_named_as_such():
     model = MLP((4,))
     router = Router({"a": model})
@@ -665,6 +694,37 @@ async def test_a_server_that_refuses_the_update_leaves_every_server_on_its_model
         assert (a.version, c.version) == (0, 0)
         for _ in range(6):
             np.testing.assert_array_equal(await router(x), expected)
+
+
+async def test_a_refused_update_keeps_the_errors_type_and_attributes():
+    # It was rebuilt from its message alone: a status of 413 came back as 400, and a
+    # type that takes other arguments was raised from itself.
+    class Refusal(ValueError):
+        def __init__(self, message, status=400):
+            super().__init__(message)
+            self.status = status
+
+    class Pair(Exception):
+        def __init__(self, code, why):
+            super().__init__(code, why)
+
+    for error, check in ((Refusal("too big", status=413), lambda e: e.status == 413),
+                         (Pair(7, "bad"), lambda e: e.__cause__ is not e)):
+        class Refusing:
+            version, swap_token = 0, object()
+
+            async def __call__(self, x):
+                return x
+
+            def prepare_update(self, model, version, error=error):
+                raise error
+
+        router = Router({"a": Refusing()})
+        with pytest.raises(type(error)) as info:
+            router.update_model(MLP((4,)), version=1)
+        assert check(info.value)
+        assert "server 'a' refused the update" in str(info.value) + " ".join(
+            getattr(info.value, "__notes__", []))
 
 
 async def test_a_cancelled_error_a_server_raises_is_its_failure_not_the_callers():
