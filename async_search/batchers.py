@@ -706,6 +706,19 @@ _KIND_NAMES = {"b": "boolean", "i": "integer", "u": "unsigned integer", "f": "fl
                "c": "complex"}
 
 
+def _same_shape(got: rows.OutputStructure, first: rows.OutputStructure) -> None:
+    """ModelOutputError unless ``got`` has the kind, keys and trailing shapes of
+    ``first`` (their dtypes may differ)."""
+    def shape(structure: rows.OutputStructure) -> tuple:
+        return structure.kind, sorted((repr(key), tuple(trailing))
+                                      for key, trailing, _ in structure.leaves)
+
+    if shape(got) != shape(first):
+        raise ModelOutputError(f"the model's outputs do not match the first batch's: "
+                               f"expected {first.describe()} (any dtypes), got "
+                               f"{got.describe()}")
+
+
 def _dtype_kind(batch: Any) -> str:
     """The NumPy kind of a batch's dtype (``"i"``, ``"f"``...); ``""`` for a batch that
     is no array."""
@@ -848,6 +861,10 @@ class BatchManager:
                      else "the first batch's")
             outputs, structure = rows.check(rows.plain(outputs), structure,
                                             expected_from=first)
+            if mixed and kind not in self._structures:
+                # This kind's first outputs: their dtypes are theirs, their shape the
+                # first batch's of any kind.
+                _same_shape(structure, next(iter(self._structures.values())))
         if self.unbatcher is None:
             rows.check_count(outputs, expected)
         else:

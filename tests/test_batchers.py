@@ -698,6 +698,22 @@ def test_batch_manager_takes_an_identity_models_outputs_of_floats_then_of_ints()
         manager.process_output(manager.pop_batch() * 0.5)  # an int batch's are ints
 
 
+def test_batch_manager_refuses_another_shape_at_a_new_dtype_kinds_first_batch():
+    # Structures kept per dtype kind took any structure at a kind's first batch: a
+    # tuple after arrays was delivered.
+    manager = BatchManager(BatchSizeBatcher(2))
+    manager.add_inputs(np.array([1, 2]))
+    manager.add_inputs(np.array([0.5, 1.5]))
+    batch = manager.pop_batch()
+    assert manager.process_output(np.zeros((2, 4), np.float32))[0].shape == (2, 4)
+    batch = manager.pop_batch()
+    with pytest.raises(ModelOutputError, match=r"expected an array \[n, 4\] float32 "
+                                               r"\(any dtypes\), got a tuple of 2"):
+        manager.process_output((np.zeros((2, 7)), np.zeros(2)))
+    (y,) = manager.process_output(np.zeros((2, 4)))  # its own dtype, the same shape
+    assert y.dtype == np.float64 and len(batch) == 2
+
+
 @pytest.mark.parametrize("later", [
     np.array(["2020-01-01"], "datetime64[D]"),  # no dtype holds both: pops would fail
     np.array(["a"]),  # would reach the model as text
