@@ -70,6 +70,9 @@ class Workers:
             model, version, contain_exits=placement == "auto")
         self._exited: List[asyncio.Future] = []  # removals waiting for a thread to end
         self._ended: List[DeviceThread] = []  # threads that called back on their way out
+        #: Threads given a model of their own (add(model=...)), until a swap gives every
+        #: thread the new model: never the current model's source.
+        self._own_model: set = set()
         self._all_exited: asyncio.Future | None = None  # set when the last one has
         self._stopping = False
         self._batch_s: float | None = None  # moving average of the model's time a batch
@@ -106,11 +109,14 @@ class Workers:
                                "serve with model_thread=True to add workers")
         if self._stopping:
             raise RuntimeError("the workers are stopping: no worker can be added")
+        own = model is not None
         if model is None:
             model = self._model if device is None else on_device(self._model, device)
         thread = DeviceThread(model, self.version, self._jobs, self._loop, self._on_exit,
                               name=f"async_search-device-{next(self._names)}",
                               device=device)
+        if own:
+            self._own_model.add(thread)
         self._threads.append(thread.start())
         if self._on_count is not None:
             self._on_count(len(self))
@@ -217,6 +223,7 @@ class Workers:
                 worker.set_model(model, version)
             self._model = current
             self.version = version
+            self._own_model.clear()  # every thread runs the new model (or its copy)
 
         return swap
 
@@ -281,21 +288,24 @@ class Workers:
             if not self._all_exited.done():
                 self._all_exited.set_result(None)
 
-
     def _let_go_of(self, thread: DeviceThread) -> None:
         """Drops what an ended thread's model was kept by: the thread, the loop's
         device (which ran the first thread's model), and the current model when it
-        was that thread's own copy on its device (the next live thread's model is
-        current then). A removed worker's copy (device memory) is freed now, not when
-        the server closes."""
+        was that thread's copy on its device (another live thread's copy of the current
+        model is current then; never a model a thread was given as its own). A removed
+        worker's copy (device memory) is freed now, not when the server closes."""
         model, version = thread.current
         thread.set_model(None, version)
+        self._own_model.discard(thread)
         if self._inline is not None and self._inline.model is model:
             self._inline.set_model(self._model, self.version)
-        if model is self._model and thread.device is not None and self._threads:
-            self._model = self._threads[0].current[0]
-            if self._inline is not None:
-                self._inline.set_model(self._model, self.version)
+        if model is self._model and thread.device is not None:
+            copies = [t.current[0] for t in self._threads
+                      if t.device is not None and t not in self._own_model]
+            if copies:
+                self._model = copies[0]
+                if self._inline is not None:
+                    self._inline.set_model(self._model, self.version)
 
 
 HOOKS_ON_LOOP = ("a model with load/unload hooks is loaded in its device thread: "

@@ -554,3 +554,30 @@ async def test_an_update_keeps_the_model_itself_current_beside_a_device_copy():
         assert evaluate.model.device == left  # the copy of the worker still serving
         evaluate.update_model(_Placed(3), 3)
         assert (await within(evaluate(np.ones((1, 1))), "an answer")).tolist() == [[1003.0]]
+
+
+async def test_a_workers_own_model_never_becomes_the_servers_model():
+    # When the thread running the current model's device copy ended, the next live
+    # thread's model became current, though it was a model given to add_worker as that
+    # thread's own: a plain add_worker then ran it.
+    gate = threading.Event()
+
+    class Own(_Placed):
+        def __call__(self, x):
+            gate.wait(10)
+            return x * 0 - 1
+
+    async with asr.serve(_Placed(1), devices=["d0"]) as evaluate:
+        await evaluate.add_worker(model=Own(5), device="own")
+        held = None
+        for _ in range(50):  # until the Own thread holds a batch
+            request = asyncio.ensure_future(evaluate(np.ones((1, 1))))
+            done, _ = await asyncio.wait({request}, timeout=0.2)
+            if not done:
+                held = request
+                break
+        assert held is not None, "the Own thread never took a batch"
+        await within(evaluate.remove_worker(), "the d0 thread to end")
+        assert not isinstance(evaluate.model, Own)
+        gate.set()
+        assert (await within(held, "the held answer")).tolist() == [[-1.0]]
