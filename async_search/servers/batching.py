@@ -653,7 +653,7 @@ class BatchingServer(AsyncWithOnly):
                                 on_count=self._stats.workers_changed)
         if copies:
             for copy, device in zip(copies, devices):
-                self._workers.add(copy, device=device)
+                self._workers.add(copy, device=device, copy=True)
         elif self._placement != "loop":
             for _ in range(self._num_workers):
                 self._workers.add()

@@ -100,16 +100,17 @@ class Workers:
         """Each device thread's device (None: it runs the model it was given)."""
         return [thread.device for thread in self._threads]
 
-    def add(self, model: Any = None, device: Any = None) -> None:
-        """Starts one more device thread, with its own ``model``, or the current model's
-        copy on ``device`` (``base.on_device``), or the current model. A thread with a
+    def add(self, model: Any = None, device: Any = None, *, copy: bool = False) -> None:
+        """Starts one more device thread, with its own ``model`` (``copy``: a copy of
+        the current model, made by the caller), or the current model's copy on
+        ``device`` (``base.on_device``), or the current model. A thread with a
         ``device`` gets every later model as its copy on that device."""
         if not self._threaded:
             raise RuntimeError("a server whose model runs on the loop has one device; "
                                "serve with model_thread=True to add workers")
         if self._stopping:
             raise RuntimeError("the workers are stopping: no worker can be added")
-        own = model is not None
+        own = model is not None and not copy
         if model is None:
             model = self._model if device is None else on_device(self._model, device)
         thread = DeviceThread(model, self.version, self._jobs, self._loop, self._on_exit,
