@@ -138,7 +138,8 @@ async def _ending_the_rest(run: Awaitable[SearchResults]) -> SearchResults:
     the runner's close cancels them and waits for them all, so a task that ignores its
     cancellation (a search past its deadline that swallows CancelledError, a task a
     search started) would hold the call for good. Those still running ``GRACE_S`` after
-    their cancellation have their coroutines closed (GeneratorExit at their await)."""
+    their cancellation have their coroutines closed (GeneratorExit at their await); one
+    that swallows that too (a bare ``except:``) still holds it."""
     try:
         return await run
     finally:
@@ -148,7 +149,7 @@ async def _ending_the_rest(run: Awaitable[SearchResults]) -> SearchResults:
         if rest:
             _, stuck = await asyncio.wait(rest, timeout=GRACE_S)
             for task in stuck:
-                with contextlib.suppress(RuntimeError):  # one that ignores that too
+                with contextlib.suppress(RuntimeError):  # it ignored that too: lost
                     task.get_coro().close()
                 task.cancel()  # its step now finds the coroutine closed, and it ends
             if stuck:

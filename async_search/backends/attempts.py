@@ -345,7 +345,10 @@ async def bounded_search(search_fn, start: Any, evaluate: Any,
     try:
         await asyncio.wait({task}, timeout=search_s)
     except asyncio.CancelledError:
-        task.cancel()
+        task.cancel()  # its cleanup runs before the caller resumes, as with wait_for
+        await asyncio.wait({task}, timeout=GRACE_S)
+        if task.done() and not task.cancelled():
+            task.exception()  # the caller's cancellation is what goes on
         raise
     if task.done():
         return task.result()

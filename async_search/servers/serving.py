@@ -107,9 +107,10 @@ async def _serving(model: Any, max_batch_size: int | str | AutoBatchSize,
 
 
 class _EnteredOnce(AsyncWithOnly, contextlib.AbstractAsyncContextManager):
-    _with_name = "asr.serve"
     """An async context manager that says so when entered a second time (contextlib's
     own raises a bare ``AttributeError: args`` then)."""
+
+    _with_name = "asr.serve"
 
     def __init__(self, inner: contextlib.AbstractAsyncContextManager):
         self._inner = inner

@@ -41,7 +41,7 @@ import os
 import re
 from typing import Any, Callable, Dict, Iterator, Mapping, Sequence
 
-from async_search.errors import CheckpointError
+from async_search.errors import CheckpointError, FileWriteError
 from async_search.files import (folder_path, make_folder, remove_leftovers, remove_tree,
                                 write_json)
 from async_search.problems.checkpoints import Checkpoint, read_checkpoint, save_checkpoint
@@ -273,6 +273,8 @@ def held(path: str | os.PathLike) -> Iterator[str]:
 
     Raises:
         RunFolderBusyError: another process holds it (the message gives its pid).
+        FileWriteError: its ``.lock`` cannot be opened for writing (a folder in its
+            place, a read-only disk).
 
     Example:
         >>> import tempfile
@@ -292,7 +294,11 @@ def held(path: str | os.PathLike) -> Iterator[str]:
         return
     folder = make_folder(path)
     lock = os.path.join(folder, LOCK)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a folder in its place, a read-only disk
+        raise FileWriteError(f"cannot lock the run folder: {lock!r} cannot be opened "
+                             f"for writing ({e.strerror or e})", e.errno, lock) from e
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

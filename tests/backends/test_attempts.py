@@ -244,6 +244,25 @@ async def test_bounded_search_stops_a_search_at_its_timeout():
         await asyncio.wait_for(bounded_search(forever, 1, None, 0.05), 10)
 
 
+async def test_a_cancelled_bounded_search_finishes_its_cleanup_before_the_caller_resumes():
+    # Without wait_for, the caller resumed while the search still cleaned up.
+    log = []
+
+    async def tidy(start, evaluate):
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.02)  # closing what it opened
+            log.append("cleaned up")
+
+    task = asyncio.ensure_future(bounded_search(tidy, 1, None, 60.0))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert log == ["cleaned up"]
+
+
 async def test_client_searches_hand_over_outcomes_as_the_searches_end():
     release = asyncio.Event()
 
