@@ -41,8 +41,8 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> 
     elif target.lower() in ("auto", "local"):
         return
     host, colon, port = target.rpartition(":")
-    if not colon and client and target:
-        return  # the Ray client's default port
+    if client and target and (not colon or target.endswith("]")):
+        return  # the Ray client's default port (after a name, or an IPv6 literal)
     if not colon or not host or not port.isdigit():
         raise ConnectionError(f"{address!r} is no Ray cluster address: give host:port "
                               f"(the GCS, port 6379 by default), ray://host:port, auto "
