@@ -41,7 +41,8 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> 
     elif target.lower() in ("auto", "local"):
         return
     host, colon, port = target.rpartition(":")
-    if client and target and (not colon or target.endswith("]")):
+    if client and target and (not colon or (target.startswith("[")
+                                            and target.endswith("]"))):
         return  # the Ray client's default port (after a name, or an IPv6 literal)
     if not colon or not host or not port.isdigit():
         raise ConnectionError(f"{address!r} is no Ray cluster address: give host:port "

@@ -345,10 +345,9 @@ async def bounded_search(search_fn, start: Any, evaluate: Any,
     try:
         await asyncio.wait({task}, timeout=search_s)
     except asyncio.CancelledError:
-        task.cancel()  # its cleanup runs before the caller resumes, as with wait_for
+        task.cancel()  # its cleanup runs before the caller resumes (GRACE_S at most)
+        task.add_done_callback(_retrieved)  # the caller's cancellation is what goes on
         await asyncio.wait({task}, timeout=GRACE_S)
-        if task.done() and not task.cancelled():
-            task.exception()  # the caller's cancellation is what goes on
         raise
     if task.done():
         return task.result()
@@ -358,6 +357,12 @@ async def bounded_search(search_fn, start: Any, evaluate: Any,
         task.exception()  # retrieved: what it raised on its way out is not logged
     raise SearchTimeoutError(f"the search did not finish within its search_timeout of "
                              f"{search_s} s")
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Takes what a task abandoned by its caller raised, so that it is not logged."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _alone(search: Awaitable[Any]) -> Any:

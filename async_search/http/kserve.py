@@ -388,8 +388,11 @@ def decode_request(body: bytes, header_length: str | None = None, *,
         array([[1., 2.]], dtype=float32)
     """
     header, binary = _header(body, header_length)
-    # Where the body spells neither, no data holds true or false: not looked for.
-    maybe_bools = b"true" in body or b"false" in body
+    # Where the body spells neither, no data holds true or false: not looked for (a
+    # body not in UTF-8, which JSON allows too, is looked through: NUL or BOM bytes).
+    head = body[:4]
+    maybe_bools = (b"true" in body or b"false" in body or b"\x00" in head
+                   or not head.isascii())
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise ProtocolError(f"the request 'id' must be a string, got {quoted(request_id)}")

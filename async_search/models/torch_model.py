@@ -81,8 +81,9 @@ class TorchModel(OwnWeightsModel):
     net whose passes dominate gained nothing; outputs were equal bit for bit. The
     compiled pass runs once on a row of zeros when the adapter is made (a module that
     compiles but cannot run compiled is refused then). A ``raise`` statement in the
-    module raises what it names (TorchScript itself gives ``torch.jit.Error``), so a
-    ``ValueError`` for a bad input stays the caller's error. It is off by default
+    module raises what it names, and an ``assert`` ``AssertionError`` (TorchScript itself
+    gives ``torch.jit.Error``), so a ``ValueError`` for a bad input stays the caller's
+    error. It is off by default
     because a compiled module is not the Python object: attributes that its forward
     pass changes (a call counter) change in the compiled copy only, operators fail
     with ``RuntimeError`` (an index out of range too, an ``IndexError`` eagerly), and
@@ -720,6 +721,8 @@ def _raising_as_written(torch: Any, compiled: Any) -> Any:
 #: The line of a TorchScript error that names the exception raised, after the source
 #: it quotes: ``builtins.ValueError: message`` or ``package.module.MyError: message``.
 _WRITTEN = re.compile(r"^([A-Za-z_][\w.]*)\.([A-Za-z_]\w*)(?:: ?(.*))?$")
+#: How TorchScript names an ``assert`` that failed, or an ``AssertionError`` raised.
+_ASSERTED = re.compile(r"^RuntimeError: AssertionError(?:: ?(.*))?$")
 
 
 def _written_error(e: BaseException) -> Exception | None:
@@ -729,15 +732,22 @@ def _written_error(e: BaseException) -> Exception | None:
     lines = str(e).splitlines()
     quoted = [i for i, line in enumerate(lines) if line.rstrip().endswith("<--- HERE")]
     first = quoted[-1] + 1 if quoted else 0
-    for i in range(len(lines) - 1, first - 1, -1):
-        found = _WRITTEN.match(lines[i])
-        if not found:
-            continue
-        module = builtins if found.group(1) == "builtins" else sys.modules.get(found.group(1))
-        kind = getattr(module, found.group(2), None)
-        if not (isinstance(kind, type) and issubclass(kind, Exception)):
-            continue
-        message = "\n".join([found.group(3) or ""] + lines[i + 1:]).strip()
+    # The first such line after the quoted source: the message's own lines follow it,
+    # and may look like another (a message may say "builtins.ValueError: ...").
+    for i in range(first, len(lines)):
+        asserted = _ASSERTED.match(lines[i])
+        if asserted:  # TorchScript's words for an assert or an AssertionError raised
+            kind, said = AssertionError, asserted.group(1)
+        else:
+            found = _WRITTEN.match(lines[i])
+            if not found:
+                continue
+            module = (builtins if found.group(1) == "builtins"
+                      else sys.modules.get(found.group(1)))
+            kind, said = getattr(module, found.group(2), None), found.group(3)
+            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                continue
+        message = "\n".join([said or ""] + lines[i + 1:]).strip()
         try:
             return kind(message) if message else kind()
         except Exception:  # noqa: BLE001 - a type that takes other arguments

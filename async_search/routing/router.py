@@ -142,8 +142,9 @@ _UNVERSIONED = ("unversioned server",)
 #: server had it this many times its usual answer time (a moving average of its
 #: answers; before its first, the other servers' quickest), or ``FIRST_FAIR_S`` seconds
 #: before any server answered: callers choose their deadlines, and ten requests with a
-#: deadline of a microsecond opened every healthy server's breaker.
-FAIR_FACTOR = 2.0
+#: deadline of a microsecond opened every healthy server's breaker. (Its usual time,
+#: not more: a hung server must count against deadlines a little past it.)
+FAIR_FACTOR = 1.0
 FIRST_FAIR_S = 0.1
 _USUAL_WEIGHT = 0.1  # of the latest answer in the moving average
 
@@ -154,8 +155,7 @@ class _Entry:
     server's requests still in flight end against the old entry and never move the
     new server's numbers."""
 
-    __slots__ = ("evaluate", "breaker", "requests", "failures", "outstanding", "usual_s",
-                 "silent_since")
+    __slots__ = ("evaluate", "breaker", "requests", "failures", "outstanding", "usual_s")
 
     def __init__(self, evaluate: Any, breaker: CircuitBreaker):
         self.evaluate = evaluate
@@ -164,32 +164,20 @@ class _Entry:
         self.failures = 0
         self.outstanding = 0
         self.usual_s: float | None = None  # its answers' time, a moving average
-        # Since when it has owed an answer and given none (None: it owes none unanswered
-        # since its last answer).
-        self.silent_since: float | None = None
-
-    def sent(self, now: float) -> None:
-        if self.silent_since is None:
-            self.silent_since = now
 
     def answered(self, seconds: float) -> None:
         usual = self.usual_s
         self.usual_s = seconds if usual is None else usual + _USUAL_WEIGHT * (
             seconds - usual)
-        self.silent_since = None
 
-    def had_a_fair_chance(self, seconds: float, now: float,
-                          others_usual_s: float | None) -> bool:
+    def had_a_fair_chance(self, seconds: float, others_usual_s: float | None) -> bool:
         """Whether a deadline that passed after the server had a request for
-        ``seconds`` is the server's failure: that request, or the server's silence
-        since it last answered (a hung server's), lasted ``FAIR_FACTOR`` times its usual
+        ``seconds`` is the server's failure: it had ``FAIR_FACTOR`` times its usual
         answer time (before its first answer, the other servers' quickest usual time;
-        ``FIRST_FAIR_S`` before any answer). A caller's deadline shorter than that, on a
-        server that answers, is the caller's doing and moves no breaker."""
+        ``FIRST_FAIR_S`` before any answer). A caller's deadline shorter than that is
+        the caller's doing, and moves no breaker."""
         usual = self.usual_s if self.usual_s is not None else others_usual_s
-        fair = FIRST_FAIR_S if usual is None else FAIR_FACTOR * usual
-        silent = now - self.silent_since if self.silent_since is not None else 0.0
-        return max(seconds, silent) >= fair
+        return seconds >= (FIRST_FAIR_S if usual is None else FAIR_FACTOR * usual)
 
 
 class _ServerFailed(Exception):
@@ -399,7 +387,6 @@ class Router:
         self.outstanding[name] = entry.outstanding
         before = cancellations()
         sent = time.perf_counter()
-        entry.sent(sent)
         try:
             if want_version:
                 outputs, version = await evaluate_with_version(entry.evaluate, x)
@@ -413,8 +400,7 @@ class Router:
                 entry.failures += 1
                 raise _ServerFailed(name, e) from e
             if deadline_passed(e):
-                now = time.perf_counter()
-                if entry.had_a_fair_chance(now - sent, now, min(
+                if entry.had_a_fair_chance(time.perf_counter() - sent, min(
                         (e.usual_s for e in self._entries.values()
                          if e.usual_s is not None), default=None)):
                     breaker.record(permit, ok=False, error=RequestTimeoutError(

@@ -205,7 +205,8 @@ class Workers:
                 made[id(old)] = _with_weights(old, model_or_weights)
             return made[id(old)]
 
-        if replaces_model(self._model, model_or_weights):  # its copy on each device
+        replaced = replaces_model(self._model, model_or_weights)
+        if replaced:  # its copy on each device
             devices = [getattr(w, "device", None) for w in workers]
             new_models = [model_or_weights if device is None
                           else on_device(model_or_weights, device) for device in devices]
@@ -224,7 +225,8 @@ class Workers:
                 worker.set_model(model, version)
             self._model = current
             self.version = version
-            self._own_model.clear()  # every thread runs the new model (or its copy)
+            if replaced:  # every thread runs the new model (or its copy); weights keep
+                self._own_model.clear()  # an own model a thread's own, renewed
 
         return swap
 

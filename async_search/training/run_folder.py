@@ -294,11 +294,15 @@ def held(path: str | os.PathLike) -> Iterator[str]:
         return
     folder = make_folder(path)
     lock = os.path.join(folder, LOCK)
+    def unusable(e: OSError) -> FileWriteError:  # a folder or FIFO in its place, a
+        # read-only or full disk, a file-size limit
+        return FileWriteError(f"cannot lock the run folder: {lock!r} cannot be written "
+                              f"({e.strerror or e})", e.errno, lock)
+
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:  # a folder in its place, a read-only disk
-        raise FileWriteError(f"cannot lock the run folder: {lock!r} cannot be opened "
-                             f"for writing ({e.strerror or e})", e.errno, lock) from e
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise unusable(e) from e
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -308,8 +312,13 @@ def held(path: str | os.PathLike) -> Iterator[str]:
                 f"{folder!r} is in use by another run (pid {holder}): two runs into one "
                 f"folder would undo each other's saves; give this one its own folder "
                 f"(--save_dir), or wait for that one to end") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError as e:  # no locks on this file (a FIFO, some network disks)
+            raise unusable(e) from e
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError as e:
+            raise unusable(e) from e
         yield folder
     finally:
         os.close(fd)  # lets go of the lock

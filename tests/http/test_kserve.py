@@ -158,6 +158,11 @@ A = np.zeros((2, 3), np.float32)
      "holds true/false among numbers where the datatype INT32"),
     (body([tensor([True, False, 1, 1, 0, 1], datatype="BOOL")]), None,
      "holds int64 values where the datatype BOOL needs true/false"),
+    # true/false were looked for in the bytes as UTF-8 spells them
+    (body([tensor([1, 2, 3, 4, 5, True])]).decode().encode("utf-16"), None,
+     "holds true/false among numbers"),
+    (body([tensor([1, 2, 3, 4, 5, True])]).decode().encode("utf-32-be"), None,
+     "holds true/false among numbers"),
     (body([tensor()]), None, "neither 'data' nor a 'binary_data_size'"),
     (body([{**GOOD, "parameters": []}]), None, "'parameters' must be a JSON object"),
     (body([GOOD], parameters={"binary_data_output": "yes"}), None,

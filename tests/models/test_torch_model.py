@@ -619,20 +619,34 @@ class RaisesOnNegatives(torch.nn.Module):
         if bool((x < -100).any()):
             if self.kind == "value":
                 raise ValueError("no rows below -100\nplease")
+            if self.kind == "spoof":  # a message that names another exception
+                raise RuntimeError("overflow\nbuiltins.ValueError: see above")
+            if self.kind == "assertion":
+                raise AssertionError("below -100")
+            if self.kind == "assert":
+                assert False, "below -100"
             raise NotMine("below -100")
         return self.linear(x)
 
 
-@pytest.mark.parametrize("kind, error", [("value", ValueError), ("own", NotMine)])
+@pytest.mark.parametrize("kind, error, message", [
+    ("value", ValueError, "no rows below -100\nplease"),
+    ("own", NotMine, "below -100"),
+    # The last line that named an exception won: a RuntimeError whose message names a
+    # ValueError came back as the caller's ValueError; an assert as torch.jit.Error.
+    ("spoof", RuntimeError, "overflow\nbuiltins.ValueError: see above"),
+    ("assertion", AssertionError, "below -100"),
+    ("assert", AssertionError, "below -100"),
+])
 def test_a_raise_in_a_scripted_pass_raises_what_it_names_and_fails_its_batch_only(
-        kind, error):
+        kind, error, message):
     model = TorchModel(RaisesOnNegatives(kind), input_spec=SPEC, device="cpu",
                        batch_sizes=(4,), script=True)
     x = rows(2)
     x[1, 0] = -1000
     with pytest.raises(error) as raised:
         model(x)
-    assert str(raised.value) in ("no rows below -100\nplease", "below -100")
+    assert type(raised.value) is error and str(raised.value) == message
     assert isinstance(raised.value.__cause__, torch.jit.Error)  # TorchScript's, kept
     assert model(rows(2)).shape == (2, 1)
 

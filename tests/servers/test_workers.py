@@ -514,7 +514,10 @@ class _Placed:
         return x * self.k + (0 if self.device is None else 1000)
 
     def on_device(self, device):
-        return _Placed(self.k, device)
+        return type(self)(self.k, device)
+
+    def with_weights(self, weights):
+        return type(self)(self.k, self.device)
 
 
 async def test_a_removed_workers_model_copy_is_let_go_of_when_it_ends():
@@ -569,6 +572,8 @@ async def test_a_workers_own_model_never_becomes_the_servers_model():
 
     async with asr.serve(_Placed(1), devices=["d0"]) as evaluate:
         await evaluate.add_worker(model=Own(5), device="own")
+        # (weights renew each model as it is: the Own thread's stays its own)
+        evaluate.update_model({"w": 1}, "v2")
         held = None
         for _ in range(50):  # until the Own thread holds a batch
             request = asyncio.ensure_future(evaluate(np.ones((1, 1))))

@@ -366,9 +366,14 @@ def test_a_killed_holder_lets_go_of_its_run_folder(tmp_path):
         holder.wait(timeout=60)
 
 
-def test_a_lock_file_that_cannot_be_opened_is_a_file_write_error_naming_it(tmp_path):
+@pytest.mark.parametrize("lock", ["folder", "fifo"])
+def test_a_lock_file_that_cannot_be_written_is_a_file_write_error_naming_it(tmp_path,
+                                                                            lock):
     # A raw OSError escaped: main.py printed a traceback, not its one line.
-    (tmp_path / ".lock").mkdir()
+    if lock == "folder":
+        (tmp_path / ".lock").mkdir()
+    else:
+        os.mkfifo(tmp_path / ".lock")
     with pytest.raises(FileWriteError, match=r"cannot lock the run folder: .*\.lock"):
         with held(tmp_path):
             pass
