@@ -129,7 +129,7 @@ class AsyncWithOnly:
         ...     with Server():
         ...         pass
         ... except TypeError as e:
-        ...     print(str(e)[:57])
+        ...     print(str(e)[:56])
         Server(...) is an async context manager: use `async with
     """
 
