@@ -24,6 +24,7 @@ with one line that says what had finished and what was saved, exit status 130 an
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import math
 import os
@@ -895,6 +896,10 @@ def run_training_experiment(plan) -> int:
         return 2
     except (CheckpointError, FileWriteError) as e:
         return _one_line_error(e)
+    except OSError as e:  # the machine's limit, not a fault: say so as the others do
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            return _one_line_error(e)
+        raise
 
 
 def _one_line_error(e: BaseException) -> int:
@@ -1123,4 +1128,7 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    # A path that the output's encoding cannot spell (PYTHONIOENCODING=ascii, a
+    # non-ASCII --save_path) is printed escaped, not a traceback after the work is saved.
+    sys.stdout.reconfigure(errors="backslashreplace")
     app.run(main, flags_parser=parse_flags)

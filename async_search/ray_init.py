@@ -16,6 +16,7 @@ import sys
 import threading
 
 from async_search import process_tree
+from async_search.machine import usable_cpus
 
 
 #: Seconds to wait for a TCP connection to an explicit cluster address: ray.init retries
@@ -112,7 +113,7 @@ def ensure_ray(address: str | None = None):
         if address is not None:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=usable_cpus(), include_dashboard=False, log_to_driver=False)
     except BaseException as e:  # cut short: end what it started before going on
         _undo_start(ray, before)
         refused = (ConnectionError,

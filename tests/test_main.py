@@ -489,3 +489,14 @@ def test_a_plot_the_disk_cannot_hold_is_one_line_naming_it_and_exit_1(tmp_path):
     assert "Finished in" not in run.stdout
     assert json.loads(save.with_suffix(".json").read_text())["plot"] is None
     assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def test_a_path_the_output_encoding_cannot_spell_is_printed_escaped(tmp_path):
+    save = tmp_path / "r\u00e9sultats" / "r.png"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *TINY,
+                          "--backends=local", f"--save_path={save}"],
+                         cwd=ROOT, capture_output=True, timeout=150,
+                         env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert run.returncode == 0, run.stderr.decode("ascii", "replace")[-3000:]
+    assert b"Saved the plot to " in run.stdout and b"r\\xe9sultats" in run.stdout
+    assert save.stat().st_size > 10_000

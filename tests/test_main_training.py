@@ -281,3 +281,24 @@ def test_a_run_into_a_folder_another_run_holds_is_one_line_and_exit_2(tmp_path):
     assert sorted(os.listdir(run)) == [".lock"] and "Finished in" not in out.stdout
     out = main(*DAVI, "--save_dir", str(run), "--save_path", str(tmp_path / "p.png"))
     assert out.returncode == 0, out.stderr[-2000:]  # let go of: the next run takes it
+
+
+def test_clients_past_the_open_file_limit_are_one_line_and_exit_1(tmp_path):
+    # A 28-frame traceback from inside multiprocessing's os.pipe, before.
+    import resource
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    args = [a if a != "local" else "process" for a in TINY_C4]
+    out = subprocess.run(
+        [sys.executable, "main.py", *args, "--num_procs", "20", "--games_per_iteration",
+         "20", "--save_dir",
+         str(tmp_path / "run"), "--save_path", str(tmp_path / "t.png")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, preexec_fn=low_limit,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 1, out.stderr[-3000:]
+    lines = error_lines(out)
+    assert len(lines) == 1 and lines[0].startswith(
+        "main.py: error: [Errno 24] the process backend ran out of file descriptors"), lines

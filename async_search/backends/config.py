@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable, Mapping
 
 import numpy as np
 
 from async_search.checks import check_float, check_int
+from async_search.machine import usable_cpus
 from async_search.servers.policy import DispatchPolicy
 from async_search.servers.workers import placement_of
 
@@ -193,7 +193,7 @@ MAX_CLIENT_PROCESSES = 256
 def max_servers(backend: str) -> int:
     """How many servers a backend can start on this machine (one thread or actor each;
     more than a few per core only queue behind each other)."""
-    return 4 * (os.cpu_count() or 1)
+    return 4 * usable_cpus()
 
 
 #: ``progress(elements)``: called in the calling process as batches complete, with the

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import io
 import itertools
 import multiprocessing
@@ -47,6 +48,7 @@ from async_search.base import TensorSpec
 from async_search.connections import Connection, pipe
 from async_search.errors import CloseTimeoutError, describe
 from async_search.event_loops import loop_factory
+from async_search.machine import open_file_limit
 from async_search.process_tree import (descendants, die_with_parent, end_processes,
                                        starting_children)
 from async_search.queues import ClosedConnection, SocketQueue, socket_queue
@@ -89,9 +91,15 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
             numbers = itertools.count()  # client processes, retries included
 
             async def launch(indices: List[int], attempt: int) -> _ClientProcess:
-                return _ClientProcess(next(numbers), indices, [starts[j] for j in indices],
-                                      search_fn, evaluate.input_spec, config, connections,
-                                      context)
+                try:
+                    return _ClientProcess(next(numbers), indices,
+                                          [starts[j] for j in indices], search_fn,
+                                          evaluate.input_spec, config, connections,
+                                          context)
+                except OSError as e:
+                    if e.errno in (errno.EMFILE, errno.ENFILE):
+                        raise _out_of_descriptors(e, config.num_procs) from e
+                    raise
 
             shares = [list(range(i, len(starts), config.num_procs))
                       for i in range(min(config.num_procs, max(len(starts), 1)))]
@@ -123,6 +131,23 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
     return SearchResults(finish(results_, failures, config), stats)
 
 
+#: File descriptors a client process holds in this process (its sockets, the pipes of
+#: its start), about; the run's own come on top.
+_DESCRIPTORS_PER_CLIENT = 8
+
+
+def _out_of_descriptors(e: OSError, num_procs: int) -> OSError:
+    """The error of a client process that could not start for want of descriptors,
+    saying what to change (multiprocessing's own names neither the limit nor why)."""
+    limit = open_file_limit()
+    return OSError(e.errno, (
+        f"the process backend ran out of file descriptors starting a client process "
+        f"({e.strerror}): each client holds about {_DESCRIPTORS_PER_CLIENT} in this "
+        f"process, and the open-file limit (ulimit -n) is {limit or 'unknown'}; raise "
+        f"it to about {64 + _DESCRIPTORS_PER_CLIENT * num_procs} for num_procs="
+        f"{num_procs}, or use fewer num_procs"))
+
+
 class _ClientProcess:
     """One attempt at some starts: a client process whose connection is served here, and
     the queue on which it reports (``Worker``)."""
@@ -131,8 +156,22 @@ class _ClientProcess:
                  spec: TensorSpec | None, config: RunConfig, connections: ConnectionServer,
                  context):
         self._indices = indices
+        opened: List[Any] = []  # closed again if the start fails half way
+        try:
+            self._start(number, starts, search_fn, spec, config, connections, context,
+                        opened)
+        except BaseException:
+            for queue in opened:
+                queue.close()
+            raise
+
+    def _start(self, number: int, starts: List[Any], search_fn, spec: TensorSpec | None,
+               config: RunConfig, connections: ConnectionServer, context,
+               opened: List[Any]) -> None:
         server_end, client_end = pipe(socket_queue)
+        opened += [server_end.inbound, server_end.outbound]
         results, work = SocketQueue(), SocketQueue()
+        opened += [results, work]
         # Only sockets and a few small values go through spawn: multiprocessing writes
         # them to the new process in one blocking write, which never returns when they
         # fill the pipe and the process dies (or hangs) before reading them. The
@@ -150,8 +189,8 @@ class _ClientProcess:
         self.name = f"client process {number} (pid {self._process.pid})"
         self.usage: dict | None = None  # its CPU and wall seconds, once it is done
         self._results = results.reader_only()
-        self._serving = asyncio.ensure_future(
-            connections.serve(server_end.close_unused_ends()))
+        self._server_end = server_end.close_unused_ends()
+        self._serving = asyncio.ensure_future(connections.serve(self._server_end))
         self._stopped = False
 
     async def events(self):
@@ -204,6 +243,11 @@ class _ClientProcess:
         with contextlib.suppress(asyncio.TimeoutError, Exception):
             await asyncio.wait_for(asyncio.shield(self._serving), GRACE_S)
         self._serving.cancel()
+        await asyncio.wait([self._serving], timeout=GRACE_S)
+        # The serving's end closed the stream, not its sockets in this process: left to
+        # the collector, each warns (ResourceWarning; an error under -W error).
+        for queue in (self._server_end.inbound, self._server_end.outbound):
+            queue.close()
 
 
 def _kill_tree(pid: int) -> None:

@@ -8,6 +8,7 @@ import platform
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from async_search.machine import usable_cpus
 from async_search.experiments.runs import RunReport
 from async_search.files import write_json
 
@@ -124,6 +125,7 @@ def environment() -> Dict[str, Any]:
         "machine": platform.machine(),
         "system": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpus(),  # this process's affinity (taskset, a cpuset)
         "python": platform.python_version(),
         "versions": versions,
     }

@@ -251,8 +251,12 @@ class _Traced:
 
     def _retrace(self) -> None:
         """Drops the traced functions: each bucket is traced again at its next batch."""
+        # AutoGraph converts a plain function's Python control flow, writing each
+        # conversion to a temporary file that TensorFlow deletes only at a clean exit
+        # (a killed Ray actor leaves them). Keras layers are never converted: a Keras
+        # model's trace needs none, and writes none.
         self._fn = self.tf.function(self._traced, jit_compile=self._jit_compile,
-                                    reduce_retracing=False)
+                                    reduce_retracing=False, autograph=not self._keras)
         self._concrete.clear()
 
     def stage(self, weights: Any) -> list:

@@ -168,3 +168,44 @@ def test_a_thread_a_timed_out_search_left_running_does_not_hold_the_run():
                            return_exceptions=True)
     assert all(isinstance(r, asr.SearchTimeoutError) for r in out), out
     assert time.monotonic() - began < 9.0
+
+
+def test_a_run_leaves_no_socket_of_its_clients_to_the_garbage_collector():
+    # The serving end's sockets were left open when a client's stream ended: each run
+    # warned (ResourceWarning, an error under -W error) as the collector closed them.
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        out = asr.run_searches(searches.echo_sum, [1, 2, 3], searches.small_mlp,
+                               backend="process", num_procs=2)
+        gc.collect()
+    assert out == searches.baseline(searches.echo_sum, [1, 2, 3], searches.small_mlp())
+    assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_clients_past_the_open_file_limit_fail_the_run_naming_the_limit():
+    # It was multiprocessing's bare "OSError: [Errno 24] Too many open files" from
+    # inside os.pipe, naming neither the limit nor num_procs.
+    import subprocess
+    import sys
+
+    script = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE,\n"
+        "                   (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "import async_search as asr\n"
+        "from tests.backends import searches\n"
+        "try:\n"
+        "    asr.run_searches(searches.echo_sum, list(range(40)), searches.small_mlp,\n"
+        "                     backend='process', num_procs=20)\n"
+        "except OSError as e:\n"
+        "    print(type(e).__name__, e.errno, e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("OSError 24 "), run.stdout
+    assert "the open-file limit (ulimit -n) is 64" in run.stdout
+    assert "for num_procs=20, or use fewer num_procs" in run.stdout

@@ -268,3 +268,26 @@ def test_what_the_net_raises_while_traced_reaches_the_caller_as_itself(tf):
     for _ in range(2):  # traced again at the next batch, and raised again
         with pytest.raises(_BadInput, match="^a row the net refuses$"):
             model(np.ones((3, 2), np.float32))
+
+
+def _branching(tf):
+    def net(x):
+        if tf.reduce_sum(x) > 0:  # Python control flow: AutoGraph's to convert
+            return x * 2.0
+        return x * 3.0
+    return net
+
+
+def test_a_keras_model_is_traced_without_autograph_files_and_a_function_with_them(
+        tf, keras_net, tmp_path, monkeypatch):
+    # AutoGraph writes each conversion to a temporary file that only a clean exit
+    # deletes: a Ray server actor, killed, left them behind at every run.
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    keras = TensorFlowModel(keras_net, TensorSpec((6,), np.float32), batch_sizes=(2,))
+    keras(np.ones((2, 6), np.float32))
+    assert not list(tmp_path.iterdir())
+    spec = TensorSpec((4,), np.float32)
+    branching = TensorFlowModel(_branching(tf), input_spec=spec, batch_sizes=(2,))
+    np.testing.assert_array_equal(branching(-np.ones((2, 4), np.float32)), -3.0)
