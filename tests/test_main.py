@@ -396,7 +396,9 @@ def test_every_documented_command_passes_the_flag_checks(monkeypatch):
 
 TINY_TRAIN = ["--train=connect_four", "--iterations=1", "--games_per_iteration=4",
               "--simulations=4", "--train_steps=3", "--hidden_sizes=16", "--eval_games=2",
-              "--final_games=2", "--uct_rollouts=4", "--backend=local", "--noprogress"]
+              "--final_games=2", "--uct_rollouts=4", "--arena_games=2",
+              "--strong_uct_games=1", "--strong_uct_rollouts=8", "--accuracy_positions=3",
+              "--backend=local", "--noprogress"]
 
 
 @pytest.mark.timeout(400)

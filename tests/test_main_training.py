@@ -145,7 +145,7 @@ TINY_C4 = ["--train", "connect_four", "--iterations", "1", "--games_per_iteratio
            "--simulations", "4", "--train_steps", "2", "--hidden_sizes", "8",
            "--eval_games", "1", "--strong_uct_games", "1", "--strong_uct_rollouts", "8",
            "--uct_rollouts", "4", "--final_games", "1", "--accuracy_positions", "3",
-           "--backend", "local", "--noprogress"]
+           "--arena_games", "2", "--backend", "local", "--noprogress"]
 
 
 def test_a_gumbel_run_with_tree_reuse_prints_the_accuracy_and_carries_the_flags(tmp_path):
@@ -241,7 +241,7 @@ def train_residual_4x1(tmp_path, *args):
                 "--blocks", "1", *args, "--iterations", "1", "--games_per_iteration", "4",
                 "--train_steps", "4", "--simulations", "4", "--eval_games", "2",
                 "--strong_uct_games", "0", "--final_games", "2", "--accuracy_positions",
-                "2", "--uct_rollouts", "4", "--noprogress", "--save_dir",
+                "2", "--uct_rollouts", "4", "--arena_games", "2", "--noprogress", "--save_dir",
                 str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
 
 

@@ -11,9 +11,11 @@ run would find its thread pools gone):
    operation wrapped and recorded: each write, sync, rename, delete, folder made), then
    one grandchild per operation, SIGKILLed by itself just before that operation (and
    one just after the last), each on a copy of the folder as it was before the save;
-3. for every killed folder, a fresh child resumes the run there, records what was left
-   in the folder once the run started (leftovers must be gone), runs it to the end and
-   records its rows, its buffer and its folder.
+3. for every killed folder, a fresh child resumes the run there and records what was
+   left in the folder once the run started (leftovers must be gone) and a digest of
+   it; for each distinct digest, one more child resumes there, runs it to the end and
+   records its rows, its buffer and its folder, which stand for every kill that left
+   that folder (the rest of a run depends on its folder alone).
 
 The test compares every resumed run with the reference.
 """
@@ -160,6 +162,18 @@ def _summary(trainer, rows) -> dict:
             "folder": _listing(trainer._folder.path)}
 
 
+def _digest(folder) -> str:
+    """A digest of what ``folder`` holds: every name and every file's bytes."""
+    digest = hashlib.sha256()
+    for name in _listing(folder):
+        path = os.path.join(folder, name)
+        digest.update(name.encode() + b"\0")
+        if os.path.isfile(path) and not os.path.islink(path):
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
 def _listing(folder) -> list:
     out = []
     for root, dirs, files in os.walk(folder):
@@ -287,29 +301,52 @@ def main(trainer_name: str, workdir: str) -> None:
         raise SystemExit("the prepared run failed")
     report["saves"] = json.load(open(os.path.join(workdir, "saves.json")))
 
-    # Each killed folder resumes in a child of its own: independent runs, as many at
-    # once as there are cores (they were a minute of the suite's time on 2 cores).
-    kills, jobs = [], []
+    # Each killed folder's resume starts in a child of its own: the start must clear
+    # what the kill left (after_start), and the child reports a digest of the folder it
+    # leaves. The rest of a run depends on that folder alone (the trainers keep every
+    # state there, seeds included), so one run to the end per distinct folder stands
+    # for every kill that left it; it starts again on that folder, which must then be
+    # unchanged. (Each kill ran to the end before: minutes of the suite on 2 cores.)
+    kills, starts = [], []
     for save, ops in enumerate(report["saves"]):
         for kill_at in range(1, len(ops) + 2):
             folder = os.path.join(killed_root, f"{save}-{kill_at}")
-            out = os.path.join(workdir, f"resumed-{save}-{kill_at}.json")
+            out = os.path.join(workdir, f"started-{save}-{kill_at}.json")
             op = ops[kill_at - 1] if kill_at <= len(ops) else "(after the last)"
 
-            def resume(folder=folder, out=out):
-                trainer = make(folder, True)
-                started = _listing(folder)
-                while _done(trainer) < total:
-                    step(trainer)
-                _write(out, {**_summary(trainer, rows), "after_start": started})
+            def start(folder=folder, out=out):
+                make(folder, True)
+                _write(out, {"after_start": _listing(folder), "digest": _digest(folder)})
 
             kills.append(({"save": save, "kill_at": kill_at, "op": op}, folder, out))
-            jobs.append(resume)
-    statuses = _in_children(jobs, parallel=max(1, min(2, os.cpu_count() or 1)))
+            starts.append(start)
+    parallel = max(1, min(2, os.cpu_count() or 1))
+    statuses = _in_children(starts, parallel)
+    ends: dict = {}  # digest -> the folder whose run to the end stands for it
     for (entry, folder, out), status in zip(kills, statuses):
         entry["status"] = status
         if status == 0:
             entry.update(json.load(open(out)))
+            ends.setdefault(entry["digest"], folder)
+    report["runs_to_the_end"] = len(ends)
+    finished = {}
+    for digest, folder in ends.items():
+        out = os.path.join(workdir, f"resumed-{digest}.json")
+
+        def resume(folder=folder, out=out):
+            trainer = make(folder, True)
+            again = _digest(folder)
+            while _done(trainer) < total:
+                step(trainer)
+            _write(out, {**_summary(trainer, rows), "digest_again": again})
+
+        finished[digest] = out, resume
+    statuses = _in_children([job for _, job in finished.values()], parallel)
+    for (digest, (out, _)), status in zip(finished.items(), statuses):
+        finished[digest] = json.load(open(out)) if status == 0 else {"status": status}
+    for entry, folder, _ in kills:
+        if entry["status"] == 0:
+            entry.update(finished[entry["digest"]])
         report["kills"].append(entry)
         shutil.rmtree(folder)
     _write(os.path.join(workdir, "report.json"), report)

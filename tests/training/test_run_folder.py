@@ -302,6 +302,7 @@ def test_a_run_killed_at_any_file_operation_of_a_save_resumes_with_the_same_rows
     for kill in report["kills"]:
         where = f"killed at operation {kill['kill_at']} ({kill['op']}) of save {kill['save']}"
         assert kill["status"] == 0, where
+        assert kill["digest_again"] == kill["digest"], where  # its run's start, again
         assert kill["rows"] == reference["rows"], where
         assert kill["buffer_size"] == reference["buffer_size"], where
         assert kill["buffer_added"] == sum(r.get("samples", 0) for r in reference["rows"]
