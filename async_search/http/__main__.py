@@ -21,7 +21,8 @@ at once, within the one grace.
 
 Limits (defaults in brackets; see ``HttpLimits``): ``--max-body-bytes`` [16 MiB],
 ``--max-json-bytes`` [1 MiB: larger tensors go as binary], ``--max-connections`` [512,
-and at most half of ``ulimit -n``], ``--keepalive-timeout`` [5 s idle],
+and at most half of what ``ulimit -n`` leaves after the front's own descriptors and its
+codec workers'], ``--keepalive-timeout`` [5 s idle],
 ``--read-timeout`` [30 s per body], ``--write-timeout`` [30 s: a client that takes no
 byte of its answer for that long is dropped], ``--max-unsent-bytes`` [256 MiB of answers
 that clients have not taken, in all: 503 beyond], ``--shutdown-timeout`` [5 s],
@@ -108,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="largest JSON part of an inference body; larger tensors go as "
                         "binary tensors")
     p.add_argument("--max-connections", type=int, default=limits.max_connections,
-                   help="open connections at once (never more than half of ulimit -n)")
+                   help="open connections at once (never more than half of what "
+                        "ulimit -n leaves after the front's own descriptors)")
     p.add_argument("--keepalive-timeout", type=float, default=limits.keepalive_timeout,
                    help="seconds a connection may stay open with no request in progress")
     p.add_argument("--read-timeout", type=float, default=limits.read_timeout,

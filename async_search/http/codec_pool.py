@@ -9,14 +9,17 @@ loop free for small requests meanwhile.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import pickle
 import signal
 import struct
+import subprocess
 import sys
 from typing import Any, Callable
 
 from async_search.errors import ProtocolError
+from async_search.machine import open_file_limit
 
 
 class _Worker:
@@ -24,33 +27,89 @@ class _Worker:
     come back on a private pipe, each as an 8-byte length and a pickle."""
 
     def __init__(self):
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: subprocess.Popen | None = None
+        self._stdin: asyncio.StreamWriter | None = None
+        self._stdout: asyncio.StreamReader | None = None
+        self._stdout_transport: asyncio.ReadTransport | None = None
+
+    async def _start(self) -> None:
+        import async_search
+
+        # The worker imports this package from where the parent found it.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(async_search.__file__)))
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+        # Popen, not the loop's subprocess_exec: a start that fails (EMFILE under a low
+        # ulimit -n) closes every descriptor it opened, where uvloop's left two socket
+        # pairs open for good, until no worker could start at all.
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, start_new_session=True, env=env)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        self._stdout_transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), self.process.stdout)
+        self._stdout = reader
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, self.process.stdin)
+        self._stdin = asyncio.StreamWriter(transport, protocol, None, loop)
 
     async def call(self, fn: Callable, args: tuple) -> tuple[bool, Any]:
         if self.process is None:
-            import async_search
-
-            # The worker imports this package from where the parent found it.
-            root = os.path.dirname(os.path.dirname(os.path.abspath(
-                async_search.__file__)))
-            path = os.environ.get("PYTHONPATH")
-            env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", __name__, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, start_new_session=True, env=env)
+            await self._start()
         message = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
-        self.process.stdin.write(_LENGTH.pack(len(message)))
-        self.process.stdin.write(message)
-        await self.process.stdin.drain()
-        (size,) = _LENGTH.unpack(await self.process.stdout.readexactly(_LENGTH.size))
-        return pickle.loads(await self.process.stdout.readexactly(size))
+        self._stdin.write(_LENGTH.pack(len(message)))
+        self._stdin.write(message)
+        await self._stdin.drain()
+        (size,) = _LENGTH.unpack(await self._stdout.readexactly(_LENGTH.size))
+        return pickle.loads(await self._stdout.readexactly(size))
+
+    def close_input(self) -> None:
+        """Close its stdin: the worker exits once its call in progress is answered."""
+        if self._stdin is not None:
+            self._stdin.close()
+        elif self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()
 
     def kill(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.kill()
+        """Kill it and close its pipes; its exit is collected without blocking."""
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+            _reap(process)
+        self.close_input()
+        if self._stdout_transport is not None:  # it closes the file it was given
+            self._stdout_transport.close()
+        elif process.stdout is not None:
+            process.stdout.close()
+
+    async def exited(self) -> None:
+        while self.process is not None and self.process.poll() is None:
+            await asyncio.sleep(_POLL_S)
+
+
+def _reap(process: subprocess.Popen, tries: int = 200) -> None:
+    """Collect a killed worker's exit status (a zombie otherwise), polling a while."""
+    if process.poll() is None and tries > 0:
+        asyncio.get_running_loop().call_later(_POLL_S, _reap, process, tries - 1)
+
+
+def _failure(error: Exception) -> ProtocolError:
+    """The 503 that answers a call whose worker failed or could not start."""
+    if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+        return ProtocolError(
+            f"a codec worker process could not start: the server is out of file "
+            f"descriptors (its open-file limit, ulimit -n, is {open_file_limit()}); retry "
+            f"the request, send the tensor as binary data, or raise ulimit -n",
+            status=503)
+    return ProtocolError(f"a codec worker process failed ({type(error).__name__}); "
+                         f"retry the request", status=503)
 
 
 _LENGTH = struct.Struct("<Q")
+_POLL_S = 0.02  # how often a worker's exit is looked for
 #: Added to the codec workers' niceness: parsing megabytes must not starve the loop.
 _WORKER_NICENESS = 10
 
@@ -128,9 +187,7 @@ class CodecPool:
         except Exception as e:  # noqa: BLE001 - a dead or garbled worker is replaced
             worker.kill()
             self._all.discard(worker)
-            answer = (False, ProtocolError(
-                f"a codec worker process failed ({type(e).__name__}); retry the request",
-                status=503))
+            answer = (False, _failure(e))
         else:
             self._idle.append(worker)
         async with self._free:
@@ -145,10 +202,9 @@ class CodecPool:
                 self._free.notify_all()
         workers = [w for w in self._all if w.process is not None]
         for worker in workers:
-            if worker.process.stdin is not None:
-                worker.process.stdin.close()
+            worker.close_input()
         if workers:
-            exits = [asyncio.ensure_future(w.process.wait()) for w in workers]
+            exits = [asyncio.ensure_future(w.exited()) for w in workers]
             _, pending = await asyncio.wait(exits, timeout=timeout)
             for worker in workers:
                 worker.kill()

@@ -68,7 +68,7 @@ from async_search.http.front_lifetime import (FrontLifetime, cut_message,
 from async_search.http.inflate import inflate
 from async_search.http.kserve import HEADER_LENGTH, TensorMetadata
 from async_search.http.limits import (ConnectionLimiter, HttpLimits, LimitedSite,
-                                      connection_cap)
+                                      connection_cap, refusal_cap)
 from async_search.http.metrics import ServingMetrics
 from async_search.http.repository import ModelEntry, ModelRepository, ModelSource
 
@@ -175,12 +175,14 @@ class HttpFront(FrontLifetime):
         self.repository_token = repository_token
         self.metrics = metrics if metrics is not None else ServingMetrics()
         self.repository: ModelRepository | None = None
+        workers = self.limits.offload_workers  # their pipes are kept out of the cap
         self.connections = ConnectionLimiter(
-            connection_cap(self.limits.max_connections),
+            connection_cap(self.limits.max_connections, workers),
             first_request_timeout=self.limits.keepalive_timeout,
             write_timeout=self.limits.write_timeout,
             max_unsent_bytes=self.limits.max_unsent_bytes,
             handler_class=error_handler_class(self.metrics.observe_error),
+            max_lingering=refusal_cap(self.limits.max_connections, workers),
             on_event=self._connection_event)
         self._codec = CodecPool(self.limits.offload_workers)
         self._owns_repository = not isinstance(models, ModelRepository)

@@ -5,11 +5,15 @@
   connections are accepted. At the cap, a new connection closes the connection that has
   been idle longest (no request in progress: keep-alive, headers still trickling in, or
   an answer the client is not taking); when every connection is busy it is answered
-  503 and closed at once. A connection whose request has arrived is busy before it
+  503 and closed. A connection whose request has arrived is busy before it
   reaches the front's handlers: bytes not read yet, or a request read whole that waits
   for the handlers (a burst of connections, each with its request, closed some of
-  them unanswered as "idle"). File descriptors stay bounded whatever clients do, and a
-  flood of idle connections cannot lock out a client with a real request.
+  them unanswered as "idle"). A new connection is not idle before its first bytes
+  arrive or ``NEW_CONNECTION_GRACE_S`` passes (in a burst, each newcomer closed the one
+  accepted just before it, whose request had not arrived yet). File descriptors stay
+  bounded whatever clients do (``connection_cap`` keeps the front's own and its codec
+  workers' out of the connections' share), and a flood of idle connections cannot lock
+  out a client with a real request for longer than that grace.
 - Answers a client does not take: every byte of an answer that the socket has not
   taken counts as unsent (a transport's write buffer has no low-water slack here), a
   connection whose client takes no byte for ``write_timeout`` is dropped, and an answer
@@ -23,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import os
 import struct
 from typing import Any, Callable
 
@@ -31,6 +34,7 @@ from aiohttp import web
 
 from async_search.http.error_responses import adopt
 from async_search.http.kserve import error_body
+from async_search.machine import open_file_limit, usable_cpus
 
 try:  # how many bytes a socket has received that are not read yet
     from fcntl import ioctl
@@ -53,10 +57,13 @@ class HttpLimits:
             (Measured on 2 cores: with 3 clients sending JSON bodies near the bound
             back to back, small requests' p99 stayed at 65 ms with 1 MiB; at 4 MiB
             it was 170-270 ms, the parsing starving everything else of CPU.)
-        max_connections: open connections at once, 512, and never more than half the
-            process's open-file limit (``ulimit -n``), so that connections cannot use
-            up the descriptors the server needs for itself. At the cap the longest-idle
-            connection is closed for a new one; if none is idle the new one gets 503.
+        max_connections: open connections at once, 512, and never more than half of
+            what the process's open-file limit (``ulimit -n``) leaves after the
+            descriptors the front needs for itself and its codec workers
+            (``connection_cap``): the other half answers refused connections. At the
+            cap the longest-idle connection is closed for a new one; if none is idle
+            (a connection is not idle before its first bytes arrive or
+            ``NEW_CONNECTION_GRACE_S`` passes) the new one gets 503.
         keepalive_timeout: seconds a connection may stay open with no request in
             progress (between requests, or before its request line and headers have
             all arrived), 5.0; then it is closed.
@@ -92,7 +99,7 @@ class HttpLimits:
     max_unsent_bytes: int = 256 * 2 ** 20
     offload_bytes: int = 256 * 2 ** 10
     offload_workers: int = dataclasses.field(
-        default_factory=lambda: max(1, (os.cpu_count() or 2) // 2))
+        default_factory=lambda: max(1, usable_cpus() // 2))
     max_workers: int | None = None
 
     def __post_init__(self):
@@ -113,6 +120,20 @@ class HttpLimits:
                              f"{self.max_workers!r}")
 
 
+#: A new connection is not idle (not closed for a newcomer) until its first bytes arrive
+#: or this many seconds pass: a burst of connections is accepted before any has sent.
+NEW_CONNECTION_GRACE_S = 0.5
+#: How long a refused connection is kept open, reading and dropping what its client
+#: sends, so that its 503 is read: one closed with bytes unread is reset, and the
+#: client may lose the answer.
+_REFUSAL_LINGER_S = 2.0
+#: Descriptors the front keeps whatever clients do: stdio, the loop's, the listening
+#: socket, the model's (about 16 in all), one being accepted and a codec worker being
+#: started (its pipes, 6 for a moment).
+FRONT_DESCRIPTORS = 24
+#: Descriptors each codec worker holds: its stdin and stdout pipes.
+WORKER_DESCRIPTORS = 2
+
 _REFUSAL_BODY = error_body("the server has too many open connections and none is idle; "
                            "retry shortly")
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -130,15 +151,17 @@ class _Guarded(asyncio.Protocol):
         self.limiter = limiter
         self.transport: asyncio.Transport | None = None
         self.served = False  # has a request reached the front's handlers
+        self.heard = False   # has the client sent any byte
+        self.opened = 0.0    # the loop's time when accepted
         self.answer_bytes = 0  # the size of the answer last written (see answering)
         self._first_request: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.opened = asyncio.get_running_loop().time()
         if not self.limiter.admit(self):
             self.handler = None
-            transport.write(_REFUSAL)
-            transport.close()
+            self.limiter.refuse(self)
             return
         # Every byte the socket does not take counts as unsent (pause at once, resume
         # when all is out): the limiter then sees each connection that holds unsent
@@ -165,9 +188,12 @@ class _Guarded(asyncio.Protocol):
         if handler is not None:
             self.limiter.release(self)
             handler.connection_lost(exc)
+        else:
+            self.limiter.refused_closed(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.handler is not None:
+        self.heard = True
+        if self.handler is not None:  # else refused: what it sends is dropped
             self.handler.data_received(data)
             if self.request_waiting():
                 self.limiter.waiting(self)
@@ -191,17 +217,33 @@ class _Guarded(asyncio.Protocol):
             self.handler.resume_writing()
 
 
-def connection_cap(max_connections: int) -> int:
-    """``max_connections``, lowered to half the open-file limit where that is lower."""
-    try:
-        import resource
+def _spare_descriptors(workers: int) -> int | None:
+    """What the open-file limit leaves for connections, after the front's own
+    descriptors and those of ``workers`` codec workers (None: no limit)."""
+    limit = open_file_limit()
+    if limit is None:
+        return None
+    return limit - FRONT_DESCRIPTORS - WORKER_DESCRIPTORS * workers
 
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return max_connections
-    if soft == resource.RLIM_INFINITY or soft <= 0:
-        return max_connections
-    return max(1, min(max_connections, soft // 2))
+
+def connection_cap(max_connections: int, workers: int = 0) -> int:
+    """``max_connections``, lowered where the open-file limit is lower: connections get
+    half of the descriptors left after the front's own and its ``workers`` codec
+    workers' (at least 1), refused connections being answered the other half
+    (``refusal_cap``). Half of ``ulimit -n`` alone left a front at ``ulimit -n 32``
+    no descriptor to start a codec worker with."""
+    spare = _spare_descriptors(workers)
+    return max_connections if spare is None else max(1, min(max_connections,
+                                                            spare // 2))
+
+
+def refusal_cap(max_connections: int, workers: int = 0) -> int:
+    """How many refused connections may stay open at once to have their 503 read: the
+    descriptors left beside ``connection_cap``'s (``max_connections`` where there is
+    no open-file limit)."""
+    spare = _spare_descriptors(workers)
+    cap = connection_cap(max_connections, workers)
+    return cap if spare is None else max(0, spare - cap)
 
 
 class _Stall:
@@ -241,6 +283,9 @@ class ConnectionLimiter:
         max_unsent_bytes: the bound of ``admit_answer`` (None: no bound).
         handler_class: what aiohttp's handlers are retyped to
             (``error_responses.error_handler_class``; None: left as they are).
+        max_lingering: refused connections kept open at once while their clients read
+            the 503 (at most ``_REFUSAL_LINGER_S`` each); beyond, one is closed at once
+            (None: ``max_connections``).
         on_event: called with ``"refused"``, ``"evicted"`` or ``"write_timeout"`` each
             time a connection is refused at the cap or closed for that reason.
 
@@ -253,8 +298,10 @@ class ConnectionLimiter:
     def __init__(self, max_connections: int, first_request_timeout: float | None = None,
                  *, write_timeout: float | None = None,
                  max_unsent_bytes: int | None = None, handler_class: type | None = None,
+                 max_lingering: int | None = None,
                  on_event: Callable[[str], None] | None = None):
         self.max_connections = max_connections
+        self.max_lingering = max_connections if max_lingering is None else max_lingering
         self.first_request_timeout = first_request_timeout
         self.write_timeout = write_timeout
         self.max_unsent_bytes = max_unsent_bytes
@@ -268,6 +315,7 @@ class ConnectionLimiter:
         self._waiting: set = set()     # guards with a request read, not yet in _busy
         self._by_transport: dict = {}
         self._stalled: dict = {}       # guard -> _Stall, while it holds unsent bytes
+        self._lingering: dict = {}     # refused guard -> the timer that closes it
         self._watch: asyncio.TimerHandle | None = None
 
     @property
@@ -333,11 +381,14 @@ class ConnectionLimiter:
         """Count a new connection in, closing the oldest idle ones to make room; False
         (and counted as refused) when every open connection is busy. An idle one with
         received bytes not read yet is busy: its request may be whole (a burst of
-        connections is accepted before any is read)."""
+        connections is accepted before any is read); so is a new one that has had no
+        chance to send yet (``NEW_CONNECTION_GRACE_S``)."""
+        now = asyncio.get_running_loop().time()
         for oldest in list(self._idle) if self.open >= self.max_connections else ():
             if self.open < self.max_connections:
                 break
-            if _unread(oldest):
+            if _unread(oldest) or not (oldest.served or oldest.heard or
+                                       now - oldest.opened >= NEW_CONNECTION_GRACE_S):
                 continue
             del self._idle[oldest]
             self._by_transport.pop(oldest.transport, None)
@@ -354,6 +405,27 @@ class ConnectionLimiter:
         self._idle[guard] = None
         self._by_transport[guard.transport] = guard
         return True
+
+    def refuse(self, guard: _Guarded) -> None:
+        """Answer a connection that was not admitted 503 and close it. It lingers a
+        while first (within ``max_lingering``): its write side is shut after the 503
+        and what its client sends is dropped until the client closes. Closed at once,
+        a socket with its request's bytes unread (or arriving after) is reset, and the
+        client may read the reset rather than the 503."""
+        transport = guard.transport
+        transport.write(_REFUSAL)
+        if len(self._lingering) >= self.max_lingering or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._lingering[guard] = asyncio.get_running_loop().call_later(
+            _REFUSAL_LINGER_S, transport.abort)
+
+    def refused_closed(self, guard: _Guarded) -> None:
+        """A refused connection is closed."""
+        timer = self._lingering.pop(guard, None)
+        if timer is not None:
+            timer.cancel()
 
     def release(self, guard: _Guarded) -> None:
         """Count a closed connection out."""
@@ -419,10 +491,15 @@ class ConnectionLimiter:
                                                                 self._check_writes)
 
     def close(self) -> None:
-        """Stop watching writes (the front is closed)."""
+        """Stop watching writes and close the refused connections still lingering (the
+        front is closed)."""
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
+        for guard, timer in list(self._lingering.items()):
+            timer.cancel()
+            guard.transport.abort()
+        self._lingering.clear()
 
     def _event(self, kind: str) -> None:
         if self._on_event is not None:
@@ -445,6 +522,47 @@ def _unread(guard: _Guarded) -> int:
         return 0
 
 
+_ACCEPT_ERROR = "socket.accept() out of system resource"
+#: The most often asyncio's accept error is logged.
+_ACCEPT_LOG_S = 10.0
+
+
+class _AcceptErrors:
+    """The loop's exception handler while a site serves: asyncio's selector loop logs
+    ``socket.accept() out of system resource`` (out of descriptors) once per connection
+    it tries to accept in one turn, and retries that many times a second later (33,717
+    tracebacks in 12 s at ``ulimit -n 32``): one such line per ``_ACCEPT_LOG_S`` goes on
+    to the handler it replaces, naming the open-file limit. uvloop logs none."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.previous = loop.get_exception_handler()
+        self.logged: float | None = None  # when the last one was
+        self.dropped = 0
+        loop.set_exception_handler(self)
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if context.get("message") == _ACCEPT_ERROR:
+            now = loop.time()
+            if self.logged is not None and now - self.logged < _ACCEPT_LOG_S:
+                self.dropped += 1
+                return
+            self.logged = now
+            since = f", {self.dropped} more since the last" if self.dropped else ""
+            context = {**context, "message": (
+                f"{_ACCEPT_ERROR}: the process is at its open-file limit (ulimit -n "
+                f"{open_file_limit()}); logged once per {_ACCEPT_LOG_S:g} s{since}")}
+            self.dropped = 0
+        if self.previous is None:
+            loop.default_exception_handler(context)
+        else:
+            self.previous(loop, context)
+
+    def restore(self) -> None:
+        if self.loop.get_exception_handler() is self:  # else another took over since
+            self.loop.set_exception_handler(self.previous)
+
+
 class LimitedSite(web.BaseSite):
     """A TCP site whose connections pass through a ``ConnectionLimiter``."""
 
@@ -453,6 +571,7 @@ class LimitedSite(web.BaseSite):
         super().__init__(runner, backlog=backlog)
         self._host, self._port = host, port
         self._limiter = limiter
+        self._accept_errors: _AcceptErrors | None = None
 
     @property
     def name(self) -> str:
@@ -464,3 +583,10 @@ class LimitedSite(web.BaseSite):
         self._server = await loop.create_server(
             self._limiter.protocol_factory(self._runner.server), self._host, self._port,
             backlog=self._backlog)
+        self._accept_errors = _AcceptErrors(loop)
+
+    async def stop(self) -> None:
+        if self._accept_errors is not None:
+            self._accept_errors.restore()
+            self._accept_errors = None
+        await super().stop()

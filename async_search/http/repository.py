@@ -8,8 +8,9 @@ serves the repository; in-process searches can share the very same evaluate func
 so that their requests and the network's join the same batches.
 
 Load parameters are bounded: ``num_workers`` (device threads) must lie in
-[1, ``max_workers``], by default ``4 * os.cpu_count()``; a request beyond that is the
-caller's error (``LoadParametersError``), not a reason to start hundreds of threads.
+[1, ``max_workers``], by default 4 per usable CPU (``machine.usable_cpus``); a request
+beyond that is the caller's error (``LoadParametersError``), not a reason to start
+hundreds of threads.
 
 Errors are the repository's own (``errors.RepositoryError``): ``ModelNotFoundError``
 for an unknown name or version, ``ModelNotReadyError`` for a model not loaded,
@@ -23,7 +24,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
@@ -32,6 +32,7 @@ from async_search.checks import AsyncWithOnly, check_float, check_int
 from async_search.errors import (CloseTimeoutError, LoadParametersError, ModelLoadError,
                                  ModelNotFoundError, ModelNotReadyError, deliverable)
 from async_search.http.kserve import TensorMetadata, model_metadata, quoted, version_label
+from async_search.machine import usable_cpus
 from async_search.routing.cache import CachedEvaluate
 from async_search.servers.batching import BatchingServer
 from async_search.servers.policy import DispatchPolicy
@@ -42,7 +43,7 @@ _log = logging.getLogger(__name__)
 
 def default_max_workers() -> int:
     """The default cap on ``num_workers`` in a load request: 4 per CPU."""
-    return 4 * (os.cpu_count() or 1)
+    return 4 * usable_cpus()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from async_search.http.front import HttpFront, HttpLimits
+from async_search.http.limits import NEW_CONNECTION_GRACE_S
 from async_search.http.repository import ModelSource, default_max_workers
 from async_search.models import MLP, with_spec
 from tests.faults.faulty import Tally
@@ -255,6 +256,9 @@ async def test_idle_slow_and_excess_connections_are_bounded_and_timed_out():
                 writer.write(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n")
             opened.append((reader, writer))
             await asyncio.sleep(0)
+        # Until its first bytes arrive or the grace is over, a new connection is not
+        # idle: it may be a client whose request is on its way.
+        await asyncio.sleep(NEW_CONNECTION_GRACE_S)
         # A real request still gets through: the longest-idle connection makes room.
         # Its answer also means the server has taken every earlier connection (they
         # are accepted in order), so the cap is checked after all of them.
@@ -357,6 +361,7 @@ async def test_more_idle_connections_than_files_do_not_exhaust_the_server_proces
         for _ in range(300):
             idle.append(await asyncio.wait_for(
                 asyncio.open_connection("127.0.0.1", port), 5))
+        await asyncio.sleep(NEW_CONNECTION_GRACE_S)  # then they count as idle
         async with aiohttp.ClientSession() as s:
             url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
             for k in range(3):
@@ -402,6 +407,52 @@ async def test_more_idle_connections_than_files_do_not_exhaust_the_server_proces
 def _builtin_mlp():
     from async_search.http.__main__ import builtin_models
     return builtin_models()["mlp"]()
+
+
+async def _post_closing(port: int, body: bytes) -> bytes | None:
+    """One inference request on a connection of its own: the whole answer, or None for
+    a connection closed or reset without one."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return None
+    try:
+        writer.write(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nConnection: close\r\nContent-Length: %d"
+                     b"\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), WAIT_S) or None
+    except (OSError, asyncio.TimeoutError):
+        return None
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("loop", ["auto", "asyncio"])
+async def test_large_json_bodies_keep_working_at_a_low_file_limit(loop):
+    # At ulimit -n 32, half the limit for connections left the front no descriptor to
+    # start a codec worker with; under uvloop each failed start left two socket pairs
+    # open, so that after a burst of large bodies every one of them got 503 "a codec
+    # worker process failed", forever. Under asyncio, its accept loop logged "out of
+    # system resource" 33,717 times in 12 s.
+    server, port = _serve("--offload-workers", "1", "--loop", loop, nofile=32)
+    x = np.full((1500, 16), 0.123456789, np.float32)  # about 300 KiB of JSON: offloaded
+    body = infer_body(x)
+    try:
+        await asyncio.gather(*(_post_closing(port, body) for _ in range(40)))
+        for _ in range(3):  # one at a time, once the burst is over
+            answer = await _post_closing(port, body)
+            assert status_of(answer) == 200, (answer or b"")[:300]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            _, log = await asyncio.to_thread(server.communicate, timeout=10)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait(5)
+    lines = log.decode(errors="replace").splitlines()
+    assert len(lines) < 40, lines[:20]  # serving, stopping, one accept error at most
 
 
 # -- 10: the repository ----------------------------------------------------------------

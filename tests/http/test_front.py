@@ -429,6 +429,77 @@ async def test_codec_pool_runs_calls_in_other_processes_and_replaces_dead_ones()
         await pool.run(os.getpid)
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_codec_worker_that_cannot_start_leaves_no_descriptor_open(loop):
+    # Under uvloop, a worker start that failed with EMFILE left two socket pairs open:
+    # a front at ulimit -n 32 stayed at its limit, and every large JSON body got 503
+    # "a codec worker process failed (OSError)" from then on, one at a time.
+    import resource
+
+    from async_search.errors import ProtocolError
+    from async_search.event_loops import loop_factory
+    from async_search.http.codec_pool import CodecPool
+
+    factory = loop_factory(loop == "uvloop")
+    if loop == "uvloop" and factory is None:
+        pytest.skip("uvloop is not installed")
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd")
+
+    def open_fds():
+        return set(os.listdir("/proc/self/fd"))
+
+    async def starts():
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        warm = CodecPool(1)  # what a loop opens once for good (uvloop's spare /dev/null)
+        try:
+            await warm.run(int, "1")
+        finally:
+            await warm.aclose(5)
+        before = open_fds()
+        outcomes = []
+        pool = CodecPool(1)
+        try:
+            # Out of descriptors at each step of a start, until one starts.
+            while 7 not in outcomes and len(outcomes) < 16:
+                fillers = []
+                resource.setrlimit(resource.RLIMIT_NOFILE, (len(before) + 64, hard))
+                try:
+                    while True:  # every descriptor taken, then some of them let go
+                        try:
+                            fillers.append(os.open(os.devnull, os.O_RDONLY))
+                        except OSError:
+                            break
+                    free = len(outcomes)
+                    for fd in fillers[len(fillers) - free:]:
+                        os.close(fd)
+                    del fillers[len(fillers) - free:]
+                    try:
+                        outcomes.append(await pool.run(int, "7"))
+                    except ProtocolError as e:
+                        assert e.status == 503 and "ulimit -n" in str(e), e
+                        outcomes.append(None)
+                finally:
+                    for fd in fillers:
+                        os.close(fd)
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            assert await pool.run(int, "8") == 8  # and it goes on working
+        finally:
+            await pool.aclose(5)
+        for _ in range(100):  # closed pipes are let go of on the loop's next turns
+            if not open_fds() - before:
+                break
+            await asyncio.sleep(0.02)
+        leaked = open_fds() - before
+        return outcomes, [os.readlink(f"/proc/self/fd/{fd}") for fd in leaked
+                          if os.path.exists(f"/proc/self/fd/{fd}")]
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        outcomes, leaked = runner.run(starts())
+    assert None in outcomes and 7 in outcomes, outcomes
+    assert not leaked, leaked
+
+
 def test_limits_are_validated_and_every_one_has_a_flag():
     from async_search.http.__main__ import _parser
     from async_search.http.front import HttpLimits
@@ -473,12 +544,28 @@ async def test_server_metadata_lists_the_repository_only_when_it_is_on():
 def test_the_connection_cap_stays_under_half_the_file_limit():
     import resource
 
-    from async_search.http.limits import connection_cap
+    from async_search.http.limits import (FRONT_DESCRIPTORS, WORKER_DESCRIPTORS,
+                                          connection_cap, refusal_cap)
 
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert connection_cap(10 ** 9) == (10 ** 9 if soft == resource.RLIM_INFINITY
-                                       else soft // 2)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    spare = soft - FRONT_DESCRIPTORS - 2 * WORKER_DESCRIPTORS  # two codec workers
+    assert connection_cap(10 ** 9, 2) == (10 ** 9 if soft == resource.RLIM_INFINITY
+                                          else spare // 2)
     assert connection_cap(3) == 3
+    if soft == resource.RLIM_INFINITY:
+        return
+    assert refusal_cap(10 ** 9, 2) == spare - spare // 2
+    # At a low limit the front's own descriptors and its workers' come first: half of
+    # ulimit -n 32 (16 connections) left none to start a codec worker with.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (32, hard))
+    try:
+        assert connection_cap(512, 1) == (32 - FRONT_DESCRIPTORS - WORKER_DESCRIPTORS) // 2
+        assert connection_cap(512, 1) + refusal_cap(512, 1) + FRONT_DESCRIPTORS + \
+            WORKER_DESCRIPTORS <= 32
+        assert connection_cap(512, 8) == 1  # never none
+        assert refusal_cap(512, 8) == 0
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.slow
@@ -686,3 +773,43 @@ async def test_a_burst_of_connections_each_with_its_request_gets_an_answer_each(
         statuses
     assert statuses.count(b"HTTP/1.1 200 OK") >= cap
     assert front.connections.evicted == 0
+
+
+async def test_a_burst_of_new_connections_over_the_cap_gets_503s_not_silent_closes():
+    # Each newcomer closed the connection accepted just before it as idle, its request
+    # not arrived yet: of 300 clients at a cap of 32, 268 got EOF with no status. And a
+    # refused client that had sent its request got a reset, not the 503.
+    async def twice(x):
+        return 2 * x
+
+    cap, n = 8, 24
+    body = infer_body(np.ones((1, 4), np.float32))
+    request = (b"POST /v2/models/twice/infer HTTP/1.1\r\nHost: x\r\nConnection: close"
+               b"\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    async with HttpFront({"twice": twice},
+                         limits=HttpLimits(max_connections=cap)) as front:
+        limiter = front.connections
+        sockets = []
+        try:
+            for _ in range(n):  # no byte sent before the front has accepted them all
+                sockets.append(socket.create_connection(("127.0.0.1", front.port),
+                                                        timeout=10))
+            await wait_until(lambda: limiter.refused + limiter.evicted >= n - cap,
+                             "the front took every connection")
+            for sock in sockets:
+                sock.sendall(request)
+            answers = await in_thread(lambda: [read_answer(s) for s in sockets])
+        finally:
+            for sock in sockets:
+                sock.close()
+        statuses = [answer.split(b"\r\n", 1)[0] for answer in answers]
+        assert statuses.count(b"HTTP/1.1 200 OK") == cap, statuses
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+        assert len(refused) == n - cap, statuses
+        assert all(b"too many open connections" in a for a in refused)
+        assert limiter.evicted == 0
+        for _ in refused:  # a client that retries gets through
+            with socket.create_connection(("127.0.0.1", front.port), timeout=10) as sock:
+                sock.sendall(request)
+                answer = await in_thread(read_answer, sock)
+            assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:200]
