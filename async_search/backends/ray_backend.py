@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import queue
@@ -405,6 +406,14 @@ class _Server:
                     and watch.exception() is not None)
 
 
+@functools.lru_cache(maxsize=None)
+def _server_actor_class(ray: Any) -> Any:
+    """``ServerActor`` as Ray's actor class, made once: each ``ray.remote(cls)`` is a
+    new class to Ray, whose methods' metadata it keeps until it disconnects (a driver
+    that ran many runs grew with each). Ray exports it again in a new session."""
+    return ray.remote(ServerActor)
+
+
 class _ServerPool:
     """The run's server actors: started (spread over the GPUs and nodes), watched,
     replaced when dead before a retry, pushed to, stopped."""
@@ -415,7 +424,7 @@ class _ServerPool:
         self._model_factory = model_factory
         self._config = config
         self._num_clients = num_clients
-        self._actor_cls = ray.remote(ServerActor)
+        self._actor_cls = _server_actor_class(ray)
         self._run_id = uuid.uuid4().hex[:8]
         self._placement = None
         self._group = None

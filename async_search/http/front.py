@@ -48,6 +48,7 @@ import functools
 import hmac
 import json
 import time
+import weakref
 from typing import Any, Mapping
 
 from aiohttp import web
@@ -116,6 +117,21 @@ def _json(payload: Any, status: int = 200) -> web.Response:
 
 
 _error = error_response
+
+
+def _weakly(method: Any) -> Any:
+    """``method`` of a front, as a handler that does not keep the front alive: aiohttp
+    keeps each handler and middleware with its app in a process-wide cache (up to 1024
+    entries), which kept every closed front, and the models it served, alive."""
+    ref = weakref.WeakMethod(method)
+
+    async def handle(*args: Any, **kwargs: Any) -> Any:
+        bound = ref()
+        if bound is None:  # a request that outlived its front
+            raise web.HTTPServiceUnavailable(text="the server is stopping")
+        return await bound(*args, **kwargs)
+
+    return handle
 
 
 class HttpFront(FrontLifetime):
@@ -245,7 +261,7 @@ class HttpFront(FrontLifetime):
             stack.callback(self.metrics.watch_front, None)
             stack.push_async_callback(self._codec.aclose, self.limits.shutdown_timeout)
             app = web.Application(client_max_size=self.max_body_bytes,
-                                  middlewares=[self._errors])
+                                  middlewares=[web.middleware(_weakly(self._errors))])
             self._routes(app)
             # aiohttp's own shutdown only writes out the answers the drain left (the
             # drain answers every request first): its timeout is the flush, not the
@@ -329,19 +345,19 @@ class HttpFront(FrontLifetime):
     def _routes(self, app: web.Application) -> None:
         model = "/v2/models/{name}"
         versioned = "/v2/models/{name}/versions/{version}"
-        app.router.add_get("/v2", self._server_metadata)
-        app.router.add_get("/v2/health/live", self._live)
-        app.router.add_get("/v2/health/ready", self._ready)
+        get, post = app.router.add_get, app.router.add_post
+        get("/v2", _weakly(self._server_metadata))
+        get("/v2/health/live", _weakly(self._live))
+        get("/v2/health/ready", _weakly(self._ready))
         for prefix in (model, versioned):
-            app.router.add_get(prefix, self._model_metadata)
-            app.router.add_get(prefix + "/ready", self._model_ready)
-            app.router.add_post(prefix + "/infer", self._infer)
-        app.router.add_post("/v2/repository/index", self._index)
-        app.router.add_post("/v2/repository/models/{name}/load", self._load)
-        app.router.add_post("/v2/repository/models/{name}/unload", self._unload)
-        app.router.add_get("/metrics", self._metrics)
+            get(prefix, _weakly(self._model_metadata))
+            get(prefix + "/ready", _weakly(self._model_ready))
+            post(prefix + "/infer", _weakly(self._infer))
+        post("/v2/repository/index", _weakly(self._index))
+        post("/v2/repository/models/{name}/load", _weakly(self._load))
+        post("/v2/repository/models/{name}/unload", _weakly(self._unload))
+        get("/metrics", _weakly(self._metrics))
 
-    @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
         # Busy from here (the limiter counted it so from its arrival) to its answer.
         connection = self.connections.busy(request.transport)

@@ -150,6 +150,16 @@ class _Flight:
         return self.rows[j]
 
 
+def _own_bytes(row: Any) -> Any:
+    """A row of a stored element as an array of its own: a view of its request's
+    outputs, kept in the table, kept all of them alive (a cache of ``capacity`` rows
+    held ``capacity`` requests' outputs)."""
+    if type(row) is np.ndarray and row.base is not None:
+        row = row.copy()
+        row.flags.writeable = False
+    return row
+
+
 class CachedEvaluate:
     """An LRU cache of per-element outputs, keyed by the element's shape, dtype and bytes.
 
@@ -453,7 +463,7 @@ class CachedEvaluate:
             return
         entries = self._entries
         for j, key in enumerate(flight.keys):
-            entries[key] = flight.row(j)
+            entries[key] = rows.map_leaves(_own_bytes, flight.row(j))
             entries.move_to_end(key)
         excess = len(entries) - self.capacity
         for _ in range(max(excess, 0)):

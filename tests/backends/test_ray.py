@@ -281,3 +281,19 @@ async def test_a_cancelled_wait_for_an_actor_call_cancels_the_call_too():
         await waiting
     assert call.cancelled()
     assert await _answer_within(loop.create_future(), 0.01) is _SILENT
+
+
+def test_runs_after_the_first_add_no_actor_class_to_ray():
+    # Each run made ServerActor a new Ray actor class, whose methods' metadata Ray keeps
+    # until it disconnects: a driver running many runs grew with each.
+    metadata = getattr(getattr(ray.actor, "_ActorClassMethodMetadata", None), "_cache",
+                       None)
+    if metadata is None:
+        pytest.skip("this Ray keeps no actor class metadata where this test looks")
+    asr.run_searches(searches.echo_sum, [1, 2], searches.small_mlp, backend="ray")
+    before = len(metadata)
+    for _ in range(2):
+        out = asr.run_searches(searches.echo_sum, [1, 2], searches.small_mlp,
+                               backend="ray")
+        assert out == searches.baseline(searches.echo_sum, [1, 2], searches.small_mlp())
+    assert len(metadata) == before

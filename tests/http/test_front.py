@@ -813,3 +813,30 @@ async def test_a_burst_of_new_connections_over_the_cap_gets_503s_not_silent_clos
                 sock.sendall(request)
                 answer = await in_thread(read_answer, sock)
             assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:200]
+
+
+async def test_a_closed_front_keeps_neither_itself_nor_its_models_alive():
+    # aiohttp caches each handler with its app, process-wide (up to 1024): the front's
+    # bound methods kept every closed front and the models it served alive.
+    import gc
+    import weakref
+
+    class Doubling:
+        def __call__(self, x):
+            return 2 * x
+
+    async def serve_one_request():
+        model = Doubling()
+        async with asr.serve(with_spec(model, (4,), np.float32)) as evaluate:
+            async with HttpFront({"m": evaluate}) as front:
+                async with aiohttp.ClientSession() as session:
+                    status, _ = await post(session, f"{front.url}/v2/models/m/infer",
+                                           infer_body(np.ones((1, 4), np.float32)))
+                    assert status == 200
+                    async with session.get(f"{front.url}/v2/health/ready") as answer:
+                        assert answer.status == 200
+        return weakref.ref(model), weakref.ref(front)
+
+    refs = [await serve_one_request() for _ in range(3)]
+    gc.collect()
+    assert [(model(), front()) for model, front in refs] == [(None, None)] * 3

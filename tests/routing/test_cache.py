@@ -642,3 +642,28 @@ async def test_a_model_swapped_away_and_back_under_one_label_is_a_new_generation
         await asyncio.wait_for(hold, 10)
         assert (await asyncio.wait_for(first, 10))[0, 0] == 2.0  # B computed it
         assert (await cached(x))[0, 0] == 1.0      # A's, not B's stored row
+
+
+async def test_a_cached_row_holds_its_own_bytes_not_its_whole_requests_outputs():
+    # Each entry was a view of its request's whole outputs: a row still in the table
+    # kept them all alive (capacity rows held capacity requests' outputs).
+    import tracemalloc
+
+    async def wide(x):
+        return np.repeat(x[:, :1], 256, axis=1)  # 1 KiB a row
+
+    cache = CachedEvaluate(wide, capacity=150, fixed_model=True)
+    firsts = []
+    tracemalloc.start()
+    try:
+        for i in range(50):
+            x = np.arange(i * 100, (i + 1) * 100, dtype=np.float32)[:, None].repeat(2, 1)
+            await cache(x)
+            firsts.append(x[:1])
+            await cache(np.concatenate(firsts))  # one row of each request stays
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(cache) == 150 and cache.stats["hits"] == 50 * 51 // 2
+    # 150 rows of 1 KiB (and bookkeeping), not 50 requests' 100 rows of 1 KiB each.
+    assert held < 1 << 20, held
