@@ -219,7 +219,8 @@ def _maps(pid: int) -> bytes:
 def test_sigterm_during_training_says_which_iteration_is_saved(main_py, tmp_path):
     run = main_py("--train=connect_four", "--iterations=50", "--games_per_iteration=4",
                   "--simulations=4", "--train_steps=3", "--hidden_sizes=16",
-                  "--eval_games=0", "--final_games=2", "--backend=process",
+                  "--eval_games=0", "--final_games=2", "--arena_games=2",
+                  "--strong_uct_games=0", "--accuracy_positions=2", "--backend=process",
                   "--num_procs=2", "--noprogress", f"--save_dir={tmp_path}/run",
                   f"--save_path={tmp_path}/t.png")
     run.wait_for(is_row)  # iteration 1's row: it is committed
