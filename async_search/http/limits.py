@@ -8,12 +8,12 @@
   503 and closed. A connection whose request has arrived is busy before it
   reaches the front's handlers: bytes not read yet, or a request read whole that waits
   for the handlers (a burst of connections, each with its request, closed some of
-  them unanswered as "idle"). A new connection is not idle before its first bytes
-  arrive or ``NEW_CONNECTION_GRACE_S`` passes (in a burst, each newcomer closed the one
-  accepted just before it, whose request had not arrived yet). File descriptors stay
-  bounded whatever clients do (``connection_cap`` keeps the front's own and its codec
-  workers' out of the connections' share), and a flood of idle connections cannot lock
-  out a client with a real request for longer than that grace.
+  them unanswered as "idle"). An idle connection that has sent nothing yet is closed
+  with a 503 rather than silently (in a burst, each newcomer closed the one accepted
+  just before it, whose request was on its way: that client read an end with no
+  answer). File descriptors stay bounded whatever clients do (``connection_cap`` keeps
+  the front's own and its codec workers' out of the connections' share), and a flood
+  of idle connections cannot lock out a client with a real request.
 - Answers a client does not take: every byte of an answer that the socket has not
   taken counts as unsent (a transport's write buffer has no low-water slack here), a
   connection whose client takes no byte for ``write_timeout`` is dropped, and an answer
@@ -61,9 +61,8 @@ class HttpLimits:
             what the process's open-file limit (``ulimit -n``) leaves after the
             descriptors the front needs for itself and its codec workers
             (``connection_cap``): the other half answers refused connections. At the
-            cap the longest-idle connection is closed for a new one; if none is idle
-            (a connection is not idle before its first bytes arrive or
-            ``NEW_CONNECTION_GRACE_S`` passes) the new one gets 503.
+            cap the longest-idle connection is closed for a new one (with a 503 if it
+            has sent nothing yet); if none is idle the new one gets 503.
         keepalive_timeout: seconds a connection may stay open with no request in
             progress (between requests, or before its request line and headers have
             all arrived), 5.0; then it is closed.
@@ -120,9 +119,6 @@ class HttpLimits:
                              f"{self.max_workers!r}")
 
 
-#: A new connection is not idle (not closed for a newcomer) until its first bytes arrive
-#: or this many seconds pass: a burst of connections is accepted before any has sent.
-NEW_CONNECTION_GRACE_S = 0.5
 #: How long a refused connection is kept open, reading and dropping what its client
 #: sends, so that its 503 is read: one closed with bytes unread is reset, and the
 #: client may lose the answer.
@@ -152,13 +148,11 @@ class _Guarded(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.served = False  # has a request reached the front's handlers
         self.heard = False   # has the client sent any byte
-        self.opened = 0.0    # the loop's time when accepted
         self.answer_bytes = 0  # the size of the answer last written (see answering)
         self._first_request: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.opened = asyncio.get_running_loop().time()
         if not self.limiter.admit(self):
             self.handler = None
             self.limiter.refuse(self)
@@ -381,20 +375,28 @@ class ConnectionLimiter:
         """Count a new connection in, closing the oldest idle ones to make room; False
         (and counted as refused) when every open connection is busy. An idle one with
         received bytes not read yet is busy: its request may be whole (a burst of
-        connections is accepted before any is read); so is a new one that has had no
-        chance to send yet (``NEW_CONNECTION_GRACE_S``)."""
-        now = asyncio.get_running_loop().time()
+        connections is accepted before any is read). One that has sent nothing yet is
+        answered 503 as it is closed: its request may be on its way."""
         for oldest in list(self._idle) if self.open >= self.max_connections else ():
             if self.open < self.max_connections:
                 break
-            if _unread(oldest) or not (oldest.served or oldest.heard or
-                                       now - oldest.opened >= NEW_CONNECTION_GRACE_S):
+            if _unread(oldest):
                 continue
             del self._idle[oldest]
             self._by_transport.pop(oldest.transport, None)
             self._stalled.pop(oldest, None)
             self.evicted += 1
             self._event("evicted")
+            if not (oldest.served or oldest.heard):
+                # Nothing sent yet: a client whose request may be on its way (a burst
+                # is accepted before any is read). Answered 503, it knows to retry;
+                # closed, it would read an end with no answer.
+                handler, oldest.handler = oldest.handler, None
+                # (after its start task has run: accepted in this loop turn, it may not
+                # have yet)
+                asyncio.get_running_loop().call_soon(handler.connection_lost, None)
+                self.refuse(oldest)
+                continue
             # Aborted, not closed: a close waits for unsent bytes that an idle client
             # may never take, and would keep the descriptor and the bytes meanwhile.
             oldest.transport.abort()  # its connection_lost comes later: uncounted now
@@ -559,8 +561,17 @@ class _AcceptErrors:
             self.previous(loop, context)
 
     def restore(self) -> None:
-        if self.loop.get_exception_handler() is self:  # else another took over since
+        """Takes this handler out of the loop's chain, wherever it is in it (fronts of
+        one loop stop in any order)."""
+        handler = self.loop.get_exception_handler()
+        if handler is self:
             self.loop.set_exception_handler(self.previous)
+            return
+        while isinstance(handler, _AcceptErrors):  # installed after this one: unlinked
+            if handler.previous is self:
+                handler.previous = self.previous
+                return
+            handler = handler.previous
 
 
 class LimitedSite(web.BaseSite):

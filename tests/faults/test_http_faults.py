@@ -29,7 +29,6 @@ import numpy as np
 import pytest
 
 from async_search.http.front import HttpFront, HttpLimits
-from async_search.http.limits import NEW_CONNECTION_GRACE_S
 from async_search.http.repository import ModelSource, default_max_workers
 from async_search.models import MLP, with_spec
 from tests.faults.faulty import Tally
@@ -256,9 +255,6 @@ async def test_idle_slow_and_excess_connections_are_bounded_and_timed_out():
                 writer.write(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n")
             opened.append((reader, writer))
             await asyncio.sleep(0)
-        # Until its first bytes arrive or the grace is over, a new connection is not
-        # idle: it may be a client whose request is on its way.
-        await asyncio.sleep(NEW_CONNECTION_GRACE_S)
         # A real request still gets through: the longest-idle connection makes room.
         # Its answer also means the server has taken every earlier connection (they
         # are accepted in order), so the cap is checked after all of them.
@@ -361,7 +357,6 @@ async def test_more_idle_connections_than_files_do_not_exhaust_the_server_proces
         for _ in range(300):
             idle.append(await asyncio.wait_for(
                 asyncio.open_connection("127.0.0.1", port), 5))
-        await asyncio.sleep(NEW_CONNECTION_GRACE_S)  # then they count as idle
         async with aiohttp.ClientSession() as s:
             url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
             for k in range(3):

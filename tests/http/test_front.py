@@ -807,12 +807,46 @@ async def test_a_burst_of_new_connections_over_the_cap_gets_503s_not_silent_clos
         refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
         assert len(refused) == n - cap, statuses
         assert all(b"too many open connections" in a for a in refused)
-        assert limiter.evicted == 0
+        # Closed for a newcomer before they sent, or refused: each got its 503.
+        assert limiter.evicted + limiter.refused == n - cap
         for _ in refused:  # a client that retries gets through
             with socket.create_connection(("127.0.0.1", front.port), timeout=10) as sock:
                 sock.sendall(request)
                 answer = await in_thread(read_answer, sock)
             assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:200]
+
+
+async def test_a_flood_of_silent_connections_does_not_lock_out_real_requests():
+    # A new connection was protected from eviction for 0.5 s: 40 silent connections a
+    # second held every slot of a cap of 4, and real requests got 503.
+    async def twice(x):
+        return 2 * x
+
+    async with HttpFront({"twice": twice}, limits=HttpLimits(max_connections=4)) as front:
+        held = []
+
+        async def flood():
+            while True:
+                held.append((await asyncio.open_connection("127.0.0.1", front.port))[1])
+                await asyncio.sleep(0.05)
+
+        flooding = asyncio.ensure_future(flood())
+        statuses = []
+        try:
+            await asyncio.sleep(0.5)
+            for _ in range(5):
+                reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+                writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+                             b"Connection: close\r\n\r\n")
+                statuses.append(await asyncio.wait_for(reader.readline(), 10))
+                writer.close()
+                await asyncio.sleep(0.2)
+        finally:
+            flooding.cancel()
+            for writer in held:
+                writer.close()
+        assert statuses == [b"HTTP/1.1 200 OK\r\n"] * 5, statuses
+        assert front.connections.evicted >= 10
 
 
 async def test_a_closed_front_keeps_neither_itself_nor_its_models_alive():
@@ -840,3 +874,20 @@ async def test_a_closed_front_keeps_neither_itself_nor_its_models_alive():
     refs = [await serve_one_request() for _ in range(3)]
     gc.collect()
     assert [(model(), front()) for model, front in refs] == [(None, None)] * 3
+
+
+@pytest.mark.parametrize("order", ["first_in_first_out", "last_in_first_out"])
+async def test_fronts_of_one_loop_leave_its_exception_handler_as_it_was_in_any_order(
+        order):
+    # Each front's accept-error handler restored the one it replaced only when it was
+    # still on top: fronts stopped in the order they started left one on the loop.
+    async def twice(x):
+        return 2 * x
+
+    loop = asyncio.get_running_loop()
+    before = loop.get_exception_handler()
+    first = await HttpFront({"twice": twice}).__aenter__()
+    second = await HttpFront({"twice": twice}).__aenter__()
+    for front in [first, second] if order == "first_in_first_out" else [second, first]:
+        await front.__aexit__(None, None, None)
+    assert loop.get_exception_handler() is before

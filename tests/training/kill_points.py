@@ -32,6 +32,8 @@ import signal
 import sys
 import traceback
 
+import numpy as np
+
 #: The operations wrapped: everything that changes what a folder holds.
 OPERATIONS = {
     "os": ["open", "write", "fsync", "replace", "rename", "unlink", "remove", "rmdir",
@@ -162,9 +164,29 @@ def _summary(trainer, rows) -> dict:
             "folder": _listing(trainer._folder.path)}
 
 
-def _digest(folder) -> str:
-    """A digest of what ``folder`` holds: every name and every file's bytes."""
-    digest = hashlib.sha256()
+def _held(trainer, rows) -> bytes:
+    """What a started trainer holds in memory: its rows, its buffer, its net's weights
+    and counters, its random state (a start could load a leftover of the kill into
+    memory, then delete it)."""
+    summary = {k: v for k, v in _summary(trainer, rows).items() if k != "folder"}
+    digest = hashlib.sha256(json.dumps(summary, sort_keys=True, default=repr).encode())
+    weights = trainer.trainer.weights
+    layers = [v for _, v in sorted(weights.items())] if isinstance(weights, dict) else weights
+    for layer in layers:
+        for array in layer if isinstance(layer, (tuple, list)) else (layer,):
+            digest.update(np.asarray(array).tobytes())
+    rng = getattr(trainer, "rng", None)
+    state = {"rng": None if rng is None else rng.bit_generator.state,
+             **{name: getattr(trainer, name, None)
+                for name in ("target_updates", "best_version", "best_elo")}}
+    digest.update(json.dumps(state, sort_keys=True, default=repr).encode())
+    return digest.digest()
+
+
+def _digest(folder, held: bytes = b"") -> str:
+    """A digest of what ``folder`` holds (every name and every file's bytes), and of
+    ``held``."""
+    digest = hashlib.sha256(held)
     for name in _listing(folder):
         path = os.path.join(folder, name)
         digest.update(name.encode() + b"\0")
@@ -315,8 +337,9 @@ def main(trainer_name: str, workdir: str) -> None:
             op = ops[kill_at - 1] if kill_at <= len(ops) else "(after the last)"
 
             def start(folder=folder, out=out):
-                make(folder, True)
-                _write(out, {"after_start": _listing(folder), "digest": _digest(folder)})
+                trainer = make(folder, True)
+                _write(out, {"after_start": _listing(folder),
+                             "digest": _digest(folder, _held(trainer, rows))})
 
             kills.append(({"save": save, "kill_at": kill_at, "op": op}, folder, out))
             starts.append(start)
@@ -335,7 +358,7 @@ def main(trainer_name: str, workdir: str) -> None:
 
         def resume(folder=folder, out=out):
             trainer = make(folder, True)
-            again = _digest(folder)
+            again = _digest(folder, _held(trainer, rows))
             while _done(trainer) < total:
                 step(trainer)
             _write(out, {**_summary(trainer, rows), "digest_again": again})
