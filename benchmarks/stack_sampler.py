@@ -160,6 +160,12 @@ class StackSampler:
 
 
 if __name__ == "__main__":  # a look at the sampler itself: a busy loop and a sleeper
+    import argparse
+
+    argparse.ArgumentParser(description="A look at the sampler itself: a busy loop "
+                            "beside a sleeping thread, sampled for 0.3 s (used as a "
+                            "module by benchmarks/gpu.py --sample-stacks).").parse_args()
+
     def sleeper() -> None:
         time.sleep(0.3)
 

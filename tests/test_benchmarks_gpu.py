@@ -212,6 +212,20 @@ def test_the_busy_goal_reads_the_process_backend_runs_too():
     assert gpu.goals(report)["mcts_connect_four"]["busy_goal_met"] is False
 
 
+def test_a_run_faster_than_the_model_alone_leaves_the_busy_goal_unjudged():
+    # A smoke run on a loaded CPU read vs_ceiling 1.12 (the ceiling timed slow), and
+    # the goal counted as met by that noise.
+    report = {"runs": {"mcts_connect_four": {
+        "in_process": {"256": run(0.95, 1.12, searches=256)}}}}
+    entry = gpu.goals(report)["mcts_connect_four"]
+    assert entry["busy_goal_met"] is None
+    assert "1.12x the model alone" in entry["ceiling_note"]
+    report["runs"]["mcts_connect_four"]["in_process"]["256"] = run(0.95, 1.04,
+                                                                   searches=256)
+    entry = gpu.goals(report)["mcts_connect_four"]
+    assert entry["busy_goal_met"] is True and "ceiling_note" not in entry
+
+
 def test_untimed_runs_pick_the_one_nearest_the_ceiling_and_leave_the_goal_open():
     report = {"runs": {"astar_15_puzzle": {
         "in_process": {"64": run(None, 0.2, searches=64)},

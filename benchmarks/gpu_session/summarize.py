@@ -235,8 +235,15 @@ def main() -> None:
     parser.add_argument("--prefix", default=None,
                         help="a later lease's reports (next.sh: c_): a table per report")
     args = parser.parse_args()
-    summary = (summarize(args.dir) if args.prefix is None
-               else summarize_reports(args.dir, args.prefix))
+    if not os.path.isdir(args.dir):
+        raise SystemExit(f"summarize.py: error: --dir {args.dir}: no such folder")
+    try:
+        summary = (summarize(args.dir) if args.prefix is None
+                   else summarize_reports(args.dir, args.prefix))
+    except FileNotFoundError as e:  # not a whole lease of lease_a.sh and lease_b.sh
+        raise SystemExit(f"summarize.py: error: --dir {args.dir} is not a lease of "
+                         f"lease_a.sh and lease_b.sh ({e.filename} is missing); give "
+                         f"--prefix for a later lease's reports") from None
     text = json.dumps(summary, indent=1)
     print(text)
     write_file(args.out, text + "\n")
