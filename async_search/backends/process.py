@@ -139,6 +139,12 @@ _DESCRIPTORS_PER_CLIENT = 8
 def _out_of_descriptors(e: OSError, num_procs: int) -> OSError:
     """The error of a client process that could not start for want of descriptors,
     saying what to change (multiprocessing's own names neither the limit nor why)."""
+    if e.errno == errno.ENFILE:  # the system's table, not this process's limit
+        return OSError(e.errno, (
+            f"the process backend could not start a client process: the system's table "
+            f"of open files is full ({e.strerror}); each client holds about "
+            f"{_DESCRIPTORS_PER_CLIENT} descriptors here: use fewer num_procs (now "
+            f"{num_procs}), or raise the system's limit (fs.file-max)"))
     limit = open_file_limit()
     return OSError(e.errno, (
         f"the process backend ran out of file descriptors starting a client process "

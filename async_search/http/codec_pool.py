@@ -98,7 +98,11 @@ def _reap(process: subprocess.Popen, tries: int = 200) -> None:
 
 def _failure(error: Exception) -> ProtocolError:
     """The 503 that answers a call whose worker failed or could not start."""
-    if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+    if isinstance(error, OSError) and error.errno == errno.ENFILE:
+        return ProtocolError("a codec worker process could not start: the system's "
+                             "table of open files is full; retry the request or send "
+                             "the tensor as binary data", status=503)
+    if isinstance(error, OSError) and error.errno == errno.EMFILE:
         return ProtocolError(
             f"a codec worker process could not start: the server is out of file "
             f"descriptors (its open-file limit, ulimit -n, is {open_file_limit()}); retry "

@@ -209,3 +209,14 @@ def test_clients_past_the_open_file_limit_fail_the_run_naming_the_limit():
     assert run.stdout.startswith("OSError 24 "), run.stdout
     assert "the open-file limit (ulimit -n) is 64" in run.stdout
     assert "for num_procs=20, or use fewer num_procs" in run.stdout
+
+
+def test_a_full_system_file_table_is_not_called_this_processs_limit():
+    import errno
+
+    from async_search.backends.process import _out_of_descriptors
+
+    error = _out_of_descriptors(OSError(errno.ENFILE, "Too many open files in system"), 4)
+    assert error.errno == errno.ENFILE
+    assert "the system's table of open files is full" in str(error)
+    assert "ulimit" not in str(error)
