@@ -746,6 +746,12 @@ async def test_a_load_body_over_max_json_bytes_gets_413_chunked_or_not():
             assert "max_json_bytes of 1000" in json.loads(answer)["error"]
 
 
+def closing_request(body: bytes) -> bytes:
+    """An inference request for "twice" that asks to close the connection after it."""
+    return (b"POST /v2/models/twice/infer HTTP/1.1\r\nHost: x\r\nConnection: close"
+            b"\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+
+
 async def test_a_burst_of_connections_each_with_its_request_gets_an_answer_each():
     # At the cap, connections whose requests had arrived but had not reached the
     # handlers yet were closed as idle, with no answer (13 of 40 at a cap of 16).
@@ -753,9 +759,7 @@ async def test_a_burst_of_connections_each_with_its_request_gets_an_answer_each(
         return 2 * x
 
     cap, n = 8, 20
-    body = infer_body(np.ones((1, 4), np.float32))
-    request = (b"POST /v2/models/twice/infer HTTP/1.1\r\nHost: x\r\nConnection: close"
-               b"\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    request = closing_request(infer_body(np.ones((1, 4), np.float32)))
     async with HttpFront({"twice": twice},
                          limits=HttpLimits(max_connections=cap)) as front:
         sockets = []
@@ -783,9 +787,7 @@ async def test_a_burst_of_new_connections_over_the_cap_gets_503s_not_silent_clos
         return 2 * x
 
     cap, n = 8, 24
-    body = infer_body(np.ones((1, 4), np.float32))
-    request = (b"POST /v2/models/twice/infer HTTP/1.1\r\nHost: x\r\nConnection: close"
-               b"\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    request = closing_request(infer_body(np.ones((1, 4), np.float32)))
     async with HttpFront({"twice": twice},
                          limits=HttpLimits(max_connections=cap)) as front:
         limiter = front.connections
