@@ -51,11 +51,13 @@ class HashRing:
                              f"{MAX_VIRTUAL_NODES}, got {virtual_nodes!r}")
         self.virtual_nodes = virtual_nodes
         self._nodes: List[str] = []
+        self._hashes: Dict[str, np.ndarray] = {}  # node -> its points, hashed once
         self._points = np.empty(0, np.uint64)
         self._owners: List[str] = []
         self._subrings: Dict[frozenset, Tuple[np.ndarray, List[str]]] = {}
         for node in nodes:
-            self.add(node)
+            self._join(node)
+        self._rebuild()
 
     @property
     def nodes(self) -> Tuple[str, ...]:
@@ -64,24 +66,55 @@ class HashRing:
 
     def add(self, node: str) -> None:
         """Give ``node`` its points on the ring."""
-        if node in self._nodes:
-            raise ValueError(f"node {node!r} is already on the ring")
-        self._nodes.append(node)
+        self._join(node)
         self._rebuild()
 
     def remove(self, node: str) -> None:
         """Take ``node``'s points off the ring: its keys go to their next node."""
-        if node not in self._nodes:
+        if node not in self._hashes:
             raise KeyError(f"node {node!r} is not on the ring; nodes: {self._nodes}")
         self._nodes.remove(node)
+        del self._hashes[node]
         self._rebuild()
 
+    def update(self, nodes: Sequence[str]) -> None:
+        """Makes the ring hold ``nodes``: those gone leave, new ones join (in their
+        order), and the ring is sorted once (a node added at a time sorted it each
+        time: minutes for a thousand nodes).
+
+        Example:
+            >>> ring = HashRing(["a", "b"], virtual_nodes=8)
+            >>> ring.update(["b", "c", "d"]); ring.nodes
+            ('b', 'c', 'd')
+        """
+        keep = set(nodes)
+        for node in [n for n in self._nodes if n not in keep]:
+            self._nodes.remove(node)
+            del self._hashes[node]
+        for node in nodes:
+            if node not in self._hashes:
+                self._join(node)
+        self._rebuild()
+
+    def _join(self, node: str) -> None:
+        if node in self._hashes:
+            raise ValueError(f"node {node!r} is already on the ring")
+        self._hashes[node] = np.fromiter(
+            (_hash(f"{node}#{i}".encode()) for i in range(self.virtual_nodes)),
+            np.uint64, self.virtual_nodes)
+        self._nodes.append(node)
+
     def _rebuild(self) -> None:
-        points = [(_hash(f"{node}#{i}".encode()), node)
-                  for node in self._nodes for i in range(self.virtual_nodes)]
-        points.sort()
-        self._points = np.array([p for p, _ in points], np.uint64)
-        self._owners = [n for _, n in points]
+        """The ring's points in order, ties between nodes broken by their names."""
+        names = sorted(self._nodes)
+        if not names:
+            self._points, self._owners = np.empty(0, np.uint64), []
+        else:
+            points = np.concatenate([self._hashes[n] for n in names])
+            rank = np.repeat(np.arange(len(names)), self.virtual_nodes)
+            order = np.lexsort((rank, points))
+            self._points = points[order]
+            self._owners = [names[i] for i in rank[order].tolist()]
         self._subrings = {}
 
     def _ring(self, among: Collection[str] | None) -> Tuple[np.ndarray, List[str]]:

@@ -123,11 +123,7 @@ class ConsistentHash:
         return self.ring.nodes_for(rows.row_keys(x), among)
 
     def _sync(self, servers: Sequence[str]) -> None:
-        for gone in set(self.ring.nodes) - set(servers):
-            self.ring.remove(gone)
-        for name in servers:
-            if name not in self.ring.nodes:
-                self.ring.add(name)
+        self.ring.update(servers)
         self._servers = tuple(servers)
 
 

@@ -80,3 +80,20 @@ def test_among_names_its_nodes_whatever_duplicates_or_strangers_it_holds(among):
 def test_among_with_every_node_and_a_stranger_is_the_whole_ring():
     ring = HashRing(["a", "b"], virtual_nodes=64)
     assert ring.nodes_for(KEYS[:500], among=["b", "a", "zzz"]) == ring.nodes_for(KEYS[:500])
+
+
+def test_each_nodes_points_are_hashed_once_however_the_ring_is_built(monkeypatch):
+    # Every add hashed and sorted every point again: a ring of 1,024 nodes took minutes,
+    # in a router's first request, with the event loop blocked.
+    from async_search.routing import hash_ring
+
+    calls = []
+    real = hash_ring._hash
+    monkeypatch.setattr(hash_ring, "_hash", lambda data: calls.append(1) or real(data))
+    ring = HashRing([f"n{i}" for i in range(40)], virtual_nodes=16)
+    assert len(calls) == 40 * 16
+    ring.update([f"n{i}" for i in range(10, 60)])
+    ring.add("x")
+    ring.remove("n10")
+    assert len(calls) == (40 + 20 + 1) * 16
+    assert ring.nodes == tuple(f"n{i}" for i in range(11, 60)) + ("x",)
