@@ -486,6 +486,11 @@ class FairBatcher(BatchSizeBatcher):
     def __init__(self, batch_size: int):
         super().__init__(batch_size)
         self._lanes: Dict[int, FairBatcher] = {}  # priority (never 0) -> its queue
+        # The levels' order and what they hold, kept as they change: a pop reads only
+        # the levels it takes from (each pop sorted and counted every level queued).
+        self._order: List[int] = []  # -priority of each lane, ascending: highest first
+        self._lanes_queued = 0       # elements queued in the lanes
+        self._lanes_requests = 0     # requests queued in the lanes
 
     def append(self, x: np.ndarray, tag: Any = None, priority: int = 0) -> None:
         """Queue one request ``x[n, ...]`` at ``priority`` (``extend`` queues at 0)."""
@@ -498,6 +503,8 @@ class FairBatcher(BatchSizeBatcher):
             return
         lane.append(x, tag)
         self.queued += len(x)
+        self._lanes_queued += len(x)
+        self._lanes_requests += 1
 
     def _lane(self, priority: int) -> "FairBatcher":
         priority = check_int("priority", priority)
@@ -506,15 +513,14 @@ class FairBatcher(BatchSizeBatcher):
         lane = self._lanes.get(priority)
         if lane is None:
             lane = self._lanes[priority] = FairBatcher(self.budget)
+            bisect.insort(self._order, -priority)
         return lane
 
     def empty(self) -> bool:
         return not self._xs and not self._lanes
 
     def __len__(self) -> int:
-        if not self._lanes:
-            return len(self._xs)
-        return len(self._xs) + sum(map(len, self._lanes.values()))
+        return len(self._xs) + self._lanes_requests
 
     def clear(self) -> List[Any]:
         """Removes every queued request; returns their tags (highest priority first)."""
@@ -526,18 +532,31 @@ class FairBatcher(BatchSizeBatcher):
         for priority in sorted(self._lanes, reverse=True):
             if priority < 0:
                 tags += self._lanes[priority].clear()
-        self._lanes = {}
+        self._lanes, self._order = {}, []
+        self._lanes_queued = self._lanes_requests = 0
         return tags
+
+    def _levels(self) -> Iterable[int]:
+        """The priorities queued, highest first, 0 among them."""
+        order = self._order
+        split = bisect.bisect_left(order, 0)
+        for k in range(split):
+            yield -order[k]
+        yield 0
+        for k in range(split, len(order)):
+            yield -order[k]
 
     def _pop_levels(self, drop: Callable[[Any], bool] | None,
                     out: Callable[[int, np.ndarray], np.ndarray | None] | None,
                     uniform: bool) -> Popped:
         """``pop_parts`` over the priority levels, highest first."""
-        room, chosen = self.budget, []
-        for priority in sorted((0, *self._lanes), reverse=True):
-            lane = self._lanes.get(priority, self)
+        room, chosen, visited = self.budget, [], []
+        for priority in self._levels():
+            lane = self._lanes[priority] if priority else self
             if lane.empty():
                 continue
+            if lane is not self:  # what it held, before this pop
+                visited.append((priority, lane, lane.queued, len(lane)))
             try:
                 plan = lane._select(drop, room, not chosen)
             except IndexError:  # every request in it was dropped
@@ -548,7 +567,7 @@ class FairBatcher(BatchSizeBatcher):
                 if room <= 0:
                     break
         if not chosen:
-            self._settle()
+            self._settle(visited)
             raise IndexError("pop from an empty batcher")
         pieces, tags, parts = [], [], {}
         for _, (_, _, _, lane_pieces, lane_tags, lane_parts, _) in chosen:
@@ -559,21 +578,26 @@ class FairBatcher(BatchSizeBatcher):
         batch, buffer = _stack(pieces, out, uniform)  # before the queues change
         for lane, (count, take, cost, _, _, _, whole) in chosen:
             lane._commit(count, take, cost, whole)
-        self._settle()
+        self._settle(visited)
         take = chosen[-1][1][1]
         if not parts:
             return Popped(batch, tags, pieces, False, None, 0, buffer)
         return _popped(batch, tags, pieces, parts, take, buffer)
 
-    def _settle(self) -> None:
-        """Forgets empty priority levels; counts what all levels hold."""
-        self._lanes = {p: lane for p, lane in self._lanes.items() if not lane.empty()}
-        self.queued = self._total - self._start + sum(
-            lane.queued for lane in self._lanes.values())
+    def _settle(self, visited: List[Tuple[int, "FairBatcher", float, int]]) -> None:
+        """Counts what the levels a pop took from hold now, and forgets those left
+        empty."""
+        for priority, lane, queued, requests in visited:
+            self._lanes_queued += lane.queued - queued
+            self._lanes_requests += len(lane) - requests
+            if lane.empty():
+                del self._lanes[priority]
+                del self._order[bisect.bisect_left(self._order, -priority)]
+        self.queued = self._total - self._start + self._lanes_queued
 
     def _remove(self, drop: Callable[[Any], bool]) -> None:
         super()._remove(drop)
-        self.queued += sum(lane.queued for lane in self._lanes.values())
+        self.queued += self._lanes_queued
 
 
 class CostBatcher(Batcher):

@@ -331,7 +331,7 @@ def test_fair_batcher_clear_returns_every_tag_of_every_priority():
 # One step of a property test: add a request (size, priority), pop a batch, or cancel
 # a request (by its number among those added; one that does not exist is skipped).
 fair_steps = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.integers(0, 30), st.sampled_from([0, 0, 0, 1, -1, 3])),
+    st.tuples(st.just("add"), st.integers(0, 30), st.sampled_from([0, 0, 0, 1, -1, 3, -4, 7])),
     st.tuples(st.just("pop")),
     st.tuples(st.just("cancel"), st.integers(0, 40))), max_size=60)
 
@@ -372,6 +372,12 @@ def run_fair(batch_size, steps):
                 left.pop(step[1], None)
         elif not batcher.empty():
             pop()
+        # What the batcher keeps count of as the levels change equals a recount.
+        lanes = batcher._lanes.values()
+        assert len(batcher) == len(batcher._xs) + sum(map(len, lanes))
+        assert batcher.queued == batcher._total - batcher._start + sum(
+            lane.queued for lane in lanes)
+        assert batcher._order == sorted(-p for p in batcher._lanes)
     while not batcher.empty():
         pop()
     assert not left, "a live request was never batched whole"
