@@ -551,34 +551,35 @@ class FairBatcher(BatchSizeBatcher):
                     uniform: bool) -> Popped:
         """``pop_parts`` over the priority levels, highest first."""
         room, chosen, visited = self.budget, [], []
-        for priority in self._levels():
-            lane = self._lanes[priority] if priority else self
-            if lane.empty():
-                continue
-            if lane is not self:  # what it held, before this pop
-                visited.append((priority, lane, lane.queued, len(lane)))
-            try:
-                plan = lane._select(drop, room, not chosen)
-            except IndexError:  # every request in it was dropped
-                continue
-            if plan[3]:  # pieces
-                chosen.append((lane, plan))
-                room -= plan[2]
-                if room <= 0:
-                    break
-        if not chosen:
+        try:  # settled however it ends: a drop, a buffer or a stack may raise
+            for priority in self._levels():
+                lane = self._lanes[priority] if priority else self
+                if lane.empty():
+                    continue
+                if lane is not self:  # what it held, before this pop
+                    visited.append((priority, lane, lane.queued, len(lane)))
+                try:
+                    plan = lane._select(drop, room, not chosen)
+                except IndexError:  # every request in it was dropped
+                    continue
+                if plan[3]:  # pieces
+                    chosen.append((lane, plan))
+                    room -= plan[2]
+                    if room <= 0:
+                        break
+            if not chosen:
+                raise IndexError("pop from an empty batcher")
+            pieces, tags, parts = [], [], {}
+            for _, (_, _, _, lane_pieces, lane_tags, lane_parts, _) in chosen:
+                if lane_parts:
+                    parts.update((len(tags) + i, part) for i, part in lane_parts.items())
+                pieces += lane_pieces
+                tags += lane_tags
+            batch, buffer = _stack(pieces, out, uniform)  # before the queues change
+            for lane, (count, take, cost, _, _, _, whole) in chosen:
+                lane._commit(count, take, cost, whole)
+        finally:
             self._settle(visited)
-            raise IndexError("pop from an empty batcher")
-        pieces, tags, parts = [], [], {}
-        for _, (_, _, _, lane_pieces, lane_tags, lane_parts, _) in chosen:
-            if lane_parts:
-                parts.update((len(tags) + i, part) for i, part in lane_parts.items())
-            pieces += lane_pieces
-            tags += lane_tags
-        batch, buffer = _stack(pieces, out, uniform)  # before the queues change
-        for lane, (count, take, cost, _, _, _, whole) in chosen:
-            lane._commit(count, take, cost, whole)
-        self._settle(visited)
         take = chosen[-1][1][1]
         if not parts:
             return Popped(batch, tags, pieces, False, None, 0, buffer)

@@ -1134,14 +1134,18 @@ def goals(report: dict) -> dict:
             entry["busy_goal_met"] = (None if not timed else
                                       (best["device_busy_fraction"] or 0.0) >= 0.9
                                       and best["vs_ceiling"] >= 0.9)
-            if best["vs_ceiling"] > PLAUSIBLE_VS_CEILING:
-                # Faster than the model alone: the ceiling was timed slow (a loaded
-                # machine), and the goal would be met by that noise alone.
-                entry["busy_goal_met"] = None
+            fastest = max(r["vs_ceiling"] for _, r in inside)
+            if fastest > PLAUSIBLE_VS_CEILING:
+                # A run faster than the model alone: the ceiling (one for every run)
+                # was timed slow, on a loaded machine, and a met goal may be that
+                # noise alone (one not met stays not met: the figures only flatter).
+                if entry["busy_goal_met"]:
+                    entry["busy_goal_met"] = None
                 entry["ceiling_note"] = (
-                    f"the run went {best['vs_ceiling']}x the model alone: the ceiling "
-                    f"was timed slower than the model ran (a loaded machine?); the busy "
-                    f"goal is not judged: measure again on a quiet machine")
+                    f"a run went {fastest}x the model alone: the ceiling was timed "
+                    f"slower than the model ran (a loaded machine?); vs_ceiling reads "
+                    f"high, and a met busy goal is not judged: measure again on a quiet "
+                    f"machine")
         peer = runs.get("handwritten_torch", {})
         ratios = {}  # per concurrency: serve's nodes/s over the peer's, round by round
         for n, r in peer.items():

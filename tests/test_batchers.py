@@ -817,3 +817,22 @@ def test_a_batcher_pickles_without_the_server_it_batches_for():
     b._server = object()  # as an open server marks it
     copy = pickle.loads(pickle.dumps(b))
     assert copy._server is None and copy.budget == 4
+
+
+def test_a_pop_that_fails_after_dropping_a_lanes_request_leaves_the_counts_true():
+    # The levels' counts were settled only when a pop ended well: a batch that could not
+    # be built after a drop left them wrong for good (the emptied level never went, and
+    # every later pop raised IndexError while empty() said False).
+    b = FairBatcher(8)
+    b.append(np.zeros((1, 3)), "cancelled", priority=2)
+    b.append(np.zeros((1, 3)), "a", priority=1)
+    b.append(np.zeros((1, 3)), "c")
+
+    def no_buffer(rows, like):
+        raise MemoryError("pool exhausted")
+
+    with pytest.raises(MemoryError):
+        b.pop_parts(drop=lambda tag: tag == "cancelled", out=no_buffer)
+    assert len(b) == 2 and b.queued == 2
+    assert b.pop_parts().tags == ["a", "c"]
+    assert b.empty() and len(b) == 0 and b.queued == 0

@@ -224,6 +224,18 @@ def test_a_run_faster_than_the_model_alone_leaves_the_busy_goal_unjudged():
                                                                    searches=256)
     entry = gpu.goals(report)["mcts_connect_four"]
     assert entry["busy_goal_met"] is True and "ceiling_note" not in entry
+    # Not busy enough: not met, whatever the ceiling (its noise only flatters).
+    report["runs"]["mcts_connect_four"]["in_process"]["256"] = run(0.5, 1.12,
+                                                                   searches=256)
+    entry = gpu.goals(report)["mcts_connect_four"]
+    assert entry["busy_goal_met"] is False and "1.12x" in entry["ceiling_note"]
+    # Every run is read against one ceiling: a less busy run that outpaced it shows it
+    # slow for the busiest too.
+    report["runs"]["mcts_connect_four"]["in_process"] = {
+        "64": run(0.95, 0.95, searches=64), "256": run(0.6, 1.3, searches=256)}
+    entry = gpu.goals(report)["mcts_connect_four"]
+    assert entry["busiest_run"]["searches"] == 64
+    assert entry["busy_goal_met"] is None and "1.3x" in entry["ceiling_note"]
 
 
 def test_untimed_runs_pick_the_one_nearest_the_ceiling_and_leave_the_goal_open():

@@ -171,6 +171,11 @@ class _Guarded(asyncio.Protocol):
                 self.limiter.first_request_timeout, self._no_first_request)
         self.handler.connection_made(transport)
 
+    def stop_first_request_timer(self) -> None:
+        if self._first_request is not None:
+            self._first_request.cancel()
+            self._first_request = None
+
     def _no_first_request(self) -> None:
         if not self.served and self.transport is not None:
             self.transport.close()
@@ -392,9 +397,12 @@ class ConnectionLimiter:
                 # is accepted before any is read). Answered 503, it knows to retry;
                 # closed, it would read an end with no answer.
                 handler, oldest.handler = oldest.handler, None
-                # (after its start task has run: accepted in this loop turn, it may not
-                # have yet)
+                # Its clean-up would close the socket (the 503 then unread, reset): it
+                # lets go of it first, after its start task has run (accepted in this
+                # loop turn, it may not have yet).
+                handler.transport = None
                 asyncio.get_running_loop().call_soon(handler.connection_lost, None)
+                oldest.stop_first_request_timer()
                 self.refuse(oldest)
                 continue
             # Aborted, not closed: a close waits for unsent bytes that an idle client

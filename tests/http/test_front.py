@@ -893,3 +893,25 @@ async def test_fronts_of_one_loop_leave_its_exception_handler_as_it_was_in_any_o
     for front in [first, second] if order == "first_in_first_out" else [second, first]:
         await front.__aexit__(None, None, None)
     assert loop.get_exception_handler() is before
+
+
+async def test_a_silent_connection_closed_for_a_newcomer_lingers_until_its_503_is_read():
+    # aiohttp's clean-up of the detached handler closed the socket a millisecond after
+    # the 503: a request arriving then met a reset, as a refused one did before.
+    async def twice(x):
+        return 2 * x
+
+    async with HttpFront({"twice": twice}, limits=HttpLimits(max_connections=1)) as front:
+        silent = socket.create_connection(("127.0.0.1", front.port), timeout=10)
+        await wait_until(lambda: front.connections.open == 1, "the first is accepted")
+        newcomer = socket.create_connection(("127.0.0.1", front.port), timeout=10)
+        try:
+            await wait_until(lambda: front.connections.evicted == 1, "the first is evicted")
+            await asyncio.sleep(0.3)
+            assert len(front.connections._lingering) == 1
+            silent.sendall(closing_request(infer_body(np.ones((1, 4), np.float32))))
+            answer = await in_thread(read_answer, silent)
+            assert answer.startswith(b"HTTP/1.1 503") and b"too many open" in answer
+        finally:
+            silent.close()
+            newcomer.close()
