@@ -162,32 +162,26 @@ class _ClientProcess:
                  spec: TensorSpec | None, config: RunConfig, connections: ConnectionServer,
                  context):
         self._indices = indices
-        opened: List[Any] = []  # closed again if the start fails half way
-        try:
-            self._start(number, starts, search_fn, spec, config, connections, context,
-                        opened)
-        except BaseException:
-            for queue in opened:
-                queue.close()
-            raise
-
-    def _start(self, number: int, starts: List[Any], search_fn, spec: TensorSpec | None,
-               config: RunConfig, connections: ConnectionServer, context,
-               opened: List[Any]) -> None:
-        server_end, client_end = pipe(socket_queue)
-        opened += [server_end.inbound, server_end.outbound]
-        results, work = SocketQueue(), SocketQueue()
-        opened += [results, work]
-        # Only sockets and a few small values go through spawn: multiprocessing writes
-        # them to the new process in one blocking write, which never returns when they
-        # fill the pipe and the process dies (or hangs) before reading them. The
-        # searches and their starts follow on ``work``, which never blocks this loop.
-        self._process = context.Process(
-            target=client_main, name=f"async_search-client-{number}", daemon=True,
-            args=(client_end, results, work, spec, config.use_uvloop,
-                  config.search_timeout, os.getpid(), config.client_waves))
-        with starting_children(), _main_script_importable():  # deaf to Ctrl-C
-            self._process.start()
+        with contextlib.ExitStack() as undo:  # its sockets closed if the start fails
+            server_end, client_end = pipe(socket_queue)
+            undo.callback(server_end.inbound.close)
+            undo.callback(server_end.outbound.close)
+            results = SocketQueue()
+            undo.callback(results.close)
+            work = SocketQueue()
+            undo.callback(work.close)
+            # Only sockets and a few small values go through spawn: multiprocessing
+            # writes them to the new process in one blocking write, which never returns
+            # when they fill the pipe and the process dies (or hangs) before reading
+            # them. The searches and their starts follow on ``work``, which never blocks
+            # this loop.
+            self._process = context.Process(
+                target=client_main, name=f"async_search-client-{number}", daemon=True,
+                args=(client_end, results, work, spec, config.use_uvloop,
+                      config.search_timeout, os.getpid(), config.client_waves))
+            with starting_children(), _main_script_importable():  # deaf to Ctrl-C
+                self._process.start()
+            undo.pop_all()  # started: the sockets are its own now
         self._alive = False  # its first word (_ALIVE) not heard yet
         self._work = work.writer_only()
         # Arrays in them travel out of band: no copy here, views of the frame there.

@@ -78,7 +78,9 @@ class _Worker:
             return
         if process.poll() is None:
             process.kill()
-            _reap(process)
+            # Its exit collected (a zombie otherwise), off the loop: SIGKILL ends it
+            # at once.
+            asyncio.get_running_loop().run_in_executor(None, process.wait)
         self.close_input()
         if self._stdout_transport is not None:  # it closes the file it was given
             self._stdout_transport.close()
@@ -86,14 +88,8 @@ class _Worker:
             process.stdout.close()
 
     async def exited(self) -> None:
-        while self.process is not None and self.process.poll() is None:
-            await asyncio.sleep(_POLL_S)
-
-
-def _reap(process: subprocess.Popen, tries: int = 200) -> None:
-    """Collect a killed worker's exit status (a zombie otherwise), polling a while."""
-    if process.poll() is None and tries > 0:
-        asyncio.get_running_loop().call_later(_POLL_S, _reap, process, tries - 1)
+        if self.process is not None:
+            await asyncio.to_thread(self.process.wait)
 
 
 def _failure(error: Exception) -> ProtocolError:
@@ -113,7 +109,6 @@ def _failure(error: Exception) -> ProtocolError:
 
 
 _LENGTH = struct.Struct("<Q")
-_POLL_S = 0.02  # how often a worker's exit is looked for
 #: Added to the codec workers' niceness: parsing megabytes must not starve the loop.
 _WORKER_NICENESS = 10
 

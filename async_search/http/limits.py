@@ -171,7 +171,15 @@ class _Guarded(asyncio.Protocol):
                 self.limiter.first_request_timeout, self._no_first_request)
         self.handler.connection_made(transport)
 
-    def stop_first_request_timer(self) -> None:
+    def detach(self) -> None:
+        """Lets aiohttp's handler go, the socket kept (to be refused): what the client
+        sends from now on is dropped."""
+        handler, self.handler = self.handler, None
+        # Its clean-up would close the socket (a 503 then unread, reset): it lets go
+        # of it first, after its start task has run (accepted in this loop turn, it
+        # may not have yet).
+        handler.transport = None
+        asyncio.get_running_loop().call_soon(handler.connection_lost, None)
         if self._first_request is not None:
             self._first_request.cancel()
             self._first_request = None
@@ -396,13 +404,7 @@ class ConnectionLimiter:
                 # Nothing sent yet: a client whose request may be on its way (a burst
                 # is accepted before any is read). Answered 503, it knows to retry;
                 # closed, it would read an end with no answer.
-                handler, oldest.handler = oldest.handler, None
-                # Its clean-up would close the socket (the 503 then unread, reset): it
-                # lets go of it first, after its start task has run (accepted in this
-                # loop turn, it may not have yet).
-                handler.transport = None
-                asyncio.get_running_loop().call_soon(handler.connection_lost, None)
-                oldest.stop_first_request_timer()
+                oldest.detach()
                 self.refuse(oldest)
                 continue
             # Aborted, not closed: a close waits for unsent bytes that an idle client

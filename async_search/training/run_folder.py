@@ -294,6 +294,7 @@ def held(path: str | os.PathLike) -> Iterator[str]:
         return
     folder = make_folder(path)
     lock = os.path.join(folder, LOCK)
+
     def unusable(e: OSError) -> FileWriteError:  # a folder or FIFO in its place, a
         # read-only or full disk, a file-size limit
         return FileWriteError(f"cannot lock the run folder: {lock!r} cannot be written "
