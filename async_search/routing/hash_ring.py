@@ -106,7 +106,7 @@ class HashRing:
 
     def _rebuild(self) -> None:
         """The ring's points in order, ties between nodes broken by their names."""
-        names = sorted(self._nodes)
+        names = sorted(self._nodes, key=str)  # (any names: a mix of types sorts too)
         if not names:
             self._points, self._owners = np.empty(0, np.uint64), []
         else:
