@@ -312,6 +312,8 @@ class BatchingServer(AsyncWithOnly):
             x = self._checked(x)
         if timeout is not None:
             timeout = check_timeout(timeout)
+        if not self._closing and self._loop is not None and self._loop.is_closed():
+            self._lost_loop()
         if self._closing:
             raise self._closed_error()
         if self._new_future is None:
@@ -824,6 +826,18 @@ class BatchingServer(AsyncWithOnly):
             f"pending request failed and it takes no more")
         error.__cause__ = cause
         return error
+
+    def _lost_loop(self) -> None:
+        """The server's event loop was closed while it served (its ``async with`` never
+        left): nothing on that loop can be resolved any more, so the server takes no
+        request and its device threads end after the batch each computes."""
+        if self._crashed is None:
+            self._crashed = RuntimeError(
+                "its event loop was closed while it served (the `async with` block was "
+                "never left)")
+        self._closing = True
+        self._update_quiet()
+        self._workers.stop(discard_queued=True)
 
     def _crash(self, cause: BaseException) -> None:
         """The serving coroutine died of ``cause``: fail every pending request (queued,

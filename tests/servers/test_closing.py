@@ -323,6 +323,34 @@ def test_an_exit_closed_with_its_event_loop_still_tells_the_threads_to_end():
     assert (model.loads, model.unloads) == (1, 1)
 
 
+def test_calls_after_the_servers_loop_closed_raise_at_once_and_its_thread_ends():
+    """A notebook closes the loop a server was entered in, its block never left: every
+    later call raises ServerCrashedError at once (none queued on the closed loop to
+    wait forever), and the device thread ends."""
+    before = set(device_threads())
+    model = Device()
+    model.open()
+    loop = asyncio.new_event_loop()
+    try:
+        server = BatchingServer(model, model_thread=True)
+        loop.run_until_complete(server.__aenter__())
+        answered = loop.run_until_complete(server(np.ones((2, 1), np.float32)))
+        assert answered.shape == (2, 1)
+    finally:
+        loop.close()
+    for _ in range(3):
+        with pytest.raises(asr.errors.ServerCrashedError, match="event loop was closed"):
+            server(np.ones((2, 1), np.float32))
+    assert not server._batcher.queued, "a request was queued on the closed loop"
+    stopped = threading.Event()
+    for _ in range(1000):
+        if set(device_threads()) <= before:
+            break
+        stopped.wait(0.01)
+    assert set(device_threads()) <= before, "the device thread outlived its loop"
+    assert (model.loads, model.unloads) == (1, 1)
+
+
 async def test_a_serve_entered_a_second_time_says_so_and_a_new_one_serves():
     model = with_spec(lambda x: x * 2, (3,), np.float32)
     server = asr.serve(model)
