@@ -9,12 +9,14 @@ against.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_int
+from async_search.errors import InputSpecError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,29 @@ def with_spec(fn: Callable[[np.ndarray], Outputs], shape: Sequence[int], dtype: 
 GRID_SCALE = 256.0
 GRID_BOUND = 256.0
 WEIGHT_QUANTUM = 2.0 ** -10
+
+
+def float64_rows(batch: Any, shape: Sequence[int], flat: bool = False) -> np.ndarray:
+    """``batch`` as float64 rows of the element shape ``shape`` (each row flattened
+    when ``flat``): what a model called directly, outside ``serve`` (which checks
+    requests against the input spec first), makes of its input.
+
+    Raises:
+        InputSpecError: rows that do not hold ``shape``'s number of values, naming the
+            expected and the given shape.
+
+    Example:
+        >>> float64_rows(np.zeros((2, 6), np.float32), (2, 3)).shape
+        (2, 2, 3)
+        >>> float64_rows(np.zeros((2, 2, 3), np.float32), (2, 3), flat=True).shape
+        (2, 6)
+    """
+    x = np.asarray(batch, np.float64)
+    size = math.prod(shape)
+    if x.ndim and x.size == len(x) * size:
+        return x.reshape(len(x), size) if flat else x.reshape(len(x), *shape)
+    raise InputSpecError(f"expected a batch of shape [n, {', '.join(map(str, shape))}], "
+                         f"got {x.shape}")
 
 
 def on_grid(x: np.ndarray) -> np.ndarray:
@@ -151,7 +176,7 @@ class MLP:
         return copy
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        h = on_grid(np.asarray(batch, np.float64).reshape(len(batch), self._in_features))
+        h = on_grid(float64_rows(batch, self.input_spec.shape, flat=True))
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(self.weights):
             h = h @ w + b

@@ -38,7 +38,7 @@ import numpy as np
 
 from async_search.base import TensorSpec
 from async_search.checks import check_int
-from async_search.models.numpy_models import MLP, on_grid, on_weight_grid
+from async_search.models.numpy_models import MLP, float64_rows, on_grid, on_weight_grid
 from async_search.problems.base import Game, board_planes
 from async_search.problems.residual_nets import with_named_weights
 
@@ -247,7 +247,7 @@ class PolicyValueConvNet:
         return planes.transpose(0, 3, 1, 2).reshape(n, mat.shape[1] * rows * columns)
 
     def __call__(self, batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        x = np.asarray(batch, np.float64).reshape(len(batch), *self.input_spec.shape)
+        x = float64_rows(batch, self.input_spec.shape)
         h = np.maximum(self._conv3(on_grid(x.transpose(0, 2, 3, 1)), "stem"), 0.0)
         for b in range(self.blocks):
             y = np.maximum(self._conv3(h, f"blocks.{b}.conv1"), 0.0)

@@ -13,6 +13,7 @@ import numpy as np
 
 from async_search.base import TensorSpec
 from async_search.models import MLP
+from async_search.models.numpy_models import float64_rows
 from async_search.problems.base import SearchProblem
 from async_search.problems.sliding_puzzle import SlidingPuzzle
 from async_search.problems.synthetic_graph import SyntheticGraph
@@ -51,7 +52,7 @@ class ManhattanHeuristic:
         self._table = table.reshape(n * n, 1)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        x = np.asarray(batch, np.float64).reshape(len(batch), len(self._table))
+        x = float64_rows(batch, self.input_spec.shape, flat=True)
         return (x @ self._table).astype(np.float32)
 
     @property
@@ -78,7 +79,7 @@ class DepthHeuristic:
         self.output_spec = TensorSpec((1,), np.float32)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        return np.array(batch[:, :1], np.float32)
+        return float64_rows(batch, self.input_spec.shape, flat=True)[:, :1].astype(np.float32)
 
 
 def heuristic_mlp(problem: SearchProblem, *, hidden_sizes: Sequence[int] = (64,),

@@ -47,6 +47,7 @@ import numpy as np
 
 from async_search.base import TensorSpec
 from async_search.checks import check_int
+from async_search.models.numpy_models import float64_rows
 from async_search.problems.base import Game, SearchProblem, board_planes
 
 
@@ -121,7 +122,7 @@ class PolicyValueResNet:
 
     def __call__(self, batch: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         w = self.weights
-        x = np.asarray(batch, np.float64).reshape(len(batch), *self.input_spec.shape)
+        x = float64_rows(batch, self.input_spec.shape)
         h = _relu(_batch_norm(w, "stem.bn", _conv2d(x, w["stem.conv.weight"])))
         for b in range(self.blocks):
             y = _relu(_batch_norm(w, f"blocks.{b}.bn1",
@@ -191,7 +192,7 @@ class CostToGoResNet:
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         w = self.weights
-        h = np.asarray(batch, np.float64).reshape(len(batch), self.input_size)
+        h = float64_rows(batch, self.input_spec.shape, flat=True)
         h = _relu(_batch_norm(w, "bn1", _linear(w, "fc1", h)))
         h = _relu(_batch_norm(w, "bn2", _linear(w, "fc2", h)))
         for b in range(self.blocks):

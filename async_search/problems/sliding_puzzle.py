@@ -146,7 +146,14 @@ class SlidingPuzzle:
     # -- the search problem ---------------------------------------------------------------
 
     def neighbors(self, state: bytes) -> List[Tuple[bytes, int]]:
-        """The states one move away, each with step cost 1, in a fixed order."""
+        """The states one move away, each with step cost 1, in a fixed order.
+
+        Raises:
+            ValueError: ``state`` is not bytes of this puzzle's length (one of another
+                size would get moves of the wrong board).
+        """
+        if not isinstance(state, bytes) or len(state) != self.num_cells:
+            self._check_tiles(state)
         blank = state.index(0)
         out = []
         for p in self._moves[blank]:
@@ -157,12 +164,21 @@ class SlidingPuzzle:
         return out
 
     def is_goal(self, state: bytes) -> bool:
-        """Whether ``state`` is the goal."""
+        """Whether ``state`` is the goal.
+
+        Raises:
+            ValueError: ``state`` is not bytes of this puzzle's length.
+        """
+        if not isinstance(state, bytes) or len(state) != self.num_cells:
+            self._check_tiles(state)
         return state == self.goal
 
     def encode(self, states: Sequence[bytes]) -> np.ndarray:
         """One-hot tile positions: float32 ``[len(states), tile, position]``."""
         n = self.num_cells
+        for state in states:
+            if not isinstance(state, bytes) or len(state) != n:
+                self._check_tiles(state)
         cells = np.frombuffer(b"".join(states), np.uint8).reshape(len(states), n)
         return (cells[:, None, :] == self._tiles[None, :, None]).astype(np.float32)
 

@@ -152,3 +152,18 @@ def test_a_model_for_another_kind_of_problem_is_refused_naming_what_it_takes():
     for problem in (ConnectFour(), SyntheticGraph()):
         with pytest.raises(TypeError, match="ManhattanHeuristic measures a SlidingPuzzle"):
             ManhattanHeuristic(problem)
+
+
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"policy-value"}) + ["pretrained-15"])
+def test_a_model_called_directly_on_rows_of_another_size_names_both_shapes(name):
+    """Outside serve (which checks requests first), rows of a 4x4 board given to a
+    model of a 3x3 one (or the reverse) get InputSpecError, not a reshape error."""
+    from async_search.errors import InputSpecError
+    from async_search.problems import pretrained
+    model = pretrained("15-puzzle") if name == "pretrained-15" else MODELS[name][0]()
+    elements = int(np.prod(model.input_spec.shape))
+    wrong = np.zeros((3, elements + 1), np.float32)
+    with pytest.raises(InputSpecError, match=r"expected a batch of shape \[n, .*\], "
+                                             rf"got \(3, {elements + 1}\)"):
+        model(wrong)
+    assert len(np.asarray(model(np.zeros((3, *model.input_spec.shape), np.float32)))) == 3

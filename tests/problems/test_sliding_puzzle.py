@@ -263,3 +263,16 @@ def test_parity_and_manhattan_refuse_what_is_not_a_state_of_the_puzzle(state):
     for call in (puzzle.is_solvable, puzzle.manhattan_distance):
         with pytest.raises(ValueError, match="SlidingPuzzle\\(3\\): a state must"):
             call(state)
+
+
+@pytest.mark.parametrize("size, other", [(3, 4), (4, 3), (3, 5)])
+def test_a_state_of_another_size_is_refused_by_neighbors_is_goal_and_encode(size, other):
+    """A 15-puzzle state given to the 8-puzzle got moves of the wrong board (a diagonal
+    swap) or an IndexError, and is_goal a quiet False: each names the state now."""
+    puzzle, foreign = SlidingPuzzle(size), SlidingPuzzle(other)
+    for state in (foreign.goal, foreign.scramble(5, seed=1), list(puzzle.goal),
+                  bytearray(puzzle.goal)):
+        for call in (puzzle.neighbors, puzzle.is_goal, lambda s: puzzle.encode([s])):
+            with pytest.raises(ValueError, match=r"SlidingPuzzle\(\d\): a state must"):
+                call(state)
+    assert puzzle.is_goal(puzzle.goal) and len(puzzle.neighbors(puzzle.goal)) == 2
