@@ -837,7 +837,8 @@ class BatchingServer(AsyncWithOnly):
                 "never left)")
         self._closing = True
         self._update_quiet()
-        self._workers.stop(discard_queued=True)
+        if self._workers is not None:  # None: the enter failed before it made them
+            self._workers.stop(discard_queued=True)
 
     def _crash(self, cause: BaseException) -> None:
         """The serving coroutine died of ``cause``: fail every pending request (queued,
