@@ -45,7 +45,8 @@ from async_search.checks import check_float, check_int
 
 @dataclasses.dataclass(frozen=True)
 class AutoBatchSize:
-    """How ``max_batch_size="auto"`` climbs (``"auto"`` is ``AutoBatchSize()``).
+    """How ``max_batch_size="auto"`` measures and chooses (``"auto"`` is
+    ``AutoBatchSize()``).
 
     Attributes:
         smallest, largest: the range of sizes tried (powers of two times ``smallest``).

@@ -44,8 +44,8 @@ def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
             arrays); its ``input_spec``, if declared, checks requests when made.
         max_batch_size: the most elements in one batch; ``"auto"`` (or an
             ``AutoBatchSize``): the size with the highest measured end-to-end rate,
-            climbing over powers of two (``servers.batch_size`` states the rule);
-            ``evaluate.max_batch_size`` is the size chosen so far.
+            measured over powers of two from the largest down (``servers.batch_size``
+            states the rule); ``evaluate.max_batch_size`` is the size chosen so far.
         max_delay: seconds a partial batch may wait for company; None sends it as soon
             as the model is free and no search has a request left to make.
         pipeline_depth: the most batches in flight at once per device worker.
