@@ -68,6 +68,34 @@ class Checkpoint:
         return to_model(self.config, self.weights)
 
 
+def _own_config(model: Any) -> NetConfig | None:
+    """The config the model says it has (None: it does not say)."""
+    try:
+        return config_of(model, None)
+    except ValueError:
+        return None
+
+
+def _as_json(path: str, metadata: Dict[Any, Any]) -> Dict[str, Any]:
+    """``metadata`` as JSON gives it back (keys as strings, tuples as lists), so that
+    the header's keys sort whatever their types were; ValueError for what JSON cannot
+    hold, or for two keys written as one (``1`` and ``"1"``)."""
+    def unique(pairs: list) -> dict:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen = [key for key, _ in pairs]
+            twice = sorted({key for key in seen if seen.count(key) > 1})
+            raise ValueError(f"keys written as {twice} twice (JSON writes keys as "
+                             f"strings: 1 and '1' are one key)")
+        return out
+
+    try:
+        return json.loads(json.dumps(metadata, allow_nan=False), object_pairs_hook=unique)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ValueError(f"save_checkpoint({path!r}): metadata must be JSON (strings, "
+                         f"finite numbers, lists, dicts): {e}") from e
+
+
 def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
                     metadata: Dict[str, Any] | None = None) -> str:
     """Saves ``model`` (a model ``to_model`` made, or its ``(w, b)`` layers) to the
@@ -108,7 +136,21 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
     if bare and config is None:
         raise ValueError("save_checkpoint: bare weights ((w, b) layers or named arrays) "
                          "need their NetConfig")
+    own = None if bare or config is None else _own_config(model)
     config = config_of(None if bare else model, config)
+    if own is not None:
+        # What weights' shapes cannot tell: a residual net and a conv net of one size,
+        # or a heuristic with and without its Manhattan term, would load as the other.
+        fields = ("kind", "problem") + (("architecture",) if own.kind == "policy_value"
+                                        else ("residual",))
+        differ = {f: (getattr(config, f), getattr(own, f)) for f in fields
+                  if getattr(config, f) != getattr(own, f)}
+        if differ:
+            raise ValueError(
+                f"save_checkpoint({path!r}): the config given is not the model's: "
+                + ", ".join(f"{f} {given!r} where the model's is {its!r}"
+                            for f, (given, its) in differ.items())
+                + "; give config=None to save the model's own")
     weights = model if bare else weights_of(model)
     check_weights(config, weights)  # real numbers of the right shapes, kept as given
     if config.convolutional:  # by name; an MLP's layers as w0, b0, w1, ...
@@ -122,7 +164,7 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
     digest = hashlib.sha256(data).hexdigest()
     weights_file = f"weights-{digest[:16]}.npz"
     header = {"format": FORMAT, "config": config.to_json(),
-              "metadata": metadata if metadata is not None else {},
+              "metadata": _as_json(path, metadata if metadata is not None else {}),
               "weights_file": weights_file, "weights_sha256": digest,
               "layers": len(weights)}
     try:  # refuses non-JSON metadata (and NaN, which strict JSON readers reject) early

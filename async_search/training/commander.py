@@ -197,7 +197,9 @@ class CommanderConfig:
             raise ValueError(f"gate_threshold must be in [0, 1], got {self.gate_threshold}")
         if self.backend not in ("local", "process", "ray"):
             raise ValueError(f"backend must be local, process or ray, got {self.backend!r}")
-        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+        # NetConfig checks the widths before int(), which would split "256" into
+        # digits and round 1.5 to 1.
+        object.__setattr__(self, "hidden_sizes", self.net.hidden_sizes)
         if self.selfplay.seed != self.seed:
             object.__setattr__(self, "selfplay",
                                dataclasses.replace(self.selfplay, seed=self.seed))

@@ -186,9 +186,9 @@ class ReplayBuffer:
 
     def _checked(self, x, policy, value) -> tuple:
         x = _real("x", x)
-        if x.ndim < 1:
-            raise ValueError(f"ReplayBuffer.add: x must be an array [n, *state_shape], got "
-                             f"shape {x.shape}")
+        if x.ndim < 1 or 0 in x.shape[1:]:  # (a state of no values: no file holds it)
+            raise ValueError(f"ReplayBuffer.add: x must be an array [n, *state_shape] "
+                             f"with every state dimension >= 1, got shape {x.shape}")
         n = len(x)
         if not np.isfinite(x).all():
             raise ValueError("ReplayBuffer.add: states x must be finite")

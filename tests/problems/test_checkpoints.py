@@ -200,9 +200,39 @@ def test_metadata_keys_load_back_as_the_strings_json_writes_and_mixed_keys_are_r
                     {1: "a", 2: {3.5: (3, 4)}})
     want = {"1": "a", "2": {"3.5": [3, 4]}}
     assert read_checkpoint(path).metadata == want
-    with pytest.raises(ValueError, match="metadata must be JSON"):  # "1" and 1 collide
+    with pytest.raises(ValueError, match=r"metadata must be JSON.*\['1'\] twice"):
         save_checkpoint(path, initial_weights(HEURISTIC, 1), HEURISTIC, {"1": 1, 1: 2})
     assert read_checkpoint(path).metadata == want
+    # Keys of several types that do not collide: JSON holds them (their sorting in the
+    # header raised "'<' not supported between instances of 'int' and 'str'").
+    mixed = {"iteration": 1, 3: "x", "scores": {1: 0.5, "best": 2, None: 0}}
+    save_checkpoint(path, initial_weights(HEURISTIC, 2), HEURISTIC, mixed)
+    assert read_checkpoint(path).metadata == {
+        "iteration": 1, "3": "x", "scores": {"1": 0.5, "best": 2, "null": 0}}
+
+
+RESIDUAL_NET = NetConfig("policy_value", "connect_four", (16,), architecture="residual",
+                         channels=4, blocks=1, value_hidden=8)
+
+
+@pytest.mark.parametrize("config, change, field", [
+    (RESIDUAL_NET, {"architecture": "conv"}, "architecture"),
+    (HEURISTIC, {"residual": False}, "residual")])
+def test_a_config_that_is_not_the_models_own_is_refused_at_save(tmp_path, config, change,
+                                                                field):
+    """A residual net saved with a conv net's config (or a heuristic with its Manhattan
+    term under a config without) has the same weight shapes: it loaded as the other
+    net, computing other outputs, without a word."""
+    model = to_model(config, initial_weights(config, 0))
+    other = dataclasses.replace(config, **change)
+    with pytest.raises(ValueError, match=f"not the model's: {field} "):
+        save_checkpoint(tmp_path / "ckpt", model, other)
+    assert not (tmp_path / "ckpt").exists()
+    for given in (None, config, config.to_json()):  # its own, or none: saved
+        save_checkpoint(tmp_path / "ckpt", model, given)
+        saved = read_checkpoint(tmp_path / "ckpt").config
+        assert getattr(saved, field) == getattr(config, field)
+        assert given is None or saved == config
 
 
 @pytest.mark.parametrize("change, match", [

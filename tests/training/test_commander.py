@@ -406,7 +406,11 @@ def test_two_uct_baselines_of_equal_rollouts_are_refused():
                                           ("eval_solve", 1),
                                           ("strong_uct_games", -1),
                                           ("strong_uct_rollouts", 0),
-                                          ("accuracy_positions", -1)])
+                                          ("accuracy_positions", -1),
+                                          # int() made "256" the widths 2, 5, 6
+                                          ("hidden_sizes", "256"),
+                                          ("hidden_sizes", (1.5,)),
+                                          ("hidden_sizes", (True, 64))])
 def test_bad_parameters_are_refused_before_anything_runs(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{field: value})

@@ -257,6 +257,9 @@ def bad_adds():
         "negative policy": ((x, negative, value), "non-negative"),
         "all-zero policy row": ((x, zero_row, value), "positive sum"),
         "scalar x": ((np.float32(1.0), None, np.zeros(1)), "x must be an array"),
+        # states of no values: save wrote them, and load refused the file
+        "empty state dimension": ((np.zeros((3, 0)), policy, value),
+                                  "every state dimension >= 1"),
         # A float32 cast alone would drop the imaginary parts, or parse the text.
         "complex x": ((x + 1j, policy, value), "x must hold real numbers, got complex"),
         "complex policy": ((x, policy + 0j, value), "policy must hold real numbers"),
@@ -277,6 +280,22 @@ def test_a_bad_add_raises_a_clear_value_error_and_loses_nothing(case):
     assert_same(before, snapshot(buf))
     buf.add(*samples(1, start=50))  # and it still works
     assert ids_of(buf.arrays())[-1] == 50
+
+
+def test_a_first_add_of_states_of_no_values_is_refused_as_the_constructor_refuses_them(
+        tmp_path):
+    """(3, 0) states were taken by an unshaped buffer, sampled and saved, and the
+    saved file refused by load: a run would have found out at --resume."""
+    with pytest.raises(ValueError, match="state_shape"):
+        ReplayBuffer(8, state_shape=(0,))
+    buf = ReplayBuffer(8, seed=0)
+    for shape in ((3, 0), (3, 2, 0)):
+        with pytest.raises(ValueError, match="every state dimension >= 1"):
+            buf.add(np.ones(shape), None, np.zeros(3))
+    assert len(buf) == 0 and buf.state_shape is None
+    buf.add(np.ones((3, 2)), None, np.zeros(3))
+    buf.save(tmp_path / "buffer.npz")
+    assert ReplayBuffer.load(tmp_path / "buffer.npz").state_shape == (2,)
 
 
 def test_a_bad_first_add_leaves_the_buffer_empty_and_unshaped():
