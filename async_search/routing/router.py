@@ -270,6 +270,9 @@ class Router:
     def add_server(self, name: str, evaluate: Any) -> None:
         """Route to ``evaluate`` as well, with a fresh (closed) breaker and counters of
         its own (none carried over from a server removed under that name)."""
+        if not isinstance(name, str):  # a policy's answer is told from a list by it
+            raise TypeError(f"a server's name must be a str, got {type(name).__name__} "
+                            f"{name!r}")
         if name in self._entries:
             raise ValueError(f"a server named {name!r} is already routed to: remove it "
                              f"first or pick another name")
@@ -331,15 +334,22 @@ class Router:
             raise CircuitOpenError(self._no_server_message())
         choice = self.policy.assign(x, candidates, self._names, self.outstanding)
         if isinstance(choice, str):
+            self._check_choice((choice,), candidates)
             return await self._send_or_fail_over(choice, x, tried, want_version)
-        choice = np.asarray(choice)
-        names = np.unique(choice)
+        # The names as objects: a NumPy string array would drop a name's trailing NULs.
+        chosen = np.empty(len(choice), object)
+        chosen[:] = list(choice)
+        if len(chosen) != len(x):
+            raise RuntimeError(f"the router's {type(self.policy).__name__} policy chose "
+                               f"servers for {len(chosen)} elements of a request of "
+                               f"{len(x)}")
+        names, inverse = np.unique(chosen, return_inverse=True)
+        self._check_choice(names, candidates)
         if len(names) <= 1:  # one server, or no element at all (any server answers it)
-            name = str(names[0]) if len(names) else candidates[0]
+            name = names[0] if len(names) else candidates[0]
             return await self._send_or_fail_over(name, x, tried, want_version)
-        indices = [np.flatnonzero(choice == name) for name in names]
-        parts = [self._start(self._send_or_fail_over(str(name), x[index], tried,
-                                                     want_version))
+        indices = [np.flatnonzero(inverse == k) for k in range(len(names))]
+        parts = [self._start(self._send_or_fail_over(name, x[index], tried, want_version))
                  for name, index in zip(names, indices)]
         try:
             results = await asyncio.gather(*parts)
@@ -347,9 +357,18 @@ class Router:
             for part in parts:  # the request failed (or its caller left): drop the rest
                 part.cancel()
             raise
-        parts = _one_structure([str(name) for name in names], [r[0] for r in results])
+        parts = _one_structure(list(names), [r[0] for r in results])
         return (rows.assemble(parts, indices, len(x)),
                 same_version([r[1] for r in results]))
+
+    def _check_choice(self, names: Sequence[Any], candidates: Sequence[str]) -> None:
+        """RuntimeError unless the policy chose among ``candidates``: a name it made up
+        would fail over to the same choice again, without end."""
+        for name in names:
+            if name not in candidates:
+                raise RuntimeError(
+                    f"the router's {type(self.policy).__name__} policy chose {name!r}, "
+                    f"which is not among the servers it may choose now: {candidates}")
 
     def _start(self, coro: Awaitable) -> asyncio.Task:
         """A task the router keeps a reference to until it ends (the loop holds tasks

@@ -743,3 +743,47 @@ async def test_a_cancelled_error_a_server_raises_is_its_failure_not_the_callers(
         assert (await asyncio.wait_for(router(np.ones((1, 2))), 5)).shape == (1, 1)
     stats = router.stats["servers"]["c"]
     assert stats["failures"] == stats["requests"] >= 2 and stats["outstanding"] == 0
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "consistent_hash"])
+async def test_names_that_numpy_strings_would_change_route_every_element(policy):
+    """A name ending in NUL came back from NumPy's string array without it: the router
+    looked for a server it did not have and failed over to the same choice until a
+    RecursionError."""
+    a, b = FakeServer(), FakeServer()
+    router = Router({"x": a, "y\x00": b}, policy=policy)
+    x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    for _ in range(4):
+        np.testing.assert_array_equal(await router(x), x * 2)
+        np.testing.assert_array_equal(await router(x[:1]), x[:1] * 2)
+    assert a.requests and b.requests
+
+
+@pytest.mark.parametrize("name", [0, 1.5, None, ("a",), b"a"])
+def test_a_server_name_that_is_not_a_str_is_refused_when_added(name):
+    with pytest.raises(TypeError, match="a server's name must be a str"):
+        Router({name: FakeServer()})
+    router = Router({"a": FakeServer()})
+    with pytest.raises(TypeError, match="a server's name must be a str"):
+        router.add_server(name, FakeServer())
+    assert list(router.servers) == ["a"]
+
+
+class MadeUpPolicy:
+    """Chooses what it is told: a name not routed to, or too few names."""
+
+    def __init__(self, choice):
+        self.choice = choice
+
+    def assign(self, x, candidates, servers, outstanding):
+        return self.choice(x, candidates)
+
+
+@pytest.mark.parametrize("choice, match", [
+    (lambda x, c: "nobody", "chose 'nobody', which is not among"),
+    (lambda x, c: ["nobody"] * len(x), "chose 'nobody', which is not among"),
+    (lambda x, c: [c[0]] * (len(x) - 1), "chose servers for 3 elements of a request of 4")])
+async def test_a_policy_that_chooses_no_candidate_gets_a_clear_error(choice, match):
+    router = Router({"a": FakeServer(), "b": FakeServer()}, policy=MadeUpPolicy(choice))
+    with pytest.raises(RuntimeError, match=match):
+        await asyncio.wait_for(router(np.zeros((4, 3), np.float32)), 10)
