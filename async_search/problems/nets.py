@@ -377,7 +377,7 @@ def config_of(model: Any, config: Any = None) -> NetConfig:
                          channels=model.channels, blocks=model.blocks,
                          value_hidden=model.value_hidden,
                          value_planes=model.value_planes, value_net=model.value_net)
-    if isinstance(model, LearnedHeuristic):
+    if isinstance(model, LearnedHeuristic) and isinstance(model.puzzle, SlidingPuzzle):
         hidden = tuple(w.shape[1] for w, _ in model.mlp.weights[:-1])
         return NetConfig("heuristic", "sliding_puzzle", hidden, model.puzzle.size,
                          model.residual)

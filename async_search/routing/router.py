@@ -336,19 +336,22 @@ class Router:
         if isinstance(choice, str):
             self._check_choice((choice,), candidates)
             return await self._send_or_fail_over(choice, x, tried, want_version)
-        # The names as objects: a NumPy string array would drop a name's trailing NULs.
-        chosen = np.empty(len(choice), object)
-        chosen[:] = list(choice)
-        if len(chosen) != len(x):
+        # Grouped as Python strings: a NumPy string array would drop a name's trailing
+        # NULs (and sorting one costs more than this loop).
+        groups: Dict[str, List[int]] = {}
+        count = 0
+        for i, name in enumerate(choice):
+            groups.setdefault(name, []).append(i)
+            count += 1
+        if count != len(x):
             raise RuntimeError(f"the router's {type(self.policy).__name__} policy chose "
-                               f"servers for {len(chosen)} elements of a request of "
-                               f"{len(x)}")
-        names, inverse = np.unique(chosen, return_inverse=True)
-        self._check_choice(names, candidates)
+                               f"servers for {count} elements of a request of {len(x)}")
+        self._check_choice(groups, candidates)
+        names = [str(name) for name in groups]  # a policy's np.str_ as the name it is
         if len(names) <= 1:  # one server, or no element at all (any server answers it)
-            name = names[0] if len(names) else candidates[0]
+            name = names[0] if names else candidates[0]
             return await self._send_or_fail_over(name, x, tried, want_version)
-        indices = [np.flatnonzero(inverse == k) for k in range(len(names))]
+        indices = [np.array(group, np.intp) for group in groups.values()]
         parts = [self._start(self._send_or_fail_over(name, x[index], tried, want_version))
                  for name, index in zip(names, indices)]
         try:

@@ -66,6 +66,10 @@ class _OutOfTime(Exception):
     """aclose's deadline came before what it waited for."""
 
 
+class _LostLoop(RuntimeError):
+    """Why a server whose event loop was closed under it takes nothing more."""
+
+
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -312,8 +316,7 @@ class BatchingServer(AsyncWithOnly):
             x = self._checked(x)
         if timeout is not None:
             timeout = check_timeout(timeout)
-        if not self._closing and self._loop is not None and self._loop.is_closed():
-            self._lost_loop()
+        self._notice_a_closed_loop()
         if self._closing:
             raise self._closed_error()
         if self._new_future is None:
@@ -627,6 +630,7 @@ class BatchingServer(AsyncWithOnly):
         await self._workers.remove()
 
     def _require_running(self) -> None:
+        self._notice_a_closed_loop()
         if self._crashed is not None:
             raise self._closed_error()
         if self._workers is None or self._closed:
@@ -821,24 +825,29 @@ class BatchingServer(AsyncWithOnly):
         if cause is None:
             return ServerClosedError("the server is closed: evaluate called after its "
                                      "context was left")
+        if isinstance(cause, _LostLoop):
+            return ServerCrashedError(
+                "the server's event loop was closed while it served (its `async with` "
+                "block was never left): it takes no more requests, and requests made "
+                "before stay unanswered on that loop")
         error = ServerCrashedError(
             f"the server crashed: its serving coroutine died of {describe(cause)}; every "
             f"pending request failed and it takes no more")
         error.__cause__ = cause
         return error
 
-    def _lost_loop(self) -> None:
-        """The server's event loop was closed while it served (its ``async with`` never
-        left): nothing on that loop can be resolved any more, so the server takes no
-        request and its device threads end after the batch each computes."""
+    def _notice_a_closed_loop(self) -> None:
+        """When the loop the server serves was closed while it served (its ``async
+        with`` never left): nothing on that loop can be resolved any more, so the
+        server takes nothing more (``_closed_error``) and its device threads end after
+        the batch each computes."""
+        if self._closing or self._new_future is None or not self._loop.is_closed():
+            return  # (never entered, or its enter failed: it says it is not serving)
         if self._crashed is None:
-            self._crashed = RuntimeError(
-                "its event loop was closed while it served (the `async with` block was "
-                "never left)")
+            self._crashed = _LostLoop()
         self._closing = True
         self._update_quiet()
-        if self._workers is not None:  # None: the enter failed before it made them
-            self._workers.stop(discard_queued=True)
+        self._workers.stop(discard_queued=True)  # (made before _new_future)
 
     def _crash(self, cause: BaseException) -> None:
         """The serving coroutine died of ``cause``: fail every pending request (queued,

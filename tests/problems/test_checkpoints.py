@@ -211,6 +211,19 @@ def test_metadata_keys_load_back_as_the_strings_json_writes_and_mixed_keys_are_r
         "iteration": 1, "3": "x", "scores": {"1": 0.5, "best": 2, "null": 0}}
 
 
+def test_a_heuristic_over_another_problem_with_a_puzzles_config_is_refused_as_a_misfit(
+        tmp_path):
+    """Reading the model's own config asked a synthetic graph for its size: an
+    AttributeError, where save_checkpoint promises ValueError."""
+    from async_search.problems import SyntheticGraph, heuristic_mlp
+    graph = SyntheticGraph(branching=3, depth=8)
+    model = LearnedHeuristic(graph, heuristic_mlp(graph, hidden_sizes=(8,)), residual=False)
+    with pytest.raises(ValueError, match="do not fit"):
+        save_checkpoint(tmp_path / "c", model,
+                        NetConfig("heuristic", "sliding_puzzle", (8,), 3, False))
+    assert not (tmp_path / "c").exists()
+
+
 RESIDUAL_NET = NetConfig("policy_value", "connect_four", (16,), architecture="residual",
                          channels=4, blocks=1, value_hidden=8)
 

@@ -787,3 +787,22 @@ async def test_a_policy_that_chooses_no_candidate_gets_a_clear_error(choice, mat
     router = Router({"a": FakeServer(), "b": FakeServer()}, policy=MadeUpPolicy(choice))
     with pytest.raises(RuntimeError, match=match):
         await asyncio.wait_for(router(np.zeros((4, 3), np.float32)), 10)
+
+
+async def test_a_policys_numpy_names_are_named_as_the_strings_they_are():
+    """A policy answering with a NumPy array of names: errors named np.str_('b')."""
+    class ByArray:
+        def assign(self, x, candidates, servers, outstanding):
+            return np.asarray(candidates)[np.arange(len(x)) % len(candidates)]
+
+    class NoRows(FakeServer):
+        async def __call__(self, x):
+            return np.zeros((0, 3), np.float32)
+
+    router = Router({"a": FakeServer(), "b": NoRows()}, policy=ByArray(), failover=False)
+    with pytest.raises(ModelOutputError, match=r"server 'b' answered") as raised:
+        await asyncio.wait_for(router(np.zeros((4, 3), np.float32)), 10)
+    assert "np.str_" not in str(raised.value)
+    good = Router({"a": FakeServer(), "b": FakeServer()}, policy=ByArray())
+    x = elements(5)
+    np.testing.assert_array_equal(await good(x), x * 2)

@@ -351,6 +351,59 @@ def test_calls_after_the_servers_loop_closed_raise_at_once_and_its_thread_ends()
     assert (model.loads, model.unloads) == (1, 1)
 
 
+@pytest.mark.parametrize("change", ["update_model", "add_worker", "remove_worker"])
+def test_changes_to_a_server_whose_loop_closed_raise_and_start_no_thread(change):
+    """Before any call noticed the closed loop, add_worker started a thread and then
+    raised a bare RuntimeError, and update_model swapped the model of a server that
+    could serve nothing more."""
+    before = set(device_threads())
+    model = Device()
+    model.open()
+    loop = asyncio.new_event_loop()
+    try:
+        server = BatchingServer(model, model_thread=True)
+        loop.run_until_complete(server.__aenter__())
+        loop.run_until_complete(server(np.ones((2, 1), np.float32)))
+    finally:
+        loop.close()
+    calls = {"update_model": lambda: server.update_model(Device(), "v2"),
+             "add_worker": lambda: asyncio.run(server.add_worker()),
+             "remove_worker": lambda: asyncio.run(server.remove_worker())}
+    with pytest.raises(asr.errors.ServerCrashedError, match="event loop was closed"):
+        calls[change]()
+    assert server.version != "v2"
+    stopped = threading.Event()
+    for _ in range(1000):
+        if set(device_threads()) <= before:
+            break
+        stopped.wait(0.01)
+    assert set(device_threads()) <= before, "a device thread outlived the loop"
+
+
+def test_a_server_whose_enter_failed_says_it_is_not_serving_after_its_loop_closed(
+        monkeypatch):
+    """Its enter failed after taking the loop (making its device workers): closed
+    later, that loop made it say it crashed while it served; it never served."""
+    from async_search.servers import batching
+
+    def no_workers(*args, **kwargs):
+        raise OSError("no threads today")
+
+    monkeypatch.setattr(batching, "Workers", no_workers)
+    server = BatchingServer(Device(compute_open=True), model_thread=True)
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(OSError, match="no threads today"):
+            loop.run_until_complete(server.__aenter__())
+    finally:
+        loop.close()
+    for call in (lambda: server(np.ones((2, 1), np.float32)),
+                 lambda: server.update_model(lambda x: x, "v2")):
+        with pytest.raises(RuntimeError, match="not serving") as raised:
+            call()
+        assert not isinstance(raised.value, asr.errors.ServerClosedError)
+
+
 async def test_a_serve_entered_a_second_time_says_so_and_a_new_one_serves():
     model = with_spec(lambda x: x * 2, (3,), np.float32)
     server = asr.serve(model)
