@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import io
 import itertools
 import multiprocessing
@@ -376,6 +377,15 @@ def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
         os._exit(0)
 
 
+def _tell(results: SocketQueue, ready: list) -> None:
+    """Hands outcomes to the run, from a loop callback: a run that stopped (Ctrl-C,
+    SIGTERM) closed its end, and there is nobody left to tell."""
+    try:
+        results.put((_OUTCOMES, ready))
+    except ClosedConnection:  # (raised in a callback, it was logged as a traceback)
+        os._exit(1)
+
+
 async def _client(connection: Connection, results: SocketQueue, search_fn,
                   starts: List[Any], spec: TensorSpec | None,
                   search_s: float | None, waves: int = 1) -> None:
@@ -387,7 +397,7 @@ async def _client(connection: Connection, results: SocketQueue, search_fn,
     # Each outcome travels on its own, checked to load: one that cannot fails its own
     # start, with the reason, and never the others; each leaves as its search ends.
     await ClientSearches(search_fn, starts, client, search_s, _packed,
-                         lambda ready: results.put((_OUTCOMES, ready))).run()
+                         functools.partial(_tell, results)).run()
     # Whether this client's CPU or its round trips were the limit (the run's stats).
     ended = time.perf_counter()
     results.put((_DONE, {"cpu_s": round(time.process_time() - cpu, 4),

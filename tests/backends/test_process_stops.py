@@ -102,3 +102,39 @@ def test_client_processes_end_when_their_parent_is_killed(tmp_path, how):
                 os.kill(int(name), signal.SIGKILL)
             except OSError:
                 pass
+
+
+CLOSED_RESULTS = """
+import asyncio
+from async_search.backends import process
+from async_search.connections import pipe
+from async_search.errors import ClosedConnection
+
+class Closed:
+    '''The run's results queue after the run stopped: its reading end closed.'''
+    def put(self, item):
+        if item[0] is process._OUTCOMES:
+            raise ClosedConnection("cannot put on this socket queue: the reading end "
+                                   "closed")
+
+async def search(start, evaluate):
+    return start
+
+_, client = pipe()
+asyncio.run(process._client(client, Closed(), search, [1, 2], None, None))
+print("went on")
+"""
+
+
+def test_a_client_whose_run_stopped_ends_quietly_when_it_hands_outcomes_over(tmp_path):
+    """A SIGTERM'd run closes its results queue; a client's outcomes, handed over from
+    a loop callback, met ClosedConnection there and printed its traceback."""
+    import subprocess
+    import sys
+    script = tmp_path / "closed_results.py"
+    script.write_text(CLOSED_RESULTS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=os.path.dirname(os.path.dirname(
+                              os.path.dirname(os.path.abspath(__file__)))))
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert "Traceback" not in done.stderr and "Exception in callback" not in done.stderr

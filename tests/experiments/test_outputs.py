@@ -95,3 +95,13 @@ def test_a_read_only_folder_says_no_permission(tmp_path):
             check_output_file(str(folder / "r.png"), "--save_path")
     finally:
         folder.chmod(0o700)
+
+
+@pytest.mark.parametrize("name", [" ", "   ", "\t"])
+def test_a_file_named_by_blanks_is_refused(tmp_path, name):
+    """main.py --save_path " " wrote a plot named " " and a JSON " .json"."""
+    with pytest.raises(ValueError, match="names a file of blanks"):
+        check_output_file(os.path.join(str(tmp_path), name), "--save_path")
+    with pytest.raises(ValueError, match="names a file of blanks"):
+        check_output_file(name, "--save_path")
+    assert os.listdir(tmp_path) == []
