@@ -42,8 +42,9 @@ def check_output_file(path: str, flag: str, *, value: str | None = None) -> None
     shown = f"{flag}={path if value is None else value}"
     if not os.path.basename(path):
         raise ValueError(f"{shown} names a folder; it must name a file")
-    if not os.path.basename(path).strip():  # a file named by spaces is a typo's
-        raise ValueError(f"{shown} names a file of blanks; give it a name")
+    if not os.path.splitext(os.path.basename(path))[0].strip():  # " " or " .png"
+        raise ValueError(f"{flag}={path if value is None else value!r} names a file of "
+                         f"blanks; give it a name")
     if os.path.isdir(path):
         raise ValueError(f"{shown} cannot be written: {path} is a folder, not a file")
     if special_file(path):  # write_file refuses it too: a rename would replace it

@@ -335,23 +335,28 @@ class Router:
         choice = self.policy.assign(x, candidates, self._names, self.outstanding)
         if isinstance(choice, str):
             self._check_choice((choice,), candidates)
-            return await self._send_or_fail_over(choice, x, tried, want_version)
+            return await self._send_or_fail_over(str(choice), x, tried, want_version)
         # Grouped as Python strings: a NumPy string array would drop a name's trailing
-        # NULs (and sorting one costs more than this loop).
+        # NULs (and sorting one costs more than this loop). At most one name past the
+        # elements is read: a policy's endless iterator is an error, not a hang.
         groups: Dict[str, List[int]] = {}
         count = 0
-        for i, name in enumerate(choice):
+        for i, name in zip(range(len(x) + 1), choice):
             groups.setdefault(name, []).append(i)
             count += 1
         if count != len(x):
             raise RuntimeError(f"the router's {type(self.policy).__name__} policy chose "
-                               f"servers for {count} elements of a request of {len(x)}")
+                               f"servers for {'more than ' if count > len(x) else ''}"
+                               f"{min(count, len(x))} elements of a request of {len(x)}")
         self._check_choice(groups, candidates)
-        names = [str(name) for name in groups]  # a policy's np.str_ as the name it is
+        # The parts in the order of the servers' names: the first one's structure is
+        # the one the others must fit (whichever server took the request's first row).
+        order = sorted(groups, key=str)
+        names = [str(name) for name in order]  # a policy's np.str_ as the name it is
         if len(names) <= 1:  # one server, or no element at all (any server answers it)
             name = names[0] if names else candidates[0]
             return await self._send_or_fail_over(name, x, tried, want_version)
-        indices = [np.array(group, np.intp) for group in groups.values()]
+        indices = [np.array(groups[name], np.intp) for name in order]
         parts = [self._start(self._send_or_fail_over(name, x[index], tried, want_version))
                  for name, index in zip(names, indices)]
         try:

@@ -633,7 +633,7 @@ class BatchingServer(AsyncWithOnly):
         self._notice_a_closed_loop()
         if self._crashed is not None:
             raise self._closed_error()
-        if self._workers is None or self._closed:
+        if self._workers is None or self._new_future is None or self._closed:
             raise RuntimeError("the server is not serving: use it inside its context")
 
     # -- lifetime ---------------------------------------------------------------------
@@ -657,12 +657,17 @@ class BatchingServer(AsyncWithOnly):
         self._workers = Workers(copies[0] if copies else self._first_model, self.version,
                                 self._loop, placement=self._placement,
                                 on_count=self._stats.workers_changed)
-        if copies:
-            for copy, device in zip(copies, devices):
-                self._workers.add(copy, device=device, copy=True)
-        elif self._placement != "loop":
-            for _ in range(self._num_workers):
-                self._workers.add()
+        try:
+            if copies:
+                for copy, device in zip(copies, devices):
+                    self._workers.add(copy, device=device, copy=True)
+            elif self._placement != "loop":
+                for _ in range(self._num_workers):
+                    self._workers.add()
+        except BaseException:  # a thread that could not start: end those that did
+            self._workers.stop(discard_queued=True)
+            self._workers = None  # not serving: calls and changes say so
+            raise
         self._stats.workers_changed(self.num_workers)
         self._new_future = _future_maker(self._loop)
         self._task = self._loop.create_task(self._dispatch_loop())

@@ -97,9 +97,10 @@ def test_a_read_only_folder_says_no_permission(tmp_path):
         folder.chmod(0o700)
 
 
-@pytest.mark.parametrize("name", [" ", "   ", "\t"])
+@pytest.mark.parametrize("name", [" ", "   ", "\t", " .png", "  .json"])
 def test_a_file_named_by_blanks_is_refused(tmp_path, name):
-    """main.py --save_path " " wrote a plot named " " and a JSON " .json"."""
+    """main.py --save_path " " wrote a plot named " " and a JSON " .json" (and
+    --architecture checked only the JSON, " .json")."""
     with pytest.raises(ValueError, match="names a file of blanks"):
         check_output_file(os.path.join(str(tmp_path), name), "--save_path")
     with pytest.raises(ValueError, match="names a file of blanks"):

@@ -1,4 +1,5 @@
 import asyncio
+import itertools
 
 import numpy as np
 import pytest
@@ -806,3 +807,54 @@ async def test_a_policys_numpy_names_are_named_as_the_strings_they_are():
     good = Router({"a": FakeServer(), "b": FakeServer()}, policy=ByArray())
     x = elements(5)
     np.testing.assert_array_equal(await good(x), x * 2)
+
+
+class Alternate:
+    """Element i to ``order[i % len(order)]``."""
+
+    def __init__(self, order):
+        self.order = order
+
+    def assign(self, x, candidates, servers, outstanding):
+        return [self.order[i % len(self.order)] for i in range(len(x))]
+
+
+class Float64Server(FakeServer):
+    async def __call__(self, x):
+        return (await super().__call__(x)).astype(np.float64)
+
+
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
+async def test_a_split_requests_parts_fit_the_first_servers_by_name_whoever_took_row_0(
+        order):
+    """Grouped by first appearance, the parts were fitted to whichever server took the
+    first row: the same pair of servers gave float32 or float64 by the request."""
+    router = Router({"a": FakeServer(), "b": Float64Server()}, policy=Alternate(order))
+    x = elements(6)
+    y = await router(x)
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, x * 2)
+
+
+async def test_a_policy_whose_choices_never_end_gets_an_error_not_a_hang():
+    class Endless:
+        def assign(self, x, candidates, servers, outstanding):
+            return itertools.cycle(candidates)
+
+    router = Router({"a": FakeServer(), "b": FakeServer()}, policy=Endless())
+    with pytest.raises(RuntimeError, match="more than 4 elements of a request of 4"):
+        await asyncio.wait_for(router(np.zeros((4, 3), np.float32)), 10)
+
+
+async def test_a_policys_single_numpy_name_is_named_as_its_string():
+    class Last:
+        def assign(self, x, candidates, servers, outstanding):
+            return np.asarray(candidates)[-1]
+
+    class NoRows(FakeServer):
+        async def __call__(self, x):
+            return np.zeros((0, 3), np.float32)
+
+    router = Router({"a": FakeServer(), "b": NoRows()}, policy=Last(), failover=False)
+    with pytest.raises(ModelOutputError, match=r"server 'b' answered"):
+        await asyncio.wait_for(router(np.zeros((4, 3), np.float32)), 10)

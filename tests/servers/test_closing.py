@@ -380,28 +380,49 @@ def test_changes_to_a_server_whose_loop_closed_raise_and_start_no_thread(change)
     assert set(device_threads()) <= before, "a device thread outlived the loop"
 
 
-def test_a_server_whose_enter_failed_says_it_is_not_serving_after_its_loop_closed(
+def test_a_server_whose_enter_failed_ends_its_threads_and_says_it_is_not_serving(
         monkeypatch):
-    """Its enter failed after taking the loop (making its device workers): closed
-    later, that loop made it say it crashed while it served; it never served."""
-    from async_search.servers import batching
+    """Its second device thread could not start: the first outlived the failed enter,
+    update_model and add_worker were taken, and once its loop closed it said it crashed
+    while it served; it never served."""
+    from async_search.servers import workers
 
-    def no_workers(*args, **kwargs):
-        raise OSError("no threads today")
+    before = set(device_threads())
+    real_add, adds = workers.Workers.add, []
 
-    monkeypatch.setattr(batching, "Workers", no_workers)
-    server = BatchingServer(Device(compute_open=True), model_thread=True)
+    def second_add_fails(self, *args, **kwargs):
+        adds.append(1)
+        if len(adds) == 2:
+            raise OSError("can't start new thread")
+        return real_add(self, *args, **kwargs)
+
+    monkeypatch.setattr(workers.Workers, "add", second_add_fails)
+    model = Device()
+    model.open()
+    server = BatchingServer(model, model_thread=True, num_workers=2)
     loop = asyncio.new_event_loop()
     try:
-        with pytest.raises(OSError, match="no threads today"):
+        with pytest.raises(OSError, match="can't start new thread"):
             loop.run_until_complete(server.__aenter__())
+        monkeypatch.setattr(workers.Workers, "add", real_add)
+        for call in (lambda: server(np.ones((2, 1), np.float32)),
+                     lambda: server.update_model(Device(), "v2"),
+                     lambda: loop.run_until_complete(server.add_worker())):
+            with pytest.raises(RuntimeError, match="not serving") as raised:
+                call()
+            assert not isinstance(raised.value, asr.errors.ServerClosedError)
     finally:
         loop.close()
-    for call in (lambda: server(np.ones((2, 1), np.float32)),
-                 lambda: server.update_model(lambda x: x, "v2")):
-        with pytest.raises(RuntimeError, match="not serving") as raised:
-            call()
-        assert not isinstance(raised.value, asr.errors.ServerClosedError)
+    with pytest.raises(RuntimeError, match="not serving") as raised:
+        server(np.ones((2, 1), np.float32))
+    assert not isinstance(raised.value, asr.errors.ServerClosedError)
+    assert server.version != "v2"
+    stopped = threading.Event()
+    for _ in range(1000):
+        if set(device_threads()) <= before:
+            break
+        stopped.wait(0.01)
+    assert set(device_threads()) <= before, "a device thread outlived the failed enter"
 
 
 async def test_a_serve_entered_a_second_time_says_so_and_a_new_one_serves():
