@@ -161,19 +161,22 @@ class TorchModel(OwnWeightsModel):
         if not (isinstance(compile, (bool, np.bool_)) or isinstance(compile, Mapping)):
             raise TypeError(f"compile must be True, False or a dict of torch.compile's "
                             f"keyword arguments, got {compile!r}")
-        self.compile = bool(compile) if isinstance(compile, (bool, np.bool_)) else compile
+        # An empty dict is torch.compile with its defaults: True (a dict's truth would
+        # read as no compile where the options are checked and the module compiled).
+        self.compile = (bool(compile) if isinstance(compile, (bool, np.bool_))
+                        else dict(compile) or True)
         if cuda_graphs is not None and not isinstance(cuda_graphs, (bool, np.bool_)):
             raise TypeError(f"cuda_graphs must be None, True or False, got {cuda_graphs!r}")
         cuda_graphs = None if cuda_graphs is None else bool(cuda_graphs)
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs needs a CUDA device, got {self.device}")
-        if cuda_graphs and compile:
+        if cuda_graphs and self.compile:
             raise ValueError("cuda_graphs and compile are exclusive: torch.compile "
                              "captures graphs itself with mode='reduce-overhead'")
         if not isinstance(script, (bool, np.bool_)):
             raise TypeError(f"script must be True or False, got {script!r}")
         self.script = bool(script)
-        if self.script and compile:
+        if self.script and self.compile:
             raise ValueError("script and compile are exclusive: each compiles the module "
                              "its own way")
         if self.script and precision is not None:
@@ -427,6 +430,10 @@ class _Runner:
         elif model.script:
             self.forward = _scripted(torch, self.module, model.input_spec,
                                      self.input_dtype, device)
+        #: The module whose tensors the forward pass reads: the compiled copy under
+        #: TorchScript, which shares the weights until its forward assigns a buffer a
+        #: new tensor (in its own attributes, not the eager module's).
+        self.holder = self.forward.compiled if model.script else self.module
         self.precision = (None if model.precision is None
                           else getattr(torch, model.precision))
         # One inference-mode guard, entered for each CPU batch: making a new one costs
@@ -502,7 +509,7 @@ class _Runner:
     def slots(self) -> list:
         """The tensors that hold the weights now, in the order of ``names``: looked up at
         each read and write, since a forward may assign a buffer a new tensor."""
-        state = self.module.state_dict()
+        state = self.holder.state_dict()
         return [state[k] for k in self.names]
 
     def _read(self) -> list:
@@ -752,7 +759,42 @@ def _written_error(e: BaseException) -> Exception | None:
             return kind(message) if message else kind()
         except Exception:  # noqa: BLE001 - a type that takes other arguments
             return None
+    # A bare ``raise ValueError`` (no call): TorchScript says only "RuntimeError:", and
+    # the type is named by the quoted source line above the marker.
+    rest = [line.strip() for line in lines[first:] if line.strip()]
+    if quoted and quoted[-1] and rest and rest[-1] == "RuntimeError:":
+        bare = _BARE_RAISE.match(lines[quoted[-1] - 1])
+        files = [found.group(1) for found in map(_QUOTED_FILE.match, lines[:quoted[-1]])
+                 if found]
+        kind = bare and _exception_named(bare.group(1), files[-1] if files else None)
+        if kind is not None:
+            try:
+                return kind()
+            except Exception:  # noqa: BLE001 - a type that takes arguments
+                return None
     return None
+
+
+#: A quoted ``raise Name`` (or ``raise package.Name``) without a call.
+_BARE_RAISE = re.compile(r"^\s*raise\s+([A-Za-z_][\w.]*)\s*$")
+#: A quoted frame's file: ``File "/path/net.py", line 10, in forward``.
+_QUOTED_FILE = re.compile(r'^\s*File "(.+)", line \d+')
+
+
+def _exception_named(name: str, file: str | None) -> type | None:
+    """The exception type ``name`` stands for: a built-in one, ``module.Name`` of an
+    imported module, or ``Name`` of the imported module whose source is ``file``."""
+    if "." in name:
+        owner, _, attr = name.rpartition(".")
+        found = getattr(sys.modules.get(owner), attr, None)
+    else:
+        found = getattr(builtins, name, None)
+        if found is None and file is not None:
+            for module in list(sys.modules.values()):
+                if getattr(module, "__file__", None) == file:
+                    found = getattr(module, name, None)
+                    break
+    return found if isinstance(found, type) and issubclass(found, Exception) else None
 
 
 def _written(source: np.ndarray, batch: np.ndarray, n: int) -> bool:

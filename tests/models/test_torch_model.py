@@ -625,6 +625,10 @@ class RaisesOnNegatives(torch.nn.Module):
                 raise AssertionError("below -100")
             if self.kind == "assert":
                 assert False, "below -100"
+            if self.kind == "bare":  # no call: TorchScript says only "RuntimeError:"
+                raise ValueError
+            if self.kind == "bare own":
+                raise NotMine
             raise NotMine("below -100")
         return self.linear(x)
 
@@ -637,6 +641,9 @@ class RaisesOnNegatives(torch.nn.Module):
     ("spoof", RuntimeError, "overflow\nbuiltins.ValueError: see above"),
     ("assertion", AssertionError, "below -100"),
     ("assert", AssertionError, "below -100"),
+    # torch.jit.Error, a server's failure to a router, for a caller's ValueError
+    ("bare", ValueError, ""),
+    ("bare own", NotMine, ""),
 ])
 def test_a_raise_in_a_scripted_pass_raises_what_it_names_and_fails_its_batch_only(
         kind, error, message):
@@ -865,6 +872,42 @@ def test_weights_on_the_meta_device_are_refused_naming_the_weight():
 def test_compile_takes_a_bool_or_a_dict_of_options(compile):
     with pytest.raises(TypeError, match="compile must be True, False or a dict"):
         TorchModel(mlp(), input_spec=SPEC, device="cpu", compile=compile)
+
+
+def test_compile_with_an_empty_dict_of_options_is_compile_with_the_defaults():
+    """{} read as no compile: the module ran eagerly, and script=True beside it was
+    taken."""
+    with pytest.raises(ValueError, match="script and compile are exclusive"):
+        TorchModel(mlp(), input_spec=SPEC, device="cpu", compile={}, script=True)
+    model = TorchModel(mlp(), input_spec=SPEC, device="cpu", compile={})
+    assert model.compile is True
+    assert model._runner.forward is not model._runner.module  # the compiled module
+
+
+class ReassignsItsBuffer(torch.nn.Module):
+    """A forward that assigns its buffer a new tensor (a running statistic)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offset", torch.zeros(6))
+
+    def forward(self, x):
+        self.offset = self.offset.clone()
+        return x + self.offset
+
+
+@pytest.mark.parametrize("script", [False, True])
+def test_new_weights_reach_a_buffer_the_forward_assigns_anew_compiled_or_not(script):
+    """Compiled, the copy's buffer was a tensor of its own after the first pass (the
+    one on zeros), and with_weights wrote the eager module's: the update was taken and
+    never seen."""
+    model = TorchModel(ReassignsItsBuffer(), input_spec=SPEC, device="cpu", script=script)
+    model(rows(2))
+    updated = model.with_weights({"offset": torch.full((6,), 7.0)})
+    np.testing.assert_array_equal(updated(np.zeros((2, 6), np.float32)),
+                                  np.full((2, 6), 7.0, np.float32))
+    np.testing.assert_array_equal(model(np.zeros((1, 6), np.float32)),  # its own again
+                                  np.zeros((1, 6), np.float32))
 
 
 def test_an_adapter_cannot_be_pickled_or_copied_and_says_what_to_send_instead():
