@@ -42,7 +42,8 @@ def check_output_file(path: str, flag: str, *, value: str | None = None) -> None
     shown = f"{flag}={path if value is None else value}"
     if not os.path.basename(path):
         raise ValueError(f"{shown} names a folder; it must name a file")
-    if not os.path.splitext(os.path.basename(path))[0].strip():  # " " or " .png"
+    head = os.path.basename(path).split(".", 1)[0]  # " ", " .png", " .tar.gz"
+    if head and not head.strip():
         raise ValueError(f"{flag}={path if value is None else value!r} names a file of "
                          f"blanks; give it a name")
     if os.path.isdir(path):

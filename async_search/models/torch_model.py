@@ -430,10 +430,9 @@ class _Runner:
         elif model.script:
             self.forward = _scripted(torch, self.module, model.input_spec,
                                      self.input_dtype, device)
-        #: The module whose tensors the forward pass reads: the compiled copy under
-        #: TorchScript, which shares the weights until its forward assigns a buffer a
-        #: new tensor (in its own attributes, not the eager module's).
-        self.holder = self.forward.compiled if model.script else self.module
+        #: Under TorchScript, the compiled copy: it shares the module's tensors until
+        #: its forward assigns one anew (a buffer), in its own attributes only.
+        self._compiled = self.forward.compiled if model.script else None
         self.precision = (None if model.precision is None
                           else getattr(torch, model.precision))
         # One inference-mode guard, entered for each CPU batch: making a new one costs
@@ -509,12 +508,29 @@ class _Runner:
     def slots(self) -> list:
         """The tensors that hold the weights now, in the order of ``names``: looked up at
         each read and write, since a forward may assign a buffer a new tensor."""
-        state = self.holder.state_dict()
+        state = self.module.state_dict()
         return [state[k] for k in self.names]
+
+    def _compiled_own(self) -> Dict[int, Any]:
+        """Under TorchScript: index in ``names`` -> the compiled copy's tensor, for the
+        weights its forward assigned anew (the tensor the compiled pass reads; the
+        module's own is no longer it). Matched by attribute name."""
+        if self._compiled is None:
+            return {}
+        eager = dict(itertools.chain(self.module.named_parameters(),
+                                     self.module.named_buffers()))
+        compiled = dict(itertools.chain(self._compiled.named_parameters(),
+                                        self._compiled.named_buffers()))
+        return {i: compiled[name] for i, name in enumerate(self.names)
+                if name in compiled and name in eager
+                and compiled[name] is not eager[name]}
 
     def _read(self) -> list:
         with self._on_stream(), self.torch.no_grad():
-            values = [slot.detach().clone() for slot in self.slots()]
+            slots = self.slots()
+            for i, tensor in self._compiled_own().items():  # what the pass reads
+                slots[i] = tensor
+            values = [slot.detach().clone() for slot in slots]
         if self.cuda:
             self.stream.synchronize()  # complete before another stream or device reads
         return values
@@ -522,6 +538,12 @@ class _Runner:
     def _write(self, values: list) -> None:
         with self._on_stream():
             _write(self.torch, self.slots(), values)
+            # The compiled pass's own tensors too (the module's keep the values for
+            # ``module`` and ``on_device``).
+            own = self._compiled_own()
+            if own:  # tensors a pass made under inference mode take writes only there
+                with self.torch.inference_mode():
+                    _write(self.torch, list(own.values()), [values[i] for i in own])
 
     def _on_stream(self) -> Any:
         if self.cuda:
@@ -681,7 +703,10 @@ def _scripted(torch: Any, module: Any, spec: TensorSpec, dtype: Any, device: Any
             raise ValueError(f"TorchModel(script=True): TorchScript cannot compile {name} "
                              f"({type(e).__name__}): {_reason(e)}\npass script=False to "
                              f"run it eagerly") from e
-    forward = _raising_as_written(torch, compiled)
+    # The modules the net's classes come from: where a bare ``raise Name`` is looked up.
+    owners = tuple({id(m): m for m in (sys.modules.get(type(part).__module__)
+                                       for part in module.modules()) if m}.values())
+    forward = _raising_as_written(torch, compiled, owners)
     zeros = torch.zeros((1, *spec.shape), dtype=dtype, device=device)
     try:
         with torch.inference_mode():
@@ -706,7 +731,7 @@ def _reason(e: BaseException) -> str:
     return "\n".join(lines)
 
 
-def _raising_as_written(torch: Any, compiled: Any) -> Any:
+def _raising_as_written(torch: Any, compiled: Any, owners: Sequence[Any] = ()) -> Any:
     """``compiled``, callable as the module, whose ``raise`` statements raise what they
     name: TorchScript raises ``torch.jit.Error`` with the type's name in its message (a
     ``ValueError`` is a caller's error to the router, not a server's)."""
@@ -716,7 +741,7 @@ def _raising_as_written(torch: Any, compiled: Any) -> Any:
         try:
             return compiled(x)
         except jit_error as e:
-            written = _written_error(e)
+            written = _written_error(e, owners)
             if written is None:
                 raise
             raise written from e
@@ -732,7 +757,7 @@ _WRITTEN = re.compile(r"^([A-Za-z_][\w.]*)\.([A-Za-z_]\w*)(?:: ?(.*))?$")
 _ASSERTED = re.compile(r"^RuntimeError: AssertionError(?:: ?(.*))?$")
 
 
-def _written_error(e: BaseException) -> Exception | None:
+def _written_error(e: BaseException, owners: Sequence[Any] = ()) -> Exception | None:
     """The exception that a compiled ``raise`` statement raised, as its type (a
     built-in one, or one of a module this process has imported) with its message;
     None where the message names none."""
@@ -766,7 +791,8 @@ def _written_error(e: BaseException) -> Exception | None:
         bare = _BARE_RAISE.match(lines[quoted[-1] - 1])
         files = [found.group(1) for found in map(_QUOTED_FILE.match, lines[:quoted[-1]])
                  if found]
-        kind = bare and _exception_named(bare.group(1), files[-1] if files else None)
+        kind = bare and _exception_named(bare.group(1), files[-1] if files else None,
+                                         owners)
         if kind is not None:
             try:
                 return kind()
@@ -775,25 +801,34 @@ def _written_error(e: BaseException) -> Exception | None:
     return None
 
 
-#: A quoted ``raise Name`` (or ``raise package.Name``) without a call.
-_BARE_RAISE = re.compile(r"^\s*raise\s+([A-Za-z_][\w.]*)\s*$")
+#: A quoted ``raise Name`` (or ``raise package.Name``) without a call, after an ``if``
+#: on its line or not, with ``from`` a cause or a comment after it or not.
+_BARE_RAISE = re.compile(r"^\s*(?:if\b.*:\s*)?raise\s+([A-Za-z_][\w.]*)"
+                         r"(?:\s+from\s+[\w.]+)?\s*(?:#.*)?$")
 #: A quoted frame's file: ``File "/path/net.py", line 10, in forward``.
 _QUOTED_FILE = re.compile(r'^\s*File "(.+)", line \d+')
 
 
-def _exception_named(name: str, file: str | None) -> type | None:
-    """The exception type ``name`` stands for: a built-in one, ``module.Name`` of an
-    imported module, or ``Name`` of the imported module whose source is ``file``."""
-    if "." in name:
-        owner, _, attr = name.rpartition(".")
-        found = getattr(sys.modules.get(owner), attr, None)
-    else:
-        found = getattr(builtins, name, None)
-        if found is None and file is not None:
-            for module in list(sys.modules.values()):
-                if getattr(module, "__file__", None) == file:
-                    found = getattr(module, name, None)
-                    break
+def _exception_named(name: str, file: str | None,
+                     owners: Sequence[Any] = ()) -> type | None:
+    """The exception type ``name`` stands for where it was raised: a name of the module
+    whose source is ``file`` (the net's own modules first: a class of its own may
+    shadow a built-in's name), else a built-in, else ``module.Name`` of an imported
+    module; None when none is an exception type."""
+    head, _, rest = name.partition(".")
+    homes = [m for m in owners if getattr(m, "__file__", None) == file] if file else []
+    if file and not homes:
+        homes = [m for m in list(sys.modules.values())
+                 if getattr(m, "__file__", None) == file]
+    for home in homes:
+        found = getattr(home, head, None)
+        for part in rest.split(".") if rest else ():
+            found = getattr(found, part, None)
+        if isinstance(found, type) and issubclass(found, Exception):
+            return found
+    owner, _, attr = name.rpartition(".")
+    found = (getattr(sys.modules.get(owner), attr, None) if owner
+             else getattr(builtins, name, None))
     return found if isinstance(found, type) and issubclass(found, Exception) else None
 
 

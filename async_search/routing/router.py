@@ -130,6 +130,10 @@ class ConsistentHash:
 _POLICIES = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding,
              "consistent_hash": ConsistentHash}
 
+#: A string as the plain ``str`` it holds: a policy's ``np.str_`` or ``str`` Enum
+#: member equals the server's name, and ``str()`` of the Enum member would not.
+_plain = str.__str__
+
 #: The swap token a server that reports no version stands for.
 _UNVERSIONED = ("unversioned server",)
 
@@ -333,16 +337,18 @@ class Router:
             self._rejected += 1
             raise CircuitOpenError(self._no_server_message())
         choice = self.policy.assign(x, candidates, self._names, self.outstanding)
-        if isinstance(choice, str):
+        if isinstance(choice, str):  # as the plain string it is (np.str_, a str Enum)
+            choice = _plain(choice)
             self._check_choice((choice,), candidates)
-            return await self._send_or_fail_over(str(choice), x, tried, want_version)
+            return await self._send_or_fail_over(choice, x, tried, want_version)
         # Grouped as Python strings: a NumPy string array would drop a name's trailing
         # NULs (and sorting one costs more than this loop). At most one name past the
         # elements is read: a policy's endless iterator is an error, not a hang.
         groups: Dict[str, List[int]] = {}
         count = 0
         for i, name in zip(range(len(x) + 1), choice):
-            groups.setdefault(name, []).append(i)
+            groups.setdefault(_plain(name) if isinstance(name, str) else name,
+                              []).append(i)
             count += 1
         if count != len(x):
             raise RuntimeError(f"the router's {type(self.policy).__name__} policy chose "
@@ -351,12 +357,11 @@ class Router:
         self._check_choice(groups, candidates)
         # The parts in the order of the servers' names: the first one's structure is
         # the one the others must fit (whichever server took the request's first row).
-        order = sorted(groups, key=str)
-        names = [str(name) for name in order]  # a policy's np.str_ as the name it is
+        names = sorted(groups)  # (plain strings, checked)
         if len(names) <= 1:  # one server, or no element at all (any server answers it)
             name = names[0] if names else candidates[0]
             return await self._send_or_fail_over(name, x, tried, want_version)
-        indices = [np.array(groups[name], np.intp) for name in order]
+        indices = [np.array(groups[name], np.intp) for name in names]
         parts = [self._start(self._send_or_fail_over(name, x[index], tried, want_version))
                  for name, index in zip(names, indices)]
         try:

@@ -698,8 +698,8 @@ class BatchingServer(AsyncWithOnly):
             ServerCrashedError: when the serving coroutine had died and ``drain`` was
                 asked (the requests it failed already got this error).
         """
-        if self._loop is None or self._closed:
-            return
+        if self._loop is None or self._new_future is None or self._closed:
+            return  # never entered, or its enter failed (and ended what it started)
         if timeout is not None:
             timeout = check_float("timeout", timeout, minimum=0)
         deadline = None if timeout is None else self._loop.time() + timeout

@@ -97,7 +97,7 @@ def test_a_read_only_folder_says_no_permission(tmp_path):
         folder.chmod(0o700)
 
 
-@pytest.mark.parametrize("name", [" ", "   ", "\t", " .png", "  .json"])
+@pytest.mark.parametrize("name", [" ", "   ", "\t", " .png", "  .json", " .tar.gz"])
 def test_a_file_named_by_blanks_is_refused(tmp_path, name):
     """main.py --save_path " " wrote a plot named " " and a JSON " .json" (and
     --architecture checked only the JSON, " .json")."""

@@ -908,6 +908,36 @@ def test_new_weights_reach_a_buffer_the_forward_assigns_anew_compiled_or_not(scr
                                   np.full((2, 6), 7.0, np.float32))
     np.testing.assert_array_equal(model(np.zeros((1, 6), np.float32)),  # its own again
                                   np.zeros((1, 6), np.float32))
+    # The module (after a call of the model) and copies hold the new weights too
+    # (written to the compiled copy's buffer alone, they were not).
+    updated(np.zeros((1, 6), np.float32))
+    assert float(updated.module.state_dict()["offset"][0]) == 7.0
+    np.testing.assert_array_equal(updated.on_device("cpu")(np.zeros((1, 6), np.float32)),
+                                  np.full((1, 6), 7.0, np.float32))
+
+
+def test_a_scripted_module_whose_state_dict_renames_its_weights_takes_new_weights():
+    """The compiled copy has no state_dict hooks: read through it, the names of the
+    module's state_dict were not there (KeyError)."""
+    from tests.models.shadowing_net import RenamesItsWeights
+    net = RenamesItsWeights()
+    model = TorchModel(net, input_spec=SPEC, device="cpu", script=True)
+    model(rows(1))
+    zeros = {name: torch.zeros_like(value) for name, value in net.state_dict().items()}
+    assert sorted(zeros) == ["w.linear.bias", "w.linear.weight"]
+    np.testing.assert_array_equal(model.with_weights(zeros)(rows(2)),
+                                  np.zeros((2, 1), np.float32))
+
+
+def test_a_bare_raise_of_a_nets_own_class_raises_it_not_the_builtin_of_its_name():
+    from tests.models import shadowing_net
+    model = TorchModel(shadowing_net.RaisesItsOwn(), input_spec=SPEC, device="cpu",
+                       script=True)
+    with pytest.raises(shadowing_net.LookupError):
+        model(np.full((1, 6), -1000, np.float32))
+    with pytest.raises(ValueError):  # a comment after a bare raise
+        model(np.full((1, 6), 1000, np.float32))
+    assert model(rows(1)).shape == (1, 1)
 
 
 def test_an_adapter_cannot_be_pickled_or_copied_and_says_what_to_send_instead():

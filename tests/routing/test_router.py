@@ -858,3 +858,29 @@ async def test_a_policys_single_numpy_name_is_named_as_its_string():
     router = Router({"a": FakeServer(), "b": NoRows()}, policy=Last(), failover=False)
     with pytest.raises(ModelOutputError, match=r"server 'b' answered"):
         await asyncio.wait_for(router(np.zeros((4, 3), np.float32)), 10)
+
+
+async def test_a_policy_naming_servers_by_a_str_enum_routes_to_them():
+    """str() of a str Enum member is its class and member name, not the string it
+    equals: the router looked for 'Server.b' and failed over without end."""
+    import enum
+
+    class Server(str, enum.Enum):
+        A = "a"
+        B = "b"
+
+    class ByEnum:
+        def __init__(self, split):
+            self.split = split
+
+        def assign(self, x, candidates, servers, outstanding):
+            if not self.split:
+                return Server.B
+            return [Server.A if i % 2 else Server.B for i in range(len(x))]
+
+    for split in (False, True):
+        a, b = FakeServer(), FakeServer()
+        router = Router({"a": a, "b": b}, policy=ByEnum(split))
+        x = elements(4)
+        np.testing.assert_array_equal(await asyncio.wait_for(router(x), 10), x * 2)
+        assert len(b.requests) == 1 and len(a.requests) == int(split)

@@ -1,0 +1,38 @@
+"""A net whose module defines an exception named as a built-in one, raised bare (no
+call) in its forward pass: TorchScript names it only on the quoted source line."""
+
+import torch
+
+
+class LookupError(Exception):  # noqa: A001 - shadows the built-in, on purpose
+    """This module's own, not the built-in of that name."""
+
+
+class RaisesItsOwn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 1)
+
+    def forward(self, x):
+        if bool((x < -100).any()):
+            raise LookupError
+        if bool((x > 100).any()):
+            raise ValueError  # a caller's bad input, said after the raise
+        return self.linear(x)
+
+
+class RenamesItsWeights(torch.nn.Module):
+    """A state_dict hook that renames every weight (as wrappers do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 1)
+        self._register_state_dict_hook(RenamesItsWeights._rename)
+
+    @staticmethod
+    def _rename(module, state, prefix, local):
+        for key in list(state):
+            state["w." + key] = state.pop(key)
+
+    def forward(self, x):
+        return self.linear(x)
