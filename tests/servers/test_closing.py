@@ -57,6 +57,32 @@ def device_threads():
     return [t for t in threading.enumerate() if t.name.startswith("async_search-device")]
 
 
+def assert_threads_end(before, what):
+    """Waits (10 s at most) for the device threads started since ``before`` to end."""
+    pause = threading.Event()
+    for _ in range(1000):
+        if set(device_threads()) <= before:
+            break
+        pause.wait(0.01)
+    assert set(device_threads()) <= before, f"a device thread outlived {what}"
+
+
+def served_once_then_loop_closed():
+    """A server with a device thread, entered and asked once on a loop that is then
+    closed, its block never left (a notebook's kernel restarted): (server, model)."""
+    model = Device()
+    model.open()
+    loop = asyncio.new_event_loop()
+    try:
+        server = BatchingServer(model, model_thread=True)
+        loop.run_until_complete(server.__aenter__())
+        answered = loop.run_until_complete(server(np.ones((2, 1), np.float32)))
+        assert answered.shape == (2, 1)
+    finally:
+        loop.close()
+    return server, model
+
+
 def what_it_waits_for(server, awaitable):
     """Names an await of the exit by what it waits for."""
     if awaitable is server._task:
@@ -328,26 +354,12 @@ def test_calls_after_the_servers_loop_closed_raise_at_once_and_its_thread_ends()
     later call raises ServerCrashedError at once (none queued on the closed loop to
     wait forever), and the device thread ends."""
     before = set(device_threads())
-    model = Device()
-    model.open()
-    loop = asyncio.new_event_loop()
-    try:
-        server = BatchingServer(model, model_thread=True)
-        loop.run_until_complete(server.__aenter__())
-        answered = loop.run_until_complete(server(np.ones((2, 1), np.float32)))
-        assert answered.shape == (2, 1)
-    finally:
-        loop.close()
+    server, model = served_once_then_loop_closed()
     for _ in range(3):
         with pytest.raises(asr.errors.ServerCrashedError, match="event loop was closed"):
             server(np.ones((2, 1), np.float32))
     assert not server._batcher.queued, "a request was queued on the closed loop"
-    stopped = threading.Event()
-    for _ in range(1000):
-        if set(device_threads()) <= before:
-            break
-        stopped.wait(0.01)
-    assert set(device_threads()) <= before, "the device thread outlived its loop"
+    assert_threads_end(before, "its loop")
     assert (model.loads, model.unloads) == (1, 1)
 
 
@@ -357,27 +369,14 @@ def test_changes_to_a_server_whose_loop_closed_raise_and_start_no_thread(change)
     raised a bare RuntimeError, and update_model swapped the model of a server that
     could serve nothing more."""
     before = set(device_threads())
-    model = Device()
-    model.open()
-    loop = asyncio.new_event_loop()
-    try:
-        server = BatchingServer(model, model_thread=True)
-        loop.run_until_complete(server.__aenter__())
-        loop.run_until_complete(server(np.ones((2, 1), np.float32)))
-    finally:
-        loop.close()
+    server, _ = served_once_then_loop_closed()
     calls = {"update_model": lambda: server.update_model(Device(), "v2"),
              "add_worker": lambda: asyncio.run(server.add_worker()),
              "remove_worker": lambda: asyncio.run(server.remove_worker())}
     with pytest.raises(asr.errors.ServerCrashedError, match="event loop was closed"):
         calls[change]()
     assert server.version != "v2"
-    stopped = threading.Event()
-    for _ in range(1000):
-        if set(device_threads()) <= before:
-            break
-        stopped.wait(0.01)
-    assert set(device_threads()) <= before, "a device thread outlived the loop"
+    assert_threads_end(before, "the loop")
 
 
 def test_a_server_whose_enter_failed_ends_its_threads_and_says_it_is_not_serving(
@@ -418,12 +417,7 @@ def test_a_server_whose_enter_failed_ends_its_threads_and_says_it_is_not_serving
         server(np.ones((2, 1), np.float32))
     assert not isinstance(raised.value, asr.errors.ServerClosedError)
     assert server.version != "v2"
-    stopped = threading.Event()
-    for _ in range(1000):
-        if set(device_threads()) <= before:
-            break
-        stopped.wait(0.01)
-    assert set(device_threads()) <= before, "a device thread outlived the failed enter"
+    assert_threads_end(before, "the failed enter")
 
 
 async def test_a_serve_entered_a_second_time_says_so_and_a_new_one_serves():
