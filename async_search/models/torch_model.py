@@ -265,7 +265,7 @@ class TorchModel(OwnWeightsModel):
         module.to(target)
         if values is not None:  # in the order of runner.names (extra state left out)
             state = module.state_dict()
-            _write(runner.torch, [state[k] for k in runner.names], values)
+            _write(runner.torch, *_fitting([state[k] for k in runner.names], values))
         return TorchModel(module, self.input_spec, device=target,
                           batch_sizes=self.batch_sizes, precision=self.precision,
                           cuda_graphs=self._graphs_option, compile=self.compile,
@@ -431,8 +431,11 @@ class _Runner:
             self.forward = _scripted(torch, self.module, model.input_spec,
                                      self.input_dtype, device)
         #: Under TorchScript, the compiled copy: it shares the module's tensors until
-        #: its forward assigns one anew (a buffer), in its own attributes only.
+        #: its forward assigns a buffer anew, in its own attributes only (TorchScript
+        #: makes no Parameter in a forward). (index in names, buffer path) pairs.
         self._compiled = self.forward.compiled if model.script else None
+        self._buffer_paths = (_buffer_paths(self.module, self.names)
+                              if model.script else [])
         self.precision = (None if model.precision is None
                           else getattr(torch, model.precision))
         # One inference-mode guard, entered for each CPU batch: making a new one costs
@@ -507,43 +510,40 @@ class _Runner:
 
     def slots(self) -> list:
         """The tensors that hold the weights now, in the order of ``names``: looked up at
-        each read and write, since a forward may assign a buffer a new tensor."""
+        each read and write, since a forward may assign a buffer a new tensor. Under
+        TorchScript, a buffer that the compiled forward assigned anew is the compiled
+        copy's (what the pass reads; the module's own is no longer it)."""
         state = self.module.state_dict()
-        return [state[k] for k in self.names]
+        slots = [state[k] for k in self.names]
+        for i, tensor in self._compiled_own():
+            slots[i] = tensor
+        return slots
 
-    def _compiled_own(self) -> Dict[int, Any]:
-        """Under TorchScript: index in ``names`` -> the compiled copy's tensor, for the
-        weights its forward assigned anew (the tensor the compiled pass reads; the
-        module's own is no longer it). Matched by attribute name."""
-        if self._compiled is None:
-            return {}
-        eager = dict(itertools.chain(self.module.named_parameters(),
-                                     self.module.named_buffers()))
-        compiled = dict(itertools.chain(self._compiled.named_parameters(),
-                                        self._compiled.named_buffers()))
-        return {i: compiled[name] for i, name in enumerate(self.names)
-                if name in compiled and name in eager
-                and compiled[name] is not eager[name]}
+    def _compiled_own(self) -> List[Tuple[int, Any]]:
+        """Under TorchScript: (index in ``names``, the compiled copy's tensor) for each
+        buffer its forward assigned anew, found by the buffer's attribute path."""
+        return [(i, compiled) for i, path in self._buffer_paths
+                if (compiled := _attribute(self._compiled, path))
+                is not _attribute(self.module, path)]
 
     def _read(self) -> list:
         with self._on_stream(), self.torch.no_grad():
-            slots = self.slots()
-            for i, tensor in self._compiled_own().items():  # what the pass reads
-                slots[i] = tensor
-            values = [slot.detach().clone() for slot in slots]
+            values = [slot.detach().clone() for slot in self.slots()]
         if self.cuda:
             self.stream.synchronize()  # complete before another stream or device reads
         return values
 
     def _write(self, values: list) -> None:
         with self._on_stream():
-            _write(self.torch, self.slots(), values)
-            # The compiled pass's own tensors too (the module's keep the values for
-            # ``module`` and ``on_device``).
+            state = self.module.state_dict()
+            # The module's own tensors (for ``module`` and ``on_device``), where they
+            # still fit: a forward may have given a buffer another shape, compiled.
+            _write(self.torch, *_fitting([state[k] for k in self.names], values))
             own = self._compiled_own()
             if own:  # tensors a pass made under inference mode take writes only there
                 with self.torch.inference_mode():
-                    _write(self.torch, list(own.values()), [values[i] for i in own])
+                    _write(self.torch, [tensor for _, tensor in own],
+                           [values[i] for i, _ in own])
 
     def _on_stream(self) -> Any:
         if self.cuda:
@@ -801,10 +801,11 @@ def _written_error(e: BaseException, owners: Sequence[Any] = ()) -> Exception | 
     return None
 
 
-#: A quoted ``raise Name`` (or ``raise package.Name``) without a call, after an ``if``
-#: on its line or not, with ``from`` a cause or a comment after it or not.
-_BARE_RAISE = re.compile(r"^\s*(?:if\b.*:\s*)?raise\s+([A-Za-z_][\w.]*)"
-                         r"(?:\s+from\s+[\w.]+)?\s*(?:#.*)?$")
+#: A quoted ``raise Name`` (or ``raise package.Name``) without a call, after an ``if``,
+#: ``elif`` or ``else`` on its line or not, with ``from`` a cause or a comment after it
+#: or not (a name in the comment is not the one raised).
+_BARE_RAISE = re.compile(r"^\s*(?:(?:el)?if\b[^#]*?:\s*|else\s*:\s*)?"
+                         r"raise\s+([A-Za-z_][\w.]*)(?:\s+from\s+[\w.]+)?\s*(?:#.*)?$")
 #: A quoted frame's file: ``File "/path/net.py", line 10, in forward``.
 _QUOTED_FILE = re.compile(r'^\s*File "(.+)", line \d+')
 
@@ -837,6 +838,40 @@ def _written(source: np.ndarray, batch: np.ndarray, n: int) -> bool:
     return source is not batch and (
         source[:n].tobytes() != np.ascontiguousarray(batch, source.dtype).tobytes()
         or source[n:].any())
+
+
+def _buffer_paths(module: Any, names: Sequence[str]) -> List[Tuple[int, str]]:
+    """(index in ``names``, attribute path) of each of the module's buffers among its
+    state_dict's ``names``: matched by the tensor itself (a state_dict hook may name it
+    otherwise; one tensor may be held under several paths), else by name."""
+    buffers = list(module.named_buffers(remove_duplicate=False))
+    try:
+        kept = module.state_dict(keep_vars=True)
+    except TypeError:  # a state_dict of its own, without the keyword
+        kept = {}
+    paths: Dict[int, List[str]] = {}
+    for path, tensor in buffers:
+        paths.setdefault(id(tensor), []).append(path)
+    named = {path for path, _ in buffers}
+    out = []
+    for i, name in enumerate(names):
+        found = paths.get(id(kept[name]), []) if name in kept else []
+        out += [(i, path) for path in found or ([name] if name in named else [])]
+    return out
+
+
+def _attribute(module: Any, path: str) -> Any:
+    """``module``'s attribute at the dotted ``path`` (``"block.0.bn.running_mean"``)."""
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _fitting(slots: list, values: list) -> Tuple[list, list]:
+    """The (slot, value) pairs of equal shapes, as two lists."""
+    pairs = [(slot, value) for slot, value in zip(slots, values)
+             if tuple(slot.shape) == tuple(value.shape)]
+    return [slot for slot, _ in pairs], [value for _, value in pairs]
 
 
 def _write(torch: Any, slots: list, values: list) -> None:

@@ -18,6 +18,8 @@ class RaisesItsOwn(torch.nn.Module):
             raise LookupError
         if bool((x > 100).any()):
             raise ValueError  # a caller's bad input, said after the raise
+        if bool((x > 50).any()): raise KeyError  # was: raise TypeError  # noqa: E701
+        elif bool((x < -50).any()): raise IndexError  # noqa: E701
         return self.linear(x)
 
 
@@ -36,3 +38,36 @@ class RenamesItsWeights(torch.nn.Module):
 
     def forward(self, x):
         return self.linear(x)
+
+
+class ReassignsRenamedTiedBuffers(torch.nn.Module):
+    """One buffer tensor under two names, renamed by a state_dict hook, and assigned a
+    new tensor by each forward pass (in a compiled copy, there only)."""
+
+    def __init__(self):
+        super().__init__()
+        offset = torch.zeros(6)
+        self.register_buffer("offset", offset)
+        self.register_buffer("alias", offset)
+        self._register_state_dict_hook(ReassignsRenamedTiedBuffers._rename)
+
+    @staticmethod
+    def _rename(module, state, prefix, local):
+        for key in list(state):
+            state["w." + key] = state.pop(key)
+
+    def forward(self, x):
+        self.alias = self.alias.clone()
+        return x + self.alias
+
+
+class ShrinksItsBuffer(torch.nn.Module):
+    """A forward that gives its buffer another shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offset", torch.zeros(6))
+
+    def forward(self, x):
+        self.offset = self.offset[:1].clone()
+        return x + self.offset

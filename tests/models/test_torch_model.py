@@ -937,7 +937,39 @@ def test_a_bare_raise_of_a_nets_own_class_raises_it_not_the_builtin_of_its_name(
         model(np.full((1, 6), -1000, np.float32))
     with pytest.raises(ValueError):  # a comment after a bare raise
         model(np.full((1, 6), 1000, np.float32))
+    with pytest.raises(KeyError):  # an if on its line, a comment naming another
+        model(np.full((1, 6), 75, np.float32))
+    with pytest.raises(IndexError):  # an elif on its line
+        model(np.full((1, 6), -75, np.float32))
     assert model(rows(1)).shape == (1, 1)
+
+
+@pytest.mark.parametrize("script", [False, True])
+def test_new_weights_reach_a_renamed_tied_buffer_the_forward_assigns_anew(script):
+    """Matched by name, a buffer that a state_dict hook renames, or that one tensor
+    holds under two names, was skipped: the update was taken and never seen."""
+    from tests.models.shadowing_net import ReassignsRenamedTiedBuffers
+    model = TorchModel(ReassignsRenamedTiedBuffers(), input_spec=SPEC, device="cpu",
+                       script=script)
+    model(rows(2))
+    seven = torch.full((6,), 7.0)
+    updated = model.with_weights({"w.offset": seven, "w.alias": seven})
+    np.testing.assert_array_equal(updated(np.zeros((2, 6), np.float32)),
+                                  np.full((2, 6), 7.0, np.float32))
+
+
+def test_a_scripted_buffer_of_another_shape_refuses_weights_of_the_modules_old_shape():
+    """Checked against the module's (6,) buffer, (6,) weights were taken, and the
+    compiled pass, whose buffer is (1,) now, failed at the first batch."""
+    from tests.models.shadowing_net import ShrinksItsBuffer
+    model = TorchModel(ShrinksItsBuffer(), input_spec=SPEC, device="cpu", script=True)
+    model(rows(2))
+    with pytest.raises(ValueError, match=r"weight 'offset' has shape \(6,\), the "
+                                         r"module's has \(1,\)"):
+        model.with_weights({"offset": torch.full((6,), 7.0)})
+    updated = model.with_weights({"offset": torch.full((1,), 7.0)})
+    np.testing.assert_array_equal(updated(np.zeros((2, 6), np.float32)),
+                                  np.full((2, 6), 7.0, np.float32))
 
 
 def test_an_adapter_cannot_be_pickled_or_copied_and_says_what_to_send_instead():
