@@ -264,8 +264,7 @@ class TorchModel(OwnWeightsModel):
             values = self._own.values  # None: they are the module's (and the copy's)
         module.to(target)
         if values is not None:  # in the order of runner.names (extra state left out)
-            state = module.state_dict()
-            _write(runner.torch, *_fitting([state[k] for k in runner.names], values))
+            _write_module(runner.torch, module, runner.names, runner._buffer_paths, values)
         return TorchModel(module, self.input_spec, device=target,
                           batch_sizes=self.batch_sizes, precision=self.precision,
                           cuda_graphs=self._graphs_option, compile=self.compile,
@@ -535,10 +534,9 @@ class _Runner:
 
     def _write(self, values: list) -> None:
         with self._on_stream():
-            state = self.module.state_dict()
-            # The module's own tensors (for ``module`` and ``on_device``), where they
-            # still fit: a forward may have given a buffer another shape, compiled.
-            _write(self.torch, *_fitting([state[k] for k in self.names], values))
+            # The module's own tensors too (for ``module`` and ``on_device``).
+            _write_module(self.torch, self.module, self.names, self._buffer_paths,
+                          values)
             own = self._compiled_own()
             if own:  # tensors a pass made under inference mode take writes only there
                 with self.torch.inference_mode():
@@ -804,7 +802,7 @@ def _written_error(e: BaseException, owners: Sequence[Any] = ()) -> Exception | 
 #: A quoted ``raise Name`` (or ``raise package.Name``) without a call, after an ``if``,
 #: ``elif`` or ``else`` on its line or not, with ``from`` a cause or a comment after it
 #: or not (a name in the comment is not the one raised).
-_BARE_RAISE = re.compile(r"^\s*(?:(?:el)?if\b[^#]*?:\s*|else\s*:\s*)?"
+_BARE_RAISE = re.compile(r"^\s*(?:(?:el)?if\b.*?:\s*|else\s*:\s*)?"
                          r"raise\s+([A-Za-z_][\w.]*)(?:\s+from\s+[\w.]+)?\s*(?:#.*)?$")
 #: A quoted frame's file: ``File "/path/net.py", line 10, in forward``.
 _QUOTED_FILE = re.compile(r'^\s*File "(.+)", line \d+')
@@ -847,8 +845,8 @@ def _buffer_paths(module: Any, names: Sequence[str]) -> List[Tuple[int, str]]:
     buffers = list(module.named_buffers(remove_duplicate=False))
     try:
         kept = module.state_dict(keep_vars=True)
-    except TypeError:  # a state_dict of its own, without the keyword
-        kept = {}
+    except Exception:  # noqa: BLE001 - a state_dict of its own (no such keyword), a hook
+        kept = {}      # that works on detached tensors only: matched by name then
     paths: Dict[int, List[str]] = {}
     for path, tensor in buffers:
         paths.setdefault(id(tensor), []).append(path)
@@ -867,11 +865,24 @@ def _attribute(module: Any, path: str) -> Any:
     return module
 
 
-def _fitting(slots: list, values: list) -> Tuple[list, list]:
-    """The (slot, value) pairs of equal shapes, as two lists."""
-    pairs = [(slot, value) for slot, value in zip(slots, values)
-             if tuple(slot.shape) == tuple(value.shape)]
-    return [slot for slot, _ in pairs], [value for _, value in pairs]
+def _write_module(torch: Any, module: Any, names: Sequence[str],
+                  buffer_paths: Sequence[Tuple[int, str]], values: list) -> None:
+    """Writes ``values`` into ``module``'s state_dict tensors of ``names``. A buffer
+    that a compiled forward gave another shape (one of ``buffer_paths``, under
+    TorchScript) is assigned anew with the value; any other misfit raises."""
+    state = module.state_dict()
+    slots = [state[k] for k in names]
+    reshaped: Dict[int, List[str]] = {}
+    for i, path in buffer_paths:
+        if tuple(slots[i].shape) != tuple(values[i].shape):
+            reshaped.setdefault(i, []).append(path)
+    for i, paths in reshaped.items():
+        for path in paths:
+            owner, _, leaf = path.rpartition(".")
+            parent = _attribute(module, owner) if owner else module
+            setattr(parent, leaf, values[i].detach().to(slots[i].device, copy=True))
+    _write(torch, [slot for i, slot in enumerate(slots) if i not in reshaped],
+           [value for i, value in enumerate(values) if i not in reshaped])
 
 
 def _write(torch: Any, slots: list, values: list) -> None:

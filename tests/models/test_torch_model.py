@@ -970,6 +970,33 @@ def test_a_scripted_buffer_of_another_shape_refuses_weights_of_the_modules_old_s
     updated = model.with_weights({"offset": torch.full((1,), 7.0)})
     np.testing.assert_array_equal(updated(np.zeros((2, 6), np.float32)),
                                   np.full((2, 6), 7.0, np.float32))
+    # The module and copies take the reshaped buffer too (skipped, they ran on zeros).
+    assert tuple(updated.module.offset.shape) == (1,)
+    np.testing.assert_array_equal(updated.on_device("cpu")(np.zeros((2, 6), np.float32)),
+                                  np.full((2, 6), 7.0, np.float32))
+
+
+def test_eager_weights_staged_for_a_buffer_a_batch_then_reshaped_fail_loudly():
+    """Staged against the (6,) buffer, then the old model's batch made it (1,): the
+    update must fail at its first batch, not run on the old buffer unsaid."""
+    from tests.models.shadowing_net import ShrinksItsBuffer
+    model = TorchModel(ShrinksItsBuffer(), input_spec=SPEC, device="cpu")
+    updated = model.with_weights({"offset": torch.full((6,), 7.0)})
+    model(rows(2))
+    with pytest.raises(RuntimeError, match="shape"):
+        updated(np.zeros((1, 6), np.float32))
+
+
+def test_a_scripted_module_whose_state_dict_hook_reads_numpy_is_made_and_updated():
+    """Its hook fails on the Parameters of state_dict(keep_vars=True): the adapter's
+    construction raised RuntimeError."""
+    from tests.models.shadowing_net import CopiesInAHook
+    net = CopiesInAHook()
+    model = TorchModel(net, input_spec=SPEC, device="cpu", script=True)
+    model(rows(2))
+    zeros = {name: torch.zeros_like(value) for name, value in net.state_dict().items()}
+    np.testing.assert_array_equal(model.with_weights(zeros)(rows(2)),
+                                  np.zeros((2, 6), np.float32))
 
 
 def test_an_adapter_cannot_be_pickled_or_copied_and_says_what_to_send_instead():
