@@ -262,9 +262,10 @@ class TorchModel(OwnWeightsModel):
         with runner.weights.lock:
             module = copy.deepcopy(runner.module)
             values = self._own.values  # None: they are the module's (and the copy's)
+            reassigned = [(i, path) for i, path, _ in runner.compiled_own()]
         module.to(target)
         if values is not None:  # in the order of runner.names (extra state left out)
-            _write_module(runner.torch, module, runner.names, runner._buffer_paths, values)
+            _write_module(runner.torch, module, runner.names, reassigned, values)
         return TorchModel(module, self.input_spec, device=target,
                           batch_sizes=self.batch_sizes, precision=self.precision,
                           cuda_graphs=self._graphs_option, compile=self.compile,
@@ -514,14 +515,14 @@ class _Runner:
         copy's (what the pass reads; the module's own is no longer it)."""
         state = self.module.state_dict()
         slots = [state[k] for k in self.names]
-        for i, tensor in self._compiled_own():
+        for i, _, tensor in self.compiled_own():
             slots[i] = tensor
         return slots
 
-    def _compiled_own(self) -> List[Tuple[int, Any]]:
-        """Under TorchScript: (index in ``names``, the compiled copy's tensor) for each
-        buffer its forward assigned anew, found by the buffer's attribute path."""
-        return [(i, compiled) for i, path in self._buffer_paths
+    def compiled_own(self) -> List[Tuple[int, str, Any]]:
+        """Under TorchScript: (index in ``names``, attribute path, the compiled copy's
+        tensor) for each buffer its forward assigned anew."""
+        return [(i, path, compiled) for i, path in self._buffer_paths
                 if (compiled := _attribute(self._compiled, path))
                 is not _attribute(self.module, path)]
 
@@ -534,14 +535,14 @@ class _Runner:
 
     def _write(self, values: list) -> None:
         with self._on_stream():
+            own = self.compiled_own()
             # The module's own tensors too (for ``module`` and ``on_device``).
-            _write_module(self.torch, self.module, self.names, self._buffer_paths,
-                          values)
-            own = self._compiled_own()
+            _write_module(self.torch, self.module, self.names,
+                          [(i, path) for i, path, _ in own], values)
             if own:  # tensors a pass made under inference mode take writes only there
                 with self.torch.inference_mode():
-                    _write(self.torch, [tensor for _, tensor in own],
-                           [values[i] for i, _ in own])
+                    _write(self.torch, [tensor for _, _, tensor in own],
+                           [values[i] for i, _, _ in own])
 
     def _on_stream(self) -> Any:
         if self.cuda:
@@ -853,8 +854,11 @@ def _buffer_paths(module: Any, names: Sequence[str]) -> List[Tuple[int, str]]:
     named = {path for path, _ in buffers}
     out = []
     for i, name in enumerate(names):
+        if name in named:  # its own path: not the other paths of a tied tensor
+            out.append((i, name))
+            continue
         found = paths.get(id(kept[name]), []) if name in kept else []
-        out += [(i, path) for path in found or ([name] if name in named else [])]
+        out += [(i, path) for path in found]  # a name a hook gave it
     return out
 
 
@@ -866,21 +870,28 @@ def _attribute(module: Any, path: str) -> Any:
 
 
 def _write_module(torch: Any, module: Any, names: Sequence[str],
-                  buffer_paths: Sequence[Tuple[int, str]], values: list) -> None:
+                  reassigned: Sequence[Tuple[int, str]], values: list) -> None:
     """Writes ``values`` into ``module``'s state_dict tensors of ``names``. A buffer
-    that a compiled forward gave another shape (one of ``buffer_paths``, under
-    TorchScript) is assigned anew with the value; any other misfit raises."""
+    that a compiled forward assigned anew with another shape (one of the paths of
+    ``reassigned``) is assigned anew with the value, one copy for its paths; any other
+    weight whose shape is not its value's raises ValueError (a copy would broadcast).
+    """
     state = module.state_dict()
     slots = [state[k] for k in names]
     reshaped: Dict[int, List[str]] = {}
-    for i, path in buffer_paths:
+    for i, path in reassigned:
         if tuple(slots[i].shape) != tuple(values[i].shape):
             reshaped.setdefault(i, []).append(path)
     for i, paths in reshaped.items():
+        value = values[i].detach().to(slots[i].device, copy=True)
         for path in paths:
             owner, _, leaf = path.rpartition(".")
-            parent = _attribute(module, owner) if owner else module
-            setattr(parent, leaf, values[i].detach().to(slots[i].device, copy=True))
+            setattr(_attribute(module, owner) if owner else module, leaf, value)
+    for i, (slot, value) in enumerate(zip(slots, values)):
+        if i not in reshaped and tuple(slot.shape) != tuple(value.shape):
+            raise ValueError(f"weight {names[i]!r} has shape {tuple(value.shape)}, the "
+                             f"module's has {tuple(slot.shape)} now (its forward pass "
+                             f"gave it another)")
     _write(torch, [slot for i, slot in enumerate(slots) if i not in reshaped],
            [value for i, value in enumerate(values) if i not in reshaped])
 

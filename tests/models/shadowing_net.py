@@ -90,3 +90,31 @@ class CopiesInAHook(ShrinksItsBuffer):  # (a forward that keeps the buffer's sha
 
     def forward(self, x):
         return self.linear(x) + self.offset
+
+
+class ShrinksOneOfTiedBuffers(torch.nn.Module):
+    """One tensor under two names (the second not saved); the forward reassigns the
+    first, smaller, and leaves the second as it was."""
+
+    def __init__(self):
+        super().__init__()
+        ones = torch.ones(6)
+        self.register_buffer("a", ones)
+        self.register_buffer("b", ones, persistent=False)
+
+    def forward(self, x):
+        self.a = self.a[:1].clone()
+        return x + self.a + self.b
+
+
+class GrowsItsBuffer(torch.nn.Module):
+    """A forward that widens its (1,) buffer to (6,): a (1,) weight staged before
+    would broadcast into it."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offset", torch.zeros(1))
+
+    def forward(self, x):
+        self.offset = self.offset.expand(6).clone()
+        return x + self.offset

@@ -983,7 +983,35 @@ def test_eager_weights_staged_for_a_buffer_a_batch_then_reshaped_fail_loudly():
     model = TorchModel(ShrinksItsBuffer(), input_spec=SPEC, device="cpu")
     updated = model.with_weights({"offset": torch.full((6,), 7.0)})
     model(rows(2))
-    with pytest.raises(RuntimeError, match="shape"):
+    with pytest.raises(ValueError, match=r"weight 'offset' has shape \(6,\), the "
+                                         r"module's has \(1,\) now"):
+        updated(np.zeros((1, 6), np.float32))
+
+
+def test_a_buffer_tied_to_one_the_compiled_pass_reshaped_keeps_its_own_tensor():
+    """The alias of a reshaped buffer was assigned the new value too, and then the
+    compiled copy's alias broadcast it: 4 where the eager module gives 3."""
+    from tests.models.shadowing_net import ShrinksOneOfTiedBuffers
+    eager = ShrinksOneOfTiedBuffers()
+    eager(torch.zeros(2, 6))
+    eager.load_state_dict({"a": torch.full((1,), 2.0)})
+    want = eager(torch.zeros(1, 6)).numpy()
+    model = TorchModel(ShrinksOneOfTiedBuffers(), input_spec=SPEC, device="cpu",
+                       script=True)
+    model(np.zeros((2, 6), np.float32))
+    updated = model.with_weights({"a": torch.full((1,), 2.0)})
+    np.testing.assert_array_equal(updated(np.zeros((1, 6), np.float32)), want)
+    np.testing.assert_array_equal(updated.on_device("cpu")(np.zeros((1, 6), np.float32)),
+                                  want)
+
+
+def test_eager_weights_that_would_broadcast_into_a_widened_buffer_fail_loudly():
+    from tests.models.shadowing_net import GrowsItsBuffer
+    model = TorchModel(GrowsItsBuffer(), input_spec=SPEC, device="cpu")
+    updated = model.with_weights({"offset": torch.full((1,), 7.0)})
+    model(rows(2))  # the buffer is (6,) now
+    with pytest.raises(ValueError, match=r"weight 'offset' has shape \(1,\), the "
+                                         r"module's has \(6,\) now"):
         updated(np.zeros((1, 6), np.float32))
 
 
