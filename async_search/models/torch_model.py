@@ -841,8 +841,9 @@ def _written(source: np.ndarray, batch: np.ndarray, n: int) -> bool:
 
 def _buffer_paths(module: Any, names: Sequence[str]) -> List[Tuple[int, str]]:
     """(index in ``names``, attribute path) of each of the module's buffers among its
-    state_dict's ``names``: matched by the tensor itself (a state_dict hook may name it
-    otherwise; one tensor may be held under several paths), else by name."""
+    state_dict's ``names``: the name itself where it is a buffer's path, else the paths
+    of the tensor it names (a state_dict hook may rename it; one tensor may be held
+    under several paths)."""
     buffers = list(module.named_buffers(remove_duplicate=False))
     try:
         kept = module.state_dict(keep_vars=True)
@@ -882,18 +883,18 @@ def _write_module(torch: Any, module: Any, names: Sequence[str],
     for i, path in reassigned:
         if tuple(slots[i].shape) != tuple(values[i].shape):
             reshaped.setdefault(i, []).append(path)
+    kept = [i for i in range(len(slots)) if i not in reshaped]
+    for i in kept:  # all checked before any is written
+        if tuple(slots[i].shape) != tuple(values[i].shape):
+            raise ValueError(f"weight {names[i]!r} has shape {tuple(values[i].shape)}, "
+                             f"the module's has {tuple(slots[i].shape)} now (its forward "
+                             f"pass gave it another)")
     for i, paths in reshaped.items():
         value = values[i].detach().to(slots[i].device, copy=True)
         for path in paths:
             owner, _, leaf = path.rpartition(".")
             setattr(_attribute(module, owner) if owner else module, leaf, value)
-    for i, (slot, value) in enumerate(zip(slots, values)):
-        if i not in reshaped and tuple(slot.shape) != tuple(value.shape):
-            raise ValueError(f"weight {names[i]!r} has shape {tuple(value.shape)}, the "
-                             f"module's has {tuple(slot.shape)} now (its forward pass "
-                             f"gave it another)")
-    _write(torch, [slot for i, slot in enumerate(slots) if i not in reshaped],
-           [value for i, value in enumerate(values) if i not in reshaped])
+    _write(torch, [slots[i] for i in kept], [values[i] for i in kept])
 
 
 def _write(torch: Any, slots: list, values: list) -> None:

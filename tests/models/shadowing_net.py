@@ -24,18 +24,19 @@ class RaisesItsOwn(torch.nn.Module):
         return self.linear(x)
 
 
+def prefix_every_name(module, state, prefix, local):
+    """A state_dict hook that renames every weight (as wrappers do): "w." + name."""
+    for key in list(state):
+        state["w." + key] = state.pop(key)
+
+
 class RenamesItsWeights(torch.nn.Module):
-    """A state_dict hook that renames every weight (as wrappers do)."""
+    """A state_dict hook that renames every weight."""
 
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(6, 1)
-        self._register_state_dict_hook(RenamesItsWeights._rename)
-
-    @staticmethod
-    def _rename(module, state, prefix, local):
-        for key in list(state):
-            state["w." + key] = state.pop(key)
+        self._register_state_dict_hook(prefix_every_name)
 
     def forward(self, x):
         return self.linear(x)
@@ -50,12 +51,7 @@ class ReassignsRenamedTiedBuffers(torch.nn.Module):
         offset = torch.zeros(6)
         self.register_buffer("offset", offset)
         self.register_buffer("alias", offset)
-        self._register_state_dict_hook(ReassignsRenamedTiedBuffers._rename)
-
-    @staticmethod
-    def _rename(module, state, prefix, local):
-        for key in list(state):
-            state["w." + key] = state.pop(key)
+        self._register_state_dict_hook(prefix_every_name)
 
     def forward(self, x):
         self.alias = self.alias.clone()
