@@ -31,8 +31,8 @@ import asyncio
 import itertools
 import time
 import weakref
-from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Protocol,
-                    Sequence, Set, Tuple)
+from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, NoReturn,
+                    Protocol, Sequence, Set, Tuple)
 
 import numpy as np
 
@@ -344,11 +344,19 @@ class Router:
         # Grouped as Python strings: a NumPy string array would drop a name's trailing
         # NULs (and sorting one costs more than this loop). At most one name past the
         # elements is read: a policy's endless iterator is an error, not a hang.
+        try:
+            names_chosen = iter(choice)
+        except TypeError:
+            raise RuntimeError(
+                f"the router's {type(self.policy).__name__} policy returned "
+                f"{type(choice).__name__} {choice!r:.80}: it must return a server's name, "
+                f"or one name for each element of the request") from None
         groups: Dict[str, List[int]] = {}
         count = 0
-        for i, name in zip(range(len(x) + 1), choice):
-            groups.setdefault(_plain(name) if isinstance(name, str) else name,
-                              []).append(i)
+        for i, name in zip(range(len(x) + 1), names_chosen):
+            if not isinstance(name, str):  # (a list is no key; an array no truth value)
+                self._refuse_choice(name, candidates)
+            groups.setdefault(_plain(name), []).append(i)
             count += 1
         if count != len(x):
             raise RuntimeError(f"the router's {type(self.policy).__name__} policy chose "
@@ -379,9 +387,12 @@ class Router:
         would fail over to the same choice again, without end."""
         for name in names:
             if name not in candidates:
-                raise RuntimeError(
-                    f"the router's {type(self.policy).__name__} policy chose {name!r}, "
-                    f"which is not among the servers it may choose now: {candidates}")
+                self._refuse_choice(name, candidates)
+
+    def _refuse_choice(self, name: Any, candidates: Sequence[str]) -> NoReturn:
+        raise RuntimeError(
+            f"the router's {type(self.policy).__name__} policy chose {name!r:.80}, "
+            f"which is not among the servers it may choose now: {candidates}")
 
     def _start(self, coro: Awaitable) -> asyncio.Task:
         """A task the router keeps a reference to until it ends (the loop holds tasks

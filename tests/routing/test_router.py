@@ -783,7 +783,12 @@ class MadeUpPolicy:
 @pytest.mark.parametrize("choice, match", [
     (lambda x, c: "nobody", "chose 'nobody', which is not among"),
     (lambda x, c: ["nobody"] * len(x), "chose 'nobody', which is not among"),
-    (lambda x, c: [c[0]] * (len(x) - 1), "chose servers for 3 elements of a request of 4")])
+    (lambda x, c: [c[0]] * (len(x) - 1), "chose servers for 3 elements of a request of 4"),
+    (lambda x, c: None, "returned NoneType None: it must return a server's name"),
+    (lambda x, c: 1, "returned int 1: it must return a server's name"),
+    (lambda x, c: [[c[0]]] * len(x), r"chose \['a'\], which is not among"),
+    (lambda x, c: np.zeros((len(x), 2), int), r"chose array\(\[0, 0\]\), which is not"),
+    (lambda x, c: [c[0], None, c[0], c[0]], "chose None, which is not among")])
 async def test_a_policy_that_chooses_no_candidate_gets_a_clear_error(choice, match):
     router = Router({"a": FakeServer(), "b": FakeServer()}, policy=MadeUpPolicy(choice))
     with pytest.raises(RuntimeError, match=match):
