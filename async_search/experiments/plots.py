@@ -50,11 +50,11 @@ def _run_label_parts(r: RunReport) -> Tuple[str, str]:
     solved, mean path 63.2``; the bare name and nothing for searches without a goal
     (MCTS)."""
     if "solved" not in r.summary:
-        return r.name, ""
+        return r.label, ""
     tail = f" {r.summary['solved']}/{r.summary.get('searches', 0)} solved"
     if r.summary.get("mean_path_length") is not None:
         tail += f", mean path {r.summary['mean_path_length']:.1f}"
-    return f"{r.name}:", tail
+    return f"{r.label}:", tail
 
 
 #: The characters of a legend line that fit the width of a panel, in the small font:

@@ -48,7 +48,7 @@ def _found(summary: Dict[str, Any]) -> str:
 def format_report(r: RunReport) -> str:
     """The figures of one run, in the prototype's layout."""
     lines = [
-        f"Finished {r.name} ({_placement(r)})",
+        f"Finished {r.label} ({_placement(r)})",
         f"  Total search time: {_s(r.search_time_s)} s"
         + (f"   (call {_s(r.elapsed_s)} s, start-up included)"
            if r.elapsed_s - r.search_time_s > 0.05 else ""),
@@ -84,7 +84,7 @@ def _solved_cells(summary: Dict[str, Any]) -> List[str]:
 def _row(r: RunReport, reference_time: float) -> List[str]:
     equal = {None: "ref", True: "yes", False: "NO"}[r.matches_baseline]
     speedup = reference_time / r.search_time_s if r.search_time_s > 0 else float("nan")
-    return [r.name, *_solved_cells(r.summary), _s(r.search_time_s), _s(r.elapsed_s),
+    return [r.label, *_solved_cells(r.summary), _s(r.search_time_s), _s(r.elapsed_s),
             _s(r.model_time_s), f"{100 * r.fraction_in_model:.1f} %", str(r.batches),
             str(r.elements), f"{r.mean_batch_size:.1f}",
             f"{r.std_batch_size:.1f}", f"{speedup:.2f}x", equal]

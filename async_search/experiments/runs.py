@@ -67,6 +67,16 @@ class RunReport:
     trace: Tuple[BatchRecord, ...] = ()
     """One record per batch, by finishing time (for the plots; not saved)."""
 
+    @property
+    def label(self) -> str:
+        """The name, and how many client processes started where fewer did than the
+        name asks for (no more start than there are searches)."""
+        requested = self.num_procs_requested
+        if requested is None or self.backend in ("sync", "local") or \
+                self.num_procs == requested:
+            return self.name
+        return f"{self.name} ({self.num_procs} started)"
+
     def figures(self) -> Dict[str, Any]:
         """Every printed figure, JSON-ready (the trace left out)."""
         out = dataclasses.asdict(self)

@@ -52,6 +52,18 @@ def test_the_table_has_a_row_per_run_and_speedups_against_the_first():
     assert md[3].startswith("| async | 1/2 | 52.0 | 2.00 |")
 
 
+def test_a_run_that_started_fewer_clients_than_its_name_asks_says_so():
+    """``--num_procs 200`` over 8 searches starts 8 clients: the row says 8."""
+    fewer = report("ray 200 clients, 2 servers", "ray", num_procs=8, num_procs_requested=200)
+    table = format_table([fewer, report("ray 2 clients", "ray", num_procs=2,
+                                        num_procs_requested=2)])
+    assert "ray 200 clients, 2 servers (8 started)" in table
+    assert "ray 2 clients " in table and "(2 started)" not in table
+    text = format_report(fewer)
+    assert text.startswith("Finished ray 200 clients, 2 servers (8 started) (ray backend, "
+                           "8 client processes, 1 server)")
+
+
 def test_the_table_and_report_show_solved_searches_and_their_mean_path_length():
     none_solved = report(summary={"searches": 8, "solved": 0, "mean_path_length": None,
                                   "budget_exhausted": 8})
