@@ -48,7 +48,8 @@ def read_json(file: str | os.PathLike) -> Any:
     Raises:
         CheckpointError: naming the file: missing, not a regular file, larger than
             ``MAX_JSON_BYTES``, empty, not UTF-8 text, or not JSON (truncated or
-            corrupt).
+            corrupt), or JSON that this project never writes: ``NaN`` or ``Infinity``,
+            or a key written twice in one object.
     """
     file = os.fspath(file)
     try:
@@ -65,12 +66,27 @@ def read_json(file: str | os.PathLike) -> Any:
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{file!r} is not UTF-8 text (corrupt, or not the file it "
                               f"should be): {e}") from e
-    try:
-        return json.loads(text)
+    try:  # as strict as the writers (allow_nan=False, each key once)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_each_key_once)
     except (ValueError, RecursionError, MemoryError) as e:  # ValueError: JSON's, and
         # an integer past Python's 4,300 digits
         raise CheckpointError(f"{file!r} is not valid JSON (truncated or corrupt): "
                               f"{e}") from e
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (this project writes none)")
+
+
+def _each_key_once(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """An object whose keys are all different: of a key written twice, a plain reader
+    would keep one value without a word."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"the key {twice!r} is written twice in one object")
+    return out
 
 
 def _type_name(value: Any) -> str:
