@@ -643,7 +643,11 @@ class _Runner:
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph, stream=self.stream):
+                # One capture at a time in the process, and only this thread's calls
+                # checked: in the default "global" mode a batch synchronising in another
+                # device thread (serve(devices=[...])) fails, and breaks this capture.
+                with _CAPTURING, torch.cuda.graph(graph, stream=self.stream,
+                                                  capture_error_mode="thread_local"):
                     out = self.forward(x)
             except Exception as e:  # noqa: BLE001 - whatever the module did in capture
                 if self.graphs_required:
@@ -672,6 +676,9 @@ class _Runner:
         return known[1]
 
 
+#: A CUDA graph's capture empties the allocator's cache and synchronises the device as
+#: it starts: two device threads capturing at once would break each other's capture.
+_CAPTURING = threading.Lock()
 #: ``torch.jit.script`` compiles into one process-wide unit: two threads compiling at
 #: once clash ("Can't redefine method"), and its warning filter is process-wide too.
 _SCRIPTING = threading.Lock()

@@ -348,6 +348,38 @@ def test_cuda_graphs_are_on_by_default_on_cuda_and_off_when_compiled_or_copied_t
     assert model.on_device("cuda:0").cuda_graphs
 
 
+@needs_cuda
+def test_copies_capture_their_graphs_while_other_copies_serve():
+    """Two device threads on one GPU: one captures a bucket's graph while the other
+    serves batches (each synchronises its stream). In CUDA's default "global" capture
+    mode the serving thread's synchronise fails its batch and breaks the capture."""
+    import threading
+
+    copies = [TorchModel(mlp(), input_spec=SPEC, max_batch_size=64, cuda_graphs=True)
+              for _ in range(2)]
+    errors, start = [], threading.Barrier(2)
+
+    def work(model, sizes):
+        try:
+            start.wait(30)
+            for _ in range(5):
+                for n in sizes:  # each size a new bucket: a capture at its first batch
+                    x = rows(n, seed=n)
+                    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-2,
+                                               atol=1e-2)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(model, sizes)) for model, sizes in
+               zip(copies, ([1, 3, 7, 15, 31, 63], [63, 31, 15, 7, 3, 1]))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    assert all(model.cuda_graphs and len(model._runner._graphs) == 6 for model in copies)
+
+
 class Syncing(torch.nn.Module):
     """A module that reads a value back to the host mid-pass: no CUDA graph holds it."""
 
