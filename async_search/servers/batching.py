@@ -111,7 +111,8 @@ class BatchingServer(AsyncWithOnly):
         on_batch: called on the loop with a ``BatchRecord`` as each batch comes back
             and its results are delivered (progress bars, live metrics); what it raises
             goes to the loop's exception handler and fails no request.
-        devices: one device thread per device, each with its own copy of the model,
+        devices: one device thread per device (each named: None is refused), each
+            with its own copy of the model,
             ``base.on_device(model, device)``, made when the server is entered (a model
             without ``on_device`` gets a TypeError then); ``update_model`` places a new
             model on every device, or passes weights to every copy.
@@ -186,6 +187,11 @@ class BatchingServer(AsyncWithOnly):
             devices = list(devices)
             if not devices:
                 raise ValueError("devices must name at least one device, got none")
+            if any(device is None for device in devices):
+                # None is a worker that runs the model as given: every such worker
+                # would share one model after update_model, on no device of its own.
+                raise ValueError(f"devices must name each device (None is none), got "
+                                 f"{devices!r}")
             if num_workers != 1:
                 raise ValueError(f"devices gives one worker per device: leave num_workers "
                                  f"out (got num_workers={num_workers} and {len(devices)} "

@@ -131,6 +131,8 @@ async def test_a_worker_added_on_a_device_gets_the_current_models_copy():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(devices=[]), "devices must name at least one device"),
+    (dict(devices=[None, None]), r"must name each device \(None is none\)"),
+    (dict(devices=["cpu:0", None]), r"must name each device \(None is none\)"),
     (dict(devices=["cpu:0"], num_workers=2), "leave num_workers out"),
     (dict(devices=["cpu:0"], model_thread=False), "devices need device threads"),
 ])
