@@ -305,6 +305,10 @@ def test_a_later_leases_reports_make_a_table_each_finished_or_cut_short(tmp_path
     stacks = {"samples": 3, "interval_s": 0.01, "threads": {"MainThread": {
         "samples": 3, "self": {"run (runners.py:118)": 1.0}, "inclusive": {}}}}
     finished["runs"]["astar_15_puzzle"]["process_backend"]["1"]["stacks"] = stacks
+    steady = {"client_waves": 2, "steady_nodes_per_s": 123.4, "steady_s": 5.0,
+              "start_spread_s": 0.4, "steady_fraction_in_model": 0.9}
+    finished["runs"]["astar_15_puzzle"]["process_backend"]["1"].update(steady)
+    finished["settings"]["client_waves"] = 2
     cut_short = json.load(open(os.path.join(ROOT, "results", "benchmarks", "gpu_h200",
                                             "a_mcts_eager.json")))
     (tmp_path / "c_cpu.json").write_text(json.dumps(finished))
@@ -322,6 +326,9 @@ def test_a_later_leases_reports_make_a_table_each_finished_or_cut_short(tmp_path
     assert astar["process_backend"]["1"]["clients_cpu"] == finished["runs"][
         "astar_15_puzzle"]["process_backend"]["1"]["clients_cpu"]
     assert astar["process_backend"]["1"]["stacks"] == stacks  # --sample-stacks
+    # lease_c.sh's steady windows, and which waves setting each table ran with
+    assert {k: astar["process_backend"]["1"][k] for k in steady} == steady
+    assert cpu["settings"]["client_waves"] == 2
     assert "stacks" not in astar["in_process"]["256"]
     assert cpu["goals"] == finished["goals"] and not cpu["partial"]
     eager = summary["reports"]["c_eager"]

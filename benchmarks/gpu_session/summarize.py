@@ -51,8 +51,11 @@ def run_figures(records: List[dict], source: str) -> dict:
             "vs_ceiling": best.get("vs_ceiling"), "source": source,
             # where the CPU went (reports since the loops' CPU was measured), and the
             # serving process's sampled stacks (gpu.py --sample-stacks)
+            # ... and the steady window's figures (every client searching: lease_c.sh)
             **{k: best[k] for k in ("loop_cpu", "process_cpu", "clients_cpu", "clients_busy",
-                                     "stacks")
+                                     "stacks", "client_waves", "steady_nodes_per_s",
+                                     "steady_s", "start_spread_s",
+                                     "steady_fraction_in_model")
                if k in best}}
 
 
@@ -188,7 +191,8 @@ def report_table(report: dict, source: str) -> dict:
                            "device": report.get("device", {}),
                            "settings": {k: report.get("settings", {}).get(k) for k in (
                                "channels", "blocks", "width", "dense_blocks", "servers",
-                               "process_searches", "loop", "eager", "framework")},
+                               "process_searches", "loop", "eager", "framework",
+                               "client_waves")},
                            "ceiling": {net: ceiling(report, net, source)
                                        for net in report.get("ceiling", {})},
                            "runs": {}}
