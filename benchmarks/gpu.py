@@ -43,7 +43,8 @@ What it measures, per net:
   ``max_batch_size="auto"`` (the server picks the size that maximises end-to-end
   throughput from measured batch times), when this tree's ``serve`` takes it.
 - ``multi_device``: with more than one GPU, ``serve(..., devices=[every GPU])``, when
-  this tree's ``serve`` takes it.
+  this tree's ``serve`` takes it (no ``device_busy_fraction``: the copies that ``serve``
+  makes are not timed, and events of two devices cannot be read against each other).
 
 Every variant runs once a round for ``--rounds`` rounds, in turn, and reports the round
 with the median nodes/s (with every round's and their range; the ratios to the peer are
@@ -627,8 +628,10 @@ def cpu_topology() -> dict:
 
 
 def run_record(served: Served, nodes: int, sizes: List[int], active_s: float,
-               wall_s: float, extra: dict) -> dict:
-    busy_s = served.timer.busy_s() if served.timed else None
+               wall_s: float, extra: dict, timed: bool = True) -> dict:
+    """``timed`` False: no busy fraction (the batches ran on copies the timer does not
+    see, or on several devices, whose events cannot be read against one another)."""
+    busy_s = served.timer.busy_s() if served.timed and timed else None
     elements = sum(sizes)
     return {
         **extra,
@@ -695,9 +698,10 @@ async def in_process(work: Workload, searches: int, max_batch_size: Any = None,
             sizes = [record.size for record in evaluate.trace]
             stats = dict(evaluate.stats)
             chosen = getattr(evaluate, "max_batch_size", None)
+    # serve(devices=...) computes on copies of its own, one a device: not timed.
     record = run_record(served, nodes, sizes, active_s, time.perf_counter() - began,
                         {"searches": searches, "budget_per_search": work.budget(searches),
-                         "max_batch_size": size})
+                         "max_batch_size": size}, timed="devices" not in serve_options)
     record["fraction_in_model"] = round(stats["fraction_in_model"], 3)
     record.update(clock.read())
     if sampler.enabled:

@@ -1,5 +1,6 @@
 """benchmarks/gpu.py and its GPU session's summary: the parts that need no GPU."""
 
+import asyncio
 import json
 import os
 import sys
@@ -263,6 +264,24 @@ def test_the_factory_hands_each_server_its_own_copy_of_the_adapter():
     first = served.copies[0](x)
     for copy in served.copies[1:]:  # the same weights in each copy
         np.testing.assert_array_equal(copy(x), first)
+
+
+def test_a_run_on_several_devices_reports_no_busy_fraction():
+    """serve(devices=...) computes on copies it makes (not timed), on devices whose
+    CUDA events cannot be read against one another: no figure rather than a wrong one
+    (or an error reading them)."""
+    torch = pytest.importorskip("torch")
+    from async_search import problems
+
+    args = gpu.parse_args(["--smoke"], cuda=False)
+    net = problems.CostToGoResNet(gpu.PUZZLE, first_width=8, width=8, blocks=1, seed=0)
+    served = gpu.Served("cost_to_go", net, torch.device("cpu"), args, torch)
+    served.ceiling = {b: {"on_device": 1e-3, "with_copies": 1e-3} for b in served.sizes}
+    work = gpu.Workload("astar", served, args)
+    one = asyncio.run(gpu.in_process(work, 4))
+    assert one["device_busy_fraction"] > 0
+    two = asyncio.run(gpu.in_process(work, 4, devices=["cpu", "cpu"]))
+    assert two["device_busy_fraction"] is None and two["nodes"] == one["nodes"] > 0
 
 
 def test_the_cpu_clock_counts_the_loop_thread_and_reaped_children():
