@@ -13,8 +13,11 @@ folder, from threads or processes, take turns (``files.folder_lock``: the file
 the last step (the ``config.json`` it read names weights just removed) reads
 ``config.json`` again and loads the checkpoint that replaced it. Saving refuses, before
 writing anything, what loading would refuse. Loading checks the format, every field,
-the digest and the layer shapes, and names the file and the problem when any is off.
-Checkpoints of format 1 (``weights.npz``) still load.
+the digest and the layer shapes, and names the file and the problem when any is off;
+last, that the net config is the one the weights were saved with (``config_sha256``:
+a residual and a conv net of one size, or a heuristic with and without its Manhattan
+term, have weights of the same shapes). Checkpoints of formats 1 (``weights.npz``) and 2
+(no ``config_sha256``) still load.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ from async_search.problems.nets import (NetConfig, Weights, check_weights, confi
                                         to_model, weights_of)
 
 
-FORMAT = "async_search.checkpoint/2"
-_FORMAT_1 = "async_search.checkpoint/1"  # weights always in weights.npz
+FORMAT = "async_search.checkpoint/3"
+_FORMAT_2 = "async_search.checkpoint/2"  # the net config not tied to the weights
+_FORMAT_1 = "async_search.checkpoint/1"  # weights always in weights.npz, as in 2
 _CONFIG, _WEIGHTS_1 = "config.json", "weights.npz"
 _WEIGHTS = re.compile(r"^weights-[0-9a-f]{16}\.npz$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -167,6 +171,7 @@ def save_checkpoint(path: str | os.PathLike, model: Any, config: Any = None,
               "metadata": _as_json(path, metadata if metadata is not None else {}),
               "weights_file": weights_file, "weights_sha256": digest,
               "layers": len(weights)}
+    header["config_sha256"] = _config_digest(header["config"], digest)
     try:  # refuses non-JSON metadata (and NaN, which strict JSON readers reject) early
         text = json.dumps(header, indent=1, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
@@ -208,6 +213,15 @@ class _Header(NamedTuple):
     layers: int
     digest: str
     weights_file: str  # the name, in the checkpoint's folder
+    raw_config: Any  # the config as read, for the config digest
+    config_digest: str | None  # None: a format before 3
+
+
+def _config_digest(config: Any, weights_digest: str) -> str:
+    """What ties a net config to its weights: a SHA-256 of both."""
+    text = json.dumps([config, weights_digest], sort_keys=True, separators=(",", ":"),
+                      allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -280,6 +294,12 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         check_weights(config, weights)
     except ValueError as e:
         raise CheckpointError(f"checkpoint {weights_file!r}: {e}") from e
+    if header.config_digest is not None and header.config_digest != _config_digest(
+            header.raw_config, header.digest):
+        raise CheckpointError(f"checkpoint {path!r}: the net config in {_CONFIG} is not "
+                              f"the one its weights were saved with (config_sha256 "
+                              f"differs: edited?); they would load as another net, "
+                              f"{config}")
     return Checkpoint(config, weights, header.metadata)
 
 
@@ -298,11 +318,11 @@ def _checked_header(header: Any, config_file: str) -> _Header:
     from async_search.schema import Fields
 
     got = header.get("format") if isinstance(header, dict) else None
-    if got not in (FORMAT, _FORMAT_1):
+    if got not in (FORMAT, _FORMAT_2, _FORMAT_1):
         shown = got if isinstance(header, dict) else f"a JSON {type(header).__name__}"
         raise CheckpointError(f"checkpoint {config_file!r} has format {shown!r}; this "
                               f"version of async_search reads {FORMAT!r} (and "
-                              f"{_FORMAT_1!r})")
+                              f"{_FORMAT_2!r}, {_FORMAT_1!r})")
     fields = Fields(header, config_file)
     try:
         config = NetConfig.from_json(_net_config(fields))
@@ -320,11 +340,14 @@ def _checked_header(header: Any, config_file: str) -> _Header:
         raise fields.error(f"says {layers} layers; its net config has {expected}",
                            "layers")
     digest = fields.str("weights_sha256", pattern=_SHA256.pattern)
-    name = (fields.str("weights_file", pattern=_WEIGHTS.pattern) if got == FORMAT
-            else _WEIGHTS_1)
+    name = (_WEIGHTS_1 if got == _FORMAT_1 else
+            fields.str("weights_file", pattern=_WEIGHTS.pattern))
+    bound = (fields.str("config_sha256", pattern=_SHA256.pattern) if got == FORMAT
+             else None)
     fields.exactly(["format", "config", "metadata", "layers", "weights_sha256"]
-                   + (["weights_file"] if got == FORMAT else []))
-    return _Header(config, metadata, layers, digest, name)
+                   + ([] if got == _FORMAT_1 else ["weights_file"])
+                   + ([] if bound is None else ["config_sha256"]))
+    return _Header(config, metadata, layers, digest, name, header["config"], bound)
 
 
 def _net_config(fields: Any) -> Dict[str, Any]:

@@ -130,12 +130,51 @@ def test_a_checkpoint_of_format_1_loads_and_is_replaced_by_the_current_format(tm
     header = json.loads((path / "config.json").read_text())
     weights_file(path).rename(path / "weights.npz")
     header["format"] = "async_search.checkpoint/1"
-    del header["weights_file"]
+    del header["weights_file"], header["config_sha256"]
     (path / "config.json").write_text(json.dumps(header))
     assert read_checkpoint(path).metadata == {"v": 1}
     save_checkpoint(path, initial_weights(HEURISTIC, 1), HEURISTIC, {"v": 2})
     assert read_checkpoint(path).metadata == {"v": 2}
     assert "weights.npz" not in os.listdir(path) and len(os.listdir(path)) == 2
+
+
+def test_a_checkpoint_of_format_2_loads_without_its_config_tied_to_its_weights(tmp_path):
+    path = tmp_path / "two"
+    save_checkpoint(path, initial_weights(HEURISTIC, 0), HEURISTIC, {"v": 1})
+    header = json.loads((path / "config.json").read_text())
+    header["format"] = "async_search.checkpoint/2"
+    del header["config_sha256"]
+    (path / "config.json").write_text(json.dumps(header))
+    assert read_checkpoint(path).metadata == {"v": 1}
+    header["config_sha256"] = "0" * 64  # a field format 2 has not
+    (path / "config.json").write_text(json.dumps(header))
+    with pytest.raises(CheckpointError, match="unknown fields"):
+        read_checkpoint(path)
+
+
+@pytest.mark.parametrize("config, edit", [
+    (NetConfig("policy_value", "connect_four", architecture="residual", channels=4,
+               blocks=2), {"architecture": "conv"}),
+    (NetConfig("policy_value", "connect_four", architecture="conv", channels=4,
+               blocks=2), {"architecture": "residual"}),
+    (NetConfig("heuristic", "sliding_puzzle", (8,), size=3, residual=True),
+     {"residual": False}),
+    (NetConfig("heuristic", "sliding_puzzle", (8,), size=3, residual=False),
+     {"residual": True}),
+])
+def test_a_config_edited_to_another_net_whose_weights_fit_is_refused(tmp_path, config, edit):
+    """Weights of one shape serve two nets: the config's digest tells them apart (the
+    weights' digest alone let the file load as the other net, with other outputs)."""
+    path = save_checkpoint(tmp_path / "ckpt", to_model(config, initial_weights(config, 0)))
+    file = tmp_path / "ckpt" / "config.json"
+    header = json.loads(file.read_text())
+    header["config"].update(edit)
+    file.write_text(json.dumps(header))
+    with pytest.raises(CheckpointError, match="not the one its weights were saved with"):
+        load_checkpoint(path)
+    header["config"] = json.loads(json.dumps(config.to_json()))  # back as it was
+    file.write_text(json.dumps(header))
+    assert load_checkpoint(path).net_config == config
 
 
 def test_the_shipped_checkpoints_still_load():
@@ -305,7 +344,7 @@ def test_a_load_overtaken_by_a_save_reads_config_json_again_and_loads_the_new_ch
         header = json.loads((path / "config.json").read_text())
         old = old.rename(path / "weights.npz")
         header["format"] = "async_search.checkpoint/1"
-        del header["weights_file"]
+        del header["weights_file"], header["config_sha256"]
         (path / "config.json").write_text(json.dumps(header))
     saved = saving_after_each_read(monkeypatch, path, saves=1)
     checkpoint = read_checkpoint(path)
