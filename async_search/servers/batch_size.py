@@ -32,6 +32,10 @@ The rule (``BatchSizeTuner``), over the sizes ``smallest * 2**k`` up to ``larges
 
 Idle time counts: a pause in the requests during a trial lowers that trial's rate, and
 the next round measures again.
+
+A size whose trial answered nothing (every batch failed: out of memory) while a smaller
+size answered is not tried again, nor any larger one: the later rounds' trials would
+fail their requests again.
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ class BatchSizeTuner:
         self._last: Optional[float] = None  # when the batch before the window finished
         self._elements = self._batches = self._full = 0
         self._held: Optional[int] = None  # batches at the chosen size (None: measuring)
+        self._top = len(self._ladder) - 1  # the largest index still tried
         #: The rate last measured at each size tried (elements per second).
         self.rates: Dict[int, float] = {}
 
@@ -145,7 +150,7 @@ class BatchSizeTuner:
             self._held += 1
             if self._held < self.auto.hold_batches:
                 return None
-            best, last = self._index, len(self._ladder) - 1
+            best, last = self._index, self._top
             self._held, self._round, self._filled, self._order = None, {}, {}, []
             self._queue = [i for i in (best - 1, best + 1) if 0 <= i <= last]
             return self._measure(best, finished_s, in_flight)  # the chosen one first
@@ -182,7 +187,7 @@ class BatchSizeTuner:
 
     def _next(self) -> Optional[int]:
         """The index to measure next in this round, or None when the round is over."""
-        index, filled, last = self._index, self._filled[self._index], len(self._ladder) - 1
+        index, filled, last = self._index, self._filled[self._index], self._top
         if self._sweeping:
             fastest = max(self._round.values())
             two_slower = len(self._order) >= 2 and all(
@@ -219,6 +224,7 @@ class BatchSizeTuner:
             index = self._choice()
             self._sweeping = False
             self._held = 0
+            self._drop_failing_sizes()
         changed = index != self._index
         self._index = index
         self._order.append(index)
@@ -227,8 +233,20 @@ class BatchSizeTuner:
         self._elements = self._batches = self._full = self._peak = 0
         return self.size if changed else None
 
+    def _drop_failing_sizes(self) -> None:
+        """Lowers the largest size tried below the smallest whose trial answered
+        nothing, where a smaller size answered."""
+        rates = [self.rates.get(size) for size in self._ladder]
+        answered = [i for i, rate in enumerate(rates) if rate]
+        if answered:
+            failing = [i for i, rate in enumerate(rates) if rate == 0 and i > answered[0]]
+            if failing:
+                self._top = min(self._top, failing[0] - 1)
+
     def report(self) -> dict:
         """What ``stats["auto_batch_size"]`` shows: the size now, whether it is settled,
-        and the rate last measured at each size tried (elements/s)."""
+        the rate last measured at each size tried (elements/s), and the largest size
+        still tried (lower than ``AutoBatchSize.largest`` once larger sizes failed)."""
         rates = {size: round(rate, 1) for size, rate in sorted(self.rates.items())}
-        return {"size": self.size, "settled": self.settled, "rates": rates}
+        return {"size": self.size, "settled": self.settled, "rates": rates,
+                "largest": self._ladder[self._top]}

@@ -244,6 +244,42 @@ async def test_a_size_whose_batches_fail_is_worth_nothing_however_fast_they_fail
     assert sum(answered) > 0.5 * 512 * 40
 
 
+def test_sizes_whose_trials_answered_nothing_are_not_tried_again():
+    """Out of memory above 64 rows: the first round's trials of 512 to 128 answer
+    nothing. The later rounds (every 5 batches here) measured 128 again, each trial
+    failing its requests again: now no size above 64 is tried after the first round."""
+    tuner = BatchSizeTuner(AutoBatchSize(smallest=16, largest=512, trial_batches=2,
+                                         hold_batches=5))
+    now, caps, failed = 0.0, [], 0
+    for _ in range(400):
+        cap = tuner.size
+        caps.append(cap)
+        now += 1e-3 + 1e-6 * cap
+        answered = 0 if cap > 64 else cap
+        failed += answered == 0
+        tuner.record(cap, now, answered=answered)
+    first_round = caps.index(16) if 16 in caps else caps.index(32)
+    assert max(caps[first_round:]) == 64, sorted(set(caps[first_round:]))
+    assert tuner.report()["largest"] == 64 and tuner.size == 64
+    assert failed == caps[:first_round].count(512) + caps[:first_round].count(256) + \
+        caps[:first_round].count(128)
+
+
+def test_sizes_that_fail_below_one_that_answers_stay_tried():
+    """Every size failing (a broken model, bad requests) caps nothing; nor does a small
+    size failing under a larger one that answers."""
+    everything = BatchSizeTuner(AutoBatchSize(smallest=16, largest=256, trial_batches=2,
+                                              hold_batches=3))
+    small_fails = BatchSizeTuner(AutoBatchSize(smallest=16, largest=256, trial_batches=2,
+                                               hold_batches=3))
+    for t in range(300):
+        everything.record(everything.size, t * 1e-3, answered=0)
+        cap = small_fails.size
+        small_fails.record(cap, t * 1e-3, answered=0 if cap < 64 else cap)
+    assert everything.report()["largest"] == 256
+    assert small_fails.report()["largest"] == 256
+
+
 async def test_auto_refuses_a_batcher_of_its_own():
     with pytest.raises(ValueError, match="pass no batcher"):
         async with asr.serve(lambda x: x, max_batch_size="auto", batcher=FairBatcher(8)):
