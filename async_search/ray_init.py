@@ -16,6 +16,7 @@ import sys
 import threading
 
 from async_search import process_tree
+from async_search.extras import import_extra
 from async_search.machine import usable_cpus
 
 
@@ -101,7 +102,7 @@ def ensure_ray(address: str | None = None):
         shutdown_ray()
         ```
     """
-    import ray
+    ray = import_extra("ray", "the Ray backend")
 
     if ray.is_initialized():
         return ray

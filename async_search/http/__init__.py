@@ -10,6 +10,8 @@ so every name here is imported on first use.
 
 import importlib
 
+from async_search.extras import extra_error
+
 __all__ = ["HttpFront", "HttpLimits", "ModelRepository", "ModelSource", "ServingMetrics",
            "RemoteEvaluate", "GrpcFront", "GrpcRemoteEvaluate"]
 
@@ -21,5 +23,9 @@ _HOMES = {"HttpFront": "front", "HttpLimits": "limits", "ModelRepository": "repo
 
 def __getattr__(name: str):
     if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+        try:
+            home = importlib.import_module(f"{__name__}.{_HOMES[name]}")
+        except ModuleNotFoundError as e:  # an extra not installed: say which
+            raise extra_error(e, f"async_search.http.{name}") from e
+        return getattr(home, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

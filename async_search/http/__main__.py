@@ -47,7 +47,13 @@ from typing import Callable, Sequence
 
 from async_search.errors import ModelLoadError
 from async_search.event_loops import loop_factory
-from async_search.http.front import HttpFront, HttpLimits
+from async_search.extras import extra_error
+
+try:  # the http extra: without it, one line that names it (even for --help)
+    from async_search.http.front import HttpFront, HttpLimits
+except ModuleNotFoundError as e:
+    raise SystemExit(f"python -m async_search.http: "
+                     f"{extra_error(e, 'python -m async_search.http')}") from None
 from async_search.http.repository import ModelSource
 
 
@@ -184,9 +190,7 @@ async def _serve_forever(args: argparse.Namespace) -> None:
             await http.enter_async_context(front)
             _log.warning("serving %r on %s", args.name or name, front.url)
             if args.grpc_port is not None:  # the same repository: the same batches
-                from async_search.http.grpc_front import GrpcFront
-
-                grpc_front = await grpc.enter_async_context(GrpcFront(
+                grpc_front = await grpc.enter_async_context(_grpc_front()(
                     front.repository, host=args.host, port=args.grpc_port,
                     max_message_bytes=args.max_body_bytes,
                     shutdown_timeout=limits.shutdown_timeout))
@@ -201,9 +205,20 @@ async def _serve_forever(args: argparse.Namespace) -> None:
         await asyncio.gather(grpc.aclose(), http.aclose())
 
 
+def _grpc_front() -> type:
+    """``GrpcFront``; without the grpc extra, a one-line exit that names it."""
+    try:
+        from async_search.http.grpc_front import GrpcFront
+    except ModuleNotFoundError as e:
+        raise _refused(extra_error(e, "--grpc-port")) from None
+    return GrpcFront
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(format="%(name)s: %(message)s")
+    if args.grpc_port is not None:
+        _grpc_front()  # before the HTTP front serves: not a traceback after it does
     try:
         factory = loop_factory(args.loop != "asyncio", required=args.loop == "uvloop")
     except ImportError:

@@ -14,6 +14,7 @@ from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError, InputSpecError
+from async_search.extras import import_extra
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
                                          bucket_sizes, net_outputs, padded_rows,
                                          refuse_copying, widened)
@@ -83,7 +84,7 @@ class JaxModel(BucketedModel):
                  input_spec: TensorSpec, *, device: Any = None, max_batch_size: int = 1024,
                  batch_sizes: Sequence[int] | None = None,
                  batch_tolerance: float | None = None):
-        import jax  # imported here so that the core needs numpy alone
+        jax = import_extra("jax", "JaxModel")
 
         self.input_spec = adapter_spec(input_spec)
         self.device = jax_device(device)

@@ -12,6 +12,7 @@ import numpy as np
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
+from async_search.extras import import_extra
 from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_sizes,
                                          net_outputs, padded_rows, refuse_copying,
                                          widened)
@@ -61,7 +62,7 @@ class TensorFlowModel(OwnWeightsModel):
                  max_batch_size: int = 1024, batch_sizes: Sequence[int] | None = None,
                  jit_compile: bool = False, device: str | None = None,
                  batch_tolerance: float | None = None):
-        import tensorflow as tf  # imported here so that the core needs numpy alone
+        tf = import_extra("tensorflow", "TensorFlowModel")
 
         self.input_spec = adapter_spec(input_spec)
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)

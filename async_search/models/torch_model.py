@@ -22,6 +22,7 @@ import numpy as np
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError, ModelOutputError
+from async_search.extras import import_extra
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
                                          bucket_sizes, check_padded_shape, net_outputs,
                                          padded_rows, refuse_copying)
@@ -150,7 +151,7 @@ class TorchModel(OwnWeightsModel):
                  precision: str | None = None, cuda_graphs: bool | None = None,
                  compile: bool | Mapping[str, Any] = False,  # noqa: A002 - torch's name
                  batch_tolerance: float | None = None, script: bool = False):
-        import torch  # imported here so that the core needs numpy alone
+        torch = import_extra("torch", "TorchModel")
 
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -678,7 +679,8 @@ class _Runner:
 
 #: A CUDA graph's capture empties the allocator's cache and synchronises the device as
 #: it starts: two device threads capturing at once would break each other's capture.
-_CAPTURING = threading.Lock()
+#: Reentrant: a module may call another TorchModel that captures a graph of its own.
+_CAPTURING = threading.RLock()
 #: ``torch.jit.script`` compiles into one process-wide unit: two threads compiling at
 #: once clash ("Can't redefine method"), and its warning filter is process-wide too.
 _SCRIPTING = threading.Lock()

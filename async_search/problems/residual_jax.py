@@ -25,6 +25,7 @@ from typing import Any, Callable, Tuple
 
 import numpy as np
 
+from async_search.extras import import_extra
 from async_search.problems.residual_nets import (BATCH_NORM_EPS, CostToGoResNet,
                                                  PolicyValueResNet, ResNetWeights)
 
@@ -40,7 +41,7 @@ def jax_resnet(net: PolicyValueResNet | CostToGoResNet
     Raises:
         TypeError: ``net`` is neither.
     """
-    import jax
+    jax = import_extra("jax", "jax_resnet")
     import jax.numpy as jnp
 
     if isinstance(net, PolicyValueResNet):

@@ -25,6 +25,7 @@ from typing import Any, List
 
 import numpy as np
 
+from async_search.extras import import_extra
 from async_search.problems.residual_nets import (BATCH_NORM_EPS, CostToGoResNet,
                                                  PolicyValueResNet, ResNetWeights)
 
@@ -42,7 +43,7 @@ def keras_resnet(net: PolicyValueResNet | CostToGoResNet) -> Any:
     Raises:
         TypeError: ``net`` is neither.
     """
-    import tensorflow as tf  # only here: the package imports with NumPy alone
+    tf = import_extra("tensorflow", "keras_resnet")
 
     if isinstance(net, PolicyValueResNet):
         return _policy_value(tf.keras, net)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from async_search.extras import import_extra
 from async_search.problems.residual_nets import (BATCH_NORM_EPS, CostToGoResNet,
                                                  PolicyValueResNet, ResNetWeights)
 
@@ -41,7 +42,7 @@ def torch_resnet(net: PolicyValueResNet | CostToGoResNet) -> Any:
     Raises:
         TypeError: ``net`` is neither.
     """
-    import torch
+    torch = import_extra("torch", "torch_resnet")
 
     classes = _classes()
     if isinstance(net, PolicyValueResNet):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from async_search.extras import import_extra
 from async_search.models import TensorFlowModel
 from async_search.models import GRID_BOUND, GRID_SCALE
 from async_search.problems.base import Game, SearchProblem
@@ -140,7 +141,7 @@ def heuristic_tf_net(problem: SearchProblem, *, hidden_sizes: Sequence[int] = (6
         >>> net(puzzle.encode([puzzle.goal])).shape
         (1, 1)
     """
-    import tensorflow as tf  # only here: the package imports with NumPy alone
+    tf = import_extra("tensorflow", "heuristic_tf_net")
 
     reference = heuristic_mlp(problem, hidden_sizes=hidden_sizes, seed=seed)
     forward = _grid_forward(tf, reference.weights)
@@ -164,7 +165,7 @@ def policy_value_tf_net(game: Game, *, hidden_sizes: Sequence[int] = (64,), seed
         >>> logits.shape, value.shape
         ((1, 7), (1, 1))
     """
-    import tensorflow as tf  # only here: the package imports with NumPy alone
+    tf = import_extra("tensorflow", "policy_value_tf_net")
 
     reference = PolicyValueMLP(game, hidden_sizes=hidden_sizes, seed=seed)
     body = _grid_forward(tf, reference.body.weights)
@@ -198,7 +199,7 @@ def tf_twin(model: Any, *, max_batch_size: int = 1024,
         >>> bool((tf_twin(net)(x)[0] == net(x)[0]).all())
         True
     """
-    import tensorflow as tf  # only here: the package imports with NumPy alone
+    tf = import_extra("tensorflow", "tf_twin")
 
     from async_search.models import MLP
     from async_search.problems.heuristics import LearnedHeuristic

@@ -1,6 +1,7 @@
 """Training: AlphaZero self-play for Connect Four and DAVI for the sliding puzzle.
 
-Needs the ``tf`` extra (TensorFlow): ``pip install -e ".[tf]"``. The rest of the package
+Needs the ``tf`` extra (TensorFlow): ``pip install "async_search[tf]"`` (in a clone:
+``pip install -e ".[tf]"``). The rest of the package
 imports with NumPy alone; this package imports TensorFlow only when a ``Trainer`` is made.
 
 - ``ReplayBuffer``: training samples as arrays; uniform minibatches, symmetry, save/load.

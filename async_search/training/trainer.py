@@ -17,6 +17,7 @@ from typing import Any, Tuple
 import numpy as np
 
 from async_search.checks import check_float, check_int
+from async_search.extras import import_extra
 from async_search.problems.heuristics import ManhattanHeuristic
 from async_search.problems.nets import (NetConfig, Weights, check_weights, initial_weights,
                                         to_model)
@@ -70,11 +71,7 @@ class Trainer:
     def __init__(self, config: NetConfig, *, weights: Weights | None = None,
                  learning_rate: float = 1e-3, l2: float = 1e-4, batch_size: int = 256,
                  value_weight: float = 1.0, seed: int = 0):
-        try:
-            import tensorflow as tf  # the training package needs the tf extra
-        except ImportError as e:
-            raise ImportError("training a net needs TensorFlow: pip install -e '.[tf]' "
-                              f"(or '.[all]'); {e}") from e
+        tf = import_extra("tensorflow", "training a net")  # the training package's extra
 
         self._tf = tf
         self.config = config

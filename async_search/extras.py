@@ -1,0 +1,52 @@
+"""The optional extras: a framework imported where it is first needed, and, where it is
+not installed, an error that names the extra to install.
+
+The core imports with NumPy alone; a name that needs one of setup.cfg's extras
+(``torch``, ``jax``, ``tf``, ``ray``, ``http``, ``grpc``) imports it on first use.
+
+Example:
+    >>> missing = ModuleNotFoundError("No module named 'torch'", name="torch")
+    >>> print(extra_error(missing, "TorchModel"))  # doctest: +NORMALIZE_WHITESPACE
+    TorchModel needs torch, which is not installed: pip install 'async_search[torch]'
+    (in a clone of the repository: pip install -e '.[torch]')
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+#: The extra that installs each optional top-level module.
+EXTRA_OF = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "tensorflow": "tf",
+            "keras": "tf", "ray": "ray", "aiohttp": "http", "prometheus_client": "http",
+            "grpc": "grpc", "tritonclient": "grpc"}
+
+
+def extra_error(error: ModuleNotFoundError, what: str) -> ModuleNotFoundError:
+    """The error to raise for ``error``: naming the extra to install where the module
+    not found is an extra's; ``error`` itself otherwise (a module that an installed
+    framework lacks, or a caller's typo, is reported as it is)."""
+    top = (error.name or "").partition(".")[0]
+    extra = EXTRA_OF.get(top)
+    if extra is None:
+        return error
+    return ModuleNotFoundError(
+        f"{what} needs {top}, which is not installed: pip install "
+        f"'async_search[{extra}]' (in a clone of the repository: pip install -e "
+        f"'.[{extra}]')", name=error.name)
+
+
+def import_extra(module: str, what: str) -> ModuleType:
+    """``module`` (an extra's, as in ``EXTRA_OF``), imported; where it is not installed,
+    a ``ModuleNotFoundError`` that names the extra and ``what`` needs it.
+
+    Example:
+        >>> import_extra("numpy", "the core").__name__  # any module imports
+        'numpy'
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != module.partition(".")[0]:
+            raise  # the framework is there and lacks something of its own
+        raise extra_error(e, what) from e

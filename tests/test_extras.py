@@ -1,0 +1,95 @@
+"""The optional extras: a name that needs one, without it, says which to install."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from async_search.base import TensorSpec
+from async_search.extras import EXTRA_OF, extra_error, import_extra
+
+SPEC = TensorSpec((3,), np.float32)
+
+
+def blocked(*modules):
+    """Python code that makes ``modules`` impossible to import (as if not installed)."""
+    return "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules)
+
+
+def run(code, timeout=120):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_extra_error_names_the_extra_of_a_missing_framework():
+    for module, extra in EXTRA_OF.items():
+        error = extra_error(ModuleNotFoundError(f"No module named {module!r}",
+                                                name=f"{module}.sub"), "thing")
+        assert isinstance(error, ModuleNotFoundError) and error.name == f"{module}.sub"
+        assert f"thing needs {module}, which is not installed" in str(error)
+        assert f"pip install 'async_search[{extra}]'" in str(error)
+        assert f"pip install -e '.[{extra}]'" in str(error)
+
+
+def test_extra_error_leaves_other_missing_modules_as_they_are():
+    own = ModuleNotFoundError("No module named 'mypackage'", name="mypackage")
+    assert extra_error(own, "thing") is own
+    nameless = ModuleNotFoundError("something")
+    assert extra_error(nameless, "thing") is nameless
+
+
+def test_import_extra_imports_and_names_the_extra_when_missing(monkeypatch):
+    assert import_extra("numpy", "the core") is np
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ModuleNotFoundError, match=r"TorchModel needs torch, which is not "
+                                                  r"installed: pip install 'async_search"
+                                                  r"\[torch\]'"):
+        import_extra("torch", "TorchModel")
+
+
+@pytest.mark.parametrize("module, call, message", [
+    ("torch", "from async_search.models import TorchModel\n"
+              "TorchModel(None, input_spec=SPEC)", "TorchModel needs torch"),
+    ("jax", "from async_search.models import JaxModel\n"
+            "JaxModel(lambda p, x: x, {}, input_spec=SPEC)", "JaxModel needs jax"),
+    ("tensorflow", "from async_search.models import TensorFlowModel\n"
+                   "TensorFlowModel(lambda x: x, input_spec=SPEC)",
+     "TensorFlowModel needs tensorflow"),
+    ("tensorflow", "from async_search import problems\n"
+                   "problems.tf_twin(problems.pretrained('connect_four'))",
+     "tf_twin needs tensorflow"),
+    ("torch", "from async_search import problems\n"
+              "problems.torch_resnet(problems.CostToGoResNet(problems.SlidingPuzzle(3), "
+              "first_width=4, width=4, blocks=1))", "torch_resnet needs torch"),
+    ("ray", "from async_search.ray_init import ensure_ray\nensure_ray()",
+     "the Ray backend needs ray"),
+    ("aiohttp", "from async_search.http import HttpFront",
+     "async_search.http.HttpFront needs aiohttp"),
+    ("grpc", "from async_search.http import GrpcFront",
+     "async_search.http.GrpcFront needs grpc"),
+])
+def test_a_name_that_needs_a_missing_extra_says_which_to_install(module, call, message):
+    done = run(blocked(module) + "import numpy as np\nfrom async_search.base import "
+               "TensorSpec\nSPEC = TensorSpec((3,), np.float32)\n" + call)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: " + message), done.stderr[-1500:]
+    assert f"pip install 'async_search[{EXTRA_OF[module]}]'" in last
+
+
+@pytest.mark.parametrize("module, flags, message", [
+    ("aiohttp", ["--help"], "python -m async_search.http needs aiohttp"),
+    ("grpc", ["--port", "0", "--grpc-port", "0"], "--grpc-port needs grpc"),
+])
+def test_python_m_async_search_http_without_its_extra_exits_in_one_line(module, flags,
+                                                                          message):
+    code = (blocked(module) + "import runpy\nsys.argv = ['async_search.http'] + "
+            f"{flags!r}\nrunpy.run_module('async_search.http', run_name='__main__')")
+    done = run(code)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr[-1500:]
+    assert "serving" not in done.stderr  # refused before the HTTP front served
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"python -m async_search.http: {message}"), last
+    assert f"'async_search[{EXTRA_OF[module]}]'" in last
