@@ -66,16 +66,36 @@ def read_json(file: str | os.PathLike) -> Any:
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{file!r} is not UTF-8 text (corrupt, or not the file it "
                               f"should be): {e}") from e
-    try:  # as strict as the writers (allow_nan=False, each key once)
-        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_each_key_once)
+    try:
+        return loads_strict(text)
+    except NeverWrittenError as e:
+        raise CheckpointError(f"{file!r} holds JSON that this project never writes "
+                              f"(edited by hand, or by another program?): {e}") from e
     except (ValueError, RecursionError, MemoryError) as e:  # ValueError: JSON's, and
         # an integer past Python's 4,300 digits
         raise CheckpointError(f"{file!r} is not valid JSON (truncated or corrupt): "
                               f"{e}") from e
 
 
+class NeverWrittenError(ValueError):
+    """JSON that no writer of this project makes: ``NaN``, ``Infinity``, or a key
+    written twice in one object."""
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads``, as strict as this project's writers (``allow_nan=False``, each key
+    once): ``NeverWrittenError`` for what they never write, ``ValueError`` for what is
+    not JSON.
+
+    Example:
+        >>> loads_strict('{"a": [1, 2.5]}')
+        {'a': [1, 2.5]}
+    """
+    return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_each_key_once)
+
+
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number (this project writes none)")
+    raise NeverWrittenError(f"{name} is not a JSON number")
 
 
 def _each_key_once(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
@@ -85,7 +105,7 @@ def _each_key_once(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
     if len(out) != len(pairs):
         seen = set()
         twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"the key {twice!r} is written twice in one object")
+        raise NeverWrittenError(f"the key {twice!r} is written twice in one object")
     return out
 
 

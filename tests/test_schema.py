@@ -18,8 +18,10 @@ def test_read_json_refuses_a_number_that_strict_json_has_not(tmp_path, constant)
     another program, and a checkpoint that loads with it could not be saved again."""
     path = tmp_path / "config.json"
     path.write_text('{"metadata": {"loss": [1.0, %s]}}' % constant)
-    with pytest.raises(CheckpointError, match=f"{constant} is not a JSON number"):
+    with pytest.raises(CheckpointError, match=f"never writes .*: {constant} is not a JSON "
+                                              f"number") as refused:
         read_json(path)
+    assert "truncated" not in str(refused.value)  # the file is whole
 
 
 @pytest.mark.parametrize("text", ['{"metadata": 1, "format": 2, "metadata": 3}',

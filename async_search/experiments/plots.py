@@ -46,9 +46,9 @@ def _thousands(x: float, _pos: Any = None) -> str:
 
 
 def _run_label_parts(r: RunReport) -> Tuple[str, str]:
-    """The name (with its colon) and what the run solved, as in ``sync:`` and `` 8/8
-    solved, mean path 63.2``; the bare name and nothing for searches without a goal
-    (MCTS)."""
+    """The label (``RunReport.label``, with its colon) and what the run solved, as in
+    ``sync:`` and `` 8/8 solved, mean path 63.2``; the bare label and nothing for
+    searches without a goal (MCTS)."""
     if "solved" not in r.summary:
         return r.label, ""
     tail = f" {r.summary['solved']}/{r.summary.get('searches', 0)} solved"
@@ -130,7 +130,7 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
         data = frame[frame["group"] == group]
         if len(data):
             # The legend names each run with its mean batch size.
-            labels = {r.name: _fit(r.name, f" (mean {r.mean_batch_size:.1f})",
+            labels = {r.name: _fit(r.label, f" (mean {r.mean_batch_size:.1f})",
                                    HISTOGRAM_LINE)
                       for r in runs}
             sizes = data["batch size"]

@@ -24,7 +24,7 @@ from async_search.checks import check_callable, check_int, is_int
 from async_search.errors import CheckpointError
 from async_search.files import write_file
 from async_search.npz import checked_array
-from async_search.schema import Fields
+from async_search.schema import Fields, NeverWrittenError, loads_strict
 
 
 #: A symmetry: ``(x, pi) -> (x', pi')`` for a minibatch; the value target is unchanged.
@@ -275,7 +275,7 @@ class ReplayBuffer:
                 "state_shape": None if self._spec is None else list(self._spec.state_shape),
                 "num_actions": None if self._spec is None else self._spec.num_actions,
                 "rng": self._rng.bit_generator.state}
-        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+        arrays = {"meta": np.frombuffer(json.dumps(meta, allow_nan=False).encode(), np.uint8)}
         if self._spec is not None:
             arrays.update(x=self._x[:self._size], z=self._z[:self._size])
             if self._pi is not None:
@@ -412,7 +412,10 @@ def _read_meta(raw: np.ndarray, path: str) -> dict:
     if raw.dtype != np.uint8 or raw.ndim != 1:
         raise CheckpointError(f"replay buffer file {path!r}: its header is not bytes")
     try:
-        meta = json.loads(raw.tobytes().decode("utf-8"))
+        meta = loads_strict(raw.tobytes().decode("utf-8"))
+    except NeverWrittenError as e:  # a NaN, or a key twice (one value taken unsaid)
+        raise CheckpointError(f"replay buffer file {path!r}: its header holds JSON that "
+                              f"this project never writes: {e}") from e
     except (ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, or an
         # integer past Python's 4,300 digits
         raise CheckpointError(f"replay buffer file {path!r}: its header is not JSON "

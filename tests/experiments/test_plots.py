@@ -56,6 +56,19 @@ def test_the_time_legend_says_what_each_run_solved(tmp_path):
     matplotlib.pyplot.close(fig)
 
 
+def test_both_legends_say_how_many_clients_started_where_fewer_did_than_asked():
+    import dataclasses
+
+    fewer = dataclasses.replace(run("ray 200 clients", "ray", [6, 8] * 5), backend="ray",
+                                num_procs=8, num_procs_requested=200)
+    fig = plot_runs([fewer])
+    texts = [[t.get_text() for t in ax.get_legend().get_texts()]
+             for ax in fig.get_axes() if ax.get_legend() is not None]
+    assert ["ray 200 clients (8 started)\n(mean 7.0)"] in texts  # the batch sizes
+    assert any("ray 200 clients (8 started)" in labels for labels in texts)  # the times
+    matplotlib.pyplot.close(fig)
+
+
 def test_legends_of_long_run_names_stay_within_their_panels_and_off_the_curves():
     solved = {"searches": 8, "solved": 8, "mean_path_length": 55.0}
     name = "ray 2 clients, 2 servers"

@@ -556,6 +556,18 @@ def test_a_buffer_header_that_is_not_a_json_object_is_refused(tmp_path, raw, mat
     assert_refused(path, match)
 
 
+@pytest.mark.parametrize("edit, match", [
+    (lambda text: text[:-1] + ', "seed": 99}', "the key 'seed' is written twice"),
+    (lambda text: text.replace('"seed": 0', '"seed": NaN'), "NaN is not a JSON number")])
+def test_a_buffer_header_holding_json_no_writer_makes_is_refused(tmp_path, edit, match):
+    """A key written twice: one of its values was taken without a word (the seed)."""
+    path = saved(tmp_path)
+    text = bytes(np.load(path)["meta"]).decode()
+    assert '"seed": 0' in text
+    rewrite(path, raw_meta=edit(text).encode())
+    assert_refused(path, f"header holds JSON that this project never writes: {match}")
+
+
 HEADER = ["capacity", "seed", "size", "next", "added", "state_shape", "num_actions", "rng"]
 
 
