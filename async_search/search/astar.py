@@ -101,7 +101,9 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
     Raises:
         ValueError: for a budget or buffer_size below 1, a negative weight, or an
             invalid start, before any request is made; for
-            a step cost that is not a finite number > 0, when the step is generated.
+            a step cost that is not a finite number > 0, or a path whose cost passes
+            the largest float (over ``weight`` where above 1), when the step is
+            generated.
         TypeError: at the first request, if ``evaluate(x)`` returns something that
             cannot be awaited (a model passed where ``asr.immediate(model)`` belongs).
 

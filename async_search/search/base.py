@@ -43,13 +43,20 @@ def bad_step_cost(problem: Any, cost: Any) -> ValueError:
 MAX_STEP_COST = sys.float_info.max
 
 
-def path_cost_overflow(problem: Any, cost: Any) -> ValueError:
-    """The error for a path whose cost passes ``MAX_STEP_COST``: as inf, every such path
+def path_cost_overflow(problem: Any, cost: Any, weight: float = 1.0) -> ValueError:
+    """The error for a path whose cost passes ``MAX_STEP_COST`` (divided by A*'s
+    ``weight`` where above 1): as inf, every such path, or priority ``weight * g``,
     would tie with every other (a goal reached would not beat "none found")."""
     try:
         shown = f"{float(cost):g}"
     except OverflowError:  # an int (a Fraction) past the floats
         shown = "more than any float"
+    if weight > 1:
+        return ValueError(f"{type(problem).__name__}: a path costs {shown}, past the "
+                          f"largest float ({MAX_STEP_COST:g}) over the weight "
+                          f"({weight:g}) that a path cost may be, as weight * cost "
+                          f"orders the nodes; scale the step costs down, or lower the "
+                          f"weight")
     return ValueError(f"{type(problem).__name__}: a path costs {shown}, past the "
                       f"largest float ({MAX_STEP_COST:g}) that a path cost may be; "
                       f"scale the step costs down")

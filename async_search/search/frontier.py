@@ -78,6 +78,9 @@ class Frontier:
     """The key of each node id."""
     g: List[float] = dataclasses.field(default_factory=list)
     """The cheapest known cost from the start to each node."""
+    max_g: float = MAX_STEP_COST
+    """The largest path cost the search takes: ``weight * g`` must stay a float (past
+    it every priority and the goal's bound are inf, and tie)."""
     parent: List[Any] = dataclasses.field(default_factory=list)
     """The key of each node's predecessor on its cheapest known path (the start: its
     own key)."""
@@ -127,6 +130,14 @@ class Frontier:
         return state if self.compact is None else self.compact.key(state)
 
 
+def max_path_cost(weight: float) -> float:
+    """The largest path cost whose priority ``weight * g`` is a float (a little less,
+    for the product's rounding)."""
+    if weight <= 1:
+        return MAX_STEP_COST
+    return MAX_STEP_COST / weight * (1 - 2 ** -40)
+
+
 def new_frontier(problem: SearchProblem, start: State, *, weight: float) -> Frontier:
     """A frontier holding only ``start`` (a goal already if the start is one).
 
@@ -137,7 +148,8 @@ def new_frontier(problem: SearchProblem, start: State, *, weight: float) -> Fron
     compact = compact_keys_of(problem)
     unit = check_step_cost(problem, compact.step_cost) if compact is not None else None
     fr = Frontier(weight=float(weight), problem=problem, compact=compact,
-                  step=None if compact is not None else [], unit_cost=unit)
+                  step=None if compact is not None else [], unit_cost=unit,
+                  max_g=max_path_cost(weight))
     key = fr.key_of(start)
     if problem.is_goal(start):
         fr.goals[key] = [0, None, 0]
@@ -297,6 +309,8 @@ def expand_ids(fr: Frontier, ids: List[int],
     if fr.compact is None:
         new = _expand_states(fr, ids, gs)
     else:
+        if gs and max(gs) + fr.unit_cost > fr.max_g:  # (one cost for every step)
+            raise path_cost_overflow(fr.problem, max(gs) + fr.unit_cost, fr.weight)
         new = _expand_keys(fr, ids, gs)
     fr.expanded += len(ids)
     return new
@@ -343,7 +357,7 @@ def _expand_states(fr: Frontier, ids: List[int],
     """``expand_ids`` through ``problem.neighbors``, one state at a time."""
     problem, keys, index, goals = fr.problem, fr.keys, fr.index, fr.goals
     neighbors, is_goal = problem.neighbors, problem.is_goal
-    g_of, parent, step = fr.g, fr.parent, fr.step
+    g_of, parent, step, max_g = fr.g, fr.parent, fr.step, fr.max_g
     first = len(keys)
     for i, g in zip(ids, gs):
         state = keys[i]
@@ -355,8 +369,8 @@ def _expand_states(fr: Frontier, ids: List[int],
             elif not 0 < cost <= MAX_STEP_COST:
                 raise bad_step_cost(problem, cost)
             g1 = g + cost
-            if g1 > MAX_STEP_COST:  # inf, or an int past the floats
-                raise path_cost_overflow(problem, g1)
+            if g1 > max_g:  # inf, an int past the floats, or weight * g1 past them
+                raise path_cost_overflow(problem, g1, fr.weight)
             j = index.get(child)
             if j is not None:
                 if g1 < g_of[j]:

@@ -7,7 +7,7 @@ import pytest
 
 import async_search as asr
 from async_search import problems, search
-from tests.search.costed import CostsOf, Diamond, Line
+from tests.search.costed import CostsOf, Diamond, Line, Shortcut
 from async_search.errors import ModelOutputError
 from async_search.search import Status
 
@@ -233,3 +233,50 @@ async def test_a_path_whose_cost_passes_the_floats_is_refused(cost, variant):
            search.continuous_astar(Line(cost), 0, evaluate, budget=100))
     with pytest.raises(ValueError, match="Line: a path costs .* past the largest float"):
         await asyncio.wait_for(run, 10)
+
+
+@pytest.mark.parametrize("scale, weight", [(1e307, 2.0), (1e296, 1e12), (1e296, 1e300)])
+@pytest.mark.parametrize("variant", ["batched", "continuous"])
+async def test_a_path_whose_weighted_cost_passes_the_floats_is_refused(scale, weight,
+                                                                       variant):
+    """weight * g overflowed to inf: every priority and the goal's bound tied, and the
+    search returned the first goal it reached (15 scale, not 10 scale)."""
+    async def evaluate(x):
+        return np.zeros((len(x), 1), np.float32)
+
+    def run(w):
+        return (search.batched_astar(Shortcut(scale), 0, evaluate, budget=100,
+                                     buffer_size=1, weight=w)
+                if variant == "batched" else
+                search.continuous_astar(Shortcut(scale), 0, evaluate, budget=100,
+                                        weight=w))
+
+    cheapest = await asyncio.wait_for(run(1.0), 10)
+    assert cheapest.path == (0, 1, 2) and cheapest.cost == 9 * scale + scale
+    with pytest.raises(ValueError, match=r"Shortcut: a path costs .* past the largest "
+                                         r"float .* over the weight .* lower the weight"):
+        await asyncio.wait_for(run(weight), 10)
+
+
+class _HugeKeys(_ScaledKeys):
+    step_cost = 1e300
+
+
+class _HugePuzzle(problems.SlidingPuzzle):
+    def neighbors(self, state):
+        return [(s, 1e300) for s, _ in super().neighbors(state)]
+
+    def compact_keys(self):
+        return _HugeKeys(problems.SlidingPuzzle(self.size).compact_keys())
+
+
+async def test_a_compact_keyed_path_whose_weighted_cost_passes_the_floats_is_refused():
+    puzzle = _HugePuzzle(3)
+    start = puzzle.scramble(6, seed=1)
+    evaluate = asr.immediate(problems.ManhattanHeuristic(PUZZLE))
+    found = await search.batched_astar(puzzle, start, evaluate, budget=1000,
+                                       buffer_size=1)
+    assert found.status is Status.GOAL_FOUND and found.cost >= 1e300
+    with pytest.raises(ValueError, match="over the weight"):
+        await search.batched_astar(puzzle, start, evaluate, budget=1000, buffer_size=1,
+                                   weight=1e12)

@@ -1,5 +1,7 @@
 """The pure A* core, driven without an event loop."""
 
+import pytest
+
 from async_search.search import Status
 from async_search.search.astar import astar_result
 from async_search.search.frontier import (expand_nodes, has_open_node, new_frontier, path_to,
@@ -117,15 +119,29 @@ def test_a_node_reached_more_cheaply_after_its_value_is_known_is_pushed_again(to
 
 
 def test_priorities_that_overflow_to_inf_are_still_popped(toy_graph):
-    # weight * g overflows for g >= 2: such a node is open at f = inf, and pop_nodes
-    # must agree with has_open_node (continuous_astar looped forever when they did not).
+    # weight * g + h overflows for a huge h: such a node is open at f = inf, and
+    # pop_nodes must agree with has_open_node (continuous_astar looped forever when they
+    # did not). (weight * g itself stays a float: a path past that is refused.)
+    graph = toy_graph({"S": [("A", 1e295)], "A": [("B", 1e295)], "B": [("G", 1e295)]},
+                      goals=["G"], h={"A": 1, "B": 1})
+    fr = new_frontier(graph, "S", weight=1e12)
+    for state in ("S", "A"):
+        assert pop_nodes(fr, 4) == [(state, fr.g[fr.index[state]])]
+        record_values(fr, expand_nodes(graph, fr, [(state, fr.g[fr.index[state]])]),
+                      [1.7e308])
+    assert fr.f_heap == [float("inf")]
+    assert has_open_node(fr) and pop_nodes(fr, 4) == [("B", 2e295)]
+
+
+def test_a_path_whose_weighted_cost_passes_the_floats_is_refused_when_generated(
+        toy_graph):
     graph = toy_graph({"S": [("A", 1)], "A": [("B", 1)], "B": [("G", 1)]}, goals=["G"],
                       h={"A": 1, "B": 1})
     fr = new_frontier(graph, "S", weight=1e308)
-    for state in ("S", "A"):
-        assert pop_nodes(fr, 4) == [(state, fr.g[fr.index[state]])]
-        record_values(fr, expand_nodes(graph, fr, [(state, fr.g[fr.index[state]])]), [1.0])
-    assert has_open_node(fr) and pop_nodes(fr, 4) == [("B", 2)]
+    record_values(fr, expand_nodes(graph, fr, pop_nodes(fr, 4)), [1.0])  # g 1: a float
+    with pytest.raises(ValueError, match="ToyGraph: a path costs 2, past the largest "
+                                         "float .* over the weight"):
+        expand_nodes(graph, fr, pop_nodes(fr, 4))
 
 
 def test_batched_astar_with_a_huge_weight_searches_on_to_a_cheapest_goal():
