@@ -589,7 +589,7 @@ class _ServerPool:
         unavailable = getattr(errors, "ActorUnavailableError", ())
         async with self._swapping:
             ref = self._ray.put(model_or_weights)  # sent once, read by every actor
-            self._latest = (ref, version)
+            before, self._latest = self._latest, (ref, version)
             live = self.live()
             acks = await asyncio.gather(*(_answer_within(
                 s.actor.update_model.remote(ref, version), _SWAP_S) for s in live),
@@ -613,6 +613,11 @@ class _ServerPool:
                     server.died = True
                     with contextlib.suppress(Exception):
                         self._ray.kill(server.actor)
+            if acks and all(isinstance(a, BaseException) and not isinstance(
+                    a, errors.RayActorError) for a in acks):
+                # Every server refused it: no server serves it, and a replacement
+                # would refuse it too (and be dropped, its slot left empty for good).
+                self._latest = before
         for ack in acks:
             if isinstance(ack, unavailable):
                 raise ServerDiedError(

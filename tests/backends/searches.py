@@ -134,6 +134,20 @@ def version_model():
     return VersionModel(0)
 
 
+class RefusesNegativeWeights(VersionModel):
+    """VersionModel whose ``with_weights`` refuses a negative version (weights that do
+    not fit the model)."""
+
+    def with_weights(self, weights):
+        if weights < 0:
+            raise ValueError(f"weights {weights} do not fit")
+        return RefusesNegativeWeights(weights)
+
+
+def refuses_negative_weights():
+    return RefusesNegativeWeights(0)
+
+
 class SwapTimesOut(VersionModel):
     """VersionModel whose ``with_weights`` raises TimeoutError (a weights fetch that
     timed out): the swap fails in the server, which is alive and answering."""

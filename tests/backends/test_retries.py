@@ -116,6 +116,37 @@ def test_a_lost_server_actor_is_replaced_for_the_retry(retries):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
+def test_a_push_every_server_refused_is_not_the_model_a_replacement_starts_on():
+    """Version 7, then weights every server refuses, then the server dies: the
+    replacement refused the model last pushed, was dropped, and so was every later
+    one, until every attempt failed for want of a server."""
+    pushed = []
+
+    async def push(servers):
+        await servers.update_model(7, version=7)
+        with pytest.raises(Exception, match="weights -1 do not fit"):
+            await servers.update_model(-1, version=8)
+        pushed.append(servers.version)
+
+    async def run():
+        task = asyncio.ensure_future(asr.run_searches_async(
+            searches.versions_seen, list(range(4)), searches.refuses_negative_weights,
+            backend="ray", num_procs=2, num_servers=1, on_servers=push, retries=1,
+            return_exceptions=True, timeout=120))
+        await wait_until(lambda: pushed and _serving_server(),
+                         "the pushes returned and the server served", timeout=120,
+                         interval=0.05)
+        os.kill(await _serving_server().pid.remote(), signal.SIGKILL)
+        return await task
+
+    out = asyncio.run(run())
+    assert pushed == [7]  # the refused push left the version as it was
+    assert out.stats["servers_died"] == 1 and out.stats["servers_replaced"] == 1, out
+    assert out == [[7]] * 4  # the replacement serves version 7
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_ray_placement_options_reach_the_cluster():
     from async_search.backends import RayPlacement
 
