@@ -126,7 +126,8 @@ class CommanderConfig:
         seed: seeds everything (weights, buffer, games).
         overlap: start the next iteration's self-play when training starts, so that
             self-play keeps the servers busy while the trainer trains and the arena
-            plays; a promotion is pushed into that running self-play. Faster, but the
+            plays; a promotion is pushed into that running self-play (one made while
+            its servers start is pushed to them once they serve). Faster, but the
             games then depend on when the push lands, so a run is no longer a
             deterministic function of the seed (resume still loses no saved sample).
     """
@@ -455,10 +456,15 @@ class Commander:
                                        seed=config.seed * 100_003 + iteration)
         play = functools.partial(selfplay_game, game=self.game, config=selfplay)
         ours: List[Any] = []  # this run's servers, and no one else's
+        started_on = self.best
 
-        def on_servers(servers: Any) -> None:
+        def on_servers(servers: Any) -> Any:
             ours.append(servers)
             self.add_target(servers)
+            if self.best is not started_on:  # promoted while its servers started (an
+                # overlapped run): the push went to targets it was not yet among
+                return servers.update_model(self.best, self.best_version)
+            return None
         # In overlap mode the bars belong to the foreground phases.
         progress = None if config.overlap else (lambda n: self._report("selfplay", n, 0))
         start = time.perf_counter()

@@ -223,6 +223,38 @@ def test_overlap_plays_the_next_self_play_during_training_and_pushes_into_it(tmp
     assert commander.buffer.added == sum(r.samples for r in records)
 
 
+def test_a_promotion_made_while_the_next_self_plays_servers_start_reaches_them(
+        tmp_path, monkeypatch):
+    """Ray takes about a second to start a run's servers: a promotion made meanwhile
+    went to the targets of that moment, which the starting run was not yet among, and
+    its games were all played on the older net."""
+    import async_search.backends as backends
+
+    commander = Commander(tiny(2, overlap=True, gate_threshold=0.0, eval_games=0),
+                          str(tmp_path))
+    real = backends.run_searches_async
+    handles, calls = [], []
+
+    async def slow_to_start(*args, **kwargs):
+        calls.append(len(calls))
+        if len(calls) == 2:  # the overlapped run: its servers serve after promotion 1
+            while commander.best_version < 1:
+                await asyncio.sleep(0.01)
+        hook = kwargs["on_servers"]
+
+        def on_servers(servers):
+            handles.append(servers)
+            return hook(servers)
+
+        return await real(*args, **{**kwargs, "on_servers": on_servers})
+
+    monkeypatch.setattr(backends, "run_searches_async", slow_to_start)
+    records = run(commander)
+    assert [r.promoted for r in records] == [True, True] and len(handles) == 2
+    assert handles[1].version == 1  # the run's servers took the promotion they missed
+    assert records[0].pushed_to == 1  # (the arena's server only: the run was not yet up)
+
+
 # -- Gumbel, tree reuse, move accuracy and the stronger baseline ---------------------------
 
 
