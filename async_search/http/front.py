@@ -604,9 +604,9 @@ class HttpFront(FrontLifetime):
                 _json_values(named, decoded) * 16 >= self.limits.offload_bytes) \
                 else encode()
         except Exception as e:
-            status = http_status(e)
-            if status is not None and name in self.repository.names:  # never a label
-                # per unknown name sent
+            # None: an error the front did not expect, which the middleware answers 500
+            status = http_status(e) or 500
+            if name in self.repository.names:  # never a label per unknown name sent
                 self.metrics.observe_request(name, version, status,
                                              time.perf_counter() - start)
             raise

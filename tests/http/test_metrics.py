@@ -200,3 +200,29 @@ async def test_an_inference_whose_client_hung_up_counts_as_499_not_200():
                      code="499") == 1
         assert value(found, "async_search_http_requests_total", model="m", version="0",
                      code="200") == 1
+
+
+async def test_an_inference_the_front_did_not_expect_to_fail_counts_as_a_500():
+    """A model giving more outputs than its output_names: answered 500 (internal error),
+    and counted nowhere but the front's errors, so the model's error rate read 0 %."""
+    import aiohttp
+
+    from async_search.http import HttpFront
+    from async_search.http.repository import ModelSource
+    from async_search.models import with_spec
+
+    def two():  # two outputs, one name
+        return with_spec(lambda x: (x[:, :1], x[:, 1:2]), (3,), np.float32)
+
+    body = {"inputs": [{"name": "input", "shape": [1, 3], "datatype": "FP32",
+                        "data": [1, 2, 3]}]}
+    async with HttpFront({"two": ModelSource(two, output_names=("a",))}) as front, \
+            aiohttp.ClientSession() as session:
+        for _ in range(3):
+            async with session.post(f"{front.url}/v2/models/two/infer",
+                                    json=body) as answer:
+                assert answer.status == 500
+        found = samples(front.metrics)
+    assert value(found, "async_search_http_requests_total", model="two", version="0",
+                 code="500") == 3
+    assert value(found, "async_search_http_request_seconds_count", model="two") == 3
