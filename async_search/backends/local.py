@@ -67,11 +67,13 @@ async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[]
     if deadlines is None:
         deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
-    start = time.perf_counter()
+    began = time.perf_counter()
     async with BatchingServer(model_factory(), config.policy, on_batch=on_batch,
                               model_thread=config.model_thread) as evaluate:
         for _ in range(config.num_servers - 1):
             await evaluate.add_worker(model_factory())
+        # The models' building is start-up, as on Ray: not the searches' wall time.
+        start = time.perf_counter()
         try:
             hand_over(servers_hook, evaluate, config)
             results = await gather_searches(search_fn, starts, evaluate,
@@ -88,7 +90,9 @@ async def run_local(search_fn, starts: Sequence[Any], model_factory: Callable[[]
                 await evaluate.aclose(drain=False, timeout=GRACE_S)
     # Every search ran here: one process, whatever num_procs asked for (the
     # requested number stays in num_procs_requested).
-    stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace], num_clients=1)
+    stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace], num_clients=1,
+                        origin=start)
+    stats["startup_s"] = start - began
     return SearchResults(results, stats)
 
 

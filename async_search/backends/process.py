@@ -75,12 +75,15 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
         deadlines = Deadlines.from_config(config.timeout, config.search_timeout)
     on_batch = (lambda record: progress(record.size)) if progress is not None else None
     context = multiprocessing.get_context(_CONTEXT)
-    start_time = time.perf_counter()  # uvloop's loop.time() counts whole milliseconds
+    began = time.perf_counter()  # uvloop's loop.time() counts whole milliseconds
     clients: List[dict] = []
     async with BatchingServer(model_factory(), config.policy, on_batch=on_batch,
                               model_thread=config.model_thread) as evaluate:
         for _ in range(config.num_servers - 1):
             await evaluate.add_worker(model_factory())
+        # The models' building is start-up, as on Ray: not the searches' wall time
+        # (the client processes' start is, as the searches wait on it).
+        start_time = time.perf_counter()
         try:
             # A push swaps the model here, where every client's messages are served (a
             # message read after it, so sent after it, runs on the new model), and
@@ -127,7 +130,8 @@ async def run_process(search_fn, starts: Sequence[Any], model_factory: Callable[
             else:
                 failures[index] = value
     stats = merge_stats(config, wall, [evaluate.stats], [evaluate.trace],
-                        num_clients=len(shares))
+                        num_clients=len(shares), origin=start_time)
+    stats["startup_s"] = start_time - began
     stats["clients"] = clients
     return SearchResults(finish(results_, failures, config), stats)
 

@@ -28,10 +28,10 @@ class SearchResults(list):
     too in a Ray worker) and wall seconds while its searches ran, near equal when its
     CPU is the limit, far apart when it waits on its round trips; ``began_at`` and
     ``ended_at``, the ``time.perf_counter`` times its searches began and ended: the
-    clock of the servers' ``started_at`` for a process on their machine). The Ray
-    backend adds
-    ``startup_s`` (starting the server actors and building their models, left out of
-    wall_time_s), ``servers_died``, ``servers_replaced``, ``server_nodes`` and
+    clock of the servers' ``started_at`` for a process on their machine). Every
+    backend adds ``startup_s``: building the models and starting the servers (the
+    server actors on Ray), left out of wall_time_s. The Ray backend adds
+    ``servers_died``, ``servers_replaced``, ``server_nodes`` and
     ``server_gpus`` (per server started), ``routers`` and ``transports`` (per client
     task that finished).
     """

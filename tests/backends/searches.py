@@ -32,6 +32,18 @@ def small_mlp():
     return MLP((3,), hidden_sizes=(8,), output_size=1, seed=0)
 
 
+#: Seconds ``slow_to_build`` takes to make its model.
+BUILD_S = 0.5
+
+
+def slow_to_build():
+    """small_mlp, made in BUILD_S seconds (a net traced for every bucket)."""
+    import time
+
+    time.sleep(BUILD_S)
+    return small_mlp()
+
+
 async def echo_sum(start, evaluate):
     """Sequential single-element requests: returns the sum of outputs."""
     total = 0.0

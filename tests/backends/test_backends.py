@@ -277,3 +277,20 @@ def test_a_start_that_pickles_but_does_not_load_is_refused_by_index(backend):
         pytest.skip("the local backend sends nothing to another process")
     with pytest.raises(TypeError, match=r"start 1 .*load again.*cannot be loaded"):
         backend.run(searches.echo_sum, [2, searches.DoesNotLoad(), 3], searches.small_mlp)
+
+
+def test_building_the_models_is_start_up_not_the_searches_wall_time(backend):
+    """local and process counted the model factory's seconds in wall_time_s, Ray did
+    not: a slow-to-build net made the same searches look slower there, and diluted
+    their fraction_in_model."""
+    began = time.perf_counter()
+    out = backend.run(searches.echo_sum, [1, 2], searches.slow_to_build, num_servers=2)
+    call_s = time.perf_counter() - began
+    assert out == searches.baseline(searches.echo_sum, [1, 2], searches.small_mlp())
+    stats = out.stats
+    # Two models, one after the other here; Ray's actors build theirs at once.
+    built_s = searches.BUILD_S * (1 if backend.name == "ray" else 2)
+    assert stats["startup_s"] >= built_s
+    assert stats["wall_time_s"] + stats["startup_s"] <= call_s
+    # the batches on the searches' clock, within their wall time
+    assert all(0 <= r.finished_s <= stats["wall_time_s"] for r in stats["trace"])
