@@ -34,8 +34,9 @@ Idle time counts: a pause in the requests during a trial lowers that trial's rat
 the next round measures again.
 
 A size whose trial answered nothing (every batch failed: out of memory) while a smaller
-size answered is not tried again, nor any larger one: the later rounds' trials would
-fail their requests again.
+size answered is not tried again, nor any larger one, for ``RETRY_ROUNDS`` rounds: each
+round's trial would fail its requests again; after them it may be tried once more (the
+memory may have been another process's, for a while).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from async_search.checks import check_float, check_int
+
+#: Rounds after which sizes that failed (``BatchSizeTuner``) may be tried again.
+RETRY_ROUNDS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +130,7 @@ class BatchSizeTuner:
         self._elements = self._batches = self._full = 0
         self._held: Optional[int] = None  # batches at the chosen size (None: measuring)
         self._top = len(self._ladder) - 1  # the largest index still tried
+        self._retry_in = 0  # rounds left before sizes above _top may be tried again
         #: The rate last measured at each size tried (elements per second).
         self.rates: Dict[int, float] = {}
 
@@ -150,6 +155,10 @@ class BatchSizeTuner:
             self._held += 1
             if self._held < self.auto.hold_batches:
                 return None
+            if self._retry_in:
+                self._retry_in -= 1
+                if not self._retry_in:
+                    self._top = len(self._ladder) - 1
             best, last = self._index, self._top
             self._held, self._round, self._filled, self._order = None, {}, {}, []
             self._queue = [i for i in (best - 1, best + 1) if 0 <= i <= last]
@@ -234,14 +243,15 @@ class BatchSizeTuner:
         return self.size if changed else None
 
     def _drop_failing_sizes(self) -> None:
-        """Lowers the largest size tried below the smallest whose trial answered
-        nothing, where a smaller size answered."""
-        rates = [self.rates.get(size) for size in self._ladder]
-        answered = [i for i, rate in enumerate(rates) if rate]
+        """Lowers the largest size tried below the smallest whose trial in this round
+        answered nothing, where a smaller size answered in it."""
+        answered = [i for i, rate in self._round.items() if rate]
         if answered:
-            failing = [i for i, rate in enumerate(rates) if rate == 0 and i > answered[0]]
-            if failing:
-                self._top = min(self._top, failing[0] - 1)
+            failing = [i for i, rate in self._round.items()
+                       if rate == 0 and i > min(answered)]
+            if failing and min(failing) - 1 < self._top:
+                self._top = min(failing) - 1
+                self._retry_in = RETRY_ROUNDS
 
     def report(self) -> dict:
         """What ``stats["auto_batch_size"]`` shows: the size now, whether it is settled,

@@ -246,23 +246,50 @@ async def test_a_size_whose_batches_fail_is_worth_nothing_however_fast_they_fail
 
 def test_sizes_whose_trials_answered_nothing_are_not_tried_again():
     """Out of memory above 64 rows: the first round's trials of 512 to 128 answer
-    nothing. The later rounds (every 5 batches here) measured 128 again, each trial
-    failing its requests again: now no size above 64 is tried after the first round."""
+    nothing. Every later round (each 5 batches here) measured 128 again, each trial
+    failing its requests again: now 128 is tried again only every RETRY_ROUNDS rounds,
+    and nothing above it."""
+    from async_search.servers.batch_size import RETRY_ROUNDS
+
     tuner = BatchSizeTuner(AutoBatchSize(smallest=16, largest=512, trial_batches=2,
                                          hold_batches=5))
-    now, caps, failed = 0.0, [], 0
-    for _ in range(400):
+    now, caps, failed = 0.0, [], []
+    for step in range(1000):
         cap = tuner.size
         caps.append(cap)
         now += 1e-3 + 1e-6 * cap
         answered = 0 if cap > 64 else cap
-        failed += answered == 0
+        failed.append(answered == 0)
         tuner.record(cap, now, answered=answered)
-    first_round = caps.index(16) if 16 in caps else caps.index(32)
-    assert max(caps[first_round:]) == 64, sorted(set(caps[first_round:]))
-    assert tuner.report()["largest"] == 64 and tuner.size == 64
-    assert failed == caps[:first_round].count(512) + caps[:first_round].count(256) + \
-        caps[:first_round].count(128)
+        if step == 20:
+            assert tuner.report()["largest"] == 64
+    first_round = caps.index(16)
+    assert max(caps[first_round:]) == 128  # never 256 or 512 again
+    # A trial (2 batches, and the one cut when it starts) every RETRY_ROUNDS rounds of
+    # at least 5 + 2 batches: every round's would fail about 280 batches.
+    retries = 1 + len(caps) // (RETRY_ROUNDS * 7)
+    assert sum(failed[first_round:]) <= 3 * retries, sum(failed[first_round:])
+
+
+def test_sizes_that_failed_are_tried_again_after_some_rounds():
+    """Out of memory above 32 rows for a while (another process held the memory): the
+    tuner settles at 32, then, RETRY_ROUNDS rounds on, tries 64 again and climbs."""
+    from async_search.servers.batch_size import RETRY_ROUNDS
+
+    tuner = BatchSizeTuner(AutoBatchSize(smallest=16, largest=128, trial_batches=2,
+                                         hold_batches=3))
+    now, caps = 0.0, []
+    for step in range(3000):
+        cap = tuner.size
+        caps.append(cap)
+        now += 1e-3  # a batch takes as long whatever its size: the largest is fastest
+        out_of_memory = step < 200 and cap > 32
+        tuner.record(cap, now, answered=0 if out_of_memory else cap)
+    # Capped while the memory was short, but for a retry (every RETRY_ROUNDS rounds
+    # of at least 3 + 2 batches)
+    assert sum(cap > 32 for cap in caps[20:200]) <= 3 * (1 + 180 // (RETRY_ROUNDS * 5))
+    assert tuner.size == 128 and tuner.report()["largest"] == 128
+    assert RETRY_ROUNDS >= 2
 
 
 def test_sizes_that_fail_below_one_that_answers_stay_tried():
