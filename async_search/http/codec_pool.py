@@ -16,10 +16,24 @@ import signal
 import struct
 import subprocess
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Mapping
 
 from async_search.errors import ProtocolError
 from async_search.machine import open_file_limit
+
+
+def worker_environment(root: str, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The codec worker's environment: ``root`` (the folder holding the package) first on
+    its PYTHONPATH, unless the worker's Python finds it there anyway (an installed
+    package's site-packages: put on PYTHONPATH, it would come before the standard
+    library, and a module there could shadow one of the library's)."""
+    import site
+
+    sites = site.getsitepackages() + [site.getusersitepackages()]
+    if os.path.abspath(root) in {os.path.abspath(p) for p in sites}:
+        return dict(environ)
+    path = environ.get("PYTHONPATH")
+    return {**environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 
 
 class _Worker:
@@ -37,8 +51,7 @@ class _Worker:
 
         # The worker imports this package from where the parent found it.
         root = os.path.dirname(os.path.dirname(os.path.abspath(async_search.__file__)))
-        path = os.environ.get("PYTHONPATH")
-        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+        env = worker_environment(root, os.environ)
         # Popen, not the loop's subprocess_exec: a start that fails (EMFILE under a low
         # ulimit -n) closes every descriptor it opened, where uvloop's left two socket
         # pairs open for good, until no worker could start at all.
