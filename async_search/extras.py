@@ -26,9 +26,9 @@ def extra_error(error: ModuleNotFoundError, what: str) -> ModuleNotFoundError:
     """The error to raise for ``error``: naming the extra to install where the module
     not found is an extra's; ``error`` itself otherwise (a module that an installed
     framework lacks, or a caller's typo, is reported as it is)."""
-    top = (error.name or "").partition(".")[0]
-    extra = EXTRA_OF.get(top)
-    if extra is None:
+    top = error.name or ""
+    extra = EXTRA_OF.get(top)  # the framework itself: a module of its own missing
+    if extra is None:  # (torch._C) is an installed framework that is broken
         return error
     return ModuleNotFoundError(
         f"{what} needs {top}, which is not installed: pip install "
@@ -47,6 +47,6 @@ def import_extra(module: str, what: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if (e.name or "").partition(".")[0] != module.partition(".")[0]:
+        if e.name != module.partition(".")[0]:
             raise  # the framework is there and lacks something of its own
         raise extra_error(e, what) from e

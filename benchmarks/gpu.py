@@ -754,7 +754,7 @@ def waves_option(waves: int) -> dict:
 def steady_state(stats: dict, nodes: int) -> dict:
     """The process backend's rate while every client searched: from the last client's
     start to the first one's end (``began_at``/``ended_at`` in ``stats["clients"]``, on
-    the servers' ``perf_counter`` clock). Client processes start one after another and
+    the trace's clock from ``trace_origin``). Client processes start one after another and
     end apart, and the whole run's rate counts those ends, where fewer clients feed the
     server; the steady rate is what more clients buy once all run. ``start_spread_s``:
     from the first client's start to the last's. Empty when some client attempt
@@ -766,7 +766,8 @@ def steady_state(stats: dict, nodes: int) -> dict:
     servers = stats.get("servers", [])
     if not clients or not servers or len(clients) != len(stats["clients"]):
         return {}
-    origin = min(s.get("started_at", 0.0) for s in servers)
+    # The trace's zero (a tree before trace_origin: the first server's start)
+    origin = stats.get("trace_origin", min(s.get("started_at", 0.0) for s in servers))
     began = [c["began_at"] - origin for c in clients]
     ended = [c["ended_at"] - origin for c in clients]
     start, end = max(began), min(ended)

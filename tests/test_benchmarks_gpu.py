@@ -173,6 +173,11 @@ def test_the_steady_rate_counts_only_the_batches_while_every_client_searched():
     stats["servers"][0]["batches"] = 5
     assert gpu.steady_state(stats, 2000) == {"start_spread_s": 1.0, "steady_s": 2.0,
                                              "trace_truncated": True}
+    # The trace from the searches' start (a second model built for 1 s after the first
+    # server started): the clients' times are read against trace_origin, not it.
+    shifted = {**stats, "servers": [{"started_at": 99.0}], "trace_origin": 100.0}
+    shifted["servers"][0]["batches"] = 4
+    assert gpu.steady_state(shifted, nodes=2000)["steady_nodes_per_s"] == 400.0
 
 
 def test_every_batch_counts_and_the_clients_bound_a_run_whose_trace_lost_batches():

@@ -25,8 +25,8 @@ def run(code, timeout=120):
 def test_extra_error_names_the_extra_of_a_missing_framework():
     for module, extra in EXTRA_OF.items():
         error = extra_error(ModuleNotFoundError(f"No module named {module!r}",
-                                                name=f"{module}.sub"), "thing")
-        assert isinstance(error, ModuleNotFoundError) and error.name == f"{module}.sub"
+                                                name=module), "thing")
+        assert isinstance(error, ModuleNotFoundError) and error.name == module
         assert f"thing needs {module}, which is not installed" in str(error)
         assert f"pip install 'async_search[{extra}]'" in str(error)
         assert f"pip install -e '.[{extra}]'" in str(error)
@@ -35,6 +35,9 @@ def test_extra_error_names_the_extra_of_a_missing_framework():
 def test_extra_error_leaves_other_missing_modules_as_they_are():
     own = ModuleNotFoundError("No module named 'mypackage'", name="mypackage")
     assert extra_error(own, "thing") is own
+    # A module of an installed framework missing: the framework is broken, not absent.
+    broken = ModuleNotFoundError("No module named 'torch._C'", name="torch._C")
+    assert extra_error(broken, "thing") is broken
     nameless = ModuleNotFoundError("something")
     assert extra_error(nameless, "thing") is nameless
 
@@ -46,6 +49,18 @@ def test_import_extra_imports_and_names_the_extra_when_missing(monkeypatch):
                                                   r"installed: pip install 'async_search"
                                                   r"\[torch\]'"):
         import_extra("torch", "TorchModel")
+
+
+def test_a_broken_framework_is_not_called_missing(tmp_path, monkeypatch):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import torch._gone_from_this_build\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    with pytest.raises(ModuleNotFoundError,
+                       match="No module named 'torch._gone_from_this_build'") as raised:
+        import_extra("torch", "TorchModel")
+    assert "not installed" not in str(raised.value)
 
 
 @pytest.mark.parametrize("module, call, message", [

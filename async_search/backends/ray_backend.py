@@ -613,10 +613,14 @@ class _ServerPool:
                     server.died = True
                     with contextlib.suppress(Exception):
                         self._ray.kill(server.actor)
-            if acks and all(isinstance(a, BaseException) and not isinstance(
-                    a, errors.RayActorError) for a in acks):
-                # Every server refused it: no server serves it, and a replacement
-                # would refuse it too (and be dropped, its slot left empty for good).
+            refused = any(isinstance(a, BaseException) and not isinstance(
+                a, errors.RayActorError) for a in acks)
+            taken = any(not isinstance(a, BaseException) and a is not _SILENT
+                        for a in acks)
+            if refused and not taken:
+                # A server refused it and none took it (the others died): no server
+                # serves it, and a replacement would refuse it too (and be dropped,
+                # its slot left empty for good).
                 self._latest = before
         for ack in acks:
             if isinstance(ack, unavailable):

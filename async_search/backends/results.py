@@ -20,8 +20,9 @@ class SearchResults(list):
     ``servers`` (each server's own stats: a process or Ray client's message, its
     searches' requests of one loop iteration, is one of their ``requests``) and
     ``trace`` (a BatchRecord per batch of
-    each server's latest ``trace_size``, 10,000 by default, ordered by time; the
-    figures count every batch). The
+    each server's latest ``trace_size``, 10,000 by default, ordered by time, its
+    ``finished_s`` from ``trace_origin``, the ``time.perf_counter`` time the searches'
+    clock started; the figures count every batch). The
     process and Ray backends add ``clients``: a dict per attempt (``attempt``, its
     ``starts``, ``worker``, ``node`` on Ray, how it ``ended``; once it finished,
     ``cpu_s`` and ``searching_s``: the client process's CPU (every thread's, Ray's own
@@ -83,6 +84,8 @@ def merge_stats(config: RunConfig, wall_time: float, servers: List[dict],
         "fraction_in_model": model_time / wall_time / workers if wall_time > 0 else 0.0,
         "servers": servers,
         "trace": trace,
+        # The trace's zero, a time.perf_counter time (the clients' began_at's clock)
+        "trace_origin": origin,
     }
 
 

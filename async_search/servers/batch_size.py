@@ -223,17 +223,19 @@ class BatchSizeTuner:
         return self._round[index] * (1.0 + self.auto.tolerance) < fastest
 
     def _choice(self) -> int:
-        """The smallest size measured this round within tolerance of the fastest."""
-        fastest = max(self._round.values())
-        return min(i for i in self._round if not self._slower(i, fastest))
+        """The smallest size measured this round within tolerance of the fastest, of
+        those still tried (none above ``_top``)."""
+        tried = [i for i in self._round if i <= self._top] or list(self._round)
+        fastest = max(self._round[i] for i in tried)
+        return min(i for i in tried if not self._slower(i, fastest))
 
     def _measure(self, index: Optional[int], now: float, in_flight: int) -> Optional[int]:
         """Starts a trial of ``index``, or, when None, holds this round's choice."""
         if index is None:
+            self._drop_failing_sizes()  # first: the choice is among the sizes left
             index = self._choice()
             self._sweeping = False
             self._held = 0
-            self._drop_failing_sizes()
         changed = index != self._index
         self._index = index
         self._order.append(index)

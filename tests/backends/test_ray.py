@@ -269,6 +269,49 @@ async def test_a_push_asks_again_a_server_ray_cannot_reach_for_now(monkeypatch):
     assert gone_for_good.version == 0
 
 
+async def test_a_push_one_server_refused_while_the_others_died_is_not_kept():
+    """No live server took it: a replacement started on it would refuse it too, and be
+    dropped, its slot empty for good. One server took it: it is kept."""
+    import types
+
+    from async_search.backends import ray_backend
+
+    class Actor:
+        def __init__(self, answer):
+            self.answer = answer
+            self.update_model = types.SimpleNamespace(remote=self.update)
+
+        def update(self, ref, version):
+            async def call():
+                if isinstance(self.answer, BaseException):
+                    raise self.answer
+                return version
+            return call()
+
+    def pool_of(*actors):
+        pool = ray_backend._ServerPool.__new__(ray_backend._ServerPool)
+        pool._ray = types.SimpleNamespace(exceptions=ray.exceptions, put=lambda x: x,
+                                          kill=lambda actor: None)
+        pool._swapping = asyncio.Lock()
+        pool._latest = ("good", 7)
+        never = asyncio.get_running_loop().create_future()
+        pool._slots = [ray_backend._Server(a, None, never) for a in actors]
+        return pool
+
+    died, refused = ray.exceptions.ActorDiedError(), ValueError("weights -1 do not fit")
+    pool = pool_of(Actor(died), Actor(refused))
+    with pytest.raises(ValueError, match="do not fit"):
+        await asyncio.wait_for(pool.push("bad", 8), 10)
+    assert pool._latest == ("good", 7)
+    taken = pool_of(Actor(refused), Actor(None))  # one took it: it serves version 8
+    with pytest.raises(ValueError, match="do not fit"):
+        await asyncio.wait_for(taken.push("new", 8), 10)
+    assert taken._latest == ("new", 8)
+    everyone_died = pool_of(Actor(died), Actor(died))  # replacements start on it
+    await asyncio.wait_for(everyone_died.push("new", 8), 10)
+    assert everyone_died._latest == ("new", 8)
+
+
 async def test_a_cancelled_wait_for_an_actor_call_cancels_the_call_too():
     from async_search.backends.ray_backend import _SILENT, _answer_within
 

@@ -292,6 +292,19 @@ def test_sizes_that_failed_are_tried_again_after_some_rounds():
     assert RETRY_ROUNDS >= 2
 
 
+def test_a_size_above_one_that_failed_is_not_chosen_in_the_same_round():
+    """A re-check round in which 256 failed (for a moment) while 128 and 512 answered:
+    512 was chosen and held, above the largest size the tuner said it still tried."""
+    tuner = BatchSizeTuner(AutoBatchSize(smallest=16, largest=512, trial_batches=2,
+                                         hold_batches=50))
+    now = 0.0
+    for step in range(2000):
+        cap = tuner.size
+        now += 1e-3 + 1e-6 * cap + 1e-8 * cap * cap  # 256 the fastest
+        tuner.record(cap, now, answered=0 if 49 <= step <= 60 else cap)
+        assert tuner.size <= tuner.report()["largest"] or not tuner.settled, step
+
+
 def test_sizes_that_fail_below_one_that_answers_stay_tried():
     """Every size failing (a broken model, bad requests) caps nothing; nor does a small
     size failing under a larger one that answers."""
