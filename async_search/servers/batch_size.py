@@ -34,9 +34,9 @@ Idle time counts: a pause in the requests during a trial lowers that trial's rat
 the next round measures again.
 
 A size whose trial answered nothing (every batch failed: out of memory) while a smaller
-size answered is not tried again, nor any larger one, for ``RETRY_ROUNDS`` rounds: each
-round's trial would fail its requests again; after them it may be tried once more (the
-memory may have been another process's, for a while).
+size answered is not tried again, nor any larger one, until ``RETRY_ROUNDS`` rounds
+later (the last of them may try it once more): each round's trial would fail its
+requests again, and the memory may have been another process's, for a while.
 """
 
 from __future__ import annotations

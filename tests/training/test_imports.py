@@ -25,4 +25,5 @@ def test_making_a_trainer_without_tensorflow_says_what_is_missing():
     run = python(BLOCK_TF + "from async_search.training import Trainer, NetConfig; "
                  "Trainer(NetConfig('policy_value', 'connect_four', (8,)))")
     assert run.returncode != 0
-    assert "training a net needs TensorFlow: pip install" in run.stderr
+    assert "training a net needs tensorflow, which is not installed: pip install" \
+        " 'async_search[tf]'" in run.stderr
