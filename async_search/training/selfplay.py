@@ -133,7 +133,8 @@ class GameRecord(NamedTuple):
     the simulations: ``ReplayBuffer.add`` normalises them) or the improved policy
     (Gumbel)."""
     value: np.ndarray
-    """float32 ``[n]``: the game's result for the player to move (1, 0 or -1)."""
+    """float32 ``[n]``: the game's result for the player to move (1, 0 or -1); with
+    ``value_target="mixed"``, its mean with the search's root value there."""
     moves: tuple
     """The actions searched and played, in order, one per position (after
     ``opening``)."""
