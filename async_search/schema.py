@@ -91,11 +91,19 @@ def loads_strict(text: str) -> Any:
         >>> loads_strict('{"a": [1, 2.5]}')
         {'a': [1, 2.5]}
     """
-    return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_each_key_once)
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite,
+                      object_pairs_hook=_each_key_once)
 
 
 def _no_constant(name: str) -> Any:
     raise NeverWrittenError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: past the floats, read as inf
+        raise NeverWrittenError(f"{text} is past the largest float")
+    return value
 
 
 def _each_key_once(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:

@@ -24,6 +24,16 @@ def test_read_json_refuses_a_number_that_strict_json_has_not(tmp_path, constant)
     assert "truncated" not in str(refused.value)  # the file is whole
 
 
+@pytest.mark.parametrize("number", ["1e400", "-1e400"])
+def test_read_json_refuses_a_number_past_the_floats(tmp_path, number):
+    """JSON reads 1e400 as inf, without a word: a checkpoint holding it loaded, and
+    could not be saved again."""
+    path = tmp_path / "config.json"
+    path.write_text('{"metadata": {"loss": %s, "ok": 1.5e300}}' % number)
+    with pytest.raises(CheckpointError, match=f"never writes .*: {number} is past"):
+        read_json(path)
+
+
 @pytest.mark.parametrize("text", ['{"metadata": 1, "format": 2, "metadata": 3}',
                                   '[{"x": {"a": 1, "a": 1}}]'])
 def test_read_json_refuses_a_key_written_twice_in_one_object(tmp_path, text):

@@ -151,6 +151,9 @@ class BatchSizeTuner:
         whose batches fail is worth nothing, however fast); ``in_flight`` batches are
         still out. Returns the new cap when it changes (the ``in_flight`` batches, cut
         under the old one, are not measured), else None."""
+        if answered is not None and not 0 <= answered <= size:
+            raise ValueError(f"BatchSizeTuner.record: answered must be in [0, size], got "
+                             f"{answered!r} of {size!r}")
         if self._held is not None:
             self._held += 1
             if self._held < self.auto.hold_batches:

@@ -305,6 +305,14 @@ def test_a_size_above_one_that_failed_is_not_chosen_in_the_same_round():
         assert tuner.size <= tuner.report()["largest"] or not tuner.settled, step
 
 
+@pytest.mark.parametrize("answered", [-5, 9])
+def test_a_record_answering_more_than_its_batch_or_less_than_none_is_refused(answered):
+    # -5: every rate negative, and the choice crashed on an empty sequence
+    tuner = BatchSizeTuner(AutoBatchSize(smallest=16, largest=64, trial_batches=2))
+    with pytest.raises(ValueError, match="answered must be in"):
+        tuner.record(8, 1.0, answered=answered)
+
+
 def test_sizes_that_fail_below_one_that_answers_stay_tried():
     """Every size failing (a broken model, bad requests) caps nothing; nor does a small
     size failing under a larger one that answers."""
