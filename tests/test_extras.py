@@ -83,6 +83,11 @@ def test_a_broken_framework_is_not_called_missing(tmp_path, monkeypatch):
      "async_search.http.HttpFront needs aiohttp"),
     ("grpc", "from async_search.http import GrpcFront",
      "async_search.http.GrpcFront needs grpc"),
+    ("aiohttp", "import asyncio\nfrom async_search.http.client import RemoteEvaluate\n"
+                "async def main():\n"
+                "    async with RemoteEvaluate('http://127.0.0.1:9', 'm'):\n"
+                "        pass\n"
+                "asyncio.run(main())", "RemoteEvaluate needs aiohttp"),
 ])
 def test_a_name_that_needs_a_missing_extra_says_which_to_install(module, call, message):
     done = run(blocked(module) + "import numpy as np\nfrom async_search.base import "

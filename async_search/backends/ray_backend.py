@@ -25,7 +25,8 @@ A client task is a streaming generator: it yields its node and process, then eac
 search's outcome as the search ends, from an event loop in a thread of its own (a yield
 never stalls the searches). A task, node or server lost mid-run costs only the starts
 not reported yet, which ``attempts.run_share`` runs again in a new task, with the
-servers alive then (a dead server actor is replaced first, with the model last pushed);
+servers alive then (a dead server actor is replaced first, with the model last pushed
+that a server took);
 past a deadline the task is cancelled and its process killed.
 
 A server that dies (killed, crashed) fails its outstanding requests with
@@ -530,7 +531,8 @@ class _ServerPool:
                        *(w if not isinstance(w, BaseException) else None for w in where))
 
     async def replace_dead(self) -> None:
-        """Starts a new actor in the place of each dead one (with the model last pushed)
+        """Starts a new actor in the place of each dead one (with the model last pushed,
+        unless a server refused it and none took it)
         so that a new attempt has every server; one that fails to start stays empty."""
         async with self._replacing:  # attempts of several shares ask at once
             await self._ask_ray(self.live())
@@ -584,7 +586,7 @@ class _ServerPool:
         actor after its swap, so it runs on the new model; a message resent from a dead
         server goes to a survivor, which has swapped too (and so has a replacement,
         started with the model last pushed: so a push while every server is dead
-        returns too)."""
+        returns too; a push that a server refused and none took is not that model)."""
         errors = self._ray.exceptions
         unavailable = getattr(errors, "ActorUnavailableError", ())
         async with self._swapping:

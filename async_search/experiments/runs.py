@@ -40,9 +40,11 @@ class RunReport:
     """Model servers."""
     search_time_s: float
     """Wall time of the searches, as the runner measured it (from the first model call
-    it could make to the last result; for Ray and processes, start-up included)."""
+    it could make to the last result: building the models is left out on every
+    backend; for Ray and processes, starting the clients is in)."""
     elapsed_s: float
-    """Wall time of the whole call, measured around it (Ray start-up included)."""
+    """Wall time of the whole call, measured around it (starting Ray, and building
+    the models, included)."""
     model_time_s: float
     """Seconds spent in the model, summed over servers."""
     fraction_in_model: float

@@ -52,6 +52,7 @@ from async_search.delivery import ResultDelivery
 from async_search.errors import (InputSpecError, ModelNotFoundError, ModelOutputError,
                                  ProtocolError, RemoteError, RequestTimeoutError,
                                  ServerClosedError, ServerDiedError)
+from async_search.extras import import_extra
 from async_search.http.kserve import (DATATYPES, HEADER_LENGTH, datatype_of,
                                       header_integer)
 from async_search.requests import RequestChecker
@@ -204,7 +205,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         self._where = f"the inference server at {self._infer_url}"
 
     async def _open_transport(self) -> None:
-        import aiohttp  # the http extra, imported when a client opens
+        aiohttp = import_extra("aiohttp", "RemoteEvaluate")  # when a client opens
 
         self._aiohttp = aiohttp
         self._session = aiohttp.ClientSession(

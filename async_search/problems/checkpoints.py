@@ -1,7 +1,8 @@
 """Checkpoints: a net's weights (npz) and its config and metadata (JSON), versioned.
 
 A checkpoint is a folder holding ``config.json`` (the format version, the ``NetConfig``,
-the caller's metadata, and the name and SHA-256 of the weights file) and the weights
+the caller's metadata, the name and SHA-256 of the weights file, and ``config_sha256``,
+which ties the config to those weights) and the weights
 file it names, ``weights-<digest>.npz`` (an MLP's ``(w, b)`` layers as ``w0, b0, w1,
 ...``, a convolutional net's arrays by their names; dtypes kept, so a round trip is
 bitwise). Saving over a checkpoint writes the new

@@ -500,7 +500,7 @@ class BatchingServer(AsyncWithOnly):
         model_placement (thread, loop or auto), batches_on_loop, batches_in_thread; with
         ``devices``: devices (one a worker); with ``max_batch_size="auto"``:
         auto_batch_size (the size now, whether it is settled, the rate measured at each
-        size tried)."""
+        size tried, the largest size still tried)."""
         stats = self._stats.as_dict()
         stats["workers"] = self.num_workers
         stats["version"] = self.version

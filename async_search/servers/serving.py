@@ -61,8 +61,9 @@ def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
             batch comes back (a progress bar, say); ``evaluate.trace`` keeps the
             latest ``trace_size`` of them. What it raises is reported to the loop's
             exception handler and fails no request.
-        devices: one device worker per device, taking batches from one queue, each
-            with its own copy of the model, ``on_device(model, device)`` (the
+        devices: one device worker per device (each named: None is refused), taking
+            batches from one queue, each with its own copy of the model,
+            ``on_device(model, device)`` (the
             ``base.DeviceModel`` protocol, which the framework adapters meet; a plain
             function gets a TypeError). ``update_model`` reaches every copy: weights go
             to each copy's ``with_weights``, a new model is placed on each device.

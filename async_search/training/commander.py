@@ -260,7 +260,8 @@ class IterationRecord:
     the untrained net is 0."""
     pushed_to: int
     """Server groups that received the promoted weights (the evaluation server, and a
-    running self-play run in overlap mode); 0 without a promotion."""
+    running self-play run in overlap mode); 0 without a promotion. A self-play run
+    whose servers were still starting gets them once they serve, uncounted here."""
     eval_s: float
     """Seconds of the evaluation: the matches and the move accuracy."""
     iteration_s: float
