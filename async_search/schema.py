@@ -48,8 +48,8 @@ def read_json(file: str | os.PathLike) -> Any:
     Raises:
         CheckpointError: naming the file: missing, not a regular file, larger than
             ``MAX_JSON_BYTES``, empty, not UTF-8 text, or not JSON (truncated or
-            corrupt), or JSON that this project never writes: ``NaN`` or ``Infinity``,
-            or a key written twice in one object.
+            corrupt), or JSON that this project never writes: ``NaN``, ``Infinity``
+            or a number past the floats, or a key written twice in one object.
     """
     file = os.fspath(file)
     try:
@@ -78,8 +78,8 @@ def read_json(file: str | os.PathLike) -> Any:
 
 
 class NeverWrittenError(ValueError):
-    """JSON that no writer of this project makes: ``NaN``, ``Infinity``, or a key
-    written twice in one object."""
+    """JSON that no writer of this project makes: ``NaN``, ``Infinity`` or a number
+    past the floats (read as inf), or a key written twice in one object."""
 
 
 def loads_strict(text: str) -> Any:

@@ -44,7 +44,8 @@ class RunReport:
     backend; for Ray and processes, starting the clients is in)."""
     elapsed_s: float
     """Wall time of the whole call, measured around it (starting Ray, and building
-    the models, included)."""
+    the models, included; the synchronous baseline builds its model before its clock
+    starts)."""
     model_time_s: float
     """Seconds spent in the model, summed over servers."""
     fraction_in_model: float

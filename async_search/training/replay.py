@@ -413,7 +413,7 @@ def _read_meta(raw: np.ndarray, path: str) -> dict:
         raise CheckpointError(f"replay buffer file {path!r}: its header is not bytes")
     try:
         meta = loads_strict(raw.tobytes().decode("utf-8"))
-    except NeverWrittenError as e:  # a NaN, or a key twice (one value taken unsaid)
+    except NeverWrittenError as e:  # a NaN or inf, a key twice (one value taken unsaid)
         raise CheckpointError(f"replay buffer file {path!r}: its header holds JSON that "
                               f"this project never writes: {e}") from e
     except (ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, or an
