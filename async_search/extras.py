@@ -26,12 +26,13 @@ def extra_error(error: ModuleNotFoundError, what: str) -> ModuleNotFoundError:
     """The error to raise for ``error``: naming the extra to install where the module
     not found is an extra's; ``error`` itself otherwise (a module that an installed
     framework lacks, or a caller's typo, is reported as it is)."""
-    top = error.name or ""
-    extra = EXTRA_OF.get(top)  # the framework itself: a module of its own missing
-    if extra is None:  # (torch._C) is an installed framework that is broken
+    missing = error.name or ""
+    # The framework itself, not a module of its own (torch._C: installed, and broken)
+    extra = EXTRA_OF.get(missing)
+    if extra is None:
         return error
     return ModuleNotFoundError(
-        f"{what} needs {top}, which is not installed: pip install "
+        f"{what} needs {missing}, which is not installed: pip install "
         f"'async_search[{extra}]' (in a clone of the repository: pip install -e "
         f"'.[{extra}]')", name=error.name)
 

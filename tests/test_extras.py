@@ -100,7 +100,8 @@ def test_a_name_that_needs_a_missing_extra_says_which_to_install(module, call, m
 
 @pytest.mark.parametrize("module, flags, message", [
     ("aiohttp", ["--help"], "python -m async_search.http needs aiohttp"),
-    ("grpc", ["--port", "0", "--grpc-port", "0"], "--grpc-port needs grpc"),
+    ("grpc", ["--port", "0", "--grpc-port", "0"],
+     "python -m async_search.http: --grpc-port needs grpc"),
 ])
 def test_python_m_async_search_http_without_its_extra_exits_in_one_line(module, flags,
                                                                           message):
@@ -111,5 +112,25 @@ def test_python_m_async_search_http_without_its_extra_exits_in_one_line(module, 
     assert "Traceback" not in done.stderr, done.stderr[-1500:]
     assert "serving" not in done.stderr  # refused before the HTTP front served
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"python -m async_search.http: {message}"), last
+    assert last.startswith(message), last  # (the command named once)
     assert f"'async_search[{EXTRA_OF[module]}]'" in last
+
+
+def test_a_broken_http_extra_is_reported_as_it_is(tmp_path):
+    """A module of an installed aiohttp missing is no missing extra: its own error,
+    with its traceback (and not as its own cause)."""
+    fake = tmp_path / "aiohttp"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import aiohttp._gone_from_this_build\n")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+            "try:\n"
+            "    from async_search.http import HttpFront\n"
+            "except ModuleNotFoundError as e:\n"
+            "    print(e.name, e.__cause__ is e)\n")
+    done = run(code)
+    assert done.stdout.split() == ["aiohttp._gone_from_this_build", "False"], done.stderr
+    main = run(f"import sys; sys.path.insert(0, {str(tmp_path)!r})\nimport runpy\n"
+               "sys.argv = ['async_search.http', '--help']\n"
+               "runpy.run_module('async_search.http', run_name='__main__')")
+    assert "Traceback" in main.stderr and "not installed" not in main.stderr
+    assert "No module named 'aiohttp._gone_from_this_build'" in main.stderr

@@ -25,8 +25,8 @@ A client task is a streaming generator: it yields its node and process, then eac
 search's outcome as the search ends, from an event loop in a thread of its own (a yield
 never stalls the searches). A task, node or server lost mid-run costs only the starts
 not reported yet, which ``attempts.run_share`` runs again in a new task, with the
-servers alive then (a dead server actor is replaced first, with the model last pushed
-that a server took);
+servers alive then (a dead server actor is replaced first, with the model last pushed,
+unless a server refused it and none took it);
 past a deadline the task is cancelled and its process killed.
 
 A server that dies (killed, crashed) fails its outstanding requests with

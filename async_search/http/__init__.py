@@ -26,6 +26,9 @@ def __getattr__(name: str):
         try:
             home = importlib.import_module(f"{__name__}.{_HOMES[name]}")
         except ModuleNotFoundError as e:  # an extra not installed: say which
-            raise extra_error(e, f"async_search.http.{name}") from e
+            named = extra_error(e, f"async_search.http.{name}")
+            if named is e:  # not an extra's: a broken install, reported as it is
+                raise
+            raise named from e
         return getattr(home, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

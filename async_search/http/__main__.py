@@ -52,8 +52,9 @@ from async_search.extras import extra_error
 try:  # the http extra: without it, one line that names it (even for --help)
     from async_search.http.front import HttpFront, HttpLimits
 except ModuleNotFoundError as e:
-    raise SystemExit(f"python -m async_search.http: "
-                     f"{extra_error(e, 'python -m async_search.http')}") from None
+    if extra_error(e, "") is e:  # not an extra's: a broken install, reported as it is
+        raise
+    raise SystemExit(extra_error(e, "python -m async_search.http")) from None
 from async_search.http.repository import ModelSource
 
 
@@ -210,6 +211,8 @@ def _grpc_front() -> type:
     try:
         from async_search.http.grpc_front import GrpcFront
     except ModuleNotFoundError as e:
+        if extra_error(e, "") is e:  # not an extra's: a broken install, as it is
+            raise
         raise _refused(extra_error(e, "--grpc-port")) from None
     return GrpcFront
 

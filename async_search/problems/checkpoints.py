@@ -45,7 +45,7 @@ from async_search.problems.nets import (NetConfig, Weights, check_weights, confi
 
 FORMAT = "async_search.checkpoint/3"
 _FORMAT_2 = "async_search.checkpoint/2"  # the net config not tied to the weights
-_FORMAT_1 = "async_search.checkpoint/1"  # weights always in weights.npz, as in 2
+_FORMAT_1 = "async_search.checkpoint/1"  # weights always in weights.npz
 _CONFIG, _WEIGHTS_1 = "config.json", "weights.npz"
 _WEIGHTS = re.compile(r"^weights-[0-9a-f]{16}\.npz$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
