@@ -22,15 +22,19 @@ EXTRA_OF = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "tensorflow": "tf",
             "grpc": "grpc", "tritonclient": "grpc"}
 
 
+def is_missing_extra(error: ModuleNotFoundError) -> bool:
+    """Whether the module not found is one of the extras' frameworks itself (not a
+    module of its own: torch._C missing is an installed framework that is broken)."""
+    return error.name in EXTRA_OF
+
+
 def extra_error(error: ModuleNotFoundError, what: str) -> ModuleNotFoundError:
     """The error to raise for ``error``: naming the extra to install where the module
     not found is an extra's; ``error`` itself otherwise (a module that an installed
     framework lacks, or a caller's typo, is reported as it is)."""
-    missing = error.name or ""
-    # The framework itself, not a module of its own (torch._C: installed, and broken)
-    extra = EXTRA_OF.get(missing)
-    if extra is None:
+    if not is_missing_extra(error):
         return error
+    missing, extra = error.name, EXTRA_OF[error.name]
     return ModuleNotFoundError(
         f"{what} needs {missing}, which is not installed: pip install "
         f"'async_search[{extra}]' (in a clone of the repository: pip install -e "

@@ -10,7 +10,7 @@ so every name here is imported on first use.
 
 import importlib
 
-from async_search.extras import extra_error
+from async_search.extras import extra_error, is_missing_extra
 
 __all__ = ["HttpFront", "HttpLimits", "ModelRepository", "ModelSource", "ServingMetrics",
            "RemoteEvaluate", "GrpcFront", "GrpcRemoteEvaluate"]
@@ -26,9 +26,8 @@ def __getattr__(name: str):
         try:
             home = importlib.import_module(f"{__name__}.{_HOMES[name]}")
         except ModuleNotFoundError as e:  # an extra not installed: say which
-            named = extra_error(e, f"async_search.http.{name}")
-            if named is e:  # not an extra's: a broken install, reported as it is
+            if not is_missing_extra(e):  # a broken install: reported as it is
                 raise
-            raise named from e
+            raise extra_error(e, f"async_search.http.{name}") from e
         return getattr(home, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

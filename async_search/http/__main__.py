@@ -47,12 +47,12 @@ from typing import Callable, Sequence
 
 from async_search.errors import ModelLoadError
 from async_search.event_loops import loop_factory
-from async_search.extras import extra_error
+from async_search.extras import extra_error, is_missing_extra
 
 try:  # the http extra: without it, one line that names it (even for --help)
     from async_search.http.front import HttpFront, HttpLimits
 except ModuleNotFoundError as e:
-    if extra_error(e, "") is e:  # not an extra's: a broken install, reported as it is
+    if not is_missing_extra(e):  # a broken install: reported as it is
         raise
     raise SystemExit(extra_error(e, "python -m async_search.http")) from None
 from async_search.http.repository import ModelSource
@@ -211,7 +211,7 @@ def _grpc_front() -> type:
     try:
         from async_search.http.grpc_front import GrpcFront
     except ModuleNotFoundError as e:
-        if extra_error(e, "") is e:  # not an extra's: a broken install, as it is
+        if not is_missing_extra(e):  # a broken install: reported as it is
             raise
         raise _refused(extra_error(e, "--grpc-port")) from None
     return GrpcFront
