@@ -168,13 +168,18 @@ def check_dirichlet_alpha(value: Any) -> float:
     return number
 
 
+# NumPy counts a time span as an integer (numbers.Real): it is not a value.
+_TIMES = (np.timedelta64, np.datetime64)
+
+
 def values_of(y: Any, n: int, what: str) -> list:
     """The ``n`` scalar outputs of a model (shape ``[n]`` or ``[n, 1]``) as Python floats.
 
     Raises:
         ModelOutputError: if ``y`` does not hold exactly one finite value per element.
     """
-    if type(y) is np.ndarray and y.dtype.kind == "f" and y.shape in ((n,), (n, 1)):
+    if (type(y) is np.ndarray and y.dtype.kind == "f" and y.dtype.itemsize <= 8
+            and y.shape in ((n,), (n, 1))):
         # The common case, in a few C calls: a float array of the right shape. A sum
         # is finite when every value is (one inf or nan makes it inf or nan); a finite
         # sum can still overflow, and then the full check below decides.
@@ -187,13 +192,20 @@ def values_of(y: Any, n: int, what: str) -> list:
                                f"a {type(y).__name__} of outputs; is it a policy-value "
                                f"model?")
     values = _as_array(y, what)
-    try:
-        if values.dtype.kind in "cSUV":  # a complex part would be dropped, not refused
-            raise TypeError
-        values = values.astype(np.float64, copy=False)
-    except (TypeError, ValueError):
+    # Real numbers only: a cast would drop a complex part, read text ("3") as a number,
+    # dates and time spans as counts of their unit, and NaT (their NaN) as a finite
+    # -9.2e18. Objects pass when each is a real number. A longdouble is cast too: past
+    # the floats it becomes inf, refused below, and results hold Python floats.
+    if not (values.dtype.kind in "fiub" or (values.dtype.kind == "O" and all(
+            isinstance(v, numbers.Real) and not isinstance(v, _TIMES) for v in values.flat))):
         raise ModelOutputError(f"{what} must be real numbers, got an array of "
-                               f"{values.dtype}") from None
+                               f"{values.dtype}")
+    try:
+        with np.errstate(over="ignore"):  # a longdouble past the floats: inf, refused below
+            values = values.astype(np.float64, copy=False)
+    except OverflowError:  # a Python int past the floats, held as an object
+        raise ModelOutputError(f"{what} must be finite, got an integer past the "
+                               f"floats") from None
     if values.size != n or (values.ndim and values.shape[0] != n):
         raise ModelOutputError(f"{what} must have one value per element, shape [{n}] or "
                                f"[{n}, 1]; got shape {values.shape}")

@@ -13,6 +13,11 @@ from async_search.search.base import values_of
     np.array([[1 + 2j], [3 + 0j]]),  # the imaginary part would be dropped silently
     np.array([["a"], ["b"]]),
     np.array([[object()], [1.0]], dtype=object),
+    np.array([["3"], [1.0]], dtype=object),  # text is not a number, held as an object too
+    # dates and time spans are not values; NaT, their NaN, would be a finite -9.2e18
+    np.full((2, 1), np.timedelta64("NaT"), dtype="m8[s]"),
+    np.array([[1], [2]], dtype="M8[s]"),
+    np.array([[np.timedelta64(1, "s")], [1.0]], dtype=object),
 ])
 def test_values_of_refuses_outputs_that_are_not_real_numbers(y):
     with pytest.raises(ModelOutputError, match="must be real numbers"):
@@ -28,6 +33,19 @@ def test_values_of_reads_numbers_held_as_objects_as_floats():
 def test_values_of_refuses_values_that_are_not_finite(y):
     with pytest.raises(ModelOutputError, match="must be finite"):
         values_of(y, 2, "h")
+
+
+@pytest.mark.parametrize("y", [np.array([[1e400], [1]], dtype=np.longdouble),
+                               np.array([[10**400], [1]], dtype=object)])
+def test_values_of_refuses_values_past_the_floats_of_any_type(y):
+    with pytest.raises(ModelOutputError, match="must be finite"):
+        values_of(y, 2, "h")
+
+
+def test_values_of_gives_python_floats_for_a_longdouble():
+    # NumPy scalars in a result would not serialize (json.dumps refuses a longdouble)
+    values = values_of(np.array([[1.5], [2]], dtype=np.longdouble), 2, "h")
+    assert values == [1.5, 2.0] and all(type(v) is float for v in values)
 
 
 def test_values_of_takes_finite_values_whose_sum_overflows():
