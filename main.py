@@ -15,8 +15,9 @@ a progress bar over model evaluations while it runs; every run's results are che
 against the baseline's. The plot goes to --save_path, the figures to a JSON beside it.
 Bad flags stop the script before anything runs, with one line naming the flag and what
 it accepts, and exit status 2; so do a flag the chosen experiment would not read (it
-says which experiments read it) and an output path that cannot be written (each
-output's folder is made and written to before any work). Ctrl-C and SIGTERM stop a run
+says which experiments read it), an output path that cannot be written (each
+output's folder is made and written to before any work) and a module the run needs
+that is not installed (it names the extra to install). Ctrl-C and SIGTERM stop a run
 with one line that says what had finished and what was saved, exit status 130 and 143
 (``-v 1`` adds the traceback), and leave none of its processes, Ray's included.
 """
@@ -48,7 +49,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 logging.getLogger("tensorflow").setLevel(logging.ERROR)
 
-from absl import app, flags  # noqa: E402
+try:
+    from absl import app, flags  # noqa: E402
+except ModuleNotFoundError as _e:  # a bare install: say what to add, not a traceback
+    if _e.name != "absl":
+        raise
+    sys.stderr.write("main.py: error: main.py needs absl-py, which is not installed: pip "
+                     "install -e '.[all]' (or '.[main,plot]' and the extras a run uses)\n")
+    sys.exit(2)
 
 from async_search.backends.config import RunConfig  # noqa: E402
 from async_search.experiments import config as config_lib  # noqa: E402
@@ -1054,8 +1062,46 @@ def check_flag_scope() -> None:
         raise ValueError("; ".join(unread))
 
 
+def needed_modules() -> dict:
+    """The optional modules this run imports, each with why and the extra that installs
+    it (setup.cfg): checked before any work, not met as a traceback minutes into it."""
+    needs = {"matplotlib": ("the plots", "plot")}
+    if not FLAGS.architecture:
+        needs["seaborn"] = ("the plots", "plot")
+    if FLAGS.progress:
+        needs["tqdm"] = ("the progress bars; --noprogress for none", "plot")
+    if FLAGS.train:
+        needs["tensorflow"] = ("training a net", "tf")
+    elif FLAGS.model == "tf":
+        needs["tensorflow"] = ("--model tf; --model numpy runs without it", "tf")
+    if FLAGS.multi_server:
+        needs["ray"] = ("--multi_server", "ray")
+    elif FLAGS.train and FLAGS.backend == "ray":
+        needs["ray"] = ("--backend ray", "ray")
+    elif not (FLAGS.train or FLAGS.architecture) and "ray" in FLAGS.backends:
+        needs["ray"] = ("--backends with ray; --backends local,process leaves it out", "ray")
+    return needs
+
+
+def check_installed() -> None:
+    """Raises ValueError (one line) naming the first module the run needs that is not
+    installed, why, and the extra to install."""
+    import importlib.util
+
+    for module, (why, extra) in needed_modules().items():
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"this run needs {module} ({why}), which is not installed: "
+                             f"pip install -e '.[{extra}]' (every extra main.py can use: "
+                             f"pip install -e '.[all]')")
+
+
 def _check_and_run(done: Done) -> int:
     """Checks every parameter and output path (exit 2 before any work), then runs."""
+    try:
+        check_installed()
+    except ValueError as e:
+        sys.stderr.write(f"main.py: error: {e}\n")
+        sys.exit(2)
     import matplotlib
     matplotlib.use("Agg")  # files only: no display needed
     try:  # every parameter is checked here, before anything runs

@@ -214,3 +214,55 @@ def test_a_stop_after_trainings_last_commit_names_the_figures_it_saved(main, tmp
     done.outputs, done.save_dir = [str(tmp_path / "davi.png"), str(figures)], str(run)
     assert done.describe() == (f"2 of 2 rounds are saved in {run} (--resume continues "
                                f"the run); saved {figures}")
+
+
+@pytest.mark.parametrize("args, module", [
+    ([], "tensorflow"),  # --model tf, the default
+    (["--model=numpy"], "ray"),  # --backends local,process,ray, the default
+    (["--model=numpy", "--multi_server"], "ray"),
+    (["--train=sliding_puzzle"], "tensorflow"),
+    (["--train=connect_four", "--backend=ray", "--model=numpy"], "ray"),
+    (["--model=numpy", "--backends=local"], "seaborn"),
+    (["--model=numpy", "--backends=local"], "tqdm"),
+])
+def test_a_module_the_run_needs_is_checked_before_any_work(main, monkeypatch, args, module):
+    parse(main, *args)
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    with pytest.raises(ValueError, match=rf"this run needs {module} \(.*\), which is not "
+                                         rf"installed: pip install -e '\.\[\w+\]'"):
+        main.check_installed()
+
+
+@pytest.mark.parametrize("args, module", [
+    (["--model=numpy", "--backends=local,process"], "tensorflow"),
+    (["--model=numpy", "--backends=local,process"], "ray"),
+    (["--model=numpy", "--backends=local", "--noprogress"], "tqdm"),
+    (["--architecture=pipe", "--model=numpy"], "seaborn"),
+])
+def test_a_module_the_run_does_not_need_may_be_missing(main, monkeypatch, args, module):
+    parse(main, *args)
+    monkeypatch.setitem(sys.modules, module, None)
+    main.check_installed()
+
+
+def test_main_py_without_absl_is_one_line_and_exit_2():
+    code = ("import runpy, sys; sys.modules['absl'] = None; sys.argv = ['main.py']; "
+            "runpy.run_path('main.py', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == ("main.py: error: main.py needs absl-py, which is not installed: "
+                          "pip install -e '.[all]' (or '.[main,plot]' and the extras a run "
+                          "uses)\n")
+
+
+def test_main_py_names_a_missing_framework_in_one_line_before_any_work():
+    code = ("import runpy, sys; sys.modules['tensorflow'] = None; "
+            "sys.argv = ['main.py', '--noprogress']; "
+            "runpy.run_path('main.py', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == ""
+    assert run.stderr.startswith("main.py: error: this run needs tensorflow (--model tf; "
+                                 "--model numpy runs without it), which is not installed")
