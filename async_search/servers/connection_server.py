@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import pickle
 from typing import Any, Callable, Deque, Dict, Hashable, List, Sequence, Set, Tuple, Union
 
@@ -313,6 +314,7 @@ class ConnectionServer:
         replies = _OrderedReplies(connection, _portable if self._portable else _as_is)
         loop = asyncio.get_running_loop()
         connection.acquire()
+        ended = False
         try:
             while True:
                 try:
@@ -360,15 +362,18 @@ class ConnectionServer:
                     fut = loop.create_future()
                     fut.set_exception(e)
                 replies.add(fut, versioned)
+            ended = True
         finally:
             for sid in [sid for sid, s in self._subscribers.items()
                         if s.connection is connection]:
                 self._drop(sid)  # its clients are gone: no swap waits for them
+            if not ended:
+                # Cancelled, or the transport failed: nothing reads this end any more.
+                # The answers in flight still go out, then the end is released without
+                # waiting here, so that its clients' later calls fail at once.
+                replies.when_finished(functools.partial(_release, connection))
         await replies.finished()
-        try:  # the last server of this end closes it: its clients' calls fail at once
-            connection.release()
-        except Exception:  # its transport is gone already
-            pass
+        _release(connection)
 
     def _control(self, connection: Connection, message: Control,
                  loop: asyncio.AbstractEventLoop) -> asyncio.Future:
@@ -447,6 +452,14 @@ def _portable(answer: Any, versioned: bool) -> Any:
     return answer
 
 
+def _release(connection: Connection) -> None:
+    """The last server of this end closes it: its clients' calls fail at once."""
+    try:
+        connection.release()
+    except Exception:  # its transport is gone already
+        pass
+
+
 class _OrderedReplies:
     """Sends answers in the order the requests came, so that FIFO clients match them:
     a request that fails at once (or has no elements) must not overtake earlier ones.
@@ -458,6 +471,7 @@ class _OrderedReplies:
         self._waiting: Deque[Tuple[asyncio.Future, bool]] = collections.deque()
         self._gone = False  # the other end cannot be reached: answers are dropped
         self._done: asyncio.Future | None = None
+        self._then: Callable[[], None] | None = None
 
     def add(self, fut: asyncio.Future, versioned: bool) -> None:
         """Answers ``fut``'s message once it and every earlier one are done;
@@ -473,6 +487,13 @@ class _OrderedReplies:
         if self._waiting:
             self._done = asyncio.get_running_loop().create_future()
             await self._done
+
+    def when_finished(self, then: Callable[[], None]) -> None:
+        """Calls ``then`` once every answer has been sent (now, if none waits)."""
+        if self._waiting:
+            self._then = then
+        else:
+            then()
 
     def _send_ready(self, _=None) -> None:
         waiting, connection = self._waiting, self._connection
@@ -503,5 +524,9 @@ class _OrderedReplies:
                 connection.send_pending()  # end of the loop iteration
             except Exception:
                 self._gone = True
-        if not waiting and self._done is not None and not self._done.done():
-            self._done.set_result(None)
+        if not waiting:
+            if self._done is not None and not self._done.done():
+                self._done.set_result(None)
+            then, self._then = self._then, None
+            if then is not None:
+                then()

@@ -549,6 +549,34 @@ async def test_serving_ends_by_closing_its_end_so_later_calls_fail_at_once():
 
 
 
+@pytest.mark.parametrize("queue_factory", [local_queue, thread_queue, socket_queue])
+async def test_a_cancelled_server_answers_what_it_took_then_later_calls_fail_at_once(
+        queue_factory):
+    # Cancelling the serving task kills it: its end was never closed, and every call
+    # made after it waited forever.
+    release = threading.Event()
+
+    def slow(x):
+        release.wait(WAIT_S)
+        return 2 * x
+
+    fns, server_end = get_connected_functions(queue_factory, 1, ordered=True)
+    serving = asyncio.ensure_future(asr.serve_connection(slow, server_end))
+    x = np.ones((1, 3), np.float32)
+    taken = asyncio.ensure_future(fns[0](x))
+    await wait_until(lambda: serving.done() or server_end.num_waiting() == 0
+                     and not taken.done(), "the request to be read")
+    await asyncio.sleep(0.05)  # (it reaches the model)
+    serving.cancel()
+    await asyncio.sleep(0.05)
+    release.set()  # (the cancel waits for the batch in the model)
+    with pytest.raises(asyncio.CancelledError):
+        await within(serving, "the cancel to end serving")
+    np.testing.assert_array_equal(await within(taken, "the answer in flight"), 2 * x)
+    with pytest.raises(ConnectionGoneError):  # not a wait for an answer that cannot come
+        await within(fns[0](x), "a call after the server was cancelled")
+
+
 async def test_a_message_no_answer_can_reach_is_dropped_and_the_others_served():
     bad_client, bad_server = pipe(local_queue)
     good_client, good_server = pipe(local_queue)
