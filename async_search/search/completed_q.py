@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 from typing import List, Sequence
 
+from async_search.search.sums import left_sum
+
 
 class ValueBounds:
     """The smallest and largest value a search has seen, to normalise Q into [0, 1]."""
@@ -112,7 +114,7 @@ def improved_policy(logits: Sequence[float], sigmas: Sequence[float]) -> List[fl
     scores = [x + s for x, s in zip(logits, sigmas)]
     top = max(scores)
     weights = [math.exp(s - top) for s in scores]
-    total = sum(weights)
+    total = left_sum(weights)
     return [w / total for w in weights]
 
 

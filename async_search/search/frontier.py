@@ -45,6 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from async_search.problems.base import CompactKeys, SearchProblem, State, compact_keys_of
 from async_search.search.base import (MAX_STEP_COST, bad_step_cost, check_step_cost,
                                       path_cost_overflow)
+from async_search.search.sums import left_sum
 
 
 _INF = math.inf
@@ -563,7 +564,7 @@ def _path_to_key(fr: Frontier, key: Any) -> Tuple[Tuple[State, ...], float]:
         key = parent[i]
         path.append(key)
         i = index[key]
-    return tuple(fr.state_of(k) for k in reversed(path)), sum(reversed(costs))
+    return tuple(fr.state_of(k) for k in reversed(path)), left_sum(reversed(costs))
 
 
 def encode_keys(fr: Frontier, keys: List[Any]) -> Any:

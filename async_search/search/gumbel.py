@@ -32,6 +32,7 @@ from async_search.search.completed_q import (ValueBounds, completed_values,
                                              select_by_visit_deficit, sigma)
 from async_search.search.halving import gumbel_top_k, halving_schedule, phase_order
 from async_search.search.reuse import kept_subtree, start_search
+from async_search.search.sums import left_sum
 from async_search.search.tree import Path, Tree
 
 
@@ -298,7 +299,7 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
         per_action["q"][a] = sums[i] / visits[i] if visits[i] else 0.0
         per_action["completed"][a] = completed[i]
         root_prior[a] = tree.edge_prior[edges[i]]
-    root_value = (network_value + sum(sums)) / (1 + reused + simulations)
+    root_value = (network_value + left_sum(sums)) / (1 + reused + simulations)
     return GumbelResult(
         action=actions[best], policy=tuple(per_action["policy"]),
         visit_counts=tuple(visit_counts), action_values=tuple(per_action["q"]),

@@ -21,6 +21,7 @@ from async_search.search.base import (check_dirichlet_alpha, check_evaluate,
                                       check_search_constant, evaluated)
 from async_search.search.base import split_policy_value as _split_outputs
 from async_search.search.reuse import kept_subtree, start_search
+from async_search.search.sums import left_sum
 from async_search.search.tree import Tree
 
 
@@ -188,7 +189,7 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
     else:
         action = max(range(num_actions), key=lambda a: (visit_counts[a], -a))
         solved_value = None
-    root_value = (network_value + sum(value_sums)) / (1 + reused + simulations)
+    root_value = (network_value + left_sum(value_sums)) / (1 + reused + simulations)
     return MCTSResult(action=action, visit_counts=tuple(visit_counts),
                       action_values=tuple(action_values), root_prior=tuple(root_prior),
                       root_value=root_value, network_value=network_value,

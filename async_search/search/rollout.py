@@ -26,6 +26,7 @@ from async_search.problems.base import SearchProblem, State
 from async_search.search.base import (MAX_STEP_COST, PROBLEM_METHODS, Status,
                                       check_evaluate, check_protocol, check_step_cost,
                                       evaluated, path_cost_overflow, values_of)
+from async_search.search.sums import left_sum
 
 
 Seed = Union[int, np.random.SeedSequence]
@@ -132,7 +133,7 @@ def softmax_sample(rng: np.random.Generator, scores: Sequence[float],
     """An index drawn with probability proportional to ``exp(-score / temperature)``."""
     low = min(scores)
     weights = [math.exp((low - s) / temperature) for s in scores]
-    u = rng.random() * sum(weights)
+    u = rng.random() * left_sum(weights)
     acc = 0.0
     for i, w in enumerate(weights):
         acc += w

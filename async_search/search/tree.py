@@ -47,6 +47,7 @@ import numpy as np
 
 from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
+from async_search.search.sums import left_sum
 
 
 # ``node_edges[node]`` is the range of a node's edge ids once it has edges (never empty:
@@ -71,7 +72,7 @@ def priors_from_logits(actions: Sequence[int], logits: Sequence[float]) -> List[
     legal = [float(logits[a]) for a in actions]
     top = max(legal)
     weights = [math.exp(x - top) for x in legal]
-    total = sum(weights)
+    total = left_sum(weights)
     # At least 1 (the top's weight) unless a logit is NaN or +inf, or all are -inf.
     if not total >= 1.0:
         raise ModelOutputError(f"policy logits must be numbers, not NaN or +inf, with "

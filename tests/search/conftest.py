@@ -1,7 +1,9 @@
 """Fixtures shared by the search tests: puzzles, exact distances, toy problems."""
 
 import asyncio
+import builtins
 import collections
+import math
 
 import numpy as np
 import pytest
@@ -93,3 +95,21 @@ def run_both():
         return sequential, list(concurrent), stats
 
     return run
+
+
+@pytest.fixture
+def compensated_sum(monkeypatch):
+    """``sum`` as Python 3.12 and later have it, on any Python: floats added with
+    compensation (here exactly, ``math.fsum``), where 3.11 rounded after each addition.
+    A search's results must not change with it."""
+    plain = builtins.sum
+
+    def compensated(values, start=0):
+        values = list(values)
+        if values and all(type(v) is float for v in values) and type(start) in (int, float):
+            return math.fsum([start, *values])
+        return plain(values, start)
+
+    monkeypatch.setattr(builtins, "sum", compensated)
+    assert sum([1.0, 1e-16, 1e-16]) == 1.0000000000000002  # (it does compensate)
+

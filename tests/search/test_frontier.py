@@ -172,3 +172,11 @@ def test_a_paths_cost_is_summed_from_the_start_as_its_g_values_were(toy_graph):
     result = astar_result(drive(graph, "S"))
     assert result.path == ("S", "A", "B", "G")
     assert result.cost == (1.0 + 1e-16) + 1e-16 == 1.0
+
+
+def test_a_paths_cost_is_its_g_where_pythons_sum_compensates(toy_graph, compensated_sum):
+    # Python 3.12's sum adds floats with compensation: the cost was 1.0000000000000002
+    # there, and no longer the goal's g.
+    graph = toy_graph({"S": [("A", 1.0)], "A": [("B", 1e-16)], "B": [("G", 1e-16)]},
+                      goals=["G"])
+    assert astar_result(drive(graph, "S")).cost == 1.0
