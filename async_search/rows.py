@@ -381,7 +381,10 @@ def _values_lost(outputs: Outputs, dtypes: dict) -> str | None:
                 continue  # a wider string type whose strings all fit
             return f"{where} holds strings longer than {want} can hold ({chars})"
         if v.dtype.kind in "mM":  # times: the same instants back, NaT for NaT
-            back, nat = v.astype(want).astype(v.dtype), np.isnat(v)
+            try:
+                back, nat = v.astype(want).astype(v.dtype), np.isnat(v)
+            except OverflowError:  # NumPy 2.5 and later raise where earlier ones wrap
+                return f"{where} holds times that {want} cannot"
             if (np.isnat(back) == nat).all() and (back[~nat] == v[~nat]).all():
                 continue
             return f"{where} holds times that {want} cannot"
