@@ -55,6 +55,7 @@ def test_a_runs_net_is_named_from_its_config_and_older_runs_are_mlps():
 
 
 def test_the_script_writes_json_and_figure_at_equal_time(tmp_path):
+    pytest.importorskip("matplotlib")  # the plot extra: the script draws the figure
     for name, seconds in (("puct", [60, 60, 60]), ("gumbel", [90, 90, 90])):
         (tmp_path / f"{name}.json").write_text(json.dumps(
             run_json(name, seconds, [0.25, 0.5, 0.75])))

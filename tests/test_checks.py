@@ -98,6 +98,7 @@ def test_check_instance_names_the_argument_an_example_and_a_class_given_for_an_i
 
 
 def test_a_plain_with_on_each_async_context_manager_says_to_use_async_with():
+    pytest.importorskip("aiohttp")  # the http extra: RemoteEvaluate, HttpFront
     import async_search as asr
     from async_search.http import HttpFront, ModelRepository, RemoteEvaluate
     from async_search.servers.batching import BatchingServer

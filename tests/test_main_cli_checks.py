@@ -11,7 +11,8 @@ import sys
 import time
 
 import pytest
-from absl import flags
+
+flags = pytest.importorskip("absl.flags")  # the main extra
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

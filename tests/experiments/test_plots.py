@@ -2,8 +2,9 @@ import os
 import subprocess
 import sys
 
-import matplotlib
+import pytest
 
+matplotlib = pytest.importorskip("matplotlib")  # the plot extra
 matplotlib.use("Agg")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -3,7 +3,8 @@
 import io
 
 import pytest
-import tqdm
+
+tqdm = pytest.importorskip("tqdm")  # the plot extra
 
 from async_search.experiments import Experiment, default_runs, run_experiment
 from async_search.experiments.progress import progress_bar

@@ -24,9 +24,10 @@ import sys
 import time
 import tracemalloc
 
-import aiohttp
 import numpy as np
 import pytest
+
+aiohttp = pytest.importorskip("aiohttp")  # the http extra
 
 from async_search.http.front import HttpFront, HttpLimits
 from async_search.http.repository import ModelSource, default_max_workers

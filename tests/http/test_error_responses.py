@@ -5,7 +5,10 @@ import asyncio
 import json
 
 import pytest
-from aiohttp import web
+
+pytest.importorskip("aiohttp")  # the http extra
+
+from aiohttp import web  # noqa: E402
 from aiohttp.http_exceptions import (BadHttpMessage, BadStatusLine, ContentLengthError,
                                      InvalidHeader, InvalidURLError, LineTooLong,
                                      TransferEncodingError)

@@ -9,9 +9,10 @@ import subprocess
 import sys
 import threading
 
-import aiohttp
 import numpy as np
 import pytest
+
+aiohttp = pytest.importorskip("aiohttp")  # the http extra
 
 import async_search as asr
 from async_search.http.front import HttpFront, HttpLimits

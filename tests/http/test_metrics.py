@@ -1,9 +1,11 @@
 import asyncio
 
 import numpy as np
-import prometheus_client
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+prometheus_client = pytest.importorskip("prometheus_client")  # the http extra
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 import async_search as asr
 from async_search.http.metrics import ServingMetrics

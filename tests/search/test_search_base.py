@@ -15,7 +15,7 @@ from async_search.search.base import values_of
     np.array([[object()], [1.0]], dtype=object),
     np.array([["3"], [1.0]], dtype=object),  # text is not a number, held as an object too
     # dates and time spans are not values; NaT, their NaN, would be a finite -9.2e18
-    np.full((2, 1), np.timedelta64("NaT"), dtype="m8[s]"),
+    np.full((2, 1), np.timedelta64("NaT", "s"), dtype="m8[s]"),
     np.array([[1], [2]], dtype="M8[s]"),
     np.array([[np.timedelta64(1, "s")], [1.0]], dtype=object),
 ])

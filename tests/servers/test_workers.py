@@ -440,6 +440,9 @@ async def test_a_worker_whose_removal_was_cancelled_stops_counting_when_it_ends(
                          num_workers=2, model_thread=True) as evaluate:
         busy = [asyncio.ensure_future(evaluate(np.ones((2, 3), np.float32)))
                 for _ in range(4)]
+        # The batches reach the workers first: from Python 3.12 wait_for starts its
+        # coroutine at once, and STOP would be queued ahead of them.
+        await asyncio.sleep(0.05)
         with pytest.raises(asyncio.TimeoutError):  # the thread still ends: STOP is queued
             await asyncio.wait_for(evaluate.remove_worker(), 0.01)
         await asyncio.wait_for(asyncio.gather(*busy), 30)
