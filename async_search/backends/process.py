@@ -237,22 +237,36 @@ class _ClientProcess:
         self._results.close()
         self._work.close()
         process = self._process
-        if wait_s > 0:  # it exits by itself once its last bytes are written
-            await asyncio.to_thread(process.join, wait_s)
-        if process.is_alive():  # stuck, stopped, past its deadline, or the run failed
-            # With what it started (a search's subprocess would outlive the run).
-            await asyncio.to_thread(_kill_tree, process.pid)
-            process.kill()  # (where processes cannot be listed, it alone)
-            await asyncio.to_thread(process.join, 5)
-        # Its stream has ended (closed, or its socket gone with it): the serving ends.
-        with contextlib.suppress(asyncio.TimeoutError, Exception):
-            await asyncio.wait_for(asyncio.shield(self._serving), GRACE_S)
-        self._serving.cancel()
-        await asyncio.wait([self._serving], timeout=GRACE_S)
-        # The serving's end closed the stream, not its sockets in this process: left to
-        # the collector, each warns (ResourceWarning; an error under -W error).
-        for queue in (self._server_end.inbound, self._server_end.outbound):
-            queue.close()
+        try:
+            try:
+                if wait_s > 0:  # it exits by itself once its last bytes are written
+                    await asyncio.to_thread(process.join, wait_s)
+            finally:
+                # Stuck, stopped, past its deadline, or the run failed; or this stop
+                # was cancelled (a Ctrl-C's run cancels it twice: the run, then what is
+                # left of it). Ended and reaped in one thread, which runs to its end
+                # even if this await is cancelled: no zombie keeps its pipes.
+                if process.is_alive():
+                    await asyncio.to_thread(_end_process, process)
+            # Its stream has ended (closed, or its socket gone with it): serving ends.
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._serving), GRACE_S)
+            self._serving.cancel()
+            await asyncio.wait([self._serving], timeout=GRACE_S)
+        finally:
+            # The serving's end closed the stream, not its sockets in this process:
+            # left to the collector, each warns (ResourceWarning; an error under -W
+            # error).
+            for queue in (self._server_end.inbound, self._server_end.outbound):
+                queue.close()
+
+
+def _end_process(process: Any) -> None:
+    """Kills a client process with what it started (a search's subprocess would outlive
+    the run), then reaps it."""
+    _kill_tree(process.pid)
+    process.kill()  # (where processes cannot be listed, it alone)
+    process.join(5)
 
 
 def _kill_tree(pid: int) -> None:

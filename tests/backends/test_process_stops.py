@@ -138,3 +138,44 @@ def test_a_client_whose_run_stopped_ends_quietly_when_it_hands_outcomes_over(tmp
                               os.path.dirname(os.path.abspath(__file__)))))
     assert (done.returncode, done.stdout) == (1, ""), done.stderr
     assert "Traceback" not in done.stderr and "Exception in callback" not in done.stderr
+
+
+_CTRL_C_IN_THE_PARENT = """
+import functools, os, signal, sys, threading, time
+import async_search as asr
+from tests.backends import searches, test_process_stops
+
+def interrupt():  # Ctrl-C, once both clients search
+    while len(os.listdir(sys.argv[1])) < 2:
+        time.sleep(0.02)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt, daemon=True).start()
+try:
+    asr.run_searches(functools.partial(test_process_stops.sleep_and_write_pid,
+                                       pid_dir=sys.argv[1]),
+                     [0, 1], searches.small_mlp, backend="process", num_procs=2)
+except KeyboardInterrupt:
+    pass
+clients = [int(name) for name in os.listdir(sys.argv[1])]
+print([pid for pid in clients if os.path.exists(f"/proc/{pid}")])  # a zombie too
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_a_ctrl_c_in_the_caller_leaves_no_client_process_not_even_a_zombie(tmp_path):
+    # The run is cancelled twice (the run, then what is left of it): the second cancel
+    # cut a client's stop after its kill and before its reaping, and the client stayed
+    # a zombie holding its pipes until the next run.
+    import subprocess
+    import sys
+
+    for _ in range(3):  # (it was 2 runs in 3)
+        for name in os.listdir(tmp_path):
+            os.remove(tmp_path / name)
+        done = subprocess.run([sys.executable, "-c", _CTRL_C_IN_THE_PARENT, str(tmp_path)],
+                              cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                                  os.path.abspath(__file__)))),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["[]"], done.stdout
