@@ -91,6 +91,7 @@ def test_save_json_writes_every_printed_figure(tmp_path):
 def full_disk(code: str, limit: int = 8) -> str:
     """Runs ``code`` in a child whose files may not grow past ``limit`` bytes (SIGXFSZ
     ignored: a write fails with EFBIG, as on a full disk); returns the error it printed."""
+    pytest.importorskip("matplotlib")  # the plot extra: the child uses its Agg backend
     script = ("import resource, signal, sys\n"
               f"sys.path.insert(0, {ROOT!r})\n"
               "import matplotlib; matplotlib.use('Agg')\n"

@@ -28,6 +28,7 @@ def test_json_sits_beside_the_plot():
 
 def test_experiment_runs_local_and_processes_saves_plot_and_figures(tmp_path):
     require_backend("process")
+    pytest.importorskip("matplotlib")  # the plot extra: it saves the plot
     seen = []
     exp = Experiment("tiny", tiny_search(), TINY_MODEL,
                      default_runs(backends=("local", "process")))
@@ -73,6 +74,7 @@ def test_without_the_baseline_the_first_run_is_the_reference(tmp_path):
 
 def test_continuous_astar_in_a_worker_process_equals_the_baseline(tmp_path):
     require_backend("process")
+    pytest.importorskip("matplotlib")  # the plot extra: it saves the plot
     exp = Experiment("cont", tiny_search("continuous", num_searches=1, gnn_budget=300,
                                          max_in_flight=16), TINY_MODEL, continuous_runs())
     result = run_experiment(exp, save_path=str(tmp_path / "c.png"), show_progress=False)
