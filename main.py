@@ -1063,36 +1063,38 @@ def check_flag_scope() -> None:
 
 
 def needed_modules() -> dict:
-    """The optional modules this run imports, each with why and the extra that installs
-    it (setup.cfg): checked before any work, not met as a traceback minutes into it."""
-    needs = {"matplotlib": ("the plots", "plot")}
+    """The optional modules this run imports, each with why: checked before any work,
+    not met as a traceback minutes into it."""
+    needs = {"matplotlib": "the plots"}
     if not FLAGS.architecture:
-        needs["seaborn"] = ("the plots", "plot")
+        needs["seaborn"] = "the plots"
     if FLAGS.progress:
-        needs["tqdm"] = ("the progress bars; --noprogress for none", "plot")
+        needs["tqdm"] = "the progress bars; --noprogress for none"
     if FLAGS.train:
-        needs["tensorflow"] = ("training a net", "tf")
+        needs["tensorflow"] = "training a net"
     elif FLAGS.model == "tf":
-        needs["tensorflow"] = ("--model tf; --model numpy runs without it", "tf")
+        needs["tensorflow"] = "--model tf; --model numpy runs without it"
     if FLAGS.multi_server:
-        needs["ray"] = ("--multi_server", "ray")
+        needs["ray"] = "--multi_server"
     elif FLAGS.train and FLAGS.backend == "ray":
-        needs["ray"] = ("--backend ray", "ray")
+        needs["ray"] = "--backend ray"
     elif not (FLAGS.train or FLAGS.architecture) and "ray" in FLAGS.backends:
-        needs["ray"] = ("--backends with ray; --backends local,process leaves it out", "ray")
+        needs["ray"] = "--backends with ray; --backends local,process leaves it out"
     return needs
 
 
 def check_installed() -> None:
     """Raises ValueError (one line) naming the first module the run needs that is not
-    installed, why, and the extra to install."""
+    installed, why, and the extra that installs it."""
     import importlib.util
 
-    for module, (why, extra) in needed_modules().items():
+    from async_search.extras import EXTRA_OF
+
+    for module, why in needed_modules().items():
         if importlib.util.find_spec(module) is None:
             raise ValueError(f"this run needs {module} ({why}), which is not installed: "
-                             f"pip install -e '.[{extra}]' (every extra main.py can use: "
-                             f"pip install -e '.[all]')")
+                             f"pip install -e '.[{EXTRA_OF[module]}]' (every extra "
+                             f"main.py can use: pip install -e '.[all]')")
 
 
 def _check_and_run(done: Done) -> int:

@@ -2,7 +2,8 @@
 not installed, an error that names the extra to install.
 
 The core imports with NumPy alone; a name that needs one of setup.cfg's extras
-(``torch``, ``jax``, ``tf``, ``ray``, ``http``, ``grpc``) imports it on first use.
+(``torch``, ``jax``, ``tf``, ``ray``, ``http``, ``grpc``, ``plot``, ``main``) imports it
+on first use.
 
 Example:
     >>> missing = ModuleNotFoundError("No module named 'torch'", name="torch")
@@ -19,7 +20,9 @@ from types import ModuleType
 #: The extra that installs each optional top-level module.
 EXTRA_OF = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "tensorflow": "tf",
             "keras": "tf", "ray": "ray", "aiohttp": "http", "prometheus_client": "http",
-            "grpc": "grpc", "tritonclient": "grpc"}
+            "grpc": "grpc", "tritonclient": "grpc", "matplotlib": "plot",
+            "seaborn": "plot", "pandas": "plot", "tqdm": "plot", "absl": "main",
+            "uvloop": "main"}
 
 
 def is_missing_extra(error: ModuleNotFoundError) -> bool:
@@ -49,9 +52,11 @@ def import_extra(module: str, what: str) -> ModuleType:
         >>> import_extra("numpy", "the core").__name__  # any module imports
         'numpy'
     """
+    top = module.partition(".")[0]
     try:
-        return importlib.import_module(module)
+        importlib.import_module(top)
     except ModuleNotFoundError as e:
-        if e.name != module.partition(".")[0]:
+        if e.name != top:
             raise  # the framework is there and lacks something of its own
         raise extra_error(e, what) from e
+    return importlib.import_module(module)

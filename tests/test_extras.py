@@ -88,6 +88,16 @@ def test_a_broken_framework_is_not_called_missing(tmp_path, monkeypatch):
                 "    async with RemoteEvaluate('http://127.0.0.1:9', 'm'):\n"
                 "        pass\n"
                 "asyncio.run(main())", "RemoteEvaluate needs aiohttp"),
+    ("seaborn", "from async_search.experiments import plot_runs\nplot_runs([])",
+     "plot_runs needs seaborn"),
+    ("matplotlib", "from async_search.experiments.training import plot_training\n"
+                   "plot_training([], None)", "plot_training needs matplotlib"),
+    ("pandas", "from async_search.experiments.heuristic_training import "
+               "plot_heuristic_training\nplot_heuristic_training([], {}, None)",
+     "plot_heuristic_training needs pandas"),
+    ("tqdm", "from async_search.experiments.progress import progress_bar\n"
+             "with progress_bar('x', 3):\n    pass", "a progress bar (show_progress=False "
+                                                   "for none) needs tqdm"),
 ])
 def test_a_name_that_needs_a_missing_extra_says_which_to_install(module, call, message):
     done = run(blocked(module) + "import numpy as np\nfrom async_search.base import "

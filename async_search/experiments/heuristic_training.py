@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Sequence
 import numpy as np
 
 from async_search.checks import check_float, check_int
+from async_search.extras import import_extra
 from async_search.files import write_json
 
 
@@ -146,9 +147,9 @@ def format_comparison(results: Dict[str, Dict[str, Any]], params: HeldOutConfig)
 def plot_heuristic_training(records: List[Any], results: Dict[str, Dict[str, Any]],
                             path: str, *, title: str = "") -> Any:
     """DAVI's loss and mean target per round; expansions per Korf instance."""
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    import seaborn as sns
+    plt = import_extra("matplotlib.pyplot", "plot_heuristic_training")
+    pd = import_extra("pandas", "plot_heuristic_training")
+    sns = import_extra("seaborn", "plot_heuristic_training")
 
     from async_search.experiments.plots import finish_figure
 

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from async_search.experiments.runs import RunReport
+from async_search.extras import import_extra
 from async_search.files import write_file
 
 
@@ -104,8 +105,8 @@ def plot_runs(reports: Sequence[RunReport], path: Optional[str] = None, *,
         fig = plot_runs(reports, "results/results.png", title="15-puzzle A*")
         ```
     """
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+    plt = import_extra("matplotlib.pyplot", "plot_runs")
+    sns = import_extra("seaborn", "plot_runs")
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 

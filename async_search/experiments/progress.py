@@ -6,6 +6,8 @@ import contextlib
 import sys
 from typing import Callable, Iterator, Optional
 
+from async_search.extras import import_extra
+
 
 @contextlib.contextmanager
 def progress_bar(desc: str, total: Optional[int] = None, *, enabled: bool = True,
@@ -27,7 +29,8 @@ def progress_bar(desc: str, total: Optional[int] = None, *, enabled: bool = True
     if not enabled:
         yield None
         return
-    from tqdm import tqdm  # the plain bar: it works in terminals and notebooks alike
+    # the plain bar: it works in terminals and notebooks alike
+    tqdm = import_extra("tqdm", "a progress bar (show_progress=False for none)").tqdm
 
     bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
                dynamic_ncols=True, file=sys.stderr, mininterval=0.2, disable=None)

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from async_search.extras import import_extra
 from async_search.files import write_json
 
 
@@ -38,7 +39,8 @@ class PhaseBars:
             return
         if phase != self._phase:
             self.close()
-            from tqdm import tqdm
+            tqdm = import_extra("tqdm", "a progress bar (show_progress=False for "
+                                "none)").tqdm
             self._bar = tqdm(total=total or None, desc=f"{self.prefix}{phase}",
                              unit=self._UNITS.get(phase, "it"), unit_scale=True,
                              leave=False, dynamic_ncols=True, file=sys.stderr,
@@ -149,9 +151,9 @@ def plot_training(records: List[Any], path: str, *, title: str = "",
     positions, seconds per phase and the rating over iterations; the scores' panel marks
     the goals and the arena's gate (``gate_threshold``; none at 0, where every
     candidate is promoted)."""
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    import seaborn as sns
+    plt = import_extra("matplotlib.pyplot", "plot_training")
+    pd = import_extra("pandas", "plot_training")
+    sns = import_extra("seaborn", "plot_training")
 
     from async_search.experiments.plots import finish_figure
 
