@@ -1078,7 +1078,8 @@ def needed_modules() -> dict:
         needs["ray"] = "--multi_server"
     elif FLAGS.train and FLAGS.backend == "ray":
         needs["ray"] = "--backend ray"
-    elif not (FLAGS.train or FLAGS.architecture) and "ray" in FLAGS.backends:
+    elif not (FLAGS.train or FLAGS.architecture or FLAGS.continuous) and (
+            "ray" in FLAGS.backends):  # (--continuous runs a worker process, no Ray)
         needs["ray"] = "--backends with ray; --backends local,process leaves it out"
     return needs
 

@@ -239,6 +239,7 @@ def test_a_module_the_run_needs_is_checked_before_any_work(main, monkeypatch, ar
     (["--model=numpy", "--backends=local,process"], "ray"),
     (["--model=numpy", "--backends=local", "--noprogress"], "tqdm"),
     (["--architecture=pipe", "--model=numpy"], "seaborn"),
+    (["--continuous", "--model=numpy"], "ray"),  # a worker process: --backends not read
 ])
 def test_a_module_the_run_does_not_need_may_be_missing(main, monkeypatch, args, module):
     parse(main, *args)

@@ -168,7 +168,9 @@ def check_dirichlet_alpha(value: Any) -> float:
     return number
 
 
-# NumPy counts a time span as an integer (numbers.Real): it is not a value.
+# Numbers held as objects: NumPy's bool is no numbers.Real (Python's is), and NumPy
+# counts a time span as an integer (numbers.Real), which is not a value.
+_REALS = (numbers.Real, np.bool_)
 _TIMES = (np.timedelta64, np.datetime64)
 
 
@@ -197,7 +199,7 @@ def values_of(y: Any, n: int, what: str) -> list:
     # -9.2e18. Objects pass when each is a real number. A longdouble is cast too: past
     # the floats it becomes inf, refused below, and results hold Python floats.
     if not (values.dtype.kind in "fiub" or (values.dtype.kind == "O" and all(
-            isinstance(v, numbers.Real) and not isinstance(v, _TIMES) for v in values.flat))):
+            isinstance(v, _REALS) and not isinstance(v, _TIMES) for v in values.flat))):
         raise ModelOutputError(f"{what} must be real numbers, got an array of "
                                f"{values.dtype}")
     try:

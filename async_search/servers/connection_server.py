@@ -372,7 +372,11 @@ class ConnectionServer:
                 # The answers in flight still go out, then the end is released without
                 # waiting here, so that its clients' later calls fail at once.
                 replies.when_finished(functools.partial(_release, connection))
-        await replies.finished()
+        try:
+            await replies.finished()
+        except BaseException:  # cancelled while answers are still out: after them
+            replies.when_finished(functools.partial(_release, connection))
+            raise
         _release(connection)
 
     def _control(self, connection: Connection, message: Control,

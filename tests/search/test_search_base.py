@@ -26,6 +26,9 @@ def test_values_of_refuses_outputs_that_are_not_real_numbers(y):
 
 def test_values_of_reads_numbers_held_as_objects_as_floats():
     assert values_of(np.array([[1.5], [2]], dtype=object), 2, "h") == [1.5, 2.0]
+    # NumPy's scalars too, its bool among them (no numbers.Real, unlike Python's)
+    held = np.array([np.float32(0.5), np.int64(3), np.bool_(True), False], dtype=object)
+    assert values_of(held, 4, "h") == [0.5, 3.0, 1.0, 0.0]
 
 
 @pytest.mark.parametrize("y", [np.array([[1.0], [np.inf]], np.float32),

@@ -577,6 +577,32 @@ async def test_a_cancelled_server_answers_what_it_took_then_later_calls_fail_at_
         await within(fns[0](x), "a call after the server was cancelled")
 
 
+async def test_a_server_cancelled_while_its_last_answers_are_out_still_closes_its_end():
+    # The stream ended (the client closed it) and serving waits for the answers still
+    # in the model: a cancel there (serve cancels every stream when one fails) left the
+    # end open for good.
+    release = threading.Event()
+
+    def slow(x):
+        release.wait(WAIT_S)
+        return 2 * x
+
+    (fn,), server_end = get_connected_functions(local_queue, 1, ordered=True)
+    async with BatchingServer(slow, DispatchPolicy()) as evaluate:
+        serving = asyncio.ensure_future(ConnectionServer(evaluate).serve(server_end))
+        x = np.ones((1, 2), np.float32)
+        taken = asyncio.ensure_future(fn(x))
+        await asyncio.sleep(0.05)  # (it reaches the model)
+        fn.connection.close()  # the stream ends: serving waits for that answer
+        await asyncio.sleep(0.05)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        assert not server_end.closed
+        release.set()
+        np.testing.assert_array_equal(await within(taken, "the answer"), 2 * x)
+        await wait_until(lambda: server_end.closed, "the end to be closed")
+
+
 async def test_a_message_no_answer_can_reach_is_dropped_and_the_others_served():
     bad_client, bad_server = pipe(local_queue)
     good_client, good_server = pipe(local_queue)
