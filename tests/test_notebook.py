@@ -7,6 +7,8 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
+pytest.importorskip("tensorflow")  # the notebook's net (the tf extra)
+pytest.importorskip("matplotlib")  # and its plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "examples", "quickstart.ipynb")
