@@ -456,6 +456,11 @@ class SocketQueue:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
+                if waiter.cancelled() and not self._waiters:
+                    # Nobody reads now (a cancelled server): the loop lets go of the
+                    # socket, or it would hold this queue and its sockets for good. The
+                    # next get watches it again; what came meanwhile waits in the socket.
+                    self._unwatch()
 
     def _on_readable(self) -> None:
         self._read_available()

@@ -821,3 +821,23 @@ async def test_socket_queue_on_a_tcp_connection_carries_frames_both_ways_then_en
         await within(at_server.get_async(), "the end of the stream")
     for q in (to_server, at_server, back):
         q.close()
+
+
+async def _a_cancelled_get(q):
+    getting = asyncio.ensure_future(q.get_async())
+    await asyncio.sleep(0.01)
+    getting.cancel()
+    await asyncio.gather(getting, return_exceptions=True)
+
+
+async def test_a_socket_queue_whose_get_was_cancelled_is_let_go_and_reads_on():
+    # A cancelled get (a serve_connection cancelled) left the socket registered with
+    # the loop, which then held the queue and its two sockets for good.
+    loop = asyncio.get_running_loop()
+    q = socket_queue()
+    await _a_cancelled_get(q)
+    assert not loop.remove_reader(q._reader.fileno())  # (True: it was still watched)
+    q.put("sent meanwhile")
+    await asyncio.sleep(0.01)
+    assert await within(q.get_async(), "the item put after the cancel") == "sent meanwhile"
+    q.close()
