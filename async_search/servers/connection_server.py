@@ -310,74 +310,74 @@ class ConnectionServer:
         self._pending = still
 
     async def _serve(self, connection: Connection) -> None:
-        evaluate = self._server
         replies = _OrderedReplies(connection, _portable if self._portable else _as_is)
-        loop = asyncio.get_running_loop()
         connection.acquire()
-        ended = False
         try:
-            while True:
-                try:
-                    message = await connection.recv_async()
-                except ClosedConnection:
-                    break
-                except MalformedMessageError as e:  # no key to answer it with: dropped
-                    loop.call_exception_handler({
-                        "message": "serve_connection dropped a message it cannot "
-                                   "answer", "exception": e})
-                    continue
-                except (OSError, EOFError):  # the transport itself: not a message
-                    raise
-                except Exception as e:  # noqa: BLE001 - whatever loading it raised
-                    # A message that cannot be loaded (a class the sender has and this
-                    # process lacks, a __setstate__ that raises). Answers go in the order
-                    # of messages, so one left unanswered would shift every later answer
-                    # onto the wrong request.
-                    if not _answers_by_key(connection):
-                        fut = loop.create_future()  # answered in its turn, with why
-                        fut.set_exception(_unloadable(e))
-                        replies.add(fut, False)
-                        continue
-                    # A forked or pass-through end answers by the key of each message,
-                    # and the key was inside what failed to load: no caller can be told
-                    # which answer is missing, so the connection ends (their calls fail).
-                    loop.call_exception_handler({
-                        "message": "serve_connection ended a keyed connection: a message "
-                                   "with an unknown key could not be loaded",
-                        "exception": e})
-                    if isinstance(connection, ForkedConnection):
-                        for key in connection.clients:
-                            connection.close_client(key)
-                    break
-                versioned = False
-                try:
-                    if isinstance(message, VersionedRequest):
-                        versioned = True
-                        fut = evaluate.call_with_version(message.x, message.rowwise)
-                    elif isinstance(message, Control):
-                        fut = self._control(connection, message, loop)
-                    else:
-                        fut = evaluate(message)
-                except Exception as e:  # a bad request (or update) fails alone
-                    fut = loop.create_future()
-                    fut.set_exception(e)
-                replies.add(fut, versioned)
-            ended = True
-        finally:
-            for sid in [sid for sid, s in self._subscribers.items()
-                        if s.connection is connection]:
-                self._drop(sid)  # its clients are gone: no swap waits for them
-            if not ended:
-                # Cancelled, or the transport failed: nothing reads this end any more.
-                # The answers in flight still go out, then the end is released without
-                # waiting here, so that its clients' later calls fail at once.
-                replies.when_finished(functools.partial(_release, connection))
-        try:
+            try:
+                await self._answer_stream(connection, replies)
+            finally:
+                for sid in [sid for sid, s in self._subscribers.items()
+                            if s.connection is connection]:
+                    self._drop(sid)  # its clients are gone: no swap waits for them
             await replies.finished()
-        except BaseException:  # cancelled while answers are still out: after them
+        finally:
+            # Released once the answers taken are out: at once after the stream ended.
+            # Cancelled or with its transport failed, serving does not wait for them:
+            # nothing reads this end any more, and its clients' later calls fail at once.
             replies.when_finished(functools.partial(_release, connection))
-            raise
-        _release(connection)
+
+    async def _answer_stream(self, connection: Connection,
+                             replies: _OrderedReplies) -> None:
+        """Hands each message of ``connection``'s stream to the server, its answer to
+        ``replies``, until the stream ends."""
+        evaluate = self._server
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                message = await connection.recv_async()
+            except ClosedConnection:
+                break
+            except MalformedMessageError as e:  # no key to answer it with: dropped
+                loop.call_exception_handler({
+                    "message": "serve_connection dropped a message it cannot "
+                               "answer", "exception": e})
+                continue
+            except (OSError, EOFError):  # the transport itself: not a message
+                raise
+            except Exception as e:  # noqa: BLE001 - whatever loading it raised
+                # A message that cannot be loaded (a class the sender has and this
+                # process lacks, a __setstate__ that raises). Answers go in the order
+                # of messages, so one left unanswered would shift every later answer
+                # onto the wrong request.
+                if not _answers_by_key(connection):
+                    fut = loop.create_future()  # answered in its turn, with why
+                    fut.set_exception(_unloadable(e))
+                    replies.add(fut, False)
+                    continue
+                # A forked or pass-through end answers by the key of each message,
+                # and the key was inside what failed to load: no caller can be told
+                # which answer is missing, so the connection ends (their calls fail).
+                loop.call_exception_handler({
+                    "message": "serve_connection ended a keyed connection: a message "
+                               "with an unknown key could not be loaded",
+                    "exception": e})
+                if isinstance(connection, ForkedConnection):
+                    for key in connection.clients:
+                        connection.close_client(key)
+                break
+            versioned = False
+            try:
+                if isinstance(message, VersionedRequest):
+                    versioned = True
+                    fut = evaluate.call_with_version(message.x, message.rowwise)
+                elif isinstance(message, Control):
+                    fut = self._control(connection, message, loop)
+                else:
+                    fut = evaluate(message)
+            except Exception as e:  # a bad request (or update) fails alone
+                fut = loop.create_future()
+                fut.set_exception(e)
+            replies.add(fut, versioned)
 
     def _control(self, connection: Connection, message: Control,
                  loop: asyncio.AbstractEventLoop) -> asyncio.Future:
