@@ -259,6 +259,9 @@ class BatchingServer(AsyncWithOnly):
         self._crashed: BaseException | None = None  # what killed the serving coroutine
         self._closer: asyncio.Future | None = None  # set once aclose has finished
         self._abandoned = False  # an interrupted close cancelled the dispatch task
+        # What entered it for asr.serve, kept as long as the server is: collecting it
+        # would close the server under a caller who still holds ``evaluate``.
+        self._entered_by: object = None
 
     # -- the evaluate function --------------------------------------------------------
     def __call__(self, x: np.ndarray, timeout: float | None = None,
@@ -706,6 +709,14 @@ class BatchingServer(AsyncWithOnly):
         """
         if self._loop is None or self._new_future is None or self._closed:
             return  # never entered, or its enter failed (and ended what it started)
+        if self._loop.is_closed():
+            # Its loop was closed while it served, and the collector now closes the
+            # coroutine that held it: nothing on that loop can be resolved any more,
+            # but its device threads must still end.
+            self._notice_a_closed_loop()
+            self._workers.stop(discard_queued=True)
+            self._finish_close()
+            return
         if timeout is not None:
             timeout = check_float("timeout", timeout, minimum=0)
         deadline = None if timeout is None else self._loop.time() + timeout
@@ -808,12 +819,14 @@ class BatchingServer(AsyncWithOnly):
             batches_in_model=len(in_model), requests_failed=failed, threads=tuple(threads))
 
     def _finish_close(self) -> None:
-        self._fail_queued(ServerClosedError("the server closed"))  # if the task died
         self._stats.close()
         self._closed = True
         if self._batcher._server is self:  # free for the next server
             self._batcher._server = None
-        if not self._closer.done():
+        if self._loop.is_closed():  # no future on it can be resolved any more
+            return
+        self._fail_queued(ServerClosedError("the server closed"))  # if the task died
+        if self._closer is not None and not self._closer.done():
             self._closer.set_result(None)
 
     def _wake_dispatch(self) -> None:
@@ -836,7 +849,10 @@ class BatchingServer(AsyncWithOnly):
         if cause is None:
             return ServerClosedError("the server is closed: evaluate called after its "
                                      "context was left")
-        if isinstance(cause, _LostLoop):
+        if isinstance(cause, _LostLoop) or (isinstance(cause, asyncio.CancelledError)
+                                             and self._loop.is_closed()):
+            # (asyncio.run cancels every task of a loop it closes, the dispatch task
+            # among them, when a server outlives the run it was entered in)
             return ServerCrashedError(
                 "the server's event loop was closed while it served (its `async with` "
                 "block was never left): it takes no more requests, and requests made "

@@ -122,7 +122,11 @@ class _EnteredOnce(AsyncWithOnly, contextlib.AbstractAsyncContextManager):
             raise RuntimeError("this serve(...) was entered before: each `async with` "
                                "needs a serve(...) of its own")
         self._entered = True
-        return await self._inner.__aenter__()
+        server = await self._inner.__aenter__()
+        # A notebook keeps ``evaluate = await asr.serve(m).__aenter__()`` across cells
+        # and drops this object: its generator, collected, would close the server.
+        server._entered_by = self
+        return server
 
     async def __aexit__(self, *exc: Any) -> bool | None:
         return await self._inner.__aexit__(*exc)

@@ -363,6 +363,74 @@ def test_calls_after_the_servers_loop_closed_raise_at_once_and_its_thread_ends()
     assert (model.loads, model.unloads) == (1, 1)
 
 
+def test_a_serving_coroutine_collected_after_its_loop_closed_ends_the_device_thread():
+    """A kernel interrupted in ``run_until_complete`` closes its loop while a block
+    still serves; collecting that block's coroutine leaves the server on a closed loop,
+    where its exit raised "Event loop is closed" before it told the thread to end: the
+    thread (and on a GPU the model) stayed for good."""
+    before = set(device_threads())
+    model = Device()
+    model.open()
+
+    async def body():
+        async with asr.serve(model, model_thread=True) as evaluate:
+            await evaluate(np.zeros((3, 1), np.float32))
+            await asyncio.Event().wait()  # still serving when the loop stops
+
+    loop = asyncio.new_event_loop()
+    try:
+        coroutine = body()
+        task = loop.create_task(coroutine)
+        loop.run_until_complete(wait_until(lambda: model.started.is_set(), "a batch"))
+        loop.run_until_complete(asyncio.sleep(0.05))
+    finally:
+        loop.close()
+    coroutine.close()  # what the collector does to the abandoned task's coroutine
+    assert not task.done()
+    assert_threads_end(before, "its closed loop")
+    assert (model.loads, model.unloads) == (1, 1)
+
+
+async def test_a_server_entered_by_hand_serves_after_its_serve_object_is_collected():
+    """A notebook keeps ``evaluate = await asr.serve(m).__aenter__()`` across cells:
+    the dropped serve(...) object's generator, collected, closed the server ("evaluate
+    called after its context was left") while the caller still held it."""
+    import gc
+
+    model = with_spec(lambda x: x * 2, (3,), np.float32)
+    evaluate = await asr.serve(model).__aenter__()
+    try:
+        np.testing.assert_array_equal(await evaluate(np.ones((1, 3), np.float32)),
+                                      np.full((1, 3), 2, np.float32))
+        gc.collect()
+        for _ in range(5):
+            await asyncio.sleep(0.01)  # the loop runs what the collector scheduled
+        np.testing.assert_array_equal(await evaluate(np.ones((1, 3), np.float32)),
+                                      np.full((1, 3), 2, np.float32))
+    finally:
+        await evaluate.aclose()
+
+
+def test_a_server_kept_past_the_run_it_was_entered_in_says_its_loop_closed():
+    """``asyncio.run`` cancels every task of the loop it closes, the dispatch task
+    among them: a later call said the server crashed of CancelledError (a bug in the
+    serving coroutine), not that its loop was closed."""
+    model = with_spec(lambda x: x * 2, (3,), np.float32)
+    kept = {}
+
+    async def first_cell():
+        kept["evaluate"] = await asr.serve(model).__aenter__()
+        return await kept["evaluate"](np.ones((1, 3), np.float32))
+
+    asyncio.run(first_cell())
+
+    async def second_cell():
+        return await kept["evaluate"](np.ones((1, 3), np.float32))
+
+    with pytest.raises(asr.errors.ServerCrashedError, match="event loop was closed"):
+        asyncio.run(second_cell())
+
+
 @pytest.mark.parametrize("change", ["update_model", "add_worker", "remove_worker"])
 def test_changes_to_a_server_whose_loop_closed_raise_and_start_no_thread(change):
     """Before any call noticed the closed loop, add_worker started a thread and then
