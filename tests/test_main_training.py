@@ -202,17 +202,27 @@ def test_a_training_flag_out_of_range_is_one_line_and_exit_2(tmp_path, args, mat
     assert not os.path.exists(tmp_path / "run")
 
 
-def test_gate_threshold_zero_promotes_every_candidate(tmp_path):
-    out = main(*TINY_C4, "--iterations", "2", "--gate_threshold", "0", "--save_dir",
+def test_gate_threshold_zero_promotes_every_candidate_and_openings_and_solve_are_used(
+        tmp_path):
+    # One run for both (each main.py run costs about 12 s of CI): random openings and
+    # --solve reach self-play and the agent, and are printed.
+    out = main(*TINY_C4, "--iterations", "2", "--gate_threshold", "0",
+               "--random_opening_moves", "6", "--solve", "--save_dir",
                str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "(promote at 0.0)" in out.stdout
+    assert "after 0-6 random moves, proving values)" in out.stdout
+    assert "1 leaves per round, proving values)" in out.stdout  # the final evaluation
     data = json.load(open(tmp_path / "p.json"))
-    assert data["config"]["gate_threshold"] == 0.0
+    config = data["config"]
+    assert config["gate_threshold"] == 0.0
+    assert config["selfplay"]["random_opening_moves"] == 6
+    assert config["selfplay"]["solve"] and config["eval_solve"]
     assert [(r["promoted"], r["best_version"]) for r in data["iterations"]] == [
         (True, 1), (True, 2)]
     # --resume with fewer iterations than the 2 saved is refused before any work
-    fewer = main(*TINY_C4, "--gate_threshold", "0", "--resume", "--save_dir",
+    fewer = main(*TINY_C4, "--gate_threshold", "0", "--random_opening_moves", "6",
+                 "--solve", "--resume", "--save_dir",
                  str(tmp_path / "run"), "--save_path", str(tmp_path / "q.png"))
     assert fewer.returncode == 2 and fewer.stdout == ""
     assert error_lines(fewer) == [f"main.py: error: --resume: the run in "
@@ -220,19 +230,6 @@ def test_gate_threshold_zero_promotes_every_candidate(tmp_path):
                                   f"--iterations=1: pass --iterations=2 to evaluate it "
                                   f"again, or more to continue it"]
     assert not (tmp_path / "q.json").exists()
-
-
-def test_random_openings_and_solve_reach_self_play_and_the_agent_and_are_printed(
-        tmp_path):
-    out = main(*TINY_C4, "--random_opening_moves", "6", "--solve", "--save_dir",
-               str(tmp_path / "run"), "--save_path", str(tmp_path / "p.png"))
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "after 0-6 random moves, proving values)" in out.stdout
-    assert "1 leaves per round, proving values)" in out.stdout  # the final evaluation
-    data = json.load(open(tmp_path / "p.json"))
-    config = data["config"]
-    assert config["selfplay"]["random_opening_moves"] == 6
-    assert config["selfplay"]["solve"] and config["eval_solve"]
 
 
 def train_residual_4x1(tmp_path, *args):
