@@ -97,9 +97,19 @@ class MalformedMessageError(TypeError):
 class ProtocolError(ValueError):
     """A request that breaks the inference protocol; ``status`` is the HTTP answer."""
 
+    #: Statuses that a request's own content earns (malformed, too large, not
+    #: processable); others (401, 403, 405, 409...) say how the server is set up.
+    CALLER_STATUSES = frozenset({400, 413, 422})
+
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+    @property
+    def is_callers(self) -> bool:
+        """Whether the request's own content earned it (``CALLER_STATUSES``): a router
+        counts the others against the server that answered so."""
+        return self.status in self.CALLER_STATUSES
 
     def __reduce__(self):  # keeps the status across processes (decoding off the loop)
         return type(self), (str(self), self.status)

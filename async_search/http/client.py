@@ -29,9 +29,12 @@ What a caller gets back for each status: 200 the outputs (one tensor: an array; 
 ``output_0``, ``output_1``, ...: a tuple, as this project's front names a tuple; other
 names: a dict); 404 ModelNotFoundError; another 4xx ProtocolError (its ``status``);
 503 once retries are spent ServerClosedError; a connection that cannot be made or kept,
-or 408, 429, 502, 504 once retries are spent, ServerDiedError; 500 and other 5xx (the
-model failed: not retried) RemoteError; an answer that is not the protocol's
-ModelOutputError. aiohttp (the ``http`` extra) is imported when the client opens.
+or 408, 429, 502, 504 once retries are spent, ServerDiedError; a redirect (3xx: never
+followed, since it would carry the tensors and the headers to another address) or a
+transport failure aiohttp names otherwise, ServerDiedError (not retried); 500 and other
+5xx (the model failed: not retried) RemoteError; an answer that is not the protocol's,
+or longer than ``max_response_bytes`` once inflated, ModelOutputError. aiohttp (the
+``http`` extra) is imported when the client opens.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import asyncio
 import json
 import math
 import random
+import urllib.parse
 from typing import Any, Dict, Hashable, List, Mapping, Set, Tuple
 
 import numpy as np
@@ -54,7 +58,7 @@ from async_search.errors import (InputSpecError, ModelNotFoundError, ModelOutput
                                  ServerClosedError, ServerDiedError)
 from async_search.extras import import_extra
 from async_search.http.kserve import (DATATYPES, HEADER_LENGTH, datatype_of,
-                                      header_integer)
+                                      header_integer, tensor_from_json)
 from async_search.requests import RequestChecker
 
 
@@ -84,7 +88,7 @@ def _may_owe_to_one(error: BaseException) -> bool:
     """Whether a failed call may owe its failure to one of the requests it carried:
     the model raised (a 500), or the server refused the input (400, 413, 422)."""
     if isinstance(error, ProtocolError):
-        return error.status in (400, 413, 422)
+        return error.is_callers
     return isinstance(error, RemoteError)
 
 
@@ -125,6 +129,10 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         max_request_bytes: tensor bytes of one HTTP request (below the server's body
             limit: the project's front takes 16 MiB); more requests than that leave in
             several. A single larger request is sent alone.
+        max_response_bytes: the longest answer taken (its body once inflated, or its
+            gRPC message): a longer one fails its requests with ModelOutputError before
+            more of it is held, so that a broken or hostile server cannot fill the
+            client's memory (default 64 MiB).
         input_spec: the model's input, for a server whose metadata lists none (KServe's
             default); None: the metadata's, else learnt from the first request.
         input_name: the input tensor's name, likewise (default: the metadata's, else
@@ -146,6 +154,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
     def __init__(self, url: str, model_name: str, *, model_version: str | None = None,
                  timeout: float = 30.0, retries: int = 3, backoff_s: float = 0.05,
                  max_connections: int = 4, max_request_bytes: int = 8 * 2 ** 20,
+                 max_response_bytes: int = 64 * 2 ** 20,
                  input_spec: TensorSpec | None = None, input_name: str | None = None,
                  headers: Mapping[str, str] | None = None):
         for name, value in (("model_name", model_name), ("model_version", model_version),
@@ -168,6 +177,8 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         self.max_connections = check_int("max_connections", max_connections, minimum=1)
         self.max_request_bytes = check_int("max_request_bytes", max_request_bytes,
                                            minimum=1)
+        self.max_response_bytes = check_int("max_response_bytes", max_response_bytes,
+                                            minimum=1)
         self.headers = dict(headers or {})
         self._given_spec = input_spec
         self._input_name = input_name
@@ -197,6 +208,12 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         """Checks ``url`` and sets ``url`` and the addresses that requests go to."""
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http:// or https:// address, got {url!r}")
+        try:  # a bad host ("http://[::1") failed every request with aiohttp's own error
+            host = urllib.parse.urlsplit(url).hostname
+        except ValueError as e:
+            raise ValueError(f"url {url!r} is not an address: {e}") from None
+        if not host:
+            raise ValueError(f"url {url!r} names no host")
         self.url = url.rstrip("/")
         path = f"/v2/models/{self.model_name}" + (
             f"/versions/{self.model_version}" if self.model_version is not None else "")
@@ -438,22 +455,62 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
                    "Content-Type": "application/octet-stream"}
         try:
             async with self._session.post(
-                    self._infer_url, data=body, headers=headers,
+                    self._infer_url, data=body, headers=headers, allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=left)) as response:
-                payload = await response.read()
+                payload = await self._read(response, self._where)
                 status = response.status
                 answer_header = response.headers.get(HEADER_LENGTH)
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-            raise _Retry(ServerDiedError(
-                f"{self._where} could not be reached or dropped the connection: "
-                f"{type(e).__name__}: {e}")) from None
-        except aiohttp.ClientResponseError as e:  # an answer that is not HTTP
-            raise ServerDiedError(f"{self._where} did not answer in HTTP (is it the "
-                                  f"inference server's HTTP port?): {e.message}") from None
+                location = response.headers.get("Location")
+        except aiohttp.ClientError as e:
+            raise self._transport_failure(e, self._where) from None
+        if 300 <= status < 400:
+            raise self._redirected(status, location, self._where)
         if status == 200:
             return _decode_response(payload, answer_header, self._where)
         self._refusal(status, payload)  # raises, _Retry when worth retrying
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _read(self, response: Any, where: str) -> bytes | bytearray:
+        """The body of ``response``, inflated, refused with ModelOutputError once it
+        passes ``max_response_bytes`` (before more of it is held)."""
+        limit = self.max_response_bytes
+        declared = response.content_length
+        encoded = response.headers.get("Content-Encoding", "identity") != "identity"
+        if declared is not None and not encoded and declared <= limit:
+            return await response.read()  # (aiohttp reads no more than declared)
+        body = bytearray()
+        if declared is None or declared <= limit:
+            async for chunk in response.content.iter_chunked(1 << 16):
+                body += chunk
+                if len(body) > limit:
+                    break
+            else:
+                return body
+        raise ModelOutputError(f"{where} answered {response.status} with a body longer "
+                               f"than max_response_bytes={limit} bytes (more inflated, "
+                               f"or declared, than the client takes): refused unread")
+
+    def _transport_failure(self, error: BaseException, where: str) -> BaseException:
+        """What a failure of aiohttp raises: ``_Retry`` around a connection that could
+        not be made or kept, ServerDiedError for an answer that is not HTTP or anything
+        else aiohttp refused."""
+        aiohttp = self._aiohttp
+        if isinstance(error, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):
+            return _Retry(ServerDiedError(
+                f"{where} could not be reached or dropped the connection: "
+                f"{type(error).__name__}: {error}"))
+        if isinstance(error, aiohttp.ClientResponseError):  # an answer that is not HTTP
+            return ServerDiedError(f"{where} did not answer in HTTP (is it the inference "
+                                   f"server's HTTP port?): {error.message}")
+        return ServerDiedError(f"{where} failed: {type(error).__name__}: {error}")
+
+    @staticmethod
+    def _redirected(status: int, location: str | None, where: str) -> ServerDiedError:
+        """A redirect is never followed: it would carry the tensors and the headers
+        (credentials among them) to another address."""
+        return ServerDiedError(f"{where} answered {status}, a redirect to "
+                               f"{str(location)[:200]!r}, which a RemoteEvaluate does not "
+                               f"follow: give it the address the server answers at")
 
     async def _post(self, call: _Call, request: Any, split: bool = False,
                     ) -> Tuple[Outputs, Hashable]:
@@ -549,21 +606,20 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         """One attempt at the model metadata within ``left`` seconds: its inputs and
         versions, as the protocol's JSON spells them (raises as ``_attempt``)."""
         aiohttp = self._aiohttp
+        where = f"the model metadata at {self._metadata_url}"
         try:
             async with self._session.get(
-                    self._metadata_url,
+                    self._metadata_url, allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=left)) as response:
-                payload = await response.read()
+                payload = await self._read(response, where)
                 status = response.status
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-            raise _Retry(ServerDiedError(f"{self._metadata_url} could not be reached: "
-                                         f"{type(e).__name__}: {e}")) from None
-        except aiohttp.ClientResponseError as e:  # an answer that is not HTTP
-            raise ServerDiedError(f"{self._metadata_url} did not answer in HTTP (is it "
-                                  f"the inference server's HTTP port?): {e.message}"
-                                  ) from None
+                location = response.headers.get("Location")
+        except aiohttp.ClientError as e:
+            raise self._transport_failure(e, where) from None
+        if 300 <= status < 400:
+            raise self._redirected(status, location, where)
         if status != 200:
-            self._refusal(status, payload, f"the model metadata at {self._metadata_url}")
+            self._refusal(status, payload, where)
         try:
             metadata = json.loads(payload)
             inputs = metadata.get("inputs") or []
@@ -676,9 +732,11 @@ def _decode_response(payload: bytes, header_length: str | None, where: str,
                 data = tensor["data"]
                 if not isinstance(data, list):
                     raise TypeError(f"'data' is {type(data).__name__}, not a list")
-                array = np.asarray(data, dtype)  # "NaN", "Infinity" too
-                if array.size != count:
-                    raise ValueError(f"{array.size} values for shape {list(shape)}")
+                # As the front takes a request's: numbers ("NaN", "Infinity" too), never
+                # "1", null, fractions for integers or true/false among numbers.
+                array = tensor_from_json(data, dtype, shape, "its")
+            if any(name == seen for seen, _ in named):
+                raise ValueError(f"a second output named {str(name)[:40]!r}")
             named.append((name, array.reshape(shape)))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise bad(f"output {k}: {type(e).__name__}: {str(e)[:120]}") from None

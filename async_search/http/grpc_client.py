@@ -20,12 +20,13 @@ one lost) ServerDiedError; RESOURCE_EXHAUSTED for a message too large ProtocolEr
 (413: several requests in it are sent again in halves, as over HTTP), else (a server
 too busy) and ABORTED (retried) ServerDiedError;
 DEADLINE_EXCEEDED RequestTimeoutError; INTERNAL, UNKNOWN and the rest (the model
-failed: not retried) RemoteError; an answer that is not the protocol's
-ModelOutputError.
+failed: not retried) RemoteError; an answer that is not the protocol's, or longer than
+``max_response_bytes``, ModelOutputError.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Hashable, List, Mapping, Tuple
 
 import grpc
@@ -49,6 +50,13 @@ _REQUEST_CODES = {"INVALID_ARGUMENT": 400, "OUT_OF_RANGE": 400,
 _RETRIED_CODES = frozenset({"RESOURCE_EXHAUSTED", "ABORTED"})
 
 
+#: Room in an answer's message beside its tensors' bytes (names, shapes, parameters).
+_MESSAGE_ROOM = 1 << 16
+#: What grpc says when a message passes a receive limit, at either end: the limit is
+#: the second number, which tells this client's own from the server's.
+_RECEIVED_TOO_LARGE = re.compile(r"Received message larger than max \(\d+ vs\. (\d+)\)")
+
+
 def _too_large(e: Any) -> bool:
     """Whether a RESOURCE_EXHAUSTED says the message was too large (which another try
     cannot cure), not the server too busy: ``GrpcFront`` marks its own, and grpc's
@@ -63,8 +71,8 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
     Args:
         target: the server's address, ``host:port`` (grpc's target syntax:
             ``dns:///host:port``, ``unix:/path``... too).
-        model_name, model_version, timeout, retries, backoff_s, input_spec, input_name:
-            as for ``RemoteEvaluate``.
+        model_name, model_version, timeout, retries, backoff_s, max_response_bytes,
+            input_spec, input_name: as for ``RemoteEvaluate``.
         max_connections: RPCs in flight at once (over one HTTP/2 connection); requests
             made while all are busy leave together when one frees.
         max_request_bytes: tensor bytes of one RPC; more requests than that leave in
@@ -86,12 +94,14 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
     def __init__(self, target: str, model_name: str, *, model_version: str | None = None,
                  timeout: float = 30.0, retries: int = 3, backoff_s: float = 0.05,
                  max_connections: int = 4, max_request_bytes: int = 8 * 2 ** 20,
+                 max_response_bytes: int = 64 * 2 ** 20,
                  input_spec: TensorSpec | None = None, input_name: str | None = None,
                  headers: Mapping[str, str] | None = None, credentials: Any = None):
         super().__init__(target, model_name, model_version=model_version,
                          timeout=timeout, retries=retries, backoff_s=backoff_s,
                          max_connections=max_connections,
-                         max_request_bytes=max_request_bytes, input_spec=input_spec,
+                         max_request_bytes=max_request_bytes,
+                         max_response_bytes=max_response_bytes, input_spec=input_spec,
                          input_name=input_name, headers=headers)
         self.credentials = credentials
         self._metadata = tuple((k.lower(), v) for k, v in self.headers.items())
@@ -123,9 +133,15 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
         self._where = f"the gRPC inference server at {target} (model " \
                       f"{self.model_name!r}{version})"
 
+    @property
+    def _receive_limit(self) -> int:
+        """grpc's limit on an answer's message: the tensors' bytes and some room for the
+        rest of the message (grpc takes a C int)."""
+        return min(self.max_response_bytes + _MESSAGE_ROOM, 2 ** 31 - 1)
+
     async def _open_transport(self) -> None:
         options = [("grpc.max_send_message_length", -1),
-                   ("grpc.max_receive_message_length", -1)]
+                   ("grpc.max_receive_message_length", self._receive_limit)]
         self._channel = grpc.aio.secure_channel(self.url, self.credentials, options) \
             if self.credentials is not None else grpc.aio.insecure_channel(self.url,
                                                                            options)
@@ -146,6 +162,9 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
                                                    metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise self._failure(e) from None
+        if not isinstance(response, pb.ModelInferResponse):  # grpc gives None for bytes
+            raise ModelOutputError(f"{self._where} answered with a message that is not "
+                                   f"a ModelInferResponse")
         try:
             return decode_response(response)
         except ProtocolError as e:
@@ -160,9 +179,18 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
                                                       metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise self._failure(e) from None
+        if not isinstance(metadata, pb.ModelMetadataResponse):
+            raise ModelOutputError(f"the model metadata at {self._metadata_url} is not a "
+                                   f"ModelMetadataResponse")
         inputs = [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
                   for t in metadata.inputs]
         return inputs, list(metadata.versions)
+
+    def _answer_too_large(self, e: Any) -> bool:
+        """Whether a RESOURCE_EXHAUSTED is this client's own refusal of a long answer
+        (the limit grpc names is this client's), not the server's of a long request."""
+        found = _RECEIVED_TOO_LARGE.search(e.details() or "")
+        return found is not None and int(found.group(1)) == self._receive_limit
 
     def _failure(self, e: Any) -> BaseException:
         """What a failed RPC raises: TimeoutError past its deadline, ``_Retry`` around
@@ -181,6 +209,10 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
                 return _Retry(ServerClosedError(said))
             return _Retry(ServerDiedError(f"{self._where} could not be reached or "
                                           f"dropped the connection: {e.details()}"))
+        if code == "RESOURCE_EXHAUSTED" and self._answer_too_large(e):
+            return ModelOutputError(f"{self._where} answered with a message longer than "
+                                    f"max_response_bytes={self.max_response_bytes} bytes "
+                                    f"(and room for the rest of the message): refused")
         if code == "RESOURCE_EXHAUSTED" and _too_large(e):
             return ProtocolError(said, status=413)  # split, as HTTP's 413; never retried
         if code in _RETRIED_CODES:

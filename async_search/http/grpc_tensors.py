@@ -191,6 +191,9 @@ def decode_response(response: "pb.ModelInferResponse") -> Tuple[Outputs, Hashabl
                             f"{len(response.outputs)} outputs")
     named = []
     for k, tensor in enumerate(response.outputs):
+        if any(tensor.name == seen for seen, _ in named):
+            raise ProtocolError(f"the response has a second output named "
+                                f"{quoted(tensor.name)[:40]}")
         array = tensor_array(tensor, raw[k] if raw else None,
                              f"output {quoted(tensor.name)}")
         named.append((tensor.name, array if array.flags.writeable else array.copy()))

@@ -301,8 +301,12 @@ def _exact_integers(data: Any, dtype: np.dtype, what: str) -> np.ndarray:
     return np.array(data, dtype=dtype)
 
 
-def _from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str,
-               maybe_bools: bool = True) -> np.ndarray:
+def tensor_from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: str,
+                     maybe_bools: bool = True) -> np.ndarray:
+    """A tensor's JSON ``data`` as an array of ``dtype`` and ``shape``: numbers only
+    (no numbers sent as strings, no true/false among numbers, no fractions for
+    integers, each in its type's range), float data also the strings of
+    ``NONFINITE``. Raises ProtocolError naming ``what`` otherwise."""
     try:
         values = np.asarray(data)
     except (ValueError, TypeError, OverflowError, RecursionError) as e:
@@ -423,7 +427,7 @@ def decode_request(body: bytes, header_length: str | None = None, *,
             array, offset = _from_binary(binary, offset, params["binary_data_size"],
                                          dtype, shape, what)
         elif "data" in tensor:
-            array = _from_json(tensor["data"], dtype, shape, what, maybe_bools)
+            array = tensor_from_json(tensor["data"], dtype, shape, what, maybe_bools)
         else:
             raise ProtocolError(f"{what} has neither 'data' nor a 'binary_data_size' "
                                 f"parameter")

@@ -30,7 +30,9 @@ poison requests would open every server's breaker and turn healthy traffic away:
   the same raised in another process (a ``RemoteError`` whose ``remote_mro`` names
   ``builtins.ValueError`` or ``builtins.TypeError``); cancellation.
 - counted: everything else: timeouts, crashes, a dead or closed server
-  (``ServerDiedError``, ``ServerClosedError``), ``ModelOutputError``, ``RuntimeError``,
+  (``ServerDiedError``, ``ServerClosedError``), a remote server's ``ProtocolError`` (a
+  ValueError) for a status the request's content did not earn (401, 403, 405...: how
+  that server is set up), ``ModelOutputError``, ``RuntimeError``,
   ``OSError``, ``MemoryError``, an arithmetic error in the model...
 """
 
@@ -44,7 +46,8 @@ import time
 from typing import Callable, Deque
 
 from async_search.checks import check_float, check_int
-from async_search.errors import CircuitOpenError, InputSpecError, RemoteError
+from async_search.errors import (CircuitOpenError, InputSpecError, ProtocolError,
+                                 RemoteError)
 
 
 #: Failures remembered to recognise requests that failed together (several batches of
@@ -61,6 +64,8 @@ _CALLER_ERROR_NAMES = frozenset(f"builtins.{c.__name__}" for c in CALLER_ERRORS
 def is_caller_error(error: BaseException) -> bool:
     """Whether ``error`` is the caller's failure: its input was bad (InputSpecError, or a
     ValueError or TypeError the model raised for it, here or in another process)."""
+    if isinstance(error, ProtocolError):  # a ValueError, but 401 or 403 is the server's
+        return error.is_callers
     if isinstance(error, CALLER_ERRORS):
         return True
     return isinstance(error, RemoteError) and not _CALLER_ERROR_NAMES.isdisjoint(

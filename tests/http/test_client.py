@@ -406,6 +406,13 @@ def test_arguments_are_checked_when_made():
         RemoteEvaluate("http://h:1", "mlp", timeout=0)
     with pytest.raises(ValueError, match="retries must be an integer >= 0, got True"):
         RemoteEvaluate("http://h:1", "mlp", retries=True)
+    # aiohttp's own InvalidURL reached every call before
+    with pytest.raises(ValueError, match="is not an address"):
+        RemoteEvaluate("http://[::1", "mlp")
+    with pytest.raises(ValueError, match="names no host"):
+        RemoteEvaluate("http://:8000", "mlp")
+    with pytest.raises(ValueError, match="max_response_bytes must be"):
+        RemoteEvaluate("http://h:1", "mlp", max_response_bytes=0)
 
 
 GOOD_METADATA = {"name": "m", "versions": ["1"], "inputs": [
@@ -427,6 +434,19 @@ BAD_ANSWERS = {
                                      ).encode(), None),
     "data null": (json.dumps(_output(data=None)).encode(), None),
     "nested too deep": (b"[" * 100_000 + b"]" * 100_000, None),
+    # Data of the wrong types, which NumPy converted: the front refuses them in a
+    # request, and the client took them from an answer ("1" as 1, null as NaN...).
+    "a number as a string": (json.dumps(_output(data=["1", "2e3"])).encode(), None),
+    "null among numbers": (json.dumps(_output(data=[None, 1.0])).encode(), None),
+    "a fraction for INT32": (json.dumps({"outputs": [{
+        "name": "y", "datatype": "INT32", "shape": [2], "data": [1.7, -2.9]}]}
+        ).encode(), None),
+    "a string for BOOL": (json.dumps({"outputs": [{
+        "name": "y", "datatype": "BOOL", "shape": [2], "data": ["no", 0]}]}
+        ).encode(), None),
+    "two outputs of one name": (json.dumps({"outputs": [
+        {"name": "a", "datatype": "FP32", "shape": [1], "data": [1.0]},
+        {"name": "a", "datatype": "FP32", "shape": [1], "data": [2.0]}]}).encode(), None),
 }
 
 
@@ -503,6 +523,84 @@ async def test_an_error_body_of_deeply_nested_json_is_still_the_status_s_error(w
         with pytest.raises(RemoteError, match=f"HTTP 500: {said}"):
             async with RemoteEvaluate(url, "m", retries=0) as ev:
                 await within(ev(X[:2]), "500")
+
+
+def _answer_of_length(length: int) -> bytes:
+    """A good one-row answer padded with spaces (JSON allows them) to ``length`` bytes."""
+    answer = json.dumps({"outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 2],
+                                      "data": [1.0, 2.0]}]}).encode()
+    return answer + b" " * (length - len(answer))
+
+
+@pytest.mark.parametrize("how", ["gzip", "declared", "chunked"])
+async def test_an_answer_longer_than_max_response_bytes_is_refused_before_it_is_held(how):
+    # A 0.4 MiB gzip answer of 400 MiB took 1.3 GB of the client's memory: every answer
+    # was read whole and inflated, whatever its length.
+    import gzip
+
+    from aiohttp import web
+
+    limit = 1 << 20
+    long = _answer_of_length(4 * limit)
+    answers = {"size": len(long)}
+
+    async def on_metadata(request):
+        return web.Response(body=json.dumps(GOOD_METADATA).encode())
+
+    async def on_infer(request):
+        await request.read()
+        body = long if answers["size"] == len(long) else _answer_of_length(
+            answers["size"])
+        if how == "gzip":
+            return web.Response(body=gzip.compress(body, 1),
+                                headers={"Content-Encoding": "gzip"})
+        if how == "declared":
+            return web.Response(body=body)
+        response = web.StreamResponse()  # no length: chunked
+        await response.prepare(request)
+        for start in range(0, len(body), 1 << 16):
+            await response.write(body[start:start + (1 << 16)])
+        await response.write_eof()
+        return response
+
+    async with serving(on_metadata, on_infer) as url, \
+            RemoteEvaluate(url, "m", retries=0, max_response_bytes=limit) as ev:
+        with pytest.raises(ModelOutputError, match=f"max_response_bytes={limit}"):
+            await within(ev(X[:1]), "a long answer")
+        answers["size"] = limit  # as long as the limit: taken, on the same client
+        np.testing.assert_array_equal(await within(ev(X[:1]), "an answer at the limit"),
+                                      [[1.0, 2.0]])
+
+
+async def test_a_redirect_is_not_followed_and_fails_as_the_server_s_failure():
+    # aiohttp followed a 307 to another host, with the tensors and the headers (an API
+    # key among them), and took that host's answer; a Location that is not an address
+    # reached callers as aiohttp's own InvalidUrlRedirectClientError (a ValueError,
+    # which a Router took for the caller's bad input).
+    from aiohttp import web
+
+    elsewhere = {"posts": 0}
+
+    async def on_metadata(request):
+        return web.Response(body=json.dumps(GOOD_METADATA).encode())
+
+    async def other_infer(request):
+        elsewhere["posts"] += 1
+        return web.Response(body=_answer_of_length(200))
+
+    async with serving(on_metadata, other_infer) as other:
+        for location in (f"{other}/v2/models/m/infer", "http://[::1"):
+            async def on_infer(request, location=location):
+                await request.read()
+                return web.Response(status=307, headers={"Location": location})
+
+            async with serving(on_metadata, on_infer) as url, RemoteEvaluate(
+                    url, "m", headers={"X-Api-Key": "secret"}) as ev:
+                with pytest.raises(ServerDiedError, match="a redirect to .* does not "
+                                                          "follow"):
+                    await within(ev(X[:1]), "a redirected request")
+                assert ev.stats["http_requests"] == 1  # not retried either
+    assert elsewhere["posts"] == 0
 
 
 async def test_a_port_that_does_not_speak_http_is_named_as_such():

@@ -18,6 +18,7 @@ from async_search.http.grpc_client import GrpcRemoteEvaluate  # noqa: E402
 from async_search.http.grpc_front import GrpcFront  # noqa: E402
 from async_search.http.repository import ModelSource  # noqa: E402
 from async_search.models import MLP  # noqa: E402
+from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 from tests.helpers import wait_until, within  # noqa: E402
 from tests.kserve_peer import W, kserve_model_server, needs_kserve  # noqa: E402
 from tests.http.served_models import (PoisonedBy, SearchWorkload,  # noqa: E402
@@ -314,3 +315,100 @@ async def test_an_answer_that_is_not_the_protocol_s_is_a_model_output_error():
                 await within(ev(X[:2]), "bad answer")
     finally:
         await server.stop(None)
+
+
+class _Answering(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """A servicer whose metadata is good and whose ModelInfer answers ``answer()``."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    async def ModelMetadata(self, request, context):  # noqa: N802
+        from async_search.http.grpc_tensors import pb
+
+        metadata = pb.ModelMetadataResponse(name="m", versions=["1"])
+        metadata.inputs.add(name="x", datatype="FP32", shape=[-1, 16])
+        return metadata
+
+    async def ModelInfer(self, request, context):  # noqa: N802
+        return self.answer()
+
+
+async def _served(servicer=None, raw_infer=None):
+    """A gRPC server of ``servicer``, or of a ModelInfer that answers the bytes
+    ``raw_infer`` (not a message) beside good metadata; (server, address)."""
+    import grpc
+
+    server = grpc.aio.server()
+    if servicer is not None:
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    else:
+        good = _Answering(None)
+
+        async def infer(request, context):
+            return raw_infer
+
+        async def metadata(request, context):
+            return (await good.ModelMetadata(None, None)).SerializeToString()
+
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "inference.GRPCInferenceService",
+            {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer),
+             "ModelMetadata": grpc.unary_unary_rpc_method_handler(metadata)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+async def test_an_answer_that_is_not_a_message_is_a_model_output_error():
+    # grpc gives None for bytes that do not parse: callers got AttributeError.
+    from async_search.errors import ModelOutputError
+
+    server, address = await _served(raw_infer=b"\xff\xff\xff\xff not a message")
+    try:
+        async with GrpcRemoteEvaluate(address, "m", retries=0) as ev:
+            with pytest.raises(ModelOutputError, match="not a ModelInferResponse"):
+                await within(ev(X[:2]), "bytes that are not a message")
+    finally:
+        await server.stop(None)
+
+
+async def test_an_answer_longer_than_max_response_bytes_is_refused_and_the_client_serves_on():
+    # No limit on the answers a client took: a 600 MiB answer to one row was held
+    # whole (2 GB of the client's memory) before it was found wrong.
+    from async_search.errors import ModelOutputError
+    from async_search.http.grpc_tensors import pb
+
+    limit = 1 << 20
+    size = {"bytes": 2 * limit}
+
+    def answer():
+        response = pb.ModelInferResponse(model_name="m")
+        values = size["bytes"] // 4
+        response.outputs.add(name="y", datatype="FP32", shape=[1, values])
+        response.raw_output_contents.append(b"\0" * (values * 4))
+        return response
+
+    server, address = await _served(_Answering(answer))
+    try:
+        async with GrpcRemoteEvaluate(address, "m", retries=0,
+                                      max_response_bytes=limit) as ev:
+            with pytest.raises(ModelOutputError, match=f"max_response_bytes={limit}"):
+                await within(ev(X[:1]), "a long answer")
+            assert ev.stats["split_rpcs"] == 0  # not the request's fault: not split
+            size["bytes"] = limit  # as long as the limit: taken
+            y = await within(ev(X[:1]), "an answer at the limit")
+            assert y.shape == (1, limit // 4)
+    finally:
+        await server.stop(None)
+
+
+def test_a_response_with_two_outputs_of_one_name_is_refused():
+    from async_search.http.grpc_tensors import decode_response, pb
+
+    response = pb.ModelInferResponse(model_name="m")
+    for value in (1.0, 2.0):
+        response.outputs.add(name="a", datatype="FP32", shape=[1]).contents.fp32_contents\
+            .append(value)
+    with pytest.raises(ProtocolError, match="second output named 'a'"):
+        decode_response(response)

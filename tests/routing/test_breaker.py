@@ -3,8 +3,8 @@ import asyncio
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from async_search.errors import (InputSpecError, ModelOutputError, RemoteError,
-                                 ServerDiedError)
+from async_search.errors import (InputSpecError, ModelOutputError, ProtocolError,
+                                 RemoteError, ServerDiedError)
 from async_search.routing.breaker import (BreakerPolicy, BreakerState, CircuitBreaker,
                                           counts_against_server)
 
@@ -151,7 +151,12 @@ def test_never_admits_while_open_before_the_timeout(events):
     (RemoteError("mod.Poison", "x", "", ("mod.Poison", "builtins.ValueError")), False),
     (RuntimeError("device lost"), True), (ModelOutputError("3 rows for 4"), True),
     (ServerDiedError("actor died"), True), (TimeoutError(), True),
-    (RemoteError("mod.Lost", "x", "", ("mod.Lost", "builtins.RuntimeError")), True)])
+    (RemoteError("mod.Lost", "x", "", ("mod.Lost", "builtins.RuntimeError")), True),
+    # A remote server's refusal: the request's content (400, 413, 422) is the caller's;
+    # a server whose authentication or routes are wrong (401, 403, 405) is the server's
+    # (a ValueError like the others, it never tripped a breaker).
+    *((ProtocolError("refused", status=status), status not in (400, 413, 422))
+      for status in (400, 401, 403, 405, 409, 413, 422))])
 def test_only_server_failures_count_against_a_breaker(error, counts):
     b = CircuitBreaker(BreakerPolicy(failure_threshold=1))
     assert counts_against_server(error) is counts
