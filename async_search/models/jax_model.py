@@ -18,7 +18,7 @@ from async_search.extras import import_extra
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
                                          bucket_sizes, net_outputs, padded_rows,
                                          refuse_copying, widened)
-from async_search.models.weight_casts import host_copy
+from async_search.models.weight_casts import host_copy, values_lost
 
 
 class JaxModel(BucketedModel):
@@ -108,6 +108,7 @@ class JaxModel(BucketedModel):
         self._params = jax.device_put(
             jax.tree.map(lambda a: np.array(a) if isinstance(a, np.ndarray) else a, params),
             self.device)
+        jax.tree_util.tree_map_with_path(_kept_by_placing, params, self._params)
         # Which parameters are weakly typed (Python numbers): placed again as Python
         # numbers, or jit would compile anew and outputs' dtypes could change.
         self._weak = jax.tree.map(lambda a: bool(getattr(a, "weak_type", False)),
@@ -213,6 +214,24 @@ class JaxModel(BucketedModel):
         return (f"JaxModel({getattr(self.apply_fn, '__name__', 'apply_fn')}, "
                 f"{self.input_spec.describe()}, device={self.device}, "
                 f"batch_sizes={self.batch_sizes})")
+
+
+def _kept_by_placing(path: Any, given: Any, placed: Any) -> None:
+    """Refuses a parameter whose values ``device_put`` changed: without
+    ``jax_enable_x64`` an int64 past int32 wraps (2**40 + 5 becomes 5) and a float64 past
+    float32 becomes infinite, silently, which ``with_weights`` refuses for the same
+    values."""
+    if not isinstance(given, (np.ndarray, np.generic)) or given.dtype == placed.dtype \
+            or given.dtype.kind not in "iufc":
+        return
+    lost = values_lost(np.asarray(given), np.asarray(placed))
+    if lost is not None:
+        import jax
+
+        name = f"parameter {jax.tree_util.keystr(path)}" if path else "the parameter"
+        raise ValueError(f"JaxModel: {name} is {given.dtype}, which JAX placed as "
+                         f"{placed.dtype} (jax_enable_x64 is off): {lost}; cast it, or "
+                         f"turn x64 on")
 
 
 def _weak_as_number(value: np.ndarray, weak: bool) -> Any:

@@ -394,7 +394,9 @@ class _Runner:
             raise TypeError(f"TorchModel takes a torch.nn.Module (a callable with to, "
                             f"eval and state_dict), got {type(module).__name__}")
         self.module = module.to(device).eval()
-        if any(isinstance(p, torch.nn.parameter.UninitializedParameter)
+        # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
+        # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
+        if any(isinstance(p, torch.nn.parameter.UninitializedTensorMixin)
                for p in itertools.chain(self.module.parameters(), self.module.buffers())):
             _initialize_lazy(torch, self.module, model.input_spec, self.input_dtype, device)
         state = self.module.state_dict()
@@ -593,6 +595,8 @@ class _Runner:
     def forward_rows(self, x: Any, n: int, size: int) -> Outputs:
         """The first ``n`` rows of the module's outputs on the CPU tensor ``x`` of
         ``size`` rows, copied out (``_host_rows``)."""
+        if self.module.training:
+            self._refuse_train_mode()
         with self._inference:
             if self.precision is None:
                 out = self.forward(x)
@@ -604,8 +608,18 @@ class _Runner:
             return net_outputs(out, self.is_tensor,
                                lambda t: _host_rows(self.torch, t, n, size))
 
+    def _refuse_train_mode(self) -> None:
+        raise RuntimeError(
+            f"TorchModel: its module ({type(self.module).__name__}) was put back in train "
+            f"mode after the adapter took it: there BatchNorm and Dropout make a row "
+            f"depend on its batch-mates and on the pad rows, and serving would rewrite "
+            f"the running statistics. The adapter owns its module: train a copy "
+            f"(copy.deepcopy(net)) and pass its state_dict to update_model")
+
     def _run_cuda(self, n: int, size: int) -> Outputs:
         torch = self.torch
+        if self.module.training:
+            self._refuse_train_mode()
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream), \
                 torch.inference_mode(), self._autocast():
             x = self._device_in.get(size)
@@ -913,9 +927,14 @@ def _write(torch: Any, slots: list, values: list) -> None:
 
 
 def _host_dtype(torch: Any, dtype: Any) -> Any:
-    """The dtype an output comes back in: reduced floats as float32 (NumPy has no
-    bfloat16, and a caller of a float32 net expects float32)."""
-    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    """The dtype a CUDA output comes back in, as ``_host_rows`` gives a CPU one: floats
+    narrower than float32 as float32 (NumPy has no bfloat16 or float8, and a caller of
+    a float32 net expects float32), complex32 (which NumPy lacks) as complex64."""
+    if dtype == torch.complex32:
+        return torch.complex64
+    if dtype.is_floating_point and dtype.itemsize < 4:
+        return torch.float32
+    return dtype
 
 
 def _triton_would_follow_tensorflow() -> bool:

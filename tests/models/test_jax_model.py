@@ -295,3 +295,20 @@ def test_a_jax_adapter_cannot_be_pickled_and_says_what_to_send_instead():
     import pickle
     with pytest.raises(TypeError, match="JaxModel holds a net on its device"):
         pickle.dumps(JaxModel(lambda p, x: x, {}, SPEC))
+
+
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="x64 keeps int64 and float64")
+@pytest.mark.parametrize("value, said", [(np.array([2**40 + 5]), "outside int32's range"),
+                                         (np.array(1e300), "past float32's range")])
+def test_a_parameter_that_placing_would_change_is_refused_when_the_adapter_is_made(
+        value, said):
+    # device_put wrapped 2**40 + 5 to 5 (and made 1e300 infinite) without a word,
+    # while with_weights refused the same values.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX's own note that int64 is not available
+        with pytest.raises(ValueError, match=f"parameter \\['k'\\].*{said}"):
+            JaxModel(lambda p, x: x + p["k"], {"k": value}, SPEC, device="cpu")
+        fits = JaxModel(lambda p, x: x + p["k"], {"k": np.array([5])}, SPEC, device="cpu")
+    assert fits(np.zeros((1, 6), np.float32)).tolist() == [[5.0] * 6]

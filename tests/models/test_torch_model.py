@@ -150,6 +150,60 @@ def test_the_module_runs_in_eval_mode_under_inference_mode():
     assert seen == {"inference": True, "training": False}
 
 
+def test_a_module_put_back_in_train_mode_fails_its_batches_until_it_is_in_eval_mode():
+    # It ran in train mode: BatchNorm normalised over the padded batch (pad rows and
+    # batch-mates changed a row) and serving rewrote the running statistics.
+    net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4))
+    model = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(4, 8))
+    x = rows(3)
+    before = model(x)
+    statistics = net[1].running_mean.clone()
+    net.train()  # the caller trains the object the adapter holds
+    for batch in (x, rows(4)):  # the padded path and one that fills its bucket
+        with pytest.raises(RuntimeError, match="put back in train mode.*train a copy"):
+            model(batch)
+    assert torch.equal(net[1].running_mean, statistics)
+    net.eval()
+    np.testing.assert_array_equal(model(x), before)
+
+
+def test_lazy_buffers_beside_eager_weights_are_made_with_the_adapter():
+    # LazyBatchNorm1d(affine=False) has lazy running statistics and no lazy weight:
+    # only lazy parameters were looked for, so with_weights and on_device failed
+    # before the first batch (torch's "uninitialized parameter or buffer").
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 4),
+                                   torch.nn.LazyBatchNorm1d(affine=False))
+
+    trained = make()
+    trained(torch.randn(16, 6))
+    trained.eval()
+    model = TorchModel(make(), input_spec=SPEC, device="cpu")
+    x = rows(2)
+    updated = model.with_weights(trained.state_dict())
+    np.testing.assert_allclose(updated(x), direct(trained, x), rtol=1e-5, atol=1e-5)
+    copy = model.on_device("cpu")
+    assert copy(x).shape == (2, 4)
+
+
+def test_cuda_outputs_come_back_in_the_dtypes_of_cpu_outputs():
+    # The CUDA path's pinned output buffers kept complex32 and the float8 types, which
+    # .numpy() refuses (a TypeError for every batch); the CPU path converts them.
+    from async_search.models.torch_model import _host_dtype, _host_rows
+
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+              torch.int64, torch.bool, torch.complex64, torch.complex32]
+    dtypes += [getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2")
+               if hasattr(torch, name)]
+    for dtype in dtypes:
+        tensor = torch.ones((2, 3)).to(dtype)
+        on_cpu = _host_rows(torch, tensor, 2, 2).dtype
+        pinned = torch.empty((2, 3), dtype=_host_dtype(torch, dtype))
+        pinned.copy_(tensor)
+        assert pinned.numpy().dtype == on_cpu, dtype
+
+
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_reduced_precision_returns_float32_close_to_float32(precision):
     net = mlp()
