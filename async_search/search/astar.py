@@ -26,9 +26,9 @@ class AStarResult:
     """
 
     status: Status
-    """GOAL_FOUND if a goal was reached (the cheapest one found, proven cheapest when
-    the frontier's priorities reached its cost), SPACE_EXHAUSTED if the open list ran
-    empty without a goal, BUDGET_EXHAUSTED if the evaluation budget ran out first."""
+    """GOAL_FOUND if a goal was reached (the cheapest one found; ``proven`` says
+    whether the frontier's priorities reached its cost), SPACE_EXHAUSTED if the open list
+    ran empty without a goal, BUDGET_EXHAUSTED if the evaluation budget ran out first."""
     path: Optional[Tuple[State, ...]]
     """The states from the start to the goal, both included; None without a goal."""
     cost: Optional[float]
@@ -42,19 +42,28 @@ class AStarResult:
     """States sent to the model (the budget counts these)."""
     requests: int
     """Calls to ``evaluate``, each one batch of states."""
+    proven: bool = dataclasses.field(default=False, compare=False)
+    """GOAL_FOUND: whether the search ran until no open node could lead to a cheaper
+    goal (no priority below ``weight * cost``): with ``weight`` 1 and an admissible
+    model, ``cost`` is then the least. False when the budget stopped the search after
+    it found a goal and before it proved it (a large ``buffer_size`` or
+    ``max_in_flight`` pops nodes past the optimum, so a costlier goal can come first),
+    and without a goal. (Not compared: results equal before it came stay equal.)"""
 
 
 def astar_result(fr: Frontier) -> AStarResult:
     """The result of a search that stopped with frontier ``fr``."""
+    open_node = has_open_node(fr)
     if fr.goal is not None:
         path, cost = path_to(fr, fr.state_of(fr.goal))
         status = Status.GOAL_FOUND
     else:
         path, cost = None, None
-        status = Status.BUDGET_EXHAUSTED if has_open_node(fr) else Status.SPACE_EXHAUSTED
+        status = Status.BUDGET_EXHAUSTED if open_node else Status.SPACE_EXHAUSTED
     return AStarResult(status=status, path=path, cost=cost, nodes_expanded=fr.expanded,
                        nodes_generated=len(fr.index) + len(fr.goals),
-                       evaluations=fr.evaluations, requests=fr.requests)
+                       evaluations=fr.evaluations, requests=fr.requests,
+                       proven=fr.goal is not None and not open_node)
 
 
 def check_astar_arguments(problem: SearchProblem, start: State, *, budget: int,
@@ -79,7 +88,8 @@ async def batched_astar(problem: SearchProblem, start: State, evaluate: Evaluate
     ``f = weight * g + h``, generates their successors, and awaits the model once for all
     successors not seen before; the model's output is the estimated cost to go ``h``
     (shape ``[n]`` or ``[n, 1]``). With ``weight`` 1 and an admissible model the path
-    found is a cheapest one; ``weight`` below 1 is batch-weighted A* (DeepCubeA), which
+    found is a cheapest one, unless the budget stopped the search before it proved
+    so (``result.proven`` False); ``weight`` below 1 is batch-weighted A* (DeepCubeA), which
     trades path cost for fewer expansions; 0 is greedy best-first search.
 
     The sequence of requests depends only on the model's outputs, so a run through a

@@ -41,7 +41,9 @@ async def continuous_astar(problem: SearchProblem, start: State, evaluate: Evalu
 
     Priorities, goal handling and the meaning of the result are those of
     ``batched_astar``: with ``weight`` 1 and an admissible model the path is a cheapest
-    one, because the search only ends when no open or in-flight node could improve it.
+    one, because the search only ends when no open or in-flight node could improve it,
+    or when the budget ran out (``result.proven`` False: a costlier goal may have come
+    first, with nodes in flight past the optimum).
 
     Args:
         problem: the search problem (``SearchProblem``).

@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 import decimal
 import math
 
@@ -272,3 +273,23 @@ async def test_a_compact_keyed_path_whose_weighted_cost_passes_the_floats_is_ref
     with pytest.raises(ValueError, match="over the weight"):
         await search.batched_astar(puzzle, start, evaluate, budget=1000, buffer_size=1,
                                    weight=1e12)
+
+
+async def test_a_goal_found_before_the_budget_ran_out_says_whether_it_was_proven():
+    # A budget that stops the search after a costlier goal came first (64 nodes popped
+    # at a time) returned it as GOAL_FOUND with nothing to tell it from a proven one:
+    # this start's distance is 20 (breadth-first search), and the cut run found 22.
+    start = bytes((3, 2, 6, 1, 8, 4, 0, 7, 5))
+    evaluate = asr.immediate(problems.ManhattanHeuristic(PUZZLE))
+    full = await search.batched_astar(PUZZLE, start, evaluate, budget=10**6,
+                                      buffer_size=64)
+    cut = await search.batched_astar(PUZZLE, start, evaluate, budget=1594, buffer_size=64)
+    assert (full.status, full.cost, full.proven) == (Status.GOAL_FOUND, 20, True)
+    assert (cut.status, cut.cost, cut.proven) == (Status.GOAL_FOUND, 22, False)
+    at_goal = await search.batched_astar(PUZZLE, PUZZLE.goal, evaluate, budget=1,
+                                         buffer_size=1)
+    assert at_goal.proven
+    none = await search.batched_astar(PUZZLE, start, evaluate, budget=5, buffer_size=1)
+    assert none.status is Status.BUDGET_EXHAUSTED and not none.proven
+    # Not compared: results equal before the field came stay equal.
+    assert dataclasses.replace(cut, proven=True) == cut

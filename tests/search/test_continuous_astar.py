@@ -179,3 +179,15 @@ async def test_bad_arguments_raise_before_any_request(kwargs, message, recorder)
     with pytest.raises(ValueError, match=message):
         await search.continuous_astar(PUZZLE, args.pop("start"), evaluate, **args)
     assert evaluate.requests == []
+
+
+async def test_a_goal_found_before_the_budget_ran_out_says_whether_it_was_proven():
+    # 16 requests in flight pop nodes past the optimum (18, breadth-first search): a
+    # budget of 582 returned a goal of cost 20 as GOAL_FOUND, like a proven one.
+    puzzle = problems.SlidingPuzzle(3)
+    start = bytes((2, 1, 6, 5, 0, 8, 4, 3, 7))
+    evaluate = asr.immediate(problems.ManhattanHeuristic(puzzle))
+    runs = [await search.continuous_astar(puzzle, start, evaluate, budget=budget,
+                                          max_in_flight=16) for budget in (10**6, 582)]
+    assert [(r.status, r.cost, r.proven) for r in runs] == [
+        (Status.GOAL_FOUND, 18, True), (Status.GOAL_FOUND, 20, False)]
