@@ -84,9 +84,17 @@ class _Call:
         self.seq = seq
 
 
+class _AnswerTooLong(ModelOutputError):
+    """An answer longer than ``max_response_bytes``: the answer to a call of several
+    requests is sent again in halves, whose answers may each fit."""
+
+
 def _may_owe_to_one(error: BaseException) -> bool:
     """Whether a failed call may owe its failure to one of the requests it carried:
-    the model raised (a 500), or the server refused the input (400, 413, 422)."""
+    the model raised (a 500), the server refused the input (400, 413, 422), or the
+    answer was too long (the requests' answers together)."""
+    if isinstance(error, _AnswerTooLong):
+        return True
     if isinstance(error, ProtocolError):
         return error.is_callers
     return isinstance(error, RemoteError)
@@ -129,10 +137,12 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         max_request_bytes: tensor bytes of one HTTP request (below the server's body
             limit: the project's front takes 16 MiB); more requests than that leave in
             several. A single larger request is sent alone.
-        max_response_bytes: the longest answer taken (its body once inflated, or its
-            gRPC message): a longer one fails its requests with ModelOutputError before
-            more of it is held, so that a broken or hostile server cannot fill the
-            client's memory (default 64 MiB).
+        max_response_bytes: the longest answer taken (its body once inflated; gRPC:
+            its tensors, with 64 KiB more for the rest of its message): a longer one
+            fails with ModelOutputError before more of it is held, so that a broken or
+            hostile server cannot fill the client's memory (default 64 MiB). The
+            requests of an HTTP request whose answer was too long are sent again in
+            halves first, whose answers may each fit.
         input_spec: the model's input, for a server whose metadata lists none (KServe's
             default); None: the metadata's, else learnt from the first request.
         input_name: the input tensor's name, likewise (default: the metadata's, else
@@ -486,7 +496,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
                     break
             else:
                 return body
-        raise ModelOutputError(f"{where} answered {response.status} with a body longer "
+        raise _AnswerTooLong(f"{where} answered {response.status} with a body longer "
                                f"than max_response_bytes={limit} bytes (more inflated, "
                                f"or declared, than the client takes): refused unread")
 

@@ -221,6 +221,8 @@ def _kept_by_placing(path: Any, given: Any, placed: Any) -> None:
     ``jax_enable_x64`` an int64 past int32 wraps (2**40 + 5 becomes 5) and a float64 past
     float32 becomes infinite, silently, which ``with_weights`` refuses for the same
     values."""
+    if type(given) in (float, complex):  # a Python float past float32 too (JAX refuses
+        given = np.asarray(given)          # a Python int past int32 itself)
     if not isinstance(given, (np.ndarray, np.generic)) or given.dtype == placed.dtype \
             or given.dtype.kind not in "iufc":
         return

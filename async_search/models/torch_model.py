@@ -10,6 +10,7 @@ import contextlib
 import copy
 import itertools
 import logging
+import operator
 import re
 import sys
 import threading
@@ -346,11 +347,13 @@ def _default_tolerance(torch: Any, device: Any, precision: str | None) -> float:
 
 
 def _numpy_dtype(torch: Any, dtype: Any) -> np.dtype:
-    """The NumPy dtype of a torch dtype (bfloat16, which NumPy lacks, as float32: a
-    cast between them keeps the kind)."""
-    if dtype == torch.bfloat16:
-        return np.dtype(np.float32)
-    return torch.empty(0, dtype=dtype).numpy().dtype
+    """The NumPy dtype of a torch dtype (one NumPy lacks as the one it comes back in:
+    bfloat16 and the float8 types as float32, complex32 as complex64; a cast between
+    them keeps the kind)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return torch.empty(0, dtype=_host_dtype(torch, dtype)).numpy().dtype
 
 
 def _host_numpy(torch: Any, tensor: Any) -> np.ndarray:
@@ -394,6 +397,12 @@ class _Runner:
             raise TypeError(f"TorchModel takes a torch.nn.Module (a callable with to, "
                             f"eval and state_dict), got {type(module).__name__}")
         self.module = module.to(device).eval()
+        # Whose mode each batch checks (a few microseconds for 80 modules): the module's
+        # and every submodule's, since net.head.train() alone makes rows batch-dependent
+        # too; a module-like object without modes (duck-typed) is not checked.
+        modules = tuple(module.modules()) if callable(getattr(module, "modules", None)) \
+            else (module,)
+        self._modes = tuple(m for m in modules if hasattr(m, "training"))
         # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
         # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
         if any(isinstance(p, torch.nn.parameter.UninitializedTensorMixin)
@@ -595,7 +604,7 @@ class _Runner:
     def forward_rows(self, x: Any, n: int, size: int) -> Outputs:
         """The first ``n`` rows of the module's outputs on the CPU tensor ``x`` of
         ``size`` rows, copied out (``_host_rows``)."""
-        if self.module.training:
+        if any(map(_TRAINING, self._modes)):
             self._refuse_train_mode()
         with self._inference:
             if self.precision is None:
@@ -609,16 +618,19 @@ class _Runner:
                                lambda t: _host_rows(self.torch, t, n, size))
 
     def _refuse_train_mode(self) -> None:
+        which = next(m for m in self._modes if m.training)
+        what = type(self.module).__name__ + (
+            "" if which is self.module else f", its {type(which).__name__} among others")
         raise RuntimeError(
-            f"TorchModel: its module ({type(self.module).__name__}) was put back in train "
-            f"mode after the adapter took it: there BatchNorm and Dropout make a row "
+            f"TorchModel: its module ({what}) was put back in train mode after the "
+            f"adapter took it: there BatchNorm and Dropout make a row "
             f"depend on its batch-mates and on the pad rows, and serving would rewrite "
             f"the running statistics. The adapter owns its module: train a copy "
             f"(copy.deepcopy(net)) and pass its state_dict to update_model")
 
     def _run_cuda(self, n: int, size: int) -> Outputs:
         torch = self.torch
-        if self.module.training:
+        if any(map(_TRAINING, self._modes)):
             self._refuse_train_mode()
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream), \
                 torch.inference_mode(), self._autocast():
@@ -924,6 +936,10 @@ def _write(torch: Any, slots: list, values: list) -> None:
     with torch.no_grad():
         for slot, value in zip(slots, values):
             slot.copy_(value)
+
+
+#: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all).
+_TRAINING = operator.attrgetter("training")
 
 
 def _host_dtype(torch: Any, dtype: Any) -> Any:

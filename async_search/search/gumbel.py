@@ -163,8 +163,11 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
     is a function of the arguments and the model's outputs, whether ``evaluate`` is
     ``asr.immediate(model)`` or served in batches.
 
-    Q-values are normalised to [0, 1] by the smallest and largest value in the tree
-    (network values and mean values of visited edges), updated after every round.
+    Q-values are normalised to [0, 1] by the smallest and largest value seen so far in
+    the search, a running minimum and maximum as MuZero's (network values, terminal
+    values, and each visited edge's mean after every round, never narrowed: a mean that
+    later moves keeps its old extreme); a search resumed from a kept tree starts them
+    from that tree's values.
 
     Args:
         game: the game (``Game``).

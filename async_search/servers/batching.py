@@ -821,9 +821,13 @@ class BatchingServer(AsyncWithOnly):
     def _finish_close(self) -> None:
         self._stats.close()
         self._closed = True
+        if self._loop.is_closed():
+            # No future on it can be resolved any more: its requests are dropped, not
+            # left in the batcher for the next server that takes it to compute.
+            self._take_queued()
         if self._batcher._server is self:  # free for the next server
             self._batcher._server = None
-        if self._loop.is_closed():  # no future on it can be resolved any more
+        if self._loop.is_closed():
             return
         self._fail_queued(ServerClosedError("the server closed"))  # if the task died
         if self._closer is not None and not self._closer.done():
@@ -1074,9 +1078,9 @@ class BatchingServer(AsyncWithOnly):
         the server has chosen so far)."""
         return self._budget
 
-    def _fail_queued(self, error: BaseException) -> int:
-        """Fails every request staged or queued (never calls the batcher's cost);
-        returns how many were not done yet."""
+    def _take_queued(self) -> list:
+        """Takes every request staged or queued out of the server and its batcher (never
+        calls the batcher's cost); returns their futures."""
         futures = self._staged_futures + [fut for _, _, fut in self._staged_urgent]
         self._staged_xs, self._staged_futures, self._staged_urgent = [], [], []
         self._staged_prices = []
@@ -1085,8 +1089,13 @@ class BatchingServer(AsyncWithOnly):
         except Exception:  # noqa: BLE001 - a broken batcher: take its requests as they are
             futures = futures + list(getattr(self._batcher, "_tags", []))
         self._responses.forget(futures)
+        return futures
+
+    def _fail_queued(self, error: BaseException) -> int:
+        """Fails every request staged or queued (never calls the batcher's cost);
+        returns how many were not done yet."""
         failed = 0
-        for fut in futures:
+        for fut in self._take_queued():
             if not fut.done():
                 fut.set_exception(error)
                 failed += 1

@@ -572,6 +572,23 @@ async def test_an_answer_longer_than_max_response_bytes_is_refused_before_it_is_
                                       [[1.0, 2.0]])
 
 
+async def test_requests_whose_answers_are_too_long_together_are_sent_again_in_halves():
+    # Each answer fits max_response_bytes, the eight together do not: every one of them
+    # failed, where a 413 for a request too large together is split.
+    from async_search.models import with_spec
+
+    wide = with_spec(lambda x: np.repeat(x, 320, axis=1), (16,), np.float32)  # 20 KiB
+    async with front(wide) as f, RemoteEvaluate(f.url, "mlp",
+                                                max_response_bytes=64 << 10) as ev:
+        xs = np.random.default_rng(1).standard_normal((8, 1, 16)).astype(np.float32)
+        ys = await within(asyncio.gather(*(ev(x) for x in xs)), "answers")
+        for x, y in zip(xs, ys):
+            np.testing.assert_array_equal(y, np.repeat(x, 320, axis=1))
+        assert ev.stats["split_http_requests"] >= 2
+        with pytest.raises(ModelOutputError, match="max_response_bytes"):  # one alone
+            await within(ev(X[:4]), "an answer too long alone")
+
+
 async def test_a_redirect_is_not_followed_and_fails_as_the_server_s_failure():
     # aiohttp followed a 307 to another host, with the tensors and the headers (an API
     # key among them), and took that host's answer; a Location that is not an address

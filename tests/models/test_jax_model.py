@@ -299,7 +299,8 @@ def test_a_jax_adapter_cannot_be_pickled_and_says_what_to_send_instead():
 
 @pytest.mark.skipif(jax.config.jax_enable_x64, reason="x64 keeps int64 and float64")
 @pytest.mark.parametrize("value, said", [(np.array([2**40 + 5]), "outside int32's range"),
-                                         (np.array(1e300), "past float32's range")])
+                                         (np.array(1e300), "past float32's range"),
+                                         (1e300, "past float32's range")])
 def test_a_parameter_that_placing_would_change_is_refused_when_the_adapter_is_made(
         value, said):
     # device_put wrapped 2**40 + 5 to 5 (and made 1e300 infinite) without a word,

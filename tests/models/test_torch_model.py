@@ -165,6 +165,62 @@ def test_a_module_put_back_in_train_mode_fails_its_batches_until_it_is_in_eval_m
     assert torch.equal(net[1].running_mean, statistics)
     net.eval()
     np.testing.assert_array_equal(model(x), before)
+    net[1].train()  # a submodule alone (its head fine-tuned, say): as batch-dependent
+    with pytest.raises(RuntimeError, match="its BatchNorm1d among others"):
+        model(x)
+    assert torch.equal(net[1].running_mean, statistics)
+    net.eval()
+
+
+def test_a_module_like_object_without_modes_still_serves():
+    # The check of modes read .training, which a duck-typed module need not have.
+    class Wrap:
+        def __init__(self):
+            self.net = mlp()
+
+        def __call__(self, x):
+            return self.net(x)
+
+        def to(self, device):
+            self.net.to(device)
+            return self
+
+        def eval(self):
+            self.net.eval()
+            return self
+
+        def state_dict(self):
+            return self.net.state_dict()
+
+        def parameters(self):
+            return self.net.parameters()
+
+        def buffers(self):
+            return self.net.buffers()
+
+    model = TorchModel(Wrap(), input_spec=SPEC, device="cpu")
+    x = rows(3)
+    np.testing.assert_allclose(model(x), direct(mlp(), x), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_of_dtypes_numpy_lacks_are_taken():
+    # with_weights of a module with a float8 or complex32 buffer raised torch's own
+    # TypeError ("Got unsupported ScalarType") when it looked for the NumPy dtype.
+    class Holding(torch.nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.register_buffer("held", torch.zeros(2, dtype=dtype))
+
+        def forward(self, x):
+            return x
+
+    dtypes = [torch.complex32] + [getattr(torch, name) for name in ("float8_e4m3fn",)
+                                  if hasattr(torch, name)]
+    for dtype in dtypes:
+        model = TorchModel(Holding(dtype), input_spec=SPEC, device="cpu")
+        updated = model.with_weights({"held": torch.ones(2, dtype=dtype)})
+        np.testing.assert_array_equal(updated(rows(2)), rows(2))
+        assert updated.module.held.dtype == dtype
 
 
 def test_lazy_buffers_beside_eager_weights_are_made_with_the_adapter():

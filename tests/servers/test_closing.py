@@ -391,6 +391,36 @@ def test_a_serving_coroutine_collected_after_its_loop_closed_ends_the_device_thr
     assert (model.loads, model.unloads) == (1, 1)
 
 
+def test_a_server_closed_after_its_loop_leaves_none_of_its_requests_in_its_batcher():
+    # Its close on a closed loop freed the batcher with that loop's requests still in
+    # it: the next server on the batcher computed them and counted them as its own.
+    from async_search.batchers import BatchSizeBatcher
+
+    model = Device()
+    batcher = BatchSizeBatcher(1)
+    loop = asyncio.new_event_loop()
+    try:
+        server = BatchingServer(model, batcher=batcher, model_thread=True)
+        loop.run_until_complete(server.__aenter__())
+        for i in range(4):
+            server(np.full((1, 1), i, np.float32))
+        loop.run_until_complete(wait_until(model.started.is_set, "a batch in the model"))
+    finally:
+        loop.close()
+    model.open()
+
+    async def next_server():
+        await server.aclose()  # on the closed loop's server: ends its thread
+        assert not batcher.queued
+        twice = with_spec(lambda x: x * 2, (1,), np.float32)
+        async with BatchingServer(twice, batcher=batcher) as other:
+            y = await within(other(np.full((1, 1), 100, np.float32)), "its answer")
+            return y, other.stats["batches"]
+
+    y, batches = asyncio.run(next_server())
+    assert y.tolist() == [[200.0]] and batches == 1
+
+
 async def test_a_server_entered_by_hand_serves_after_its_serve_object_is_collected():
     """A notebook keeps ``evaluate = await asr.serve(m).__aenter__()`` across cells:
     the dropped serve(...) object's generator, collected, closed the server ("evaluate
