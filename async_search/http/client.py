@@ -447,10 +447,15 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
             if not half:
                 continue
             xs, futures = [x for x, _ in half], [fut for _, fut in half]
-            if splits[0] <= 0 or self._loop.time() >= call.deadline:
+            # Answers too long together are no bad request to find: halving them until
+            # each piece's answer fits may take up to 2n sends, bounded by the deadline
+            # alone (the budget is sized to find two bad requests).
+            too_long = isinstance(error, _AnswerTooLong)
+            if (splits[0] <= 0 and not too_long) or self._loop.time() >= call.deadline:
                 self._delivery.fail(_Call(None, futures, xs, call.deadline, call.seq), error)
                 continue
-            splits[0] -= 1
+            if not too_long:
+                splits[0] -= 1
             request, batch = self._encode(xs)  # they were encoded together already
             await self._answer_call(_Call(batch, futures, xs, call.deadline, call.seq),
                                     request, splits)

@@ -514,6 +514,8 @@ class _Runner:
             if tensor.dtype != slot.dtype:  # wrapped integers, floats become infinite
                 lost = values_lost(_host_numpy(torch, tensor), _host_numpy(torch, cast),
                                    str(slot.dtype))
+                if lost is None and slot.dtype.is_floating_point:
+                    lost = _saturated(torch, tensor, slot.dtype)
                 if lost is not None:
                     raise ValueError(f"{head(str(value.dtype))}: {lost}; a cast would "
                                      f"change its values")
@@ -936,6 +938,24 @@ def _write(torch: Any, slots: list, values: list) -> None:
     with torch.no_grad():
         for slot, value in zip(slots, values):
             slot.copy_(value)
+
+
+def _saturated(torch: Any, given: Any, dtype: Any) -> str | None:
+    """What a cast of ``given`` to the float ``dtype`` would clamp, or None: PyTorch's
+    float8_e4m3fn saturates (1e6 becomes 448) where NumPy's floats become infinite,
+    which ``values_lost`` sees. Values within half a step of the largest round to it."""
+    if not given.numel():
+        return None
+    values = given.to(torch.float64)
+    finite = values[torch.isfinite(values)].abs()
+    if not finite.numel():
+        return None
+    info = torch.finfo(dtype)
+    largest = float(finite.max())
+    if largest <= info.max * (1 + info.eps / 2):
+        return None
+    return (f"it holds finite values past {dtype}'s range (up to {largest:g} in "
+            f"magnitude), which the cast would clamp to {info.max:g}")
 
 
 #: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all).

@@ -79,7 +79,8 @@ def values_lost(given: np.ndarray, cast: np.ndarray, dtype_name: str | None = No
     if kind == "b":
         return None  # bools only from bools (kind_refused)
     # A float weight (NumPy's, or ml_dtypes' bfloat16, float8): a finite value must stay
-    # finite (past the range, a type without infinities, float8_e4m3fn, gives NaN).
+    # finite (past the range, a type without infinities, ml_dtypes' float8_e4m3fn, gives
+    # NaN; PyTorch's saturates instead, which torch_model checks on its own).
     # An infinity or NaN given stays one: no change; a complex number's parts each.
     parts = (np.real, np.imag) if cast.dtype.kind == "c" else (np.asarray,)
     lost = [~np.isfinite(part(cast)) & np.isfinite(part(given)) for part in parts]

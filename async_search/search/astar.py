@@ -43,12 +43,13 @@ class AStarResult:
     requests: int
     """Calls to ``evaluate``, each one batch of states."""
     proven: bool = dataclasses.field(default=False, compare=False)
-    """GOAL_FOUND: whether the search ran until no open node could lead to a cheaper
-    goal (no priority below ``weight * cost``): with ``weight`` 1 and an admissible
-    model, ``cost`` is then the least. False when the budget stopped the search after
-    it found a goal and before it proved it (a large ``buffer_size`` or
-    ``max_in_flight`` pops nodes past the optimum, so a costlier goal can come first),
-    and without a goal. (Not compared: results equal before it came stay equal.)"""
+    """GOAL_FOUND: whether the search reached its own stopping bound, no open priority
+    below ``weight * cost``: with ``weight`` >= 1 and an admissible model, ``cost`` is
+    then the least; with ``weight`` below 1 (0 is greedy) it says nothing of that.
+    False when the budget stopped the search after it found a goal and before that
+    bound (a large ``buffer_size`` or ``max_in_flight`` pops nodes past the optimum, so
+    a costlier goal can come first), and without a goal. (Not compared: results equal
+    before it came stay equal.)"""
 
 
 def astar_result(fr: Frontier) -> AStarResult:

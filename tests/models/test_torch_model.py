@@ -221,6 +221,13 @@ def test_weights_of_dtypes_numpy_lacks_are_taken():
         updated = model.with_weights({"held": torch.ones(2, dtype=dtype)})
         np.testing.assert_array_equal(updated(rows(2)), rows(2))
         assert updated.module.held.dtype == dtype
+    if hasattr(torch, "float8_e4m3fn"):  # PyTorch's cast saturates: 1e6 became 448
+        model = TorchModel(Holding(torch.float8_e4m3fn), input_spec=SPEC, device="cpu")
+        with pytest.raises(ValueError, match="clamp to 448"):
+            model.with_weights({"held": np.array([1e6, 1.0], np.float32)})
+        taken = model.with_weights({"held": np.array([448.0, 460.0], np.float32)})
+        taken(rows(1))
+        assert taken.module.held.tolist() == [448.0, 448.0]  # rounded, not clamped
 
 
 def test_lazy_buffers_beside_eager_weights_are_made_with_the_adapter():
