@@ -441,7 +441,9 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         among n costs about 2 log2(n) more HTTP requests; ``splits`` (one count shared
         by every half of the call) bounds them, so that a server that fails everything
         costs a few more, not 2n: past it, or past the deadline, what is left fails
-        with the error."""
+        with the error. Answers too long together are halved until each piece's answer
+        fits, without spending ``splits``: up to 2n - 1 HTTP requests, one after the
+        other, bounded by the deadline."""
         for half in _halves(waiting):
             half = [(x, fut) for x, fut in half if not fut.done()]  # while the other ran
             if not half:

@@ -515,7 +515,7 @@ class _Runner:
                 lost = values_lost(_host_numpy(torch, tensor), _host_numpy(torch, cast),
                                    str(slot.dtype))
                 if lost is None and slot.dtype.is_floating_point:
-                    lost = _saturated(torch, tensor, slot.dtype)
+                    lost = _clamped(torch, tensor, cast, slot.dtype)
                 if lost is not None:
                     raise ValueError(f"{head(str(value.dtype))}: {lost}; a cast would "
                                      f"change its values")
@@ -940,22 +940,28 @@ def _write(torch: Any, slots: list, values: list) -> None:
             slot.copy_(value)
 
 
-def _saturated(torch: Any, given: Any, dtype: Any) -> str | None:
-    """What a cast of ``given`` to the float ``dtype`` would clamp, or None: PyTorch's
-    float8_e4m3fn saturates (1e6 becomes 448) where NumPy's floats become infinite,
-    which ``values_lost`` sees. Values within half a step of the largest round to it."""
-    if not given.numel():
-        return None
-    values = given.to(torch.float64)
-    finite = values[torch.isfinite(values)].abs()
-    if not finite.numel():
-        return None
+def _clamped(torch: Any, given: Any, cast: Any, dtype: Any) -> str | None:
+    """What casting ``given`` into ``cast``, of a float ``dtype``, clamped where
+    ``values_lost`` cannot see it, or None. PyTorch's one-byte floats saturate where
+    NumPy's floats become infinite (float8_e4m3fn: 1e6 and inf both become 448), and
+    float8_e8m0fnu holds neither a sign nor a zero (-2 becomes 2). A value within half
+    a step of the largest rounds to it (a tie to the even largest)."""
+    if not given.numel() or dtype.itemsize != 1:
+        return None  # wider floats overflow to inf, which values_lost refuses
+    values, out = given.to(torch.float64), cast.to(torch.float64)
     info = torch.finfo(dtype)
-    largest = float(finite.max())
-    if largest <= info.max * (1 + info.eps / 2):
-        return None
-    return (f"it holds finite values past {dtype}'s range (up to {largest:g} in "
-            f"magnitude), which the cast would clamp to {info.max:g}")
+    top = torch.tensor([info.max], dtype=dtype)
+    below = float((top.view(torch.uint8) - 1).view(dtype).to(torch.float64))
+    bound = info.max + (info.max - below) / 2
+    finite = torch.isfinite(values)
+    past = (finite & (values.abs() > bound)) | (torch.isinf(values) & torch.isfinite(out))
+    if bool(past.any()):
+        worst = float(values[past].abs().max())
+        return (f"it holds values past {dtype}'s range (up to {worst:g} in magnitude), "
+                f"which the cast would clamp to {info.max:g}")
+    if info.min > 0 and bool((finite & (values <= 0)).any()):
+        return f"it holds values <= 0, which {dtype} (no sign, no zero) cannot hold"
+    return None
 
 
 #: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all).

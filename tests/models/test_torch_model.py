@@ -221,13 +221,28 @@ def test_weights_of_dtypes_numpy_lacks_are_taken():
         updated = model.with_weights({"held": torch.ones(2, dtype=dtype)})
         np.testing.assert_array_equal(updated(rows(2)), rows(2))
         assert updated.module.held.dtype == dtype
-    if hasattr(torch, "float8_e4m3fn"):  # PyTorch's cast saturates: 1e6 became 448
-        model = TorchModel(Holding(torch.float8_e4m3fn), input_spec=SPEC, device="cpu")
-        with pytest.raises(ValueError, match="clamp to 448"):
-            model.with_weights({"held": np.array([1e6, 1.0], np.float32)})
-        taken = model.with_weights({"held": np.array([448.0, 460.0], np.float32)})
-        taken(rows(1))
-        assert taken.module.held.tolist() == [448.0, 448.0]  # rounded, not clamped
+    # PyTorch's one-byte floats saturate (1e6 and inf became 448 in float8_e4m3fn,
+    # whose step at the top is 32: up to 464 rounds to 448) and float8_e8m0fnu has no
+    # sign and no zero (-2 became 2): refused, what merely rounds taken.
+    cases = [("float8_e4m3fn", [1e6, 1.0], "clamp to 448"),
+             ("float8_e4m3fn", [470.0, 1.0], "clamp to 448"),
+             ("float8_e4m3fn", [-np.inf, 1.0], "clamp to 448"),
+             ("float8_e4m3fn", [448.0, 464.0], [448.0, 448.0]),
+             ("float8_e5m2fnuz", [61000.0, 1.0], [57344.0, 1.0]),
+             ("float8_e8m0fnu", [-2.0, 1.0], "no sign, no zero"),
+             ("float8_e8m0fnu", [2.0, 1.0], [2.0, 1.0])]
+    for name, given, expected in cases:
+        if not hasattr(torch, name):
+            continue
+        model = TorchModel(Holding(getattr(torch, name)), input_spec=SPEC, device="cpu")
+        weights = {"held": np.array(given, np.float32)}
+        if isinstance(expected, str):
+            with pytest.raises(ValueError, match=expected):
+                model.with_weights(weights)
+        else:
+            taken = model.with_weights(weights)
+            taken(rows(1))
+            assert taken.module.held.float().tolist() == expected, (name, given)
 
 
 def test_lazy_buffers_beside_eager_weights_are_made_with_the_adapter():
