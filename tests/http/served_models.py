@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from async_search.errors import InputSpecError
-from async_search.models import MLP
+from async_search.models import MLP, with_spec
 
 MODEL = MLP((16,), hidden_sizes=(32,), output_size=4, seed=0)
 X = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
@@ -115,3 +115,27 @@ class SearchWorkload:
         mcts = await within(asyncio.gather(*(self.mcts(net_evaluate, seed)
                                              for seed in range(4))), "MCTS", timeout=60)
         return astar, mcts
+
+
+#: A model whose answer is 20 KiB a row (its input's 64 bytes repeated 320 times).
+WIDE = with_spec(lambda x: np.repeat(x, 320, axis=1), (16,), np.float32)
+
+
+async def check_answers_too_long_together_are_halved(evaluate, split_stat: str,
+                                                     alone: np.ndarray) -> None:
+    """64 one-row requests to ``WIDE``, each answer under the client's
+    max_response_bytes and all together far over it, are all answered, after more
+    halves than the budget for finding bad requests (4 log2(64) + 2); a request whose
+    own answer (``alone``) is too long fails with ModelOutputError."""
+    import pytest
+
+    from async_search.errors import ModelOutputError
+    from tests.helpers import within
+
+    xs = np.random.default_rng(1).standard_normal((64, 1, 16)).astype(np.float32)
+    ys = await within(asyncio.gather(*(evaluate(x) for x in xs)), "answers")
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, np.repeat(x, 320, axis=1))
+    assert evaluate.stats[split_stat] > 4 * 6 + 2
+    with pytest.raises(ModelOutputError, match="max_response_bytes"):
+        await within(evaluate(alone), "an answer too long alone")

@@ -19,9 +19,10 @@ from async_search.http.client import RemoteEvaluate  # noqa: E402
 from async_search.http.front import HttpFront  # noqa: E402
 from async_search.http.repository import ModelSource  # noqa: E402
 from async_search.models import MLP  # noqa: E402
-from tests.http.served_models import (MODEL, X, Gated, PoisonedBy, Raising,  # noqa: E402
-                                      SearchWorkload, check_only_the_poisoned_failed,
-                                      poisoned_requests)
+from tests.http.served_models import (MODEL, WIDE, X, Gated,  # noqa: E402
+                                      PoisonedBy, Raising, SearchWorkload,
+                                      check_answers_too_long_together_are_halved,
+                                      check_only_the_poisoned_failed, poisoned_requests)
 from tests.helpers import wait_until, within  # noqa: E402
 from tests.kserve_peer import W, kserve_model_server, needs_kserve  # noqa: E402
 
@@ -397,22 +398,17 @@ async def test_closing_fails_what_waits_and_later_calls():
         model.gate.set()
 
 
-def test_arguments_are_checked_when_made():
-    with pytest.raises(ValueError, match="url must be"):
-        RemoteEvaluate("127.0.0.1:8000", "mlp")
-    with pytest.raises(ValueError, match="model_name must be"):
-        RemoteEvaluate("http://h:1", "a/b")
-    with pytest.raises(ValueError, match="timeout must be"):
-        RemoteEvaluate("http://h:1", "mlp", timeout=0)
-    with pytest.raises(ValueError, match="retries must be an integer >= 0, got True"):
-        RemoteEvaluate("http://h:1", "mlp", retries=True)
-    # aiohttp's own InvalidURL reached every call before
-    with pytest.raises(ValueError, match="is not an address"):
-        RemoteEvaluate("http://[::1", "mlp")
-    with pytest.raises(ValueError, match="names no host"):
-        RemoteEvaluate("http://:8000", "mlp")
-    with pytest.raises(ValueError, match="max_response_bytes must be"):
-        RemoteEvaluate("http://h:1", "mlp", max_response_bytes=0)
+@pytest.mark.parametrize("url, name, options, said", [
+    ("127.0.0.1:8000", "mlp", {}, "url must be"),
+    ("http://h:1", "a/b", {}, "model_name must be"),
+    ("http://h:1", "mlp", {"timeout": 0}, "timeout must be"),
+    ("http://h:1", "mlp", {"retries": True}, "retries must be an integer >= 0, got True"),
+    ("http://[::1", "mlp", {}, "is not an address"),  # aiohttp's InvalidURL, each call
+    ("http://:8000", "mlp", {}, "names no host"),
+    ("http://h:1", "mlp", {"max_response_bytes": 0}, "max_response_bytes must be")])
+def test_arguments_are_checked_when_made(url, name, options, said):
+    with pytest.raises(ValueError, match=said):
+        RemoteEvaluate(url, name, **options)
 
 
 GOOD_METADATA = {"name": "m", "versions": ["1"], "inputs": [
@@ -573,22 +569,13 @@ async def test_an_answer_longer_than_max_response_bytes_is_refused_before_it_is_
 
 
 async def test_requests_whose_answers_are_too_long_together_are_sent_again_in_halves():
-    # Each answer fits max_response_bytes, the eight together do not: every one of them
-    # failed, where a 413 for a request too large together is split.
-    from async_search.models import with_spec
-
-    wide = with_spec(lambda x: np.repeat(x, 320, axis=1), (16,), np.float32)  # 20 KiB
-    async with front(wide) as f, RemoteEvaluate(f.url, "mlp",
+    # Each answer fits max_response_bytes, the 64 together do not: every one of them
+    # failed (then most, past the budget for finding bad requests), where a 413 for a
+    # request too large together is split.
+    async with front(WIDE) as f, RemoteEvaluate(f.url, "mlp",
                                                 max_response_bytes=64 << 10) as ev:
-        # 64: halving them until each piece fits takes more sends than the budget for
-        # finding bad requests, which failed most of them
-        xs = np.random.default_rng(1).standard_normal((64, 1, 16)).astype(np.float32)
-        ys = await within(asyncio.gather(*(ev(x) for x in xs)), "answers")
-        for x, y in zip(xs, ys):
-            np.testing.assert_array_equal(y, np.repeat(x, 320, axis=1))
-        assert ev.stats["split_http_requests"] > 4 * 6 + 2  # past that budget
-        with pytest.raises(ModelOutputError, match="max_response_bytes"):  # one alone
-            await within(ev(X[:4]), "an answer too long alone")
+        await check_answers_too_long_together_are_halved(ev, "split_http_requests",
+                                                         alone=X[:4])  # 80 KiB
 
 
 async def test_a_redirect_is_not_followed_and_fails_as_the_server_s_failure():

@@ -415,19 +415,10 @@ def test_a_response_with_two_outputs_of_one_name_is_refused():
 
 
 async def test_requests_whose_answers_are_too_long_together_are_sent_again_in_halves():
-    from async_search.errors import ModelOutputError
-    from async_search.models import with_spec
+    from tests.http.served_models import WIDE, check_answers_too_long_together_are_halved
 
-    wide = with_spec(lambda x: np.repeat(x, 320, axis=1), (16,), np.float32)  # 20 KiB
     # (grpc's limit: 32 KiB of tensors and 64 KiB of room for the rest of a message)
-    async with front(wide) as f, GrpcRemoteEvaluate(f.address, "mlp",
+    async with front(WIDE) as f, GrpcRemoteEvaluate(f.address, "mlp",
                                                     max_response_bytes=32 << 10) as ev:
-        # 64: halving them until each piece fits takes more sends than the budget for
-        # finding bad requests, which failed most of them
-        xs = np.random.default_rng(1).standard_normal((64, 1, 16)).astype(np.float32)
-        ys = await within(asyncio.gather(*(ev(x) for x in xs)), "answers")
-        for x, y in zip(xs, ys):
-            np.testing.assert_array_equal(y, np.repeat(x, 320, axis=1))
-        assert ev.stats["split_rpcs"] > 4 * 6 + 2  # past that budget
-        with pytest.raises(ModelOutputError, match="max_response_bytes"):  # one alone
-            await within(ev(X), "an answer too long alone")  # 100 KiB
+        await check_answers_too_long_together_are_halved(ev, "split_rpcs",
+                                                         alone=X)  # 100 KiB
