@@ -31,6 +31,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import statistics
@@ -197,7 +198,7 @@ def main() -> None:
             parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
     if min(args.sizes) < 1:
         parser.error(f"--sizes must be integers >= 1, got {args.sizes}")
-    if args.min_s < 0:
+    if not 0 <= args.min_s < math.inf:
         parser.error(f"--min_s must be >= 0 seconds, got {args.min_s}")
     if args.jax_sync_dispatch:
         import jax

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import multiprocessing
 import queue
 import time
@@ -211,7 +212,7 @@ def main() -> None:
         parser.error(f"--requests must be an integer >= 2, got {args.requests}")
     if args.ray_ratio < 0:
         parser.error(f"--ray_ratio must be an integer >= 0, got {args.ray_ratio}")
-    if args.node_cost_us < 0:
+    if not 0 <= args.node_cost_us < math.inf:
         parser.error(f"--node_cost_us must be >= 0, got {args.node_cost_us}")
     try:
         clients = [int(c) for c in args.clients.split(",")]

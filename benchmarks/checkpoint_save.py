@@ -17,6 +17,8 @@ import argparse
 import json
 import os
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,9 @@ def child(samples: int, saves: int, folder: str) -> dict:
 
 
 def main() -> None:
+    # SIGTERM (timeout, kill) ends the run as Ctrl-C does, so that the servers and
+    # children it started end with it (they outlived it, re-parented to init).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--other", required=True, help="a checkout to compare with")
     parser.add_argument("--rounds", type=int, default=5)
@@ -66,8 +71,10 @@ def main() -> None:
     for name in ("rounds", "saves", "samples"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
-    if not args.child and not os.path.isdir(args.other):
-        parser.error(f"--other {args.other}: no such folder")
+    if not args.child and not os.path.isfile(os.path.join(args.other, "async_search",
+                                                          "__init__.py")):
+        # (another folder measured whatever `import async_search` found instead)
+        parser.error(f"--other {args.other}: not a checkout (no async_search package)")
     if args.child:
         sys.path.insert(0, args.child[0])
         print(json.dumps(child(args.samples, args.saves, args.child[1])))
@@ -90,7 +97,7 @@ def main() -> None:
                 shutil.rmtree(folder, ignore_errors=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    median = {name: [sorted(r["save_s"])[len(r["save_s"]) // 2] for r in runs]
+    median = {name: [statistics.median(r["save_s"]) for r in runs]
               for name, runs in results.items()}
     best = {name: [min(r["save_s"]) for r in runs] for name, runs in results.items()}
     ratios = [t / o for t, o in zip(median["this"], median["other"])]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,9 @@ def commit_of(tree: str) -> str:
 
 
 def main() -> None:
+    # SIGTERM (timeout, kill) ends the run as Ctrl-C does, so that the servers and
+    # children it started end with it (they outlived it, re-parented to init).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--other", required=True, help="the other checkout's root")
     parser.add_argument("--rounds", type=int, default=5)
@@ -75,8 +79,8 @@ def main() -> None:
         parser.error(f"--rounds must be an integer >= 1, got {args.rounds}")
     if not args.timeout > 0:
         parser.error(f"--timeout must be more than 0 seconds, got {args.timeout}")
-    if not os.path.isdir(args.other):
-        parser.error(f"--other {args.other}: no such folder")
+    if not os.path.isfile(os.path.join(args.other, "async_search", "__init__.py")):
+        parser.error(f"--other {args.other}: not a checkout (no async_search package)")
     other = os.path.abspath(args.other)
     trees = {"this": ROOT, "other": other}
     values: Dict[str, Dict[str, List[float | None]]] = {

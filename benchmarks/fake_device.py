@@ -41,6 +41,7 @@ import asyncio
 import functools
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -165,7 +166,7 @@ def main(argv: List[str] | None = None) -> dict:
         p.error("--ms, --trips, --searches and --client-waves take comma-separated "
                 "numbers, --max-batch-size integers or auto")
     kinds = args.searches_kinds.split(",")
-    if (not ms or min(ms) <= 0 or not trips or min(trips) < 1 or not searches
+    if (not ms or not all(0 < m < math.inf for m in ms) or not trips or min(trips) < 1 or not searches
             or min(searches) < 1 or not caps
             or any(c != "auto" and c < 1 for c in caps) or args.us_per_row < 0
             or args.rounds < 1 or min(args.mcts_simulations, args.astar_evaluations) < 1

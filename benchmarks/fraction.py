@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import time
 
 import numpy as np
@@ -62,7 +63,7 @@ def main() -> None:
     for name in ("coroutines", "steps", "elements", "batch_size", "pipeline_depth"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
-    if args.cpu_us < 0:
+    if not 0 <= args.cpu_us < math.inf:  # NaN too (it was printed, as no JSON)
         parser.error(f"--cpu_us must be >= 0, got {args.cpu_us}")
     stats = asyncio.run(run(args))
     print(json.dumps({

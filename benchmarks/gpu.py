@@ -109,6 +109,7 @@ import json
 import os
 import platform
 import queue
+import statistics
 import sys
 import threading
 import time
@@ -1157,7 +1158,7 @@ def goals(report: dict) -> dict:
             if n in runs.get("in_process", {}):
                 ours = runs["in_process"][n]["nodes_per_s_rounds"]
                 per_round = sorted(a / b for a, b in zip(ours, r["nodes_per_s_rounds"]))
-                ratios[n] = {"median": round(per_round[len(per_round) // 2], 2),
+                ratios[n] = {"median": round(statistics.median(per_round), 2),
                              "range": [round(per_round[0], 2), round(per_round[-1], 2)]}
         if ratios:
             entry["vs_handwritten_torch"] = ratios

@@ -44,8 +44,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
+import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -169,16 +172,18 @@ def _serve(max_batch_size: int, extra: str = "") -> tuple[subprocess.Popen, str]
          "--max-batch-size", str(max_batch_size), *extra.split()],
         stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
-    line = b""
+    lines = []  # what it said, for the error (at its end, readline gives b"")
     while time.monotonic() < deadline:
         line = server.stderr.readline()
+        lines.append(line)
         match = _SERVING.search(line)
         if match:
             return server, match.group(1).decode()
         if not line and server.poll() is not None:
             break
     server.kill()
-    raise RuntimeError(f"the server did not start: {line!r}")
+    said = b"".join(lines[-5:]).decode(errors="replace").strip()
+    raise RuntimeError(f"the server did not start; it said: {said or '(nothing)'}")
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -720,7 +725,7 @@ def compare(other_tree: str, *, rounds: int = 10, requests: int = 6000,
     return {"other_tree": other_tree, "max_batch_size": max_batch_size,
             "requests_per_round": requests, "clients": clients,
             "cpu_ratio_after_over_before": {"min": round(ratios[0], 3),
-                                            "median": round(ratios[len(ratios) // 2], 3),
+                                            "median": round(statistics.median(ratios), 3),
                                             "max": round(ratios[-1], 3)},
             "rounds": per_round}
 
@@ -826,6 +831,9 @@ def slow_readers(clients: int = 16, seconds: float = 8.0, server_args: str = "")
 
 
 def main() -> None:
+    # SIGTERM (timeout, kill) ends the run as Ctrl-C does, so that the servers and
+    # children it started end with it (they outlived it, re-parented to init).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--warmup", type=float, default=1.0)
@@ -845,7 +853,8 @@ def main() -> None:
                         "says otherwise)")
     p.add_argument("--compare", metavar="TREE",
                    help="a checkout before a change: run its server beside this tree's "
-                        "and alternate (server CPU per request, requests/s)")
+                        "and alternate (server CPU per request, requests/s; 20 clients "
+                        "and 10 rounds, whatever --clients says)")
     p.add_argument("--load", help=argparse.SUPPRESS)  # run as the load generator
     args = p.parse_args()
     if args.clients < 1 or args.large_bytes < 1:
@@ -854,9 +863,12 @@ def main() -> None:
     if min(args.large, args.slow_readers) < 0:
         p.error(f"--large and --slow-readers must be integers >= 0, "
                 f"got {args.large} and {args.slow_readers}")
-    if not args.duration > 0 or args.warmup < 0:
+    if not 0 < args.duration < math.inf or not 0 <= args.warmup < math.inf:
         p.error(f"--duration must be more than 0 seconds and --warmup at least 0, "
                 f"got {args.duration} and {args.warmup}")
+    if args.compare and not os.path.isfile(os.path.join(args.compare, "async_search",
+                                                        "__init__.py")):
+        p.error(f"--compare {args.compare}: not a checkout (no async_search package)")
     if args.compare:
         print(json.dumps({"batching_on": compare(args.compare),
                           "batching_off": compare(args.compare, max_batch_size=1)},

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -84,7 +85,7 @@ def main() -> None:
                      f"got {args.budget} and {args.instances}")
     if min(args.buffer_sizes) < 1:
         parser.error(f"--buffer_sizes must be integers >= 1, got {args.buffer_sizes}")
-    if min(args.weights) < 0:
+    if not all(0 <= w < math.inf for w in args.weights):
         parser.error(f"--weights must be >= 0, got {args.weights}")
     if args.ids is not None and not all(1 <= i <= 100 for i in args.ids):
         parser.error(f"--ids must be Korf instance numbers 1-100, got {args.ids}")

@@ -38,6 +38,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -259,6 +260,9 @@ def compare(other_tree: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    # SIGTERM (timeout, kill) ends the run as Ctrl-C does, so that the servers and
+    # children it started end with it (they outlived it, re-parented to init).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coroutines", type=int, default=64)
     parser.add_argument("--requests", type=int, default=200)

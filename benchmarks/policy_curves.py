@@ -150,6 +150,13 @@ def plot(named: Dict[str, Dict[str, List[float]]], finals: Dict[str, Any], path:
 
 
 def main() -> None:
+    # Before any work: the plot came last, after the JSON was written, as a traceback.
+    from async_search.extras import import_extra
+
+    try:
+        import_extra("matplotlib", "benchmarks/policy_curves.py")
+    except ModuleNotFoundError as e:
+        sys.exit(f"policy_curves.py: {e}")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, metavar="NAME=PATH",
                         help="a training run's JSON (main.py --train connect_four)")

@@ -149,8 +149,10 @@ class Front:
         self.process = subprocess.Popen(self.argv, cwd=ROOT, env=env,
                                         stderr=subprocess.PIPE)
         match = None
+        lines = []  # what it said, for the error (at its end, readline gives b"")
         for _ in range(100):
             line = self.process.stderr.readline()
+            lines.append(line)
             match = match or re.search(rb"http://127\.0\.0\.1:(\d+)", line)
             grpc = re.search(rb"grpc://(127\.0\.0\.1:\d+)", line)
             if grpc:
@@ -159,7 +161,8 @@ class Front:
                 break
         if not match or (self.grpc and not self.grpc_address):
             self.process.kill()
-            raise RuntimeError(f"the front did not start: {line!r}")
+            said = b"".join(lines[-5:]).decode(errors="replace").strip()
+            raise RuntimeError(f"the front did not start; it said: {said or '(nothing)'}")
         self.url = f"http://127.0.0.1:{int(match.group(1))}"
         return self
 
@@ -210,6 +213,9 @@ def measure(args, workload, search_fn, starts, factory, factory_name):
 
 
 def main() -> None:
+    # SIGTERM (timeout, kill) ends the run as Ctrl-C does, so that the servers and
+    # children it started end with it (they outlived it, re-parented to init).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--coroutines", default="64,512",
@@ -246,8 +252,8 @@ def main() -> None:
     }
     text = json.dumps(report, indent=2)
     print(text)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    if args.out:  # (a bare file name has no folder to make)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text + "\n")
 

@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be an integer >= 0, "
                     f"got {getattr(args, name)}")
-    if args.switch_interval < 0:
+    if not 0 <= args.switch_interval < 1e6:  # NaN aborted the interpreter at its first GIL wait
         p.error(f"--switch-interval must be >= 0 seconds (0: Python's), "
                 f"got {args.switch_interval}")
     try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
@@ -171,9 +172,16 @@ async def accuracies(simulations, agents, seed, checkpoint=None):
 def parse_agent(text: str):
     """``"1:1.5"`` or ``"1:1.5:solve"`` -> ``(num_parallel, c_puct, solve)``."""
     parts = text.split(":")
-    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "solve"):
-        raise SystemExit(f"--agents: {text!r} is not leaves:c_puct[:solve]")
-    return int(parts[0]), float(parts[1]), len(parts) == 3
+    try:
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "solve"):
+            raise ValueError
+        leaves, c_puct = int(parts[0]), float(parts[1])
+        if leaves < 1 or not 0 <= c_puct < math.inf:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--agents: {text!r} is not leaves:c_puct[:solve] (leaves >= 1, "
+                         f"c_puct >= 0)") from None
+    return leaves, c_puct, len(parts) == 3
 
 
 def main() -> None:
@@ -207,12 +215,12 @@ def main() -> None:
         stones = []
     if not stones or not all(0 <= s <= 41 for s in stones):
         parser.error(f"--stones takes comma-separated integers 0-41, not {args.stones!r}")
+    agents = [parse_agent(a) for a in args.agents.split(",")]  # before any work
     result = {"workload": vars(args), "python": platform.python_version(),
               "machine": platform.machine()}
     if not args.skip_times:
         result["solve_times"] = solve_times(stones, args.per_depth)
     result["labelling"] = labelling(args.write_positions)
-    agents = [parse_agent(a) for a in args.agents.split(",")]
     result["move_accuracy"] = asyncio.run(accuracies(args.simulations, agents, args.seed,
                                                      args.checkpoint))
     text = json.dumps(result, indent=1)

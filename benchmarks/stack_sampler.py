@@ -161,6 +161,7 @@ class StackSampler:
 
 if __name__ == "__main__":  # a look at the sampler itself: a busy loop and a sleeper
     import argparse
+    import json
 
     argparse.ArgumentParser(description="A look at the sampler itself: a busy loop "
                             "beside a sleeping thread, sampled for 0.3 s (used as a "
@@ -176,4 +177,4 @@ if __name__ == "__main__":  # a look at the sampler itself: a busy loop and a sl
         while time.perf_counter() < end:
             pass
         thread.join()
-    print(sampler.report(top=3))
+    print(json.dumps(sampler.report(top=3), indent=2))

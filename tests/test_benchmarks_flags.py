@@ -58,6 +58,18 @@ CASES = [
     ("solve_strength", ["--games", "0"]),
     ("solver", ["--per_depth", "0"]),
     ("solver", ["--stones", "50", "--skip_times"]),
+    # NaN passed every "< 0" check: search_speedup aborted the interpreter at its first
+    # GIL wait, fraction printed NaN (no JSON), the others ended in a traceback.
+    ("search_speedup", ["--switch-interval", "nan", "--skip-mcts"]),
+    ("fraction", ["--cpu_us", "nan", "--steps", "1"]),
+    ("fake_device", ["--ms", "nan"]),
+    ("http_load", ["--warmup", "nan", "--duration", "0.5"]),
+    # A folder that is no checkout: measured whatever `import async_search` found
+    ("checkpoint_save", ["--other", os.path.dirname(ROOT), "--saves", "1",
+                         "--rounds", "1"]),
+    ("compare_trees", ["--other", os.path.dirname(ROOT), "--rounds", "1", "--figure",
+                       "x", "--", "benchmarks/search_cost.py"]),
+    ("http_load", ["--compare", os.path.join(ROOT, "no such tree")]),
 ]
 
 
