@@ -173,14 +173,19 @@ def _serve(max_batch_size: int, extra: str = "") -> tuple[subprocess.Popen, str]
         stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     lines = []  # what it said, for the error (at its end, readline gives b"")
-    while time.monotonic() < deadline:
-        line = server.stderr.readline()
-        lines.append(line)
-        match = _SERVING.search(line)
-        if match:
-            return server, match.group(1).decode()
-        if not line and server.poll() is not None:
-            break
+    try:
+        while time.monotonic() < deadline:
+            line = server.stderr.readline()
+            lines.append(line)
+            match = _SERVING.search(line)
+            if match:
+                return server, match.group(1).decode()
+            if not line and server.poll() is not None:
+                break
+    except BaseException:  # stopped while it starts (Ctrl-C, SIGTERM): it ends too
+        server.kill()
+        server.wait(10)
+        raise
     server.kill()
     said = b"".join(lines[-5:]).decode(errors="replace").strip()
     raise RuntimeError(f"the server did not start; it said: {said or '(nothing)'}")

@@ -150,15 +150,20 @@ class Front:
                                         stderr=subprocess.PIPE)
         match = None
         lines = []  # what it said, for the error (at its end, readline gives b"")
-        for _ in range(100):
-            line = self.process.stderr.readline()
-            lines.append(line)
-            match = match or re.search(rb"http://127\.0\.0\.1:(\d+)", line)
-            grpc = re.search(rb"grpc://(127\.0\.0\.1:\d+)", line)
-            if grpc:
-                self.grpc_address = grpc.group(1).decode()
-            if (match and (self.grpc_address or not self.grpc)) or not line:
-                break
+        try:
+            for _ in range(100):
+                line = self.process.stderr.readline()
+                lines.append(line)
+                match = match or re.search(rb"http://127\.0\.0\.1:(\d+)", line)
+                grpc = re.search(rb"grpc://(127\.0\.0\.1:\d+)", line)
+                if grpc:
+                    self.grpc_address = grpc.group(1).decode()
+                if (match and (self.grpc_address or not self.grpc)) or not line:
+                    break
+        except BaseException:  # stopped while it starts (Ctrl-C, SIGTERM): it ends too
+            self.process.kill()
+            self.process.wait(10)
+            raise
         if not match or (self.grpc and not self.grpc_address):
             self.process.kill()
             said = b"".join(lines[-5:]).decode(errors="replace").strip()
