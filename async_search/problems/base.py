@@ -41,7 +41,9 @@ class SearchProblem(Protocol):
         """Whether ``state`` is a goal."""
 
     def encode(self, states: Sequence[State]) -> np.ndarray:
-        """The model input for ``states``: an array ``[len(states), *input_spec.shape]``."""
+        """The model input for ``states``: an array ``[len(states), *input_spec.shape]``,
+        a new one at each call (``asr.serve`` reads a request when its batch forms, so
+        an array refilled by a later call would give other states' values)."""
 
     # Optional: ``compact_keys(self) -> CompactKeys | None``. A* uses it when a problem
     # has it and it returns an object; otherwise A* calls ``neighbors`` state by state.
@@ -125,7 +127,8 @@ class Game(Protocol):
         """The value for the player to move if the game is over, else None."""
 
     def encode(self, states: Sequence[State]) -> np.ndarray:
-        """The network input for ``states``: ``[len(states), *input_spec.shape]``."""
+        """The network input for ``states``: ``[len(states), *input_spec.shape]``, a
+        new array at each call (as ``SearchProblem.encode``)."""
 
 
 def board_planes(game: Game, owner: str) -> Tuple[int, int, int]:

@@ -36,8 +36,8 @@ from async_search.base import Evaluate
 from async_search.checks import check_int
 from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
-from async_search.search.base import (check_evaluate, check_search_constant, evaluated,
-                                      policy_logits_of)
+from async_search.search.base import (check_evaluate, check_search_constant, encoded,
+                                      evaluated, policy_logits_of)
 from async_search.search.gumbel import gumbel_mcts
 from async_search.search.puct import mcts
 
@@ -153,7 +153,7 @@ def policy_chooser(game: Game, evaluate: Evaluate) -> Callable[[State], Awaitabl
         if not legal:  # asked nothing: a finished game has no move to choose
             raise ValueError("policy_chooser: the game is over in this state; there is "
                              "no move to choose")
-        y = await evaluated(evaluate, game.encode([state]))
+        y = await evaluated(evaluate, encoded(game, game.encode([state]), 1))
         row = policy_logits_of(y, 1, num_actions)[0]
         logits = np.asarray([row[a] for a in legal], np.float64)
         if np.isnan(logits).any() or np.isposinf(logits).any():

@@ -9,7 +9,8 @@ from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.base import (PROBLEM_METHODS, Status, check_evaluate,
-                                      check_protocol, evaluated, values_of)
+                                      check_hashable, check_protocol, evaluated,
+                                      values_of)
 from async_search.search.frontier import (Frontier, encode_keys, expand_ids, has_open_node,
                                           new_frontier, path_to, pop_ids, record_ids)
 
@@ -77,6 +78,7 @@ def check_astar_arguments(problem: SearchProblem, start: State, *, budget: int,
     check_protocol("problem", problem, PROBLEM_METHODS, "SearchProblem",
                    "problems.SlidingPuzzle(4)")
     problem.check_state(start)
+    check_hashable(problem, start)
     return budget, weight
 
 

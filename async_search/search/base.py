@@ -34,8 +34,9 @@ class Status(str, enum.Enum):
 def bad_step_cost(problem: Any, cost: Any) -> ValueError:
     """The error for a step cost that is not a finite number > 0."""
     return ValueError(f"{type(problem).__name__}: a step costs {cost!r}; the searches "
-                      f"take step costs that are finite numbers > 0 (the SearchProblem "
-                      f"protocol)")
+                      f"take step costs that are finite numbers > 0 (real ones: an int, "
+                      f"a float, a Fraction or a NumPy scalar; not a bool, a Decimal or "
+                      f"an array: the SearchProblem protocol)")
 
 
 #: The largest step cost, and path cost: past it a sum of costs is no float (inf, or an
@@ -79,6 +80,41 @@ def check_step_cost(problem: Any, cost: Any) -> float:
     if not ok:
         raise bad_step_cost(problem, cost)
     return plain
+
+
+def encoded(owner: Any, x: Any, n: int) -> Any:
+    """``x``, ``owner.encode`` of ``n`` states, once its rows are checked: a row count
+    other than ``n`` is the problem's ValueError, where the model's outputs would be
+    blamed for it (one value per element expected) a step later."""
+    if type(x) is np.ndarray and x.ndim and len(x) != n:
+        raise ValueError(f"{type(owner).__name__}.encode gave {len(x)} rows for {n} "
+                         f"states: it gives one row per state, [len(states), "
+                         f"*input_spec.shape] (the SearchProblem and Game protocols)")
+    return x
+
+
+def check_hashable(problem: Any, state: Any) -> None:
+    """TypeError unless ``state`` is hashable, as the SearchProblem protocol asks (the
+    searches keep states in dicts and sets): Python's own says only "unhashable type",
+    from deep in a search."""
+    try:
+        hash(state)
+    except TypeError:
+        raise TypeError(f"{type(problem).__name__}: states must be hashable (the "
+                        f"SearchProblem protocol: searches keep them in dicts), got a "
+                        f"{type(state).__name__}; use bytes (a.tobytes()) or a tuple"
+                        ) from None
+
+
+def check_num_actions(game: Any) -> int:
+    """The game's ``num_actions``, an int >= 1, or TypeError naming the Game protocol
+    (a missing one, or a method, failed deep in the tree)."""
+    value = getattr(game, "num_actions", None)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise TypeError(f"game must be a Game (the protocol of problems.Game) whose "
+                        f"num_actions is an int >= 1, the size of its policy; "
+                        f"{type(game).__name__}.num_actions is {value!r}")
+    return int(value)
 
 
 def check_evaluate(evaluate: Any) -> None:

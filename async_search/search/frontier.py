@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from async_search.problems.base import CompactKeys, SearchProblem, State, compact_keys_of
 from async_search.search.base import (MAX_STEP_COST, bad_step_cost, check_step_cost,
-                                      path_cost_overflow)
+                                      encoded, path_cost_overflow)
 from async_search.search.sums import left_sum
 
 
@@ -570,5 +570,5 @@ def _path_to_key(fr: Frontier, key: Any) -> Tuple[Tuple[State, ...], float]:
 def encode_keys(fr: Frontier, keys: List[Any]) -> Any:
     """The model input for the nodes of ``keys``."""
     if fr.compact is None:
-        return fr.problem.encode(keys)
-    return fr.compact.encode(keys)
+        return encoded(fr.problem, fr.problem.encode(keys), len(keys))
+    return encoded(fr.problem, fr.compact.encode(keys), len(keys))

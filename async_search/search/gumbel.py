@@ -25,8 +25,8 @@ import numpy as np
 from async_search.base import Evaluate
 from async_search.checks import check_int
 from async_search.problems.base import Game, State
-from async_search.search.base import (check_evaluate, check_search_constant, evaluated,
-                                      split_policy_value)
+from async_search.search.base import (check_evaluate, check_search_constant, encoded,
+                                      evaluated, split_policy_value)
 from async_search.search.completed_q import (ValueBounds, completed_values,
                                              improved_policy, log_priors, mixed_value,
                                              select_by_visit_deficit, sigma)
@@ -264,7 +264,7 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
             if states:
                 evaluations += len(states)
                 requests += 1
-                y = await evaluated(evaluate, encode(states))
+                y = await evaluated(evaluate, encoded(game, encode(states), len(states)))
                 logits, values = split_policy_value(y, len(states), num_actions)
             else:
                 logits, values = None, []
@@ -304,11 +304,11 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
         root_prior[a] = tree.edge_prior[edges[i]]
     root_value = (network_value + left_sum(sums)) / (1 + reused + simulations)
     return GumbelResult(
-        action=actions[best], policy=tuple(per_action["policy"]),
+        action=int(actions[best]), policy=tuple(per_action["policy"]),
         visit_counts=tuple(visit_counts), action_values=tuple(per_action["q"]),
         completed_values=tuple(per_action["completed"]),
         root_prior=tuple(root_prior),
-        considered=tuple(actions[i] for i in considered), root_value=root_value,
+        considered=tuple(int(actions[i]) for i in considered), root_value=root_value,
         network_value=network_value, num_simulations=simulations, reused_visits=reused,
         tree_size=tree.num_nodes, evaluations=evaluations, requests=requests,
         tree=tree if keep_tree else None)

@@ -18,7 +18,7 @@ from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import Game, State
 from async_search.search.base import (check_dirichlet_alpha, check_evaluate,
-                                      check_search_constant, evaluated)
+                                      check_search_constant, encoded, evaluated)
 from async_search.search.base import split_policy_value as _split_outputs
 from async_search.search.reuse import kept_subtree, start_search
 from async_search.search.sums import left_sum
@@ -166,7 +166,7 @@ async def mcts(game: Game, state: State, evaluate: Evaluate, *, num_simulations:
         if states:
             evaluations += len(states)
             requests += 1
-            y = await evaluated(evaluate, encode(states))
+            y = await evaluated(evaluate, encoded(game, encode(states), len(states)))
             logits, values = _split_outputs(y, len(states), num_actions)
         else:
             logits, values = None, []

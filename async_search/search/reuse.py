@@ -35,8 +35,8 @@ from typing import Dict, List, Optional, Tuple
 from async_search.base import Evaluate
 from async_search.checks import is_int
 from async_search.problems.base import Game, State
-from async_search.search.base import (GAME_METHODS, check_protocol, evaluated,
-                                      split_policy_value)
+from async_search.search.base import (GAME_METHODS, check_num_actions, check_protocol,
+                                      encoded, evaluated, split_policy_value)
 from async_search.search.tree import LEAF, PENDING, Tree
 
 
@@ -129,6 +129,7 @@ async def start_search(game: Game, state: State, evaluate: Evaluate,
     if not isinstance(keep_tree, bool):
         raise ValueError(f"keep_tree must be a bool, got {keep_tree!r}")
     check_protocol("game", game, GAME_METHODS, "Game", "problems.ConnectFour()")
+    check_num_actions(game)
     game.check_state(state)
     tree = start_tree(game, state, reuse)
     terminal = tree.terminal_value(0)
@@ -138,7 +139,7 @@ async def start_search(game: Game, state: State, evaluate: Evaluate,
     if reuse is not None:
         tree.make_edges(0)
         return tree, 0
-    y = await evaluated(evaluate, game.encode([state]))
+    y = await evaluated(evaluate, encoded(game, game.encode([state]), 1))
     logits, values = split_policy_value(y, 1, int(game.num_actions))
     tree.expand_root(logits[0], values[0])
     return tree, 1

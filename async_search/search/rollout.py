@@ -24,8 +24,9 @@ from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import SearchProblem, State
 from async_search.search.base import (MAX_STEP_COST, PROBLEM_METHODS, Status,
-                                      check_evaluate, check_protocol, check_step_cost,
-                                      evaluated, path_cost_overflow, values_of)
+                                      check_evaluate, check_hashable, check_protocol,
+                                      check_step_cost, encoded, evaluated,
+                                      path_cost_overflow, values_of)
 from async_search.search.sums import left_sum
 
 
@@ -189,6 +190,7 @@ def _check(problem, start, depth, temperature):
     check_protocol("problem", problem, PROBLEM_METHODS, "SearchProblem",
                    "problems.SlidingPuzzle(4)")
     problem.check_state(start)
+    check_hashable(problem, start)
     return depth, temperature
 
 
@@ -232,7 +234,8 @@ async def simple_rollout(problem: SearchProblem, start: State, evaluate: Evaluat
         states = [s for s, _ in candidates]
         walk.evaluations += len(states)
         walk.requests += 1
-        y = await evaluated(evaluate, problem.encode(states))
+        x = encoded(problem, problem.encode(states), len(states))
+        y = await evaluated(evaluate, x)
         walk_step(problem, walk, candidates,
                   values_of(y, len(states), "the rollout model's output"), temperature)
     return _result(walk)
@@ -280,7 +283,8 @@ async def multi_rollout(problem: SearchProblem, start: State, evaluate: Evaluate
             break
         states = [s for _, candidates in stepping for s, _ in candidates]
         requests += 1
-        y = await evaluated(evaluate, problem.encode(states))
+        x = encoded(problem, problem.encode(states), len(states))
+        y = await evaluated(evaluate, x)
         values = values_of(y, len(states), "the rollout model's output")
         offset = 0
         for walk, candidates in stepping:

@@ -238,3 +238,134 @@ def test_outputs_numpy_cannot_read_fail_as_the_models_not_numpys():
         values_of(Unreadable(), 2, "the heuristic")
     with pytest.raises(ModelOutputError, match="the policy logits must be a NumPy array"):
         policy_logits_of((Unreadable(), np.zeros((2, 1))), 2, 7)
+
+
+# -- the user's own problems and games, outside their protocols ------------------------
+class _Line:
+    """States 0..20 of a line (steps of 1), goal 10; ``encode`` as given."""
+
+    input_spec = asr.TensorSpec((1,), np.float32)
+
+    def __init__(self, encode=None, state=int):
+        self._encode, self._state = encode, state
+
+    def check_state(self, s):
+        pass
+
+    def neighbors(self, s):
+        v = int(np.asarray(s).ravel()[0])
+        return [(self._state(t), 1.0) for t in (v - 1, v + 1) if 0 <= t <= 20]
+
+    def is_goal(self, s):
+        return int(np.asarray(s).ravel()[0]) == 10
+
+    def encode(self, states):
+        x = np.array([[float(np.asarray(s).ravel()[0])] for s in states], np.float32)
+        return x if self._encode is None else self._encode(x)
+
+
+class _Pick:
+    """A one-move game: pick an action of ``num_actions`` (3 by default), then it is
+    over; ``encode`` as given, ``legal_actions`` as NumPy ints."""
+
+    input_spec = asr.TensorSpec((1,), np.float32)
+
+    def __init__(self, num_actions=3, encode=None):
+        if num_actions is not None:
+            self.num_actions = num_actions
+        self._encode = encode
+
+    def initial_state(self):
+        return ()
+
+    def check_state(self, s):
+        pass
+
+    def legal_actions(self, s):
+        return np.arange(3) if not s else np.arange(0)
+
+    def play(self, s, a):
+        return (*s, int(a))
+
+    def terminal_value(self, s):
+        return -1.0 if s else None
+
+    def encode(self, states):
+        x = np.zeros((len(states), 1), np.float32)
+        return x if self._encode is None else self._encode(x)
+
+
+def _line_model(x):
+    return np.abs(10 - x[:, :1])
+
+
+def _pick_model(x):
+    return np.zeros((len(x), 3), np.float32), np.zeros((len(x), 1), np.float32)
+
+
+@pytest.mark.parametrize("name", ["batched_astar", "continuous_astar", "simple_rollout",
+                                  "multi_rollout"])
+async def test_an_encode_with_a_wrong_row_count_is_the_problems_error(name):
+    # The model was blamed ("the heuristic model's output must have one value per
+    # element"), for rows the problem's encode dropped.
+    from async_search import search
+
+    problem = _Line(encode=lambda x: x[:-1] if len(x) > 1 else np.concatenate([x, x]))
+    evaluate = asr.immediate(_line_model)
+    call = {"batched_astar": lambda: search.batched_astar(problem, 0, evaluate,
+                                                          budget=50, buffer_size=2),
+            "continuous_astar": lambda: search.continuous_astar(problem, 0, evaluate,
+                                                                budget=50),
+            "simple_rollout": lambda: search.simple_rollout(problem, 0, evaluate,
+                                                            depth=5, seed=0),
+            "multi_rollout": lambda: search.multi_rollout(problem, 0, evaluate, depth=5,
+                                                          num_rollouts=2, seed=0)}[name]
+    with pytest.raises(ValueError, match=r"_Line.encode gave \d+ rows for \d+ states"):
+        await call()
+
+
+@pytest.mark.parametrize("name", ["mcts", "gumbel_mcts"])
+async def test_a_game_encode_with_a_wrong_row_count_is_the_games_error(name):
+    from async_search import search
+
+    game = _Pick(encode=lambda x: np.concatenate([x, x]))
+    with pytest.raises(ValueError, match="_Pick.encode gave 2 rows for 1 states"):
+        await getattr(search, name)(game, (), asr.immediate(_pick_model),
+                                    num_simulations=4, seed=0)
+
+
+@pytest.mark.parametrize("name", ["batched_astar", "multi_rollout"])
+async def test_an_unhashable_start_names_the_rule_before_any_request(name):
+    from async_search import search
+
+    problem = _Line(state=lambda t: np.array([t]))
+    evaluate = asr.immediate(_line_model)
+    call = (search.batched_astar(problem, np.array([0]), evaluate, budget=50,
+                                 buffer_size=2) if name == "batched_astar" else
+            search.multi_rollout(problem, np.array([0]), evaluate, depth=5,
+                                 num_rollouts=2, seed=0))
+    with pytest.raises(TypeError, match="states must be hashable.*got a ndarray"):
+        await call
+
+
+@pytest.mark.parametrize("num_actions", [None, "3", 0, True])
+async def test_a_game_without_an_integer_num_actions_names_the_protocol(num_actions):
+    # A missing one gave AttributeError and a string '<' not supported, deep in the tree.
+    from async_search import search
+
+    game = _Pick(num_actions=num_actions)
+    for name in ("mcts", "gumbel_mcts"):
+        with pytest.raises(TypeError, match="num_actions is an int >= 1"):
+            await getattr(search, name)(game, (), asr.immediate(_pick_model),
+                                        num_simulations=4, seed=0)
+
+
+async def test_gumbel_gives_python_ints_for_numpy_legal_actions_as_mcts_does():
+    import json
+
+    from async_search import search
+
+    r = await search.gumbel_mcts(_Pick(), (), asr.immediate(_pick_model),
+                                 num_simulations=4, seed=0)
+    assert type(r.action) is int and all(type(a) is int for a in r.considered)
+    json.dumps({"action": r.action, "considered": r.considered})
