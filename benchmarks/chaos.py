@@ -504,6 +504,9 @@ def http_hostile(requests: int, seconds: float) -> dict:
 
 
 def main() -> None:
+    # SIGTERM (timeout, kill) ends the run as Ctrl-C does, so that the HTTP server of its
+    # hostile stage ends with it (it outlived the run, re-parented to init).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--starts", type=int, default=400)
@@ -517,7 +520,7 @@ def main() -> None:
             parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
     if args.seed < 0:
         parser.error(f"--seed must be an integer >= 0, got {args.seed}")
-    if not min(args.bound_s, args.run_bound_s) > 0:
+    if not all(0 < v < float("inf") for v in (args.bound_s, args.run_bound_s)):
         parser.error(f"--bound_s and --run_bound_s must be more than 0 seconds, "
                      f"got {args.bound_s} and {args.run_bound_s}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=4)
     parser.add_argument("--samples", type=int, default=200_000)
     parser.add_argument("--dir", default=None, help="where to save (default: a temp dir)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "benchmarks",
+                                                      "checkpoint_save.json"))
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name in ("rounds", "saves", "samples"):
@@ -119,7 +121,7 @@ def main() -> None:
     from async_search.files import write_json
 
     print(json.dumps(summary, indent=1))
-    write_json(os.path.join(HERE, "results", "benchmarks", "checkpoint_save.json"), summary)
+    write_json(args.out, summary)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,21 @@ def figure(report: Any, path: str) -> float | None:
 def run(tree: str, script: List[str], timeout: float) -> Dict[str, Any]:
     """The JSON object that ``script`` prints, run in ``tree``."""
     env = {**os.environ, "PYTHONPATH": tree, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, *script], cwd=tree, env=env, timeout=timeout,
-                          capture_output=True, text=True)
+    child = subprocess.Popen([sys.executable, *script], cwd=tree, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except BaseException:
+        # Stopped (SIGTERM, Ctrl-C, the timeout): the script is asked to end first, so
+        # that it ends what it started (a SIGKILL left its server running for good).
+        child.terminate()
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(10)
+        raise
+    done = subprocess.CompletedProcess(child.args, child.returncode, out, err)
     if done.returncode != 0:
         raise RuntimeError(f"{script[0]} failed in {tree} (exit {done.returncode}): "
                            f"{done.stderr[-2000:]}")

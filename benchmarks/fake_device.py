@@ -168,7 +168,7 @@ def main(argv: List[str] | None = None) -> dict:
     kinds = args.searches_kinds.split(",")
     if (not ms or not all(0 < m < math.inf for m in ms) or not trips or min(trips) < 1 or not searches
             or min(searches) < 1 or not caps
-            or any(c != "auto" and c < 1 for c in caps) or args.us_per_row < 0
+            or any(c != "auto" and c < 1 for c in caps) or not 0 <= args.us_per_row < math.inf
             or args.rounds < 1 or min(args.mcts_simulations, args.astar_evaluations) < 1
             or (args.clients is not None and args.clients < 1)
             or not waves or min(waves) < 1 or (args.clients is None and waves != [1])

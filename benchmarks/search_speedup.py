@@ -79,8 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be an integer >= 0, "
                     f"got {getattr(args, name)}")
-    if not 0 <= args.switch_interval < 1e6:  # NaN aborted the interpreter at its first GIL wait
-        p.error(f"--switch-interval must be >= 0 seconds (0: Python's), "
+    # (NaN passed a "< 0" check and aborted the interpreter at its first GIL wait)
+    if not 0 <= args.switch_interval < 1e6:
+        p.error(f"--switch-interval must be >= 0 seconds and below 1e6 (0: Python's), "
                 f"got {args.switch_interval}")
     try:
         hidden = [int(h) for h in args.hidden.split(",") if h]

@@ -63,6 +63,8 @@ CASES = [
     ("search_speedup", ["--switch-interval", "nan", "--skip-mcts"]),
     ("fraction", ["--cpu_us", "nan", "--steps", "1"]),
     ("fake_device", ["--ms", "nan"]),
+    ("fake_device", ["--us-per-row", "nan"]),
+    ("chaos", ["--run_bound_s", "nan", "--no_ray"]),
     ("http_load", ["--warmup", "nan", "--duration", "0.5"]),
     # A folder that is no checkout: measured whatever `import async_search` found
     ("checkpoint_save", ["--other", os.path.dirname(ROOT), "--saves", "1",
@@ -75,7 +77,8 @@ CASES = [
 
 #: The scripts with an --out flag (pointed into the test's folder, never results/).
 OUT_FLAG = {"fairness", "overhead", "deadlines", "remote_evaluate", "korf100", "adapters",
-            "compare_trees", "gumbel_strength", "net_inputs", "solve_strength", "solver"}
+            "compare_trees", "gumbel_strength", "net_inputs", "solve_strength", "solver",
+            "checkpoint_save"}
 
 
 @pytest.mark.parametrize("script, flags", CASES,

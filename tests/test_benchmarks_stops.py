@@ -24,8 +24,8 @@ def test_sigterm_to_http_load_ends_the_server_it_started(tmp_path):
     run = subprocess.Popen([sys.executable, script, "--clients", "2", "--warmup", "0.1",
                             "--duration", "60"], cwd=tmp_path, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started = []
     try:
-        started = []
         for _ in range(600):  # 60 s at most for the server and the load to start
             started = [p for p in process_tree.descendants(run.pid)
                        if "async_search.http" in process_tree.command_line(p)
@@ -43,8 +43,9 @@ def test_sigterm_to_http_load_ends_the_server_it_started(tmp_path):
             time.sleep(0.1)
         left = [process_tree.command_line(p) for p in servers if process_tree.is_alive(p)]
         assert not left, f"outlived the script: {left}"
-    finally:
+    finally:  # (what outlived the script is no longer below it: ended by name)
         if run.poll() is None:
             run.kill()
             run.wait(10)
-        process_tree.end_processes(process_tree.descendants(run.pid), grace_s=1)
+        process_tree.end_processes([*process_tree.descendants(run.pid), *started],
+                                   grace_s=1)

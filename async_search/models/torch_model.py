@@ -954,7 +954,7 @@ def _clamped(torch: Any, given: Any, cast: Any, dtype: Any) -> str | None:
     below = float((top.view(torch.uint8) - 1).view(dtype).to(torch.float64))
     bound = info.max + (info.max - below) / 2
     finite = torch.isfinite(values)
-    past = (finite & (values.abs() > bound)) | (torch.isinf(values) & torch.isfinite(out))
+    past = (finite & (values.abs() > bound)) | (torch.isinf(values) & ~torch.isinf(out))
     if bool(past.any()):
         worst = float(values[past].abs().max())
         return (f"it holds values past {dtype}'s range (up to {worst:g} in magnitude), "
