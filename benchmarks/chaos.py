@@ -521,7 +521,7 @@ def main() -> None:
     if args.seed < 0:
         parser.error(f"--seed must be an integer >= 0, got {args.seed}")
     if not all(0 < v < float("inf") for v in (args.bound_s, args.run_bound_s)):
-        parser.error(f"--bound_s and --run_bound_s must be more than 0 seconds, "
+        parser.error(f"--bound_s and --run_bound_s must be finite and more than 0 s, "
                      f"got {args.bound_s} and {args.run_bound_s}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     report = {}

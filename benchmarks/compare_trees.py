@@ -51,10 +51,10 @@ def run(tree: str, script: List[str], timeout: float) -> Dict[str, Any]:
         # that it ends what it started (a SIGKILL left its server running for good).
         child.terminate()
         try:
-            child.wait(30)
+            child.communicate(timeout=30)  # (wait() would deadlock on a full pipe)
         except subprocess.TimeoutExpired:
             child.kill()
-            child.wait(10)
+            child.communicate()
         raise
     done = subprocess.CompletedProcess(child.args, child.returncode, out, err)
     if done.returncode != 0:

@@ -168,12 +168,13 @@ def main(argv: List[str] | None = None) -> dict:
     kinds = args.searches_kinds.split(",")
     if (not ms or not all(0 < m < math.inf for m in ms) or not trips or min(trips) < 1 or not searches
             or min(searches) < 1 or not caps
-            or any(c != "auto" and c < 1 for c in caps) or not 0 <= args.us_per_row < math.inf
+            or any(c != "auto" and c < 1 for c in caps)
+            or not 0 <= args.us_per_row < math.inf
             or args.rounds < 1 or min(args.mcts_simulations, args.astar_evaluations) < 1
             or (args.clients is not None and args.clients < 1)
             or not waves or min(waves) < 1 or (args.clients is None and waves != [1])
             or not set(kinds) <= {"mcts", "astar"}):
-        p.error("--ms > 0, --us-per-row >= 0, --trips >= 1, --searches >= 1, "
+        p.error("--ms > 0, --us-per-row >= 0 (finite), --trips >= 1, --searches >= 1, "
                 "--max-batch-size >= 1 or auto, --rounds >= 1, budgets >= 1, --clients >= 1, "
                 "--searches-kinds of mcts,astar, --client-waves >= 1 (with --clients)")
     runs = []

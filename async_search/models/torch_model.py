@@ -957,8 +957,10 @@ def _clamped(torch: Any, given: Any, cast: Any, dtype: Any) -> str | None:
     past = (finite & (values.abs() > bound)) | (torch.isinf(values) & ~torch.isinf(out))
     if bool(past.any()):
         worst = float(values[past].abs().max())
+        became = (f"clamp to {info.max:g}" if bool(torch.isfinite(out[past]).all())
+                  else "turn into NaN")
         return (f"it holds values past {dtype}'s range (up to {worst:g} in magnitude), "
-                f"which the cast would clamp to {info.max:g}")
+                f"which the cast would {became}")
     if info.min > 0 and bool((finite & (values <= 0)).any()):
         return f"it holds values <= 0, which {dtype} (no sign, no zero) cannot hold"
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import numbers
+import operator
 import sys
 from typing import Any, Tuple
 
@@ -82,14 +83,16 @@ def check_step_cost(problem: Any, cost: Any) -> float:
     return plain
 
 
-def encoded(owner: Any, x: Any, n: int) -> Any:
+def encoded(owner: Any, x: Any, n: int,
+            protocol: str = "the SearchProblem and Game protocols") -> Any:
     """``x``, ``owner.encode`` of ``n`` states, once its rows are checked: a row count
     other than ``n`` is the problem's ValueError, where the model's outputs would be
-    blamed for it (one value per element expected) a step later."""
-    if type(x) is np.ndarray and x.ndim and len(x) != n:
+    blamed for it (one value per element expected) a step later. (An array of any
+    kind; a tensor or another type is the user's evaluate's to take.)"""
+    if isinstance(x, np.ndarray) and x.ndim and len(x) != n:
         raise ValueError(f"{type(owner).__name__}.encode gave {len(x)} rows for {n} "
                          f"states: it gives one row per state, [len(states), "
-                         f"*input_spec.shape] (the SearchProblem and Game protocols)")
+                         f"*input_spec.shape] ({protocol})")
     return x
 
 
@@ -110,11 +113,15 @@ def check_num_actions(game: Any) -> int:
     """The game's ``num_actions``, an int >= 1, or TypeError naming the Game protocol
     (a missing one, or a method, failed deep in the tree)."""
     value = getattr(game, "num_actions", None)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    try:  # an int of any kind (NumPy's, a 0-d array, a tensor), never a float or a text
+        count = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
         raise TypeError(f"game must be a Game (the protocol of problems.Game) whose "
                         f"num_actions is an int >= 1, the size of its policy; "
                         f"{type(game).__name__}.num_actions is {value!r}")
-    return int(value)
+    return count
 
 
 def check_evaluate(evaluate: Any) -> None:

@@ -571,4 +571,5 @@ def encode_keys(fr: Frontier, keys: List[Any]) -> Any:
     """The model input for the nodes of ``keys``."""
     if fr.compact is None:
         return encoded(fr.problem, fr.problem.encode(keys), len(keys))
-    return encoded(fr.problem, fr.compact.encode(keys), len(keys))
+    return encoded(fr.compact, fr.compact.encode(keys), len(keys),
+                   "the CompactKeys protocol")

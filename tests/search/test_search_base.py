@@ -348,7 +348,49 @@ async def test_an_unhashable_start_names_the_rule_before_any_request(name):
         await call
 
 
-@pytest.mark.parametrize("num_actions", [None, "3", 0, True])
+async def test_num_actions_of_any_integer_kind_is_taken():
+    # int() read them before the check came: a 0-d array is an int of NumPy's.
+    from async_search import search
+
+    for count in (np.int64(3), np.array(3)):
+        r = await search.mcts(_Pick(num_actions=count), (), asr.immediate(_pick_model),
+                              num_simulations=4, seed=0)
+        assert r.action in (0, 1, 2)
+
+
+async def test_an_encode_of_an_array_subclass_is_checked_and_compact_keys_are_named():
+    from async_search import problems, search
+
+    class Masked(_Line):
+        def encode(self, states):
+            return np.ma.masked_array(super().encode(states)[:-1])
+
+    with pytest.raises(ValueError, match="Masked.encode gave"):
+        await search.batched_astar(Masked(), 0, asr.immediate(_line_model), budget=50,
+                                   buffer_size=2)
+
+    class DroppingKeys:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def encode(self, keys):
+            return self.inner.encode(keys)[:-1]
+
+    class Puzzle(problems.SlidingPuzzle):
+        def compact_keys(self):
+            return DroppingKeys(super().compact_keys())
+
+    puzzle = Puzzle(3)
+    with pytest.raises(ValueError, match="DroppingKeys.encode gave .*CompactKeys"):
+        await search.batched_astar(puzzle, puzzle.scramble(12, seed=1),
+                                   asr.immediate(problems.ManhattanHeuristic(puzzle)),
+                                   budget=2000, buffer_size=8)
+
+
+@pytest.mark.parametrize("num_actions", [None, "3", 0, True, 2.0])
 async def test_a_game_without_an_integer_num_actions_names_the_protocol(num_actions):
     # A missing one gave AttributeError and a string '<' not supported, deep in the tree.
     from async_search import search
