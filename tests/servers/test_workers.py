@@ -492,6 +492,11 @@ async def test_auto_never_runs_on_the_loop_a_workers_own_model_with_hooks():
                 break
         assert evaluate.stats["batches_on_loop"] > 0
         await evaluate.add_worker(model=hooked)
+        # The removal goes to the thread waiting longest at the queue (its waiters wake
+        # in order), the first one, once the new thread waits too: on a busy machine the
+        # new thread, only now reaching the queue, took it first and was removed,
+        # leaving the fast model, which rightly ran on the loop (seen once in CI).
+        await asyncio.sleep(0.3)
         await evaluate.remove_worker()
         on_loop = evaluate.stats["batches_on_loop"]
         for i in range(6):
