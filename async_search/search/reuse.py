@@ -129,7 +129,7 @@ async def start_search(game: Game, state: State, evaluate: Evaluate,
     if not isinstance(keep_tree, bool):
         raise ValueError(f"keep_tree must be a bool, got {keep_tree!r}")
     check_protocol("game", game, GAME_METHODS, "Game", "problems.ConnectFour()")
-    check_num_actions(game)
+    num_actions = check_num_actions(game)
     game.check_state(state)
     tree = start_tree(game, state, reuse)
     terminal = tree.terminal_value(0)
@@ -140,7 +140,7 @@ async def start_search(game: Game, state: State, evaluate: Evaluate,
         tree.make_edges(0)
         return tree, 0
     y = await evaluated(evaluate, encoded(game, game.encode([state]), 1))
-    logits, values = split_policy_value(y, 1, int(game.num_actions))
+    logits, values = split_policy_value(y, 1, num_actions)
     tree.expand_root(logits[0], values[0])
     return tree, 1
 

@@ -821,13 +821,14 @@ class BatchingServer(AsyncWithOnly):
     def _finish_close(self) -> None:
         self._stats.close()
         self._closed = True
-        if self._loop.is_closed():
+        lost_loop = self._loop.is_closed()
+        if lost_loop:
             # No future on it can be resolved any more: its requests are dropped, not
             # left in the batcher for the next server that takes it to compute.
             self._take_queued()
         if self._batcher._server is self:  # free for the next server
             self._batcher._server = None
-        if self._loop.is_closed():
+        if lost_loop:
             return
         self._fail_queued(ServerClosedError("the server closed"))  # if the task died
         if self._closer is not None and not self._closer.done():
