@@ -20,6 +20,7 @@ from async_search.errors import (CheckpointError, CircuitOpenError, ClosedConnec
                                  ModelLoadError, ModelNotFoundError,
                                  ModelNotReadyError, ModelOutputError, ModelRaisedError,
                                  ProtocolError, RemoteError, RemoteTraceback,
+                                 ResponseTooLongError,
                                  RepositoryError, RequestTimeoutError, SearchError,
                                  SearchTimeoutError, ServerClosedError, ServerCrashedError,
                                  ServerDiedError, WorkerDiedError)
@@ -33,7 +34,7 @@ __all__ = [
     "ConnectionGoneError", "DeviceNotFoundError", "FileWriteError", "InputSpecError",
     "LoadParametersError", "MalformedMessageError", "ModelLoadError", "ModelNotFoundError", "ModelNotReadyError",
     "ModelOutputError", "ModelRaisedError", "ProtocolError", "RemoteError",
-    "RemoteTraceback", "RepositoryError", "RequestTimeoutError", "SearchError",
+    "RemoteTraceback", "RepositoryError", "RequestTimeoutError", "ResponseTooLongError", "SearchError",
     "SearchTimeoutError", "ServerClosedError", "ServerCrashedError", "ServerDiedError",
     "WorkerDiedError",
     "immediate", "serve", "serve_connection", "CachedEvaluate", "Router",

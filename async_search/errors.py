@@ -3,6 +3,7 @@
 __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDiedError",
            "ServerCrashedError", "ModelRaisedError", "SearchError", "CircuitOpenError",
            "RemoteError", "RemoteTraceback", "ClosedConnection", "ProtocolError",
+           "ResponseTooLongError",
            "MalformedMessageError", "RepositoryError", "ModelNotFoundError",
            "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "FileWriteError",
            "CheckpointError", "DeviceNotFoundError", "CloseTimeoutError",
@@ -21,6 +22,11 @@ class InputSpecError(ValueError):
 
 class ModelOutputError(RuntimeError):
     """A model returned outputs that do not match its batch (wrong type or row count)."""
+
+
+class ResponseTooLongError(ModelOutputError):
+    """A remote server's answer was longer than the client's ``max_response_bytes``
+    (once inflated): refused before more of it was held."""
 
 
 class ServerClosedError(RuntimeError):

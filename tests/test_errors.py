@@ -23,6 +23,12 @@ def test_the_repository_errors_share_a_base_and_keep_their_meaning():
     assert issubclass(errors.LoadParametersError, ValueError)  # a caller's error
 
 
+def test_every_exception_is_exported_at_the_top_and_a_long_answer_is_an_output_error():
+    import async_search as asr
+    assert {c.__name__ for c in CLASSES} <= set(asr.__all__)
+    assert issubclass(errors.ResponseTooLongError, errors.ModelOutputError)
+
+
 def test_a_protocol_error_keeps_its_status_through_pickle():
     error = pickle.loads(pickle.dumps(errors.ProtocolError("no such output", 404)))
     assert str(error) == "no such output" and error.status == 404

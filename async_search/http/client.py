@@ -33,7 +33,8 @@ or 408, 429, 502, 504 once retries are spent, ServerDiedError; a redirect (3xx: 
 followed, since it would carry the tensors and the headers to another address) or a
 transport failure aiohttp names otherwise, ServerDiedError (not retried); 500 and other
 5xx (the model failed: not retried) RemoteError; an answer that is not the protocol's,
-or longer than ``max_response_bytes`` once inflated, ModelOutputError. aiohttp (the
+or longer than ``max_response_bytes`` once inflated (ResponseTooLongError, a
+ModelOutputError), ModelOutputError. aiohttp (the
 ``http`` extra) is imported when the client opens.
 """
 
@@ -55,7 +56,7 @@ from async_search.deadlines import Deadline, check_timeout, expire_due, track_de
 from async_search.delivery import ResultDelivery
 from async_search.errors import (InputSpecError, ModelNotFoundError, ModelOutputError,
                                  ProtocolError, RemoteError, RequestTimeoutError,
-                                 ServerClosedError, ServerDiedError)
+                                 ResponseTooLongError, ServerClosedError, ServerDiedError)
 from async_search.extras import import_extra
 from async_search.http.kserve import (DATATYPES, HEADER_LENGTH, datatype_of,
                                       header_integer, tensor_from_json)
@@ -84,17 +85,12 @@ class _Call:
         self.seq = seq
 
 
-class _AnswerTooLong(ModelOutputError):
-    """An answer longer than ``max_response_bytes``: the answer to a call of several
-    requests is sent again in halves, whose answers may each fit."""
-
-
 def _may_owe_to_one(error: BaseException) -> bool:
     """Whether a failed call may owe its failure to one of the requests it carried:
     the model raised (a 500), the server refused the input (400, 413, 422), or the
     answer was too long (the requests' answers together)."""
-    if isinstance(error, _AnswerTooLong):
-        return True
+    if isinstance(error, ResponseTooLongError):
+        return True  # several answers together: halves may each fit
     if isinstance(error, ProtocolError):
         return error.is_callers
     return isinstance(error, RemoteError)
@@ -452,7 +448,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
             # Answers too long together are no bad request to find: halving them until
             # each piece's answer fits may take up to 2n sends, bounded by the deadline
             # alone (the budget is sized to find two bad requests).
-            too_long = isinstance(error, _AnswerTooLong)
+            too_long = isinstance(error, ResponseTooLongError)
             if (splits[0] <= 0 and not too_long) or self._loop.time() >= call.deadline:
                 self._delivery.fail(_Call(None, futures, xs, call.deadline, call.seq), error)
                 continue
@@ -503,7 +499,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
                     break
             else:
                 return body
-        raise _AnswerTooLong(f"{where} answered {response.status} with a body longer "
+        raise ResponseTooLongError(f"{where} answered {response.status} with a body longer "
                                f"than max_response_bytes={limit} bytes (more inflated, "
                                f"or declared, than the client takes): refused unread")
 

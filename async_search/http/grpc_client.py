@@ -21,7 +21,7 @@ one lost) ServerDiedError; RESOURCE_EXHAUSTED for a message too large ProtocolEr
 too busy) and ABORTED (retried) ServerDiedError;
 DEADLINE_EXCEEDED RequestTimeoutError; INTERNAL, UNKNOWN and the rest (the model
 failed: not retried) RemoteError; an answer that is not the protocol's, or longer than
-``max_response_bytes``, ModelOutputError.
+``max_response_bytes`` (ResponseTooLongError, a ModelOutputError), ModelOutputError.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from tritonclient.grpc import service_pb2_grpc
 
 from async_search.base import Outputs, TensorSpec
 from async_search.errors import (ModelNotFoundError, ModelOutputError, ProtocolError,
-                                 RemoteError, ServerClosedError, ServerDiedError)
-from async_search.http.client import RemoteEvaluate, _AnswerTooLong, _Retry
+                                 RemoteError, ResponseTooLongError, ServerClosedError,
+                                 ServerDiedError)
+from async_search.http.client import RemoteEvaluate, _Retry
 from async_search.http.grpc_tensors import (REFUSED_KEY, TOO_LARGE_KEY, decode_response,
                                            encode_request, pb)
 
@@ -210,7 +211,7 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
             return _Retry(ServerDiedError(f"{self._where} could not be reached or "
                                           f"dropped the connection: {e.details()}"))
         if code == "RESOURCE_EXHAUSTED" and self._answer_too_large(e):
-            return _AnswerTooLong(f"{self._where} answered with a message longer than "
+            return ResponseTooLongError(f"{self._where} answered with a message longer than "
                                     f"max_response_bytes={self.max_response_bytes} bytes "
                                     f"(and room for the rest of the message): refused")
         if code == "RESOURCE_EXHAUSTED" and _too_large(e):

@@ -561,7 +561,7 @@ async def test_an_answer_longer_than_max_response_bytes_is_refused_before_it_is_
 
     async with serving(on_metadata, on_infer) as url, \
             RemoteEvaluate(url, "m", retries=0, max_response_bytes=limit) as ev:
-        with pytest.raises(ModelOutputError, match=f"max_response_bytes={limit}"):
+        with pytest.raises(asr.ResponseTooLongError, match=f"max_response_bytes={limit}"):
             await within(ev(X[:1]), "a long answer")
         answers["size"] = limit  # as long as the limit: taken, on the same client
         np.testing.assert_array_equal(await within(ev(X[:1]), "an answer at the limit"),

@@ -393,7 +393,7 @@ async def test_an_answer_longer_than_max_response_bytes_is_refused_and_the_clien
     try:
         async with GrpcRemoteEvaluate(address, "m", retries=0,
                                       max_response_bytes=limit) as ev:
-            with pytest.raises(ModelOutputError, match=f"max_response_bytes={limit}"):
+            with pytest.raises(asr.ResponseTooLongError, match=f"max_response_bytes={limit}"):
                 await within(ev(X[:1]), "a long answer")
             assert ev.stats["split_rpcs"] == 0  # not the request's fault: not split
             size["bytes"] = limit  # as long as the limit: taken
