@@ -96,17 +96,17 @@ def encoded(owner: Any, x: Any, n: int,
     return x
 
 
-def check_hashable(problem: Any, state: Any) -> None:
+def check_hashable(problem: Any, state: Any, source: str = "as the start") -> None:
     """TypeError unless ``state`` is hashable, as the SearchProblem protocol asks (the
     searches keep states in dicts and sets): Python's own says only "unhashable type",
-    from deep in a search."""
+    from deep in a search. ``source`` says where the state came from."""
     try:
         hash(state)
     except TypeError:
         raise TypeError(f"{type(problem).__name__}: states must be hashable (the "
                         f"SearchProblem protocol: searches keep them in dicts), got a "
-                        f"{type(state).__name__}; use bytes (a.tobytes()) or a tuple"
-                        ) from None
+                        f"{type(state).__name__} {source}; use bytes (a.tobytes()) or "
+                        f"a tuple") from None
 
 
 def check_num_actions(game: Any) -> int:

@@ -43,8 +43,8 @@ import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from async_search.problems.base import CompactKeys, SearchProblem, State, compact_keys_of
-from async_search.search.base import (MAX_STEP_COST, bad_step_cost, check_step_cost,
-                                      encoded, path_cost_overflow)
+from async_search.search.base import (MAX_STEP_COST, bad_step_cost, check_hashable,
+                                      check_step_cost, encoded, path_cost_overflow)
 from async_search.search.sums import left_sum
 
 
@@ -372,7 +372,11 @@ def _expand_states(fr: Frontier, ids: List[int],
             g1 = g + cost
             if g1 > max_g:  # inf, an int past the floats, or weight * g1 past them
                 raise path_cost_overflow(problem, g1, fr.weight)
-            j = index.get(child)
+            try:
+                j = index.get(child)
+            except TypeError:  # (free in Python 3.11 until raised)
+                check_hashable(problem, child, "from neighbors")
+                raise
             if j is not None:
                 if g1 < g_of[j]:
                     _reached(fr, j, state, g1, cost)

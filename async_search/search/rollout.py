@@ -122,8 +122,13 @@ def walk_candidates(problem: SearchProblem, walk: Walk) -> List[Tuple[State, flo
     walk.expanded += 1
     # each cost checked, whichever the walk draws (the seed never hides one), and kept
     # as Python's number
-    candidates = [(s, check_step_cost(problem, c))
-                  for s, c in problem.neighbors(walk.path[-1]) if s not in walk.on_path]
+    try:
+        candidates = [(s, check_step_cost(problem, c)) for s, c in
+                      problem.neighbors(walk.path[-1]) if s not in walk.on_path]
+    except TypeError:
+        for s, _ in problem.neighbors(walk.path[-1]):
+            check_hashable(problem, s, "from neighbors")
+        raise
     if not candidates:
         walk.status = Status.SPACE_EXHAUSTED
     return candidates

@@ -348,6 +348,22 @@ async def test_an_unhashable_start_names_the_rule_before_any_request(name):
         await call
 
 
+@pytest.mark.parametrize("name", ["batched_astar", "multi_rollout"])
+async def test_unhashable_neighbours_name_the_rule_and_where_they_came_from(name):
+    # a hashable start (an int) whose neighbours are lists: Python said only
+    # "unhashable type: 'list'", from inside the search
+    from async_search import search
+
+    problem = _Line(state=lambda t: [t])
+    evaluate = asr.immediate(_line_model)
+    call = (search.batched_astar(problem, 0, evaluate, budget=50, buffer_size=2)
+            if name == "batched_astar" else
+            search.multi_rollout(problem, 0, evaluate, depth=5, num_rollouts=2, seed=0))
+    with pytest.raises(TypeError, match="_Line: states must be hashable.*got a list "
+                                        "from neighbors"):
+        await call
+
+
 async def test_num_actions_of_any_integer_kind_is_taken():
     # int() read them before the check came: a 0-d array is an int of NumPy's.
     from async_search import search
