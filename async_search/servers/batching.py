@@ -75,6 +75,11 @@ def _resolve(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
+def _retrieved(task: "asyncio.Task") -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def _cancel_with(fut: asyncio.Future, paired: asyncio.Future) -> None:
     if paired.cancelled():
         fut.cancel()
@@ -680,6 +685,9 @@ class BatchingServer(AsyncWithOnly):
         self._stats.workers_changed(self.num_workers)
         self._new_future = _future_maker(self._loop)
         self._task = self._loop.create_task(self._dispatch_loop())
+        # What ends the task is reported as the crash (ServerCrashedError's cause), not
+        # as asyncio's "Task exception was never retrieved".
+        self._task.add_done_callback(_retrieved)
         self._update_quiet()
         self._batcher._server = self  # once open: a failed enter leaves it free
         return self

@@ -1,5 +1,6 @@
 import asyncio
 import collections
+import gc
 import threading
 
 import numpy as np
@@ -663,6 +664,33 @@ async def test_a_request_of_an_accepted_shape_after_close_or_crash_raises():
             await asyncio.sleep(0.01)
             with pytest.raises(ServerCrashedError):
                 evaluate(x)
+
+
+def test_a_model_on_the_loop_raising_a_base_exception_crashes_the_server_quietly():
+    # The crash reaches the callers and the block (ServerCrashedError, its cause); the
+    # dispatch task's exception used to be logged again as "never retrieved".
+    class Stop(BaseException):
+        pass
+
+    def model(x):
+        raise Stop("out")
+
+    async def main():
+        with pytest.raises(ServerCrashedError, match="Stop: out") as raised:
+            async with asr.serve(model, model_thread=False) as evaluate:
+                with pytest.raises(ServerCrashedError):
+                    await asyncio.wait_for(evaluate(np.ones((1, 3), np.float32)), 5)
+        assert isinstance(raised.value.__cause__, Stop)
+
+    logged = []
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _, context: logged.append(context["message"]))
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    gc.collect()  # the finished task is collected: asyncio logs then, if at all
+    assert logged == []
 
 
 async def test_a_zero_element_request_after_an_accepted_shape_resolves_at_once():
