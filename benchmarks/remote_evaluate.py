@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -104,10 +103,11 @@ def run_process(search_fn, starts, factory):
 
 def run_remote(search_fn, starts, url, name, max_connections, protocol="http"):
     """The searches in a fresh child process, as the process backend runs them."""
-    with concurrent.futures.ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(remote_searches, search_fn, starts, url, name,
-                           max_connections, protocol).result()
+    # A Pool ends its child when it is left, also when a stop (SIGTERM, Ctrl-C) leaves
+    # it mid-round; a ProcessPoolExecutor would wait for the round (~20 s) first.
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(remote_searches, (search_fn, starts, url, name,
+                                            max_connections, protocol))
 
 
 def remote_searches(search_fn, starts, url, name, max_connections, protocol="http"):
