@@ -31,6 +31,8 @@ import json
 import math
 import multiprocessing
 import queue
+import signal
+import sys
 import time
 
 import numpy as np
@@ -107,33 +109,39 @@ def run_prototype(queue_kind, num_clients, coroutines, requests):
     model = trivial_model()
     clients = [context.Process(target=_prototype_client, args=(fn, coroutines, requests, done))
                for fn in fns]
-    for c in clients:
-        c.start()
-    finished, served, start = 0, 0, None
-    while finished < num_clients:
-        try:
-            first = server.recv(timeout=0.01)
-        except queue.Empty:
-            while not done.empty():
-                done.get()
-                finished += 1
-            continue
-        if start is None:  # timed from the first request: start-up excluded
-            start = time.perf_counter()
-        items = [first]
-        while server.poll():
-            items.append(server.recv())
-        y = model(np.concatenate(items))
-        for i in range(len(items)):  # answers in the order received: the prototype's
-            server.send(y[i:i + 1])  # forked pipe sends each back to its client
-        served += len(items)
-        if served == num_clients * coroutines * requests:
-            end = time.perf_counter()
-    seconds = end - start
-    for c in clients:
-        c.join()
-    if manager is not None:
-        manager.shutdown()
+    try:
+        for c in clients:
+            c.start()
+        finished, served, start = 0, 0, None
+        while finished < num_clients:
+            try:
+                first = server.recv(timeout=0.01)
+            except queue.Empty:
+                while not done.empty():
+                    done.get()
+                    finished += 1
+                continue
+            if start is None:  # timed from the first request: start-up excluded
+                start = time.perf_counter()
+            items = [first]
+            while server.poll():
+                items.append(server.recv())
+            y = model(np.concatenate(items))
+            for i in range(len(items)):  # in the order received: the prototype's
+                server.send(y[i:i + 1])  # forked pipe sends each back to its client
+            served += len(items)
+            if served == num_clients * coroutines * requests:
+                end = time.perf_counter()
+        seconds = end - start
+        for c in clients:
+            c.join()
+    finally:  # a stop (Ctrl-C, SIGTERM) mid-run ends the clients it started
+        for c in clients:
+            if c.is_alive():
+                c.terminate()
+                c.join(5)
+        if manager is not None:
+            manager.shutdown()
     total = num_clients * coroutines * requests
     return {"clients": num_clients, "coroutines_per_client": coroutines,
             "requests_per_s": round(total / seconds),
@@ -193,6 +201,9 @@ def ray_ratio(args) -> dict:
 
 
 def main() -> None:
+    # SIGTERM (timeout, kill) ends the run as Ctrl-C does, so that the processes it
+    # started end with it.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coroutines", type=int, default=64)
     parser.add_argument("--requests", type=int, default=2000)
