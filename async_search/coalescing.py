@@ -20,6 +20,7 @@ import numpy as np
 
 from async_search.base import Outputs
 from async_search.delivery import ResultDelivery
+from async_search.requests import RequestChecker
 
 _done = asyncio.Future.done
 
@@ -36,6 +37,18 @@ class CoalescedRequests:
     _futures: List[asyncio.Future]  #: Their futures, in the same order.
     _scheduled: bool  #: Whether this iteration's flush is scheduled.
     _delivery: ResultDelivery  #: Delivers the answers into the futures.
+    _check: RequestChecker  #: Checks each request (and learns the spec, unless given).
+    _shape: tuple | None  #: The spec's element shape and dtype, read inline by calls.
+    _dtype: np.dtype | None
+
+    def _settle_spec(self, ok: bool, in_flight: bool) -> None:
+        """A learnt spec stays once a message of it is answered (``ok``); a failure
+        before that, with no other request under it queued or ``in_flight``, forgets it
+        (``RequestChecker.answered``): the first request may be one the model refuses,
+        and would otherwise fix the spec for every later one."""
+        if not self._check.settled and self._check.answered(
+                ok, idle=not (in_flight or self._futures)):
+            self._shape = self._dtype = None
 
     async def with_version(self, x: np.ndarray, timeout: float | None = None,
                            ) -> Tuple[Outputs, Hashable]:

@@ -49,6 +49,12 @@ class RequestChecker:
     order as a copy in the spec's (the same values). Anything else raises InputSpecError
     (a ValueError) naming the expected and the given shape or dtype. A spec learnt from
     a first request has that request's dtype in this machine's byte order.
+
+    A learnt spec is provisional until a request of it is answered: the first request
+    may be one the model refuses (a wrong shape, an empty ``np.array([])``), and it
+    must fail alone, not fix the spec for every other caller. The owner reports each
+    answer to ``answered``; a failure before any success, with nothing else under the
+    spec outstanding, forgets it, and the next request teaches it again.
     """
 
     def __init__(self, spec: TensorSpec | None,
@@ -65,6 +71,23 @@ class RequestChecker:
         # Plain attributes so that a server can inline the common case.
         self.shape = spec.shape if spec is not None else None
         self.dtype = spec.dtype if spec is not None else None
+        #: Whether the spec is final: declared, or learnt and answered once.
+        self.settled = spec is not None
+
+    def answered(self, ok: bool, idle: bool) -> bool:
+        """The owner's report of an answer: ``ok`` when it carried outputs, ``idle``
+        when no other request checked under the spec is outstanding. Returns True when
+        the spec was forgotten (the owner's copies of ``shape`` and ``dtype`` are then
+        None again)."""
+        if self.settled:
+            return False
+        if ok:
+            self.settled = True
+            return False
+        if idle and self.spec is not None:
+            self.spec = self.shape = self.dtype = None
+            return True
+        return False
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         # The common case costs a type check and two comparisons.

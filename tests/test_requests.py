@@ -59,6 +59,47 @@ def test_a_spec_learnt_from_a_byte_swapped_first_request_is_native():
     assert check.spec == TensorSpec((1,), np.float64) and x.dtype.isnative
     assert check(np.array([[2.0]])).tolist() == [[2.0]]
 
+def test_a_learnt_spec_is_forgotten_after_a_first_failure_and_kept_after_an_answer():
+    check = RequestChecker(None)
+    check(np.array([]))  # a first request the model refuses: [n] float64
+    assert not check.answered(False, idle=False)  # others under it still out: kept
+    assert check.spec == TensorSpec((), np.float64)
+    assert check.answered(False, idle=True)  # the last of them failed too: forgotten
+    assert check.spec is None and check.shape is None and check.dtype is None
+    check(np.ones((2, 4), np.float32))  # the next request teaches it again
+    assert not check.answered(True, idle=True) and check.settled
+    assert not check.answered(False, idle=True)  # answered once: it stays
+    assert check.spec == TensorSpec((4,), np.float32)
+    declared = RequestChecker(TensorSpec((4,), np.float32))
+    assert declared.settled and not declared.answered(False, idle=True)
+    assert declared.spec == TensorSpec((4,), np.float32)
+
+
+@pytest.mark.parametrize("first", [np.array([]), np.ones((1, 3), np.float32),
+                                   np.ones((1, 4), np.int64)],
+                         ids=["empty", "wrong shape", "wrong dtype"])
+def test_a_first_request_the_model_refuses_fails_alone_in_every_entry(first):
+    # It fixed the learnt spec: every later (right) request failed with InputSpecError.
+    def model(x):
+        if x.dtype != np.float32 or x.shape[1:] != (4,):
+            raise ValueError("takes [n, 4] float32")
+        return x.sum(axis=1)
+
+    good = np.ones((2, 4), np.float32)
+
+    async def main():
+        for thread in (True, False):
+            async with asr.serve(model, model_thread=thread) as evaluate:
+                with pytest.raises(ValueError, match="takes"):
+                    await evaluate(first)
+                np.testing.assert_array_equal(await evaluate(good), [4.0, 4.0])
+                assert evaluate.input_spec == TensorSpec((4,), np.float32)
+                with pytest.raises(InputSpecError):  # learnt from an answer: it stays
+                    evaluate(first[:, None] if first.ndim == 1 else first)
+
+    run(main())
+
+
 
 @pytest.mark.parametrize("bad", [np.zeros((1, 2), np.float64), np.zeros((1, 3), np.float32),
                                  [[1.0, 2.0]], np.float32(1), np.zeros(())])

@@ -282,22 +282,26 @@ class CoalescingClient(CoalescedRequests):
             self._delivery.fail(message, InputSpecError(
                 f"these requests cannot be sent to {self._where}: "
                 f"{type(e).__name__}: {e}"))
+            self._settle_spec(False, self._in_flight > 0)
             return
         self._in_flight += 1
 
     def _answered(self, message: Message, answer: Any) -> None:
         self._in_flight -= 1
+        ok = False
         try:
-            self._answer(message, answer)
+            ok = self._answer(message, answer)
         except Exception as e:  # a bug here: the message's requests still end, with it
             self._delivery.fail(message, e)
+        self._settle_spec(ok, self._in_flight > 0)
 
-    def _answer(self, message: Message, answer: Any) -> None:
+    def _answer(self, message: Message, answer: Any) -> bool:
+        """Hands out ``answer``; True when every request of the message got its rows."""
         if self._deadlines:  # rows that came past their request's deadline: discarded
             expire_due(self._deadlines, message.tags)
         if isinstance(answer, RowsFailed):
             self._answered_in_part(message, answer)
-            return
+            return False
         if isinstance(answer, BaseException):
             error: BaseException | None = answer
         elif isinstance(answer, Failure):  # the model raised, or the request was bad
@@ -310,6 +314,7 @@ class CoalescingClient(CoalescedRequests):
                                      f"({type(answer).__name__}), not (outputs, version)")
         if error is not None:
             self._delivery.fail(message, error)
+        return error is None
 
     def _answered_in_part(self, message: Message, answer: RowsFailed) -> None:
         """Some of the server's batches that held ``message`` failed (or rows of it

@@ -400,15 +400,19 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         task.add_done_callback(self._sending.discard)
 
     async def _answer(self, call: _Call, request: Any) -> None:
+        ok = False
         try:
-            await self._answer_call(call, request)
+            ok = await self._answer_call(call, request)
         finally:
             self._calls.discard(call)
+            self._settle_spec(ok, bool(self._calls))
             if self._xs and self._open and not self._scheduled:
                 self._flush()  # a connection is free: what waited leaves now
 
     async def _answer_call(self, call: _Call, request: Any,
-                           splits: List[int] | None = None) -> None:
+                           splits: List[int] | None = None) -> bool:
+        """Sends ``call`` and hands out its answer; True when some of its requests got
+        their outputs."""
         try:
             outputs, version = await self._post(call, request, split=splits is not None)
         except asyncio.CancelledError:
@@ -418,19 +422,19 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
             if len(waiting) > 1 and _may_owe_to_one(e):
                 if splits is None:  # the first failure of this call
                     splits = [_split_budget(len(waiting))]
-                await self._answer_halves(waiting, call, e, splits)
-            else:
-                self._delivery.fail(call, e)
-            return
+                return await self._answer_halves(waiting, call, e, splits)
+            self._delivery.fail(call, e)
+            return False
         self._learn(version, call.seq)
         if self._deadlines:  # rows that came past their request's deadline: discarded
             expire_due(self._deadlines, call.tags)
         error = self._delivery.deliver(call, outputs, version)
         if error is not None:
             self._delivery.fail(call, error)
+        return error is None
 
     async def _answer_halves(self, waiting: List[Tuple[np.ndarray, asyncio.Future]],
-                             call: _Call, error: BaseException, splits: List[int]) -> None:
+                             call: _Call, error: BaseException, splits: List[int]) -> bool:
         """The protocol has no partial answer: a failed call that carried several
         requests is sent again in halves, one after the other on its connection, until
         the requests that fail stand alone (inference is idempotent). One bad request
@@ -439,7 +443,8 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         costs a few more, not 2n: past it, or past the deadline, what is left fails
         with the error. Answers too long together are halved until each piece's answer
         fits, without spending ``splits``: up to 2n - 1 HTTP requests, one after the
-        other, bounded by the deadline."""
+        other, bounded by the deadline. True when some of them got their outputs."""
+        answered = False
         for half in _halves(waiting):
             half = [(x, fut) for x, fut in half if not fut.done()]  # while the other ran
             if not half:
@@ -455,8 +460,9 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
             if not too_long:
                 splits[0] -= 1
             request, batch = self._encode(xs)  # they were encoded together already
-            await self._answer_call(_Call(batch, futures, xs, call.deadline, call.seq),
-                                    request, splits)
+            answered |= await self._answer_call(
+                _Call(batch, futures, xs, call.deadline, call.seq), request, splits)
+        return answered
 
     async def _attempt(self, request: Any, left: float) -> Tuple[Outputs, Hashable]:
         """One attempt at ``request`` within ``left`` seconds: the outputs and the

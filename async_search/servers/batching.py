@@ -96,7 +96,9 @@ class BatchingServer(AsyncWithOnly):
     Args:
         model: a callable from a batch to outputs (``base.Model``); with an
             ``input_spec``, requests are checked against it when made, else against
-            the first request. Its ``version`` attribute, if any, is the first version.
+            the first request (until a batch of it is answered, a first request the
+            model refuses is forgotten with its spec, so that it fails alone). Its
+            ``version`` attribute, if any, is the first version.
         policy: batch size (or ``"auto"``: the size with the best measured end-to-end
             rate, ``servers.batch_size``), optional delay, pipeline depth (batches in
             flight per worker).
@@ -531,7 +533,8 @@ class BatchingServer(AsyncWithOnly):
     @property
     def input_spec(self) -> TensorSpec | None:
         """The spec requests are checked against: declared by the model, or learned from
-        the first request (None before it)."""
+        the first request (None before it, and again after a first request the model
+        refused, until the next)."""
         return self._check.spec
 
     @property
@@ -1063,6 +1066,8 @@ class BatchingServer(AsyncWithOnly):
                 error = e
             if error is not None:
                 self._responses.fail(popped, error)
+            if not self._check.settled:
+                self._settle_spec(error is None)
             if self._on_batch is not None and record is not None:
                 report_batch(self._on_batch, record)
         except BaseException as e:
@@ -1070,6 +1075,14 @@ class BatchingServer(AsyncWithOnly):
             self._responses.fail(popped, self._closed_error())
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
+
+    def _settle_spec(self, ok: bool) -> None:
+        """A learnt spec stays once a batch of it is answered; a failure before that,
+        with no other request under it left, forgets it (``RequestChecker.answered``)."""
+        idle = not (self._in_flight or self._batcher.queued or self._staged_xs
+                    or self._staged_urgent)
+        if self._check.answered(ok, idle):
+            self._shape = self._dtype = self._last_shape = None
 
     def _tune(self, size: int, answered: int | None) -> None:
         """max_batch_size='auto': one more batch back (``answered``: None for all its

@@ -124,6 +124,25 @@ async def test_an_error_answer_fails_every_request_of_its_message(portable):
     assert all(isinstance(o, KeyError) for o in outcomes)
 
 
+async def test_a_first_request_the_server_refuses_does_not_fix_the_learnt_spec():
+    # The client learnt [n] float64 from an empty np.array([]) and refused every later
+    # [n, 2] float32 request of every search in its process.
+    client, server = client_and_server()
+    first = client(np.array([]))
+    await asyncio.sleep(0)
+    received(server)
+    server.send(pack_error(ValueError("takes [n, 2] float32")))
+    with pytest.raises(ValueError, match="takes"):
+        await asyncio.wait_for(first, 5)
+    good = client(np.ones((1, 2), np.float32))
+    await asyncio.sleep(0)
+    (batch,) = received(server)
+    server.send((batch * 3, 0))
+    np.testing.assert_array_equal(await asyncio.wait_for(good, 5), [[3.0, 3.0]])
+    with pytest.raises(InputSpecError):  # answered once: the spec stays
+        client(np.array([]))
+
+
 async def test_with_version_reports_the_version_sent_back_with_the_message():
     client, server = client_and_server()
     pairs = [asyncio.ensure_future(client.with_version(np.full((n, 1), n, np.float32)))

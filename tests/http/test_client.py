@@ -290,6 +290,25 @@ async def test_a_dtype_without_a_protocol_datatype_fails_at_once_and_the_client_
     np.testing.assert_array_equal(y, np.ones((2, 3), np.float32))
 
 
+async def test_a_first_request_the_model_refuses_fixes_no_spec_on_either_side():
+    # The client and the served model both learnt [n] float64 from an empty first
+    # request, and refused every [n, 4] float32 one after it (this client and others).
+    def model(x):
+        if x.dtype != np.float32 or x.shape[1:] != (4,):
+            raise ValueError("takes [n, 4] float32")
+        return x.sum(axis=1)
+
+    good = np.ones((2, 4), np.float32)
+    async with asr.serve(model) as served, HttpFront({"m": served}) as f, \
+            RemoteEvaluate(f.url, "m", retries=0) as a, \
+            RemoteEvaluate(f.url, "m", retries=0) as b:
+        with pytest.raises(RemoteError, match="takes"):
+            await within(a(np.array([])), "the refused first request")
+        np.testing.assert_array_equal(await within(a(good), "the same client's"), [4, 4])
+        np.testing.assert_array_equal(await within(b(good), "another client's"), [4, 4])
+        assert a.input_spec == asr.TensorSpec((4,), np.float32)
+
+
 async def test_what_the_server_answers_becomes_the_matching_error():
     with pytest.raises(ModelNotFoundError, match="unknown model 'nope'"):
         async with front() as f, RemoteEvaluate(f.url, "nope"):
