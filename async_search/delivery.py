@@ -92,8 +92,9 @@ class ResultDelivery:
             ModelOutputError: outputs of another structure, or not ``size`` rows.
         """
         expected = self._structure
-        if type(outputs) is not np.ndarray:  # no subclass reaches a caller, or the
-            outputs = rows.plain(outputs)      # structure learnt from the first batch
+        if type(outputs) is not np.ndarray or not outputs.dtype.isnative:  # no subclass
+            outputs = rows.plain(outputs)  # (or byte order) reaches a caller, or the
+            # structure learnt from the first batch
         try:
             # One structure check per batch (never per request): a batch whose outputs
             # changed kind, shape or dtype is never sliced as if it had not.

@@ -176,21 +176,25 @@ def map_leaves(fn: Callable[[Any], Any], outputs: Outputs) -> Outputs:
 
 def plain(outputs: Outputs) -> Outputs:
     """``outputs`` with every ndarray subclass (a masked array, ``np.matrix``) as a plain
-    view of its data (``np.asarray``), and a list, a named tuple or another tuple or dict
-    subclass as a plain tuple or dict: what a server delivers and learns its output
-    structure from (``immediate`` too), so that no subclass's arithmetic or dtype
-    reaches a caller, and every backend hands out the same kinds.
+    view of its data (``np.asarray``), an array in the other byte order as a copy in
+    this machine's, and a list, a named tuple or another tuple or dict subclass as a
+    plain tuple or dict: what a server delivers and learns its output structure from
+    (``immediate`` too), so that no subclass's arithmetic or dtype reaches a caller, and
+    every backend hands out the same kinds (joining the rows of split requests, a cache
+    and the wire give the machine's byte order: so does every answer).
 
     Example:
         >>> type(plain((np.matrix([[1.0]]), np.zeros(1)))[0]).__name__
         'ndarray'
         >>> type(plain([np.zeros(1), np.ones(1)])).__name__
         'tuple'
+        >>> plain(np.zeros(2, ">f4")).dtype.isnative
+        True
     """
-    if type(outputs) is _ndarray:
+    if type(outputs) is _ndarray and outputs.dtype.isnative:
         return outputs
     if isinstance(outputs, np.ndarray):
-        return np.asarray(outputs)
+        return _plain_leaf(outputs)
     kind = type(outputs)
     if kind is not tuple and kind is not dict:
         if isinstance(outputs, (tuple, list)):
@@ -198,10 +202,17 @@ def plain(outputs: Outputs) -> Outputs:
         elif isinstance(outputs, dict):
             outputs = dict(outputs)
     if isinstance(outputs, (tuple, dict)) and any(
-            type(v) is not _ndarray and isinstance(v, np.ndarray) for v in leaves(outputs)):
-        return map_leaves(lambda v: np.asarray(v) if isinstance(v, np.ndarray) else v,
-                          outputs)
+            isinstance(v, np.ndarray) and (type(v) is not _ndarray or not v.dtype.isnative)
+            for v in leaves(outputs)):
+        return map_leaves(_plain_leaf, outputs)
     return outputs
+
+
+def _plain_leaf(v: Any) -> Any:
+    if not isinstance(v, np.ndarray):
+        return v
+    v = np.asarray(v)
+    return v if v.dtype.isnative else v.astype(v.dtype.newbyteorder("="))
 
 
 # -- structure ---------------------------------------------------------------------------

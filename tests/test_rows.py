@@ -270,3 +270,19 @@ def test_a_list_of_arrays_is_cut_leaf_by_leaf_as_count_reads_it():
                                                                       [10, 20, 30]]]
     joined = rows.concatenate([list(p) for p in pieces])
     assert [v.tolist() for v in joined] == [[0, 1, 2, 3], [0, 10, 20, 30]]
+
+
+def test_plain_gives_the_machine_s_byte_order_to_every_output():
+    # joined rows (split requests, a cache) and the wire are native: a lone batch's
+    # slice kept the model's byte order, so an answer's dtype hung on batch timing
+    swapped = np.arange(4, dtype=">f4")
+    record = np.zeros(2, [("a", ">i4"), ("b", "<f8")])
+    for outputs in (swapped, (swapped, np.zeros(4)), {"x": swapped, "y": record}):
+        got = rows.plain(outputs)
+        for leaf in rows.leaves(got):
+            assert leaf.dtype.isnative
+        for before, after in zip(rows.leaves(outputs), rows.leaves(got)):
+            assert before.tolist() == after.tolist()
+    native = np.arange(3.0)
+    assert rows.plain(native) is native  # nothing copied when nothing differs
+

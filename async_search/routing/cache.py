@@ -420,8 +420,8 @@ class CachedEvaluate:
         waiting on it: checked here, not where they land (a done callback), so that no
         caller gets another element's row and nothing escapes from a callback."""
         outputs, label = await self._evaluate(xs)
-        if type(outputs) is not np.ndarray:
-            outputs = rows.plain(outputs)  # a list of outputs is a tuple, not rows
+        if type(outputs) is not np.ndarray or not outputs.dtype.isnative:
+            outputs = rows.plain(outputs)  # a list of outputs is a tuple, not rows; native
         try:
             rows.check_count(outputs, len(xs))
         except ModelOutputError as e:

@@ -601,8 +601,8 @@ def _raised_by_server(error: BaseException, before: int) -> bool:
 def _one_row_each(name: str, outputs: Outputs, size: int) -> Outputs:
     """``outputs`` (plain, as a server delivers them) when they hold one row per element
     of a request of ``size``; else ModelOutputError naming the server."""
-    if type(outputs) is not np.ndarray:
-        outputs = rows.plain(outputs)  # a list of outputs is a tuple, not rows
+    if type(outputs) is not np.ndarray or not outputs.dtype.isnative:
+        outputs = rows.plain(outputs)  # a list of outputs is a tuple, not rows; native
     try:
         rows.check_count(outputs, size)
     except ModelOutputError as e:

@@ -693,6 +693,24 @@ def test_a_model_on_the_loop_raising_a_base_exception_crashes_the_server_quietly
     assert logged == []
 
 
+async def test_answers_come_in_the_machine_s_byte_order_however_they_were_batched():
+    # A request answered by one batch kept the model's '>f4'; split across batches
+    # (or from a cache) it came back native: the dtype hung on batch timing.
+    def model(x):
+        return (x * 2).astype(">f4")
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    answers = [await asr.immediate(model)(x)]
+    for size in (8, 2):
+        async with asr.serve(model, max_batch_size=size) as evaluate:
+            answers.append(await evaluate(x))
+            cached = asr.CachedEvaluate(evaluate)
+            answers += [await cached(x), await cached(x)]  # a miss, then a hit
+    for y in answers:
+        assert y.dtype == np.float32 and y.dtype.isnative
+        np.testing.assert_array_equal(y, x * 2)
+
+
 async def test_a_zero_element_request_after_an_accepted_shape_resolves_at_once():
     async with asr.serve(doubling()) as evaluate:
         await evaluate(np.ones((1, 3), np.float32))
