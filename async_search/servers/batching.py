@@ -342,14 +342,7 @@ class BatchingServer(AsyncWithOnly):
         if running is not self._loop and (
                 running is not None or threading.get_ident() != self._thread
                 or self._loop.is_running()):  # (then in another thread)
-            # Its queues belong to its loop's thread: a call from elsewhere would race
-            # with it, and the future could only be awaited there.
-            raise RuntimeError(
-                "this server serves the event loop it was entered in, and was called "
-                "from " + ("another thread" if running is None else
-                           "another event loop") + ": serve that loop its own server, "
-                "or hand the request to the server's loop "
-                "(asyncio.run_coroutine_threadsafe)")
+            self._refuse_other_threads("evaluate", running)
         fut = self._new_future()
         if not len(x):
             if self._responses.empty_output is not None:
@@ -592,7 +585,7 @@ class BatchingServer(AsyncWithOnly):
             what ``update_model`` raises; ServerClosedError or RuntimeError when the
             server is not serving. Nothing has changed then.
         """
-        self._require_running()
+        self._require_running("update_model")
         served_input = self._check.spec
         new_model = replaces_model(self.model, model_or_weights)
         given_input = input_spec_of(model_or_weights) if new_model else None
@@ -637,21 +630,38 @@ class BatchingServer(AsyncWithOnly):
         """Starts another device thread that takes batches from the same queue, with its
         own ``model``, or the current model's copy on ``device`` (``on_device``), or the
         current model itself."""
-        self._require_running()
+        self._require_running("add_worker")
         self._workers.add(model, device=device)
         self._wake_dispatch()
 
     async def remove_worker(self) -> None:
         """Ends one device thread once the batches queued before this call are done."""
-        self._require_running()
+        self._require_running("remove_worker")
         await self._workers.remove()
 
-    def _require_running(self) -> None:
+    def _refuse_other_threads(self, what: str, running: Any = None) -> None:
+        """RuntimeError when called from another event loop or thread than the one the
+        server serves: its queues and futures belong to that loop's thread, a call from
+        elsewhere would race with it, and what it awaits could only be awaited there
+        (an ``aclose`` from another thread hung for good, and so did the owner's)."""
+        running = running or _running_loop()
+        if running is self._loop or (running is None and not self._loop.is_running()
+                                     and threading.get_ident() == self._thread):
+            return
+        raise RuntimeError(
+            f"this server serves the event loop it was entered in, and {what} was "
+            f"called from " + ("another thread" if running is None else
+                               "another event loop") + ": serve that loop its own "
+            "server, or hand the call to the server's loop "
+            "(asyncio.run_coroutine_threadsafe, or loop.call_soon_threadsafe)")
+
+    def _require_running(self, what: str) -> None:
         self._notice_a_closed_loop()
         if self._crashed is not None:
             raise self._closed_error()
         if self._workers is None or self._new_future is None or self._closed:
             raise RuntimeError("the server is not serving: use it inside its context")
+        self._refuse_other_threads(what)
 
     # -- lifetime ---------------------------------------------------------------------
     async def __aenter__(self) -> "BatchingServer":
@@ -728,6 +738,7 @@ class BatchingServer(AsyncWithOnly):
             self._workers.stop(discard_queued=True)
             self._finish_close()
             return
+        self._refuse_other_threads("aclose")  # before anything changes
         if timeout is not None:
             timeout = check_float("timeout", timeout, minimum=0)
         deadline = None if timeout is None else self._loop.time() + timeout
@@ -863,8 +874,12 @@ class BatchingServer(AsyncWithOnly):
         """What a call to a closing or closed server raises."""
         cause = self._crashed
         if cause is None:
+            if not self._closed:  # (aclose in another task, or the exit under way)
+                return ServerClosedError("the server is closing (its context is being "
+                                         "left, or aclose was called): it takes no more "
+                                         "requests")
             return ServerClosedError("the server is closed: evaluate called after its "
-                                     "context was left")
+                                     "context was left (or aclose)")
         if isinstance(cause, _LostLoop) or (isinstance(cause, asyncio.CancelledError)
                                              and self._loop.is_closed()):
             # (asyncio.run cancels every task of a loop it closes, the dispatch task
@@ -961,7 +976,8 @@ class BatchingServer(AsyncWithOnly):
                     # else could even make a request until the large one is done.
                     await asyncio.sleep(0)
         except BaseException as e:
-            if isinstance(e, GeneratorExit):  # closed with its loop: nobody is waiting
+            if isinstance(e, GeneratorExit):  # closed with its loop: nobody is waiting,
+                self._notice_a_closed_loop()  # but its device threads must still end
                 raise
             if self._abandoned and isinstance(e, asyncio.CancelledError):
                 raise  # cancelled by an interrupted close, which failed everything

@@ -391,6 +391,87 @@ def test_a_serving_coroutine_collected_after_its_loop_closed_ends_the_device_thr
     assert (model.loads, model.unloads) == (1, 1)
 
 
+def test_a_server_entered_by_hand_on_a_closed_loop_ends_its_thread_when_collected():
+    """A notebook's server entered by hand (no block) on a loop closed without
+    ``shutdown_asyncgens``: collecting the server closed its dispatch task's coroutine
+    (GeneratorExit), which ended quietly and left the device thread and its model."""
+    before = set(device_threads())
+    model = Device()
+    model.open()
+
+    async def enter():
+        evaluate = await asr.serve(model, model_thread=True).__aenter__()
+        await evaluate(np.zeros((3, 1), np.float32))
+        return evaluate
+
+    loop = asyncio.new_event_loop()
+    try:
+        evaluate = loop.run_until_complete(enter())
+    finally:
+        loop.close()
+    evaluate._task.get_coro().close()  # what the collector does to the dropped task's
+    del evaluate                        # coroutine (without the log of a pending task)
+    assert_threads_end(before, "the collected server")
+    assert (model.loads, model.unloads) == (1, 1)
+
+
+@pytest.mark.parametrize("change", ["aclose", "add_worker", "remove_worker",
+                                    "update_model"])
+async def test_changes_from_another_thread_s_loop_are_refused_and_change_nothing(change):
+    # aclose from another thread hung for good (and the owner's exit after it); a
+    # remove_worker removed the worker, then failed in asyncio's own words.
+    def model(x):
+        return x * 2
+
+    calls = {"aclose": lambda ev: ev.aclose(), "add_worker": lambda ev: ev.add_worker(),
+             "remove_worker": lambda ev: ev.remove_worker(),
+             "update_model": lambda ev: _awaited(ev.update_model, lambda x: 3 * x, 1)}
+    x = np.ones((2, 1), np.float32)
+    async with asr.serve(model, model_thread=True) as evaluate:
+        await evaluate.add_worker()
+        before = evaluate.num_workers
+        outcome = []
+
+        def other_thread():
+            try:
+                asyncio.run(asyncio.wait_for(calls[change](evaluate), 5))
+                outcome.append("done")
+            except BaseException as e:  # noqa: BLE001 - the outcome is the test
+                outcome.append(e)
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        await within(asyncio.to_thread(thread.join, 10), "the other thread")
+        assert not thread.is_alive()
+        (error,) = outcome
+        assert isinstance(error, RuntimeError) and f"{change} was called from another " \
+            "event loop" in str(error)
+        assert evaluate.num_workers == before
+        np.testing.assert_array_equal(await within(evaluate(x), "a call after"), x * 2)
+
+
+async def _awaited(method, *args):
+    return method(*args)
+
+
+async def test_a_call_while_the_server_closes_says_it_is_closing():
+    model = Device()
+    model.open()
+    async with asr.serve(model, model_thread=True) as evaluate:
+        model.compute.clear()  # the next batch stays in the model: aclose waits for it
+        pending = evaluate(np.zeros((1, 1), np.float32))
+        await wait_until(lambda: model.started.is_set(), "the batch in the model")
+        closing = asyncio.ensure_future(evaluate.aclose())
+        await asyncio.sleep(0.01)
+        with pytest.raises(ServerClosedError, match="the server is closing"):
+            evaluate(np.zeros((1, 1), np.float32))
+        model.compute.set()
+        await within(closing, "the close")
+        await within(pending, "the batch")
+    with pytest.raises(ServerClosedError, match="the server is closed"):
+        evaluate(np.zeros((1, 1), np.float32))
+
+
 def test_a_server_closed_after_its_loop_leaves_none_of_its_requests_in_its_batcher():
     # Its close on a closed loop freed the batcher with that loop's requests still in
     # it: the next server on the batcher computed them and counted them as its own.
