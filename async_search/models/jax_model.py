@@ -177,9 +177,8 @@ class JaxModel(BucketedModel):
         jax = self._shared.jax
         old = self.params
         if jax.tree.structure(params) != jax.tree.structure(old):
-            raise ValueError(f"JaxModel.with_weights: the parameters' tree "
-                             f"{jax.tree.structure(params)} differs from the model's "
-                             f"{jax.tree.structure(old)}")
+            raise ValueError(f"JaxModel.with_weights: the parameters' tree differs from "
+                             f"the model's: {_tree_difference(jax, params, old)}")
 
         def staged(path: Any, new: Any, ref: Any) -> Any:
             name = f"parameter {jax.tree_util.keystr(path)}" if path else "the parameter"
@@ -396,3 +395,20 @@ def _host_rows(array: Any, n: int, size: int, source: np.ndarray | None) -> np.n
     if source is not None and np.may_share_memory(out, source):
         return out.copy()
     return out
+
+
+def _tree_difference(jax: Any, given: Any, expected: Any) -> str:
+    """How two parameter trees differ, by the paths of their leaves (a whole tree's
+    description runs to thousands of characters for a small net)."""
+    def paths(tree: Any) -> set:
+        return {jax.tree_util.keystr(path) for path, _ in
+                jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+    got, want = paths(given), paths(expected)
+    missing, unexpected = sorted(want - got), sorted(got - want)
+    if missing or unexpected:
+        return (f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    text = f"{jax.tree.structure(given)} where the model has {jax.tree.structure(expected)}"
+    return text if len(text) <= 600 else text[:600] + " ..."  # the same paths: its kinds
+

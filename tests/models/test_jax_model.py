@@ -133,8 +133,16 @@ def test_params_are_checked_and_copied_when_staged():
                                rtol=1e-5, atol=1e-5)
     as_float64 = {k: v.astype(np.float64) for k, v in params(2).items()}
     assert model.with_weights(as_float64).params["w"].dtype == np.float32
-    with pytest.raises(ValueError, match="tree"):
-        model.with_weights({"w": params()["w"]})
+    with pytest.raises(ValueError, match=r"tree differs.*missing \[\"\['b'\]\"\], "
+                                         r"unexpected \[\]"):
+        model.with_weights({"w": params()["w"]})  # named, not two whole trees printed
+    with pytest.raises(ValueError, match=r"missing \[\"\['b'\]\"\], unexpected "
+                                         r"\[\"\['bias'\]\"\]"):
+        model.with_weights({"w": params()["w"], "bias": params()["b"]})
+    paired = JaxModel(lambda p, x: x @ p[0] + p[1], (params()["w"], params()["b"]),
+                      input_spec=SPEC)
+    with pytest.raises(ValueError, match="tree differs.*PyTreeDef"):  # the same paths
+        paired.with_weights([params()["w"], params()["b"]])
     with pytest.raises(ValueError, match=r"shape \(6, 4\) where the model has \(6, 3\)"):
         model.with_weights({**params(), "w": np.zeros((6, 4), np.float32)})
     counted = JaxModel(lambda p, x: x * p["k"], {"k": np.array(2, np.int32)},
