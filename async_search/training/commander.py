@@ -378,10 +378,19 @@ class Commander:
             config, fields, self._folder)
         best, latest = saved.checkpoint("best"), saved.checkpoint("latest")
         for name, checkpoint in (("best", best), ("latest", latest)):
+            where = os.path.join(saved.generation, name)
             if checkpoint.config != config.net:
-                raise CheckpointError(f"checkpoint {os.path.join(saved.generation, name)!r}"
-                                      f" holds a {checkpoint.config}, not this run's "
-                                      f"{config.net}")
+                raise CheckpointError(f"checkpoint {where!r} holds a {checkpoint.config}, "
+                                      f"not this run's {config.net}")
+            # Each net is saved with the iteration and best version of its commit: a net
+            # of another run (or the two swapped) with the same config is not this one.
+            meta = checkpoint.metadata
+            if (meta.get("iteration"), meta.get("version")) != (len(history), best_version):
+                raise CheckpointError(
+                    f"checkpoint {where!r} was saved at iteration {meta.get('iteration')}, "
+                    f"best version {meta.get('version')}; the run in {file!r} is at "
+                    f"iteration {len(history)}, best version {best_version}: it is not "
+                    f"this run's")
         buffer = saved.buffer("buffer", augment=mirror_columns)
         buffer_file = os.path.join(saved.generation, "buffer.npz")
         samples = sum(r.samples for r in history)

@@ -609,6 +609,20 @@ def test_a_buffer_or_net_of_another_run_is_refused_naming_it(run_copy):
     assert "latest" in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["best", "latest"])
+def test_a_net_of_the_run_s_config_but_another_iteration_is_refused_naming_it(run_copy,
+                                                                                name):
+    # Another run's net of the same config (or best and latest swapped) was taken.
+    generation = _generation(run_copy)
+    saved = read_checkpoint(generation / name)
+    save_checkpoint(generation / name, saved.weights, saved.config,
+                    {**saved.metadata, "iteration": saved.metadata["iteration"] + 1})
+    with pytest.raises(CheckpointError, match="saved at iteration .*not this run's"
+                       ) as info:
+        Commander(tiny(1), str(run_copy), resume=True)
+    assert os.path.join(str(generation), name) in str(info.value)
+
+
 # -- convolutional nets -------------------------------------------------------------------
 
 
