@@ -128,6 +128,7 @@ class Workers:
         Raises:
             RuntimeError: when it would leave no worker.
         """
+        self.join_ended()  # those whose remover stopped waiting between the two steps
         if len(self) - len(self._exited) <= 1:  # removals under way count as done
             raise RuntimeError("cannot remove the last worker of a serving server")
         exited = self._loop.create_future()
@@ -287,6 +288,8 @@ class Workers:
             waiter = self._exited.pop(0)
             if not waiter.done():
                 waiter.set_result(None)
+            elif waiter.cancelled():  # its remover stopped waiting: none joins it
+                self._loop.call_soon(self.join_ended)
         if not self._threads and self._all_exited is not None:
             if not self._all_exited.done():
                 self._all_exited.set_result(None)

@@ -1,4 +1,5 @@
 import asyncio
+import gc
 import threading
 import time
 import weakref
@@ -455,6 +456,29 @@ async def test_a_worker_whose_removal_was_cancelled_stops_counting_when_it_ends(
         assert evaluate.stats["fraction_in_model"] > 0.7
 
 
+async def test_ended_threads_whose_removal_was_cancelled_are_not_kept():
+    # Each one stayed in the server (its Thread, locks and queue) until it closed: an
+    # autoscaler timing out its removals grew without bound.
+    def model(x):
+        return x[:, :1] + 0.0
+
+    async with asr.serve(with_spec(model, (3,), np.float32), model_thread=True) as evaluate:
+        removed = []
+        for _ in range(5):
+            await evaluate.add_worker()
+            removed.append(weakref.ref(evaluate._workers._threads[-1]))
+            removal = asyncio.ensure_future(evaluate.remove_worker())
+            await asyncio.sleep(0)
+            removal.cancel()  # the caller gives up waiting: the thread still ends
+            await asyncio.gather(removal, return_exceptions=True)
+            await wait_until(lambda: evaluate.num_workers == 1, timeout=10)
+        await wait_until(lambda: not evaluate._workers._ended, timeout=10)
+        gc.collect()
+        kept = [ref() for ref in removed if ref() is not None]
+        assert all(thread in evaluate._workers._threads for thread in kept)
+        assert len(kept) <= 1  # (the one worker left may be the last one added)
+
+
 async def test_stats_stay_as_they_were_at_close_when_a_thread_ends_later():
     release = threading.Event()
 
@@ -546,7 +570,6 @@ async def test_a_removed_workers_model_copy_is_let_go_of_when_it_ends():
             await evaluate.add_worker(device=f"device-{i}")
             await within(evaluate(np.ones((2, 1))), "an answer")
             await evaluate.remove_worker()
-        import gc
         gc.collect()
         assert evaluate.num_workers == 1  # the first thread, or the last copy's
         alive = [copy.device for copy in (ref() for ref in copies) if copy is not None]
