@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import (Any, Awaitable, Callable, Dict, Hashable, List, Mapping, Optional, Protocol,
-                    Sequence, Tuple, Union, runtime_checkable)
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Hashable, List, Mapping,
+                    Optional, Protocol, Sequence, Tuple, Union, runtime_checkable)
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 from async_search.checks import check_int
 
@@ -39,6 +42,9 @@ class TensorSpec:
 
     shape: Tuple[int, ...]
     dtype: np.dtype
+
+    if TYPE_CHECKING:  # what it takes (made into the fields' types when made)
+        def __init__(self, shape: Sequence[int], dtype: DTypeLike) -> None: ...
 
     def __post_init__(self):
         # Each dimension an integer >= 0: int() would make 2.7 a 2 and True a 1, and a

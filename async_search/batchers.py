@@ -30,10 +30,13 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import (Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence,
-                    Tuple)
+from typing import (TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, List, Optional,
+                    Sequence, Tuple)
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 from async_search import rows
 from async_search.base import Outputs
@@ -809,7 +812,7 @@ class BatchManager:
         self._element_shape: Tuple[int, ...] | None = None
         self._dtype: np.dtype | None = None  # the first request's
 
-    def add_inputs(self, x: np.ndarray) -> None:
+    def add_inputs(self, x: "ArrayLike") -> None:
         """Queue one request ``x[n, ...]``; its output comes back in order.
 
         Raises:

@@ -150,10 +150,15 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         needs a running server, so this one is not run in the tests):
 
         ```python
-        async with RemoteEvaluate("http://127.0.0.1:8000", "mlp") as evaluate:
-            y = await evaluate(x)  # x: float32 [n, 16]
+        # served by: python -m async_search.http --model mynets:heuristic --name h
+        # (mynets.heuristic() returns problems.pretrained("15-puzzle"), say)
+        async with RemoteEvaluate("http://127.0.0.1:8000", "h") as evaluate:
+            puzzle = problems.SlidingPuzzle(4)
+            x = puzzle.encode([puzzle.scramble(30, seed=0)])
+            y = await evaluate(x)
             y, version = await evaluate.with_version(x)
-            r = await search.batched_astar(puzzle, start, evaluate, budget=2000)
+            r = await search.batched_astar(puzzle, puzzle.scramble(30, seed=1),
+                                           evaluate, budget=2000, buffer_size=16)
         ```
     """
 

@@ -7,16 +7,18 @@ hundreds of thousands of them in dicts and heaps.
 
 from __future__ import annotations
 
-from typing import (AbstractSet, Hashable, List, Optional, Protocol, Sequence, Tuple,
-                    runtime_checkable)
+from typing import (AbstractSet, Any, Hashable, List, Optional, Protocol, Sequence,
+                    Tuple, runtime_checkable)
 
 import numpy as np
 
 from async_search.base import TensorSpec
 
 
-#: A problem's state: hashable and cheap to compare.
-State = Hashable
+#: A problem's state: hashable and cheap to compare. Typed as Any, since each problem
+#: takes its own kind (``bytes``, a tuple): a protocol method typed for every hashable
+#: would be one no problem's narrower method meets.
+State = Any
 
 
 @runtime_checkable
@@ -34,7 +36,7 @@ class SearchProblem(Protocol):
     def check_state(self, state: State) -> None:
         """Raise ValueError, naming the problem and the fix, unless ``state`` is valid."""
 
-    def neighbors(self, state: State) -> List[Tuple[State, float]]:
+    def neighbors(self, state: State) -> Sequence[Tuple[State, float]]:
         """The successors of ``state`` with the cost of each step."""
 
     def is_goal(self, state: State) -> bool:

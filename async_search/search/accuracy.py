@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-from typing import Awaitable, Callable, Iterable, Protocol, Tuple, Union, runtime_checkable
+from typing import (Any, Awaitable, Callable, Coroutine, Iterable, Protocol, Tuple, Union,
+                    runtime_checkable)
 
 import numpy as np
 
@@ -50,10 +51,14 @@ ChooseMove = Callable[[State], Union[int, Awaitable[int]]]
 class LabelledPosition(Protocol):
     """A position with the moves that count as correct in it."""
 
-    state: State
-    """The position (not over)."""
-    optimal_moves: Tuple[int, ...]
-    """The actions that count as correct."""
+    # Read-only (properties), so that a frozen dataclass meets it too.
+    @property
+    def state(self) -> State:
+        """The position (not over)."""
+
+    @property
+    def optimal_moves(self) -> Tuple[int, ...]:
+        """The actions that count as correct."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +135,7 @@ async def move_accuracy(choose_move: ChooseMove, positions: Iterable[LabelledPos
                         mistakes=mistakes)
 
 
-def policy_chooser(game: Game, evaluate: Evaluate) -> Callable[[State], Awaitable[int]]:
+def policy_chooser(game: Game, evaluate: Evaluate) -> Callable[[State], Coroutine[Any, Any, int]]:
     """The network alone: the legal action with the largest policy logit (ties: the
     lowest action), one request of one state per position.
 
@@ -166,7 +171,7 @@ def policy_chooser(game: Game, evaluate: Evaluate) -> Callable[[State], Awaitabl
 
 def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
                  num_parallel: int = 8, c_puct: float = 1.25, solve: bool = False
-                 ) -> Callable[[State], Awaitable[int]]:
+                 ) -> Callable[[State], Coroutine[Any, Any, int]]:
     """``search.mcts`` without root noise (deterministic): its most visited action.
 
     Args:
@@ -203,7 +208,7 @@ def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
 def gumbel_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 32,
                    num_parallel: int = 8, max_num_considered_actions: int = 16,
                    c_visit: float = 50.0, c_scale: float = 0.1
-                   ) -> Callable[[State], Awaitable[int]]:
+                   ) -> Callable[[State], Coroutine[Any, Any, int]]:
     """``search.gumbel_mcts`` without noise (``gumbel_scale=0``, deterministic): the
     action Sequential Halving chooses.
 
