@@ -96,6 +96,12 @@ def test_a_first_request_the_model_refuses_fails_alone_in_every_entry(first):
                 assert evaluate.input_spec == TensorSpec((4,), np.float32)
                 with pytest.raises(InputSpecError):  # learnt from an answer: it stays
                     evaluate(first[:, None] if first.ndim == 1 else first)
+        evaluate = asr.immediate(model)
+        with pytest.raises(ValueError, match="takes"):
+            await evaluate(first)
+        np.testing.assert_array_equal(await evaluate(good), [4.0, 4.0])
+        with pytest.raises(InputSpecError):
+            await evaluate(first[:, None] if first.ndim == 1 else first)
 
     run(main())
 

@@ -54,6 +54,7 @@ class Immediate:
         # The model's check_values too, as a server's: the JAX adapter refuses values
         # it would compute wrongly (int64 past int32 without x64, say)
         self._check = RequestChecker(input_spec_of(model), values=values_check_of(model))
+        self._unanswered = 0  # calls under a learnt spec not answered yet (_first_call)
         self._stats = ServingStats(trace_size)
         # As a server's: every call's outputs keep the declared spec's structure or,
         # without one, the first call's; a zero-row call gets the empty output.
@@ -72,9 +73,29 @@ class Immediate:
         x = self._check(x)
         if timeout is not None:
             timeout = check_timeout(timeout)
+        if not self._check.settled:  # a learnt spec, not answered yet
+            return await self._first_call(x, timeout)
         if self._yielding is not None or (
                 time.perf_counter() - self._yielded >= YIELD_EVERY_S):
             await self._let_the_loop_run()
+        return self._answer(x, timeout)
+
+    async def _first_call(self, x: np.ndarray, timeout: float | None) -> Outputs:
+        """A call under a spec learnt from a first request and not answered yet: a
+        failure with no other such call under way forgets it (as a server does), so that
+        a first request the model refuses fails alone."""
+        self._unanswered += 1
+        ok = False
+        try:
+            await self._let_the_loop_run()
+            y = self._answer(x, timeout)
+            ok = True
+            return y
+        finally:
+            self._unanswered -= 1
+            self._check.answered(ok, idle=not self._unanswered)
+
+    def _answer(self, x: np.ndarray, timeout: float | None) -> Outputs:
         if not len(x) and self._outputs.empty_output is not None:
             # As a server answers it: a request but no batch, and no model call.
             self._stats.requests += 1
