@@ -14,7 +14,7 @@ call per request); what runs once per iteration or once per versioned request is
 from __future__ import annotations
 
 import asyncio
-from typing import Hashable, List, Tuple
+from typing import Any, Hashable, List, Tuple
 
 import numpy as np
 
@@ -40,15 +40,23 @@ class CoalescedRequests:
     _check: RequestChecker  #: Checks each request (and learns the spec, unless given).
     _shape: tuple | None  #: The spec's element shape and dtype, read inline by calls.
     _dtype: np.dtype | None
+    #: The futures of requests checked under a provisional (learnt, not yet answered)
+    #: spec: while one waits, a request that does not fit it is refused.
+    _provisional: List[asyncio.Future]
 
-    def _settle_spec(self, ok: bool, in_flight: bool) -> None:
-        """A learnt spec stays once a message of it is answered (``ok``); a failure
-        before that, with no other request under it queued or ``in_flight``, forgets it
-        (``RequestChecker.answered``): the first request may be one the model refuses,
-        and would otherwise fix the spec for every later one."""
-        if not self._check.settled and self._check.answered(
-                ok, idle=not (in_flight or self._futures)):
-            self._shape = self._dtype = None
+    def _provisional_waits(self) -> bool:
+        """Whether a request checked under the provisional spec still waits (the
+        checker's ``outstanding``): else a request that does not fit teaches it again,
+        since the first request may be one the model refuses or its caller gave up on."""
+        self._provisional = [fut for fut in self._provisional if not fut.done()]
+        return bool(self._provisional)
+
+    def _settle_by(self, batch: Any) -> None:
+        """Rows of ``batch`` were answered: a provisional spec it fits holds from now
+        on (one of an earlier spec, its requests given up on, settles nothing)."""
+        if isinstance(batch, np.ndarray) and batch.ndim and self._check.fits(batch):
+            self._check.settle()
+            self._provisional = []
 
     async def with_version(self, x: np.ndarray, timeout: float | None = None,
                            ) -> Tuple[Outputs, Hashable]:

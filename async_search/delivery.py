@@ -36,6 +36,8 @@ class ResultDelivery:
     """
 
     def __init__(self, empty_output: Outputs | None = None):
+        if empty_output is not None:  # a declared '>f4' output is answered natively too
+            empty_output = rows.plain(empty_output)
         #: The output of a zero-element request; known once a spec or a batch shows it.
         self.empty_output = empty_output
         self._structure: OutputStructure | None = None

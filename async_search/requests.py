@@ -50,16 +50,18 @@ class RequestChecker:
     (a ValueError) naming the expected and the given shape or dtype. A spec learnt from
     a first request has that request's dtype in this machine's byte order.
 
-    A learnt spec is provisional until a request of it is answered: the first request
-    may be one the model refuses (a wrong shape, an empty ``np.array([])``), and it
-    must fail alone, not fix the spec for every other caller. The owner reports each
-    answer to ``answered``; a failure before any success, with nothing else under the
-    spec outstanding, forgets it, and the next request teaches it again.
+    A learnt spec is provisional until the owner calls ``settle`` (a request of it was
+    answered): the first request may be one the model refuses (a wrong shape, an empty
+    ``np.array([])``), or one its caller gave up on, and must not fix the spec for every
+    later caller. Until then, a request that does not fit it, made when no request
+    checked under it is still waiting (the owner's ``outstanding()`` says), teaches the
+    spec again instead of being refused.
     """
 
     def __init__(self, spec: TensorSpec | None,
                  learnable: Callable[[np.dtype], None] | None = None,
-                 values: Callable[[np.ndarray], None] | None = None):
+                 values: Callable[[np.ndarray], None] | None = None,
+                 outstanding: Callable[[], bool] | None = None):
         #: Called with a first request's dtype before it is learnt: raises
         #: InputSpecError for one that cannot be sent (a client's protocol).
         self._learnable = learnable
@@ -71,23 +73,19 @@ class RequestChecker:
         # Plain attributes so that a server can inline the common case.
         self.shape = spec.shape if spec is not None else None
         self.dtype = spec.dtype if spec is not None else None
-        #: Whether the spec is final: declared, or learnt and answered once.
+        #: Whether the spec is final: declared, or learnt and settled.
         self.settled = spec is not None
+        #: Whether a request checked under a provisional spec still waits for its
+        #: answer (None: never learn again).
+        self._outstanding = outstanding
 
-    def answered(self, ok: bool, idle: bool) -> bool:
-        """The owner's report of an answer: ``ok`` when it carried outputs, ``idle``
-        when no other request checked under the spec is outstanding. Returns True when
-        the spec was forgotten (the owner's copies of ``shape`` and ``dtype`` are then
-        None again)."""
-        if self.settled:
-            return False
-        if ok:
-            self.settled = True
-            return False
-        if idle and self.spec is not None:
-            self.spec = self.shape = self.dtype = None
-            return True
-        return False
+    def settle(self) -> None:
+        """A request of the learnt spec was answered: the spec holds from now on."""
+        self.settled = True
+
+    def fits(self, x: np.ndarray) -> bool:
+        """Whether ``x`` (an array with a batch dimension) fits the spec as it is."""
+        return x.shape[1:] == self.shape and _native(x.dtype) == _native(self.dtype)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         # The common case costs a type check and two comparisons.
@@ -119,7 +117,8 @@ class RequestChecker:
             raise InputSpecError(f"a request must have a batch dimension: expected "
                                  f"{expected}, given a 0-d {x.dtype} array")
         x = plain_array(x)
-        if self.spec is None:
+        if self.spec is None or (not self.settled and self._outstanding is not None
+                                 and not self.fits(x) and not self._outstanding()):
             if self._learnable is not None:
                 self._learnable(x.dtype)
             self.spec = TensorSpec(x.shape[1:], _native(x.dtype))

@@ -59,20 +59,23 @@ def test_a_spec_learnt_from_a_byte_swapped_first_request_is_native():
     assert check.spec == TensorSpec((1,), np.float64) and x.dtype.isnative
     assert check(np.array([[2.0]])).tolist() == [[2.0]]
 
-def test_a_learnt_spec_is_forgotten_after_a_first_failure_and_kept_after_an_answer():
-    check = RequestChecker(None)
-    check(np.array([]))  # a first request the model refuses: [n] float64
-    assert not check.answered(False, idle=False)  # others under it still out: kept
-    assert check.spec == TensorSpec((), np.float64)
-    assert check.answered(False, idle=True)  # the last of them failed too: forgotten
-    assert check.spec is None and check.shape is None and check.dtype is None
-    check(np.ones((2, 4), np.float32))  # the next request teaches it again
-    assert not check.answered(True, idle=True) and check.settled
-    assert not check.answered(False, idle=True)  # answered once: it stays
-    assert check.spec == TensorSpec((4,), np.float32)
-    declared = RequestChecker(TensorSpec((4,), np.float32))
-    assert declared.settled and not declared.answered(False, idle=True)
-    assert declared.spec == TensorSpec((4,), np.float32)
+def test_a_provisional_spec_is_taught_again_only_when_nothing_of_it_waits():
+    waiting = [True]
+    check = RequestChecker(None, outstanding=lambda: waiting[0])
+    check(np.array([]))  # a first request the model may refuse: [n] float64
+    with pytest.raises(InputSpecError):  # it still waits: the spec holds
+        check(np.ones((2, 4), np.float32))
+    waiting[0] = False  # it failed (or its caller gave up): the next one teaches
+    check(np.ones((2, 4), np.float32))
+    assert check.spec == TensorSpec((4,), np.float32) and not check.settled
+    check.settle()  # answered once: it stays, waiting or not
+    with pytest.raises(InputSpecError):
+        check(np.array([]))
+    declared = RequestChecker(TensorSpec((4,), np.float32), outstanding=lambda: False)
+    with pytest.raises(InputSpecError):  # a declared spec is never taught
+        declared(np.array([]))
+    with pytest.raises(InputSpecError):  # nor one without an owner's word
+        RequestChecker(TensorSpec((4,), np.float32))(np.array([]))
 
 
 @pytest.mark.parametrize("first", [np.array([]), np.ones((1, 3), np.float32),
@@ -105,6 +108,30 @@ def test_a_first_request_the_model_refuses_fails_alone_in_every_entry(first):
 
     run(main())
 
+
+@pytest.mark.parametrize("give_up", ["cancelled", "past its deadline"])
+def test_a_first_request_its_caller_gave_up_on_fixes_no_spec(give_up):
+    # It never reached the model, so no answer ever said the spec was wrong: every
+    # later (right) request of every caller failed with InputSpecError.
+    def model(x):
+        return x.sum(axis=1)
+
+    good = np.ones((2, 4), np.float32)
+
+    async def main():
+        for thread in (True, False):
+            async with asr.serve(model, model_thread=thread) as evaluate:
+                if give_up == "cancelled":
+                    evaluate(np.ones((1, 3), np.float32)).cancel()
+                else:
+                    with pytest.raises(asyncio.TimeoutError):
+                        await asyncio.wait_for(evaluate(np.ones((1, 3), np.float32)), 0)
+                await asyncio.sleep(0.01)
+                assert evaluate.input_spec is None  # never answered: none said
+                np.testing.assert_array_equal(await evaluate(good), [4.0, 4.0])
+                assert evaluate.input_spec == TensorSpec((4,), np.float32)
+
+    run(main())
 
 
 @pytest.mark.parametrize("bad", [np.zeros((1, 2), np.float64), np.zeros((1, 3), np.float32),

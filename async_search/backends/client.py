@@ -148,7 +148,8 @@ class CoalescingClient(CoalescedRequests):
         self._messages = connection if isinstance(connection, ConnectedFunction) else (
             FifoConnectedFunction(connection))
         self._connection = self._messages.connection
-        self._check = RequestChecker(input_spec)
+        self._check = RequestChecker(input_spec, outstanding=self._provisional_waits)
+        self._provisional = []
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
         self._deadlines: Dict[asyncio.Future, Deadline] = {}  # requests with a timeout
@@ -244,6 +245,8 @@ class CoalescingClient(CoalescedRequests):
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if not self._check.settled:
+            self._provisional.append(fut)
         if timeout is not None:
             track_deadline(self._deadlines, fut, check_timeout(timeout),
                            note="; its rows are discarded when they come")
@@ -282,18 +285,16 @@ class CoalescingClient(CoalescedRequests):
             self._delivery.fail(message, InputSpecError(
                 f"these requests cannot be sent to {self._where}: "
                 f"{type(e).__name__}: {e}"))
-            self._settle_spec(False, self._in_flight > 0)
             return
         self._in_flight += 1
 
     def _answered(self, message: Message, answer: Any) -> None:
         self._in_flight -= 1
-        ok = False
         try:
-            ok = self._answer(message, answer)
+            if self._answer(message, answer) and not self._check.settled:
+                self._settle_by(message.batch)
         except Exception as e:  # a bug here: the message's requests still end, with it
             self._delivery.fail(message, e)
-        self._settle_spec(ok, self._in_flight > 0)
 
     def _answer(self, message: Message, answer: Any) -> bool:
         """Hands out ``answer``; True when every request of the message got its rows."""

@@ -193,7 +193,9 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         self.headers = dict(headers or {})
         self._given_spec = input_spec
         self._input_name = input_name
-        self._check = RequestChecker(input_spec, learnable=_sendable)
+        self._check = RequestChecker(input_spec, learnable=_sendable,
+                                     outstanding=self._provisional_waits)
+        self._provisional: List[asyncio.Future] = []
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
         self._deadlines: Dict[asyncio.Future, Deadline] = {}  # requests with a timeout
@@ -295,8 +297,9 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
 
     @property
     def input_spec(self) -> TensorSpec | None:
-        """The model's input, as the metadata (or the first request) says."""
-        return self._check.spec
+        """The model's input, as the metadata says, or as the first request said once a
+        request of it was answered (None before)."""
+        return self._check.spec if self._check.settled else None
 
     @property
     def num_in_flight(self) -> int:
@@ -350,6 +353,8 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
                                     f"open: use it inside 'async with'")
         loop = self._loop
         fut = loop.create_future()
+        if not self._check.settled:
+            self._provisional.append(fut)
         if timeout is not None and timeout < self.timeout:
             track_deadline(self._deadlines, fut, timeout, note=f" from {self._where}")
         if not self._xs:
@@ -405,12 +410,11 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         task.add_done_callback(self._sending.discard)
 
     async def _answer(self, call: _Call, request: Any) -> None:
-        ok = False
         try:
-            ok = await self._answer_call(call, request)
+            if await self._answer_call(call, request) and not self._check.settled:
+                self._settle_by(call.batch)
         finally:
             self._calls.discard(call)
-            self._settle_spec(ok, bool(self._calls))
             if self._xs and self._open and not self._scheduled:
                 self._flush()  # a connection is free: what waited leaves now
 

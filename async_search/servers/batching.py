@@ -96,9 +96,10 @@ class BatchingServer(AsyncWithOnly):
     Args:
         model: a callable from a batch to outputs (``base.Model``); with an
             ``input_spec``, requests are checked against it when made, else against
-            the first request (until a batch of it is answered, a first request the
-            model refuses is forgotten with its spec, so that it fails alone). Its
-            ``version`` attribute, if any, is the first version.
+            the first request (until a batch of it is answered, a request that does
+            not fit it, made when every request of it is done, teaches it again: a
+            first request the model refuses fails alone). Its ``version`` attribute,
+            if any, is the first version.
         policy: batch size (or ``"auto"``: the size with the best measured end-to-end
             rate, ``servers.batch_size``), optional delay, pipeline depth (batches in
             flight per worker).
@@ -224,7 +225,11 @@ class BatchingServer(AsyncWithOnly):
         self._swap_token = object()  # renewed at every update_model
         self._num_workers = num_workers
         self._closed_devices: List[Any] | None = None  # the threads' devices at close
-        self._check = RequestChecker(input_spec_of(model), values=values_check_of(model))
+        self._check = RequestChecker(input_spec_of(model), values=values_check_of(model),
+                                     outstanding=self._provisional_waits)
+        # The futures of requests checked under a provisional (learnt, not yet
+        # answered) spec: while one waits, a request that does not fit is refused.
+        self._provisional: List[asyncio.Future] = []
         self._shape, self._dtype = self._check.shape, self._check.dtype
         #: The model's check_values: then every request takes the checked path.
         self._values = self._check.values
@@ -349,8 +354,12 @@ class BatchingServer(AsyncWithOnly):
                 self._stats.requests += 1
                 fut.set_result(self._responses.empty_result())
                 return fut
-        elif self._values is None:  # else the fast path would skip check_values
+        elif self._values is None and self._check.settled:
+            # (else the fast path would skip check_values, or a provisional spec's
+            # bookkeeping)
             self._last_shape = x.shape
+        if not self._check.settled:
+            self._provisional.append(fut)
         # Staged here and handed to the batcher in bulk when the dispatch task runs.
         if priority:
             self._staged_urgent.append((priority, x, fut))
@@ -490,7 +499,12 @@ class BatchingServer(AsyncWithOnly):
             paired.set_result((fut.result(), version))
 
     def _checked(self, x) -> np.ndarray:
-        x = self._check(x)  # raises, or learns the spec from the first request
+        learnt = self._check.spec
+        x = self._check(x)  # raises, or learns the spec (again: _provisional_waits)
+        if learnt is not None and self._check.spec is not learnt:
+            # Every request of the spec before is done (failed, cancelled or past its
+            # deadline): none of them may join a batch of the new one.
+            self._take_queued()
         self._shape, self._dtype = self._check.shape, self._check.dtype
         return x
 
@@ -526,9 +540,9 @@ class BatchingServer(AsyncWithOnly):
     @property
     def input_spec(self) -> TensorSpec | None:
         """The spec requests are checked against: declared by the model, or learned from
-        the first request (None before it, and again after a first request the model
-        refused, until the next)."""
-        return self._check.spec
+        the first request once a request of it was answered (None before: a first
+        request the model refuses, or its caller gives up on, fixes nothing)."""
+        return self._check.spec if self._check.settled else None
 
     @property
     def trace(self) -> List[BatchRecord]:
@@ -586,7 +600,7 @@ class BatchingServer(AsyncWithOnly):
             server is not serving. Nothing has changed then.
         """
         self._require_running("update_model")
-        served_input = self._check.spec
+        served_input = self.input_spec  # (a provisional one gives way to a declared)
         new_model = replaces_model(self.model, model_or_weights)
         given_input = input_spec_of(model_or_weights) if new_model else None
         if isinstance(given_input, TensorSpec) and served_input is not None \
@@ -1082,8 +1096,8 @@ class BatchingServer(AsyncWithOnly):
                 error = e
             if error is not None:
                 self._responses.fail(popped, error)
-            if not self._check.settled:
-                self._settle_spec(error is None)
+            if error is None and not self._check.settled:
+                self._settle_by(popped.batch)
             if self._on_batch is not None and record is not None:
                 report_batch(self._on_batch, record)
         except BaseException as e:
@@ -1092,13 +1106,18 @@ class BatchingServer(AsyncWithOnly):
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
 
-    def _settle_spec(self, ok: bool) -> None:
-        """A learnt spec stays once a batch of it is answered; a failure before that,
-        with no other request under it left, forgets it (``RequestChecker.answered``)."""
-        idle = not (self._in_flight or self._batcher.queued or self._staged_xs
-                    or self._staged_urgent)
-        if self._check.answered(ok, idle):
-            self._shape = self._dtype = self._last_shape = None
+    def _settle_by(self, batch: Any) -> None:
+        """A batch was answered: a provisional spec it fits holds from now on (one of
+        an earlier spec, its requests given up on, settles nothing)."""
+        if isinstance(batch, np.ndarray) and batch.ndim and self._check.fits(batch):
+            self._check.settle()
+            self._provisional = []
+
+    def _provisional_waits(self) -> bool:
+        """Whether a request checked under the provisional spec still waits (the
+        checker's ``outstanding``)."""
+        self._provisional = [fut for fut in self._provisional if not fut.done()]
+        return bool(self._provisional)
 
     def _tune(self, size: int, answered: int | None) -> None:
         """max_batch_size='auto': one more batch back (``answered``: None for all its

@@ -53,8 +53,9 @@ class Immediate:
         self._on_batch = on_batch
         # The model's check_values too, as a server's: the JAX adapter refuses values
         # it would compute wrongly (int64 past int32 without x64, say)
-        self._check = RequestChecker(input_spec_of(model), values=values_check_of(model))
-        self._unanswered = 0  # calls under a learnt spec not answered yet (_first_call)
+        self._check = RequestChecker(input_spec_of(model), values=values_check_of(model),
+                                     outstanding=lambda: self._unanswered > 0)
+        self._unanswered = 0  # calls under a provisional spec under way (_first_call)
         self._stats = ServingStats(trace_size)
         # As a server's: every call's outputs keep the declared spec's structure or,
         # without one, the first call's; a zero-row call gets the empty output.
@@ -81,19 +82,19 @@ class Immediate:
         return self._answer(x, timeout)
 
     async def _first_call(self, x: np.ndarray, timeout: float | None) -> Outputs:
-        """A call under a spec learnt from a first request and not answered yet: a
-        failure with no other such call under way forgets it (as a server does), so that
-        a first request the model refuses fails alone."""
+        """A call under a spec learnt from a first request and not answered yet: its
+        answer settles the spec; while none is under way, a request that does not fit
+        teaches it again (as a server's), so a first request the model refuses fails
+        alone."""
         self._unanswered += 1
-        ok = False
         try:
             await self._let_the_loop_run()
             y = self._answer(x, timeout)
-            ok = True
-            return y
         finally:
             self._unanswered -= 1
-            self._check.answered(ok, idle=not self._unanswered)
+        if self._check.fits(x):
+            self._check.settle()
+        return y
 
     def _answer(self, x: np.ndarray, timeout: float | None) -> Outputs:
         if not len(x) and self._outputs.empty_output is not None:

@@ -143,6 +143,18 @@ async def test_a_first_request_the_server_refuses_does_not_fix_the_learnt_spec()
         client(np.array([]))
 
 
+async def test_a_first_request_its_caller_cancelled_does_not_fix_the_learnt_spec():
+    client, server = client_and_server()
+    client(np.ones((1, 3), np.float32)).cancel()  # dropped before it left
+    await asyncio.sleep(0)
+    assert received(server) == []
+    good = client(np.ones((1, 4), np.float32))
+    await asyncio.sleep(0)
+    (batch,) = received(server)
+    server.send((batch * 2, 0))
+    np.testing.assert_array_equal(await asyncio.wait_for(good, 5), [[2.0] * 4])
+
+
 async def test_with_version_reports_the_version_sent_back_with_the_message():
     client, server = client_and_server()
     pairs = [asyncio.ensure_future(client.with_version(np.full((n, 1), n, np.float32)))

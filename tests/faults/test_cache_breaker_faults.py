@@ -12,6 +12,7 @@ import pytest
 
 import async_search as asr
 from async_search.errors import CircuitOpenError, InputSpecError, RemoteError
+from async_search.models import with_spec
 from async_search.routing.breaker import BreakerPolicy, BreakerState
 from async_search.routing.cache import CachedEvaluate
 from async_search.routing.router import Router
@@ -214,7 +215,9 @@ def healthy(n, seed):
 
 
 async def test_poison_requests_open_no_breaker_and_healthy_traffic_flows():
-    model = faulty.FaultyModel()
+    # Declared: every request before the first answered one is poison here, and a spec
+    # learnt from requests is taught again until one is answered (requests.py).
+    model = with_spec(faulty.FaultyModel(), (3,), np.float32)
     tally = Tally()
     async with asr.serve(model) as a, asr.serve(model) as b, asr.serve(model) as c:
         servers = {"a": Counted(a), "b": Counted(b), "c": Counted(c)}

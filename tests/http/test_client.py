@@ -4,6 +4,7 @@ connections, and KServe's Python model server (a peer no one here wrote)."""
 import asyncio
 import contextlib
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -307,6 +308,38 @@ async def test_a_first_request_the_model_refuses_fixes_no_spec_on_either_side():
         np.testing.assert_array_equal(await within(a(good), "the same client's"), [4, 4])
         np.testing.assert_array_equal(await within(b(good), "another client's"), [4, 4])
         assert a.input_spec == asr.TensorSpec((4,), np.float32)
+
+
+async def test_a_client_opened_while_a_first_request_waits_takes_no_spec_from_it():
+    # The metadata advertised the spec of a first request still in the model: a client
+    # opened then took it as declared, and refused every right request after that one
+    # failed.
+    started = asyncio.Event()
+    release = threading.Event()
+
+    def model(x):
+        started_in_loop()
+        release.wait(10)
+        if x.dtype != np.float32 or x.shape[1:] != (4,):
+            raise ValueError("takes [n, 4] float32")
+        return x.sum(axis=1)
+
+    good = np.ones((2, 4), np.float32)
+    async with asr.serve(model, model_thread=True) as served, \
+            HttpFront({"m": served}) as f, RemoteEvaluate(f.url, "m", retries=0) as a:
+        loop = asyncio.get_running_loop()
+
+        def started_in_loop():
+            loop.call_soon_threadsafe(started.set)
+
+        first = asyncio.ensure_future(a(np.ones((1, 3), np.float32)))
+        await within(started.wait(), "the first request in the model")
+        async with RemoteEvaluate(f.url, "m", retries=0) as b:
+            assert b.input_spec is None
+            release.set()
+            with pytest.raises(RemoteError, match="takes"):
+                await within(first, "the refused first request")
+            np.testing.assert_array_equal(await within(b(good), "b's request"), [4, 4])
 
 
 async def test_what_the_server_answers_becomes_the_matching_error():

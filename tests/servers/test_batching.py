@@ -700,12 +700,17 @@ async def test_answers_come_in_the_machine_s_byte_order_however_they_were_batche
         return (x * 2).astype(">f4")
 
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    answers = [await asr.immediate(model)(x)]
-    for size in (8, 2):
-        async with asr.serve(model, max_batch_size=size) as evaluate:
-            answers.append(await evaluate(x))
-            cached = asr.CachedEvaluate(evaluate)
-            answers += [await cached(x), await cached(x)]  # a miss, then a hit
+    declared = with_spec(model, (4,), np.float32, asr.TensorSpec((4,), ">f4"))
+    answers = []
+    for served in (model, declared):  # a declared '>f4' output cast them back to it
+        answers.append(await asr.immediate(served)(x))
+        for size in (8, 2):
+            async with asr.serve(served, max_batch_size=size) as evaluate:
+                answers.append(await evaluate(x))
+                cached = asr.CachedEvaluate(evaluate)
+                answers += [await cached(x), await cached(x)]  # a miss, then a hit
+                empty = await evaluate(x[:0])
+                assert empty.dtype == np.float32 and empty.dtype.isnative
     for y in answers:
         assert y.dtype == np.float32 and y.dtype.isnative
         np.testing.assert_array_equal(y, x * 2)
