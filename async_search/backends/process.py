@@ -197,14 +197,17 @@ class _ClientProcess:
         self._server_end = server_end.close_unused_ends()
         self._serving = asyncio.ensure_future(connections.serve(self._server_end))
         self._stopped = False
+        self._closed_with: int | None = None  # its exit code, once stop closed it
 
     async def events(self):
         while True:
             try:
                 kind, payload = await self._results.get_async()
             except ClosedConnection:
-                await asyncio.to_thread(self._process.join, 5)
-                code = self._process.exitcode
+                code = self._closed_with
+                if code is None:  # (not yet closed by stop)
+                    await asyncio.to_thread(self._process.join, 5)
+                    code = self._process.exitcode
                 if not self._alive and code is not None and code > 0:
                     # An error in Python's start of the process, before client_main:
                     # every new process would meet it again.
@@ -259,6 +262,12 @@ class _ClientProcess:
             # error).
             for queue in (self._server_end.inbound, self._server_end.outbound):
                 queue.close()
+            # Reaped: its sentinel pipe is closed now, not when the collector gets to
+            # it (a failed run's traceback keeps it for a while: a retry at a tight
+            # ulimit -n ran out of descriptors).
+            if process.exitcode is not None:
+                self._closed_with = process.exitcode
+                process.close()
 
 
 def _end_process(process: Any) -> None:

@@ -201,7 +201,12 @@ def test_clients_past_the_open_file_limit_fail_the_run_naming_the_limit():
         "    asr.run_searches(searches.echo_sum, list(range(40)), searches.small_mlp,\n"
         "                     backend='process', num_procs=20)\n"
         "except OSError as e:\n"
-        "    print(type(e).__name__, e.errno, e)\n")
+        "    print(type(e).__name__, e.errno, e)\n"
+        # fewer num_procs, as it says, and at once: the failed run's pipes (kept by
+        # its traceback until the collector ran) failed this one too
+        "out = asr.run_searches(searches.echo_sum, [1, 2, 3, 4, 5, 6],\n"
+        "                       searches.small_mlp, backend='process', num_procs=6)\n"
+        "print('then', list(out))\n")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     run = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
                          text=True, timeout=120)
@@ -209,6 +214,7 @@ def test_clients_past_the_open_file_limit_fail_the_run_naming_the_limit():
     assert run.stdout.startswith("OSError 24 "), run.stdout
     assert "the open-file limit (ulimit -n) is 64" in run.stdout
     assert "for num_procs=20, or use fewer num_procs" in run.stdout
+    assert "\nthen [" in run.stdout, run.stdout + run.stderr[-3000:]
 
 
 def test_a_full_system_file_table_is_not_called_this_processs_limit():
