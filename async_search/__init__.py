@@ -11,8 +11,8 @@ Example:
 """
 
 from async_search.backends import SearchResults, run_searches, run_searches_async
-from async_search.base import (Evaluate, Model, Outputs, TensorSpec, Versioned,
-                               VersionedEvaluate)
+from async_search.base import (Evaluate, Model, Outputs, TensorSpec, TimedEvaluate,
+                               Versioned, VersionedEvaluate)
 from async_search.errors import (CheckpointError, CircuitOpenError, ClosedConnection,
                                  CloseTimeoutError, ConnectionGoneError,
                                  DeviceNotFoundError, FileWriteError, InputSpecError,
@@ -28,7 +28,8 @@ from async_search.routing import CachedEvaluate, Router
 from async_search.servers import immediate, serve, serve_connection
 
 __all__ = [
-    "Evaluate", "Model", "Outputs", "TensorSpec", "Versioned", "VersionedEvaluate",
+    "Evaluate", "Model", "Outputs", "TensorSpec", "TimedEvaluate", "Versioned",
+    "VersionedEvaluate",
     # every exception a caller can get (errors.py)
     "CheckpointError", "CircuitOpenError", "ClosedConnection", "CloseTimeoutError",
     "ConnectionGoneError", "DeviceNotFoundError", "FileWriteError", "InputSpecError",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Hashable, List, Mapping,
-                    Optional, Protocol, Sequence, Tuple, Union, runtime_checkable)
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Hashable, List, Optional,
+                    Protocol, Sequence, Tuple, runtime_checkable)
 
 import numpy as np
 
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 from async_search.checks import check_int
 
-__all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "VersionedEvaluate",
+__all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "TimedEvaluate", "Versioned",
+           "VersionedEvaluate",
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
            "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version",
            "values_check_of", "evaluated", "check_awaitable",
@@ -26,8 +27,10 @@ __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "Versioned", "Versioned
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
 #: dimension is the batch (a policy and a value, say). Callers get a list or a named
-#: tuple as a plain tuple, from ``serve`` and ``immediate`` alike.
-Outputs = Union[np.ndarray, Tuple[np.ndarray, ...], Mapping[str, np.ndarray]]
+#: tuple as a plain tuple, from ``serve`` and ``immediate`` alike. Typed as Any: a
+#: caller knows its model's kind, and a union would make it narrow every answer
+#: (``y.shape`` of an array, ``logits, value = y`` of a pair) before its first use.
+Outputs = Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +104,20 @@ class Evaluate(Protocol):
     """What a search awaits: ``y = await evaluate(x)`` with ``x[n, ...] -> y[n, ...]``."""
 
     def __call__(self, x: np.ndarray) -> Awaitable[Outputs]: ...
+
+
+class TimedEvaluate(Evaluate, Protocol):
+    """An evaluate that takes a deadline per request (``serve``'s, ``immediate``, the
+    clients of every backend, ``Router``, ``CachedEvaluate``): what a search that asks
+    ``await evaluate(x, timeout=0.5)`` is typed with.
+
+    Example:
+        >>> async def search(start, evaluate: TimedEvaluate):
+        ...     return await evaluate(np.zeros((1, 4), np.float32), timeout=0.5)
+    """
+
+    def __call__(self, x: np.ndarray, timeout: float | None = None
+                 ) -> Awaitable[Outputs]: ...
 
 
 @runtime_checkable

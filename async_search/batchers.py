@@ -156,7 +156,7 @@ class Batcher(abc.ABC):
         if "_cost" in cls.__dict__:
             cls.priced = True
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._xs: List[np.ndarray] = []
         self._tags: List[Any] = []
         self._ends: List[float] = []  # running total of cost at the end of each request

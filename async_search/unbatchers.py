@@ -37,7 +37,7 @@ class Unbatcher:
     ``slice`` and ``concat``.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._sizes: Deque[int] = collections.deque()
         self._pieces: List[Outputs] = []  # outputs so far of the request at the front
         self._done = 0  # elements of the front request received so far

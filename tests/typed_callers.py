@@ -4,6 +4,8 @@ shipped problem met the search protocols, ``TensorSpec((16,), np.float32)`` was 
 a chooser's coroutine was not one). Run only by mypy, never imported by the tests."""
 
 import asyncio
+import os
+import pathlib
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,7 @@ import numpy as np
 import async_search as asr
 from async_search import problems, search
 from async_search.batchers import BatchManager, BatchSizeBatcher
-from async_search.models import MLP
+from async_search.models import MLP, with_spec
 
 spec = asr.TensorSpec((16,), np.float32)
 spec_of_a_list = asr.TensorSpec([9, 9], "float32")
@@ -70,3 +72,75 @@ def seed_level() -> None:
     m = BatchManager(BatchSizeBatcher(8))
     m.add_inputs([1.0, 2.0, 3.0])
     m.add_inputs(np.zeros((2, 3)))
+
+
+async def answers_used_as_arrays(x: np.ndarray) -> None:
+    # an answer is Any (its kind is the model's): no narrowing before its first use
+    ev = asr.immediate(model)
+    y = await ev(x)
+    print(y.shape, y[:, 0])
+    router = asr.Router({"a": ev})
+    print((await router(x)).shape, float((await asr.CachedEvaluate(ev)(x)).sum()))
+    logits, value = await asr.immediate(problems.pretrained("connect_four"))(x)
+    print(logits.shape, value)
+
+
+async def deadline_search(start: Any, evaluate: asr.TimedEvaluate) -> Any:
+    return await evaluate(np.zeros((1, 16), np.float32), timeout=0.5)
+
+
+def more_backends() -> None:
+    out = asr.run_searches(deadline_search, [0, 1], lambda: model, backend="process",
+                           max_batch_size="auto")
+    print(list(out))
+
+
+async def http_fronts(x: np.ndarray) -> None:
+    from async_search.http import GrpcFront, GrpcRemoteEvaluate, HttpFront, RemoteEvaluate
+
+    async with asr.serve(model) as evaluate:
+        async with HttpFront({"net": evaluate}) as http, GrpcFront(http.repository) as g:
+            async with GrpcRemoteEvaluate(g.address, "net") as remote:
+                print((await remote(x)).shape)
+            async with RemoteEvaluate(http.url, "net") as over_http:
+                print((await over_http(x)).shape)
+
+
+def typed_pieces(tmp: "os.PathLike[str]") -> None:
+    from async_search.routing.router import LeastOutstanding, RoundRobin
+    from async_search.training import Commander, CommanderConfig
+    from async_search.unbatchers import NumpyUnbatcher
+
+    print(problems.ConnectFour(), NumpyUnbatcher(), RoundRobin(), LeastOutstanding())
+    Commander(CommanderConfig(iterations=1), save_dir=pathlib.Path(tmp) / "c4")
+    with_spec(lambda batch: [batch, batch], (4,), np.float32)  # a list of outputs
+
+
+class Nim:
+    """A researcher's own game, typed as they would type it (a list of actions)."""
+
+    input_spec = asr.TensorSpec((1,), np.float32)
+    num_actions = 2
+
+    def initial_state(self) -> int:
+        return 5
+
+    def check_state(self, state: int) -> None:
+        pass
+
+    def legal_actions(self, state: int) -> list[int]:
+        return [a for a in (0, 1) if a < state]
+
+    def play(self, state: int, action: int) -> int:
+        return state - action - 1
+
+    def terminal_value(self, state: int) -> float | None:
+        return -1.0 if state == 0 else None
+
+    def encode(self, states: Any) -> np.ndarray:
+        return np.array([[s] for s in states], np.float32)
+
+
+async def own_game(evaluate: asr.Evaluate) -> None:
+    game = Nim()
+    print((await search.mcts(game, game.initial_state(), evaluate, num_simulations=8)).action)

@@ -36,6 +36,7 @@ from async_search.backends.results import SearchResults
 from async_search.backends.servers import ModelServers, OnServers, ServersHook
 from async_search.checks import check_callable
 from async_search.event_loops import loop_factory
+from async_search.servers.batch_size import AutoBatchSize
 from async_search.servers.policy import DispatchPolicy
 
 __all__ = ["run_searches", "run_searches_async", "RunConfig", "RayPlacement",
@@ -97,7 +98,8 @@ def _check_callables(search_fn: Any, model_factory: Any, progress: Any) -> None:
 async def run_searches_async(search_fn: SearchFn, starts: Sequence[Any],
                              model_factory: Callable[[], Any], *, backend: str = "local",
                              num_procs: int = 1, num_servers: int = 1,
-                             max_batch_size: int = 256, max_delay: float | None = None,
+                             max_batch_size: int | str | AutoBatchSize = 256,
+                             max_delay: float | None = None,
                              pipeline_depth: int = 2, use_uvloop: bool = False,
                              address: str | None = None,
                              total_gpu_frac: float | None = None,
@@ -187,7 +189,8 @@ async def _run(runner, search_fn, starts: list, model_factory, config: RunConfig
 
 def run_searches(search_fn: SearchFn, starts: Sequence[Any],
                  model_factory: Callable[[], Any], *, backend: str = "local",
-                 num_procs: int = 1, num_servers: int = 1, max_batch_size: int = 256,
+                 num_procs: int = 1, num_servers: int = 1,
+                 max_batch_size: int | str | AutoBatchSize = 256,
                  max_delay: float | None = None, pipeline_depth: int = 2,
                  use_uvloop: bool = False, address: str | None = None,
                  total_gpu_frac: float | None = None, model_thread: bool | str = "auto",

@@ -9,8 +9,18 @@ so every name here is imported on first use.
 """
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 from async_search.extras import extra_error, is_missing_extra
+
+if TYPE_CHECKING:  # what a type checker reads (each is imported on first use)
+    from async_search.http.client import RemoteEvaluate
+    from async_search.http.front import HttpFront
+    from async_search.http.grpc_client import GrpcRemoteEvaluate
+    from async_search.http.grpc_front import GrpcFront
+    from async_search.http.limits import HttpLimits
+    from async_search.http.metrics import ServingMetrics
+    from async_search.http.repository import ModelRepository, ModelSource
 
 __all__ = ["HttpFront", "HttpLimits", "ModelRepository", "ModelSource", "ServingMetrics",
            "RemoteEvaluate", "GrpcFront", "GrpcRemoteEvaluate"]
@@ -21,7 +31,7 @@ _HOMES = {"HttpFront": "front", "HttpLimits": "limits", "ModelRepository": "repo
           "GrpcRemoteEvaluate": "grpc_client"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _HOMES:
         try:
             home = importlib.import_module(f"{__name__}.{_HOMES[name]}")

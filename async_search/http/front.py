@@ -190,7 +190,7 @@ class HttpFront(FrontLifetime):
         self.enable_repository = bool(enable_repository)
         self.repository_token = repository_token
         self.metrics = metrics if metrics is not None else ServingMetrics()
-        self.repository: ModelRepository | None = None
+        self._repository: ModelRepository | None = None
         workers = self.limits.offload_workers  # their pipes are kept out of the cap
         self.connections = ConnectionLimiter(
             connection_cap(self.limits.max_connections, workers),
@@ -214,6 +214,15 @@ class HttpFront(FrontLifetime):
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def repository(self) -> ModelRepository:
+        """The models served (set when the front is entered: a ``GrpcFront`` beside
+        it may serve the same ones)."""
+        if self._repository is None:
+            raise RuntimeError(f"{type(self).__name__}.repository is set when the front "
+                               f"is entered (async with)")
+        return self._repository
 
     @property
     def requests_in_progress(self) -> int:
@@ -252,7 +261,7 @@ class HttpFront(FrontLifetime):
                 stack.callback(self._bound_close, repository)
             else:
                 repository = self._models  # its owner closes it
-            self.repository = repository
+            self._repository = repository
             for name in repository.names:
                 entry = repository.entry(name)
                 self.metrics.watch(name, provider=lambda e=entry: e.evaluate)
@@ -449,11 +458,11 @@ class HttpFront(FrontLifetime):
 
     async def _ready(self, request: web.Request) -> web.Response:
         ready = not self._closing and any(
-            self.repository.entry(n).ready for n in self.repository.names)
+            self._repository.entry(n).ready for n in self._repository.names)
         return _json({"ready": ready}, 200 if ready else 503)
 
     def _entry(self, request: web.Request) -> ModelEntry:
-        return self.repository.entry(request.match_info["name"],
+        return self._repository.entry(request.match_info["name"],
                                      request.match_info.get("version"))
 
     async def _model_metadata(self, request: web.Request) -> web.Response:
@@ -544,14 +553,14 @@ class HttpFront(FrontLifetime):
         return payload.get("parameters", {})
 
     async def _index(self, request: web.Request) -> web.Response:
-        return _json(self.repository.index())
+        return _json(self._repository.index())
 
     async def _load(self, request: web.Request) -> web.Response:
         self._repository_allowed(request)
         name = request.match_info["name"]
         parameters = await self._parameters(request)
-        await self.repository.load(name, parameters)
-        entry = self.repository.entry(name)
+        await self._repository.load(name, parameters)
+        entry = self._repository.entry(name)
         return _json({"name": name, "version": entry.version, "state": "READY"})
 
     async def _unload(self, request: web.Request) -> web.Response:
@@ -563,7 +572,7 @@ class HttpFront(FrontLifetime):
             unknown = sorted(str(k)[:40] for k in parameters)
             raise ProtocolError(f"unknown unload parameters {unknown[:10]}: the only "
                                 f"unload parameter is unload_dependents")
-        await self.repository.unload(name)
+        await self._repository.unload(name)
         return _json({"name": name, "state": "UNAVAILABLE"})
 
     # -- inference --------------------------------------------------------------------
@@ -573,7 +582,7 @@ class HttpFront(FrontLifetime):
         version = ""
         try:
             entry = self._entry(request)
-            evaluate = self.repository.serving(name, request.match_info.get("version"))
+            evaluate = self._repository.serving(name, request.match_info.get("version"))
             header_length = request.headers.get(HEADER_LENGTH)
             length = request.content_length
             if length is not None and length > self.max_body_bytes:
@@ -606,7 +615,7 @@ class HttpFront(FrontLifetime):
         except Exception as e:
             # None: an error the front did not expect, which the middleware answers 500
             status = http_status(e) or 500
-            if name in self.repository.names:  # never a label per unknown name sent
+            if name in self._repository.names:  # never a label per unknown name sent
                 self.metrics.observe_request(name, version, status,
                                              time.perf_counter() - start)
             raise

@@ -139,7 +139,7 @@ class GrpcFront(FrontLifetime):
                                              minimum=1)
         self.shutdown_timeout = check_float("shutdown_timeout", shutdown_timeout,
                                             minimum=0)
-        self.repository: ModelRepository | None = None
+        self._repository: ModelRepository | None = None
         self._server: grpc.aio.Server | None = None
         self._exit: contextlib.AsyncExitStack | None = None
         self._closing = False
@@ -160,6 +160,15 @@ class GrpcFront(FrontLifetime):
         return self._closing
 
     @property
+    def repository(self) -> ModelRepository:
+        """The models served (set when the front is entered: a ``GrpcFront`` beside
+        it may serve the same ones)."""
+        if self._repository is None:
+            raise RuntimeError(f"{type(self).__name__}.repository is set when the front "
+                               f"is entered (async with)")
+        return self._repository
+
+    @property
     def requests_in_progress(self) -> int:
         """RPCs in the handlers now."""
         return len(self._handling)
@@ -170,12 +179,12 @@ class GrpcFront(FrontLifetime):
             raise RuntimeError("a GrpcFront can be entered once")
         async with contextlib.AsyncExitStack() as stack:
             if isinstance(self._models, ModelRepository):
-                self.repository = self._models  # its owner closes it
+                self._repository = self._models  # its owner closes it
             else:
-                self.repository = await stack.enter_async_context(
+                self._repository = await stack.enter_async_context(
                     ModelRepository(self._models))
                 # After the drain, before the repository closes: as HttpFront's.
-                stack.callback(self._bound_close, self.repository)
+                stack.callback(self._bound_close, self._repository)
             self._server = grpc.aio.server(
                 options=[("grpc.max_receive_message_length", self.max_message_bytes),
                          ("grpc.max_send_message_length", -1),
@@ -261,10 +270,10 @@ class GrpcFront(FrontLifetime):
     # -- the methods ------------------------------------------------------------------
     async def server_ready(self) -> bool:
         return not self._closing and any(
-            self.repository.entry(n).ready for n in self.repository.names)
+            self._repository.entry(n).ready for n in self._repository.names)
 
     async def model_metadata(self, name: str, version: str) -> "pb.ModelMetadataResponse":
-        metadata = self.repository.entry(name, version or None).metadata()
+        metadata = self._repository.entry(name, version or None).metadata()
         response = pb.ModelMetadataResponse(name=metadata["name"],
                                             versions=metadata["versions"],
                                             platform=metadata["platform"])
@@ -276,12 +285,12 @@ class GrpcFront(FrontLifetime):
         return response
 
     async def model_ready(self, name: str, version: str) -> bool:
-        return self.repository.entry(name, version or None).ready
+        return self._repository.entry(name, version or None).ready
 
     async def infer(self, request: "pb.ModelInferRequest") -> "pb.ModelInferResponse":
         name, version = request.model_name, request.model_version or None
-        entry = self.repository.entry(name, version)
-        evaluate = self.repository.serving(name, version)
+        entry = self._repository.entry(name, version)
+        evaluate = self._repository.serving(name, version)
         decoded = decode_request(request, max_elements=self.max_message_bytes)
         x = kserve.input_array(decoded, entry.input_name, entry.input_spec)
         try:

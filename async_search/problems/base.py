@@ -118,7 +118,7 @@ class Game(Protocol):
     def check_state(self, state: State) -> None:
         """Raise ValueError, naming the game and the fix, unless ``state`` is valid."""
 
-    def legal_actions(self, state: State) -> Tuple[int, ...]:
+    def legal_actions(self, state: State) -> Sequence[int]:
         """The actions the player to move may take, ascending; empty exactly when the
         game is over (searches rely on it to skip the terminal test)."""
 

@@ -122,7 +122,7 @@ class ConnectFour:
     rows = _ROWS
     columns = _COLUMNS
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.input_spec = TensorSpec((2, _ROWS, _COLUMNS), np.float32)
 
     def __repr__(self) -> str:

@@ -68,7 +68,7 @@ class RoundRobin:
     server failed (the router asks with the same array) takes no turn: it goes to the
     next server after that one, so the requests after it still take turns."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._turn = itertools.count()
         self._last: Tuple[Any, str] | None = None  # (weakref to the request, its server)
 
@@ -90,7 +90,7 @@ class RoundRobin:
 class LeastOutstanding:
     """Each request goes to the server with the fewest requests in flight (ties in turn)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._turn = itertools.count()
 
     def assign(self, x, candidates, servers, outstanding) -> str:

@@ -18,7 +18,8 @@ def serve(model: Any, max_batch_size: int | str | AutoBatchSize = 256,
           batcher: Batcher | None = None, model_thread: bool | str = "auto",
           num_workers: int = 1, on_batch: Callable[[BatchRecord], None] | None = None,
           devices: Sequence[Any] | None = None,
-          trace_size: int | None = TRACE_SIZE) -> contextlib.AbstractAsyncContextManager:
+          trace_size: int | None = TRACE_SIZE,
+          ) -> contextlib.AbstractAsyncContextManager[BatchingServer]:
     """Serve ``model`` in batches to every coroutine of the running loop.
 
     Yields ``evaluate``: ``await evaluate(x)`` with ``x[n, ...]`` returns the model's

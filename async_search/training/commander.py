@@ -303,8 +303,9 @@ class Commander:
         ```
     """
 
-    def __init__(self, config: CommanderConfig, save_dir: str | None = None, *,
-                 resume: bool = False, progress: Optional[PhaseProgress] = None):
+    def __init__(self, config: CommanderConfig,
+                 save_dir: str | os.PathLike[str] | None = None, *,
+                 resume: bool = False, progress: Optional[PhaseProgress] = None) -> None:
         self.save_dir = save_dir
         self.progress = progress
         self.game = ConnectFour()
@@ -358,7 +359,7 @@ class Commander:
         self._exported = self.best_version
 
     @staticmethod
-    def check_resume(config: CommanderConfig, save_dir: str) -> int:
+    def check_resume(config: CommanderConfig, save_dir: str | os.PathLike[str]) -> int:
         """Checks, before any work, that the run saved in ``save_dir`` can continue with
         ``config`` (``state.json`` only: the nets and the buffer are checked when the
         run loads them). Returns the iterations it has done.

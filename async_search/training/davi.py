@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 
@@ -265,8 +265,9 @@ class Davi:
         'LearnedHeuristic'
     """
 
-    def __init__(self, config: DaviConfig, *, weights=None, save_dir: str | None = None,
-                 resume: bool = False):
+    def __init__(self, config: DaviConfig, *, weights: Any = None,
+                 save_dir: str | os.PathLike[str] | None = None,
+                 resume: bool = False) -> None:
         self.puzzle = SlidingPuzzle(config.size)
         self.history: List[DaviRecord] = []
         self.target_updates = 0
@@ -295,7 +296,7 @@ class Davi:
         """Rounds completed (a resumed run counts those done before)."""
         return len(self.history)
 
-    def model(self):
+    def model(self) -> Any:
         """The trained heuristic (NumPy, exact grid)."""
         return self.trainer.model()
 
@@ -344,7 +345,7 @@ class Davi:
         }, buffers={"buffer": self.buffer})
 
     @staticmethod
-    def check_resume(config: DaviConfig, save_dir: str) -> int:
+    def check_resume(config: DaviConfig, save_dir: str | os.PathLike[str]) -> int:
         """Checks, before any work, that the run saved in ``save_dir`` can continue with
         ``config`` (``state.json`` only: the nets and the buffer are checked when the
         run loads them). Returns the rounds it has done.
