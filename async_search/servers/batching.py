@@ -140,9 +140,11 @@ class BatchingServer(AsyncWithOnly):
           the next batch is served. What a future cannot carry as it is
           (StopIteration, a CancelledError raised by the model, SystemExit) fails the
           batch as ModelRaisedError, the original as its ``__cause__``; but with
-          ``model_thread=False`` a SystemExit, like a KeyboardInterrupt, is taken for
-          the program's stop (a signal handler's ``sys.exit`` lands in whatever runs
-          on the main thread): it crashes the server, as below, and goes on up.
+          ``model_thread=False`` on the main thread a SystemExit, like a
+          KeyboardInterrupt, is taken for the program's stop (a signal handler's
+          ``sys.exit`` lands in whatever runs on the main thread): it crashes the
+          server, as below, and goes on up (on a loop in another thread, where no
+          signal handler runs, both fail their batch).
         - Every batch's outputs must keep the structure of the declared
           ``output_spec`` or, without one, of the first batch: the same kind (array,
           tuple of as many outputs, dict of the same keys), trailing shapes and row
@@ -154,8 +156,8 @@ class BatchingServer(AsyncWithOnly):
         - When one batch of a request split across batches fails, the whole request
           fails and the pieces from its other batches are dropped.
         - Whatever kills the serving coroutine (a batcher that raises, a bug, a
-          KeyboardInterrupt while the model runs on the loop, a SystemExit there with
-          ``model_thread=False``, the dispatch task being cancelled) fails every
+          KeyboardInterrupt while the model runs on a main-thread loop, a SystemExit
+          there with ``model_thread=False``, the dispatch task being cancelled) fails every
           queued and in-flight request with ServerCrashedError (a ServerClosedError;
           the cause is its ``__cause__``) and closes the server:
           later calls raise it at once, and leaving the context raises it when the body

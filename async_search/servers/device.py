@@ -168,7 +168,13 @@ class InlineDevice:
             # SystemExit go on up and crash the server.
             outputs, error = None, deliverable(e)
         except BaseException as e:
-            if not self._contain_exits or isinstance(e, KeyboardInterrupt):
+            # On the main thread a KeyboardInterrupt is Ctrl-C's and a SystemExit may be
+            # a signal handler's: they stop the program. On a loop in another thread (a
+            # Ray actor's), where no signal handler runs, they are the model's own and
+            # fail its batch, as in a device thread: raised there, they ended the loop's
+            # thread and left every client waiting.
+            if threading.current_thread() is threading.main_thread() and (
+                    not self._contain_exits or isinstance(e, KeyboardInterrupt)):
                 raise
             outputs, error = None, deliverable(e)
         done(token, outputs, error, time.perf_counter() - start, version)

@@ -716,6 +716,32 @@ async def test_answers_come_in_the_machine_s_byte_order_however_they_were_batche
         np.testing.assert_array_equal(y, x * 2)
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_program_stop_raised_by_a_model_on_a_loop_off_the_main_thread_fails_its_batch(
+        stop):
+    # A Ray actor's loop runs in a thread, where no signal handler runs: the stop was
+    # the model's own, yet it ended that thread's loop and every client waited for good.
+    def model(x):
+        if (x < 0).any():
+            raise stop()
+        return x * 2
+
+    outcome = []
+
+    async def main():
+        async with asr.serve(model, model_thread=False) as evaluate:
+            with pytest.raises(ModelRaisedError) as raised:
+                await asyncio.wait_for(evaluate(-np.ones((1, 3), np.float32)), 5)
+            assert isinstance(raised.value.__cause__, stop)
+            y = await asyncio.wait_for(evaluate(np.ones((1, 3), np.float32)), 5)
+            outcome.append(y.tolist())
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()))
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive() and outcome == [[[2.0, 2.0, 2.0]]]
+
+
 async def test_a_zero_element_request_after_an_accepted_shape_resolves_at_once():
     async with asr.serve(doubling()) as evaluate:
         await evaluate(np.ones((1, 3), np.float32))
