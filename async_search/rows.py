@@ -29,7 +29,7 @@ from async_search.errors import ModelOutputError
 
 __all__ = [
     "count", "check_count", "take", "concatenate", "split", "leaves", "labelled_leaves", "holds_no_objects",
-    "map_leaves", "plain", "check", "OutputStructure", "rows_of", "stack", "assemble",
+    "map_leaves", "plain", "owned", "check", "OutputStructure", "rows_of", "stack", "assemble",
     "frozen_copy", "row_keys"]
 
 _ndarray = np.ndarray
@@ -205,6 +205,25 @@ def plain(outputs: Outputs) -> Outputs:
             isinstance(v, np.ndarray) and (type(v) is not _ndarray or not v.dtype.isnative)
             for v in leaves(outputs)):
         return map_leaves(_plain_leaf, outputs)
+    return outputs
+
+
+def owned(outputs: Outputs) -> Outputs:
+    """``outputs`` with every read-only array copied: what arrived from another process
+    is the caller's to write, on every transport (Ray's actor calls hand arrays over
+    read-only, from its object store; a pickle gives writable ones).
+
+    Example:
+        >>> y = np.zeros(2); y.flags.writeable = False
+        >>> owned(y).flags.writeable, owned((y, y))[1].flags.writeable
+        (True, True)
+    """
+    if type(outputs) is _ndarray:
+        return outputs if outputs.flags.writeable else outputs.copy()
+    if isinstance(outputs, (tuple, dict)) and any(
+            isinstance(v, np.ndarray) and not v.flags.writeable for v in leaves(outputs)):
+        return map_leaves(lambda v: v.copy() if isinstance(v, np.ndarray)
+                          and not v.flags.writeable else v, outputs)
     return outputs
 
 

@@ -309,7 +309,7 @@ class CoalescingClient(CoalescedRequests):
             error = unpack_error(answer, f"raised in {self._where}")
         elif isinstance(answer, tuple) and len(answer) == 2:
             outputs, version = answer
-            error = self._delivery.deliver(message, outputs, version)
+            error = self._delivery.deliver(message, rows.owned(outputs), version)
         else:
             error = ModelOutputError(f"{self._where} sent a malformed answer "
                                      f"({type(answer).__name__}), not (outputs, version)")
@@ -357,7 +357,8 @@ class CoalescingClient(CoalescedRequests):
                 self._delivery.fail(ok, unpack_error(answer.error_of(0),
                                                      f"raised in {self._where}"))
                 return
-            computed = rows.concatenate([outputs for _, outputs in answer.computed])
+            computed = rows.owned(rows.concatenate(
+                [outputs for _, outputs in answer.computed]))
             ok.batch = np.concatenate(ok.pieces)
             outputs = rows.take(computed, np.concatenate(positions))
             problem = self._delivery.deliver(ok, outputs, answer.version)

@@ -155,6 +155,21 @@ async def test_a_first_request_its_caller_cancelled_does_not_fix_the_learnt_spec
     np.testing.assert_array_equal(await asyncio.wait_for(good, 5), [[2.0] * 4])
 
 
+async def test_answers_that_arrive_read_only_are_the_callers_to_write():
+    # Ray's actor calls hand arrays over read-only (from its object store): a search's
+    # y += 1 raised "output array is read-only" there, and nowhere else.
+    client, server = client_and_server()
+    futures = [client(np.ones((1, 2), np.float32)) for _ in range(2)]
+    await asyncio.sleep(0)
+    (batch,) = received(server)
+    answer = batch * 3
+    answer.flags.writeable = False
+    server.send((answer, 0))
+    for y in await asyncio.wait_for(asyncio.gather(*futures), 5):
+        y += 1  # raised ValueError before
+        np.testing.assert_array_equal(y, [[4.0, 4.0]])
+
+
 async def test_with_version_reports_the_version_sent_back_with_the_message():
     client, server = client_and_server()
     pairs = [asyncio.ensure_future(client.with_version(np.full((n, 1), n, np.float32)))
