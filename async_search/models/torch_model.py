@@ -1023,9 +1023,13 @@ def _host_rows(torch: Any, tensor: Any, n: int, size: int) -> np.ndarray:
 
 
 def _check_dense(torch: Any, tensor: Any) -> None:
-    if tensor.layout is not torch.strided:
-        raise ModelOutputError(f"the net returned a tensor of layout {tensor.layout}: an "
-                               f"adapter's net must return dense tensors (to_dense())")
+    # A ragged (nested) tensor may have the strided layout: it failed later, in
+    # PyTorch's words ("NestedTensorImpl doesn't support sizes. Please file an issue").
+    if tensor.layout is not torch.strided or getattr(tensor, "is_nested", False):
+        kind = "a nested (ragged) tensor" if getattr(tensor, "is_nested", False) else \
+            f"a tensor of layout {tensor.layout}"
+        raise ModelOutputError(f"the net returned {kind}: an adapter's net must return "
+                               f"dense tensors (to_dense(), or to_padded_tensor())")
 
 
 def _same(tensor: Any) -> Any:

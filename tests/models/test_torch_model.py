@@ -925,6 +925,19 @@ def test_a_sparse_output_is_the_nets_model_output_error():
         TorchModel(Sparse(), input_spec=SPEC, device="cpu")(rows(2))
 
 
+def test_a_ragged_output_is_the_nets_model_output_error():
+    # A nested tensor of the strided layout got past the layout check and failed in
+    # PyTorch's words: "NestedTensorImpl doesn't support sizes. Please file an issue."
+    from async_search.errors import ModelOutputError
+
+    class Ragged(torch.nn.Module):
+        def forward(self, x):
+            return torch.nested.nested_tensor([x[i, :i + 1] for i in range(len(x))])
+
+    with pytest.raises(ModelOutputError, match="nested .*dense"):
+        TorchModel(Ragged(), input_spec=SPEC, device="cpu")(rows(2))
+
+
 def test_a_module_with_extra_state_is_served_and_updated_leaving_that_state():
     class WithExtra(torch.nn.Module):
         def __init__(self, seed):
