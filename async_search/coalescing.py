@@ -51,6 +51,14 @@ class CoalescedRequests:
         self._provisional = [fut for fut in self._provisional if not fut.done()]
         return bool(self._provisional)
 
+    def _note_provisional(self, fut: asyncio.Future) -> None:
+        """Keeps ``fut`` among the provisional spec's requests; the done ones are let go
+        of at each power of two (a model that fails every batch never settles it)."""
+        self._provisional.append(fut)
+        count = len(self._provisional)
+        if count >= 64 and count & (count - 1) == 0:  # at each power of two
+            self._provisional_waits()
+
     def _settle_by(self, batch: Any) -> None:
         """Rows of ``batch`` were answered: a provisional spec it fits holds from now
         on (one of an earlier spec, its requests given up on, settles nothing)."""

@@ -8,6 +8,7 @@ ones are exact. The process backend's client is held to the same in
 """
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 import async_search as asr
 from async_search.base import TensorSpec
+from async_search.batchers import CostBatcher
 from async_search.errors import InputSpecError
 from async_search.models import with_spec
 from async_search.requests import RequestChecker, plain_array
@@ -130,6 +132,56 @@ def test_a_first_request_its_caller_gave_up_on_fixes_no_spec(give_up):
                 assert evaluate.input_spec is None  # never answered: none said
                 np.testing.assert_array_equal(await evaluate(good), [4.0, 4.0])
                 assert evaluate.input_spec == TensorSpec((4,), np.float32)
+
+    run(main())
+
+
+def test_a_provisional_spec_meets_updates_prices_failures_and_empty_requests():
+    def model(x):
+        if x.shape[1:] != (4,):
+            raise ValueError("takes [n, 4]")
+        return x.sum(axis=1)
+
+    def slow(x):
+        time.sleep(0.2)
+        return x.reshape(len(x), -1).sum(axis=1)
+
+    def declared(x):
+        assert x.shape[1:] == (4,), x.shape
+        return x.sum(axis=1)
+
+    async def main():
+        # an update declaring another spec while a request of the provisional one
+        # waits: refused (it crashed the server, a batch of two shapes forming)
+        async with asr.serve(slow, pipeline_depth=1) as evaluate:
+            busy = evaluate(np.ones((1, 3), np.float32))
+            await asyncio.sleep(0.05)
+            queued = evaluate(np.ones((1, 3), np.float32))
+            with pytest.raises(ValueError, match="requests are \\[n, 3\\]"):
+                evaluate.update_model(with_spec(declared, (4,), np.float32), "v2")
+            assert (await busy).tolist() == [3.0] and (await queued).tolist() == [3.0]
+        # a first request its batcher's cost refuses is no request of the spec
+        async with asr.serve(model, batcher=CostBatcher(100, lambda x: x[:, 1])) as ev:
+            with pytest.raises(IndexError):
+                ev(np.ones((1, 1), np.float32))
+            assert (await ev(np.ones((2, 4), np.float32))).tolist() == [4.0, 4.0]
+        # a model that fails every batch keeps no list of every request made
+        async with asr.serve(lambda x: 1 / 0) as evaluate:
+            for _ in range(1000):
+                with pytest.raises(ZeroDivisionError):
+                    await evaluate(np.ones((1, 4), np.float32))
+            assert len(evaluate._provisional) <= 64
+        # immediate answers an empty request without its model when the outputs are
+        # declared: that settles nothing
+        class OutputsDeclared:
+            output_spec = TensorSpec((), np.float32)
+
+            def __call__(self, x):
+                return model(x)
+
+        ev = asr.immediate(OutputsDeclared())
+        assert len(await ev(np.zeros((0, 3)))) == 0
+        assert (await ev(np.ones((2, 4), np.float32))).tolist() == [4.0, 4.0]
 
     run(main())
 

@@ -186,6 +186,12 @@ class CoalescingClient(CoalescedRequests):
         return self._version
 
     @property
+    def input_spec(self) -> TensorSpec | None:
+        """The spec requests are checked against here: the server's, or the first
+        request's once a request of it was answered (None before)."""
+        return self._check.spec if self._check.settled else None
+
+    @property
     def swap_token(self) -> Any:
         """An object that changes at every swap the server reports (None while the
         version is unknown): what a cache in front compares, besides the label."""
@@ -246,7 +252,7 @@ class CoalescingClient(CoalescedRequests):
             loop = self._loop = asyncio.get_running_loop()
         fut = loop.create_future()
         if not self._check.settled:
-            self._provisional.append(fut)
+            self._note_provisional(fut)
         if timeout is not None:
             track_deadline(self._deadlines, fut, check_timeout(timeout),
                            note="; its rows are discarded when they come")

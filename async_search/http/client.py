@@ -354,7 +354,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         loop = self._loop
         fut = loop.create_future()
         if not self._check.settled:
-            self._provisional.append(fut)
+            self._note_provisional(fut)
         if timeout is not None and timeout < self.timeout:
             track_deadline(self._deadlines, fut, timeout, note=f" from {self._where}")
         if not self._xs:

@@ -360,8 +360,6 @@ class BatchingServer(AsyncWithOnly):
             # (else the fast path would skip check_values, or a provisional spec's
             # bookkeeping)
             self._last_shape = x.shape
-        if not self._check.settled:
-            self._provisional.append(fut)
         # Staged here and handed to the batcher in bulk when the dispatch task runs.
         if priority:
             self._staged_urgent.append((priority, x, fut))
@@ -370,6 +368,8 @@ class BatchingServer(AsyncWithOnly):
                 self._staged_prices.append(self._price(x))  # may raise: nothing staged
             self._staged_xs.append(x)
             self._staged_futures.append(fut)
+        if not self._check.settled:  # (once staged: a request refused is none of them)
+            self._note_provisional(fut)
         if timeout is not None:
             track_deadline(self._deadlines, fut, timeout, self._stats.count_timeout,
                            note=_DROPPED)
@@ -602,7 +602,10 @@ class BatchingServer(AsyncWithOnly):
             server is not serving. Nothing has changed then.
         """
         self._require_running("update_model")
-        served_input = self.input_spec  # (a provisional one gives way to a declared)
+        # A provisional spec gives way to a declared one, unless a request of it still
+        # waits: the new model would get it (and a batch of two shapes could form).
+        served_input = self._check.spec if (
+            self._check.settled or self._provisional_waits()) else None
         new_model = replaces_model(self.model, model_or_weights)
         given_input = input_spec_of(model_or_weights) if new_model else None
         if isinstance(given_input, TensorSpec) and served_input is not None \
@@ -1114,6 +1117,14 @@ class BatchingServer(AsyncWithOnly):
         if isinstance(batch, np.ndarray) and batch.ndim and self._check.fits(batch):
             self._check.settle()
             self._provisional = []
+
+    def _note_provisional(self, fut: asyncio.Future) -> None:
+        """Keeps ``fut`` among the provisional spec's requests; the done ones are let go
+        of at each power of two (a model that fails every batch never settles it)."""
+        self._provisional.append(fut)
+        count = len(self._provisional)
+        if count >= 64 and count & (count - 1) == 0:  # at each power of two
+            self._provisional_waits()
 
     def _provisional_waits(self) -> bool:
         """Whether a request checked under the provisional spec still waits (the

@@ -150,9 +150,11 @@ async def test_a_first_request_its_caller_cancelled_does_not_fix_the_learnt_spec
     assert received(server) == []
     good = client(np.ones((1, 4), np.float32))
     await asyncio.sleep(0)
+    assert client.input_spec is None  # not answered yet: none holds
     (batch,) = received(server)
     server.send((batch * 2, 0))
     np.testing.assert_array_equal(await asyncio.wait_for(good, 5), [[2.0] * 4])
+    assert client.input_spec == TensorSpec((4,), np.float32)
 
 
 async def test_answers_that_arrive_read_only_are_the_callers_to_write():
