@@ -440,8 +440,12 @@ class HttpFront(FrontLifetime):
         if 2 * size > bound:  # never admitted (the answer and its copy being written)
             return _error(f"the answer has {size} bytes, over half the front's "
                           f"max_unsent_bytes of {bound}: ask for fewer rows", 503)
-        response = _error(f"the server holds {bound} bytes of answers that clients have "
-                          f"not taken (max_unsent_bytes); retry shortly", 503)
+        # (it said the server held the whole bound: the number was the limit's)
+        held = self.connections.unsent_bytes
+        response = _error(f"the server holds {held} bytes of answers that clients have "
+                          f"not taken; this answer of {size} bytes, counted twice while "
+                          f"it is written, would pass max_unsent_bytes of {bound}; retry "
+                          f"shortly", 503)
         response.headers["Retry-After"] = "1"
         return response
 

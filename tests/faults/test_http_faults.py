@@ -829,6 +829,25 @@ async def serve_meanwhile(session, url: str, tally: Tally, until) -> None:
         k += 1
 
 
+async def test_an_answer_refused_for_what_others_hold_names_what_they_hold():
+    # The 503 said the server held max_unsent_bytes (the limit itself), whatever it held.
+    bound = 10_000_000  # one 4 MiB answer held, and a new one counted twice: over
+    async with large_front(max_unsent_bytes=bound) as f, aiohttp.ClientSession() as s:
+        readers = await open_slow_readers(f.port, 1)
+        await wait_until(lambda: f.connections.stalled_connections == 1,
+                         "an answer waits for a client that does not read")
+        held = f.connections.unsent_bytes
+        assert 0 < held < bound
+        async with s.post(f"{f.url}/v2/models/large/infer", data=infer_body(
+                X[:1], parameters={"binary_data_output": True})) as resp:
+            status, said = resp.status, (await resp.json())["error"]
+        for sock in readers:
+            sock.close()
+    assert status == 503 and f"max_unsent_bytes of {bound}" in said
+    said_held = int(re.search(r"holds (\d+) bytes", said).group(1))
+    assert 0 < said_held <= held  # (what the stalled client took meanwhile aside)
+
+
 async def test_clients_that_never_read_are_dropped_and_their_memory_returned():
     # The report: 16 clients sending 1 KB for a 4 MiB answer and never reading held
     # 16 connections and 140 MB for as long as they liked. With a write timeout of
