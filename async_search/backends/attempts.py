@@ -265,8 +265,10 @@ async def _attempt(indices: List[int], attempt: int, launch: Launch, deadlines: 
                     outcomes[index] = False, (
                         deadlines.run_timeout_error(index) if why == "the run's timeout"
                         else SearchTimeoutError(
-                            f"start {index} did not finish within its search_timeout of "
-                            f"{deadlines.search_s} s ({worker.name} was stopped)"))
+                            f"start {index} did not finish, or was not reported, within "
+                            f"its search_timeout of {deadlines.search_s} s ({worker.name} "
+                            f"was stopped: a search that holds its loop, with time.sleep "
+                            f"or a long call, holds the outcomes of those beside it)"))
                 return again
             if isinstance(event, Started):
                 entry["worker"], entry["node"] = event.where, event.node

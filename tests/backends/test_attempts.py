@@ -177,7 +177,7 @@ async def test_a_worker_still_running_past_the_search_timeout_is_stopped():
     assert out[0] == (True, "result 0")
     error = out[1][1]
     assert isinstance(error, SearchTimeoutError) and isinstance(error, TimeoutError)
-    assert "within its search_timeout of 0.2 s (worker 0 was stopped)" in str(error)
+    assert "within its search_timeout of 0.2 s (worker 0 was stopped: " in str(error)
     assert launcher.workers[0].stopped_with == 0.0  # killed, not waited for
     assert records[0]["ended"] == "timed out: search_timeout"
     assert len(launcher.launched) == 1  # a timeout is not retried
