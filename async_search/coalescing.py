@@ -14,7 +14,7 @@ call per request); what runs once per iteration or once per versioned request is
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Hashable, List, Tuple
+from typing import Hashable, List, Tuple
 
 import numpy as np
 
@@ -40,31 +40,6 @@ class CoalescedRequests:
     _check: RequestChecker  #: Checks each request (and learns the spec, unless given).
     _shape: tuple | None  #: The spec's element shape and dtype, read inline by calls.
     _dtype: np.dtype | None
-    #: The futures of requests checked under a provisional (learnt, not yet answered)
-    #: spec: while one waits, a request that does not fit it is refused.
-    _provisional: List[asyncio.Future]
-
-    def _provisional_waits(self) -> bool:
-        """Whether a request checked under the provisional spec still waits (the
-        checker's ``outstanding``): else a request that does not fit teaches it again,
-        since the first request may be one the model refuses or its caller gave up on."""
-        self._provisional = [fut for fut in self._provisional if not fut.done()]
-        return bool(self._provisional)
-
-    def _note_provisional(self, fut: asyncio.Future) -> None:
-        """Keeps ``fut`` among the provisional spec's requests; the done ones are let go
-        of at each power of two (a model that fails every batch never settles it)."""
-        self._provisional.append(fut)
-        count = len(self._provisional)
-        if count >= 64 and count & (count - 1) == 0:  # at each power of two
-            self._provisional_waits()
-
-    def _settle_by(self, batch: Any) -> None:
-        """Rows of ``batch`` were answered: a provisional spec it fits holds from now
-        on (one of an earlier spec, its requests given up on, settles nothing)."""
-        if isinstance(batch, np.ndarray) and batch.ndim and self._check.fits(batch):
-            self._check.settle()
-            self._provisional = []
 
     async def with_version(self, x: np.ndarray, timeout: float | None = None,
                            ) -> Tuple[Outputs, Hashable]:

@@ -50,18 +50,18 @@ class RequestChecker:
     (a ValueError) naming the expected and the given shape or dtype. A spec learnt from
     a first request has that request's dtype in this machine's byte order.
 
-    A learnt spec is provisional until the owner calls ``settle`` (a request of it was
-    answered): the first request may be one the model refuses (a wrong shape, an empty
-    ``np.array([])``), or one its caller gave up on, and must not fix the spec for every
-    later caller. Until then, a request that does not fit it, made when no request
-    checked under it is still waiting (the owner's ``outstanding()`` says), teaches the
-    spec again instead of being refused.
+    With ``relearns``, a learnt spec is provisional until the owner reports a request of
+    it answered (``settle_by``): the first request may be one the model refuses (a
+    wrong shape, an empty ``np.array([])``), or one its caller gave up on, and must not
+    fix the spec for every later caller. Until then the owner notes the future of each
+    request it takes (``note``), and a request that does not fit the spec, made when
+    none of them still waits, teaches the spec again instead of being refused.
     """
 
     def __init__(self, spec: TensorSpec | None,
                  learnable: Callable[[np.dtype], None] | None = None,
                  values: Callable[[np.ndarray], None] | None = None,
-                 outstanding: Callable[[], bool] | None = None):
+                 relearns: bool = False):
         #: Called with a first request's dtype before it is learnt: raises
         #: InputSpecError for one that cannot be sent (a client's protocol).
         self._learnable = learnable
@@ -75,13 +75,31 @@ class RequestChecker:
         self.dtype = spec.dtype if spec is not None else None
         #: Whether the spec is final: declared, or learnt and settled.
         self.settled = spec is not None
-        #: Whether a request checked under a provisional spec still waits for its
-        #: answer (None: never learn again).
-        self._outstanding = outstanding
+        self._relearns = relearns
+        #: The futures of the requests taken under the provisional spec.
+        self._waiting: list = []
 
-    def settle(self) -> None:
-        """A request of the learnt spec was answered: the spec holds from now on."""
-        self.settled = True
+    def note(self, fut: Any) -> None:
+        """``fut`` is a request's, taken under the provisional spec; the done ones are
+        let go of at each power of two (a model that fails every batch never settles
+        the spec, and its requests must not pile up here)."""
+        waiting = self._waiting
+        waiting.append(fut)
+        if len(waiting) >= 64 and len(waiting) & (len(waiting) - 1) == 0:
+            self.waits()
+
+    def waits(self) -> bool:
+        """Whether a request taken under the provisional spec still waits."""
+        self._waiting = [fut for fut in self._waiting if not fut.done()]
+        return bool(self._waiting)
+
+    def settle_by(self, batch: Any) -> None:
+        """Rows of ``batch`` were answered: a provisional spec it fits holds from now
+        on (one of an earlier spec, its requests given up on, settles nothing)."""
+        if not self.settled and isinstance(batch, np.ndarray) and batch.ndim \
+                and self.fits(batch):
+            self.settled = True
+            self._waiting = []
 
     def fits(self, x: np.ndarray) -> bool:
         """Whether ``x`` (an array with a batch dimension) fits the spec as it is."""
@@ -117,8 +135,8 @@ class RequestChecker:
             raise InputSpecError(f"a request must have a batch dimension: expected "
                                  f"{expected}, given a 0-d {x.dtype} array")
         x = plain_array(x)
-        if self.spec is None or (not self.settled and self._outstanding is not None
-                                 and not self.fits(x) and not self._outstanding()):
+        if self.spec is None or (self._relearns and not self.settled
+                                 and not self.fits(x) and not self.waits()):
             if self._learnable is not None:
                 self._learnable(x.dtype)
             self.spec = TensorSpec(x.shape[1:], _native(x.dtype))

@@ -62,22 +62,27 @@ def test_a_spec_learnt_from_a_byte_swapped_first_request_is_native():
     assert check(np.array([[2.0]])).tolist() == [[2.0]]
 
 def test_a_provisional_spec_is_taught_again_only_when_nothing_of_it_waits():
-    waiting = [True]
-    check = RequestChecker(None, outstanding=lambda: waiting[0])
+    check = RequestChecker(None, relearns=True)
     check(np.array([]))  # a first request the model may refuse: [n] float64
+    taken = asyncio.Future(loop=asyncio.new_event_loop())
+    check.note(taken)
     with pytest.raises(InputSpecError):  # it still waits: the spec holds
         check(np.ones((2, 4), np.float32))
-    waiting[0] = False  # it failed (or its caller gave up): the next one teaches
+    taken.cancel()  # it failed (or its caller gave up): the next one teaches
     check(np.ones((2, 4), np.float32))
     assert check.spec == TensorSpec((4,), np.float32) and not check.settled
-    check.settle()  # answered once: it stays, waiting or not
+    check.settle_by(np.ones((1, 3), np.float32))  # another spec's answer settles nothing
+    assert not check.settled
+    check.settle_by(np.ones((1, 4), np.float32))  # answered once: it stays
     with pytest.raises(InputSpecError):
         check(np.array([]))
-    declared = RequestChecker(TensorSpec((4,), np.float32), outstanding=lambda: False)
+    declared = RequestChecker(TensorSpec((4,), np.float32), relearns=True)
     with pytest.raises(InputSpecError):  # a declared spec is never taught
         declared(np.array([]))
-    with pytest.raises(InputSpecError):  # nor one without an owner's word
-        RequestChecker(TensorSpec((4,), np.float32))(np.array([]))
+    learnt = RequestChecker(None)  # nor one whose owner does not say what waits
+    learnt(np.array([]))
+    with pytest.raises(InputSpecError):
+        learnt(np.ones((2, 4), np.float32))
 
 
 @pytest.mark.parametrize("first", [np.array([]), np.ones((1, 3), np.float32),
@@ -170,7 +175,7 @@ def test_a_provisional_spec_meets_updates_prices_failures_and_empty_requests():
             for _ in range(1000):
                 with pytest.raises(ZeroDivisionError):
                     await evaluate(np.ones((1, 4), np.float32))
-            assert len(evaluate._provisional) <= 64
+            assert len(evaluate._check._waiting) <= 64
         # immediate answers an empty request without its model when the outputs are
         # declared: that settles nothing
         class OutputsDeclared:

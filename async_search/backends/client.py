@@ -148,8 +148,7 @@ class CoalescingClient(CoalescedRequests):
         self._messages = connection if isinstance(connection, ConnectedFunction) else (
             FifoConnectedFunction(connection))
         self._connection = self._messages.connection
-        self._check = RequestChecker(input_spec, outstanding=self._provisional_waits)
-        self._provisional = []
+        self._check = RequestChecker(input_spec, relearns=True)
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
         self._deadlines: Dict[asyncio.Future, Deadline] = {}  # requests with a timeout
@@ -252,7 +251,7 @@ class CoalescingClient(CoalescedRequests):
             loop = self._loop = asyncio.get_running_loop()
         fut = loop.create_future()
         if not self._check.settled:
-            self._note_provisional(fut)
+            self._check.note(fut)
         if timeout is not None:
             track_deadline(self._deadlines, fut, check_timeout(timeout),
                            note="; its rows are discarded when they come")
@@ -298,7 +297,7 @@ class CoalescingClient(CoalescedRequests):
         self._in_flight -= 1
         try:
             if self._answer(message, answer) and not self._check.settled:
-                self._settle_by(message.batch)
+                self._check.settle_by(message.batch)
         except Exception as e:  # a bug here: the message's requests still end, with it
             self._delivery.fail(message, e)
 

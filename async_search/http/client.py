@@ -193,9 +193,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         self.headers = dict(headers or {})
         self._given_spec = input_spec
         self._input_name = input_name
-        self._check = RequestChecker(input_spec, learnable=_sendable,
-                                     outstanding=self._provisional_waits)
-        self._provisional: List[asyncio.Future] = []
+        self._check = RequestChecker(input_spec, learnable=_sendable, relearns=True)
         self._shape, self._dtype = self._check.shape, self._check.dtype
         self._delivery = ResultDelivery()
         self._deadlines: Dict[asyncio.Future, Deadline] = {}  # requests with a timeout
@@ -354,7 +352,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         loop = self._loop
         fut = loop.create_future()
         if not self._check.settled:
-            self._note_provisional(fut)
+            self._check.note(fut)
         if timeout is not None and timeout < self.timeout:
             track_deadline(self._deadlines, fut, timeout, note=f" from {self._where}")
         if not self._xs:
@@ -412,7 +410,7 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
     async def _answer(self, call: _Call, request: Any) -> None:
         try:
             if await self._answer_call(call, request) and not self._check.settled:
-                self._settle_by(call.batch)
+                self._check.settle_by(call.batch)
         finally:
             self._calls.discard(call)
             if self._xs and self._open and not self._scheduled:

@@ -228,10 +228,7 @@ class BatchingServer(AsyncWithOnly):
         self._num_workers = num_workers
         self._closed_devices: List[Any] | None = None  # the threads' devices at close
         self._check = RequestChecker(input_spec_of(model), values=values_check_of(model),
-                                     outstanding=self._provisional_waits)
-        # The futures of requests checked under a provisional (learnt, not yet
-        # answered) spec: while one waits, a request that does not fit is refused.
-        self._provisional: List[asyncio.Future] = []
+                                     relearns=True)
         self._shape, self._dtype = self._check.shape, self._check.dtype
         #: The model's check_values: then every request takes the checked path.
         self._values = self._check.values
@@ -369,7 +366,7 @@ class BatchingServer(AsyncWithOnly):
             self._staged_xs.append(x)
             self._staged_futures.append(fut)
         if not self._check.settled:  # (once staged: a request refused is none of them)
-            self._note_provisional(fut)
+            self._check.note(fut)
         if timeout is not None:
             track_deadline(self._deadlines, fut, timeout, self._stats.count_timeout,
                            note=_DROPPED)
@@ -502,7 +499,7 @@ class BatchingServer(AsyncWithOnly):
 
     def _checked(self, x) -> np.ndarray:
         learnt = self._check.spec
-        x = self._check(x)  # raises, or learns the spec (again: _provisional_waits)
+        x = self._check(x)  # raises, or learns the spec (again, when none of it waits)
         if learnt is not None and self._check.spec is not learnt:
             # Every request of the spec before is done (failed, cancelled or past its
             # deadline): none of them may join a batch of the new one.
@@ -605,7 +602,7 @@ class BatchingServer(AsyncWithOnly):
         # A provisional spec gives way to a declared one, unless a request of it still
         # waits: the new model would get it (and a batch of two shapes could form).
         served_input = self._check.spec if (
-            self._check.settled or self._provisional_waits()) else None
+            self._check.settled or self._check.waits()) else None
         new_model = replaces_model(self.model, model_or_weights)
         given_input = input_spec_of(model_or_weights) if new_model else None
         if isinstance(given_input, TensorSpec) and served_input is not None \
@@ -1102,7 +1099,7 @@ class BatchingServer(AsyncWithOnly):
             if error is not None:
                 self._responses.fail(popped, error)
             if error is None and not self._check.settled:
-                self._settle_by(popped.batch)
+                self._check.settle_by(popped.batch)
             if self._on_batch is not None and record is not None:
                 report_batch(self._on_batch, record)
         except BaseException as e:
@@ -1110,27 +1107,6 @@ class BatchingServer(AsyncWithOnly):
             self._responses.fail(popped, self._closed_error())
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-
-    def _settle_by(self, batch: Any) -> None:
-        """A batch was answered: a provisional spec it fits holds from now on (one of
-        an earlier spec, its requests given up on, settles nothing)."""
-        if isinstance(batch, np.ndarray) and batch.ndim and self._check.fits(batch):
-            self._check.settle()
-            self._provisional = []
-
-    def _note_provisional(self, fut: asyncio.Future) -> None:
-        """Keeps ``fut`` among the provisional spec's requests; the done ones are let go
-        of at each power of two (a model that fails every batch never settles it)."""
-        self._provisional.append(fut)
-        count = len(self._provisional)
-        if count >= 64 and count & (count - 1) == 0:  # at each power of two
-            self._provisional_waits()
-
-    def _provisional_waits(self) -> bool:
-        """Whether a request checked under the provisional spec still waits (the
-        checker's ``outstanding``)."""
-        self._provisional = [fut for fut in self._provisional if not fut.done()]
-        return bool(self._provisional)
 
     def _tune(self, size: int, answered: int | None) -> None:
         """max_batch_size='auto': one more batch back (``answered``: None for all its

@@ -54,8 +54,7 @@ class Immediate:
         # The model's check_values too, as a server's: the JAX adapter refuses values
         # it would compute wrongly (int64 past int32 without x64, say)
         self._check = RequestChecker(input_spec_of(model), values=values_check_of(model),
-                                     outstanding=lambda: self._unanswered > 0)
-        self._unanswered = 0  # calls under a provisional spec under way (_first_call)
+                                     relearns=True)
         self._stats = ServingStats(trace_size)
         # As a server's: every call's outputs keep the declared spec's structure or,
         # without one, the first call's; a zero-row call gets the empty output.
@@ -86,14 +85,15 @@ class Immediate:
         answer settles the spec; while none is under way, a request that does not fit
         teaches it again (as a server's), so a first request the model refuses fails
         alone."""
-        self._unanswered += 1
+        under_way = asyncio.get_running_loop().create_future()  # (what the checker
+        self._check.note(under_way)                              # asks of each call)
         try:
             await self._let_the_loop_run()
             y = self._answer(x, timeout)
         finally:
-            self._unanswered -= 1
-        if len(x) and self._check.fits(x):  # (an empty one may not reach the model)
-            self._check.settle()
+            under_way.cancel()
+        if len(x):  # (an empty one may not reach the model)
+            self._check.settle_by(x)
         return y
 
     def _answer(self, x: np.ndarray, timeout: float | None) -> Outputs:
