@@ -216,15 +216,6 @@ class HttpFront(FrontLifetime):
         return f"http://{self.host}:{self.port}"
 
     @property
-    def repository(self) -> ModelRepository:
-        """The models served (set when the front is entered: a ``GrpcFront`` beside
-        it may serve the same ones)."""
-        if self._repository is None:
-            raise RuntimeError(f"{type(self).__name__}.repository is set when the front "
-                               f"is entered (async with)")
-        return self._repository
-
-    @property
     def requests_in_progress(self) -> int:
         """Requests in the front's handlers now (read, not yet answered)."""
         return len(self._handling)

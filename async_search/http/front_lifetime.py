@@ -1,4 +1,5 @@
-"""How a front's life ends, the same for the HTTP and the gRPC front.
+"""A front's life, the same for the HTTP and the gRPC front: what it serves once
+entered, and how it ends.
 
 A front's ``__aenter__`` starts its parts in an ``AsyncExitStack``, each pushing its
 undoing, the drain last (so it runs first), and keeps the stack as ``_exit``. Leaving
@@ -11,13 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from typing import TYPE_CHECKING
+
 from async_search.checks import AsyncWithOnly
+
+if TYPE_CHECKING:
+    from async_search.http.repository import ModelRepository
 
 
 class FrontLifetime(AsyncWithOnly):
     """The exit of a front: ``aclose`` (and leaving the context) drains and stops it once.
 
-    Subclasses set ``_exit`` (None until entered) and fill it in ``__aenter__``.
+    Subclasses set ``_exit`` (None until entered) and fill it in ``__aenter__``, and
+    set ``_repository`` there too.
 
     Example:
         >>> import asyncio
@@ -34,6 +41,16 @@ class FrontLifetime(AsyncWithOnly):
     """
 
     _exit: contextlib.AsyncExitStack | None = None  #: What leaving the context closes.
+    _repository: "ModelRepository | None" = None  #: What it serves, once entered.
+
+    @property
+    def repository(self) -> "ModelRepository":
+        """The models served (set when the front is entered: a ``GrpcFront`` beside
+        an ``HttpFront`` may serve the same ones)."""
+        if self._repository is None:
+            raise RuntimeError(f"{type(self).__name__}.repository is set when the front "
+                               f"is entered (async with)")
+        return self._repository
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         await self.aclose()
