@@ -35,9 +35,9 @@ __all__ = [
     "ConnectionGoneError", "DeviceNotFoundError", "FileWriteError", "InputSpecError",
     "LoadParametersError", "MalformedMessageError", "ModelLoadError", "ModelNotFoundError", "ModelNotReadyError",
     "ModelOutputError", "ModelRaisedError", "ProtocolError", "RemoteError",
-    "RemoteTraceback", "RepositoryError", "RequestTimeoutError", "ResponseTooLongError", "SearchError",
-    "SearchTimeoutError", "ServerClosedError", "ServerCrashedError", "ServerDiedError",
-    "WorkerDiedError",
+    "RemoteTraceback", "RepositoryError", "RequestTimeoutError", "ResponseTooLongError",
+    "SearchError", "SearchTimeoutError", "ServerClosedError", "ServerCrashedError",
+    "ServerDiedError", "WorkerDiedError",
     "immediate", "serve", "serve_connection", "CachedEvaluate", "Router",
     "run_searches", "run_searches_async", "SearchResults",
 ]

@@ -157,8 +157,8 @@ class BatchingServer(AsyncWithOnly):
           fails and the pieces from its other batches are dropped.
         - Whatever kills the serving coroutine (a batcher that raises, a bug, a
           KeyboardInterrupt while the model runs on a main-thread loop, a SystemExit
-          there with ``model_thread=False``, the dispatch task being cancelled) fails every
-          queued and in-flight request with ServerCrashedError (a ServerClosedError;
+          there with ``model_thread=False``, the dispatch task being cancelled) fails
+          every queued and in-flight request with ServerCrashedError (a ServerClosedError;
           the cause is its ``__cause__``) and closes the server:
           later calls raise it at once, and leaving the context raises it when the body
           did not raise.
