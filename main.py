@@ -176,7 +176,8 @@ flags.DEFINE_enum("backend", "process", ["local", "process", "ray"], "--train "
                   "connect_four: where self-play runs: --num_procs worker processes "
                   "(default, the searches' Python on every core), this process, or Ray.")
 flags.DEFINE_string("save_dir", None, "Checkpoints, replay buffer and run state (default "
-                    "results/train_<problem>).")
+                    "train_<problem> in the folder of --save_path: "
+                    "results/train_<problem> when --save_path is left as it is).")
 flags.DEFINE_enum("value_target", "mixed", ["outcome", "mixed"], "--train "
                   "connect_four: the value target: the game's result, or its mean with "
                   "the search's root value.")
@@ -875,8 +876,11 @@ def _check_resume(trainer, config, save_dir: str) -> None:
     --iterations asks for (ValueError, or CheckpointError naming the file: one line,
     exit 2)."""
     if not os.path.exists(os.path.join(save_dir, "state.json")):
+        where = "" if FLAGS.save_dir is not None else (
+            "; without --save_dir the run is beside --save_path's plot: give the run's "
+            "--save_path, or its folder as --save_dir")
         raise ValueError(f"--resume: no saved run in {save_dir} (state.json is "
-                         f"missing); run without --resume first")
+                         f"missing){where}; run without --resume first")
     done = trainer.check_resume(config, save_dir)  # the iterations (rounds) it has done
     asked = config.iterations if FLAGS.train == "connect_four" else config.rounds
     if done > asked:

@@ -36,6 +36,17 @@ def rows(json_path) -> list:
             for r in json.load(open(json_path))["rounds"]]
 
 
+def test_resume_with_nothing_beside_the_plot_names_where_it_looked_and_why(tmp_path):
+    # Without --save_dir the run is saved beside --save_path's plot: a --resume with
+    # another --save_path looked elsewhere, and said only "run without --resume first".
+    out = main("--train", "sliding_puzzle", "--resume",
+               "--save_path", str(tmp_path / "p.png"))
+    assert out.returncode == 2
+    (line,) = error_lines(out)
+    assert f"no saved run in {tmp_path / 'train_sliding_puzzle'}" in line
+    assert "beside --save_path's plot" in line
+
+
 @pytest.mark.parametrize("problem", ["sliding_puzzle", "connect_four"])
 def test_resume_with_nothing_saved_is_one_line_and_exit_2(tmp_path, problem):
     out = main("--train", problem, "--resume", "--save_dir", str(tmp_path / "none"),

@@ -141,8 +141,9 @@ async def evaluate_agent(model: Any, *, games: int, simulations: int, uct_rollou
 
 
 #: The goals of issue 22 (README's "What training reaches"): the agent's score against
-#: UCT-1000 and against one-ply, drawn on the scores' panel.
-SCORE_GOALS = ((0.90, "goal vs UCT-1000"), (0.99, "goal vs one-ply"))
+#: UCT-1000 and against one-ply, drawn on the scores' panel when that match was played
+#: (its key in the iterations' scores).
+SCORE_GOALS = (("uct1000", 0.90, "goal vs UCT-1000"), ("one_ply", 0.99, "goal vs one-ply"))
 
 
 def plot_training(records: List[Any], path: str, *, title: str = "",
@@ -176,7 +177,9 @@ def plot_training(records: List[Any], path: str, *, title: str = "",
     sns.lineplot(data=pd.DataFrame(score_rows), x="iteration", y="score", hue="opponent",
                  marker="o", ax=axes[1])
     gate = ((gate_threshold, "gate (arena)"),) if gate_threshold > 0 else ()
-    for level, label in gate + SCORE_GOALS:
+    played = {name for r in records for name in r.scores}
+    goals = tuple((level, label) for name, level, label in SCORE_GOALS if name in played)
+    for level, label in gate + goals:
         axes[1].axhline(level, color="grey", ls=":", lw=1)
         axes[1].annotate(label, (df["iteration"].max(), level), fontsize=7, color="grey",
                          va="bottom", ha="right")

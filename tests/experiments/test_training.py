@@ -223,3 +223,12 @@ def test_the_score_panel_draws_the_configured_gate_and_the_readme_goals(tmp_path
     if gate:
         expected["gate (arena)"] = gate
     assert lines == expected
+
+
+def test_a_goal_is_drawn_only_for_a_match_that_was_played(tmp_path):
+    # --strong_uct_games 0 (or --strong_uct_rollouts 500) drew "goal vs UCT-1000" over
+    # no UCT-1000 curve
+    scores = {"one_ply": 0.25, "uct10": 0.5, "policy_vs_random": 0.75}
+    fig = training.plot_training([record(1, scores=scores), record(2, scores=scores)],
+                                 str(tmp_path / "t.png"))
+    assert {t.get_text() for t in fig.axes[1].texts} == {"goal vs one-ply"}
