@@ -282,6 +282,10 @@ class GrpcFront(FrontLifetime):
         name, version = request.model_name, request.model_version or None
         entry = self._repository.entry(name, version)
         evaluate = self._repository.serving(name, version)
+        if len(request.inputs) > 1:  # refused before hundreds of thousands are decoded
+            raise ProtocolError(f"the model takes one input "
+                                f"{kserve.quoted(entry.input_name)}, the request has "
+                                f"{len(request.inputs)}")
         decoded = decode_request(request, max_elements=self.max_message_bytes)
         x = kserve.input_array(decoded, entry.input_name, entry.input_spec)
         try:

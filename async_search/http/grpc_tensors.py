@@ -28,8 +28,8 @@ from tritonclient.grpc import service_pb2 as pb
 from async_search.base import Outputs
 from async_search.errors import ProtocolError
 from async_search.http.kserve import (DATATYPES, MAX_ELEMENTS, MAX_RANK, InferRequest,
-                                      InputTensor, RequestedOutput, datatype_of, quoted,
-                                      requested_outputs)
+                                      InputTensor, RequestedOutput, check_requested_once,
+                                      datatype_of, quoted, requested_outputs)
 
 
 #: The trailing metadata key that marks an UNAVAILABLE status as the server's own refusal
@@ -103,6 +103,12 @@ def tensor_array(tensor, raw: bytes | None, what: str,
     return np.array(values, dtype).reshape(shape)
 
 
+def _parameter_value(parameter: Any) -> Any:
+    """An ``InferParameter``'s value (None when it holds none)."""
+    which = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, which) if which else None
+
+
 def decode_request(request: "pb.ModelInferRequest", *,
                    max_elements: int = MAX_ELEMENTS) -> InferRequest:
     """A ``ModelInferRequest`` as the front's ``InferRequest`` (every output binary:
@@ -130,11 +136,13 @@ def decode_request(request: "pb.ModelInferRequest", *,
     if request.outputs:
         outputs = []
         for out in request.outputs:
-            if "classification" in out.parameters:
+            if "classification" in out.parameters and _parameter_value(
+                    out.parameters["classification"]):  # (0, as over HTTP, asks none)
                 raise ProtocolError(f"output {quoted(out.name)}: the classification "
                                     f"extension is not supported; ask for the raw tensor")
             outputs.append(RequestedOutput(out.name, True))
         outputs = tuple(outputs)
+        check_requested_once(outputs)
     return InferRequest(request.id or None, tuple(inputs), outputs, True)
 
 

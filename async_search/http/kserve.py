@@ -455,6 +455,7 @@ def decode_request(body: bytes, header_length: str | None = None, *,
             binary_flag = _flag(params, "binary_data", f"output {quoted(name)}") \
                 if "binary_data" in params else binary_output
             outputs.append(RequestedOutput(name, binary_flag))
+        check_requested_once(outputs)
         outputs = tuple(outputs) or None  # none named: every output, as over gRPC
     return InferRequest(request_id, tuple(inputs), outputs, binary_output)
 
@@ -517,6 +518,21 @@ def output_metadata(named: Sequence[Tuple[str, np.ndarray]]) -> Tuple[TensorMeta
     """Metadata of named output tensors (the batch dimension reads -1)."""
     return tuple(TensorMetadata(name, datatype_of(a.dtype), (-1, *a.shape[1:]))
                  for name, a in named)
+
+
+def check_requested_once(requested: Sequence[RequestedOutput]) -> None:
+    """ProtocolError (400) for an output asked for twice, before the model runs: each
+    entry would add a copy of the whole tensor to the answer (a 16 MiB request could
+    ask for a million).
+
+    Example:
+        >>> check_requested_once([RequestedOutput("value", True)])
+    """
+    seen = set()
+    for out in requested:
+        if out.name in seen:
+            raise ProtocolError(f"output {quoted(out.name)} is requested twice")
+        seen.add(out.name)
 
 
 def requested_outputs(outputs: Sequence[Tuple[str, np.ndarray]],

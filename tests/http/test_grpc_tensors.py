@@ -96,8 +96,20 @@ def test_requested_outputs_and_the_classification_extension():
     message = request(("input", "FP32", [0]), raw=[b""])
     message.outputs.add(name="b")
     assert decode_request(message).outputs == (RequestedOutput("b", True),)
+    message.outputs[0].parameters["classification"].int64_param = 0  # asks none: as
+    assert decode_request(message).outputs == (RequestedOutput("b", True),)  # HTTP
     message.outputs[0].parameters["classification"].int64_param = 3
     with pytest.raises(ProtocolError, match="classification extension"):
+        decode_request(message)
+
+
+def test_an_output_requested_twice_is_refused_before_the_model_runs():
+    # each entry added a copy of the whole tensor to the answer: 100 entries of a
+    # 1 MiB request made a 100 MB answer, a million blocked the loop for 5 s
+    message = request(("input", "FP32", [0]), raw=[b""])
+    for _ in range(3):
+        message.outputs.add(name="b")
+    with pytest.raises(ProtocolError, match="output 'b' is requested twice"):
         decode_request(message)
 
 

@@ -171,6 +171,9 @@ A = np.zeros((2, 3), np.float32)
     (body([GOOD], outputs={"name": "y"}), None, "'outputs' must be a list"),
     (body([GOOD], outputs=[{"name": "y", "parameters": {"classification": 3}}]), None,
      "classification extension is not supported"),
+    # each entry added a copy of the whole tensor to the answer
+    (body([GOOD], outputs=[{"name": "y"}, {"name": "z"}, {"name": "y"}]), None,
+     "output 'y' is requested twice"),
     (body([tensor(binary_data_size=24)]), "x", "must be an integer, got 'x'"),
     (body([tensor(binary_data_size=24)]), "99999", "Inference-Header-Content-Length is "
                                                    "99999 but the body has"),
