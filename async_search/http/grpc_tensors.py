@@ -28,8 +28,8 @@ from tritonclient.grpc import service_pb2 as pb
 from async_search.base import Outputs
 from async_search.errors import ProtocolError
 from async_search.http.kserve import (DATATYPES, MAX_ELEMENTS, MAX_RANK, InferRequest,
-                                      InputTensor, RequestedOutput, check_requested_once,
-                                      datatype_of, quoted, requested_outputs)
+                                      InputTensor, RequestedOutput, datatype_of, quoted,
+                                      requested_once, requested_outputs)
 
 
 #: The trailing metadata key that marks an UNAVAILABLE status as the server's own refusal
@@ -141,8 +141,7 @@ def decode_request(request: "pb.ModelInferRequest", *,
                 raise ProtocolError(f"output {quoted(out.name)}: the classification "
                                     f"extension is not supported; ask for the raw tensor")
             outputs.append(RequestedOutput(out.name, True))
-        outputs = tuple(outputs)
-        check_requested_once(outputs)
+        outputs = tuple(requested_once(outputs))
     return InferRequest(request.id or None, tuple(inputs), outputs, True)
 
 

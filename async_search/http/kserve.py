@@ -455,8 +455,7 @@ def decode_request(body: bytes, header_length: str | None = None, *,
             binary_flag = _flag(params, "binary_data", f"output {quoted(name)}") \
                 if "binary_data" in params else binary_output
             outputs.append(RequestedOutput(name, binary_flag))
-        check_requested_once(outputs)
-        outputs = tuple(outputs) or None  # none named: every output, as over gRPC
+        outputs = tuple(requested_once(outputs)) or None  # none: every output, as gRPC
     return InferRequest(request_id, tuple(inputs), outputs, binary_output)
 
 
@@ -520,19 +519,20 @@ def output_metadata(named: Sequence[Tuple[str, np.ndarray]]) -> Tuple[TensorMeta
                  for name, a in named)
 
 
-def check_requested_once(requested: Sequence[RequestedOutput]) -> None:
-    """ProtocolError (400) for an output asked for twice, before the model runs: each
-    entry would add a copy of the whole tensor to the answer (a 16 MiB request could
-    ask for a million).
+def requested_once(requested: Sequence[RequestedOutput]) -> List[RequestedOutput]:
+    """The outputs asked for, each once, its first entry's settings kept (as Triton
+    takes them: a set of names): each entry added a copy of the whole tensor to the
+    answer, and a 16 MiB request could ask for a million.
 
     Example:
-        >>> check_requested_once([RequestedOutput("value", True)])
+        >>> [out.binary for out in requested_once([RequestedOutput("v", True),
+        ...                                        RequestedOutput("v", False)])]
+        [True]
     """
-    seen = set()
+    first: Dict[str, RequestedOutput] = {}
     for out in requested:
-        if out.name in seen:
-            raise ProtocolError(f"output {quoted(out.name)} is requested twice")
-        seen.add(out.name)
+        first.setdefault(out.name, out)
+    return list(first.values())
 
 
 def requested_outputs(outputs: Sequence[Tuple[str, np.ndarray]],
