@@ -29,8 +29,8 @@ from async_search.errors import ModelOutputError
 
 __all__ = [
     "count", "check_count", "take", "concatenate", "split", "leaves", "labelled_leaves", "holds_no_objects",
-    "map_leaves", "plain", "owned", "check", "OutputStructure", "rows_of", "stack", "assemble",
-    "frozen_copy", "row_keys"]
+    "map_leaves", "plain", "owned", "check", "OutputStructure", "rows_of", "stack",
+    "assemble", "frozen_copy", "row_keys"]
 
 _ndarray = np.ndarray
 
