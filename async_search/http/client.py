@@ -452,15 +452,15 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
         fits, without spending ``splits``: up to 2n - 1 HTTP requests, one after the
         other, bounded by the deadline. True when some of them got their outputs."""
         answered = False
+        # Answers too long together are no bad request to find: halving them until each
+        # piece's answer fits may take up to 2n sends, bounded by the deadline alone
+        # (the budget is sized to find two bad requests).
+        too_long = isinstance(error, ResponseTooLongError)
         for half in _halves(waiting):
             half = [(x, fut) for x, fut in half if not fut.done()]  # while the other ran
             if not half:
                 continue
             xs, futures = [x for x, _ in half], [fut for _, fut in half]
-            # Answers too long together are no bad request to find: halving them until
-            # each piece's answer fits may take up to 2n sends, bounded by the deadline
-            # alone (the budget is sized to find two bad requests).
-            too_long = isinstance(error, ResponseTooLongError)
             if (splits[0] <= 0 and not too_long) or self._loop.time() >= call.deadline:
                 self._delivery.fail(_Call(None, futures, xs, call.deadline, call.seq), error)
                 continue
@@ -512,9 +512,10 @@ class RemoteEvaluate(AsyncWithOnly, CoalescedRequests):
                     break
             else:
                 return body
-        raise ResponseTooLongError(f"{where} answered {response.status} with a body longer "
-                               f"than max_response_bytes={limit} bytes (more inflated, "
-                               f"or declared, than the client takes): refused unread")
+        raise ResponseTooLongError(
+            f"{where} answered {response.status} with a body longer than "
+            f"max_response_bytes={limit} bytes (more inflated, or declared, than the "
+            f"client takes): refused unread")
 
     def _transport_failure(self, error: BaseException, where: str) -> BaseException:
         """What a failure of aiohttp raises: ``_Retry`` around a connection that could

@@ -211,9 +211,10 @@ class GrpcRemoteEvaluate(RemoteEvaluate):
             return _Retry(ServerDiedError(f"{self._where} could not be reached or "
                                           f"dropped the connection: {e.details()}"))
         if code == "RESOURCE_EXHAUSTED" and self._answer_too_large(e):
-            return ResponseTooLongError(f"{self._where} answered with a message longer than "
-                                    f"max_response_bytes={self.max_response_bytes} bytes "
-                                    f"(and room for the rest of the message): refused")
+            return ResponseTooLongError(
+                f"{self._where} answered with a message longer than max_response_bytes="
+                f"{self.max_response_bytes} bytes (and room for the rest of the "
+                f"message): refused")
         if code == "RESOURCE_EXHAUSTED" and _too_large(e):
             return ProtocolError(said, status=413)  # split, as HTTP's 413; never retried
         if code in _RETRIED_CODES:

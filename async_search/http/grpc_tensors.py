@@ -20,7 +20,7 @@ allocated, as ``servers.kserve`` checks them.
 from __future__ import annotations
 
 import math
-from typing import Hashable, List, Sequence, Tuple
+from typing import Any, Hashable, List, Sequence, Tuple
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb

@@ -411,4 +411,3 @@ def _tree_difference(jax: Any, given: Any, expected: Any) -> str:
                 f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
     text = f"{jax.tree.structure(given)} where the model has {jax.tree.structure(expected)}"
     return text if len(text) <= 600 else text[:600] + " ..."  # the same paths: its kinds
-

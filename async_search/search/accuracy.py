@@ -135,7 +135,8 @@ async def move_accuracy(choose_move: ChooseMove, positions: Iterable[LabelledPos
                         mistakes=mistakes)
 
 
-def policy_chooser(game: Game, evaluate: Evaluate) -> Callable[[State], Coroutine[Any, Any, int]]:
+def policy_chooser(game: Game, evaluate: Evaluate,
+                   ) -> Callable[[State], Coroutine[Any, Any, int]]:
     """The network alone: the legal action with the largest policy logit (ties: the
     lowest action), one request of one state per position.
 

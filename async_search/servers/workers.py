@@ -128,14 +128,12 @@ class Workers:
         Raises:
             RuntimeError: when it would leave no worker.
         """
-        self.join_ended()  # those whose remover stopped waiting between the two steps
         if len(self) - len(self._exited) <= 1:  # removals under way count as done
             raise RuntimeError("cannot remove the last worker of a serving server")
         exited = self._loop.create_future()
         self._exited.append(exited)
         self._jobs.put(STOP)
-        await exited
-        self.join_ended()  # only their last steps remained: nothing of them is kept
+        await exited  # (the thread is joined once it has ended: see _on_exit)
 
     @property
     def batch_seconds(self) -> float | None:
@@ -282,14 +280,15 @@ class Workers:
             self._threads.remove(thread)
             self._ended.append(thread)
             self._let_go_of(thread)
+            # Only its last steps remain: joined then, whether or not its remover still
+            # waits (one that stopped waiting kept it in the server for good).
+            self._loop.call_soon(self.join_ended)
             if self._on_count is not None:
                 self._on_count(len(self))
         if self._exited:
             waiter = self._exited.pop(0)
             if not waiter.done():
                 waiter.set_result(None)
-            elif waiter.cancelled():  # its remover stopped waiting: none joins it
-                self._loop.call_soon(self.join_ended)
         if not self._threads and self._all_exited is not None:
             if not self._all_exited.done():
                 self._all_exited.set_result(None)

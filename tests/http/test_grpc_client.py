@@ -376,7 +376,6 @@ async def test_an_answer_that_is_not_a_message_is_a_model_output_error():
 async def test_an_answer_longer_than_max_response_bytes_is_refused_and_the_client_serves_on():
     # No limit on the answers a client took: a 600 MiB answer to one row was held
     # whole (2 GB of the client's memory) before it was found wrong.
-    from async_search.errors import ModelOutputError
     from async_search.http.grpc_tensors import pb
 
     limit = 1 << 20
