@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Dict, Hashable, List, Tuple
+from typing import Dict, Hashable, List
 
 import numpy as np
 

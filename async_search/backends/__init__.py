@@ -128,7 +128,7 @@ def _listed(starts: Any) -> list:
     """``starts`` as a list; TypeError naming it when it is no iterable."""
     try:
         return list(starts)
-    except TypeError as e:
+    except TypeError:
         if hasattr(starts, "__iter__") or hasattr(starts, "__getitem__"):
             raise  # raised inside its own iteration: the caller's to see as it is
         raise TypeError(f"starts must be an iterable of starts (a list, a generator, an "

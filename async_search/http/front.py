@@ -67,7 +67,7 @@ from async_search.http.error_responses import (CONNECTION_LAYER, error_handler_c
 from async_search.http.front_lifetime import (FrontLifetime, cut_message,
                                               until_answered)
 from async_search.http.inflate import inflate
-from async_search.http.kserve import HEADER_LENGTH, TensorMetadata
+from async_search.http.kserve import HEADER_LENGTH
 from async_search.http.limits import (ConnectionLimiter, HttpLimits, LimitedSite,
                                       connection_cap, refusal_cap)
 from async_search.http.metrics import ServingMetrics

@@ -10,7 +10,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from async_search import rows
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError, InputSpecError

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Tuple, Union
 
 import numpy as np
 

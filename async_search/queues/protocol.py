@@ -16,7 +16,7 @@ import numbers
 import threading
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from async_search.errors import ClosedConnection
+from async_search.errors import ClosedConnection  # noqa: F401 - re-exported here
 
 
 @runtime_checkable

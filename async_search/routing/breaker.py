@@ -46,8 +46,8 @@ import time
 from typing import Callable, Deque
 
 from async_search.checks import check_float, check_int
-from async_search.errors import (CircuitOpenError, InputSpecError, ProtocolError,
-                                 RemoteError)
+from async_search.errors import InputSpecError, ProtocolError, RemoteError
+from async_search.errors import CircuitOpenError  # noqa: F401 - what an open breaker raises
 
 
 #: Failures remembered to recognise requests that failed together (several batches of
