@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 from async_search.checks import check_float, check_int
 
@@ -133,18 +133,36 @@ def _floor(share: float) -> float:
     return max(math.floor(share * _GRID + 1e-6) / _GRID, 1.0 / _GRID)
 
 
-async def reserve_gpus(ray: Any, placement: GpuPlacement,
-                       wait_s: float | None = None) -> Tuple[GpuPlacement, Any]:
+def bundle_resources(placement: GpuPlacement,
+                     server_resources: Mapping[str, float] | None = None) -> list:
+    """The placement group's bundles: one whole GPU each, and the custom resources
+    (``RayPlacement.server_resources``) of every server scheduled into it, since Ray
+    refuses an actor whose request does not fit its bundle.
+
+    Example:
+        >>> bundle_resources(place_servers(2, 3), {"lab": 1.0})
+        [{'GPU': 1.0, 'lab': 2.0}, {'GPU': 1.0, 'lab': 1.0}]
+    """
+    bundles = placement.bundles or ()
+    return [{"GPU": 1.0, **{name: amount * bundles.count(b)
+                            for name, amount in (server_resources or {}).items()}}
+            for b in range(placement.num_bundles)]
+
+
+async def reserve_gpus(ray: Any, placement: GpuPlacement, wait_s: float | None = None,
+                       server_resources: Mapping[str, float] | None = None,
+                       ) -> Tuple[GpuPlacement, Any]:
     """``(placement to use, placement group or None)``: reserves one whole GPU per
-    bundle of ``placement``. When the reservation is not ready within ``wait_s``
-    seconds (None: ``RESERVE_WAIT_S``; the GPUs are partly taken), it is released and
-    the servers ask without it (``placement.packed()``), so a run never waits on it
-    forever."""
+    bundle of ``placement``, with the ``server_resources`` of the servers it will hold.
+    When the reservation is not ready within ``wait_s`` seconds (None:
+    ``RESERVE_WAIT_S``; the GPUs are partly taken), it is released and the servers ask
+    without it (``placement.packed()``), so a run never waits on it forever."""
     if placement.bundles is None:
         return placement, None
     from ray.util.placement_group import placement_group
 
-    group = placement_group([{"GPU": 1.0}] * placement.num_bundles, strategy="PACK")
+    group = placement_group(bundle_resources(placement, server_resources),
+                            strategy="PACK")
     try:
         await asyncio.wait_for(group.ready(), RESERVE_WAIT_S if wait_s is None else wait_s)
     except asyncio.TimeoutError:

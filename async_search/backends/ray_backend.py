@@ -460,7 +460,8 @@ class _ServerPool:
         # Servers spread over every GPU (gpu_placement: Ray packs fractions, so several
         # GPUs take a placement group of whole ones, released by ``kill``).
         self._placement, self._group = await reserve_gpus(ray, place_servers(
-            gpus, config.num_servers, config.total_gpu_frac))
+            gpus, config.num_servers, config.total_gpu_frac),
+            server_resources=config.placement.server_resources)
         nodes = self._nodes()
         actors = [self._make(i, 0, nodes) for i in range(config.num_servers)]
         started = await asyncio.gather(*(a.start.remote() for a in actors),

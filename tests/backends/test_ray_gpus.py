@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_search.backends.gpu_placement import GpuPlacement, place_servers
+from async_search.backends.gpu_placement import GpuPlacement, bundle_resources, place_servers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -106,16 +106,32 @@ def test_every_gpu_is_used_balanced_and_never_asked_for_more_than_the_fraction(
     assert all(share > 0 for share in placement.num_gpus)
 
 
+@settings(deadline=None, max_examples=200)
+@given(gpus=st.integers(2, 8), servers=st.integers(2, 32),
+       amount=st.floats(0.001, 4.0))
+def test_each_bundle_holds_the_custom_resources_of_the_servers_placed_in_it(
+        gpus, servers, amount):
+    placement = place_servers(gpus, servers, None)
+    bundles = bundle_resources(placement, {"lab": amount, "other": 1.0})
+    assert len(bundles) == placement.num_bundles
+    for b, bundle in enumerate(bundles):
+        held = placement.bundles.count(b)
+        assert bundle["GPU"] == 1.0
+        assert bundle["lab"] == pytest.approx(amount * held)
+        assert bundle["other"] == held
+    assert bundle_resources(placement) == [{"GPU": 1.0}] * placement.num_bundles
+
+
 # -- on a Ray cluster with fake GPUs, in its own process --------------------------------
 CLUSTER_SCRIPT = textwrap.dedent("""
     import asyncio, json, os, sys
     import numpy as np
     import ray
     import async_search as asr
-    from async_search.backends import gpu_placement
+    from async_search.backends import RayPlacement, gpu_placement
 
-    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=3, resources={"lab": 6},
+             include_dashboard=False, log_to_driver=False)
 
     class VisibleDeviceModel:
         # Built in the server actor: answers with the GPU its process sees first.
@@ -131,14 +147,17 @@ CLUSTER_SCRIPT = textwrap.dedent("""
         y = await evaluate(np.zeros((1, 3), np.float32))
         return float(y[0, 0])
 
-    def run(num_servers, fraction):
+    def run(num_servers, fraction, **options):
         out = asr.run_searches(which_device, list(range(12)), VisibleDeviceModel,
                                backend="ray", num_procs=2, num_servers=num_servers,
-                               total_gpu_frac=fraction)
+                               total_gpu_frac=fraction, **options)
         return {"devices": sorted(set(out)), "server_gpus": out.stats["server_gpus"]}
 
     report = {"whole": run(3, None), "halves": run(6, None), "fraction": run(6, 0.5),
-              "one": run(1, 0.5)}
+              "one": run(1, 0.5),
+              # custom resources too: each GPU's bundle holds its servers' share
+              "labelled": run(4, None, timeout=120, placement=RayPlacement(
+                  server_resources={"lab": 1.5}))}
 
     @ray.remote(num_gpus=0.5, num_cpus=0)
     class Holder:
@@ -183,7 +202,9 @@ def test_servers_spread_over_fake_gpus_and_use_the_gpu_ray_assigns():
         assert gpus == {0: 2, 1: 2, 2: 2}, (case, report[case])
     assert len(report["one"]["server_gpus"]) == 1 and len(report["one"]["server_gpus"][0]) == 1
     # the model saw, as its first CUDA device, a GPU Ray assigned to its server
-    for case in ("whole", "halves", "fraction", "one", "partly_taken"):
+    gpus = Counter(ids[0] for ids in report["labelled"]["server_gpus"])
+    assert sorted(gpus.values()) == [1, 1, 2], report["labelled"]
+    for case in ("whole", "halves", "fraction", "one", "labelled", "partly_taken"):
         assigned = {float(ids[0]) for ids in report[case]["server_gpus"]}
         assert set(report[case]["devices"]) <= assigned, (case, report[case])
     assert len(report["partly_taken"]["server_gpus"]) == 3  # packed, but served
