@@ -17,7 +17,7 @@ from async_search.errors import (CheckpointError, CircuitOpenError, ClosedConnec
                                  CloseTimeoutError, ConnectionGoneError,
                                  DeviceNotFoundError, FileWriteError, InputSpecError,
                                  LoadParametersError, MalformedMessageError,
-                                 ModelLoadError, ModelNotFoundError,
+                                 ModelBusyError, ModelLoadError, ModelNotFoundError,
                                  ModelNotReadyError, ModelOutputError, ModelRaisedError,
                                  ProtocolError, RemoteError, RemoteTraceback,
                                  ResponseTooLongError,
@@ -33,7 +33,8 @@ __all__ = [
     # every exception a caller can get (errors.py)
     "CheckpointError", "CircuitOpenError", "ClosedConnection", "CloseTimeoutError",
     "ConnectionGoneError", "DeviceNotFoundError", "FileWriteError", "InputSpecError",
-    "LoadParametersError", "MalformedMessageError", "ModelLoadError", "ModelNotFoundError", "ModelNotReadyError",
+    "LoadParametersError", "MalformedMessageError", "ModelBusyError", "ModelLoadError",
+    "ModelNotFoundError", "ModelNotReadyError",
     "ModelOutputError", "ModelRaisedError", "ProtocolError", "RemoteError",
     "RemoteTraceback", "RepositoryError", "RequestTimeoutError", "ResponseTooLongError",
     "SearchError", "SearchTimeoutError", "ServerClosedError", "ServerCrashedError",

@@ -5,7 +5,8 @@ __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDie
            "RemoteError", "RemoteTraceback", "ClosedConnection", "ProtocolError",
            "ResponseTooLongError",
            "MalformedMessageError", "RepositoryError", "ModelNotFoundError",
-           "ModelNotReadyError", "ModelLoadError", "LoadParametersError", "FileWriteError",
+           "ModelNotReadyError", "ModelBusyError", "ModelLoadError", "LoadParametersError",
+           "FileWriteError",
            "CheckpointError", "DeviceNotFoundError", "CloseTimeoutError",
            "ConnectionGoneError", "RequestTimeoutError", "SearchTimeoutError",
            "WorkerDiedError", "deliverable", "describe"]
@@ -135,6 +136,10 @@ class ModelNotReadyError(RepositoryError):
 
 class ModelLoadError(RepositoryError):
     """Loading a model failed: its factory or its server raised (the ``__cause__``)."""
+
+
+class ModelBusyError(RepositoryError):
+    """A load or unload of the model is under way (the HTTP front's 409: retry later)."""
 
 
 class LoadParametersError(RepositoryError, ValueError):

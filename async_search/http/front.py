@@ -57,7 +57,8 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from async_search.base import evaluate_with_version
 from async_search.errors import (CircuitOpenError, InputSpecError, LoadParametersError,
-                                 ModelLoadError, ModelNotFoundError, ModelNotReadyError,
+                                 ModelBusyError, ModelLoadError, ModelNotFoundError,
+                                 ModelNotReadyError,
                                  ProtocolError, RequestTimeoutError, ServerClosedError,
                                  ServerDiedError)
 from async_search.http import kserve
@@ -71,7 +72,8 @@ from async_search.http.kserve import HEADER_LENGTH
 from async_search.http.limits import (ConnectionLimiter, HttpLimits, LimitedSite,
                                       connection_cap, refusal_cap)
 from async_search.http.metrics import ServingMetrics
-from async_search.http.repository import ModelEntry, ModelRepository, ModelSource
+from async_search.http.repository import (ModelEntry, ModelRepository, ModelSource,
+                                          answered_as_asked)
 
 
 _JSON = "application/json"
@@ -95,13 +97,14 @@ CLIENT_GONE = 499
 #: The status of each error that is the request's or the repository's, not the
 #: front's: every error handler asks ``http_status``.
 _STATUSES = ((ModelNotFoundError, 404), (ModelNotReadyError, 503),
-             (LoadParametersError, 400), (ModelLoadError, 500))
+             (LoadParametersError, 400), (ModelLoadError, 500), (ModelBusyError, 409))
 
 
 def http_status(error: BaseException) -> int | None:
     """The HTTP status that answers ``error``: its own ``status`` (ProtocolError, aiohttp's
     HTTPException), the repository's errors' (unknown model or version 404, not loaded
-    503, bad load parameters 400, failed load 500), or None for an error the front did
+    503, bad load parameters 400, failed load 500, a load or unload under way 409), or
+    None for an error the front did
     not expect (answered 500 as an internal error)."""
     if isinstance(error, (ProtocolError, web.HTTPException)):
         return error.status
@@ -244,8 +247,10 @@ class HttpFront(FrontLifetime):
         # in reverse: stop serving, close the codec pool, unwatch, close the repository.
         async with contextlib.AsyncExitStack() as stack:
             if self._owns_repository:
+                # An unload waits for the model's batch a grace at most, as the exit.
                 repository = await stack.enter_async_context(ModelRepository(
-                    self._models, max_workers=self.limits.max_workers))
+                    self._models, max_workers=self.limits.max_workers,
+                    close_timeout=self.limits.shutdown_timeout))
                 # Runs after the drain, just before the repository closes: a model that
                 # never returns holds the exit a grace at most (none after a second
                 # signal), then its requests fail and its thread is left to end.
@@ -554,7 +559,9 @@ class HttpFront(FrontLifetime):
         self._repository_allowed(request)
         name = request.match_info["name"]
         parameters = await self._parameters(request)
-        await self._repository.load(name, parameters)
+        # wait=False: a load under way (a factory that hangs) answers 409 at once,
+        # rather than gather requests behind it that nobody cancels.
+        await self._repository.load(name, parameters, wait=False)
         entry = self._repository.entry(name)
         return _json({"name": name, "version": entry.version, "state": "READY"})
 
@@ -567,7 +574,7 @@ class HttpFront(FrontLifetime):
             unknown = sorted(str(k)[:40] for k in parameters)
             raise ProtocolError(f"unknown unload parameters {unknown[:10]}: the only "
                                 f"unload parameter is unload_dependents")
-        await self._repository.unload(name)
+        await self._repository.unload(name, wait=False)
         return _json({"name": name, "state": "UNAVAILABLE"})
 
     # -- inference --------------------------------------------------------------------
@@ -577,7 +584,8 @@ class HttpFront(FrontLifetime):
         version = ""
         try:
             entry = self._entry(request)
-            evaluate = self._repository.serving(name, request.match_info.get("version"))
+            asked = request.match_info.get("version")
+            self._repository.serving(name, asked)  # refused before the body is read
             header_length = request.headers.get(HEADER_LENGTH)
             length = request.content_length
             if length is not None and length > self.max_body_bytes:
@@ -595,8 +603,12 @@ class HttpFront(FrontLifetime):
             decoded = await self._codec.run(decode) if (
                 json_length >= self.limits.offload_bytes) else decode()
             x = kserve.input_array(decoded, entry.input_name, entry.input_spec)
+            # What serves the model now: it may have been unloaded and loaded again
+            # while the body came in.
+            evaluate = self._repository.serving(name, asked)
             outputs, version = await self._evaluate(evaluate, name, x)
             version = kserve.version_label(version)  # the protocol's versions are text
+            answered_as_asked(name, asked, version)
             named = kserve.named_outputs(outputs, entry.output_names)
             if not entry.outputs:
                 entry.outputs = kserve.output_metadata(named)

@@ -54,7 +54,7 @@ from async_search.http.front_lifetime import (FrontLifetime, cut_message,
                                               until_answered)
 from async_search.http.grpc_tensors import (REFUSED_KEY, TOO_LARGE_KEY, decode_request,
                                            encode_response, pb)
-from async_search.http.repository import ModelRepository, ModelSource
+from async_search.http.repository import ModelRepository, ModelSource, answered_as_asked
 
 
 _STOPPING = "the server is stopping"
@@ -172,8 +172,9 @@ class GrpcFront(FrontLifetime):
             if isinstance(self._models, ModelRepository):
                 self._repository = self._models  # its owner closes it
             else:
+                # An unload waits for the model's batch a grace at most, as the exit.
                 self._repository = await stack.enter_async_context(
-                    ModelRepository(self._models))
+                    ModelRepository(self._models, close_timeout=self.shutdown_timeout))
                 # After the drain, before the repository closes: as HttpFront's.
                 stack.callback(self._bound_close, self._repository)
             self._server = grpc.aio.server(
@@ -295,10 +296,12 @@ class GrpcFront(FrontLifetime):
         except Exception as e:  # noqa: BLE001 - the model's failure, not the front's
             raise _Refusal(grpc.StatusCode.INTERNAL,
                            f"model {name!r} failed: {type(e).__name__}: {e}") from e
+        label = kserve.version_label(label)
+        answered_as_asked(name, version, label)
         named = kserve.named_outputs(outputs, entry.output_names)
         if not entry.outputs:
             entry.outputs = kserve.output_metadata(named)
-        return encode_response(model_name=name, model_version=kserve.version_label(label),
+        return encode_response(model_name=name, model_version=label,
                                request_id=decoded.id, outputs=named,
                                requested=decoded.outputs)
 

@@ -40,6 +40,9 @@ from async_search.servers.stats import TIME_BUCKETS_S
 LATENCY_BUCKETS: Tuple[float, ...] = TIME_BUCKETS_S
 #: Batch size buckets: powers of two up to 4096.
 BATCH_SIZE_BUCKETS: Tuple[int, ...] = tuple(2 ** i for i in range(13))
+#: The versions of a model whose request counts are kept (the latest ones): a trainer
+#: that updates the weights every iteration would otherwise add series without end.
+KEPT_VERSIONS = 16
 
 
 class ServingMetrics:
@@ -91,6 +94,8 @@ class ServingMetrics:
             "http_request_seconds", "Inference request latency, from the body read to "
             "the response, seconds", ["model"], namespace=namespace,
             buckets=latency_buckets, registry=self.registry)
+        # model -> version -> the codes counted for it, oldest version first
+        self._counted: Dict[str, Dict[str, set]] = {}
         self.registry.register(_StatsCollector(self))
 
     # -- what is watched --------------------------------------------------------------
@@ -123,7 +128,18 @@ class ServingMetrics:
 
     # -- what is observed as it happens ------------------------------------------------
     def observe_request(self, model: str, version: str, code: int, seconds: float) -> None:
-        """One network request of ``model`` answered with status ``code``."""
+        """One network request of ``model`` answered with status ``code``. The counts
+        of a model's ``KEPT_VERSIONS`` latest versions are kept; an older version's
+        series are dropped when a new version is counted."""
+        versions = self._counted.setdefault(model, {})
+        codes = versions.get(version)
+        if codes is None:
+            codes = versions[version] = set()
+            while len(versions) > KEPT_VERSIONS:
+                oldest = next(iter(versions))
+                for counted in versions.pop(oldest):
+                    self._requests.remove(model, oldest, counted)
+        codes.add(str(code))
         self._requests.labels(model, version, str(code)).inc()
         self._latency.labels(model).observe(seconds)
 

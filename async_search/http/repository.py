@@ -28,9 +28,10 @@ import threading
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from async_search.base import TensorSpec, input_spec_of, output_spec_of, version_of
-from async_search.checks import AsyncWithOnly, check_float, check_int
-from async_search.errors import (CloseTimeoutError, LoadParametersError, ModelLoadError,
-                                 ModelNotFoundError, ModelNotReadyError, deliverable)
+from async_search.checks import AsyncWithOnly, check_float, check_int, is_async
+from async_search.errors import (CloseTimeoutError, LoadParametersError, ModelBusyError,
+                                 ModelLoadError, ModelNotFoundError, ModelNotReadyError,
+                                 deliverable)
 from async_search.http.kserve import TensorMetadata, model_metadata, quoted, version_label
 from async_search.machine import usable_cpus
 from async_search.routing.cache import CachedEvaluate
@@ -142,6 +143,7 @@ class ModelEntry:
         self.outputs: Tuple[TensorMetadata, ...] = ()  # learned from the first response
         self.lock = asyncio.Lock()
         self.reason = ""  # why the last load failed
+        self.changing = ""  # "LOADING" or "UNLOADING" while one is under way
 
     @property
     def ready(self) -> bool:
@@ -218,6 +220,7 @@ class ModelRepository(AsyncWithOnly):
         if close_timeout is not None:
             close_timeout = check_float("close_timeout", close_timeout, minimum=0.0)
         self.close_timeout = close_timeout
+        self._closed = False  # from aclose: no load starts a server any more
         self._entries: Dict[str, ModelEntry] = {}
         for name, model in models.items():
             if not isinstance(name, str) or not name or "/" in name:
@@ -270,6 +273,7 @@ class ModelRepository(AsyncWithOnly):
         return evaluate
 
     async def __aenter__(self) -> "ModelRepository":
+        self._closed = False
         try:
             for entry in self._entries.values():
                 if entry.source is not None and entry.source.load_on_start:
@@ -283,24 +287,40 @@ class ModelRepository(AsyncWithOnly):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Unload every model the repository serves itself."""
+        """Unload every model the repository serves itself. A load under way then
+        closes what it started and fails, and later loads are refused (until the
+        repository is entered again)."""
+        self._closed = True
         for entry in self._entries.values():
             if entry.closer is not None:
                 await self.unload(entry.name)
 
-    async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+    async def load(self, name: str, parameters: Mapping[str, Any] | None = None, *,
+                   wait: bool = True) -> None:
         """Load ``name`` (a no-op when loaded); ``parameters`` may set ``num_workers``
         (an integer in [1, ``max_workers``]).
 
+        Args:
+            wait: False: refuse at once (``ModelBusyError``) while another load or
+                unload of ``name`` is under way, instead of waiting for it (the HTTP
+                front's way: a factory that hangs must not gather requests behind it).
+
         Raises:
             ModelNotFoundError: for an unknown model.
+            ModelNotReadyError: the repository is closed.
+            ModelBusyError: ``wait`` is False and a load or unload is under way.
             LoadParametersError: for bad parameters.
             ModelLoadError: when the factory or the server fails to start.
         """
         entry = self.entry(name)
         workers = _load_parameters(parameters, self.max_workers)
-        async with entry.lock:
+        if workers is not None:
+            _check_workers(entry, workers)
+        async with self._changing(entry, "LOADING", wait):
             if entry.evaluate is None:
+                if self._closed:
+                    raise ModelNotReadyError(f"model {name!r} cannot be loaded: the "
+                                             f"repository is closed")
                 if entry.source is None:
                     entry.evaluate = entry.external
                 else:
@@ -308,29 +328,63 @@ class ModelRepository(AsyncWithOnly):
             if workers is not None:
                 await _set_workers(entry, workers)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, *, wait: bool = True) -> None:
         """Stop serving ``name``: new requests are refused at once; those in flight get
-        their results (a server the repository started is drained and closed)."""
+        their results (a server the repository started is drained and closed, within
+        ``close_timeout``).
+
+        Args:
+            wait: as ``load``'s.
+
+        Raises:
+            ModelNotFoundError: for an unknown model.
+            ModelBusyError: ``wait`` is False and a load or unload is under way.
+        """
         entry = self.entry(name)
-        async with entry.lock:
+        async with self._changing(entry, "UNLOADING", wait):
             closer, server = entry.closer, entry.server
             entry.closer, entry.server, entry.evaluate = None, None, None
             if closer is None:
                 return
-            if server is not None and self.close_timeout is not None:
-                # Bounded: a model that never returns would hold the unload (and a
-                # front's exit, whatever the signals) for good.
-                try:
-                    await server.aclose(timeout=self.close_timeout)
-                except CloseTimeoutError as e:
-                    _log.warning("model %r: %s", name, e)
-            await closer.aclose()  # drains the server's requests, then closes it
+            await self._close(name, server, closer)
+
+    @contextlib.asynccontextmanager
+    async def _changing(self, entry: ModelEntry, state: str, wait: bool):
+        """Holds ``entry``'s lock (refusing at once when busy and not ``wait``), with
+        ``state`` in the index meanwhile."""
+        if not wait and entry.lock.locked():
+            raise ModelBusyError(f"model {entry.name!r} is "
+                                 f"{entry.changing.lower() or 'loading or unloading'} "
+                                 f"now; retry when that ends (/v2/repository/index "
+                                 f"shows its state)")
+        async with entry.lock:
+            entry.changing = state
+            try:
+                yield
+            finally:
+                entry.changing = ""
+
+    async def _close(self, name: str, server: BatchingServer | None,
+                     closer: contextlib.AsyncExitStack) -> None:
+        if server is not None and self.close_timeout is not None:
+            # Bounded: a model that never returns would hold the unload (and a
+            # front's exit, whatever the signals) for good.
+            try:
+                await server.aclose(timeout=self.close_timeout)
+            except CloseTimeoutError as e:
+                _log.warning("model %r: %s", name, e)
+        await closer.aclose()  # drains the server's requests, then closes it
 
     async def _start(self, entry: ModelEntry) -> None:
         source = entry.source
         async with contextlib.AsyncExitStack() as stack:
             try:
                 model = await _built(source.factory)
+                if is_async(model):  # it would fail every request, and load as READY
+                    name = getattr(model, "__name__", type(model).__name__)
+                    raise TypeError(f"the factory made {name!r}, an async function: a "
+                                    f"model is a plain function (the server calls it "
+                                    f"in a thread, or on the loop, and awaits nothing)")
                 server = await stack.enter_async_context(BatchingServer(
                     model, DispatchPolicy(source.max_batch_size, source.max_delay,
                                           source.pipeline_depth),
@@ -341,17 +395,45 @@ class ModelRepository(AsyncWithOnly):
                 entry.reason = f"{type(e).__name__}: {e}"
                 raise ModelLoadError(f"loading model {entry.name!r} failed: "
                                      f"{entry.reason}") from e
-            entry.closer = stack.pop_all()  # the server outlives this call: unload
+            closer = stack.pop_all()  # the server outlives this call: unload
+        if self._closed:  # closed while the model was built: nothing may outlive it
+            await self._close(entry.name, server, closer)
+            raise ModelNotReadyError(f"model {entry.name!r} was not loaded: the "
+                                     f"repository closed while it loaded")
+        entry.closer = closer
         entry.reason = ""
         entry.server = server
         entry.outputs = ()
         entry.evaluate = evaluate
 
     def index(self) -> List[dict]:
-        """Each model's name, version, state (READY or UNAVAILABLE) and reason."""
+        """Each model's name, version, state (READY or UNAVAILABLE; LOADING or
+        UNLOADING while one is under way, as Triton's index says) and reason."""
         return [{"name": e.name, "version": e.version,
-                 "state": "READY" if e.ready else "UNAVAILABLE", "reason": e.reason}
+                 "state": e.changing or ("READY" if e.ready else "UNAVAILABLE"),
+                 "reason": e.reason}
                 for e in self._entries.values()]
+
+
+def answered_as_asked(name: str, asked: str | None, label: str) -> None:
+    """Refuses an answer to a request that named a version (``asked``) when another
+    version computed it (``label``, as the protocol spells it): the model was updated
+    while the request waited, and a client that pins a version must not get another's
+    outputs. The fronts answer it as they answer a version asked for after the swap.
+
+    Raises:
+        ModelNotFoundError: ``asked`` is not None and is not ``label``.
+
+    Example:
+        >>> answered_as_asked("m", None, "2"), answered_as_asked("m", "2", "2")
+        (None, None)
+    """
+    if asked is None or label == asked:
+        return
+    by = (f"version {label!r} answered it" if label else
+          "the rows were computed by two versions")
+    raise ModelNotFoundError(f"model {name!r} has no version {quoted(asked)} any more: "
+                             f"it was updated while the request waited, and {by}")
 
 
 async def _built(factory: Callable[[], Any]) -> Any:
@@ -403,8 +485,20 @@ def _load_parameters(parameters: Mapping[str, Any] | None,
     return workers
 
 
+def _check_workers(entry: ModelEntry, workers: int) -> None:
+    """``num_workers`` refused before anything starts: a model served by its owner is
+    not the repository's to change, and a model on the loop has one device."""
+    if entry.source is None:
+        raise LoadParametersError(f"model {entry.name!r} is served by its owner: its "
+                                  f"number of workers is not the repository's to change")
+    if workers > 1 and placement_of(entry.source.model_thread) == "loop":
+        raise LoadParametersError(f"model {entry.name!r} runs on the loop "
+                                  f"(model_thread=False), with one device: num_workers "
+                                  f"must be 1, got {workers}")
+
+
 async def _set_workers(entry: ModelEntry, workers: int) -> None:
-    server = entry.server if entry.server is not None else entry.evaluate
+    server = entry.server
     if not hasattr(server, "add_worker"):
         raise LoadParametersError(f"model {entry.name!r} cannot change its number of "
                                   f"workers")

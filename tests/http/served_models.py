@@ -28,6 +28,23 @@ class Gated:
         return MODEL(x)
 
 
+class UpdatedWhileWaiting:
+    """An evaluate function serving version 0 until a request comes: the model is
+    updated to version 1 while that request waits, and version 1 answers it."""
+
+    input_spec = MODEL.input_spec
+
+    def __init__(self):
+        self.version = 0
+
+    async def with_version(self, x):
+        self.version = 1
+        return MODEL(x), 1
+
+    async def __call__(self, x):
+        return (await self.with_version(x))[0]
+
+
 class Raising:
     input_spec = MODEL.input_spec
 

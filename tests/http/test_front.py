@@ -340,6 +340,85 @@ async def test_versions_appear_in_responses_routes_and_metrics():
             in text
 
 
+async def test_a_request_naming_a_version_is_never_answered_by_another():
+    # The version was checked when the request came: a model updated while it waited
+    # answered it with the new version's outputs, and a 200.
+    from tests.http.served_models import UpdatedWhileWaiting
+
+    async with HttpFront({"m": UpdatedWhileWaiting()}) as front, \
+            aiohttp.ClientSession() as s:
+        status, payload = await post(s, f"{front.url}/v2/models/m/versions/0/infer",
+                                     infer_body(X[:1]))
+        assert status == 404, payload
+        assert re.search(r"model 'm' has no version '0' any more: it was updated while "
+                         r"the request waited, and version '1' answered it",
+                         json.loads(payload)["error"])
+        status, payload = await post(s, f"{front.url}/v2/models/m/versions/1/infer",
+                                     infer_body(X[:1]))
+        assert status == 200 and json.loads(payload)["model_version"] == "1"
+        status, payload = await post(s, f"{front.url}/v2/models/m/infer", infer_body(X[:1]))
+        assert status == 200 and json.loads(payload)["model_version"] == "1"
+
+
+async def test_a_load_under_way_gets_409_at_once_and_the_index_says_loading():
+    # Loads and unloads queued behind a factory that never returned, each holding its
+    # request (aiohttp cancels no handler when its client goes) until the front's exit.
+    gate = threading.Event()
+
+    def factory():
+        gate.wait(30)
+        return MODEL
+
+    try:
+        async with HttpFront({"m": ModelSource(factory, load_on_start=False)},
+                             enable_repository=True) as front, \
+                aiohttp.ClientSession() as s:
+            repository = f"{front.url}/v2/repository"
+            loading = asyncio.ensure_future(post(s, f"{repository}/models/m/load", b""))
+            async def state():
+                async with s.post(f"{repository}/index") as resp:
+                    return json.loads(await resp.read())[0]["state"]
+            await wait_until(lambda: front.repository.index()[0]["state"] == "LOADING",
+                             "loading")
+            assert await state() == "LOADING"
+            for action in ("load", "unload"):
+                status, payload = await asyncio.wait_for(
+                    post(s, f"{repository}/models/m/{action}", b""), 5)
+                assert status == 409, (action, payload)
+                assert "model 'm' is loading now" in json.loads(payload)["error"]
+            gate.set()
+            status, _ = await asyncio.wait_for(loading, 10)
+            assert status == 200 and await state() == "READY"
+    finally:
+        gate.set()
+
+
+async def test_a_body_that_arrives_across_an_unload_and_load_is_served_by_the_new_server():
+    # The server was picked before the body was read: the one the unload closed
+    # answered 503 "the server is closed", though the model was ready again.
+    async with HttpFront({"m": ModelSource(lambda: MODEL)}, enable_repository=True) \
+            as front, aiohttp.ClientSession() as s:
+        body = infer_body(X[:1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        try:
+            writer.write(f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+            await writer.drain()
+            await wait_until(lambda: front.requests_in_progress == 1, "the request read")
+            for action in ("unload", "load"):
+                status, _ = await post(s, f"{front.url}/v2/repository/models/m/{action}",
+                                       b"")
+                assert status == 200
+            writer.write(body[10:])
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(65536), 10)
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        data = json.loads(answer.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"]
+        np.testing.assert_allclose(np.float32(data), MODEL(X[:1]).ravel())
+
+
 async def test_a_function_that_reports_no_version_is_served_with_an_empty_version():
     async def plain(x):  # no version, no with_version: the version is unknown
         return MODEL(x)
@@ -365,6 +444,7 @@ def test_every_repository_error_has_one_status():
     assert http_status(errors.ModelNotReadyError("x")) == 503
     assert http_status(errors.LoadParametersError("x")) == 400
     assert http_status(errors.ModelLoadError("x")) == 500
+    assert http_status(errors.ModelBusyError("x")) == 409
     assert http_status(errors.ProtocolError("x", status=413)) == 413
     assert http_status(web.HTTPNotFound()) == 404
     assert http_status(RuntimeError("x")) is None  # the front's own failure: a 500
@@ -713,6 +793,32 @@ async def test_a_model_that_never_returns_holds_the_exit_one_grace_at_most():
             assert status == 503 and b"shutdown grace of 0.5 s" in payload
             await asyncio.wait_for(exiting, 10)
             assert time.monotonic() - began < 4  # the grace, then one more for the model
+    finally:
+        model.gate.set()
+
+
+async def test_an_unload_whose_model_never_returns_ends_within_the_grace():
+    # The front's own repository waited for the model's batch without end while
+    # serving (bounded only at the exit), and so did every load and unload after it.
+    import time
+
+    model = Gated()
+    front = HttpFront({"mlp": ModelSource(lambda: model, model_thread=True)},
+                      limits=HttpLimits(shutdown_timeout=0.5), enable_repository=True)
+    try:
+        async with front, aiohttp.ClientSession() as s:
+            stuck = asyncio.ensure_future(
+                post(s, f"{front.url}/v2/models/mlp/infer", infer_body(X[:1])))
+            assert await in_thread(model.started.wait, 10)
+            began = time.monotonic()
+            status, _ = await asyncio.wait_for(
+                post(s, f"{front.url}/v2/repository/models/mlp/unload", b""), 10)
+            assert status == 200 and time.monotonic() - began < 4
+            status, payload = await asyncio.wait_for(stuck, 10)
+            assert status == 503, payload
+            status, _ = await asyncio.wait_for(
+                post(s, f"{front.url}/v2/repository/models/mlp/load", b""), 10)
+            assert status == 200
     finally:
         model.gate.set()
 

@@ -22,7 +22,8 @@ from async_search.http.front import HttpFront  # noqa: E402
 from async_search.http.grpc_front import GrpcFront  # noqa: E402
 from async_search.http.grpc_tensors import REFUSED_KEY, pb  # noqa: E402
 from async_search.http.repository import ModelSource  # noqa: E402
-from tests.http.served_models import MODEL, X, Gated, Raising  # noqa: E402
+from tests.http.served_models import (MODEL, X, Gated, Raising,  # noqa: E402
+                                      UpdatedWhileWaiting)
 from tests.helpers import wait_until, within  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,6 +51,27 @@ async def status_of(call) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await within(call, "the status")
     return info.value
+
+
+async def test_a_request_naming_a_version_is_never_answered_by_another():
+    # The version was checked when the request came: a model updated while it waited
+    # answered with the new version's outputs.
+    async with GrpcFront({"m": UpdatedWhileWaiting()}) as f, \
+            grpc.aio.insecure_channel(f.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        error = await status_of(stub.ModelInfer(infer_request(X[:1], "m", version="0")))
+        assert error.code() == Code.NOT_FOUND
+        assert re.search(r"model 'm' has no version '0' any more: it was updated while "
+                         r"the request waited, and version '1' answered it",
+                         error.details())
+        answer = await within(stub.ModelInfer(infer_request(X[:1], "m", version="1")),
+                              "an answer")
+        assert answer.model_version == "1"
+
+
+async def test_the_front_s_own_repository_bounds_an_unload_by_the_grace():
+    async with front(shutdown_timeout=0.7) as f:
+        assert f.repository.close_timeout == 0.7
 
 
 # -- tritonclient's client as a peer ---------------------------------------------------

@@ -122,6 +122,29 @@ def test_request_observations_feed_histograms():
     assert value(found, "async_search_http_request_seconds_count", model="mlp") == 4
 
 
+def test_request_counts_are_kept_for_a_model_s_latest_versions_only():
+    # One series per version ever served: a trainer updating every iteration grew the
+    # scrape without end (3000 versions: half a megabyte).
+    from async_search.http.metrics import KEPT_VERSIONS
+
+    metrics = ServingMetrics()
+    metrics.observe_request("other", "0", 200, 0.001)
+    for version in range(3 * KEPT_VERSIONS):
+        for code in (200, 503):
+            metrics.observe_request("m", str(version), code, 0.001)
+    metrics.observe_request("m", str(3 * KEPT_VERSIONS - 1), 200, 0.001)
+    counted = {(dict(labels)["model"], dict(labels)["version"], dict(labels)["code"]): v
+               for (name, labels), v in samples(metrics).items()
+               if name == "async_search_http_requests_total"}
+    kept = range(2 * KEPT_VERSIONS, 3 * KEPT_VERSIONS)
+    assert set(counted) == {("other", "0", "200")} | {
+        ("m", str(v), code) for v in kept for code in ("200", "503")}
+    assert counted[("m", str(3 * KEPT_VERSIONS - 1), "200")] == 2.0  # counts go on
+    latency = samples(metrics)[("async_search_http_request_seconds_count",
+                                frozenset({("model", "m")}))]
+    assert latency == 6 * KEPT_VERSIONS + 1  # every request, whatever its version
+
+
 def test_each_metrics_object_has_its_own_registry():
     one, two = ServingMetrics(), ServingMetrics()
     one.observe_request("mlp", "0", 200, 0.001)

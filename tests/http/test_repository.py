@@ -264,3 +264,86 @@ async def test_a_factory_raising_stopiteration_fails_its_load():
     with pytest.raises(ModelLoadError, match="StopIteration"):
         await asyncio.wait_for(
             ModelRepository({"m": ModelSource(factory)}).__aenter__(), 10)
+
+
+def gated_factory(gate: threading.Event, model=MODEL):
+    """A factory that returns ``model`` once ``gate`` is set (a slow or hung build)."""
+    def factory():
+        gate.wait(30)
+        return model
+    return factory
+
+
+async def test_a_load_that_ends_after_the_repository_closed_closes_what_it_started():
+    # aclose skipped a model whose load was under way: its server and device thread
+    # outlived the repository, and a load after the close was served too.
+    gate = threading.Event()
+    repo = ModelRepository({"m": ModelSource(gated_factory(gate), load_on_start=False,
+                                             model_thread=True)})
+    try:
+        async with repo:
+            loading = asyncio.ensure_future(repo.load("m"))
+            await wait_until(lambda: repo.index()[0]["state"] == "LOADING", "loading")
+    finally:
+        gate.set()
+    with pytest.raises(ModelNotReadyError, match="closed while it loaded"):
+        await asyncio.wait_for(loading, 10)
+    entry = repo.entry("m")
+    assert not entry.ready and entry.server is None and entry.closer is None
+    with pytest.raises(ModelNotReadyError, match="the repository is closed"):
+        await repo.load("m")
+    await wait_until(lambda: not [t for t in threading.enumerate()
+                                  if t.name.startswith("async_search-device")],
+                     "no device thread left")
+    async with repo:  # entered again, it loads again
+        await repo.load("m")
+        assert repo.entry("m").ready
+
+
+async def test_a_load_or_unload_under_way_refuses_another_at_once_when_told_not_to_wait():
+    gate = threading.Event()
+    async with ModelRepository({"m": ModelSource(gated_factory(gate),
+                                                 load_on_start=False)}) as repo:
+        try:
+            loading = asyncio.ensure_future(repo.load("m"))
+            await wait_until(lambda: repo.index()[0]["state"] == "LOADING", "loading")
+            for change in (repo.load("m", wait=False), repo.unload("m", wait=False)):
+                with pytest.raises(asr.ModelBusyError, match="model 'm' is loading now; "
+                                                             "retry when that ends"):
+                    await asyncio.wait_for(change, 1)
+            waiting = asyncio.ensure_future(repo.unload("m"))  # waits, as before
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+        finally:
+            gate.set()
+        await asyncio.wait_for(loading, 10)
+        await asyncio.wait_for(waiting, 10)
+        assert repo.index()[0]["state"] == "UNAVAILABLE" and not repo.entry("m").ready
+
+
+async def test_num_workers_a_model_cannot_take_is_refused_before_it_loads():
+    async with asr.serve(MODEL, model_thread=True) as external:
+        async with ModelRepository({
+                "loop": ModelSource(lambda: MODEL, model_thread=False,
+                                    load_on_start=False),
+                "ext": external}) as repo:
+            with pytest.raises(LoadParametersError, match="runs on the loop"):
+                await repo.load("loop", {"num_workers": 3})
+            assert not repo.entry("loop").ready  # nothing loaded
+            await repo.load("loop", {"num_workers": 1})
+            assert repo.entry("loop").ready
+            with pytest.raises(LoadParametersError, match="served by its owner"):
+                await repo.load("ext", {"num_workers": 3})
+        assert external.num_workers == 1  # the owner's server, as it was
+
+
+async def test_a_factory_that_makes_an_async_function_fails_its_load():
+    async def model(x):
+        return x
+
+    async with ModelRepository({"m": ModelSource(lambda: model,
+                                                 load_on_start=False)}) as repo:
+        with pytest.raises(ModelLoadError, match="'model', an async function: a model "
+                                                 "is a plain function"):
+            await repo.load("m")
+        assert not repo.entry("m").ready
