@@ -25,7 +25,9 @@ and at most half of what ``ulimit -n`` leaves after the front's own descriptors 
 codec workers'], ``--keepalive-timeout`` [5 s idle],
 ``--read-timeout`` [30 s per body], ``--write-timeout`` [30 s: a client that takes no
 byte of its answer for that long is dropped], ``--max-unsent-bytes`` [256 MiB of answers
-that clients have not taken, in all: 503 beyond], ``--shutdown-timeout`` [5 s],
+that clients have not taken, in all: 503 beyond; the gRPC front has a budget of its
+own, RESOURCE_EXHAUSTED beyond], ``--grpc-max-concurrent-rpcs`` [1024],
+``--shutdown-timeout`` [5 s],
 ``--offload-bytes``
 [256 KiB: JSON this large is parsed in ``--offload-workers`` [half the CPUs] processes],
 ``--max-workers`` [4 per CPU: the most ``num_workers`` a load request may ask for].
@@ -105,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
     p.add_argument("--grpc-port", type=_port, default=None,
                    help="serve gRPC (KServe v2) on this port too; 0 picks a free port")
+    p.add_argument("--grpc-max-concurrent-rpcs", type=int, default=1024,
+                   help="gRPC RPCs in progress at once (one whose answer the client "
+                        "has not taken counts); more get RESOURCE_EXHAUSTED")
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-delay", type=float, default=None)
     p.add_argument("--pipeline-depth", type=int, default=2)
@@ -194,6 +199,8 @@ async def _serve_forever(args: argparse.Namespace) -> None:
                 grpc_front = await grpc.enter_async_context(_grpc_front()(
                     front.repository, host=args.host, port=args.grpc_port,
                     max_message_bytes=args.max_body_bytes,
+                    max_concurrent_rpcs=args.grpc_max_concurrent_rpcs,
+                    max_unsent_bytes=args.max_unsent_bytes,
                     shutdown_timeout=limits.shutdown_timeout))
                 grpc_fronts.append(grpc_front)
                 _log.warning("serving %r on grpc://%s", args.name or name,

@@ -16,7 +16,18 @@ protocol or does not fit the model (the HTTP front's 400), NOT_FOUND for an unkn
 model or version (404), UNAVAILABLE for a model that is not loaded, one whose servers
 are closed, and while the front stops (503), INTERNAL when the model raised (500),
 RESOURCE_EXHAUSTED past ``max_concurrent_rpcs`` or for a message over
-``max_message_bytes`` (grpc's own). No request, however malformed, ends the server.
+``max_message_bytes`` (grpc's own), and for an answer that would bring the answers
+clients have not taken over ``max_unsent_bytes`` (HTTP's 503). No request, however
+malformed, ends the server.
+
+Answers clients do not take: grpc holds a returned answer (about three copies of its
+serialized bytes) until HTTP/2 flow control lets it all out, for as long as the client
+stays connected; the RPC stays counted in ``max_concurrent_rpcs`` till then. The front
+counts each answer's bytes from the handler's return to the RPC's end (done callback:
+delivered, cancelled, connection lost, server stopped) and refuses one that would pass
+``max_unsent_bytes``: a bound on memory, not on time (grpc gives no write timeout: a
+client that never reads keeps its share, and its RPC slots, until it disconnects or the
+front stops).
 
 Stopping (leaving the ``async with``) drains as the HTTP front does: readiness turns
 false at once and new RPCs get UNAVAILABLE "the server is stopping"; every RPC in
@@ -60,6 +71,10 @@ from async_search.http.repository import ModelRepository, ModelSource, answered_
 _STOPPING = "the server is stopping"
 # After the grace: how long grpc gets to write the last answers before it closes.
 _FLUSH_S = 0.5
+# What the process holds of an answer not yet taken, in multiples of its serialized
+# size: grpc keeps the response message, its serialized bytes and core's copy of them
+# (measured: 2.9 times the answer in RSS per stalled RPC).
+_HELD_COPIES = 3
 
 #: The status code of each error that is the request's or the repository's.
 _CODES = ((ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -92,9 +107,10 @@ def grpc_status(error: BaseException) -> grpc.StatusCode:
 class _Refusal(Exception):
     """What a handler answers instead of a response: a status code and a message."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, trailing: tuple | None = None):
         super().__init__(message)
         self.code = code
+        self.trailing = trailing  # None: the code's usual trailing metadata
 
 
 class GrpcFront(FrontLifetime):
@@ -110,7 +126,11 @@ class GrpcFront(FrontLifetime):
         max_message_bytes: the largest request message; larger ones get
             RESOURCE_EXHAUSTED (16 MiB, as the HTTP front's body limit). Answers may be
             as large as the model makes them.
-        max_concurrent_rpcs: RPCs in progress at once; more get RESOURCE_EXHAUSTED.
+        max_concurrent_rpcs: RPCs in progress at once; more get RESOURCE_EXHAUSTED. An
+            RPC whose answer the client has not taken all of is still in progress.
+        max_unsent_bytes: the most bytes of answers that clients have not taken yet,
+            over all connections, each counted three times (the copies grpc holds);
+            an answer beyond gets RESOURCE_EXHAUSTED (256 MiB, as the HTTP front's).
         shutdown_timeout: seconds the RPCs in progress get on exit before they are
             answered UNAVAILABLE.
 
@@ -127,7 +147,7 @@ class GrpcFront(FrontLifetime):
     def __init__(self, models: ModelRepository | Mapping[str, ModelSource | Any], *,
                  host: str = "127.0.0.1", port: int = 0,
                  max_message_bytes: int = 16 * 2 ** 20, max_concurrent_rpcs: int = 1024,
-                 shutdown_timeout: float = 5.0):
+                 max_unsent_bytes: int = 256 * 2 ** 20, shutdown_timeout: float = 5.0):
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
             raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
         self._models = models
@@ -137,6 +157,9 @@ class GrpcFront(FrontLifetime):
                                            minimum=1)
         self.max_concurrent_rpcs = check_int("max_concurrent_rpcs", max_concurrent_rpcs,
                                              minimum=1)
+        self.max_unsent_bytes = check_int("max_unsent_bytes", max_unsent_bytes,
+                                          minimum=1)
+        self.unsent_bytes = 0        # of answers returned whose RPC is not done
         self.shutdown_timeout = check_float("shutdown_timeout", shutdown_timeout,
                                             minimum=0)
         self._repository: ModelRepository | None = None
@@ -233,6 +256,7 @@ class GrpcFront(FrontLifetime):
         for by the drain; the others (metadata, readiness) are answered throughout, as
         the HTTP front answers its GETs."""
         task = asyncio.current_task()
+        trailing = None
         try:
             if not drained:
                 return await handler(*args)
@@ -249,12 +273,13 @@ class GrpcFront(FrontLifetime):
             code, message = grpc.StatusCode.UNAVAILABLE, cut_message(
                 _STOPPING, self._grace_ended, self.shutdown_timeout)
         except _Refusal as e:
-            code, message = e.code, str(e)
+            code, message, trailing = e.code, str(e), e.trailing
         except Exception as e:  # noqa: BLE001 - a bad request must never end the server
             code, message = grpc_status(e), str(e)
             if code is grpc.StatusCode.INTERNAL and not isinstance(e, ProtocolError):
                 message = f"internal error: {type(e).__name__}: {e}"
-        refused = ((REFUSED_KEY, "1"),) if code is grpc.StatusCode.UNAVAILABLE else \
+        refused = trailing if trailing is not None else \
+            ((REFUSED_KEY, "1"),) if code is grpc.StatusCode.UNAVAILABLE else \
             ((TOO_LARGE_KEY, "1"),) if code is grpc.StatusCode.RESOURCE_EXHAUSTED else ()
         # raises: grpc ends the RPC with the status
         await context.abort(code, message, trailing_metadata=refused)
@@ -279,7 +304,35 @@ class GrpcFront(FrontLifetime):
     async def model_ready(self, name: str, version: str) -> bool:
         return self._repository.entry(name, version or None).ready
 
-    async def infer(self, request: "pb.ModelInferRequest") -> "pb.ModelInferResponse":
+    def _hold(self, context: grpc.aio.ServicerContext, response: Any) -> None:
+        """Counts ``response`` among the answers clients have not taken until its RPC
+        ends, or refuses it (RESOURCE_EXHAUSTED) when it would pass
+        ``max_unsent_bytes``."""
+        held = _HELD_COPIES * response.ByteSize()
+        bound = self.max_unsent_bytes
+        if held > bound:  # never admitted: marked too large, so that clients split it
+            raise _Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"the answer has {held // _HELD_COPIES} bytes, over a third "
+                           f"of the front's max_unsent_bytes of {bound} (grpc holds "
+                           f"three copies until it is sent): ask for fewer rows")
+        if self.unsent_bytes + held > bound:  # not marked: clients retry
+            raise _Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"the server holds {self.unsent_bytes} bytes of answers that "
+                           f"clients have not taken; this answer of "
+                           f"{held // _HELD_COPIES} bytes, counted {_HELD_COPIES} times, "
+                           f"would pass max_unsent_bytes of {bound}; retry shortly",
+                           trailing=())
+        if context.done():  # cancelled meanwhile: no done callback to come
+            return
+        self.unsent_bytes += held
+
+        def release(_: Any) -> None:
+            self.unsent_bytes -= held
+        context.add_done_callback(release)
+
+    async def infer(self, request: "pb.ModelInferRequest",
+                    context: grpc.aio.ServicerContext | None = None
+                    ) -> "pb.ModelInferResponse":
         name, version = request.model_name, request.model_version or None
         entry = self._repository.entry(name, version)
         evaluate = self._repository.serving(name, version)
@@ -301,9 +354,12 @@ class GrpcFront(FrontLifetime):
         named = kserve.named_outputs(outputs, entry.output_names)
         if not entry.outputs:
             entry.outputs = kserve.output_metadata(named)
-        return encode_response(model_name=name, model_version=label,
-                               request_id=decoded.id, outputs=named,
-                               requested=decoded.outputs)
+        response = encode_response(model_name=name, model_version=label,
+                                   request_id=decoded.id, outputs=named,
+                                   requested=decoded.outputs)
+        if context is not None:
+            self._hold(context, response)
+        return response
 
 
 _SERVICE = "inference.GRPCInferenceService"
@@ -400,5 +456,5 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                          request.name, request.version)
 
     async def ModelInfer(self, request, context):  # noqa: N802
-        return await self._front._answer(context, self._front.infer, request,
+        return await self._front._answer(context, self._front.infer, request, context,
                                          drained=True)

@@ -2,8 +2,10 @@
 drain, and tritonclient's own gRPC client as a peer that no one here wrote."""
 
 import asyncio
+import contextlib
 import re
 import signal
+import struct
 import subprocess
 import sys
 
@@ -20,8 +22,9 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from async_search.http.front import HttpFront  # noqa: E402
 from async_search.http.grpc_front import GrpcFront  # noqa: E402
-from async_search.http.grpc_tensors import REFUSED_KEY, pb  # noqa: E402
+from async_search.http.grpc_tensors import REFUSED_KEY, TOO_LARGE_KEY, pb  # noqa: E402
 from async_search.http.repository import ModelSource  # noqa: E402
+from async_search.models import with_spec  # noqa: E402
 from tests.http.served_models import (MODEL, X, Gated, Raising,  # noqa: E402
                                       UpdatedWhileWaiting)
 from tests.helpers import wait_until, within  # noqa: E402
@@ -278,6 +281,8 @@ def test_arguments_are_checked_when_made():
         GrpcFront({}, max_message_bytes=0)
     with pytest.raises(ValueError, match="shutdown_timeout must be"):
         GrpcFront({}, shutdown_timeout=-1)
+    with pytest.raises(ValueError, match="max_unsent_bytes must be"):
+        GrpcFront({}, max_unsent_bytes=0)
 
 
 async def test_a_second_signal_ends_the_grace_and_a_hung_model_holds_no_exit():
@@ -331,3 +336,112 @@ async def test_methods_the_front_does_not_serve_answer_unimplemented_without_a_t
         assert (await stub.ServerLive(pb.ServerLiveRequest())).live
     assert not [r for r in caplog.records if "NotImplementedError" in r.getMessage()
                 or r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+# -- answers clients do not take -------------------------------------------------------
+class _StalledClient:
+    """A raw HTTP/2 client whose flow-control window is 0 and never opened
+    (no WINDOW_UPDATE): the server can send it headers and trailers, never an answer's
+    bytes. It acknowledges SETTINGS and PING, as a live client does."""
+
+    def __init__(self, reader, writer):
+        self.reader, self.writer = reader, writer
+        self.ended: set = set()  # streams the server ended (trailers: a refusal)
+        self.next_id = 1
+        self.reading = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def connect(cls, port: int) -> "_StalledClient":
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                     + _frame(4, 0, 0, struct.pack(">HI", 4, 0)))  # INITIAL_WINDOW 0
+        return cls(reader, writer)
+
+    def infer(self, message, port: int) -> None:
+        headers = b"".join(_literal(n, v) for n, v in (
+            (b":method", b"POST"), (b":scheme", b"http"),
+            (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+            (b":authority", b"127.0.0.1:%d" % port),
+            (b"content-type", b"application/grpc"), (b"te", b"trailers")))
+        body = message.SerializeToString()
+        self.writer.write(_frame(1, 0x4, self.next_id, headers) + _frame(
+            0, 0x1, self.next_id, b"\0" + struct.pack(">I", len(body)) + body))
+        self.next_id += 2
+
+    async def _read(self) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await self.reader.readexactly(9)
+                size = int.from_bytes(head[:3], "big")
+                kind, flags = head[3], head[4]
+                stream = int.from_bytes(head[5:], "big") & 0x7FFFFFFF
+                payload = await self.reader.readexactly(size)
+                if kind in (0, 1) and flags & 0x1:
+                    self.ended.add(stream)
+                elif kind == 4 and not flags & 0x1:
+                    self.writer.write(_frame(4, 0x1, 0))
+                elif kind == 6 and not flags & 0x1:
+                    self.writer.write(_frame(6, 0x1, 0, payload))
+
+    async def close(self) -> None:
+        self.reading.cancel()
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + \
+        stream.to_bytes(4, "big") + payload
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """An HPACK literal header without indexing (names and values under 127 bytes)."""
+    return b"\0" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+WIDE = 250_000  # FP32 values per row: answers of 1 MB a row
+
+
+def wide_front(**options):
+    model = with_spec(lambda x: np.full((len(x), WIDE), 1.5, np.float32), (1,),
+                      np.float32)
+    return GrpcFront({"wide": ModelSource(lambda: model, model_thread=True,
+                                          max_batch_size=1)}, **options)
+
+
+async def test_answers_a_client_does_not_take_are_bounded_by_max_unsent_bytes():
+    # grpc holds a returned answer until flow control lets it out, for as long as its
+    # client stays connected: a client that never read made the server hold every
+    # answer it asked for (4 MB answers: RSS +12 MB per RPC, without bound).
+    one_row = infer_request(np.ones((1, 1), np.float32), name="wide")
+    async with wide_front(max_unsent_bytes=8 * 2 ** 20) as f, \
+            grpc.aio.insecure_channel(f.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stalled = await _StalledClient.connect(f.port)
+        try:
+            for _ in range(6):
+                stalled.infer(one_row, f.port)
+            # two answers (3 MB each as counted) are held; the four others refused
+            await wait_until(lambda: len(stalled.ended) == 4, "four refusals")
+            assert 6 * 10 ** 6 < f.unsent_bytes <= 8 * 2 ** 20
+            error = await status_of(stub.ModelInfer(one_row))
+            assert error.code() == Code.RESOURCE_EXHAUSTED, error
+            assert re.search(r"holds \d+ bytes of answers that clients have not taken.*"
+                             r"max_unsent_bytes of 8388608; retry shortly",
+                             error.details()), error.details()
+            # not marked too large: clients retry it, not split it
+            assert TOO_LARGE_KEY not in dict(error.trailing_metadata())
+            # an answer over the bound alone: marked too large, to be split
+            error = await status_of(stub.ModelInfer(
+                infer_request(np.ones((3, 1), np.float32), name="wide")))
+            assert error.code() == Code.RESOURCE_EXHAUSTED
+            assert "ask for fewer rows" in error.details()
+            assert (TOO_LARGE_KEY, "1") in tuple(error.trailing_metadata())
+        finally:
+            await stalled.close()
+        # the client gone, its answers are let go: others are answered again
+        await wait_until(lambda: f.unsent_bytes == 0, "the stalled answers let go")
+        answer = await within(stub.ModelInfer(one_row), "an answer")
+        assert len(answer.raw_output_contents[0]) == 4 * WIDE
+        assert f.unsent_bytes == 0
