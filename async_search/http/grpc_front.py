@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any, Mapping
 
 import grpc
@@ -217,6 +218,11 @@ class GrpcFront(FrontLifetime):
                 raise OSError(f"the gRPC front cannot bind {self.address}")
             self.port = port
             await self._server.start()
+            # A client that leaves before its answer is sent is not the server's
+            # error: grpc logged each with a traceback.
+            quiet = _ClientGoneFilter()
+            _GRPC_LOG.addFilter(quiet)
+            stack.callback(_GRPC_LOG.removeFilter, quiet)
             stack.push_async_callback(self._drain)
             self._exit = stack.pop_all()
         return self
@@ -363,6 +369,19 @@ class GrpcFront(FrontLifetime):
 
 
 _SERVICE = "inference.GRPCInferenceService"
+#: Where grpc.aio logs a servicer's answer that could not be sent.
+_GRPC_LOG = logging.getLogger("grpc._cython.cygrpc")
+
+
+class _ClientGoneFilter(logging.Filter):
+    """Drops grpc's ERROR, with a traceback, for an answer it could not send because
+    the client had gone (an ``ExecuteBatchError`` from one of the service's methods):
+    a client leaving is no server error. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (type(error).__name__ == "ExecuteBatchError"
+                    and _SERVICE in record.getMessage())
 
 
 class _Malformed:

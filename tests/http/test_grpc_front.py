@@ -3,6 +3,7 @@ drain, and tritonclient's own gRPC client as a peer that no one here wrote."""
 
 import asyncio
 import contextlib
+import logging
 import re
 import signal
 import struct
@@ -445,3 +446,19 @@ async def test_answers_a_client_does_not_take_are_bounded_by_max_unsent_bytes():
         answer = await within(stub.ModelInfer(one_row), "an answer")
         assert len(answer.raw_output_contents[0]) == 4 * WIDE
         assert f.unsent_bytes == 0
+
+
+async def test_a_client_that_leaves_before_its_answer_is_sent_logs_no_error(caplog):
+    # grpc logged an ERROR with a traceback (ExecuteBatchError) for each such answer.
+    one_row = infer_request(np.ones((1, 1), np.float32), name="wide")
+    async with wide_front() as f:
+        stalled = await _StalledClient.connect(f.port)
+        try:
+            stalled.infer(one_row, f.port)
+            await wait_until(lambda: f.unsent_bytes > 0, "the answer held")
+        finally:
+            await stalled.close()
+        await wait_until(lambda: f.unsent_bytes == 0, "the answer let go")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records]
+    assert not logging.getLogger("grpc._cython.cygrpc").filters  # removed at the exit
