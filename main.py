@@ -195,7 +195,8 @@ flags.DEFINE_integer("uct_rollouts", 300, "--train connect_four: rollouts per mo
 flags.DEFINE_enum("policy", "puct", ["puct", "gumbel"], "--train connect_four: the "
                   "search of self-play and of the evaluation agent: AlphaZero's PUCT "
                   "(visit counts as the policy target) or Gumbel AlphaZero (the improved "
-                  "policy as the target; it learns well with --simulations 16-32).")
+                  "policy as the target; its paper learns with 16-32 simulations, which did not "
+                  "match PUCT at 64 here: docs/benchmarks.md).")
 flags.DEFINE_enum("policy_target", "visits", ["visits", "improved"], "--train "
                   "connect_four --policy puct: the policy target: the root's visit "
                   "counts (AlphaZero), or its improved policy from the completed "
