@@ -85,6 +85,18 @@ def _factory(spec: str) -> tuple[str, Callable]:
                          f"{type(e).__name__}: {e}") from None
 
 
+def _positive(text: str) -> int:
+    """An integer >= 1, checked when the flags are read (a gRPC flag was checked only
+    once the HTTP front served, or never without --grpc-port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     """A port number, 0 to 65535 (checked before anything binds: a bad --grpc-port was
     refused only once the HTTP front served)."""
@@ -107,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
     p.add_argument("--grpc-port", type=_port, default=None,
                    help="serve gRPC (KServe v2) on this port too; 0 picks a free port")
-    p.add_argument("--grpc-max-concurrent-rpcs", type=int, default=1024,
+    p.add_argument("--grpc-max-concurrent-rpcs", type=_positive, default=1024,
                    help="gRPC RPCs in progress at once (one whose answer the client "
                         "has not taken counts); more get RESOURCE_EXHAUSTED")
     p.add_argument("--max-batch-size", type=int, default=256)

@@ -20,7 +20,8 @@ layer refuses the request: 400 for a request that is not HTTP/1.1 (aiohttp's par
 refuses it: see ``error_responses``) or a body that breaks the protocol or does not fit the
 model, 403 for the repository's load and unload while they are off (or without the
 token), 404 for an unknown model or version, 408 for a body that took longer than
-``read_timeout``, 413 for a body over ``max_body_bytes`` or a JSON part over
+``read_timeout``, 409 for a load or unload while another of that model is under way,
+413 for a body over ``max_body_bytes`` or a JSON part over
 ``max_json_bytes``, 431 for headers over aiohttp's bounds, 503 for a model that is not
 loaded (or whose servers are all failing), for connections over the cap, for an answer
 over ``max_unsent_bytes`` and while the front stops, 500 only when the model raised.

@@ -14,8 +14,9 @@ hundreds of threads.
 
 Errors are the repository's own (``errors.RepositoryError``): ``ModelNotFoundError``
 for an unknown name or version, ``ModelNotReadyError`` for a model not loaded,
-``ModelLoadError`` when a load fails, ``LoadParametersError`` for bad load parameters.
-The HTTP front maps them to statuses (404, 503, 500, 400).
+``ModelLoadError`` when a load fails, ``LoadParametersError`` for bad load parameters,
+``ModelBusyError`` for a load or unload refused while another is under way. The HTTP
+front maps them to statuses (404, 503, 500, 400, 409).
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ class ModelEntry:
         self.lock = asyncio.Lock()
         self.reason = ""  # why the last load failed
         self.changing = ""  # "LOADING" or "UNLOADING" while one is under way
+        self.doing = ""     # what the change under way does, in words (busy messages)
+        self.queued = 0     # loads and unloads waiting for the lock
 
     @property
     def ready(self) -> bool:
@@ -316,7 +319,7 @@ class ModelRepository(AsyncWithOnly):
         workers = _load_parameters(parameters, self.max_workers)
         if workers is not None:
             _check_workers(entry, workers)
-        async with self._changing(entry, "LOADING", wait):
+        async with self._changing(entry, wait, unloading=False):
             if entry.evaluate is None:
                 if self._closed:
                     raise ModelNotReadyError(f"model {name!r} cannot be loaded: the "
@@ -341,7 +344,7 @@ class ModelRepository(AsyncWithOnly):
             ModelBusyError: ``wait`` is False and a load or unload is under way.
         """
         entry = self.entry(name)
-        async with self._changing(entry, "UNLOADING", wait):
+        async with self._changing(entry, wait, unloading=True):
             closer, server = entry.closer, entry.server
             entry.closer, entry.server, entry.evaluate = None, None, None
             if closer is None:
@@ -349,20 +352,30 @@ class ModelRepository(AsyncWithOnly):
             await self._close(name, server, closer)
 
     @contextlib.asynccontextmanager
-    async def _changing(self, entry: ModelEntry, state: str, wait: bool):
-        """Holds ``entry``'s lock (refusing at once when busy and not ``wait``), with
-        ``state`` in the index meanwhile."""
-        if not wait and entry.lock.locked():
+    async def _changing(self, entry: ModelEntry, wait: bool, unloading: bool):
+        """Holds ``entry``'s lock, with its state in the index meanwhile (LOADING,
+        UNLOADING; a loaded model whose workers change stays READY). Not ``wait``:
+        refused at once while another change holds the lock or waits for it."""
+        if not wait and (entry.lock.locked() or entry.queued):
             raise ModelBusyError(f"model {entry.name!r} is "
-                                 f"{entry.changing.lower() or 'loading or unloading'} "
-                                 f"now; retry when that ends (/v2/repository/index "
-                                 f"shows its state)")
-        async with entry.lock:
-            entry.changing = state
-            try:
-                yield
-            finally:
-                entry.changing = ""
+                                 f"{entry.doing or 'loading or unloading'} now; retry "
+                                 f"when that ends (/v2/repository/index shows its state)")
+        entry.queued += 1
+        try:  # counted until it holds the lock: a release wakes the next one later
+            await entry.lock.acquire()
+        finally:
+            entry.queued -= 1
+        try:
+            if unloading:
+                entry.doing, entry.changing = "unloading", "UNLOADING"
+            elif entry.evaluate is None:
+                entry.doing, entry.changing = "loading", "LOADING"
+            else:
+                entry.doing = "changing its number of workers"
+            yield
+        finally:
+            entry.doing = entry.changing = ""
+            entry.lock.release()
 
     async def _close(self, name: str, server: BatchingServer | None,
                      closer: contextlib.AsyncExitStack) -> None:

@@ -347,3 +347,66 @@ async def test_a_factory_that_makes_an_async_function_fails_its_load():
                                                  "is a plain function"):
             await repo.load("m")
         assert not repo.entry("m").ready
+
+
+async def test_a_change_queued_behind_another_keeps_refusing_those_told_not_to_wait():
+    # Between one change's release of the lock and the queued one's start, the lock
+    # looked free: a load told not to wait queued behind a factory that never returned.
+    gate = threading.Event()
+    async with ModelRepository({"m": ModelSource(gated_factory(gate),
+                                                 load_on_start=False)}) as repo:
+        loop = asyncio.get_running_loop()
+        release, ask = loop.create_future(), loop.create_future()
+
+        async def holder():  # a change under way, ended when the test says
+            async with repo._changing(repo.entry("m"), True, unloading=True):
+                await release
+
+        async def told_not_to_wait():
+            await ask
+            await repo.load("m", wait=False)
+
+        held = asyncio.ensure_future(holder())
+        await asyncio.sleep(0)
+        queued = asyncio.ensure_future(repo.load("m"))  # its factory hangs
+        refused = asyncio.ensure_future(told_not_to_wait())
+        await asyncio.sleep(0.01)
+        try:
+            release.set_result(None)  # the holder lets go, the queued load is next
+            ask.set_result(None)      # and a request comes in that very step
+            with pytest.raises(asr.ModelBusyError, match="model 'm' is"):
+                await asyncio.wait_for(refused, 2)
+        finally:
+            gate.set()
+        await asyncio.wait_for(asyncio.gather(held, queued), 10)
+        assert repo.entry("m").ready
+
+
+async def test_a_loaded_model_whose_workers_change_stays_ready_in_the_index():
+    # A load that only changed num_workers showed LOADING while the model answered,
+    # and an unload meanwhile was told the model was loading.
+    gate, started = threading.Event(), threading.Semaphore(0)
+
+    def blocking(x):
+        started.release()
+        gate.wait(30)
+        return MODEL(x)
+
+    model = asr.models.with_spec(blocking, (4,), np.float32)
+    async with ModelRepository({"m": ModelSource(lambda: model, model_thread=True,
+                                                 num_workers=2, max_batch_size=1)}) as repo:
+        evaluate = repo.entry("m").evaluate
+        try:
+            busy = [asyncio.ensure_future(evaluate(X[i:i + 1])) for i in range(2)]
+            for _ in range(2):  # both workers in a batch
+                assert await asyncio.to_thread(started.acquire, True, 10)
+            resizing = asyncio.ensure_future(repo.load("m", {"num_workers": 1}))
+            await wait_until(lambda: repo.entry("m").doing, "the change under way")
+            assert repo.index()[0]["state"] == "READY" and repo.entry("m").ready
+            with pytest.raises(asr.ModelBusyError,
+                               match="model 'm' is changing its number of workers now"):
+                await repo.unload("m", wait=False)
+        finally:
+            gate.set()
+        await asyncio.wait_for(asyncio.gather(resizing, *busy), 10)
+        assert repo.entry("m").server.num_workers == 1
