@@ -29,6 +29,10 @@ class TensorFlowModel(OwnWeightsModel):
     batches run in chunks of the largest size. It runs on the first visible GPU, else
     on the CPU.
 
+    Adapters made on one Keras model with the same options share its variables as
+    ``with_weights``' copies do, each computing with the weights it was made with; one
+    with other options needs a copy of its own (``tf.keras.models.clone_model``).
+
     ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
     (relative and absolute, as in ``np.allclose``): 1e-4 on the CPU by default, 1e-2 on
     a GPU (TensorFlow allows TF32 there; an estimate, not measured here). The nets of
@@ -78,7 +82,11 @@ class TensorFlowModel(OwnWeightsModel):
             raise TypeError(f"TensorFlowModel takes a Keras model or a function, got "
                             f"{type(fn).__name__}")
         self.fn = fn
-        self._start(_Traced(tf, fn, self))
+        # A Keras model's adapters share its variables: made with the same options they
+        # share its runner (and its lock), each computing with its own weights.
+        self._start(fn if _is_keras(fn) else object(),
+                    (self.input_spec, self.batch_sizes, self.jit_compile, self.device),
+                    lambda: _Traced(tf, fn, self))
 
     def __reduce__(self) -> Any:
         refuse_copying(self)

@@ -57,6 +57,9 @@ class TorchModel(OwnWeightsModel):
 
     The adapter owns the module: it moves it to ``device`` and puts it in eval mode.
     Train a copy and push its weights with ``update_model`` (``with_weights``).
+    Adapters made on one module with the same options share it as ``with_weights``'
+    copies do, each computing with the weights it was made with; one with other
+    options (another device, ``script``) needs a copy of the module of its own.
 
     CUDA graphs are on by default on CUDA (``cuda_graphs=None``): the module is
     captured once per bucket, at the bucket's first batch, and replayed, so a batch costs
@@ -192,7 +195,11 @@ class TorchModel(OwnWeightsModel):
         self.batch_tolerance = (
             _default_tolerance(torch, self.device, precision) if batch_tolerance is None
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
-        self._start(_Runner(torch, module, self))
+        # Adapters made on one module with the same options share its runner (and its
+        # lock), each computing with its own weights.
+        self._start(module, (self.input_spec, self.device, self.batch_sizes,
+                             self.precision, self.compile, self._graphs_option,
+                             self.script), lambda: _Runner(torch, module, self))
 
     def __reduce__(self) -> Any:
         refuse_copying(self)

@@ -15,7 +15,11 @@ a user made first, say), a copy of its values is taken first, and it puts them b
 its next call. An adapter nobody references any more costs nothing.
 
 ``OwnWeightsModel`` is the run of the adapters built on this (TensorFlow, PyTorch): each
-batch under the net's lock, on the adapter's own weights.
+batch under the net's lock, on the adapter's own weights. Two adapters made on one net
+with the same options (a served one and a reference, say) share its runner as
+``with_weights``' copies do, each computing with the weights it was made with; made
+with other options they would share the net's tensors without its lock, so each
+adapter owns its net then (give the other a copy).
 """
 
 from __future__ import annotations
@@ -74,6 +78,16 @@ class SharedWeights:
         self._holder = weakref.ref(own)
         return own
 
+    def join(self) -> OwnWeights:
+        """The weights of another adapter made on the net later: a copy of those in its
+        tensors now, which stay the holder's (or those tensors, when nobody holds
+        them)."""
+        with self.lock:
+            holder = self._holder() if self._holder is not None else None
+            if holder is None:
+                return self.first()
+            return OwnWeights(self._read())
+
     def use(self, own: OwnWeights) -> None:
         """Puts ``own``'s values in the net, unless they are there already (call under
         ``lock``). The adapter whose values they replace keeps a copy if it still exists.
@@ -97,6 +111,38 @@ class SharedWeights:
         return self._read() if holder is own else own.values
 
 
+class _Runners:
+    """net -> (options, the runner of the last adapter made on it), weakly: a net no
+    adapter uses any more leaves it. Nets that cannot be weakly referenced, or hashed,
+    are not kept (their adapters do not share)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._kept: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+    def find(self, net: Any, options: Any) -> Any:
+        with self._lock:
+            try:
+                kept = self._kept.get(net)
+            except TypeError:
+                return None
+        if kept is None or kept[0] != options:
+            return None
+        return kept[1]()
+
+    def keep(self, net: Any, options: Any, runner: Any) -> None:
+        with self._lock:
+            try:
+                self._kept[net] = (options, weakref.ref(runner))
+            except TypeError:
+                pass
+
+
+#: The runners of the nets adapters are made on (a weak cache, not state: an adapter
+#: made on a net finds what another adapter of it already built).
+_RUNNERS = _Runners()
+
+
 class OwnWeightsModel(BucketedModel):
     """An adapter whose runner (``_runner``: its ``weights``, a ``SharedWeights``, and
     ``run(batch)``) is shared with the adapters ``with_weights`` made: each batch runs
@@ -105,11 +151,20 @@ class OwnWeightsModel(BucketedModel):
     _runner: Any
     _own: OwnWeights
 
-    def _start(self, runner: Any) -> None:
-        """Runs on ``runner``, with the weights in its net now as this adapter's own
-        (called once, by the adapter that made the runner)."""
+    def _start(self, net: Any, options: Any, make_runner: Callable[[], Any]) -> None:
+        """Runs on a runner of ``net``, with the weights in it now as this adapter's
+        own: the runner of an adapter made on ``net`` with the same ``options`` that
+        is still in use (sharing its lock, buffers and traces), else a new one,
+        ``make_runner()``."""
+        runner = _RUNNERS.find(net, options)
+        if runner is not None:
+            self._runner = runner
+            self._own = runner.weights.join()
+            return
+        runner = make_runner()
         self._runner = runner
         self._own = runner.weights.first()
+        _RUNNERS.keep(net, options, runner)
 
     def _with_staged(self, weights: Any) -> Any:
         """A copy of this adapter (sharing its runner) whose own weights are

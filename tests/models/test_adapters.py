@@ -264,6 +264,39 @@ def test_with_weights_keeps_the_old_model_computing_its_own_weights(framework):
         assert_close(model(x), framework.direct(old, x), tol)
 
 
+def test_two_adapters_made_on_one_net_each_compute_with_their_own_weights(framework):
+    # Each adapter had a lock and a record of whose weights were in the net of its own:
+    # an update of the served adapter changed a reference adapter made on the same net,
+    # and two adapters used from two threads gave rows of neither set of weights.
+    if framework.net is None or framework.name == "jax":
+        pytest.skip("no net whose tensors adapters share (JAX's params are immutable)")
+    from tests.models.frameworks import SPEC
+    old, new = weights(0), weights(1)
+    net = framework.net(old)
+    if framework.name == "tensorflow":
+        from async_search.models import TensorFlowModel
+        make = lambda: TensorFlowModel(net, SPEC, max_batch_size=MAX)  # noqa: E731
+    else:
+        from async_search.models import TorchModel
+        make = lambda: TorchModel(net, input_spec=SPEC, device="cpu",  # noqa: E731
+                                  max_batch_size=MAX,
+                                  script=framework.name == "torch-script")
+    served, reference = make(), make()
+    updated = served.with_weights(framework.update(new))
+    x = inputs(9)
+    tol = tolerance(served)
+    assert_close(updated(x), framework.direct(new, x), tol)
+    assert_close(reference(x), framework.direct(old, x), tol)
+
+    def work(model, w):
+        for k in range(40):
+            batch = inputs(1 + k % 16, seed=k)
+            assert_close(model(batch), framework.direct(w, batch), tol)
+
+    failures = failures_in_threads(work, [(updated, new), (reference, old), (served, old)])
+    assert not failures, failures[0]
+
+
 def scaled(framework, k_dtype=np.int32):
     """The framework's ``x * k + b`` adapter with b = 0.25 and k = 3, its update, and
     rows with the outputs it gives them."""
