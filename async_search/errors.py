@@ -9,7 +9,7 @@ __all__ = ["InputSpecError", "ModelOutputError", "ServerClosedError", "ServerDie
            "FileWriteError",
            "CheckpointError", "DeviceNotFoundError", "CloseTimeoutError",
            "ConnectionGoneError", "RequestTimeoutError", "SearchTimeoutError",
-           "WorkerDiedError", "deliverable", "describe"]
+           "WorkerDiedError", "add_note", "deliverable", "describe"]
 
 
 class ClosedConnection(Exception):
@@ -236,6 +236,27 @@ def deliverable(error: BaseException) -> Exception:
         f"the batch failed")
     wrapped.__cause__ = error
     return wrapped
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``, also for an exception whose raiser set ``__notes__`` to
+    something that is no list (``add_note`` raises TypeError then): its notes become a
+    list of their text, with ``note`` last.
+
+    Example:
+        >>> e = ValueError("x"); e.__notes__ = ("set by hand",)
+        >>> add_note(e, "where"); e.__notes__
+        ['set by hand', 'where']
+    """
+    try:
+        error.add_note(note)
+    except TypeError:
+        notes = getattr(error, "__notes__", ())
+        try:
+            kept = [str(n) for n in notes]
+        except TypeError:  # not even iterable
+            kept = [str(notes)]
+        error.__notes__ = [*kept, note]
 
 
 def describe(error: BaseException) -> str:

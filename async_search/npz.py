@@ -52,6 +52,10 @@ def checked_array(npz: "np.lib.npyio.NpzFile", name: str, max_bytes: int) -> np.
         else:
             raise ValueError(f"the array {name!r} is in .npy format {version}, not one "
                              f"this reads (1.0, 2.0)")
+    if not all(0 <= d < 2 ** 63 for d in declared):  # (0, 10**30) is 0 bytes, and
+        # NumPy's read then overflows
+        raise ValueError(f"the array {name!r} declares a shape {list(declared)[:8]} "
+                         f"with a dimension no array has")
     if math.prod(declared) * dtype.itemsize > max_bytes:
         raise ValueError(f"the array {name!r} declares {list(declared)} of {dtype}, more "
                          f"than the {max_bytes:,} bytes it may take")

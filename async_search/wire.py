@@ -64,7 +64,7 @@ import numpy as np
 
 from async_search import rows
 from async_search.notices import Notice
-from async_search.errors import RemoteError, RemoteTraceback, SearchError
+from async_search.errors import RemoteError, RemoteTraceback, SearchError, add_note
 
 __all__ = ["Control", "ModelUpdate", "VersionedRequest", "VersionSubscription",
            "VersionNotice", "VersionAck", "Failure", "pack", "unpack", "pack_error",
@@ -306,7 +306,7 @@ def unpack_error(failure: Any, where: str | None = None) -> BaseException:
     else:
         error = failure
     if where is not None:
-        error.add_note(where)
+        add_note(error, where)  # safe with __notes__ its raiser set to no list
     return error
 
 
@@ -354,4 +354,8 @@ def arrived(index: int, is_result: bool, payload: bytes, where: str,
             f"the outcome of start {index} from {where} could not be read: {e!r}")
     if is_result:
         return index, True, value
+    if not isinstance(value, (Failure, BaseException)):  # not what a client sends
+        return index, False, SearchError(
+            f"the failure of start {index} from {where} could not be read: it is "
+            f"{type(value).__name__}, not an exception")
     return index, False, unpack_error(value, f"in the search of start {index}, in {where}")

@@ -51,3 +51,28 @@ def test_a_value_that_cannot_travel_is_packed_as_a_failure_saying_why(value, wor
     failure = pickle.loads(payload)
     assert isinstance(failure, wire.Failure) and word in str(failure.error)
     assert wire.pack([1, 2]) == (True, pickle.dumps([1, 2]))
+
+
+def test_a_failure_whose_notes_are_no_list_arrives_with_its_note():
+    # add_note raised TypeError on it: the run raised that, return_exceptions or not.
+    import pickle
+
+    from async_search.wire import arrived, pack_error
+
+    error = ValueError("the search failed")
+    error.__notes__ = ("set by hand",)
+    index, ok, got = arrived(1, False, pickle.dumps(pack_error(error)), "client 0")
+    assert (index, ok) == (1, False) and isinstance(got, ValueError)
+    assert got.__notes__ == ["set by hand", "in the search of start 1, in client 0"]
+
+
+@pytest.mark.parametrize("payload", [5, None, "text"])
+def test_a_failure_that_is_no_exception_arrives_as_a_search_error(payload):
+    # AttributeError ('int' object has no attribute 'add_note') escaped the run.
+    import pickle
+
+    from async_search.wire import arrived
+
+    index, ok, got = arrived(2, False, pickle.dumps(payload), "client 0")
+    assert (index, ok) == (2, False) and isinstance(got, errors.SearchError)
+    assert "could not be read: it is" in str(got) and "not an exception" in str(got)

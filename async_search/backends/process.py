@@ -385,9 +385,12 @@ def client_main(connection: Connection, results: SocketQueue, work: SocketQueue,
     try:
         search_fn, starts = work.reader_only().get()
     except ClosedConnection:
-        if work.unreadable is not None:  # a module that does not import here, say
+        if work.unreadable is not None:  # bytes that are no message
             results.put((_UNLOADABLE, describe(work.unreadable)))
         os._exit(1)  # else the run ended before it sent them
+    except Exception as e:  # noqa: BLE001 - what loading raised: a module not here, say
+        results.put((_UNLOADABLE, describe(e)))
+        os._exit(1)
     work.close()
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
         try:

@@ -65,7 +65,7 @@ from async_search.backends.gpu_placement import place_servers, release_gpus, res
 from async_search.backends.results import SearchResults, finish, merge_stats
 from async_search.backends.servers import ServersHook
 from async_search.connections import Connection, ForkedConnection, KeyedConnection
-from async_search.errors import CloseTimeoutError, ServerDiedError, describe
+from async_search.errors import CloseTimeoutError, ServerDiedError, add_note, describe
 from async_search.event_loops import loop_factory
 from async_search.queues import close_stream
 from async_search.queues.ray_actor import ActorQueue, QueueHost
@@ -482,11 +482,12 @@ class _ServerPool:
                 # header and traceback before them); the actor's traceback in a note.
                 cause = getattr(error, "cause", None)
                 if isinstance(cause, BaseException):
-                    cause.add_note(f"(raised in a Ray server actor while it started; "
+                    add_note(cause, f"(raised in a Ray server actor while it started; "
                                    f"none started) {error}".rstrip())
                 else:  # Ray could not bring the exception itself back
                     cause = error.as_instanceof_cause()
-                    cause.add_note("(raised while the server actors started: none started)")
+                    add_note(cause, "(raised while the server actors started: none "
+                                    "started)")
                 raise cause from None
             raise ServerDiedError(f"no server actor started: {error!r}")
         self.spec = next(s for s in started if not isinstance(s, BaseException))[0]

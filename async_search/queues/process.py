@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import multiprocessing.queues
+import pickle
 import queue
+import time
 from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any, Dict, List
 
@@ -86,10 +88,38 @@ class ProcessQueue(multiprocessing.queues.Queue):
             raise ClosedConnection("this queue was closed in this process (close()): "
                                    "nothing more can be read from it")
         try:
-            return super().get(block, timeout)
+            data = self._get_bytes(block, timeout)
         except (EOFError, OSError) as e:  # the pipe's end, or in the middle of a message
             raise ClosedConnection(f"every process writing to this queue is gone "
                                    f"({type(e).__name__}: {e})") from e
+        except (MemoryError, OverflowError) as e:  # a length no message has: the
+            # bytes after it cannot be read as messages either
+            raise ClosedConnection(f"the stream is corrupt: a message's length is "
+                                   f"beyond any message ({type(e).__name__})") from e
+        try:
+            return _ForkingPickler.loads(data)
+        except (EOFError, OSError) as e:  # the message's own loading, not the pipe
+            raise pickle.UnpicklingError(f"a message did not load: "
+                                         f"{type(e).__name__}: {e}") from e
+
+    def _get_bytes(self, block: bool, timeout: float | None) -> bytes:
+        """``multiprocessing.Queue.get`` without its unpickling (CPython 3.11's)."""
+        if block and timeout is None:
+            with self._rlock:
+                data = self._recv_bytes()
+            self._sem.release()
+            return data
+        deadline = time.monotonic() + timeout if block else None
+        if not self._rlock.acquire(block, timeout):
+            raise queue.Empty
+        try:
+            if not self._poll(deadline - time.monotonic() if block else 0.0):
+                raise queue.Empty
+            data = self._recv_bytes()
+            self._sem.release()
+        finally:
+            self._rlock.release()
+        return data
 
     def get_nowait(self) -> Any:
         return self.get(False)

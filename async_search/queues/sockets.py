@@ -18,7 +18,13 @@ running, and what a loop that ended left unsent leaves first.
 
 The end of the stream is ``END_OF_STREAM`` (``close_stream``) or the writer's end of
 the socket closing (its process exited or died): either way a reader gets
-``ClosedConnection`` once the items before it are taken.
+``ClosedConnection`` once the items before it are taken. An item that arrives whole but
+does not load here (a class this process lacks) fails its own ``get`` with what loading
+raised; bytes that are no frame end the stream.
+
+The items are pickles, and loading a pickle can run any code its writer chose: connect
+only processes you trust (this process's children, a Ray cluster's tasks past its
+token), never a port others can reach.
 
     >>> import numpy as np
     >>> q = SocketQueue()
@@ -87,8 +93,19 @@ def encode_frame(items: List[Any]) -> List[memoryview]:
     return frame_of([encode_item(item) for item in items])
 
 
-def decode_frame(frame: memoryview) -> List[Any]:
-    """The items of one frame (without its length prefix); arrays are views of it."""
+class _LoadFailed:
+    """An item whose bytes arrived whole but did not unpickle: its get raises why."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def decode_frame(frame: memoryview, keep_going: bool = False) -> List[Any]:
+    """The items of one frame (without its length prefix); arrays are views of it.
+    ``keep_going``: an item that does not unpickle (its framing intact) becomes a
+    ``_LoadFailed`` instead of failing the frame."""
     (count,) = _ITEMS.unpack_from(frame)
     at = _ITEMS.size
     items = []
@@ -103,7 +120,20 @@ def decode_frame(frame: memoryview) -> List[Any]:
         for size in sizes:
             buffers.append(frame[at:at + size])
             at += size
-        items.append(pickle.loads(header, buffers=buffers))
+        if at > len(frame):
+            raise ValueError(f"an item runs {at - len(frame)} bytes past its frame")
+        try:
+            items.append(pickle.loads(header, buffers=buffers))
+        except (pickle.UnpicklingError, EOFError):
+            raise  # bytes that are no pickle: the stream is corrupt
+        except Exception as e:  # a pickle whose objects do not load here
+            if not keep_going:
+                raise
+            if isinstance(e, OSError):  # not to be taken for the socket's own error
+                e = pickle.UnpicklingError(f"an item did not load: "
+                                           f"{type(e).__name__}: {e}").with_traceback(
+                                               e.__traceback__)
+            items.append(_LoadFailed(e))
     return items
 
 
@@ -176,7 +206,8 @@ class SocketQueue:
                   writer: socket.socket | None = None) -> "SocketQueue":
         """A queue over connected sockets of its own (a TCP connection, say) instead of
         a new socket pair: it gets from ``reader`` and puts to ``writer``; either may be
-        None for a one-way end. The queue owns them and closes them with itself.
+        None for a one-way end. The queue owns them and closes them with itself. The
+        peer must be trusted: what it sends is unpickled here.
 
         Example:
             >>> import socket
@@ -411,7 +442,7 @@ class SocketQueue:
         while True:
             self._read_available()
             if self._items:
-                return self._items.popleft()
+                return _taken(self._items.popleft())
             if self._eof:
                 raise ClosedConnection(self._ended)
             reader = self._reader
@@ -439,7 +470,7 @@ class SocketQueue:
         """
         while True:
             if self._items:
-                return self._items.popleft()
+                return _taken(self._items.popleft())
             if self._eof:
                 raise ClosedConnection(self._ended)
             if self._reader is None:
@@ -562,7 +593,7 @@ class SocketQueue:
         """Queues the items of one whole frame (arrays are views of it); False when
         the stream ends in it (an end of stream, or a frame that does not load)."""
         try:
-            items = decode_frame(frame)
+            items = decode_frame(frame, keep_going=True)
         except Exception as e:  # a frame that does not load: nothing after it can
             # be trusted, so the stream ends here (the items before it are kept)
             self._unreadable = e
@@ -575,6 +606,12 @@ class SocketQueue:
                 return False
             self._items.append(item)
         return True
+
+
+def _taken(item: Any) -> Any:
+    if type(item) is _LoadFailed:
+        raise item.error
+    return item
 
 
 def socket_queue(maxsize: int = 0) -> SocketQueue:

@@ -42,7 +42,7 @@ from async_search.base import (Outputs, Versioned, evaluate_with_version, evalua
 from async_search.deadlines import (cancellations, check_timeout, deadline_passed,
                                     within_deadline)
 from async_search.errors import (InputSpecError, ModelOutputError, RequestTimeoutError,
-                                 ServerClosedError, deliverable)
+                                 ServerClosedError, add_note, deliverable)
 from async_search.requests import plain_array
 from async_search.routing.breaker import (BreakerPolicy, BreakerState, CircuitBreaker,
                                           CircuitOpenError, counts_against_server)
@@ -579,7 +579,7 @@ def _naming(error: Exception, said: str) -> Exception:
         renamed = type(error)(f"{said}: {error}")
         renamed.__dict__.update(error.__dict__)  # its attributes (a status) kept
     except Exception:  # noqa: BLE001 - a type with other arguments, or slots
-        error.add_note(said)
+        add_note(error, said)
         return error
     return renamed
 

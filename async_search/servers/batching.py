@@ -26,7 +26,8 @@ from async_search.deadlines import (Deadline, check_timeout, expire_due,
                                     track_deadline)
 from async_search.delivery import ResultDelivery
 from async_search.errors import (CloseTimeoutError, InputSpecError, ModelOutputError,
-                                 ServerClosedError, ServerCrashedError, describe)
+                                 ServerClosedError, ServerCrashedError, add_note,
+                                 describe)
 from async_search.requests import RequestChecker
 from async_search.servers.batch_size import AutoBatchSize, BatchSizeTuner
 from async_search.servers.buffers import BufferPool
@@ -395,7 +396,7 @@ class BatchingServer(AsyncWithOnly):
         try:
             return self._batcher.price(x)
         except Exception as e:
-            e.add_note(f"(raised by the server's {type(self._batcher).__name__} working "
+            add_note(e, f"(raised by the server's {type(self._batcher).__name__} working "
                        f"out the cost of a request of shape {x.shape}: that request "
                        f"was not queued; the server serves on)")
             raise

@@ -841,3 +841,71 @@ async def test_a_socket_queue_whose_get_was_cancelled_is_let_go_and_reads_on():
     await asyncio.sleep(0.01)
     assert await within(q.get_async(), "the item put after the cancel") == "sent meanwhile"
     q.close()
+
+
+class _LoadsWithAnOSError:
+    def __reduce__(self):
+        return (_missing_file, ())
+
+
+def _missing_file():
+    raise FileNotFoundError(2, "No such file", "/only/on/the/writer")
+
+
+@pytest.mark.parametrize("in_a_loop", [False, True])
+async def test_a_process_queue_item_whose_loading_raises_an_os_error_is_no_end(in_a_loop):
+    # Loading raised inside multiprocessing's get, under the guard of the pipe's own
+    # errors: a live writer's stream was taken for ended (ClosedConnection).
+    from async_search.queues import process_queue
+
+    q = process_queue()
+    try:
+        q.put(_LoadsWithAnOSError())
+        q.put("after")
+        for expected in (pickle.UnpicklingError, None):
+            if expected is not None:
+                with pytest.raises(expected, match="FileNotFoundError"):
+                    await within(q.get_async(), "the item") if in_a_loop else q.get(
+                        timeout=WAIT_S)
+            else:
+                got = await within(q.get_async(), "the next") if in_a_loop else q.get(
+                    timeout=WAIT_S)
+                assert got == "after"
+    finally:
+        q.close()
+
+
+@pytest.mark.parametrize("length", [2 ** 40, 2 ** 63])
+def test_a_process_queue_length_beyond_any_message_ends_the_stream(length):
+    # The read allocated the claimed length first: MemoryError or OverflowError
+    # escaped get, and the bytes after the length were read as messages.
+    import struct
+
+    from async_search.queues.process import ProcessQueue
+
+    q = ProcessQueue()
+    try:
+        q._sem.acquire()
+        os.write(q._writer.fileno(), struct.pack("!i", -1) + struct.pack("!Q", length))
+        with pytest.raises(ClosedConnection, match="the stream is corrupt"):
+            q.get(timeout=WAIT_S)
+    finally:
+        q.close()
+
+
+async def test_a_socket_queue_item_that_does_not_load_fails_its_get_alone():
+    # The frame failed whole: the items beside it were lost and the stream ended.
+    from async_search.queues import socket_queue
+
+    q = socket_queue()
+    try:
+        q.put("before")
+        q.put(_LoadsWithAnOSError())
+        q.put("after")
+        q.send_pending()
+        assert await within(q.get_async(), "the item before") == "before"
+        with pytest.raises(pickle.UnpicklingError, match="FileNotFoundError"):
+            await within(q.get_async(), "the unloadable item")
+        assert await within(q.get_async(), "the item after") == "after"
+    finally:
+        q.close()

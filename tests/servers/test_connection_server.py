@@ -663,18 +663,35 @@ async def test_a_portable_answer_of_two_arrays_is_not_checked_by_a_pickle_trip(
     await within(serving, "serving to end")
 
 
-async def test_a_request_that_cannot_be_loaded_is_answered_in_its_turn_with_why():
-    # It was dropped unanswered: the next request got its answer, the one after the
-    # next one's, and the last waited forever.
-    from async_search.connections import get_connected_functions
-    from async_search.queues import process_queue
+class LoadsWithAnOSError:
+    """Pickles, but loading it raises an OSError (a file only the sender has)."""
 
-    (fn,), end = get_connected_functions(process_queue, 1, ordered=True)
+    def __reduce__(self):
+        return (_open_missing, ())
+
+
+def _open_missing():
+    raise FileNotFoundError(2, "No such file", "/only/on/the/client")
+
+
+@pytest.mark.parametrize("queue_name", ["process_queue", "socket_queue"])
+@pytest.mark.parametrize("unloadable", [LoadsNowhere, LoadsWithAnOSError])
+async def test_a_request_that_cannot_be_loaded_is_answered_in_its_turn_with_why(
+        queue_name, unloadable):
+    # It was dropped unanswered: the next request got its answer, the one after the
+    # next one's, and the last waited forever. Over a socket queue it ended the
+    # connection (its frame did not load, the requests beside it were lost), and over
+    # a process queue so did one whose loading raised an OSError (taken for the pipe's).
+    from async_search.connections import get_connected_functions
+    from async_search import queues
+
+    (fn,), end = get_connected_functions(getattr(queues, queue_name), 1, ordered=True)
     serving = asyncio.ensure_future(asr.serve_connection(lambda x: 2 * x, end))
     try:
         calls = [fn(LoadsNowhere()), fn(np.full((1, 2), 1.0)), fn(np.full((1, 2), 10.0))]
         with pytest.raises(MalformedMessageError, match=r"^the server could not load "
-                                                        r"this request \(RuntimeError: "):
+                                                        r"this request \((RuntimeError|"
+                                                        r"UnpicklingError): "):
             await within(calls[0], "the unloadable request's answer")
         assert (await within(calls[1], "an answer")).tolist() == [[2.0, 2.0]]
         assert (await within(calls[2], "an answer")).tolist() == [[20.0, 20.0]]
