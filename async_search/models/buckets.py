@@ -44,19 +44,28 @@ def power_of_two_sizes(max_batch_size: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def bucket_sizes(max_batch_size: int = 1024,
+#: An adapter's largest batch when neither max_batch_size nor batch_sizes says.
+DEFAULT_MAX_BATCH_SIZE = 1024
+
+
+def bucket_sizes(max_batch_size: int | None = None,
                  batch_sizes: Sequence[int] | None = None) -> tuple[int, ...]:
     """The allowed batch sizes of an adapter: ``batch_sizes`` sorted (duplicates
-    dropped) when given, else the powers of two up to ``max_batch_size``.
+    dropped) when given, else the powers of two up to ``max_batch_size`` (None:
+    ``DEFAULT_MAX_BATCH_SIZE``). Given both, no size may pass ``max_batch_size``.
 
     Raises:
         ValueError: a size that is not an integer >= 1, or no size at all (a number or
-            a string where a sequence was meant).
+            a string where a sequence was meant); a batch size over ``max_batch_size``.
 
     Example:
         >>> bucket_sizes(batch_sizes=(64, 8, 8))
         (8, 64)
+        >>> bucket_sizes(100)[-3:]
+        (32, 64, 100)
     """
+    if max_batch_size is not None:  # checked even where batch_sizes are what counts
+        max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
     if batch_sizes is not None:
         sizes: tuple = ()
         if not isinstance(batch_sizes, (str, bytes, dict)):
@@ -67,9 +76,15 @@ def bucket_sizes(max_batch_size: int = 1024,
         if not sizes:
             raise ValueError(f"batch_sizes must be a sequence of at least one integer "
                              f">= 1 (or None for the powers of two), got {batch_sizes!r}")
-        return tuple(sorted({check_int(f"batch_sizes[{i}]", size, minimum=1)
-                             for i, size in enumerate(sizes)}))
-    return power_of_two_sizes(max_batch_size)
+        allowed = tuple(sorted({check_int(f"batch_sizes[{i}]", size, minimum=1)
+                                for i, size in enumerate(sizes)}))
+        if max_batch_size is not None and allowed[-1] > max_batch_size:
+            raise ValueError(f"batch_sizes go up to {allowed[-1]}, over max_batch_size="
+                             f"{max_batch_size}, the largest batch passed at once: give "
+                             f"one or the other, or sizes within it")
+        return allowed
+    return power_of_two_sizes(DEFAULT_MAX_BATCH_SIZE if max_batch_size is None
+                              else max_batch_size)
 
 
 def adapter_spec(input_spec: TensorSpec) -> TensorSpec:

@@ -63,7 +63,8 @@ class JaxModel(BucketedModel):
         input_spec: per-element input shape and dtype.
         device: a ``jax.Device`` or a name (``"cpu"``, ``"gpu:1"``, ``"cuda:0"``);
             default JAX's first device (a GPU when JAX has one, else the CPU).
-        max_batch_size: the largest batch passed to ``apply_fn`` at once.
+        max_batch_size: the largest batch passed to ``apply_fn`` at once (1024 unless
+            ``batch_sizes`` says; none of them may be larger).
         batch_sizes: the allowed batch sizes; overrides the powers of two.
         batch_tolerance: overrides the default above.
 
@@ -80,8 +81,8 @@ class JaxModel(BucketedModel):
     """
 
     def __init__(self, apply_fn: Callable[[Any, Any], Any], params: Any,
-                 input_spec: TensorSpec, *, device: Any = None, max_batch_size: int = 1024,
-                 batch_sizes: Sequence[int] | None = None,
+                 input_spec: TensorSpec, *, device: Any = None,
+                 max_batch_size: int | None = None, batch_sizes: Sequence[int] | None = None,
                  batch_tolerance: float | None = None):
         jax = import_extra("jax", "JaxModel")
 

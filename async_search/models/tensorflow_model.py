@@ -42,7 +42,8 @@ class TensorFlowModel(OwnWeightsModel):
         fn: a Keras model or a callable on tensors returning a tensor, or a tuple or dict
             of tensors.
         input_spec: per-element input shape and dtype.
-        max_batch_size: the largest batch passed to ``fn`` at once.
+        max_batch_size: the largest batch passed to ``fn`` at once (1024 unless
+            ``batch_sizes`` says; none of them may be larger).
         batch_sizes: the allowed batch sizes (sorted ascending); overrides the powers of
             two.
         jit_compile: compile with XLA.
@@ -63,7 +64,8 @@ class TensorFlowModel(OwnWeightsModel):
     """
 
     def __init__(self, fn: Callable[..., Any], input_spec: TensorSpec, *,
-                 max_batch_size: int = 1024, batch_sizes: Sequence[int] | None = None,
+                 max_batch_size: int | None = None,
+                 batch_sizes: Sequence[int] | None = None,
                  jit_compile: bool = False, device: str | None = None,
                  batch_tolerance: float | None = None):
         tf = import_extra("tensorflow", "TensorFlowModel")

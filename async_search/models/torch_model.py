@@ -115,7 +115,8 @@ class TorchModel(OwnWeightsModel):
         input_spec: per-element input shape and dtype (requests are checked against it).
         device: a torch device or its name (``"cuda:1"``, ``"cpu"``); default the first
             CUDA device, else the CPU.
-        max_batch_size: the largest batch passed to the module at once.
+        max_batch_size: the largest batch passed to the module at once (1024 unless
+            ``batch_sizes`` says; none of them may be larger).
         batch_sizes: the allowed batch sizes; overrides the powers of two.
         precision: None, ``"bfloat16"`` or ``"float16"`` (``PRECISIONS``).
         cuda_graphs: capture and replay a CUDA graph per bucket: None (default) on CUDA
@@ -151,7 +152,8 @@ class TorchModel(OwnWeightsModel):
     """
 
     def __init__(self, module: Any, input_spec: TensorSpec, *, device: Any = None,
-                 max_batch_size: int = 1024, batch_sizes: Sequence[int] | None = None,
+                 max_batch_size: int | None = None,
+                 batch_sizes: Sequence[int] | None = None,
                  precision: str | None = None, cuda_graphs: bool | None = None,
                  compile: bool | Mapping[str, Any] = False,  # noqa: A002 - torch's name
                  batch_tolerance: float | None = None, script: bool = False):

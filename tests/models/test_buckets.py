@@ -25,7 +25,19 @@ def test_power_of_two_sizes_end_at_the_maximum():
 
 def test_bucket_sizes_are_sorted_without_duplicates_and_checked():
     assert bucket_sizes(8) == (1, 2, 4, 8)
-    assert bucket_sizes(8, (64, 8, 8, 1)) == (1, 8, 64)
+    assert bucket_sizes(None, (64, 8, 8, 1)) == (1, 8, 64)
+    assert bucket_sizes(64, (64, 8, 8, 1)) == (1, 8, 64)
+    assert bucket_sizes() == bucket_sizes(1024)
+
+
+def test_max_batch_size_is_checked_and_bounds_the_batch_sizes_given_with_it():
+    # With batch_sizes, max_batch_size was not even checked, and sizes over it were
+    # passed to the net though the docs call it the largest batch passed at once.
+    with pytest.raises(ValueError, match=r"batch_sizes go up to 64, over max_batch_size=8"):
+        bucket_sizes(8, (64, 8))
+    for bad in (0, -5, "x", 2.5):
+        with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1"):
+            bucket_sizes(bad, (4,))
     with pytest.raises(ValueError,
                        match=r"batch_sizes\[1\] must be an integer >= 1, got 0"):
         bucket_sizes(8, (4, 0))
