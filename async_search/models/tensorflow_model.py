@@ -5,13 +5,13 @@ TensorFlow is imported when an adapter is made, never by importing this module.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Mapping, Sequence
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
-from async_search.errors import DeviceNotFoundError
+from async_search.errors import DeviceNotFoundError, ModelOutputError
 from async_search.extras import import_extra
 from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_sizes,
                                          net_outputs, padded_rows, refuse_copying,
@@ -252,7 +252,9 @@ class _Traced:
 
         def traced(x):
             self.trace_count += 1  # runs once per trace, never per call (under the lock)
-            return fn(x, training=False) if self._keras else fn(x)
+            out = fn(x, training=False) if self._keras else fn(x)
+            _check_keys(out)
+            return out
 
         self._traced = traced
         self._jit_compile = model.jit_compile
@@ -332,6 +334,20 @@ class _Traced:
         tf = self.tf
         return tf.is_tensor(value) and not isinstance(value, (tf.SparseTensor,
                                                               tf.RaggedTensor))
+
+
+def _check_keys(out: Any) -> None:
+    """Refuses a dict output whose keys do not sort (TensorFlow sorts them to flatten
+    it, and raised its bare TypeError from inside its nest utilities)."""
+    if isinstance(out, Mapping):
+        try:
+            sorted(out)
+        except TypeError:
+            raise ModelOutputError(
+                f"the net returned a dict whose keys do not sort "
+                f"({sorted({type(k).__name__ for k in out})}): TensorFlow orders a "
+                f"dict's outputs by key, so its keys must be of one kind (all strings, "
+                f"say)") from None
 
 
 def _as_raised(e: BaseException) -> BaseException:
