@@ -116,8 +116,10 @@ class TensorFlowModel(OwnWeightsModel):
             ValueError: a count or shape that differs from the model's weights, or a
                 value that the cast to its weight's dtype would change: one of another
                 kind (a float for an integer weight), an integer outside the weight's
-                range, a finite float past it (it would become infinite). Nothing is
-                staged then: the model keeps its weights.
+                range, a finite float past it (it would become infinite); a Keras
+                model with layers whose state is not among its weights
+                (``Discretization``'s bins, a lookup's vocabulary), which an update
+                would drop. Nothing is staged then: the model keeps its weights.
         """
         return self._with_staged(weights)
 
@@ -277,6 +279,14 @@ class _Traced:
             raise TypeError("TensorFlowModel.with_weights needs a Keras model; this one "
                             "wraps a function: pass a new model to update_model instead")
         if _is_keras(weights):
+            # Their state (a Discretization's bins, a lookup's vocabulary) is not among
+            # get_weights(): the new model's would be dropped without a word.
+            hidden = [layer.name for layer in self._deriving if not layer.weights]
+            if hidden:
+                raise ValueError(f"TensorFlowModel.with_weights: layers {hidden} keep "
+                                 f"their state (bins, a vocabulary) outside "
+                                 f"get_weights(), which an update cannot carry: pass a "
+                                 f"new TensorFlowModel to update_model instead")
             weights = weights.get_weights()
         if not isinstance(weights, (list, tuple)) or len(weights) != len(self._variables):
             given = (f"a {type(weights).__name__} of {len(weights)}"
@@ -361,9 +371,10 @@ def _as_raised(e: BaseException) -> BaseException:
 
 
 def _deriving_layers(model: Any) -> list:
-    """The layers of a Keras model (nested ones too) that derive tensors from their
-    weights in ``finalize_state`` (``Normalization``, ``Discretization``, the lookup
-    layers): the base layer's is a no-op."""
+    """The layers of a Keras model (nested ones too) that derive state in
+    ``finalize_state`` (the base layer's is a no-op): ``Normalization`` from its
+    weights; ``Discretization`` and the lookup layers keep theirs (bins, a
+    vocabulary) outside ``get_weights()``."""
     flatten = getattr(model, "_flatten_layers", None)
     layers = (list(flatten(include_self=True, recursive=True)) if flatten is not None
               else list(getattr(model, "layers", ())))

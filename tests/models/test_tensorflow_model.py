@@ -307,3 +307,23 @@ def test_a_dict_output_whose_keys_do_not_sort_gets_model_output_error(tf, keys):
     ints = TensorFlowModel(lambda t: {2: t, 1: t[:, :1]}, TensorSpec((2,), np.float32),
                            max_batch_size=4)
     assert sorted(ints(np.ones((3, 2), np.float32))) == [1, 2]  # keys of one kind
+
+
+def test_a_keras_model_whose_state_is_not_among_its_weights_is_refused_as_weights(tf):
+    # An adapted Discretization keeps its bins outside get_weights(): with_weights of a
+    # model with other bins changed nothing, without a word.
+    keras = tf.keras
+
+    def discretizing(top):
+        net = keras.Sequential([keras.Input((4,)), keras.layers.Discretization(num_bins=3)])
+        net.layers[0].adapt(np.linspace(0, top, 100, dtype=np.float32).reshape(25, 4))
+        return net
+
+    model = TensorFlowModel(discretizing(1.0), TensorSpec((4,), np.float32),
+                            max_batch_size=4)
+    x = np.array([[0.1, 0.3, 0.6, 2.5]], np.float32)
+    before = model(x)
+    with pytest.raises(ValueError, match=r"layers \['discretization.*'\] keep their "
+                                         r"state \(bins, a vocabulary\) outside"):
+        model.with_weights(discretizing(3.0))
+    np.testing.assert_array_equal(model(x), before)
