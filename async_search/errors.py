@@ -252,11 +252,16 @@ def add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
     except TypeError:
         notes = getattr(error, "__notes__", ())
-        try:
-            kept = [str(n) for n in notes]
-        except TypeError:  # not even iterable
-            kept = [str(notes)]
-        error.__notes__ = [*kept, note]
+        kept = notes if isinstance(notes, (list, tuple)) else [notes]  # a str is one
+        error.__notes__ = [*(_text(n) for n in kept), note]
+
+
+def _text(note: object) -> str:
+    """``str(note)``, or its type's name when its ``__str__`` raises."""
+    try:
+        return str(note)
+    except Exception:  # noqa: BLE001 - a hostile or broken __str__
+        return f"<a {type(note).__name__} note>"
 
 
 def describe(error: BaseException) -> str:

@@ -17,7 +17,7 @@ from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_siz
                                          net_outputs, padded_rows, refuse_copying,
                                          widened)
 from async_search.models.weight_casts import host_copy
-from async_search.models.weights import OwnWeightsModel, SharedWeights
+from async_search.models.weights import OwnWeightsModel, SharedWeights, values_equal
 
 
 class TensorFlowModel(OwnWeightsModel):
@@ -29,9 +29,9 @@ class TensorFlowModel(OwnWeightsModel):
     batches run in chunks of the largest size. It runs on the first visible GPU, else
     on the CPU.
 
-    Adapters made on one Keras model with the same options share its variables as
-    ``with_weights``' copies do, each computing with the weights it was made with; one
-    with other options needs a copy of its own (``tf.keras.models.clone_model``).
+    Adapters made on one Keras model share its variables as ``with_weights``' copies
+    do, each computing with the weights it was made with (with the same options, one
+    runner: buffers and traces).
 
     ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
     (relative and absolute, as in ``np.allclose``): 1e-4 on the CPU by default, 1e-2 on
@@ -87,7 +87,8 @@ class TensorFlowModel(OwnWeightsModel):
         # A Keras model's adapters share its variables: made with the same options they
         # share its runner (and its lock), each computing with its own weights.
         self._start(fn if _is_keras(fn) else object(),
-                    (self.input_spec, self.batch_sizes, self.jit_compile, self.device),
+                    (self.input_spec, self.batch_sizes, self.jit_compile,
+                     _device_key(tf, self.device)),
                     lambda: _Traced(tf, fn, self))
 
     def __reduce__(self) -> Any:
@@ -214,6 +215,18 @@ def tensorflow_device(device: str | None = None) -> str:
 _LOCAL_TASK = {"job": "localhost", "replica": 0, "task": 0}
 
 
+def _device_key(tf: Any, device: str) -> str:
+    """``device`` spelled one way ("/cpu:0", "/CPU:0", the local task's full name):
+    two adapters on one net share it only when they name the same device."""
+    spec = tf.DeviceSpec.from_string(device)
+    return tf.DeviceSpec(
+        job=spec.job or _LOCAL_TASK["job"],
+        replica=_LOCAL_TASK["replica"] if spec.replica is None else spec.replica,
+        task=_LOCAL_TASK["task"] if spec.task is None else spec.task,
+        device_type=(spec.device_type or "").upper() or None,
+        device_index=spec.device_index or 0).to_string()
+
+
 def _names_it(spec: Any, device: Any) -> bool:
     """Whether the device ``spec`` (its fields that are set) names ``device``: its job,
     replica and task too (another task's device is not here; a device named without
@@ -280,13 +293,17 @@ class _Traced:
                             "wraps a function: pass a new model to update_model instead")
         if _is_keras(weights):
             # Their state (a Discretization's bins, a lookup's vocabulary) is not among
-            # get_weights(): the new model's would be dropped without a word.
-            hidden = [layer.name for layer in self._deriving if not layer.weights]
-            if hidden:
-                raise ValueError(f"TensorFlowModel.with_weights: layers {hidden} keep "
-                                 f"their state (bins, a vocabulary) outside "
-                                 f"get_weights(), which an update cannot carry: pass a "
-                                 f"new TensorFlowModel to update_model instead")
+            # get_weights(): a new model's other state would be dropped without a word.
+            mine = [layer for layer in self._deriving if not layer.weights]
+            theirs = [layer for layer in _deriving_layers(weights) if not layer.weights]
+            differ = [a.name for a, b in zip(mine, theirs)
+                      if not values_equal(_hidden_state(a), _hidden_state(b))]
+            if differ or len(mine) != len(theirs):
+                raise ValueError(f"TensorFlowModel.with_weights: layers "
+                                 f"{differ or [a.name for a in mine]} keep their state "
+                                 f"(bins, a vocabulary) outside get_weights(), and the "
+                                 f"new model's differs, which an update cannot carry: "
+                                 f"pass a new TensorFlowModel to update_model instead")
             weights = weights.get_weights()
         if not isinstance(weights, (list, tuple)) or len(weights) != len(self._variables):
             given = (f"a {type(weights).__name__} of {len(weights)}"
@@ -347,9 +364,13 @@ class _Traced:
 
 
 def _check_keys(out: Any) -> None:
-    """Refuses a dict output whose keys do not sort (TensorFlow sorts them to flatten
-    it, and raised its bare TypeError from inside its nest utilities)."""
-    if isinstance(out, Mapping):
+    """Refuses a dict output, or one inside a tuple or list, whose keys do not sort
+    (TensorFlow sorts them to flatten it, and raised its bare TypeError from inside
+    its nest utilities)."""
+    if isinstance(out, (tuple, list)):
+        for part in out:
+            _check_keys(part)
+    elif isinstance(out, Mapping):
         try:
             sorted(out)
         except TypeError:
@@ -358,6 +379,8 @@ def _check_keys(out: Any) -> None:
                 f"({sorted({type(k).__name__ for k in out})}): TensorFlow orders a "
                 f"dict's outputs by key, so its keys must be of one kind (all strings, "
                 f"say)") from None
+        for part in out.values():
+            _check_keys(part)
 
 
 def _as_raised(e: BaseException) -> BaseException:
@@ -368,6 +391,15 @@ def _as_raised(e: BaseException) -> BaseException:
     if type(e).__name__ == "StagingError" and isinstance(raised, Exception):
         return raised
     return e
+
+
+def _hidden_state(layer: Any) -> Any:
+    """What a layer keeps outside its weights: a lookup's vocabulary, else its config
+    (a Discretization's bins), its name left out."""
+    vocabulary = getattr(layer, "get_vocabulary", None)
+    if callable(vocabulary):
+        return vocabulary()
+    return {k: v for k, v in layer.get_config().items() if k != "name"}
 
 
 def _deriving_layers(model: Any) -> list:

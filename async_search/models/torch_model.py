@@ -57,9 +57,10 @@ class TorchModel(OwnWeightsModel):
 
     The adapter owns the module: it moves it to ``device`` and puts it in eval mode.
     Train a copy and push its weights with ``update_model`` (``with_weights``).
-    Adapters made on one module with the same options share it as ``with_weights``'
-    copies do, each computing with the weights it was made with; one with other
-    options (another device, ``script``) needs a copy of the module of its own.
+    Adapters made on one module share it as ``with_weights``' copies do, each
+    computing with the weights it was made with (with the same options, one runner:
+    buffers, graphs, compiled code); one for another device needs a copy of the module
+    of its own (``on_device``), since the adapter moves its module there.
 
     CUDA graphs are on by default on CUDA (``cuda_graphs=None``): the module is
     captured once per bucket, at the bucket's first batch, and replayed, so a batch costs
@@ -199,9 +200,11 @@ class TorchModel(OwnWeightsModel):
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
         # Adapters made on one module with the same options share its runner (and its
         # lock), each computing with its own weights.
-        self._start(module, (self.input_spec, self.device, self.batch_sizes,
-                             self.precision, self.compile, self._graphs_option,
-                             self.script), lambda: _Runner(torch, module, self))
+        self._start(module, (self.input_spec, (self.device.type, self.device.index or 0),
+                             self.batch_sizes, self.precision, self.compile,
+                             self._graphs_option, self.script),
+                    lambda: _Runner(torch, module, self),
+                    rejoin=lambda runner: runner.module.to(runner.device).eval())
 
     def __reduce__(self) -> Any:
         refuse_copying(self)
@@ -214,7 +217,7 @@ class TorchModel(OwnWeightsModel):
         if not runner.cuda and runner.writes_input is False and (
                 runner.padded.fills_bucket(batch)):
             with runner.weights.lock:
-                runner.weights.use(self._own)
+                runner.weights.use(self._own, runner._read, runner._write)
                 n = len(batch)
                 x = runner.torch.from_numpy(batch)
                 version = x._version

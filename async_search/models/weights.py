@@ -18,8 +18,8 @@ its next call. An adapter nobody references any more costs nothing.
 batch under the net's lock, on the adapter's own weights. Two adapters made on one net
 with the same options (a served one and a reference, say) share its runner as
 ``with_weights``' copies do, each computing with the weights it was made with; made
-with other options they would share the net's tensors without its lock, so each
-adapter owns its net then (give the other a copy).
+with other options (another bucket list, TorchScript) each has a runner of its own,
+and they share the net's lock and the record of whose values are in it.
 """
 
 from __future__ import annotations
@@ -71,71 +71,92 @@ class SharedWeights:
         #: of the net share): one batch or one copy at a time.
         self.lock = threading.Lock()
         self._holder: "weakref.ref[OwnWeights] | None" = None
+        #: How to read the holder's values: with the read of the runner that wrote them
+        #: (runners of one net made with other options read it each their own way).
+        self._holder_read = read
 
-    def first(self) -> OwnWeights:
+    def first(self, read: Callable[[], Any] | None = None) -> OwnWeights:
         """The weights of the adapter made with the net: those in its tensors now."""
         own = OwnWeights()
         self._holder = weakref.ref(own)
+        self._holder_read = read or self._read
         return own
 
-    def join(self) -> OwnWeights:
+    def join(self, read: Callable[[], Any] | None = None) -> OwnWeights:
         """The weights of another adapter made on the net later: a copy of those in its
         tensors now, which stay the holder's (or those tensors, when nobody holds
         them)."""
         with self.lock:
             holder = self._holder() if self._holder is not None else None
             if holder is None:
-                return self.first()
-            return OwnWeights(self._read())
+                return self.first(read)
+            return OwnWeights(self._holder_read())
 
-    def use(self, own: OwnWeights) -> None:
+    def use(self, own: OwnWeights, read: Callable[[], Any] | None = None,
+            write: Callable[[Any], None] | None = None) -> None:
         """Puts ``own``'s values in the net, unless they are there already (call under
-        ``lock``). The adapter whose values they replace keeps a copy if it still exists.
+        ``lock``), with ``write`` (the caller's runner's; this one's by default). The
+        adapter whose values they replace keeps a copy if it still exists.
         """
         holder = self._holder() if self._holder is not None else None
         if holder is own:
             return
         if holder is not None and holder.values is None:
-            holder.values = self._read()
+            holder.values = self._holder_read()
         # Nobody's until the copy is complete: after a copy that failed half way, the
         # next call writes whole values again, whoever makes it.
         self._holder = None
-        self._write(own.values)
+        (write or self._write)(own.values)
         own.values = None
         self._holder = weakref.ref(own)
+        self._holder_read = read or self._read
 
     def values_of(self, own: OwnWeights) -> Any:
         """``own``'s values: staged or kept, or read from the net when they are in it
         (call under ``lock``)."""
         holder = self._holder() if self._holder is not None else None
-        return self._read() if holder is own else own.values
+        return self._holder_read() if holder is own else own.values
 
 
 class _Runners:
-    """net -> (options, the runner of the last adapter made on it), weakly: a net no
-    adapter uses any more leaves it. Nets that cannot be weakly referenced, or hashed,
-    are not kept (their adapters do not share)."""
+    """net -> its adapters' shared weights (one lock, one record of whose values are in
+    the net) and their runners by options, weakly: a net whose adapters are gone
+    leaves it. Nets that cannot be weakly referenced, or hashed, are not kept (their
+    adapters do not share). Used under ``lock``, which is held while a runner is made
+    (reentrant: a runner may make adapters of other nets)."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._kept: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        self.lock = threading.RLock()
+        self._kept: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
 
-    def find(self, net: Any, options: Any) -> Any:
-        with self._lock:
-            try:
-                kept = self._kept.get(net)
-            except TypeError:
-                return None
-        if kept is None or kept[0] != options:
-            return None
-        return kept[1]()
+    def find(self, net: Any, options: Any) -> tuple:
+        """``(runner, weights)``: a runner of ``net`` in use made with ``options``
+        (None if none), and the ``SharedWeights`` of any runner of it in use (None)."""
+        try:
+            kept = self._kept.get(net)
+        except TypeError:
+            return None, None
+        live = [(o, r) for o, r in ((o, ref()) for o, ref in kept or ()) if r is not None]
+        for kept_options, runner in live:
+            if values_equal(kept_options, options):
+                return runner, runner.weights
+        return None, live[0][1].weights if live else None
 
     def keep(self, net: Any, options: Any, runner: Any) -> None:
-        with self._lock:
-            try:
-                self._kept[net] = (options, weakref.ref(runner))
-            except TypeError:
-                pass
+        try:
+            kept = self._kept.setdefault(net, [])
+        except TypeError:
+            return
+        kept[:] = [(o, ref) for o, ref in kept if ref() is not None]
+        kept.append((options, weakref.ref(runner)))
+
+
+def values_equal(a: Any, b: Any) -> bool:
+    """``a == b``, False where the comparison itself fails (an array inside)."""
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - ambiguous truth values, hostile __eq__
+        return False
 
 
 #: The runners of the nets adapters are made on (a weak cache, not state: an adapter
@@ -151,20 +172,31 @@ class OwnWeightsModel(BucketedModel):
     _runner: Any
     _own: OwnWeights
 
-    def _start(self, net: Any, options: Any, make_runner: Callable[[], Any]) -> None:
+    def _start(self, net: Any, options: Any, make_runner: Callable[[], Any],
+               rejoin: Callable[[Any], None] | None = None) -> None:
         """Runs on a runner of ``net``, with the weights in it now as this adapter's
         own: the runner of an adapter made on ``net`` with the same ``options`` that
-        is still in use (sharing its lock, buffers and traces), else a new one,
-        ``make_runner()``."""
-        runner = _RUNNERS.find(net, options)
-        if runner is not None:
+        is still in use (sharing its buffers and traces; ``rejoin(runner)`` is called
+        under its lock, to prepare the net again as a new adapter does), else a new
+        one, ``make_runner()``, which shares the lock and the record of whose values
+        are in the net with the net's other runners in use."""
+        with _RUNNERS.lock:  # one runner per net and options, whichever threads make them
+            runner, shared = _RUNNERS.find(net, options)
+            if runner is not None:
+                self._runner = runner
+                self._own = runner.weights.join(runner._read)
+                if rejoin is not None:
+                    with runner.weights.lock:
+                        rejoin(runner)
+                return
+            runner = make_runner()
             self._runner = runner
-            self._own = runner.weights.join()
-            return
-        runner = make_runner()
-        self._runner = runner
-        self._own = runner.weights.first()
-        _RUNNERS.keep(net, options, runner)
+            if shared is not None:  # the net's other runners' lock and record
+                runner.weights = shared
+                self._own = shared.join(runner._read)
+            else:
+                self._own = runner.weights.first(runner._read)
+            _RUNNERS.keep(net, options, runner)
 
     def _with_staged(self, weights: Any) -> Any:
         """A copy of this adapter (sharing its runner) whose own weights are
@@ -178,5 +210,5 @@ class OwnWeightsModel(BucketedModel):
     def _run(self, batch: np.ndarray) -> Outputs:
         runner = self._runner
         with runner.weights.lock:
-            runner.weights.use(self._own)
+            runner.weights.use(self._own, runner._read, runner._write)
             return runner.run(batch)

@@ -119,7 +119,7 @@ def _threat_planes(tf: Any, x: Any) -> Any:
 
 
 def heuristic_tf_net(problem: SearchProblem, *, hidden_sizes: Sequence[int] = (64,),
-                     seed: int = 0, max_batch_size: int = 1024,
+                     seed: int = 0, max_batch_size: int | None = None,
                      batch_sizes: Sequence[int] | None = None,
                      jit_compile: bool = False) -> TensorFlowModel:
     """A TensorFlow heuristic net: ``heuristic_mlp(problem, ...)`` on TensorFlow.
@@ -150,7 +150,7 @@ def heuristic_tf_net(problem: SearchProblem, *, hidden_sizes: Sequence[int] = (6
 
 
 def policy_value_tf_net(game: Game, *, hidden_sizes: Sequence[int] = (64,), seed: int = 0,
-                        max_batch_size: int = 1024,
+                        max_batch_size: int | None = None,
                         batch_sizes: Sequence[int] | None = None,
                         jit_compile: bool = False) -> TensorFlowModel:
     """A TensorFlow policy-value net: ``PolicyValueMLP(game, ...)`` on TensorFlow.
@@ -179,7 +179,7 @@ def policy_value_tf_net(game: Game, *, hidden_sizes: Sequence[int] = (64,), seed
                            batch_sizes=batch_sizes, jit_compile=jit_compile)
 
 
-def tf_twin(model: Any, *, max_batch_size: int = 1024,
+def tf_twin(model: Any, *, max_batch_size: int | None = None,
             batch_sizes: Sequence[int] | None = None,
             jit_compile: bool = False) -> TensorFlowModel:
     """The TensorFlow twin of a NumPy net (seeded or trained): bitwise the same outputs.

@@ -55,6 +55,7 @@ class ProcessQueue(multiprocessing.queues.Queue):
         super()._reset(after_fork)
         # Per loop: the coroutines waiting there; the loop watches the pipe while any do.
         self._async_waiters: Dict[asyncio.AbstractEventLoop, List[asyncio.Future]] = {}
+        self._corrupt: str | None = None  # why the stream can be read no further
 
     def reader_only(self) -> "ProcessQueue":
         """Closes this process's writing end of the pipe: this process only gets, and
@@ -87,15 +88,18 @@ class ProcessQueue(multiprocessing.queues.Queue):
         if self._closed:  # multiprocessing's ValueError, raised by every later get
             raise ClosedConnection("this queue was closed in this process (close()): "
                                    "nothing more can be read from it")
+        if self._corrupt is not None:  # what follows a bad length is no message
+            raise ClosedConnection(self._corrupt)
         try:
             data = self._get_bytes(block, timeout)
         except (EOFError, OSError) as e:  # the pipe's end, or in the middle of a message
             raise ClosedConnection(f"every process writing to this queue is gone "
                                    f"({type(e).__name__}: {e})") from e
         except (MemoryError, OverflowError) as e:  # a length no message has: the
-            # bytes after it cannot be read as messages either
-            raise ClosedConnection(f"the stream is corrupt: a message's length is "
-                                   f"beyond any message ({type(e).__name__})") from e
+            # bytes after it cannot be read as messages either, now or later
+            self._corrupt = (f"the stream is corrupt: a message's length is beyond any "
+                             f"message ({type(e).__name__})")
+            raise ClosedConnection(self._corrupt) from e
         try:
             return _ForkingPickler.loads(data)
         except (EOFError, OSError) as e:  # the message's own loading, not the pipe

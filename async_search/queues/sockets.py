@@ -104,11 +104,13 @@ class _LoadFailed:
 
 def decode_frame(frame: memoryview, keep_going: bool = False) -> List[Any]:
     """The items of one frame (without its length prefix); arrays are views of it.
-    ``keep_going``: an item that does not unpickle (its framing intact) becomes a
-    ``_LoadFailed`` instead of failing the frame."""
+    Raises when the frame's own structure (its counts and sizes) does not hold; with
+    ``keep_going``, an item that does not load within a frame that holds (a class this
+    process lacks, a reducer that raises) becomes a ``_LoadFailed``, failing its own
+    get, instead of failing the frame."""
     (count,) = _ITEMS.unpack_from(frame)
     at = _ITEMS.size
-    items = []
+    parts = []
     for _ in range(count):
         header_length, num_buffers = _COUNTS.unpack_from(frame, at)
         at += _COUNTS.size
@@ -122,14 +124,17 @@ def decode_frame(frame: memoryview, keep_going: bool = False) -> List[Any]:
             at += size
         if at > len(frame):
             raise ValueError(f"an item runs {at - len(frame)} bytes past its frame")
+        parts.append((header, buffers))
+    if at != len(frame):
+        raise ValueError(f"{len(frame) - at} bytes follow the frame's {count} items")
+    items = []
+    for header, buffers in parts:
         try:
             items.append(pickle.loads(header, buffers=buffers))
-        except (pickle.UnpicklingError, EOFError):
-            raise  # bytes that are no pickle: the stream is corrupt
-        except Exception as e:  # a pickle whose objects do not load here
+        except Exception as e:  # noqa: BLE001 - whatever loading this item raised
             if not keep_going:
                 raise
-            if isinstance(e, OSError):  # not to be taken for the socket's own error
+            if isinstance(e, (OSError, EOFError)):  # not to be taken for the stream's
                 e = pickle.UnpicklingError(f"an item did not load: "
                                            f"{type(e).__name__}: {e}").with_traceback(
                                                e.__traceback__)
@@ -229,8 +234,9 @@ class SocketQueue:
 
     @property
     def unreadable(self) -> BaseException | None:
-        """What loading a frame raised, when that ended the stream (an item whose
-        class does not import here, say); None otherwise."""
+        """Why a frame could not be read, when that ended the stream (bytes that are
+        no frame: its counts and sizes do not hold); None otherwise. An item that does
+        not load within a frame that holds fails its own get instead."""
         return self._unreadable
 
     # -- ends ---------------------------------------------------------------------------

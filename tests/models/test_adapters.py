@@ -275,25 +275,29 @@ def test_two_adapters_made_on_one_net_each_compute_with_their_own_weights(framew
     net = framework.net(old)
     if framework.name == "tensorflow":
         from async_search.models import TensorFlowModel
-        make = lambda: TensorFlowModel(net, SPEC, max_batch_size=MAX)  # noqa: E731
+        make = lambda size=MAX: TensorFlowModel(net, SPEC, max_batch_size=size)  # noqa: E731
     else:
         from async_search.models import TorchModel
-        make = lambda: TorchModel(net, input_spec=SPEC, device="cpu",  # noqa: E731
-                                  max_batch_size=MAX,
-                                  script=framework.name == "torch-script")
-    served, reference = make(), make()
+        make = lambda size=MAX: TorchModel(  # noqa: E731
+            net, input_spec=SPEC, device="cpu", max_batch_size=size,
+            script=framework.name == "torch-script")
+    # the same options (a runner shared), and other options (a runner of its own)
+    served, reference, other = make(), make(), make(4)
+    assert served._runner is reference._runner and other._runner is not served._runner
     updated = served.with_weights(framework.update(new))
     x = inputs(9)
     tol = tolerance(served)
     assert_close(updated(x), framework.direct(new, x), tol)
     assert_close(reference(x), framework.direct(old, x), tol)
+    assert_close(other(x), framework.direct(old, x), tol)
 
     def work(model, w):
         for k in range(40):
             batch = inputs(1 + k % 16, seed=k)
             assert_close(model(batch), framework.direct(w, batch), tol)
 
-    failures = failures_in_threads(work, [(updated, new), (reference, old), (served, old)])
+    failures = failures_in_threads(work, [(updated, new), (reference, old), (served, old),
+                                          (other, old)])
     assert not failures, failures[0]
 
 

@@ -2,11 +2,13 @@
 the local, thread, process and socket queues."""
 
 import asyncio
+import io
 import multiprocessing
 import multiprocessing.queues
 import os
 import pickle
 import queue
+import struct
 import threading
 
 import numpy as np
@@ -767,22 +769,41 @@ def test_frames_round_trip_arrays_out_of_band_and_plain_objects():
     assert got[2] == ("done", [])
 
 
-async def test_a_frame_that_cannot_be_read_ends_the_stream_after_the_items_before_it():
+@pytest.mark.parametrize("frame", [
+    # an item of 5 header bytes and one of 9 counted, 5 sent: its sizes do not hold
+    struct.pack("!QI", 4 + 8 + 5, 2) + struct.pack("!II", 5, 0) + b"junk!",
+    # one item of 5 header bytes, and 3 bytes after it that no item claims
+    struct.pack("!QI", 4 + 8 + 8, 1) + struct.pack("!II", 5, 0) + b"junk!xyz"])
+async def test_a_frame_that_cannot_be_read_ends_the_stream_after_the_items_before_it(
+        frame):
     """A corrupt frame (bytes from a broken or hostile writer) must not leave a reader
     waiting: it gets what came before, then ClosedConnection naming the frame."""
-    import struct
-
     q = SocketQueue()
     q.put("before")
     q.send_pending()  # in a loop, a put leaves at the end of the iteration
-    q._send_blocking(  # a well-formed length around a header that does not unpickle
-        [memoryview(struct.pack("!QI", 4 + 8 + 5, 1) + struct.pack("!II", 5, 0) + b"junk!")],
-        5)
+    q._send_blocking([memoryview(frame)], 5)
     assert await within(q.get_async(), "the item before") == "before"
     with pytest.raises(ClosedConnection, match="could not be read"):
         await within(q.get_async(), "the end of the stream")
     with pytest.raises(ClosedConnection, match="could not be read"):
         q.get(timeout=1)
+    q.close()
+
+
+async def test_an_item_that_is_no_pickle_in_a_frame_that_holds_fails_alone():
+    # Its frame's counts and sizes hold: only that item is lost, not the stream.
+    q = SocketQueue()
+    q.put("before")
+    q.send_pending()
+    q._send_blocking(  # one item: a 5-byte header that does not unpickle
+        [memoryview(struct.pack("!QI", 4 + 8 + 5, 1) + struct.pack("!II", 5, 0) + b"junk!")],
+        5)
+    q.put("after")
+    q.send_pending()
+    assert await within(q.get_async(), "the item before") == "before"
+    with pytest.raises(pickle.UnpicklingError):
+        await within(q.get_async(), "the junk item")
+    assert await within(q.get_async(), "the item after") == "after"
     q.close()
 
 
@@ -893,18 +914,26 @@ def test_a_process_queue_length_beyond_any_message_ends_the_stream(length):
         q.close()
 
 
-async def test_a_socket_queue_item_that_does_not_load_fails_its_get_alone():
+class _LoadsWithAnEOFError:
+    def __reduce__(self):
+        return (np.load, (io.BytesIO(b""),))  # NumPy's EOFError: "No data left in file"
+
+
+@pytest.mark.parametrize("unloadable, raised", [(_LoadsWithAnOSError, "FileNotFoundError"),
+                                                (_LoadsWithAnEOFError, "No data left")])
+async def test_a_socket_queue_item_that_does_not_load_fails_its_get_alone(unloadable,
+                                                                          raised):
     # The frame failed whole: the items beside it were lost and the stream ended.
     from async_search.queues import socket_queue
 
     q = socket_queue()
     try:
         q.put("before")
-        q.put(_LoadsWithAnOSError())
+        q.put(unloadable())
         q.put("after")
         q.send_pending()
         assert await within(q.get_async(), "the item before") == "before"
-        with pytest.raises(pickle.UnpicklingError, match="FileNotFoundError"):
+        with pytest.raises(pickle.UnpicklingError, match=raised):
             await within(q.get_async(), "the unloadable item")
         assert await within(q.get_async(), "the item after") == "after"
     finally:
