@@ -42,3 +42,23 @@ def test_describe_names_the_type_and_survives_a_hostile_str():
 
     assert errors.describe(ValueError("x")) == "ValueError: x"
     assert errors.describe(Hostile()) == "Hostile"
+
+
+def test_add_note_keeps_notes_that_are_no_list_and_survives_a_hostile_str():
+    # add_note raised TypeError on such notes; a str was then split into characters,
+    # and a note whose __str__ raised made the caller raise.
+    from async_search.errors import add_note
+
+    class Hostile:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    for notes, kept in [("one note", ["one note"]), (("a", "b"), ["a", "b"]),
+                        ((Hostile(),), ["<a Hostile note>"]), (7, ["7"])]:
+        error = ValueError("x")
+        error.__notes__ = notes
+        add_note(error, "where")
+        assert error.__notes__ == [*kept, "where"]
+    error = ValueError("y")
+    add_note(error, "plain")
+    assert error.__notes__ == ["plain"]

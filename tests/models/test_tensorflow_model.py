@@ -294,14 +294,19 @@ def test_a_keras_model_is_traced_without_autograph_files_and_a_function_with_the
 
 
 @pytest.mark.parametrize("keys", [(1, "value"), ("a", 2.5)])
-def test_a_dict_output_whose_keys_do_not_sort_gets_model_output_error(tf, keys):
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_dict_output_whose_keys_do_not_sort_gets_model_output_error(tf, keys, nested):
     # TensorFlow sorts a dict's keys to flatten it: its bare TypeError ("'<' not
     # supported between instances of 'str' and 'int'") came out of its nest utilities.
     from async_search.errors import ModelOutputError
 
     first, second = keys
-    model = TensorFlowModel(lambda t: {first: t, second: t[:, :1]},
-                            TensorSpec((2,), np.float32), max_batch_size=4)
+
+    def net(t):
+        out = {first: t, second: t[:, :1]}
+        return (t, out) if nested else out
+
+    model = TensorFlowModel(net, TensorSpec((2,), np.float32), max_batch_size=4)
     with pytest.raises(ModelOutputError, match="a dict whose keys do not sort"):
         model(np.ones((3, 2), np.float32))
     ints = TensorFlowModel(lambda t: {2: t, 1: t[:, :1]}, TensorSpec((2,), np.float32),

@@ -1214,3 +1214,51 @@ def test_an_adapter_cannot_be_pickled_or_copied_and_says_what_to_send_instead():
                                             "factory"):
             duplicate(model)
     assert model.with_weights(mlp(1)) is not model  # its own copies are made as before
+
+
+def test_a_second_adapter_on_a_module_put_back_in_train_mode_puts_it_in_eval_mode():
+    # It shared the first adapter's runner and skipped the module's eval(): its first
+    # batch failed with the train-mode error.
+    import torch
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    spec = TensorSpec((4,), np.float32)
+    first = TorchModel(net, input_spec=spec, device="cpu", max_batch_size=4)
+    net.train()
+    second = TorchModel(net, input_spec=spec, device="cpu", max_batch_size=4)
+    assert second._runner is first._runner and not net.training
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(second(x), first(x))
+
+
+def test_adapters_made_on_one_module_in_two_threads_at_once_share_one_runner():
+    # Each missed the other in the registry and made a runner of its own: an update of
+    # one changed the other's rows.
+    import threading
+    import time
+
+    import torch
+
+    class SlowToMove(torch.nn.Linear):
+        def to(self, *args, **kwargs):
+            time.sleep(0.2)  # both threads inside the making at once
+            return super().to(*args, **kwargs)
+
+    torch.manual_seed(0)
+    net = SlowToMove(4, 1)
+    spec = TensorSpec((4,), np.float32)
+    made = {}
+    threads = [threading.Thread(target=lambda name=name: made.__setitem__(
+        name, TorchModel(net, input_spec=spec, device="cpu", max_batch_size=4)))
+        for name in ("served", "reference")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert made["served"]._runner is made["reference"]._runner
+    x = np.ones((1, 4), np.float32)
+    before = made["reference"](x).copy()
+    updated = made["served"].with_weights({"weight": torch.zeros(1, 4),
+                                           "bias": torch.full((1,), 7.0)})
+    assert updated(x).ravel().tolist() == [7.0]
+    np.testing.assert_array_equal(made["reference"](x), before)

@@ -78,3 +78,18 @@ def test_the_tf_twin_of_a_convolutional_net_is_bitwise_equal_whatever_the_batch(
 def test_tf_twin_refuses_what_it_cannot_twin_naming_it():
     with pytest.raises(TypeError, match="PolicyValueConvNet"):
         tf_nets.tf_twin(lambda x: x)
+
+
+def test_batch_sizes_beyond_1024_are_taken_without_a_max_batch_size():
+    # The helpers passed their default max_batch_size of 1024 beside the batch sizes,
+    # which the adapters then refused as over it.
+    from async_search.problems import heuristic_mlp, heuristic_tf_net, tf_twin
+
+    puzzle = SlidingPuzzle(3)
+    assert heuristic_tf_net(puzzle, hidden_sizes=(8,),
+                            batch_sizes=(8, 2048)).batch_sizes == (8, 2048)
+    twin = tf_twin(heuristic_mlp(puzzle, hidden_sizes=(8,)), batch_sizes=(8, 2048))
+    assert twin.batch_sizes == (8, 2048)
+    with pytest.raises(ValueError, match="over max_batch_size=1024"):
+        tf_twin(heuristic_mlp(puzzle, hidden_sizes=(8,)), max_batch_size=1024,
+                batch_sizes=(2048,))

@@ -908,8 +908,10 @@ def test_a_process_queue_length_beyond_any_message_ends_the_stream(length):
     try:
         q._sem.acquire()
         os.write(q._writer.fileno(), struct.pack("!i", -1) + struct.pack("!Q", length))
-        with pytest.raises(ClosedConnection, match="the stream is corrupt"):
-            q.get(timeout=WAIT_S)
+        q.put("after the corrupt length")
+        for _ in range(2):  # for good: what follows it is no message
+            with pytest.raises(ClosedConnection, match="the stream is corrupt"):
+                q.get(timeout=WAIT_S)
     finally:
         q.close()
 
