@@ -332,3 +332,12 @@ def test_a_keras_model_whose_state_is_not_among_its_weights_is_refused_as_weight
                                          r"state \(bins, a vocabulary\) outside"):
         model.with_weights(discretizing(3.0))
     np.testing.assert_array_equal(model(x), before)
+    # the same state (a clone of the served model, say) is no change: taken
+    fixed = keras.Sequential([keras.Input((4,)), keras.layers.Discretization(
+        bin_boundaries=[0.5]), keras.layers.Embedding(2, 1), keras.layers.Flatten(),
+        keras.layers.Dense(1)])
+    served = TensorFlowModel(fixed, TensorSpec((4,), np.float32), max_batch_size=4)
+    trained = keras.models.clone_model(fixed)
+    trained.set_weights([w + 1.0 for w in fixed.get_weights()])
+    np.testing.assert_allclose(served.with_weights(trained)(x), trained(x).numpy(),
+                               rtol=1e-6)
