@@ -417,8 +417,12 @@ class _Runner:
         self._modes = tuple(m for m in modules if hasattr(m, "training"))
         # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
         # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
+        # (A module-like object has a state_dict, not always parameters and buffers.)
+        tensors = (itertools.chain(self.module.parameters(), self.module.buffers())
+                   if isinstance(self.module, torch.nn.Module) else
+                   (v for v in self.module.state_dict().values() if torch.is_tensor(v)))
         if any(isinstance(p, torch.nn.parameter.UninitializedTensorMixin)
-               for p in itertools.chain(self.module.parameters(), self.module.buffers())):
+               for p in tensors):
             _initialize_lazy(torch, self.module, model.input_spec, self.input_dtype, device)
         state = self.module.state_dict()
         # A module's extra state (get_extra_state: a step count, a config) is no tensor

@@ -48,6 +48,7 @@ import numpy as np
 from async_search.base import TensorSpec
 from async_search.checks import check_int
 from async_search.models.numpy_models import float64_rows
+from async_search.models.weight_casts import host_copy
 from async_search.problems.base import Game, SearchProblem, board_planes
 
 
@@ -231,7 +232,9 @@ def _identity_batch_norm(weights: ResNetWeights, name: str, size: int) -> None:
 def with_named_weights(net, weights: ResNetWeights):
     """A copy of ``net`` (a net whose ``weights`` are a dict of named arrays) with other
     arrays of the same names and shapes, as float32; ValueError naming the first
-    missing, unexpected or misshapen one."""
+    missing, unexpected or misshapen one, or one the cast to float32 would change (of
+    another kind, a complex; a finite float past float32's range), as the adapters
+    refuse them."""
     given = {name: np.asarray(value) for name, value in weights.items()}
     missing = sorted(set(net.weights) - set(given))
     unexpected = sorted((str(name) for name in set(given) - set(net.weights)))
@@ -242,9 +245,13 @@ def with_named_weights(net, weights: ResNetWeights):
         if value.shape != net.weights[name].shape:
             raise ValueError(f"{type(net).__name__}.with_weights: {name!r} has shape "
                              f"{value.shape}, the net's has {net.weights[name].shape}")
+    float32 = np.dtype(np.float32)
+    cast = {name: host_copy(given[name], float32, lambda kind, name=name: (
+        f"{type(net).__name__}.with_weights: {name!r} is {kind}, the net's is float32"))
+        for name in net.weights}
     copy = object.__new__(type(net))
     copy.__dict__.update(net.__dict__)
-    copy.weights = {name: given[name].astype(np.float32) for name in net.weights}
+    copy.weights = cast
     return copy
 
 

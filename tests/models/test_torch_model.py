@@ -1262,3 +1262,34 @@ def test_adapters_made_on_one_module_in_two_threads_at_once_share_one_runner():
                                            "bias": torch.full((1,), 7.0)})
     assert updated(x).ravel().tolist() == [7.0]
     np.testing.assert_array_equal(made["reference"](x), before)
+
+
+def test_a_module_like_object_with_a_state_dict_alone_is_served():
+    # The lazy-layer check called parameters() and buffers(), which the documented
+    # module-like contract (to, eval, state_dict) does not promise: AttributeError.
+    import torch
+
+    class ModuleLike:
+        def __init__(self):
+            self.layer = torch.nn.Linear(3, 2)
+
+        def __call__(self, x):
+            return self.layer(x)
+
+        def to(self, device):
+            self.layer.to(device)
+            return self
+
+        def eval(self):
+            self.layer.eval()
+            return self
+
+        def state_dict(self):
+            return self.layer.state_dict()
+
+    duck = ModuleLike()
+    model = TorchModel(duck, input_spec=TensorSpec((3,), np.float32), device="cpu",
+                       max_batch_size=4)
+    x = np.ones((2, 3), np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(model(x), duck(torch.from_numpy(x)).numpy(), rtol=1e-6)

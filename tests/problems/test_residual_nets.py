@@ -1,12 +1,14 @@
 """The residual nets' NumPy definition: architecture, weights, output conventions."""
 
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from async_search.problems import CostToGoResNet, PolicyValueResNet, SlidingPuzzle
+from async_search.problems import (ConnectFour, CostToGoResNet, PolicyValueResNet,
+                                   SlidingPuzzle)
 from tests.problems.residual_cases import (GAME, PUZZLE, board_inputs, puzzle_inputs,
                                            small_cost_to_go, small_policy_value)
 
@@ -127,3 +129,18 @@ def test_bad_sizes_are_named(make, name):
     with pytest.raises(ValueError, match=name):
         make()
 
+
+
+@pytest.mark.parametrize("change, said", [(lambda v: v + 1j, "is complex128"),
+                                          (lambda v: v * 0 + 1e300, "past float32's range")])
+def test_weights_a_cast_to_float32_would_change_are_refused(change, said):
+    # They were cast as they came: a complex weight lost its imaginary part, 1e300
+    # became inf, where the adapters refuse both.
+    game = ConnectFour()
+    net = PolicyValueResNet(game, channels=4, blocks=1)
+    weights = dict(net.weights)
+    weights["value.fc2.bias"] = change(weights["value.fc2.bias"].astype(np.float64))
+    with pytest.raises(ValueError, match=f"'value.fc2.bias' .*{re.escape(said)}"):
+        net.with_weights(weights)
+    ints = {k: np.round(v).astype(np.int64) for k, v in net.weights.items()}
+    assert net.with_weights(ints).weights["value.fc2.bias"].dtype == np.float32
