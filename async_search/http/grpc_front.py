@@ -76,6 +76,8 @@ _FLUSH_S = 0.5
 # size: grpc keeps the response message, its serialized bytes and core's copy of them
 # (measured: 2.9 times the answer in RSS per stalled RPC).
 _HELD_COPIES = 3
+# Answers smaller than this are not counted against max_unsent_bytes (as over HTTP).
+_COUNTED_ANSWER_BYTES = 64 * 2 ** 10
 
 #: The status code of each error that is the request's or the repository's.
 _CODES = ((ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -133,6 +135,7 @@ class GrpcFront(FrontLifetime):
         max_unsent_bytes: the most bytes of answers that clients have not taken yet,
             over all connections, each counted three times (the copies grpc holds);
             an answer beyond gets RESOURCE_EXHAUSTED (256 MiB, as the HTTP front's).
+            Answers under 64 KiB are not counted (``max_concurrent_rpcs`` bounds them).
         shutdown_timeout: seconds the RPCs in progress get on exit before they are
             answered UNAVAILABLE.
 
@@ -314,8 +317,13 @@ class GrpcFront(FrontLifetime):
     def _hold(self, context: grpc.aio.ServicerContext, response: Any) -> None:
         """Counts ``response`` among the answers clients have not taken until its RPC
         ends, or refuses it (RESOURCE_EXHAUSTED) when it would pass
-        ``max_unsent_bytes``."""
-        held = _HELD_COPIES * response.ByteSize()
+        ``max_unsent_bytes``. Answers under ``_COUNTED_ANSWER_BYTES`` are not counted,
+        as the HTTP front's: what they can hold is bounded by ``max_concurrent_rpcs``,
+        and a done callback per RPC cost the small ones 6 % of their rate."""
+        size = response.ByteSize()
+        if size < _COUNTED_ANSWER_BYTES:
+            return
+        held = _HELD_COPIES * size
         bound = self.max_unsent_bytes
         if held > bound:  # never admitted: marked too large, so that clients split it
             raise _Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
