@@ -778,18 +778,30 @@ def test_python_m_async_search_http_refuses_bad_flags_in_one_line(flags, message
     # --grpc-port was refused once the HTTP front served)
 
 
+def gated_front(**options):
+    """A front of a model that does not return (it is opened only at the test's end)
+    and a grace of 0.5 s: ``(model, front)``."""
+    model = Gated()
+    return model, HttpFront({"mlp": ModelSource(lambda: model, model_thread=True)},
+                            limits=HttpLimits(shutdown_timeout=0.5), **options)
+
+
+async def stuck_request(front, session, model):
+    """A request whose batch has reached the model, which holds it."""
+    stuck = asyncio.ensure_future(
+        post(session, f"{front.url}/v2/models/mlp/infer", infer_body(X[:1])))
+    assert await in_thread(model.started.wait, 10)
+    return stuck
+
+
 async def test_a_model_that_never_returns_holds_the_exit_one_grace_at_most():
     # The exit waited for the model's batch, however many signals came.
     import time
 
-    model = Gated()  # opened only at the end: a model that does not return meanwhile
-    front = HttpFront({"mlp": ModelSource(lambda: model, model_thread=True)},
-                      limits=HttpLimits(shutdown_timeout=0.5))
+    model, front = gated_front()
     try:
         async with front, aiohttp.ClientSession() as s:
-            stuck = asyncio.ensure_future(
-                post(s, f"{front.url}/v2/models/mlp/infer", infer_body(X[:1])))
-            assert await in_thread(model.started.wait, 10)
+            stuck = await stuck_request(front, s, model)
             began = time.monotonic()
             exiting = asyncio.ensure_future(front.aclose())
             status, payload = await asyncio.wait_for(stuck, 10)
@@ -805,14 +817,10 @@ async def test_an_unload_whose_model_never_returns_ends_within_the_grace():
     # serving (bounded only at the exit), and so did every load and unload after it.
     import time
 
-    model = Gated()
-    front = HttpFront({"mlp": ModelSource(lambda: model, model_thread=True)},
-                      limits=HttpLimits(shutdown_timeout=0.5), enable_repository=True)
+    model, front = gated_front(enable_repository=True)
     try:
         async with front, aiohttp.ClientSession() as s:
-            stuck = asyncio.ensure_future(
-                post(s, f"{front.url}/v2/models/mlp/infer", infer_body(X[:1])))
-            assert await in_thread(model.started.wait, 10)
+            stuck = await stuck_request(front, s, model)
             began = time.monotonic()
             status, _ = await asyncio.wait_for(
                 post(s, f"{front.url}/v2/repository/models/mlp/unload", b""), 10)
