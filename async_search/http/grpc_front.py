@@ -127,9 +127,10 @@ class GrpcFront(FrontLifetime):
         host: the address to bind; 127.0.0.1 unless told otherwise.
         port: the port; 0 picks a free one (read it from ``port`` once entered).
         max_message_bytes: the largest request message; larger ones get
-            RESOURCE_EXHAUSTED (16 MiB, as the HTTP front's body limit). An answer
-            over a third of ``max_unsent_bytes`` gets RESOURCE_EXHAUSTED, marked too
-            large (``GrpcRemoteEvaluate`` splits its request).
+            RESOURCE_EXHAUSTED (16 MiB, as the HTTP front's body limit). An answer of
+            64 KiB or more over a third of ``max_unsent_bytes`` gets
+            RESOURCE_EXHAUSTED, marked too large (``GrpcRemoteEvaluate`` splits its
+            request).
         max_concurrent_rpcs: RPCs in progress at once; more get RESOURCE_EXHAUSTED. An
             RPC whose answer the client has not taken all of is still in progress.
         max_unsent_bytes: the most bytes of answers that clients have not taken yet,

@@ -29,9 +29,10 @@ class TensorFlowModel(OwnWeightsModel):
     batches run in chunks of the largest size. It runs on the first visible GPU, else
     on the CPU.
 
-    Adapters made on one Keras model share its variables as ``with_weights``' copies
-    do, each computing with the weights it was made with (with the same options, one
-    runner: buffers and traces).
+    Adapters made on one Keras model with the same options share its variables as
+    ``with_weights``' copies do, each computing with the weights it was made with; one
+    with other options is refused with ValueError while the first is in use: give it
+    a copy (``tf.keras.models.clone_model``, or the first adapter's ``on_device``).
 
     ``batch_tolerance`` says how much a row's outputs may depend on its batch-mates
     (relative and absolute, as in ``np.allclose``): 1e-4 on the CPU by default, 1e-2 on

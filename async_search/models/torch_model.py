@@ -57,10 +57,11 @@ class TorchModel(OwnWeightsModel):
 
     The adapter owns the module: it moves it to ``device`` and puts it in eval mode.
     Train a copy and push its weights with ``update_model`` (``with_weights``).
-    Adapters made on one module share it as ``with_weights``' copies do, each
-    computing with the weights it was made with (with the same options, one runner:
-    buffers, graphs, compiled code); one for another device needs a copy of the module
-    of its own (``on_device``), since the adapter moves its module there.
+    Adapters made on one module with the same options share it as ``with_weights``'
+    copies do, each computing with the weights it was made with; one with other
+    options (another device, ``script``, other buckets) is refused with ValueError
+    while the first is in use: give it a copy of the module (``copy.deepcopy``, or the
+    first adapter's ``on_device``).
 
     CUDA graphs are on by default on CUDA (``cuda_graphs=None``): the module is
     captured once per bucket, at the bucket's first batch, and replayed, so a batch costs
@@ -217,7 +218,7 @@ class TorchModel(OwnWeightsModel):
         if not runner.cuda and runner.writes_input is False and (
                 runner.padded.fills_bucket(batch)):
             with runner.weights.lock:
-                runner.weights.use(self._own, runner._read, runner._write)
+                runner.weights.use(self._own)
                 n = len(batch)
                 x = runner.torch.from_numpy(batch)
                 version = x._version

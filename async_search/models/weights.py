@@ -17,13 +17,13 @@ its next call. An adapter nobody references any more costs nothing.
 ``OwnWeightsModel`` is the run of the adapters built on this (TensorFlow, PyTorch): each
 batch under the net's lock, on the adapter's own weights. Two adapters made on one net
 with the same options (a served one and a reference, say) share its runner as
-``with_weights``' copies do, each computing with the weights it was made with; made
-with other options (another bucket list, TorchScript) each has a runner of its own,
-and they share the net's lock and the record of whose values are in it.
+``with_weights``' copies do, each computing with the weights it was made with; one
+with other options is refused while the first is in use (give it a copy of the net).
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 from typing import Any, Callable
@@ -71,84 +71,75 @@ class SharedWeights:
         #: of the net share): one batch or one copy at a time.
         self.lock = threading.Lock()
         self._holder: "weakref.ref[OwnWeights] | None" = None
-        #: How to read the holder's values: with the read of the runner that wrote them
-        #: (runners of one net made with other options read it each their own way).
-        self._holder_read = read
 
-    def first(self, read: Callable[[], Any] | None = None) -> OwnWeights:
+    def first(self) -> OwnWeights:
         """The weights of the adapter made with the net: those in its tensors now."""
         own = OwnWeights()
         self._holder = weakref.ref(own)
-        self._holder_read = read or self._read
         return own
 
-    def join(self, read: Callable[[], Any] | None = None) -> OwnWeights:
+    def join(self) -> OwnWeights:
         """The weights of another adapter made on the net later: a copy of those in its
         tensors now, which stay the holder's (or those tensors, when nobody holds
         them)."""
         with self.lock:
             holder = self._holder() if self._holder is not None else None
             if holder is None:
-                return self.first(read)
-            return OwnWeights(self._holder_read())
+                return self.first()
+            return OwnWeights(self._read())
 
-    def use(self, own: OwnWeights, read: Callable[[], Any] | None = None,
-            write: Callable[[Any], None] | None = None) -> None:
+    def use(self, own: OwnWeights) -> None:
         """Puts ``own``'s values in the net, unless they are there already (call under
-        ``lock``), with ``write`` (the caller's runner's; this one's by default). The
-        adapter whose values they replace keeps a copy if it still exists.
+        ``lock``). The adapter whose values they replace keeps a copy if it still exists.
         """
         holder = self._holder() if self._holder is not None else None
         if holder is own:
             return
         if holder is not None and holder.values is None:
-            holder.values = self._holder_read()
+            holder.values = self._read()
         # Nobody's until the copy is complete: after a copy that failed half way, the
         # next call writes whole values again, whoever makes it.
         self._holder = None
-        (write or self._write)(own.values)
+        self._write(own.values)
         own.values = None
         self._holder = weakref.ref(own)
-        self._holder_read = read or self._read
 
     def values_of(self, own: OwnWeights) -> Any:
         """``own``'s values: staged or kept, or read from the net when they are in it
         (call under ``lock``)."""
         holder = self._holder() if self._holder is not None else None
-        return self._holder_read() if holder is own else own.values
+        return self._read() if holder is own else own.values
 
 
 class _Runners:
-    """net -> its adapters' shared weights (one lock, one record of whose values are in
-    the net) and their runners by options, weakly: a net whose adapters are gone
-    leaves it. Nets that cannot be weakly referenced, or hashed, are not kept (their
-    adapters do not share). Used under ``lock``, which is held while a runner is made
-    (reentrant: a runner may make adapters of other nets)."""
+    """net -> (options, the runner of the adapters made on it), weakly: a net whose
+    adapters are gone leaves it. Nets that cannot be weakly referenced, or hashed, are
+    not kept (their adapters do not share). Used under ``lock``, which is held while a
+    runner is made (reentrant: a runner may make adapters of other nets)."""
 
     def __init__(self):
         self.lock = threading.RLock()
-        self._kept: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+        self._kept: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
     def find(self, net: Any, options: Any) -> tuple:
-        """``(runner, weights)``: a runner of ``net`` in use made with ``options``
-        (None if none), and the ``SharedWeights`` of any runner of it in use (None)."""
+        """``(runner, None)`` of the runner of ``net`` in use when it was made with
+        ``options``; ``(None, its options)`` when with others; ``(None, None)``."""
         try:
             kept = self._kept.get(net)
         except TypeError:
             return None, None
-        live = [(o, r) for o, r in ((o, ref()) for o, ref in kept or ()) if r is not None]
-        for kept_options, runner in live:
-            if values_equal(kept_options, options):
-                return runner, runner.weights
-        return None, live[0][1].weights if live else None
+        runner = kept[1]() if kept is not None else None
+        if runner is None:
+            return None, None
+        if values_equal(kept[0], options):
+            return runner, None
+        return None, kept[0]
 
     def keep(self, net: Any, options: Any, runner: Any) -> None:
         try:
-            kept = self._kept.setdefault(net, [])
+            self._kept[net] = (options, weakref.ref(runner))
         except TypeError:
-            return
-        kept[:] = [(o, ref) for o, ref in kept if ref() is not None]
-        kept.append((options, weakref.ref(runner)))
+            pass
 
 
 def values_equal(a: Any, b: Any) -> bool:
@@ -176,26 +167,38 @@ class OwnWeightsModel(BucketedModel):
                rejoin: Callable[[Any], None] | None = None) -> None:
         """Runs on a runner of ``net``, with the weights in it now as this adapter's
         own: the runner of an adapter made on ``net`` with the same ``options`` that
-        is still in use (sharing its buffers and traces; ``rejoin(runner)`` is called
-        under its lock, to prepare the net again as a new adapter does), else a new
-        one, ``make_runner()``, which shares the lock and the record of whose values
-        are in the net with the net's other runners in use."""
-        with _RUNNERS.lock:  # one runner per net and options, whichever threads make them
-            runner, shared = _RUNNERS.find(net, options)
+        is still in use (sharing its lock, buffers and traces; ``rejoin(runner)`` is
+        called under its lock, to prepare the net again as a new adapter does), else a
+        new one, ``make_runner()``.
+
+        Raises:
+            ValueError: an adapter made on ``net`` with other options is in use: each
+                runner writes the net's tensors its own way (traces that hold derived
+                state, a compiled copy's buffers, a device), so two would compute with
+                each other's weights.
+        """
+        with _RUNNERS.lock:  # one runner per net, whichever threads make adapters
+            runner, other = _RUNNERS.find(net, options)
+            if other is not None:  # maybe only garbage in a reference cycle: collect
+                gc.collect()
+                runner, other = _RUNNERS.find(net, options)
+            if other is not None:
+                raise ValueError(
+                    f"{type(self).__name__}: an adapter made on this net with other "
+                    f"options is in use ({other}); two would compute with each other's "
+                    f"weights: give this one a copy of the net (copy.deepcopy of a "
+                    f"module, tf.keras.models.clone_model, or the first adapter's "
+                    f"on_device), or make it with the same options")
             if runner is not None:
                 self._runner = runner
-                self._own = runner.weights.join(runner._read)
+                self._own = runner.weights.join()
                 if rejoin is not None:
                     with runner.weights.lock:
                         rejoin(runner)
                 return
             runner = make_runner()
             self._runner = runner
-            if shared is not None:  # the net's other runners' lock and record
-                runner.weights = shared
-                self._own = shared.join(runner._read)
-            else:
-                self._own = runner.weights.first(runner._read)
+            self._own = runner.weights.first()
             _RUNNERS.keep(net, options, runner)
 
     def _with_staged(self, weights: Any) -> Any:
@@ -210,5 +213,5 @@ class OwnWeightsModel(BucketedModel):
     def _run(self, batch: np.ndarray) -> Outputs:
         runner = self._runner
         with runner.weights.lock:
-            runner.weights.use(self._own, runner._read, runner._write)
+            runner.weights.use(self._own)
             return runner.run(batch)
