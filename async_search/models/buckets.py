@@ -11,7 +11,7 @@ and the adapters' call (``BucketedModel``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -353,3 +353,31 @@ class BucketedModel:
     def _run(self, batch: np.ndarray) -> Outputs:
         """The outputs of one batch of at most ``batch_sizes[-1]`` rows."""
         raise NotImplementedError
+
+
+def check_output_keys(out: Any) -> None:
+    """Refuses a dict output, or one inside a tuple or list, whose keys do not sort:
+    TensorFlow and JAX sort them to flatten it, and raised their own bare TypeError or
+    ValueError from inside their tree utilities. Called where the net is traced.
+
+    Example:
+        >>> check_output_keys({"policy": 1, "value": 2})
+        >>> check_output_keys(({"a": 1, 0: 2},))
+        Traceback (most recent call last):
+        ...
+        async_search.errors.ModelOutputError: the net returned a dict whose keys do not sort (['int', 'str']): the framework orders a dict's outputs by key, so its keys must be of one kind (all strings, say)
+    """
+    if isinstance(out, (tuple, list)):
+        for part in out:
+            check_output_keys(part)
+    elif isinstance(out, Mapping):
+        try:
+            sorted(out)
+        except TypeError:
+            raise ModelOutputError(
+                f"the net returned a dict whose keys do not sort "
+                f"({sorted({type(k).__name__ for k in out})}): the framework orders "
+                f"a dict's outputs by key, so its keys must be of one kind (all strings, "
+                f"say)") from None
+        for part in out.values():
+            check_output_keys(part)

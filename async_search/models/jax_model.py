@@ -15,6 +15,7 @@ from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError, InputSpecError
 from async_search.extras import import_extra
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
+                                         check_output_keys,
                                          bucket_sizes, net_outputs, padded_rows,
                                          refuse_copying, widened)
 from async_search.models.weight_casts import host_copy, values_lost
@@ -91,7 +92,8 @@ class JaxModel(BucketedModel):
         self.batch_sizes = bucket_sizes(max_batch_size, batch_sizes)
         self._given_tolerance = batch_tolerance
         self.batch_tolerance = (
-            _default_tolerance(self.device.platform) if batch_tolerance is None
+            _default_tolerance(self.device.platform, _float_kinds(
+                jax, params, self.input_spec.dtype)) if batch_tolerance is None
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
         if not callable(apply_fn):
             raise TypeError(f"JaxModel takes apply_fn(params, x), a callable, got "
@@ -104,10 +106,16 @@ class JaxModel(BucketedModel):
         self.check_values: Callable[[np.ndarray], None] | None = (
             self._shared.check_values if self._shared.narrowed is not None else None)
         # A copy of host arrays: on the CPU, device_put may share their memory, and the
-        # caller may go on changing them.
-        self._params = jax.device_put(
-            jax.tree.map(lambda a: np.array(a) if isinstance(a, np.ndarray) else a, params),
-            self.device)
+        # caller may go on changing them. A weakly typed array of one or more dimensions
+        # (jnp.full((4,), 3)) is placed strong: updates place it so (only Python
+        # numbers stay weak), and a trace of the weak one would be compiled anew then,
+        # its outputs' dtypes changed by promotion.
+        try:
+            self._params = jax.device_put(jax.tree.map(_host_or_strong, params),
+                                          self.device)
+        except OverflowError as e:  # a Python int past int32: as with_weights says it
+            raise ValueError(f"JaxModel: {e}; cast the parameter, or turn "
+                             f"jax_enable_x64 on") from None
         jax.tree_util.tree_map_with_path(_kept_by_placing, params, self._params)
         # Which parameters are weakly typed (Python numbers): placed again as Python
         # numbers, or jit would compile anew and outputs' dtypes could change.
@@ -182,6 +190,15 @@ class JaxModel(BucketedModel):
 
         def staged(path: Any, new: Any, ref: Any) -> Any:
             name = f"parameter {jax.tree_util.keystr(path)}" if path else "the parameter"
+            if jax.dtypes.issubdtype(getattr(ref, "dtype", None), jax.dtypes.prng_key):
+                # A typed PRNG key (jax.random.key) has no NumPy dtype: taken as it is
+                # (immutable), when it is a key of the same kind and shape.
+                if getattr(new, "dtype", None) != ref.dtype or new.shape != ref.shape:
+                    raise ValueError(f"JaxModel.with_weights: {name} is a "
+                                     f"{ref.dtype} key of shape {ref.shape}; got "
+                                     f"{getattr(new, 'dtype', type(new).__name__)} of "
+                                     f"shape {np.shape(new)}")
+                return new
             if np.shape(new) != np.shape(ref):
                 raise ValueError(f"JaxModel.with_weights: {name} has shape "
                                  f"{np.shape(new)} where the model has {np.shape(ref)}")
@@ -198,6 +215,16 @@ class JaxModel(BucketedModel):
         new._staged = jax.tree_util.tree_map_with_path(staged, params, old)
         new._params = None
         return new
+
+    def takes_as_weights(self, weights: Any) -> bool:
+        """Whether ``update_model(weights, ...)`` passes ``weights`` to ``with_weights``
+        though it is callable: a pytree of this model's parameters' structure (an
+        Equinox module, a ``jax.tree_util.Partial``), not a new model
+        (``base.replaces_model``)."""
+        jax = self._shared.jax
+        structure = jax.tree.structure(weights)
+        return (not jax.tree_util.treedef_is_leaf(structure)
+                and structure == jax.tree.structure(self.params))
 
     def on_device(self, device: Any) -> "JaxModel":
         """An independent copy, with this model's parameters, on ``device``.
@@ -233,6 +260,16 @@ def _kept_by_placing(path: Any, given: Any, placed: Any) -> None:
         raise ValueError(f"JaxModel: {name} is {given.dtype}, which JAX placed as "
                          f"{placed.dtype} (jax_enable_x64 is off): {lost}; cast it, or "
                          f"turn x64 on")
+
+
+def _host_or_strong(value: Any) -> Any:
+    """A parameter as the adapter places it: a host array copied; a weakly typed array
+    of one or more dimensions as a strong one (on the host); anything else as it is."""
+    if isinstance(value, np.ndarray):
+        return np.array(value)
+    if getattr(value, "weak_type", False) and getattr(value, "ndim", 0) > 0:
+        return np.array(value)
+    return value
 
 
 def _weak_as_number(value: np.ndarray, weak: bool) -> Any:
@@ -284,8 +321,21 @@ def _platform_devices(jax: Any, platform: str) -> list:
         raise
 
 
-def _default_tolerance(platform: str) -> float:
-    return {"cpu": 1e-4, "tpu": 5e-2}.get(platform, 1e-2)
+def _default_tolerance(platform: str, dtypes: set = frozenset()) -> float:
+    """The platform's tolerance, or a reduced precision's among ``dtypes`` (names),
+    whichever is wider (as TorchModel's with ``precision``)."""
+    reduced = 5e-2 if "bfloat16" in dtypes else 1e-2 if "float16" in dtypes else 0.0
+    return max({"cpu": 1e-4, "tpu": 5e-2}.get(platform, 1e-2), reduced)
+
+
+def _float_kinds(jax: Any, params: Any, input_dtype: np.dtype) -> set:
+    """The names of the dtypes of the parameters' leaves and of the input."""
+    names = {np.dtype(input_dtype).name}
+    for leaf in jax.tree.leaves(params):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None:
+            names.add(str(dtype))
+    return names
 
 
 class _Compiled:
@@ -313,10 +363,11 @@ class _Compiled:
         #: that range would wrap into wrong answers, and finite floats past float32's
         #: become inf, so such batches are checked (the 32-bit type's bounds; None when
         #: nothing narrows).
-        wide = dtype.itemsize == 8 and not jax.config.jax_enable_x64
+        wide = not jax.config.jax_enable_x64 and (
+            dtype.itemsize == 8 and dtype.kind in "iuf" or dtype == np.complex128)
         self.narrowed = (np.iinfo(np.int32 if dtype.kind == "i" else np.uint32)
                          if wide and dtype.kind in "iu" else
-                         np.finfo(np.float32) if wide and dtype.kind == "f" else None)
+                         np.finfo(np.float32) if wide else None)
         self.array_type = type(jax.device_put(np.zeros(1, np.float32), model.device))
         array = jax.Array
         self.is_array: Callable[[Any], bool] = lambda a: isinstance(a, array)
@@ -324,7 +375,9 @@ class _Compiled:
 
         def traced(params: Any, x: Any) -> Any:
             self.trace_count += 1  # runs once per trace, never per call
-            return apply_fn(params, x)
+            out = apply_fn(params, x)
+            check_output_keys(out)
+            return out
 
         self.jitted = jax.jit(traced)  # compiled once per bucket shape, then cached
         self.padded = PaddedBatches(model.input_spec, model.batch_sizes)
@@ -335,8 +388,10 @@ class _Compiled:
         if narrowed is None or not x.size:
             return
         if isinstance(narrowed, np.finfo):  # inf and NaN stay what they are
+            parts = (x.real, x.imag) if x.dtype.kind == "c" else (x,)
             with np.errstate(over="ignore"):
-                outside = np.isinf(x.astype(np.float32)).sum() > np.isinf(x).sum()
+                outside = any(np.isinf(p.astype(np.float32)).sum() > np.isinf(p).sum()
+                              for p in parts)
         else:
             outside = x.min() < narrowed.min or x.max() > narrowed.max
         if outside:

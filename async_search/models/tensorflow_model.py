@@ -5,15 +5,16 @@ TensorFlow is imported when an adapter is made, never by importing this module.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Sequence
+from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
 
 from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
-from async_search.errors import DeviceNotFoundError, ModelOutputError
+from async_search.errors import DeviceNotFoundError
 from async_search.extras import import_extra
 from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_sizes,
+                                         check_output_keys,
                                          net_outputs, padded_rows, refuse_copying,
                                          widened)
 from async_search.models.weight_casts import host_copy
@@ -269,7 +270,7 @@ class _Traced:
         def traced(x):
             self.trace_count += 1  # runs once per trace, never per call (under the lock)
             out = fn(x, training=False) if self._keras else fn(x)
-            _check_keys(out)
+            check_output_keys(out)
             return out
 
         self._traced = traced
@@ -362,26 +363,6 @@ class _Traced:
         tf = self.tf
         return tf.is_tensor(value) and not isinstance(value, (tf.SparseTensor,
                                                               tf.RaggedTensor))
-
-
-def _check_keys(out: Any) -> None:
-    """Refuses a dict output, or one inside a tuple or list, whose keys do not sort
-    (TensorFlow sorts them to flatten it, and raised its bare TypeError from inside
-    its nest utilities)."""
-    if isinstance(out, (tuple, list)):
-        for part in out:
-            _check_keys(part)
-    elif isinstance(out, Mapping):
-        try:
-            sorted(out)
-        except TypeError:
-            raise ModelOutputError(
-                f"the net returned a dict whose keys do not sort "
-                f"({sorted({type(k).__name__ for k in out})}): TensorFlow orders a "
-                f"dict's outputs by key, so its keys must be of one kind (all strings, "
-                f"say)") from None
-        for part in out.values():
-            _check_keys(part)
 
 
 def _as_raised(e: BaseException) -> BaseException:

@@ -321,3 +321,122 @@ def test_a_parameter_that_placing_would_change_is_refused_when_the_adapter_is_ma
             JaxModel(lambda p, x: x + p["k"], {"k": value}, SPEC, device="cpu")
         fits = JaxModel(lambda p, x: x + p["k"], {"k": np.array([5])}, SPEC, device="cpu")
     assert fits(np.zeros((1, 6), np.float32)).tolist() == [[5.0] * 6]
+
+
+@jax.tree_util.register_pytree_node_class
+class CallableLinear:
+    """Parameters that are a pytree and callable, as an Equinox module."""
+
+    def __init__(self, w, b):
+        self.w, self.b = w, b
+
+    def __call__(self, x):  # one example
+        return self.w @ x + self.b
+
+    def tree_flatten(self):
+        return (self.w, self.b), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+async def test_update_model_takes_callable_parameters_of_the_model_s_tree_as_weights():
+    # Callable, they replaced the model: the raw pytree was served on NumPy batches,
+    # wrong rows tagged with the new version.
+    import async_search as asr
+
+    def apply_fn(net, x):
+        return jax.vmap(net)(x)
+
+    first = CallableLinear(np.eye(4, dtype=np.float32), np.zeros(4, np.float32))
+    w = np.arange(16, dtype=np.float32).reshape(4, 4)
+    model = JaxModel(apply_fn, first, TensorSpec((4,), np.float32), device="cpu")
+    async with asr.serve(model) as evaluate:
+        evaluate.update_model(CallableLinear(w, np.ones(4, np.float32)), version=1)
+        for n in (2, 4):
+            x = np.arange(4 * n, dtype=np.float32).reshape(n, 4)
+            out, version = await evaluate.with_version(x)
+            assert version == 1
+            np.testing.assert_allclose(out, x @ w.T + 1, rtol=1e-6)
+    assert not model.takes_as_weights(lambda p, x: x)  # a function still replaces it
+
+
+def test_a_weakly_typed_array_parameter_is_placed_strong_so_updates_compile_nothing():
+    # Placed weak, then strong at the first update: traced again, and int8 * weak int32
+    # gave int8 before the update and int32 after (served: every batch failed).
+    import jax.numpy as jnp
+
+    params = {"scale": jnp.full((4,), 3)}
+    assert params["scale"].weak_type
+    model = JaxModel(lambda p, x: x * p["scale"], params, TensorSpec((4,), np.int8),
+                     device="cpu")
+    x = np.full((2, 4), 100, np.int8)
+    before = model(x)
+    after = model.with_weights({"scale": np.full((4,), 3, np.int32)})(x)
+    assert before.dtype == after.dtype and before.tolist() == after.tolist()
+    assert model.trace_count == 1
+
+
+@pytest.mark.parametrize("value", [1e300, 1e300j])
+def test_a_complex128_input_past_complex64_s_range_is_refused_without_x64(value):
+    # complex128 was not checked: its parts past float32's range became inf silently.
+    if jax.config.jax_enable_x64:
+        pytest.skip("with x64 JAX computes complex128")
+    import jax.numpy as jnp
+
+    model = JaxModel(lambda p, x: jnp.abs(x) * p["s"], {"s": np.float32(1)},
+                     TensorSpec((2,), np.complex128), device="cpu")
+    with pytest.raises(InputSpecError, match="outside float32's range"):
+        model(np.array([[1, value], [2, 3]], np.complex128))
+    assert model(np.array([[3 + 4j, 0]], np.complex128)).tolist() == [[5.0, 0.0]]
+
+
+def test_the_default_tolerance_follows_reduced_precision_parameters():
+    # A bfloat16 net declared the CPU's 1e-4, and its rows moved far more.
+    import ml_dtypes
+
+    bf16 = {"w": np.ones((4, 2), ml_dtypes.bfloat16)}
+    f16 = {"w": np.ones((4, 2), np.float16)}
+    apply = lambda p, x: x @ p["w"].astype(np.float32)  # noqa: E731
+    spec = TensorSpec((4,), np.float32)
+    assert JaxModel(apply, bf16, spec, device="cpu").batch_tolerance == 5e-2
+    assert JaxModel(apply, f16, spec, device="cpu").batch_tolerance == 1e-2
+    assert JaxModel(apply, {"w": np.ones((4, 2), np.float32)}, spec,
+                    device="cpu").batch_tolerance == 1e-4
+
+
+def test_a_typed_prng_key_parameter_takes_updates():
+    # with_weights raised TypeError ("Cannot interpret 'key<fry>' as a data type").
+    w = np.ones((3, 2), np.float32)
+
+    def apply_fn(p, x):
+        return x @ p["w"] + jax.random.uniform(p["rng"], (1, 2))
+
+    model = JaxModel(apply_fn, {"w": w, "rng": jax.random.key(0)},
+                     TensorSpec((3,), np.float32), device="cpu")
+    x = np.ones((2, 3), np.float32)
+    updated = model.with_weights({"w": w * 2, "rng": jax.random.key(1)})
+    expected = x @ (w * 2) + np.asarray(jax.random.uniform(jax.random.key(1), (1, 2)))
+    np.testing.assert_allclose(updated(x), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"parameter \['rng'\] is a key<fry> key"):
+        model.with_weights({"w": w, "rng": np.zeros(2, np.uint32)})
+
+
+def test_a_dict_output_whose_keys_do_not_sort_gets_model_output_error():
+    # JAX's bare ValueError ("Comparator raised exception while sorting pytree
+    # dictionary keys"), which callers take for their own bad input.
+    from async_search.errors import ModelOutputError
+
+    model = JaxModel(lambda p, x: {"policy": x * p["s"], 0: x.sum(1)},
+                     {"s": np.float32(2)}, TensorSpec((3,), np.float32), device="cpu")
+    with pytest.raises(ModelOutputError, match="a dict whose keys do not sort"):
+        model(np.ones((2, 3), np.float32))
+
+
+def test_a_python_int_parameter_past_int32_is_a_value_error_as_in_with_weights():
+    if jax.config.jax_enable_x64:
+        pytest.skip("with x64 JAX places it as int64")
+    with pytest.raises(ValueError, match="too large to convert to int32"):
+        JaxModel(lambda p, x: x * p["k"], {"k": 2 ** 40}, TensorSpec((2,), np.float32),
+                 device="cpu")
