@@ -53,8 +53,9 @@ class JaxModel(BucketedModel):
     uint64) value past the 32-bit range fails with ``InputSpecError`` instead of
     wrapping into a wrong answer. Servers check each request when it is made
     (``check_values``), so only the request that holds it fails, not its batch-mates;
-    a batch called directly is checked whole. Float64 inputs lose precision, as JAX's
-    do.
+    a batch called directly is checked whole. Float64 and complex128 inputs lose
+    precision, as JAX's do, and a finite value past float32's range (a part of a
+    complex128's) fails the same way rather than become inf.
 
     Args:
         apply_fn: ``apply_fn(params, x)`` from a batch ``[n, ...]`` to an array, or a
@@ -114,8 +115,9 @@ class JaxModel(BucketedModel):
             self._params = jax.device_put(jax.tree.map(_host_or_strong, params),
                                           self.device)
         except OverflowError as e:  # a Python int past int32: as with_weights says it
-            raise ValueError(f"JaxModel: {e}; cast the parameter, or turn "
-                             f"jax_enable_x64 on") from None
+            hint = "" if jax.config.jax_enable_x64 else ", or turn jax_enable_x64 on"
+            raise ValueError(f"JaxModel: a parameter is a Python int that JAX cannot "
+                             f"hold: {e}; cast it{hint}") from None
         jax.tree_util.tree_map_with_path(_kept_by_placing, params, self._params)
         # Which parameters are weakly typed (Python numbers): placed again as Python
         # numbers, or jit would compile anew and outputs' dtypes could change.
@@ -395,13 +397,15 @@ class _Compiled:
         else:
             outside = x.min() < narrowed.min or x.max() > narrowed.max
         if outside:
+            complex_ = self.dtype.kind == "c"
+            as_ = "complex64" if complex_ else narrowed.dtype
+            would = ("its real or imaginary part would become inf" if complex_ else
+                     "it would become inf" if narrowed.dtype.kind == "f" else "it would wrap")
             raise InputSpecError(
                 f"JaxModel: a value of this {self.dtype} input is outside "
                 f"{narrowed.dtype}'s range, and without jax_enable_x64 JAX computes it as "
-                f"{narrowed.dtype} (it would "
-                f"{'become inf' if narrowed.dtype.kind == 'f' else 'wrap'}): keep inputs "
-                f"in range, or enable 64-bit JAX (jax.config.update('jax_enable_x64', "
-                f"True))")
+                f"{as_} ({would}): keep inputs in range, or enable 64-bit JAX "
+                f"(jax.config.update('jax_enable_x64', True))")
 
     def run(self, params: Any, batch: np.ndarray) -> Outputs:
         n = len(batch)

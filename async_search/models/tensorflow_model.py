@@ -89,8 +89,9 @@ class TensorFlowModel(OwnWeightsModel):
         # A Keras model's adapters share its variables: made with the same options they
         # share its runner (and its lock), each computing with its own weights.
         self._start(fn if _is_keras(fn) else object(),
-                    (self.input_spec, self.batch_sizes, self.jit_compile,
-                     _device_key(tf, self.device)),
+                    {"input_spec": self.input_spec, "batch_sizes": self.batch_sizes,
+                     "jit_compile": self.jit_compile,
+                     "device": _device_key(tf, self.device)},
                     lambda: _Traced(tf, fn, self))
 
     def __reduce__(self) -> Any:

@@ -201,9 +201,11 @@ class TorchModel(OwnWeightsModel):
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
         # Adapters made on one module with the same options share its runner (and its
         # lock), each computing with its own weights.
-        self._start(module, (self.input_spec, (self.device.type, self.device.index or 0),
-                             self.batch_sizes, self.precision, self.compile,
-                             self._graphs_option, self.script),
+        self._start(module, {"input_spec": self.input_spec,
+                             "device": (self.device.type, self.device.index or 0),
+                             "batch_sizes": self.batch_sizes, "precision": self.precision,
+                             "compile": self.compile, "cuda_graphs": self._graphs_option,
+                             "script": self.script},
                     lambda: _Runner(torch, module, self),
                     rejoin=lambda runner: runner.module.to(runner.device).eval())
 

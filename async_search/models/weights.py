@@ -183,12 +183,17 @@ class OwnWeightsModel(BucketedModel):
                 gc.collect()
                 runner, other = _RUNNERS.find(net, options)
             if other is not None:
+                differ = sorted(k for k in options if not values_equal(
+                    other.get(k), options[k])) if isinstance(other, dict) else []
+                said = ", ".join(f"{k} {other.get(k)!r} there, {options[k]!r} here"
+                                 for k in differ) or repr(other)
                 raise ValueError(
                     f"{type(self).__name__}: an adapter made on this net with other "
-                    f"options is in use ({other}); two would compute with each other's "
+                    f"options is in use ({said}); two would compute with each other's "
                     f"weights: give this one a copy of the net (copy.deepcopy of a "
                     f"module, tf.keras.models.clone_model, or the first adapter's "
-                    f"on_device), or make it with the same options")
+                    f"on_device), make it with the same options, or drop the first "
+                    f"adapter (and what serves it) first")
             if runner is not None:
                 self._runner = runner
                 self._own = runner.weights.join()
