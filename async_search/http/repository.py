@@ -144,7 +144,6 @@ class ModelEntry:
         self.outputs: Tuple[TensorMetadata, ...] = ()  # learned from the first response
         self.lock = asyncio.Lock()
         self.reason = ""  # why the last load failed
-        self.changing = ""  # "LOADING" or "UNLOADING" while one is under way
         self.doing = ""     # what the change under way does, in words (busy messages)
         self.queued = 0     # loads and unloads waiting for the lock
 
@@ -366,15 +365,11 @@ class ModelRepository(AsyncWithOnly):
         finally:
             entry.queued -= 1
         try:
-            if unloading:
-                entry.doing, entry.changing = "unloading", "UNLOADING"
-            elif entry.evaluate is None:
-                entry.doing, entry.changing = "loading", "LOADING"
-            else:
-                entry.doing = "changing its number of workers"
+            entry.doing = ("unloading" if unloading else "loading"
+                           if entry.evaluate is None else "changing its number of workers")
             yield
         finally:
-            entry.doing = entry.changing = ""
+            entry.doing = ""
             entry.lock.release()
 
     async def _close(self, name: str, server: BatchingServer | None,
@@ -423,9 +418,14 @@ class ModelRepository(AsyncWithOnly):
         """Each model's name, version, state (READY or UNAVAILABLE; LOADING or
         UNLOADING while one is under way, as Triton's index says) and reason."""
         return [{"name": e.name, "version": e.version,
-                 "state": e.changing or ("READY" if e.ready else "UNAVAILABLE"),
+                 "state": _STATES.get(e.doing) or ("READY" if e.ready else "UNAVAILABLE"),
                  "reason": e.reason}
                 for e in self._entries.values()]
+
+
+#: The index's state while a change is under way (a loaded model whose workers change
+#: stays READY).
+_STATES = {"loading": "LOADING", "unloading": "UNLOADING"}
 
 
 def answered_as_asked(name: str, asked: str | None, label: str) -> None:

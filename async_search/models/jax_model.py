@@ -267,9 +267,8 @@ def _kept_by_placing(path: Any, given: Any, placed: Any) -> None:
 def _host_or_strong(value: Any) -> Any:
     """A parameter as the adapter places it: a host array copied; a weakly typed array
     of one or more dimensions as a strong one (on the host); anything else as it is."""
-    if isinstance(value, np.ndarray):
-        return np.array(value)
-    if getattr(value, "weak_type", False) and getattr(value, "ndim", 0) > 0:
+    if isinstance(value, np.ndarray) or (getattr(value, "weak_type", False)
+                                         and getattr(value, "ndim", 0) > 0):
         return np.array(value)
     return value
 

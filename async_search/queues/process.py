@@ -18,14 +18,13 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import multiprocessing.queues
-import pickle
 import queue
 import time
 from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any, Dict, List
 
 from async_search.checks import check_int
-from async_search.queues.protocol import ClosedConnection, wait_timeout
+from async_search.queues.protocol import ClosedConnection, load_error, wait_timeout
 
 
 class ProcessQueue(multiprocessing.queues.Queue):
@@ -103,8 +102,7 @@ class ProcessQueue(multiprocessing.queues.Queue):
         try:
             return _ForkingPickler.loads(data)
         except (EOFError, OSError) as e:  # the message's own loading, not the pipe
-            raise pickle.UnpicklingError(f"a message did not load: "
-                                         f"{type(e).__name__}: {e}") from e
+            raise load_error(e) from e
 
     def _get_bytes(self, block: bool, timeout: float | None) -> bytes:
         """``multiprocessing.Queue.get`` without its unpickling (CPython 3.11's)."""

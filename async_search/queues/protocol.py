@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import pickle
 import threading
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -39,6 +40,21 @@ class AsyncQueueLike(QueueLike, Protocol):
     """A QueueLike that a coroutine can await: ``item = await q.get_async()``."""
 
     async def get_async(self) -> Any: ...
+
+
+def load_error(error: Exception) -> Exception:
+    """What loading one message raised, as its reader raises it: an OSError or EOFError
+    (a file only the writer has, a reducer reading past its data) as an
+    ``UnpicklingError``, so that it is never taken for the stream's own end.
+
+    Example:
+        >>> load_error(EOFError("no data")).args
+        ('a message did not load: EOFError: no data',)
+    """
+    if not isinstance(error, (OSError, EOFError)):
+        return error
+    return pickle.UnpicklingError(f"a message did not load: {type(error).__name__}: "
+                                  f"{error}").with_traceback(error.__traceback__)
 
 
 def wait_timeout(timeout: Any) -> float | None:

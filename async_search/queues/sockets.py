@@ -47,7 +47,7 @@ from typing import Any, Deque, List
 
 import numpy as np
 
-from async_search.queues.protocol import ClosedConnection, is_end, wait_timeout
+from async_search.queues.protocol import ClosedConnection, is_end, load_error, wait_timeout
 
 
 # A frame: its length after this prefix, the number of items, then each item: its pickled
@@ -134,11 +134,7 @@ def decode_frame(frame: memoryview, keep_going: bool = False) -> List[Any]:
         except Exception as e:  # noqa: BLE001 - whatever loading this item raised
             if not keep_going:
                 raise
-            if isinstance(e, (OSError, EOFError)):  # not to be taken for the stream's
-                e = pickle.UnpicklingError(f"an item did not load: "
-                                           f"{type(e).__name__}: {e}").with_traceback(
-                                               e.__traceback__)
-            items.append(_LoadFailed(e))
+            items.append(_LoadFailed(load_error(e)))
     return items
 
 
