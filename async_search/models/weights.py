@@ -26,7 +26,7 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Dict
 
 import numpy as np
 
@@ -113,33 +113,43 @@ class SharedWeights:
 
 class _Runners:
     """net -> (options, the runner of the adapters made on it), weakly: a net whose
-    adapters are gone leaves it. Nets that cannot be weakly referenced, or hashed, are
-    not kept (their adapters do not share). Used under ``lock``, which is held while a
-    runner is made (reentrant: a runner may make adapters of other nets)."""
+    adapters are gone leaves it. Keyed by the net's identity, so that a net's own
+    ``__hash__`` and ``__eq__`` (which a module may define, or make raise) are never
+    called; nets that cannot be weakly referenced are not kept (their adapters do not
+    share). Used under ``lock``, which is held while a runner is made (reentrant: a
+    runner may make adapters of other nets)."""
 
     def __init__(self):
         self.lock = threading.RLock()
-        self._kept: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        #: id(net) -> (a weak reference to the net, options, a weak reference to the
+        #: runner); an entry leaves when its net is collected.
+        self._kept: Dict[int, tuple] = {}
 
     def find(self, net: Any, options: Any) -> tuple:
         """``(runner, None)`` of the runner of ``net`` in use when it was made with
         ``options``; ``(None, its options)`` when with others; ``(None, None)``."""
-        try:
-            kept = self._kept.get(net)
-        except TypeError:
+        kept = self._kept.get(id(net))
+        if kept is None or kept[0]() is not net:  # none, or another net's old id
             return None, None
-        runner = kept[1]() if kept is not None else None
+        runner = kept[2]()
         if runner is None:
             return None, None
-        if values_equal(kept[0], options):
+        if values_equal(kept[1], options):
             return runner, None
-        return None, kept[0]
+        return None, kept[1]
 
     def keep(self, net: Any, options: Any, runner: Any) -> None:
+        key, kept = id(net), self._kept
+
+        def forget(dead: Any) -> None:  # at the net's collection, in any thread
+            if kept.get(key, (None,))[0] is dead:
+                kept.pop(key, None)
+
         try:
-            self._kept[net] = (options, weakref.ref(runner))
-        except TypeError:
-            pass
+            ref = weakref.ref(net, forget)
+        except TypeError:  # no weak references: not kept
+            return
+        kept[key] = (ref, options, weakref.ref(runner))
 
 
 def values_equal(a: Any, b: Any) -> bool:

@@ -1265,3 +1265,29 @@ def test_adapters_made_on_one_module_in_two_threads_at_once_share_one_runner():
     assert updated(x).ravel().tolist() == [7.0]
     np.testing.assert_array_equal(made["reference"](x), before)
 
+
+
+def test_adapters_share_a_module_whose_eq_raises_and_forget_it_once_collected():
+    # The registry's lookup compared modules with their own __eq__: one that raised
+    # failed the second adapter with its error.
+    import gc
+
+    from async_search.models import weights
+
+    class EqRaises(torch.nn.Linear):
+        def __eq__(self, other):
+            raise RuntimeError("no eq")
+
+        __hash__ = torch.nn.Linear.__hash__
+
+    net = EqRaises(6, 3)
+    first = TorchModel(net, input_spec=SPEC, device="cpu", max_batch_size=4)
+    second = TorchModel(net, input_spec=SPEC, device="cpu", max_batch_size=4)
+    assert second._runner is first._runner
+    with pytest.raises(ValueError, match="other options is in use"):
+        TorchModel(net, input_spec=SPEC, device="cpu", max_batch_size=8)
+    key = id(net)
+    assert key in weights._RUNNERS._kept
+    del first, second, net
+    gc.collect()
+    assert key not in weights._RUNNERS._kept  # the entry left with its net
