@@ -746,10 +746,11 @@ def _scripted(torch: Any, module: Any, spec: TensorSpec, dtype: Any, device: Any
     """
     name = type(module).__name__
     with _SCRIPTING, warnings.catch_warnings():
-        # PyTorch's deprecation of the API this option names; any other warning (the
-        # one of Python 3.14, where TorchScript may break) is left as it is.
+        # PyTorch's deprecation of the API this option names (a DeprecationWarning in
+        # 2.13, a FutureWarning from 2.14); any other warning (the one of Python 3.14,
+        # where TorchScript may break) is left as it is.
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated",
-                                category=DeprecationWarning)
+                                category=Warning)
         try:
             compiled = torch.jit.script(module)
         except Warning:  # warnings made errors: the caller's choice, not a refusal
