@@ -217,12 +217,13 @@ class TorchModel(OwnWeightsModel):
         # a bucket exactly runs as it is (no padding, no copy), as ``run`` would run it
         # without the checks and calls of the padded path, which anything else takes.
         runner = self._runner
-        if not runner.cuda and runner.writes_input is False and (
-                runner.padded.fills_bucket(batch)):
-            with runner.weights.lock:
-                runner.weights.use(self._own)
+        if runner.writes_input is False and runner.padded.fills_bucket(batch):
+            weights, own = runner.weights, self._own
+            with weights.lock:
+                if weights.holder is not own.ref:
+                    weights.use(own)
                 n = len(batch)
-                x = runner.torch.from_numpy(batch)
+                x = runner.from_numpy(batch)
                 version = x._version
                 out = runner.forward_rows(x, n, n)
                 if x._version != version:
@@ -400,6 +401,7 @@ class _Runner:
     def __init__(self, torch: Any, module: Any, model: TorchModel):
         self.torch = torch
         self.is_tensor = torch.is_tensor
+        self.from_numpy = torch.from_numpy
         self.device = device = model.device
         self.cuda = device.type == "cuda"
         try:
@@ -418,6 +420,11 @@ class _Runner:
         modules = tuple(module.modules()) if callable(getattr(module, "modules", None)) \
             else (module,)
         self._modes = tuple(m for m in modules if hasattr(m, "training"))
+        # Read from the modules' own dicts where it lives there, as set by Module
+        # (a third of the cost of the attribute, which Module's __getattr__ slows).
+        in_dict = [_mode_in_dict(m) for m in self._modes]
+        self._mode_dicts = tuple(vars(m) for m, d in zip(self._modes, in_dict) if d)
+        self._mode_objects = tuple(m for m, d in zip(self._modes, in_dict) if not d)
         # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
         # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
         # (A module-like object has a state_dict, not always parameters and buffers.)
@@ -475,7 +482,7 @@ class _Runner:
         self._inference = torch.inference_mode()
         #: Whether the module writes its input in place: None until its first CPU batch
         #: (which runs on a copy) tells; a batch then runs on the caller's array only
-        #: while it does not (False).
+        #: while it does not (False). It stays None on CUDA, which always copies.
         self.writes_input: bool | None = None
 
     def wrote_input(self, caller: bool) -> None:
@@ -625,7 +632,8 @@ class _Runner:
     def forward_rows(self, x: Any, n: int, size: int) -> Outputs:
         """The first ``n`` rows of the module's outputs on the CPU tensor ``x`` of
         ``size`` rows, copied out (``_host_rows``)."""
-        if any(map(_TRAINING, self._modes)):
+        if any(map(_TRAINING_KEY, self._mode_dicts)) or (
+                self._mode_objects and any(map(_TRAINING, self._mode_objects))):
             self._refuse_train_mode()
         with self._inference:
             if self.precision is None:
@@ -651,7 +659,8 @@ class _Runner:
 
     def _run_cuda(self, n: int, size: int) -> Outputs:
         torch = self.torch
-        if any(map(_TRAINING, self._modes)):
+        if any(map(_TRAINING_KEY, self._mode_dicts)) or (
+                self._mode_objects and any(map(_TRAINING, self._mode_objects))):
             self._refuse_train_mode()
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream), \
                 torch.inference_mode(), self._autocast():
@@ -986,8 +995,18 @@ def _clamped(torch: Any, given: Any, cast: Any, dtype: Any) -> str | None:
     return None
 
 
-#: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all).
+#: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all),
+#: and the same read from its ``__dict__``.
 _TRAINING = operator.attrgetter("training")
+_TRAINING_KEY = operator.itemgetter("training")
+
+
+def _mode_in_dict(module: Any) -> bool:
+    """Whether ``module.training`` is the value in its ``__dict__`` (as Module sets it),
+    not one that its class computes (a property, or a class attribute)."""
+    own = getattr(module, "__dict__", None)
+    return (isinstance(own, dict) and "training" in own
+            and not any("training" in vars(c) for c in type(module).__mro__))
 
 
 def _host_dtype(torch: Any, dtype: Any) -> Any:
@@ -1023,14 +1042,11 @@ def _host_rows(torch: Any, tensor: Any, n: int, size: int) -> np.ndarray:
         ModelOutputError: the output is not dense, has no batch dimension or not
             ``size`` rows.
     """
-    _check_dense(torch, tensor)
-    if tensor.is_conj() or tensor.is_neg():  # lazy bits numpy() refuses: made real
-        tensor = tensor.resolve_conj().resolve_neg()
     try:
-        out = tensor.numpy()
+        out = tensor.numpy()  # the usual output: dense, of a dtype NumPy has
         fresh = False
-    except TypeError:  # bfloat16 or complex32, which NumPy lacks: converted, a copy
-        out = tensor.to(torch.complex64 if tensor.is_complex() else torch.float32).numpy()
+    except (TypeError, RuntimeError):  # the rest, checked only here (it is rare)
+        out = _converted(torch, tensor)
         fresh = True
     shape = out.shape
     if n != size or not shape or shape[0] != n:
@@ -1040,6 +1056,20 @@ def _host_rows(torch: Any, tensor: Any, n: int, size: int) -> np.ndarray:
     if out.dtype is _FLOAT16:
         return out.astype(np.float32)  # a copy
     return out if fresh else out.copy()
+
+
+def _converted(torch: Any, tensor: Any) -> np.ndarray:
+    """A CPU output that ``numpy()`` refused, as a new array: a lazy conjugate or
+    negation made real, the reduced floats NumPy lacks as float32, complex32 as
+    complex64; an output that is no dense tensor is refused (``ModelOutputError``), and one
+    that NumPy cannot take otherwise fails with PyTorch's own error."""
+    _check_dense(torch, tensor)
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()
+    try:
+        return tensor.numpy().copy()
+    except TypeError:  # bfloat16, the float8 types, complex32
+        return tensor.to(torch.complex64 if tensor.is_complex() else torch.float32).numpy()
 
 
 def _check_dense(torch: Any, tensor: Any) -> None:

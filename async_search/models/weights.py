@@ -38,10 +38,13 @@ class OwnWeights:
     """One adapter's weights: ``values`` (in the order of the net's weight tensors), or
     None while they are the ones in the net."""
 
-    __slots__ = ("values", "__weakref__")
+    __slots__ = ("values", "ref", "__weakref__")
 
     def __init__(self, values: Any = None):
         self.values = values
+        #: A weak reference to these weights: ``SharedWeights.holder`` when they are
+        #: in the net (one test of identity, where a batch checks it).
+        self.ref = weakref.ref(self)
 
 
 class SharedWeights:
@@ -70,12 +73,13 @@ class SharedWeights:
         #: Held around every use of the net's tensors (and of the buffers the adapters
         #: of the net share): one batch or one copy at a time.
         self.lock = threading.Lock()
-        self._holder: "weakref.ref[OwnWeights] | None" = None
+        #: ``OwnWeights.ref`` of the weights in the net, or None (read under ``lock``).
+        self.holder: "weakref.ref[OwnWeights] | None" = None
 
     def first(self) -> OwnWeights:
         """The weights of the adapter made with the net: those in its tensors now."""
         own = OwnWeights()
-        self._holder = weakref.ref(own)
+        self.holder = own.ref
         return own
 
     def join(self) -> OwnWeights:
@@ -83,7 +87,7 @@ class SharedWeights:
         tensors now, which stay the holder's (or those tensors, when nobody holds
         them)."""
         with self.lock:
-            holder = self._holder() if self._holder is not None else None
+            holder = self.holder() if self.holder is not None else None
             if holder is None:
                 return self.first()
             return OwnWeights(self._read())
@@ -92,23 +96,22 @@ class SharedWeights:
         """Puts ``own``'s values in the net, unless they are there already (call under
         ``lock``). The adapter whose values they replace keeps a copy if it still exists.
         """
-        holder = self._holder() if self._holder is not None else None
-        if holder is own:
+        if self.holder is own.ref:
             return
+        holder = self.holder() if self.holder is not None else None
         if holder is not None and holder.values is None:
             holder.values = self._read()
         # Nobody's until the copy is complete: after a copy that failed half way, the
         # next call writes whole values again, whoever makes it.
-        self._holder = None
+        self.holder = None
         self._write(own.values)
         own.values = None
-        self._holder = weakref.ref(own)
+        self.holder = own.ref
 
     def values_of(self, own: OwnWeights) -> Any:
         """``own``'s values: staged or kept, or read from the net when they are in it
         (call under ``lock``)."""
-        holder = self._holder() if self._holder is not None else None
-        return self._read() if holder is own else own.values
+        return self._read() if self.holder is own.ref else own.values
 
 
 class _Runners:

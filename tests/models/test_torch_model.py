@@ -172,6 +172,39 @@ def test_a_module_put_back_in_train_mode_fails_its_batches_until_it_is_in_eval_m
     net.eval()
 
 
+def test_train_mode_is_refused_however_a_module_holds_its_mode():
+    # The check reads a Module's mode from its __dict__: one set by plain assignment
+    # counts, and one that a class computes (a property) is read as an attribute.
+    class Computed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(6, 4)
+            self.mode = "eval"
+
+        @property
+        def training(self):
+            return self.mode == "train"
+
+        @training.setter
+        def training(self, value):
+            self.mode = "train" if value else "eval"
+
+        def forward(self, x):
+            return self.linear(x)
+
+    for net, switch in [
+            (torch.nn.Sequential(torch.nn.Linear(6, 4)),
+             lambda net: setattr(net[0], "training", True)),
+            (Computed(), lambda net: setattr(net, "mode", "train"))]:
+        model = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(4,))
+        for batch in (rows(3), rows(4)):
+            model(batch)
+        switch(net)
+        for batch in (rows(3), rows(4)):  # the padded path and one that fills its bucket
+            with pytest.raises(RuntimeError, match="put back in train mode"):
+                model(batch)
+
+
 def test_a_module_like_object_without_modes_or_parameters_still_serves():
     # The check of modes read .training, which a duck-typed module need not have, and
     # the lazy-layer check called parameters() and buffers(), which the documented
