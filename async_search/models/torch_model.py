@@ -420,11 +420,6 @@ class _Runner:
         modules = tuple(module.modules()) if callable(getattr(module, "modules", None)) \
             else (module,)
         self._modes = tuple(m for m in modules if hasattr(m, "training"))
-        # Read from the modules' own dicts where it lives there, as set by Module
-        # (a third of the cost of the attribute, which Module's __getattr__ slows).
-        in_dict = [_mode_in_dict(m) for m in self._modes]
-        self._mode_dicts = tuple(vars(m) for m, d in zip(self._modes, in_dict) if d)
-        self._mode_objects = tuple(m for m, d in zip(self._modes, in_dict) if not d)
         # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
         # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
         # (A module-like object has a state_dict, not always parameters and buffers.)
@@ -632,8 +627,7 @@ class _Runner:
     def forward_rows(self, x: Any, n: int, size: int) -> Outputs:
         """The first ``n`` rows of the module's outputs on the CPU tensor ``x`` of
         ``size`` rows, copied out (``_host_rows``)."""
-        if any(map(_TRAINING_KEY, self._mode_dicts)) or (
-                self._mode_objects and any(map(_TRAINING, self._mode_objects))):
+        if any(map(_TRAINING, self._modes)):
             self._refuse_train_mode()
         with self._inference:
             if self.precision is None:
@@ -659,8 +653,7 @@ class _Runner:
 
     def _run_cuda(self, n: int, size: int) -> Outputs:
         torch = self.torch
-        if any(map(_TRAINING_KEY, self._mode_dicts)) or (
-                self._mode_objects and any(map(_TRAINING, self._mode_objects))):
+        if any(map(_TRAINING, self._modes)):
             self._refuse_train_mode()
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream), \
                 torch.inference_mode(), self._autocast():
@@ -995,18 +988,9 @@ def _clamped(torch: Any, given: Any, cast: Any, dtype: Any) -> str | None:
     return None
 
 
-#: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all),
-#: and the same read from its ``__dict__``.
+#: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all;
+#: reading each module's ``__dict__`` would be cheaper, and blind to one rebound).
 _TRAINING = operator.attrgetter("training")
-_TRAINING_KEY = operator.itemgetter("training")
-
-
-def _mode_in_dict(module: Any) -> bool:
-    """Whether ``module.training`` is the value in its ``__dict__`` (as Module sets it),
-    not one that its class computes (a property, or a class attribute)."""
-    own = getattr(module, "__dict__", None)
-    return (isinstance(own, dict) and "training" in own
-            and not any("training" in vars(c) for c in type(module).__mro__))
 
 
 def _host_dtype(torch: Any, dtype: Any) -> Any:

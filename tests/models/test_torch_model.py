@@ -173,8 +173,9 @@ def test_a_module_put_back_in_train_mode_fails_its_batches_until_it_is_in_eval_m
 
 
 def test_train_mode_is_refused_however_a_module_holds_its_mode():
-    # The check reads a Module's mode from its __dict__: one set by plain assignment
-    # counts, and one that a class computes (a property) is read as an attribute.
+    # A mode set by plain assignment, one that a class computes (a property), and one
+    # set in a module whose __dict__ was rebound after the adapter took it (a check
+    # reading the dicts it saw first was blind to it) all count.
     class Computed(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -195,7 +196,10 @@ def test_train_mode_is_refused_however_a_module_holds_its_mode():
     for net, switch in [
             (torch.nn.Sequential(torch.nn.Linear(6, 4)),
              lambda net: setattr(net[0], "training", True)),
-            (Computed(), lambda net: setattr(net, "mode", "train"))]:
+            (Computed(), lambda net: setattr(net, "mode", "train")),
+            (torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Dropout(0.5)),
+             lambda net: (setattr(net[1], "__dict__", dict(vars(net[1]))),
+                          net[1].train()))]:
         model = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(4,))
         for batch in (rows(3), rows(4)):
             model(batch)
