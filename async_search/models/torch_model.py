@@ -414,12 +414,16 @@ class _Runner:
             raise TypeError(f"TorchModel takes a torch.nn.Module (a callable with to, "
                             f"eval and state_dict), got {type(module).__name__}")
         self.module = module.to(device).eval()
-        # Whose mode each batch checks (a few microseconds for 80 modules): the module's
-        # and every submodule's, since net.head.train() alone makes rows batch-dependent
-        # too; a module-like object without modes (duck-typed) is not checked.
+        # Whose mode each batch checks: the module's, and every submodule's that its
+        # mode can change (net.head.train() alone makes rows batch-dependent too), so
+        # not PyTorch's layers that compute the same in either mode (exactly Linear,
+        # ReLU, Conv2d, ...: each costs a tenth of a microsecond a batch); a module-like
+        # object without modes (duck-typed) is not checked.
         modules = tuple(module.modules()) if callable(getattr(module, "modules", None)) \
             else (module,)
-        self._modes = tuple(m for m in modules if hasattr(m, "training"))
+        mode_free = _mode_free(torch)
+        self._modes = tuple(m for i, m in enumerate(modules) if hasattr(m, "training")
+                            and (i == 0 or type(m) not in mode_free))
         # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
         # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
         # (A module-like object has a state_dict, not always parameters and buffers.)
@@ -991,6 +995,21 @@ def _clamped(torch: Any, given: Any, cast: Any, dtype: Any) -> str | None:
 #: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all;
 #: reading each module's ``__dict__`` would be cheaper, and blind to one rebound).
 _TRAINING = operator.attrgetter("training")
+
+
+def _mode_free(torch: Any) -> frozenset:
+    """PyTorch's module classes whose forward never reads ``training``: in train mode
+    they compute what they compute in eval mode (their subclasses may not)."""
+    names = ["Identity", "Flatten", "Unflatten", "Linear", "Bilinear", "Embedding",
+             "LayerNorm", "GroupNorm", "RMSNorm", "Sequential", "ModuleList", "ModuleDict",
+             "ReLU", "ReLU6", "LeakyReLU", "PReLU", "ELU", "SELU", "CELU", "GELU", "SiLU",
+             "Mish", "Sigmoid", "Tanh", "Softplus", "Softsign", "Softmax", "LogSoftmax",
+             "Hardtanh", "Hardswish", "Hardsigmoid", "Tanhshrink", "LogSigmoid"]
+    for n in "123":
+        names += [f"Conv{n}d", f"ConvTranspose{n}d", f"MaxPool{n}d", f"AvgPool{n}d",
+                  f"AdaptiveAvgPool{n}d", f"AdaptiveMaxPool{n}d", f"ZeroPad{n}d",
+                  f"ConstantPad{n}d", f"ReflectionPad{n}d", f"ReplicationPad{n}d"]
+    return frozenset(filter(None, (getattr(torch.nn, name, None) for name in names)))
 
 
 def _host_dtype(torch: Any, dtype: Any) -> Any:

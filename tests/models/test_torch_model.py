@@ -194,8 +194,8 @@ def test_train_mode_is_refused_however_a_module_holds_its_mode():
             return self.linear(x)
 
     for net, switch in [
-            (torch.nn.Sequential(torch.nn.Linear(6, 4)),
-             lambda net: setattr(net[0], "training", True)),
+            (torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Dropout(0.5)),
+             lambda net: setattr(net[1], "training", True)),
             (Computed(), lambda net: setattr(net, "mode", "train")),
             (torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Dropout(0.5)),
              lambda net: (setattr(net[1], "__dict__", dict(vars(net[1]))),
@@ -207,6 +207,29 @@ def test_train_mode_is_refused_however_a_module_holds_its_mode():
         for batch in (rows(3), rows(4)):  # the padded path and one that fills its bucket
             with pytest.raises(RuntimeError, match="put back in train mode"):
                 model(batch)
+
+
+def test_a_layer_that_computes_the_same_in_either_mode_may_be_in_train_mode():
+    # Each batch checks only the modes that change what is computed: the module's own
+    # (net.train() is refused whatever the net holds), its Dropout's, and any layer
+    # whose class is not exactly one of PyTorch's mode-free layers.
+    class OwnLinear(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * (2.0 if self.training else 1.0)
+
+    net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), OwnLinear(4, 4),
+                              torch.nn.Dropout(0.5))
+    model = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(4,))
+    x = rows(4)
+    before = model(x)
+    net[0].train()
+    net[1].train()
+    np.testing.assert_array_equal(model(x), before)  # nothing they compute changed
+    for layer, what in [(net, "Sequential\\)"), (net[2], "OwnLinear"), (net[3], "Dropout")]:
+        layer.train()
+        with pytest.raises(RuntimeError, match=f"{what}.*put back in train mode"):
+            model(x)
+        net.eval()
 
 
 def test_a_module_like_object_without_modes_or_parameters_still_serves():
