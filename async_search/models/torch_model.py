@@ -417,13 +417,14 @@ class _Runner:
         # Whose mode each batch checks: the module's, and every submodule's that its
         # mode can change (net.head.train() alone makes rows batch-dependent too), so
         # not PyTorch's layers that compute the same in either mode (exactly Linear,
-        # ReLU, Conv2d, ...: each costs a tenth of a microsecond a batch); a module-like
-        # object without modes (duck-typed) is not checked.
+        # ReLU, Conv2d, ..., without hooks: spectral_norm's iterates in train mode; each
+        # costs a tenth of a microsecond a batch); a module-like object without modes
+        # (duck-typed) is not checked.
         modules = tuple(module.modules()) if callable(getattr(module, "modules", None)) \
             else (module,)
         mode_free = _mode_free(torch)
         self._modes = tuple(m for i, m in enumerate(modules) if hasattr(m, "training")
-                            and (i == 0 or type(m) not in mode_free))
+                            and (i == 0 or type(m) not in mode_free or _hooked(m)))
         # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
         # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
         # (A module-like object has a state_dict, not always parameters and buffers.)
@@ -995,6 +996,12 @@ def _clamped(torch: Any, given: Any, cast: Any, dtype: Any) -> str | None:
 #: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all;
 #: reading each module's ``__dict__`` would be cheaper, and blind to one rebound).
 _TRAINING = operator.attrgetter("training")
+
+
+def _hooked(module: Any) -> bool:
+    """Whether a module has forward hooks, which may read its mode."""
+    return bool(getattr(module, "_forward_pre_hooks", None)
+                or getattr(module, "_forward_hooks", None))
 
 
 def _mode_free(torch: Any) -> frozenset:

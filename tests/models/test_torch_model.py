@@ -218,14 +218,18 @@ def test_a_layer_that_computes_the_same_in_either_mode_may_be_in_train_mode():
             return super().forward(x) * (2.0 if self.training else 1.0)
 
     net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), OwnLinear(4, 4),
-                              torch.nn.Dropout(0.5))
+                              torch.nn.Dropout(0.5),
+                              torch.nn.utils.spectral_norm(torch.nn.Linear(4, 4)))
     model = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(4,))
     x = rows(4)
     before = model(x)
     net[0].train()
     net[1].train()
     np.testing.assert_array_equal(model(x), before)  # nothing they compute changed
-    for layer, what in [(net, "Sequential\\)"), (net[2], "OwnLinear"), (net[3], "Dropout")]:
+    net.eval()
+    # (a Linear with spectral_norm's hook iterates its weight in train mode)
+    for layer, what in [(net, "Sequential\\)"), (net[2], "OwnLinear"), (net[3], "Dropout"),
+                        (net[4], "Linear")]:
         layer.train()
         with pytest.raises(RuntimeError, match=f"{what}.*put back in train mode"):
             model(x)
