@@ -425,6 +425,7 @@ class _Runner:
         mode_free = _mode_free(torch)
         self._modes = tuple(m for i, m in enumerate(modules) if hasattr(m, "training")
                             and (i == 0 or type(m) not in mode_free or _hooked(m)))
+        _refuse_batch_statistics(torch, modules)
         # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
         # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
         # (A module-like object has a state_dict, not always parameters and buffers.)
@@ -996,6 +997,22 @@ def _clamped(torch: Any, given: Any, cast: Any, dtype: Any) -> str | None:
 #: A module's mode (``any(map(_TRAINING, modules))``: the cheapest scan of them all;
 #: reading each module's ``__dict__`` would be cheaper, and blind to one rebound).
 _TRAINING = operator.attrgetter("training")
+
+
+def _refuse_batch_statistics(torch: Any, modules: Sequence[Any]) -> None:
+    """Refuses a BatchNorm without running statistics: it normalises each batch by its
+    own mean and variance in eval mode too, so that a row would depend on its
+    batch-mates and the pad rows (and one row alone fails in PyTorch)."""
+    norm = torch.nn.modules.batchnorm._BatchNorm
+    found = [type(m).__name__ for m in modules if isinstance(m, norm)
+             and m.running_mean is None and m.running_var is None]
+    if found:
+        raise ValueError(
+            f"TorchModel: the module's {found[0]} has no running statistics "
+            f"(track_running_stats=False), so it normalises every batch by the batch's "
+            f"own mean and variance even in eval mode: a row would depend on its "
+            f"batch-mates and on the pad rows. Give it running statistics, or use "
+            f"GroupNorm or LayerNorm")
 
 
 def _hooked(module: Any) -> bool:

@@ -236,6 +236,20 @@ def test_a_layer_that_computes_the_same_in_either_mode_may_be_in_train_mode():
         net.eval()
 
 
+@pytest.mark.parametrize("norm", [
+    lambda: torch.nn.BatchNorm1d(4, track_running_stats=False),
+    lambda: torch.nn.LazyBatchNorm1d(track_running_stats=False)])
+def test_a_batch_norm_without_running_statistics_is_refused_when_the_adapter_is_made(norm):
+    # It normalises by the batch's own statistics in eval mode too: it was served, each
+    # row depending on its batch-mates and the pad rows, and one row alone failed in
+    # PyTorch's words ("Expected more than 1 value per channel when training").
+    net = torch.nn.Sequential(torch.nn.Linear(6, 4), norm(), torch.nn.Linear(4, 1))
+    with pytest.raises(ValueError, match="BatchNorm1d has no running statistics"):
+        TorchModel(net, input_spec=SPEC, device="cpu")
+    kept = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4))
+    assert TorchModel(kept, input_spec=SPEC, device="cpu")(rows(1)).shape == (1, 4)
+
+
 def test_a_module_like_object_without_modes_or_parameters_still_serves():
     # The check of modes read .training, which a duck-typed module need not have, and
     # the lazy-layer check called parameters() and buffers(), which the documented
