@@ -253,6 +253,8 @@ class _Traced:
         self.tf = tf
         self.device = model.device
         self.trace_count = 0
+        #: The type of an eager tensor: what a traced function returns, always dense.
+        self._eager_type = type(tf.constant(0))
         try:  # as TorchModel: a spec the framework cannot take is refused when made
             tf.dtypes.as_dtype(model.input_spec.dtype)
         except TypeError as e:
@@ -361,6 +363,8 @@ class _Traced:
     def _is_dense(self, value: Any) -> bool:
         """A tensor with ``numpy()``: not a SparseTensor or a RaggedTensor, which the net
         must make dense (their refusal then names them)."""
+        if type(value) is self._eager_type:  # the usual output: no ABC checks
+            return True
         tf = self.tf
         return tf.is_tensor(value) and not isinstance(value, (tf.SparseTensor,
                                                               tf.RaggedTensor))

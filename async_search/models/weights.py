@@ -230,6 +230,8 @@ class OwnWeightsModel(BucketedModel):
 
     def _run(self, batch: np.ndarray) -> Outputs:
         runner = self._runner
-        with runner.weights.lock:
-            runner.weights.use(self._own)
+        weights, own = runner.weights, self._own
+        with weights.lock:
+            if weights.holder is not own.ref:  # (the usual case: nothing to put back)
+                weights.use(own)
             return runner.run(batch)
