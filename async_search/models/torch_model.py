@@ -207,7 +207,7 @@ class TorchModel(OwnWeightsModel):
                              "compile": self.compile, "cuda_graphs": self._graphs_option,
                              "script": self.script},
                     lambda: _Runner(torch, module, self),
-                    rejoin=lambda runner: runner.module.to(runner.device).eval())
+                    rejoin=lambda runner: runner.rejoin())
 
     def __reduce__(self) -> Any:
         refuse_copying(self)
@@ -425,6 +425,7 @@ class _Runner:
         mode_free = _mode_free(torch)
         self._modes = tuple(m for i, m in enumerate(modules) if hasattr(m, "training")
                             and (i == 0 or type(m) not in mode_free or _hooked(m)))
+        self._modules = modules  # the net as it was made: what rejoin() compares
         _refuse_batch_statistics(torch, modules)
         # (UninitializedBuffer is no UninitializedParameter: lazy running statistics
         # beside eager weights, LazyBatchNorm1d(affine=False), were left lazy.)
@@ -485,6 +486,30 @@ class _Runner:
         #: (which runs on a copy) tells; a batch then runs on the caller's array only
         #: while it does not (False). It stays None on CUDA, which always copies.
         self.writes_input: bool | None = None
+
+    def rejoin(self) -> None:
+        """Prepares the net again for another adapter made on it (in eval mode, on the
+        device), after checking that it is the net this runner was made for.
+
+        Raises:
+            ValueError: a module of the net was added, removed or replaced since (the
+                runner's checks, traces and compiled copy are of the net as it was),
+                or its weights are other tensors (named or shaped otherwise).
+        """
+        torch, module = self.torch, self.module
+        modules = tuple(module.modules()) if callable(getattr(module, "modules", None)) \
+            else (module,)
+        state = module.state_dict()
+        names = [k for k, v in state.items() if torch.is_tensor(v)]
+        if len(modules) != len(self._modules) or any(
+                a is not b for a, b in zip(modules, self._modules)) or names != self.names:
+            raise ValueError(
+                "TorchModel: the net changed since the adapter in use was made on it "
+                "(a module added, removed or replaced, or its weights renamed): this "
+                "adapter would run on what that one checked, traced or compiled. Drop "
+                "the first adapter (and what serves it) first, or give this one a copy "
+                "of the net (copy.deepcopy)")
+        module.to(self.device).eval()
 
     def wrote_input(self, caller: bool) -> None:
         """The module wrote its input tensor in place: every CPU batch is copied from
@@ -1003,13 +1028,17 @@ def _refuse_batch_statistics(torch: Any, modules: Sequence[Any]) -> None:
     """Refuses a BatchNorm without running statistics: it normalises each batch by its
     own mean and variance in eval mode too, so that a row would depend on its
     batch-mates and the pad rows (and one row alone fails in PyTorch)."""
-    norm = torch.nn.modules.batchnorm._BatchNorm
-    found = [type(m).__name__ for m in modules if isinstance(m, norm)
-             and m.running_mean is None and m.running_var is None]
+    norm, script = torch.nn.modules.batchnorm._BatchNorm, torch.jit.ScriptModule
+    found = [getattr(m, "original_name", None) or type(m).__name__ for m in modules
+             if (isinstance(m, norm) or (isinstance(m, script) and "BatchNorm" in str(
+                 getattr(m, "original_name", ""))))  # (TorchScript keeps the name)
+             and getattr(m, "running_mean", 0) is None
+             and getattr(m, "running_var", 0) is None]
     if found:
         raise ValueError(
             f"TorchModel: the module's {found[0]} has no running statistics "
-            f"(track_running_stats=False), so it normalises every batch by the batch's "
+            f"(track_running_stats=False: running_mean and running_var are None), so "
+            f"it normalises every batch by the batch's "
             f"own mean and variance even in eval mode: a row would depend on its "
             f"batch-mates and on the pad rows. Give it running statistics, or use "
             f"GroupNorm or LayerNorm")

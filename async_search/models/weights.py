@@ -181,8 +181,8 @@ class OwnWeightsModel(BucketedModel):
         """Runs on a runner of ``net``, with the weights in it now as this adapter's
         own: the runner of an adapter made on ``net`` with the same ``options`` that
         is still in use (sharing its lock, buffers and traces; ``rejoin(runner)`` is
-        called under its lock, to prepare the net again as a new adapter does), else a
-        new one, ``make_runner()``.
+        called under its lock, to prepare the net again as a new adapter does, and may
+        refuse it), else a new one, ``make_runner()``.
 
         Raises:
             ValueError: an adapter made on ``net`` with other options is in use: each
@@ -208,11 +208,11 @@ class OwnWeightsModel(BucketedModel):
                     f"on_device), make it with the same options, or drop the first "
                     f"adapter (and what serves it) first")
             if runner is not None:
-                self._runner = runner
-                self._own = runner.weights.join()
-                if rejoin is not None:
+                if rejoin is not None:  # first: it may find the net changed, and refuse
                     with runner.weights.lock:
                         rejoin(runner)
+                self._runner = runner
+                self._own = runner.weights.join()
                 return
             runner = make_runner()
             self._runner = runner

@@ -246,8 +246,37 @@ def test_a_batch_norm_without_running_statistics_is_refused_when_the_adapter_is_
     net = torch.nn.Sequential(torch.nn.Linear(6, 4), norm(), torch.nn.Linear(4, 1))
     with pytest.raises(ValueError, match="BatchNorm1d has no running statistics"):
         TorchModel(net, input_spec=SPEC, device="cpu")
+    if not isinstance(net[1], torch.nn.modules.lazy.LazyModuleMixin):
+        # TorchScript keeps the rule (its modules are all RecursiveScriptModule)
+        with pytest.raises(ValueError, match="BatchNorm1d has no running statistics"):
+            TorchModel(torch.jit.script(net), input_spec=SPEC, device="cpu")
     kept = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4))
     assert TorchModel(kept, input_spec=SPEC, device="cpu")(rows(1)).shape == (1, 4)
+
+
+@pytest.mark.parametrize("change", ["replace", "add", "drop statistics"])
+def test_another_adapter_on_a_net_changed_since_the_first_was_made_is_refused(change):
+    # It joined the first adapter's runner, whose checks were of the net as it was:
+    # a BatchNorm without statistics swapped in was served batch-dependent, and
+    # statistics dropped failed in a bare KeyError ('1.running_mean').
+    net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4),
+                              torch.nn.Linear(4, 2))
+    first = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(1, 4))
+    x = rows(3)
+    before = first(x)
+    if change == "replace":
+        net[1] = torch.nn.BatchNorm1d(4, track_running_stats=False)
+    elif change == "add":
+        net.append(torch.nn.Dropout(0.5))
+    else:
+        net[1].running_mean = net[1].running_var = None
+    with pytest.raises(ValueError, match="the net changed since the adapter in use"):
+        TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(1, 4))
+    if change == "add":  # the first adapter serves on, unchanged by the refusal
+        del net[-1]
+        np.testing.assert_array_equal(first(x), before)
+        second = TorchModel(net, input_spec=SPEC, device="cpu", batch_sizes=(1, 4))
+        np.testing.assert_array_equal(second(x), before)
 
 
 def test_a_module_like_object_without_modes_or_parameters_still_serves():
