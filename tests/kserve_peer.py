@@ -103,6 +103,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _lost_a_port(server: subprocess.Popen, log, timeout: float = 60.0) -> bool:
+    """Whether KServe stopped because another process bound one of its ports first
+    (uvicorn then logs the error and exits): waits until it says it is listening, or
+    stops, or ``timeout`` passes (the test's own wait then fails with the log)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if "Uvicorn running on" in text:
+            return False
+        lost = "address already in use" in text.lower() or "failed to bind" in text.lower()
+        if lost or server.poll() is not None:
+            if server.poll() is None:
+                server.kill()
+            server.wait(10)
+            return lost
+        time.sleep(0.1)
+    return False
+
+
 @contextlib.contextmanager
 def kserve_model_server(tmp_path, grpc: bool = False):
     """KServe's ModelServer serving ``x @ W`` as "linear", in a child process of its own
@@ -111,11 +130,14 @@ def kserve_model_server(tmp_path, grpc: bool = False):
     script = tmp_path / "kserve_linear.py"
     script.write_text(KSERVE_SERVER)
     log = tmp_path / "kserve.log"
-    ports = free_port(), free_port() if grpc else 0
-    with open(log, "wb") as out:
-        server = subprocess.Popen([kserve_python(), str(script), *map(str, ports)],
-                                  stdout=out, stderr=subprocess.STDOUT,
-                                  env={**os.environ})
+    for _ in range(3):  # a port from free_port() may be taken before KServe binds it
+        ports = free_port(), free_port() if grpc else 0
+        with open(log, "wb") as out:
+            server = subprocess.Popen([kserve_python(), str(script), *map(str, ports)],
+                                      stdout=out, stderr=subprocess.STDOUT,
+                                      env={**os.environ})
+        if not _lost_a_port(server, log):
+            break
     try:
         yield ports
     except BaseException as e:
