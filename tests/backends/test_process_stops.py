@@ -8,6 +8,7 @@ import pytest
 
 import async_search as asr
 from tests.backends import searches
+from tests.experiments.test_stops import default_signals
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -173,9 +174,12 @@ def test_a_ctrl_c_in_the_caller_leaves_no_client_process_not_even_a_zombie(tmp_p
     for _ in range(3):  # (it was 2 runs in 3)
         for name in os.listdir(tmp_path):
             os.remove(tmp_path / name)
+        # (SIGINT as a shell leaves it: a test run started in the background inherits
+        # it ignored, and the child's Ctrl-C then never came; default_signals)
         done = subprocess.run([sys.executable, "-c", _CTRL_C_IN_THE_PARENT, str(tmp_path)],
                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(
                                   os.path.abspath(__file__)))),
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120,
+                              preexec_fn=default_signals)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["[]"], done.stdout
