@@ -420,8 +420,7 @@ class _Runner:
         # ReLU, Conv2d, ..., without hooks: spectral_norm's iterates in train mode; each
         # costs a tenth of a microsecond a batch); a module-like object without modes
         # (duck-typed) is not checked.
-        modules = tuple(module.modules()) if callable(getattr(module, "modules", None)) \
-            else (module,)
+        modules = _modules_of(module)
         mode_free = _mode_free(torch)
         self._modes = tuple(m for i, m in enumerate(modules) if hasattr(m, "training")
                             and (i == 0 or type(m) not in mode_free or _hooked(m)))
@@ -497,8 +496,7 @@ class _Runner:
                 or its weights are other tensors (named or shaped otherwise).
         """
         torch, module = self.torch, self.module
-        modules = tuple(module.modules()) if callable(getattr(module, "modules", None)) \
-            else (module,)
+        modules = _modules_of(module)
         state = module.state_dict()
         names = [k for k, v in state.items() if torch.is_tensor(v)]
         if len(modules) != len(self._modules) or any(
@@ -1042,6 +1040,12 @@ def _refuse_batch_statistics(torch: Any, modules: Sequence[Any]) -> None:
             f"own mean and variance even in eval mode: a row would depend on its "
             f"batch-mates and on the pad rows. Give it running statistics, or use "
             f"GroupNorm or LayerNorm")
+
+
+def _modules_of(module: Any) -> tuple:
+    """The module and its submodules (a module-like object without ``modules``: itself)."""
+    return tuple(module.modules()) if callable(getattr(module, "modules", None)) \
+        else (module,)
 
 
 def _hooked(module: Any) -> bool:
