@@ -10,6 +10,13 @@ and warm-up cancel.
         python benchmarks/adapter_calls.py --framework torch --side adapter --calls 1000
     (... --calls 3000; then (I(3000) - I(1000)) / 2000 instructions a call)
 
+Two things move the count from run to run and are best taken out: string hashing
+(dict lookups move by 1.5k-13k instructions a call: set ``PYTHONHASHSEED=0`` on both
+sides), and for TensorFlow its Eigen thread pool's idle threads spinning for work
+(``ThreadPoolTempl::MaybeGetTask``, 86k-92k instructions a call, which callgrind
+counts with the rest): subtract the functions of ``Eigen::ThreadPoolTempl`` and
+``EventCount`` from each total before taking the difference.
+
 The net, the weights and the two sides are ``adapters.py``'s (the MLP 256-256-256-1, the
 framework called directly on exactly the rows given, and its adapter); frameworks run on
 one thread. Results: docs/benchmarks.md, "Framework adapters".
