@@ -438,8 +438,8 @@ class _Runner:
         state = self.module.state_dict()
         # A module's extra state (get_extra_state: a step count, a config) is no tensor
         # to copy into: with_weights leaves it as it is.
-        self.extra_state = frozenset(k for k, v in state.items() if not torch.is_tensor(v))
-        self.names = [k for k in state if k not in self.extra_state]
+        self.names = _tensor_names(torch, state)
+        self.extra_state = frozenset(state).difference(self.names)
         # Buffers only counted, not read, in eval mode: an update may leave them out
         # (residual_nets' weights and torch_resnet_weights do).
         self.optional = frozenset(k for k in self.names
@@ -493,14 +493,13 @@ class _Runner:
         Raises:
             ValueError: a module of the net was added, removed or replaced since (the
                 runner's checks, traces and compiled copy are of the net as it was),
-                or its weights are other tensors (named or shaped otherwise).
+                or its weights are named otherwise.
         """
         torch, module = self.torch, self.module
         modules = _modules_of(module)
-        state = module.state_dict()
-        names = [k for k, v in state.items() if torch.is_tensor(v)]
         if len(modules) != len(self._modules) or any(
-                a is not b for a, b in zip(modules, self._modules)) or names != self.names:
+                a is not b for a, b in zip(modules, self._modules)) \
+                or _tensor_names(torch, module.state_dict()) != self.names:
             raise ValueError(
                 "TorchModel: the net changed since the adapter in use was made on it "
                 "(a module added, removed or replaced, or its weights renamed): this "
@@ -1040,6 +1039,12 @@ def _refuse_batch_statistics(torch: Any, modules: Sequence[Any]) -> None:
             f"own mean and variance even in eval mode: a row would depend on its "
             f"batch-mates and on the pad rows. Give it running statistics, or use "
             f"GroupNorm or LayerNorm")
+
+
+def _tensor_names(torch: Any, state: Dict[str, Any]) -> List[str]:
+    """The names of a state dict's tensors, in its order (the weights an update writes;
+    the rest is a module's extra state)."""
+    return [k for k, v in state.items() if torch.is_tensor(v)]
 
 
 def _modules_of(module: Any) -> tuple:
