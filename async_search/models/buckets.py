@@ -256,6 +256,26 @@ def widened(out: np.ndarray) -> np.ndarray:
     return out
 
 
+def host_rows(out: np.ndarray, n: int, size: int) -> np.ndarray:
+    """``widened(padded_rows(out, n, size))`` in one call: what an adapter hands out for
+    one output array of a batch of ``n`` rows padded to ``size``.
+
+    Raises:
+        ModelOutputError: the array has no batch dimension, or not ``size`` rows.
+
+    Example:
+        >>> out = host_rows(np.ones((4, 2), np.float16), 3, 4)
+        >>> out.shape, out.dtype
+        ((3, 2), dtype('float32'))
+    """
+    shape = out.shape
+    if not shape or shape[0] != size:
+        check_padded_shape(shape, n, size)
+    if n != size:
+        out = out[:n]
+    return widened(out) if out.dtype.itemsize == 2 else out
+
+
 def padded_rows(out: np.ndarray, n: int, size: int) -> np.ndarray:
     """The first ``n`` rows of one output array of a net that ran on a batch padded to
     ``size`` rows.
@@ -341,14 +361,21 @@ class BucketedModel:
     input_spec: TensorSpec
 
     def __call__(self, batch: np.ndarray) -> Outputs:
-        spec = self.input_spec
-        # A server's batch always fits (its requests were checked): a few comparisons.
-        if type(batch) is not np.ndarray or batch.dtype != spec.dtype \
-                or batch.shape[1:] != spec.shape or not batch.ndim:
-            batch = RequestChecker(spec)(batch)
-        if len(batch) <= self.batch_sizes[-1]:  # the usual batch: no chunking call
+        if self._fits(batch):  # the usual batch: no checking or chunking call
+            return self._run(batch)
+        batch = RequestChecker(self.input_spec)(batch)
+        if len(batch) <= self.batch_sizes[-1]:
             return self._run(batch)
         return run_in_chunks(batch, self.batch_sizes[-1], self._run)
+
+    def _fits(self, batch: Any) -> bool:
+        """Whether ``batch`` may go to ``_run`` as it is: an ndarray ``[n,
+        *input_spec.shape]`` of the spec's dtype with at most ``batch_sizes[-1]`` rows.
+        A server's batch always does (its requests were checked): a few comparisons."""
+        spec = self.input_spec
+        return (type(batch) is np.ndarray and batch.dtype == spec.dtype
+                and batch.shape[1:] == spec.shape and batch.ndim > 0
+                and len(batch) <= self.batch_sizes[-1])
 
     def _run(self, batch: np.ndarray) -> Outputs:
         """The outputs of one batch of at most ``batch_sizes[-1]`` rows."""

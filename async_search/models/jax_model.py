@@ -15,9 +15,8 @@ from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError, InputSpecError
 from async_search.extras import import_extra
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
-                                         check_output_keys,
-                                         bucket_sizes, net_outputs, padded_rows,
-                                         refuse_copying, widened)
+                                         bucket_sizes, check_output_keys, host_rows,
+                                         net_outputs, refuse_copying, widened)
 from async_search.models.weight_casts import host_copy, values_lost
 
 
@@ -446,7 +445,7 @@ def _host_rows(array: Any, n: int, size: int, source: np.ndarray | None) -> np.n
     Raises:
         ModelOutputError: the output has no batch dimension or not ``size`` rows.
     """
-    out = widened(padded_rows(np.asarray(array), n, size))
+    out = host_rows(np.asarray(array), n, size)
     # A JAX that hands an input back as an output could give the reused buffer or the
     # batch the server reuses: then the rows are copied out (JAX 0.10 copies host
     # inputs of jit, so the probe turns this off: 2-3 us a call on a fresh output).

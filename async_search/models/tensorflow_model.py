@@ -13,10 +13,9 @@ from async_search.base import Outputs, TensorSpec
 from async_search.checks import check_float
 from async_search.errors import DeviceNotFoundError
 from async_search.extras import import_extra
-from async_search.models.buckets import (PaddedBatches, adapter_spec, bucket_sizes,
-                                         check_output_keys,
-                                         net_outputs, padded_rows, refuse_copying,
-                                         widened)
+from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
+                                         bucket_sizes, check_output_keys, host_rows,
+                                         net_outputs, refuse_copying)
 from async_search.models.weight_casts import host_copy
 from async_search.models.weights import OwnWeightsModel, SharedWeights, values_equal
 
@@ -96,6 +95,32 @@ class TensorFlowModel(OwnWeightsModel):
 
     def __reduce__(self) -> Any:
         refuse_copying(self)
+
+    def __call__(self, batch: np.ndarray) -> Outputs:
+        # The usual batch in one frame (as TorchModel's), its call of the traced
+        # function early in it: TensorFlow captures the Python stack at each such call,
+        # looking up each frame's line, which costs more the further into its code.
+        if self._fits(batch):
+            runner = self._runner
+            weights, own = runner.weights, self._own
+            with weights.lock:
+                if weights.holder is not own.ref:  # (usually: nothing to put back)
+                    weights.use(own)
+                buffer, size = runner.padded.pad(batch, copy=False)  # tf.constant copies
+                fn = runner.concrete.get(size)
+                if fn is None:  # traced once per allowed size, then called directly
+                    fn = runner.trace(size, buffer)
+                tf = runner.tf
+                with tf.device(runner.device):
+                    out = fn(tf.constant(buffer))
+                if type(out) is runner.eager_type:  # the usual output: one tensor
+                    return host_rows(out.numpy(), len(batch), size)
+                return runner.outputs(out, len(batch), size)
+        # Checked, and chunked, first: each chunk comes back to the call above.
+        return BucketedModel.__call__(self, batch)
+
+    def _run(self, batch: np.ndarray) -> Outputs:
+        return self(batch)  # a checked chunk: the call above runs it
 
     @property
     def trace_count(self) -> int:
@@ -254,7 +279,7 @@ class _Traced:
         self.device = model.device
         self.trace_count = 0
         #: The type of an eager tensor: what a traced function returns, always dense.
-        self._eager_type = type(tf.constant(0))
+        self.eager_type = type(tf.constant(0))
         try:  # as TorchModel: a spec the framework cannot take is refused when made
             tf.dtypes.as_dtype(model.input_spec.dtype)
         except TypeError as e:
@@ -278,7 +303,8 @@ class _Traced:
 
         self._traced = traced
         self._jit_compile = model.jit_compile
-        self._concrete: Dict[int, Any] = {}  # size -> the function traced for it
+        #: size -> the function traced for it (``trace``).
+        self.concrete: Dict[int, Any] = {}
         self._retrace()
         self.padded = PaddedBatches(model.input_spec, model.batch_sizes)
 
@@ -290,7 +316,7 @@ class _Traced:
         # model's trace needs none, and writes none.
         self._fn = self.tf.function(self._traced, jit_compile=self._jit_compile,
                                     reduce_retracing=False, autograph=not self._keras)
-        self._concrete.clear()
+        self.concrete.clear()
 
     def stage(self, weights: Any) -> list:
         if not self._keras:
@@ -344,26 +370,29 @@ class _Traced:
                 layer.finalize_state()
             self._retrace()
 
-    def run(self, batch: np.ndarray) -> Outputs:
-        n = len(batch)
-        buffer, size = self.padded.pad(batch, copy=False)  # tf.constant copies it
+    def trace(self, size: int, buffer: np.ndarray) -> Any:
+        """The function traced for bucket ``size`` (on a batch such as ``buffer``),
+        traced now: once per allowed size (and again after ``_retrace``); call under
+        the weights' lock."""
         tf = self.tf
         with tf.device(self.device):
-            fn = self._concrete.get(size)
-            if fn is None:  # traced once per allowed size, then called directly
-                try:
-                    fn = self._fn.get_concrete_function(
-                        tf.TensorSpec(buffer.shape, buffer.dtype))
-                except Exception as e:  # noqa: BLE001 - whatever the net raised
-                    raise _as_raised(e) from None
-                self._concrete[size] = fn
-            out = fn(tf.constant(buffer))
-        return net_outputs(out, self._is_dense, lambda t: widened(padded_rows(t.numpy(), n, size)))
+            try:
+                fn = self._fn.get_concrete_function(tf.TensorSpec(buffer.shape,
+                                                                  buffer.dtype))
+            except Exception as e:  # noqa: BLE001 - whatever the net raised
+                raise _as_raised(e) from None
+        self.concrete[size] = fn
+        return fn
+
+    def outputs(self, out: Any, n: int, size: int) -> Outputs:
+        """The first ``n`` rows of each tensor of ``out`` (a tensor, or a tuple, list or
+        dict of tensors), as arrays."""
+        return net_outputs(out, self._is_dense, lambda t: host_rows(t.numpy(), n, size))
 
     def _is_dense(self, value: Any) -> bool:
         """A tensor with ``numpy()``: not a SparseTensor or a RaggedTensor, which the net
         must make dense (their refusal then names them)."""
-        if type(value) is self._eager_type:  # the usual output: no ABC checks
+        if type(value) is self.eager_type:  # the usual output: no ABC checks
             return True
         tf = self.tf
         return tf.is_tensor(value) and not isinstance(value, (tf.SparseTensor,

@@ -170,8 +170,10 @@ _RUNNERS = _Runners()
 
 class OwnWeightsModel(BucketedModel):
     """An adapter whose runner (``_runner``: its ``weights``, a ``SharedWeights``, and
-    ``run(batch)``) is shared with the adapters ``with_weights`` made: each batch runs
-    under the runner's lock, once this adapter's weights (``_own``) are in the net."""
+    ``run(batch)``, which ``_run`` calls) is shared with the adapters ``with_weights``
+    made: each batch runs under the runner's lock, once this adapter's weights
+    (``_own``) are in the net. (``TensorFlowModel`` runs its batches in its own call,
+    its runner holding no ``run``.)"""
 
     _runner: Any
     _own: OwnWeights

@@ -4,9 +4,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from async_search.base import TensorSpec
-from async_search.errors import InputSpecError
+from async_search.errors import InputSpecError, ModelOutputError
 from async_search.models.buckets import (BucketedModel, PaddedBatches, adapter_spec,
-                                         bucket_sizes, power_of_two_sizes, run_in_chunks)
+                                         bucket_sizes, host_rows, power_of_two_sizes,
+                                         run_in_chunks)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,6 +108,20 @@ def test_a_batch_that_fills_its_bucket_may_run_without_a_copy():
     frozen = np.ones((4, 2), np.float32)
     frozen.flags.writeable = False
     assert padded.pad(frozen, copy=False)[0] is not frozen
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 6), pad=st.integers(0, 3),
+       dtype=st.sampled_from([np.float16, np.float32, np.int16, np.int64, np.bool_]))
+def test_host_rows_are_the_batchs_rows_with_reduced_floats_widened(n, pad, dtype):
+    size = max(n, 1) + pad
+    out = (np.arange(size * 3).reshape(size, 3) % 5).astype(dtype)
+    rows = host_rows(out, n, size)
+    np.testing.assert_array_equal(rows, out[:n])
+    assert rows.dtype == (np.float32 if dtype is np.float16 else dtype)
+    for wrong in (out[:-1], np.concatenate([out, out[:1]]), np.asarray(out[0, 0])):
+        with pytest.raises(ModelOutputError, match="row"):
+            host_rows(wrong, n, size)
 
 
 class Doubling(BucketedModel):
