@@ -268,7 +268,10 @@ def host_rows(out: np.ndarray, n: int, size: int) -> np.ndarray:
         >>> out.shape, out.dtype
         ((3, 2), dtype('float32'))
     """
-    shape = out.shape
+    try:
+        shape = out.shape
+    except AttributeError:  # a 0-d string tensor's value is bytes, not an array
+        check_padded_shape((), n, size)  # raises
     if n != size or not shape or shape[0] != size:  # (usually neither: no call)
         out = padded_rows(out, n, size)
     return widened(out) if out.dtype.itemsize == 2 else out

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from async_search.base import TensorSpec
-from async_search.errors import DeviceNotFoundError
+from async_search.errors import DeviceNotFoundError, ModelOutputError
 from async_search.models import TensorFlowModel
 
 pytestmark = pytest.mark.timeout(120)
@@ -341,3 +341,12 @@ def test_a_keras_model_whose_state_is_not_among_its_weights_is_refused_as_weight
     trained.set_weights([w + 1.0 for w in fixed.get_weights()])
     np.testing.assert_allclose(served.with_weights(trained)(x), trained(x).numpy(),
                                rtol=1e-6)
+
+
+def test_a_net_returning_a_string_gets_model_output_error(tf):
+    # A traced Python string is a 0-d string tensor, whose value is bytes, not an array.
+    model = TensorFlowModel(lambda x: "not rows", TensorSpec((3,), np.float32),
+                            batch_sizes=(1, 4))
+    for n in (1, 3):
+        with pytest.raises(ModelOutputError, match="no batch dimension"):
+            model(np.ones((n, 3), np.float32))
