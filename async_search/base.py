@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import reprlib
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Dict, Hashable, List, Optional,
                     Protocol, Sequence, Tuple, runtime_checkable)
 
@@ -23,7 +24,7 @@ __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "TimedEvaluate", "Versi
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
            "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version",
            "values_check_of", "evaluated", "check_awaitable",
-           "DeviceModel", "on_device", "replaces_model", "batch_tolerance_of", "BatchParts"]
+           "DeviceModel", "on_device", "made_from", "replaces_model", "batch_tolerance_of", "BatchParts"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
 #: dimension is the batch (a policy and a value, say). Callers get a list or a named
@@ -153,7 +154,28 @@ def on_device(model: Any, device: Any) -> Any:
             f"cannot be copied to other devices: wrap the net in a framework adapter "
             f"(async_search.models.TorchModel, JaxModel, TensorFlowModel), or give the "
             f"model an on_device(device) method that returns its copy on that device")
-    return place(device)
+    return made_from(model, place(device), f"on_device({device!r})")
+
+
+def made_from(model: Any, made: Any, how: str) -> Any:
+    """``made``, a model that ``model``'s ``how`` returned (its copy on a device, its
+    ``with_weights``), checked where it is made rather than at its first batch, where
+    it would fail some of the requests beside others that another worker serves.
+
+    Raises:
+        TypeError: when ``made`` is not callable.
+        ValueError: when both declare an ``input_spec`` and they differ (requests are
+            checked against the one the server serves).
+    """
+    if not callable(made):
+        raise TypeError(f"the model {type(model).__name__}'s {how} must return a model "
+                        f"(a callable), got {type(made).__name__} {reprlib.repr(made)}")
+    given, takes = input_spec_of(made), input_spec_of(model)
+    if isinstance(given, TensorSpec) and isinstance(takes, TensorSpec) and given != takes:
+        raise ValueError(f"the model {type(model).__name__}'s {how} returned a model "
+                         f"that takes {given.describe()}, where the model takes "
+                         f"{takes.describe()}: its requests would fail in it")
+    return made
 
 
 def replaces_model(model: Any, model_or_weights: Any) -> bool:

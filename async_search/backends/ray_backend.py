@@ -64,6 +64,7 @@ from async_search.backends.config import Progress, RunConfig
 from async_search.backends.gpu_placement import place_servers, release_gpus, reserve_gpus
 from async_search.backends.results import SearchResults, finish, merge_stats
 from async_search.backends.servers import ServersHook
+from async_search.base import TensorSpec
 from async_search.connections import Connection, ForkedConnection, KeyedConnection
 from async_search.errors import CloseTimeoutError, ServerDiedError, add_note, describe
 from async_search.event_loops import loop_factory
@@ -491,6 +492,15 @@ class _ServerPool:
                 raise cause from None
             raise ServerDiedError(f"no server actor started: {error!r}")
         self.spec = next(s for s in started if not isinstance(s, BaseException))[0]
+        specs = {answer[0].describe() for answer in started if not isinstance(
+            answer, BaseException) and isinstance(answer[0], TensorSpec)}
+        if len(specs) > 1:
+            # Requests are checked against one spec: those routed to the other
+            # servers would fail there (the process and local backends refuse the
+            # same in add_worker).
+            raise ValueError(f"model_factory made models that take different inputs "
+                             f"({', '.join(sorted(specs))}): every server of a run must "
+                             f"take the same")
 
     def _make(self, i: int, generation: int, nodes: List[str]):
         config = self._config

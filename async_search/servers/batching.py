@@ -177,7 +177,7 @@ class BatchingServer(AsyncWithOnly):
                  on_batch: Callable[[BatchRecord], None] | None = None,
                  devices: Sequence[Any] | None = None,
                  trace_size: int | None = TRACE_SIZE):
-        check_int("num_workers", num_workers, minimum=1)
+        num_workers = check_int("num_workers", num_workers, minimum=1)  # (a Python int)
         check_callable("the model", model)
         check_callable("on_batch", on_batch, optional=True)
         if on_batch is not None and is_async(on_batch):
@@ -600,27 +600,11 @@ class BatchingServer(AsyncWithOnly):
             server is not serving. Nothing has changed then.
         """
         self._require_running("update_model")
-        # A provisional spec gives way to a declared one, unless a request of it still
-        # waits: the new model would get it (and a batch of two shapes could form).
-        served_input = self._check.spec if (
-            self._check.settled or self._check.waits()) else None
         new_model = replaces_model(self.model, model_or_weights)
+        served_input = self._served_input()
         given_input = input_spec_of(model_or_weights) if new_model else None
-        if isinstance(given_input, TensorSpec) and served_input is not None \
-                and given_input != served_input:
-            # Requests are checked against the served spec: every one would fail inside
-            # the new model instead.
-            raise ValueError(f"update_model: the new model takes {given_input.describe()}, "
-                             f"the server's requests are {served_input.describe()}; serve "
-                             f"it in a server of its own")
-        spec = output_spec_of(model_or_weights) if new_model else None
-        expected = self._responses.structure
-        if spec is not None and expected is not None:
-            try:
-                expected.conform(spec.empty(0), expected_from="the served outputs")
-            except ModelOutputError as e:
-                raise ValueError(f"update_model: the new model's output_spec does not fit: "
-                                 f"{e}") from None
+        if new_model:
+            self._refuse_other_specs(model_or_weights, served_input, "update_model")
         swap_models = self._workers.prepare_model(model_or_weights, version)
 
         def swap() -> None:
@@ -636,6 +620,33 @@ class BatchingServer(AsyncWithOnly):
 
         return swap
 
+    def _served_input(self) -> TensorSpec | None:
+        """The spec requests are checked against, where a model must take it: a
+        provisional spec gives way to a declared one, unless a request of it still
+        waits (the new model would get it, and a batch of two shapes could form)."""
+        return self._check.spec if self._check.settled or self._check.waits() else None
+
+    def _refuse_other_specs(self, model: Any, served_input: TensorSpec | None,
+                            what: str) -> None:
+        """ValueError naming ``what`` when ``model`` declares an ``input_spec`` other
+        than ``served_input`` (requests are checked against it: every one would fail
+        inside the model instead), or an ``output_spec`` that does not fit the outputs
+        the server expects."""
+        given_input = input_spec_of(model)
+        if isinstance(given_input, TensorSpec) and served_input is not None \
+                and given_input != served_input:
+            raise ValueError(f"{what}: the new model takes {given_input.describe()}, "
+                             f"the server's requests are {served_input.describe()}; serve "
+                             f"it in a server of its own")
+        spec = output_spec_of(model)
+        expected = self._responses.structure
+        if spec is not None and expected is not None:
+            try:
+                expected.conform(spec.empty(0), expected_from="the served outputs")
+            except ModelOutputError as e:
+                raise ValueError(f"{what}: the new model's output_spec does not fit: "
+                                 f"{e}") from None
+
     @property
     def num_workers(self) -> int:
         """Device workers serving now (after close: those it had when it closed)."""
@@ -646,8 +657,18 @@ class BatchingServer(AsyncWithOnly):
     async def add_worker(self, model: Any = None, device: Any = None) -> None:
         """Starts another device thread that takes batches from the same queue, with its
         own ``model``, or the current model's copy on ``device`` (``on_device``), or the
-        current model itself."""
+        current model itself.
+
+        Raises:
+            TypeError: when ``model`` is not callable (or the copy on ``device`` is not:
+                see ``base.on_device``).
+            ValueError: when ``model`` declares an ``input_spec`` or ``output_spec``
+                that ``update_model`` would refuse: its batches would fail.
+        """
         self._require_running("add_worker")
+        if model is not None:
+            check_callable("add_worker's model", model)
+            self._refuse_other_specs(model, self._served_input(), "add_worker")
         self._workers.add(model, device=device)
         self._wake_dispatch()
 

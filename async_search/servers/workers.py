@@ -7,7 +7,7 @@ import itertools
 import queue
 from typing import Any, Callable, Hashable, List
 
-from async_search.base import on_device, replaces_model
+from async_search.base import made_from, on_device, replaces_model
 from async_search.servers.device import STOP, DeviceThread, Done, InlineDevice
 
 
@@ -328,4 +328,4 @@ def _with_weights(model: Any, weights: Any) -> Any:
             f"update_model got {type(weights).__name__} weights, but the model "
             f"{type(model).__name__} has no with_weights(weights) method: pass a new "
             f"model instead")
-    return with_weights(weights)
+    return made_from(model, with_weights(weights), "with_weights")

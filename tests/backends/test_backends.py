@@ -272,6 +272,14 @@ def test_a_model_factory_that_raises_gives_its_own_exception(backend):
     assert str(raised.value).startswith("no model for you")
 
 
+def test_servers_of_models_that_take_different_inputs_are_refused(backend):
+    # Each server took its own model: the requests routed to a server whose model took
+    # other rows failed there (InputSpecError, as if the caller's rows were wrong).
+    with pytest.raises(ValueError, match=r"\[n, 4\] float32.*\[n, 3\] float32|"
+                                         r"\[n, 3\] float32.*\[n, 4\] float32"):
+        backend.run(searches.echo_sum, [1, 2, 3, 4], searches.inputs_differ, num_servers=2)
+
+
 def test_a_start_that_pickles_but_does_not_load_is_refused_by_index(backend):
     if backend.name == "local":
         pytest.skip("the local backend sends nothing to another process")

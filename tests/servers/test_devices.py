@@ -161,3 +161,54 @@ async def test_stats_name_the_devices_of_the_workers_serving_now_and_at_close():
     assert len(evaluate.stats["devices"]) == evaluate.stats["workers"] == 2
     async with asr.serve(Placed(2.0), model_thread=True) as evaluate:  # none placed
         assert "devices" not in evaluate.stats
+
+
+class _Broken(Placed):
+    """A ``Placed`` whose copies on ``bad`` (or whose ``with_weights`` given ``bad``)
+    come back as ``made`` instead of a model of its input."""
+
+    def __init__(self, made, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.made = made
+
+    def on_device(self, device):
+        if device == "bad":
+            return self.made
+        return _Broken(self.made, self.weight, device, self.log)
+
+    def with_weights(self, weight):
+        if weight == "bad":
+            return self.made
+        return _Broken(self.made, weight, self.device, self.log)
+
+
+def _wider():
+    wide = Placed()
+    wide.input_spec = asr.TensorSpec((2,), np.float32)
+    return wide
+
+
+@pytest.mark.parametrize("made, error, message", [
+    (None, TypeError, r"on_device\('bad'\) must return a model \(a callable\), got NoneType"),
+    (_wider(), ValueError, r"takes \[n, 2\] float32, where the model takes \[n, 1\] float32"),
+])
+async def test_a_copy_that_is_no_model_of_the_input_is_refused_where_it_is_made(
+        made, error, message):
+    # A copy returning None (or taking other rows) was installed as it was: its device's
+    # batches then failed, some requests and not others, with "'NoneType' object is not
+    # callable" (or an InputSpecError for rows the server had accepted).
+    before = set(threading.enumerate())
+    with pytest.raises(error, match=message):
+        async with asr.serve(_Broken(made), devices=["cpu:0", "bad"]):
+            pass
+    assert set(threading.enumerate()) == before  # nothing started
+    async with asr.serve(_Broken(made), devices=["cpu:0"]) as evaluate:
+        with pytest.raises(error, match=message):
+            await evaluate.add_worker(device="bad")
+        assert evaluate.num_workers == 1
+        evaluate.update_model(3.0, version=1)
+        with pytest.raises(error, match=message.replace(r"on_device\('bad'\)", "with_weights")):
+            evaluate.update_model("bad", version=2)  # every copy's weights: none swapped
+        ys = await within(asyncio.gather(*(evaluate.with_version(np.ones((1, 1), np.float32))
+                                           for _ in range(8))), "answers")
+    assert {(y.item(), v) for y, v in ys} == {(3.0, 1)}

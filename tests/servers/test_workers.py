@@ -1,5 +1,6 @@
 import asyncio
 import gc
+import json
 import threading
 import time
 import weakref
@@ -620,3 +621,33 @@ async def test_a_workers_own_model_never_becomes_the_servers_model():
         assert not isinstance(evaluate.model, Own)
         gate.set()
         assert (await within(held, "the held answer")).tolist() == [[-1.0]]
+
+
+@pytest.mark.parametrize("model, error, message", [
+    (5, TypeError, "add_worker's model must be callable, got int 5"),
+    (with_spec(lambda x: x[:, :1], (5,), np.float32), ValueError,
+     r"add_worker: the new model takes \[n, 5\] float32, the server's requests are "
+     r"\[n, 4\] float32"),
+])
+async def test_a_worker_model_that_could_not_serve_the_requests_is_refused(
+        model, error, message):
+    # add_worker took any model: a number (or a net of other rows) then failed the
+    # batches its thread happened to take, some requests of a caller and not others.
+    served = with_spec(lambda x: x[:, :1] * 2, (4,), np.float32)
+    async with asr.serve(served, model_thread=True) as evaluate:
+        with pytest.raises(error, match=message):
+            await evaluate.add_worker(model)
+        assert evaluate.num_workers == 1
+        ys = await within(asyncio.gather(*(evaluate(np.ones((1, 4), np.float32))
+                                           for _ in range(20))), "answers")
+    assert [y.item() for y in ys] == [2.0] * 20
+
+
+def test_a_numpy_num_workers_is_kept_as_a_python_int():
+    # It was kept as given: before the server was entered, its stats held an np.int64,
+    # which json.dumps refuses.
+    from async_search.servers import BatchingServer, DispatchPolicy
+
+    server = BatchingServer(MLP((4,)), DispatchPolicy(), num_workers=np.int64(2))
+    assert type(server.num_workers) is int
+    json.dumps(server.stats)
