@@ -1026,9 +1026,10 @@ class BatchingServer(AsyncWithOnly):
 
     async def _wait_for_company(self) -> Reason:
         """Lets ready searches queue their requests; returns why the batch may leave."""
-        batcher, budget = self._batcher, self._budget
+        # (self._budget read at each test: max_batch_size="auto" may change it meanwhile)
+        batcher = self._batcher
         self._unstage()
-        if batcher.queued >= budget:
+        if batcher.queued >= self._budget:
             return Reason.FULL
         if self._closing:
             return Reason.CLOSING
@@ -1036,7 +1037,7 @@ class BatchingServer(AsyncWithOnly):
             seen = len(batcher)  # only this task takes requests out of the batcher
             await asyncio.sleep(0)
             self._unstage()
-            if batcher.queued >= budget:
+            if batcher.queued >= self._budget:
                 return Reason.FULL
             if len(batcher) == seen:
                 break
@@ -1054,7 +1055,7 @@ class BatchingServer(AsyncWithOnly):
                     self._full = None
                     self._update_quiet()
                 self._unstage()
-                if batcher.queued >= budget:
+                if batcher.queued >= self._budget:
                     return Reason.FULL
                 return Reason.CLOSING if self._closing else Reason.DELAY
         return Reason.IDLE
@@ -1139,6 +1140,10 @@ class BatchingServer(AsyncWithOnly):
         if cap is not None:
             self._batcher.budget = self._budget = cap
             self._pool.resize(cap)
+            if self._full is not None and self._batcher.queued >= cap:
+                # A smaller cap made the waiting batch full: it waits for no one (a
+                # request arriving would tell, but none may come within max_delay).
+                _resolve(self._full)
 
     @property
     def max_batch_size(self) -> int:

@@ -5,6 +5,7 @@ server from an injected clock that the model advances), never measured.
 """
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -205,6 +206,27 @@ async def test_the_server_settles_on_the_size_its_measured_times_favour():
     settled_at = len(sizes) - sizes[::-1].index(32)  # after the last batch of 32
     after = sizes[settled_at:]
     assert max(after) == 128 and after.count(128) >= 0.9 * len(after) and len(after) > 100
+
+
+async def test_a_batch_that_a_smaller_size_made_full_does_not_wait_out_max_delay():
+    """A full batch never waits: while the rest of the requests waited for company
+    (max_delay), the tuner cut the size under what was queued, and they waited out the
+    whole delay (here a minute) for a request that never came."""
+    clock = Clock()
+
+    def timed(x):
+        clock.now += 0.1  # every size alike to the tuner: it goes down from 8
+        time.sleep(0.02)  # in its thread, while the dispatch task waits for company
+        return x * 2.0
+
+    auto = AutoBatchSize(smallest=1, largest=8, trial_batches=1, clock=clock)
+    async with asr.serve(with_spec(timed, (1,), np.float32), max_batch_size=auto,
+                         max_delay=60.0, pipeline_depth=2, model_thread=True) as evaluate:
+        xs = [np.full((1, 1), i, np.float32) for i in range(20)]
+        ys = await asyncio.wait_for(asyncio.gather(*map(evaluate, xs)), 10)
+        reasons = evaluate.stats["reasons"]
+    assert [y.item() for y in ys] == [2.0 * i for i in range(20)]
+    assert evaluate.max_batch_size < 8 and reasons.get("delay", 0) == 0, reasons
 
 
 async def test_a_size_whose_batches_fail_is_worth_nothing_however_fast_they_fail():
