@@ -78,7 +78,7 @@ def check_float(name: str, value: Any, *, minimum: float | None = None,
     if not isinstance(value, (bool, np.bool_, str, bytes)):  # float('1') is no number
         try:
             number = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (10**400: too large a float)
             pass
     low_ok = minimum is None or number > minimum or (not strict and number == minimum)
     if not math.isfinite(number) or not low_ok or (maximum is not None and number > maximum):
@@ -89,7 +89,7 @@ def check_float(name: str, value: Any, *, minimum: float | None = None,
             parts.append(f"<= {maximum}")
         rule = " and ".join(parts)
         raise ValueError(f"{name} must be a finite number{' ' + rule if rule else ''}, "
-                         f"got {value!r}")
+                         f"got {reprlib.repr(value)}")
     return number
 
 

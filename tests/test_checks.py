@@ -1,3 +1,4 @@
+import fractions
 import math
 import re
 
@@ -59,6 +60,10 @@ def test_check_float_returns_a_python_float(value):
     ("fast", dict(), "delay must be a finite number, got 'fast'"),
     ("1.5", dict(), "delay must be a finite number, got '1.5'"),  # float() would read it
     (b"2", dict(), "delay must be a finite number, got b'2'"),
+    # Too large for a float: float() raised OverflowError, which named nothing; the
+    # value is shown briefly.
+    (10 ** 400, dict(minimum=0), r"delay must be a finite number >= 0, got 1000.*\.\.\..*0$"),
+    (fractions.Fraction(10 ** 400, 3), dict(), "delay must be a finite number, got Fraction"),
 ])
 def test_check_float_names_the_argument_the_rule_and_the_value(value, bounds, message):
     with pytest.raises(ValueError, match=message):
