@@ -384,7 +384,10 @@ class Served:
                                    cache_enabled=False)
 
     def parameters(self) -> int:
-        return int(sum(p.numel() for p in self.module.parameters()))
+        """Every weight, batch norm's running statistics included (as JAX's params and
+        the nets' named arrays count them); not its integer counter of batches seen."""
+        return int(sum(p.numel() for p in self.module.parameters()) + sum(
+            b.numel() for b in self.module.buffers() if b.is_floating_point()))
 
     def sync(self) -> None:
         if self.cuda:

@@ -271,6 +271,24 @@ def test_the_factory_hands_each_server_its_own_copy_of_the_adapter():
         np.testing.assert_array_equal(copy(x), first)
 
 
+def test_each_framework_counts_a_nets_weights_alike():
+    # PyTorch's count left out batch norm's running statistics, which JAX's params hold:
+    # one net, two figures in the reports.
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    counts = {}
+    for framework in ("torch", "jax"):
+        args = gpu.parse_args(["--smoke", "--channels", "8", "--blocks", "1",
+                               "--first-width", "16", "--width", "8", "--dense-blocks", "1",
+                               "--framework", framework], cuda=False)
+        for key, (_, served) in gpu.served_nets(args, torch, torch.device("cpu")).items():
+            named = sum(value.size for value in served.net.weights.values())
+            counts[framework, key] = served.parameters()
+            assert served.parameters() == named, (framework, key)
+    assert counts["torch", "astar_15_puzzle"] == counts["jax", "astar_15_puzzle"]
+    assert counts["torch", "mcts_connect_four"] == counts["jax", "mcts_connect_four"]
+
+
 def test_a_run_on_several_devices_reports_no_busy_fraction():
     """serve(devices=...) computes on copies it makes (not timed), on devices whose
     CUDA events cannot be read against one another: no figure rather than a wrong one

@@ -41,7 +41,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Mapping, Tuple
 
 import numpy as np
 
@@ -235,6 +235,10 @@ def with_named_weights(net, weights: ResNetWeights):
     missing, unexpected or misshapen one, or one the cast to float32 would change (of
     another kind, a complex; a finite float past float32's range), as the adapters
     refuse them."""
+    if not isinstance(weights, Mapping):
+        raise ValueError(f"{type(net).__name__}.with_weights takes named arrays (a dict "
+                         f"of the names and shapes of the net's weights), got "
+                         f"{type(weights).__name__}")
     given = {name: np.asarray(value) for name, value in weights.items()}
     missing = sorted(set(net.weights) - set(given))
     unexpected = sorted((str(name) for name in set(given) - set(net.weights)))

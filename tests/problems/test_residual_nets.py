@@ -114,6 +114,11 @@ def test_with_weights_swaps_them_and_refuses_others_by_name():
         net.with_weights(wrong)
     with pytest.raises(ValueError, match="unexpected"):
         net.with_weights(dict(net.weights, extra=np.zeros(1)))
+    # Not named arrays at all: an AttributeError ('list' object has no attribute
+    # 'items') came out of the check.
+    for weights in (list(net.weights.items()), None):
+        with pytest.raises(ValueError, match="takes named arrays"):
+            net.with_weights(weights)
 
 
 @pytest.mark.parametrize("make, name", [
