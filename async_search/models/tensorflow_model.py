@@ -81,6 +81,9 @@ class TensorFlowModel(OwnWeightsModel):
         self.batch_tolerance = (
             (1e-2 if "GPU" in self.device.upper() else 1e-4) if batch_tolerance is None
             else check_float("batch_tolerance", batch_tolerance, minimum=0.0))
+        if isinstance(fn, type):  # the usual slip: a Keras class has layers, predict
+            raise TypeError(f"TensorFlowModel takes a Keras model or a function, got the "
+                            f"class {fn.__name__}: make one ({fn.__name__}(...))")
         if not callable(fn):
             raise TypeError(f"TensorFlowModel takes a Keras model or a function, got "
                             f"{type(fn).__name__}")
@@ -285,6 +288,13 @@ class _Traced:
         except TypeError as e:
             raise ValueError(f"TensorFlow has no dtype for the input spec "
                              f"{model.input_spec.describe()}: {e}") from None
+        if model.input_spec.dtype.kind == "O":
+            # TensorFlow reads object arrays of strings, but a padding row of an object
+            # buffer is the int 0, which fails the batch it pads (and only that one).
+            raise ValueError(f"TensorFlowModel cannot pad object arrays (input spec "
+                             f"{model.input_spec.describe()}): for strings, give a spec "
+                             f"of a fixed-width dtype ('U' or 'S'), padded with empty "
+                             f"strings")
         self._keras = _is_keras(fn)
         if self._keras and not fn.built:  # no weights yet (a subclassed model, a
             # Sequential without an Input): built on one batch, so that updates find them

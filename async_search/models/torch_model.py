@@ -409,6 +409,9 @@ class _Runner:
         except TypeError as e:
             raise ValueError(f"PyTorch has no dtype for the input spec "
                              f"{model.input_spec.describe()}: {e}") from None
+        if isinstance(module, type):  # the usual slip: the class has to, eval, ...
+            raise TypeError(f"TorchModel takes a torch.nn.Module instance, got the class "
+                            f"{module.__name__}: make one ({module.__name__}(...))")
         if not (callable(module) and all(hasattr(module, name)
                                          for name in ("to", "eval", "state_dict"))):
             raise TypeError(f"TorchModel takes a torch.nn.Module (a callable with to, "
@@ -1126,14 +1129,16 @@ def _host_rows(torch: Any, tensor: Any, n: int, size: int) -> np.ndarray:
 def _converted(torch: Any, tensor: Any) -> np.ndarray:
     """A CPU output that ``numpy()`` refused, as a new array: a lazy conjugate or
     negation made real, the reduced floats NumPy lacks as float32, complex32 as
-    complex64; an output that is no dense tensor is refused (``ModelOutputError``), and one
+    complex64, a quantized tensor as its float32 values; an output that is no dense tensor is refused (``ModelOutputError``), and one
     that NumPy cannot take otherwise fails with PyTorch's own error."""
     _check_dense(torch, tensor)
     if tensor.is_conj() or tensor.is_neg():
         tensor = tensor.resolve_conj().resolve_neg()
     try:
         return tensor.numpy().copy()
-    except TypeError:  # bfloat16, the float8 types, complex32
+    except TypeError:  # bfloat16, the float8 types, complex32; quantized: their values
+        if tensor.is_quantized:
+            return tensor.dequantize().numpy()
         return tensor.to(torch.complex64 if tensor.is_complex() else torch.float32).numpy()
 
 

@@ -207,6 +207,24 @@ def test_a_spec_dtype_tensorflow_cannot_take_is_refused_when_made(tf, dtype):
         TensorFlowModel(lambda x: x, TensorSpec((2,), dtype))
 
 
+def test_an_object_spec_is_refused_when_made_and_fixed_width_strings_are_padded(tf):
+    # An object spec was taken (TensorFlow reads object arrays of strings), but its
+    # padding rows were the int 0: a batch that needed padding failed, one that filled
+    # its bucket did not.
+    with pytest.raises(ValueError, match="cannot pad object arrays"):
+        TensorFlowModel(lambda x: tf.strings.length(x), TensorSpec((2,), object))
+    model = TensorFlowModel(lambda x: tf.strings.length(x), TensorSpec((2,), "U2"),
+                            batch_sizes=[1, 4])
+    np.testing.assert_array_equal(model(np.array([["a", "bb"]] * 3)), [[1, 2]] * 3)
+
+
+def test_a_class_given_for_its_instance_is_refused_by_name(tf):
+    # A Keras class has layers and predict, as its instances do: it got as far as an
+    # AttributeError ("type object 'Sequential' has no attribute 'built'").
+    with pytest.raises(TypeError, match=r"got the class Sequential: make one"):
+        TensorFlowModel(tf.keras.Sequential, TensorSpec((2,), np.float32))
+
+
 def test_an_empty_device_name_and_a_jit_compile_that_is_not_a_bool_are_refused(tf):
     with pytest.raises(DeviceNotFoundError, match="None picks"):
         TensorFlowModel(lambda x: x, TensorSpec((2,), np.float32), device="")

@@ -386,6 +386,27 @@ def test_cuda_outputs_come_back_in_the_dtypes_of_cpu_outputs():
         assert pinned.numpy().dtype == on_cpu, dtype
 
 
+def test_a_quantized_output_comes_back_as_its_values():
+    # numpy() refuses a quantized tensor, and the cast to float32 that follows for the
+    # reduced floats raised "Creation of quantized tensor requires quantized dtype".
+    class Quantized(torch.nn.Module):
+        def forward(self, x):
+            return torch.quantize_per_tensor(x, 0.5, 0, torch.qint8)
+
+    model = TorchModel(Quantized(), TensorSpec((3,), np.float32), device="cpu")
+    x = np.array([[0.0, 1.0, 2.6]], np.float32)
+    out = model(x)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, [[0.0, 1.0, 2.5]])
+
+
+def test_a_class_given_for_its_instance_is_refused_by_name():
+    # A module class has to, eval and state_dict, as its instances do: it got as far as
+    # an AttributeError ("'torch.device' object has no attribute '_apply'").
+    with pytest.raises(TypeError, match=r"got the class Linear: make one"):
+        TorchModel(torch.nn.Linear, TensorSpec((3,), np.float32), device="cpu")
+
+
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_reduced_precision_returns_float32_close_to_float32(precision):
     net = mlp()
