@@ -148,8 +148,8 @@ flags.DEFINE_float("max_delay", None, "Seconds a partial batch may wait for comp
 flags.DEFINE_integer("num_procs", 2, "Client processes (--multi_server, --architecture; "
                      "--train connect_four: self-play workers; at most 256).")
 flags.DEFINE_integer("num_servers", 2, "Model servers (--multi_server, --architecture).")
-flags.DEFINE_float("total_gpu_frac", 0.6, "GPU fraction shared among the Ray servers when "
-                   "a GPU exists (--multi_server).")
+flags.DEFINE_float("total_gpu_frac", 0.6, "The fraction of each GPU in use that the Ray "
+                   "servers on it share, when the cluster has GPUs (--multi_server).")
 flags.DEFINE_string("address", None, "Ray: address of a running cluster (default: start "
                     "one here).")
 flags.DEFINE_bool("uvloop", _uvloop_installed(), "Run event loops on uvloop (default on "

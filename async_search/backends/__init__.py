@@ -218,8 +218,8 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             process, whatever it says: its stats report ``num_procs`` 1 (and this
             number as ``num_procs_requested``).
         num_servers: model servers (local and process: device threads here; Ray:
-            actors, each asking for ``total_gpu_frac / num_servers`` of a GPU when one
-            is present).
+            actors spread over every GPU of the cluster, each asking for its share of
+            the GPU it is placed on: ``backends.gpu_placement``).
         max_batch_size, max_delay, pipeline_depth: each server's dispatch policy.
         use_uvloop: run the event loops on uvloop, when installed.
         address: Ray: an existing cluster's address; None starts Ray locally (unless
@@ -229,7 +229,8 @@ def run_searches(search_fn: SearchFn, starts: Sequence[Any],
             keeps what searches and models print in its log files
             (``/tmp/ray/session_latest/logs/worker-*.out``); to see it here, call
             ``ray.init()`` first.
-        total_gpu_frac: Ray: GPU fraction shared by the servers.
+        total_gpu_frac: Ray: the fraction of each GPU in use that the servers on it
+            share, in (0, 1] (None: all of it).
         model_thread: where servers run their models: "auto" (default: a device
             thread, or the server's loop while a batch takes under 200 us), True
             (device threads) or False (the loop).

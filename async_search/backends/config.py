@@ -77,12 +77,21 @@ class RayPlacement:
             if not isinstance(value, Mapping):
                 raise ValueError(f"{name} must be a mapping of resource names to amounts, "
                                  f"got {value!r}")
+            amounts = {}
             for key, amount in value.items():
                 if not isinstance(key, str) or not key:
                     raise ValueError(f"{name} keys must be resource names, got {key!r}")
-                check_float(f"{name}[{key!r}]", amount, minimum=0.0)
+                if key in ("CPU", "GPU"):  # Ray refuses them there, once started
+                    raise ValueError(f"{name} names custom resources; {key} is Ray's own "
+                                     f"(servers ask for GPUs through server_gpus and "
+                                     f"total_gpu_frac)")
+                amount = check_float(f"{name}[{key!r}]", amount, minimum=0.0)
+                if 0 < amount < 1e-4:  # Ray's rule, checked before it starts
+                    raise ValueError(f"{name}[{key!r}] must be 0 or at least 0.0001 (Ray "
+                                     f"keeps 4 decimals of a resource), got {amount!r}")
+                amounts[key] = amount
             # a copy the caller cannot change after the check
-            object.__setattr__(self, name, dict(value))
+            object.__setattr__(self, name, amounts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +174,10 @@ class RunConfig:
         if self.num_servers > limit:
             raise ValueError(f"num_servers={self.num_servers} is more than the {self.backend} "
                              f"backend can start here (at most {limit})")
-        if self.total_gpu_frac is not None and not 0 < self.total_gpu_frac <= 1:
-            raise ValueError(f"total_gpu_frac must be in (0, 1], got {self.total_gpu_frac!r}")
+        if self.total_gpu_frac is not None:  # (a bool, a string: refused by name too)
+            object.__setattr__(self, "total_gpu_frac", check_float(
+                "total_gpu_frac", self.total_gpu_frac, minimum=0.0, strict=True,
+                maximum=1.0))
         if not isinstance(self.return_exceptions, bool):
             raise ValueError(f"return_exceptions must be True or False, got "
                              f"{self.return_exceptions!r}")

@@ -13,9 +13,10 @@ fraction of it. With a single GPU in use, no placement group is made and the res
 the GPU stays free for other Ray work (several servers on one GPU, as before); with
 several, the whole GPUs are reserved for the run (Ray cannot pin a fraction of a given
 GPU), and released when it ends. When the whole GPUs cannot be reserved in time
-(another job holds part of each), the servers ask for their fractions without a
-placement group: ``total_gpu_frac / num_servers`` of a GPU each, as before the
-spread, and Ray packs them.
+(another job holds part of some), the servers spread over the GPUs that are free whole
+then (``ray.available_resources()``); with fewer than two, they ask for their fractions
+without a placement group: ``total_gpu_frac / num_servers`` of a GPU each, as before
+the spread, and Ray packs them.
 
 Example:
     >>> place_servers(cluster_gpus=4, num_servers=6, total_gpu_frac=None)
@@ -155,23 +156,43 @@ async def reserve_gpus(ray: Any, placement: GpuPlacement, wait_s: float | None =
     """``(placement to use, placement group or None)``: reserves one whole GPU per
     bundle of ``placement``, with the ``server_resources`` of the servers it will hold.
     When the reservation is not ready within ``wait_s`` seconds (None:
-    ``RESERVE_WAIT_S``; the GPUs are partly taken), it is released and the servers ask
-    without it (``placement.packed()``), so a run never waits on it forever."""
+    ``RESERVE_WAIT_S``; the GPUs are partly taken), it is released, and the servers
+    spread over the GPUs free whole then (another ``wait_s`` at most), or ask without a
+    reservation (``placement.packed()``), so a run never waits on it forever."""
+    wait_s = RESERVE_WAIT_S if wait_s is None else wait_s
+    group = await _reserved(ray, placement, wait_s, server_resources)
+    if group is not None or placement.bundles is None:
+        return placement, group
+    # Ray's count of free GPUs is read only now: it lags a moment behind actors that
+    # ended (a run just before this one), and would spread over too few.
+    free = math.floor(ray.available_resources().get("GPU", 0.0) + 1e-6)
+    if 2 <= free < placement.num_bundles:  # a GPU another job holds part of idled
+        fewer = place_servers(free, len(placement.num_gpus), placement.fraction)
+        group = await _reserved(ray, fewer, wait_s, server_resources)
+        if group is not None:
+            return fewer, group
+    return placement.packed(), None
+
+
+async def _reserved(ray: Any, placement: GpuPlacement, wait_s: float,
+                    server_resources: Mapping[str, float] | None) -> Any:
+    """The placement group of ``placement``'s bundles once ready; None when it needs
+    none, or when it was not ready within ``wait_s`` seconds (it is released then)."""
     if placement.bundles is None:
-        return placement, None
+        return None
     from ray.util.placement_group import placement_group
 
     group = placement_group(bundle_resources(placement, server_resources),
                             strategy="PACK")
     try:
-        await asyncio.wait_for(group.ready(), RESERVE_WAIT_S if wait_s is None else wait_s)
+        await asyncio.wait_for(group.ready(), wait_s)
     except asyncio.TimeoutError:
         release_gpus(ray, group)
-        return placement.packed(), None
+        return None
     except BaseException:
         release_gpus(ray, group)
         raise
-    return placement, group
+    return group
 
 
 def release_gpus(ray: Any, group: Any) -> None:

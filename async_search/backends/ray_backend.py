@@ -53,6 +53,7 @@ import queue
 import threading
 import time
 import uuid
+import warnings
 from typing import Any, Awaitable, Callable, Dict, Hashable, List, Sequence, Tuple
 
 from async_search import process_tree
@@ -92,6 +93,10 @@ _UNAVAILABLE_RETRY_S = 1.0
 _SWAP_S = ACK_TIMEOUT_S + 15.0
 #: Seconds a retry waits for Ray's word on each server that looks alive.
 _PROBE_S = 5.0
+#: Seconds a replacement server actor has to start (be placed and build its model):
+#: one Ray cannot place (its GPU's node is gone, and no other has one free) would keep
+#: every retry waiting for good; it is killed, and its place stays empty.
+_REPLACE_S = 120.0
 #: Seconds a client task gathers outcomes before it yields them (their last one, and
 #: the task's end, leave at once).
 _GATHER_S = 0.02
@@ -458,6 +463,14 @@ class _ServerPool:
                              "GPU (ray.cluster_resources() lists none)")
         if config.placement.server_gpus == "none":
             gpus = 0
+        cluster = ray.cluster_resources()
+        missing = sorted(name for name, amount in config.placement.server_resources.items()
+                         if amount and name not in cluster)
+        if missing:  # Ray waits for a node that has them, without a word
+            warnings.warn(f"RayPlacement(server_resources=...): no node of the Ray cluster "
+                          f"has {', '.join(missing)} (it has {', '.join(sorted(cluster))}): "
+                          f"the server actors wait until one joins, or the run's timeout "
+                          f"ends the run", stacklevel=2)
         # Servers spread over every GPU (gpu_placement: Ray packs fractions, so several
         # GPUs take a placement group of whole ones, released by ``kill``).
         self._placement, self._group = await reserve_gpus(ray, place_servers(
@@ -545,19 +558,28 @@ class _ServerPool:
     async def replace_dead(self) -> None:
         """Starts a new actor in the place of each dead one (with the model last pushed,
         unless a server refused it and none took it)
-        so that a new attempt has every server; one that fails to start stays empty."""
+        so that a new attempt has every server; one that fails to start, or that Ray
+        does not place within ``_REPLACE_S``, stays empty (none is started once the
+        cluster has no GPU left for servers that ask for one)."""
         async with self._replacing:  # attempts of several shares ask at once
             await self._ask_ray(self.live())
             dead = [i for i, s in enumerate(self._slots) if s is None or not s.alive]
             if not dead or self._stopping:
                 return
             self.replaced += len(dead)
+            if any(self._placement.num_gpus) and not self._ray.cluster_resources().get(
+                    "GPU", 0):
+                return  # the GPUs' nodes are gone: nowhere to place a replacement
             nodes = self._nodes()
             actors = {i: self._make(i, self.replaced, nodes) for i in dead}
-            started = await asyncio.gather(*(a.start.remote() for a in actors.values()),
-                                           return_exceptions=True)
+            started = await asyncio.gather(*(_outcome(_answer_within(
+                a.start.remote(), _REPLACE_S)) for a in actors.values()))
             async with self._swapping:  # a push made meanwhile reaches them too
                 for (i, actor), answer in zip(actors.items(), started):
+                    if answer is _SILENT:  # not placed in time: never, maybe
+                        with contextlib.suppress(Exception):
+                            self._ray.kill(actor)
+                        continue
                     if isinstance(answer, BaseException):
                         continue
                     if self._latest is not None:

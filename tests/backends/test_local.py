@@ -23,6 +23,10 @@ pytestmark = pytest.mark.timeout(120)
     # one process per start, all at once: 10**5 starts would fork 10**5 interpreters
     ({"backend": "process", "num_procs": 10**9}, "num_procs=1000000000 is more client "
                                                  "processes than the process backend"),
+    # compared bare: a string raised TypeError, and True passed until Ray had started
+    ({"backend": "ray", "total_gpu_frac": "0.5"}, "total_gpu_frac must be a finite number"),
+    ({"backend": "ray", "total_gpu_frac": True}, "total_gpu_frac must be a finite number"),
+    ({"total_gpu_frac": 1.5}, r"total_gpu_frac must be a finite number > 0.0 and <= 1.0"),
 ])
 def test_bad_arguments_fail_before_anything_runs(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -1,6 +1,7 @@
 import asyncio
 import os
 import signal
+import types
 
 import numpy as np
 import pytest
@@ -324,6 +325,56 @@ async def test_a_cancelled_wait_for_an_actor_call_cancels_the_call_too():
         await waiting
     assert call.cancelled()
     assert await _answer_within(loop.create_future(), 0.01) is _SILENT
+
+
+class _Unplaceable:
+    """A Ray actor handle whose start never answers: Ray cannot place the actor."""
+
+    def __init__(self, loop):
+        self.start = types.SimpleNamespace(remote=loop.create_future)
+
+
+class _ClusterWithout:
+    """What the server pool asks of Ray, from a cluster of ``gpus`` GPUs."""
+
+    exceptions = ray.exceptions
+
+    def __init__(self, gpus):
+        self.gpus, self.killed = gpus, []
+
+    def cluster_resources(self):
+        return {"CPU": 2.0, **({"GPU": self.gpus} if self.gpus else {})}
+
+    def nodes(self):
+        return []
+
+    def kill(self, actor):
+        self.killed.append(actor)
+
+
+@pytest.mark.parametrize("gpus_left", [0, 1])
+async def test_a_replacement_ray_cannot_place_leaves_its_place_empty(monkeypatch, gpus_left):
+    # The node of every GPU died: each replacement asked for a GPU that no node had,
+    # and the retry waited on its start for good (the run hung). None is started once
+    # no GPU is left; one not placed in time (_REPLACE_S) is killed.
+    from async_search.backends import ray_backend
+    from async_search.backends.config import RunConfig
+    from async_search.backends.gpu_placement import place_servers
+
+    monkeypatch.setattr(ray_backend, "_REPLACE_S", 0.2)
+    pool = ray_backend._ServerPool(ray, searches.small_mlp, RunConfig(backend="ray"), 1)
+    pool._ray = cluster = _ClusterWithout(gpus_left)
+    pool._placement, pool._slots = place_servers(1, 2), [None, None]
+    made = []
+
+    def make(i, generation, nodes):
+        made.append(_Unplaceable(asyncio.get_running_loop()))
+        return made[-1]
+
+    pool._make = make
+    await asyncio.wait_for(pool.replace_dead(), 10)
+    assert pool._slots == [None, None] and pool.live() == []
+    assert cluster.killed == made and len(made) == (2 if gpus_left else 0)
 
 
 def test_runs_after_the_first_add_no_actor_class_to_ray():

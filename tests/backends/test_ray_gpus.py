@@ -159,6 +159,26 @@ CLUSTER_SCRIPT = textwrap.dedent("""
               "labelled": run(4, None, timeout=120, placement=RayPlacement(
                   server_resources={"lab": 1.5}))}
 
+    # Another job holds one whole GPU: the servers spread over the two free ones (the
+    # run asked for all three, waited RESERVE_WAIT_S, then packed them on one GPU).
+    gpu_placement.RESERVE_WAIT_S = 2.0
+    @ray.remote(num_gpus=1, num_cpus=0)
+    class Whole:
+        def ids(self):
+            return ray.get_gpu_ids()
+
+    import time
+    whole = Whole.remote()
+    report["held"] = ray.get(whole.ids.remote())
+    deadline = time.monotonic() + 60  # Ray's count of free GPUs follows a moment later
+    while ray.available_resources().get("GPU", 0) > 2.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    report["one_taken"] = run(4, None)
+    ray.kill(whole)
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("GPU", 0) < 3.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+
     @ray.remote(num_gpus=0.5, num_cpus=0)
     class Holder:
         def ready(self):
@@ -168,10 +188,8 @@ CLUSTER_SCRIPT = textwrap.dedent("""
     # must not wait for them.
     holders = [Holder.remote() for _ in range(3)]
     ray.get([h.ready.remote() for h in holders])
-    gpu_placement.RESERVE_WAIT_S = 2.0
     report["partly_taken"] = run(3, None)
     # Killed actors give their GPUs back a moment later: wait (bounded) for them.
-    import time
     deadline = time.monotonic() + 60
     while ray.available_resources().get("GPU", 0) < 1.5 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -204,9 +222,13 @@ def test_servers_spread_over_fake_gpus_and_use_the_gpu_ray_assigns():
     # the model saw, as its first CUDA device, a GPU Ray assigned to its server
     gpus = Counter(ids[0] for ids in report["labelled"]["server_gpus"])
     assert sorted(gpus.values()) == [1, 1, 2], report["labelled"]
-    for case in ("whole", "halves", "fraction", "one", "labelled", "partly_taken"):
+    for case in ("whole", "halves", "fraction", "one", "labelled", "one_taken",
+                 "partly_taken"):
         assigned = {float(ids[0]) for ids in report[case]["server_gpus"]}
         assert set(report[case]["devices"]) <= assigned, (case, report[case])
     assert len(report["partly_taken"]["server_gpus"]) == 3  # packed, but served
+    free = {0, 1, 2} - set(report["held"])
+    assert Counter(ids[0] for ids in report["one_taken"]["server_gpus"]) == {
+        gpu: 2 for gpu in free}, report["one_taken"]
     assert report["free_after"] == pytest.approx(1.5)  # the runs released what they took
     assert report["groups_left"] == []

@@ -172,9 +172,11 @@ def test_servers_that_cannot_be_placed_end_with_the_runs_timeout():
     from async_search.backends import RayPlacement
     from async_search.errors import SearchTimeoutError
 
-    out = asr.run_searches(searches.echo_sum, [1, 2], searches.small_mlp, backend="ray",
-                           timeout=3.0, return_exceptions=True,
-                           placement=RayPlacement(server_resources={"no_such_node": 1}))
+    # It waited without a word: a misspelt name hung a run without a timeout for good.
+    with pytest.warns(UserWarning, match="no node of the Ray cluster has no_such_node"):
+        out = asr.run_searches(searches.echo_sum, [1, 2], searches.small_mlp,
+                               backend="ray", timeout=3.0, return_exceptions=True,
+                               placement=RayPlacement(server_resources={"no_such_node": 1}))
     assert all(isinstance(r, SearchTimeoutError) for r in out)
     assert "while the server actors started" in str(out[0])
 
@@ -185,6 +187,11 @@ def test_bad_placements_are_named():
     for bad, name in ((dict(server_gpus="gpu"), "server_gpus"),
                       (dict(spread_clients=1), "spread_clients"),
                       (dict(server_resources={"GPU": -1}), "server_resources"),
+                      # Ray refused these only once started (a GPU key also overwrote
+                      # a bundle's whole GPU)
+                      (dict(server_resources={"GPU": 0.5}), "GPU is Ray's own"),
+                      (dict(client_resources={"CPU": 1}), "CPU is Ray's own"),
+                      (dict(server_resources={"lab": 1e-5}), "at least 0.0001"),
                       (dict(client_resources=["x"]), "client_resources")):
         with pytest.raises(ValueError, match=name):
             RayPlacement(**bad)
