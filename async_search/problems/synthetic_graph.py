@@ -47,7 +47,8 @@ class SyntheticGraph:
     Args:
         branching: children per inner node (>= 1).
         depth: the level of the leaves (>= 1).
-        node_cost_us: busy CPU time per expansion, in microseconds (>= 0).
+        node_cost_us: busy CPU time per expansion, in microseconds (0 to 3.6e9: an
+            hour).
         seed: selects the forest.
         goal_fraction: the chance that a leaf is a goal, in [0, 1].
         num_features: the width of ``encode``'s rows (>= 1).
@@ -64,7 +65,8 @@ class SyntheticGraph:
         for name, value, low in (("branching", branching, 1), ("depth", depth, 1),
                                  ("num_features", num_features, 1)):
             check_int(f"SyntheticGraph {name}", value, minimum=low)
-        check_float("SyntheticGraph node_cost_us", node_cost_us, minimum=0)
+        # (at most an hour an expansion: beyond a float's range it failed in neighbors)
+        check_float("SyntheticGraph node_cost_us", node_cost_us, minimum=0, maximum=3.6e9)
         check_float("SyntheticGraph goal_fraction", goal_fraction, minimum=0, maximum=1)
         check_int("SyntheticGraph seed", seed)  # 1.5 would be seed 1, silently
         self.branching = int(branching)

@@ -37,7 +37,8 @@ from async_search.base import Evaluate
 from async_search.checks import check_int
 from async_search.errors import ModelOutputError
 from async_search.problems.base import Game, State
-from async_search.search.base import (check_evaluate, check_search_constant, encoded,
+from async_search.search.base import (GAME_METHODS, check_evaluate, check_num_actions,
+                                      check_protocol, check_search_constant, encoded,
                                       evaluated, policy_logits_of)
 from async_search.search.gumbel import gumbel_mcts
 from async_search.search.puct import mcts
@@ -135,6 +136,13 @@ async def move_accuracy(choose_move: ChooseMove, positions: Iterable[LabelledPos
                         mistakes=mistakes)
 
 
+def _checked_game(game: Any) -> int:
+    """The game's ``num_actions``, once ``game`` is checked to be a ``Game`` instance
+    (TypeError naming what it lacks): a chooser is made before any position."""
+    check_protocol("game", game, GAME_METHODS, "Game", "problems.ConnectFour()")
+    return check_num_actions(game)
+
+
 def policy_chooser(game: Game, evaluate: Evaluate,
                    ) -> Callable[[State], Coroutine[Any, Any, int]]:
     """The network alone: the legal action with the largest policy logit (ties: the
@@ -145,13 +153,16 @@ def policy_chooser(game: Game, evaluate: Evaluate,
         evaluate: ``await evaluate(game.encode(states))`` gives ``(policy_logits
             [n, num_actions], value)``.
 
+    Raises:
+        TypeError: for a ``game`` that is not a ``Game`` (so do the other choosers).
+
     Raises (from the chooser):
         ModelOutputError: for outputs that are not ``(logits [1, num_actions], value)``.
         TypeError: if ``evaluate(x)`` returns something that cannot be awaited (a
             model passed where ``asr.immediate(model)`` belongs).
     """
+    num_actions = _checked_game(game)
     check_evaluate(evaluate)
-    num_actions = int(game.num_actions)
 
     async def choose(state: State) -> int:
         game.check_state(state)
@@ -192,6 +203,7 @@ def mcts_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 100,
         >>> asyncio.run(choose(game.from_moves([0, 1, 0, 1, 0])))   # block column 0
         0
     """
+    _checked_game(game)
     check_evaluate(evaluate)
     num_simulations = check_int("num_simulations", num_simulations, minimum=1)
     num_parallel = check_int("num_parallel", num_parallel, minimum=1)
@@ -230,6 +242,7 @@ def gumbel_chooser(game: Game, evaluate: Evaluate, *, num_simulations: int = 32,
         >>> asyncio.run(choose(game.from_moves([0, 1, 0, 1, 0])))   # block column 0
         0
     """
+    _checked_game(game)
     check_evaluate(evaluate)
     num_simulations = check_int("num_simulations", num_simulations, minimum=1)
     num_parallel = check_int("num_parallel", num_parallel, minimum=1)

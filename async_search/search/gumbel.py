@@ -241,18 +241,20 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
 
     rule = _NodeRule(tree, bounds, c_visit, c_scale)
     remaining: List[int] = considered
-    visits_this_phase: List[int] = []
+    last_phase: Dict[int, int] = {}  # the last phase's visits of each action
     simulations = 0
     for size, each in halving_schedule(num_simulations, len(considered)):
         remaining = phase_order(remaining, root_scores())[:size]
-        phase = (remaining * each)[:num_simulations - simulations]
+        # The phase visits remaining[0], [1], ... in turn, ``each`` times round, cut
+        # short by the budget (indexed, not listed: a budget of 10**30 is no list).
+        length = min(len(remaining) * each, num_simulations - simulations)
         done = 0
-        while done < len(phase):
+        while done < length:
             paths: List[Path] = []
             leaves: List[int] = []
             states: List[State] = []
-            while done + len(paths) < len(phase) and len(paths) < num_parallel:
-                rule.root_edge = edges[phase[done + len(paths)]]
+            while done + len(paths) < length and len(paths) < num_parallel:
+                rule.root_edge = edges[remaining[(done + len(paths)) % len(remaining)]]
                 descent = tree.descend(rule)
                 if descent is None:  # a leaf already waiting in this round
                     break
@@ -279,12 +281,14 @@ async def gumbel_mcts(game: Game, state: State, evaluate: Evaluate, *,
                 for e in path:
                     bounds.add(value_sum[e] / (seen1[e] - 1))
             done += len(paths)
-        simulations += len(phase)
-        visits_this_phase = phase
+        simulations += length
+        rounds, extra = divmod(length, len(remaining))
+        last_phase = {i: rounds + (j < extra) for j, i in enumerate(remaining)
+                      if rounds + (j < extra)}
 
     # The survivors: the most visited actions of the last phase (all of its actions,
     # unless the budget cut it short).
-    counts = {i: visits_this_phase.count(i) for i in visits_this_phase}
+    counts = last_phase
     most = max(counts.values())
     scores = root_scores()
     best = phase_order([i for i in counts if counts[i] == most], scores)[0]

@@ -81,6 +81,8 @@ def test_check_state_rejects_states_off_the_graph(bad):
 @pytest.mark.parametrize("kwargs, name", [
     (dict(branching=0), "branching"), (dict(depth=0), "depth"),
     (dict(node_cost_us=-1), "node_cost_us"), (dict(goal_fraction=1.5), "goal_fraction"),
+    # finite, but past a float once in nanoseconds: every expansion raised OverflowError
+    (dict(node_cost_us=1e306), "node_cost_us"),
     (dict(seed=1.5), "seed"), (dict(seed=None), "seed")])
 def test_bad_arguments_raise(kwargs, name):
     with pytest.raises(ValueError, match=name):

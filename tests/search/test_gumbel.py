@@ -103,6 +103,27 @@ async def test_the_budget_follows_the_sequential_halving_schedule():
     assert result.visit_counts[result.action] == 38
 
 
+async def test_a_budget_too_large_to_list_is_searched_as_any_other():
+    # Each phase was listed before its first visit: 10**30 simulations raised an
+    # OverflowError (2**62 a MemoryError) where mcts simply searches.
+    class Enough(Exception):
+        pass
+
+    inner = asr.immediate(NET)
+    asked = []
+
+    async def evaluate(x):
+        asked.append(len(x))
+        if len(asked) > 20:
+            raise Enough
+        return await inner(x)
+
+    for budget in (10 ** 30, 2 ** 62):
+        asked.clear()
+        with pytest.raises(Enough):  # (asked 21 times: it searched)
+            await run(evaluate=evaluate, num_simulations=budget)
+
+
 async def test_finds_the_winning_move_and_blocks():
     for state, move in ((WIN_AT_3, 3), (BLOCK_AT_3, 3)):
         for seed in range(3):

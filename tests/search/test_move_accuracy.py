@@ -164,6 +164,18 @@ def test_mcts_chooser_checks_its_arguments(kwargs, match):
         policy_chooser(GAME, None)
 
 
+@pytest.mark.parametrize("chooser", [policy_chooser, mcts_chooser, gumbel_chooser])
+def test_every_chooser_refuses_what_is_no_game_by_name(chooser):
+    # policy_chooser alone took them: an AttributeError (num_actions) for a puzzle, and
+    # for the class, a TypeError at the first position from inside check_state.
+    from async_search.problems import SlidingPuzzle
+
+    with pytest.raises(TypeError, match="without legal_actions, play, terminal_value"):
+        chooser(SlidingPuzzle(3), fixed_logits([0] * 7))
+    with pytest.raises(TypeError, match="got the class ConnectFour"):
+        chooser(ConnectFour, fixed_logits([0] * 7))
+
+
 async def test_mcts_chooser_is_mcts_without_root_noise(positions):
     from async_search.search import mcts
 
