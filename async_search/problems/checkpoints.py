@@ -81,21 +81,34 @@ def _own_config(model: Any) -> NetConfig | None:
         return None
 
 
-def _as_json(path: str, metadata: Dict[Any, Any]) -> Dict[str, Any]:
-    """``metadata`` as JSON gives it back (keys as strings, tuples as lists), so that
-    the header's keys sort whatever their types were; ValueError for what JSON cannot
-    hold, or for two keys written as one (``1`` and ``"1"``)."""
-    def unique(pairs: list) -> dict:
-        out = dict(pairs)
-        if len(out) != len(pairs):
-            seen = [key for key, _ in pairs]
-            twice = sorted({key for key in seen if seen.count(key) > 1})
-            raise ValueError(f"keys written as {twice} twice (JSON writes keys as "
-                             f"strings: 1 and '1' are one key)")
-        return out
+def as_written(value: Any) -> Any:
+    """``value`` as JSON gives it back (keys as strings, tuples as lists): what a file
+    written from it reads as. ValueError (or TypeError) for what JSON cannot hold, NaN
+    and infinities included, or for two keys written as one (``1`` and ``"1"``), which
+    a reader refuses.
 
+    Example:
+        >>> as_written({1: (2, 3)})
+        {'1': [2, 3]}
+    """
+    return json.loads(json.dumps(value, allow_nan=False), object_pairs_hook=_unique)
+
+
+def _unique(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = [key for key, _ in pairs]
+        twice = sorted({key for key in seen if seen.count(key) > 1})
+        raise ValueError(f"keys written as {twice} twice (JSON writes keys as "
+                         f"strings: 1 and '1' are one key)")
+    return out
+
+
+def _as_json(path: str, metadata: Dict[Any, Any]) -> Dict[str, Any]:
+    """``metadata`` as written (``as_written``), so that the header's keys sort
+    whatever their types were; ValueError naming ``path`` for what it refuses."""
     try:
-        return json.loads(json.dumps(metadata, allow_nan=False), object_pairs_hook=unique)
+        return as_written(metadata)
     except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"save_checkpoint({path!r}): metadata must be JSON (strings, "
                          f"finite numbers, lists, dicts): {e}") from e

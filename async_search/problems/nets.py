@@ -100,6 +100,10 @@ class NetConfig:
             raise ValueError(f"NetConfig.hidden_sizes must be integer widths >= 1, got "
                              f"{self.hidden_sizes!r}")
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in sizes))
+        if not isinstance(self.residual, (bool, np.bool_)):  # "False" is truthy
+            raise ValueError(f"NetConfig.residual must be True or False, got "
+                             f"{self.residual!r}")
+        object.__setattr__(self, "residual", bool(self.residual))
         if self.kind not in KINDS:
             raise ValueError(f"NetConfig.kind must be one of {KINDS}, got {self.kind!r}")
         if self.problem not in PROBLEMS:

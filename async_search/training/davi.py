@@ -71,6 +71,9 @@ class DaviConfig:
         check_float("loss_threshold", self.loss_threshold, minimum=0.0, strict=True)
         check_float("learning_rate", self.learning_rate, minimum=0.0, strict=True)
         check_float("l2", self.l2, minimum=0.0)
+        if not isinstance(self.residual, (bool, np.bool_)):  # "False" is truthy
+            raise ValueError(f"DaviConfig.residual must be True or False, got "
+                             f"{self.residual!r}")
         # NetConfig checks the widths before int(), which would split "256" into
         # digits and round 1.5 to 1.
         object.__setattr__(self, "hidden_sizes", self.net.hidden_sizes)

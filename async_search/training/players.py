@@ -20,7 +20,7 @@ from async_search.base import Evaluate
 from async_search.checks import check_float, check_int
 from async_search.problems.base import Game, State
 from async_search.problems.connect_four import ConnectFour, ConnectFourState
-from async_search.search.base import check_evaluate, policy_logits_of
+from async_search.search.base import check_evaluate, evaluated, policy_logits_of
 from async_search.search.gumbel import gumbel_mcts
 from async_search.search.puct import mcts
 from async_search.search.reuse import subtree
@@ -492,7 +492,7 @@ class PolicyPlayer:
 
     async def choose(self, game: Game, state: State, rng: np.random.Generator) -> int:
         legal = _legal(game, state, self.name)
-        y = await self.evaluate(game.encode([state]))
+        y = await evaluated(self.evaluate, game.encode([state]))  # (a model: named)
         num_actions = int(game.num_actions)
         row = policy_logits_of(y, 1, num_actions)[0]
         # The search's own check: max() never replaces a NaN it meets first, so a NaN

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import zipfile
-from typing import Callable, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -241,7 +241,9 @@ class ReplayBuffer:
         if self.augment is not None:
             flip = self._rng.random(batch_size) < 0.5
             if flip.any():
-                fx, fp = self.augment(x[flip], None if policy is None else policy[flip])
+                fx, fp = _augmented(self.augment(
+                    x[flip], None if policy is None else policy[flip]),
+                    x[flip], None if policy is None else policy[flip])
                 x[flip] = fx
                 if policy is not None:
                     policy[flip] = fp
@@ -354,7 +356,10 @@ class ReplayBuffer:
         except CheckpointError:
             raise
         except (OSError, zipfile.BadZipFile, KeyError, EOFError, TypeError, ValueError,
-                MemoryError) as e:  # MemoryError: an array header sized past memory
+                MemoryError, NotImplementedError, RuntimeError) as e:
+            # MemoryError: an array header sized past memory; NotImplementedError and
+            # RuntimeError: zipfile's words for a damaged entry (an unknown compression
+            # or version, an "encrypted" flag)
             raise CheckpointError(f"replay buffer file {path!r} is corrupt, truncated or "
                                   f"not a replay buffer: {e}") from e
         return buf
@@ -374,6 +379,28 @@ class ReplayBuffer:
                 raise CheckpointError(f"replay buffer file {path!r}: its policy targets "
                                       f"are not all rows of non-negative numbers summing "
                                       f"to 1")
+
+
+def _augmented(result: Any, x: np.ndarray, policy: np.ndarray | None) -> Tuple:
+    """``augment(x, policy)``'s ``(x', policy')``, checked to be the same shapes (and
+    policy rows summing to 1): written back into the minibatch, a row too few or a
+    column too many broadcast into wrong targets without a word."""
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise ValueError(f"ReplayBuffer augment must return (x, policy), got "
+                         f"{type(result).__name__}")
+    fx, fp = np.asarray(result[0]), result[1]
+    if fx.shape != x.shape:
+        raise ValueError(f"ReplayBuffer augment returned x of shape {fx.shape} for x of "
+                         f"shape {x.shape}")
+    if policy is None:
+        return fx, None
+    fp = np.asarray(fp, dtype=np.float64) if fp is not None else None
+    if fp is None or fp.shape != policy.shape or not np.isfinite(fp).all() or (
+            fp < 0).any() or (np.abs(fp.sum(axis=1) - 1) > 1e-3).any():
+        raise ValueError(f"ReplayBuffer augment must return a policy of shape "
+                         f"{policy.shape} whose rows are non-negative and sum to 1, got "
+                         f"{None if fp is None else fp.shape}")
+    return fx, fp
 
 
 def _check_shape(state_shape) -> Tuple[int, ...]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 from typing import Any, Callable, Dict, Iterator, Mapping, Sequence
@@ -44,7 +43,8 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Sequence
 from async_search.errors import CheckpointError, FileWriteError
 from async_search.files import (folder_path, make_folder, remove_leftovers, remove_tree,
                                 write_json)
-from async_search.problems.checkpoints import Checkpoint, read_checkpoint, save_checkpoint
+from async_search.problems.checkpoints import (Checkpoint, as_written, read_checkpoint,
+                                               save_checkpoint)
 from async_search.schema import Fields, read_json
 from async_search.training.replay import Augment, ReplayBuffer
 
@@ -133,8 +133,9 @@ class RunFolder:
                 commit point the previous iteration is still the state on disk, whole
                 (after it, only an export failed: the next start refreshes it).
             TypeError, ValueError: a record that is not JSON (NaN and infinities, which
-                strict JSON readers refuse, included), or a name that cannot be a file;
-                nothing is written then.
+                strict JSON readers refuse, and two keys written as one, ``1`` and
+                ``"1"``, included), or a name that cannot be a file; nothing is written
+                then.
         """
         checkpoints = dict(checkpoints or {})
         buffers = dict(buffers or {})
@@ -157,8 +158,8 @@ class RunFolder:
                  "generation": os.path.basename(generation),
                  "checkpoints": sorted(checkpoints), "buffers": sorted(buffers),
                  **record}
-        try:  # not JSON (NaN and infinities included): refused before the disk is touched
-            json.dumps(state, allow_nan=False)
+        try:  # not JSON (NaN and infinities, keys written twice: what load refuses):
+            as_written(state)  # refused before the disk is touched
         except ValueError as e:
             raise ValueError(f"RunFolder.commit: the record must be JSON (strings, "
                              f"finite numbers, lists, dicts): {e}") from e

@@ -250,6 +250,8 @@ def test_the_target_net_is_refreshed_exactly_when_the_loss_is_below_the_threshol
     ("l2", -1e-6), ("rounds", 1.5),
     # int() split "256" into the widths 2, 5, 6 and rounded 1.5 to 1, without a word
     ("hidden_sizes", "256"), ("hidden_sizes", (1.5,)), ("hidden_sizes", (True, 64)),
+    # "False" is truthy: it trained with the Manhattan term, without a word
+    ("residual", "False"), ("residual", 0),
 ])
 def test_a_bad_davi_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):

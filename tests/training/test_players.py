@@ -187,6 +187,14 @@ async def test_policy_player_rejects_a_model_without_a_policy():
                                             np.random.default_rng(0))
 
 
+@pytest.mark.parametrize("make", [PolicyPlayer, MCTSPlayer, GumbelPlayer])
+async def test_a_player_given_a_model_for_evaluate_says_to_wrap_it(make):
+    # PolicyPlayer awaited the model's outputs: "object tuple can't be used in 'await'
+    # expression", where the search players named the slip.
+    with pytest.raises(TypeError, match=r"asr\.immediate\(model\)"):
+        await make(NET).choose(GAME, GAME.initial_state(), np.random.default_rng(0))
+
+
 async def test_mcts_player_plays_legal_deterministic_moves():
     player = MCTSPlayer(asr.immediate(NET), simulations=16, num_parallel=4)
     assert player.name == "mcts"

@@ -516,6 +516,34 @@ def test_a_damaged_buffer_file_is_refused_naming_it(tmp_path, how):
     assert_refused(path, "corrupt, truncated")
 
 
+@pytest.mark.parametrize("field, value", [(10, 99), (8, 1)])  # a method, "encrypted"
+def test_a_damaged_zip_directory_entry_is_refused_naming_the_file(tmp_path, field, value):
+    # zipfile says so with NotImplementedError ("That compression method is not
+    # supported") or RuntimeError ("... is encrypted, password required"), which went
+    # through as they were.
+    path = saved(tmp_path)
+    data = bytearray(path.read_bytes())
+    entry = data.index(b"PK\x01\x02")  # the central directory's first entry
+    data[entry + field:entry + field + 2] = value.to_bytes(2, "little")
+    path.write_bytes(bytes(data))
+    assert_refused(path, "corrupt, truncated")
+
+
+@pytest.mark.parametrize("returned, message", [
+    (lambda x, p: (x[:1], p), "returned x of shape"),
+    (lambda x, p: (x, p[:, :1]), "must return a policy of shape"),
+    (lambda x, p: (x, None), "must return a policy of shape"),
+    (lambda x, p: None, r"must return \(x, policy\), got NoneType"),
+])
+def test_an_augment_whose_rows_do_not_fit_is_refused(returned, message):
+    # Written back by broadcasting: one row copied over every flipped row, or a policy
+    # column spread over every action, without a word.
+    buf = ReplayBuffer(50, seed=5, augment=returned)
+    buf.add(*samples(12, seed=4))
+    with pytest.raises(ValueError, match=message):
+        buf.sample(64)
+
+
 def test_a_buffer_file_truncated_anywhere_is_refused_naming_it(tmp_path):
     path = saved(tmp_path)
     data = path.read_bytes()

@@ -77,6 +77,21 @@ def test_a_record_that_is_not_json_is_refused_before_the_disk_is_touched(tmp_pat
     assert sorted(os.listdir(tmp_path / "run")) == before
 
 
+@pytest.mark.parametrize("record", [{"history": {1: "a", "1": "b"}},
+                                    {"flags": [{True: 1, "true": 2}]}])
+def test_a_record_with_two_keys_written_as_one_is_refused_before_the_disk_is_touched(
+        tmp_path, record):
+    # Committed (the previous generation removed), then refused by load: the last good
+    # iteration was lost.
+    run = RunFolder(tmp_path / "run", "test")
+    commit(run, 1)
+    before = sorted(os.listdir(tmp_path / "run"))
+    with pytest.raises(ValueError, match="twice"):
+        run.commit(record)
+    assert sorted(os.listdir(tmp_path / "run")) == before
+    assert RunFolder(tmp_path / "run", "test").load().fields.int("step") == 1
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_record_holding_nan_or_infinity_is_refused_before_the_disk_is_touched(tmp_path,
                                                                                  bad):
