@@ -45,7 +45,7 @@ import enum
 import time
 from typing import Callable, Deque
 
-from async_search.checks import check_float, check_int
+from async_search.checks import check_callable, check_float, check_instance, check_int
 from async_search.errors import InputSpecError, ProtocolError, RemoteError
 from async_search.errors import CircuitOpenError  # noqa: F401 - what an open breaker raises
 
@@ -153,6 +153,8 @@ class CircuitBreaker:
 
     def __init__(self, policy: BreakerPolicy = BreakerPolicy(), *,
                  clock: Callable[[], float] = time.monotonic):
+        check_instance("policy", policy, BreakerPolicy, "BreakerPolicy(failure_threshold=3)")
+        check_callable("clock", clock)
         self.policy = policy
         self._clock = clock
         self._state = BreakerState.CLOSED

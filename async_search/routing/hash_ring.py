@@ -22,6 +22,9 @@ def _hash(data: bytes) -> int:
 
 #: The most points a node may have on the ring.
 MAX_VIRTUAL_NODES = 4096
+#: The most rings of some of the nodes kept (each a copy of their points): sets of the
+#: servers whose breakers admit requests, seen again while the breakers stay put.
+MAX_SUBRINGS = 16
 
 
 class HashRing:
@@ -128,6 +131,10 @@ class HashRing:
             else:
                 keep = [i for i, n in enumerate(self._owners) if n in key]
                 ring = self._points[keep], [self._owners[i] for i in keep]
+            if len(self._subrings) >= MAX_SUBRINGS:
+                # The oldest goes: breakers flapping among many servers made a new set
+                # of the available ones again and again (a copy of the ring each).
+                del self._subrings[next(iter(self._subrings))]
             self._subrings[key] = ring
         return ring
 

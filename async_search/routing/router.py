@@ -39,6 +39,7 @@ import numpy as np
 from async_search import rows
 from async_search.base import (Outputs, Versioned, evaluate_with_version, evaluated,
                                same_version, version_of)
+from async_search.checks import check_callable, check_instance, is_async
 from async_search.deadlines import (cancellations, check_timeout, deadline_passed,
                                     within_deadline)
 from async_search.errors import (InputSpecError, ModelOutputError, RequestTimeoutError,
@@ -245,14 +246,29 @@ class Router:
                  breaker: BreakerPolicy = BreakerPolicy(),
                  clock: Callable[[], float] = time.monotonic, failover: bool = True,
                  is_failure: Callable[[BaseException], bool] = counts_against_server):
+        # Checked here, not at the first request or failure (where a class for an
+        # instance, or a dict for a BreakerPolicy, failed inside the routing).
+        if not isinstance(servers, Mapping):
+            raise TypeError(f"servers must be a mapping of names to evaluate functions "
+                            f"({{'a': a, 'b': b}}), got {type(servers).__name__}")
         if isinstance(policy, str):
             if policy not in _POLICIES:
                 raise ValueError(f"unknown routing policy {policy!r}: use one of "
                                  f"{sorted(_POLICIES)} or a RoutingPolicy object")
             policy = _POLICIES[policy]()
+        elif isinstance(policy, type) or not callable(getattr(policy, "assign", None)):
+            raise TypeError(f"policy must be one of {sorted(_POLICIES)} or a RoutingPolicy "
+                            f"instance (an object with assign(...), RoundRobin() say), got "
+                            + (f"the class {policy.__name__}" if isinstance(policy, type)
+                               else type(policy).__name__))
+        check_instance("breaker", breaker, BreakerPolicy, "BreakerPolicy(failure_threshold=3)")
+        check_callable("clock", clock)
+        check_callable("is_failure", is_failure)
+        if not isinstance(failover, (bool, np.bool_)):
+            raise TypeError(f"failover must be True or False, got {failover!r}")
         self.policy = policy
         self.breaker_policy = breaker
-        self.failover = failover
+        self.failover = bool(failover)
         self._clock = clock
         self._is_failure = is_failure
         self._entries: Dict[str, _Entry] = {}
@@ -524,24 +540,37 @@ class Router:
         """``update_model`` on every server (each swaps between its own batches).
 
         Every server checks the update and makes its new model first (its
-        ``prepare_update``, as ``asr.serve``'s servers have), and only then do all swap:
-        a server that refuses it (closed, another input spec, weights that do not fit)
-        leaves every server on the model it had.
+        ``prepare_update``, as ``asr.serve``'s servers and routers have), and only then
+        do all swap: a server that refuses it (closed, another input spec, weights that
+        do not fit) leaves every server on the model it had.
 
         Raises:
-            TypeError: a server has no ``update_model``.
+            TypeError: a server has no ``update_model``, or an ``async`` one (this call
+                cannot await it).
             What a server's check raises (its message names the server).
             In each case no server was updated.
+        """
+        self.prepare_update(model_or_weights, version)()
+
+    def prepare_update(self, model_or_weights: Any, version: Hashable,
+                       ) -> Callable[[], None]:
+        """Every server's check of ``update_model`` and its new model made, without the
+        swap: returns the swap (so that a router routing to routers swaps none of them
+        until each has checked).
+
+        Raises:
+            what ``update_model`` raises; nothing has changed then.
         """
         swaps, unchecked = [], []
         for name, evaluate in self.servers.items():
             prepare = getattr(evaluate, "prepare_update", None)
             if prepare is None:
                 update = getattr(evaluate, "update_model", None)
-                if update is None:
+                if update is None or is_async(update):
                     raise TypeError(f"server {name!r} ({type(evaluate).__name__}) has no "
-                                    f"update_model: serve it with asr.serve; no server "
-                                    f"was updated")
+                                    f"update_model" + (" that can be called without an "
+                                    f"await (it is async)" if update is not None else "")
+                                    + ": serve it with asr.serve; no server was updated")
                 unchecked.append(update)
                 continue
             try:
@@ -552,10 +581,14 @@ class Router:
                 if named is e:
                     raise
                 raise named from e
-        for swap in swaps:
-            swap()
-        for update in unchecked:  # servers that cannot check first: last
-            update(model_or_weights, version)
+
+        def swap() -> None:
+            for each in swaps:
+                each()
+            for update in unchecked:  # servers that cannot check first: last
+                update(model_or_weights, version)
+
+        return swap
 
     @property
     def stats(self) -> dict:

@@ -265,3 +265,14 @@ def test_a_failure_with_no_other_request_out_is_not_kept():
     del error, payload
     gc.collect()
     assert held() is None and b.stats["consecutive_failures"] == 1
+
+
+def test_a_breaker_refuses_a_policy_that_is_no_breaker_policy():
+    from async_search.routing.breaker import CircuitBreaker
+
+    with pytest.raises(TypeError, match="policy must be a BreakerPolicy instance"):
+        CircuitBreaker({"failure_threshold": 1})
+    with pytest.raises(TypeError, match="got the class BreakerPolicy"):
+        CircuitBreaker(BreakerPolicy)
+    with pytest.raises(TypeError, match="clock must be callable"):
+        CircuitBreaker(BreakerPolicy(), clock=0.0)

@@ -97,3 +97,20 @@ def test_each_nodes_points_are_hashed_once_however_the_ring_is_built(monkeypatch
     ring.remove("n10")
     assert len(calls) == (40 + 20 + 1) * 16
     assert ring.nodes == tuple(f"n{i}" for i in range(11, 60)) + ("x",)
+
+
+def test_the_rings_kept_for_sets_of_nodes_are_bounded():
+    # One kept for every set of available servers seen, each a copy of their points:
+    # breakers flapping among 64 servers grew it without end (598 rings, 77 MiB).
+    from async_search.routing.hash_ring import MAX_SUBRINGS
+
+    names = [f"s{i}" for i in range(12)]
+    ring = HashRing(names, virtual_nodes=8)
+    everyone = {key: ring.node_for(key) for key in (b"a", b"b", b"c", b"d")}
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            among = [n for n in names if n not in (names[i], names[j])]
+            for key, owner in everyone.items():
+                got = ring.node_for(key, among)
+                assert got in among and (owner not in among or got == owner)
+    assert len(ring._subrings) <= MAX_SUBRINGS

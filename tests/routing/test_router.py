@@ -699,6 +699,61 @@ async def test_a_server_that_refuses_the_update_leaves_every_server_on_its_model
             np.testing.assert_array_equal(await router(x), expected)
 
 
+async def test_a_router_routing_to_a_router_swaps_none_until_every_server_has_checked():
+    # The inner router had no prepare_update: the outer one swapped its other servers,
+    # then the inner update raised "no server was updated" while one had.
+    async with asr.serve(MLP((4,), seed=0)) as a, asr.serve(MLP((4,), seed=0)) as b:
+        outer = Router({"a": a, "inner": Router({"b": b})})
+        await b.aclose()
+        with pytest.raises(RuntimeError, match="server 'inner' refused the update.*'b'"):
+            outer.update_model(MLP((4,), seed=1), version=1)
+        assert a.version == 0
+    async with asr.serve(MLP((4,), seed=0)) as a, asr.serve(MLP((4,), seed=0)) as b:
+        outer = Router({"a": a, "inner": Router({"b": b})})
+        outer.update_model(MLP((4,), seed=1), version=1)
+        assert (a.version, b.version) == (1, 1)
+
+
+async def test_a_server_whose_update_model_must_be_awaited_is_refused_before_any_swap():
+    # Called and never awaited: the server stayed on its model, with only a
+    # RuntimeWarning ("coroutine ... was never awaited") to say so.
+    class Remote:
+        async def __call__(self, x):
+            return np.zeros((len(x), 1), np.float32)
+
+        async def update_model(self, model, version):
+            pass
+
+    async with asr.serve(MLP((4,))) as served:
+        router = Router({"a": served, "r": Remote()})
+        with pytest.raises(TypeError, match="'r'.*it is async.*no server was updated"):
+            router.update_model(MLP((4,)), version=1)
+        assert served.version == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(servers=[("a", None)]), "servers must be a mapping"),
+    (dict(policy="RoundRobin"), "unknown routing policy"),
+    (dict(policy=None), "policy must be one of"),
+    (dict(breaker={"failure_threshold": 1}), "breaker must be a BreakerPolicy instance"),
+    (dict(clock=0.0), "clock must be callable"),
+    (dict(is_failure=None), "is_failure must be callable"),
+    (dict(failover="no"), "failover must be True or False"),
+])
+def test_bad_router_arguments_are_refused_where_they_are_given(kwargs, message):
+    # Each got as far as a request (or the first failure), to fail inside the routing.
+    from async_search.routing.router import RoundRobin
+
+    async def server(x):
+        return x
+
+    arguments = {"servers": {"a": server}, **kwargs}
+    with pytest.raises((TypeError, ValueError), match=message):
+        Router(arguments.pop("servers"), **arguments)
+    with pytest.raises(TypeError, match="got the class RoundRobin"):
+        Router({"a": server}, policy=RoundRobin)
+
+
 async def test_a_refused_update_keeps_the_errors_type_and_attributes():
     # It was rebuilt from its message alone: a status of 413 came back as 400, and a
     # type that takes other arguments was raised from itself.
