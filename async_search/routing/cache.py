@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import inspect
 from typing import Any, Dict, Hashable, List, Set, Tuple
 
 import numpy as np
@@ -45,16 +46,33 @@ import numpy as np
 from async_search import rows
 from async_search.base import Outputs, evaluate_with_version, evaluated, version_of
 from async_search.deadlines import check_timeout, within_deadline
-from async_search.errors import InputSpecError, ModelOutputError
+from async_search.errors import InputSpecError, ModelOutputError, RequestTimeoutError
 from async_search.requests import plain_array
 
 
 _ATTEMPTS = 3  # lookups of one request before it goes around the table
+#: The least timeout a request sent on is given (its caller's deadline may have passed
+#: a moment ago: the caller's own wait reports it).
+_LEAST_TIMEOUT = 1e-3
 _UNKNOWN = object()  # an attempt's answer: the generation is unknown, go around
 
 #: An element's key: ((shape, dtype), bytes). Equal bytes of another dtype or shape are
 #: another element.
 Key = Tuple[tuple, bytes]
+
+
+def _deadline(timeout: float) -> float:
+    return asyncio.get_running_loop().time() + timeout
+
+
+def _takes_timeout(fn: Any) -> bool:
+    """Whether ``fn`` takes a ``timeout`` keyword (or any keyword)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: send no timeout
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "timeout" and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) for p in parameters)
 
 
 def same_label(a: Hashable, b: Hashable) -> bool:
@@ -220,6 +238,11 @@ class CachedEvaluate:
         self.evaluate = evaluate
         self.capacity = capacity
         self.fixed_model = fixed_model
+        # Whether a caller's deadline can go with the request (every evaluate of
+        # async_search takes one; a plain function may not).
+        self._takes_timeout = _takes_timeout(
+            evaluate if fixed_model or not hasattr(evaluate, "with_version")
+            else evaluate.with_version)
         self._entries: "collections.OrderedDict[Key, Any]" = collections.OrderedDict()
         self._pending: Dict[Key, Tuple[_Flight, int]] = {}
         self._tasks: Set[asyncio.Task] = set()  # every evaluation in flight
@@ -239,12 +262,15 @@ class CachedEvaluate:
     # -- the evaluate function --------------------------------------------------------
     async def __call__(self, x: np.ndarray, timeout: float | None = None) -> Outputs:
         """The outputs for ``x``: hits from the table, the rest from the wrapped
-        function. ``timeout``: the request's deadline: past it RequestTimeoutError
-        (the elements it sent are still computed, and kept for later requests)."""
+        function. ``timeout``: the request's deadline, sent on with the elements it
+        sends (where the wrapped function takes one, as every evaluate of
+        async_search does): past it RequestTimeoutError; a caller who joined the
+        elements another caller sent looks them up again if they ran out of its time."""
         if timeout is None:
-            return (await self._lookup(x, False))[0]
+            return (await self._lookup(x, False, None))[0]
         timeout = check_timeout(timeout)
-        return (await within_deadline(self._lookup(x, False), timeout))[0]
+        return (await within_deadline(self._lookup(x, False, _deadline(timeout)),
+                                      timeout))[0]
 
     async def with_version(self, x: np.ndarray, timeout: float | None = None,
                            ) -> Tuple[Outputs, Hashable]:
@@ -252,10 +278,11 @@ class CachedEvaluate:
         that were sent (or of the cached ones, when every element was a hit);
         ``timeout`` as for a call."""
         if timeout is None:
-            outputs, version = await self._lookup(x, True)
+            outputs, version = await self._lookup(x, True, None)
         else:
             timeout = check_timeout(timeout)
-            outputs, version = await within_deadline(self._lookup(x, True), timeout)
+            outputs, version = await within_deadline(
+                self._lookup(x, True, _deadline(timeout)), timeout)
         if self.fixed_model:
             return outputs, version_of(self.evaluate)
         return outputs, version
@@ -284,7 +311,8 @@ class CachedEvaluate:
     def _token(self) -> Any:
         return _FIXED if self.fixed_model else swap_token(self.evaluate)
 
-    async def _lookup(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
+    async def _lookup(self, x, want_version: bool, deadline: float | None,
+                      ) -> Tuple[Outputs, Hashable]:
         if type(x) is not np.ndarray:
             x = plain_array(x)  # a subclass is keyed and answered as its plain data
         self._requests += 1
@@ -294,20 +322,22 @@ class CachedEvaluate:
             # The server checks and answers. (An object array's bytes are its objects'
             # addresses, not their values: a new object at a freed address would get
             # the old one's row.)
-            return await self._bypass(x, want_version)
+            return await self._bypass(x, deadline)
         for _ in range(_ATTEMPTS):
-            result = await self._attempt(x)
+            result = await self._attempt(x, deadline)
             if result is _UNKNOWN:  # the wrapped function does not know its version
-                return await self._bypass(x, want_version)
+                return await self._bypass(x, deadline)
             if result is not None:
                 return result
             self._retries += 1
-        return await self._bypass(x, want_version)  # the model keeps changing: go direct
+        return await self._bypass(x, deadline)  # the model keeps changing: go direct
 
-    async def _attempt(self, x: np.ndarray) -> Tuple[Outputs, Hashable] | None:
+    async def _attempt(self, x: np.ndarray, deadline: float | None,
+                       ) -> Tuple[Outputs, Hashable] | None:
         """The outputs from the table and from the server; None when a model swap
         while waiting made them disagree on the version (the table is then dropped), or
-        when a flight joined failed for a row another caller sent (InputSpecError)."""
+        when a flight joined failed for a row another caller sent (InputSpecError) or
+        at another caller's deadline (RequestTimeoutError)."""
         self._sync_version()
         generation = self._generation
         if generation.token is None:
@@ -346,7 +376,7 @@ class CachedEvaluate:
             # A copy even when every element is sent: the request may outlive its
             # caller, who may then reuse the array (its rows are stored by their keys)
             xs = x.copy() if len(first_of) == n else x[first_of]
-            flight = self._launch(xs, [keys[i] for i in first_of], spec)
+            flight = self._launch(xs, [keys[i] for i in first_of], spec, deadline)
         flights = {f for _, f, _ in joined} | ({flight} if flight else set())
         for f in flights:
             f.waiters += 1
@@ -355,11 +385,12 @@ class CachedEvaluate:
             for f in flights:
                 try:
                     await asyncio.shield(f.future)  # a caller who leaves leaves others rows
-                except InputSpecError:
+                except (InputSpecError, RequestTimeoutError):
                     if f is flight:
                         raise
-                    # Another caller's request, refused for a row of its own: the rows
-                    # joined here may be fine; look them up again once the rest is in.
+                    # Another caller's request, refused for a row of its own, or sent
+                    # with its deadline, now past: the rows joined here may be fine, and
+                    # this caller's time may not be up; look them up again.
                     refused_elsewhere = True
         finally:
             for f in flights:
@@ -388,23 +419,35 @@ class CachedEvaluate:
             values[i] = flight.row(j)
         return rows.stack(values), labels[0]
 
-    async def _bypass(self, x, want_version: bool) -> Tuple[Outputs, Hashable]:
+    async def _bypass(self, x, deadline: float | None) -> Tuple[Outputs, Hashable]:
         self._bypassed += len(x) if getattr(x, "ndim", 0) else 0
-        return await self._evaluate(x)
+        return await self._evaluate(x, deadline)
 
-    async def _evaluate(self, x) -> Tuple[Outputs, Hashable]:
-        """``(outputs, label)`` from the wrapped function (a fixed model's: _FIXED)."""
+    async def _evaluate(self, x, deadline: float | None) -> Tuple[Outputs, Hashable]:
+        """``(outputs, label)`` from the wrapped function (a fixed model's: _FIXED), sent
+        with what is left of ``deadline`` where it takes a timeout: a server that keeps
+        a request past it is then its failure there (a router's breaker counts it)."""
+        if deadline is not None and self._takes_timeout:
+            timeout = max(deadline - asyncio.get_running_loop().time(), _LEAST_TIMEOUT)
+            with_version = None if self.fixed_model else getattr(
+                self.evaluate, "with_version", None)
+            if with_version is not None:
+                return await with_version(x, timeout=timeout)
+            evaluate = functools.partial(self.evaluate, timeout=timeout)
+            outputs = await evaluated(evaluate, x)
+            return outputs, (_FIXED if self.fixed_model else version_of(self.evaluate))
         if self.fixed_model:
             return await evaluated(self.evaluate, x), _FIXED
         return await evaluate_with_version(self.evaluate, x)
 
-    def _launch(self, xs: np.ndarray, keys: List[Key], spec: tuple) -> _Flight:
+    def _launch(self, xs: np.ndarray, keys: List[Key], spec: tuple,
+                deadline: float | None) -> _Flight:
         generation = self._generation
         # The version is the one that computed the rows (read when they came, for a
         # function without with_version): rows of a swap while they were computed are
         # not stored (_landed).
         flight = _Flight(spec, keys, generation)
-        task = asyncio.ensure_future(self._fly(flight, xs))
+        task = asyncio.ensure_future(self._fly(flight, xs, deadline))
         self._tasks.add(task)  # the loop holds tasks only weakly
         task.add_done_callback(self._tasks.discard)
         flight.future = task
@@ -414,12 +457,13 @@ class CachedEvaluate:
         flight.future.add_done_callback(functools.partial(self._landed, flight, pending))
         return flight
 
-    async def _fly(self, flight: _Flight, xs: np.ndarray) -> Tuple[Outputs, Hashable]:
+    async def _fly(self, flight: _Flight, xs: np.ndarray, deadline: float | None,
+                   ) -> Tuple[Outputs, Hashable]:
         """``flight``'s ``(outputs, label)``, its rows copied. Outputs that are not one
         row per element sent fail the flight with ModelOutputError for every caller
         waiting on it: checked here, not where they land (a done callback), so that no
         caller gets another element's row and nothing escapes from a callback."""
-        outputs, label = await self._evaluate(xs)
+        outputs, label = await self._evaluate(xs, deadline)
         if type(outputs) is not np.ndarray or not outputs.dtype.isnative:
             outputs = rows.plain(outputs)  # a list of outputs is a tuple, not rows; native
         try:

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 import async_search as asr
 from async_search.errors import InputSpecError, ModelOutputError
-from async_search.models import MLP
+from async_search.models import MLP, with_spec
 from async_search.routing.cache import CachedEvaluate
 from tests.helpers import wait_until
 
@@ -667,3 +667,59 @@ async def test_a_cached_row_holds_its_own_bytes_not_its_whole_requests_outputs()
     assert len(cache) == 150 and cache.stats["hits"] == 50 * 51 // 2
     # 150 rows of 1 KiB (and bookkeeping), not 50 requests' 100 rows of 1 KiB each.
     assert held < 1 << 20, held
+
+
+async def test_a_callers_deadline_goes_with_what_the_cache_sends_so_a_hung_server_trips():
+    # The cache's deadline bounded its own wait only: the router behind it never saw
+    # one, the hung server's breaker never opened (half the requests timed out for
+    # good), and the cache kept a task per timed-out request.
+    from async_search.errors import RequestTimeoutError
+    from async_search.routing.breaker import BreakerPolicy
+    from async_search.routing.router import Router
+
+    async def good(x):
+        await asyncio.sleep(0.001)
+        return x * 2
+
+    async def hung(x):
+        await asyncio.Event().wait()
+
+    router = Router({"a": good, "b": hung},
+                    breaker=BreakerPolicy(failure_threshold=2, reset_timeout=60))
+    cached = CachedEvaluate(router, fixed_model=True)
+    timed_out = 0
+    for i in range(12):
+        try:
+            await asyncio.wait_for(cached(np.full((1, 3), i, np.float32), timeout=0.1), 10)
+        except RequestTimeoutError:
+            timed_out += 1
+    assert timed_out == 2 and router.breakers["b"].state.value == "open"
+    assert router.outstanding["b"] == 0 and not cached._tasks
+
+
+async def test_a_caller_joining_a_request_that_ran_out_of_its_senders_time_gets_its_rows():
+    # The sender's deadline goes with the request: the caller who joined it, with time
+    # left, must not get the sender's RequestTimeoutError.
+    import threading
+
+    from async_search.errors import RequestTimeoutError
+
+    gate = threading.Event()
+
+    def slow(x):
+        gate.wait(10)
+        return x * 2
+
+    async with asr.serve(with_spec(slow, (3,), np.float32), model_thread=True) as served:
+        cached = CachedEvaluate(served)
+        x = np.ones((1, 3), np.float32)
+        busy = asyncio.ensure_future(served(np.zeros((1, 3), np.float32)))  # holds the model
+        await asyncio.sleep(0.05)
+        sender = asyncio.ensure_future(cached(x, timeout=0.1))
+        await asyncio.sleep(0)
+        joiner = asyncio.ensure_future(cached(x))
+        with pytest.raises(RequestTimeoutError):
+            await asyncio.wait_for(sender, 10)
+        gate.set()
+        np.testing.assert_array_equal(await asyncio.wait_for(joiner, 10), x * 2)
+        await asyncio.wait_for(busy, 10)
