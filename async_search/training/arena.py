@@ -23,8 +23,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from async_search.checks import check_float, check_int, is_int, plain_fields
+from async_search.checks import check_float, check_int, is_async, is_int, plain_fields
 from async_search.problems.base import Game, State
+from async_search.search.base import GAME_METHODS, check_protocol
 from async_search.training.players import Player
 from async_search.training.ratings import MatchResult
 
@@ -155,6 +156,9 @@ def tally(records: Sequence[MatchGame]) -> MatchResult:
         >>> tally([MatchGame((0, 1), 0, True, 1.0), MatchGame((0, 1), 0, False, 0.0)])
         MatchResult(wins=1, draws=1, losses=0)
     """
+    if not all(isinstance(record, MatchGame) for record in records):
+        raise ValueError(f"tally takes MatchGame records (what play_games returns), got "
+                         f"{[type(r).__name__ for r in records][:5]}")
     outcomes = [record.outcome for record in records]
     return MatchResult(wins=sum(o > 0 for o in outcomes),
                        draws=sum(o == 0 for o in outcomes),
@@ -189,9 +193,10 @@ async def play_games(game: Game, player: Player, opponent: Player, *, num_games:
     num_games = check_int("num_games", num_games, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     opening_moves = check_int("opening_moves", opening_moves, minimum=0)
+    check_protocol("game", game, GAME_METHODS, "Game", "problems.ConnectFour()")
     for role, p in (("player", player), ("opponent", opponent)):
-        if not (isinstance(getattr(p, "name", None), str) and callable(
-                getattr(p, "choose", None))):
+        if not (isinstance(getattr(p, "name", None), str) and is_async(
+                getattr(p, "choose", None))):  # (a plain choose failed at its await)
             raise ValueError(f"{role} must be a Player (a name and an async "
                              f"choose(game, state, rng)), got {p!r}")
     if on_game is not None and not callable(on_game):

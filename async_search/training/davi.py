@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from async_search.checks import check_float, check_int, plain_fields
+from async_search.checks import check_float, check_instance, check_int, plain_fields
 from async_search.errors import CheckpointError, ModelOutputError
 from async_search.problems.nets import NetConfig
 from async_search.problems.sliding_puzzle import SlidingPuzzle
@@ -117,9 +117,11 @@ def scrambled_states(puzzle: SlidingPuzzle, n: int, max_moves: int,
 
     Raises:
         ValueError: ``n`` not an integer >= 0, or ``max_moves`` not one >= 1.
+        TypeError: ``rng`` not a ``np.random.Generator``.
     """
     n = check_int("n", n, minimum=0)
     max_moves = check_int("max_moves", max_moves, minimum=1)
+    check_instance("rng", rng, np.random.Generator, "np.random.default_rng(0)")
     table = _move_table(puzzle)
     boards = np.tile(np.frombuffer(puzzle.goal, np.uint8), (n, 1))
     blank = np.full(n, puzzle.num_cells - 1, np.int64)

@@ -309,7 +309,8 @@ class KeptTrees:
     """
 
     def __init__(self, capacity: int = 4096):
-        self.capacity = capacity
+        # (-1 failed at the first move kept, with a KeyError from the empty table)
+        self.capacity = check_int("KeptTrees capacity", capacity, minimum=1)
         # id(rng) -> (rng, tree rooted after our move); the rng is held so that its id
         # cannot be reused by another game's generator while the entry lives.
         self._trees: "collections.OrderedDict[int, Tuple[Any, Tree]]" = (

@@ -132,9 +132,8 @@ def fit_rating(results: Sequence[Tuple[float, MatchResult]]) -> float:
                 and isinstance(item[1], MatchResult)):
             raise ValueError(f"results must hold (opponent_rating, MatchResult) pairs, "
                              f"got {item!r}")
-        rating = float(item[0])
-        if not math.isfinite(rating):
-            raise ValueError(f"opponent ratings must be finite, got {item[0]!r}")
+        # (None, text, a bool, 10**400: named, not float()'s own error)
+        rating = check_float("an opponent rating", item[0])
         r = item[1]
         # Half a virtual draw: a quarter of a win and a quarter of a loss.
         pairs.append((rating, r.wins + 0.5 * r.draws + 0.25, r.games + 0.5))

@@ -200,6 +200,28 @@ async def test_an_illegal_action_names_the_player_and_the_action():
         await play_match(GAME, RandomPlayer(), Cheat(), num_games=2)
 
 
+async def test_play_match_refuses_a_plain_choose_and_what_is_no_game():
+    # A choose that is no coroutine failed at its await ("object int can't be used in
+    # 'await' expression"), and game=None with an AttributeError.
+    class Plain:
+        name = "plain"
+
+        def choose(self, game, state, rng):
+            return 0
+
+    with pytest.raises(ValueError, match="opponent must be a Player.*async"):
+        await play_match(GAME, RandomPlayer(), Plain(), num_games=2)
+    with pytest.raises(TypeError, match="game must be a Game"):
+        await play_match(None, RandomPlayer(), RandomPlayer(), num_games=2)
+
+
+def test_tally_refuses_what_is_no_match_game():
+    from async_search.training.arena import tally
+
+    with pytest.raises(ValueError, match="tally takes MatchGame records"):
+        tally([1])
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(num_games=0), "num_games"), (dict(num_games=2.5), "num_games"),
     (dict(num_games=True), "num_games"), (dict(num_games=2, opening_moves=-1),

@@ -105,6 +105,12 @@ def test_bad_sizes_raise_value_error_naming_the_argument(call, match):
         call(np.random.default_rng(0))
 
 
+@pytest.mark.parametrize("rng", [0, None])
+def test_scrambled_states_refuses_what_is_no_generator(rng):
+    with pytest.raises(TypeError, match="rng must be a Generator instance"):
+        scrambled_states(PUZZLE, 3, 5, rng)
+
+
 def test_a_board_scrambled_with_one_move_is_exactly_one_move_from_the_goal():
     boards = scrambled_states(PUZZLE, 50, 1, np.random.default_rng(1))
     goal_neighbours = {nb for nb, _ in PUZZLE.neighbors(PUZZLE.goal)}

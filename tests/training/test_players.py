@@ -187,6 +187,13 @@ async def test_policy_player_rejects_a_model_without_a_policy():
                                             np.random.default_rng(0))
 
 
+@pytest.mark.parametrize("capacity", [0, -1, "x", 2.5])
+def test_kept_trees_refuse_a_capacity_that_is_no_count(capacity):
+    # -1 failed at the first move kept (a KeyError from the empty table).
+    with pytest.raises(ValueError, match="KeptTrees capacity must be an integer >= 1"):
+        KeptTrees(capacity)
+
+
 @pytest.mark.parametrize("make", [PolicyPlayer, MCTSPlayer, GumbelPlayer])
 async def test_a_player_given_a_model_for_evaluate_says_to_wrap_it(make):
     # PolicyPlayer awaited the model's outputs: "object tuple can't be used in 'await'

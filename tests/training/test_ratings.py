@@ -88,7 +88,13 @@ def test_fit_rating_is_finite_and_exact_for_opponents_near_the_floats_limit():
 
 
 @pytest.mark.parametrize("results", [[], [(0.0, 0.5)], [(math.inf, MatchResult(1, 0, 1))],
-                                     [0.0]])
+                                     [0.0],
+                                     # float()'s own errors, an OverflowError, or a bool
+                                     # taken as 1.0
+                                     [(None, MatchResult(1, 0, 1))],
+                                     [("abc", MatchResult(1, 0, 1))],
+                                     [(10 ** 400, MatchResult(1, 0, 1))],
+                                     [(True, MatchResult(1, 0, 1))]])
 def test_fit_rating_rejects_bad_results(results):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="results must hold|opponent rating"):
         fit_rating(results)
