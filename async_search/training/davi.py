@@ -225,6 +225,8 @@ def _checked_boards(puzzle: SlidingPuzzle, boards) -> np.ndarray:
 def _one_per_neighbour(h, k: int) -> np.ndarray:
     """``h_target``'s output as float64 ``[k]``; ModelOutputError unless it is one value
     per neighbour: broadcasting would spread one row over all of them."""
+    if np.iscomplexobj(h):  # the cast would drop the imaginary part, with a warning
+        raise ModelOutputError(f"bellman_targets: h_target returned complex values")
     try:
         h = np.asarray(h, np.float64)
     except (TypeError, ValueError) as e:
@@ -234,6 +236,9 @@ def _one_per_neighbour(h, k: int) -> np.ndarray:
         raise ModelOutputError(f"bellman_targets: h_target returned an array of shape "
                                f"{h.shape} for a batch of {k} neighbours: it must return "
                                f"one value per neighbour ([{k}, 1] or [{k}])")
+    if not np.isfinite(h).all():  # the targets would be NaN or inf, without a word
+        raise ModelOutputError(f"bellman_targets: h_target returned a NaN or an infinity "
+                               f"for {int((~np.isfinite(h)).sum())} of {k} neighbours")
     return h.reshape(k)
 
 
@@ -273,6 +278,9 @@ class Davi:
     def __init__(self, config: DaviConfig, *, weights: Any = None,
                  save_dir: str | os.PathLike[str] | None = None,
                  resume: bool = False) -> None:
+        check_instance("config", config, DaviConfig, "DaviConfig(rounds=10)")
+        if not isinstance(resume, (bool, np.bool_)):
+            raise ValueError(f"Davi resume must be True or False, got {resume!r}")
         self.puzzle = SlidingPuzzle(config.size)
         self.history: List[DaviRecord] = []
         self.target_updates = 0

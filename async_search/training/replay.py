@@ -425,7 +425,11 @@ def _real(name: str, array) -> np.ndarray:
     """``array`` as float32; ValueError unless it holds real numbers: a cast alone
     would drop a complex number's imaginary part, or parse text. An object array of
     plain numbers is its numbers."""
-    array = np.asarray(array)
+    try:
+        array = np.asarray(array)
+    except ValueError as e:  # ragged rows: NumPy's "inhomogeneous shape", unnamed
+        raise ValueError(f"ReplayBuffer.add: {name} must be an array of one shape (rows "
+                         f"of equal length): {e}") from None
     if array.dtype.kind == "O":
         array = np.array(array.tolist())  # Python numbers: an int or float array
     if array.dtype.kind not in "biuf":

@@ -40,6 +40,7 @@ import os
 import re
 from typing import Any, Callable, Dict, Iterator, Mapping, Sequence
 
+from async_search.checks import check_instance
 from async_search.errors import CheckpointError, FileWriteError
 from async_search.files import (folder_path, make_folder, remove_leftovers, remove_tree,
                                 write_json)
@@ -106,6 +107,10 @@ class RunFolder:
 
     def __init__(self, path: str | os.PathLike, trainer: str):
         self.path = folder_path(path)
+        if not isinstance(trainer, str) or not _NAME.match(trainer):
+            # (5 committed a run whose state no load could read back)
+            raise ValueError(f"RunFolder trainer must be a name (letters, digits, _), got "
+                             f"{trainer!r}")
         self.trainer = trainer
         self.state_file = os.path.join(self.path, STATE)
         self._generation: int | None = None  # the committed one, once known
@@ -139,14 +144,22 @@ class RunFolder:
         """
         checkpoints = dict(checkpoints or {})
         buffers = dict(buffers or {})
+        if isinstance(exports, (str, bytes)):  # read letter by letter otherwise
+            raise ValueError(f"RunFolder.commit: exports is a sequence of names "
+                             f"([{exports!r}] for one), got {exports!r}")
         for name in (*checkpoints, *buffers, *exports):
-            if not _NAME.match(name) or name in ("state",):
+            if not isinstance(name, str) or not _NAME.match(name) or name in ("state",):
                 raise ValueError(f"RunFolder.commit: {name!r} cannot name a checkpoint, "
                                  f"a buffer or an export (letters, digits, _)")
         clash = sorted(set(record) & set(ENVELOPE))
         if clash:
             raise ValueError(f"RunFolder.commit: the record may not use the fields "
                              f"{clash}: the folder writes them")
+        for kind, values, example in (("checkpoints", checkpoints.values(), SavedNet),
+                                      ("buffers", buffers.values(), ReplayBuffer)):
+            for value in values:  # before the generation folder is made
+                check_instance(f"RunFolder.commit: each of {kind}", value, example,
+                               f"{example.__name__}(...)")
         unknown = sorted(set(exports) - set(checkpoints))
         if unknown:
             raise ValueError(f"RunFolder.commit: exports {unknown} are not checkpoints "

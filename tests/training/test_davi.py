@@ -168,6 +168,26 @@ def test_a_heuristic_not_giving_one_value_per_neighbour_raises_model_output_erro
         bellman_targets(PUZZLE, boards, h)
 
 
+@pytest.mark.parametrize("h, match", [
+    (lambda x: np.full(len(x), np.nan, np.float32), "a NaN or an infinity"),
+    (lambda x: np.full(len(x), np.inf), "a NaN or an infinity"),
+    (lambda x: np.ones(len(x)) * (1 + 2j), "complex values"),
+])
+def test_a_heuristic_giving_no_finite_real_values_raises_model_output_error(h, match):
+    # NaN and infinite targets went on to the net silently; a complex one lost its
+    # imaginary part with a warning only.
+    boards = scrambled_states(PUZZLE, 3, 20, np.random.default_rng(0))
+    with pytest.raises(ModelOutputError, match=match):
+        bellman_targets(PUZZLE, boards, h)
+
+
+def test_davi_refuses_a_resume_that_is_no_bool_and_a_config_that_is_no_davi_config():
+    with pytest.raises(ValueError, match="resume must be True or False, got 1"):
+        Davi(DaviConfig(**SHORT), resume=1)
+    with pytest.raises(TypeError, match="config must be a DaviConfig instance"):
+        Davi(SHORT)
+
+
 def _boards(*rows, dtype=np.uint8):
     return np.array(rows, dtype)
 

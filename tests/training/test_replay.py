@@ -529,6 +529,13 @@ def test_a_damaged_zip_directory_entry_is_refused_naming_the_file(tmp_path, fiel
     assert_refused(path, "corrupt, truncated")
 
 
+def test_ragged_states_are_refused_naming_x():
+    buf = ReplayBuffer(10)
+    with pytest.raises(ValueError, match="x must be an array of one shape"):
+        buf.add([[1.0, 2.0], [3.0]], None, [0.0, 0.0])
+    assert len(buf) == 0
+
+
 @pytest.mark.parametrize("returned, message", [
     (lambda x, p: (x[:1], p), "returned x of shape"),
     (lambda x, p: (x, p[:, :1]), "must return a policy of shape"),

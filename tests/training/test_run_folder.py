@@ -393,3 +393,24 @@ def test_a_lock_file_that_cannot_be_written_is_a_file_write_error_naming_it(tmp_
     with pytest.raises(FileWriteError, match=r"cannot lock the run folder: .*\.lock"):
         with held(tmp_path):
             pass
+
+
+def test_what_is_no_checkpoint_buffer_or_name_is_refused_before_the_disk_is_touched(
+        tmp_path):
+    # An int for a buffer got as far as an AttributeError after the generation folder
+    # was made; "latest" for exports was read letter by letter; a trainer of 5 committed
+    # a run that load refused.
+    run = RunFolder(tmp_path / "run", "test")
+    commit(run, 1)
+    before = sorted(os.listdir(tmp_path / "run"))
+    with pytest.raises(TypeError, match="each of buffers must be a ReplayBuffer"):
+        run.commit({}, buffers={"b": 5})
+    with pytest.raises(TypeError, match="each of checkpoints must be a SavedNet"):
+        run.commit({}, checkpoints={"net": object()})
+    with pytest.raises(ValueError, match="cannot name"):
+        run.commit({}, buffers={1: buffer_of(1)})
+    with pytest.raises(ValueError, match=r"exports is a sequence of names \(\['latest'\]"):
+        run.commit({}, exports="latest")
+    assert sorted(os.listdir(tmp_path / "run")) == before
+    with pytest.raises(ValueError, match="trainer must be a name"):
+        RunFolder(tmp_path / "other", 5)
