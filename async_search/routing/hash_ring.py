@@ -27,6 +27,14 @@ MAX_VIRTUAL_NODES = 4096
 MAX_SUBRINGS = 16
 
 
+def _node_list(nodes: Sequence[str]) -> List[str]:
+    """``nodes`` as a list; a str is one node's name, not a sequence of names."""
+    if isinstance(nodes, (str, bytes)):
+        raise TypeError(f"nodes is a sequence of names ([{nodes!r}] for one), got "
+                        f"{nodes!r}")
+    return list(nodes)
+
+
 class HashRing:
     """Consistent hashing with virtual nodes: each node owns many points on a ring.
 
@@ -58,7 +66,7 @@ class HashRing:
         self._points = np.empty(0, np.uint64)
         self._owners: List[str] = []
         self._subrings: Dict[frozenset, Tuple[np.ndarray, List[str]]] = {}
-        for node in nodes:
+        for node in _node_list(nodes):
             self._join(node)
         self._rebuild()
 
@@ -90,6 +98,9 @@ class HashRing:
             >>> ring.update(["b", "c", "d"]); ring.nodes
             ('b', 'c', 'd')
         """
+        nodes = _node_list(nodes)
+        if len(set(nodes)) != len(nodes):  # as the constructor refuses them
+            raise ValueError(f"nodes must differ, got {nodes}")
         keep = set(nodes)
         for node in [n for n in self._nodes if n not in keep]:
             self._nodes.remove(node)
@@ -100,6 +111,9 @@ class HashRing:
         self._rebuild()
 
     def _join(self, node: str) -> None:
+        if not isinstance(node, str):  # 1 and "1" would hash to the same points
+            raise TypeError(f"a node is named by a str, got {type(node).__name__} "
+                            f"{node!r}")
         if node in self._hashes:
             raise ValueError(f"node {node!r} is already on the ring")
         self._hashes[node] = np.fromiter(

@@ -114,3 +114,16 @@ def test_the_rings_kept_for_sets_of_nodes_are_bounded():
                 got = ring.node_for(key, among)
                 assert got in among and (owner not in among or got == owner)
     assert len(ring._subrings) <= MAX_SUBRINGS
+
+
+def test_a_ring_refuses_a_name_for_a_list_names_that_are_no_str_and_duplicates_to_update():
+    # "abc" became the nodes a, b and c; 1 and "1" hashed to the same points (every key
+    # went to one of them); update dropped a second copy that the constructor refuses.
+    with pytest.raises(TypeError, match=r"\['abc'\] for one"):
+        HashRing("abc")
+    with pytest.raises(TypeError, match="a node is named by a str, got int 1"):
+        HashRing([1, "1"])
+    ring = HashRing(["a"], virtual_nodes=8)
+    with pytest.raises(ValueError, match="nodes must differ"):
+        ring.update(["a", "a"])
+    assert ring.nodes == ("a",)
