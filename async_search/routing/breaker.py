@@ -43,7 +43,7 @@ import collections
 import dataclasses
 import enum
 import time
-from typing import Callable, Deque
+from typing import Callable, Deque, Set
 
 from async_search.checks import check_callable, check_float, check_instance, check_int
 from async_search.errors import InputSpecError, ProtocolError, RemoteError
@@ -166,6 +166,7 @@ class CircuitBreaker:
         # traceback, and with it the request's data)
         self._counted: Deque[list] = collections.deque(maxlen=_REMEMBERED_FAILURES)
         self._in_flight = 0  # permits issued and not yet reported
+        self._unreported: Set[int] = set()  # those permits
         self._consecutive_failures = 0
         self._probe_successes = 0
         self._probes = 0  # probes in flight while half-open
@@ -211,6 +212,7 @@ class CircuitBreaker:
         permit = self._admitted
         self._admitted += 1
         self._in_flight += 1
+        self._unreported.add(permit)
         return permit
 
     def record(self, permit: int | None, ok: bool,
@@ -223,6 +225,7 @@ class CircuitBreaker:
                 that one was counted, failed with it (one batch, one message): it
                 does not count again.
         """
+        self._check_unreported(permit)
         if ok:
             self.successes += 1
         else:
@@ -268,15 +271,24 @@ class CircuitBreaker:
 
     def release(self, permit: int | None) -> None:
         """The admitted request ended without a verdict on the server."""
+        self._check_unreported(permit)
         if permit is None:
             return
         self._reported(permit)
         if permit >= self._state_since and self._state is BreakerState.HALF_OPEN:
             self._probes -= 1
 
+    def _check_unreported(self, permit: int | None) -> None:
+        # A permit reported twice (or never issued) let a half-open breaker admit more
+        # probes than its policy's, and could open it on failures never admitted.
+        if permit is not None and permit not in self._unreported:
+            raise ValueError(f"permit {permit!r} was not issued by this breaker, or was "
+                             f"reported already: report each permit once")
+
     def _reported(self, permit: int) -> None:
         """``permit``'s request is reported: the failures counted after it was admitted
         no longer wait for it, and those no request waits for are let go."""
+        self._unreported.discard(permit)
         self._in_flight -= 1
         if self._counted:
             for entry in self._counted:

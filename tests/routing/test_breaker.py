@@ -276,3 +276,19 @@ def test_a_breaker_refuses_a_policy_that_is_no_breaker_policy():
         CircuitBreaker(BreakerPolicy)
     with pytest.raises(TypeError, match="clock must be callable"):
         CircuitBreaker(BreakerPolicy(), clock=0.0)
+
+
+def test_a_permit_reported_twice_or_never_issued_is_refused():
+    # A half-open breaker with one probe admitted two once a permit was reported twice,
+    # and permits never issued counted as failures (and could open it).
+    from async_search.routing.breaker import CircuitBreaker
+
+    breaker = CircuitBreaker(BreakerPolicy(failure_threshold=1))
+    permit = breaker.try_acquire()
+    breaker.record(permit, ok=True)
+    for report in (lambda: breaker.record(permit, ok=False),
+                   lambda: breaker.release(permit),
+                   lambda: breaker.record(99, ok=False)):
+        with pytest.raises(ValueError, match="reported already"):
+            report()
+    assert breaker.state is BreakerState.CLOSED and breaker.failures == 0
