@@ -45,6 +45,7 @@ import numpy as np
 
 from async_search import rows
 from async_search.base import Outputs, evaluate_with_version, evaluated, version_of
+from async_search.checks import check_int
 from async_search.deadlines import check_timeout, within_deadline
 from async_search.errors import InputSpecError, ModelOutputError, RequestTimeoutError
 from async_search.requests import plain_array
@@ -218,9 +219,7 @@ class CachedEvaluate:
     """
 
     def __init__(self, evaluate: Any, *, capacity: int = 65536, fixed_model: bool = False):
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
-            raise ValueError(
-                f"capacity must be an integer >= 0 (entries), got {capacity!r}")
+        capacity = check_int("capacity", capacity, minimum=0)  # (a NumPy int too)
         if not callable(evaluate):
             raise TypeError(f"evaluate must be callable, got {type(evaluate).__name__}")
         if not isinstance(fixed_model, bool):

@@ -729,9 +729,16 @@ class BatchingServer(AsyncWithOnly):
             elif self._placement != "loop":
                 for _ in range(self._num_workers):
                     self._workers.add()
-        except BaseException:  # a thread that could not start: end those that did
+        except BaseException as e:  # a thread that could not start: end those that did
+            started = len(self._workers)
             self._workers.stop(discard_queued=True)
             self._workers = None  # not serving: calls and changes say so
+            if isinstance(e, RuntimeError) and "thread" in str(e):
+                # Python's "can't start new thread" names no argument.
+                add_note(e, f"(while starting device thread {started + 1} of "
+                            f"{len(devices) if devices else self._num_workers}: "
+                            f"num_workers or devices asks for more threads than this "
+                            f"process can start)")
             raise
         self._stats.workers_changed(self.num_workers)
         self._new_future = _future_maker(self._loop)

@@ -364,6 +364,8 @@ async def test_capacity_zero_only_merges_elements_in_flight():
     assert len(cached) == 0
     with pytest.raises(ValueError, match="capacity must be an integer >= 0"):
         CachedEvaluate(inner, capacity=-1)
+    # A NumPy integer is an integer, as everywhere else (it was refused), kept as int.
+    assert type(CachedEvaluate(inner, capacity=np.int64(5)).capacity) is int
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)

@@ -651,3 +651,24 @@ def test_a_numpy_num_workers_is_kept_as_a_python_int():
     server = BatchingServer(MLP((4,)), DispatchPolicy(), num_workers=np.int64(2))
     assert type(server.num_workers) is int
     json.dumps(server.stats)
+
+
+async def test_a_thread_that_cannot_start_names_num_workers_and_leaves_none(monkeypatch):
+    # num_workers=10**6: Python's "can't start new thread" named no argument.
+    from async_search.servers import device
+
+    real_start, started = device.DeviceThread.start, []
+
+    def start(thread):
+        if len(started) == 2:
+            raise RuntimeError("can't start new thread")
+        started.append(thread)
+        return real_start(thread)
+
+    monkeypatch.setattr(device.DeviceThread, "start", start)
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="can't start new thread") as raised:
+        async with asr.serve(MLP((4,)), num_workers=5, model_thread=True):
+            pass
+    assert "device thread 3 of 5: num_workers or devices" in str(raised.value.__notes__)
+    await wait_until(lambda: set(threading.enumerate()) == before, "the threads to end")
