@@ -293,6 +293,9 @@ MAX_DELAY_S = 60.0
 #: blocks are listed one by one to count its weights (AlphaZero's has 19 or 39).
 MAX_SEARCHES = 100_000
 MAX_BLOCKS = 1_000
+#: Rollouts of a round are walks made in Python before its first step, one row each
+#: in every request (past a SeedSequence's count, an OverflowError inside the search).
+MAX_ROLLOUTS = 65_536
 
 for _name, _what in _POSITIVE.items():
     _check(_name, lambda v: v is None or v >= 1, f"an integer >= 1 ({_what})")
@@ -324,6 +327,8 @@ _check("num_searches", lambda v: v <= MAX_SEARCHES,
        f"at most {MAX_SEARCHES:,} (searches per run)")
 _check("games_per_client", lambda v: v <= MAX_SEARCHES,
        f"at most {MAX_SEARCHES:,} (games per client)")
+_check("num_rollouts", lambda v: v <= MAX_ROLLOUTS,
+       f"at most {MAX_ROLLOUTS:,} (rollouts per round)")
 _check("value_planes", lambda v: v >= 1, "an integer >= 1")
 _check("address", lambda v: v is None or bool(v.strip()), "the address of a running Ray "
        "cluster (host:port, ray://host:port or auto)")

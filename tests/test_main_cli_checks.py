@@ -79,6 +79,9 @@ def test_a_save_dir_apart_from_the_plot_passes(main, tmp_path, save_dir):
     (["--train=connect_four", "--blocks=10000000"], "--blocks must be an integer in [0, "
                                                     "1,000]"),
     (["--num_searches=99999999999999999999"], "--num_searches must be at most 100,000"),
+    # passed, and every rollout search failed with an OverflowError inside
+    (["--search=rollout", "--num_rollouts=99999999999999999999"],
+     "--num_rollouts must be at most 65,536"),
     # inf passed the flag's check and failed later without naming the flag
     (["--weight=inf"], "--weight must be a finite number >= 0"),
     (["--max_delay=1e400"], "--max_delay must be a number of seconds in [0, 60]"),
@@ -101,6 +104,7 @@ def test_out_of_range_flags_are_refused_by_the_parser(main, args, names):
 def test_the_caps_themselves_pass(main):
     parse(main, "--max_batch_size=65536", "--scramble=1000000", "--num_searches=100000",
           "--max_delay=60")
+    parse(main, "--search=rollout", "--num_rollouts=65536")
     parse(main, "--train=connect_four", "--net=residual", "--blocks=1000")
     # the command docs/training.md gives
     parse(main, "--train=connect_four", "--net=residual", "--channels=16", "--blocks=2",

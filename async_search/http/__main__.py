@@ -172,6 +172,8 @@ def _refused(e: BaseException) -> SystemExit:
 
 async def _serve_forever(args: argparse.Namespace) -> None:
     name, factory = _factory(args.model)
+    if args.name is not None:  # --name '' is refused as a name, not taken for none
+        name = args.name
     try:
         source = ModelSource(factory, max_batch_size=args.max_batch_size,
                              max_delay=args.max_delay, pipeline_depth=args.pipeline_depth,
@@ -183,7 +185,7 @@ async def _serve_forever(args: argparse.Namespace) -> None:
             shutdown_timeout=args.shutdown_timeout, write_timeout=args.write_timeout,
             max_unsent_bytes=args.max_unsent_bytes, offload_bytes=args.offload_bytes,
             offload_workers=args.offload_workers, max_workers=args.max_workers)
-        front = HttpFront({args.name or name: source}, host=args.host, port=args.port,
+        front = HttpFront({name: source}, host=args.host, port=args.port,
                           max_body_bytes=args.max_body_bytes, limits=limits,
                           enable_repository=args.enable_repository,
                           repository_token=args.repository_token or None)
@@ -206,7 +208,7 @@ async def _serve_forever(args: argparse.Namespace) -> None:
     async with contextlib.AsyncExitStack() as http, contextlib.AsyncExitStack() as grpc:
         try:  # a port out of range or taken: one line, not a traceback
             await http.enter_async_context(front)
-            _log.warning("serving %r on %s", args.name or name, front.url)
+            _log.warning("serving %r on %s", name, front.url)
             if args.grpc_port is not None:  # the same repository: the same batches
                 grpc_front = await grpc.enter_async_context(_grpc_front()(
                     front.repository, host=args.host, port=args.grpc_port,
@@ -215,8 +217,7 @@ async def _serve_forever(args: argparse.Namespace) -> None:
                     max_unsent_bytes=args.max_unsent_bytes,
                     shutdown_timeout=limits.shutdown_timeout))
                 grpc_fronts.append(grpc_front)
-                _log.warning("serving %r on grpc://%s", args.name or name,
-                             grpc_front.address)
+                _log.warning("serving %r on grpc://%s", name, grpc_front.address)
         except (OSError, OverflowError, ValueError, RuntimeError, ModelLoadError) as e:
             raise _refused(e) from None
         await stop.wait()

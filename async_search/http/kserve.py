@@ -348,6 +348,16 @@ def tensor_from_json(data: Any, dtype: np.dtype, shape: Tuple[int, ...], what: s
         if values.min() < info.min or values.max() > info.max:
             raise ProtocolError(f"{what} 'data' has values outside the range of "
                                 f"{_NAMES[dtype]} [{info.min}, {info.max}]")
+    if dtype.kind == "f" and values.size and values.dtype.kind in "iuf" and (
+            values.dtype.itemsize > dtype.itemsize):
+        # The cast made them infinities with a warning on the server's stderr only
+        # (1e300 as FP32, 70000 as FP16): an infinity is sent as "Infinity".
+        top = float(np.finfo(dtype).max)
+        finite = values[np.isfinite(values)]
+        if finite.size and np.abs(finite).max() > top:
+            raise ProtocolError(f"{what} 'data' has values outside the range of "
+                                f"{_NAMES[dtype]} [-{top}, {top}] (an infinity "
+                                f"is sent as \"Infinity\" or \"-Infinity\")")
     return values.astype(dtype, copy=False).reshape(shape)
 
 

@@ -98,6 +98,10 @@ class Walk:
     requests: int = 0
 
 
+#: The most rollouts ``multi_rollout`` runs in lockstep (each a walk in Python).
+MAX_ROLLOUTS = 10_000_000
+
+
 def rollout_seeds(seed: Seed, num_rollouts: int) -> List[np.random.SeedSequence]:
     """The independent seeds of ``multi_rollout``'s rollouts."""
     if isinstance(seed, np.random.SeedSequence):
@@ -272,7 +276,8 @@ async def multi_rollout(problem: SearchProblem, start: State, evaluate: Evaluate
         (4, True)
     """
     check_evaluate(evaluate)
-    num_rollouts = check_int("num_rollouts", num_rollouts, minimum=1)
+    # (walks made before the first step: past a SeedSequence's count, an OverflowError)
+    num_rollouts = check_int("num_rollouts", num_rollouts, minimum=1, maximum=MAX_ROLLOUTS)
     depth, temperature = _check(problem, start, depth, temperature)
     seed = _check_seed(seed)
     walks = [new_walk(problem, start, s, depth) for s in rollout_seeds(seed, num_rollouts)]

@@ -766,6 +766,8 @@ async def test_an_upstream_gone_or_late_is_503_or_504_which_clients_retry_not_50
     (["--port", "0", "--model", "nosuchmodule:make"], "No module named 'nosuchmodule'"),
     (["--port", "0", "--model", "os:nosuchfunction"], "has no attribute"),
     (["--port", "0", "--model", "os:getcwd"], "loading model 'getcwd' failed"),
+    # taken for no name: the model was served as 'mlp' without a word
+    (["--port", "0", "--name", ""], "model names must be non-empty strings"),
 ])
 def test_python_m_async_search_http_refuses_bad_flags_in_one_line(flags, message):
     done = subprocess.run([sys.executable, "-m", "async_search.http", *flags],

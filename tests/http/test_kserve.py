@@ -158,6 +158,9 @@ A = np.zeros((2, 3), np.float32)
     (body([tensor([[1, 2], [3]])]), None, "not a \\(nested\\) list of numbers"),
     (body([tensor([1.5] * 6, datatype="INT32")]), None, "without fractions"),
     (body([tensor([300] * 6, datatype="INT8")]), None, r"outside the range of INT8"),
+    # made infinities by the cast, with a warning on the server's stderr only
+    (body([tensor([1e300] * 6)]), None, r"outside the range of FP32 .*sent as \"Infinity\""),
+    (body([tensor([70000] * 6, datatype="FP16")]), None, r"outside the range of FP16"),
     (body([tensor([1] * 6, datatype="BOOL")]), None, "needs true/false"),
     # NumPy read true and false among numbers as 1 and 0: taken as numbers before
     (body([tensor([True, False, True, 1, 2, 3])]), None,
@@ -260,6 +263,9 @@ def test_float_data_may_hold_integers_past_int64():
     np.testing.assert_array_equal(decoded(b"1" + b"0" * 30), np.float32([1.5, 1e30]))
     with pytest.raises(ProtocolError, match="an integer outside the range of FP32"):
         decoded(b"1" + b"0" * 400)
+    with pytest.raises(ProtocolError, match="values outside the range of FP32"):
+        decoded(b"1" + b"0" * 300)
+    np.testing.assert_array_equal(decoded(b'"Infinity"'), np.float32([1.5, np.inf]))
 
 
 json_values = st.recursive(

@@ -127,7 +127,9 @@ async def test_multi_rollout_reports_a_goal_if_any_rollout_reaches_one():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(depth=0), "depth must be an integer >= 1, got 0"),
-    (dict(num_rollouts=0), "num_rollouts must be an integer >= 1, got 0"),
+    (dict(num_rollouts=0), "num_rollouts must be an integer in \\[1, 10000000\\], got 0"),
+    # a SeedSequence's count overflowed inside the search
+    (dict(num_rollouts=10 ** 20), "num_rollouts must be an integer in"),
     (dict(temperature=0.0), "temperature must be a finite number > 0.0, got 0.0"),
     (dict(start=b"bad"), r"SlidingPuzzle\(3\)"),
 ])
