@@ -24,7 +24,8 @@ __all__ = ["Outputs", "TensorSpec", "Model", "Evaluate", "TimedEvaluate", "Versi
            "UNKNOWN_VERSION", "FIRST_VERSION", "version_of", "first_version",
            "evaluate_with_version", "input_spec_of", "output_spec_of", "same_version",
            "values_check_of", "evaluated", "check_awaitable",
-           "DeviceModel", "on_device", "made_from", "replaces_model", "batch_tolerance_of", "BatchParts"]
+           "DeviceModel", "on_device", "made_from", "replaces_model", "batch_tolerance_of",
+           "BatchParts"]
 
 #: What a model returns for a batch: one array, or a tuple or dict of arrays whose first
 #: dimension is the batch (a policy and a value, say). Callers get a list or a named

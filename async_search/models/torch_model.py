@@ -1129,8 +1129,9 @@ def _host_rows(torch: Any, tensor: Any, n: int, size: int) -> np.ndarray:
 def _converted(torch: Any, tensor: Any) -> np.ndarray:
     """A CPU output that ``numpy()`` refused, as a new array: a lazy conjugate or
     negation made real, the reduced floats NumPy lacks as float32, complex32 as
-    complex64, a quantized tensor as its float32 values; an output that is no dense tensor is refused (``ModelOutputError``), and one
-    that NumPy cannot take otherwise fails with PyTorch's own error."""
+    complex64, a quantized tensor as its float32 values; an output that is no dense
+    tensor is refused (``ModelOutputError``), and one that NumPy cannot take otherwise
+    fails with PyTorch's own error."""
     _check_dense(torch, tensor)
     if tensor.is_conj() or tensor.is_neg():
         tensor = tensor.resolve_conj().resolve_neg()
