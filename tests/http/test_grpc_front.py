@@ -445,7 +445,9 @@ async def test_answers_a_client_does_not_take_are_bounded_by_max_unsent_bytes():
         await wait_until(lambda: f.unsent_bytes == 0, "the stalled answers let go")
         answer = await within(stub.ModelInfer(one_row), "an answer")
         assert len(answer.raw_output_contents[0]) == 4 * WIDE
-        assert f.unsent_bytes == 0
+        # (the client can hold the answer a moment before the server hears it was sent:
+        # seen once, with three test runs sharing two cores)
+        await wait_until(lambda: f.unsent_bytes == 0, "the answer's bytes let go")
 
 
 async def test_a_client_that_leaves_before_its_answer_is_sent_logs_no_error(caplog):
